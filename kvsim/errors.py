@@ -1,0 +1,59 @@
+"""User-facing errors.
+
+A :class:`KvsimInputError` describes bad input in one line: the file, the line or row, the
+field and what was expected.  The CLI prints it to stderr without a traceback and exits with
+:data:`EXIT_BAD_INPUT`.  Library callers catch it like any exception.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Documented exit codes (docs/cli.md).
+EXIT_OK = 0
+EXIT_FAILURE = 1  # an internal error or a failed check (a bug: please report it)
+EXIT_BAD_INPUT = 2  # bad input file, bad option value, unknown name
+
+
+class KvsimError(Exception):
+    """Base class of errors kvsim reports to users without a traceback."""
+
+    exit_code = EXIT_FAILURE
+
+
+@dataclass
+class KvsimInputError(KvsimError):
+    """Bad input: ``path:line: field: expected X, got Y``.
+
+    ``location`` is a human word plus number such as ``"line 12"`` or ``"row 3"``; any part
+    may be None when it does not apply (a bad option value has no file).
+    """
+
+    message: str
+    path: str | Path | None = None
+    location: str | None = None
+    field: str | None = None
+
+    exit_code = EXIT_BAD_INPUT
+
+    def __post_init__(self) -> None:
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        parts: list[str] = []
+        where = str(self.path) if self.path is not None else ""
+        if self.location:
+            where = f"{where}: {self.location}" if where else self.location
+        if where:
+            parts.append(where)
+        if self.field:
+            parts.append(f"field '{self.field}'")
+        parts.append(self.message)
+        # One line, always: collapse any newline a caller let through.
+        return ": ".join(parts).replace("\n", " ")
+
+
+def bad_value(path, location, field, expected: str, got) -> KvsimInputError:
+    """Shorthand for the common case ``expected <expected>, got <got!r>``."""
+    return KvsimInputError(f"expected {expected}, got {got!r}", path, location, field)

@@ -1,0 +1,183 @@
+"""The MemoryIntent data model: enums, the event table's Arrow schema, the file header.
+
+An *event file* is the contract between import (``kvsim import-request-trace``,
+``kvsim generate``) and replay (``kvsim simulate`` / ``compare``).  It is one table, one row
+per event, sorted by ``step`` (never decreasing).  It is written as Parquet (enums stored as
+small integers, streamed by row group) or JSONL (one event per line, enums by name, the
+first line a header object).  ``docs/trace-format.md`` documents every column.
+
+Granularity (DESIGN.md §1): an ``ACCESS`` event names a *request step*, not a block: "request
+r is in this engine step's batch and reads every block of its block table".  Blocks appear
+one row each only when they are allocated (``ALLOCATE``), when their intent changes
+(``INTENT`` with a ``block_index``) or when they are released one by one (``FREE`` with a
+``block_index``).  So a decode step costs one row per running request, never one per block.
+
+Ordering inside a step: the ``STEP`` row first, then ``ARRIVE`` rows, then for each
+scheduled request its ``FORK``/``ALLOCATE``/``INTENT``/``COMMIT`` rows followed by its
+``ACCESS`` row, then ``FREE`` rows of requests that finished in this step.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+#: Version of the event-file schema.  Bump on any incompatible change and say what changed
+#: in docs/trace-format.md.  Readers refuse files of another major version.
+SCHEMA_VERSION = 1
+
+#: Value of ``content_hash`` for a block with no content identity (a partial block, or a
+#: block whose tokens are unknown): such a block is never shared through the prefix cache.
+NO_HASH = 0
+#: Value of integer "optional" fields (``deadline_us``, ``target_decode_step``,
+#: ``parent_request_id``, ``block_index`` on request-level events) meaning "not set".
+UNSET = -1
+
+
+class Phase(enum.IntEnum):
+    """What the request owning a block is doing (the serving layer knows this exactly)."""
+
+    PREFILL = 0  # prompt tokens being computed (possibly in chunks)
+    DECODE = 1  # one token per step
+    VERIFY = 2  # speculative decoding: target model verifying draft tokens
+    DRAFT = 3  # speculative decoding: draft tokens not yet accepted
+    ROLLBACK = 4  # speculative decoding: rejected drafts being released
+    IDLE = 5  # request finished its turn; its blocks are cached for a possible next turn
+    DONE = 6  # request finished for good
+
+
+class Priority(enum.IntEnum):
+    """How badly the next step needs a block in HBM (higher = keep)."""
+
+    COLD = 0  # not expected to be used soon
+    WARM = 1  # expected to be used, not on the critical path
+    HOT = 2  # on the next steps' path (prefix of an active or returning session)
+    DECODE_CRITICAL = 3  # read by the very next decode step of a deadline-bound request; pinned
+
+
+class Tier(enum.IntEnum):
+    """Memory tiers, fastest first.  ``NONE`` means resident nowhere (must be recomputed)."""
+
+    NONE = -1
+    HBM = 0
+    DRAM = 1
+    CXL = 2
+    NVME = 3
+
+
+class EventKind(enum.IntEnum):
+    """Event kinds.  "request-level" events have ``block_index == -1``."""
+
+    STEP = 0  # an engine step starts: time_us, duration_us (compute), num_tokens (batched)
+    ARRIVE = 1  # request-level: a request arrives; num_tokens = prompt tokens; TTFT deadline
+    ALLOCATE = 2  # block-level: block appended to the request's table at block_index
+    ACCESS = 3  # request-level: the request is in this step's batch and reads all its blocks
+    INTENT = 4  # block- or request-level: new intent (phase, priority, deadline, ...)
+    COMMIT = 5  # block-level: a DRAFT block's tokens were accepted
+    FORK = 6  # request-level: request_id is a copy-on-write child of parent_request_id
+    FREE = 7  # request-level: release every block tail-first; block-level: release one block
+
+
+#: Every column of an event file: (name, Arrow type, meaning).  Parquet stores exactly these
+#: types; JSONL stores enum columns by name and the rest as JSON numbers / booleans.
+COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
+    ("step", pa.int64(), "engine step index, >= 0, never decreasing"),
+    ("time_us", pa.int64(), "engine clock at the step's scheduled start (microseconds)"),
+    ("kind", pa.int8(), "EventKind"),
+    ("request_id", pa.int64(), "dense request id, >= 0 (-1 on STEP rows)"),
+    ("block_index", pa.int32(), "position in the request's block table; -1 = request-level"),
+    ("content_hash", pa.int64(), "prefix-chain hash of a FULL block (0 = none: not shareable)"),
+    ("parent_request_id", pa.int64(), "FORK: the request forked from; otherwise -1"),
+    ("num_tokens", pa.int32(), "ALLOCATE: tokens in the block; ACCESS: tokens computed this "
+     "step; ARRIVE: prompt tokens; STEP: tokens in the batch"),
+    ("duration_us", pa.float64(), "STEP: compute time of the step with no prefix caching"),
+    ("phase", pa.int8(), "Phase"),
+    ("priority", pa.int8(), "Priority"),
+    ("request_priority", pa.int8(), "0 (lowest) .. 100 (highest), from the serving layer"),
+    ("deadline_us", pa.int64(), "absolute engine-clock deadline of the next use; -1 = none"),
+    ("slack_us", pa.int64(), "deadline_us - expected completion time at emission; may be < 0"),
+    ("recompute_cost_us", pa.float64(), "prefill time to recompute this block's tokens"),
+    ("target_decode_step", pa.int64(), "engine step at which the block is next needed; -1"),
+    ("pin_requested", pa.bool_(), "keep in HBM (implied by DECODE_CRITICAL)"),
+    ("compression_ok", pa.bool_(), "the block may be stored compressed in a lower tier"),
+    ("recompute_ok", pa.bool_(), "the block may be dropped and recomputed"),
+    ("prefetch_ok", pa.bool_(), "the block may be fetched ahead of its use"),
+    ("size_bytes", pa.int64(), "bytes of the block in HBM (all layers, K and V)"),
+    ("tenant", pa.int32(), "tenant / session group id for per-tenant accounting (0 default)"),
+)
+
+#: Column name -> enum class, for the enum-coded columns.
+ENUM_COLUMNS: dict[str, type[enum.IntEnum]] = {
+    "kind": EventKind,
+    "phase": Phase,
+    "priority": Priority,
+}
+
+#: Default value of each column, used by builders so an importer sets only what it knows.
+DEFAULTS: dict[str, Any] = {
+    "step": 0,
+    "time_us": 0,
+    "kind": int(EventKind.STEP),
+    "request_id": UNSET,
+    "block_index": UNSET,
+    "content_hash": NO_HASH,
+    "parent_request_id": UNSET,
+    "num_tokens": 0,
+    "duration_us": 0.0,
+    "phase": int(Phase.PREFILL),
+    "priority": int(Priority.WARM),
+    "request_priority": 50,
+    "deadline_us": UNSET,
+    "slack_us": 0,
+    "recompute_cost_us": 0.0,
+    "target_decode_step": UNSET,
+    "pin_requested": False,
+    "compression_ok": True,
+    "recompute_ok": True,
+    "prefetch_ok": True,
+    "size_bytes": 0,
+    "tenant": 0,
+}
+
+COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _, _ in COLUMNS)
+
+#: Key under which the JSON-encoded :class:`EventHeader` is stored in Parquet metadata.
+HEADER_METADATA_KEY = b"kvsim.header"
+
+
+def event_schema(header: "EventHeader | None" = None) -> pa.Schema:
+    """The Arrow schema of an event file, with the header in its metadata when given."""
+    schema = pa.schema([pa.field(name, typ, nullable=False) for name, typ, _ in COLUMNS])
+    if header is not None:
+        schema = schema.with_metadata({HEADER_METADATA_KEY: header.to_json().encode()})
+    return schema
+
+
+@dataclass(frozen=True)
+class EventHeader:
+    """File-level facts every consumer needs, stored once per event file.
+
+    ``source`` records how the file was made (importer or profile, with its arguments) so a
+    result can always be traced back to its input; it never holds a wall-clock time, so the
+    same inputs give byte-identical files.
+    """
+
+    block_size_tokens: int = 16
+    kv_bytes_per_token: int = 0
+    model: str = ""
+    hardware: str = ""
+    source: dict[str, Any] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> str:
+        import json
+
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "EventHeader":
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
