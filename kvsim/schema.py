@@ -15,6 +15,25 @@ one row each only when they are allocated (``ALLOCATE``), when their intent chan
 Ordering inside a step: the ``STEP`` row first, then ``ARRIVE`` rows, then for each
 scheduled request its ``FORK``/``ALLOCATE``/``INTENT``/``COMMIT`` rows followed by its
 ``ACCESS`` row, then ``FREE`` rows of requests that finished in this step.
+
+Lowering rules (every importer and generator follows them; the replay relies on them):
+
+1. ``ARRIVE`` comes before any other row of its request; a request-level ``FREE`` is its last.
+2. All of a request's *prompt* blocks are ``ALLOCATE``d, in block order, in the step where
+   the request is first scheduled (admission), before its first ``ACCESS``.  The replay
+   does the prefix-cache lookup over exactly these rows, vLLM-style: walk the hash chain,
+   stop at the first miss, hit at most ``prompt_tokens - 1`` tokens.  Chunked prefill then
+   spreads the *compute* over several ``ACCESS`` rows (``num_tokens`` each).
+3. A decode block is ``ALLOCATE``d in the step whose token starts it.
+4. ``content_hash`` is the chain hash the importer computed (parent hash, the block's
+   tokens, extra keys such as a LoRA id or cache salt).  It is ``NO_HASH`` for a partial
+   block and for a block whose content the trace does not identify.  Two blocks with the
+   same non-zero hash have the same content *and the same prefix*.
+5. ``STEP.duration_us`` is the step's compute time with no prefix caching (every scheduled
+   token computed).  The replay subtracts the ``recompute_cost_us`` of blocks it finds
+   cached and adds transfer stalls and recomputation of blocks resident nowhere.
+6. ``deadline_us`` on ``ARRIVE`` is the absolute TTFT deadline; on ``ACCESS`` rows in
+   DECODE it is the absolute deadline of that token (TPOT).  ``-1`` = no deadline.
 """
 
 from __future__ import annotations
