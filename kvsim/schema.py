@@ -26,9 +26,12 @@ Lowering rules (every importer and generator follows them; the replay relies on 
    spreads the *compute* over several ``ACCESS`` rows (``num_tokens`` each).
 3. A decode block is ``ALLOCATE``d in the step whose token starts it.
 4. ``content_hash`` is the chain hash the importer computed (parent hash, the block's
-   tokens, extra keys such as a LoRA id or cache salt).  It is ``NO_HASH`` for a partial
-   block and for a block whose content the trace does not identify.  Two blocks with the
-   same non-zero hash have the same content *and the same prefix*.
+   tokens, extra keys such as a LoRA id or cache salt).  It is ``NO_HASH`` for a block whose
+   content the trace does not identify.  Two blocks with the same non-zero hash have the
+   same content *and the same prefix*.  A partial block (``num_tokens`` below the block
+   size) may carry a hash when the trace identifies its content (Mooncake's last hash id);
+   the replay never shares a partial block (vLLM hashes only full blocks), but
+   ``kvsim inspect`` counts it in the infinite-cache reuse fraction.
 5. ``STEP.duration_us`` is the step's compute time with no prefix caching (every scheduled
    token computed).  The replay subtracts the ``recompute_cost_us`` of blocks it finds
    cached and adds transfer stalls and recomputation of blocks resident nowhere.
