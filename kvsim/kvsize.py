@@ -17,7 +17,7 @@ n * kv_bytes_per_token(m)`` with equality iff no layer's window is exceeded; pag
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from kvsim.errors import KvsimInputError, bad_value
 from kvsim.models import WEIGHT_DTYPE_BYTES, ModelSpec, list_models, load_model
@@ -25,7 +25,8 @@ from kvsim.models import WEIGHT_DTYPE_BYTES, ModelSpec, list_models, load_model
 __all__ = [
     "KV_DTYPES", "KvDtype", "KvEstimate", "ModelSpec", "block_bytes", "estimate_kv",
     "kv_bytes_for_tokens", "kv_bytes_per_layer_token", "kv_bytes_per_token", "list_models",
-    "load_model", "DEFAULT_MEMORY_UTILIZATION",
+    "load_model", "DEFAULT_MEMORY_UTILIZATION", "default_kv_dtype",
+    "mha_equivalent_bytes_per_token",
 ]
 
 BYTES_PER_GB = 10**9
@@ -63,6 +64,16 @@ KV_DTYPES: dict[str, KvDtype] = {d.name: d for d in (
     KvDtype("int4", 4, 4, "+4 bytes per stored vector: fp16 scale + fp16 zero point "
             "(per token, per KV head, K and V separately; LMDeploy-style)"),
 )}
+
+
+def default_kv_dtype(model: ModelSpec) -> str:
+    """The KV dtype a server uses by default: the model's activation dtype (vLLM
+    ``--kv-cache-dtype auto``): its weights dtype when that is fp16/bf16/fp32, else (fp8 or
+    int weights) the config's ``torch_dtype`` (bf16 or fp16)."""
+    if model.weights_dtype in ("fp16", "bf16", "fp32"):
+        return model.weights_dtype
+    torch_dtype = model.config.get("torch_dtype") or model.config.get("dtype")
+    return "bf16" if torch_dtype == "bfloat16" else "fp16"
 
 
 def _dtype(kv_dtype: str) -> KvDtype:
@@ -187,6 +198,20 @@ class KvEstimate:
     fits_concurrency: bool | None = None
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
+    #: Keys present only when a GPU (name or memory) was given.
+    GPU_KEYS = ("gpu", "gpu_memory_bytes", "memory_utilization", "weights_dtype",
+                "weights_bytes", "kv_budget_bytes", "kv_budget_blocks", "fits_sequences",
+                "fits_sequences_naive", "fits_concurrency")
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict (stable keys, docs/estimate-kv.md); GPU keys only with a GPU."""
+        data = asdict(self)
+        data["warnings"] = list(self.warnings)
+        if self.gpu_memory_bytes is None:
+            for key in self.GPU_KEYS:
+                del data[key]
+        return data
+
 
 def estimate_kv(
     model: ModelSpec | str,
@@ -204,13 +229,15 @@ def estimate_kv(
 ) -> KvEstimate:
     """KV footprint of ``concurrency`` requests of ``prompt + generated`` tokens.
 
-    ``max_seq_len`` (default: the model's ``max_position_embeddings``) is what a naive
-    allocator reserves per request.  With ``gpu`` (a hardware profile name or path, see
+    ``max_seq_len`` (default: the model's ``max_position_embeddings``, or the request if
+    longer, with a warning) is what a naive allocator reserves per request.  With ``gpu`` (a hardware profile name or path, see
     :mod:`kvsim.hardware`) or ``gpu_mem_gb``, the KV budget is ``memory * memory_utilization
     - weights`` and ``fits_sequences`` is how many such requests fit in it, paged.
     """
     if isinstance(model, str):
         model = load_model(model)
+    if kv_dtype == "auto":
+        kv_dtype = default_kv_dtype(model)
     _check_tokens(prompt_tokens, "prompt_tokens")
     _check_tokens(generated_tokens, "generated_tokens")
     _check_tokens(block_size_tokens, "block_size_tokens", 1)
@@ -220,8 +247,13 @@ def estimate_kv(
     if n == 0:
         raise KvsimInputError("expected prompt_tokens + generated_tokens >= 1, got 0",
                               None, None, "prompt_tokens")
+    warnings: list[str] = []
+    context = model.max_position_embeddings
+    if context and n > context:
+        warnings.append(f"the request ({n:,} tokens) is longer than the model's context "
+                        f"(max_position_embeddings {context:,})")
     if max_seq_len is None:
-        max_seq_len = model.max_position_embeddings or n
+        max_seq_len = max(context, n)
     _check_tokens(max_seq_len, "max_seq_len", 1)
     if max_seq_len < n:
         raise bad_value(None, None, "max_seq_len",
@@ -234,7 +266,6 @@ def estimate_kv(
     layer_blocks = model.num_full_layers * full_blocks + model.num_sliding_layers * sliding_blocks
     paged = layer_blocks * block_size_tokens * per_layer
     naive = kv_bytes_for_tokens(model, max_seq_len, kv_dtype)
-    warnings: list[str] = []
     if dtype.scale_bytes_per_vector:
         warnings.append(f"{kv_dtype}: {dtype.note}")
 

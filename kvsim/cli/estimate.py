@@ -1,1 +1,135 @@
-"""(placeholder: filled by the issue that builds this command)."""
+"""``kvsim estimate-kv``: KV-cache footprint of a model, paged vs naive (API: kvsim.kvsize)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from kvsim.cli import app
+from kvsim.cli.common import JsonOption, emit_json, out_console
+from kvsim.errors import KvsimInputError
+from kvsim.kvsize import (BYTES_PER_GB, BYTES_PER_MIB, DEFAULT_MEMORY_UTILIZATION, KV_DTYPES,
+                          KvEstimate, estimate_kv)
+from kvsim.models import WEIGHT_DTYPE_BYTES, list_models, load_model
+
+_KV_DTYPE_HELP = ("KV-cache element type: auto (the model's activation dtype, as vLLM "
+                  "--kv-cache-dtype auto), " + ", ".join(KV_DTYPES) +
+                  ". int8/int4 add a 4-byte fp16 scale + zero point per stored vector "
+                  "(per token, KV head, K/V); fp8 scales are per tensor (no per-token bytes).")
+
+
+def _size_row(table: Table, label: str, nbytes: int | None, note: str = "") -> None:
+    if nbytes is None:
+        return
+    table.add_row(label, f"{nbytes:,}", f"{nbytes / 1e6:,.2f}", f"{nbytes / BYTES_PER_MIB:,.2f}",
+                  note)
+
+
+def _render(est: KvEstimate) -> None:
+    head = (f"[bold]{est.model}[/bold]  attention={est.attention}  kv_dtype={est.kv_dtype}  "
+            f"block={est.block_size_tokens} tokens  request={est.prompt_tokens}+"
+            f"{est.generated_tokens}={est.request_tokens} tokens  "
+            f"max_seq_len={est.max_seq_len}  concurrency={est.concurrency}")
+    out_console.print(head)
+    table = Table(show_header=True, header_style="bold")
+    for col, justify in (("quantity", "left"), ("bytes", "right"), ("MB (10^6)", "right"),
+                         ("MiB (2^20)", "right"), ("note", "left")):
+        table.add_column(col, justify=justify)
+    _size_row(table, "per token (all layers)", est.bytes_per_token,
+              f"{est.bytes_per_layer_token:,} B per layer")
+    _size_row(table, "per token if MHA", est.mha_equivalent_bytes_per_token,
+              "every query head with its own K and V")
+    _size_row(table, "per block", est.block_bytes, f"{est.block_size_tokens} tokens")
+    _size_row(table, "request: exact", est.exact_bytes,
+              f"{est.num_sliding_layers} sliding layers capped at {est.sliding_window} tokens"
+              if est.sliding_window else "")
+    _size_row(table, "request: paged", est.paged_bytes,
+              f"{est.paged_blocks} blocks; fragmentation {est.fragmentation_bytes:,} B "
+              f"({est.fragmentation_fraction:.2%})")
+    _size_row(table, "request: naive", est.naive_bytes,
+              f"max_seq_len reserved; {est.naive_waste_fraction:.2%} unused")
+    _size_row(table, f"total paged (x{est.concurrency})", est.total_paged_bytes)
+    _size_row(table, f"total naive (x{est.concurrency})", est.total_naive_bytes)
+    _size_row(table, "weights", est.weights_bytes, f"{est.weights_dtype}" if est.weights_dtype
+              else "")
+    _size_row(table, "KV budget", est.kv_budget_bytes,
+              f"{est.memory_utilization} x GPU memory - weights" if est.memory_utilization
+              else "")
+    out_console.print(table)
+    out_console.print(f"sequences per GB: paged {est.sequences_per_gb_paged:,.3f}, naive "
+                      f"{est.sequences_per_gb_naive:,.3f} (paged fits "
+                      f"{est.paged_vs_naive_ratio:,.2f}x as many)")
+    if est.fits_sequences is not None:
+        verdict = "fits" if est.fits_concurrency else "does NOT fit"
+        out_console.print(f"{est.gpu} ({est.gpu_memory_bytes / BYTES_PER_GB:,.2f} GB): "
+                          f"{est.fits_sequences:,} sequences fit paged, "
+                          f"{est.fits_sequences_naive:,} naive; concurrency "
+                          f"{est.concurrency} {verdict}")
+    for warning in est.warnings:
+        out_console.print(f"[yellow]note:[/yellow] {warning}")
+
+
+@app.command("estimate-kv")
+def estimate_kv_command(
+    model: Annotated[Optional[str], typer.Argument(
+        help="Catalog model name (see --list-models), e.g. llama-3-8b.", show_default=False)]
+    = None,
+    config: Annotated[Optional[str], typer.Option(
+        "--config", help="A Hugging Face config.json to read instead of a catalog name.",
+        show_default=False)] = None,
+    prompt_tokens: Annotated[int, typer.Option(
+        "--prompt-tokens", min=0, help="Prompt tokens per request.")] = 1024,
+    generated_tokens: Annotated[int, typer.Option(
+        "--generated-tokens", min=0, help="Generated (decode) tokens per request.")] = 0,
+    block_size: Annotated[int, typer.Option(
+        "--block-size", min=1, help="Tokens per KV block (vLLM default 16).")] = 16,
+    concurrency: Annotated[int, typer.Option(
+        "--concurrency", min=1, help="Requests resident at once (totals multiply by it; "
+        "no prefix sharing assumed).")] = 1,
+    max_seq_len: Annotated[Optional[int], typer.Option(
+        "--max-seq-len", min=1, help="Tokens a naive allocator reserves per request "
+        "[default: the model's max_position_embeddings].", show_default=False)] = None,
+    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help=_KV_DTYPE_HELP)] = "auto",
+    gpu: Annotated[Optional[str], typer.Option(
+        "--gpu", help="Hardware profile name (kvsim.hardware: a100-80g, b200, gh200, "
+        "h100-sxm, h200, l40s) or profile .toml path; reports how many sequences fit "
+        "beside the weights.", show_default=False)] = None,
+    gpu_mem_gb: Annotated[Optional[float], typer.Option(
+        "--gpu-mem-gb", help="GPU memory in GB (10^9 bytes), instead of --gpu.",
+        show_default=False)] = None,
+    weights_dtype: Annotated[Optional[str], typer.Option(
+        "--weights-dtype", help="dtype of the weights for the fit (" +
+        ", ".join(WEIGHT_DTYPE_BYTES) + ") [default: the model's served dtype].",
+        show_default=False)] = None,
+    memory_utilization: Annotated[float, typer.Option(
+        "--memory-utilization", help="Fraction of GPU memory the engine may use for "
+        "weights + KV (vLLM --gpu-memory-utilization).")] = DEFAULT_MEMORY_UTILIZATION,
+    list_models_flag: Annotated[bool, typer.Option(
+        "--list-models", help="List the catalog models and exit.")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Size the KV cache of a model: bytes per token and block, paged vs naive per request,
+    totals for a concurrency, and how many sequences fit on a GPU beside the weights."""
+    if list_models_flag:
+        names = list_models()
+        if as_json:
+            emit_json(names)
+        else:
+            for name in names:
+                out_console.print(name)
+        return
+    if (model is None) == (config is None):
+        raise KvsimInputError("expected exactly one of a MODEL name or --config FILE", None,
+                              None, "model")
+    spec = load_model(config if config is not None else model)
+    est = estimate_kv(spec, prompt_tokens=prompt_tokens, generated_tokens=generated_tokens,
+                      block_size_tokens=block_size, concurrency=concurrency,
+                      max_seq_len=max_seq_len, kv_dtype=kv_dtype, gpu=gpu,
+                      gpu_mem_gb=gpu_mem_gb, weights_dtype=weights_dtype,
+                      memory_utilization=memory_utilization)
+    if as_json:
+        emit_json(est.to_dict())
+    else:
+        _render(est)
