@@ -1,0 +1,51 @@
+"""Real KV block pools for calibration and placement replay: ``cpu`` and ``cuda`` backends.
+
+- :mod:`kvsim.backends.base`: :class:`BlockLayout`, the :class:`KvBackend` interface.
+- :mod:`kvsim.backends.cpu`: numpy pool + numba copy loops + file I/O.
+- :mod:`kvsim.backends.cuda`: numba-cuda kernels, mapped pinned host tier, CUDA events.
+- :mod:`kvsim.backends.disk`: the disk tier (``preadv``/``pwritev``, ``O_DIRECT``).
+- :mod:`kvsim.backends.detection`: :func:`detect` -> ``"gpu" | "cudasim" | "none"``.
+
+Importing this package imports nothing CUDA; :func:`open_backend` imports
+:mod:`kvsim.backends.cuda` only for ``"cuda"``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvsim.backends.base import (CALIBRATION_LAYOUT, BlockLayout, DeviceInfo,  # noqa: F401
+                                 KvBackend)
+from kvsim.backends.detection import detect  # noqa: F401
+from kvsim.errors import KvsimInputError
+
+#: Backend names accepted by ``--backend``.
+BACKEND_NAMES = ("cpu", "cuda")
+
+
+def open_backend(name: str, layout: BlockLayout, *, device_blocks: int, host_blocks: int,
+                 staging_blocks: int, disk_blocks: int, disk_dir: str | Path | None = None,
+                 seed: int = 0, direct_io: bool = True) -> KvBackend:
+    """Build the named backend with the given tier sizes (in blocks).
+
+    ``"cuda"`` requires a real GPU or the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``);
+    otherwise this raises :class:`KvsimInputError` naming what :func:`detect` found.
+    """
+    kwargs = dict(device_blocks=device_blocks, host_blocks=host_blocks,
+                  staging_blocks=staging_blocks, disk_blocks=disk_blocks, disk_dir=disk_dir,
+                  seed=seed, direct_io=direct_io)
+    if name == "cpu":
+        from kvsim.backends.cpu import CpuBackend
+
+        return CpuBackend(layout, **kwargs)
+    if name == "cuda":
+        found = detect()
+        if found == "none":
+            raise KvsimInputError("expected a CUDA GPU (or NUMBA_ENABLE_CUDASIM=1 for the "
+                                  "simulator), found none: install the 'cuda' extra and a "
+                                  "driver, or use --backend cpu", field="backend")
+        from kvsim.backends.cuda import CudaBackend
+
+        return CudaBackend(layout, **kwargs)
+    raise KvsimInputError(f"expected one of {', '.join(BACKEND_NAMES)}, got {name!r}",
+                          field="backend")

@@ -1,0 +1,43 @@
+"""What CUDA this process could use: a real GPU, numba's CUDA simulator, or none.
+
+:func:`detect` never raises.  It imports ``numba.cuda`` (the only way to ask), so call it
+only when the CUDA backend is asked for; importing :mod:`kvsim.backends` does not call it.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Literal
+
+Detected = Literal["gpu", "cudasim", "none"]
+
+
+def simulator_requested() -> bool:
+    """True when ``NUMBA_ENABLE_CUDASIM`` asks numba for its CUDA simulator.
+
+    Reads numba's own config when numba is already imported (it fixes the value at import),
+    else the environment variable, so the answer matches what ``numba.cuda`` will do."""
+    try:
+        from numba import config
+
+        return bool(config.ENABLE_CUDASIM)
+    except Exception:  # noqa: BLE001 - detection never raises
+        return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+
+
+def detect() -> Detected:
+    """``"gpu"`` if a CUDA GPU is usable, ``"cudasim"`` if numba's simulator is active,
+    ``"none"`` otherwise (no driver, no device, numba-cuda missing or broken)."""
+    try:
+        if simulator_requested():
+            from numba import cuda  # noqa: F401 - the simulator imports without a driver
+
+            return "cudasim"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from numba import cuda
+
+            return "gpu" if cuda.is_available() else "none"
+    except Exception:  # noqa: BLE001 - detection never raises
+        return "none"

@@ -1,0 +1,56 @@
+"""CPU copy kernels over the combined K/V pool (numba, compiled once, cached on disk).
+
+Both kernels move whole blocks across every layer and both K and V in one call; the pool is
+``(layers, 2, pool_blocks, chunk_words)``, the block store (host tier, staging buffer) is
+``(store_blocks, layers, 2, chunk_words)``.  Each copies exactly ``ids.size`` blocks and
+writes nothing else.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def pool_to_store(pool, block_ids, store, store_slots):  # pragma: no cover - compiled
+    """``store[store_slots[i], l, kv, :] = pool[l, kv, block_ids[i], :]`` for all i, l, kv."""
+    layers = pool.shape[0]
+    words = pool.shape[3]
+    for i in range(block_ids.size):
+        b = block_ids[i]
+        s = store_slots[i]
+        for layer in range(layers):
+            for kv in range(2):
+                src = pool[layer, kv, b]
+                dst = store[s, layer, kv]
+                for w in range(words):
+                    dst[w] = src[w]
+
+
+@njit(cache=True)
+def store_to_pool(store, store_slots, pool, block_ids):  # pragma: no cover - compiled
+    """``pool[l, kv, block_ids[i], :] = store[store_slots[i], l, kv, :]`` for all i, l, kv."""
+    layers = pool.shape[0]
+    words = pool.shape[3]
+    for i in range(block_ids.size):
+        b = block_ids[i]
+        s = store_slots[i]
+        for layer in range(layers):
+            for kv in range(2):
+                src = store[s, layer, kv]
+                dst = pool[layer, kv, b]
+                for w in range(words):
+                    dst[w] = src[w]
+
+
+@njit(cache=True)
+def fill_splitmix(flat, seed):  # pragma: no cover - compiled
+    """``flat[i] = splitmix64(seed * 2**32 + i)`` truncated to the word width (Steele,
+    Lea, Flood: "Fast splittable pseudorandom number generators", OOPSLA 2014)."""
+    base = np.uint64(seed) * np.uint64(0x100000000)
+    for i in range(flat.size):
+        z = base + np.uint64(i) + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        flat[i] = z ^ (z >> np.uint64(31))
