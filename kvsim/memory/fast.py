@@ -1,0 +1,537 @@
+"""The compiled block pool: vLLM v1 prefix caching in numpy arrays and ``@njit`` functions.
+
+This is the HBM pool of the replay (``kvsim.sim``); the API is documented in
+:mod:`kvsim.memory` and its semantics in ``docs/memory-model.md``.  The plain-Python twin
+:mod:`kvsim.memory.reference` is the oracle: tests/memory/test_differential.py checks that
+both agree on every block id and counter.
+
+State (one :class:`PoolState`, all arrays indexed by block id or seq slot):
+
+* every block ``1 .. N-1`` is in exactly one of three states (block 0, the null block, in
+  none): **held** (``ref_cnt > 0``), **empty** (ref 0, no hash; linked in the empties
+  deque ``e_next/e_prev``, sentinel ``N``), **cached** (ref 0, hashed; a candidate of the
+  order policy, ``in_cand``);
+* ``block_hash[b] != 0`` iff ``b`` is registered in the prefix index: ``hmap`` maps a hash
+  to the first block registered with it, further blocks with the same hash (vLLM does not
+  de-duplicate) follow in the circular list ``h_next/h_prev`` in registration order;
+* ``tables[seq, :seq_len[seq]]`` is a seq's block table; ``ref_cnt[b]`` equals the number
+  of table entries naming ``b`` (caches hold no references in vLLM).
+
+Why two free structures where vLLM has one queue: vLLM's queue is always
+``[empty blocks][cached blocks]`` (unhashed blocks are prepended, hashed ones appended,
+initial blocks are empty), so popping its head = "an empty block if any, else the oldest
+cached one".  Splitting it lets a policy order the cached part.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+from dataclasses import dataclass, field
+
+import numpy as np
+from numba import njit, types
+from numba.typed import Dict
+
+from kvsim.memory import fifo_order
+from kvsim.policy_api import new_block_view
+
+# ---- allocation result kinds (out.kind) ----------------------------------------------
+KIND_HIT = 0  # prefix hit on a block another seq holds: shared, ref + 1
+KIND_REVIVED = 1  # prefix hit on a cached block (ref 0): taken out of the candidate set
+KIND_NEW = 2  # a new block from the empties
+KIND_EVICTED = 3  # a new block obtained by evicting a cached block (out.evicted_hash)
+
+PREEMPT_RECOMPUTE = 0
+PREEMPT_SWAP = 1
+
+# ---- counters (st.counters) ------------------------------------------------------------
+COUNTER_NAMES = (
+    "admissions",  # allocations on an empty table (first admission, not reruns)
+    "query_tokens",  # prompt tokens at admission (vLLM PrefixCacheStats.queries)
+    "hit_tokens",  # prefix-hit tokens at admission (vLLM PrefixCacheStats.hits)
+    "rerun_admissions",  # admissions of preempted requests (counted apart, like vLLM)
+    "rerun_query_tokens",
+    "rerun_hit_tokens",
+    "hit_blocks",  # prefix-hit blocks (first admissions and reruns)
+    "revived_blocks",  # hits on cached (ref 0) blocks
+    "new_blocks",  # blocks taken from the empties
+    "evicted_blocks",  # cached blocks evicted to make room
+    "alloc_failures",  # allocations refused (did not fit; nothing changed)
+    "released_blocks",  # ref count reached 0
+    "cow_copies",  # copy-on-write copies of a shared last block
+    "cow_bytes",  # bytes copied by copy-on-write (cow_copies * block_bytes)
+    "forks",
+    "preempt_recompute",
+    "preempt_swap",
+    "swap_out_blocks",  # blocks of swapped-out seqs (to the next tier)
+    "swap_out_bytes",
+)
+C = {name: i for i, name in enumerate(COUNTER_NAMES)}
+C_ADMISSIONS, C_QUERY_TOKENS, C_HIT_TOKENS = 0, 1, 2
+C_RERUN_ADMISSIONS, C_RERUN_QUERY_TOKENS, C_RERUN_HIT_TOKENS = 3, 4, 5
+C_HIT_BLOCKS, C_REVIVED_BLOCKS, C_NEW_BLOCKS, C_EVICTED_BLOCKS = 6, 7, 8, 9
+C_ALLOC_FAILURES, C_RELEASED_BLOCKS, C_COW_COPIES, C_COW_BYTES = 10, 11, 12, 13
+C_FORKS, C_PREEMPT_RECOMPUTE, C_PREEMPT_SWAP = 14, 15, 16
+C_SWAP_OUT_BLOCKS, C_SWAP_OUT_BYTES = 17, 18
+assert len(COUNTER_NAMES) == 19 and C["swap_out_bytes"] == C_SWAP_OUT_BYTES
+
+# ---- scalars (st.sc) -------------------------------------------------------------------
+S_N_EMPTY, S_N_CAND, S_N_HELD, S_SEQ_TOP = 0, 1, 2, 3
+# ---- config (st.cfg) -------------------------------------------------------------------
+F_NUM_BLOCKS, F_BLOCK_SIZE, F_CACHING, F_BLOCK_BYTES, F_DEBUG = 0, 1, 2, 3, 4
+
+#: Runners-up a victim() call may report (decision log).
+MAX_ALT = 8
+
+#: Invariant codes returned by :func:`pool_check` (0 = all hold).
+INVARIANTS = {
+    1: "the null block (0) is held, free or hashed",
+    2: "a block is not in exactly one of held / empty / cached",
+    3: "an empty block has a hash, or a cached block has none",
+    4: "a ref count differs from the references held by block tables",
+    5: "the empties deque does not match its count",
+    6: "the number of cached candidates does not match its count",
+    7: "held + empty + cached != num_blocks - 1 (a block is unaccounted for)",
+    8: "the prefix index does not match the block hashes",
+    9: "a closed seq slot still holds blocks",
+}
+
+PoolState = namedtuple("PoolState", [
+    "cfg", "sc", "counters",
+    "ref_cnt", "block_hash", "in_empty", "in_cand", "e_next", "e_prev",
+    "hmap", "h_next", "h_prev",
+    "tables", "seq_len", "seq_is_open", "seq_tenant", "seq_rerun", "seq_free",
+    "seq_query_tokens", "seq_hit_tokens", "tenant_query_tokens", "tenant_hit_tokens",
+    "block_hits",
+])
+
+AllocOut = namedtuple("AllocOut", ["blocks", "kind", "evicted_hash", "reason", "n_alt",
+                                   "alt_blocks", "alt_scores"])
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """Shape of one block pool (one tier).  Frozen: build a new pool to change it."""
+
+    num_blocks: int = field(metadata={"help": "physical blocks including the null block 0"})
+    block_size_tokens: int = field(metadata={"help": "tokens per block (vLLM default 16)"})
+    enable_caching: bool = field(default=True, metadata={"help": "prefix caching on/off"})
+    max_seqs: int = field(default=1024, metadata={"help": "block tables held at once"})
+    max_blocks_per_seq: int = field(default=8192, metadata={"help": "longest block table"})
+    block_bytes: int = field(default=0, metadata={"help": "bytes of one block (CoW/swap)"})
+    max_tenants: int = field(default=1, metadata={"help": "tenant ids 0 .. max_tenants-1"})
+    debug: bool = field(default=False, metadata={"help": "check invariants after each op"})
+
+    def __post_init__(self) -> None:
+        if self.num_blocks < 2:
+            raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), "
+                             f"got {self.num_blocks}")
+        if self.block_size_tokens < 1:
+            raise ValueError(f"block_size_tokens must be >= 1, got {self.block_size_tokens}")
+        for name in ("max_seqs", "max_blocks_per_seq", "max_tenants"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class AllocResult:
+    """What one allocation did: block ids in table order and how each was obtained."""
+
+    n_hit: int  # leading blocks that were prefix hits (KIND_HIT or KIND_REVIVED)
+    blocks: list[int]
+    kinds: list[int]  # KIND_* per block
+    evicted_hashes: list[int]  # per block: hash of the cached block it replaced, else 0
+
+
+def new_state(config: PoolConfig) -> PoolState:
+    """A pool with every block 1..N-1 empty, in id order (vLLM's initial free queue)."""
+    n = config.num_blocks
+    cfg = np.array([n, config.block_size_tokens, int(config.enable_caching),
+                    config.block_bytes, int(config.debug)], dtype=np.int64)
+    e_next = np.empty(n + 1, dtype=np.int64)
+    e_prev = np.empty(n + 1, dtype=np.int64)
+    in_empty = np.zeros(n, dtype=np.bool_)
+    ids = np.arange(1, n)
+    # sentinel n -> 1 -> 2 -> ... -> n-1 -> sentinel
+    order = np.concatenate(([n], ids, [n]))
+    e_next[order[:-1]] = order[1:]
+    e_prev[order[1:]] = order[:-1]
+    e_next[0] = e_prev[0] = -1
+    in_empty[1:] = True
+    sc = np.zeros(4, dtype=np.int64)
+    sc[S_N_EMPTY] = n - 1
+    sc[S_SEQ_TOP] = config.max_seqs
+    return PoolState(
+        cfg=cfg, sc=sc, counters=np.zeros(len(COUNTER_NAMES), dtype=np.int64),
+        ref_cnt=np.zeros(n, dtype=np.int64), block_hash=np.zeros(n, dtype=np.int64),
+        in_empty=in_empty, in_cand=np.zeros(n, dtype=np.bool_), e_next=e_next,
+        e_prev=e_prev, hmap=Dict.empty(types.int64, types.int64),
+        h_next=np.full(n, -1, dtype=np.int64), h_prev=np.full(n, -1, dtype=np.int64),
+        tables=np.zeros((config.max_seqs, config.max_blocks_per_seq), dtype=np.int32),
+        seq_len=np.zeros(config.max_seqs, dtype=np.int64),
+        seq_is_open=np.zeros(config.max_seqs, dtype=np.bool_),
+        seq_tenant=np.zeros(config.max_seqs, dtype=np.int64),
+        seq_rerun=np.zeros(config.max_seqs, dtype=np.bool_),
+        # free slots as a stack, lowest id on top: seq_free[top-1] is the next slot
+        seq_free=np.arange(config.max_seqs - 1, -1, -1, dtype=np.int64),
+        seq_query_tokens=np.zeros(config.max_seqs, dtype=np.int64),
+        seq_hit_tokens=np.zeros(config.max_seqs, dtype=np.int64),
+        tenant_query_tokens=np.zeros(config.max_tenants, dtype=np.int64),
+        tenant_hit_tokens=np.zeros(config.max_tenants, dtype=np.int64),
+        block_hits=np.zeros(n, dtype=np.int64),
+    )
+
+
+def new_out(config: PoolConfig) -> AllocOut:
+    m = config.max_blocks_per_seq
+    return AllocOut(np.zeros(m, np.int64), np.zeros(m, np.int64), np.zeros(m, np.int64),
+                    np.zeros(m, np.int64), np.zeros(m, np.int64),
+                    np.zeros((m, MAX_ALT), np.int64), np.zeros((m, MAX_ALT), np.float64))
+
+
+# ======================================================================================
+# compiled primitives
+# ======================================================================================
+
+@njit(cache=True)
+def _empty_unlink(st, b):
+    p = st.e_prev[b]
+    nx = st.e_next[b]
+    st.e_next[p] = nx
+    st.e_prev[nx] = p
+    st.in_empty[b] = False
+    st.sc[S_N_EMPTY] -= 1
+
+
+@njit(cache=True)
+def _empty_push_front(st, b):
+    s = st.cfg[F_NUM_BLOCKS]
+    first = st.e_next[s]
+    st.e_next[s] = b
+    st.e_prev[b] = s
+    st.e_next[b] = first
+    st.e_prev[first] = b
+    st.in_empty[b] = True
+    st.sc[S_N_EMPTY] += 1
+
+
+@njit(cache=True)
+def _empty_push_back(st, b):
+    s = st.cfg[F_NUM_BLOCKS]
+    last = st.e_prev[s]
+    st.e_next[last] = b
+    st.e_prev[b] = last
+    st.e_next[b] = s
+    st.e_prev[s] = b
+    st.in_empty[b] = True
+    st.sc[S_N_EMPTY] += 1
+
+
+@njit(cache=True)
+def _index_add(st, b, h):
+    """Register held block b under hash h (after the blocks already registered with h)."""
+    st.block_hash[b] = h
+    if h in st.hmap:
+        first = st.hmap[h]
+        last = st.h_prev[first]
+        st.h_next[last] = b
+        st.h_prev[b] = last
+        st.h_next[b] = first
+        st.h_prev[first] = b
+    else:
+        st.hmap[h] = b
+        st.h_next[b] = b
+        st.h_prev[b] = b
+
+
+@njit(cache=True)
+def _index_remove(st, b):
+    """Drop b from the prefix index (vLLM _maybe_evict_cached_block); returns its hash."""
+    h = st.block_hash[b]
+    nx = st.h_next[b]
+    if nx == b:
+        del st.hmap[h]
+    else:
+        p = st.h_prev[b]
+        st.h_next[p] = nx
+        st.h_prev[nx] = p
+        if st.hmap[h] == b:
+            st.hmap[h] = nx
+    st.h_next[b] = -1
+    st.h_prev[b] = -1
+    st.block_hash[b] = 0
+    return h
+
+
+@njit(cache=True)
+def seq_open(st, tenant):
+    """Take a free seq slot (lowest id first); -1 if none.  The table starts empty."""
+    top = st.sc[S_SEQ_TOP]
+    if top == 0:
+        return -1
+    seq = st.seq_free[top - 1]
+    st.sc[S_SEQ_TOP] = top - 1
+    st.seq_is_open[seq] = True
+    st.seq_len[seq] = 0
+    st.seq_tenant[seq] = tenant
+    st.seq_rerun[seq] = False
+    st.seq_query_tokens[seq] = 0
+    st.seq_hit_tokens[seq] = 0
+    return seq
+
+
+@njit(cache=True)
+def seq_close(st, seq):
+    """Return a slot whose table is empty (free it first)."""
+    if not st.seq_is_open[seq] or st.seq_len[seq] != 0:
+        raise ValueError("seq_close: slot not open or still holds blocks")
+    st.seq_is_open[seq] = False
+    st.seq_free[st.sc[S_SEQ_TOP]] = seq
+    st.sc[S_SEQ_TOP] += 1
+
+
+@njit(cache=True)
+def pool_lookup(st, hashes, n, num_tokens, out_blocks):
+    """Longest cached prefix of ``hashes[:n]``: stop at the first miss, at most
+    ``(num_tokens - 1) // block_size`` blocks (the last token is always recomputed).
+    Writes the hit blocks (first block registered with each hash) to ``out_blocks``.
+    Changes nothing."""
+    if st.cfg[F_CACHING] == 0:
+        return 0
+    limit = (num_tokens - 1) // st.cfg[F_BLOCK_SIZE]
+    if limit > n:
+        limit = n
+    k = 0
+    while k < limit:
+        h = hashes[k]
+        if h == 0 or h not in st.hmap:
+            break
+        out_blocks[k] = st.hmap[h]
+        k += 1
+    return k
+
+
+@njit(cache=True)
+def pool_cache_block(st, seq, index, h):
+    """Block ``index`` of ``seq`` became full: register it under hash ``h`` (vLLM
+    cache_full_blocks).  No-op if caching is off, ``h`` is 0 or the block has a hash."""
+    if st.cfg[F_CACHING] == 0 or h == 0:
+        return
+    b = st.tables[seq, index]
+    if st.block_hash[b] == 0:
+        _index_add(st, b, h)
+
+
+@njit(cache=True)
+def pool_fork(st, parent, child):
+    """Copy-on-write fork: ``child`` (open, empty) shares every block of ``parent``."""
+    if st.seq_len[child] != 0 or not st.seq_is_open[child]:
+        raise ValueError("pool_fork: child must be an open, empty seq")
+    m = st.seq_len[parent]
+    for i in range(m):
+        b = st.tables[parent, i]
+        st.tables[child, i] = b
+        st.ref_cnt[b] += 1
+    st.seq_len[child] = m
+    st.counters[C_FORKS] += 1
+    if st.cfg[F_DEBUG] != 0:
+        _assert_ok(st)
+
+
+@njit(cache=True)
+def pick_preemption_victim(running, n_running, request_priority, arrival, by_priority):
+    """Index in ``running[:n_running]`` of the request to preempt (vLLM v1 Scheduler):
+    the last running one; under priority scheduling the lowest ``request_priority``
+    (kvsim: 0 lowest .. 100 highest), ties broken by the latest ``arrival``.  -1 if none."""
+    if n_running == 0:
+        return -1
+    if not by_priority:
+        return n_running - 1
+    best = 0
+    for i in range(1, n_running):
+        r = running[i]
+        q = running[best]
+        if request_priority[r] < request_priority[q] or (
+                request_priority[r] == request_priority[q] and arrival[r] >= arrival[q]):
+            best = i
+    return best
+
+
+@njit(cache=True)
+def pool_check(st):
+    """0 if every invariant holds, else the code of the first broken one (INVARIANTS)."""
+    n = st.cfg[F_NUM_BLOCKS]
+    if st.ref_cnt[0] != 0 or st.in_empty[0] or st.in_cand[0] or st.block_hash[0] != 0:
+        return 1
+    n_held = 0
+    n_empty = 0
+    n_cand = 0
+    n_hashed = 0
+    for b in range(1, n):
+        held = st.ref_cnt[b] > 0
+        k = int(held) + int(st.in_empty[b]) + int(st.in_cand[b])
+        if k != 1 or st.ref_cnt[b] < 0:
+            return 2
+        if (st.in_empty[b] and st.block_hash[b] != 0) or (
+                st.in_cand[b] and st.block_hash[b] == 0):
+            return 3
+        n_held += int(held)
+        n_empty += int(st.in_empty[b])
+        n_cand += int(st.in_cand[b])
+        n_hashed += int(st.block_hash[b] != 0)
+    refs = np.zeros(n, dtype=np.int64)
+    for s in range(st.tables.shape[0]):
+        if not st.seq_is_open[s] and st.seq_len[s] != 0:
+            return 9
+        for i in range(st.seq_len[s]):
+            refs[st.tables[s, i]] += 1
+    for b in range(n):
+        if refs[b] != st.ref_cnt[b]:
+            return 4
+    # the empties deque
+    cnt = 0
+    cur = st.e_next[n]
+    while cur != n:
+        if cur < 1 or cur >= n or not st.in_empty[cur] or cnt > n:
+            return 5
+        cnt += 1
+        cur = st.e_next[cur]
+    if cnt != n_empty or cnt != st.sc[S_N_EMPTY]:
+        return 5
+    if n_cand != st.sc[S_N_CAND]:
+        return 6
+    if n_held + n_empty + n_cand != n - 1 or n_held != st.sc[S_N_HELD]:
+        return 7
+    total = 0
+    for h, first in st.hmap.items():
+        cur = first
+        while True:
+            if st.block_hash[cur] != h:
+                return 8
+            total += 1
+            cur = st.h_next[cur]
+            if cur == first:
+                break
+    if total != n_hashed:
+        return 8
+    return 0
+
+
+@njit(cache=True)
+def _assert_ok(st):
+    code = pool_check(st)
+    if code != 0:
+        raise AssertionError("kvsim.memory invariant broken (see fast.INVARIANTS)")
+
+
+# ======================================================================================
+# Python handle
+# ======================================================================================
+
+class FastPool:
+    """A compiled pool plus its order policy; Python methods wrap the njit functions.
+
+    ``order`` is a module following :mod:`kvsim.policy_api` (``init``, ``on_insert``,
+    ``on_hit``, ``on_remove``, ``victim`` as njit functions), or None for
+    :mod:`kvsim.memory.fifo_order` (vLLM's exact order).  ``self.ops`` is
+    :mod:`kvsim.memory.pool_ops` compiled for that order (``specialize.ops_for``).
+    """
+
+    def __init__(self, config: PoolConfig, order=None, params: dict | None = None):
+        from kvsim.memory.specialize import ops_for
+
+        self.config = config
+        self.order = order if order is not None else fifo_order
+        self.ops = ops_for(self.order)
+        self.st = new_state(config)
+        self.view = new_block_view(config.num_blocks)
+        self.pst = self.order.init(config.num_blocks - 1, config.num_blocks, params or {})
+        self.out = new_out(config)
+
+    # -- seqs ---------------------------------------------------------------------------
+    def open_seq(self, tenant: int = 0) -> int:
+        if not 0 <= tenant < self.config.max_tenants:
+            raise ValueError(f"tenant must be in 0..{self.config.max_tenants - 1}, "
+                             f"got {tenant}")
+        seq = int(seq_open(self.st, tenant))
+        if seq < 0:
+            raise RuntimeError("no free seq slot (raise PoolConfig.max_seqs)")
+        return seq
+
+    def close_seq(self, seq: int) -> None:
+        seq_close(self.st, seq)
+
+    # -- operations ---------------------------------------------------------------------
+    def lookup(self, hashes, num_tokens: int) -> list[int]:
+        h = np.asarray(hashes, dtype=np.int64)
+        k = pool_lookup(self.st, h, len(h), num_tokens, self.out.blocks)
+        return [int(x) for x in self.out.blocks[:k]]
+
+    def allocate(self, seq: int, hashes, num_tokens: int = 0,
+                 now_us: float = 0.0) -> AllocResult | None:
+        """Append ``len(hashes)`` blocks (0 = unhashed/partial); None if it does not fit."""
+        h = np.asarray(hashes, dtype=np.int64)
+        n = len(h)
+        k = self.ops.allocate(self.st, self.pst, self.view, seq, h, n, num_tokens,
+                              float(now_us), self.out)
+        if k < 0:
+            return None
+        o = self.out
+        return AllocResult(int(k), [int(x) for x in o.blocks[:n]],
+                           [int(x) for x in o.kind[:n]], [int(x) for x in o.evicted_hash[:n]])
+
+    def cache_block(self, seq: int, index: int, h: int) -> None:
+        pool_cache_block(self.st, seq, index, h)
+
+    def fork(self, parent: int, child: int) -> None:
+        pool_fork(self.st, parent, child)
+
+    def write_last(self, seq: int, now_us: float = 0.0) -> int:
+        return int(self.ops.write_last(self.st, self.pst, self.view, seq, float(now_us),
+                                       self.out))
+
+    def free(self, seq: int, now_us: float = 0.0) -> None:
+        self.ops.free(self.st, self.pst, self.view, seq, float(now_us))
+
+    def free_tail(self, seq: int, n: int, now_us: float = 0.0) -> None:
+        self.ops.free_tail(self.st, self.pst, self.view, seq, n, float(now_us))
+
+    def preempt(self, seq: int, mode: int = PREEMPT_RECOMPUTE, now_us: float = 0.0) -> int:
+        return int(self.ops.preempt(self.st, self.pst, self.view, seq, mode, float(now_us)))
+
+    # -- inspection ---------------------------------------------------------------------
+    def table(self, seq: int) -> list[int]:
+        return [int(x) for x in self.st.tables[seq, :self.st.seq_len[seq]]]
+
+    def ref_cnt(self, b: int) -> int:
+        return int(self.st.ref_cnt[b])
+
+    def block_hash(self, b: int) -> int:
+        return int(self.st.block_hash[b])
+
+    def num_free_blocks(self) -> int:
+        """Empty + cached blocks (vLLM get_num_free_blocks)."""
+        return int(self.st.sc[S_N_EMPTY] + self.st.sc[S_N_CAND])
+
+    def empties(self) -> list[int]:
+        n = self.config.num_blocks
+        out, cur = [], int(self.st.e_next[n])
+        while cur != n:
+            out.append(cur)
+            cur = int(self.st.e_next[cur])
+        return out
+
+    def free_queue(self) -> list[int]:
+        """vLLM's free queue: empties, then candidates in eviction order (needs an order
+        module with an ``order(state)`` function, as fifo_order has)."""
+        if not hasattr(self.order, "order"):
+            raise TypeError(f"order policy {self.order.NAME!r} cannot list its order")
+        return self.empties() + [int(b) for b in self.order.order(self.pst)]
+
+    def counters(self) -> dict[str, int]:
+        return {name: int(self.st.counters[i]) for i, name in enumerate(COUNTER_NAMES)}
+
+    def check_invariants(self) -> None:
+        code = int(pool_check(self.st))
+        if code:
+            raise AssertionError(f"invariant {code} broken: {INVARIANTS[code]}")

@@ -1,0 +1,228 @@
+"""Block-pool operations that call the eviction-order hooks: the template of a policy.
+
+These functions are the part of the pool that asks the order policy (kvsim.policy_api
+hooks) for decisions: allocation (revive a hit: ``on_hit`` + ``on_remove``; evict: ``victim``
++ ``on_remove``), release (``on_insert``), copy-on-write and preemption.  They call the
+hooks by their global names, imported on the line marked ``# HOOKS``, so numba can cache
+the compiled code.  As written, this module is specialised for vLLM's order
+(:mod:`kvsim.memory.fifo_order`); :func:`kvsim.memory.specialize.ops_for` makes a copy of
+this file for any other policy module by rewriting that one line.
+
+Semantics, arguments and return values: see :mod:`kvsim.memory` and
+``docs/memory-model.md``.  Invariants (``fast.INVARIANTS``) hold after every function
+here; with ``PoolConfig(debug=True)`` each checks them before returning.
+"""
+
+from numba import njit
+
+from kvsim.memory.fast import (
+    C_ALLOC_FAILURES, C_ADMISSIONS, C_COW_BYTES, C_COW_COPIES, C_EVICTED_BLOCKS,
+    C_HIT_BLOCKS, C_HIT_TOKENS, C_NEW_BLOCKS, C_PREEMPT_RECOMPUTE, C_PREEMPT_SWAP,
+    C_QUERY_TOKENS, C_RELEASED_BLOCKS, C_RERUN_ADMISSIONS, C_RERUN_HIT_TOKENS,
+    C_RERUN_QUERY_TOKENS, C_REVIVED_BLOCKS, C_SWAP_OUT_BLOCKS, C_SWAP_OUT_BYTES,
+    F_BLOCK_BYTES, F_BLOCK_SIZE, F_CACHING, F_DEBUG, F_NUM_BLOCKS, KIND_EVICTED, KIND_HIT,
+    KIND_NEW, KIND_REVIVED, PREEMPT_SWAP, S_N_CAND, S_N_EMPTY, S_N_HELD, _assert_ok,
+    _empty_push_back, _empty_push_front, _empty_unlink, _index_add, _index_remove,
+    pool_lookup,
+)
+from kvsim.memory.fifo_order import on_hit, on_insert, on_remove, victim  # HOOKS
+
+@njit(cache=True)
+def _take_block(st, pst, view, now_us, out, i):
+    """Pop one new block: an empty one, else the policy's victim (evicted: unhashed)."""
+    s = st.cfg[F_NUM_BLOCKS]
+    if st.sc[S_N_EMPTY] > 0:
+        b = st.e_next[s]
+        _empty_unlink(st, b)
+        out.kind[i] = KIND_NEW
+        out.evicted_hash[i] = 0
+        out.reason[i] = -1
+        out.n_alt[i] = 0
+        st.counters[C_NEW_BLOCKS] += 1
+        return b
+    b, reason, n_alt = victim(pst, view, now_us, out.alt_blocks[i], out.alt_scores[i])
+    if b < 1 or b >= s or not st.in_cand[b]:
+        raise ValueError("order policy: victim() named a block that is not a candidate")
+    on_remove(pst, view, b)
+    st.in_cand[b] = False
+    st.sc[S_N_CAND] -= 1
+    out.kind[i] = KIND_EVICTED
+    out.evicted_hash[i] = _index_remove(st, b)
+    out.reason[i] = reason
+    out.n_alt[i] = n_alt
+    st.counters[C_EVICTED_BLOCKS] += 1
+    return b
+
+
+@njit(cache=True)
+def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
+    """Append ``n`` blocks to ``seq``'s table (see kvsim.memory).  Returns the number of
+    leading prefix-hit blocks, or -1 if the blocks do not fit (then nothing changed)."""
+    start = st.seq_len[seq]
+    if not st.seq_is_open[seq]:
+        raise ValueError("pool_allocate: seq slot is not open")
+    if start + n > st.tables.shape[1]:
+        raise ValueError("pool_allocate: block table longer than max_blocks_per_seq")
+    admission = start == 0
+    n_hit = 0
+    if admission:
+        n_hit = pool_lookup(st, hashes, n, num_tokens, out.blocks)
+    n_revive = 0
+    for i in range(n_hit):
+        if st.ref_cnt[out.blocks[i]] == 0:
+            n_revive += 1
+    if n - n_hit + n_revive > st.sc[S_N_EMPTY] + st.sc[S_N_CAND]:
+        st.counters[C_ALLOC_FAILURES] += 1
+        return -1
+    # touch the hits (vLLM BlockPool.touch), in chain order
+    for i in range(n_hit):
+        b = out.blocks[i]
+        if st.ref_cnt[b] == 0:
+            on_hit(pst, view, b, now_us)
+            on_remove(pst, view, b)
+            st.in_cand[b] = False
+            st.sc[S_N_CAND] -= 1
+            st.sc[S_N_HELD] += 1
+            out.kind[i] = KIND_REVIVED
+            st.counters[C_REVIVED_BLOCKS] += 1
+        else:
+            out.kind[i] = KIND_HIT
+        st.ref_cnt[b] += 1
+        st.block_hits[b] += 1
+        out.evicted_hash[i] = 0
+        out.reason[i] = -1
+        out.n_alt[i] = 0
+        st.tables[seq, start + i] = b
+    st.counters[C_HIT_BLOCKS] += n_hit
+    # new blocks (vLLM get_new_blocks: pop head, drop a stale hash), then cache full ones
+    caching = st.cfg[F_CACHING] != 0
+    for i in range(n_hit, n):
+        b = _take_block(st, pst, view, now_us, out, i)
+        st.ref_cnt[b] = 1
+        st.sc[S_N_HELD] += 1
+        out.blocks[i] = b
+        st.tables[seq, start + i] = b
+    if caching:
+        for i in range(n_hit, n):
+            if hashes[i] != 0:
+                _index_add(st, out.blocks[i], hashes[i])
+    st.seq_len[seq] = start + n
+    if admission:
+        hit_tokens = n_hit * st.cfg[F_BLOCK_SIZE]
+        if st.seq_rerun[seq]:
+            st.counters[C_RERUN_ADMISSIONS] += 1
+            st.counters[C_RERUN_QUERY_TOKENS] += num_tokens
+            st.counters[C_RERUN_HIT_TOKENS] += hit_tokens
+            st.seq_rerun[seq] = False
+        else:
+            st.counters[C_ADMISSIONS] += 1
+            st.counters[C_QUERY_TOKENS] += num_tokens
+            st.counters[C_HIT_TOKENS] += hit_tokens
+            t = st.seq_tenant[seq]
+            st.tenant_query_tokens[t] += num_tokens
+            st.tenant_hit_tokens[t] += hit_tokens
+        st.seq_query_tokens[seq] += num_tokens
+        st.seq_hit_tokens[seq] += hit_tokens
+    if st.cfg[F_DEBUG] != 0:
+        _assert_ok(st)
+    return n_hit
+
+
+@njit(cache=True)
+def _release(st, pst, view, seq, first, now_us):
+    """Release table entries ``first .. len-1`` of seq, tail first (vLLM free_blocks on
+    the reversed list): decrement all, then unhashed blocks that reached 0 go to the head
+    of the empties in tail-first order (prepend_n), hashed ones become candidates in
+    tail-first order (append_n).  With caching off every block is appended (vLLM)."""
+    m = st.seq_len[seq]
+    for i in range(m - 1, first - 1, -1):
+        b = st.tables[seq, i]
+        if st.ref_cnt[b] <= 0:
+            raise ValueError("release: ref count would go below zero")
+        st.ref_cnt[b] -= 1
+    caching = st.cfg[F_CACHING] != 0
+    if caching:
+        # prepend_n(unhashed tail-first): push them front-first in reverse (head-first) order
+        for i in range(first, m):
+            b = st.tables[seq, i]
+            if st.ref_cnt[b] == 0 and st.block_hash[b] == 0 and not st.in_empty[b]:
+                _empty_push_front(st, b)
+                st.sc[S_N_HELD] -= 1
+                st.counters[C_RELEASED_BLOCKS] += 1
+    for i in range(m - 1, first - 1, -1):
+        b = st.tables[seq, i]
+        if st.ref_cnt[b] != 0 or st.in_empty[b] or st.in_cand[b]:
+            continue
+        st.sc[S_N_HELD] -= 1
+        st.counters[C_RELEASED_BLOCKS] += 1
+        if st.block_hash[b] == 0:
+            _empty_push_back(st, b)  # caching off
+        else:
+            st.in_cand[b] = True
+            st.sc[S_N_CAND] += 1
+            on_insert(pst, view, b, now_us)
+    st.seq_len[seq] = first
+
+
+@njit(cache=True)
+def free(st, pst, view, seq, now_us):
+    """Release every block of ``seq`` tail-first; the slot stays open, empty."""
+    _release(st, pst, view, seq, 0, now_us)
+    if st.cfg[F_DEBUG] != 0:
+        _assert_ok(st)
+
+
+@njit(cache=True)
+def free_tail(st, pst, view, seq, n, now_us):
+    """Release the last ``n`` blocks of ``seq`` (block-level FREE, draft rollback)."""
+    m = st.seq_len[seq]
+    if n > m:
+        raise ValueError("pool_free_tail: more blocks than the table holds")
+    _release(st, pst, view, seq, m - n, now_us)
+    if st.cfg[F_DEBUG] != 0:
+        _assert_ok(st)
+
+
+@njit(cache=True)
+def write_last(st, pst, view, seq, now_us, out):
+    """A write into seq's last block.  If another seq shares it (ref > 1), copy it to a
+    new private block first (copy-on-write): returns 1 and out.blocks[0] = the copy.
+    0 = no copy needed; -1 = a copy is needed but no block is free (nothing changed)."""
+    m = st.seq_len[seq]
+    if m == 0:
+        raise ValueError("pool_write_last: empty table")
+    old = st.tables[seq, m - 1]
+    if st.ref_cnt[old] <= 1:
+        return 0
+    if st.sc[S_N_EMPTY] + st.sc[S_N_CAND] == 0:
+        st.counters[C_ALLOC_FAILURES] += 1
+        return -1
+    b = _take_block(st, pst, view, now_us, out, 0)
+    out.blocks[0] = b
+    st.ref_cnt[b] = 1
+    st.sc[S_N_HELD] += 1
+    st.ref_cnt[old] -= 1  # stays >= 1: other seqs hold it
+    st.tables[seq, m - 1] = b
+    st.counters[C_COW_COPIES] += 1
+    st.counters[C_COW_BYTES] += st.cfg[F_BLOCK_BYTES]
+    if st.cfg[F_DEBUG] != 0:
+        _assert_ok(st)
+    return 1
+
+
+@njit(cache=True)
+def preempt(st, pst, view, seq, mode, now_us):
+    """Preempt ``seq``: release its blocks tail-first (recompute: vLLM v1; swap: the blocks
+    are counted as moved to the next tier first).  Its next admission is a rerun."""
+    m = st.seq_len[seq]
+    if mode == PREEMPT_SWAP:
+        st.counters[C_PREEMPT_SWAP] += 1
+        st.counters[C_SWAP_OUT_BLOCKS] += m
+        st.counters[C_SWAP_OUT_BYTES] += m * st.cfg[F_BLOCK_BYTES]
+    else:
+        st.counters[C_PREEMPT_RECOMPUTE] += 1
+    _release(st, pst, view, seq, 0, now_us)
+    st.seq_rerun[seq] = True
+    if st.cfg[F_DEBUG] != 0:
+        _assert_ok(st)
+    return m

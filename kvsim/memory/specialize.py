@@ -1,0 +1,95 @@
+"""Compile a template module against one policy's hooks, with numba's on-disk cache.
+
+Numba cannot cache a function that receives another jitted function as an argument (the
+argument's type names that very function object, so every process recompiles, ~10 s per
+entry point).  It *can* cache a function that calls a jitted function through a module
+global.  So a module whose functions call ``on_insert`` / ``on_hit`` / ``on_remove`` /
+``victim`` as globals, imported on one line ending in ``# HOOKS``, is a *template*: for
+another policy we write a copy whose HOOKS line imports that policy's hooks instead, into
+a cache folder, and import it.  The copy's name carries a digest of the template and of the
+policy's source, so an edit to either makes a new module (and a new numba cache entry).
+
+``ops_for(order)`` does this for :mod:`kvsim.memory.pool_ops`; ``specialize`` is the same
+for any template (the replay may use it for its own loop).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import os
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from kvsim.memory import fifo_order
+
+#: Where generated modules go: $KVSIM_CACHE_DIR, else ~/.cache/kvsim/specialized.
+def cache_dir() -> Path:
+    env = os.environ.get("KVSIM_CACHE_DIR")
+    base = Path(env) if env else Path.home() / ".cache" / "kvsim"
+    return base / "specialized"
+
+
+_HOOKS_LINE = re.compile(r"^from [\w.]+ import on_hit, on_insert, on_remove, victim  # HOOKS$",
+                         re.MULTILINE)
+_loaded: dict[str, ModuleType] = {}
+
+
+def specialize(template: ModuleType, order: ModuleType) -> ModuleType:
+    """``template`` with its HOOKS line importing ``order``'s hooks (``template`` itself
+    when it already imports them).  ``order`` must be importable by its ``__name__`` (it is
+    when loaded normally, or registered in ``sys.modules`` by a loader)."""
+    if order.__name__ == template_hooks_module(template):
+        return template
+    if sys.modules.get(order.__name__) is not order:
+        raise ValueError(f"policy module {order.__name__!r} is not in sys.modules; "
+                         "register it there before specialising")
+    for hook in ("on_insert", "on_hit", "on_remove", "victim"):
+        if not hasattr(order, hook):
+            raise ValueError(f"policy module {order.__name__!r} lacks {hook}()")
+    src = Path(inspect.getfile(template)).read_text(encoding="utf-8")
+    try:
+        policy_src = inspect.getsource(order)
+    except (OSError, TypeError):
+        policy_src = order.__name__
+    new_src, n = _HOOKS_LINE.subn(
+        f"from {order.__name__} import on_hit, on_insert, on_remove, victim  # HOOKS", src)
+    if n != 1:
+        raise ValueError(f"template {template.__name__} has no single '# HOOKS' import line")
+    digest = hashlib.sha256((src + "\0" + policy_src).encode()).hexdigest()[:16]
+    stem = re.sub(r"\W", "_", f"{template.__name__}__{order.__name__}")
+    name = f"kvsim_specialized_{stem}_{digest}"
+    if name in _loaded:
+        return _loaded[name]
+    folder = cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.py"
+    if not path.exists() or path.read_text(encoding="utf-8") != new_src:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(new_src, encoding="utf-8")
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    _loaded[name] = module
+    return module
+
+
+def template_hooks_module(template: ModuleType) -> str:
+    src = Path(inspect.getfile(template)).read_text(encoding="utf-8")
+    m = _HOOKS_LINE.search(src)
+    if not m:
+        raise ValueError(f"template {template.__name__} has no '# HOOKS' import line")
+    return m.group(0).split()[1]
+
+
+def ops_for(order: ModuleType | None = None) -> ModuleType:
+    """The pool operations (:mod:`kvsim.memory.pool_ops`) compiled for ``order``'s hooks
+    (None: vLLM's FIFO-of-release order, the template itself)."""
+    from kvsim.memory import pool_ops
+
+    return specialize(pool_ops, order if order is not None else fifo_order)
