@@ -37,10 +37,9 @@ import gzip
 import io
 import json
 import math
-import zlib
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import IO, Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -48,7 +47,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvsim.errors import KvsimInputError, bad_value
-from kvsim.fsutil import atomic_output, open_text, strip_compression_suffix
+from kvsim.fsutil import atomic_output, strip_compression_suffix
 from kvsim.schema import (COLUMN_NAMES, COLUMNS, DEFAULTS, ENUM_COLUMNS, HEADER_METADATA_KEY,
                           SCHEMA_VERSION, EventHeader, EventKind, event_schema)
 
@@ -451,6 +450,9 @@ def write_events(path: str | Path, header: EventHeader,
 # --------------------------------------------------------------------------------------
 
 
+_HEADER_TYPE_WORD = {int: "an integer", str: "a string", dict: "a JSON object"}
+
+
 def _header_from_obj(obj: Any, path: Path, location: str) -> EventHeader:
     """Validate a decoded header object and build an :class:`EventHeader`."""
     if not isinstance(obj, dict):
@@ -467,7 +469,7 @@ def _header_from_obj(obj: Any, path: Path, location: str) -> EventHeader:
         if want is None:
             continue
         if type(value) is not want:
-            raise bad_value(path, location, f"header.{key}", want.__name__, value)
+            raise bad_value(path, location, f"header.{key}", _HEADER_TYPE_WORD[want], value)
     if "schema_version" in obj and obj["schema_version"] != SCHEMA_VERSION:
         raise bad_value(path, location, "header.schema_version",
                         f"schema version {SCHEMA_VERSION}", obj["schema_version"])
@@ -616,18 +618,29 @@ class EventReader:
         return cols
 
     # -- JSONL -------------------------------------------------------------------------
-    def _open_text(self):
-        return open_text(self.path)
+    def _open_binary(self) -> IO[bytes]:
+        """The file as a binary line stream, ``.gz`` / ``.zst`` decompressed.  Lines are
+        decoded one by one so a decoding error names its own line."""
+        name = self.path.name
+        if name.endswith(".gz"):
+            return gzip.open(self.path, "rb")
+        if name.endswith(".zst"):
+            import zstandard
+
+            raw = open(self.path, "rb")
+            reader = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
+            return io.BufferedReader(reader)  # type: ignore[arg-type]
+        return open(self.path, "rb")
 
     def _read_jsonl_header(self) -> EventHeader:
         path = self.path
-        with self._open_text() as fh:
+        with self._open_binary() as fh:
             try:
-                first = fh.readline()
-            except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
-                raise KvsimInputError(f"cannot read: {_short(exc)}", path, "line 1") from None
-            except Exception as exc:  # zstandard.ZstdError and friends
-                raise KvsimInputError(f"cannot read: {_short(exc)}", path, "line 1") from None
+                raw = fh.readline()
+            except Exception as exc:  # gzip.BadGzipFile, EOFError, zstandard.ZstdError, ...
+                raise KvsimInputError(f"cannot read{_compression_hint(path)}: {_short(exc)}",
+                                      path, "line 1") from None
+        first = _decode(raw, path, 1)
         if not first:
             raise KvsimInputError(f"empty file: expected a header line "
                                   f'{{"{JSONL_HEADER_KEY}": {SCHEMA_VERSION}, "header": {{...}}}}',
@@ -669,7 +682,7 @@ class EventReader:
         loads = json.loads
         prev_step = -1
         lineno = 1
-        with self._open_text() as fh:
+        with self._open_binary() as fh:
             it = iter(fh)
             try:
                 next(it)  # header, validated in __init__
@@ -685,10 +698,12 @@ class EventReader:
                     except StopIteration:
                         done = True
                         break
-                    except Exception as exc:  # gzip / zstd / decoding errors
-                        raise KvsimInputError(f"cannot read: {_short(exc)}", path,
+                    except Exception as exc:  # gzip / zstd errors, truncated streams
+                        raise KvsimInputError(f"cannot read{_compression_hint(path)}: "
+                                              f"{_short(exc)}", path,
                                               f"line {lineno + 1}") from None
                     lineno += 1
+                    line = _decode(line, path, lineno)
                     if not line.strip():
                         continue
                     try:
@@ -770,6 +785,23 @@ class EventReader:
                                         f"an integer in {info.min}..{info.max}", v) from None
                 raise
         return cols
+
+
+def _decode(raw: bytes, path: Path, lineno: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise KvsimInputError(f"not UTF-8 text (byte {exc.start}: {raw[exc.start:exc.start + 1]!r}"
+                              "); is this a binary file?", path, f"line {lineno}") from None
+
+
+def _compression_hint(path: Path) -> str:
+    name = path.name
+    if name.endswith(".gz"):
+        return " (named .gz: expected a gzip stream)"
+    if name.endswith(".zst"):
+        return " (named .zst: expected a zstandard stream)"
+    return ""
 
 
 def _short(exc: BaseException) -> str:

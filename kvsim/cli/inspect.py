@@ -1,1 +1,91 @@
-"""(placeholder: filled by the issue that builds this command)."""
+"""``kvsim inspect``: summarize an event file (API: :func:`kvsim.trace_summary.summarize_trace`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from kvsim.cli import app
+from kvsim.cli.common import JsonOption, emit_json, out_console
+from kvsim.schema import DEFAULTS, ENUM_COLUMNS
+from kvsim.trace_summary import TraceSummary, head_events, summarize_trace
+
+
+@app.command("inspect")
+def inspect_command(
+    trace: Annotated[Path, typer.Argument(
+        help="Event file to inspect: Parquet, or JSONL when named *.jsonl "
+             "(also *.jsonl.gz / *.jsonl.zst).  See docs/trace-format.md.",
+        show_default=False, metavar="TRACE")],
+    head: Annotated[int | None, typer.Option(
+        "--head", min=0, metavar="N",
+        help="Print the first N events (validated) instead of the summary.",
+        show_default=False)] = None,
+    json_: JsonOption = False,
+) -> None:
+    """Validate an event file in one streaming pass and summarize it: requests, events by
+    kind, unique blocks, allocated bytes, steps, tokens and the prefix-reuse fraction (the
+    block hit rate of an infinite prefix cache).  Exit 2 with one `error:` line on the
+    first invalid row."""
+    if head is not None:
+        df = head_events(trace, head)
+        if json_:
+            emit_json(df.to_dict(orient="records"))
+        else:
+            table = Table(title=f"{trace}: first {len(df)} events (columns at their "
+                          "default value in every shown row are left out)")
+            df = df[[c for c in df.columns if c in _ALWAYS_SHOWN or not
+                     (df[c] == _DEFAULT_SHOWN[c]).all()]]
+            for col in df.columns:
+                table.add_column(col, justify="left" if df[col].dtype == object else "right")
+            for row in df.itertuples(index=False):
+                table.add_row(*(str(v) for v in row))
+            out_console.print(table)
+        return
+    summary = summarize_trace(trace)
+    if json_:
+        emit_json(summary)
+    else:
+        _render(trace, summary)
+
+
+_ALWAYS_SHOWN = ("step", "time_us", "kind", "request_id", "block_index")
+_DEFAULT_SHOWN = {name: (ENUM_COLUMNS[name](value).name if name in ENUM_COLUMNS else value)
+                  for name, value in DEFAULTS.items()}
+
+
+def _render(trace: Path, s: TraceSummary) -> None:
+    h = s.header
+    table = Table(title=f"{trace}", show_header=False)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    table.add_row("model / hardware", f"{h.get('model') or '-'} / {h.get('hardware') or '-'}")
+    table.add_row("block size (tokens)", f"{h['block_size_tokens']:,}")
+    table.add_row("KV bytes per token", f"{h['kv_bytes_per_token']:,}")
+    table.add_row("requests", f"{s.requests:,}")
+    table.add_row("events", f"{s.events:,}")
+    for kind, count in s.events_by_kind.items():
+        if count:
+            table.add_row(f"  {kind}", f"{count:,}")
+    table.add_row("steps", f"{s.steps:,} ({s.first_step} .. {s.last_step})")
+    table.add_row("time span (s)", f"{s.time_span_us / 1e6:,.3f}")
+    table.add_row("step compute (s)", f"{s.step_compute_us / 1e6:,.3f}")
+    table.add_row("prompt tokens", f"{s.prompt_tokens:,}")
+    table.add_row("prefill tokens computed", f"{s.prefill_tokens_computed:,}")
+    table.add_row("decode tokens", f"{s.decode_tokens:,}")
+    table.add_row("allocated blocks", f"{s.allocated_blocks:,}")
+    table.add_row("unique blocks", f"{s.unique_blocks:,}")
+    table.add_row("allocated bytes", f"{s.bytes['total']:,}")
+    for phase, value in s.bytes["by_phase"].items():
+        if value:
+            table.add_row(f"  phase {phase}", f"{value:,}")
+    for prio, value in s.bytes["by_priority"].items():
+        if value:
+            table.add_row(f"  priority {prio}", f"{value:,}")
+    table.add_row("prompt block refs", f"{s.prompt_block_refs:,}")
+    table.add_row("prefix reuse (infinite cache)",
+                  f"{s.prefix_reuse_fraction:.4f} ({s.prompt_block_reuses:,} reused)")
+    out_console.print(table)

@@ -1,0 +1,50 @@
+"""Assertions shared by CLI tests: ``from tests.helpers import assert_one_line_error``
+(pytest's importlib mode makes ``tests`` importable from every test module).
+
+``assert_one_line_error`` checks the error convention of docs/cli.md on the result of a
+typer ``CliRunner.invoke`` or of ``subprocess.run(..., capture_output=True, text=True)``:
+exit code 2 (bad input), exactly one line on stderr, starting with ``error:``, containing
+every given fragment, and no traceback anywhere.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+from kvsim.errors import EXIT_BAD_INPUT
+
+
+def _parts(result: Any) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of a CliRunner result or a CompletedProcess."""
+    if isinstance(result, subprocess.CompletedProcess):
+        return result.returncode, result.stdout or "", result.stderr or ""
+    stderr = result.stderr if hasattr(result, "stderr") else ""
+    return result.exit_code, result.stdout, stderr
+
+
+def assert_one_line_error(result: Any, *fragments: str, exit_code: int = EXIT_BAD_INPUT) -> str:
+    """Assert ``result`` failed with one ``error: ...`` line holding every fragment.
+
+    Returns the error line so a caller can check more.
+    """
+    code, stdout, stderr = _parts(result)
+    lines = stderr.splitlines()
+    context = f"\nexit={code}\nstdout={stdout!r}\nstderr={stderr!r}"
+    exc = getattr(result, "exception", None)
+    assert code == exit_code, f"expected exit code {exit_code}, got {code} " \
+        f"(exception {exc!r}){context}"
+    assert "Traceback" not in stderr and "Traceback" not in stdout, f"traceback{context}"
+    assert len(lines) == 1, f"expected exactly one line on stderr, got {len(lines)}{context}"
+    line = lines[0]
+    assert line.startswith("error: "), f"stderr line must start with 'error: '{context}"
+    for fragment in fragments:
+        assert fragment in line, f"fragment {fragment!r} missing from {line!r}"
+    return line
+
+
+def run_kvsim(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    """Run ``python -m kvsim ARGS`` in a real subprocess (text mode, output captured)."""
+    return subprocess.run([sys.executable, "-m", "kvsim", *args], capture_output=True,
+                          text=True, timeout=timeout_s)
