@@ -1,0 +1,1 @@
+"""Ingest: trace readers -> canonical Request table -> MemoryIntent events (lowering)."""

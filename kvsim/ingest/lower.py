@@ -1,0 +1,202 @@
+"""Lowering: a Request table becomes a MemoryIntent event file (streamed, deterministic).
+
+:func:`lower_requests` prepares flat numpy arrays from the Request table, drives the
+compiled step loop (:mod:`kvsim.ingest.scheduler`) chunk by chunk and streams each chunk to
+:class:`kvsim.events.EventWriter`.  Peak memory is the Request table plus one chunk of
+rows plus the hashes needed for the reuse figure, never the whole event table.
+
+Block-size mapping (trace block ``T`` tokens -> kvsim block ``B`` tokens): kvsim block
+``k`` covers tokens ``[kB, (k+1)B)``; its hash chains the previous block's hash with the
+content ids of every native block it overlaps and its start offset inside the first one
+(:func:`kvsim.ingest.hashing.chain_hash`).  So a 512-token Mooncake block ``j`` becomes
+``512/B`` blocks hashed from (parent, id ``j``, sub-offset); with ``B = 512`` each hash id
+maps to exactly one ``ALLOCATE`` row.  A block is hashed only while every token it holds is
+identified (``hashed_tokens``): Mooncake's partial last block keeps the hash its id gives
+(schema rule 4: the replay never shares it, ``kvsim inspect`` counts it); an agentic
+prompt's tail beyond its last full 64-token block has no hash.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from kvsim.errors import KvsimInputError
+from kvsim.ingest import scheduler as S
+from kvsim.ingest.engine import EngineConfig, StepCostModel, build_cost_model
+from kvsim.ingest.requests import RequestTable
+from kvsim.schema import EventHeader, EventKind, Phase
+
+#: Rows buffered before a chunk is handed to the writer (and Parquet row-group size).
+FLUSH_ROWS = 1 << 20
+
+
+@dataclass
+class ImportSummary:
+    """What an import or generation produced (``--json`` keys, docs/cli.md)."""
+
+    out_path: str
+    format: str
+    num_requests: int
+    skipped_rows: int
+    num_events: int
+    num_steps: int
+    num_forks: int
+    block_size_tokens: int
+    model: str
+    hardware: str
+    kv_bytes_per_token: int
+    block_bytes: int
+    total_prompt_tokens: int
+    total_output_tokens: int
+    prompt_blocks: int
+    hashed_prompt_blocks: int
+    #: share of PREFILL ALLOCATE rows whose non-zero hash appeared earlier (infinite cache)
+    prefix_reuse_fraction: float
+    makespan_us: int
+    dropped_events: int = 0
+    dropped_by_type: dict[str, int] = field(default_factory=dict)
+
+
+def _flat_ids(table: RequestTable) -> tuple[np.ndarray, np.ndarray]:
+    return table.flat_block_ids()
+
+
+def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str = "llama-3-8b",
+                   hardware: str = "h100-sxm", block_size_tokens: int = 16,
+                   max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
+                   step_overhead_us: float | None = None, kv_dtype: str | None = None,
+                   seed: int = 0, source: dict[str, Any] | None = None,
+                   progress: Callable[[int, int], None] | None = None,
+                   flush_rows: int = FLUSH_ROWS) -> ImportSummary:
+    """Lower ``requests`` through the engine model into the event file ``out_path``.
+
+    Parquet unless ``out_path`` ends in ``.jsonl`` (``.jsonl.gz``).  ``progress(done,
+    total)`` is called after each chunk with finished requests.  Deterministic: the same
+    table and arguments give a byte-identical file.  Raises :class:`KvsimInputError` for
+    bad options (unknown model or hardware, block size not >= 1, ...).
+    """
+    from kvsim.events import EventWriter
+
+    cfg = EngineConfig(block_size_tokens=block_size_tokens, max_num_seqs=max_num_seqs,
+                       max_num_batched_tokens=max_num_batched_tokens,
+                       step_overhead_us=(S_DEFAULT_OVERHEAD if step_overhead_us is None
+                                         else float(step_overhead_us)), seed=seed)
+    cost = build_cost_model(model, hardware, kv_dtype, cfg.step_overhead_us)
+    df = requests.df
+    N = len(df)
+    spk = df["spec_draft_tokens"].to_numpy(np.int64)
+    if N and int(spk.max()) + 1 > cfg.max_num_batched_tokens:
+        raise KvsimInputError("expected spec_draft_tokens + 1 <= --max-num-batched-tokens",
+                              None, None, "spec_draft_tokens")
+    block_bytes = cost.kv_bytes_per_token * cfg.block_size_tokens
+    header = EventHeader(block_size_tokens=cfg.block_size_tokens,
+                         kv_bytes_per_token=cost.kv_bytes_per_token, model=cost.model,
+                         hardware=cost.hardware,
+                         source={**(source or requests.source),
+                                 "engine": {"max_num_seqs": cfg.max_num_seqs,
+                                            "max_num_batched_tokens": cfg.max_num_batched_tokens,
+                                            "step_overhead_us": cfg.step_overhead_us,
+                                            "seed": cfg.seed}})
+    a = {name: df[name].to_numpy() for name in df.columns if name not in ("block_ids", "model")}
+    i64 = lambda x: np.ascontiguousarray(x, dtype=np.int64)  # noqa: E731
+    arr, prompt, out = i64(a["arrival_us"]), i64(a["prompt_tokens"]), i64(a["output_tokens"])
+    nsamp, beam = i64(a["n"]), i64(a["beam_width"])
+    fork_children = np.maximum(nsamp, beam) - 1
+    prunes = np.where(beam > 1, out // cfg.beam_prune_interval_steps + 1, 0)
+    C = N + int(fork_children.sum()) + int(prunes.sum()) + 1
+    off, ids = _flat_ids(requests)
+    ip = np.zeros(S.NUM_INT_PARAMS, dtype=np.int64)
+    ip[S.P_B], ip[S.P_T] = cfg.block_size_tokens, requests.block_size_tokens
+    ip[S.P_MAXSEQ], ip[S.P_MAXTOK] = cfg.max_num_seqs, cfg.max_num_batched_tokens
+    ip[S.P_FLUSH], ip[S.P_CRITPRIO] = flush_rows, cfg.critical_request_priority
+    ip[S.P_CRITTPOT], ip[S.P_BEAMINT] = cfg.critical_tpot_us, cfg.beam_prune_interval_steps
+    ip[S.P_SEED], ip[S.P_N] = cfg.seed, N
+    fp = cost.as_array()
+    st = np.zeros(S.NUM_STATE, dtype=np.int64)
+    st[S.S_NEXTSLOT] = N
+    stf = np.zeros(1, dtype=np.float64)
+    slot = lambda fill=0: np.full(C, fill, dtype=np.int64)  # noqa: E731
+    src, par = slot(-1), slot(-1)
+    computed, gen, nblk, lasth, status = slot(), slot(), slot(), slot(), slot()
+    first_us, dsteps, forked, blast = slot(-1), slot(), slot(), slot(-1)
+    run, run2, fin = slot(), slot(), slot()
+    req_args = (arr, prompt, out, i64(a["ttft_deadline_us"]), i64(a["tpot_deadline_us"]),
+                nsamp, beam, i64(a["request_priority"]), a["session_continues"].astype(np.bool_),
+                i64(a["next_turn_gap_us"]), i64(a["shared_prefix_tokens"]), spk,
+                np.ascontiguousarray(a["spec_accept_prob"], dtype=np.float64),
+                i64(a["hashed_tokens"]), off, ids)
+    slot_args = (src, par, computed, gen, nblk, lasth, status, first_us, dsteps, forked, blast,
+                 run, run2, fin)
+    # per-row lookups filled in numpy: owner table row of every sequence slot
+    rprio_tab = np.asarray(a["request_priority"], dtype=np.int8)
+    tenant_tab = np.asarray(a["tenant"], dtype=np.int32)
+
+    I = np.empty((S.NUM_INT_COLUMNS, flush_rows + 4096), dtype=np.int64)
+    F = np.empty((2, flush_rows + 4096), dtype=np.float64)
+    prefill_hashes: list[np.ndarray] = []
+    prompt_rows = hashed_rows = num_events = num_forks = 0
+    with EventWriter(out_path, header, row_group_rows=flush_rows) as writer:
+        while st[S.S_FINISHED] == 0:
+            I, F, n = S.run_steps(ip, fp, st, stf, *req_args, *slot_args, I, F, 0)
+            if n == 0:
+                break
+            cols = _columns(I, F, n, src, N, rprio_tab, tenant_tab, block_bytes)
+            mask = (cols["kind"] == EventKind.ALLOCATE) & (cols["phase"] == Phase.PREFILL)
+            prompt_rows += int(mask.sum())
+            h = cols["content_hash"][mask]
+            h = h[h != 0]
+            hashed_rows += int(h.size)
+            if h.size:
+                prefill_hashes.append(h.copy())
+            num_forks += int((cols["kind"] == EventKind.FORK).sum())
+            writer.write(cols)
+            num_events += n
+            if progress is not None:
+                progress(int(st[S.S_DONE]), N)
+    reuse = 0.0
+    if prompt_rows:
+        allh = np.concatenate(prefill_hashes) if prefill_hashes else np.zeros(0, np.int64)
+        prefill_hashes.clear()
+        reuse = (allh.size - np.unique(allh).size) / prompt_rows
+    return ImportSummary(
+        out_path=str(out_path), format=str((source or requests.source).get("format", "")),
+        num_requests=N, skipped_rows=requests.skipped, num_events=num_events,
+        num_steps=int(st[S.S_STEP]), num_forks=num_forks,
+        block_size_tokens=cfg.block_size_tokens, model=cost.model, hardware=cost.hardware,
+        kv_bytes_per_token=cost.kv_bytes_per_token, block_bytes=block_bytes,
+        total_prompt_tokens=int(prompt.sum()), total_output_tokens=int(out.sum()),
+        prompt_blocks=prompt_rows, hashed_prompt_blocks=hashed_rows,
+        prefix_reuse_fraction=round(reuse, 6), makespan_us=int(stf[0]))
+
+
+S_DEFAULT_OVERHEAD = EngineConfig().step_overhead_us
+
+
+def _columns(I: np.ndarray, F: np.ndarray, n: int, src: np.ndarray, N: int,
+             rprio_tab: np.ndarray, tenant_tab: np.ndarray, block_bytes: int,
+             ) -> dict[str, np.ndarray]:
+    """Event columns of the first ``n`` buffered rows (dtypes of kvsim.schema)."""
+    cols: dict[str, np.ndarray] = {}
+    dtypes = {"step": np.int64, "time_us": np.int64, "kind": np.int8, "request_id": np.int64,
+              "block_index": np.int32, "content_hash": np.int64, "parent_request_id": np.int64,
+              "num_tokens": np.int32, "phase": np.int8, "priority": np.int8,
+              "deadline_us": np.int64, "slack_us": np.int64, "target_decode_step": np.int64}
+    for i, name in enumerate(S.INT_COLUMN_NAMES):
+        if name == "pin_requested":
+            cols[name] = I[i, :n] != 0
+        else:
+            cols[name] = I[i, :n].astype(dtypes[name])
+    cols["duration_us"] = F[S.F_DUR, :n].copy()
+    cols["recompute_cost_us"] = F[S.F_RC, :n].copy()
+    rid = cols["request_id"]
+    owner = np.where(rid >= N, src[np.clip(rid, 0, None)], rid)
+    has = owner >= 0
+    safe = np.where(has, owner, 0)
+    cols["request_priority"] = np.where(has, rprio_tab[safe] if N else 50, 50).astype(np.int8)
+    cols["tenant"] = np.where(has, tenant_tab[safe] if N else 0, 0).astype(np.int32)
+    cols["size_bytes"] = np.where(cols["block_index"] >= 0, block_bytes, 0).astype(np.int64)
+    return cols

@@ -1,0 +1,189 @@
+"""The canonical Request table: what every trace reader produces and the lowering consumes.
+
+One row per request, **sorted by** ``arrival_us`` (ties keep input order), with
+``request_id == row index`` (dense, 0..N-1).  Columns (all non-null):
+
+==================== ============ =========================================================
+column               dtype        meaning
+==================== ============ =========================================================
+request_id           int64        dense id = row index after sorting by arrival
+arrival_us           int64        arrival time, microseconds from trace start (>= 0)
+prompt_tokens        int64        prompt (input) tokens, >= 1
+output_tokens        int64        tokens to generate, >= 1 (the prefill samples the first)
+block_ids            list<int64>  content ids of the trace's native blocks (see below)
+hashed_tokens        int64        leading tokens whose content ``block_ids`` identify
+session              int64        session / conversation id, -1 = none
+tenant               int32        tenant id for per-tenant accounting (0 default)
+request_priority     int8         0 (lowest) .. 100 (highest); 50 when unknown
+ttft_deadline_us     int64        TTFT budget **relative to arrival**, -1 = none
+tpot_deadline_us     int64        per-output-token budget (TPOT), -1 = none
+n                    int32        parallel samples (>= 1); n > 1 forks after prefill
+beam_width           int32        beam width (>= 1); > 1 forks beams after prefill
+model                string       model named by the trace ("" = unknown)
+session_continues    bool         the serving layer knows this session sends another turn
+next_turn_gap_us     int64        expected gap from this request's finish to the next turn
+                                  (serving-layer estimate), -1 = unknown
+shared_prefix_tokens int64        leading prompt tokens known to be shared (system prompt)
+spec_draft_tokens    int32        speculative decoding: draft tokens per step (0 = off)
+spec_accept_prob     float64      probability that each draft token is accepted
+==================== ============ =========================================================
+
+Content identity: ``block_ids[j]`` names the content of native block ``j`` (tokens
+``[j*T, (j+1)*T)`` with ``T = RequestTable.block_size_tokens``), and two equal ids in the
+table mean the same tokens *and the same prefix* (Mooncake's hash ids are prefix hashes;
+the agentic reader namespaces ids per conversation; the lowering additionally chains
+them, so prefix identity holds for any ids).  ``hashed_tokens`` says how many leading
+tokens the ids identify: Mooncake's last (partial) block is identified, so it equals
+``prompt_tokens``; agentic ids cover only full 64-token blocks.  It may exceed
+``prompt_tokens`` when the trace also knows the output's content (synthetic multi-turn
+sessions), which lets decode blocks carry hashes that the next turn's prompt re-uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from kvsim.errors import KvsimInputError
+
+#: (name, numpy dtype or "list"/"string", default) of every column, in order.
+REQUEST_COLUMNS: tuple[tuple[str, str, Any], ...] = (
+    ("request_id", "int64", None),
+    ("arrival_us", "int64", None),
+    ("prompt_tokens", "int64", None),
+    ("output_tokens", "int64", None),
+    ("block_ids", "list", None),
+    ("hashed_tokens", "int64", 0),
+    ("session", "int64", -1),
+    ("tenant", "int32", 0),
+    ("request_priority", "int8", 50),
+    ("ttft_deadline_us", "int64", -1),
+    ("tpot_deadline_us", "int64", -1),
+    ("n", "int32", 1),
+    ("beam_width", "int32", 1),
+    ("model", "string", ""),
+    ("session_continues", "bool", False),
+    ("next_turn_gap_us", "int64", -1),
+    ("shared_prefix_tokens", "int64", 0),
+    ("spec_draft_tokens", "int32", 0),
+    ("spec_accept_prob", "float64", 0.0),
+)
+REQUEST_COLUMN_NAMES = tuple(c[0] for c in REQUEST_COLUMNS)
+
+
+@dataclass
+class RequestTable:
+    """A validated canonical Request table plus what the reader learned on the way.
+
+    Invariants (checked by :func:`build_request_table`): sorted by ``arrival_us``;
+    ``request_id`` is the row index; every column of :data:`REQUEST_COLUMNS` is present
+    with its dtype; values in range (see the column table in the module docstring).
+    """
+
+    df: pd.DataFrame
+    #: Tokens per native block of the trace (512 Mooncake, 64 agentic, 16 token-id logs).
+    block_size_tokens: int
+    #: Rows skipped because they were bad (only with ``skip_bad_rows``).
+    skipped: int = 0
+    #: Format name and reader arguments, recorded in the event-file header.
+    source: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.df)
+
+    def flat_block_ids(self) -> tuple[np.ndarray, np.ndarray]:
+        """(offsets int64[N+1], values int64[total]): ``block_ids`` as a CSR pair."""
+        col = self.df["block_ids"]
+        lengths = np.fromiter((len(x) for x in col), dtype=np.int64, count=len(col))
+        offsets = np.zeros(len(col) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        if offsets[-1]:
+            values = np.concatenate([np.asarray(x, dtype=np.int64) for x in col if len(x)])
+        else:
+            values = np.zeros(0, dtype=np.int64)
+        return offsets, values
+
+
+def build_request_table(columns: dict[str, Any], *, block_size_tokens: int, path: str = "",
+                        skipped: int = 0, source: dict[str, Any] | None = None,
+                        ) -> RequestTable:
+    """Assemble, default-fill, sort and validate a Request table from column lists.
+
+    ``columns`` needs at least ``arrival_us``, ``prompt_tokens`` and ``output_tokens``;
+    other columns take their defaults.  ``request_id`` is assigned here (stable sort by
+    arrival).  Raises :class:`KvsimInputError` naming ``path`` and the offending row
+    (the row number is the 1-based position in the reader's output order).
+    """
+    n = len(columns["arrival_us"])
+    data: dict[str, Any] = {}
+    for name, dtype, default in REQUEST_COLUMNS:
+        if name == "request_id":
+            continue
+        if name in columns:
+            values = columns[name]
+        elif name == "block_ids":
+            values = [np.zeros(0, dtype=np.int64)] * n
+        else:
+            values = [default] * n
+        if dtype == "list":
+            data[name] = [np.asarray(v, dtype=np.int64) for v in values]
+        elif dtype == "string":
+            data[name] = pd.array([str(v) for v in values], dtype=object)
+        else:
+            data[name] = np.asarray(values, dtype=dtype)
+    if block_size_tokens <= 0:
+        raise KvsimInputError(f"native block size must be >= 1 token, got {block_size_tokens}",
+                              path or None, None, "block_size_tokens")
+    df = pd.DataFrame(data)
+    _validate(df, path, block_size_tokens)
+    order = np.argsort(df["arrival_us"].to_numpy(), kind="stable")
+    df = df.iloc[order].reset_index(drop=True)
+    df.insert(0, "request_id", np.arange(n, dtype=np.int64))
+    return RequestTable(df=df, block_size_tokens=int(block_size_tokens), skipped=skipped,
+                        source=dict(source or {}))
+
+
+def _check(mask: np.ndarray, df: pd.DataFrame, path: str, field_name: str, expected: str):
+    bad = np.flatnonzero(~mask)
+    if bad.size:
+        row = int(bad[0])
+        raise KvsimInputError(f"expected {expected}, got {df[field_name].iloc[row]!r}",
+                              path or None, f"request {row + 1}", field_name)
+
+
+def _validate(df: pd.DataFrame, path: str, block_size_tokens: int) -> None:
+    _check(df["arrival_us"].to_numpy() >= 0, df, path, "arrival_us", "a time >= 0")
+    _check(df["prompt_tokens"].to_numpy() >= 1, df, path, "prompt_tokens", "an integer >= 1")
+    _check(df["output_tokens"].to_numpy() >= 1, df, path, "output_tokens", "an integer >= 1")
+    rp = df["request_priority"].to_numpy()
+    _check((rp >= 0) & (rp <= 100), df, path, "request_priority", "0..100")
+    _check(df["n"].to_numpy() >= 1, df, path, "n", "an integer >= 1")
+    _check(df["beam_width"].to_numpy() >= 1, df, path, "beam_width", "an integer >= 1")
+    ids_len = np.fromiter((len(x) for x in df["block_ids"]), dtype=np.int64, count=len(df))
+    ht = df["hashed_tokens"].to_numpy()
+    _check((ht >= 0) & (ht <= ids_len * block_size_tokens), df, path, "hashed_tokens",
+           "at most len(block_ids) x block size tokens")
+    p = df["spec_accept_prob"].to_numpy()
+    _check((p >= 0.0) & (p <= 1.0), df, path, "spec_accept_prob", "a probability in [0, 1]")
+    _check(df["spec_draft_tokens"].to_numpy() >= 0, df, path, "spec_draft_tokens", ">= 0")
+    for name in ("ttft_deadline_us", "tpot_deadline_us", "next_turn_gap_us"):
+        v = df[name].to_numpy()
+        _check((v == -1) | (v > 0), df, path, name, "a positive duration or -1 (none)")
+
+
+def to_arrow(table: RequestTable) -> pa.Table:
+    """The Request table as Arrow (what ``--requests-out`` / users read with pandas)."""
+    df = table.df
+    arrays = {}
+    for name, dtype, _ in REQUEST_COLUMNS:
+        if dtype == "list":
+            arrays[name] = pa.array(list(df[name]), type=pa.list_(pa.int64()))
+        elif dtype == "string":
+            arrays[name] = pa.array(list(df[name]), type=pa.string())
+        else:
+            arrays[name] = pa.array(df[name].to_numpy())
+    return pa.table(arrays)
