@@ -262,7 +262,11 @@ def load_hardware(name_or_path: str | Path) -> HardwareProfile:
         return parse_hardware(path.read_text(encoding="utf-8"), path)
     names = list_hardware()
     if arg not in names:
-        close = difflib.get_close_matches(arg, names, n=3, cutoff=0.5)
+        pool = sorted(names)
+        close = [n for n in pool if n.startswith(arg)]  # 'h100' -> 'h100-sxm' first
+        close += [n for n in difflib.get_close_matches(arg, pool, n=3, cutoff=0.5)
+                  if n not in close]
+        close = close[:3]
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise KvsimInputError(f"unknown hardware profile {arg!r}{hint} (known: "
                               f"{', '.join(names)}; or pass a .toml path)", None, None, "gpu")

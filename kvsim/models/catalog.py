@@ -21,6 +21,7 @@ Invariants of a :class:`ModelSpec`:
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import tomllib
 from dataclasses import dataclass, field
@@ -323,9 +324,14 @@ def estimate_num_params(cfg: dict) -> tuple[int, int] | None:
 
 # --------------------------------------------------------------------------- catalog access
 
+@functools.lru_cache(maxsize=1)
+def _catalog_text() -> str:
+    return resources.files("kvsim.models").joinpath("catalog.toml").read_text(encoding="utf-8")
+
+
 def _catalog() -> dict[str, dict]:
-    text = resources.files("kvsim.models").joinpath("catalog.toml").read_text(encoding="utf-8")
-    return tomllib.loads(text)
+    """The parsed catalog (a fresh dict each call: callers may not mutate a shared one)."""
+    return tomllib.loads(_catalog_text())
 
 
 def list_models() -> list[str]:
@@ -346,7 +352,11 @@ def load_model(name_or_config_path: str) -> ModelSpec:
         return load_config(path)
     catalog = _catalog()
     if arg not in catalog:
-        close = difflib.get_close_matches(arg, list(catalog), n=3, cutoff=0.5)
+        pool = sorted(list(catalog))
+        close = [n for n in pool if n.startswith(arg)]  # 'h100' -> 'h100-sxm' first
+        close += [n for n in difflib.get_close_matches(arg, pool, n=3, cutoff=0.5)
+                  if n not in close]
+        close = close[:3]
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise KvsimInputError(f"unknown model {arg!r}{hint} (known: {', '.join(sorted(catalog))};"
                               " or pass a config.json with --config)", None, None, "model")

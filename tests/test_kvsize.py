@@ -1,0 +1,283 @@
+"""KV footprint arithmetic and the model catalog: exact byte counts, derived by hand.
+
+Every expected number below is written as the arithmetic that produces it (layers x KV
+heads x head_dim x K/V x bytes), from the published config.json values, so a reader can
+check it without running kvsim.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvsim.errors import KvsimInputError
+from kvsim.kvsize import (block_bytes, default_kv_dtype, estimate_kv, kv_bytes_for_tokens,
+                          kv_bytes_per_layer_token, kv_bytes_per_token,
+                          mha_equivalent_bytes_per_token)
+from kvsim.models import estimate_num_params, list_models, load_model
+
+# name -> fp16 bytes per token, as layers * (K and V = 2) * kv_heads * head_dim * 2 bytes
+# (MLA: layers * (kv_lora_rank + qk_rope_head_dim) * 2 bytes: one latent, no K/V pair).
+HAND_BYTES_PER_TOKEN_FP16 = {
+    "gpt2": 12 * 2 * 12 * 64 * 2,  # MHA, 768 / 12 heads = 64
+    "opt-13b": 40 * 2 * 40 * 128 * 2,  # MHA, 5120 / 40 = 128  (= 2 x 40 x 5120 x 2)
+    "llama-2-7b": 32 * 2 * 32 * 128 * 2,  # MHA
+    "llama-2-70b": 80 * 2 * 8 * 128 * 2,  # GQA 64/8
+    "llama-3-8b": 32 * 2 * 8 * 128 * 2,  # GQA 32/8
+    "llama-3-70b": 80 * 2 * 8 * 128 * 2,  # GQA 64/8
+    "llama-3.1-405b": 126 * 2 * 8 * 128 * 2,  # GQA 128/8, 16384 / 128 = 128
+    "mistral-7b": 32 * 2 * 8 * 128 * 2,  # GQA 32/8 (window caps the sequence, not this)
+    "mixtral-8x7b": 32 * 2 * 8 * 128 * 2,  # GQA 32/8
+    "qwen2.5-7b": 28 * 2 * 4 * 128 * 2,  # GQA 28/4, 3584 / 28 = 128
+    "qwen2.5-72b": 80 * 2 * 8 * 128 * 2,  # GQA 64/8
+    "gemma-2-9b": 42 * 2 * 8 * 256 * 2,  # GQA 16/8, explicit head_dim 256
+    "deepseek-v3": 61 * (512 + 64) * 2,  # MLA: latent 512 + rope key 64 per layer
+}
+
+
+def test_catalog_has_every_required_model_and_nothing_unchecked():
+    assert set(list_models()) == set(HAND_BYTES_PER_TOKEN_FP16)
+
+
+@pytest.mark.parametrize("name", sorted(HAND_BYTES_PER_TOKEN_FP16))
+def test_bytes_per_token_fp16_matches_hand_derivation(name):
+    model = load_model(name)
+    assert kv_bytes_per_token(model, "fp16") == HAND_BYTES_PER_TOKEN_FP16[name]
+    assert kv_bytes_per_token(model, "bf16") == HAND_BYTES_PER_TOKEN_FP16[name]
+    assert kv_bytes_per_token(model, "fp32") == 2 * HAND_BYTES_PER_TOKEN_FP16[name]
+    assert kv_bytes_per_token(model, "fp8") == HAND_BYTES_PER_TOKEN_FP16[name] // 2
+    assert block_bytes(model, 16) == 16 * HAND_BYTES_PER_TOKEN_FP16[name]
+    assert model.source.startswith("https://huggingface.co/") and model.source.endswith(
+        "/config.json")
+
+
+def test_issue_anchor_values():
+    assert kv_bytes_per_token(load_model("opt-13b")) == 819_200 == 2 * 40 * 5120 * 2
+    llama = load_model("llama-3-8b")
+    assert llama.attention == "gqa" and llama.num_kv_heads == 8
+    assert kv_bytes_per_token(llama, "bf16") == 131_072
+    assert kv_bytes_for_tokens(llama, 128_000, "bf16") == 16_777_216_000  # 16.78 GB
+    # per-head MHA arithmetic (32 heads each with K and V) would give 4x as much
+    assert mha_equivalent_bytes_per_token(llama, "bf16") == 32 * 2 * 32 * 128 * 2 == 524_288
+
+
+def test_deepseek_v3_mla_is_far_below_its_head_count():
+    ds = load_model("deepseek-v3")
+    assert (ds.attention, ds.kv_lora_rank, ds.qk_rope_head_dim) == ("mla", 512, 64)
+    assert kv_bytes_per_layer_token(ds, "bf16") == (512 + 64) * 2 == 1152
+    assert kv_bytes_per_token(ds, "bf16") == 70_272
+    # 128 heads, K of 192 (128 nope + 64 rope) and V of 128 per head, 61 layers, bf16
+    assert mha_equivalent_bytes_per_token(ds, "bf16") == 61 * 128 * (192 + 128) * 2 == 4_997_120
+    assert default_kv_dtype(ds) == "bf16"  # fp8 weights, bf16 activations
+
+
+def test_quantized_dtypes_carry_their_scale_overhead():
+    llama = load_model("llama-3-8b")
+    # int8: 128 one-byte elements + 4 bytes (fp16 scale + zero) per vector
+    assert kv_bytes_per_token(llama, "int8") == 32 * 2 * 8 * (128 + 4) == 67_584
+    # int4: 128 half-byte elements = 64 bytes + 4
+    assert kv_bytes_per_token(llama, "int4") == 32 * 2 * 8 * (64 + 4) == 34_816
+    assert kv_bytes_per_token(llama, "fp8_e4m3") == kv_bytes_per_token(llama, "fp8_e5m2") \
+        == 32 * 2 * 8 * 128
+    ds = load_model("deepseek-v3")
+    assert kv_bytes_per_token(ds, "int4") == 61 * (576 // 2 + 4) == 17_812
+    est = estimate_kv(llama, prompt_tokens=16, generated_tokens=0, kv_dtype="int8")
+    assert any("scale" in w for w in est.warnings)
+
+
+def test_sliding_windows_cap_the_sequence():
+    mistral = load_model("mistral-7b")
+    assert mistral.layer_types == ("sliding",) * 32 and mistral.sliding_window == 4096
+    assert kv_bytes_for_tokens(mistral, 1000) == 1000 * 131_072
+    assert kv_bytes_for_tokens(mistral, 10_000) == 4096 * 131_072  # every layer capped
+    gemma = load_model("gemma-2-9b")
+    assert gemma.layer_types[:4] == ("sliding", "full", "sliding", "full")
+    assert gemma.num_sliding_layers == gemma.num_full_layers == 21
+    per_layer = 2 * 8 * 256 * 2
+    assert kv_bytes_for_tokens(gemma, 8000) == per_layer * (21 * 8000 + 21 * 4096)
+    for name in ("mixtral-8x7b", "qwen2.5-7b", "qwen2.5-72b", "llama-3-8b"):
+        assert load_model(name).sliding_window is None
+
+
+def test_gemma_paged_blocks_free_what_left_the_window():
+    est = estimate_kv("gemma-2-9b", prompt_tokens=8000, generated_tokens=100,
+                      block_size_tokens=16, kv_dtype="bf16")
+    full_blocks = -(-8100 // 16)  # 507
+    sliding_blocks = full_blocks - (8100 - 4096) // 16  # 507 - 250 = 257
+    assert est.paged_blocks == full_blocks == 507
+    assert est.paged_layer_blocks == 21 * 507 + 21 * 257 == 16_044
+    assert est.paged_bytes == 16_044 * 16 * 8192
+    assert est.exact_bytes == 8192 * (21 * 8100 + 21 * 4096)
+    assert est.naive_bytes == 8192 * (21 * 8192 + 21 * 4096)  # max_seq_len = 8192
+
+
+def test_paged_vs_naive_and_fragmentation_exact():
+    est = estimate_kv("llama-3-8b", prompt_tokens=1000, generated_tokens=0,
+                      block_size_tokens=16, concurrency=10, max_seq_len=8192, kv_dtype="bf16")
+    assert est.request_tokens == 1000
+    assert est.paged_blocks == 63
+    assert est.exact_bytes == 1000 * 131_072 == 131_072_000
+    assert est.paged_bytes == 63 * 16 * 131_072 == 132_120_576
+    assert est.fragmentation_bytes == 8 * 131_072
+    assert est.naive_bytes == 8192 * 131_072 == 1_073_741_824
+    assert est.total_paged_bytes == 10 * 132_120_576
+    assert est.total_naive_bytes == 10 * 1_073_741_824
+    assert est.sequences_per_gb_paged == pytest.approx(1e9 / 132_120_576)
+    assert est.sequences_per_gb_naive == pytest.approx(1e9 / 1_073_741_824)
+    assert est.paged_vs_naive_ratio == pytest.approx(8192 / 1008)
+    assert est.fits_sequences is None and "fits_sequences" not in est.to_dict()
+
+
+def test_gpu_fit_beside_the_weights():
+    est = estimate_kv("llama-3-8b", prompt_tokens=1024, generated_tokens=0, gpu="h100-sxm",
+                      concurrency=500)
+    memory = 81_559 * 2**20  # nvidia-smi total of an H100 80GB HBM3
+    weights = 8_030_261_248 * 2  # bf16
+    assert est.gpu_memory_bytes == memory and est.weights_bytes == weights
+    assert est.kv_budget_bytes == int(memory * 0.9) - weights == 60_908_206_489
+    assert est.fits_sequences == 60_908_206_489 // (64 * 2_097_152) == 453
+    assert est.fits_concurrency is False
+    est = estimate_kv("llama-3-8b", prompt_tokens=1024, generated_tokens=0, gpu_mem_gb=80,
+                      weights_dtype="fp8", memory_utilization=1.0)
+    assert est.kv_budget_bytes == 80 * 10**9 - 8_030_261_248
+    assert est.fits_sequences == (80 * 10**9 - 8_030_261_248) // 134_217_728
+    assert est.to_dict()["fits_sequences"] == est.fits_sequences
+
+
+def test_weights_that_do_not_fit_give_zero_and_a_warning():
+    est = estimate_kv("deepseek-v3", prompt_tokens=100, generated_tokens=0, gpu="h200")
+    assert est.weights_bytes == 671 * 10**9 and est.fits_sequences == 0
+    assert any("do not fit" in w for w in est.warnings)
+
+
+@pytest.mark.parametrize("name", sorted(HAND_BYTES_PER_TOKEN_FP16))
+def test_spec_invariants_and_parameter_counts(name):
+    m = load_model(name)
+    assert len(m.layer_types) == m.num_layers
+    assert set(m.layer_types) <= {"full", "sliding"}
+    assert ("sliding" in m.layer_types) == (m.sliding_window is not None)
+    assert (m.attention == "mla") == (m.kv_lora_rank > 0)
+    assert 0 < m.num_active_params <= m.num_params
+    counted = estimate_num_params(m.config)
+    if name == "deepseek-v3":
+        assert counted is None  # published figures, not counted
+    else:  # the catalog's published counts re-derived from the config's tensor shapes
+        assert counted == (m.num_params, m.num_active_params)
+
+
+def test_catalog_entry_and_its_config_json_give_the_same_spec(tmp_path):
+    for name in list_models():
+        spec = load_model(name)
+        path = tmp_path / name / "config.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps(spec.config))
+        from_file = load_model(str(path))
+        for attr in ("num_layers", "num_kv_heads", "head_dim", "attention", "layer_types",
+                     "sliding_window", "kv_lora_rank", "qk_rope_head_dim"):
+            assert getattr(from_file, attr) == getattr(spec, attr), (name, attr)
+        assert kv_bytes_per_token(from_file) == kv_bytes_per_token(spec)
+
+
+def _write(tmp_path, cfg, name="config.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def test_config_styles(tmp_path):
+    base = {"model_type": "llama", "num_hidden_layers": 4, "num_attention_heads": 8,
+            "hidden_size": 512}
+    mqa = load_model(_write(tmp_path, {**base, "num_key_value_heads": 1}))
+    assert mqa.attention == "mqa" and kv_bytes_per_token(mqa) == 4 * 2 * 1 * 64 * 2
+    mha = load_model(_write(tmp_path, base))  # no num_key_value_heads: MHA
+    assert mha.attention == "mha" and mha.num_kv_heads == 8
+    typed = load_model(_write(tmp_path, {**base, "sliding_window": 128, "layer_types": [
+        "sliding_attention", "full_attention", "sliding_attention", "full_attention"]}))
+    assert typed.layer_types == ("sliding", "full", "sliding", "full")
+    assert kv_bytes_for_tokens(typed, 1000) == 2 * 8 * 64 * 2 * (2 * 1000 + 2 * 128)
+    qwen = load_model(_write(tmp_path, {**base, "model_type": "qwen2", "sliding_window": 64,
+                                        "use_sliding_window": True, "max_window_layers": 3}))
+    assert qwen.layer_types == ("full", "full", "full", "sliding")
+    gemma3 = load_model(_write(tmp_path, {**base, "num_hidden_layers": 6, "sliding_window": 32,
+                                          "sliding_window_pattern": 3}))
+    assert gemma3.layer_types == ("sliding", "sliding", "full") * 2
+
+
+@pytest.mark.parametrize("drop, field_name", [
+    ("num_hidden_layers", "num_hidden_layers"),
+    ("num_attention_heads", "num_attention_heads"),
+    ("hidden_size", "hidden_size"),
+])
+def test_config_missing_field_names_it(tmp_path, drop, field_name):
+    cfg = {"model_type": "llama", "num_hidden_layers": 4, "num_attention_heads": 8,
+           "hidden_size": 512}
+    del cfg[drop]
+    path = _write(tmp_path, cfg)
+    with pytest.raises(KvsimInputError) as err:
+        load_model(path)
+    assert err.value.field == field_name and str(err.value).startswith(path)
+
+
+def test_config_bad_values_name_the_field(tmp_path):
+    cases = [
+        ({"kv_lora_rank": 512}, "qk_rope_head_dim"),  # MLA needs the rope width
+        ({"hidden_size": 500}, "head_dim"),  # 500 / 8 heads is not whole
+        ({"num_key_value_heads": 3}, "num_key_value_heads"),  # 8 % 3 != 0
+        ({"layer_types": ["full_attention"]}, "layer_types"),  # wrong length
+        ({"layer_types": ["sliding_attention"] * 4}, "sliding_window"),  # no window given
+        ({"sliding_window": -5}, "sliding_window"),
+    ]
+    for extra, field_name in cases:
+        cfg = {"model_type": "llama", "num_hidden_layers": 4, "num_attention_heads": 8,
+               "hidden_size": 512, **extra}
+        with pytest.raises(KvsimInputError) as err:
+            load_model(_write(tmp_path, cfg))
+        assert err.value.field == field_name, extra
+    (tmp_path / "broken.json").write_text("{not json")
+    with pytest.raises(KvsimInputError, match="line 1"):
+        load_model(str(tmp_path / "broken.json"))
+
+
+def test_unknown_model_lists_close_matches():
+    with pytest.raises(KvsimInputError) as err:
+        load_model("llama3-8b")
+    assert "did you mean llama-3-8b" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_bad_estimate_inputs():
+    with pytest.raises(KvsimInputError, match="max_seq_len"):
+        estimate_kv("llama-3-8b", prompt_tokens=100, generated_tokens=0, max_seq_len=50)
+    with pytest.raises(KvsimInputError, match="kv_dtype"):
+        estimate_kv("llama-3-8b", prompt_tokens=100, generated_tokens=0, kv_dtype="int3")
+    with pytest.raises(KvsimInputError, match="gpu"):
+        estimate_kv("llama-3-8b", prompt_tokens=1, generated_tokens=0, gpu="h100-sxm",
+                    gpu_mem_gb=80)
+    with pytest.raises(KvsimInputError, match="block_size_tokens"):
+        estimate_kv("llama-3-8b", prompt_tokens=1, generated_tokens=0, block_size_tokens=0)
+    with pytest.raises(KvsimInputError, match="weights_dtype"):
+        estimate_kv("llama-3-8b", prompt_tokens=1, generated_tokens=0, gpu_mem_gb=80,
+                    weights_dtype="fp64")
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.sampled_from(sorted(HAND_BYTES_PER_TOKEN_FP16)),
+       n=st.integers(1, 300_000), block=st.sampled_from([1, 8, 16, 32, 128]))
+def test_paged_bounds_hold_for_any_length(name, n, block):
+    m = load_model(name)
+    est = estimate_kv(m, prompt_tokens=n, generated_tokens=0, block_size_tokens=block)
+    assert est.exact_bytes <= est.paged_bytes
+    assert est.exact_bytes <= n * kv_bytes_per_token(m)
+    # at most one partly filled block per layer (sliding layers: one at each window edge)
+    slack_blocks = m.num_full_layers + 2 * m.num_sliding_layers
+    slack_bytes = slack_blocks * block * kv_bytes_per_layer_token(m)
+    assert est.paged_bytes - est.exact_bytes < slack_bytes
+    if m.sliding_window is None or n <= m.sliding_window:
+        assert est.paged_bytes <= est.naive_bytes or est.max_seq_len == n
+    else:
+        # a naive ring buffer holds exactly the window; paging may hold a partial block
+        # at each edge of it, so paged can exceed naive by less than the slack
+        assert est.paged_bytes - est.naive_bytes < slack_bytes
+    assert kv_bytes_for_tokens(m, n + 1) >= kv_bytes_for_tokens(m, n)
