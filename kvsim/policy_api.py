@@ -108,3 +108,289 @@ def new_block_view(num_slots: int) -> BlockView:
     arrays["target_decode_step"][:] = -1
     arrays["next_use"][:] = NEVER
     return BlockView(**arrays)
+
+
+# =========================================================================================
+# Helpers for policies (numba-compiled data structures over arrays)
+# =========================================================================================
+#
+# Everything below is optional tooling: a policy may use it or not.  All structures are
+# plain numpy arrays indexed by block id, so they fit in a policy's ``state`` tuple and
+# compile under ``numba.njit``.  Each operation is O(1) (lists) or O(log n) (heap).
+#
+# ``on_miss(state, view, b, now_us)`` (optional hook, an extension of the contract above)
+#     Block ``b`` is requested and is NOT a candidate: it will be inserted (``on_insert``)
+#     after the evictions made to fit it.  Called once, before those ``victim`` calls.
+#     History-keeping policies (ARC, S3-FIFO) use it to see a ghost hit before choosing a
+#     victim, exactly as libCacheSim does in ``find``.  A core that never calls it is still
+#     correct: those policies then detect the ghost hit in ``on_insert`` (one eviction
+#     decision earlier may differ from libCacheSim's).  Modules without it get
+#     :func:`noop_hook`.
+
+from numba import njit  # noqa: E402  (kept below the contract part on purpose)
+
+#: ``prev``/``next`` value of a block that is in no list.
+OUT = -2
+#: ``prev``/``next`` value at the ends of a list, and "no block".
+NIL = -1
+
+
+@njit(cache=True)
+def noop_hook(state, view, b, now_us):
+    """A hook that does nothing (the default ``on_miss``)."""
+    return None
+
+
+# ---- intrusive doubly linked lists ----------------------------------------------------
+# Several lists may share one ``prev``/``next`` pair as long as a block is in at most one
+# of them at a time; each list has its own ``ends`` array ``[head, tail, size]``.
+# Orientation used by every built-in policy: HEAD = next to evict (oldest),
+# TAIL = most recently inserted / touched.
+
+
+def dll_links(num_slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(prev, next)`` arrays for ``num_slots`` blocks, every block in no list."""
+    return np.full(num_slots, OUT, np.int64), np.full(num_slots, OUT, np.int64)
+
+
+def dll_ends() -> np.ndarray:
+    """An empty list's ``ends``: ``[head, tail, size] = [NIL, NIL, 0]``."""
+    return np.array([NIL, NIL, 0], np.int64)
+
+
+@njit(cache=True)
+def dll_contains(prev, b):
+    """True if ``b`` is in some list sharing these links."""
+    return prev[b] != OUT
+
+
+@njit(cache=True)
+def dll_push_tail(prev, nxt, ends, b):
+    """Append ``b`` (in no list) at the tail.  Invariant: ``ends[2]`` counts the nodes."""
+    tail = ends[1]
+    prev[b] = tail
+    nxt[b] = NIL
+    if tail == NIL:
+        ends[0] = b
+    else:
+        nxt[tail] = b
+    ends[1] = b
+    ends[2] += 1
+
+
+@njit(cache=True)
+def dll_push_head(prev, nxt, ends, b):
+    """Insert ``b`` (in no list) at the head (it becomes the next to evict)."""
+    head = ends[0]
+    nxt[b] = head
+    prev[b] = NIL
+    if head == NIL:
+        ends[1] = b
+    else:
+        prev[head] = b
+    ends[0] = b
+    ends[2] += 1
+
+
+@njit(cache=True)
+def dll_remove(prev, nxt, ends, b):
+    """Unlink ``b`` from the list described by ``ends`` (it must be in that list)."""
+    p = prev[b]
+    n = nxt[b]
+    if p == NIL:
+        ends[0] = n
+    else:
+        nxt[p] = n
+    if n == NIL:
+        ends[1] = p
+    else:
+        prev[n] = p
+    prev[b] = OUT
+    nxt[b] = OUT
+    ends[2] -= 1
+
+
+@njit(cache=True)
+def dll_move_to_tail(prev, nxt, ends, b):
+    """Move ``b`` (in this list) to the tail: the LRU "touch"."""
+    if ends[1] != b:
+        dll_remove(prev, nxt, ends, b)
+        dll_push_tail(prev, nxt, ends, b)
+
+
+@njit(cache=True)
+def dll_pop_head(prev, nxt, ends):
+    """Remove and return the head, or NIL if the list is empty."""
+    b = ends[0]
+    if b != NIL:
+        dll_remove(prev, nxt, ends, b)
+    return b
+
+
+# ---- indexed binary min-heap ---------------------------------------------------------------
+# Entries are blocks ordered by ``(key[b], tie[b])`` (lexicographic, smallest first).
+# ``pos[b]`` is the block's index in ``heap`` or -1; ``meta[0]`` the number of entries.
+# push / remove / update are O(log n); peek is O(1); the k smallest in O(k^2) without
+# touching the heap.
+
+
+def heap_new(num_slots: int) -> tuple:
+    """An empty heap for blocks ``0..num_slots-1``: ``(key, tie, heap, pos, meta)``."""
+    return (np.zeros(num_slots, np.float64), np.zeros(num_slots, np.int64),
+            np.full(num_slots, NIL, np.int64), np.full(num_slots, NIL, np.int64),
+            np.zeros(1, np.int64))
+
+
+@njit(cache=True)
+def _heap_less(key, tie, a, b):
+    return key[a] < key[b] or (key[a] == key[b] and tie[a] < tie[b])
+
+
+@njit(cache=True)
+def _heap_sift_up(key, tie, heap, pos, i):
+    b = heap[i]
+    while i > 0:
+        parent = (i - 1) >> 1
+        pb = heap[parent]
+        if _heap_less(key, tie, b, pb):
+            heap[i] = pb
+            pos[pb] = i
+            i = parent
+        else:
+            break
+    heap[i] = b
+    pos[b] = i
+
+
+@njit(cache=True)
+def _heap_sift_down(key, tie, heap, pos, n, i):
+    b = heap[i]
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            break
+        if c + 1 < n and _heap_less(key, tie, heap[c + 1], heap[c]):
+            c += 1
+        cb = heap[c]
+        if _heap_less(key, tie, cb, b):
+            heap[i] = cb
+            pos[cb] = i
+            i = c
+        else:
+            break
+    heap[i] = b
+    pos[b] = i
+
+
+@njit(cache=True)
+def heap_contains(h, b):
+    return h[3][b] != NIL
+
+
+@njit(cache=True)
+def heap_size(h):
+    return h[4][0]
+
+
+@njit(cache=True)
+def heap_push(h, b, k, t):
+    """Add block ``b`` (not in the heap) with key ``(k, t)``."""
+    key, tie, heap, pos, meta = h
+    key[b] = k
+    tie[b] = t
+    n = meta[0]
+    heap[n] = b
+    pos[b] = n
+    meta[0] = n + 1
+    _heap_sift_up(key, tie, heap, pos, n)
+
+
+@njit(cache=True)
+def heap_remove(h, b):
+    """Remove block ``b`` (in the heap)."""
+    key, tie, heap, pos, meta = h
+    i = pos[b]
+    n = meta[0] - 1
+    meta[0] = n
+    pos[b] = NIL
+    if i == n:
+        heap[n] = NIL
+        return
+    last = heap[n]
+    heap[n] = NIL
+    heap[i] = last
+    pos[last] = i
+    if i > 0 and _heap_less(key, tie, last, heap[(i - 1) >> 1]):
+        _heap_sift_up(key, tie, heap, pos, i)
+    else:
+        _heap_sift_down(key, tie, heap, pos, n, i)
+
+
+@njit(cache=True)
+def heap_update(h, b, k, t):
+    """Change the key of block ``b`` (in the heap) to ``(k, t)``."""
+    key, tie, heap, pos, meta = h
+    old_k = key[b]
+    old_t = tie[b]
+    key[b] = k
+    tie[b] = t
+    if k < old_k or (k == old_k and t < old_t):
+        _heap_sift_up(key, tie, heap, pos, pos[b])
+    else:
+        _heap_sift_down(key, tie, heap, pos, meta[0], pos[b])
+
+
+@njit(cache=True)
+def heap_peek(h):
+    """The block with the smallest key, or NIL if empty."""
+    if h[4][0] == 0:
+        return NIL
+    return h[2][0]
+
+
+@njit(cache=True)
+def heap_smallest(h, out_blocks, out_keys):
+    """Write the ``len(out_blocks)`` smallest entries in order; return how many.
+
+    Does not modify the heap: a small frontier of heap positions is expanded best-first,
+    so the cost is O(k^2) for k outputs (k is the decision log's runners-up count, <= ~8).
+    """
+    key, tie, heap, pos, meta = h
+    n = meta[0]
+    k = out_blocks.shape[0]
+    if k == 0 or n == 0:
+        return 0
+    frontier = np.empty(2 * k + 2, np.int64)
+    nf = 1
+    frontier[0] = 0
+    written = 0
+    while written < k and nf > 0:
+        best = 0
+        for j in range(1, nf):
+            if _heap_less(key, tie, heap[frontier[j]], heap[frontier[best]]):
+                best = j
+        i = frontier[best]
+        frontier[best] = frontier[nf - 1]
+        nf -= 1
+        out_blocks[written] = heap[i]
+        out_keys[written] = key[heap[i]]
+        written += 1
+        for c in (2 * i + 1, 2 * i + 2):
+            if c < n:
+                frontier[nf] = c
+                nf += 1
+    return written
+
+
+@njit(cache=True)
+def list_walk(prev, nxt, ends, out_blocks, out_scores, scores):
+    """Write up to ``len(out_blocks)`` blocks from the head of a list, with
+    ``scores[b]`` as their score; return how many (runners-up of list policies)."""
+    b = ends[0]
+    i = 0
+    while b != NIL and i < out_blocks.shape[0]:
+        out_blocks[i] = b
+        out_scores[i] = scores[b]
+        i += 1
+        b = nxt[b]
+    return i

@@ -1,0 +1,1 @@
+"""Replay: the tiered replay loop, cost model, metrics, and the single-tier cache simulator."""

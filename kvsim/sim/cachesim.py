@@ -1,0 +1,223 @@
+"""Single-tier cache simulator: a key stream through one cache under one policy.
+
+The request loop has libCacheSim's shape (``cache_get_base``): for each access, a hit
+calls ``on_hit``; a miss calls ``on_miss``, then ``victim`` + ``on_remove`` while the cache
+is full, then ``on_insert``.  Every object has size 1 (one KV block), so the capacity is a
+block count.  Keys are remapped to dense ids ``0..n-1`` in order of first appearance, so
+a policy's ``block id`` is the key's identity (ghost lists and frequencies are exact).
+
+The view the policy sees is maintained before each hook: ``last_access_us`` and
+``insert_us`` are the access ordinal (virtual time: access ``i`` happens at ``i`` us),
+``access_count`` counts accesses since the key entered the cache, ``content_hash`` is
+``dense id + 1`` (never 0), and for OFFLINE policies ``next_use`` is the ordinal of the
+key's next access (``NEVER`` if none).  Intent fields keep their defaults.
+
+Invariants checked in the loop (a broken policy raises ValueError naming the access):
+the cache never holds more than ``capacity_blocks`` keys, and every victim is resident.
+
+The loop is one ``numba.njit`` function taking the hooks as arguments, so it is compiled
+once per policy (hook functions are part of the specialisation).  For a plain-Python
+policy its interpreted twin (``_replay.py_func``) runs the same code with Python hooks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from numba import njit
+
+from kvsim.errors import KvsimInputError
+from kvsim.policy_api import NEVER, new_block_view
+from kvsim.policy_registry import Policy, get_policy
+
+#: Keys whose value range is at most this many times the stream length (plus a constant)
+#: are remapped through a direct table (O(n)); wider keys are sorted (np.unique).
+_DIRECT_REMAP_FACTOR = 4
+_DIRECT_REMAP_SLACK = 1 << 22
+
+
+@dataclass(frozen=True)
+class CacheResult:
+    """Outcome of one simulation.  ``hits + misses == accesses``;
+    ``evictions == misses - (number of keys resident at the end)``."""
+
+    policy: str
+    offline: bool  # True: the result is a bound (the policy read the future)
+    capacity_blocks: int
+    accesses: int
+    hits: int
+    misses: int
+    evictions: int
+    unique_keys: int
+    miss_ratio: float
+    #: Dense ids evicted, in order (only with ``record_victims=True``; empty otherwise).
+    victims: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    #: Original key of every dense id (``keys_by_id[victims]`` gives evicted keys).
+    keys_by_id: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+
+
+@njit(cache=True)
+def _remap_direct(keys, lo, span):
+    table = np.full(span, -1, np.int64)
+    ids = np.empty(keys.shape[0], np.int64)
+    uniq = np.empty(keys.shape[0], np.int64)
+    n = 0
+    for i in range(keys.shape[0]):
+        k = keys[i] - lo
+        d = table[k]
+        if d < 0:
+            d = n
+            table[k] = d
+            uniq[n] = keys[i]
+            n += 1
+        ids[i] = d
+    return ids, uniq[:n].copy()
+
+
+@njit(cache=True)
+def _first_seen_order(inverse, n_unique):
+    """Relabel np.unique's sorted ids by order of first appearance."""
+    relabel = np.full(n_unique, -1, np.int64)
+    n = 0
+    out = np.empty(inverse.shape[0], np.int64)
+    for i in range(inverse.shape[0]):
+        u = inverse[i]
+        if relabel[u] < 0:
+            relabel[u] = n
+            n += 1
+        out[i] = relabel[u]
+    return out, relabel
+
+
+def remap_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dense ids in order of first appearance: ``(ids, keys_by_id)``, with
+    ``keys_by_id[ids] == keys``."""
+    keys = np.ascontiguousarray(keys, dtype=np.int64)
+    if keys.shape[0] == 0:
+        return keys.copy(), keys.copy()
+    lo, hi = int(keys.min()), int(keys.max())
+    span = hi - lo + 1
+    if 0 < span <= _DIRECT_REMAP_FACTOR * keys.shape[0] + _DIRECT_REMAP_SLACK:
+        return _remap_direct(keys, lo, span)
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    ids, relabel = _first_seen_order(inverse.astype(np.int64), uniq.shape[0])
+    keys_by_id = np.empty(uniq.shape[0], np.int64)
+    keys_by_id[relabel] = uniq
+    return ids, keys_by_id
+
+
+@njit(cache=True)
+def next_use_of(ids, n_unique):
+    """``out[i]`` = index of the next access to ``ids[i]`` after ``i``, NEVER if none."""
+    last = np.full(n_unique, NEVER, np.int64)
+    out = np.empty(ids.shape[0], np.int64)
+    for i in range(ids.shape[0] - 1, -1, -1):
+        out[i] = last[ids[i]]
+        last[ids[i]] = i
+    return out
+
+
+@njit
+def _replay(ids, next_use, capacity, state, view, on_miss, on_insert, on_hit, on_remove,
+            victim, alt_blocks, alt_scores, victims_out):
+    """The request loop.  Returns ``(hits, misses, evictions, resident_at_end)``;
+    raises ValueError when the policy breaks an invariant."""
+    n_ids = view.access_count.shape[0]
+    resident = np.zeros(n_ids, np.bool_)
+    record = victims_out.shape[0] > 0
+    use_next = next_use.shape[0] > 0
+    n_res = 0
+    hits = 0
+    misses = 0
+    evictions = 0
+    for i in range(ids.shape[0]):
+        b = ids[i]
+        now = float(i)
+        if use_next:
+            view.next_use[b] = next_use[i]
+        if resident[b]:
+            hits += 1
+            view.last_access_us[b] = now
+            view.access_count[b] += 1
+            on_hit(state, view, b, now)
+            continue
+        misses += 1
+        on_miss(state, view, b, now)
+        while n_res >= capacity:
+            v, reason, n_alt = victim(state, view, now, alt_blocks, alt_scores)
+            if v < 0 or v >= n_ids or not resident[v]:
+                raise ValueError("policy named a victim that is not a resident block")
+            on_remove(state, view, v)
+            resident[v] = False
+            n_res -= 1
+            if record:
+                victims_out[evictions] = v
+            evictions += 1
+        view.insert_us[b] = now
+        view.last_access_us[b] = now
+        view.access_count[b] = 1
+        on_insert(state, view, b, now)
+        resident[b] = True
+        n_res += 1
+    return hits, misses, evictions, n_res
+
+
+def _resolve(policy: str | Policy) -> Policy:
+    return get_policy(policy) if isinstance(policy, str) else policy
+
+
+def simulate_cache(keys: np.ndarray, capacity_blocks: int, policy: str | Policy, *,
+                   params: dict | None = None, n_alt: int = 0,
+                   record_victims: bool = False) -> CacheResult:
+    """Replay ``keys`` (one access each, object size 1) through a cache of
+    ``capacity_blocks`` under ``policy`` and count hits and misses.
+
+    ``params`` go to the policy's ``init`` (e.g. ``{"seed": 1}``); ``n_alt`` is the size of
+    the runners-up arrays handed to ``victim`` (0 = none).  With ``record_victims`` the
+    evicted dense ids are returned in order (``result.victims``).  Deterministic.
+    """
+    pol = _resolve(policy)
+    keys = np.asarray(keys)
+    if keys.ndim != 1 or not np.issubdtype(keys.dtype, np.integer):
+        raise KvsimInputError(f"expected a 1-D integer array, got {keys.dtype} with shape "
+                              f"{keys.shape}", None, None, "keys")
+    if int(capacity_blocks) < 1:
+        raise KvsimInputError(f"expected an integer >= 1, got {capacity_blocks!r}", None,
+                              None, "capacity_blocks")
+    capacity = int(capacity_blocks)
+    ids, keys_by_id = remap_keys(keys)
+    n_unique = int(keys_by_id.shape[0])
+    next_use = next_use_of(ids, n_unique) if pol.offline else np.zeros(0, np.int64)
+    num_slots = max(n_unique, 1)
+    state = pol.init(capacity, num_slots, dict(params or {}))
+    view = new_block_view(num_slots)
+    view.content_hash[:] = np.arange(1, num_slots + 1, dtype=np.int64)
+    alt_blocks = np.zeros(int(n_alt), np.int64)
+    alt_scores = np.zeros(int(n_alt), np.float64)
+    victims = np.zeros(ids.shape[0] if record_victims else 0, np.int64)
+    loop = _replay if pol.compiled else _replay.py_func
+    hits, misses, evictions, _ = loop(ids, next_use, capacity, state, view, pol.on_miss,
+                                      pol.on_insert, pol.on_hit, pol.on_remove, pol.victim,
+                                      alt_blocks, alt_scores, victims)
+    n = int(ids.shape[0])
+    return CacheResult(policy=pol.name, offline=pol.offline, capacity_blocks=capacity,
+                       accesses=n, hits=int(hits), misses=int(misses),
+                       evictions=int(evictions), unique_keys=n_unique,
+                       miss_ratio=(misses / n) if n else 0.0,
+                       victims=victims[:evictions] if record_victims else victims,
+                       keys_by_id=keys_by_id)
+
+
+def miss_ratio_curve(keys: np.ndarray, capacities, policy: str | Policy, *,
+                     params: dict | None = None) -> pd.DataFrame:
+    """Miss ratio at each capacity: DataFrame with columns ``capacity_blocks, accesses,
+    hits, misses, miss_ratio`` (one row per capacity, in the given order)."""
+    rows = []
+    for cap in capacities:
+        r = simulate_cache(keys, int(cap), policy, params=params)
+        rows.append({"capacity_blocks": r.capacity_blocks, "accesses": r.accesses,
+                     "hits": r.hits, "misses": r.misses, "miss_ratio": r.miss_ratio})
+    return pd.DataFrame(rows, columns=["capacity_blocks", "accesses", "hits", "misses",
+                                       "miss_ratio"])

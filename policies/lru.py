@@ -1,0 +1,48 @@
+"""LRU: evict the candidate idle for the longest time.
+
+Order: one intrusive list, head = least recently used.  ``on_insert`` and ``on_hit``
+append/move the block to the tail; ``victim`` names the head.  All hooks O(1).
+Matches libCacheSim ``LRU`` miss for miss (tests/policies/test_vs_libcachesim.py).
+Score in the decision log: ``last_access_us`` (higher = used more recently = keep).
+"""
+
+import numpy as np
+from numba import njit
+
+from kvsim.policy_api import (dll_ends, dll_links, dll_move_to_tail, dll_push_tail,
+                              dll_remove, list_walk)
+
+NAME = "lru"
+DESCRIPTION = "Least recently used: evict the candidate idle for the longest time."
+OFFLINE = False
+REASONS = ("least recently used: idle for the longest time",)
+
+
+def init(capacity_blocks, num_slots, params):
+    prev, nxt = dll_links(num_slots)
+    return (prev, nxt, dll_ends())
+
+
+@njit(cache=True)
+def on_insert(state, view, b, now_us):
+    dll_push_tail(state[0], state[1], state[2], b)
+
+
+@njit(cache=True)
+def on_hit(state, view, b, now_us):
+    dll_move_to_tail(state[0], state[1], state[2], b)
+
+
+@njit(cache=True)
+def on_remove(state, view, b):
+    dll_remove(state[0], state[1], state[2], b)
+
+
+@njit(cache=True)
+def victim(state, view, now_us, alt_blocks, alt_scores):
+    b = state[2][0]
+    if b < 0:
+        return -1, 0, 0
+    n_alt = list_walk(state[0], state[1], state[2], alt_blocks, alt_scores,
+                      view.last_access_us)
+    return b, 0, n_alt

@@ -1,0 +1,70 @@
+"""SIEVE (Zhang et al., NSDI'24): a FIFO queue with a visited bit and a moving hand.
+
+Order: one list in insertion order, head = oldest.  A hit only sets ``visited``.  To find
+a victim the hand walks from its position toward newer blocks (wrapping to the oldest),
+clearing visited bits, and stops at the first unvisited block.  After the eviction the
+hand rests on the evicted block's newer neighbour (or restarts at the oldest).
+This is libCacheSim ``Sieve`` exactly (its tail is our head; its ``prev`` our ``next``).
+Amortised O(1) per eviction.  Score: the visited bit (1 = keep).
+"""
+
+import numpy as np
+from numba import njit
+
+from kvsim.policy_api import NIL, dll_ends, dll_links, dll_push_tail, dll_remove
+
+NAME = "sieve"
+DESCRIPTION = "SIEVE: FIFO with a visited bit; a hand sweeps and spares visited blocks once."
+OFFLINE = False
+REASONS = ("SIEVE: the hand reached it and it was not visited since the last sweep",)
+
+
+def init(capacity_blocks, num_slots, params):
+    prev, nxt = dll_links(num_slots)
+    visited = np.zeros(num_slots, np.int8)
+    hand = np.array([NIL], np.int64)
+    return (prev, nxt, dll_ends(), visited, hand)
+
+
+@njit(cache=True)
+def on_insert(state, view, b, now_us):
+    dll_push_tail(state[0], state[1], state[2], b)
+    state[3][b] = 0
+
+
+@njit(cache=True)
+def on_hit(state, view, b, now_us):
+    state[3][b] = 1
+
+
+@njit(cache=True)
+def on_remove(state, view, b):
+    prev, nxt, ends, visited, hand = state
+    if hand[0] == b:
+        hand[0] = nxt[b]
+    dll_remove(prev, nxt, ends, b)
+    visited[b] = 0
+
+
+@njit(cache=True)
+def victim(state, view, now_us, alt_blocks, alt_scores):
+    prev, nxt, ends, visited, hand = state
+    if ends[2] == 0:
+        return -1, 0, 0
+    b = hand[0]
+    if b == NIL:
+        b = ends[0]
+    while visited[b] != 0:
+        visited[b] = 0
+        b = nxt[b]
+        if b == NIL:
+            b = ends[0]
+    hand[0] = b  # on_remove moves it to the newer neighbour
+    n_alt = 0
+    c = b
+    while c != NIL and n_alt < alt_blocks.shape[0]:
+        alt_blocks[n_alt] = c
+        alt_scores[n_alt] = visited[c]
+        n_alt += 1
+        c = nxt[c]
+    return b, 0, n_alt
