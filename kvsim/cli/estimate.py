@@ -10,6 +10,7 @@ from rich.table import Table
 from kvsim.cli import app
 from kvsim.cli.common import JsonOption, emit_json, out_console
 from kvsim.errors import KvsimInputError
+from kvsim.hardware import list_hardware
 from kvsim.kvsize import (BYTES_PER_GB, BYTES_PER_MIB, DEFAULT_MEMORY_UTILIZATION, KV_DTYPES,
                           KvEstimate, estimate_kv)
 from kvsim.models import WEIGHT_DTYPE_BYTES, list_models, load_model
@@ -74,7 +75,7 @@ def _render(est: KvEstimate) -> None:
 @app.command("estimate-kv")
 def estimate_kv_command(
     model: Annotated[Optional[str], typer.Argument(
-        help="Catalog model name (see --list-models), e.g. llama-3-8b.", show_default=False)]
+        help="Catalog model name: " + ", ".join(list_models()) + ".", show_default=False)]
     = None,
     config: Annotated[Optional[str], typer.Option(
         "--config", help="A Hugging Face config.json to read instead of a catalog name.",
@@ -90,18 +91,20 @@ def estimate_kv_command(
         "no prefix sharing assumed).")] = 1,
     max_seq_len: Annotated[Optional[int], typer.Option(
         "--max-seq-len", min=1, help="Tokens a naive allocator reserves per request "
-        "[default: the model's max_position_embeddings].", show_default=False)] = None,
+        "(default: the model's max_position_embeddings, or the request if longer).",
+        show_default=False)] = None,
     kv_dtype: Annotated[str, typer.Option("--kv-dtype", help=_KV_DTYPE_HELP)] = "auto",
     gpu: Annotated[Optional[str], typer.Option(
-        "--gpu", help="Hardware profile name (kvsim.hardware: a100-80g, b200, gh200, "
-        "h100-sxm, h200, l40s) or profile .toml path; reports how many sequences fit "
-        "beside the weights.", show_default=False)] = None,
+        "--gpu", help="Hardware profile name (" + ", ".join(list_hardware()) + ") or a "
+        "profile .toml path; reports how many sequences fit beside the weights, using the "
+        "profile's gpu_memory_bytes.", show_default=False)] = None,
     gpu_mem_gb: Annotated[Optional[float], typer.Option(
         "--gpu-mem-gb", help="GPU memory in GB (10^9 bytes), instead of --gpu.",
         show_default=False)] = None,
     weights_dtype: Annotated[Optional[str], typer.Option(
         "--weights-dtype", help="dtype of the weights for the fit (" +
-        ", ".join(WEIGHT_DTYPE_BYTES) + ") [default: the model's served dtype].",
+        ", ".join(WEIGHT_DTYPE_BYTES) + "; default: the dtype the model is served in, "
+        "from the catalog).",
         show_default=False)] = None,
     memory_utilization: Annotated[float, typer.Option(
         "--memory-utilization", help="Fraction of GPU memory the engine may use for "
