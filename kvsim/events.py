@@ -189,16 +189,11 @@ def _to_column(name: str, value: Any, n: int) -> np.ndarray:
     dtype = DTYPES[name]
     if isinstance(value, (pd.Series, pd.Index)):
         value = value.to_numpy()
-    if name in ENUM_COLUMNS and not isinstance(value, np.ndarray):
-        seq = [value] if np.ndim(value) == 0 and not isinstance(value, (list, tuple)) else value
-        if any(isinstance(v, str) for v in seq):
-            names = _ENUM_BY_NAME[name]
-            try:
-                value = [names[v] if isinstance(v, str) else int(v) for v in seq]
-            except KeyError as exc:
-                raise ValueError(f"column {name!r}: unknown {name} name {exc.args[0]!r}") from None
-            if np.ndim(seq) == 0:
-                value = value[0]
+    if name in ENUM_COLUMNS and isinstance(value, str):
+        try:
+            value = _ENUM_BY_NAME[name][value]
+        except KeyError:
+            raise ValueError(f"column {name!r}: unknown {name} name {value!r}") from None
     arr = np.asarray(value)
     if arr.dtype.kind in "US" or arr.dtype == object:
         if name in ENUM_COLUMNS:
