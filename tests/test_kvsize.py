@@ -262,7 +262,7 @@ def test_bad_estimate_inputs():
                     weights_dtype="fp64")
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(name=st.sampled_from(sorted(HAND_BYTES_PER_TOKEN_FP16)),
        n=st.integers(1, 300_000), block=st.sampled_from([1, 8, 16, 32, 128]))
 def test_paged_bounds_hold_for_any_length(name, n, block):
