@@ -1,1 +1,130 @@
-"""(placeholder: filled by the issue that builds this command)."""
+"""``kvsim import-request-trace``: a real trace -> MemoryIntent events.
+
+API: :func:`kvsim.ingest.import_request_trace` (returns :class:`kvsim.ingest.ImportSummary`).
+Shared with ``kvsim generate``: :func:`render_summary` and the engine options.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from kvsim.cli import app
+from kvsim.cli.common import JsonOption, emit_json, out_console, progress
+from kvsim.ingest import FORMATS, ImportSummary, import_request_trace
+
+ModelOption = Annotated[str, typer.Option(
+    "--model", help="Model from the catalog (`kvsim estimate-kv --list-models`) or a "
+    "config.json path: block bytes and step times come from it.")]
+HardwareOption = Annotated[str, typer.Option(
+    "--hardware", help="Hardware profile name (profiles/hardware) or a .toml path: peak "
+    "FLOP/s and HBM bandwidth of the step-time roofline.")]
+BlockSizeOption = Annotated[int, typer.Option(
+    "--block-size", min=1, help="Tokens per KV block of the lowered events (vLLM: 16).")]
+MaxSeqsOption = Annotated[int, typer.Option(
+    "--max-num-seqs", min=1, help="Most sequences running in one engine step "
+    "(vLLM max_num_seqs).")]
+MaxTokensOption = Annotated[int, typer.Option(
+    "--max-num-batched-tokens", min=1, help="Token budget of one engine step; prompts "
+    "longer than what is left are prefilled in chunks (vLLM max_num_batched_tokens).")]
+
+
+def run_with_progress(label: str, fn, **kwargs) -> ImportSummary:
+    """Call ``fn(progress=callback, **kwargs)`` with a rich progress bar on stderr."""
+    with progress() as bar:
+        task = bar.add_task(label, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        return fn(progress=update, **kwargs)
+
+
+def render_summary(s: ImportSummary) -> None:
+    """The summary as a two-column rich table on stdout."""
+    table = Table(title=f"{s.out_path}", show_header=False)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    rows = [
+        ("format", s.format),
+        ("requests", f"{s.num_requests:,}"),
+        ("skipped bad rows", f"{s.skipped_rows:,}"),
+        ("events", f"{s.num_events:,}"),
+        ("engine steps", f"{s.num_steps:,}"),
+        ("forks", f"{s.num_forks:,}"),
+        ("model / hardware", f"{s.model or '-'} / {s.hardware or '-'}"),
+        ("block size (tokens)", f"{s.block_size_tokens:,}"),
+        ("block bytes", f"{s.block_bytes:,}"),
+        ("prompt / output tokens", f"{s.total_prompt_tokens:,} / {s.total_output_tokens:,}"),
+        ("prompt blocks (hashed)", f"{s.prompt_blocks:,} ({s.hashed_prompt_blocks:,})"),
+        ("prefix reuse (infinite cache)", f"{s.prefix_reuse_fraction:.4f}"),
+        ("makespan (s)", f"{s.makespan_us / 1e6:,.3f}"),
+    ]
+    if s.dropped_events or s.format == "kvmi":
+        detail = ", ".join(f"{k} {v}" for k, v in s.dropped_by_type.items())
+        rows.append(("dropped kvmi decisions", f"{s.dropped_events:,}"
+                     + (f" ({detail})" if detail else "")))
+    for k, v in rows:
+        table.add_row(k, v)
+    out_console.print(table)
+
+
+@app.command("import-request-trace")
+def import_request_trace_command(
+    requests: Annotated[Path, typer.Option(
+        "--requests", help="Trace file or directory (agentic conversations).  .gz and .zst "
+        "are read transparently.", show_default=False)],
+    out: Annotated[Path, typer.Option(
+        "--out", help="Event file to write: Parquet, or JSONL when the name ends in "
+        ".jsonl (.jsonl.gz).  Written atomically.", show_default=False)],
+    format: Annotated[Optional[str], typer.Option(
+        "--format", help="Force the reader: " + ", ".join(FORMATS) + ".  Default: detected "
+        "from the name and first line (docs/importers.md).", show_default=False)] = None,
+    model: ModelOption = "llama-3-8b",
+    hardware: HardwareOption = "h100-sxm",
+    block_size: BlockSizeOption = 16,
+    max_num_seqs: MaxSeqsOption = 256,
+    max_num_batched_tokens: MaxTokensOption = 8192,
+    map_: Annotated[Optional[str], typer.Option(
+        "--map", help="Column mapping for the generic reader, e.g. "
+        "'arrival_ms=ts,prompt_tokens=in,output_tokens=out' (implies --format generic).",
+        show_default=False)] = None,
+    trace_block_size: Annotated[int, typer.Option(
+        "--trace-block-size", min=1, help="Tokens per block of a generic trace's "
+        "block_ids column.")] = 16,
+    skip_bad_rows: Annotated[bool, typer.Option(
+        "--skip-bad-rows", help="Skip malformed rows and count them in the summary "
+        "instead of failing on the first one.")] = False,
+    arrival_rate: Annotated[Optional[float], typer.Option(
+        "--arrival-rate", help="Agentic: conversations start as a Poisson process of this "
+        "many conversations per second (seeded by --seed).", show_default=False)] = None,
+    concurrency: Annotated[Optional[int], typer.Option(
+        "--concurrency", min=1, help="Agentic: K conversations in flight; the next starts "
+        "when one ends (default 8 when --arrival-rate is not given).",
+        show_default=False)] = None,
+    seed: Annotated[int, typer.Option(
+        "--seed", help="Seed of every random choice (agentic start times, speculative "
+        "acceptance).")] = 0,
+    kvmi_step_us: Annotated[int, typer.Option(
+        "--kvmi-step-us", min=1, help="kvmi: microseconds per kvmi step (kvmi records "
+        "no time).")] = 1000,
+    json_: JsonOption = False,
+) -> None:
+    """Read a request trace (Mooncake, Azure, OpenAI proxy log, agentic conversations,
+    kvmi events, or any JSONL/CSV/Parquet with --map) and lower it through the engine model
+    (continuous batching, chunked prefill, roofline step times) to MemoryIntent block
+    events.  Prints a summary (requests, events, prefix reuse, skipped rows)."""
+    summary = run_with_progress(
+        "importing", import_request_trace, path=requests, out_path=out, format=format,
+        mapping=map_, skip_bad_rows=skip_bad_rows, model=model, hardware=hardware,
+        block_size_tokens=block_size, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens, arrival_rate=arrival_rate,
+        concurrency=concurrency, seed=seed, trace_block_tokens=trace_block_size,
+        kvmi_step_us=kvmi_step_us)
+    if json_:
+        emit_json(summary)
+    else:
+        render_summary(summary)
