@@ -26,7 +26,7 @@ __all__ = [
     "KV_DTYPES", "KvDtype", "KvEstimate", "ModelSpec", "block_bytes", "estimate_kv",
     "kv_bytes_for_tokens", "kv_bytes_per_layer_token", "kv_bytes_per_token", "list_models",
     "load_model", "DEFAULT_MEMORY_UTILIZATION", "default_kv_dtype",
-    "mha_equivalent_bytes_per_token",
+    "mha_equivalent_bytes_per_token", "kv_bytes_per_layer_token_per_gpu",
 ]
 
 BYTES_PER_GB = 10**9
@@ -147,6 +147,77 @@ def _blocks_held(num_tokens: int, block_size: int, window: int | None) -> int:
     return total - (num_tokens - window) // block_size
 
 
+def kv_bytes_per_layer_token_per_gpu(model: ModelSpec, kv_dtype: str = "fp16",
+                                     tensor_parallel_size: int = 1) -> int:
+    """Bytes one layer stores per token on EACH GPU of a tensor-parallel group.
+
+    KV heads are split across the group; when there are fewer KV heads than GPUs each GPU
+    keeps one (replicated), and an MLA latent is replicated on every GPU (vLLM's
+    tensor-parallel layouts: ``get_num_kv_heads`` and the MLA backends).
+    """
+    tp = tensor_parallel_size
+    if model.attention == "mla" or tp == 1:
+        return kv_bytes_per_layer_token(model, kv_dtype)
+    if model.num_attention_heads % tp:
+        raise bad_value(None, None, "tensor_parallel_size",
+                        f"a divisor of the {model.num_attention_heads} attention heads", tp)
+    kv = model.num_kv_heads
+    if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+        raise bad_value(None, None, "tensor_parallel_size",
+                        f"a divisor or multiple of the {kv} KV heads", tp)
+    heads_per_gpu = max(1, kv // tp)
+    return 2 * heads_per_gpu * _vector_bytes(model.head_dim, _dtype(kv_dtype))
+
+
+def _gpu_fit(model, kv_dtype, layer_blocks, naive_layer_tokens, block_size, concurrency, gpu,
+             gpu_mem_gb, weights_dtype, memory_utilization, tp, warnings) -> dict:
+    """The KvEstimate fields that need a GPU: budget beside the weights and what fits."""
+    if gpu is not None and gpu_mem_gb is not None:
+        raise KvsimInputError("give either gpu or gpu_mem_gb, not both", None, None, "gpu")
+    if gpu is not None:
+        from kvsim.hardware import load_hardware
+
+        memory = load_hardware(gpu).gpu_memory_bytes
+    else:
+        if not gpu_mem_gb > 0:
+            raise bad_value(None, None, "gpu_mem_gb", "a positive number", gpu_mem_gb)
+        memory = int(round(gpu_mem_gb * BYTES_PER_GB))
+    if not 0 < memory_utilization <= 1:
+        raise bad_value(None, None, "memory_utilization", "a fraction in (0, 1]",
+                        memory_utilization)
+    wdtype = weights_dtype or model.weights_dtype
+    if wdtype not in WEIGHT_DTYPE_BYTES:
+        raise bad_value(None, None, "weights_dtype", f"one of {', '.join(WEIGHT_DTYPE_BYTES)}",
+                        wdtype)
+    if model.num_params <= 0:
+        raise KvsimInputError(f"model {model.name!r} has no parameter count (kvsim cannot "
+                              "count this layout); add \"num_params\" to its config.json",
+                              model.source, None, "num_params")
+    weights = int(model.num_params * WEIGHT_DTYPE_BYTES[wdtype])
+    per_gpu_layer = kv_bytes_per_layer_token_per_gpu(model, kv_dtype, tp)
+    paged_per_gpu = layer_blocks * block_size * per_gpu_layer
+    naive_per_gpu = naive_layer_tokens * per_gpu_layer
+    budget = int(memory * memory_utilization) - -(-weights // tp)
+    if budget <= 0:
+        warnings.append(f"the weights ({weights / BYTES_PER_GB:.1f} GB in {wdtype}, "
+                        f"/{tp} GPUs) do not fit in {memory_utilization:g} x "
+                        f"{memory / BYTES_PER_GB:.1f} GB")
+    fits = max(0, budget // paged_per_gpu)
+    return dict(
+        gpu=gpu if gpu is not None else f"{gpu_mem_gb:g} GB",
+        gpu_memory_bytes=memory,
+        paged_bytes_per_gpu=paged_per_gpu,
+        memory_utilization=memory_utilization,
+        weights_dtype=wdtype,
+        weights_bytes=weights,
+        kv_budget_bytes=budget,
+        kv_budget_blocks=max(0, budget // (block_size * model.num_layers * per_gpu_layer)),
+        fits_sequences=fits,
+        fits_sequences_naive=max(0, budget // naive_per_gpu),
+        fits_concurrency=fits >= concurrency,
+    )
+
+
 @dataclass(frozen=True)
 class KvEstimate:
     """Result of :func:`estimate_kv`.  Bytes are exact ints; GB = 10^9 bytes.
@@ -162,6 +233,7 @@ class KvEstimate:
     attention: str
     block_size_tokens: int
     concurrency: int
+    tensor_parallel_size: int
     prompt_tokens: int
     generated_tokens: int
     request_tokens: int
@@ -187,19 +259,20 @@ class KvEstimate:
     num_sliding_layers: int
     sliding_window: int | None
     gpu: str | None = None
-    gpu_memory_bytes: int | None = None
+    gpu_memory_bytes: int | None = None  # per GPU
+    paged_bytes_per_gpu: int | None = None  # one request's KV on each GPU of the TP group
     memory_utilization: float | None = None
     weights_dtype: str | None = None
-    weights_bytes: int | None = None
-    kv_budget_bytes: int | None = None
-    kv_budget_blocks: int | None = None
+    weights_bytes: int | None = None  # whole model (each GPU holds 1/tensor_parallel_size)
+    kv_budget_bytes: int | None = None  # per GPU
+    kv_budget_blocks: int | None = None  # per GPU, full-attention blocks
     fits_sequences: int | None = None
     fits_sequences_naive: int | None = None
     fits_concurrency: bool | None = None
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
     #: Keys present only when a GPU (name or memory) was given.
-    GPU_KEYS = ("gpu", "gpu_memory_bytes", "memory_utilization", "weights_dtype",
+    GPU_KEYS = ("gpu", "gpu_memory_bytes", "paged_bytes_per_gpu", "memory_utilization", "weights_dtype",
                 "weights_bytes", "kv_budget_bytes", "kv_budget_blocks", "fits_sequences",
                 "fits_sequences_naive", "fits_concurrency")
 
@@ -226,13 +299,16 @@ def estimate_kv(
     gpu_mem_gb: float | None = None,
     weights_dtype: str | None = None,
     memory_utilization: float = DEFAULT_MEMORY_UTILIZATION,
+    tensor_parallel_size: int = 1,
 ) -> KvEstimate:
     """KV footprint of ``concurrency`` requests of ``prompt + generated`` tokens.
 
     ``max_seq_len`` (default: the model's ``max_position_embeddings``, or the request if
-    longer, with a warning) is what a naive allocator reserves per request.  With ``gpu`` (a hardware profile name or path, see
-    :mod:`kvsim.hardware`) or ``gpu_mem_gb``, the KV budget is ``memory * memory_utilization
-    - weights`` and ``fits_sequences`` is how many such requests fit in it, paged.
+    longer, with a warning) is what a naive allocator reserves per request.  With ``gpu`` (a
+    hardware profile name or path, see :mod:`kvsim.hardware`) or ``gpu_mem_gb``, the KV
+    budget of each GPU is ``memory * memory_utilization - weights / tensor_parallel_size``
+    and ``fits_sequences`` is how many such requests fit, paged, in a tensor-parallel group
+    of ``tensor_parallel_size`` GPUs (KV heads split across them; MLA latents replicated).
     """
     if isinstance(model, str):
         model = load_model(model)
@@ -242,6 +318,7 @@ def estimate_kv(
     _check_tokens(generated_tokens, "generated_tokens")
     _check_tokens(block_size_tokens, "block_size_tokens", 1)
     _check_tokens(concurrency, "concurrency", 1)
+    _check_tokens(tensor_parallel_size, "tensor_parallel_size", 1)
     dtype = _dtype(kv_dtype)
     n = prompt_tokens + generated_tokens
     if n == 0:
@@ -271,45 +348,11 @@ def estimate_kv(
 
     hw_fields: dict = {}
     if gpu is not None or gpu_mem_gb is not None:
-        if gpu is not None and gpu_mem_gb is not None:
-            raise KvsimInputError("give either gpu or gpu_mem_gb, not both", None, None, "gpu")
-        if gpu is not None:
-            from kvsim.hardware import load_hardware
-
-            memory = load_hardware(gpu).gpu_memory_bytes
-        else:
-            if not gpu_mem_gb > 0:
-                raise bad_value(None, None, "gpu_mem_gb", "a positive number", gpu_mem_gb)
-            memory = int(round(gpu_mem_gb * BYTES_PER_GB))
-        if not 0 < memory_utilization <= 1:
-            raise bad_value(None, None, "memory_utilization", "a fraction in (0, 1]",
-                            memory_utilization)
-        wdtype = weights_dtype or model.weights_dtype
-        if wdtype not in WEIGHT_DTYPE_BYTES:
-            raise bad_value(None, None, "weights_dtype", f"one of {', '.join(WEIGHT_DTYPE_BYTES)}",
-                            wdtype)
-        if model.num_params <= 0:
-            raise KvsimInputError(f"model {model.name!r} has no parameter count (kvsim cannot "
-                                  "count this layout); add \"num_params\" to its config.json",
-                                  model.source, None, "num_params")
-        weights = int(model.num_params * WEIGHT_DTYPE_BYTES[wdtype])
-        budget = int(memory * memory_utilization) - weights
-        if budget <= 0:
-            warnings.append(f"the weights ({weights / BYTES_PER_GB:.1f} GB in {wdtype}) do not "
-                            f"fit in {memory_utilization:g} x {memory / BYTES_PER_GB:.1f} GB")
-        fits = max(0, budget // paged)
-        hw_fields = dict(
-            gpu=gpu if gpu is not None else f"{gpu_mem_gb:g} GB",
-            gpu_memory_bytes=memory,
-            memory_utilization=memory_utilization,
-            weights_dtype=wdtype,
-            weights_bytes=weights,
-            kv_budget_bytes=budget,
-            kv_budget_blocks=max(0, budget // block_bytes(model, block_size_tokens, kv_dtype)),
-            fits_sequences=fits,
-            fits_sequences_naive=max(0, budget // naive),
-            fits_concurrency=fits >= concurrency,
-        )
+        hw_fields = _gpu_fit(model, kv_dtype, layer_blocks, naive // per_layer,
+                             block_size_tokens, concurrency, gpu, gpu_mem_gb, weights_dtype,
+                             memory_utilization, tensor_parallel_size, warnings)
+    elif tensor_parallel_size != 1:
+        kv_bytes_per_layer_token_per_gpu(model, kv_dtype, tensor_parallel_size)  # validates
 
     return KvEstimate(
         model=model.name,
@@ -318,6 +361,7 @@ def estimate_kv(
         attention=model.attention,
         block_size_tokens=block_size_tokens,
         concurrency=concurrency,
+        tensor_parallel_size=tensor_parallel_size,
         prompt_tokens=prompt_tokens,
         generated_tokens=generated_tokens,
         request_tokens=n,

@@ -45,6 +45,10 @@ def test_gpu_gives_fits_sequences():
     data = _json(["llama-3-8b", "--prompt-tokens", "1024", "--gpu-mem-gb", "80",
                   "--weights-dtype", "fp8", "--memory-utilization", "1.0"])
     assert data["fits_sequences"] == (80 * 10**9 - 8_030_261_248) // 134_217_728
+    data = _json(["llama-3.1-405b", "--prompt-tokens", "4000", "--generated-tokens", "96",
+                  "--gpu", "h100-sxm", "--tp", "8", "--weights-dtype", "fp8"])
+    assert (data["tensor_parallel_size"], data["paged_bytes_per_gpu"]) == (8, 264_241_152)
+    assert data["fits_sequences"] == 99  # see test_kvsize.test_tensor_parallel_...
 
 
 def test_config_file_and_list_models(tmp_path):
@@ -95,5 +99,5 @@ def test_help_documents_every_option():
     assert result.exit_code == 0
     for option in ("--config", "--prompt-tokens", "--generated-tokens", "--block-size",
                    "--concurrency", "--max-seq-len", "--kv-dtype", "--gpu", "--gpu-mem-gb",
-                   "--weights-dtype", "--memory-utilization", "--list-models", "--json"):
+                   "--weights-dtype", "--memory-utilization", "--tensor-parallel-size", "--list-models", "--json"):
         assert option in result.stdout, option

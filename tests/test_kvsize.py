@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from kvsim.errors import KvsimInputError
 from kvsim.kvsize import (block_bytes, default_kv_dtype, estimate_kv, kv_bytes_for_tokens,
-                          kv_bytes_per_layer_token, kv_bytes_per_token,
-                          mha_equivalent_bytes_per_token)
+                          kv_bytes_per_layer_token, kv_bytes_per_layer_token_per_gpu,
+                          kv_bytes_per_token, mha_equivalent_bytes_per_token)
 from kvsim.models import estimate_num_params, list_models, load_model
 
 # name -> fp16 bytes per token, as layers * (K and V = 2) * kv_heads * head_dim * 2 bytes
@@ -281,3 +281,27 @@ def test_paged_bounds_hold_for_any_length(name, n, block):
         # at each edge of it, so paged can exceed naive by less than the slack
         assert est.paged_bytes - est.naive_bytes < slack_bytes
     assert kv_bytes_for_tokens(m, n + 1) >= kv_bytes_for_tokens(m, n)
+
+
+def test_tensor_parallel_splits_weights_and_kv_heads():
+    est = estimate_kv("llama-3.1-405b", prompt_tokens=4000, generated_tokens=96,
+                      gpu="h100-sxm", tensor_parallel_size=8, weights_dtype="fp8")
+    # 8 KV heads over 8 GPUs: one head (K and V, 128 x 2 bytes each) per layer per GPU
+    assert est.paged_bytes_per_gpu == 256 * 16 * 126 * (2 * 1 * 128 * 2) == 264_241_152
+    assert est.paged_bytes == 8 * est.paged_bytes_per_gpu
+    budget = int(81_559 * 2**20 * 0.9) - 405_853_388_800 // 8
+    assert est.kv_budget_bytes == budget == 26_237_055_385
+    assert est.fits_sequences == budget // 264_241_152 == 99
+    # MLA: the latent is replicated on every GPU, not split
+    ds = estimate_kv("deepseek-v3", prompt_tokens=4000, generated_tokens=96, gpu="h200",
+                     tensor_parallel_size=8)
+    assert ds.paged_bytes_per_gpu == ds.paged_bytes == 256 * 16 * 70_272
+    assert ds.kv_budget_bytes == int(143_771 * 2**20 * 0.9) - 671 * 10**9 // 8
+    # more GPUs than KV heads: each GPU keeps one KV head (replicated)
+    llama = load_model("llama-3-8b")
+    assert kv_bytes_per_layer_token_per_gpu(llama, "bf16", 16) == 2 * 1 * 128 * 2
+    assert kv_bytes_per_layer_token_per_gpu(llama, "bf16", 2) == 2 * 4 * 128 * 2
+    with pytest.raises(KvsimInputError, match="tensor_parallel_size"):
+        estimate_kv(llama, prompt_tokens=1, generated_tokens=0, tensor_parallel_size=3)
+    with pytest.raises(KvsimInputError, match="tensor_parallel_size"):
+        kv_bytes_per_layer_token_per_gpu(load_model("qwen2.5-7b"), "bf16", 7)  # 4 KV heads

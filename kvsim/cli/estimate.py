@@ -32,7 +32,9 @@ def _render(est: KvEstimate) -> None:
     head = (f"[bold]{est.model}[/bold]  attention={est.attention}  kv_dtype={est.kv_dtype}  "
             f"block={est.block_size_tokens} tokens  request={est.prompt_tokens}+"
             f"{est.generated_tokens}={est.request_tokens} tokens  "
-            f"max_seq_len={est.max_seq_len}  concurrency={est.concurrency}")
+            f"max_seq_len={est.max_seq_len}  concurrency={est.concurrency}"
+            + (f"  tensor_parallel={est.tensor_parallel_size}" if est.tensor_parallel_size > 1
+               else ""))
     out_console.print(head)
     table = Table(show_header=True, header_style="bold")
     for col, justify in (("quantity", "left"), ("bytes", "right"), ("MB (10^6)", "right"),
@@ -53,18 +55,22 @@ def _render(est: KvEstimate) -> None:
               f"max_seq_len reserved; {est.naive_waste_fraction:.2%} unused")
     _size_row(table, f"total paged (x{est.concurrency})", est.total_paged_bytes)
     _size_row(table, f"total naive (x{est.concurrency})", est.total_naive_bytes)
+    if est.tensor_parallel_size > 1:
+        _size_row(table, "request: paged per GPU", est.paged_bytes_per_gpu,
+                  f"on each of {est.tensor_parallel_size} GPUs")
     _size_row(table, "weights", est.weights_bytes, f"{est.weights_dtype}" if est.weights_dtype
               else "")
     _size_row(table, "KV budget", est.kv_budget_bytes,
-              f"{est.memory_utilization} x GPU memory - weights" if est.memory_utilization
-              else "")
+              (f"per GPU: {est.memory_utilization} x GPU memory - weights / "
+               f"{est.tensor_parallel_size}") if est.memory_utilization else "")
     out_console.print(table)
     out_console.print(f"sequences per GB: paged {est.sequences_per_gb_paged:,.3f}, naive "
                       f"{est.sequences_per_gb_naive:,.3f} (paged fits "
                       f"{est.paged_vs_naive_ratio:,.2f}x as many)")
     if est.fits_sequences is not None:
         verdict = "fits" if est.fits_concurrency else "does NOT fit"
-        out_console.print(f"{est.gpu} ({est.gpu_memory_bytes / BYTES_PER_GB:,.2f} GB): "
+        group = f"{est.tensor_parallel_size} x " if est.tensor_parallel_size > 1 else ""
+        out_console.print(f"{group}{est.gpu} ({est.gpu_memory_bytes / BYTES_PER_GB:,.2f} GB): "
                           f"{est.fits_sequences:,} sequences fit paged, "
                           f"{est.fits_sequences_naive:,} naive; concurrency "
                           f"{est.concurrency} {verdict}")
@@ -106,6 +112,10 @@ def estimate_kv_command(
         ", ".join(WEIGHT_DTYPE_BYTES) + "; default: the dtype the model is served in, "
         "from the catalog).",
         show_default=False)] = None,
+    tensor_parallel_size: Annotated[int, typer.Option(
+        "--tensor-parallel-size", "--tp", min=1, help="GPUs the model is split over (vLLM "
+        "--tensor-parallel-size): weights and KV heads are divided among them (an MLA "
+        "latent is replicated on each); the fit is per GPU.")] = 1,
     memory_utilization: Annotated[float, typer.Option(
         "--memory-utilization", help="Fraction of GPU memory the engine may use for "
         "weights + KV (vLLM --gpu-memory-utilization).")] = DEFAULT_MEMORY_UTILIZATION,
@@ -131,7 +141,8 @@ def estimate_kv_command(
                       block_size_tokens=block_size, concurrency=concurrency,
                       max_seq_len=max_seq_len, kv_dtype=kv_dtype, gpu=gpu,
                       gpu_mem_gb=gpu_mem_gb, weights_dtype=weights_dtype,
-                      memory_utilization=memory_utilization)
+                      memory_utilization=memory_utilization,
+                      tensor_parallel_size=tensor_parallel_size)
     if as_json:
         emit_json(est.to_dict())
     else:
