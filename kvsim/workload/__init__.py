@@ -1,0 +1,12 @@
+"""Synthetic workloads from TOML profiles (``profiles/workloads``; docs/profiles.md).
+
+API: :func:`generate` (profile -> event file, returns :class:`kvsim.ingest.ImportSummary`),
+:func:`build_workload` (profile -> Request table), :func:`load_profile`,
+:func:`list_profiles`.
+"""
+
+from kvsim.workload.generator import build_workload, generate
+from kvsim.workload.profile import RequestClass, WorkloadProfile, list_profiles, load_profile
+
+__all__ = ["RequestClass", "WorkloadProfile", "build_workload", "generate", "list_profiles",
+           "load_profile"]
