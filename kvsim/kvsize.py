@@ -89,8 +89,12 @@ def _vector_bytes(width: int, dtype: KvDtype) -> int:
 
 
 def kv_bytes_per_layer_token(model: ModelSpec, kv_dtype: str = "fp16") -> int:
-    """Bytes one layer stores for one token (every layer of a model stores the same)."""
-    dtype = _dtype(kv_dtype)
+    """Bytes one layer stores for one token (every layer of a model stores the same).
+
+    ``kv_dtype`` is a key of :data:`KV_DTYPES`, or ``"auto"`` (:func:`default_kv_dtype`);
+    every function of this module accepts both.
+    """
+    dtype = _dtype(default_kv_dtype(model) if kv_dtype == "auto" else kv_dtype)
     if model.attention == "mla":
         return _vector_bytes(model.kv_lora_rank + model.qk_rope_head_dim, dtype)
     return 2 * model.num_kv_heads * _vector_bytes(model.head_dim, dtype)
@@ -108,7 +112,7 @@ def kv_bytes_per_token(model: ModelSpec, kv_dtype: str = "fp16") -> int:
 def mha_equivalent_bytes_per_token(model: ModelSpec, kv_dtype: str = "fp16") -> int:
     """Bytes per token if every query head kept its own K and V (the naive per-head
     arithmetic; for MLA, K of width head_dim and V of width v_head_dim per head)."""
-    dtype = _dtype(kv_dtype)
+    dtype = _dtype(default_kv_dtype(model) if kv_dtype == "auto" else kv_dtype)
     heads = model.num_attention_heads
     per_layer = heads * (_vector_bytes(model.head_dim, dtype)
                          + _vector_bytes(model.v_head_dim or model.head_dim, dtype))
@@ -166,7 +170,7 @@ def kv_bytes_per_layer_token_per_gpu(model: ModelSpec, kv_dtype: str = "fp16",
         raise bad_value(None, None, "tensor_parallel_size",
                         f"a divisor or multiple of the {kv} KV heads", tp)
     heads_per_gpu = max(1, kv // tp)
-    return 2 * heads_per_gpu * _vector_bytes(model.head_dim, _dtype(kv_dtype))
+    return kv_bytes_per_layer_token(model, kv_dtype) // kv * heads_per_gpu
 
 
 def _gpu_fit(model, kv_dtype, layer_blocks, naive_layer_tokens, block_size, concurrency, gpu,

@@ -59,6 +59,7 @@ def test_issue_anchor_values():
     llama = load_model("llama-3-8b")
     assert llama.attention == "gqa" and llama.num_kv_heads == 8
     assert kv_bytes_per_token(llama, "bf16") == 131_072
+    assert default_kv_dtype(llama) == "bf16" and kv_bytes_per_token(llama, "auto") == 131_072
     assert kv_bytes_for_tokens(llama, 128_000, "bf16") == 16_777_216_000  # 16.78 GB
     # per-head MHA arithmetic (32 heads each with K and V) would give 4x as much
     assert mha_equivalent_bytes_per_token(llama, "bf16") == 32 * 2 * 32 * 128 * 2 == 524_288
