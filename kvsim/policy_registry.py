@@ -67,12 +67,14 @@ def _is_njit(func: Any) -> bool:
 
 
 def _arity(func: Any) -> int | None:
+    """Positional parameters without a default (None if the signature is unknown)."""
     target = func.py_func if _is_njit(func) else func
     try:
         params = inspect.signature(target).parameters.values()
     except (TypeError, ValueError):
         return None
-    return sum(1 for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    return sum(1 for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+               and p.default is p.empty)
 
 
 def policy_from_module(module: ModuleType, source: str) -> Policy:
