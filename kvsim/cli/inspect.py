@@ -35,15 +35,14 @@ def inspect_command(
         if json_:
             emit_json(df.to_dict(orient="records"))
         else:
-            table = Table(title=f"{trace}: first {len(df)} events (columns at their "
-                          "default value in every shown row are left out)")
-            df = df[[c for c in df.columns if c in _ALWAYS_SHOWN or not
-                     (df[c] == _DEFAULT_SHOWN[c]).all()]]
-            for col in df.columns:
-                table.add_column(col, justify="left" if df[col].dtype == object else "right")
-            for row in df.itertuples(index=False):
-                table.add_row(*(str(v) for v in row))
-            out_console.print(table)
+            # Plain aligned text, never truncated (a wide terminal or `less -S` shows it all).
+            shown = df[[c for c in df.columns if c in _ALWAYS_SHOWN or not
+                        (df[c] == _DEFAULT_SHOWN[c]).all()]]
+            out_console.print(f"{trace}: first {len(df)} events (columns at their default "
+                              "value in every shown row are left out)", markup=False,
+                              highlight=False, soft_wrap=True)
+            out_console.print(shown.to_string(index=False), markup=False, highlight=False,
+                              soft_wrap=True)
         return
     summary = summarize_trace(trace)
     if json_:
