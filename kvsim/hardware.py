@@ -165,9 +165,13 @@ def _scan_sources(text: str) -> dict[str, str]:
         if "=" not in line or line.startswith("#"):
             continue
         key, rest = line.split("=", 1)
-        in_string = False
+        in_string = escaped = False
         for i, ch in enumerate(rest):
-            if ch == '"':
+            if escaped:
+                escaped = False
+            elif ch == "\\" and in_string:
+                escaped = True
+            elif ch == '"':
                 in_string = not in_string
             elif ch == "#" and not in_string:
                 comment = rest[i + 1:].strip()

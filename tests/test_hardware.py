@@ -101,11 +101,14 @@ def test_save_load_round_trip(tmp_path, name):
 def test_calibrated_profile_round_trip(tmp_path):
     profile = dataclasses.replace(
         load_hardware("h100-sxm"), name="h100-lab",
+        description='lab "rack #3" \\ GPU 0; no # comment here',
         provenance={"kind": "calibrated", "backend": "cuda", "device": "H100 \"SXM\"",
                     "driver": "550.54", "date": "2026-11-01", "timer": "cuda-events"})
     path = tmp_path / "lab.toml"
     save_hardware(profile, path)
-    assert load_hardware(str(path)) == profile
+    again = load_hardware(str(path))
+    assert again == profile and again.description == profile.description
+    assert "description" not in again.sources  # the '#' inside the string is not a comment
 
 
 def test_failed_save_leaves_no_file(tmp_path):
