@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -37,8 +36,8 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from kvsim.backends import BACKEND_NAMES, CALIBRATION_LAYOUT, BlockLayout, DeviceInfo, detect
-from kvsim.backends import open_backend
+from kvsim.backends import (BACKEND_NAMES, CALIBRATION_LAYOUT, BlockLayout, DeviceInfo,
+                            open_backend, refuse_unmeasurable)
 from kvsim.errors import KvsimError, KvsimInputError
 
 KIB = 1024
@@ -51,10 +50,10 @@ OPERATIONS = ("gather", "scatter", "spill", "promote", "disk_write", "disk_read"
 PROFILE_MAPPING = {
     "gather": "",
     "scatter": "",
-    "spill": "tiers.dram write (device -> host)",
-    "promote": "tiers.dram read (host -> device)",
-    "disk_write": "tiers.nvme write",
-    "disk_read": "tiers.nvme read",
+    "spill": "dram write",  # device -> host
+    "promote": "dram read",  # host -> device
+    "disk_write": "nvme write",
+    "disk_read": "nvme read",
 }
 
 
@@ -189,7 +188,7 @@ class Calibration:
         """One row per operation: fitted latency, bandwidth and fit quality."""
         return pd.DataFrame([{
             "operation": o.operation,
-            "stands_for": o.stands_for or "(reported only)",
+            "stands_for": o.stands_for or "-",
             "latency_us": o.fit.latency_us,
             "bandwidth_gb_per_s": o.fit.bandwidth_bytes_per_s / 1e9,
             "r_squared": o.fit.r_squared,
@@ -208,23 +207,6 @@ class Calibration:
                              "fitted_us": float(o.fit.predict_us(size)),
                              "residual_us": o.fit.residuals_us[i]})
         return pd.DataFrame(rows)
-
-
-def refuse_unmeasurable(backend: str) -> None:
-    """Raise :class:`KvsimInputError` unless ``backend`` can take real timings here:
-    ``cuda`` needs a real GPU; the numba CUDA simulator's timings are not measurements."""
-    if backend != "cuda":
-        return
-    found = detect()
-    if found == "cudasim":
-        raise KvsimInputError(
-            "refusing to time under the numba CUDA simulator (NUMBA_ENABLE_CUDASIM is set): "
-            "its timings are not hardware measurements; unset it on a machine with a GPU, "
-            "or use --backend cpu", field="backend")
-    if found == "none":
-        raise KvsimInputError("expected a CUDA GPU for --backend cuda, found none (no driver, "
-                              "no device or numba-cuda missing); use --backend cpu",
-                              field="backend")
 
 
 def calibrate(settings: CalibrationSettings = CalibrationSettings(),

@@ -41,3 +41,25 @@ def detect() -> Detected:
             return "gpu" if cuda.is_available() else "none"
     except Exception:  # noqa: BLE001 - detection never raises
         return "none"
+
+
+def refuse_unmeasurable(backend: str) -> None:
+    """Raise :class:`KvsimInputError` unless ``backend`` can take real timings here.
+
+    ``cpu`` always can.  ``cuda`` needs a real GPU: the numba CUDA simulator runs the same
+    kernels (good for checking bytes) but its timings are not hardware measurements, so
+    calibration and placement replay refuse them."""
+    from kvsim.errors import KvsimInputError
+
+    if backend != "cuda":
+        return
+    found = detect()
+    if found == "cudasim":
+        raise KvsimInputError(
+            "refusing to time under the numba CUDA simulator (NUMBA_ENABLE_CUDASIM is set): "
+            "its timings are not hardware measurements; unset it on a machine with a GPU, "
+            "or use --backend cpu", field="backend")
+    if found == "none":
+        raise KvsimInputError("expected a CUDA GPU for --backend cuda, found none (no driver, "
+                              "no device or numba-cuda missing); use --backend cpu",
+                              field="backend")

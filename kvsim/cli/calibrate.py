@@ -1,1 +1,218 @@
-"""(placeholder: filled by the issue that builds this command)."""
+"""``kvsim calibrate`` and ``kvsim replay``: measure transfer costs on this machine
+(API: :mod:`kvsim.calibrate`) and replay a decision log's data movements on a real pool
+(API: :mod:`kvsim.placement_replay`).  Docs: docs/calibration.md."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from kvsim.backends.base import CALIBRATION_LAYOUT, DTYPE_BYTES, BlockLayout
+from kvsim.cli import app
+from kvsim.cli.common import JsonOption, emit_json, out_console, progress
+from kvsim.errors import KvsimInputError
+
+_BACKEND_HELP = ("cpu: numpy pool in RAM, numba copies, file I/O (host memcpy stands in for "
+                 "the DRAM link; PCIe is not measured).  cuda: numba-cuda kernels on a real "
+                 "GPU, mapped pinned host tier, CUDA events (the CUDA simulator is refused).")
+_DISK_HELP = ("Directory for the disk tier's scratch file (removed afterwards) "
+              "[default: the system temp dir].  Put it on the device you want measured.")
+
+
+def _check_backend(name: str) -> str:
+    if name not in ("cpu", "cuda"):
+        raise KvsimInputError(f"expected cpu or cuda, got {name!r}", field="--backend")
+    return name
+
+
+@app.command("calibrate")
+def calibrate_command(
+    out: Annotated[Path, typer.Option("--out", help="Where to write the calibrated hardware "
+                                      "profile (TOML; use it with --hardware).",
+                                      show_default=False)],
+    backend: Annotated[str, typer.Option("--backend", help=_BACKEND_HELP)] = "cpu",
+    base: Annotated[str, typer.Option("--base", help="Hardware profile (name or .toml) "
+                                      "whose dram/nvme numbers the measurements replace; "
+                                      "everything else is kept.")] = "h100-sxm",
+    name: Annotated[Optional[str], typer.Option(
+        "--name", help="Name of the written profile [default: <base>-calibrated-<backend>].",
+        show_default=False)] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Sizes 64 KiB..1 MiB, 3 repeats, 1 "
+                                        "warm-up: a few seconds (smoke tests).")] = False,
+    repeats: Annotated[Optional[int], typer.Option(
+        "--repeats", min=1, help="Timed batches per size; the median is kept [default: 9, "
+        "3 with --quick].", show_default=False)] = None,
+    warmup: Annotated[Optional[int], typer.Option(
+        "--warmup", min=0, help="Untimed batches per size before timing [default: 2, 1 "
+        "with --quick].", show_default=False)] = None,
+    min_kib: Annotated[int, typer.Option("--min-kib", min=1, help="Smallest transfer, KiB "
+                                         "(sizes double up to --max-mib).")] = 64,
+    max_mib: Annotated[Optional[float], typer.Option(
+        "--max-mib", min=0.0, help="Largest transfer, MiB [default: 64, 1 with --quick].",
+        show_default=False)] = None,
+    layers: Annotated[int, typer.Option("--layers", min=1, help="Layers of the pool's block "
+                                        "layout.")] = CALIBRATION_LAYOUT.num_layers,
+    block_tokens: Annotated[int, typer.Option("--block-tokens", min=1, help="Tokens per "
+                                              "block.")] = CALIBRATION_LAYOUT.block_tokens,
+    kv_heads: Annotated[int, typer.Option("--kv-heads", min=1, help="KV heads per layer.")]
+    = CALIBRATION_LAYOUT.num_kv_heads,
+    head_dim: Annotated[int, typer.Option("--head-dim", min=1, help="Head dimension.")]
+    = CALIBRATION_LAYOUT.head_dim,
+    dtype: Annotated[str, typer.Option("--dtype", help="KV element type: " +
+                                       ", ".join(DTYPE_BYTES) + " (sets the element width).")]
+    = CALIBRATION_LAYOUT.dtype,
+    disk_dir: Annotated[Optional[Path], typer.Option("--disk-dir", help=_DISK_HELP,
+                                                     show_default=False)] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the block-id choice and the "
+                                      "buffers' fill pattern.")] = 0,
+    samples: Annotated[bool, typer.Option("--samples", help="Also print the median time of "
+                                          "every (operation, size) and its fit residual.")]
+    = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Time gather, scatter, spill, promote, disk write and disk read on a real KV pool for
+    transfers of 64 KiB..64 MiB, fit latency + bytes/bandwidth to each, and write a hardware
+    profile whose dram and nvme tiers carry the measured numbers (with provenance).  Use
+    it with [bold]kvsim simulate/compare --hardware FILE[/bold]."""
+    from kvsim.calibrate import MIB, CalibrationSettings, calibrate, write_calibration
+
+    layout = BlockLayout(layers, block_tokens, kv_heads, head_dim, dtype)
+    overrides: dict = {"backend": _check_backend(backend), "layout": layout, "base": base,
+                       "name": name or "", "seed": seed, "min_bytes": min_kib * 1024,
+                       "disk_dir": str(disk_dir) if disk_dir else None}
+    if repeats is not None:
+        overrides["repeats"] = repeats
+    if warmup is not None:
+        overrides["warmup"] = warmup
+    if max_mib is not None:
+        overrides["max_bytes"] = int(max_mib * MIB)
+    settings = (CalibrationSettings.quick(**overrides) if quick
+                else CalibrationSettings(**overrides))
+    with progress() as bar:
+        task = bar.add_task(f"calibrate {backend}", total=None)
+        result = calibrate(settings, on_progress=lambda d, t: bar.update(task, completed=d,
+                                                                           total=t))
+    write_calibration(result, out)
+    if as_json:
+        emit_json({
+            "profile_path": str(out), "profile_name": result.profile.name,
+            "provenance": result.profile.provenance, "layout": layout.to_dict(),
+            "operations": [{
+                "operation": o.operation, "stands_for": o.stands_for,
+                "latency_us": o.fit.latency_us,
+                "bandwidth_bytes_per_s": o.fit.bandwidth_bytes_per_s,
+                "r_squared": o.fit.r_squared,
+                "max_abs_relative_residual": o.fit.max_abs_relative_residual,
+                "latency_clamped": o.fit.latency_clamped,
+                "samples": [{"bytes": s, "median_us": m, "min_us": lo, "max_us": hi,
+                             "residual_us": r}
+                            for s, m, lo, hi, r in zip(o.sizes_bytes, o.median_us, o.min_us,
+                                                       o.max_us, o.fit.residuals_us)],
+            } for o in result.operations],
+        })
+        return
+    info = result.device
+    out_console.print(f"[bold]calibrate[/bold] backend={info.backend}  device={info.device}  "
+                      f"disk_io={info.disk_io}  timer={info.timer}")
+    out_console.print(f"layout: {layout.describe()}; {settings.repeats} repeats after "
+                      f"{settings.warmup} warm-up per size; date {result.date}")
+    table = Table(show_header=True, header_style="bold")
+    for col, justify in (("operation", "left"), ("sets profile", "left"),
+                         ("latency us", "right"), ("GB/s", "right"), ("R^2", "right"),
+                         ("max |resid|", "right"), ("sizes", "right")):
+        table.add_column(col, justify=justify, overflow="fold",
+                         min_width=10 if col == "operation" else None)
+    for o in result.operations:
+        table.add_row(o.operation, o.stands_for or "-",
+                      f"{o.fit.latency_us:,.1f}" + (" (clamped)" if o.fit.latency_clamped
+                                                     else ""),
+                      f"{o.fit.bandwidth_bytes_per_s / 1e9:,.3f}", f"{o.fit.r_squared:.4f}",
+                      f"{100 * o.fit.max_abs_relative_residual:.1f}%",
+                      str(len(o.sizes_bytes)))
+    out_console.print(table)
+    if samples:
+        frame = result.samples_frame()
+        st = Table(show_header=True, header_style="bold")
+        for col in ("operation", "bytes", "median us", "min us", "max us", "fitted us",
+                    "residual us"):
+            st.add_column(col, justify="left" if col == "operation" else "right",
+                          overflow="fold")
+        for r in frame.itertuples(index=False):
+            st.add_row(r.operation, f"{r.bytes:,}", f"{r.median_us:,.1f}", f"{r.min_us:,.1f}",
+                       f"{r.max_us:,.1f}", f"{r.fitted_us:,.1f}", f"{r.residual_us:,.1f}")
+        out_console.print(st)
+    out_console.print(f"wrote {out} (profile {result.profile.name!r}; measured: "
+                      f"{result.profile.provenance['measured']})")
+
+
+@app.command("replay")
+def replay_command(
+    decision_log: Annotated[Path, typer.Option(
+        "--decision-log", help="Decision log (Parquet) written by kvsim simulate "
+        "--decision-log.", show_default=False)],
+    backend: Annotated[str, typer.Option("--backend", help=_BACKEND_HELP)] = "cpu",
+    block_bytes: Annotated[Optional[int], typer.Option(
+        "--block-bytes", min=2, help="Bytes per KV block [default: the log's first data "
+        "movement's bytes].", show_default=False)] = None,
+    layers: Annotated[int, typer.Option("--layers", min=1, help="Layers the block is split "
+                                        "into in the real pool (one chunk per layer and K/V; "
+                                        "shapes the copy, not the bytes).")] = 32,
+    pool_mib: Annotated[float, typer.Option(
+        "--pool-mib", min=0.0, help="Size of each real tier (device pool, host tier, disk "
+        "file), MiB; blocks recycle slots round-robin beyond it.")] = 256.0,
+    max_rows: Annotated[Optional[int], typer.Option(
+        "--max-rows", min=1, help="Replay at most this many data-movement rows.",
+        show_default=False)] = None,
+    disk_dir: Annotated[Optional[Path], typer.Option("--disk-dir", help=_DISK_HELP,
+                                                     show_default=False)] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the pool's fill pattern.")] = 0,
+    as_json: JsonOption = False,
+) -> None:
+    """Replay the spills (DEMOTE, WRITE_THROUGH) and fetches (PROMOTE, PREFETCH) of a
+    decision log on a real KV pool, batch by batch, and compare the measured time with the
+    simulator's cost_us per action type and tier path: the cost model's error on this
+    machine.  relative_error = (predicted - measured) / measured."""
+    from kvsim.placement_replay import MIB, ReplaySettings, replay_decision_log
+
+    settings = ReplaySettings(backend=_check_backend(backend), block_bytes=block_bytes,
+                              num_layers=layers, pool_bytes=max(1, int(pool_mib * MIB)),
+                              max_rows=max_rows, disk_dir=str(disk_dir) if disk_dir else None,
+                              seed=seed)
+    with progress() as bar:
+        task = bar.add_task("replay", total=None)
+        result = replay_decision_log(decision_log, settings,
+                                     on_progress=lambda d, t: bar.update(task, completed=d,
+                                                                         total=t))
+    frame = result.to_frame()
+    info = result.device
+    if as_json:
+        emit_json({
+            "log": result.log_path, "policy": result.policy, "backend": info.backend,
+            "device": info.device, "driver": info.driver, "timer": info.timer,
+            "disk_io": info.disk_io, "layout": result.layout.to_dict(),
+            "pool_blocks": result.pool_blocks, "rows_scanned": result.rows_scanned,
+            "rows_replayed": result.rows_replayed, "truncated": result.truncated,
+            "skipped": result.skipped, "actions": frame.to_dict(orient="records"),
+        })
+        return
+    out_console.print(f"[bold]replay[/bold] {result.log_path} (policy {result.policy or '?'}) "
+                      f"on {info.backend}: {info.device}; disk_io={info.disk_io}")
+    out_console.print(f"layout: {result.layout.describe()}; {result.pool_blocks} blocks per "
+                      f"tier; {result.rows_replayed} of {result.rows_scanned} movement rows "
+                      "replayed" + (" (stopped at --max-rows)" if result.truncated else ""))
+    table = Table(show_header=True, header_style="bold")
+    for col in ("action", "rows", "batches", "pred us", "meas us", "pred/row", "meas/row",
+                "error"):
+        table.add_column(col, justify="left" if col == "action" else "right",
+                         overflow="fold", min_width=18 if col == "action" else None)
+    for r in frame.itertuples(index=False):
+        err = "-" if r.relative_error != r.relative_error else f"{r.relative_error:+.1%}"
+        table.add_row(f"{r.action} {r.path}".strip(), f"{r.rows:,}", f"{r.batches:,}",
+                      f"{r.predicted_us:,.1f}", f"{r.measured_us:,.1f}",
+                      f"{r.predicted_mean_us:,.2f}", f"{r.measured_mean_us:,.2f}", err)
+    out_console.print(table)
+    for reason, count in result.skipped.items():
+        out_console.print(f"skipped {count:,} rows: {reason}")

@@ -1,0 +1,146 @@
+"""``kvsim calibrate --backend cpu`` end to end: measurements, fit, profile and provenance,
+and the profile's effect on simulated transfer latencies."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kvsim.backends import CALIBRATION_LAYOUT, BlockLayout
+from kvsim.calibrate import (KIB, MIB, OPERATIONS, CalibrationSettings, LinearFit, calibrate,
+                             calibrated_profile, write_calibration)
+from kvsim.cli import app
+from kvsim.errors import KvsimInputError
+from kvsim.hardware import load_hardware
+
+NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    """One quick cpu calibration shared by the tests of this module (~3 s)."""
+    disk = tmp_path_factory.mktemp("disk")
+    return calibrate(CalibrationSettings.quick(disk_dir=str(disk)), now=NOW)
+
+
+def test_settings_sizes_are_whole_blocks_64kib_to_64mib():
+    s = CalibrationSettings()
+    assert CALIBRATION_LAYOUT.block_bytes == 64 * KIB
+    assert s.block_counts() == [2**k for k in range(11)]  # 64 KiB .. 64 MiB
+    big = CalibrationSettings(layout=BlockLayout(32, 16, 8, 128, "bf16"))  # 2 MiB blocks
+    assert big.block_counts() == [1, 2, 4, 8, 16, 32]
+    assert CalibrationSettings.quick().block_counts() == [1, 2, 4, 8, 16]
+    with pytest.raises(KvsimInputError, match="repeats"):
+        CalibrationSettings(repeats=0)
+    with pytest.raises(KvsimInputError, match="two distinct batch sizes"):
+        CalibrationSettings(layout=BlockLayout(32, 16, 8, 128, "bf16"),
+                            max_bytes=MIB).block_counts()
+
+
+def test_quick_calibration_measures_every_operation(quick):
+    assert [o.operation for o in quick.operations] == list(OPERATIONS)
+    for o in quick.operations:
+        assert o.sizes_bytes == tuple(64 * KIB * 2**k for k in range(5))
+        assert len(o.median_us) == 5 and all(t > 0 for t in o.median_us)
+        assert all(lo <= m <= hi for lo, m, hi in zip(o.min_us, o.median_us, o.max_us))
+        assert o.fit.bandwidth_bytes_per_s > 0 and o.fit.latency_us >= 0
+    frame = quick.to_frame()
+    assert list(frame["operation"]) == list(OPERATIONS)
+    assert len(quick.samples_frame()) == 6 * 5
+
+
+def test_profile_carries_the_fits_and_provenance(quick, tmp_path):
+    p, base = quick.profile, load_hardware("h100-sxm")
+    promote, spill = quick.fit("promote"), quick.fit("spill")
+    dram = p.tiers["dram"]
+    assert dram.read_bandwidth_bytes_per_s == promote.bandwidth_bytes_per_s
+    assert dram.write_bandwidth_bytes_per_s == spill.bandwidth_bytes_per_s
+    assert dram.path_bandwidth_bytes_per_s(to_gpu=True) == promote.bandwidth_bytes_per_s
+    assert dram.path_bandwidth_bytes_per_s(to_gpu=False) == spill.bandwidth_bytes_per_s
+    assert dram.latency_us + dram.link_latency_us == promote.latency_us
+    nvme = p.tiers["nvme"]
+    assert nvme.path_bandwidth_bytes_per_s(True) == quick.fit("disk_read").bandwidth_bytes_per_s
+    assert nvme.path_bandwidth_bytes_per_s(False) == \
+        quick.fit("disk_write").bandwidth_bytes_per_s
+    assert nvme.latency_us + nvme.link_latency_us == quick.fit("disk_read").latency_us
+    # Everything not measured is the base profile's.
+    assert p.tiers["hbm"] == base.tiers["hbm"] and p.tiers["cxl"] == base.tiers["cxl"]
+    assert p.peak_dense_bf16_flops_per_s == base.peak_dense_bf16_flops_per_s
+    assert dram.capacity_bytes == base.tiers["dram"].capacity_bytes
+    prov = p.provenance
+    assert prov["kind"] == "calibrated" and prov["backend"] == "cpu"
+    assert prov["date"] == "2026-01-02T03:04:05Z"
+    for key in ("device", "driver", "timer", "disk_io"):
+        assert prov[key]
+    assert "PCIe" in prov["not_measured"]
+    assert p.name == "h100-sxm-calibrated-cpu"
+    assert "calibrated" in p.sources["tiers.dram.read_bandwidth_bytes_per_s"]
+    # Round trip through TOML.
+    path = write_calibration(quick, tmp_path / "hw.toml")
+    assert load_hardware(path) == p
+
+
+def _scaled(fit: LinearFit, factor: float) -> LinearFit:
+    return dataclasses.replace(fit, bandwidth_bytes_per_s=fit.bandwidth_bytes_per_s * factor)
+
+
+def test_slower_measured_bandwidth_makes_transfers_slower(quick):
+    """The profile moves simulated latencies in the direction its numbers say: the same
+    measurement with half the bandwidth gives slower promotions and spills, through the
+    cost model's own formula when kvsim.sim.cost_model is present."""
+    base = load_hardware("h100-sxm")
+    fits = {o.operation: o.fit for o in quick.operations}
+    slow_fits = {op: _scaled(f, 0.5) for op, f in fits.items()}
+    fast = calibrated_profile(base, fits, quick.device, quick.date, quick.settings)
+    slow = calibrated_profile(base, slow_fits, quick.device, quick.date, quick.settings)
+    block = 2 * MIB
+    for tier in ("dram", "nvme"):
+        for to_gpu in (True, False):
+            assert slow.tiers[tier].transfer_us(block, to_gpu) > \
+                fast.tiers[tier].transfer_us(block, to_gpu)
+    cost_model = pytest.importorskip("kvsim.sim.cost_model")
+    promote = {name: {c.name: c for c in cost_model.tier_costs(p, block, 100)}
+               for name, p in (("fast", fast), ("slow", slow), ("base", base))}
+    for tier in ("dram", "nvme"):
+        assert promote["slow"][tier].promote_us(block) > promote["fast"][tier].promote_us(block)
+    # This machine's calibrated dram path vs the datasheet: the cost follows the numbers.
+    measured_up = fits["promote"].bandwidth_bytes_per_s
+    datasheet_up = base.tiers["dram"].path_bandwidth_bytes_per_s(True)
+    faster = promote["fast"]["dram"].promote_us(block, False) < \
+        promote["base"]["dram"].promote_us(block, False)
+    assert faster == (measured_up > datasheet_up)
+
+
+def test_unknown_base_fails_before_measuring():
+    with pytest.raises(KvsimInputError, match="unknown hardware profile 'nope'"):
+        calibrate(CalibrationSettings.quick(base="nope"))
+
+
+def test_cli_calibrate_cpu_quick_json(tmp_path):
+    out = tmp_path / "hw.toml"
+    result = CliRunner().invoke(app, ["calibrate", "--backend", "cpu", "--quick", "--out",
+                                      str(out), "--max-mib", "0.5", "--disk-dir",
+                                      str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["profile_path"] == str(out)
+    assert [o["operation"] for o in data["operations"]] == list(OPERATIONS)
+    assert [s["bytes"] for s in data["operations"][0]["samples"]] == [65536, 131072, 262144,
+                                                                       524288]
+    assert data["provenance"]["backend"] == "cpu"
+    assert data["layout"]["block_bytes"] == 65536
+    assert load_hardware(out).provenance["kind"] == "calibrated"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hw.toml"]  # scratch file gone
+
+
+def test_cli_bad_base_exits_2_and_writes_nothing(tmp_path):
+    out = tmp_path / "hw.toml"
+    result = CliRunner().invoke(app, ["calibrate", "--quick", "--out", str(out), "--base",
+                                      "nope"])
+    assert result.exit_code == 2
+    assert "unknown hardware profile 'nope'" in result.output
+    assert not out.exists()
