@@ -237,6 +237,8 @@ def test_config_bad_values_name_the_field(tmp_path):
         with pytest.raises(KvsimInputError) as err:
             load_model(_write(tmp_path, cfg))
         assert err.value.field == field_name, extra
+    with pytest.raises(KvsimInputError, match="no such file"):
+        load_model(str(tmp_path / "missing.json"))
     (tmp_path / "broken.json").write_text("{not json")
     with pytest.raises(KvsimInputError, match="line 1"):
         load_model(str(tmp_path / "broken.json"))
@@ -306,3 +308,37 @@ def test_tensor_parallel_splits_weights_and_kv_heads():
         estimate_kv(llama, prompt_tokens=1, generated_tokens=0, tensor_parallel_size=3)
     with pytest.raises(KvsimInputError, match="tensor_parallel_size"):
         kv_bytes_per_layer_token_per_gpu(load_model("qwen2.5-7b"), "bf16", 7)  # 4 KV heads
+
+
+def test_recent_config_styles(tmp_path):
+    # Qwen3 style: explicit head_dim (128) differs from hidden / heads (1024 / 16 = 64)
+    qwen3 = load_model(_write(tmp_path, {
+        "model_type": "qwen3", "num_hidden_layers": 28, "num_attention_heads": 16,
+        "num_key_value_heads": 8, "head_dim": 128, "hidden_size": 1024,
+        "sliding_window": None, "use_sliding_window": False, "max_window_layers": 28}))
+    assert qwen3.layer_types == ("full",) * 28
+    assert kv_bytes_per_token(qwen3, "bf16") == 28 * 2 * 8 * 128 * 2
+    assert qwen3.num_params == 0  # layout kvsim does not count: fit needs num_params
+    with pytest.raises(KvsimInputError, match="num_params"):
+        estimate_kv(qwen3, prompt_tokens=10, generated_tokens=0, gpu_mem_gb=24)
+    # gpt-oss style: declared layer_types alternating a 128-token window with full layers
+    oss = load_model(_write(tmp_path, {
+        "model_type": "gpt_oss", "num_hidden_layers": 4, "num_attention_heads": 64,
+        "num_key_value_heads": 8, "head_dim": 64, "hidden_size": 2880, "sliding_window": 128,
+        "layer_types": ["sliding_attention", "full_attention"] * 2}))
+    assert kv_bytes_for_tokens(oss, 1000, "bf16") == 2 * 8 * 64 * 2 * (2 * 1000 + 2 * 128)
+    # DeepSeek-V2-Lite style MLA: no q_lora_rank, latent 512 + rope 64
+    lite = load_model(_write(tmp_path, {
+        "model_type": "deepseek_v2", "num_hidden_layers": 27, "num_attention_heads": 16,
+        "num_key_value_heads": 16, "hidden_size": 2048, "kv_lora_rank": 512,
+        "q_lora_rank": None, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+        "v_head_dim": 128}))
+    assert lite.attention == "mla" and kv_bytes_per_token(lite, "bf16") == 27 * 576 * 2
+    # a user-supplied parameter count makes the GPU fit possible
+    counted = load_model(_write(tmp_path, {
+        "model_type": "qwen3", "num_hidden_layers": 28, "num_attention_heads": 16,
+        "num_key_value_heads": 8, "head_dim": 128, "hidden_size": 1024,
+        "num_params": 596_049_920}))
+    est = estimate_kv(counted, prompt_tokens=10, generated_tokens=0, gpu_mem_gb=24,
+                      memory_utilization=1.0)
+    assert est.weights_bytes == 596_049_920 * 2  # served in fp16: no torch_dtype given

@@ -367,6 +367,8 @@ def load_model(name_or_config_path: str) -> ModelSpec:
 def load_config(path: str | Path) -> ModelSpec:
     """Read a Hugging Face ``config.json``; the spec is named after its folder or file."""
     path = Path(path)
+    if not path.is_file():
+        raise KvsimInputError("no such file; expected a Hugging Face config.json", path)
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
