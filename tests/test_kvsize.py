@@ -176,6 +176,7 @@ def test_catalog_entry_and_its_config_json_give_the_same_spec(tmp_path):
         path.parent.mkdir()
         path.write_text(json.dumps(spec.config))
         from_file = load_model(str(path))
+        assert load_model(str(path.parent)).name == name  # a snapshot folder works too
         for attr in ("num_layers", "num_kv_heads", "head_dim", "attention", "layer_types",
                      "sliding_window", "kv_lora_rank", "qk_rope_head_dim"):
             assert getattr(from_file, attr) == getattr(spec, attr), (name, attr)

@@ -342,12 +342,15 @@ def list_models() -> list[str]:
 def load_model(name_or_config_path: str) -> ModelSpec:
     """A catalog entry by name, or a Hugging Face ``config.json`` by path.
 
-    An argument naming an existing file (or ending in ``.json``) is read as a config;
+    An argument naming an existing file (or ending in ``.json``), or a folder holding a
+    ``config.json`` (a downloaded model snapshot), is read as a config;
     anything else is a catalog name.  Unknown names raise :class:`KvsimInputError` listing
     the closest catalog names (difflib).
     """
     arg = str(name_or_config_path)
     path = Path(arg)
+    if path.is_dir() and (path / "config.json").is_file():  # a downloaded HF snapshot
+        return load_config(path / "config.json")
     if path.is_file() or arg.endswith(".json"):
         return load_config(path)
     catalog = _catalog()
