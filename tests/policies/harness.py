@@ -1,0 +1,114 @@
+"""Shared by the policy tests (``from tests.policies.harness import ...``): the policy list
+and a hook-level driver that plays the memory core."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from kvsim.policy_api import new_block_view
+from kvsim.policy_registry import list_policies, load_policy_file
+
+DATA = Path(__file__).parent / "data"
+USER_POLICY_FILE = DATA / "my_mru.py"
+
+
+def all_policies():
+    """Every registered policy plus the example user file (so the contract covers it)."""
+    load_policy_file(USER_POLICY_FILE)
+    return list_policies()
+
+
+def policy_ids():
+    return [p.name for p in all_policies()]
+
+
+class Driver:
+    """Calls a policy's hooks the way the memory core does and checks every answer.
+
+    ``candidates`` is the candidate set as the core sees it.  ``set_intent`` writes view
+    fields before a hook (the core refreshes the view before calling hooks).
+    """
+
+    def __init__(self, policy, capacity: int, num_slots: int, n_alt: int = 0,
+                 params: dict | None = None):
+        self.p = policy
+        self.cap = capacity
+        self.view = new_block_view(num_slots)
+        self.view.content_hash[:] = np.arange(1, num_slots + 1)
+        self.state = policy.init(capacity, num_slots, dict(params or {}))
+        self.alt_b = np.zeros(n_alt, np.int64)
+        self.alt_s = np.zeros(n_alt, np.float64)
+        self.candidates: set[int] = set()
+        self.victims: list[int] = []
+        self.now = 0.0
+
+    def set_intent(self, b: int, **fields) -> None:
+        for name, value in fields.items():
+            getattr(self.view, name)[b] = value
+
+    def victim(self) -> int:
+        v, reason, n_alt = self.p.victim(self.state, self.view, self.now, self.alt_b, self.alt_s)
+        v, reason, n_alt = int(v), int(reason), int(n_alt)
+        if not self.candidates:
+            assert v == -1
+            return v
+        assert v in self.candidates, f"{self.p.name}: victim {v} is not a candidate"
+        assert 0 <= reason < len(self.p.reasons)
+        assert 0 <= n_alt <= self.alt_b.shape[0]
+        if n_alt >= 1:
+            assert self.alt_b[0] == v, f"{self.p.name}: alt_blocks[0] must be the victim"
+            alts = [int(x) for x in self.alt_b[:n_alt]]
+            assert len(set(alts)) == n_alt and set(alts) <= self.candidates
+        return v
+
+    def evict_one(self) -> int:
+        v = self.victim()
+        self.p.on_remove(self.state, self.view, v)
+        self.candidates.discard(v)
+        self.victims.append(v)
+        return v
+
+    def access(self, b: int) -> bool:
+        """Single-tier access; returns True on a hit."""
+        self.now += 1.0
+        if b in self.candidates:
+            self.view.last_access_us[b] = self.now
+            self.view.access_count[b] += 1
+            self.p.on_hit(self.state, self.view, b, self.now)
+            return True
+        self.p.on_miss(self.state, self.view, b, self.now)
+        while len(self.candidates) >= self.cap:
+            self.evict_one()
+        self.view.insert_us[b] = self.now
+        self.view.last_access_us[b] = self.now
+        self.view.access_count[b] = 1
+        self.p.on_insert(self.state, self.view, b, self.now)
+        self.candidates.add(b)
+        assert len(self.candidates) <= self.cap
+        return False
+
+    def hold(self, b: int) -> None:
+        """HBM revive: a candidate is hit by a new request, which then holds it."""
+        self.now += 1.0
+        self.view.last_access_us[b] = self.now
+        self.view.access_count[b] += 1
+        self.p.on_hit(self.state, self.view, b, self.now)
+        self.p.on_remove(self.state, self.view, b)
+        self.candidates.discard(b)
+
+    def release(self, b: int) -> None:
+        """The last holder frees ``b``: it becomes a candidate again."""
+        self.now += 1.0
+        while len(self.candidates) >= self.cap:
+            self.evict_one()
+        self.p.on_insert(self.state, self.view, b, self.now)
+        self.candidates.add(b)
+
+    def drain(self) -> list[int]:
+        out = []
+        while self.candidates:
+            out.append(self.evict_one())
+        assert self.victim() == -1
+        return out
+
