@@ -84,7 +84,8 @@ def estimate_kv_command(
         help="Catalog model name: " + ", ".join(list_models()) + ".", show_default=False)]
     = None,
     config: Annotated[Optional[str], typer.Option(
-        "--config", help="A Hugging Face config.json to read instead of a catalog name.",
+        "--config", help="A Hugging Face config.json (or a model folder holding one) to "
+        "read instead of a catalog name.",
         show_default=False)] = None,
     prompt_tokens: Annotated[int, typer.Option(
         "--prompt-tokens", min=0, help="Prompt tokens per request.")] = 1024,
