@@ -14,7 +14,6 @@ import math
 import sys
 from typing import Annotated, Any
 
-import click
 import numpy as np
 import typer
 from rich.console import Console
@@ -33,13 +32,13 @@ err_console = Console(stderr=True)
 def fail(message: str, code: int) -> None:
     """Print one line ``error: message`` on stderr and exit with ``code``."""
     sys.stderr.write(f"error: {message}\n".replace("\r", " "))
-    raise click.exceptions.Exit(code)
+    raise typer.Exit(code)
 
 
 class KvsimGroup(TyperGroup):
     """The root command group: turns user errors into one line and an exit code."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
         except KvsimError as exc:
