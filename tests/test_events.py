@@ -218,3 +218,14 @@ def test_write_outside_with_block_is_an_error(tmp_path: Path) -> None:
     writer = EventWriter(tmp_path / "t.parquet", HEADER)
     with pytest.raises(RuntimeError):
         writer.write({"step": [0]})
+
+
+def test_trace_format_doc_names_every_column_and_enum_value() -> None:
+    from kvsim.schema import ENUM_COLUMNS
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "trace-format.md").read_text()
+    for name in COLUMN_NAMES:
+        assert f"| `{name}` |" in doc, name
+    for enum_cls in ENUM_COLUMNS.values():
+        for member in enum_cls:
+            assert f"`{member.name}` | {int(member)} |" in doc, member

@@ -14,7 +14,8 @@ from kvsim.schema import DEFAULTS, ENUM_COLUMNS
 from kvsim.trace_summary import TraceSummary, head_events, summarize_trace
 
 
-@app.command("inspect")
+@app.command("inspect", short_help="Validate an event file and summarize it: requests, blocks, "
+             "bytes, steps, tokens, prefix reuse.")
 def inspect_command(
     trace: Annotated[Path, typer.Argument(
         help="Event file to inspect: Parquet, or JSONL when named *.jsonl "
