@@ -160,7 +160,9 @@ class CalibrationSettings:
 
 @dataclass(frozen=True)
 class OperationCalibration:
-    """One operation's medians per size and their fit."""
+    """One operation's medians per size and their fit.  ``fit`` is None when the medians
+    admit no fit (``fit_error`` says why, e.g. disk writes whose time is all fdatasync at
+    small sizes); the profile then keeps the base profile's numbers for that operation."""
 
     operation: str
     stands_for: str
@@ -168,7 +170,8 @@ class OperationCalibration:
     median_us: tuple[float, ...]
     min_us: tuple[float, ...]
     max_us: tuple[float, ...]
-    fit: LinearFit
+    fit: LinearFit | None
+    fit_error: str = ""
 
 
 @dataclass(frozen=True)
@@ -181,19 +184,22 @@ class Calibration:
     operations: tuple[OperationCalibration, ...]
     profile: "object"  # kvsim.hardware.HardwareProfile
 
-    def fit(self, operation: str) -> LinearFit:
+    def fit(self, operation: str) -> LinearFit | None:
+        """The fit of ``operation`` (None if its medians admitted none)."""
         return next(o.fit for o in self.operations if o.operation == operation)
 
     def to_frame(self) -> pd.DataFrame:
         """One row per operation: fitted latency, bandwidth and fit quality."""
+        nan = float("nan")
         return pd.DataFrame([{
             "operation": o.operation,
             "stands_for": o.stands_for or "-",
-            "latency_us": o.fit.latency_us,
-            "bandwidth_gb_per_s": o.fit.bandwidth_bytes_per_s / 1e9,
-            "r_squared": o.fit.r_squared,
-            "max_abs_residual_pct": 100 * o.fit.max_abs_relative_residual,
+            "latency_us": o.fit.latency_us if o.fit else nan,
+            "bandwidth_gb_per_s": o.fit.bandwidth_bytes_per_s / 1e9 if o.fit else nan,
+            "r_squared": o.fit.r_squared if o.fit else nan,
+            "max_abs_residual_pct": 100 * o.fit.max_abs_relative_residual if o.fit else nan,
             "sizes": len(o.sizes_bytes),
+            "fit_error": o.fit_error,
         } for o in self.operations])
 
     def samples_frame(self) -> pd.DataFrame:
@@ -204,8 +210,10 @@ class Calibration:
                 rows.append({"operation": o.operation, "bytes": size,
                              "median_us": o.median_us[i], "min_us": o.min_us[i],
                              "max_us": o.max_us[i],
-                             "fitted_us": float(o.fit.predict_us(size)),
-                             "residual_us": o.fit.residuals_us[i]})
+                             "fitted_us": float(o.fit.predict_us(size)) if o.fit
+                             else float("nan"),
+                             "residual_us": o.fit.residuals_us[i] if o.fit
+                             else float("nan")})
         return pd.DataFrame(rows)
 
 
@@ -234,22 +242,30 @@ def calibrate(settings: CalibrationSettings = CalibrationSettings(),
             refuse_unmeasurable("cuda")
         done = 0
         for op in OPERATIONS:
-            medians, mins, maxs = [], [], []
+            # Warm up every size, then time in rounds over all sizes, so a burst of
+            # interference (another process, a page-cache flush) spreads over sizes
+            # instead of inflating every sample of one size.
             for n in counts:
-                times = [_run(backend, op, n, pool_blocks, rng)
-                         for _ in range(settings.warmup + settings.repeats)]
-                timed = np.array(times[settings.warmup:])
-                medians.append(float(np.median(timed)))
-                mins.append(float(timed.min()))
-                maxs.append(float(timed.max()))
-                done += 1
-                if on_progress is not None:
-                    on_progress(done, total)
+                for _ in range(settings.warmup):
+                    _run(backend, op, n, pool_blocks, rng)
+            samples = {n: [] for n in counts}
+            for _ in range(settings.repeats):
+                for n in counts:
+                    samples[n].append(_run(backend, op, n, pool_blocks, rng))
+            medians = [float(np.median(samples[n])) for n in counts]
+            mins = [float(np.min(samples[n])) for n in counts]
+            maxs = [float(np.max(samples[n])) for n in counts]
+            done += len(counts)
+            if on_progress is not None:
+                on_progress(done, total)
             sizes = tuple(n * settings.layout.block_bytes for n in counts)
+            try:
+                fit, error = fit_latency_bandwidth(sizes, medians), ""
+            except KvsimError as exc:
+                fit, error = None, str(exc)
             results.append(OperationCalibration(op, PROFILE_MAPPING[op], sizes, tuple(medians),
-                                                tuple(mins), tuple(maxs),
-                                                fit_latency_bandwidth(sizes, medians)))
-    fits = {r.operation: r.fit for r in results}
+                                                tuple(mins), tuple(maxs), fit, error))
+    fits = {r.operation: r.fit for r in results if r.fit is not None}
     profile = calibrated_profile(base, fits, info, date, settings)
     return Calibration(info, date, settings, tuple(results), profile)
 
@@ -274,58 +290,64 @@ def _run(backend, op: str, n: int, pool_blocks: int, rng: np.random.Generator) -
     return backend.read_disk(extent, slots)
 
 
+def _tier_path(base_tier, up: LinearFit | None, down: LinearFit | None):
+    """(read, write, link) bandwidths giving ``up``/``down`` as the slowest-hop path in each
+    direction; a missing fit keeps that direction's base path bandwidth."""
+    up_bw = up.bandwidth_bytes_per_s if up else base_tier.path_bandwidth_bytes_per_s(True)
+    down_bw = down.bandwidth_bytes_per_s if down else base_tier.path_bandwidth_bytes_per_s(False)
+    return up_bw, down_bw, max(up_bw, down_bw)
+
+
 def calibrated_profile(base, fits: dict[str, LinearFit], info: DeviceInfo, date: str,
                        settings: CalibrationSettings):
     """``base`` with the dram and nvme tiers' transfer numbers replaced by the fits (see
-    the module docstring for the mapping) and calibrated provenance."""
-    from kvsim.hardware import HardwareProfile  # noqa: F401 - type of ``base``
-
+    the module docstring for the mapping) and calibrated provenance.  An operation missing
+    from ``fits`` (its fit failed) leaves the base numbers it would have replaced."""
     how = f"calibrated: kvsim calibrate --backend {info.backend} on {info.device}, {date}"
     sources = dict(base.sources)
     tiers = dict(base.tiers)
 
-    def gbps(fit: LinearFit) -> str:
-        return (f"{fit.bandwidth_bytes_per_s / 1e9:.3f} GB/s, {fit.latency_us:.1f} us, "
-                f"R^2 {fit.r_squared:.4f}")
+    def said(op: str, what: str) -> str:
+        fit = fits.get(op)
+        if fit is None:
+            return f"{how}: {op} fit failed, base profile path value kept"
+        return (f"{how}: {what} {fit.bandwidth_bytes_per_s / 1e9:.3f} GB/s, "
+                f"{fit.latency_us:.1f} us, R^2 {fit.r_squared:.4f}")
 
-    promote, spill = fits["promote"], fits["spill"]
+    promote, spill = fits.get("promote"), fits.get("spill")
     stand_in = (" (cpu backend: RAM-to-RAM copy standing in for the host link; PCIe not "
                 "measured)" if info.backend == "cpu" else "")
+    dram = tiers["dram"]
+    read_bw, write_bw, link_bw = _tier_path(dram, promote, spill)
     tiers["dram"] = dataclasses.replace(
-        tiers["dram"],
-        read_bandwidth_bytes_per_s=promote.bandwidth_bytes_per_s,
-        write_bandwidth_bytes_per_s=spill.bandwidth_bytes_per_s,
-        link_bandwidth_bytes_per_s=max(promote.bandwidth_bytes_per_s,
-                                       spill.bandwidth_bytes_per_s),
-        latency_us=0.0,
-        link_latency_us=promote.latency_us,
-    )
+        dram, read_bandwidth_bytes_per_s=read_bw, write_bandwidth_bytes_per_s=write_bw,
+        link_bandwidth_bytes_per_s=link_bw, latency_us=0.0,
+        link_latency_us=promote.latency_us if promote else dram.latency_us + dram.link_latency_us)
     sources.update({
-        "tiers.dram.read_bandwidth_bytes_per_s": f"{how}: promote (host -> pool) "
-                                                 f"{gbps(promote)}{stand_in}",
-        "tiers.dram.write_bandwidth_bytes_per_s": f"{how}: spill (pool -> host) "
-                                                  f"{gbps(spill)}{stand_in}",
+        "tiers.dram.read_bandwidth_bytes_per_s": said("promote", "promote (host -> pool)")
+        + stand_in,
+        "tiers.dram.write_bandwidth_bytes_per_s": said("spill", "spill (pool -> host)")
+        + stand_in,
         "tiers.dram.link_bandwidth_bytes_per_s": f"{how}: max of promote and spill, so the "
                                                  "slowest hop is the measured direction",
         "tiers.dram.latency_us": f"{how}: included in link_latency_us (timed end to end)",
-        "tiers.dram.link_latency_us": f"{how}: fitted latency of promote",
+        "tiers.dram.link_latency_us": f"{how}: fitted latency of promote" if promote
+        else f"{how}: promote fit failed, base latency_us + link_latency_us kept",
     })
-    read, write = fits["disk_read"], fits["disk_write"]
+    read, write = fits.get("disk_read"), fits.get("disk_write")
+    nvme = tiers["nvme"]
+    read_bw, write_bw, link_bw = _tier_path(nvme, read, write)
     tiers["nvme"] = dataclasses.replace(
-        tiers["nvme"],
-        read_bandwidth_bytes_per_s=read.bandwidth_bytes_per_s,
-        write_bandwidth_bytes_per_s=write.bandwidth_bytes_per_s,
-        latency_us=read.latency_us,
-        link_bandwidth_bytes_per_s=max(read.bandwidth_bytes_per_s,
-                                       write.bandwidth_bytes_per_s),
-        link_latency_us=0.0,
-    )
+        nvme, read_bandwidth_bytes_per_s=read_bw, write_bandwidth_bytes_per_s=write_bw,
+        link_bandwidth_bytes_per_s=link_bw, link_latency_us=0.0,
+        latency_us=read.latency_us if read else nvme.latency_us + nvme.link_latency_us)
     sources.update({
-        "tiers.nvme.read_bandwidth_bytes_per_s": f"{how}: disk read {gbps(read)} "
-                                                 f"({info.disk_io})",
-        "tiers.nvme.write_bandwidth_bytes_per_s": f"{how}: disk write incl. fdatasync "
-                                                  f"{gbps(write)} ({info.disk_io})",
-        "tiers.nvme.latency_us": f"{how}: fitted latency of disk read",
+        "tiers.nvme.read_bandwidth_bytes_per_s": said("disk_read", "disk read")
+        + f" ({info.disk_io})",
+        "tiers.nvme.write_bandwidth_bytes_per_s": said("disk_write", "disk write incl. "
+                                                       "fdatasync") + f" ({info.disk_io})",
+        "tiers.nvme.latency_us": f"{how}: fitted latency of disk read" if read
+        else f"{how}: disk read fit failed, base latency_us + link_latency_us kept",
         "tiers.nvme.link_bandwidth_bytes_per_s": f"{how}: max of disk read and write (disk "
                                                  "to host measured end to end; host to GPU "
                                                  "hop not measured)",
@@ -356,11 +378,13 @@ def calibrated_profile(base, fits: dict[str, LinearFit], info: DeviceInfo, date:
         "warmup": settings.warmup,
         "seed": settings.seed,
     }
-    for op, fit in fits.items():
-        provenance[f"fit_{op}"] = (f"latency {fit.latency_us:.3f} us, bandwidth "
-                                   f"{fit.bandwidth_bytes_per_s:.6g} B/s, R^2 "
-                                   f"{fit.r_squared:.5f}, max |residual| "
-                                   f"{100 * fit.max_abs_relative_residual:.1f}%")
+    for op in OPERATIONS:
+        fit = fits.get(op)
+        provenance[f"fit_{op}"] = (
+            f"latency {fit.latency_us:.3f} us, bandwidth {fit.bandwidth_bytes_per_s:.6g} B/s, "
+            f"R^2 {fit.r_squared:.5f}, max |residual| "
+            f"{100 * fit.max_abs_relative_residual:.1f}%" if fit
+            else "failed: the medians admit no latency + bytes/bandwidth fit")
     name = settings.name or f"{base.name}-calibrated-{info.backend}"
     description = (f"{base.description}; dram and nvme tiers calibrated with --backend "
                    f"{info.backend} on {info.device}")

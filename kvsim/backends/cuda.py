@@ -96,6 +96,7 @@ class CudaBackend(KvBackend):
             part = np.empty(layout.pool_shape(self.device_blocks)[1:], dtype=word)
             fill_random(part, seed * 7919 + layer)
             self._pool[layer].copy_to_device(part, stream=self._stream)
+            self._stream.synchronize()  # ``part`` is pageable and reused: finish first
         staging = np.empty(layout.blocks_shape(self.staging_blocks), dtype=word)
         fill_random(staging, seed + 1)
         self._staging.copy_to_device(staging, stream=self._stream)

@@ -19,7 +19,7 @@ _BACKEND_HELP = ("cpu: numpy pool in RAM, numba copies, file I/O (host memcpy st
                  "the DRAM link; PCIe is not measured).  cuda: numba-cuda kernels on a real "
                  "GPU, mapped pinned host tier, CUDA events (the CUDA simulator is refused).")
 _DISK_HELP = ("Directory for the disk tier's scratch file (removed afterwards) "
-              "[default: the system temp dir].  Put it on the device you want measured.")
+              "(default: the system temp dir).  Put it on the device you want measured.")
 
 
 def _check_backend(name: str) -> str:
@@ -38,20 +38,20 @@ def calibrate_command(
                                       "whose dram/nvme numbers the measurements replace; "
                                       "everything else is kept.")] = "h100-sxm",
     name: Annotated[Optional[str], typer.Option(
-        "--name", help="Name of the written profile [default: <base>-calibrated-<backend>].",
+        "--name", help="Name of the written profile (default: <base>-calibrated-<backend>).",
         show_default=False)] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Sizes 64 KiB..1 MiB, 3 repeats, 1 "
                                         "warm-up: a few seconds (smoke tests).")] = False,
     repeats: Annotated[Optional[int], typer.Option(
-        "--repeats", min=1, help="Timed batches per size; the median is kept [default: 9, "
-        "3 with --quick].", show_default=False)] = None,
+        "--repeats", min=1, help="Timed batches per size; the median is kept (default: 9, "
+        "3 with --quick).", show_default=False)] = None,
     warmup: Annotated[Optional[int], typer.Option(
-        "--warmup", min=0, help="Untimed batches per size before timing [default: 2, 1 "
-        "with --quick].", show_default=False)] = None,
+        "--warmup", min=0, help="Untimed batches per size before timing (default: 2, 1 "
+        "with --quick).", show_default=False)] = None,
     min_kib: Annotated[int, typer.Option("--min-kib", min=1, help="Smallest transfer, KiB "
                                          "(sizes double up to --max-mib).")] = 64,
     max_mib: Annotated[Optional[float], typer.Option(
-        "--max-mib", min=0.0, help="Largest transfer, MiB [default: 64, 1 with --quick].",
+        "--max-mib", min=0.0, help="Largest transfer, MiB (default: 64, 1 with --quick).",
         show_default=False)] = None,
     layers: Annotated[int, typer.Option("--layers", min=1, help="Layers of the pool's block "
                                         "layout.")] = CALIBRATION_LAYOUT.num_layers,
@@ -102,15 +102,17 @@ def calibrate_command(
             "provenance": result.profile.provenance, "layout": layout.to_dict(),
             "operations": [{
                 "operation": o.operation, "stands_for": o.stands_for,
-                "latency_us": o.fit.latency_us,
-                "bandwidth_bytes_per_s": o.fit.bandwidth_bytes_per_s,
-                "r_squared": o.fit.r_squared,
-                "max_abs_relative_residual": o.fit.max_abs_relative_residual,
-                "latency_clamped": o.fit.latency_clamped,
+                "latency_us": o.fit.latency_us if o.fit else None,
+                "bandwidth_bytes_per_s": o.fit.bandwidth_bytes_per_s if o.fit else None,
+                "r_squared": o.fit.r_squared if o.fit else None,
+                "max_abs_relative_residual": o.fit.max_abs_relative_residual if o.fit
+                else None,
+                "latency_clamped": o.fit.latency_clamped if o.fit else None,
+                "fit_error": o.fit_error or None,
                 "samples": [{"bytes": s, "median_us": m, "min_us": lo, "max_us": hi,
-                             "residual_us": r}
-                            for s, m, lo, hi, r in zip(o.sizes_bytes, o.median_us, o.min_us,
-                                                       o.max_us, o.fit.residuals_us)],
+                             "residual_us": o.fit.residuals_us[i] if o.fit else None}
+                            for i, (s, m, lo, hi) in enumerate(zip(o.sizes_bytes, o.median_us,
+                                                                   o.min_us, o.max_us))],
             } for o in result.operations],
         })
         return
@@ -126,6 +128,10 @@ def calibrate_command(
         table.add_column(col, justify=justify, overflow="fold",
                          min_width=10 if col == "operation" else None)
     for o in result.operations:
+        if o.fit is None:
+            table.add_row(o.operation, o.stands_for or "-", "fit failed", "-", "-", "-",
+                          str(len(o.sizes_bytes)))
+            continue
         table.add_row(o.operation, o.stands_for or "-",
                       f"{o.fit.latency_us:,.1f}" + (" (clamped)" if o.fit.latency_clamped
                                                      else ""),
@@ -144,6 +150,11 @@ def calibrate_command(
             st.add_row(r.operation, f"{r.bytes:,}", f"{r.median_us:,.1f}", f"{r.min_us:,.1f}",
                        f"{r.max_us:,.1f}", f"{r.fitted_us:,.1f}", f"{r.residual_us:,.1f}")
         out_console.print(st)
+    for o in result.operations:
+        if o.fit is None:
+            out_console.print(f"[yellow]note:[/yellow] {o.operation}: {o.fit_error}; the "
+                              "profile keeps the base numbers it would have set (try larger "
+                              "sizes: --max-mib)")
     out_console.print(f"wrote {out} (profile {result.profile.name!r}; measured: "
                       f"{result.profile.provenance['measured']})")
 
@@ -155,8 +166,8 @@ def replay_command(
         "--decision-log.", show_default=False)],
     backend: Annotated[str, typer.Option("--backend", help=_BACKEND_HELP)] = "cpu",
     block_bytes: Annotated[Optional[int], typer.Option(
-        "--block-bytes", min=2, help="Bytes per KV block [default: the log's first data "
-        "movement's bytes].", show_default=False)] = None,
+        "--block-bytes", min=2, help="Bytes per KV block (default: the log's first data "
+        "movement's bytes).", show_default=False)] = None,
     layers: Annotated[int, typer.Option("--layers", min=1, help="Layers the block is split "
                                         "into in the real pool (one chunk per layer and K/V; "
                                         "shapes the copy, not the bytes).")] = 32,

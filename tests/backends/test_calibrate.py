@@ -47,30 +47,71 @@ def test_quick_calibration_measures_every_operation(quick):
         assert o.sizes_bytes == tuple(64 * KIB * 2**k for k in range(5))
         assert len(o.median_us) == 5 and all(t > 0 for t in o.median_us)
         assert all(lo <= m <= hi for lo, m, hi in zip(o.min_us, o.median_us, o.max_us))
-        assert o.fit.bandwidth_bytes_per_s > 0 and o.fit.latency_us >= 0
+        # On a noisy machine a quick run's medians may admit no fit (disk writes are all
+        # fdatasync at 64 KiB..1 MiB); then the reason is kept and the profile keeps base.
+        if o.fit is None:
+            assert o.fit_error.startswith("calibration fit failed")
+        else:
+            assert o.fit.bandwidth_bytes_per_s > 0 and o.fit.latency_us >= 0
     frame = quick.to_frame()
     assert list(frame["operation"]) == list(OPERATIONS)
     assert len(quick.samples_frame()) == 6 * 5
 
 
-def test_profile_carries_the_fits_and_provenance(quick, tmp_path):
-    p, base = quick.profile, load_hardware("h100-sxm")
-    promote, spill = quick.fit("promote"), quick.fit("spill")
-    dram = p.tiers["dram"]
-    assert dram.read_bandwidth_bytes_per_s == promote.bandwidth_bytes_per_s
-    assert dram.write_bandwidth_bytes_per_s == spill.bandwidth_bytes_per_s
-    assert dram.path_bandwidth_bytes_per_s(to_gpu=True) == promote.bandwidth_bytes_per_s
-    assert dram.path_bandwidth_bytes_per_s(to_gpu=False) == spill.bandwidth_bytes_per_s
-    assert dram.latency_us + dram.link_latency_us == promote.latency_us
-    nvme = p.tiers["nvme"]
-    assert nvme.path_bandwidth_bytes_per_s(True) == quick.fit("disk_read").bandwidth_bytes_per_s
-    assert nvme.path_bandwidth_bytes_per_s(False) == \
-        quick.fit("disk_write").bandwidth_bytes_per_s
-    assert nvme.latency_us + nvme.link_latency_us == quick.fit("disk_read").latency_us
+def _fit(latency_us: float, bandwidth: float) -> LinearFit:
+    return LinearFit(latency_us, bandwidth, 0.99, (0.0,), 0.01)
+
+
+FITS = {"gather": _fit(1.0, 9e9), "scatter": _fit(1.0, 8e9), "spill": _fit(3.0, 6e9),
+        "promote": _fit(2.0, 7e9), "disk_write": _fit(900.0, 1e9),
+        "disk_read": _fit(150.0, 2e9)}
+
+
+def test_profile_mapping_is_exact(quick):
+    base = load_hardware("h100-sxm")
+    p = calibrated_profile(base, FITS, quick.device, "D", quick.settings)
+    dram, nvme = p.tiers["dram"], p.tiers["nvme"]
+    assert (dram.read_bandwidth_bytes_per_s, dram.write_bandwidth_bytes_per_s,
+            dram.link_bandwidth_bytes_per_s) == (7e9, 6e9, 7e9)
+    assert dram.path_bandwidth_bytes_per_s(True) == 7e9  # promote
+    assert dram.path_bandwidth_bytes_per_s(False) == 6e9  # spill
+    assert (dram.latency_us, dram.link_latency_us) == (0.0, 2.0)
+    assert dram.transfer_us(7_000_000, to_gpu=True) == pytest.approx(2.0 + 1000.0)
+    assert (nvme.read_bandwidth_bytes_per_s, nvme.write_bandwidth_bytes_per_s,
+            nvme.link_bandwidth_bytes_per_s) == (2e9, 1e9, 2e9)
+    assert (nvme.latency_us, nvme.link_latency_us) == (150.0, 0.0)
     # Everything not measured is the base profile's.
     assert p.tiers["hbm"] == base.tiers["hbm"] and p.tiers["cxl"] == base.tiers["cxl"]
     assert p.peak_dense_bf16_flops_per_s == base.peak_dense_bf16_flops_per_s
     assert dram.capacity_bytes == base.tiers["dram"].capacity_bytes
+    assert dram.link == base.tiers["dram"].link
+    assert p.provenance["fit_spill"].startswith("latency 3.000 us, bandwidth 6e+09 B/s")
+
+
+def test_failed_fit_keeps_the_base_numbers(quick):
+    base = load_hardware("h100-sxm")
+    fits = {k: v for k, v in FITS.items() if k not in ("disk_write", "promote")}
+    p = calibrated_profile(base, fits, quick.device, "D", quick.settings)
+    b_dram, b_nvme = base.tiers["dram"], base.tiers["nvme"]
+    dram, nvme = p.tiers["dram"], p.tiers["nvme"]
+    assert dram.path_bandwidth_bytes_per_s(True) == b_dram.path_bandwidth_bytes_per_s(True)
+    assert dram.path_bandwidth_bytes_per_s(False) == 6e9
+    assert dram.latency_us + dram.link_latency_us == b_dram.latency_us + b_dram.link_latency_us
+    assert nvme.path_bandwidth_bytes_per_s(False) == b_nvme.path_bandwidth_bytes_per_s(False)
+    assert nvme.path_bandwidth_bytes_per_s(True) == 2e9
+    assert p.provenance["fit_disk_write"].startswith("failed")
+    assert "fit failed, base profile path value kept" in \
+        p.sources["tiers.nvme.write_bandwidth_bytes_per_s"]
+
+
+def test_profile_carries_the_measurement_and_provenance(quick, tmp_path):
+    p = quick.profile
+    for op, tier, to_gpu in (("promote", "dram", True), ("spill", "dram", False),
+                             ("disk_read", "nvme", True), ("disk_write", "nvme", False)):
+        fit = quick.fit(op)
+        if fit is not None:
+            assert p.tiers[tier].path_bandwidth_bytes_per_s(to_gpu) == \
+                fit.bandwidth_bytes_per_s
     prov = p.provenance
     assert prov["kind"] == "calibrated" and prov["backend"] == "cpu"
     assert prov["date"] == "2026-01-02T03:04:05Z"
@@ -93,7 +134,7 @@ def test_slower_measured_bandwidth_makes_transfers_slower(quick):
     measurement with half the bandwidth gives slower promotions and spills, through the
     cost model's own formula when kvsim.sim.cost_model is present."""
     base = load_hardware("h100-sxm")
-    fits = {o.operation: o.fit for o in quick.operations}
+    fits = dict(FITS)
     slow_fits = {op: _scaled(f, 0.5) for op, f in fits.items()}
     fast = calibrated_profile(base, fits, quick.device, quick.date, quick.settings)
     slow = calibrated_profile(base, slow_fits, quick.device, quick.date, quick.settings)
@@ -107,12 +148,13 @@ def test_slower_measured_bandwidth_makes_transfers_slower(quick):
                for name, p in (("fast", fast), ("slow", slow), ("base", base))}
     for tier in ("dram", "nvme"):
         assert promote["slow"][tier].promote_us(block) > promote["fast"][tier].promote_us(block)
-    # This machine's calibrated dram path vs the datasheet: the cost follows the numbers.
-    measured_up = fits["promote"].bandwidth_bytes_per_s
-    datasheet_up = base.tiers["dram"].path_bandwidth_bytes_per_s(True)
-    faster = promote["fast"]["dram"].promote_us(block, False) < \
-        promote["base"]["dram"].promote_us(block, False)
-    assert faster == (measured_up > datasheet_up)
+    # The cost model charges exactly the calibrated path: 2 us + 2 MiB / 7 GB/s, which is
+    # slower than the datasheet's 5.1 us + 2 MiB / 55 GB/s.
+    assert promote["fast"]["dram"].promote_us(block) == pytest.approx(2.0 + block / 7e9 * 1e6)
+    assert promote["fast"]["nvme"].promote_us(block) == \
+        pytest.approx(150.0 + block / 2e9 * 1e6)
+    assert promote["base"]["dram"].promote_us(block) == pytest.approx(5.1 + block / 55e9 * 1e6)
+    assert promote["fast"]["dram"].promote_us(block) > promote["base"]["dram"].promote_us(block)
 
 
 def test_unknown_base_fails_before_measuring():
