@@ -77,7 +77,7 @@ def _ensure(I, F, n, need):
     return I2, F2
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _row(I, F, n, step, t, kind, rid, bidx, h, parent, ntok, phase, prio, deadline, slack,
          target, pin, rc):
     I[C_STEP, n] = step
@@ -210,7 +210,8 @@ def run_steps(ip, fp, st, stf,
                 m2 += 1
                 I, F = _ensure(I, F, n, 1)
                 dl = arr[c] + ttft[c] if ttft[c] > 0 else -1
-                n = _row(I, F, n, step, t_us, K_ARRIVE, c2, -1, 0, -1, prompt[c], PH_DECODE,
+                # a fork computes no prompt: its ARRIVE carries num_tokens 0
+                n = _row(I, F, n, step, t_us, K_ARRIVE, c2, -1, 0, -1, 0, PH_DECODE,
                          PR_WARM, dl, 0, -1, 0, 0.0)
         # drop pruned beams that appear after their replacement was appended
         m3 = 0
@@ -248,11 +249,11 @@ def run_steps(ip, fp, st, stf,
             I, F = _ensure(I, F, n, 4 + 2 * (nb_need - nblk[c]))
             if forked[c] == 1:
                 n = _row(I, F, n, step, t_us, K_FORK, c, -1, 0, par[c], 0, PH_DECODE, prio,
-                         dl, 0, step, pin, 0.0)
+                         dl, 0, step + 1, pin, 0.0)
                 forked[c] = -1
             if dsteps[c] == 0:
                 n = _row(I, F, n, step, t_us, K_INTENT, c, -1, 0, -1, 0, PH_DECODE, prio, dl,
-                         0, step, pin, 0.0)
+                         0, step + 1, pin, 0.0)
             old_nb = nblk[c]
             for b in range(old_nb, nb_need):
                 h = 0
@@ -264,11 +265,11 @@ def run_steps(ip, fp, st, stf,
                 lo = max(L, b * B)
                 hi_b = min(hi + 1, (b + 1) * B)
                 n = _row(I, F, n, step, t_us, K_ALLOCATE, c, b, h, -1, hi_b - lo,
-                         PH_DRAFT if k > 0 else PH_DECODE, prio, dl, 0, step, pin,
+                         PH_DRAFT if k > 0 else PH_DECODE, prio, dl, 0, step + 1, pin,
                          _prefill_us(fp, b * B, B))
             nblk[c] = nb_need
             n = _row(I, F, n, step, t_us, K_ACCESS, c, -1, 0, -1, need,
-                     PH_VERIFY if k > 0 else PH_DECODE, prio, dl, 0, step, pin, 0.0)
+                     PH_VERIFY if k > 0 else PH_DECODE, prio, dl, 0, step + 1, pin, 0.0)
             tokens += need
             attended += need * (L + hi + 2) / 2.0
             kv_read += hi + 1
@@ -282,7 +283,7 @@ def run_steps(ip, fp, st, stf,
                 keep = (L + a) // B + 1  # blocks holding positions < L + 1 + a
                 for b in range(old_nb, min(keep, nb_need)):
                     n = _row(I, F, n, step, t_us, K_COMMIT, c, b, 0, -1, 0, PH_DECODE, prio,
-                             dl, 0, step, pin, _prefill_us(fp, b * B, B))
+                             dl, 0, step + 1, pin, _prefill_us(fp, b * B, B))
                 for b in range(nb_need - 1, keep - 1, -1):
                     n = _row(I, F, n, step, t_us, K_FREE, c, b, 0, -1, 0, PH_ROLLBACK,
                              PR_COLD, -1, 0, -1, 0, 0.0)
