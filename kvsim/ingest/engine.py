@@ -78,9 +78,10 @@ class EngineConfig:
                               ("max_num_batched_tokens", 1), ("beam_prune_interval_steps", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                option = {"block_size_tokens": "--block-size"}.get(
+                    name, "--" + name.replace("_", "-"))
                 raise KvsimInputError(f"expected an integer >= {minimum}, got {value!r}",
-                                      None, None, "--" + name.replace("_", "-").replace(
-                                          "-tokens", "").replace("block-size", "block-size"))
+                                      None, None, option)
         if self.step_overhead_us < 0:
             raise KvsimInputError(f"expected >= 0, got {self.step_overhead_us}", None, None,
                                   "step_overhead_us")

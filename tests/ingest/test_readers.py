@@ -185,3 +185,17 @@ def test_block_ids_dtype():
     t = read_requests(DATA / "mooncake_small.jsonl")
     off, vals = t.flat_block_ids()
     assert off.tolist() == [0, 2, 5, 7, 8] and vals.dtype == np.int64
+
+
+def test_cli_import_json_summary(tmp_path):
+    import json
+
+    out = tmp_path / "ev.jsonl"
+    result = runner.invoke(app, ["import-request-trace", "--requests",
+                                 str(DATA / "mooncake_bad.jsonl"), "--out", str(out),
+                                 "--skip-bad-rows", "--block-size", "512", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["num_requests"] == 1 and summary["skipped_rows"] == 2
+    assert summary["prompt_blocks"] == 2 and summary["format"] == "mooncake"
+    assert out.exists()
