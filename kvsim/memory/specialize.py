@@ -9,7 +9,7 @@ another policy we write a copy whose HOOKS line imports that policy's hooks inst
 a cache folder, and import it.  The copy's name carries a digest of the template and of the
 policy's source, so an edit to either makes a new module (and a new numba cache entry).
 
-``ops_for(order)`` does this for :mod:`kvsim.memory.pool_ops`; ``specialize`` is the same
+``ops_for(order)`` does this (always, even for the template's own order) for :mod:`kvsim.memory.pool_ops`; ``specialize`` is the same
 for any template (the replay may use it for its own loop).
 """
 
@@ -38,12 +38,13 @@ _HOOKS_LINE = re.compile(r"^from [\w.]+ import on_hit, on_insert, on_remove, vic
 _loaded: dict[str, ModuleType] = {}
 
 
-def specialize(template: ModuleType, order: ModuleType) -> ModuleType:
-    """``template`` with its HOOKS line importing ``order``'s hooks (``template`` itself
-    when it already imports them).  ``order`` must be importable by its ``__name__`` (it is
-    when loaded normally, or registered in ``sys.modules`` by a loader)."""
-    if order.__name__ == template_hooks_module(template):
-        return template
+def specialize(template: ModuleType, order: ModuleType,
+               depends: tuple[ModuleType, ...] = ()) -> ModuleType:
+    """A copy of ``template`` whose HOOKS line imports ``order``'s hooks.  ``order`` must
+    be importable by its ``__name__`` (it is when loaded normally, or registered in
+    ``sys.modules`` by a loader).  ``depends``: modules whose jitted functions the template
+    calls; their source goes into the digest, because numba's cache of a caller does not
+    notice an edit of a callee in another file (a stale cache would run old code)."""
     if sys.modules.get(order.__name__) is not order:
         raise ValueError(f"policy module {order.__name__!r} is not in sys.modules; "
                          "register it there before specialising")
@@ -51,15 +52,13 @@ def specialize(template: ModuleType, order: ModuleType) -> ModuleType:
         if not hasattr(order, hook):
             raise ValueError(f"policy module {order.__name__!r} lacks {hook}()")
     src = Path(inspect.getfile(template)).read_text(encoding="utf-8")
-    try:
-        policy_src = inspect.getsource(order)
-    except (OSError, TypeError):
-        policy_src = order.__name__
+    policy_src = _source(order)
     new_src, n = _HOOKS_LINE.subn(
         f"from {order.__name__} import on_hit, on_insert, on_remove, victim  # HOOKS", src)
     if n != 1:
         raise ValueError(f"template {template.__name__} has no single '# HOOKS' import line")
-    digest = hashlib.sha256((src + "\0" + policy_src).encode()).hexdigest()[:16]
+    dep_src = [_source(m) for m in depends]
+    digest = hashlib.sha256("\0".join([src, policy_src] + dep_src).encode()).hexdigest()[:16]
     stem = re.sub(r"\W", "_", f"{template.__name__}__{order.__name__}")
     name = f"kvsim_specialized_{stem}_{digest}"
     if name in _loaded:
@@ -79,17 +78,18 @@ def specialize(template: ModuleType, order: ModuleType) -> ModuleType:
     return module
 
 
-def template_hooks_module(template: ModuleType) -> str:
-    src = Path(inspect.getfile(template)).read_text(encoding="utf-8")
-    m = _HOOKS_LINE.search(src)
-    if not m:
-        raise ValueError(f"template {template.__name__} has no '# HOOKS' import line")
-    return m.group(0).split()[1]
+def _source(module: ModuleType) -> str:
+    try:
+        return inspect.getsource(module)
+    except (OSError, TypeError):
+        return module.__name__
 
 
 def ops_for(order: ModuleType | None = None) -> ModuleType:
     """The pool operations (:mod:`kvsim.memory.pool_ops`) compiled for ``order``'s hooks
-    (None: vLLM's FIFO-of-release order, the template itself)."""
-    from kvsim.memory import pool_ops
+    (None: vLLM's FIFO-of-release order, :mod:`kvsim.memory.fifo_order`).  Always a
+    generated copy named by a digest of pool_ops, fast and the policy, so the numba cache
+    can never serve code compiled against an older ``fast.py``."""
+    from kvsim.memory import fast, pool_ops
 
-    return specialize(pool_ops, order if order is not None else fifo_order)
+    return specialize(pool_ops, order if order is not None else fifo_order, depends=(fast,))
