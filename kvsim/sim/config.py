@@ -1,0 +1,126 @@
+"""The replay's configuration: one frozen dataclass, every field with its help text.
+
+The CLI builds a :class:`SimConfig` from its options (``kvsim simulate`` / ``compare``);
+library users build one directly.  Nothing mutates a config after construction: use
+:func:`dataclasses.replace` to derive another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from kvsim.errors import KvsimInputError, bad_value
+
+WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
+PREEMPTION_MODES = ("recompute", "swap")
+LOWER_TIERS = ("dram", "cxl", "nvme")
+
+#: vLLM's default ``gpu_memory_utilization`` (vllm/engine/arg_utils.py, EngineArgs:
+#: ``gpu_memory_utilization: float = 0.9``): the fraction of GPU memory the engine may use
+#: for weights + activations + KV cache.  kvsim's default HBM KV capacity is
+#: ``gpu_memory_bytes * 0.9 - weights_bytes`` (the remaining 10% stands for activations and
+#: the CUDA context, which vLLM measures with a profiling run; see docs/cost-model.md).
+VLLM_GPU_MEMORY_UTILIZATION = 0.9
+
+
+def _h(text: str) -> dict:
+    return {"help": text}
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """How to replay an event file.  Capacities: ``None`` = the hardware profile's value."""
+
+    hardware: str = field(default="h100-sxm", metadata=_h(
+        "hardware profile: a bundled name (kvsim.hardware.list_hardware()) or a .toml path"))
+    hbm_gb: float | None = field(default=None, metadata=_h(
+        "HBM capacity for KV blocks in GB (1e9 bytes); default: GPU memory x "
+        "gpu_memory_utilization - model weights"))
+    hbm_blocks: int | None = field(default=None, metadata=_h(
+        "exact number of HBM KV blocks (overrides hbm_gb)"))
+    dram_gb: float | None = field(default=None, metadata=_h(
+        "DRAM tier capacity in GB; 0 disables the tier; default: the profile's"))
+    cxl_gb: float | None = field(default=None, metadata=_h(
+        "CXL tier capacity in GB; 0 disables the tier; default: the profile's"))
+    nvme_gb: float | None = field(default=None, metadata=_h(
+        "NVMe tier capacity in GB; 0 disables the tier; default: the profile's"))
+    gpu_memory_utilization: float = field(default=VLLM_GPU_MEMORY_UTILIZATION, metadata=_h(
+        "fraction of GPU memory for weights + KV (vLLM's default 0.9)"))
+    model: str | None = field(default=None, metadata=_h(
+        "model for the weights subtracted from GPU memory; default: the trace header's"))
+    tier_policies: tuple[tuple[str, str], ...] = field(
+        default=(("dram", "lru"), ("cxl", "lru"), ("nvme", "lru")), metadata=_h(
+            "eviction policy of each lower tier, e.g. (('dram','lru'),('cxl','s3fifo'))"))
+    write_policy: str = field(default="write_back", metadata=_h(
+        "host-write policy (SGLang HiCache): write_back (copy down on HBM eviction), "
+        "write_through (on first use), write_through_selective (on second use)"))
+    preemption: str = field(default="recompute", metadata=_h(
+        "when HBM is full of held blocks: recompute (vLLM v1) or swap (to host memory)"))
+    priority_scheduling: bool = field(default=False, metadata=_h(
+        "preempt the lowest request_priority instead of the last admitted request"))
+    prefetch: bool = field(default=True, metadata=_h(
+        "hide a request's lower-tier promotions behind its queueing time (prefetch_ok)"))
+    warmup_fraction: float = field(default=0.0, metadata=_h(
+        "fraction of the trace's steps excluded from the metrics (cache warm-up)"))
+    log_lifecycle: bool = field(default=False, metadata=_h(
+        "decision log also records ALLOCATE/HIT/REVIVE/RELEASE/FREE rows"))
+    log_candidates: int = field(default=4, metadata=_h(
+        "runners-up recorded per eviction in the decision log (victim included)"))
+    seed: int = field(default=0, metadata=_h("seed passed to policies that randomise"))
+    batch_rows: int = field(default=1 << 20, metadata=_h("event rows per streamed batch"))
+
+    def __post_init__(self) -> None:
+        for name in ("hbm_gb", "dram_gb", "cxl_gb", "nvme_gb"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise bad_value(None, None, name, "a capacity >= 0 (GB)", value)
+        if self.hbm_blocks is not None and self.hbm_blocks < 1:
+            raise bad_value(None, None, "hbm_blocks", "an integer >= 1", self.hbm_blocks)
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise bad_value(None, None, "gpu_memory_utilization", "a fraction in (0, 1]",
+                            self.gpu_memory_utilization)
+        if self.write_policy not in WRITE_POLICIES:
+            raise bad_value(None, None, "write_policy", " | ".join(WRITE_POLICIES),
+                            self.write_policy)
+        if self.preemption not in PREEMPTION_MODES:
+            raise bad_value(None, None, "preemption", " | ".join(PREEMPTION_MODES),
+                            self.preemption)
+        if not 0.0 <= self.warmup_fraction < 1.0:
+            raise bad_value(None, None, "warmup_fraction", "a fraction in [0, 1)",
+                            self.warmup_fraction)
+        if not 0 <= self.log_candidates <= 8:
+            raise bad_value(None, None, "log_candidates", "an integer in 0..8",
+                            self.log_candidates)
+        if self.batch_rows < 1:
+            raise bad_value(None, None, "batch_rows", "an integer >= 1", self.batch_rows)
+        for item in self.tier_policies:
+            if len(item) != 2 or item[0] not in LOWER_TIERS:
+                raise bad_value(None, None, "tier_policies",
+                                "pairs (tier, policy) with tier in dram|cxl|nvme", item)
+
+    def tier_policy(self, tier: str) -> str:
+        """The eviction policy of lower tier ``tier`` (the last assignment wins; lru)."""
+        name = "lru"
+        for t, p in self.tier_policies:
+            if t == tier:
+                name = p
+        return name
+
+    def to_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["tier_policies"] = {t: self.tier_policy(t) for t in LOWER_TIERS}
+        return out
+
+
+def parse_tier_policies(text: str | None) -> tuple[tuple[str, str], ...]:
+    """``"dram=lru,cxl=s3fifo"`` -> ``(("dram","lru"),("cxl","s3fifo"))`` (CLI syntax)."""
+    if not text:
+        return SimConfig().tier_policies
+    pairs = dict(SimConfig().tier_policies)
+    for part in text.split(","):
+        tier, sep, policy = part.strip().partition("=")
+        if not sep or tier not in LOWER_TIERS or not policy:
+            raise KvsimInputError(f"expected TIER=POLICY with TIER in dram|cxl|nvme, got "
+                                  f"{part.strip()!r}", None, None, "--tier-policy")
+        pairs[tier] = policy
+    return tuple((t, pairs[t]) for t in LOWER_TIERS)

@@ -1,0 +1,926 @@
+"""The compiled replay loop: event rows in, tier state, metrics and decisions out.
+
+:func:`run` consumes one batch of event rows (numpy columns, see ``COLS``) and keeps all its
+state in the arrays it is given, so the driver (:mod:`kvsim.sim.replay`) can stream a trace
+batch by batch.  It returns ``(status, row)``: ``ST_DONE`` when the batch is consumed, or a
+``ST_NEED_*`` code *before* processing ``row`` when a buffer must be grown or flushed (the
+driver does that and calls again from ``row``).
+
+The rules it implements are written out in docs/simulate.md and docs/cost-model.md; in
+short:
+
+* HBM is :mod:`kvsim.memory.fast` (vLLM v1 prefix caching, exact), ordered by the HBM
+  policy's hooks.  A request's prompt ALLOCATE rows are gathered and placed at once: the
+  HBM prefix hit (vLLM rules), then the chain continued in DRAM, CXL, NVMe (promoted:
+  latency + bytes / slowest hop, hidden behind the request's queueing time when
+  ``prefetch_ok``), then computed.  Hits save their ``recompute_cost_us`` from the
+  request's PREFILL steps.
+* A cached HBM block evicted by the policy is demoted (write_back, no lower copy yet) or
+  dropped; lower tiers cascade their own victims downwards.
+* No room in HBM even after evicting every candidate: preemption (recompute or swap) of the
+  last running request (or the lowest ``request_priority``), never the requester.
+* A running request's blocks are held, so an ACCESS row is O(1) (DESIGN.md §1).
+
+The same source runs interpreted (plain-Python policies): :func:`kvsim.sim.twin.interpreted`
+re-executes this module with ``njit`` as the identity.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from kvsim.memory import fast as mem
+from kvsim.memory import pool_ops as ops  # HBM-OPS
+from kvsim.policies.lru import on_hit as d_h, on_insert as d_i, on_remove as d_r, victim as d_v  # DRAM-HOOKS
+from kvsim.policies.lru import on_hit as c_h, on_insert as c_i, on_remove as c_r, victim as c_v  # CXL-HOOKS
+from kvsim.policies.lru import on_hit as n_h, on_insert as n_i, on_remove as n_r, victim as n_v  # NVME-HOOKS
+from kvsim.sim import tiers as tr
+from kvsim.sim.layout import (AI_DEADLINE, AI_HASH, AI_NEXT, AI_PFOK, AI_PHASE, AI_PIN,
+                              AI_PRIO, AI_RPRIO, AI_SEEN, AI_SIZE, AI_SLACK, AI_TDS,
+                              AI_TOKENS, C_ALLOC_ORD, C_ARENA_TOP, C_CLOCK_US, C_HBM_USED,
+                              C_IN_STEP, C_MAX_BT, C_NLOG, C_NPEND, C_NRUN, C_NSTEP_BUF,
+                              C_PEAK, C_PEND_ADMIT, C_STEP, C_STEP_DUR_US, C_STEP_EXTRA_US,
+                              C_STEP_SAVED_US, C_STEP_STALL_US, C_STEP_START_US, C_WARM_DONE,
+                              C_WARM_US, HI_BI, HI_HITS, HI_OWNER, HI_TOKENS, K_BLOCK_TOKENS,
+                              K_LOG, K_LOG_LIFECYCLE, K_OFFLINE, K_PREEMPT_SWAP, K_PREFETCH,
+                              K_PRIO_SCHED, K_WARMUP_STEP, K_WRITE_POLICY, LM_CAP,
+                              M_ALLOC_BLK, M_BYTES_DOWN, M_BYTES_UP, M_COW_COPIES, M_DC_MISS,
+                              M_DEMOTE, M_EVICT, M_FIRST_TOK, M_HIT_BLK, M_HIT_TOK,
+                              M_LOOKUP_BLK, M_LOOKUP_TOK, M_OVERFLOW, M_PREEMPT_RECOMP_TOK,
+                              M_PREEMPTIONS, M_PREFETCH, M_PREFETCH_USEFUL, M_PROMOTE,
+                              M_RECOMP_TOK, M_SAVED_US, M_STALL_US, M_SWAP_IN_BYTES,
+                              M_SWAP_OUT_BYTES, M_WRITE_THROUGH, RF_ADMIT_US, RF_CREDIT_RATE,
+                              RF_CREDIT_US, RF_FIRST_US, RF_LAST_US, RF_PF_BUDGET_US,
+                              RF_STALL_US, RI_ADMIT_STEP, RI_ARRIVE_US, RI_BOUND, RI_BT_CAP,
+                              RI_BT_LEN, RI_BT_START, RI_DC_MISS, RI_FT_PENDING, RI_HIT_TOK,
+                              RI_LATMASK, RI_LOOKUP_TOK, RI_NOUT, RI_PHASE, RI_PREEMPTS,
+                              RI_PREFILLED, RI_PRIO, RI_PROMPT, RI_RECOMP_TOK, RI_SEQ,
+                              RI_STATE, RI_TENANT, RI_TPOT_DL, RI_TPOT_MISS, RI_TTFT_DL,
+                              RI_TTFT_MISS, RS_DONE, RS_PREEMPTED, RS_RUNNING, RS_WAITING,
+                              S_DURATION_US, S_EXTRA_US, S_LATENCY_US, S_SAVED_US,
+                              S_START_US, S_STALL_US, S_STEP, WP_WRITE_BACK,
+                              WP_WRITE_THROUGH, X_DOWN_BYTES_PER_US, X_DOWN_LAT_US,
+                              X_UP_BYTES_PER_US, X_UP_LAT_US)
+
+#: Column order of the ``cols`` tuple :func:`run` takes (names of kvsim.schema.COLUMNS).
+COLS = ("step", "time_us", "kind", "request_id", "block_index", "content_hash",
+        "parent_request_id", "num_tokens", "duration_us", "phase", "priority",
+        "request_priority", "deadline_us", "slack_us", "recompute_cost_us",
+        "target_decode_step", "pin_requested", "prefetch_ok", "size_bytes", "tenant")
+
+ST_DONE = 0
+ST_NEED_REQ = 1
+ST_NEED_ARENA = 2
+ST_NEED_LOG = 3
+ST_NEED_STEP = 4
+ST_NEED_PEND = 5
+
+# EventKind values (kvsim.schema)
+EV_STEP, EV_ARRIVE, EV_ALLOCATE, EV_ACCESS, EV_INTENT, EV_COMMIT, EV_FORK, EV_FREE = range(8)
+# Phase / Priority values used here (kvsim.schema)
+PH_PREFILL, PH_DECODE, PH_VERIFY = 0, 1, 2
+PR_DECODE_CRITICAL = 3
+# Action values (kvsim.results.log_schema.Action)
+A_EVICT, A_DEMOTE, A_PROMOTE, A_PREFETCH, A_RECOMPUTE, A_WRITE_THROUGH, A_PREEMPT = range(7)
+A_ALLOCATE, A_HIT, A_RELEASE, A_REVIVE, A_FREE = 10, 11, 12, 13, 14
+
+#: The replay's own reasons (column ``why`` of the log buffer; -1 = the policy's reason).
+WHY = (
+    "needed at admission; resident only in a lower tier, fetched on demand (the request "
+    "stalled for it)",
+    "needed at admission; fetched while the request queued, transfer hidden behind its "
+    "queueing time",
+    "needed at admission and seen before, but resident in no tier: its tokens are computed "
+    "again",
+    "the request was preempted and dropped this block: its tokens are computed again",
+    "write_through: copied to the host tier on first use (SGLang HiCache)",
+    "write_through_selective: copied to the host tier on its second use (SGLang HiCache)",
+    "HBM full and no cached block to evict: preempted the last running request (vLLM v1)",
+    "HBM full and no cached block to evict: preempted the lowest-priority running request "
+    "(vLLM v1 priority scheduling)",
+    "the preempted request resumed: its swapped-out block is swapped back in",
+    "new block allocated in HBM",
+    "prefix-cache hit on a block another request holds",
+    "the last holder finished: the block stays cached as an eviction candidate",
+    "prefix-cache hit on a cached block: revived",
+    "released with no content identity: the slot is empty again",
+    "the preempted request resumed: block found in a lower tier, fetched",
+    "evicted from HBM; a copy is already in a lower tier, nothing written",
+    "copy-on-write: a shared partial block was copied before a write",
+)
+W_PROMOTE, W_PREFETCH, W_RECOMP, W_RECOMP_RERUN, W_WT, W_WTS, W_PRE_LAST, W_PRE_PRIO = range(8)
+W_SWAP_IN, W_ALLOC, W_HIT, W_RELEASE, W_REVIVE, W_FREE, W_PROMOTE_RERUN, W_BACKED = range(8, 16)
+W_COW = 16
+
+NEVER = np.iinfo(np.int64).max
+
+MODE_ADMIT = 0
+MODE_RERUN = 1
+MODE_APPEND = 2
+
+
+# ---------------------------------------------------------------------------------------
+# small helpers
+# ---------------------------------------------------------------------------------------
+
+@njit(cache=True)
+def _peak(C, tier, used):
+    if used > C[C_PEAK + tier]:
+        C[C_PEAK + tier] = used
+
+
+@njit(cache=True)
+def _set_view_from_record(view, b, A_i, A_f, a, now_us):
+    """The block's intent fields as the serving layer last stated them (its record)."""
+    view.phase[b] = A_i[a, AI_PHASE]
+    view.priority[b] = A_i[a, AI_PRIO]
+    view.request_priority[b] = A_i[a, AI_RPRIO]
+    view.deadline_us[b] = A_i[a, AI_DEADLINE]
+    view.slack_us[b] = A_i[a, AI_SLACK]
+    view.target_decode_step[b] = A_i[a, AI_TDS]
+    view.pinned[b] = A_i[a, AI_PIN] != 0 or A_i[a, AI_PRIO] == PR_DECODE_CRITICAL
+    view.recompute_cost_us[b] = A_f[a]
+    view.size_bytes[b] = A_i[a, AI_SIZE]
+    view.next_use[b] = A_i[a, AI_NEXT]
+    view.last_access_us[b] = now_us
+
+
+@njit(cache=True)
+def _run_remove(running, C, r):
+    n = int(C[C_NRUN])
+    j = 0
+    while j < n and running[j] != r:
+        j += 1
+    if j == n:
+        return
+    for q in range(j, n - 1):
+        running[q] = running[q + 1]
+    C[C_NRUN] = n - 1
+
+
+@njit(cache=True)
+def _run_add(running, C, r):
+    running[int(C[C_NRUN])] = r
+    C[C_NRUN] += 1
+
+
+@njit(cache=True)
+def _pick_victim(running, C, R_i, exclude, by_priority):
+    """vLLM v1: the last running request; under priority scheduling the lowest
+    request_priority, ties -> the latest admitted.  Never ``exclude``.  -1 if none."""
+    n = int(C[C_NRUN])
+    best = -1
+    for j in range(n - 1, -1, -1):
+        r = running[j]
+        if r == exclude:
+            continue
+        if not by_priority:
+            return r
+        if best < 0 or R_i[r, RI_PRIO] < R_i[best, RI_PRIO]:
+            best = r
+    return best
+
+
+# ---------------------------------------------------------------------------------------
+# lower-tier spills
+# ---------------------------------------------------------------------------------------
+
+@njit(cache=True)
+def _spill_into(T, ins, rem, vic, src, s, ow, bi, tok, has_below, k, TMP, TMP_i, K, C, G,
+                step, now_us, alt_b, alt_s, vo):
+    """Write block ``src[s]`` into tier T.  If T had to evict, its victim is copied into
+    ``TMP[k]`` and 1 is returned when it should go on down (``has_below``)."""
+    t = T[5][0]
+    slot = tr.tier_take_slot(T, rem, vic, now_us, alt_b, alt_s, vo)
+    if slot < 0:
+        C[M_EVICT + t] += 1  # no room and no victim: the block is dropped
+        return 0
+    moved = 0
+    if vo[0] == 1:
+        v = vo[1]
+        L_i = T[0]
+        L_view = T[3]
+        tr.copy_view(TMP, k, L_view, v)
+        TMP_i[k, 0] = L_i[v, 0]
+        TMP_i[k, 1] = L_i[v, 1]
+        TMP_i[k, 2] = L_i[v, 2]
+        if has_below:
+            C[M_DEMOTE + t] += 1
+            moved = 1
+            act = A_DEMOTE
+            to = t + 1
+        else:
+            C[M_EVICT + t] += 1
+            act = A_EVICT
+            to = -1
+        if K[K_LOG] != 0:
+            row = tr.log_row(G, C, step, now_us, act, L_view.content_hash[v], L_i[v, 0],
+                             L_i[v, 1], t, to, L_view.size_bytes[v] if moved else 0, 0.0,
+                             L_view.priority[v] == PR_DECODE_CRITICAL, vo[2], -1)
+            tr.log_candidates(G, row, L_view, L_i, alt_b, alt_s, vo[3])
+    tr.tier_fill(T, ins, slot, src, s, ow, bi, tok, now_us)
+    C[M_BYTES_DOWN + t] += src.size_bytes[s]
+    _peak(C, t, T[5][3])
+    return moved
+
+
+@njit(cache=True)
+def _spill(src, s, ow, bi, tok, dest, T1, T2, T3, TMP, TMP_i, K, C, G, step, now_us, alt_b, alt_s, vo):
+    """Write a block into tier ``dest`` (1..3) or the first enabled tier below it; victims
+    cascade down (DRAM -> CXL -> NVMe -> dropped)."""
+    cap2 = T2[5][LM_CAP] > 0
+    cap3 = T3[5][LM_CAP] > 0
+    v = src
+    vs = s
+    if dest <= 1 and T1[5][LM_CAP] > 0:
+        if _spill_into(T1, d_i, d_r, d_v, v, vs, ow, bi, tok, cap2 or cap3, 1, TMP, TMP_i,
+                       K, C, G, step, now_us, alt_b, alt_s, vo) == 0:
+            return
+        v = TMP
+        vs = 1
+        ow, bi, tok = TMP_i[1, 0], TMP_i[1, 1], TMP_i[1, 2]
+    if dest <= 2 and cap2:
+        if _spill_into(T2, c_i, c_r, c_v, v, vs, ow, bi, tok, cap3, 2, TMP, TMP_i,
+                       K, C, G, step, now_us, alt_b, alt_s, vo) == 0:
+            return
+        v = TMP
+        vs = 2
+        ow, bi, tok = TMP_i[2, 0], TMP_i[2, 1], TMP_i[2, 2]
+    if cap3:
+        _spill_into(T3, n_i, n_r, n_v, v, vs, ow, bi, tok, False, 3, TMP, TMP_i,
+                    K, C, G, step, now_us, alt_b, alt_s, vo)
+
+
+@njit(cache=True)
+def _first_lower(T1, T2, T3):
+    if T1[5][LM_CAP] > 0:
+        return 1
+    if T2[5][LM_CAP] > 0:
+        return 2
+    if T3[5][LM_CAP] > 0:
+        return 3
+    return 0
+
+
+@njit(cache=True)
+def _below(T1, T2, T3, h):
+    return tr.tier_find(T1, h) >= 0 or tr.tier_find(T2, h) >= 0 or tr.tier_find(T3, h) >= 0
+
+
+# ---------------------------------------------------------------------------------------
+# HBM: allocation with preemption, placement of a request's blocks
+# ---------------------------------------------------------------------------------------
+
+@njit(cache=True)
+def _preempt(v, K, X, C, R_i, A_i, st, pst, view, running, G, step, now_us):
+    seq = R_i[v, RI_SEQ]
+    n = ops.preempt(st, pst, view, seq, K[K_PREEMPT_SWAP], now_us)
+    start = R_i[v, RI_BT_START]
+    nbytes = 0
+    for e in range(R_i[v, RI_BT_LEN]):
+        nbytes += A_i[start + e, AI_SIZE]
+    C[C_HBM_USED] = st.sc[mem.S_N_HELD]
+    cost = 0.0
+    if K[K_PREEMPT_SWAP] != 0:
+        C[M_SWAP_OUT_BYTES] += nbytes
+        cost = X[1, X_DOWN_LAT_US] + nbytes / X[1, X_DOWN_BYTES_PER_US]
+        C[C_STEP_EXTRA_US] += cost
+    _run_remove(running, C, v)
+    R_i[v, RI_STATE] = RS_PREEMPTED
+    R_i[v, RI_PREEMPTS] += 1
+    C[M_PREEMPTIONS] += 1
+    if K[K_LOG] != 0:
+        tr.log_row(G, C, step, now_us, A_PREEMPT, 0, v, -1, 0,
+                   1 if K[K_PREEMPT_SWAP] != 0 else -1,
+                   nbytes if K[K_PREEMPT_SWAP] != 0 else 0, cost, R_i[v, RI_BOUND] != 0, -1,
+                   W_PRE_PRIO if K[K_PRIO_SCHED] != 0 else W_PRE_LAST)
+    return n
+
+
+@njit(cache=True)
+def _allocate(r, n, num_tokens, hbuf, K, X, C, R_i, A_i, st, out, pst, view, running, G, step, now_us):
+    """pool_allocate, preempting other running requests until it fits.  -1: it cannot fit
+    even alone (HBM smaller than the request)."""
+    seq = R_i[r, RI_SEQ]
+    while True:
+        k = ops.allocate(st, pst, view, seq, hbuf, n, num_tokens, now_us, out)
+        if k >= 0:
+            C[C_HBM_USED] = st.sc[mem.S_N_HELD]
+            _peak(C, 0, C[C_HBM_USED])
+            return k
+        v = _pick_victim(running, C, R_i, r, K[K_PRIO_SCHED] != 0)
+        if v < 0:
+            return -1
+        _preempt(v, K, X, C, R_i, A_i, st, pst, view, running, G, step,
+                 now_us)
+
+
+@njit(cache=True)
+def _hbm_evicted(b, h, reason, n_alt, e, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, G, step, now_us, alt_b, alt_s, vo):
+    """Cached HBM block ``b`` (content ``h``) was evicted by the policy for a new block:
+    demote it (write_back and no lower copy) or drop it.  Its view is still intact."""
+    dest = 0
+    backed = _below(T1, T2, T3, h)
+    if not backed and K[K_WRITE_POLICY] == WP_WRITE_BACK:
+        dest = _first_lower(T1, T2, T3)
+    if K[K_LOG] != 0:
+        row = tr.log_row(G, C, step, now_us, A_DEMOTE if dest > 0 else A_EVICT, h,
+                         H_i[b, HI_OWNER], H_i[b, HI_BI], 0, dest if dest > 0 else -1,
+                         view.size_bytes[b] if dest > 0 else 0, 0.0,
+                         view.priority[b] == PR_DECODE_CRITICAL, reason,
+                         W_BACKED if backed else -1)
+        tr.log_candidates(G, row, view, H_i, out.alt_blocks[e], out.alt_scores[e], n_alt)
+    if dest > 0:
+        C[M_DEMOTE] += 1
+        _spill(view, b, H_i[b, HI_OWNER], H_i[b, HI_BI], H_i[b, HI_TOKENS], dest, T1, T2, T3,
+               TMP, TMP_i, K, C, G, step,
+               now_us, alt_b, alt_s, vo)
+    else:
+        C[M_EVICT] += 1
+
+
+@njit(cache=True)
+def _write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_us, alt_b, alt_s, vo):
+    """HiCache write_through(_selective): back block ``b`` up once its hit count reaches
+    the threshold (1, or 2 for selective), unless a lower copy exists."""
+    wp = K[K_WRITE_POLICY]
+    if wp == WP_WRITE_BACK:
+        return
+    thr = 1 if wp == WP_WRITE_THROUGH else 2
+    h = view.content_hash[b]
+    if h == 0 or H_i[b, HI_HITS] != thr or _below(T1, T2, T3, h):
+        return
+    dest = _first_lower(T1, T2, T3)
+    if dest == 0:
+        return
+    C[M_WRITE_THROUGH] += 1
+    if K[K_LOG] != 0:
+        tr.log_row(G, C, step, now_us, A_WRITE_THROUGH, h, r, H_i[b, HI_BI], 0, dest,
+                   view.size_bytes[b], 0.0, view.priority[b] == PR_DECODE_CRITICAL, -1,
+                   W_WT if thr == 1 else W_WTS)
+    _spill(view, b, H_i[b, HI_OWNER], H_i[b, HI_BI], H_i[b, HI_TOKENS], dest, T1, T2, T3,
+           TMP, TMP_i, K, C, G, step, now_us,
+           alt_b, alt_s, vo)
+
+
+@njit(cache=True)
+def _place(r, e0, nb, mode, K, X, C, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, pst, view,
+           T1, T2, T3, TMP, TMP_i, G, running, alt_b, alt_s, vo):
+    """Put blocks ``e0 .. e0+nb-1`` of request ``r`` (its records) into HBM.
+
+    MODE_ADMIT: the prompt at admission (prefix lookup in HBM, then the chain continued in
+    the lower tiers, then compute).  MODE_RERUN: a preempted request resumes (its whole
+    table).  MODE_APPEND: one new block (decode) with no lookup."""
+    step = int(C[C_STEP])
+    now_us = C[C_STEP_START_US]
+    bs = K[K_BLOCK_TOKENS]
+    base = R_i[r, RI_BT_START] + e0
+    ntok_total = 0
+    for e in range(nb):
+        hbuf[e] = A_i[base + e, AI_HASH]
+        ntok_total += A_i[base + e, AI_TOKENS]
+    if mode == MODE_ADMIT:
+        num_tokens = R_i[r, RI_PROMPT]
+    elif mode == MODE_RERUN:
+        num_tokens = ntok_total + 1  # every full block may hit
+    else:
+        num_tokens = 0
+    # 1. the chain in HBM, then continued below (not for appended blocks)
+    n_hbm = 0
+    k = 0
+    if mode != MODE_APPEND:
+        n_hbm = mem.pool_lookup(st, hbuf, nb, num_tokens, out.blocks)
+        limit = min(nb, (num_tokens - 1) // bs) if num_tokens > 0 else 0
+        k = n_hbm
+        while k < limit and hbuf[k] != 0:
+            h = hbuf[k]
+            s = tr.tier_find(T1, h)
+            t = 1
+            if s < 0:
+                s = tr.tier_find(T2, h)
+                t = 2
+            if s < 0:
+                s = tr.tier_find(T3, h)
+                t = 3
+            if s < 0:
+                break
+            scr[0, k] = t
+            scr[1, k] = s
+            k += 1
+    # 2. room in HBM (preempting others if needed)
+    n_hit = _allocate(r, nb, num_tokens, hbuf, K, X, C, R_i, A_i, st, out, pst, view,
+                      running, G, step, now_us)
+    if n_hit < 0:
+        C[M_OVERFLOW] += nb
+        return -1
+    if k < n_hit:
+        k = n_hit  # preemption released more of the chain into the HBM cache
+    # 3a. promotions touch their lower copies before any spill can evict them
+    for e in range(n_hit, k):
+        t = scr[0, e]
+        if t == 1:
+            tr.tier_touch(T1, d_h, scr[1, e], now_us)
+        elif t == 2:
+            tr.tier_touch(T2, c_h, scr[1, e], now_us)
+        else:
+            tr.tier_touch(T3, n_h, scr[1, e], now_us)
+    # 3b. cached blocks the policy evicted for the new ones (views still intact)
+    for e in range(n_hit, nb):
+        if out.kind[e] == mem.KIND_EVICTED:
+            _hbm_evicted(out.blocks[e], out.evicted_hash[e], out.reason[e], out.n_alt[e], e,
+                         r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, G, step, now_us, alt_b, alt_s, vo)
+    # 3c. accounting, views, decisions
+    log_on = K[K_LOG] != 0
+    life = log_on and K[K_LOG_LIFECYCLE] != 0
+    bound = R_i[r, RI_BOUND] != 0
+    for e in range(nb):
+        a = base + e
+        b = out.blocks[e]
+        tok = A_i[a, AI_TOKENS]
+        size = A_i[a, AI_SIZE]
+        h = A_i[a, AI_HASH]
+        bi = e0 + e
+        if e < n_hit:  # HBM prefix hit
+            _set_view_from_record(view, b, A_i, A_f, a, now_us)
+            view.access_count[b] += 1
+            H_i[b, HI_HITS] += 1
+            if mode == MODE_ADMIT:
+                C[M_HIT_TOK] += tok
+                C[M_HIT_BLK] += 1
+                R_i[r, RI_HIT_TOK] += tok
+                R_f[r, RF_CREDIT_US] += A_f[a]
+            if life:
+                tr.log_row(G, C, step, now_us,
+                           A_REVIVE if out.kind[e] == mem.KIND_REVIVED else A_HIT, h, r, bi,
+                           0, 0, 0, 0.0, False, -1,
+                           W_REVIVE if out.kind[e] == mem.KIND_REVIVED else W_HIT)
+            _write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_us, alt_b, alt_s, vo)
+            continue
+        # a new HBM block: its identity
+        _set_view_from_record(view, b, A_i, A_f, a, now_us)
+        view.insert_us[b] = now_us
+        view.access_count[b] = 1
+        view.content_hash[b] = h
+        H_i[b, HI_OWNER] = r
+        H_i[b, HI_BI] = bi
+        H_i[b, HI_TOKENS] = tok
+        H_i[b, HI_HITS] = 1 if h != 0 else 0
+        C[M_ALLOC_BLK] += 1
+        if life:
+            tr.log_row(G, C, step, now_us, A_ALLOCATE, h, r, bi, -1, 0, 0, 0.0, False, -1,
+                       W_ALLOC)
+        if e < k:  # found in a lower tier: transfer it up
+            t = scr[0, e]
+            lat = 0.0
+            if (R_i[r, RI_LATMASK] >> t) & 1 == 0:
+                lat = X[t, X_UP_LAT_US]
+                R_i[r, RI_LATMASK] |= 1 << t
+            xfer = lat + size / X[t, X_UP_BYTES_PER_US]
+            hidden = 0.0
+            if K[K_PREFETCH] != 0 and A_i[a, AI_PFOK] != 0 and mode == MODE_ADMIT:
+                hidden = min(xfer, R_f[r, RF_PF_BUDGET_US])
+                R_f[r, RF_PF_BUDGET_US] -= hidden
+            stall = xfer - hidden
+            C[C_STEP_STALL_US] += stall
+            C[M_STALL_US] += stall
+            R_f[r, RF_STALL_US] += stall
+            C[M_BYTES_UP + t] += size
+            if hidden > 0.0:
+                C[M_PREFETCH] += 1
+                if stall == 0.0:
+                    C[M_PREFETCH_USEFUL] += 1
+            else:
+                C[M_PROMOTE] += 1
+            if mode == MODE_ADMIT:
+                C[M_HIT_TOK + t] += tok
+                C[M_HIT_BLK + t] += 1
+                R_i[r, RI_HIT_TOK + t] += tok
+                R_f[r, RF_CREDIT_US] += A_f[a]
+            if bound:
+                C[M_DC_MISS] += 1
+                R_i[r, RI_DC_MISS] += 1
+            if log_on:
+                if mode == MODE_RERUN:
+                    why = W_PROMOTE_RERUN
+                elif hidden > 0.0:
+                    why = W_PREFETCH
+                else:
+                    why = W_PROMOTE
+                tr.log_row(G, C, step, now_us, A_PREFETCH if hidden > 0.0 else A_PROMOTE, h,
+                           r, bi, t, 0, size, stall, bound, -1, why)
+        elif mode == MODE_RERUN:
+            if K[K_PREEMPT_SWAP] != 0:  # swapped out: bring it back
+                lat = 0.0
+                if (R_i[r, RI_LATMASK] >> 1) & 1 == 0:
+                    lat = X[1, X_UP_LAT_US]
+                    R_i[r, RI_LATMASK] |= 2
+                cost = lat + size / X[1, X_UP_BYTES_PER_US]
+                C[C_STEP_EXTRA_US] += cost
+                C[M_SWAP_IN_BYTES] += size
+                if log_on:
+                    tr.log_row(G, C, step, now_us, A_PROMOTE, h, r, bi, 1, 0, size, cost,
+                               bound, -1, W_SWAP_IN)
+            else:
+                C[C_STEP_EXTRA_US] += A_f[a]
+                C[M_PREEMPT_RECOMP_TOK] += tok
+                R_i[r, RI_RECOMP_TOK] += tok
+                if log_on:
+                    tr.log_row(G, C, step, now_us, A_RECOMPUTE, h, r, bi, -1, 0, 0, A_f[a],
+                               bound, -1, W_RECOMP_RERUN)
+            if bound:
+                C[M_DC_MISS] += 1
+                R_i[r, RI_DC_MISS] += 1
+        elif mode == MODE_ADMIT and h != 0:
+            if A_i[a, AI_SEEN] != 0:  # computed before, resident nowhere now
+                C[M_RECOMP_TOK] += tok
+                R_i[r, RI_RECOMP_TOK] += tok
+                if bound:
+                    C[M_DC_MISS] += 1
+                    R_i[r, RI_DC_MISS] += 1
+                if log_on:
+                    tr.log_row(G, C, step, now_us, A_RECOMPUTE, h, r, bi, -1, 0, 0, A_f[a],
+                               bound, -1, W_RECOMP)
+            else:
+                C[M_FIRST_TOK] += tok
+        _write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_us, alt_b, alt_s, vo)
+    if mode == MODE_ADMIT:
+        C[M_LOOKUP_TOK] += num_tokens
+        C[M_LOOKUP_BLK] += nb
+        R_i[r, RI_LOOKUP_TOK] += num_tokens
+    return n_hit
+
+
+@njit(cache=True)
+def _release_all(r, K, C, R_i, H_i, st, pst, view, G, step, now_us):
+    """Request-level FREE: stamp the per-request recency on its blocks, free tail-first."""
+    seq = R_i[r, RI_SEQ]
+    m = st.seq_len[seq]
+    for e in range(m):
+        view.last_access_us[st.tables[seq, e]] = now_us
+    life = K[K_LOG] != 0 and K[K_LOG_LIFECYCLE] != 0
+    ops.free(st, pst, view, seq, now_us)
+    if life:
+        for e in range(m - 1, -1, -1):
+            b = st.tables[seq, e]
+            if st.ref_cnt[b] == 0:
+                cached = st.in_cand[b]
+                tr.log_row(G, C, step, now_us, A_RELEASE if cached else A_FREE,
+                           view.content_hash[b] if cached else 0, r, e, 0, 0, 0, 0.0, False,
+                           -1, W_RELEASE if cached else W_FREE)
+    C[C_HBM_USED] = st.sc[mem.S_N_HELD]
+
+
+@njit(cache=True)
+def _finalize_step(C, R_i, R_f, S, P):
+    """Close the current step: latency, clock, and the tokens its requests produced."""
+    lat = C[C_STEP_DUR_US] - C[C_STEP_SAVED_US]
+    if lat < 0.0:
+        lat = 0.0
+    lat += C[C_STEP_STALL_US] + C[C_STEP_EXTRA_US]
+    end = C[C_STEP_START_US] + lat
+    C[C_CLOCK_US] = end
+    k = int(C[C_NSTEP_BUF])
+    S[k, S_STEP] = C[C_STEP]
+    S[k, S_START_US] = C[C_STEP_START_US]
+    S[k, S_LATENCY_US] = lat
+    S[k, S_STALL_US] = C[C_STEP_STALL_US]
+    S[k, S_SAVED_US] = min(C[C_STEP_SAVED_US], C[C_STEP_DUR_US])
+    S[k, S_DURATION_US] = C[C_STEP_DUR_US]
+    S[k, S_EXTRA_US] = C[C_STEP_EXTRA_US]
+    C[C_NSTEP_BUF] = k + 1
+    C[M_SAVED_US] += min(C[C_STEP_SAVED_US], C[C_STEP_DUR_US])
+    for j in range(int(C[C_NPEND])):
+        r = P[j, 0]
+        kind = P[j, 1]
+        dl = P[j, 2]
+        if kind == 1:  # first token
+            R_f[r, RF_FIRST_US] = end
+            R_f[r, RF_LAST_US] = end
+            R_i[r, RI_NOUT] += 1
+            R_i[r, RI_FT_PENDING] = 0
+            if R_i[r, RI_TTFT_DL] >= 0 and end > R_i[r, RI_TTFT_DL]:
+                R_i[r, RI_TTFT_MISS] = 1
+        elif kind == 2:  # a decode token
+            R_f[r, RF_LAST_US] = end
+            R_i[r, RI_NOUT] += 1
+            if dl >= 0:
+                R_i[r, RI_TPOT_DL] += 1
+                if end > dl:
+                    R_i[r, RI_TPOT_MISS] += 1
+    C[C_NPEND] = 0
+
+
+@njit(cache=True)
+def _new_record(r, i, cols, R_i, A_i, A_f, C, K, next_use, seen):
+    """Append the ALLOCATE row ``i`` to request ``r``'s block records; returns its index."""
+    (c_step, c_time, c_kind, c_req, c_bi, c_hash, c_parent, c_ntok, c_dur, c_phase, c_prio,
+     c_rprio, c_dl, c_slack, c_rcost, c_tds, c_pin, c_pfok, c_size, c_tenant) = cols
+    start = R_i[r, RI_BT_START]
+    n = R_i[r, RI_BT_LEN]
+    if n == R_i[r, RI_BT_CAP]:  # relocate to the arena top with twice the room
+        top = int(C[C_ARENA_TOP])
+        cap = max(2 * n, 4)
+        for e in range(n):
+            A_i[top + e] = A_i[start + e]
+            A_f[top + e] = A_f[start + e]
+        R_i[r, RI_BT_START] = top
+        R_i[r, RI_BT_CAP] = cap
+        C[C_ARENA_TOP] = top + cap
+        start = top
+    bi = c_bi[i]
+    a = start + bi if bi < n else start + n
+    if bi >= n:
+        R_i[r, RI_BT_LEN] = n + 1
+    full = c_ntok[i] == K[K_BLOCK_TOKENS]
+    A_i[a, AI_HASH] = c_hash[i] if full else 0
+    A_i[a, AI_SIZE] = c_size[i]
+    A_i[a, AI_TOKENS] = c_ntok[i]
+    A_i[a, AI_PHASE] = c_phase[i]
+    A_i[a, AI_PRIO] = c_prio[i]
+    A_i[a, AI_RPRIO] = c_rprio[i]
+    A_i[a, AI_DEADLINE] = c_dl[i]
+    A_i[a, AI_SLACK] = c_slack[i]
+    A_i[a, AI_TDS] = c_tds[i]
+    A_i[a, AI_PIN] = c_pin[i]
+    A_i[a, AI_PFOK] = c_pfok[i]
+    o = int(C[C_ALLOC_ORD])
+    A_i[a, AI_SEEN] = seen[o] if o < seen.shape[0] else 0
+    A_i[a, AI_NEXT] = next_use[o] if (K[K_OFFLINE] != 0 and o < next_use.shape[0]) else NEVER
+    A_f[a] = c_rcost[i]
+    C[C_ALLOC_ORD] = o + 1
+    if R_i[r, RI_BT_LEN] > C[C_MAX_BT]:
+        C[C_MAX_BT] = R_i[r, RI_BT_LEN]
+    if c_prio[i] == PR_DECODE_CRITICAL:
+        R_i[r, RI_BOUND] = 1
+    return a
+
+
+@njit(cache=True)
+def _intent(a, i, cols, A_i, b, view):
+    (c_step, c_time, c_kind, c_req, c_bi, c_hash, c_parent, c_ntok, c_dur, c_phase, c_prio,
+     c_rprio, c_dl, c_slack, c_rcost, c_tds, c_pin, c_pfok, c_size, c_tenant) = cols
+    A_i[a, AI_PHASE] = c_phase[i]
+    A_i[a, AI_PRIO] = c_prio[i]
+    A_i[a, AI_RPRIO] = c_rprio[i]
+    A_i[a, AI_DEADLINE] = c_dl[i]
+    A_i[a, AI_SLACK] = c_slack[i]
+    A_i[a, AI_TDS] = c_tds[i]
+    A_i[a, AI_PIN] = c_pin[i]
+    if b > 0:
+        view.phase[b] = c_phase[i]
+        view.priority[b] = c_prio[i]
+        view.request_priority[b] = c_rprio[i]
+        view.deadline_us[b] = c_dl[i]
+        view.slack_us[b] = c_slack[i]
+        view.target_decode_step[b] = c_tds[i]
+        view.pinned[b] = c_pin[i] or c_prio[i] == PR_DECODE_CRITICAL
+
+
+# ---------------------------------------------------------------------------------------
+# the loop
+# ---------------------------------------------------------------------------------------
+
+@njit(cache=True)
+def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, pst, view,
+        T1, T2, T3, TMP, TMP_i, G, S, P, running, next_use, seen, alt_b, alt_s, vo):
+    """Replay rows ``i0 .. n-1`` of one batch.  Returns ``(status, row)``."""
+    (c_step, c_time, c_kind, c_req, c_bi, c_hash, c_parent, c_ntok, c_dur, c_phase, c_prio,
+     c_rprio, c_dl, c_slack, c_rcost, c_tds, c_pin, c_pfok, c_size, c_tenant) = cols
+    log_on = K[K_LOG] != 0
+    i = i0
+    while i < n:
+        kind = c_kind[i]
+        r = c_req[i]
+        p = c_parent[i]
+        # --- room checks (before touching any state for this row) ----------------------
+        if r >= R_i.shape[0] or p >= R_i.shape[0]:
+            return ST_NEED_REQ, i
+        if C[C_NSTEP_BUF] >= S.shape[0]:
+            return ST_NEED_STEP, i
+        if C[C_NPEND] >= P.shape[0] or C[C_NRUN] >= running.shape[0] - 1:
+            return ST_NEED_PEND, i
+        if log_on and C[C_NLOG] + 16 * C[C_MAX_BT] + 4096 > G[0].shape[0]:
+            return ST_NEED_LOG, i
+        need = 16
+        if r >= 0:
+            need += 2 * R_i[r, RI_BT_CAP] + 8
+        if p >= 0:
+            need += 2 * R_i[p, RI_BT_LEN] + 8
+        if C[C_ARENA_TOP] + need > A_i.shape[0]:
+            return ST_NEED_ARENA, i
+        # --- a gathered admission is placed once its ALLOCATE rows end -----------------
+        pa = int(C[C_PEND_ADMIT])
+        if pa >= 0 and not (kind == EV_ALLOCATE and r == pa):
+            C[C_PEND_ADMIT] = -1
+            _place(pa, 0, R_i[pa, RI_BT_LEN], MODE_ADMIT, K, X, C, R_i, R_f, A_i, A_f, H_i,
+                   st, out, hbuf, scr, pst, view, T1, T2, T3, TMP, TMP_i, G, running,
+                   alt_b, alt_s, vo)
+            R_i[pa, RI_PHASE] = 1
+            continue  # re-check room: placing may have logged rows
+        now_us = C[C_STEP_START_US]
+        step = int(C[C_STEP])
+        if kind == EV_STEP:
+            if C[C_IN_STEP] != 0:
+                _finalize_step(C, R_i, R_f, S, P)
+            C[C_IN_STEP] = 1
+            C[C_STEP] = c_step[i]
+            C[C_STEP_START_US] = max(float(c_time[i]), C[C_CLOCK_US])
+            C[C_STEP_DUR_US] = c_dur[i]
+            C[C_STEP_SAVED_US] = 0.0
+            C[C_STEP_STALL_US] = 0.0
+            C[C_STEP_EXTRA_US] = 0.0
+            if K[K_WARMUP_STEP] >= 0 and C[C_WARM_DONE] == 0 and c_step[i] >= K[K_WARMUP_STEP]:
+                Cw[:] = C[:]
+                C[C_WARM_DONE] = 1
+                C[C_WARM_US] = C[C_STEP_START_US]
+        elif kind == EV_ARRIVE:
+            R_i[r, RI_STATE] = RS_WAITING
+            R_i[r, RI_PROMPT] = c_ntok[i]
+            R_i[r, RI_ARRIVE_US] = c_time[i]
+            R_i[r, RI_PRIO] = c_rprio[i]
+            R_i[r, RI_TTFT_DL] = c_dl[i]
+            R_i[r, RI_TENANT] = c_tenant[i]
+            if c_dl[i] >= 0 or c_prio[i] == PR_DECODE_CRITICAL:
+                R_i[r, RI_BOUND] = 1
+        elif kind == EV_ALLOCATE or kind == EV_ACCESS or kind == EV_FORK:
+            state = R_i[r, RI_STATE]
+            if state == RS_PREEMPTED:  # resume: its whole table comes back first
+                R_i[r, RI_STATE] = RS_RUNNING
+                _run_add(running, C, r)
+                R_i[r, RI_LATMASK] = 0
+                _place(r, 0, R_i[r, RI_BT_LEN], MODE_RERUN, K, X, C, R_i, R_f, A_i, A_f,
+                       H_i, st, out, hbuf, scr, pst, view, T1, T2, T3, TMP, TMP_i, G,
+                       running, alt_b, alt_s, vo)
+                state = RS_RUNNING
+            if state != RS_RUNNING:  # admission starts
+                seq = mem.seq_open(st, 0)
+                if seq < 0:
+                    raise ValueError("HBM pool: no free seq slot (raise max_seqs)")
+                R_i[r, RI_SEQ] = seq
+                R_i[r, RI_STATE] = RS_RUNNING
+                R_i[r, RI_PHASE] = 0
+                R_i[r, RI_ADMIT_STEP] = step
+                R_i[r, RI_LATMASK] = 0
+                R_f[r, RF_ADMIT_US] = now_us
+                if state == 0:  # no ARRIVE row: arrival = admission
+                    R_i[r, RI_ARRIVE_US] = int(now_us)
+                wait = now_us - R_i[r, RI_ARRIVE_US]
+                R_f[r, RF_PF_BUDGET_US] = wait if (K[K_PREFETCH] != 0 and wait > 0) else 0.0
+                _run_add(running, C, r)
+                cap = max(4, R_i[r, RI_PROMPT] // K[K_BLOCK_TOKENS] + 2)
+                R_i[r, RI_BT_START] = int(C[C_ARENA_TOP])
+                R_i[r, RI_BT_LEN] = 0
+                R_i[r, RI_BT_CAP] = cap
+                C[C_ARENA_TOP] += cap
+                if kind == EV_FORK:
+                    R_i[r, RI_PHASE] = 2
+                else:
+                    R_i[r, RI_PHASE] = 0
+            if kind == EV_ALLOCATE:
+                if R_i[r, RI_PHASE] == 0 and c_bi[i] >= R_i[r, RI_BT_LEN]:
+                    _new_record(r, i, cols, R_i, A_i, A_f, C, K, next_use, seen)
+                    C[C_PEND_ADMIT] = r  # gathered; placed when its rows end
+                elif c_bi[i] < R_i[r, RI_BT_LEN]:  # a write into an existing (shared) block
+                    a = _new_record(r, i, cols, R_i, A_i, A_f, C, K, next_use, seen)
+                    seq = R_i[r, RI_SEQ]
+                    if c_bi[i] == st.seq_len[seq] - 1:
+                        res = ops.write_last(st, pst, view, seq, now_us,
+                                                  out)
+                        while res < 0:
+                            v = _pick_victim(running, C, R_i, r, K[K_PRIO_SCHED] != 0)
+                            if v < 0:
+                                break
+                            _preempt(v, K, X, C, R_i, A_i, st, pst, view, running, G, step, now_us)
+                            res = ops.write_last(st, pst, view, seq,
+                                                      now_us, out)
+                        if res == 1:
+                            b = out.blocks[0]
+                            if out.kind[0] == mem.KIND_EVICTED:
+                                _hbm_evicted(b, out.evicted_hash[0], out.reason[0],
+                                             out.n_alt[0], 0, r, K, C, H_i, view, out, T1,
+                                             T2, T3, TMP, TMP_i, G, step, now_us, alt_b, alt_s,
+                                             vo)
+                            _set_view_from_record(view, b, A_i, A_f, a, now_us)
+                            view.content_hash[b] = 0
+                            view.insert_us[b] = now_us
+                            H_i[b, HI_OWNER] = r
+                            H_i[b, HI_BI] = c_bi[i]
+                            H_i[b, HI_TOKENS] = c_ntok[i]
+                            H_i[b, HI_HITS] = 0
+                            C[M_COW_COPIES] += 1
+                            C[C_HBM_USED] = st.sc[mem.S_N_HELD]
+                            if log_on:
+                                tr.log_row(G, C, step, now_us, A_ALLOCATE, 0, r, c_bi[i], 0,
+                                           0, c_size[i], 0.0, False, -1, W_COW)
+                else:  # a block appended after admission (decode, or a late prompt block)
+                    e = R_i[r, RI_BT_LEN]
+                    _new_record(r, i, cols, R_i, A_i, A_f, C, K, next_use, seen)
+                    _place(r, e, 1, MODE_APPEND, K, X, C, R_i, R_f, A_i, A_f, H_i, st, out,
+                           hbuf, scr, pst, view, T1, T2, T3, TMP, TMP_i, G,
+                           running, alt_b, alt_s, vo)
+            elif kind == EV_FORK:
+                # child r shares every block of parent p (copy-on-write)
+                if p >= 0 and R_i[p, RI_STATE] == RS_RUNNING and R_i[r, RI_BT_LEN] == 0:
+                    mem.pool_fork(st, R_i[p, RI_SEQ], R_i[r, RI_SEQ])
+                    ps = R_i[p, RI_BT_START]
+                    top = int(C[C_ARENA_TOP])
+                    m = R_i[p, RI_BT_LEN]
+                    cap = max(4, 2 * m)
+                    for e in range(m):
+                        A_i[top + e] = A_i[ps + e]
+                        A_f[top + e] = A_f[ps + e]
+                    R_i[r, RI_BT_START] = top
+                    R_i[r, RI_BT_LEN] = m
+                    R_i[r, RI_BT_CAP] = cap
+                    C[C_ARENA_TOP] = top + cap
+                    R_i[r, RI_PROMPT] = R_i[p, RI_PROMPT]
+                    R_i[r, RI_PREFILLED] = R_i[p, RI_PREFILLED]
+                    R_i[r, RI_BOUND] = R_i[p, RI_BOUND]
+                    R_i[r, RI_PHASE] = 2
+            else:  # ACCESS: O(1), every block of a running request is held in HBM
+                if R_i[r, RI_PHASE] < 2:
+                    R_i[r, RI_PHASE] = 2
+                    hit = R_i[r, RI_HIT_TOK] + R_i[r, RI_HIT_TOK + 1] + \
+                        R_i[r, RI_HIT_TOK + 2] + R_i[r, RI_HIT_TOK + 3]
+                    R_f[r, RF_CREDIT_RATE] = R_f[r, RF_CREDIT_US] / hit if hit > 0 else 0.0
+                ph = c_phase[i]
+                pk = 0
+                if ph == PH_PREFILL:
+                    credit = R_f[r, RF_CREDIT_US]
+                    if credit > 0.0:
+                        s = min(credit, c_ntok[i] * R_f[r, RF_CREDIT_RATE])
+                        C[C_STEP_SAVED_US] += s
+                        R_f[r, RF_CREDIT_US] = credit - s
+                    R_i[r, RI_PREFILLED] += c_ntok[i]
+                    if R_i[r, RI_PREFILLED] >= R_i[r, RI_PROMPT] and R_i[r, RI_NOUT] == 0 \
+                            and R_i[r, RI_FT_PENDING] == 0:
+                        pk = 1
+                elif ph == PH_DECODE or ph == PH_VERIFY:
+                    if c_dl[i] >= 0:
+                        R_i[r, RI_BOUND] = 1
+                    if R_i[r, RI_NOUT] == 0 and R_i[r, RI_FT_PENDING] == 0:
+                        pk = 1
+                    elif R_i[r, RI_FT_PENDING] == 0:
+                        pk = 2
+                if pk != 0:
+                    k = int(C[C_NPEND])
+                    P[k, 0] = r
+                    P[k, 1] = pk
+                    P[k, 2] = c_dl[i]
+                    C[C_NPEND] = k + 1
+                    if pk == 1:
+                        R_i[r, RI_FT_PENDING] = 1
+        elif kind == EV_INTENT or kind == EV_COMMIT:
+            if R_i[r, RI_STATE] == RS_RUNNING or R_i[r, RI_STATE] == RS_PREEMPTED:
+                seq = R_i[r, RI_SEQ]
+                running_now = R_i[r, RI_STATE] == RS_RUNNING
+                start = R_i[r, RI_BT_START]
+                if c_bi[i] < 0:
+                    lo = 0
+                    hi_e = R_i[r, RI_BT_LEN]
+                else:
+                    lo = c_bi[i]
+                    hi_e = min(c_bi[i] + 1, R_i[r, RI_BT_LEN])
+                for e in range(lo, hi_e):
+                    b = st.tables[seq, e] if (running_now and e < st.seq_len[seq]) else 0
+                    _intent(start + e, i, cols, A_i, b, view)
+                if c_prio[i] == PR_DECODE_CRITICAL:
+                    R_i[r, RI_BOUND] = 1
+        elif kind == EV_FREE:
+            state = R_i[r, RI_STATE]
+            if c_bi[i] < 0:  # the request is done
+                if state == RS_RUNNING:
+                    _release_all(r, K, C, R_i, H_i, st, pst, view, G, step,
+                                 now_us)
+                    _run_remove(running, C, r)
+                if state == RS_RUNNING or state == RS_PREEMPTED:
+                    mem.seq_close(st, R_i[r, RI_SEQ])
+                    R_i[r, RI_SEQ] = -1
+                R_i[r, RI_STATE] = RS_DONE
+            elif state == RS_RUNNING or state == RS_PREEMPTED:  # one block (draft rollback)
+                seq = R_i[r, RI_SEQ]
+                if c_bi[i] == R_i[r, RI_BT_LEN] - 1:
+                    if state == RS_RUNNING and st.seq_len[seq] == R_i[r, RI_BT_LEN]:
+                        b = st.tables[seq, c_bi[i]]
+                        view.last_access_us[b] = now_us
+                        ops.free_tail(st, pst, view, seq, 1, now_us)
+                        C[C_HBM_USED] = st.sc[mem.S_N_HELD]
+                    R_i[r, RI_BT_LEN] -= 1
+        i += 1
+    return ST_DONE, n
+
+
+@njit(cache=True)
+def finish(K, X, C, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, pst, view, T1, T2, T3, TMP, TMP_i,
+           G, S, P, running, alt_b, alt_s, vo):
+    """End of trace: place a gathered admission, close the last step."""
+    pa = int(C[C_PEND_ADMIT])
+    if pa >= 0:
+        C[C_PEND_ADMIT] = -1
+        _place(pa, 0, R_i[pa, RI_BT_LEN], MODE_ADMIT, K, X, C, R_i, R_f, A_i, A_f, H_i, st,
+               out, hbuf, scr, pst, view, T1, T2, T3, TMP, TMP_i, G, running, alt_b, alt_s,
+               vo)
+    if C[C_IN_STEP] != 0:
+        _finalize_step(C, R_i, R_f, S, P)
+        C[C_IN_STEP] = 0

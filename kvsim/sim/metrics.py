@@ -1,0 +1,186 @@
+"""Metrics of a replay: per-step and per-request tables, and the summary with stable keys.
+
+Every key of :func:`summarize` is documented in docs/simulate.md; ``kvsim compare --json``
+prints exactly these keys (plus the gaps to belady).  Percentiles use numpy's default
+(linear interpolation); an empty sample gives NaN (``null`` in JSON).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from kvsim.sim import layout as L
+
+#: The stable keys of a summary, in display order (docs/simulate.md explains each).
+SUMMARY_KEYS = (
+    "policy", "offline", "events", "steps", "requests",
+    "p50_step_us", "p95_step_us", "p99_step_us", "p999_step_us", "mean_step_us",
+    "ttft_p50_us", "ttft_p99_us", "tpot_p50_us", "tpot_p99_us", "e2e_p50_us", "e2e_p99_us",
+    "deadline_misses", "ttft_deadline_misses", "tpot_deadline_misses",
+    "decode_critical_misses",
+    "hbm_hit_rate", "dram_hit_rate", "cxl_hit_rate", "nvme_hit_rate", "prefix_hit_rate",
+    "block_hit_rate",
+    "bytes_moved", "bytes_dram_link", "bytes_cxl_link", "bytes_nvme_link",
+    "recompute_tokens", "first_compute_tokens", "preempt_recompute_tokens",
+    "evictions", "evictions_hbm", "evictions_dram", "evictions_cxl", "evictions_nvme",
+    "spills", "spills_hbm", "spills_dram", "spills_cxl",
+    "promotions", "prefetches", "prefetches_useful", "prefetches_wasted", "write_throughs",
+    "preemptions", "swap_out_bytes", "swap_in_bytes", "cow_copies", "overflow_blocks",
+    "peak_hbm_blocks", "peak_dram_blocks", "peak_cxl_blocks", "peak_nvme_blocks",
+    "hbm_capacity_blocks", "dram_capacity_blocks", "cxl_capacity_blocks",
+    "nvme_capacity_blocks",
+    "stall_us", "saved_us", "makespan_us",
+)
+
+STEP_COLUMNS = ("step", "start_us", "latency_us", "stall_us", "saved_us", "duration_us",
+                "extra_us")
+
+
+def step_table(S: np.ndarray) -> pd.DataFrame:
+    """One row per engine step: start, latency and its parts (microseconds)."""
+    df = pd.DataFrame(S, columns=list(STEP_COLUMNS))
+    df["step"] = df["step"].astype(np.int64)
+    return df
+
+
+def request_table(R_i: np.ndarray, R_f: np.ndarray, n: int) -> pd.DataFrame:
+    """One row per request that arrived or ran (ids with no rows are left out)."""
+    ri = R_i[:n]
+    rf = R_f[:n]
+    keep = np.flatnonzero(ri[:, L.RI_STATE] != L.RS_UNSEEN)
+    ri = ri[keep]
+    rf = rf[keep]
+    arrival = ri[:, L.RI_ARRIVE_US].astype(np.float64)
+    first = rf[:, L.RF_FIRST_US]
+    last = rf[:, L.RF_LAST_US]
+    nout = ri[:, L.RI_NOUT]
+    has_first = first >= 0
+    ttft = np.where(has_first, first - arrival, np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(has_first & (nout > 1), (last - first) / (nout - 1), np.nan)
+    e2e = np.where(has_first, last - arrival, np.nan)
+    return pd.DataFrame({
+        "request_id": keep.astype(np.int64),
+        "arrival_us": arrival,
+        "admit_us": rf[:, L.RF_ADMIT_US],
+        "ttft_us": ttft,
+        "tpot_us": tpot,
+        "e2e_us": e2e,
+        "prompt_tokens": ri[:, L.RI_PROMPT],
+        "output_tokens": nout,
+        "lookup_tokens": ri[:, L.RI_LOOKUP_TOK],
+        "hbm_hit_tokens": ri[:, L.RI_HIT_TOK],
+        "dram_hit_tokens": ri[:, L.RI_HIT_TOK + 1],
+        "cxl_hit_tokens": ri[:, L.RI_HIT_TOK + 2],
+        "nvme_hit_tokens": ri[:, L.RI_HIT_TOK + 3],
+        "recompute_tokens": ri[:, L.RI_RECOMP_TOK],
+        "stall_us": rf[:, L.RF_STALL_US],
+        "preemptions": ri[:, L.RI_PREEMPTS],
+        "ttft_deadline_us": ri[:, L.RI_TTFT_DL],
+        "ttft_missed": ri[:, L.RI_TTFT_MISS].astype(bool),
+        "tpot_deadline_tokens": ri[:, L.RI_TPOT_DL],
+        "tpot_missed_tokens": ri[:, L.RI_TPOT_MISS],
+        "decode_critical_misses": ri[:, L.RI_DC_MISS],
+        "deadline_bound": ri[:, L.RI_BOUND].astype(bool),
+        "request_priority": ri[:, L.RI_PRIO],
+        "tenant": ri[:, L.RI_TENANT],
+    })
+
+
+def _pct(x: np.ndarray, q: float) -> float:
+    x = x[~np.isnan(x)]
+    return float(np.percentile(x, q)) if len(x) else float("nan")
+
+
+def _rate(num: float, den: float) -> float:
+    return float(num / den) if den > 0 else float("nan")
+
+
+def summarize(policy: str, offline: bool, C: np.ndarray, Cw: np.ndarray | None,
+              warm_us: float | None, warm_step: int, steps: pd.DataFrame,
+              requests: pd.DataFrame, costs, events: int) -> dict:
+    """The summary dict (keys :data:`SUMMARY_KEYS`).  With a warm-up snapshot ``Cw``,
+    counters are differences and only steps from ``warm_step`` and requests arriving from
+    ``warm_us`` on are measured."""
+    M = C.copy()
+    if Cw is not None:
+        M[L.M_FIRST:L.M_LAST] -= Cw[L.M_FIRST:L.M_LAST]
+        steps = steps[steps["step"] >= warm_step]
+        requests = requests[requests["arrival_us"] >= warm_us]
+    lat = steps["latency_us"].to_numpy()
+    lookup = M[L.M_LOOKUP_TOK]
+    hit = [M[L.M_HIT_TOK + t] for t in range(4)]
+    hit_blk = sum(M[L.M_HIT_BLK + t] for t in range(4))
+    ttft_missed = int(requests["ttft_missed"].sum())
+    tpot_missed = int(requests["tpot_missed_tokens"].sum())
+    missed_any = int(((requests["ttft_missed"]) | (requests["tpot_missed_tokens"] > 0)).sum())
+    link = [M[L.M_BYTES_UP + t] + M[L.M_BYTES_DOWN + t] for t in range(4)]
+    swap = M[L.M_SWAP_OUT_BYTES] + M[L.M_SWAP_IN_BYTES]
+    out = {
+        "policy": policy,
+        "offline": bool(offline),
+        "events": int(events),
+        "steps": int(len(steps)),
+        "requests": int(len(requests)),
+        "p50_step_us": _pct(lat, 50),
+        "p95_step_us": _pct(lat, 95),
+        "p99_step_us": _pct(lat, 99),
+        "p999_step_us": _pct(lat, 99.9),
+        "mean_step_us": float(lat.mean()) if len(lat) else float("nan"),
+        "ttft_p50_us": _pct(requests["ttft_us"].to_numpy(), 50),
+        "ttft_p99_us": _pct(requests["ttft_us"].to_numpy(), 99),
+        "tpot_p50_us": _pct(requests["tpot_us"].to_numpy(), 50),
+        "tpot_p99_us": _pct(requests["tpot_us"].to_numpy(), 99),
+        "e2e_p50_us": _pct(requests["e2e_us"].to_numpy(), 50),
+        "e2e_p99_us": _pct(requests["e2e_us"].to_numpy(), 99),
+        "deadline_misses": missed_any,
+        "ttft_deadline_misses": ttft_missed,
+        "tpot_deadline_misses": tpot_missed,
+        "decode_critical_misses": int(M[L.M_DC_MISS]),
+        "hbm_hit_rate": _rate(hit[0], lookup),
+        "dram_hit_rate": _rate(hit[1], lookup),
+        "cxl_hit_rate": _rate(hit[2], lookup),
+        "nvme_hit_rate": _rate(hit[3], lookup),
+        "prefix_hit_rate": _rate(sum(hit), lookup),
+        "block_hit_rate": _rate(hit_blk, M[L.M_LOOKUP_BLK]),
+        "bytes_moved": int(sum(link) + swap),
+        "bytes_dram_link": int(link[1] + swap),
+        "bytes_cxl_link": int(link[2]),
+        "bytes_nvme_link": int(link[3]),
+        "recompute_tokens": int(M[L.M_RECOMP_TOK] + M[L.M_PREEMPT_RECOMP_TOK]),
+        "first_compute_tokens": int(M[L.M_FIRST_TOK]),
+        "preempt_recompute_tokens": int(M[L.M_PREEMPT_RECOMP_TOK]),
+        "evictions": int(sum(M[L.M_EVICT + t] for t in range(4))),
+        "evictions_hbm": int(M[L.M_EVICT]),
+        "evictions_dram": int(M[L.M_EVICT + 1]),
+        "evictions_cxl": int(M[L.M_EVICT + 2]),
+        "evictions_nvme": int(M[L.M_EVICT + 3]),
+        "spills": int(sum(M[L.M_DEMOTE + t] for t in range(3))),
+        "spills_hbm": int(M[L.M_DEMOTE]),
+        "spills_dram": int(M[L.M_DEMOTE + 1]),
+        "spills_cxl": int(M[L.M_DEMOTE + 2]),
+        "promotions": int(M[L.M_PROMOTE]),
+        "prefetches": int(M[L.M_PREFETCH]),
+        "prefetches_useful": int(M[L.M_PREFETCH_USEFUL]),
+        "prefetches_wasted": int(M[L.M_PREFETCH_WASTED]),
+        "write_throughs": int(M[L.M_WRITE_THROUGH]),
+        "preemptions": int(M[L.M_PREEMPTIONS]),
+        "swap_out_bytes": int(M[L.M_SWAP_OUT_BYTES]),
+        "swap_in_bytes": int(M[L.M_SWAP_IN_BYTES]),
+        "cow_copies": int(M[L.M_COW_COPIES]),
+        "overflow_blocks": int(M[L.M_OVERFLOW]),
+        "peak_hbm_blocks": int(C[L.C_PEAK]),
+        "peak_dram_blocks": int(C[L.C_PEAK + 1]),
+        "peak_cxl_blocks": int(C[L.C_PEAK + 2]),
+        "peak_nvme_blocks": int(C[L.C_PEAK + 3]),
+        "hbm_capacity_blocks": int(costs[0].capacity_blocks),
+        "dram_capacity_blocks": int(costs[1].capacity_blocks),
+        "cxl_capacity_blocks": int(costs[2].capacity_blocks),
+        "nvme_capacity_blocks": int(costs[3].capacity_blocks),
+        "stall_us": float(M[L.M_STALL_US]),
+        "saved_us": float(M[L.M_SAVED_US]),
+        "makespan_us": float(C[L.C_CLOCK_US]),
+    }
+    assert tuple(out) == SUMMARY_KEYS
+    return out

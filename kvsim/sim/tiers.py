@@ -1,0 +1,195 @@
+"""Lower tiers (DRAM, CXL, NVMe) and the decision-log buffer, as compiled primitives.
+
+A lower tier is a *content-addressed cache of hashed blocks*: slot ids ``0 .. cap-1``, a
+hash -> slot map, a free-slot stack, a :class:`kvsim.policy_api.BlockView` and the state of
+its own eviction policy (any registered policy; every resident block is a candidate).
+It is *inclusive*: promoting a block to HBM copies it and the lower copy stays (SGLang
+HiCache keeps the host copy of a loaded node), so a later HBM eviction of that block
+costs no write.
+
+One tier is the tuple ``T = (L_i, L_free, L_map, L_view, L_ps, Lm)``:
+``L_i[slot, LI_*]`` (owner request, block index, tokens, state), ``L_free`` (stack of free
+slots), ``L_map`` (numba typed Dict hash -> slot), ``L_view`` (BlockView), ``L_ps`` (the
+policy's state tuple), ``Lm`` (int64 scalars ``LM_*``: tier id, capacity, free top, used).
+
+Invariants: ``Lm[LM_USED] + Lm[LM_FREE_TOP] == Lm[LM_CAP]``; a slot is resident iff it is
+in ``L_map`` iff ``L_i[slot, LI_STATE] == 1`` iff it is a candidate of the tier's policy.
+
+The decision log is the tuple ``G = (G_i, G_f, GC_i, GC_f)`` of preallocated buffers
+(layout ``GI_*``, ``GF_*``, ``CI_*``, ``CF_*``); the driver flushes them to Parquet through
+:class:`kvsim.results.decision_log.DecisionLogWriter` when they fill up.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from kvsim.sim.layout import (C_LOG_SEQ, C_NLOG, CF_LAST, CF_RECOMP, CF_SCORE, CI_BI, CI_COUNT,
+                              CI_DEADLINE, CI_HASH, CI_NEXT, CI_PRIO, CI_REQ, CI_RPRIO,
+                              CI_SLACK, GF_COST, GF_TIME, GI_ACTION, GI_BI, GI_BYTES, GI_DC,
+                              GI_FROM, GI_HASH, GI_NCAND, GI_REASON, GI_REQ, GI_SEQ, GI_STEP,
+                              GI_TO, GI_WHY, LI_BI, LI_OWNER, LI_STATE, LI_TOKENS, LM_CAP,
+                              LM_FREE_TOP, LM_USED)
+
+
+@njit(cache=True)
+def copy_view(dst, d, src, s):
+    """Copy every BlockView field of slot ``s`` of ``src`` into slot ``d`` of ``dst``."""
+    dst.last_access_us[d] = src.last_access_us[s]
+    dst.insert_us[d] = src.insert_us[s]
+    dst.access_count[d] = src.access_count[s]
+    dst.phase[d] = src.phase[s]
+    dst.priority[d] = src.priority[s]
+    dst.request_priority[d] = src.request_priority[s]
+    dst.deadline_us[d] = src.deadline_us[s]
+    dst.slack_us[d] = src.slack_us[s]
+    dst.target_decode_step[d] = src.target_decode_step[s]
+    dst.recompute_cost_us[d] = src.recompute_cost_us[s]
+    dst.size_bytes[d] = src.size_bytes[s]
+    dst.pinned[d] = src.pinned[s]
+    dst.next_use[d] = src.next_use[s]
+    dst.content_hash[d] = src.content_hash[s]
+
+
+# ---------------------------------------------------------------------------------------
+# decision-log buffer
+# ---------------------------------------------------------------------------------------
+
+@njit(cache=True)
+def log_row(G, C, step, now_us, action, h, req, bi, frm, to, nbytes, cost_us, dc, reason,
+            why):
+    """Append one row; returns its index in the buffer (the caller may add candidates)."""
+    G_i, G_f, GC_i, GC_f = G
+    k = int(C[C_NLOG])
+    G_i[k, GI_STEP] = step
+    G_i[k, GI_ACTION] = action
+    G_i[k, GI_HASH] = h
+    G_i[k, GI_REQ] = req
+    G_i[k, GI_BI] = bi
+    G_i[k, GI_FROM] = frm
+    G_i[k, GI_TO] = to
+    G_i[k, GI_BYTES] = nbytes
+    G_i[k, GI_REASON] = reason
+    G_i[k, GI_WHY] = why
+    G_i[k, GI_DC] = dc
+    G_i[k, GI_NCAND] = 0
+    G_i[k, GI_SEQ] = int(C[C_LOG_SEQ])
+    G_f[k, GF_TIME] = now_us
+    G_f[k, GF_COST] = cost_us
+    C[C_NLOG] += 1
+    C[C_LOG_SEQ] += 1
+    return k
+
+
+@njit(cache=True)
+def log_candidates(G, k, view, owner, alt_b, alt_s, n_alt):
+    """Snapshot the victim and runners-up (``alt_b[:n_alt]``) of a tier into row ``k``.
+    ``owner`` is the tier's side table (column 0 owner request, column 1 block index)."""
+    G_i, G_f, GC_i, GC_f = G
+    m = min(n_alt, GC_i.shape[1], alt_b.shape[0])
+    for j in range(m):
+        b = alt_b[j]
+        GC_i[k, j, CI_HASH] = view.content_hash[b]
+        GC_i[k, j, CI_REQ] = owner[b, 0]
+        GC_i[k, j, CI_BI] = owner[b, 1]
+        GC_i[k, j, CI_COUNT] = view.access_count[b]
+        GC_i[k, j, CI_PRIO] = view.priority[b]
+        GC_i[k, j, CI_RPRIO] = view.request_priority[b]
+        GC_i[k, j, CI_DEADLINE] = view.deadline_us[b]
+        GC_i[k, j, CI_SLACK] = view.slack_us[b]
+        GC_i[k, j, CI_NEXT] = view.next_use[b]
+        GC_f[k, j, CF_SCORE] = alt_s[j]
+        GC_f[k, j, CF_LAST] = view.last_access_us[b]
+        GC_f[k, j, CF_RECOMP] = view.recompute_cost_us[b]
+    G_i[k, GI_NCAND] = m
+
+
+# ---------------------------------------------------------------------------------------
+# lower tiers
+# ---------------------------------------------------------------------------------------
+
+@njit(cache=True)
+def tier_find(T, h):
+    """Slot holding content ``h`` in tier T, or -1 (also -1 for a disabled tier)."""
+    L_map = T[2]
+    if h in L_map:
+        return L_map[h]
+    return -1
+
+
+@njit(cache=True)
+def tier_touch(T, on_hit, slot, now_us):
+    """A resident block was read (promoted to HBM); it stays resident (inclusive tier)."""
+    L_view = T[3]
+    L_view.last_access_us[slot] = now_us
+    L_view.access_count[slot] += 1
+    on_hit(T[4], L_view, slot, now_us)
+
+
+@njit(cache=True)
+def tier_take_slot(T, on_remove, victim, now_us, alt_b, alt_s, vo):
+    """A slot for a new block: a free one, else the policy's victim, which is removed from
+    the map and the candidate set (its view and side row stay intact for the caller to log
+    and to spill further down).  ``vo`` gets [evicted 0/1, victim slot, reason, n_alt].
+    Returns the slot, or -1 if the tier has no capacity or the policy names no victim."""
+    L_i, L_free, L_map, L_view, L_ps, Lm = T
+    vo[0] = 0
+    vo[1] = -1
+    vo[2] = -1
+    vo[3] = 0
+    if Lm[LM_CAP] == 0:
+        return -1
+    if Lm[LM_FREE_TOP] > 0:
+        Lm[LM_FREE_TOP] -= 1
+        return L_free[Lm[LM_FREE_TOP]]
+    b, reason, n_alt = victim(L_ps, L_view, now_us, alt_b, alt_s)
+    if b < 0:
+        return -1
+    if L_i[b, LI_STATE] != 1:
+        raise ValueError("lower-tier policy: victim() named a block that is not resident")
+    on_remove(L_ps, L_view, b)
+    del L_map[L_view.content_hash[b]]
+    L_i[b, LI_STATE] = 0
+    Lm[LM_USED] -= 1
+    vo[0] = 1
+    vo[1] = b
+    vo[2] = reason
+    vo[3] = n_alt
+    return b
+
+
+@njit(cache=True)
+def tier_fill(T, on_insert, slot, src_view, s, owner, bi, tokens, now_us):
+    """Write the block described by ``src_view[s]`` into ``slot`` and make it a candidate."""
+    L_i, L_free, L_map, L_view, L_ps, Lm = T
+    copy_view(L_view, slot, src_view, s)
+    L_view.insert_us[slot] = now_us
+    L_view.last_access_us[slot] = now_us
+    L_i[slot, LI_OWNER] = owner
+    L_i[slot, LI_BI] = bi
+    L_i[slot, LI_TOKENS] = tokens
+    L_i[slot, LI_STATE] = 1
+    L_map[L_view.content_hash[slot]] = slot
+    Lm[LM_USED] += 1
+    on_insert(L_ps, L_view, slot, now_us)
+
+
+@njit(cache=True)
+def tier_used(T):
+    return T[5][LM_USED]
+
+
+def check_tier(T) -> None:
+    """Raise AssertionError if a lower tier's invariants do not hold (tests, debugging)."""
+    L_i, L_free, L_map, L_view, L_ps, Lm = T
+    cap = int(Lm[LM_CAP])
+    used = int(Lm[LM_USED])
+    resident = np.flatnonzero(L_i[:cap, LI_STATE] == 1)
+    assert used + int(Lm[LM_FREE_TOP]) == cap, "used + free != capacity"
+    assert len(resident) == used, "resident slots != used count"
+    assert len(L_map) == used, "map size != used count"
+    for h, slot in L_map.items():
+        assert L_i[slot, LI_STATE] == 1 and L_view.content_hash[slot] == h, "map mismatch"
+    free = set(int(x) for x in L_free[: int(Lm[LM_FREE_TOP])])
+    assert not free.intersection(int(x) for x in resident), "a resident slot is free"
