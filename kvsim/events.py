@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import itertools
 import json
 import math
 from dataclasses import asdict
@@ -83,7 +84,6 @@ _INT, _FLOAT, _BOOL, _ENUM = 0, 1, 2, 3
 _FLOAT_COLUMNS = tuple(n for n, t, _ in COLUMNS if pa.types.is_floating(t))
 _BOOL_COLUMNS = tuple(n for n, t, _ in COLUMNS if pa.types.is_boolean(t))
 _COLUMN_INDEX = {name: i for i, name in enumerate(COLUMN_NAMES)}
-_DEFAULT_ROW = tuple(DEFAULTS[name] for name in COLUMN_NAMES)
 _ENUM_BY_NAME = {col: {m.name: int(m) for m in enum_cls} for col, enum_cls in ENUM_COLUMNS.items()}
 _ENUM_BY_VALUE = {col: {int(m): m.name for m in enum_cls} for col, enum_cls in ENUM_COLUMNS.items()}
 
@@ -400,31 +400,41 @@ class EventWriter:
         self._pending_rows = total - start
 
     def _write_jsonl(self, cols: dict[str, np.ndarray]) -> None:
-        lists = []
+        """One JSON object per row: ``step``, ``time_us``, ``kind``, the conditionally
+        required fields and every field that differs from its default, in column order.
+        Built column by column (the text equals ``json.dumps`` of the row dict)."""
+        kind = cols["kind"]
+        n = len(kind)
+        not_step = kind != int(EventKind.STEP)
+        block_level = (kind == int(EventKind.ALLOCATE)) | (kind == int(EventKind.COMMIT))
+        fragments: list[list[str]] = []
         for name in COLUMN_NAMES:
-            values = cols[name].tolist()
+            arr = cols[name]
+            if name in ("step", "time_us", "kind"):
+                include = np.ones(n, dtype=bool)
+            else:
+                include = arr != DEFAULTS[name]
+                if name == "request_id":
+                    include |= not_step
+                elif name == "block_index":
+                    include |= block_level
+            if not include.any():
+                continue
+            sep = "" if name == "step" else ", "
+            key = f'{sep}"{name}": '
             if name in ENUM_COLUMNS:
                 names = _ENUM_BY_VALUE[name]
-                values = [names[v] for v in values]
-            lists.append(values)
-        defaults = [DEFAULTS[name] if name not in ENUM_COLUMNS else
-                    _ENUM_BY_VALUE[name][DEFAULTS[name]] for name in COLUMN_NAMES]
-        kind_i = _COLUMN_INDEX["kind"]
-        step_name = EventKind.STEP.name
-        block_kinds = {k.name for k in BLOCK_LEVEL_KINDS}
-        rid_i, bidx_i = _COLUMN_INDEX["request_id"], _COLUMN_INDEX["block_index"]
-        dumps = json.dumps
-        out = []
-        for row in zip(*lists):
-            kind = row[kind_i]
-            obj = {}
-            for i, (name, value) in enumerate(zip(COLUMN_NAMES, row)):
-                if (i <= kind_i or value != defaults[i] or type(value) is not type(defaults[i])
-                        or (i == rid_i and kind != step_name)
-                        or (i == bidx_i and kind in block_kinds)):
-                    obj[name] = value
-            out.append(dumps(obj))
-        self._text.write("\n".join(out) + "\n")
+                texts = [f'{key}"{names[v]}"' for v in arr.tolist()]
+            elif arr.dtype.kind == "b":
+                texts = [key + ("true" if v else "false") for v in arr.tolist()]
+            elif arr.dtype.kind == "f":
+                texts = [f"{key}{v!r}" for v in arr.tolist()]
+            else:
+                texts = [f"{key}{v}" for v in arr.tolist()]
+            if not include.all():
+                texts = [t if keep else "" for t, keep in zip(texts, include.tolist())]
+            fragments.append(texts)
+        self._text.write("".join(["{" + "".join(parts) + "}\n" for parts in zip(*fragments)]))
 
 
 def write_events(path: str | Path, header: EventHeader,
@@ -667,14 +677,13 @@ class EventReader:
         return _header_from_obj(obj["header"], path, "line 1")
 
     def _jsonl_batches(self, batch_rows: int) -> Iterator[dict[str, np.ndarray]]:
+        """Read ``batch_rows`` non-blank lines at a time and parse them column-wise.
+
+        Fast path: the lines are parsed as one JSON array and checked column by column
+        (type sets, enum lookups, numpy range checks).  Any failure falls back to parsing
+        the batch line by line (:meth:`_parse_line`), which names the first bad line.
+        """
         path = self.path
-        field_class = _FIELD_CLASS
-        col_index = _COLUMN_INDEX
-        enum_names = _ENUM_BY_NAME
-        default_row = _DEFAULT_ROW
-        step_kind = int(EventKind.STEP)
-        block_kinds = {int(k) for k in BLOCK_LEVEL_KINDS}
-        loads = json.loads
         prev_step = -1
         lineno = 1
         with self._open_binary() as fh:
@@ -683,79 +692,31 @@ class EventReader:
                 next(it)  # header, validated in __init__
             except StopIteration:
                 return
-            done = False
-            while not done:
-                rows: list[list[Any]] = []
-                lines: list[int] = []
-                while len(rows) < batch_rows:
-                    try:
-                        line = next(it)
-                    except StopIteration:
-                        done = True
-                        break
-                    except Exception as exc:  # gzip / zstd errors, truncated streams
-                        raise KvsimInputError(f"cannot read{_compression_hint(path)}: "
-                                              f"{_short(exc)}", path,
-                                              f"line {lineno + 1}") from None
-                    lineno += 1
-                    line = _decode(line, path, lineno)
-                    if not line.strip():
-                        continue
-                    try:
-                        obj = loads(line)
-                    except ValueError as exc:
-                        msg = exc.args[0].split(":")[0] if exc.args else "invalid JSON"
-                        raise KvsimInputError(f"not valid JSON ({msg})", path,
-                                              f"line {lineno}") from None
-                    if type(obj) is not dict:
-                        raise KvsimInputError(f"expected a JSON object, got "
-                                              f"{type(obj).__name__}", path, f"line {lineno}")
-                    row = list(default_row)
-                    for key, value in obj.items():
-                        cls = field_class.get(key)
-                        if cls is None:
-                            raise KvsimInputError(
-                                f"unknown field (known fields: {', '.join(COLUMN_NAMES)})",
-                                path, f"line {lineno}", key)
-                        t = type(value)
-                        if cls == _INT:
-                            if t is not int:
-                                raise bad_value(path, f"line {lineno}", key, "an integer", value)
-                        elif cls == _ENUM:
-                            code = enum_names[key].get(value) if t is str else None
-                            if code is None:
-                                names = ", ".join(enum_names[key])
-                                raise bad_value(path, f"line {lineno}", key,
-                                                f"one of {names}", value)
-                            value = code
-                        elif cls == _FLOAT:
-                            if t is not float and t is not int:
-                                raise bad_value(path, f"line {lineno}", key, "a number", value)
-                            if t is float and not math.isfinite(value):
-                                raise bad_value(path, f"line {lineno}", key, "a finite number",
-                                                value)
-                        elif t is not bool:
-                            raise bad_value(path, f"line {lineno}", key, "true or false", value)
-                        row[col_index[key]] = value
-                    if "step" not in obj or "kind" not in obj:
-                        missing = "step" if "step" not in obj else "kind"
-                        raise KvsimInputError("missing required field", path,
-                                              f"line {lineno}", missing)
-                    kind = row[2]
-                    if kind != step_kind and "request_id" not in obj:
-                        raise KvsimInputError(
-                            f"missing required field (required on every event but STEP; this "
-                            f"is {obj['kind']})", path, f"line {lineno}", "request_id")
-                    if kind in block_kinds and "block_index" not in obj:
-                        raise KvsimInputError(
-                            f"missing required field (required on ALLOCATE and COMMIT; this "
-                            f"is {obj['kind']})", path, f"line {lineno}", "block_index")
-                    rows.append(row)
-                    lines.append(lineno)
-                if not rows:
+            except Exception as exc:
+                raise KvsimInputError(f"cannot read{_compression_hint(path)}: {_short(exc)}",
+                                      path, "line 1") from None
+            while True:
+                try:
+                    chunk = list(itertools.islice(it, batch_rows))
+                except Exception as exc:  # gzip / zstd errors, truncated streams
+                    raise KvsimInputError(f"cannot read{_compression_hint(path)}: "
+                                          f"{_short(exc)}", path,
+                                          f"after line {lineno}") from None
+                if not chunk:
                     break
-                cols = self._rows_to_columns(rows, lines)
-                line_arr = np.asarray(lines)
+                if all(map(bytes.strip, chunk)):  # the common case: no blank line
+                    lines = chunk
+                    linenos = range(lineno + 1, lineno + 1 + len(chunk))
+                else:
+                    kept = [(line, lineno + 1 + i) for i, line in enumerate(chunk)
+                            if line.strip()]
+                    lines = [line for line, _ in kept]
+                    linenos = [no for _, no in kept]
+                lineno += len(chunk)
+                if not lines:
+                    continue
+                cols = self._parse_lines(lines, linenos)
+                line_arr = np.asarray(linenos)
 
                 def make(i: int, field: str, expected: str, got: Any,
                          _lines: np.ndarray = line_arr) -> Exception:
@@ -765,21 +726,146 @@ class EventReader:
                 prev_step = int(cols["step"][-1])
                 yield cols
 
-    def _rows_to_columns(self, rows: list[list[Any]], lines: list[int]) -> dict[str, np.ndarray]:
-        cols: dict[str, np.ndarray] = {}
-        for j, values in enumerate(zip(*rows)):
-            name = COLUMN_NAMES[j]
-            dtype = DTYPES[name]
-            try:
-                cols[name] = np.array(values, dtype=dtype)
-            except OverflowError:
-                info = np.iinfo(dtype)
-                for k, v in enumerate(values):
-                    if not info.min <= v <= info.max:
-                        raise bad_value(self.path, f"line {lines[k]}", name,
-                                        f"an integer in {info.min}..{info.max}", v) from None
-                raise
+    def _parse_lines(self, lines: list[bytes], linenos: Sequence[int]) -> dict[str, np.ndarray]:
+        try:
+            objs = json.loads(b"[" + b",".join(lines) + b"]")
+        except ValueError:  # includes UnicodeDecodeError
+            objs = None
+        cols = self._objects_to_columns(objs, len(lines)) if objs is not None else None
+        if cols is None:  # slow path: find and report the first bad line
+            for line, lineno in zip(lines, linenos):
+                self._parse_line(line, lineno)
+            raise AssertionError("a JSONL batch failed the fast path but no line failed "
+                                 "the line-by-line check")  # pragma: no cover
         return cols
+
+    @staticmethod
+    def _objects_to_columns(objs: Any, n: int) -> dict[str, np.ndarray] | None:
+        """Columns of ``n`` decoded event objects, or None if anything is off (the caller
+        then re-checks line by line to report the exact problem)."""
+        if type(objs) is not list or len(objs) != n:
+            return None
+        if set(map(type, objs)) != {dict}:
+            return None
+        keys = set().union(*objs)
+        if not keys <= _FIELD_SET:
+            return None
+        cols: dict[str, np.ndarray] = {}
+        missing = _MISSING
+        omitted: dict[str, np.ndarray | bool] = {}  # rows omitting request_id / block_index
+        for name in COLUMN_NAMES:
+            cls = _FIELD_CLASS[name]
+            if name not in keys:
+                if name in REQUIRED_JSONL_FIELDS:
+                    return None
+                cols[name] = np.full(n, DEFAULTS[name], dtype=DTYPES[name])
+                omitted[name] = True
+                continue
+            values = [o.get(name, missing) for o in objs]
+            types = set(map(type, values))
+            partial = _Missing in types
+            if partial:
+                if name in REQUIRED_JSONL_FIELDS:
+                    return None
+                types.discard(_Missing)
+                omitted[name] = np.fromiter((v is missing for v in values), bool, n)
+                default = DEFAULTS[name]
+                if cls == _ENUM:
+                    default = _ENUM_BY_VALUE[name][default]
+                values = [default if v is missing else v for v in values]
+            else:
+                omitted[name] = False
+            if cls == _ENUM:
+                if types != {str}:
+                    return None
+                names = _ENUM_BY_NAME[name]
+                try:
+                    values = [names[v] for v in values]
+                except KeyError:
+                    return None
+            elif cls == _INT and types != {int}:
+                return None
+            elif cls == _FLOAT and not types <= {int, float}:
+                return None
+            elif cls == _BOOL and types != {bool}:
+                return None
+            try:
+                arr = np.array(values, dtype=DTYPES[name])
+            except OverflowError:
+                return None
+            if cls == _FLOAT and not np.isfinite(arr).all():
+                return None
+            cols[name] = arr
+        # conditionally required fields
+        kind = cols["kind"]
+        if np.any(omitted["request_id"] & (kind != int(EventKind.STEP))):
+            return None
+        block_level = (kind == int(EventKind.ALLOCATE)) | (kind == int(EventKind.COMMIT))
+        if np.any(omitted["block_index"] & block_level):
+            return None
+        return cols
+
+    def _parse_line(self, raw: bytes, lineno: int) -> None:
+        """Check one line; raise the precise :class:`KvsimInputError` if it is bad."""
+        path = self.path
+        line = _decode(raw, path, lineno)
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            msg = exc.args[0].split(":")[0] if exc.args else "invalid JSON"
+            raise KvsimInputError(f"not valid JSON ({msg})", path, f"line {lineno}") from None
+        if type(obj) is not dict:
+            raise KvsimInputError(f"expected a JSON object, got {type(obj).__name__}", path,
+                                  f"line {lineno}")
+        for key, value in obj.items():
+            cls = _FIELD_CLASS.get(key)
+            if cls is None:
+                raise KvsimInputError(f"unknown field (known fields: {', '.join(COLUMN_NAMES)})",
+                                      path, f"line {lineno}", key)
+            t = type(value)
+            if cls == _INT:
+                if t is not int:
+                    raise bad_value(path, f"line {lineno}", key, "an integer", value)
+                info = np.iinfo(DTYPES[key])
+                if not info.min <= value <= info.max:
+                    raise bad_value(path, f"line {lineno}", key,
+                                    f"an integer in {info.min}..{info.max}", value)
+            elif cls == _ENUM:
+                if t is not str or value not in _ENUM_BY_NAME[key]:
+                    names = ", ".join(_ENUM_BY_NAME[key])
+                    raise bad_value(path, f"line {lineno}", key, f"one of {names}", value)
+            elif cls == _FLOAT:
+                if t is not float and t is not int:
+                    raise bad_value(path, f"line {lineno}", key, "a number", value)
+                try:
+                    finite = math.isfinite(value)
+                except OverflowError:  # an integer beyond float range
+                    finite = False
+                if not finite:
+                    raise bad_value(path, f"line {lineno}", key, "a finite number", value)
+            elif t is not bool:
+                raise bad_value(path, f"line {lineno}", key, "true or false", value)
+        for required in REQUIRED_JSONL_FIELDS:
+            if required not in obj:
+                raise KvsimInputError("missing required field", path, f"line {lineno}",
+                                      required)
+        kind = obj["kind"]
+        if kind != EventKind.STEP.name and "request_id" not in obj:
+            raise KvsimInputError(f"missing required field (required on every event but "
+                                  f"STEP; this is {kind})", path, f"line {lineno}",
+                                  "request_id")
+        if kind in _BLOCK_KIND_NAMES and "block_index" not in obj:
+            raise KvsimInputError(f"missing required field (required on ALLOCATE and COMMIT; "
+                                  f"this is {kind})", path, f"line {lineno}", "block_index")
+
+
+class _Missing:
+    """Sentinel type for a field a JSONL line omits."""
+
+
+_MISSING = _Missing()
+_FIELD_SET = frozenset(COLUMN_NAMES)
+_BLOCK_KIND_NAMES = frozenset(k.name for k in BLOCK_LEVEL_KINDS)
 
 
 def _decode(raw: bytes, path: Path, lineno: int) -> str:

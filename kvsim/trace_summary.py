@@ -85,8 +85,22 @@ class _SeenHashes:
         return self.values[pos] == hashes
 
     def add(self, unique_sorted: np.ndarray) -> None:
-        if unique_sorted.size:
-            self.values = np.union1d(self.values, unique_sorted)
+        """Merge sorted, duplicate-free ``unique_sorted`` in (O(seen + new), no re-sort)."""
+        new = unique_sorted[~self.contains(unique_sorted)]
+        if new.size:
+            self.values = np.insert(self.values, np.searchsorted(self.values, new), new)
+
+
+def _unique(values: np.ndarray) -> np.ndarray:
+    """Sorted distinct values (sort-based: numpy 2.4's hash-based np.unique is much slower
+    on large int64 arrays)."""
+    s = np.sort(values)
+    if s.size == 0:
+        return s
+    keep = np.empty(s.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
 
 
 def summarize_trace(path: str | Path, batch_rows: int = 1 << 20) -> TraceSummary:
@@ -142,9 +156,9 @@ def summarize_trace(path: str | Path, batch_rows: int = 1 << 20) -> TraceSummary
             rid = b["request_id"]
             arrive = kind == arrive_code
             if arrive.any():
-                arrive_ids.update(np.unique(rid[arrive]).tolist())
+                arrive_ids.update(_unique(rid[arrive]).tolist())
             if not arrive_ids:
-                any_ids.update(np.unique(rid[rid >= 0]).tolist())
+                any_ids.update(_unique(rid[rid >= 0]).tolist())
             # tokens
             ntok = b["num_tokens"].astype(np.int64)
             phase = b["phase"]
@@ -169,9 +183,14 @@ def summarize_trace(path: str | Path, batch_rows: int = 1 << 20) -> TraceSummary
             unhashed_blocks += int(np.count_nonzero(~hashed))
             # Seen before = seen in an earlier batch, or earlier in this batch.
             hh = h[hashed]
-            uniq, first_idx = np.unique(hh, return_index=True)
+            order = np.argsort(hh, kind="stable")  # equal hashes keep file order
+            sh = hh[order]
+            first = np.ones(sh.size, dtype=bool)
+            if sh.size:
+                np.not_equal(sh[1:], sh[:-1], out=first[1:])
+            uniq = sh[first]
             earlier_in_batch = np.ones(hh.size, dtype=bool)
-            earlier_in_batch[first_idx] = False
+            earlier_in_batch[order[first]] = False  # first occurrence of each hash
             seen_before = earlier_in_batch | seen.contains(hh)
             is_prompt = a_phase == prefill_code
             refs += int(np.count_nonzero(is_prompt))

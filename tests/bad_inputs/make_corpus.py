@@ -9,6 +9,7 @@ writer enforces.  Deterministic: running it twice gives identical bytes.
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -121,6 +122,9 @@ def main() -> None:
         {"kvsim_events": 1, "header": {"block_size_tokens": 16, "blocksize": 16}}))
     (HERE / "empty.jsonl").write_bytes(b"")
     (HERE / "not_gzip.jsonl.gz").write_text(HEADER + "\n" + "\n".join(GOOD) + "\n")
+    body = (HEADER + "\n" + "\n".join(GOOD * 40) + "\n").encode()
+    packed = gzip.compress(body, mtime=0)
+    (HERE / "truncated.jsonl.gz").write_bytes(packed[: len(packed) // 2])
     (HERE / "requests.csv.jsonl").write_text(
         "timestamp,input_length,output_length\n0,6758,500\n27,7319,490\n")
     (HERE / "requests.csv").write_text(
