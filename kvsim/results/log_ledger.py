@@ -14,10 +14,12 @@ block in one step form one need; its cost is the sum of their ``cost_us``.
   recompute after a preemption) is *unattributed*; only its cost is kept.
 - Evictions still pending at the end of the log were never needed again.
 
-Memory: the pending set holds one row per eviction not yet followed by a need of its block
-(bounded by distinct evicted-and-not-reused blocks times the number of tiers a block can
-leave), plus the per-block totals (one row per distinct evicted block) and a step-distance
-histogram as long as the largest reuse distance.  Batches are step-aligned
+Memory: the pending set (:class:`kvsim.results.log_pending.PendingEvictions`, ~100 bytes
+per entry) holds one record per eviction not yet followed by a need of its block (bounded
+by distinct evicted-and-not-reused blocks times the number of tiers a block can leave),
+plus the per-block totals (:class:`kvsim.results.log_blocks.BlockTotals`, ~100 bytes per
+distinct evicted block) and a step-distance histogram as long as the largest reuse
+distance.  Batches are step-aligned
 (:func:`kvsim.results.log_reader.step_aligned`) so a need is never split.
 """
 
@@ -29,8 +31,11 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from kvsim.results.log_reader import (EVICTING, NEEDING, DecisionLog, check_order,
+from kvsim.results.log_reader import (BATCH_ROWS, EVICTING, NEEDING, DecisionLog, check_order,
                                       identity_columns, step_aligned)
+from kvsim.results.log_blocks import BlockTotals
+from kvsim.results.log_pending import (OUT_CAUSE, OUT_NEED, REC_ACTION, REC_FROM, REC_REASON,
+                                       REC_REQ, REC_SEQ, REC_STEP, PendingEvictions)
 from kvsim.results.log_schema import Action
 
 #: Columns the ledger reads.
@@ -38,8 +43,6 @@ LEDGER_COLUMNS = ["seq", "step", "time_us", "action", "content_hash", "request_i
                   "block_index", "from_tier", "cost_us", "decode_critical", "reason"]
 
 _KEYS = ["k_hash", "k_req", "k_idx"]
-#: Compact the per-block partial totals once they hold this many rows.
-_COMPACT_ROWS = 1_000_000
 
 
 def reasons_of(column: pa.ChunkedArray | pa.Array, intern: dict[str, int]) -> np.ndarray:
@@ -82,9 +85,8 @@ class EvictionLedger:
     distance_steps: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
     by_cause: dict = field(default_factory=dict)
     intern: dict = field(default_factory=dict)
-    _pending: pd.DataFrame | None = None
-    _blocks: list = field(default_factory=list)
-    _block_rows: int = 0
+    _pending: PendingEvictions = field(default_factory=PendingEvictions)
+    _blocks: BlockTotals = field(default_factory=BlockTotals)
     _top: pd.DataFrame | None = None
 
     @property
@@ -106,107 +108,91 @@ class EvictionLedger:
         kh, kr, ki = identity_columns(cols["content_hash"], cols["request_id"],
                                       cols["block_index"])
         frame = pd.DataFrame({"k_hash": kh, "k_req": kr, "k_idx": ki, "seq": cols["seq"],
-                              "step": cols["step"], "time_us": cols["time_us"],
-                              "action": action[sel], "from_tier": cols["from_tier"],
+                              "step": cols["step"], "action": action[sel],
+                              "from_tier": cols["from_tier"].astype(np.int64),
                               "reason": reason, "request_id": cols["request_id"],
                               "cost_us": cols["cost_us"],
                               "critical": cols["decode_critical"].astype(bool),
-                              "is_ev": is_ev[sel]})
-        ev = frame[frame["is_ev"]]
+                              "is_need": is_need[sel] & ~is_ev[sel]})
+        ev = frame[~frame["is_need"]]
         self.evictions += len(ev)
-        for (a, ft, r), n in ev.groupby(["action", "from_tier", "reason"]).size().items():
-            self.by_cause.setdefault((int(a), int(ft), int(r)), [0, 0, 0.0])[0] += int(n)
-        needs = (frame[~frame["is_ev"]]
+        self._add_causes(ev["action"].to_numpy(), ev["from_tier"].to_numpy(),
+                         ev["reason"].to_numpy(), 0, None)
+        # one need per (block, step): its cost is the sum of the step's need rows
+        needs = (frame[frame["is_need"]]
                  .groupby(_KEYS + ["step"], sort=False)
-                 .agg(seq=("seq", "min"), time_us=("time_us", "min"),
-                      request_id=("request_id", "first"), cost_us=("cost_us", "sum"),
-                      critical=("critical", "max"))
+                 .agg(seq=("seq", "min"), request_id=("request_id", "first"),
+                      cost_us=("cost_us", "sum"), critical=("critical", "max"))
                  .reset_index())
-        needs["is_ev"] = False
-        ev = ev.drop(columns=["cost_us", "critical"])
-        parts = [p for p in (self._pending, ev) if p is not None and len(p)]
-        events = pd.concat(parts + [needs], ignore_index=True) if parts else needs
-        self._match(events)
-        counts = ev.groupby(_KEYS).size().rename("evictions")
-        self._add_blocks(counts.to_frame().assign(regretted=0, cost_us=0.0))
-
-    def _match(self, events: pd.DataFrame) -> None:
-        events = events.sort_values(_KEYS + ["seq"], kind="stable", ignore_index=True)
-        n = len(events)
-        kh, kr, ki = (events[k].to_numpy() for k in _KEYS)
-        need = ~events["is_ev"].to_numpy(bool)
-        pos = np.where(need, np.arange(n), n)
-        nxt = np.minimum.accumulate(pos[::-1])[::-1]
-        j = np.minimum(nxt, n - 1)
-        same = (nxt < n) & (kh[j] == kh) & (kr[j] == kr) & (ki[j] == ki)
-        ev_idx = np.flatnonzero(~need & same)
-        nj = nxt[ev_idx]
-        is_cause = (ev_idx + 1) == nj
-        step = events["step"].to_numpy()
+        needs["is_need"] = True
+        events = pd.concat([ev.drop(columns=["cost_us", "critical"]), needs],
+                           ignore_index=True).sort_values("seq", kind="stable",
+                                                          ignore_index=True)
+        arr = {c: events[c].to_numpy(dtype=np.int64, na_value=0) for c in
+               _KEYS + ["seq", "step", "action", "from_tier", "reason", "request_id"]}
+        need = events["is_need"].to_numpy(dtype=bool)
         cost = events["cost_us"].to_numpy(dtype=np.float64, na_value=0.0)
         crit = events["critical"].to_numpy(dtype=bool, na_value=False)
-        dist = (step[nj] - step[ev_idx]).astype(np.int64)
-        if dist.size:
-            hist = np.bincount(dist)
-            if hist.size > self.distance_steps.size:
-                hist[: self.distance_steps.size] += self.distance_steps
-                self.distance_steps = hist
-            else:
-                self.distance_steps[: hist.size] += hist
+        out, orphan = self._pending.match(
+            need, arr["k_hash"], arr["k_req"], arr["k_idx"], arr["seq"], arr["step"],
+            arr["action"], arr["from_tier"], arr["reason"], arr["request_id"])
+        self.unattributed_needs += int(np.count_nonzero(orphan & (cost > 0)))
+        self.unattributed_cost_us += float(cost[orphan].sum())
+        ones = np.ones(len(ev), np.int64)
+        self._blocks.add(ev["k_hash"].to_numpy(), ev["k_req"].to_numpy(), ev["k_idx"].to_numpy(),
+                         ones, ones * 0, np.zeros(len(ev)))
+        if not len(out):
+            return
+        nj = out[:, OUT_NEED]
+        is_cause = out[:, OUT_CAUSE] == 1
+        dist = arr["step"][nj] - out[:, REC_STEP]
+        hist = np.bincount(dist)
+        if hist.size > self.distance_steps.size:
+            hist[: self.distance_steps.size] += self.distance_steps
+            self.distance_steps = hist
+        else:
+            self.distance_steps[: hist.size] += hist
         paid = np.where(is_cause, cost[nj], 0.0)
-        self.regretted += int(ev_idx.size)
+        self.regretted += len(out)
         self.regret_cost_us += float(paid.sum())
         self.regret_critical_cost_us += float(paid[crit[nj]].sum())
-        # needs with no eviction right before them in the same block: unattributed
-        need_idx = np.flatnonzero(need)
-        prev = need_idx - 1
-        has_prev_ev = (prev >= 0)
-        p = np.maximum(prev, 0)
-        has_prev_ev &= ~need[p] & (kh[p] == kh[need_idx]) & (kr[p] == kr[need_idx]) \
-            & (ki[p] == ki[need_idx])
-        orphan = need_idx[~has_prev_ev]
-        self.unattributed_needs += int(np.count_nonzero(cost[orphan] > 0))
-        self.unattributed_cost_us += float(cost[orphan].sum())
-        if ev_idx.size:
-            done = events.iloc[ev_idx][_KEYS + ["seq", "step", "action", "from_tier",
-                                                "reason", "request_id"]].copy()
-            done["cost_us"] = paid
-            done["need_step"] = step[nj]
-            done["need_seq"] = events["seq"].to_numpy()[nj]
-            done["need_request_id"] = events["request_id"].to_numpy()[nj]
-            done["need_critical"] = crit[nj]
-            for (a, ft, r), sub in done.groupby(["action", "from_tier", "reason"]):
-                entry = self.by_cause.setdefault((int(a), int(ft), int(r)), [0, 0, 0.0])
-                entry[1] += len(sub)
-                entry[2] += float(sub["cost_us"].sum())
-            agg = done.groupby(_KEYS).agg(regretted=("seq", "size"), cost_us=("cost_us", "sum"))
-            self._add_blocks(agg.assign(evictions=0))
-            top = done[done["cost_us"] > 0]
-            if len(top):
-                merged = top if self._top is None else pd.concat([self._top, top])
-                self._top = merged.sort_values(["cost_us", "seq"], ascending=[False, True],
-                                               kind="stable").head(self.top_n)
-        pending = np.flatnonzero(~need & ~same)
-        self._pending = events.iloc[pending].reset_index(drop=True)
+        done = pd.DataFrame({"k_hash": arr["k_hash"][nj], "k_req": arr["k_req"][nj],
+                             "k_idx": arr["k_idx"][nj], "seq": out[:, REC_SEQ],
+                             "step": out[:, REC_STEP], "action": out[:, REC_ACTION],
+                             "from_tier": out[:, REC_FROM], "reason": out[:, REC_REASON],
+                             "request_id": out[:, REC_REQ], "cost_us": paid,
+                             "need_step": arr["step"][nj], "need_seq": arr["seq"][nj],
+                             "need_request_id": arr["request_id"][nj],
+                             "need_critical": crit[nj]})
+        self._add_causes(out[:, REC_ACTION], out[:, REC_FROM], out[:, REC_REASON], 1, paid)
+        ones = np.ones(len(done), np.int64)
+        self._blocks.add(done["k_hash"].to_numpy(), done["k_req"].to_numpy(),
+                         done["k_idx"].to_numpy(), ones * 0, ones, paid)
+        top = done[done["cost_us"] > 0]
+        if len(top):
+            merged = top if self._top is None else pd.concat([self._top, top])
+            self._top = merged.sort_values(["cost_us", "seq"], ascending=[False, True],
+                                           kind="stable").head(self.top_n)
 
-    def _add_blocks(self, frame: pd.DataFrame) -> None:
-        if not len(frame):
+    def _add_causes(self, action, from_tier, reason, column: int, cost) -> None:
+        """Add counts (to ``by_cause[...][column]``) and costs per (action, tier, reason)."""
+        if not len(action):
             return
-        self._blocks.append(frame[["evictions", "regretted", "cost_us"]])
-        self._block_rows += len(frame)
-        if self._block_rows > _COMPACT_ROWS and len(self._blocks) > 1:
-            self._blocks = [pd.concat(self._blocks).groupby(level=_KEYS).sum()]
-            self._block_rows = len(self._blocks[0])
+        code = (np.asarray(action, np.int64) << 40) | ((np.asarray(from_tier, np.int64) + 1)
+                                                      << 32) | np.asarray(reason, np.int64)
+        uniq, inverse, counts = np.unique(code, return_inverse=True, return_counts=True)
+        costs = np.bincount(inverse, weights=cost, minlength=uniq.size) if cost is not None \
+            else None
+        for i, c in enumerate(uniq.tolist()):
+            key = (c >> 40, ((c >> 32) & 0xFF) - 1, c & 0xFFFFFFFF)
+            entry = self.by_cause.setdefault(key, [0, 0, 0.0])
+            entry[column] += int(counts[i])
+            if costs is not None:
+                entry[2] += float(costs[i])
 
     def per_block(self) -> pd.DataFrame:
         """Per evicted block: ``evictions``, ``regretted``, ``cost_us`` (index: identity)."""
-        if not self._blocks:
-            idx = pd.MultiIndex.from_arrays([[], [], []], names=_KEYS)
-            return pd.DataFrame({"evictions": [], "regretted": [], "cost_us": []}, index=idx)
-        merged = pd.concat(self._blocks).groupby(level=_KEYS).sum()
-        self._blocks = [merged]
-        self._block_rows = len(merged)
-        return merged
+        return self._blocks.frame().set_index(_KEYS).sort_index()
 
     def top_causes(self) -> pd.DataFrame:
         """The ``top_n`` evictions whose later need cost the most (cost desc, seq asc)."""
@@ -218,17 +204,19 @@ class EvictionLedger:
         return self._top.reset_index(drop=True)
 
     def never_needed(self) -> int:
-        return 0 if self._pending is None else int(len(self._pending))
+        """Evictions still pending (never followed by a need of their block)."""
+        return self._pending.pending
 
 
 def build_ledger(log: DecisionLog, top_n: int = 10, extra=None,
-                 columns: list[str] | None = None) -> EvictionLedger:
+                 columns: list[str] | None = None, batch_rows: int = BATCH_ROWS
+                 ) -> EvictionLedger:
     """Run the ledger over the whole log (streamed).  ``extra(table)`` sees each table,
     which holds ``LEDGER_COLUMNS`` plus any further ``columns``."""
     ledger = EvictionLedger(top_n=top_n)
     names = LEDGER_COLUMNS + [c for c in (columns or []) if c not in LEDGER_COLUMNS]
     prev_seq, prev_step = -1, -1
-    for table in step_aligned(log.scan(names)):
+    for table in step_aligned(log.scan(names, batch_rows=batch_rows)):
         seq = table.column("seq").to_numpy()
         step = table.column("step").to_numpy()
         check_order(seq, step, prev_seq, prev_step, log.path)

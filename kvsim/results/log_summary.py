@@ -85,8 +85,8 @@ class _Totals:
         self.action = np.zeros((3, 256), np.float64)  # rows, bytes, cost by action code
         self.reason: dict[tuple[int, int], list] = {}
         self.tier: dict[tuple[int, int, int], list] = {}
-        self.paid: pd.DataFrame | None = None
-        self.owners: pd.Series | None = None
+        self.paid = _Partials()
+        self.owners = _Partials()
 
     def __call__(self, t: pa.Table) -> None:
         action = t.column("action").to_numpy().astype(np.int64)
@@ -105,21 +105,21 @@ class _Totals:
         self.decisions += int(dec.sum())
         if dec.any():
             rid = reasons_of(t.column("reason").filter(pa.array(dec)), self.intern)
-            frame = pd.DataFrame({"a": action[dec], "r": rid, "c": cost[dec]})
-            for (ac, r), sub in frame.groupby(["a", "r"]):
-                entry = self.reason.setdefault((int(ac), int(r)), [0, 0.0])
-                entry[0] += len(sub)
-                entry[1] += float(sub["c"].sum())
+            code = (action[dec] << 32) | rid
+            for c, n, w in _group(code, cost[dec]):
+                entry = self.reason.setdefault((c >> 32, c & 0xFFFFFFFF), [0, 0.0])
+                entry[0] += n
+                entry[1] += w
         ft = t.column("from_tier").to_numpy().astype(np.int64)
         tt = t.column("to_tier").to_numpy().astype(np.int64)
         moved = (ft >= 0) | (tt >= 0)
         if moved.any():
-            frame = pd.DataFrame({"a": action[moved], "f": ft[moved], "t": tt[moved],
-                                  "b": nbytes[moved]})
-            for (ac, f, to), sub in frame.groupby(["a", "f", "t"]):
-                entry = self.tier.setdefault((int(ac), int(f), int(to)), [0, 0.0])
-                entry[0] += len(sub)
-                entry[1] += float(sub["b"].sum())
+            code = (action[moved] << 16) | ((ft[moved] + 1) << 8) | (tt[moved] + 1)
+            for c, n, w in _group(code, nbytes[moved]):
+                entry = self.tier.setdefault((c >> 16, ((c >> 8) & 0xFF) - 1, (c & 0xFF) - 1),
+                                             [0, 0.0])
+                entry[0] += n
+                entry[1] += w
         req = t.column("request_id").to_numpy()
         crit = t.column("decode_critical").to_numpy(zero_copy_only=False).astype(bool)
         charged = cost > 0
@@ -127,8 +127,7 @@ class _Totals:
             frame = pd.DataFrame({"request_id": req[charged], "cost_us": cost[charged],
                                   "critical_cost_us": np.where(crit[charged], cost[charged], 0.0),
                                   "rows": 1})
-            part = frame.groupby("request_id").sum()
-            self.paid = part if self.paid is None else self.paid.add(part, fill_value=0)
+            self.paid.add(frame.groupby("request_id").sum())
         ev = np.isin(action, EVICTING)
         if ev.any():
             owner = req.copy()
@@ -142,15 +141,45 @@ class _Totals:
             snap = np.full(len(action), -1, np.int64)
             snap[parents] = vreq
             owner = np.where(hashed, snap, owner)
-            counts = pd.Series(owner[ev]).value_counts()
-            self.owners = counts if self.owners is None else self.owners.add(counts, fill_value=0)
+            self.owners.add(pd.Series(owner[ev]).value_counts().to_frame("evictions"))
+
+
+def _group(code: np.ndarray, weights: np.ndarray):
+    """(code, count, weight sum) per distinct code, as Python ints/floats."""
+    uniq, inverse, counts = np.unique(code, return_inverse=True, return_counts=True)
+    sums = np.bincount(inverse, weights=weights, minlength=uniq.size)
+    return zip(uniq.tolist(), counts.tolist(), sums.tolist())
+
+
+class _Partials:
+    """Per-key partial sums (frames indexed by key) merged lazily: memory is bounded by
+    the distinct keys plus ``limit`` unmerged rows."""
+
+    def __init__(self, limit: int = 2_000_000) -> None:
+        self.parts: list[pd.DataFrame] = []
+        self.rows = 0
+        self.limit = limit
+
+    def add(self, frame: pd.DataFrame) -> None:
+        self.parts.append(frame)
+        self.rows += len(frame)
+        if self.rows > self.limit and len(self.parts) > 1:
+            self.merged()
+
+    def merged(self) -> pd.DataFrame | None:
+        if not self.parts:
+            return None
+        merged = pd.concat(self.parts).groupby(level=0).sum()
+        self.parts, self.rows = [merged], len(merged)
+        return merged
 
 
 def summary(log: DecisionLog, top: int = 10) -> LogSummary:
     """Summarise ``log`` in one streamed pass; ``top`` bounds every "most" list."""
     intern: dict[str, int] = {}
     totals = _Totals(intern)
-    ledger = build_ledger(log, top_n=top, extra=totals, columns=SUMMARY_COLUMNS)
+    ledger = build_ledger(log, top_n=top, extra=totals,
+                          columns=SUMMARY_COLUMNS + [log.candidate_leaf("request_id")])
     # the ledger and the totals intern reasons separately; map both back to text
     ledger_reasons = ledger.reasons
     reasons = {v: k for k, v in intern.items()}
@@ -179,14 +208,15 @@ def summary(log: DecisionLog, top: int = 10) -> LogSummary:
             {"block": format_block(r.k_hash, r.k_req, r.k_idx), "evictions": int(r.evictions),
              "regretted": int(r.regretted), "cost_us": float(r.cost_us)}
             for r in blocks.itertuples()]
-    if totals.owners is not None:
-        owners = totals.owners.rename("evictions").reset_index()
-        owners.columns = ["request_id", "evictions"]
+    owners = totals.owners.merged()
+    if owners is not None:
+        owners = owners.rename_axis("request_id").reset_index()
         owners = owners.sort_values(["evictions", "request_id"], ascending=[False, True])
         out.top_evicted_requests = [{"request_id": int(r.request_id), "evictions": int(r.evictions)}
                                     for r in owners.head(top).itertuples()]
-    if totals.paid is not None:
-        paid = totals.paid.reset_index()
+    paid = totals.paid.merged()
+    if paid is not None:
+        paid = paid.reset_index()
         out.critical_cost_us = float(paid["critical_cost_us"].sum())
         paid = paid.sort_values(["cost_us", "request_id"], ascending=[False, True]).head(top)
         out.top_paying_requests = [{"request_id": int(r.request_id), "cost_us": float(r.cost_us),
@@ -223,4 +253,5 @@ def summary(log: DecisionLog, top: int = 10) -> LogSummary:
 
 
 #: Extra columns the summary reads besides the ledger's.
-SUMMARY_COLUMNS = LEDGER_COLUMNS + ["bytes", "to_tier", "candidates"]
+#: (Of the candidates only the victim's ``request_id`` leaf is read.)
+SUMMARY_COLUMNS = LEDGER_COLUMNS + ["bytes", "to_tier"]

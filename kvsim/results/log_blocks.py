@@ -1,0 +1,89 @@
+"""Per-block totals of a streamed log: evictions, regretted evictions, regret cost.
+
+Keyed by block identity (the triple of ``log_reader.identity_columns``) in the same
+open-addressing table layout as :mod:`kvsim.results.log_pending` (linear probing, load at
+most 1/2, no deletions here), with numba kernels, so a log with millions of distinct
+evicted blocks costs ~100 bytes per block instead of a pandas MultiIndex per batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from numba import njit
+
+from kvsim.results.log_pending import _slot
+
+#: Column names of :meth:`BlockTotals.frame`'s index and values.
+KEY_COLUMNS = ["k_hash", "k_req", "k_idx"]
+
+
+@njit(cache=True)
+def _add(kh, kr, ki, evictions, regretted, cost, skh, skr, ski, state, counts, costs, meta):
+    for e in range(kh.size):
+        s = _slot(skh, skr, ski, state, kh[e], kr[e], ki[e])
+        if s < 0:
+            s = -s - 1
+            state[s] = 1
+            skh[s] = kh[e]
+            skr[s] = kr[e]
+            ski[s] = ki[e]
+            counts[s, 0] = 0
+            counts[s, 1] = 0
+            costs[s] = 0.0
+            meta[0] += 1
+        counts[s, 0] += evictions[e]
+        counts[s, 1] += regretted[e]
+        costs[s] += cost[e]
+
+
+@njit(cache=True)
+def _move(okh, okr, oki, ostate, ocounts, ocosts, skh, skr, ski, state, counts, costs):
+    for i in range(ostate.size):
+        if ostate[i] == 1:
+            s = -_slot(skh, skr, ski, state, okh[i], okr[i], oki[i]) - 1
+            state[s] = 1
+            skh[s] = okh[i]
+            skr[s] = okr[i]
+            ski[s] = oki[i]
+            counts[s, 0] = ocounts[i, 0]
+            counts[s, 1] = ocounts[i, 1]
+            costs[s] = ocosts[i]
+
+
+class BlockTotals:
+    """Totals per block identity; :meth:`add` rows, read with :meth:`frame`."""
+
+    def __init__(self, capacity: int = 1 << 12) -> None:
+        self._alloc(capacity)
+        self.meta = np.zeros(1, np.int64)  # live keys
+
+    def _alloc(self, cap: int) -> None:
+        self.skh = np.zeros(cap, np.int64)
+        self.skr = np.zeros(cap, np.int64)
+        self.ski = np.zeros(cap, np.int64)
+        self.state = np.zeros(cap, np.int8)
+        self.counts = np.zeros((cap, 2), np.int64)
+        self.costs = np.zeros(cap, np.float64)
+
+    def __len__(self) -> int:
+        return int(self.meta[0])
+
+    def add(self, kh, kr, ki, evictions, regretted, cost) -> None:
+        """Add per-row ``evictions``, ``regretted`` (ints) and ``cost`` (us) to each key."""
+        if 2 * (len(self) + len(kh)) > self.state.size:
+            old = (self.skh, self.skr, self.ski, self.state, self.counts, self.costs)
+            self._alloc(1 << int(2 * (len(self) + len(kh))).bit_length())
+            _move(*old, self.skh, self.skr, self.ski, self.state, self.counts, self.costs)
+        _add(np.ascontiguousarray(kh, np.int64), np.ascontiguousarray(kr, np.int64),
+             np.ascontiguousarray(ki, np.int64), np.ascontiguousarray(evictions, np.int64),
+             np.ascontiguousarray(regretted, np.int64), np.ascontiguousarray(cost, np.float64),
+             self.skh, self.skr, self.ski, self.state, self.counts, self.costs, self.meta)
+
+    def frame(self) -> pd.DataFrame:
+        """Columns ``k_hash, k_req, k_idx, evictions, regretted, cost_us``; one row per
+        block, in no particular order (callers sort)."""
+        live = self.state == 1
+        return pd.DataFrame({"k_hash": self.skh[live], "k_req": self.skr[live],
+                             "k_idx": self.ski[live], "evictions": self.counts[live, 0],
+                             "regretted": self.counts[live, 1], "cost_us": self.costs[live]})
