@@ -67,7 +67,12 @@ class SimConfig:
     log_candidates: int = field(default=4, metadata=_h(
         "runners-up recorded per eviction in the decision log (victim included)"))
     seed: int = field(default=0, metadata=_h("seed passed to policies that randomise"))
+    engine: str = field(default="compiled", metadata=_h(
+        "compiled (numba, cached on disk) or interpreted (the same code run by Python: no "
+        "compile time, ~100x slower per event; plain-Python policies always use it)"))
     batch_rows: int = field(default=1 << 20, metadata=_h("event rows per streamed batch"))
+    check_invariants: bool = field(default=False, metadata=_h(
+        "after the replay, check the pool and tier invariants (SimResult.checks)"))
 
     def __post_init__(self) -> None:
         for name in ("hbm_gb", "dram_gb", "cxl_gb", "nvme_gb"):
@@ -91,6 +96,8 @@ class SimConfig:
         if not 0 <= self.log_candidates <= 8:
             raise bad_value(None, None, "log_candidates", "an integer in 0..8",
                             self.log_candidates)
+        if self.engine not in ("compiled", "interpreted"):
+            raise bad_value(None, None, "engine", "compiled | interpreted", self.engine)
         if self.batch_rows < 1:
             raise bad_value(None, None, "batch_rows", "an integer >= 1", self.batch_rows)
         for item in self.tier_policies:

@@ -65,6 +65,7 @@ class SimResult:
     config: dict
     trace: str
     tiers: list[TierCosts] = field(default_factory=list)
+    checks: dict = field(default_factory=dict)  # with SimConfig(check_invariants=True)
 
 
 def _open(path):
@@ -217,7 +218,7 @@ class _Run:
         params = {"seed": config.seed}
         lower = [_resolve_policy(config.tier_policy(t)) for t in LOWER_TIERS]
         self.lower_policies = lower
-        self.core = core_for(policy, lower)
+        self.core = core_for(policy, lower, config.engine)
         hbm_blocks = costs[0].capacity_blocks
         max_blocks = max(facts.max_blocks_per_request, 1) + 1
         pcfg = mem.PoolConfig(num_blocks=hbm_blocks + 1, block_size_tokens=bs,
@@ -371,6 +372,21 @@ class _Run:
         self._flush_steps()
         self._flush_log()
 
+    def check(self) -> dict:
+        """Invariants after the replay: the HBM pool's (kvsim.memory.fast.pool_check), each
+        lower tier's (kvsim.sim.tiers.check_tier), and no tier above its capacity."""
+        from kvsim.sim.tiers import check_tier
+
+        code = int(mem.pool_check(self.st))
+        out = {"pool_check": code, "pool_ok": code == 0}
+        for T in self.T:
+            check_tier(T)
+        cap = [self.st.cfg[mem.F_NUM_BLOCKS] - 1] + [int(T[5][L.LM_CAP]) for T in self.T]
+        out["peak_within_capacity"] = all(self.C[L.C_PEAK + t] <= cap[t] for t in range(4))
+        out["held_blocks"] = int(self.st.sc[mem.S_N_HELD])
+        out["running"] = int(self.C[L.C_NRUN])
+        return out
+
     def steps(self) -> np.ndarray:
         if not self.step_chunks:
             return np.zeros((0, L.NS))
@@ -427,6 +443,7 @@ def simulate(trace_path: str | Path, policy, config: SimConfig | None = None,
         raise
     if writer is not None:
         writer.__exit__(None, None, None)
+    checks = run.check() if config.check_invariants else {}
     steps = step_table(run.steps())
     requests = request_table(run.R_i, run.R_f, facts.max_request_id + 1)
     warm = run.C[L.C_WARM_DONE] != 0
@@ -434,7 +451,7 @@ def simulate(trace_path: str | Path, policy, config: SimConfig | None = None,
                         run.C[L.C_WARM_US] if warm else None,
                         int(run.K[L.K_WARMUP_STEP]), steps, requests, costs, facts.num_rows)
     return SimResult(pol.name, bool(pol.offline), summary, requests, steps, cfg_dict,
-                     str(trace_path), costs)
+                     str(trace_path), costs, checks)
 
 
 # ---------------------------------------------------------------------------------------

@@ -47,10 +47,11 @@ def _import_file(name: str, path: Path) -> ModuleType:
     return module
 
 
-def core_for(hbm_policy, lower_policies) -> ModuleType:
+def core_for(hbm_policy, lower_policies, engine: str = "compiled") -> ModuleType:
     """The core module to run for ``hbm_policy`` and the three lower-tier policies
     (:class:`kvsim.policy_registry.Policy` objects)."""
-    if not (hbm_policy.compiled and all(p.compiled for p in lower_policies)):
+    if engine == "interpreted" or not (hbm_policy.compiled and
+                                       all(p.compiled for p in lower_policies)):
         return interpreted(hbm_policy, lower_policies)
     from kvsim.memory import fast
     from kvsim.memory.specialize import cache_dir, ops_for
