@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -103,10 +103,14 @@ def _unique(values: np.ndarray) -> np.ndarray:
     return s[keep]
 
 
-def summarize_trace(path: str | Path, batch_rows: int = 1 << 20) -> TraceSummary:
+def summarize_trace(path: str | Path, batch_rows: int = 1 << 20,
+                    on_progress: Callable[[int, int | None], None] | None = None
+                    ) -> TraceSummary:
     """Stream the event file at ``path`` once and return its :class:`TraceSummary`.
 
-    Raises :class:`kvsim.errors.KvsimInputError` on any invalid row (see kvsim.events).
+    ``on_progress(rows_done, total_rows)`` is called after each batch (``total_rows`` is
+    None for JSONL, whose length is unknown until the end).  Raises
+    :class:`kvsim.errors.KvsimInputError` on any invalid row (see kvsim.events).
     """
     n_kinds = max(int(k) for k in EventKind) + 1
     n_phases = max(int(p) for p in Phase) + 1
@@ -139,6 +143,8 @@ def summarize_trace(path: str | Path, batch_rows: int = 1 << 20) -> TraceSummary
             if n == 0:
                 continue
             events += n
+            if on_progress is not None:
+                on_progress(events, reader.num_rows)
             kind = b["kind"]
             kind_counts += np.bincount(kind, minlength=n_kinds)[:n_kinds]
             # steps: non-decreasing, so distinct = number of changes

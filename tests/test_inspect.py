@@ -231,3 +231,12 @@ def test_summary_is_a_frozen_dataclass(small) -> None:
     s = summarize_trace(small[0])
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.events = 0  # type: ignore[misc]
+
+
+def test_progress_callback(small) -> None:
+    calls: list[tuple[int, int | None]] = []
+    summarize_trace(small[1], batch_rows=8, on_progress=lambda d, t: calls.append((d, t)))
+    assert calls == [(8, None), (16, None), (21, None)]
+    calls.clear()
+    summarize_trace(small[0], on_progress=lambda d, t: calls.append((d, t)))
+    assert calls == [(21, 21)]

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from kvsim.cli import app
-from kvsim.cli.common import JsonOption, emit_json, out_console
+from kvsim.cli.common import JsonOption, emit_json, out_console, progress
 from kvsim.schema import DEFAULTS, ENUM_COLUMNS
 from kvsim.trace_summary import TraceSummary, head_events, summarize_trace
 
@@ -45,7 +45,10 @@ def inspect_command(
             out_console.print(shown.to_string(index=False), markup=False, highlight=False,
                               soft_wrap=True)
         return
-    summary = summarize_trace(trace)
+    with progress() as bar:
+        task = bar.add_task(f"inspect {trace.name}", total=None)
+        summary = summarize_trace(
+            trace, on_progress=lambda done, total: bar.update(task, completed=done, total=total))
     if json_:
         emit_json(summary)
     else:
