@@ -94,7 +94,7 @@ def test_ledger_matches_reference(tmp_path, make_logs, seed):
     rows = _random_rows(np.random.default_rng(seed), 1200)
     path = make_logs.write(make_logs.table(rows, "random"), tmp_path / "r.parquet",
                            row_group_rows=64)
-    ledger = build_ledger(DecisionLog(path), batch_rows=150)
+    ledger = build_ledger(DecisionLog(path), batch_rows=300)
     ref = _reference(rows)
     assert ledger.evictions == ref["evictions"]
     assert ledger.regretted == ref["regretted"]
