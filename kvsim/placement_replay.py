@@ -15,17 +15,20 @@ WRITE_THROUGH      same as DEMOTE      (the HBM copy stays; the bytes moved are 
 PROMOTE, PREFETCH  DRAM/CXL -> HBM     promote (host tier -> pool)
 PROMOTE, PREFETCH  NVME -> HBM         disk read, then promote
 PROMOTE, PREFETCH  NVME -> DRAM/CXL    disk read
+any of the above   DRAM <-> CXL        host copy (host slot -> host slot, by the CPU)
 =================  ==================  ============================================
 
-Other rows (evictions, recomputes, lifecycle facts, host-to-host moves) move no data a
-backend can time and are counted as skipped, by reason.  DRAM and CXL both map to the
-backend's host tier: this machine has no CXL memory to time separately.
+Other rows (evictions, recomputes, lifecycle facts) move no data and are not read;
+movement rows on any other path are counted as skipped, by reason.  DRAM and CXL both live
+in the backend's host tier (this machine has no CXL memory to time separately), each with
+its own slot map, so a DRAM -> CXL move copies between two host slots.
 
 Batching: consecutive rows with the same (step, action, from tier, to tier) are one batch
 and one launch per operation, across all layers (a batch larger than a tier of the real
 pool is split into pool-sized launches).  Blocks are mapped to slots of each real tier by
 their identity (content hash, else request and block index) through a ring allocator per
-tier (:class:`SlotRing`), so a block spilled and later promoted is read from the host slot
+tier (:class:`SlotRing`; DRAM and CXL have separate rings over the one host tier), so a
+block spilled and later promoted is read from the host slot
 it was written to, and consecutive new blocks get consecutive slots (one disk extent).
 
 Predicted time is the sum of the rows' ``cost_us`` (what the simulator charged: 0 when it
@@ -66,6 +69,9 @@ def operations_for(action: int, from_tier: int, to_tier: int) -> tuple[str, ...]
     """The backend operations replaying one movement, in order; None if not replayable."""
     down = action in (Action.DEMOTE, Action.WRITE_THROUGH)
     up = action in (Action.PROMOTE, Action.PREFETCH)
+    if (down or up) and from_tier in _HOST_TIERS and to_tier in _HOST_TIERS \
+            and from_tier != to_tier:
+        return ("host_copy",)
     if down and from_tier == _HBM and to_tier in _HOST_TIERS:
         return ("spill",)
     if down and from_tier == _HBM and to_tier == _NVME:
@@ -248,9 +254,10 @@ class _Replayer:
         self.path = path
         bb = backend.layout.block_bytes
         self.block_bytes = bb
-        self.rings = {"device": SlotRing(backend.device_blocks),
-                      "host": SlotRing(backend.host_blocks),
-                      "disk": SlotRing(backend.disk_blocks)}
+        self.rings = {int(Tier.HBM): SlotRing(backend.device_blocks),
+                      int(Tier.DRAM): SlotRing(backend.host_blocks),
+                      int(Tier.CXL): SlotRing(backend.host_blocks),
+                      int(Tier.NVME): SlotRing(backend.disk_blocks)}
         self.chunk = min(backend.device_blocks, backend.host_blocks, backend.disk_blocks)
         self.tallies: dict[tuple[int, int, int], _Tally] = {}
 
@@ -258,21 +265,24 @@ class _Replayer:
             nbytes: int, predicted_us: float) -> None:
         ops = operations_for(action, frm, to)
         measured = 0.0
+        # The host tier a movement passes through: the host end of the path (DRAM or
+        # CXL), or DRAM for HBM <-> NVME (staged through host memory).
+        host_tier = next((t for t in (to, frm) if t in _HOST_TIERS), int(Tier.DRAM))
         for start in range(0, len(keys), self.chunk):
             part = keys[start:start + self.chunk]
-            dev = self.rings["device"].slots(part)
-            host = self.rings["host"].slots(part)
-            disk = self.rings["disk"].slots(part) if "disk_write" in ops or "disk_read" in ops \
-                else None
+            slots = {t: self.rings[t].slots(part) for t in {frm, to, host_tier}}
+            dev, host = slots.get(_HBM), slots[host_tier]
             for op in ops:
                 if op == "spill":
                     measured += self.backend.spill(dev, host)
                 elif op == "promote":
                     measured += self.backend.promote(host, dev)
                 elif op == "disk_write":
-                    measured += self.backend.write_disk(host, disk)
-                else:
-                    measured += self.backend.read_disk(disk, host)
+                    measured += self.backend.write_disk(host, slots[_NVME])
+                elif op == "disk_read":
+                    measured += self.backend.read_disk(slots[_NVME], host)
+                else:  # host_copy between two host tiers
+                    measured += self.backend.copy_host(slots[frm], slots[to])
         tally = self.tallies.setdefault((action, frm, to), _Tally())
         tally.rows += rows
         tally.blocks += len(keys)
@@ -285,6 +295,7 @@ class _Replayer:
         """One untimed block through every operation (loads compiled kernels, faults in
         page tables), so the first timed batch is not charged for it."""
         one = np.zeros(1, dtype=np.int64)
+        self.backend.copy_host(one, one)
         self.backend.spill(one, one)
         self.backend.promote(one, one)
         self.backend.write_disk(one, one)

@@ -15,7 +15,9 @@ A copy moves bytes; the element type only fixes the element width (fp16/bf16: 2 
 1 byte, fp32: 4).  Arrays are therefore stored as the widest unsigned integer word that
 divides a chunk (uint64 for any real model), which keeps kernels simple and exact.
 
-Every batched operation returns the elapsed time of the whole batch in microseconds,
+Operations: gather/scatter (pool <-> staging), spill/promote (pool <-> host tier), copy_host
+(host slot -> host slot), write_disk/read_disk (host tier <-> disk tier).  Every batched
+operation returns the elapsed time of the whole batch in microseconds,
 measured with the backend's timer (:attr:`DeviceInfo.timer`).  Invariant: an operation
 touches exactly the named blocks/slots (tests check neighbours byte for byte).
 """
@@ -182,6 +184,22 @@ class KvBackend(abc.ABC):
     @abc.abstractmethod
     def promote(self, host_slots: np.ndarray, block_ids: np.ndarray) -> float:
         """Copy host-tier slots to pool blocks (host to device)."""
+
+    def copy_host(self, src_slots: np.ndarray, dst_slots: np.ndarray) -> float:
+        """Copy host-tier slots to other host-tier slots (a move between two host memories,
+        e.g. DRAM to CXL; the CPU copies, on every backend).  Timed with perf_counter_ns."""
+        import time
+
+        from kvsim.backends.kernels import store_to_store
+
+        src = check_ids("src_slots", src_slots, self.host_blocks)
+        dst = check_ids("dst_slots", dst_slots, self.host_blocks)
+        if src.size != dst.size:
+            raise ValueError("src_slots and dst_slots differ in length")
+        host = self._host_view()
+        t0 = time.perf_counter_ns()
+        store_to_store(host, src, host, dst)
+        return (time.perf_counter_ns() - t0) / 1e3
 
     def write_disk(self, host_slots: np.ndarray, disk_slots: np.ndarray) -> float:
         """Write host-tier slots to disk-tier slots (durable: includes one fdatasync)."""

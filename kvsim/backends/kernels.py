@@ -1,6 +1,6 @@
 """CPU copy kernels over the combined K/V pool (numba, compiled once, cached on disk).
 
-Both kernels move whole blocks across every layer and both K and V in one call; the pool is
+The pool kernels move whole blocks across every layer and both K and V in one call; the pool is
 ``(layers, 2, pool_blocks, chunk_words)``, the block store (host tier, staging buffer) is
 ``(store_blocks, layers, 2, chunk_words)``.  Each copies exactly ``ids.size`` blocks and
 writes nothing else.
@@ -42,6 +42,22 @@ def store_to_pool(store, store_slots, pool, block_ids):  # pragma: no cover - co
                 dst = pool[layer, kv, b]
                 for w in range(words):
                     dst[w] = src[w]
+
+
+@njit(cache=True)
+def store_to_store(src, src_slots, dst, dst_slots):  # pragma: no cover - compiled
+    """``dst[dst_slots[i]] = src[src_slots[i]]`` (whole blocks) for all i."""
+    layers = src.shape[1]
+    words = src.shape[3]
+    for i in range(src_slots.size):
+        s = src_slots[i]
+        d = dst_slots[i]
+        for layer in range(layers):
+            for kv in range(2):
+                a = src[s, layer, kv]
+                b = dst[d, layer, kv]
+                for w in range(words):
+                    b[w] = a[w]
 
 
 @njit(cache=True)

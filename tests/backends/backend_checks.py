@@ -88,8 +88,16 @@ def run_checks(backend_name: str, disk_dir: str) -> list[str]:
             assert host2[s].tobytes() == host1[s].tobytes(), s
         done.append("disk")
 
+        # copy_host: host slots 0, 1 -> 3, 4 (CPU copy on every backend); 0..2 untouched.
+        be.copy_host(np.array([0, 1]), np.array([3, 4]))
+        host3 = be.host_bytes()
+        assert host3[3].tobytes() == host2[0].tobytes()
+        assert host3[4].tobytes() == host2[1].tobytes()
+        assert np.array_equal(host3[:3], host2[:3])
+        done.append("copy_host")
+
         # A spilled block survives the round trip pool -> host -> disk -> host -> pool.
-        be.promote(np.array([2]), np.array([3]))
+        be.promote(np.array([2]), np.array([3]))  # slot 2 was read back from disk
         assert pool_block(be.pool_bytes(), 3).tobytes() == pool_block(pool1, 1).tobytes()
         done.append("round_trip")
 

@@ -87,11 +87,12 @@ def handmade_rows() -> list[dict]:
         log_row(3, A.PROMOTE, 0, 0, 3, DRAM, HBM, BLOCK, 7.5),
         log_row(3, A.PREFETCH, 11, 3, 0, NVME, HBM, BLOCK, 100.0),
         log_row(3, A.RECOMPUTE, 13, 3, 2, -1, HBM, BLOCK, 250.0),
-        # step 4: a second promote batch (another step = another batch); a CXL -> DRAM move
-        # has no backend operation and is skipped
+        # step 4: a second promote batch (another step = another batch); a CXL -> DRAM
+        # move (a host copy); a "promotion" into NVME has no backend operation: skipped
         log_row(4, A.PROMOTE, 14, 4, 0, DRAM, HBM, BLOCK, 7.5),
         log_row(4, A.PROMOTE, 12, 4, 1, NVME, HBM, BLOCK, 120.0),
         log_row(4, A.DEMOTE, 15, 4, 2, CXL, DRAM, BLOCK, 5.0),
+        log_row(4, A.PROMOTE, 16, 4, 3, DRAM, NVME, BLOCK, 1.0),
     ]
 
 

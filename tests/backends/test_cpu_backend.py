@@ -14,7 +14,8 @@ from kvsim.errors import KvsimInputError
 
 def test_cpu_backend_moves_exact_bytes(backend_checks, tmp_path):
     done = backend_checks.run_checks("cpu", str(tmp_path))
-    assert done == ["gather", "scatter", "spill", "promote", "disk", "round_trip", "closed"]
+    assert done == ["gather", "scatter", "spill", "promote", "disk", "copy_host",
+                                       "round_trip", "closed"]
     assert list(tmp_path.iterdir()) == []  # scratch file removed
 
 

@@ -21,6 +21,7 @@ BLOCK = 8192
 EXPECTED = [
     ("DEMOTE", "HBM->DRAM", "spill", 3, 1, 30.0),
     ("DEMOTE", "DRAM->NVME", "disk_write", 2, 1, 100.0),
+    ("DEMOTE", "CXL->DRAM", "host_copy", 1, 1, 5.0),
     ("PROMOTE", "DRAM->HBM", "promote", 2, 2, 15.0),
     ("PROMOTE", "NVME->HBM", "disk_read+promote", 1, 1, 120.0),
     ("PREFETCH", "NVME->HBM", "disk_read+promote", 1, 1, 100.0),
@@ -42,7 +43,10 @@ def test_operations_per_path():
     assert operations_for(A.PROMOTE, 1, 0) == ("promote",)
     assert operations_for(A.PREFETCH, 3, 0) == ("disk_read", "promote")
     assert operations_for(A.PROMOTE, 3, 1) == ("disk_read",)
-    assert operations_for(A.DEMOTE, 2, 1) is None  # host to host: nothing to time
+    assert operations_for(A.DEMOTE, 1, 2) == ("host_copy",)  # DRAM -> CXL: CPU copy
+    assert operations_for(A.PROMOTE, 2, 1) == ("host_copy",)
+    assert operations_for(A.PROMOTE, 1, 3) is None  # a "promotion" downwards
+    assert operations_for(A.DEMOTE, 1, 1) is None
     assert operations_for(A.EVICT, 0, -1) is None
 
 
@@ -65,14 +69,14 @@ def test_replay_tallies_per_action_and_path(handmade_log, tmp_path):
         assert a.measured_us > 0
         assert a.relative_error == pytest.approx((a.predicted_us - a.measured_us)
                                                  / a.measured_us)
-    assert r.rows_scanned == 11 and r.rows_replayed == 10 and not r.truncated
-    assert r.skipped == {"DEMOTE CXL->DRAM: no backend operation": 1}
+    assert r.rows_scanned == 12 and r.rows_replayed == 11 and not r.truncated
+    assert r.skipped == {"PROMOTE DRAM->NVME: no backend operation": 1}
     assert r.layout.block_bytes == BLOCK and r.layout.num_layers == 4
     assert r.pool_blocks == 16 and r.policy == "handmade"
     frame = r.to_frame()
     total = frame.iloc[-1]
-    assert total["action"] == "TOTAL" and total["rows"] == 10
-    assert total["predicted_us"] == 365.0
+    assert total["action"] == "TOTAL" and total["rows"] == 11
+    assert total["predicted_us"] == 370.0
     assert total["measured_us"] == pytest.approx(sum(a.measured_us for a in r.actions))
     assert list((tmp_path / "disk").iterdir()) == []  # disk tier scratch file removed
 
@@ -129,16 +133,16 @@ def test_cli_replay_json_and_table(handmade_log, tmp_path):
                               str(tmp_path), "--json"])
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
-    assert data["backend"] == "cpu" and data["rows_replayed"] == 10
+    assert data["backend"] == "cpu" and data["rows_replayed"] == 11
     assert data["pool_blocks"] == 16 and data["layout"]["block_bytes"] == BLOCK
     acts = data["actions"]
     assert [(a["action"], a["path"], a["rows"]) for a in acts] == \
-        [(e[0], e[1], e[3]) for e in EXPECTED] + [("TOTAL", "", 10)]
+        [(e[0], e[1], e[3]) for e in EXPECTED] + [("TOTAL", "", 11)]
     assert set(acts[0]) == {"action", "path", "operations", "rows", "blocks", "bytes",
                             "batches", "predicted_us", "measured_us", "predicted_mean_us",
                             "measured_mean_us", "relative_error"}
-    assert np.isclose(acts[-1]["predicted_us"], 365.0)
+    assert np.isclose(acts[-1]["predicted_us"], 370.0)
     table = runner.invoke(app, ["replay", "--decision-log", str(handmade_log),
                                 "--pool-mib", "0.125", "--disk-dir", str(tmp_path)])
     assert table.exit_code == 0, table.output
-    assert "PREFETCH" in table.stdout and "skipped 1 rows: DEMOTE CXL->DRAM" in table.stdout
+    assert "PREFETCH" in table.stdout and "skipped 1 rows: PROMOTE DRAM->NVME" in table.stdout
