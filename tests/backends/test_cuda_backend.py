@@ -26,7 +26,7 @@ def simulator_run(run_python, tmp_path_factory, write_log, log_rows):
 def test_cuda_kernels_move_exact_bytes_under_the_simulator(simulator_run):
     assert simulator_run["detect"] == "cudasim"
     assert simulator_run["checks"] == ["gather", "scatter", "spill", "promote", "disk",
-                                       "round_trip", "closed"]
+                                       "copy_host", "round_trip", "closed"]
 
 
 def test_simulator_timings_are_refused_as_calibration_and_replay(simulator_run):
