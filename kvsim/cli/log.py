@@ -80,10 +80,15 @@ def _table(frame: pd.DataFrame, title: str, columns: list[str] | None = None) ->
     for col in columns:
         numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool)
                       for v in frame[col] if v is not None)
-        table.add_column(col, justify="right" if numeric else "left")
+        table.add_column(col, justify="right" if numeric else "left",
+                         no_wrap=col not in _WRAPPED, min_width=24 if col in _WRAPPED else None)
     for row in frame[columns].itertuples(index=False):
         table.add_row(*(_cell(v) for v in row))
     return table
+
+
+#: Free-text columns: they wrap; every other column keeps one line (ellipsis if narrow).
+_WRAPPED = ("reason", "what")
 
 
 def _cell(value) -> str:
@@ -96,8 +101,8 @@ def _cell(value) -> str:
     return "-" if value is None else str(value)
 
 
-def _records(rows: list[dict], title: str) -> Table:
-    return _table(pd.DataFrame(rows), title) if rows else Table(title=f"{title}: none")
+def _records(rows: list[dict], title: str, columns: list[str] | None = None) -> Table:
+    return _table(pd.DataFrame(rows), title, columns) if rows else Table(title=f"{title}: none")
 
 
 def _emit_frame(frame: pd.DataFrame, json_: bool, csv: bool) -> bool:
@@ -151,7 +156,9 @@ def _render_summary(s: LogSummary) -> None:
     out_console.print(_records(s.by_reason, "decisions by reason"))
     out_console.print(_records(s.by_tier, "rows by tier move"))
     out_console.print(_records(s.stall_by_cause, "stall by the eviction that caused it"))
-    out_console.print(_records(s.top_causes, "costliest evictions"))
+    out_console.print(_records(s.top_causes, "costliest evictions (--json: reasons too)",
+                               ["seq", "step", "block", "action", "from_tier", "cost_us",
+                                "need_step", "need_request_id", "need_decode_critical"]))
     out_console.print(_records(s.top_paying_requests, "requests that paid the most stall"))
     out_console.print(_records(s.top_evicted_blocks, "blocks evicted most"))
     out_console.print(_records(s.top_evicted_requests, "requests whose blocks were evicted most"))
@@ -230,7 +237,8 @@ def _render_explain(e: Explanation) -> None:
         f"[bold]{e.policy}[/bold]: {e.action} block {e.block} "
         f"{e.from_tier} -> {e.to_tier} on behalf of request {e.request_id}; reason: {e.reason}")
     if e.candidates:
-        names = sorted({t for c in e.candidates for t in c["terms"]})
+        names = sorted({t for c in e.candidates for t in c["terms"]}) \
+            if e.terms_source != "logged score" else []
         rows = [{"rank": c["rank"], "block": c["block"], "score": c["score"],
                  **{f"term {t}": c["terms"].get(t) for t in names},
                  "last_access_us": c["last_access_us"], "deadline_us": c["deadline_us"],
