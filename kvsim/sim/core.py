@@ -32,9 +32,9 @@ from numba import njit
 
 from kvsim.memory import fast as mem
 from kvsim.memory import pool_ops as ops  # HBM-OPS
-from kvsim.policies.lru import on_hit as d_h, on_insert as d_i, on_remove as d_r, victim as d_v  # DRAM-HOOKS
-from kvsim.policies.lru import on_hit as c_h, on_insert as c_i, on_remove as c_r, victim as c_v  # CXL-HOOKS
-from kvsim.policies.lru import on_hit as n_h, on_insert as n_i, on_remove as n_r, victim as n_v  # NVME-HOOKS
+from kvsim.sim import tier_ops as dram_ops  # DRAM-OPS
+from kvsim.sim import tier_ops as cxl_ops  # CXL-OPS
+from kvsim.sim import tier_ops as nvme_ops  # NVME-OPS
 from kvsim.sim import tiers as tr
 from kvsim.sim.layout import (AI_DEADLINE, AI_HASH, AI_NEXT, AI_PFOK, AI_PHASE, AI_PIN,
                               AI_PRIO, AI_RPRIO, AI_SEEN, AI_SIZE, AI_SLACK, AI_TDS,
@@ -187,45 +187,6 @@ def _pick_victim(running, C, R_i, exclude, by_priority):
 # ---------------------------------------------------------------------------------------
 
 @njit(cache=True)
-def _spill_into(T, ins, rem, vic, src, s, ow, bi, tok, has_below, k, TMP, TMP_i, K, C, G,
-                step, now_us, alt_b, alt_s, vo):
-    """Write block ``src[s]`` into tier T.  If T had to evict, its victim is copied into
-    ``TMP[k]`` and 1 is returned when it should go on down (``has_below``)."""
-    t = T[5][0]
-    slot = tr.tier_take_slot(T, rem, vic, now_us, alt_b, alt_s, vo)
-    if slot < 0:
-        C[M_EVICT + t] += 1  # no room and no victim: the block is dropped
-        return 0
-    moved = 0
-    if vo[0] == 1:
-        v = vo[1]
-        L_i = T[0]
-        L_view = T[3]
-        tr.copy_view(TMP, k, L_view, v)
-        TMP_i[k, 0] = L_i[v, 0]
-        TMP_i[k, 1] = L_i[v, 1]
-        TMP_i[k, 2] = L_i[v, 2]
-        if has_below:
-            C[M_DEMOTE + t] += 1
-            moved = 1
-            act = A_DEMOTE
-            to = t + 1
-        else:
-            C[M_EVICT + t] += 1
-            act = A_EVICT
-            to = -1
-        if K[K_LOG] != 0:
-            row = tr.log_row(G, C, step, now_us, act, L_view.content_hash[v], L_i[v, 0],
-                             L_i[v, 1], t, to, L_view.size_bytes[v] if moved else 0, 0.0,
-                             L_view.priority[v] == PR_DECODE_CRITICAL, vo[2], -1)
-            tr.log_candidates(G, row, L_view, L_i, alt_b, alt_s, vo[3])
-    tr.tier_fill(T, ins, slot, src, s, ow, bi, tok, now_us)
-    C[M_BYTES_DOWN + t] += src.size_bytes[s]
-    _peak(C, t, T[5][3])
-    return moved
-
-
-@njit(cache=True)
 def _spill(src, s, ow, bi, tok, dest, T1, T2, T3, TMP, TMP_i, K, C, G, step, now_us, alt_b, alt_s, vo):
     """Write a block into tier ``dest`` (1..3) or the first enabled tier below it; victims
     cascade down (DRAM -> CXL -> NVMe -> dropped)."""
@@ -234,22 +195,22 @@ def _spill(src, s, ow, bi, tok, dest, T1, T2, T3, TMP, TMP_i, K, C, G, step, now
     v = src
     vs = s
     if dest <= 1 and T1[5][LM_CAP] > 0:
-        if _spill_into(T1, d_i, d_r, d_v, v, vs, ow, bi, tok, cap2 or cap3, 1, TMP, TMP_i,
-                       K, C, G, step, now_us, alt_b, alt_s, vo) == 0:
+        if dram_ops.spill_into(T1, v, vs, ow, bi, tok, cap2 or cap3, 1, TMP, TMP_i,
+                               K, C, G, step, now_us, alt_b, alt_s, vo) == 0:
             return
         v = TMP
         vs = 1
         ow, bi, tok = TMP_i[1, 0], TMP_i[1, 1], TMP_i[1, 2]
     if dest <= 2 and cap2:
-        if _spill_into(T2, c_i, c_r, c_v, v, vs, ow, bi, tok, cap3, 2, TMP, TMP_i,
-                       K, C, G, step, now_us, alt_b, alt_s, vo) == 0:
+        if cxl_ops.spill_into(T2, v, vs, ow, bi, tok, cap3, 2, TMP, TMP_i,
+                              K, C, G, step, now_us, alt_b, alt_s, vo) == 0:
             return
         v = TMP
         vs = 2
         ow, bi, tok = TMP_i[2, 0], TMP_i[2, 1], TMP_i[2, 2]
     if cap3:
-        _spill_into(T3, n_i, n_r, n_v, v, vs, ow, bi, tok, False, 3, TMP, TMP_i,
-                    K, C, G, step, now_us, alt_b, alt_s, vo)
+        nvme_ops.spill_into(T3, v, vs, ow, bi, tok, False, 3, TMP, TMP_i,
+                            K, C, G, step, now_us, alt_b, alt_s, vo)
 
 
 @njit(cache=True)
@@ -420,11 +381,11 @@ def _place(r, e0, nb, mode, K, X, C, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr
     for e in range(n_hit, k):
         t = scr[0, e]
         if t == 1:
-            tr.tier_touch(T1, d_h, scr[1, e], now_us)
+            dram_ops.touch(T1, scr[1, e], now_us)
         elif t == 2:
-            tr.tier_touch(T2, c_h, scr[1, e], now_us)
+            cxl_ops.touch(T2, scr[1, e], now_us)
         else:
-            tr.tier_touch(T3, n_h, scr[1, e], now_us)
+            nvme_ops.touch(T3, scr[1, e], now_us)
     # 3b. cached blocks the policy evicted for the new ones (views still intact)
     for e in range(n_hit, nb):
         if out.kind[e] == mem.KIND_EVICTED:

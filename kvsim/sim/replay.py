@@ -146,11 +146,11 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
                       max_blocks, max(max_live, 1), max_size, next_use, seen)
 
 
-def _lower_tier(tier: int, cap: int, policy, params: dict):
+def _lower_tier(tier: int, cap: int, policy, params: dict, interpreted: bool):
     slots = max(cap, 1)
     L_i = np.zeros((slots, L.NLI), dtype=np.int64)
     L_free = np.arange(slots - 1, -1, -1, dtype=np.int64)
-    L_map = Dict.empty(types.int64, types.int64)
+    L_map = {} if interpreted else Dict.empty(types.int64, types.int64)
     L_view = new_block_view(slots)
     L_ps = policy.init(max(cap, 1), slots, dict(params))
     Lm = np.array([tier, cap, cap, 0], dtype=np.int64)
@@ -224,12 +224,13 @@ class _Run:
         pcfg = mem.PoolConfig(num_blocks=hbm_blocks + 1, block_size_tokens=bs,
                               max_seqs=facts.max_concurrent_requests + 8,
                               max_blocks_per_seq=max_blocks, block_bytes=block_bytes)
-        self.st = self.core.mem.new_state(pcfg)
+        interpreted = bool(getattr(self.core, "INTERPRETED", False))
+        self.st = mem.new_state(pcfg)
         self.out = self.core.mem.new_out(pcfg)
         self.view = new_block_view(hbm_blocks + 1)
         self.pst = policy.init(hbm_blocks, hbm_blocks + 1, dict(params))
-        self.T = [_lower_tier(t + 1, costs[t + 1].capacity_blocks, lower[t], params)
-                  for t in range(3)]
+        self.T = [_lower_tier(t + 1, costs[t + 1].capacity_blocks, lower[t], params,
+                              interpreted) for t in range(3)]
         K = np.zeros(L.NK, dtype=np.int64)
         K[L.K_WRITE_POLICY] = {"write_back": L.WP_WRITE_BACK,
                                "write_through": L.WP_WRITE_THROUGH,
@@ -344,11 +345,12 @@ class _Run:
         self._grow_requests(int(max(cols["request_id"].max(), cols["parent_request_id"].max())))
         i = 0
         while True:
-            status, i = self.core.run(
-                batch, i, n, self.K, self.X, self.C, self.Cw, self.R_i, self.R_f, self.A_i,
-                self.A_f, self.H_i, self.st, self.out, self.hbuf, self.scr, self.pst,
-                self.view, *self._args_tail(), self.facts.next_use,
-                self.facts.seen, self.alt_b, self.alt_s, self.vo)
+            with np.errstate(over="ignore"):  # hash mixing wraps by design (interpreted)
+                status, i = self.core.run(
+                    batch, i, n, self.K, self.X, self.C, self.Cw, self.R_i, self.R_f,
+                    self.A_i, self.A_f, self.H_i, self.st, self.out, self.hbuf, self.scr,
+                    self.pst, self.view, *self._args_tail(), self.facts.next_use,
+                    self.facts.seen, self.alt_b, self.alt_s, self.vo)
             if status == core.ST_DONE:
                 return
             if status == core.ST_NEED_REQ:
@@ -366,9 +368,10 @@ class _Run:
         if self.C[L.C_NSTEP_BUF] >= self.S.shape[0]:
             self._flush_steps()
         self._flush_log()
-        self.core.finish(self.K, self.X, self.C, self.R_i, self.R_f, self.A_i, self.A_f,
-                         self.H_i, self.st, self.out, self.hbuf, self.scr, self.pst, self.view,
-                         *self._args_tail(), self.alt_b, self.alt_s, self.vo)
+        with np.errstate(over="ignore"):
+            self.core.finish(self.K, self.X, self.C, self.R_i, self.R_f, self.A_i, self.A_f,
+                             self.H_i, self.st, self.out, self.hbuf, self.scr, self.pst,
+                             self.view, *self._args_tail(), self.alt_b, self.alt_s, self.vo)
         self._flush_steps()
         self._flush_log()
 
@@ -377,7 +380,7 @@ class _Run:
         lower tier's (kvsim.sim.tiers.check_tier), and no tier above its capacity."""
         from kvsim.sim.tiers import check_tier
 
-        code = int(mem.pool_check(self.st))
+        code = int(self.core.mem.pool_check(self.st))
         out = {"pool_check": code, "pool_ok": code == 0}
         for T in self.T:
             check_tier(T)

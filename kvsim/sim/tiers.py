@@ -1,4 +1,7 @@
-"""Lower tiers (DRAM, CXL, NVMe) and the decision-log buffer, as compiled primitives.
+"""Lower tiers (DRAM, CXL, NVMe) and the decision-log buffer: hook-free compiled helpers.
+
+The operations that call a tier policy's hooks live in the template
+:mod:`kvsim.sim.tier_ops` (specialised per policy, like :mod:`kvsim.memory.pool_ops`).
 
 A lower tier is a *content-addressed cache of hashed blocks*: slot ids ``0 .. cap-1``, a
 hash -> slot map, a free-slot stack, a :class:`kvsim.policy_api.BlockView` and the state of
@@ -116,63 +119,6 @@ def tier_find(T, h):
     if h in L_map:
         return L_map[h]
     return -1
-
-
-@njit(cache=True)
-def tier_touch(T, on_hit, slot, now_us):
-    """A resident block was read (promoted to HBM); it stays resident (inclusive tier)."""
-    L_view = T[3]
-    L_view.last_access_us[slot] = now_us
-    L_view.access_count[slot] += 1
-    on_hit(T[4], L_view, slot, now_us)
-
-
-@njit(cache=True)
-def tier_take_slot(T, on_remove, victim, now_us, alt_b, alt_s, vo):
-    """A slot for a new block: a free one, else the policy's victim, which is removed from
-    the map and the candidate set (its view and side row stay intact for the caller to log
-    and to spill further down).  ``vo`` gets [evicted 0/1, victim slot, reason, n_alt].
-    Returns the slot, or -1 if the tier has no capacity or the policy names no victim."""
-    L_i, L_free, L_map, L_view, L_ps, Lm = T
-    vo[0] = 0
-    vo[1] = -1
-    vo[2] = -1
-    vo[3] = 0
-    if Lm[LM_CAP] == 0:
-        return -1
-    if Lm[LM_FREE_TOP] > 0:
-        Lm[LM_FREE_TOP] -= 1
-        return L_free[Lm[LM_FREE_TOP]]
-    b, reason, n_alt = victim(L_ps, L_view, now_us, alt_b, alt_s)
-    if b < 0:
-        return -1
-    if L_i[b, LI_STATE] != 1:
-        raise ValueError("lower-tier policy: victim() named a block that is not resident")
-    on_remove(L_ps, L_view, b)
-    del L_map[L_view.content_hash[b]]
-    L_i[b, LI_STATE] = 0
-    Lm[LM_USED] -= 1
-    vo[0] = 1
-    vo[1] = b
-    vo[2] = reason
-    vo[3] = n_alt
-    return b
-
-
-@njit(cache=True)
-def tier_fill(T, on_insert, slot, src_view, s, owner, bi, tokens, now_us):
-    """Write the block described by ``src_view[s]`` into ``slot`` and make it a candidate."""
-    L_i, L_free, L_map, L_view, L_ps, Lm = T
-    copy_view(L_view, slot, src_view, s)
-    L_view.insert_us[slot] = now_us
-    L_view.last_access_us[slot] = now_us
-    L_i[slot, LI_OWNER] = owner
-    L_i[slot, LI_BI] = bi
-    L_i[slot, LI_TOKENS] = tokens
-    L_i[slot, LI_STATE] = 1
-    L_map[L_view.content_hash[slot]] = slot
-    Lm[LM_USED] += 1
-    on_insert(L_ps, L_view, slot, now_us)
 
 
 @njit(cache=True)

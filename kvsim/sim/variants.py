@@ -29,7 +29,6 @@ import numba
 
 _LOADED: dict[str, ModuleType] = {}
 _TIERS = ("DRAM", "CXL", "NVME")
-_PREFIX = {"DRAM": "d", "CXL": "c", "NVME": "n"}
 
 
 def _source(module: ModuleType) -> str:
@@ -54,22 +53,24 @@ def core_for(hbm_policy, lower_policies, engine: str = "compiled") -> ModuleType
                                        all(p.compiled for p in lower_policies)):
         return interpreted(hbm_policy, lower_policies)
     from kvsim.memory import fast
-    from kvsim.memory.specialize import cache_dir, ops_for
-    from kvsim.sim import core, layout, tiers
+    from kvsim.memory.specialize import cache_dir, ops_for, specialize
+    from kvsim.sim import core, layout, tier_ops, tiers
 
     ops = ops_for(hbm_policy.module)
     src = Path(inspect.getfile(core)).read_text(encoding="utf-8")
-    new = re.sub(r"^from kvsim\.memory import pool_ops as ops  # HBM-OPS$",
-                 f"import {ops.__name__} as ops  # HBM-OPS", src, count=1, flags=re.M)
+    new, n = re.subn(r"^from kvsim\.memory import pool_ops as ops  # HBM-OPS$",
+                     f"import {ops.__name__} as ops  # HBM-OPS", src, count=1, flags=re.M)
+    names = [ops.__name__]
     for tier, pol in zip(_TIERS, lower_policies):
-        p = _PREFIX[tier]
-        line = (f"from {pol.module.__name__} import on_hit as {p}_h, on_insert as {p}_i, "
-                f"on_remove as {p}_r, victim as {p}_v  # {tier}-HOOKS")
-        new, n = re.subn(rf"^from .* # {tier}-HOOKS$", line, new, count=1, flags=re.M)
-        if n != 1:
-            raise RuntimeError(f"kvsim.sim.core lost its '# {tier}-HOOKS' line")
-    parts = [new, _source(tiers), _source(layout), _source(fast), ops.__name__]
-    parts += [_source(p.module) for p in lower_policies]
+        tops = specialize(tier_ops, pol.module)
+        names.append(tops.__name__)
+        line = f"import {tops.__name__} as {tier.lower()}_ops  # {tier}-OPS"
+        new, k = re.subn(rf"^from kvsim\.sim import tier_ops as {tier.lower()}_ops  # "
+                         rf"{tier}-OPS$", line, new, count=1, flags=re.M)
+        n += k
+    if n != 4:
+        raise RuntimeError("kvsim.sim.core lost one of its '# ...-OPS' import lines")
+    parts = [new, _source(tiers), _source(layout), _source(fast), _source(tier_ops)] + names
     digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
     name = f"kvsim_core_{digest}"
     if name in _LOADED:
@@ -107,30 +108,51 @@ def _py(func):
     return getattr(func, "py_func", func)
 
 
+def _rebind(module: ModuleType, twins: dict[str, ModuleType]) -> None:
+    """Point every compiled function ``module`` imported from a twinned module at its
+    interpreted twin (so no compiled code receives Python objects)."""
+    for attr, value in list(vars(module).items()):
+        py = getattr(value, "py_func", None)
+        if py is not None and py.__module__ in twins:
+            setattr(module, attr, getattr(twins[py.__module__], py.__name__))
+
+
 def interpreted(hbm_policy, lower_policies) -> ModuleType:
-    """The interpreted twin of :mod:`kvsim.sim.core` bound to these policies' hooks."""
-    from kvsim.memory import pool_ops
-    from kvsim.sim import core, tiers
+    """The interpreted twin of :mod:`kvsim.sim.core` bound to these policies' hooks.  The
+    memory pool, tier and core modules all run as Python (plain dicts for hash maps);
+    only a policy's own compiled helpers stay compiled."""
+    from kvsim.memory import fast, pool_ops
+    from kvsim.sim import core, tier_ops, tiers
 
     key = "_".join([hbm_policy.name] + [p.name for p in lower_policies])
     key = re.sub(r"\W", "_", key)
     cached = _LOADED.get("twin_" + key)
     if cached is not None:
         return cached
+    tw_fast = _twin(fast, key)
+    tw_tiers = _twin(tiers, key)
+    twins = {fast.__name__: tw_fast, tiers.__name__: tw_tiers}
+    _rebind(tw_fast, twins)
+    _rebind(tw_tiers, twins)
     ops = _twin(pool_ops, key)
+    _rebind(ops, twins)
     ops.on_insert = _py(hbm_policy.on_insert)
     ops.on_hit = _py(hbm_policy.on_hit)
     ops.on_remove = _py(hbm_policy.on_remove)
     ops.victim = _py(hbm_policy.victim)
-    tw_tiers = _twin(tiers, key)
     tw = _twin(core, key)
-    tw.ops = ops
+    _rebind(tw, twins)
+    tw.mem = tw_fast
     tw.tr = tw_tiers
+    tw.ops = ops
     for tier, pol in zip(_TIERS, lower_policies):
-        p = _PREFIX[tier]
-        setattr(tw, f"{p}_i", _py(pol.on_insert))
-        setattr(tw, f"{p}_h", _py(pol.on_hit))
-        setattr(tw, f"{p}_r", _py(pol.on_remove))
-        setattr(tw, f"{p}_v", _py(pol.victim))
+        t_ops = _twin(tier_ops, f"{key}_{tier}")
+        _rebind(t_ops, twins)
+        t_ops.on_insert = _py(pol.on_insert)
+        t_ops.on_hit = _py(pol.on_hit)
+        t_ops.on_remove = _py(pol.on_remove)
+        t_ops.victim = _py(pol.victim)
+        setattr(tw, f"{tier.lower()}_ops", t_ops)
+    tw.INTERPRETED = True
     _LOADED["twin_" + key] = tw
     return tw

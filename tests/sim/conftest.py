@@ -129,3 +129,41 @@ def tiny_hw(tmp_path_factory) -> str:
 def builder():
     """The :class:`TraceBuilder` class (tests build several traces)."""
     return TraceBuilder
+
+
+def random_trace(builder_cls, seed: int, n_requests: int = 40, deadlines: bool = True):
+    """A seeded trace with real pressure: requests of 4 sessions share prefix chains of up to
+    6 blocks, add 1-3 private blocks and a partial block, run a 1-step prefill and 1-3
+    decode steps; up to 3 run at once.  Every 4th request has a TTFT deadline."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    tb = builder_cls()
+    t = 0
+    pending = []  # (request, decode steps left)
+    nxt = 0
+    while nxt < n_requests or pending:
+        tb.STEP(t, 200.0 + 50.0 * len(pending))
+        if nxt < n_requests and len(pending) < 3:
+            r = nxt
+            nxt += 1
+            s = int(rng.integers(0, 4))
+            k = int(rng.integers(1, 7))
+            own = int(rng.integers(1, 4))
+            hashes = [s * 100 + j + 1 for j in range(k)] + \
+                [10_000 + r * 10 + j for j in range(own)] + [0]
+            prompt = 4 * (k + own) + 2
+            dl = t + 1500 if (deadlines and r % 4 == 0) else -1
+            tb.ARRIVE(r, prompt, dl, request_priority=int(rng.integers(0, 101)))
+            tb.prompt(r, hashes, last_tokens=2)
+            tb.ACCESS(r, prompt)
+            pending.append([r, int(rng.integers(1, 4))])
+        else:
+            for item in pending:
+                tb.ACCESS(item[0], 1, Phase.DECODE)
+                item[1] -= 1
+            for item in [p for p in pending if p[1] <= 0]:
+                tb.FREE(item[0])
+            pending = [p for p in pending if p[1] > 0]
+        t += 1000
+    return tb

@@ -1,0 +1,117 @@
+"""Lower-tier operations that call the tier policy's hooks: the template of one tier.
+
+The hooks are module globals imported on the line marked ``# HOOKS`` so numba can cache the
+compiled code; :func:`kvsim.memory.specialize.specialize` writes a copy of this file for
+another policy module (``kvsim.sim.variants`` does it for each lower tier).  State layout
+and invariants: :mod:`kvsim.sim.tiers`.
+"""
+
+from numba import njit
+
+from kvsim.sim.layout import (LI_BI, LI_OWNER, LI_STATE, LI_TOKENS, LM_CAP, LM_FREE_TOP,
+                              LM_USED, M_BYTES_DOWN, M_DEMOTE, M_EVICT, C_PEAK, K_LOG)
+from kvsim.sim.tiers import copy_view, log_candidates, log_row
+from kvsim.policies.lru import on_hit, on_insert, on_remove, victim  # HOOKS
+
+A_EVICT = 0
+A_DEMOTE = 1
+PR_DECODE_CRITICAL = 3
+
+
+@njit(cache=True)
+def touch(T, slot, now_us):
+    """A resident block was read (promoted to HBM); it stays resident (inclusive tier)."""
+    L_view = T[3]
+    L_view.last_access_us[slot] = now_us
+    L_view.access_count[slot] += 1
+    on_hit(T[4], L_view, slot, now_us)
+
+
+@njit(cache=True)
+def take_slot(T, now_us, alt_b, alt_s, vo):
+    """A slot for a new block: a free one, else the policy's victim, removed from the map
+    and the candidate set (its view and side row stay intact for the caller to log and to
+    spill further down).  ``vo`` = [evicted 0/1, victim slot, reason, n_alt].  -1 if the
+    tier has no capacity or the policy names no victim."""
+    L_i, L_free, L_map, L_view, L_ps, Lm = T
+    vo[0] = 0
+    vo[1] = -1
+    vo[2] = -1
+    vo[3] = 0
+    if Lm[LM_CAP] == 0:
+        return -1
+    if Lm[LM_FREE_TOP] > 0:
+        Lm[LM_FREE_TOP] -= 1
+        return L_free[Lm[LM_FREE_TOP]]
+    b, reason, n_alt = victim(L_ps, L_view, now_us, alt_b, alt_s)
+    if b < 0:
+        return -1
+    if L_i[b, LI_STATE] != 1:
+        raise ValueError("lower-tier policy: victim() named a block that is not resident")
+    on_remove(L_ps, L_view, b)
+    del L_map[L_view.content_hash[b]]
+    L_i[b, LI_STATE] = 0
+    Lm[LM_USED] -= 1
+    vo[0] = 1
+    vo[1] = b
+    vo[2] = reason
+    vo[3] = n_alt
+    return b
+
+
+@njit(cache=True)
+def fill(T, slot, src_view, s, owner, bi, tokens, now_us):
+    """Write the block described by ``src_view[s]`` into ``slot``; it becomes a candidate."""
+    L_i, L_free, L_map, L_view, L_ps, Lm = T
+    copy_view(L_view, slot, src_view, s)
+    L_view.insert_us[slot] = now_us
+    L_view.last_access_us[slot] = now_us
+    L_i[slot, LI_OWNER] = owner
+    L_i[slot, LI_BI] = bi
+    L_i[slot, LI_TOKENS] = tokens
+    L_i[slot, LI_STATE] = 1
+    L_map[L_view.content_hash[slot]] = slot
+    Lm[LM_USED] += 1
+    on_insert(L_ps, L_view, slot, now_us)
+
+
+@njit(cache=True)
+def spill_into(T, src, s, ow, bi, tok, has_below, k, TMP, TMP_i, K, C, G, step, now_us,
+               alt_b, alt_s, vo):
+    """Write block ``src[s]`` into tier T.  If T had to evict, its victim is copied into
+    ``TMP[k]`` (logged as DEMOTE when ``has_below``, else EVICT) and 1 is returned when it
+    should go on down."""
+    t = T[5][0]
+    slot = take_slot(T, now_us, alt_b, alt_s, vo)
+    if slot < 0:
+        C[M_EVICT + t] += 1  # no room and no victim: the block is dropped
+        return 0
+    moved = 0
+    if vo[0] == 1:
+        v = vo[1]
+        L_i = T[0]
+        L_view = T[3]
+        copy_view(TMP, k, L_view, v)
+        TMP_i[k, 0] = L_i[v, 0]
+        TMP_i[k, 1] = L_i[v, 1]
+        TMP_i[k, 2] = L_i[v, 2]
+        if has_below:
+            C[M_DEMOTE + t] += 1
+            moved = 1
+            act = A_DEMOTE
+            to = t + 1
+        else:
+            C[M_EVICT + t] += 1
+            act = A_EVICT
+            to = -1
+        if K[K_LOG] != 0:
+            row = log_row(G, C, step, now_us, act, L_view.content_hash[v], L_i[v, 0],
+                          L_i[v, 1], t, to, L_view.size_bytes[v] if moved else 0, 0.0,
+                          L_view.priority[v] == PR_DECODE_CRITICAL, vo[2], -1)
+            log_candidates(G, row, L_view, L_i, alt_b, alt_s, vo[3])
+    fill(T, slot, src, s, ow, bi, tok, now_us)
+    C[M_BYTES_DOWN + t] += src.size_bytes[s]
+    used = T[5][LM_USED]
+    if used > C[C_PEAK + t]:
+        C[C_PEAK + t] = used
+    return moved
