@@ -27,9 +27,9 @@ import pyarrow.dataset as ds
 from kvsim.errors import KvsimInputError
 from kvsim.results.log_explain import key_of, next_uses
 from kvsim.results.log_ledger import build_ledger
-from kvsim.results.log_query import _frame
+from kvsim.results.log_query import rows_frame
 from kvsim.results.log_reader import EVICTING, DecisionLog, format_block
-from kvsim.results.log_schema import DECISIONS, Action
+from kvsim.results.log_schema import DECISIONS
 
 _CMP = ["seq", "step", "action", "content_hash", "request_id", "block_index", "from_tier",
         "to_tier"]
@@ -94,7 +94,7 @@ def _side(log: DecisionLog, position: int) -> dict | None:
     table = log.table(ds.field("seq") == int(position))
     if table.num_rows == 0:
         return None
-    row = _frame(table).iloc[0].to_dict()
+    row = rows_frame(table).iloc[0].to_dict()
     raw = table.to_pylist()[0]
     out = {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
     out["is_decision"] = raw["action"] in {int(a) for a in DECISIONS}
@@ -108,6 +108,11 @@ def _side(log: DecisionLog, position: int) -> dict | None:
     return out
 
 
+def _ledger_facts(log: DecisionLog) -> tuple[pd.DataFrame, float]:
+    ledger = build_ledger(log)
+    return ledger.per_block(), ledger.regret_cost_us
+
+
 def diff(log_a: DecisionLog, log_b: DecisionLog, top: int = 10) -> LogDiff:
     """Compare two logs of the same trace (KvsimInputError if their traces differ)."""
     if log_a.trace and log_b.trace and log_a.trace != log_b.trace:
@@ -118,9 +123,10 @@ def diff(log_a: DecisionLog, log_b: DecisionLog, top: int = 10) -> LogDiff:
     if position is not None:
         first = {"seq": position, "a": _side(log_a, position), "b": _side(log_b, position)}
         first["step"] = (first["a"] or first["b"])["step"]
-    ledger_a, ledger_b = build_ledger(log_a), build_ledger(log_b)
-    blocks = pd.concat([ledger_a.per_block().add_suffix("_a"),
-                        ledger_b.per_block().add_suffix("_b")], axis=1).fillna(0)
+    blocks_a, regret_a = _ledger_facts(log_a)  # one ledger in memory at a time
+    blocks_b, regret_b = _ledger_facts(log_b)
+    blocks = pd.concat([blocks_a.add_suffix("_a"), blocks_b.add_suffix("_b")],
+                       axis=1).fillna(0)
     blocks = blocks.reset_index()
     only_a = blocks[(blocks["evictions_a"] > 0) & (blocks["evictions_b"] == 0)]
     only_b = blocks[(blocks["evictions_b"] > 0) & (blocks["evictions_a"] == 0)]
@@ -130,8 +136,7 @@ def diff(log_a: DecisionLog, log_b: DecisionLog, top: int = 10) -> LogDiff:
                   evicted_only_a=len(only_a), evicted_only_b=len(only_b),
                   cost_only_a_us=float(only_a["cost_us_a"].sum()),
                   cost_only_b_us=float(only_b["cost_us_b"].sum()),
-                  regret_cost_a_us=ledger_a.regret_cost_us,
-                  regret_cost_b_us=ledger_b.regret_cost_us)
+                  regret_cost_a_us=regret_a, regret_cost_b_us=regret_b)
 
     def listing(frame: pd.DataFrame, side: str) -> list[dict]:
         frame = frame.sort_values([f"cost_us_{side}", f"evictions_{side}", "k_hash", "k_req",
@@ -155,5 +160,3 @@ def diff(log_a: DecisionLog, log_b: DecisionLog, top: int = 10) -> LogDiff:
          "cost_b_us": float(r.cost_us_b)} for r in changed.itertuples()]
     return out
 
-
-__all__ = ["LogDiff", "diff", "Action"]

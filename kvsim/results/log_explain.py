@@ -24,13 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 
 from kvsim.errors import KvsimInputError
 from kvsim.results.log_reader import (EVICTING, NEEDING, USING, BlockKey, DecisionLog,
-                                      action_name, block_filter, blocks_filter, format_block,
+                                      action_name, blocks_filter, format_block,
                                       identity_columns, tier_name)
 from kvsim.results.log_schema import CANDIDATE_TYPE, DECISIONS, Action
 

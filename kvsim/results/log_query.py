@@ -87,7 +87,7 @@ def _reason_mask(column: pa.Array | pa.ChunkedArray, needle: str) -> pa.Array:
     return pa.concat_arrays(masks) if masks else pa.array([], pa.bool_())
 
 
-def _frame(table: pa.Table) -> pd.DataFrame:
+def rows_frame(table: pa.Table) -> pd.DataFrame:
     """Log rows -> the documented display frame (enums and identities as text)."""
     n = table.num_rows
     get = lambda name: table.column(name).to_numpy(zero_copy_only=False)  # noqa: E731
@@ -131,7 +131,7 @@ def _rows(log: DecisionLog, expr: ds.Expression | None, reason: str | None,
         parts.append(table)
         taken += table.num_rows
     if not parts:
-        return pa.Table.from_batches([], schema=log._dataset.schema).select(_READ)
+        return log.schema.empty_table().select(_READ)
     # reason dictionaries differ between row groups: unify before concatenating
     return pa.concat_tables([p.unify_dictionaries() for p in parts]).unify_dictionaries()
 
@@ -143,7 +143,7 @@ def show(log: DecisionLog, request: int | None = None, block: BlockKey | None = 
     """The log rows matching every given filter, first ``limit`` in ``seq`` order
     (``limit`` None or 0: all).  Columns: :data:`SHOW_COLUMNS`."""
     expr = row_filter(request, block, actions, tiers, steps)
-    return _frame(_rows(log, expr, reason, limit or None))
+    return rows_frame(_rows(log, expr, reason, limit or None))
 
 
 #: What each action means for a block, as a phrase of its biography.
@@ -188,7 +188,7 @@ def timeline(log: DecisionLog, block: BlockKey | None = None,
     if (block is None) == (request is None):
         raise KvsimInputError("expected exactly one of --block or --request", field="timeline")
     expr = row_filter(request=request, block=block)
-    frame = _frame(_rows(log, expr, None, None))
+    frame = rows_frame(_rows(log, expr, None, None))
     codes = {a.name: a for a in Action}
     whats, resident, tiers = [], [], set()
     for row in frame.itertuples(index=False):

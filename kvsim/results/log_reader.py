@@ -220,6 +220,11 @@ class DecisionLog:
         self._dataset = ds.dataset(self.path, format=fmt)
         self._leaves = [parquet.schema.column(i).path for i in range(len(parquet.schema))]
 
+    @property
+    def schema(self) -> pa.Schema:
+        """The Arrow schema of the file (with its metadata)."""
+        return self._dataset.schema
+
     def __repr__(self) -> str:
         return f"DecisionLog({str(self.path)!r}, policy={self.policy!r}, rows={self.num_rows})"
 
@@ -272,7 +277,7 @@ class DecisionLog:
             parts.append(batch)
             taken += batch.num_rows
         if not parts:
-            return self._dataset.schema.empty_table().select(names)
+            return self.schema.empty_table().select(names)
         return pa.Table.from_batches(parts)
 
 

@@ -27,10 +27,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kvsim.results.log_schema import DECISIONS
 from kvsim.results.log_ledger import LEDGER_COLUMNS, build_ledger, reasons_of
 from kvsim.results.log_reader import (EVICTING, DecisionLog, action_name, format_block,
                                       tier_name)
+from kvsim.results.log_schema import DECISIONS
 
 _DECISION_CODES = np.array(sorted(int(a) for a in DECISIONS), np.int64)
 
