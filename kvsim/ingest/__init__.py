@@ -15,7 +15,7 @@ Readers: ``mooncake``, ``azure``, ``openai``, ``agentic``, ``kvmi`` (events), ``
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from kvsim.errors import KvsimInputError, bad_value
 from kvsim.ingest.detect import FORMATS, detect_format

@@ -124,55 +124,55 @@ def read_generic(path: str | Path, mapping: str | dict[str, str] | None = None, 
         return m.get(field, field)
 
     for loc, rec in _records(path):
-            try:
-                if isinstance(rec, KvsimInputError):
-                    raise rec
-                key = arrival_key or next((k for k in _ARRIVAL_SCALE if get(rec, k) not in
-                                           (None, "")), None)
-                if key is None:
-                    raise KvsimInputError("missing arrival (map one of arrival_us, "
-                                          "arrival_ms, arrival_s)", path, loc, "arrival_us")
-                t = as_float(get(rec, key), path, loc, label(key))
-                row: dict[str, Any] = {"arrival_us": int(round(t * _ARRIVAL_SCALE[key]))}
-                for f in ("prompt_tokens", "output_tokens"):
-                    v = get(rec, f)
-                    if v in (None, ""):
-                        raise KvsimInputError("missing required field", path, loc, label(f))
-                    row[f] = as_int(v, path, loc, label(f), 1)
-                v = get(rec, "block_ids")
-                ids = [] if v in (None, "") else _ids(v, path, loc, label("block_ids"))
-                row["block_ids"] = ids
-                v = get(rec, "hashed_tokens")
-                row["hashed_tokens"] = (min(len(ids) * trace_block_tokens, row["prompt_tokens"])
-                                        if v in (None, "") else
-                                        as_int(v, path, loc, label("hashed_tokens"), 0))
-                v = get(rec, "session")
+        try:
+            if isinstance(rec, KvsimInputError):
+                raise rec
+            key = arrival_key or next((k for k in _ARRIVAL_SCALE if get(rec, k) not in
+                                       (None, "")), None)
+            if key is None:
+                raise KvsimInputError("missing arrival (map one of arrival_us, "
+                                      "arrival_ms, arrival_s)", path, loc, "arrival_us")
+            t = as_float(get(rec, key), path, loc, label(key))
+            row: dict[str, Any] = {"arrival_us": int(round(t * _ARRIVAL_SCALE[key]))}
+            for f in ("prompt_tokens", "output_tokens"):
+                v = get(rec, f)
                 if v in (None, ""):
-                    row["session"] = -1
-                elif isinstance(v, int) and not isinstance(v, bool):
-                    row["session"] = v
+                    raise KvsimInputError("missing required field", path, loc, label(f))
+                row[f] = as_int(v, path, loc, label(f), 1)
+            v = get(rec, "block_ids")
+            ids = [] if v in (None, "") else _ids(v, path, loc, label("block_ids"))
+            row["block_ids"] = ids
+            v = get(rec, "hashed_tokens")
+            row["hashed_tokens"] = (min(len(ids) * trace_block_tokens, row["prompt_tokens"])
+                                    if v in (None, "") else
+                                    as_int(v, path, loc, label("hashed_tokens"), 0))
+            v = get(rec, "session")
+            if v in (None, ""):
+                row["session"] = -1
+            elif isinstance(v, int) and not isinstance(v, bool):
+                row["session"] = v
+            else:
+                row["session"] = sessions.setdefault(str(v), len(sessions))
+            for f, d in (("tenant", 0), ("request_priority", 50), ("n", 1),
+                         ("beam_width", 1)):
+                v = get(rec, f)
+                row[f] = d if v in (None, "") else as_int(v, path, loc, label(f), 0)
+            for f in ("ttft", "tpot"):
+                us, ms = get(rec, f"{f}_deadline_us"), get(rec, f"{f}_deadline_ms")
+                if us not in (None, ""):
+                    row[f"{f}_deadline_us"] = as_int(us, path, loc, label(f"{f}_deadline_us"), 1)
+                elif ms not in (None, ""):
+                    row[f"{f}_deadline_us"] = int(round(as_float(
+                        ms, path, loc, label(f"{f}_deadline_ms"), 0.001) * 1000))
                 else:
-                    row["session"] = sessions.setdefault(str(v), len(sessions))
-                for f, d in (("tenant", 0), ("request_priority", 50), ("n", 1),
-                             ("beam_width", 1)):
-                    v = get(rec, f)
-                    row[f] = d if v in (None, "") else as_int(v, path, loc, label(f), 0)
-                for f in ("ttft", "tpot"):
-                    us, ms = get(rec, f"{f}_deadline_us"), get(rec, f"{f}_deadline_ms")
-                    if us not in (None, ""):
-                        row[f"{f}_deadline_us"] = as_int(us, path, loc, label(f"{f}_deadline_us"), 1)
-                    elif ms not in (None, ""):
-                        row[f"{f}_deadline_us"] = int(round(as_float(
-                            ms, path, loc, label(f"{f}_deadline_ms"), 0.001) * 1000))
-                    else:
-                        row[f"{f}_deadline_us"] = -1
-                v = get(rec, "model")
-                row["model"] = "" if v is None else str(v)
-            except KvsimInputError as exc:
-                bad.handle(exc)
-                continue
-            for k, v in row.items():
-                cols[k].append(v)
+                    row[f"{f}_deadline_us"] = -1
+            v = get(rec, "model")
+            row["model"] = "" if v is None else str(v)
+        except KvsimInputError as exc:
+            bad.handle(exc)
+            continue
+        for k, v in row.items():
+            cols[k].append(v)
     if cols["arrival_us"]:
         t0 = min(cols["arrival_us"])
         cols["arrival_us"] = [t - t0 for t in cols["arrival_us"]]

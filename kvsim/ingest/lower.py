@@ -26,7 +26,7 @@ import numpy as np
 
 from kvsim.errors import KvsimInputError
 from kvsim.ingest import scheduler as S
-from kvsim.ingest.engine import EngineConfig, StepCostModel, build_cost_model
+from kvsim.ingest.engine import DEFAULT_STEP_OVERHEAD_US, EngineConfig, build_cost_model
 from kvsim.ingest.requests import RequestTable
 from kvsim.schema import EventHeader, EventKind, Phase
 
@@ -61,10 +61,6 @@ class ImportSummary:
     dropped_by_type: dict[str, int] = field(default_factory=dict)
 
 
-def _flat_ids(table: RequestTable) -> tuple[np.ndarray, np.ndarray]:
-    return table.flat_block_ids()
-
-
 def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str = "llama-3-8b",
                    hardware: str = "h100-sxm", block_size_tokens: int = 16,
                    max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
@@ -83,7 +79,7 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
 
     cfg = EngineConfig(block_size_tokens=block_size_tokens, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens,
-                       step_overhead_us=(S_DEFAULT_OVERHEAD if step_overhead_us is None
+                       step_overhead_us=(DEFAULT_STEP_OVERHEAD_US if step_overhead_us is None
                                          else float(step_overhead_us)), seed=seed)
     cost = build_cost_model(model, hardware, kv_dtype, cfg.step_overhead_us)
     df = requests.df
@@ -108,7 +104,7 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
     fork_children = np.maximum(nsamp, beam) - 1
     prunes = np.where(beam > 1, out // cfg.beam_prune_interval_steps + 1, 0)
     C = N + int(fork_children.sum()) + int(prunes.sum()) + 1
-    off, ids = _flat_ids(requests)
+    off, ids = requests.flat_block_ids()
     ip = np.zeros(S.NUM_INT_PARAMS, dtype=np.int64)
     ip[S.P_B], ip[S.P_T] = cfg.block_size_tokens, requests.block_size_tokens
     ip[S.P_MAXSEQ], ip[S.P_MAXTOK] = cfg.max_num_seqs, cfg.max_num_batched_tokens
@@ -171,9 +167,6 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
         total_prompt_tokens=int(prompt.sum()), total_output_tokens=int(out.sum()),
         prompt_blocks=prompt_rows, hashed_prompt_blocks=hashed_rows,
         prefix_reuse_fraction=round(reuse, 6), makespan_us=int(stf[0]))
-
-
-S_DEFAULT_OVERHEAD = EngineConfig().step_overhead_us
 
 
 def _columns(I: np.ndarray, F: np.ndarray, n: int, src: np.ndarray, N: int,
