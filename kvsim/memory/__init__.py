@@ -31,8 +31,8 @@ Python side::
 
     pool = FastPool(config, order=None)   # order: a policy module (policy_api hooks) or
                                           # None = FIFO of release (vLLM's exact order)
-    pool.st      # PoolState namedtuple of numpy arrays + a numba typed Dict (hash -> first
-                 # block); pass it to the njit functions below
+    pool.st      # PoolState namedtuple of numpy arrays (prefix index: an open-addressing
+                 # table hash -> first block); pass it to the njit functions below
     pool.pst     # the order policy's state tuple (from its init())
     pool.view    # kvsim.policy_api.BlockView indexed by block id; the CALLER fills fields
     pool.ops     # pool_ops compiled for the order's hooks (specialize.ops_for(order))

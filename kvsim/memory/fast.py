@@ -11,9 +11,11 @@ State (one :class:`PoolState`, all arrays indexed by block id or seq slot):
   none): **held** (``ref_cnt > 0``), **empty** (ref 0, no hash; linked in the empties
   deque ``e_next/e_prev``, sentinel ``N``), **cached** (ref 0, hashed; a candidate of the
   order policy, ``in_cand``);
-* ``block_hash[b] != 0`` iff ``b`` is registered in the prefix index: ``hmap`` maps a hash
-  to the first block registered with it, further blocks with the same hash (vLLM does not
-  de-duplicate) follow in the circular list ``h_next/h_prev`` in registration order;
+* ``block_hash[b] != 0`` iff ``b`` is registered in the prefix index: an open-addressing
+  table ``hkeys/hvals`` (linear probing, key 0 = empty slot, load <= 1/2) maps a hash to
+  the first block registered with it; further blocks with the same hash (vLLM does not
+  de-duplicate) follow in the circular list ``h_next/h_prev`` in registration order.  (A
+  numba typed Dict worked too but was slower and much slower to compile);
 * ``tables[seq, :seq_len[seq]]`` is a seq's block table; ``ref_cnt[b]`` equals the number
   of table entries naming ``b`` (caches hold no references in vLLM).
 
@@ -29,8 +31,7 @@ from collections import namedtuple
 from dataclasses import dataclass, field
 
 import numpy as np
-from numba import njit, types
-from numba.typed import Dict
+from numba import njit
 
 from kvsim.memory import fifo_order
 from kvsim.policy_api import new_block_view
@@ -99,7 +100,7 @@ INVARIANTS = {
 PoolState = namedtuple("PoolState", [
     "cfg", "sc", "counters",
     "ref_cnt", "block_hash", "in_empty", "in_cand", "e_next", "e_prev",
-    "hmap", "h_next", "h_prev",
+    "hkeys", "hvals", "h_next", "h_prev",
     "tables", "seq_len", "seq_is_open", "seq_tenant", "seq_rerun", "seq_free",
     "seq_query_tokens", "seq_hit_tokens", "tenant_query_tokens", "tenant_hit_tokens",
     "block_hits",
@@ -158,6 +159,7 @@ def new_state(config: PoolConfig) -> PoolState:
     e_prev[order[1:]] = order[:-1]
     e_next[0] = e_prev[0] = -1
     in_empty[1:] = True
+    cap = 1 << max(4, int(2 * n - 1).bit_length())  # power of two >= 2n: load <= 1/2
     sc = np.zeros(4, dtype=np.int64)
     sc[S_N_EMPTY] = n - 1
     sc[S_SEQ_TOP] = config.max_seqs
@@ -165,7 +167,8 @@ def new_state(config: PoolConfig) -> PoolState:
         cfg=cfg, sc=sc, counters=np.zeros(len(COUNTER_NAMES), dtype=np.int64),
         ref_cnt=np.zeros(n, dtype=np.int64), block_hash=np.zeros(n, dtype=np.int64),
         in_empty=in_empty, in_cand=np.zeros(n, dtype=np.bool_), e_next=e_next,
-        e_prev=e_prev, hmap=Dict.empty(types.int64, types.int64),
+        e_prev=e_prev, hkeys=np.zeros(cap, dtype=np.int64),
+        hvals=np.full(cap, -1, dtype=np.int64),
         h_next=np.full(n, -1, dtype=np.int64), h_prev=np.full(n, -1, dtype=np.int64),
         tables=np.zeros((config.max_seqs, config.max_blocks_per_seq), dtype=np.int32),
         seq_len=np.zeros(config.max_seqs, dtype=np.int64),
@@ -193,73 +196,143 @@ def new_out(config: PoolConfig) -> AllocOut:
 # compiled primitives
 # ======================================================================================
 
-@njit(cache=True)
+# (Each helper binds the arrays it uses to locals first: every attribute access of the
+# state tuple costs an atomic refcount pair, which dominated the run time before.)
+
+@njit(cache=True, inline="always")
 def _empty_unlink(st, b):
-    p = st.e_prev[b]
-    nx = st.e_next[b]
-    st.e_next[p] = nx
-    st.e_prev[nx] = p
+    e_next = st.e_next
+    e_prev = st.e_prev
+    p = e_prev[b]
+    nx = e_next[b]
+    e_next[p] = nx
+    e_prev[nx] = p
     st.in_empty[b] = False
     st.sc[S_N_EMPTY] -= 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _empty_push_front(st, b):
-    s = st.cfg[F_NUM_BLOCKS]
-    first = st.e_next[s]
-    st.e_next[s] = b
-    st.e_prev[b] = s
-    st.e_next[b] = first
-    st.e_prev[first] = b
+    e_next = st.e_next
+    e_prev = st.e_prev
+    s = e_next.shape[0] - 1
+    first = e_next[s]
+    e_next[s] = b
+    e_prev[b] = s
+    e_next[b] = first
+    e_prev[first] = b
     st.in_empty[b] = True
     st.sc[S_N_EMPTY] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _empty_push_back(st, b):
-    s = st.cfg[F_NUM_BLOCKS]
-    last = st.e_prev[s]
-    st.e_next[last] = b
-    st.e_prev[b] = last
-    st.e_next[b] = s
-    st.e_prev[s] = b
+    e_next = st.e_next
+    e_prev = st.e_prev
+    s = e_next.shape[0] - 1
+    last = e_prev[s]
+    e_next[last] = b
+    e_prev[b] = last
+    e_next[b] = s
+    e_prev[s] = b
     st.in_empty[b] = True
     st.sc[S_N_EMPTY] += 1
 
 
-@njit(cache=True)
+#: Fibonacci hashing multiplier (2**64 / golden ratio, as a signed int64).
+_FIB = -7046029254386353131
+
+
+@njit(cache=True, inline="always")
+def _hslot(hkeys, h):
+    """Slot of key h in the open-addressing table, or of the empty slot (key 0) where it
+    would go.  Linear probing; the load factor stays <= 1/2 (capacity >= 2 * blocks)."""
+    mask = hkeys.shape[0] - 1
+    i = ((h * _FIB) >> 32) & mask
+    while True:
+        k = hkeys[i]
+        if k == h or k == 0:
+            return i
+        i = (i + 1) & mask
+
+
+@njit(cache=True, inline="always")
+def _hdel(hkeys, hvals, i):
+    """Empty slot i, shifting later entries of the probe run back (no tombstones)."""
+    mask = hkeys.shape[0] - 1
+    j = i
+    while True:
+        j = (j + 1) & mask
+        k = hkeys[j]
+        if k == 0:
+            break
+        home = ((k * _FIB) >> 32) & mask
+        # the entry at j may move to i unless its home lies cyclically in (i, j]
+        if i <= j:
+            stays = i < home <= j
+        else:
+            stays = home > i or home <= j
+        if not stays:
+            hkeys[i] = k
+            hvals[i] = hvals[j]
+            i = j
+    hkeys[i] = 0
+    hvals[i] = -1
+
+
+@njit(cache=True, inline="always")
+def _index_get(st, h):
+    """First block registered under hash h, or -1."""
+    hkeys = st.hkeys
+    i = _hslot(hkeys, h)
+    return st.hvals[i] if hkeys[i] == h else -1
+
+
+@njit(cache=True, inline="always")
 def _index_add(st, b, h):
     """Register held block b under hash h (after the blocks already registered with h)."""
     st.block_hash[b] = h
-    if h in st.hmap:
-        first = st.hmap[h]
-        last = st.h_prev[first]
-        st.h_next[last] = b
-        st.h_prev[b] = last
-        st.h_next[b] = first
-        st.h_prev[first] = b
+    hkeys = st.hkeys
+    hvals = st.hvals
+    h_next = st.h_next
+    h_prev = st.h_prev
+    i = _hslot(hkeys, h)
+    if hkeys[i] == h:
+        first = hvals[i]
+        last = h_prev[first]
+        h_next[last] = b
+        h_prev[b] = last
+        h_next[b] = first
+        h_prev[first] = b
     else:
-        st.hmap[h] = b
-        st.h_next[b] = b
-        st.h_prev[b] = b
+        hkeys[i] = h
+        hvals[i] = b
+        h_next[b] = b
+        h_prev[b] = b
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _index_remove(st, b):
     """Drop b from the prefix index (vLLM _maybe_evict_cached_block); returns its hash."""
-    h = st.block_hash[b]
-    nx = st.h_next[b]
+    block_hash = st.block_hash
+    hkeys = st.hkeys
+    hvals = st.hvals
+    h_next = st.h_next
+    h_prev = st.h_prev
+    h = block_hash[b]
+    i = _hslot(hkeys, h)
+    nx = h_next[b]
     if nx == b:
-        del st.hmap[h]
+        _hdel(hkeys, hvals, i)
     else:
-        p = st.h_prev[b]
-        st.h_next[p] = nx
-        st.h_prev[nx] = p
-        if st.hmap[h] == b:
-            st.hmap[h] = nx
-    st.h_next[b] = -1
-    st.h_prev[b] = -1
-    st.block_hash[b] = 0
+        p = h_prev[b]
+        h_next[p] = nx
+        h_prev[nx] = p
+        if hvals[i] == b:
+            hvals[i] = nx
+    h_next[b] = -1
+    h_prev[b] = -1
+    block_hash[b] = 0
     return h
 
 
@@ -304,9 +377,12 @@ def pool_lookup(st, hashes, n, num_tokens, out_blocks):
     k = 0
     while k < limit:
         h = hashes[k]
-        if h == 0 or h not in st.hmap:
+        if h == 0:
             break
-        out_blocks[k] = st.hmap[h]
+        b = _index_get(st, h)
+        if b < 0:
+            break
+        out_blocks[k] = b
         k += 1
     return k
 
@@ -403,7 +479,13 @@ def pool_check(st):
     if n_held + n_empty + n_cand != n - 1 or n_held != st.sc[S_N_HELD]:
         return 7
     total = 0
-    for h, first in st.hmap.items():
+    for i in range(st.hkeys.shape[0]):
+        h = st.hkeys[i]
+        if h == 0:
+            continue
+        if _hslot(st.hkeys, h) != i:  # unreachable by probing from its home slot
+            return 8
+        first = st.hvals[i]
         cur = first
         while True:
             if st.block_hash[cur] != h:

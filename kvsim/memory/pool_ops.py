@@ -27,21 +27,12 @@ from kvsim.memory.fast import (
 )
 from kvsim.memory.fifo_order import on_hit, on_insert, on_remove, victim  # HOOKS
 
-@njit(cache=True)
-def _take_block(st, pst, view, now_us, out, i):
-    """Pop one new block: an empty one, else the policy's victim (evicted: unhashed)."""
-    s = st.cfg[F_NUM_BLOCKS]
-    if st.sc[S_N_EMPTY] > 0:
-        b = st.e_next[s]
-        _empty_unlink(st, b)
-        out.kind[i] = KIND_NEW
-        out.evicted_hash[i] = 0
-        out.reason[i] = -1
-        out.n_alt[i] = 0
-        st.counters[C_NEW_BLOCKS] += 1
-        return b
+@njit(cache=True, inline="always")
+def _evict_one(st, pst, view, now_us, out, i):
+    """The policy's victim leaves the candidate set and the prefix index (its hash goes to
+    out.evicted_hash[i]); the caller holds it next."""
     b, reason, n_alt = victim(pst, view, now_us, out.alt_blocks[i], out.alt_scores[i])
-    if b < 1 or b >= s or not st.in_cand[b]:
+    if b < 1 or b >= st.cfg[F_NUM_BLOCKS] or not st.in_cand[b]:
         raise ValueError("order policy: victim() named a block that is not a candidate")
     on_remove(pst, view, b)
     st.in_cand[b] = False
@@ -52,6 +43,21 @@ def _take_block(st, pst, view, now_us, out, i):
     out.n_alt[i] = n_alt
     st.counters[C_EVICTED_BLOCKS] += 1
     return b
+
+
+@njit(cache=True, inline="always")
+def _take_block(st, pst, view, now_us, out, i):
+    """Pop one new block: an empty one, else the policy's victim (evicted: unhashed)."""
+    if st.sc[S_N_EMPTY] > 0:
+        b = st.e_next[st.cfg[F_NUM_BLOCKS]]
+        _empty_unlink(st, b)
+        out.kind[i] = KIND_NEW
+        out.evicted_hash[i] = 0
+        out.reason[i] = -1
+        out.n_alt[i] = 0
+        st.counters[C_NEW_BLOCKS] += 1
+        return b
+    return _evict_one(st, pst, view, now_us, out, i)
 
 
 @njit(cache=True)
@@ -74,38 +80,65 @@ def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
     if n - n_hit + n_revive > st.sc[S_N_EMPTY] + st.sc[S_N_CAND]:
         st.counters[C_ALLOC_FAILURES] += 1
         return -1
+    # arrays bound once: each attribute access of the state tuple costs a refcount pair
+    ref_cnt = st.ref_cnt
+    sc = st.sc
+    row = st.tables[seq]
+    ob = out.blocks
+    okind = out.kind
+    oev = out.evicted_hash
+    oreason = out.reason
+    onalt = out.n_alt
     # touch the hits (vLLM BlockPool.touch), in chain order
     for i in range(n_hit):
-        b = out.blocks[i]
-        if st.ref_cnt[b] == 0:
+        b = ob[i]
+        if ref_cnt[b] == 0:
             on_hit(pst, view, b, now_us)
             on_remove(pst, view, b)
             st.in_cand[b] = False
-            st.sc[S_N_CAND] -= 1
-            st.sc[S_N_HELD] += 1
-            out.kind[i] = KIND_REVIVED
+            sc[S_N_CAND] -= 1
+            sc[S_N_HELD] += 1
+            okind[i] = KIND_REVIVED
             st.counters[C_REVIVED_BLOCKS] += 1
         else:
-            out.kind[i] = KIND_HIT
-        st.ref_cnt[b] += 1
+            okind[i] = KIND_HIT
+        ref_cnt[b] += 1
         st.block_hits[b] += 1
-        out.evicted_hash[i] = 0
-        out.reason[i] = -1
-        out.n_alt[i] = 0
-        st.tables[seq, start + i] = b
+        oev[i] = 0
+        oreason[i] = -1
+        onalt[i] = 0
+        row[start + i] = b
     st.counters[C_HIT_BLOCKS] += n_hit
     # new blocks (vLLM get_new_blocks: pop head, drop a stale hash), then cache full ones
-    caching = st.cfg[F_CACHING] != 0
+    e_next = st.e_next
+    e_prev = st.e_prev
+    in_empty = st.in_empty
+    s = st.cfg[F_NUM_BLOCKS]
+    n_from_empty = 0
     for i in range(n_hit, n):
-        b = _take_block(st, pst, view, now_us, out, i)
-        st.ref_cnt[b] = 1
-        st.sc[S_N_HELD] += 1
-        out.blocks[i] = b
-        st.tables[seq, start + i] = b
-    if caching:
+        if sc[S_N_EMPTY] > 0:  # the head of the empties (inlined _empty_unlink)
+            b = e_next[s]
+            nx = e_next[b]
+            e_next[s] = nx
+            e_prev[nx] = s
+            in_empty[b] = False
+            sc[S_N_EMPTY] -= 1
+            okind[i] = KIND_NEW
+            oev[i] = 0
+            oreason[i] = -1
+            onalt[i] = 0
+            n_from_empty += 1
+        else:
+            b = _evict_one(st, pst, view, now_us, out, i)
+        ref_cnt[b] = 1
+        ob[i] = b
+        row[start + i] = b
+    sc[S_N_HELD] += n - n_hit
+    st.counters[C_NEW_BLOCKS] += n_from_empty
+    if st.cfg[F_CACHING] != 0:
         for i in range(n_hit, n):
             if hashes[i] != 0:
-                _index_add(st, out.blocks[i], hashes[i])
+                _index_add(st, ob[i], hashes[i])
     st.seq_len[seq] = start + n
     if admission:
         hit_tokens = n_hit * st.cfg[F_BLOCK_SIZE]
@@ -128,38 +161,46 @@ def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
     return n_hit
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _release(st, pst, view, seq, first, now_us):
     """Release table entries ``first .. len-1`` of seq, tail first (vLLM free_blocks on
     the reversed list): decrement all, then unhashed blocks that reached 0 go to the head
     of the empties in tail-first order (prepend_n), hashed ones become candidates in
     tail-first order (append_n).  With caching off every block is appended (vLLM)."""
     m = st.seq_len[seq]
+    # arrays bound once: each attribute access of the state tuple costs a refcount pair
+    row = st.tables[seq]
+    ref_cnt = st.ref_cnt
+    block_hash = st.block_hash
+    in_empty = st.in_empty
+    in_cand = st.in_cand
+    sc = st.sc
+    counters = st.counters
     for i in range(m - 1, first - 1, -1):
-        b = st.tables[seq, i]
-        if st.ref_cnt[b] <= 0:
+        b = row[i]
+        if ref_cnt[b] <= 0:
             raise ValueError("release: ref count would go below zero")
-        st.ref_cnt[b] -= 1
+        ref_cnt[b] -= 1
     caching = st.cfg[F_CACHING] != 0
     if caching:
         # prepend_n(unhashed tail-first): push them front-first in reverse (head-first) order
         for i in range(first, m):
-            b = st.tables[seq, i]
-            if st.ref_cnt[b] == 0 and st.block_hash[b] == 0 and not st.in_empty[b]:
+            b = row[i]
+            if ref_cnt[b] == 0 and block_hash[b] == 0 and not in_empty[b]:
                 _empty_push_front(st, b)
-                st.sc[S_N_HELD] -= 1
-                st.counters[C_RELEASED_BLOCKS] += 1
+                sc[S_N_HELD] -= 1
+                counters[C_RELEASED_BLOCKS] += 1
     for i in range(m - 1, first - 1, -1):
-        b = st.tables[seq, i]
-        if st.ref_cnt[b] != 0 or st.in_empty[b] or st.in_cand[b]:
+        b = row[i]
+        if ref_cnt[b] != 0 or in_empty[b] or in_cand[b]:
             continue
-        st.sc[S_N_HELD] -= 1
-        st.counters[C_RELEASED_BLOCKS] += 1
-        if st.block_hash[b] == 0:
+        sc[S_N_HELD] -= 1
+        counters[C_RELEASED_BLOCKS] += 1
+        if block_hash[b] == 0:
             _empty_push_back(st, b)  # caching off
         else:
-            st.in_cand[b] = True
-            st.sc[S_N_CAND] += 1
+            in_cand[b] = True
+            sc[S_N_CAND] += 1
             on_insert(pst, view, b, now_us)
     st.seq_len[seq] = first
 

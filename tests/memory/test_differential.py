@@ -47,7 +47,8 @@ def check_same(fast: FastPool, ref: KVCacheManager, handles: dict) -> None:
     assert list(fast.st.block_hits) == ref.block_hits
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(num_blocks=st.integers(5, 16), caching=st.booleans(),
        first=st.lists(admit, min_size=2, max_size=5),
        rest=st.lists(op, min_size=5, max_size=40))

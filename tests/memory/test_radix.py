@@ -112,7 +112,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80, deadline=None, derandomize=True, database=None)
 @given(num_blocks=st.integers(3, 12),
        ops=st.lists(st.tuples(st.booleans(), st.lists(st.integers(0, 2), max_size=4),
                               st.integers(0, BS - 1), st.integers(0, 7)), max_size=30))
