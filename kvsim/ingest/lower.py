@@ -118,7 +118,7 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
     slot = lambda fill=0: np.full(C, fill, dtype=np.int64)  # noqa: E731
     src, par = slot(-1), slot(-1)
     computed, gen, nblk, lasth, status = slot(), slot(), slot(), slot(), slot()
-    first_us, dsteps, forked, blast = slot(-1), slot(), slot(), slot(-1)
+    first_us, dsteps, forked, blast, cow = slot(-1), slot(), slot(), slot(-1), slot()
     run, run2, fin = slot(), slot(), slot()
     req_args = (arr, prompt, out, i64(a["ttft_deadline_us"]), i64(a["tpot_deadline_us"]),
                 nsamp, beam, i64(a["request_priority"]), a["session_continues"].astype(np.bool_),
@@ -126,7 +126,7 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
                 np.ascontiguousarray(a["spec_accept_prob"], dtype=np.float64),
                 i64(a["hashed_tokens"]), off, ids)
     slot_args = (src, par, computed, gen, nblk, lasth, status, first_us, dsteps, forked, blast,
-                 run, run2, fin)
+                 cow, run, run2, fin)
     # per-row lookups filled in numpy: owner table row of every sequence slot
     rprio_tab = np.asarray(a["request_priority"], dtype=np.int8)
     tenant_tab = np.asarray(a["tenant"], dtype=np.int32)

@@ -11,7 +11,9 @@ Per step, in this order (schema.py "Ordering inside a step"):
 1. ``STEP`` (patched with ``num_tokens`` and ``duration_us`` once the batch is known);
 2. ``ARRIVE`` of requests with ``arrival_us <= now``, then of forks created this step;
 3. running decode sequences, in running order: ``FORK`` (first step of a fork), a
-   request-level ``INTENT`` (first decode step), decode ``ALLOCATE`` (a block is allocated
+   request-level ``INTENT`` (first decode step), after a fork an ``ALLOCATE`` at the index of
+   the shared partial last block when the sequence's first write lands in it (the replay
+   copies it on write), decode ``ALLOCATE`` (a block is allocated
    in the step whose token starts it; speculative: DRAFT blocks for the k draft
    positions), ``ACCESS``; speculative steps then ``COMMIT`` the accepted draft blocks and
    ``FREE`` (block-level, tail first) the rejected ones;
@@ -131,7 +133,7 @@ def run_steps(ip, fp, st, stf,
               arr, prompt, out, ttft, tpot, nsamp, beam, rprio, cont, gap, shared, spk, spp,
               hashed, off, ids,
               src, par, computed, gen, nblk, lasth, status, first_us, dsteps, forked, blast,
-              run, run2, fin, I, F, n):
+              cow, run, run2, fin, I, F, n):
     """Run steps until ``n >= flush_rows`` at a step boundary or the trace is done.
 
     Returns ``(I, F, n)``; ``st[S_FINISHED] == 1`` once every request has finished.
@@ -206,6 +208,8 @@ def run_steps(ip, fp, st, stf,
                 forked[c2] = 1
                 blast[c2] = -1
                 blast[c] = c2
+                cow[c2] = 1  # parent and child now share the partial last block
+                cow[c] = 1
                 run2[m2] = c2
                 m2 += 1
                 I, F = _ensure(I, F, n, 1)
@@ -246,7 +250,7 @@ def run_steps(ip, fp, st, stf,
             L = prompt[q] + gen[c] - 1
             hi = L + k
             nb_need = hi // B + 1
-            I, F = _ensure(I, F, n, 4 + 2 * (nb_need - nblk[c]))
+            I, F = _ensure(I, F, n, 5 + 2 * (nb_need - nblk[c]))
             if forked[c] == 1:
                 n = _row(I, F, n, step, t_us, K_FORK, c, -1, 0, par[c], 0, PH_DECODE, prio,
                          dl, 0, step + 1, pin, 0.0)
@@ -254,6 +258,15 @@ def run_steps(ip, fp, st, stf,
             if dsteps[c] == 0:
                 n = _row(I, F, n, step, t_us, K_INTENT, c, -1, 0, -1, 0, PH_DECODE, prio, dl,
                          0, step + 1, pin, 0.0)
+            if cow[c] == 1:
+                # first write since a fork: if it lands in the shared (partial) last block,
+                # an ALLOCATE at that existing index tells the replay to copy it on write
+                if L // B < nblk[c]:
+                    n = _row(I, F, n, step, t_us, K_ALLOCATE, c, L // B, 0, -1,
+                             min(hi + 1, (L // B + 1) * B) - L, PH_DECODE, prio, dl, 0,
+                             step + 1, pin, _prefill_us(fp, (L // B) * B, B))
+                    lasth[c] = 0  # its content diverges from the shared copy
+                cow[c] = 0
             old_nb = nblk[c]
             for b in range(old_nb, nb_need):
                 h = 0

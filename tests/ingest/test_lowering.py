@@ -110,7 +110,7 @@ def test_idle_clock_jumps_to_next_arrival(tmp_path):
     assert steps.time_us.tolist()[-1] == 10_000_000 and len(steps) == 2
 
 
-def test_parallel_samples_fork(tmp_path):
+def test_parallel_samples_fork_copy_on_write(tmp_path):
     s, df = lower(tmp_path, table(prompt_tokens=[20], output_tokens=[3], n=[2]))
     fork = df[df.kind == K.FORK]
     assert fork[["step", "request_id", "parent_request_id"]].values.tolist() == [[1, 1, 0]]
@@ -118,6 +118,14 @@ def test_parallel_samples_fork(tmp_path):
     assert child_arrive.step.tolist() == [1] and child_arrive.num_tokens.tolist() == [0]
     assert sorted(df[df.kind == K.FREE].request_id.tolist()) == [0, 1]
     assert s.num_forks == 1
+    # prompt 20 = blocks 0 (16) and 1 (4 tokens, shared after the fork): each sequence's
+    # first write lands in block 1, so each names it again (the replay copies on write)
+    step1 = df[(df.step == 1) & (df.kind != K.STEP)]
+    assert [(K(k).name, int(r), int(b)) for k, r, b in
+            step1[["kind", "request_id", "block_index"]].values] == [
+        ("ARRIVE", 1, -1), ("INTENT", 0, -1), ("ALLOCATE", 0, 1), ("ACCESS", 0, -1),
+        ("FORK", 1, -1), ("INTENT", 1, -1), ("ALLOCATE", 1, 1), ("ACCESS", 1, -1)]
+    assert (df[(df.kind == K.ALLOCATE) & (df.step > 1)].empty)  # later writes: private copies
 
 
 def test_beam_search_prunes_and_reforks(tmp_path):
