@@ -79,11 +79,15 @@ LifecycleOpt = Annotated[bool, typer.Option(
     "--log-lifecycle", help="The decision log also records ALLOCATE / HIT / REVIVE / "
     "RELEASE / FREE rows (much larger).")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for policies that randomise.")]
+EngineOpt = Annotated[str, typer.Option(
+    "--engine", metavar="ENGINE",
+    help="compiled (numba; the first run per policy compiles, then it is cached on disk) or "
+         "interpreted (same code run by Python: no compile, ~100x slower per event).")]
 
 
 def _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model, tier_policy,
             write_policy, preemption, priority_scheduling, no_prefetch, warmup, log_lifecycle,
-            seed):
+            seed, engine):
     from kvsim.sim import SimConfig
     from kvsim.sim.config import parse_tier_policies
 
@@ -92,7 +96,7 @@ def _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model, tier_
                      tier_policies=parse_tier_policies(tier_policy), write_policy=write_policy,
                      preemption=preemption, priority_scheduling=priority_scheduling,
                      prefetch=not no_prefetch, warmup_fraction=warmup,
-                     log_lifecycle=log_lifecycle, seed=seed)
+                     log_lifecycle=log_lifecycle, seed=seed, engine=engine)
 
 
 def _load_policy_files(files) -> None:
@@ -228,6 +232,7 @@ def simulate_command(
     csv: CsvOpt = None,
     parquet: ParquetOpt = None,
     seed: SeedOpt = 0,
+    engine: EngineOpt = "compiled",
     json_: JsonOption = False,
 ) -> None:
     """Replay TRACE through HBM (vLLM-exact prefix caching) and the DRAM/CXL/NVMe tiers of
@@ -242,7 +247,7 @@ def simulate_command(
     _load_policy_files(policy_file)
     config = _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model,
                      tier_policy, write_policy, preemption, priority_scheduling, no_prefetch,
-                     warmup_fraction, log_lifecycle, seed)
+                     warmup_fraction, log_lifecycle, seed, engine)
     with progress() as bar:
         task = bar.add_task(f"replay {policy}", total=None)
         result = simulate(trace, policy, config, decision_log=decision_log,
@@ -299,6 +304,7 @@ def compare_command(
     parquet: ParquetOpt = None,
     seed: Annotated[int, typer.Option(
         "--seed", help="Seed for --profile generation and randomising policies.")] = 0,
+    engine: EngineOpt = "compiled",
     json_: JsonOption = False,
 ) -> None:
     """Replay one trace under several HBM placement policies (same tiers, same cost model)
@@ -315,7 +321,7 @@ def compare_command(
     _load_policy_files(policy_file)
     config = _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model,
                      tier_policy, write_policy, preemption, priority_scheduling, no_prefetch,
-                     warmup_fraction, log_lifecycle, seed)
+                     warmup_fraction, log_lifecycle, seed, engine)
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
     with tempfile.TemporaryDirectory(prefix="kvsim-compare-") as tmpdir:
         source = trace

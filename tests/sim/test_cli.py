@@ -1,0 +1,91 @@
+"""`kvsim simulate` / `kvsim compare` through typer's CliRunner (interpreted engine: no
+compile time; the compiled engine is covered by tests/sim/test_compiled.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+from typer.testing import CliRunner
+
+from kvsim.cli import app
+from kvsim.schema import Phase
+
+runner = CliRunner()
+
+
+def _trace(builder, path):
+    tb = builder()
+    tb.STEP(0, 1000); tb.ARRIVE(0, 8); tb.prompt(0, [11, 12]); tb.ACCESS(0, 8)
+    tb.STEP(1000, 500); tb.ACCESS(0, 1, Phase.DECODE); tb.FREE(0)
+    tb.STEP(2000, 1000); tb.ARRIVE(1, 9); tb.prompt(1, [11, 12, 13], last_tokens=1)
+    tb.ACCESS(1, 9)
+    tb.STEP(3000, 500); tb.ACCESS(1, 1, Phase.DECODE); tb.FREE(1)
+    return tb.write(path)
+
+
+def test_simulate_json_and_outputs(builder, tiny_hw, tmp_path):
+    trace = _trace(builder, tmp_path / "t.parquet")
+    csv = tmp_path / "out.csv"
+    log = tmp_path / "log.parquet"
+    res = runner.invoke(app, ["simulate", "--trace", str(trace), "--policy", "lru",
+                              "--hardware", tiny_hw, "--hbm-blocks", "4", "--engine",
+                              "interpreted", "--csv", str(csv), "--decision-log", str(log),
+                              "--log-lifecycle", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    row = doc["policies"][0]
+    assert row["policy"] == "lru" and abs(row["hbm_hit_rate"] - 8 / 17) < 1e-12
+    assert doc["config"]["hbm_capacity_blocks"] == 4
+    assert pd.read_csv(csv)["p50_step_us"].iloc[0] == 650.0
+    actions = pd.read_parquet(log)["action"].tolist()
+    assert actions.count(10) == 3 and actions.count(11) + actions.count(13) == 2
+
+
+def test_compare_json_keys_and_table(builder, tiny_hw, tmp_path):
+    trace = _trace(builder, tmp_path / "t.parquet")
+    args = ["compare", "--trace", str(trace), "--policies", "lru,fifo", "--hardware",
+            tiny_hw, "--hbm-blocks", "4", "--engine", "interpreted"]
+    res = runner.invoke(app, args + ["--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert [p["policy"] for p in doc["policies"]] == ["lru", "fifo"]
+    for key in ("policy", "p50_step_us", "p99_step_us", "hbm_hit_rate", "prefix_hit_rate",
+                "block_hit_rate", "deadline_misses", "decode_critical_misses", "bytes_moved",
+                "recompute_tokens", "gap_hbm_hit_rate_to_belady", "gap_p99_step_us_to_belady"):
+        assert key in doc["policies"][0], key
+    assert doc["policies"][0]["gap_hbm_hit_rate_to_belady"] == 0.0
+    table = runner.invoke(app, args)
+    assert table.exit_code == 0 and "lru" in table.stdout and "fifo" in table.stdout
+
+
+def test_bad_trace_is_one_line_exit_2_and_no_output(tiny_hw, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"not": "a header"}\n')
+    out = tmp_path / "rows.csv"
+    res = runner.invoke(app, ["simulate", "--trace", str(bad), "--hardware", tiny_hw,
+                              "--hbm-blocks", "4", "--engine", "interpreted", "--csv",
+                              str(out)])
+    assert res.exit_code == 2
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    assert not out.exists() and list(tmp_path.iterdir()) == [bad]
+
+
+def test_unknown_policy_and_missing_trace(tiny_hw, tmp_path, builder):
+    trace = _trace(builder, tmp_path / "t.parquet")
+    res = runner.invoke(app, ["simulate", "--trace", str(trace), "--policy", "nope",
+                              "--hardware", tiny_hw])
+    assert res.exit_code == 2 and "unknown policy 'nope'" in res.stderr
+    res = runner.invoke(app, ["compare", "--hardware", tiny_hw])
+    assert res.exit_code == 2 and "--trace" in res.stderr
+
+
+def test_help_texts():
+    for cmd in ("simulate", "compare"):
+        res = runner.invoke(app, [cmd, "--help"])
+        assert res.exit_code == 0
+        for opt in ("--trace", "--hardware", "--hbm-gb", "--hbm-blocks", "--dram-gb",
+                    "--tier-policy", "--write-policy", "--preemption", "--warmup-fraction",
+                    "--json", "--csv", "--parquet"):
+            assert opt in res.stdout, (cmd, opt)
