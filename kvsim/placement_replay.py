@@ -23,9 +23,11 @@ movement rows on any other path are counted as skipped, by reason.  DRAM and CXL
 in the backend's host tier (this machine has no CXL memory to time separately), each with
 its own slot map, so a DRAM -> CXL move copies between two host slots.
 
-Batching: consecutive rows with the same (step, action, from tier, to tier) are one batch
-and one launch per operation, across all layers (a batch larger than a tier of the real
-pool is split into pool-sized launches).  Blocks are mapped to slots of each real tier by
+Batching: the rows of one engine step with the same (action, from tier, to tier) are one
+batch and one launch per operation, across all layers (a batch larger than a tier of the
+real pool is split into pool-sized launches), as an engine submits a step's transfers
+together.  A step's batches run in the order of their first row, so a block spilled to DRAM
+and moved on to CXL in the same step is spilled first.  Blocks are mapped to slots of each real tier by
 their identity (content hash, else request and block index) through a ring allocator per
 tier (:class:`SlotRing`; DRAM and CXL have separate rings over the one host tier), so a
 block spilled and later promoted is read from the host slot
@@ -337,16 +339,15 @@ def replay_decision_log(log_path: str | Path, settings: ReplaySettings = ReplayS
             refuse_unmeasurable("cuda")
         replayer = _Replayer(backend, log.path)
         replayer.warm_up()
-        pending: tuple | None = None  # (step, action, from, to)
-        keys: list[Hashable] = []
-        rows = nbytes = 0
-        predicted = 0.0
+        step_now: int | None = None
+        # (action, from, to) -> [keys, rows, bytes, predicted_us]; insertion order = the
+        # order of each batch's first row in the step.
+        groups: dict[tuple[int, int, int], list] = {}
 
         def flush() -> None:
-            nonlocal keys, rows, nbytes, predicted
-            if pending is not None and keys:
-                replayer.run(pending[1], pending[2], pending[3], keys, rows, nbytes, predicted)
-            keys, rows, nbytes, predicted = [], 0, 0, 0.0
+            for (action, frm, to), (keys, rows, nbytes, predicted) in groups.items():
+                replayer.run(action, frm, to, keys, rows, nbytes, predicted)
+            groups.clear()
 
         for batch in log.scan(_COLUMNS, _movement_filter()):
             c = {name: batch.column(name).to_numpy() for name in _COLUMNS}
@@ -370,17 +371,18 @@ def replay_decision_log(log_path: str | Path, settings: ReplaySettings = ReplayS
                 if not cost >= 0:
                     raise KvsimInputError(f"expected cost_us >= 0, got {cost}", log.path, where,
                                           "cost_us")
-                group = (int(c["step"][i]), action, frm, to)
-                if group != pending:
+                step = int(c["step"][i])
+                if step != step_now:
                     flush()
-                    pending = group
+                    step_now = step
+                group = groups.setdefault((action, frm, to), [[], 0, 0, 0.0])
                 h = int(c["content_hash"][i])
                 base = h if h != 0 else (int(c["request_id"][i]), int(c["block_index"][i]))
                 n = -(-size // block_bytes)
-                keys.extend([base] if n == 1 else [(base, k) for k in range(n)])
-                rows += 1
-                nbytes += size
-                predicted += cost
+                group[0].extend([base] if n == 1 else [(base, k) for k in range(n)])
+                group[1] += 1
+                group[2] += size
+                group[3] += cost
                 replayed += 1
             if on_progress is not None:
                 on_progress(scanned, log.num_rows)

@@ -146,3 +146,16 @@ def test_cli_replay_json_and_table(handmade_log, tmp_path):
                                 "--pool-mib", "0.125", "--disk-dir", str(tmp_path)])
     assert table.exit_code == 0, table.output
     assert "PREFETCH" in table.stdout and "skipped 1 rows: PROMOTE DRAM->NVME" in table.stdout
+
+
+def test_a_steps_interleaved_rows_batch_per_action_and_path(log_rows, write_log, tmp_path):
+    row, A = log_rows.row, Action
+    rows = [row(5, A.DEMOTE, 1, 0, 0, 0, 1, BLOCK, 1.0),   # HBM -> DRAM
+            row(5, A.DEMOTE, 2, 0, 1, 1, 2, BLOCK, 2.0),   # DRAM -> CXL
+            row(5, A.DEMOTE, 3, 0, 2, 0, 1, BLOCK, 1.0),
+            row(5, A.DEMOTE, 4, 0, 3, 1, 2, BLOCK, 2.0),
+            row(6, A.DEMOTE, 5, 0, 4, 0, 1, BLOCK, 1.0)]   # next step: a new batch
+    path = write_log(rows, tmp_path / "interleaved.parquet")
+    r = replay_decision_log(path, settings(tmp_path))
+    assert [(a.path, a.rows, a.batches, a.predicted_us) for a in r.actions] == [
+        ("HBM->DRAM", 3, 2, 3.0), ("DRAM->CXL", 2, 1, 4.0)]
