@@ -251,11 +251,8 @@ def first_block_bytes(log: DecisionLog) -> int:
 class _Replayer:
     """Runs batches on the backend and tallies them per (action, path)."""
 
-    def __init__(self, backend: KvBackend, path: Path) -> None:
+    def __init__(self, backend: KvBackend) -> None:
         self.backend = backend
-        self.path = path
-        bb = backend.layout.block_bytes
-        self.block_bytes = bb
         self.rings = {int(Tier.HBM): SlotRing(backend.device_blocks),
                       int(Tier.DRAM): SlotRing(backend.host_blocks),
                       int(Tier.CXL): SlotRing(backend.host_blocks),
@@ -337,7 +334,7 @@ def replay_decision_log(log_path: str | Path, settings: ReplaySettings = ReplayS
         info = backend.device_info()
         if info.simulated:
             refuse_unmeasurable("cuda")
-        replayer = _Replayer(backend, log.path)
+        replayer = _Replayer(backend)
         replayer.warm_up()
         step_now: int | None = None
         # (action, from, to) -> [keys, rows, bytes, predicted_us]; insertion order = the

@@ -1,7 +1,8 @@
 """Real KV block pools for calibration and placement replay: ``cpu`` and ``cuda`` backends.
 
 - :mod:`kvsim.backends.base`: :class:`BlockLayout`, the :class:`KvBackend` interface.
-- :mod:`kvsim.backends.cpu`: numpy pool + numba copy loops + file I/O.
+- :mod:`kvsim.backends.cpu`: numpy pool + numba copy loops (:mod:`kvsim.backends.kernels`)
+  + file I/O.
 - :mod:`kvsim.backends.cuda`: numba-cuda kernels, mapped pinned host tier, CUDA events.
 - :mod:`kvsim.backends.disk`: the disk tier (``preadv``/``pwritev``, ``O_DIRECT``).
 - :mod:`kvsim.backends.detection`: :func:`detect` -> ``"gpu" | "cudasim" | "none"``.
