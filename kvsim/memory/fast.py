@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
+from kvsim.errors import bad_value
 from kvsim.memory import fifo_order
 from kvsim.policy_api import new_block_view
 
@@ -124,14 +125,14 @@ class PoolConfig:
     debug: bool = field(default=False, metadata={"help": "check invariants after each op"})
 
     def __post_init__(self) -> None:
-        if self.num_blocks < 2:
-            raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), "
-                             f"got {self.num_blocks}")
-        if self.block_size_tokens < 1:
-            raise ValueError(f"block_size_tokens must be >= 1, got {self.block_size_tokens}")
-        for name in ("max_seqs", "max_blocks_per_seq", "max_tenants"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        """Bad sizes are user input (CLI options, profiles): KvsimInputError."""
+        minimum = {"num_blocks": 2, "block_size_tokens": 1, "max_seqs": 1,
+                   "max_blocks_per_seq": 1, "max_tenants": 1, "block_bytes": 0}
+        for name, low in minimum.items():
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or value < low:
+                why = " (block 0 is the reserved null block)" if name == "num_blocks" else ""
+                raise bad_value(None, None, name, f"an integer >= {low}{why}", value)
 
 
 @dataclass(frozen=True)
@@ -418,7 +419,8 @@ def pool_fork(st, parent, child):
 def pick_preemption_victim(running, n_running, request_priority, arrival, by_priority):
     """Index in ``running[:n_running]`` of the request to preempt (vLLM v1 Scheduler):
     the last running one; under priority scheduling the lowest ``request_priority``
-    (kvsim: 0 lowest .. 100 highest), ties broken by the latest ``arrival``.  -1 if none."""
+    (kvsim: 0 lowest .. 100 highest), ties broken by the latest ``arrival``, then by
+    position (the first, as Python's ``max`` in vLLM).  -1 if none."""
     if n_running == 0:
         return -1
     if not by_priority:
@@ -428,7 +430,7 @@ def pick_preemption_victim(running, n_running, request_priority, arrival, by_pri
         r = running[i]
         q = running[best]
         if request_priority[r] < request_priority[q] or (
-                request_priority[r] == request_priority[q] and arrival[r] >= arrival[q]):
+                request_priority[r] == request_priority[q] and arrival[r] > arrival[q]):
             best = i
     return best
 

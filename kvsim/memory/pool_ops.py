@@ -66,9 +66,9 @@ def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
     leading prefix-hit blocks, or -1 if the blocks do not fit (then nothing changed)."""
     start = st.seq_len[seq]
     if not st.seq_is_open[seq]:
-        raise ValueError("pool_allocate: seq slot is not open")
+        raise ValueError("allocate: seq slot is not open")
     if start + n > st.tables.shape[1]:
-        raise ValueError("pool_allocate: block table longer than max_blocks_per_seq")
+        raise ValueError("allocate: block table longer than max_blocks_per_seq")
     admission = start == 0
     n_hit = 0
     if admission:
@@ -218,7 +218,7 @@ def free_tail(st, pst, view, seq, n, now_us):
     """Release the last ``n`` blocks of ``seq`` (block-level FREE, draft rollback)."""
     m = st.seq_len[seq]
     if n > m:
-        raise ValueError("pool_free_tail: more blocks than the table holds")
+        raise ValueError("free_tail: more blocks than the table holds")
     _release(st, pst, view, seq, m - n, now_us)
     if st.cfg[F_DEBUG] != 0:
         _assert_ok(st)
@@ -231,7 +231,7 @@ def write_last(st, pst, view, seq, now_us, out):
     0 = no copy needed; -1 = a copy is needed but no block is free (nothing changed)."""
     m = st.seq_len[seq]
     if m == 0:
-        raise ValueError("pool_write_last: empty table")
+        raise ValueError("write_last: empty table")
     old = st.tables[seq, m - 1]
     if st.ref_cnt[old] <= 1:
         return 0

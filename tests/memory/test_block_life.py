@@ -128,3 +128,15 @@ def test_decode_block_becomes_full_then_shared(make_pool):
     assert pool.table(a) == [1, 2]
     assert pool.free_queue()[0] == 3
     pool.check_invariants()
+
+
+def test_bad_pool_sizes_are_input_errors():
+    import pytest
+
+    from kvsim.errors import KvsimInputError
+    from kvsim.memory.fast import PoolConfig
+
+    with pytest.raises(KvsimInputError, match="num_blocks.*>= 2.*null block.*got 1"):
+        PoolConfig(1, 16)
+    with pytest.raises(KvsimInputError, match="block_size_tokens"):
+        PoolConfig(8, 0)
