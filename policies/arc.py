@@ -42,9 +42,8 @@ def init(capacity_blocks, num_slots, params):
     return (prev, nxt, dll_ends(), dll_ends(), dll_ends(), dll_ends(), where, ints, p)
 
 
-@njit(cache=True)
-def _ghost_hit(state, b):
-    prev, nxt, t1, t2, b1, b2, where, ints, p = state
+@njit(cache=True, inline="always")
+def _ghost_hit(prev, nxt, b1, b2, where, ints, p, b):
     c = ints[0]
     if where[b] == B1:
         delta = max(b2[2] / b1[2], 1.0)
@@ -62,16 +61,19 @@ def _ghost_hit(state, b):
 
 @njit(cache=True)
 def on_miss(state, view, b, now_us):
-    state[7][1] = 0
-    state[7][2] = 0
-    _ghost_hit(state, b)
+    ints = state[7]
+    ints[1] = 0
+    ints[2] = 0
+    where = state[6]
+    if where[b] >= B1:
+        _ghost_hit(state[0], state[1], state[4], state[5], where, ints, state[8], b)
 
 
 @njit(cache=True)
 def on_insert(state, view, b, now_us):
-    prev, nxt, t1, t2, b1, b2, where, ints, p = state
+    prev, nxt, t1, t2, where, ints = state[0], state[1], state[2], state[3], state[6], state[7]
     if where[b] >= B1:  # the core did not call on_miss: detect the ghost hit now
-        _ghost_hit(state, b)
+        _ghost_hit(prev, nxt, state[4], state[5], where, ints, state[8], b)
     if ints[1] == 1 or ints[2] == 1:
         dll_push_tail(prev, nxt, t2, b)
         where[b] = T2
@@ -84,7 +86,7 @@ def on_insert(state, view, b, now_us):
 
 @njit(cache=True)
 def on_hit(state, view, b, now_us):
-    prev, nxt, t1, t2, b1, b2, where, ints, p = state
+    prev, nxt, t1, t2, where = state[0], state[1], state[2], state[3], state[6]
     if where[b] == T1:
         dll_remove(prev, nxt, t1, b)
         dll_push_tail(prev, nxt, t2, b)
@@ -93,28 +95,27 @@ def on_hit(state, view, b, now_us):
         dll_move_to_tail(prev, nxt, t2, b)
 
 
-@njit(cache=True)
-def _replace_from_t1(state):
-    prev, nxt, t1, t2, b1, b2, where, ints, p = state
+@njit(cache=True, inline="always")
+def _replace_from_t1(t1, t2, ints, p):
     n1 = float(t1[2])
     return (t1[2] > 0 and (n1 > p[0] or (n1 == p[0] and ints[2] == 1))) or t2[2] == 0
 
 
 @njit(cache=True)
 def victim(state, view, now_us, alt_blocks, alt_scores):
-    prev, nxt, t1, t2, b1, b2, where, ints, p = state
+    nxt, t1, t2, b1, b2, ints, p = state[1], state[2], state[3], state[4], state[5], state[7], state[8]
     if t1[2] + t2[2] == 0:
         return -1, 0, 0
     c = ints[0]
     ints[5] = 0
     ints[6] = 0
     if ints[1] == 1 or ints[2] == 1:
-        from_t1 = _replace_from_t1(state)
+        from_t1 = _replace_from_t1(t1, t2, ints, p)
         ghost = B1 if from_t1 else B2
     elif t1[2] + b1[2] + 1 > c:
         if b1[2] > 0:
             ints[5] = 1
-            from_t1 = _replace_from_t1(state)
+            from_t1 = _replace_from_t1(t1, t2, ints, p)
             ghost = B1 if from_t1 else B2
         else:
             from_t1 = True
@@ -122,7 +123,7 @@ def victim(state, view, now_us, alt_blocks, alt_scores):
     else:
         if t1[2] + b1[2] + t2[2] + b2[2] >= 2 * c and b2[2] > 0:
             ints[6] = 1
-        from_t1 = _replace_from_t1(state)
+        from_t1 = _replace_from_t1(t1, t2, ints, p)
         ghost = B1 if from_t1 else B2
     b = t1[0] if from_t1 else t2[0]
     ints[3] = b

@@ -164,32 +164,60 @@ def _replay(ids, next_use, capacity, state, view, on_miss, on_insert, on_hit, on
     return hits, misses, evictions, n_res
 
 
+@dataclass(frozen=True)
+class PreparedKeys:
+    """A key stream remapped once for many simulations (see :func:`prepare_keys`)."""
+
+    ids: np.ndarray  # dense id of each access, 0..unique-1 in order of first appearance
+    keys_by_id: np.ndarray  # original key of each dense id
+    next_use: np.ndarray  # index of the next access to the same key (NEVER if none)
+
+
+def prepare_keys(keys: np.ndarray) -> PreparedKeys:
+    """Remap ``keys`` to dense ids and compute next-use ordinals (for offline policies).
+
+    Raises KvsimInputError unless ``keys`` is a 1-D integer array.
+    """
+    keys = np.asarray(keys)
+    if keys.ndim != 1 or not np.issubdtype(keys.dtype, np.integer):
+        raise KvsimInputError(f"expected a 1-D integer array, got {keys.dtype} with shape "
+                              f"{keys.shape}", None, None, "keys")
+    ids, keys_by_id = remap_keys(keys)
+    return PreparedKeys(ids, keys_by_id, next_use_of(ids, max(int(keys_by_id.shape[0]), 1)))
+
+
 def _resolve(policy: str | Policy) -> Policy:
     return get_policy(policy) if isinstance(policy, str) else policy
 
 
-def simulate_cache(keys: np.ndarray, capacity_blocks: int, policy: str | Policy, *,
-                   params: dict | None = None, n_alt: int = 0,
+def simulate_cache(keys: np.ndarray | PreparedKeys, capacity_blocks: int,
+                   policy: str | Policy, *, params: dict | None = None, n_alt: int = 0,
                    record_victims: bool = False) -> CacheResult:
     """Replay ``keys`` (one access each, object size 1) through a cache of
     ``capacity_blocks`` under ``policy`` and count hits and misses.
 
+    ``keys`` is an integer array or a :class:`PreparedKeys` (remapped once, reused).
     ``params`` go to the policy's ``init`` (e.g. ``{"seed": 1}``); ``n_alt`` is the size of
     the runners-up arrays handed to ``victim`` (0 = none).  With ``record_victims`` the
     evicted dense ids are returned in order (``result.victims``).  Deterministic.
     """
     pol = _resolve(policy)
-    keys = np.asarray(keys)
-    if keys.ndim != 1 or not np.issubdtype(keys.dtype, np.integer):
-        raise KvsimInputError(f"expected a 1-D integer array, got {keys.dtype} with shape "
-                              f"{keys.shape}", None, None, "keys")
     if int(capacity_blocks) < 1:
         raise KvsimInputError(f"expected an integer >= 1, got {capacity_blocks!r}", None,
                               None, "capacity_blocks")
     capacity = int(capacity_blocks)
-    ids, keys_by_id = remap_keys(keys)
+    if isinstance(keys, PreparedKeys):
+        ids, keys_by_id = keys.ids, keys.keys_by_id
+        next_use = keys.next_use if pol.offline else np.zeros(0, np.int64)
+    else:
+        keys = np.asarray(keys)
+        if keys.ndim != 1 or not np.issubdtype(keys.dtype, np.integer):
+            raise KvsimInputError(f"expected a 1-D integer array, got {keys.dtype} with "
+                                  f"shape {keys.shape}", None, None, "keys")
+        ids, keys_by_id = remap_keys(keys)
+        next_use = (next_use_of(ids, max(int(keys_by_id.shape[0]), 1)) if pol.offline
+                    else np.zeros(0, np.int64))
     n_unique = int(keys_by_id.shape[0])
-    next_use = next_use_of(ids, n_unique) if pol.offline else np.zeros(0, np.int64)
     num_slots = max(n_unique, 1)
     state = pol.init(capacity, num_slots, dict(params or {}))
     view = new_block_view(num_slots)

@@ -10,7 +10,7 @@ from kvsim.policy_registry import list_policies
 from kvsim.sim.cachesim import simulate_cache
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(keys=st.lists(st.integers(0, 12), min_size=1, max_size=80),
        capacity=st.integers(1, 8))
 def test_belady_is_a_bound(keys, capacity):

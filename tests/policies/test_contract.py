@@ -25,7 +25,7 @@ def _mixed_run(policy, n_alt: int, seed: int) -> list[int]:
     num_slots, cap = 40, 6
     d = Driver(policy, cap, num_slots, n_alt=n_alt)
     held: set[int] = set()
-    for step in range(500):
+    for step in range(300):
         b = int(rng.integers(num_slots))
         d.set_intent(b, priority=int(rng.integers(4)), phase=int(rng.integers(7)),
                      request_priority=int(rng.integers(101)),
@@ -58,7 +58,7 @@ def test_hook_contract_and_determinism(policy, n_alt):
     # and then victim() must say -1.  Determinism: the same run twice, same victims.
     first = _mixed_run(policy, n_alt, seed=7)
     assert first == _mixed_run(policy, n_alt, seed=7)
-    assert len(first) > 50
+    assert len(first) > 30
 
 
 @pytest.mark.parametrize("policy", POLICIES, ids=IDS)
