@@ -186,3 +186,16 @@ def test_cli_bad_base_exits_2_and_writes_nothing(tmp_path):
     assert result.exit_code == 2
     assert "unknown hardware profile 'nope'" in result.output
     assert not out.exists()
+
+
+def test_cli_bad_layout_and_sizes_exit_2(tmp_path):
+    out = tmp_path / "hw.toml"
+    runner = CliRunner()
+    bad = runner.invoke(app, ["calibrate", "--out", str(out), "--dtype", "int3"])
+    assert bad.exit_code == 2
+    assert "field 'dtype': expected one of ['bf16', 'fp16', 'fp32', 'fp8'], got 'int3'" \
+        in bad.output
+    small = runner.invoke(app, ["calibrate", "--out", str(out), "--max-mib", "0.01"])
+    assert small.exit_code == 2
+    assert "expected 0 < min size < max size, got 65536 and 10485 bytes" in small.output
+    assert not out.exists()
