@@ -137,3 +137,22 @@ def test_radix_invariants_on_random_sequences(num_blocks, ops):
             rc.free(s)
             rc.close_seq(s)
         rc.check_invariants()
+
+
+def test_compare_schemes_on_one_stream():
+    """The same stream through both schemes: the duplicate-block case of the test above,
+    repeated; exact counts per scheme."""
+    from kvsim.memory.compare import compare_schemes
+
+    t = toks(1, 2)  # exactly 2 full blocks: each admission hits 1 block
+    h = request_hashes(t, BS)
+    df = compare_schemes([(h, 8)] * 3 + [([0] * 4, 16)], num_blocks=6, block_size=BS,
+                         max_running=1)
+    v, r = df.iloc[0], df.iloc[1]
+    assert (v.scheme, r.scheme) == ("vllm-hash-chain", "sglang-radix")
+    assert (v.query_tokens, v.hit_tokens) == (r.query_tokens, r.hit_tokens) == (40, 8)
+    assert (v.refused, r.refused) == (0, 0)
+    # vLLM registers a new copy of the second block at each rerun (3 blocks, one hash);
+    # the 4-block request then evicts all 3 copies.  The tree kept one copy: 1 eviction
+    assert (v.evicted_blocks, r.evicted_blocks) == (3, 1)
+    assert (v.dedup_blocks, r.dedup_blocks) == (0, 2)
