@@ -54,7 +54,7 @@ def core_for(hbm_policy, lower_policies, engine: str = "compiled") -> ModuleType
         return interpreted(hbm_policy, lower_policies)
     from kvsim.memory import fast
     from kvsim.memory.specialize import cache_dir, ops_for, specialize
-    from kvsim.sim import core, layout, tier_ops, tiers
+    from kvsim.sim import bookkeeping, core, layout, tier_ops, tiers
 
     ops = ops_for(hbm_policy.module)
     src = Path(inspect.getfile(core)).read_text(encoding="utf-8")
@@ -70,7 +70,8 @@ def core_for(hbm_policy, lower_policies, engine: str = "compiled") -> ModuleType
         n += k
     if n != 4:
         raise RuntimeError("kvsim.sim.core lost one of its '# ...-OPS' import lines")
-    parts = [new, _source(tiers), _source(layout), _source(fast), _source(tier_ops)] + names
+    parts = [new, _source(tiers), _source(layout), _source(fast), _source(tier_ops),
+             _source(bookkeeping)] + names
     digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
     name = f"kvsim_core_{digest}"
     if name in _LOADED:
@@ -122,7 +123,7 @@ def interpreted(hbm_policy, lower_policies) -> ModuleType:
     memory pool, tier and core modules all run as Python (plain dicts for hash maps);
     only a policy's own compiled helpers stay compiled."""
     from kvsim.memory import fast, pool_ops
-    from kvsim.sim import core, tier_ops, tiers
+    from kvsim.sim import bookkeeping, core, tier_ops, tiers
 
     key = "_".join([hbm_policy.name] + [p.name for p in lower_policies])
     key = re.sub(r"\W", "_", key)
@@ -131,9 +132,12 @@ def interpreted(hbm_policy, lower_policies) -> ModuleType:
         return cached
     tw_fast = _twin(fast, key)
     tw_tiers = _twin(tiers, key)
-    twins = {fast.__name__: tw_fast, tiers.__name__: tw_tiers}
+    tw_book = _twin(bookkeeping, key)
+    twins = {fast.__name__: tw_fast, tiers.__name__: tw_tiers, bookkeeping.__name__: tw_book}
     _rebind(tw_fast, twins)
     _rebind(tw_tiers, twins)
+    _rebind(tw_book, twins)
+    tw_book.tr = tw_tiers
     ops = _twin(pool_ops, key)
     _rebind(ops, twins)
     ops.on_insert = _py(hbm_policy.on_insert)

@@ -1,0 +1,197 @@
+"""Hook-free bookkeeping of the replay core: compiled once, shared by every policy.
+
+These functions never call a policy hook, so they live outside the per-policy template
+:mod:`kvsim.sim.core` and numba compiles and caches them once for all policies.  State
+layout: :mod:`kvsim.sim.layout`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from kvsim.sim import tiers as tr
+from kvsim.sim.layout import *  # noqa: F401,F403  (column names of the state arrays)
+
+NEVER = np.iinfo(np.int64).max
+PR_DECODE_CRITICAL = 3
+
+
+@njit(cache=True)
+def _peak(C, tier, used):
+    if used > C[C_PEAK + tier]:
+        C[C_PEAK + tier] = used
+
+
+@njit(cache=True)
+def _set_view_from_record(view, b, A_i, A_f, a, now_us):
+    """The block's intent fields as the serving layer last stated them (its record)."""
+    view.phase[b] = A_i[a, AI_PHASE]
+    view.priority[b] = A_i[a, AI_PRIO]
+    view.request_priority[b] = A_i[a, AI_RPRIO]
+    view.deadline_us[b] = A_i[a, AI_DEADLINE]
+    view.slack_us[b] = A_i[a, AI_SLACK]
+    view.target_decode_step[b] = A_i[a, AI_TDS]
+    view.pinned[b] = A_i[a, AI_PIN] != 0 or A_i[a, AI_PRIO] == PR_DECODE_CRITICAL
+    view.recompute_cost_us[b] = A_f[a]
+    view.size_bytes[b] = A_i[a, AI_SIZE]
+    view.next_use[b] = A_i[a, AI_NEXT]
+    view.last_access_us[b] = now_us
+
+
+@njit(cache=True)
+def _run_remove(running, C, r):
+    n = int(C[C_NRUN])
+    j = 0
+    while j < n and running[j] != r:
+        j += 1
+    if j == n:
+        return
+    for q in range(j, n - 1):
+        running[q] = running[q + 1]
+    C[C_NRUN] = n - 1
+
+
+@njit(cache=True)
+def _run_add(running, C, r):
+    running[int(C[C_NRUN])] = r
+    C[C_NRUN] += 1
+
+
+@njit(cache=True)
+def _pick_victim(running, C, R_i, exclude, by_priority):
+    """vLLM v1: the last running request; under priority scheduling the lowest
+    request_priority, ties -> the latest admitted.  Never ``exclude``.  -1 if none."""
+    n = int(C[C_NRUN])
+    best = -1
+    for j in range(n - 1, -1, -1):
+        r = running[j]
+        if r == exclude:
+            continue
+        if not by_priority:
+            return r
+        if best < 0 or R_i[r, RI_PRIO] < R_i[best, RI_PRIO]:
+            best = r
+    return best
+
+
+@njit(cache=True)
+def _first_lower(T1, T2, T3):
+    if T1[5][LM_CAP] > 0:
+        return 1
+    if T2[5][LM_CAP] > 0:
+        return 2
+    if T3[5][LM_CAP] > 0:
+        return 3
+    return 0
+
+
+@njit(cache=True)
+def _below(T1, T2, T3, h):
+    return tr.tier_find(T1, h) >= 0 or tr.tier_find(T2, h) >= 0 or tr.tier_find(T3, h) >= 0
+
+
+@njit(cache=True)
+def _finalize_step(C, R_i, R_f, S, P):
+    """Close the current step: latency, clock, and the tokens its requests produced."""
+    lat = C[C_STEP_DUR_US] - C[C_STEP_SAVED_US]
+    if lat < 0.0:
+        lat = 0.0
+    lat += C[C_STEP_STALL_US] + C[C_STEP_EXTRA_US]
+    end = C[C_STEP_START_US] + lat
+    C[C_CLOCK_US] = end
+    k = int(C[C_NSTEP_BUF])
+    S[k, S_STEP] = C[C_STEP]
+    S[k, S_START_US] = C[C_STEP_START_US]
+    S[k, S_LATENCY_US] = lat
+    S[k, S_STALL_US] = C[C_STEP_STALL_US]
+    S[k, S_SAVED_US] = min(C[C_STEP_SAVED_US], C[C_STEP_DUR_US])
+    S[k, S_DURATION_US] = C[C_STEP_DUR_US]
+    S[k, S_EXTRA_US] = C[C_STEP_EXTRA_US]
+    C[C_NSTEP_BUF] = k + 1
+    C[M_SAVED_US] += min(C[C_STEP_SAVED_US], C[C_STEP_DUR_US])
+    for j in range(int(C[C_NPEND])):
+        r = P[j, 0]
+        kind = P[j, 1]
+        dl = P[j, 2]
+        if kind == 1:  # first token
+            R_f[r, RF_FIRST_US] = end
+            R_f[r, RF_LAST_US] = end
+            R_i[r, RI_NOUT] += 1
+            R_i[r, RI_FT_PENDING] = 0
+            if R_i[r, RI_TTFT_DL] >= 0 and end > R_i[r, RI_TTFT_DL]:
+                R_i[r, RI_TTFT_MISS] = 1
+        elif kind == 2:  # a decode token
+            R_f[r, RF_LAST_US] = end
+            R_i[r, RI_NOUT] += 1
+            if dl >= 0:
+                R_i[r, RI_TPOT_DL] += 1
+                if end > dl:
+                    R_i[r, RI_TPOT_MISS] += 1
+    C[C_NPEND] = 0
+
+
+@njit(cache=True)
+def _new_record(r, i, cols, R_i, A_i, A_f, C, K, next_use, seen):
+    """Append the ALLOCATE row ``i`` to request ``r``'s block records; returns its index."""
+    (c_step, c_time, c_kind, c_req, c_bi, c_hash, c_parent, c_ntok, c_dur, c_phase, c_prio,
+     c_rprio, c_dl, c_slack, c_rcost, c_tds, c_pin, c_pfok, c_size, c_tenant) = cols
+    start = R_i[r, RI_BT_START]
+    n = R_i[r, RI_BT_LEN]
+    if n == R_i[r, RI_BT_CAP]:  # relocate to the arena top with twice the room
+        top = int(C[C_ARENA_TOP])
+        cap = max(2 * n, 4)
+        for e in range(n):
+            A_i[top + e] = A_i[start + e]
+            A_f[top + e] = A_f[start + e]
+        R_i[r, RI_BT_START] = top
+        R_i[r, RI_BT_CAP] = cap
+        C[C_ARENA_TOP] = top + cap
+        start = top
+    bi = c_bi[i]
+    a = start + bi if bi < n else start + n
+    if bi >= n:
+        R_i[r, RI_BT_LEN] = n + 1
+    full = c_ntok[i] == K[K_BLOCK_TOKENS]
+    A_i[a, AI_HASH] = c_hash[i] if full else 0
+    A_i[a, AI_SIZE] = c_size[i]
+    A_i[a, AI_TOKENS] = c_ntok[i]
+    A_i[a, AI_PHASE] = c_phase[i]
+    A_i[a, AI_PRIO] = c_prio[i]
+    A_i[a, AI_RPRIO] = c_rprio[i]
+    A_i[a, AI_DEADLINE] = c_dl[i]
+    A_i[a, AI_SLACK] = c_slack[i]
+    A_i[a, AI_TDS] = c_tds[i]
+    A_i[a, AI_PIN] = c_pin[i]
+    A_i[a, AI_PFOK] = c_pfok[i]
+    o = int(C[C_ALLOC_ORD])
+    A_i[a, AI_SEEN] = seen[o] if o < seen.shape[0] else 0
+    A_i[a, AI_NEXT] = next_use[o] if (K[K_OFFLINE] != 0 and o < next_use.shape[0]) else NEVER
+    A_f[a] = c_rcost[i]
+    C[C_ALLOC_ORD] = o + 1
+    if R_i[r, RI_BT_LEN] > C[C_MAX_BT]:
+        C[C_MAX_BT] = R_i[r, RI_BT_LEN]
+    if c_prio[i] == PR_DECODE_CRITICAL:
+        R_i[r, RI_BOUND] = 1
+    return a
+
+
+@njit(cache=True)
+def _intent(a, i, cols, A_i, b, view):
+    (c_step, c_time, c_kind, c_req, c_bi, c_hash, c_parent, c_ntok, c_dur, c_phase, c_prio,
+     c_rprio, c_dl, c_slack, c_rcost, c_tds, c_pin, c_pfok, c_size, c_tenant) = cols
+    A_i[a, AI_PHASE] = c_phase[i]
+    A_i[a, AI_PRIO] = c_prio[i]
+    A_i[a, AI_RPRIO] = c_rprio[i]
+    A_i[a, AI_DEADLINE] = c_dl[i]
+    A_i[a, AI_SLACK] = c_slack[i]
+    A_i[a, AI_TDS] = c_tds[i]
+    A_i[a, AI_PIN] = c_pin[i]
+    if b > 0:
+        view.phase[b] = c_phase[i]
+        view.priority[b] = c_prio[i]
+        view.request_priority[b] = c_rprio[i]
+        view.deadline_us[b] = c_dl[i]
+        view.slack_us[b] = c_slack[i]
+        view.target_decode_step[b] = c_tds[i]
+        view.pinned[b] = c_pin[i] or c_prio[i] == PR_DECODE_CRITICAL
