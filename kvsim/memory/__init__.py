@@ -8,8 +8,13 @@ Two implementations of one model (vLLM v1 prefix caching, see ``docs/memory-mode
 * :mod:`kvsim.memory.fast` -- the compiled core: state in numpy arrays, ``@njit``
   functions the replay calls from inside its own compiled loop.
 
-plus :mod:`kvsim.memory.radix` (SGLang RadixCache-style alternative, plain Python) and
-:mod:`kvsim.memory.fifo_order` (the default eviction order of cached free blocks).
+plus :mod:`kvsim.memory.pool_ops` (the operations that consult the eviction order),
+:mod:`kvsim.memory.specialize` (``ops_for(policy)``: pool_ops compiled for a policy),
+:mod:`kvsim.memory.fifo_order` (the default order of cached free blocks: vLLM's),
+:mod:`kvsim.memory.radix` (SGLang RadixCache-style alternative, plain Python),
+:mod:`kvsim.memory.compare` (``compare_schemes``: hash chain vs radix on one stream),
+:mod:`kvsim.memory.hashing` (prefix-chain block hashes) and
+:mod:`kvsim.memory.throughput` (``python -m kvsim.memory.throughput``).
 
 Vocabulary
 ----------
