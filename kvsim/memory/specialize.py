@@ -21,13 +21,16 @@ import inspect
 import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
 
 from kvsim.memory import fifo_order
 
-#: Where generated modules go: $KVSIM_CACHE_DIR, else ~/.cache/kvsim/specialized.
+
 def cache_dir() -> Path:
+    """Where generated modules go: $KVSIM_CACHE_DIR/specialized, else
+    ~/.cache/kvsim/specialized (a temp folder if that cannot be created)."""
     env = os.environ.get("KVSIM_CACHE_DIR")
     base = Path(env) if env else Path.home() / ".cache" / "kvsim"
     return base / "specialized"
@@ -64,7 +67,11 @@ def specialize(template: ModuleType, order: ModuleType,
     if name in _loaded:
         return _loaded[name]
     folder = cache_dir()
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:  # read-only home: fall back to the temp folder
+        folder = Path(tempfile.gettempdir()) / f"kvsim-{os.getuid()}" / "specialized"
+        folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.py"
     if not path.exists() or path.read_text(encoding="utf-8") != new_src:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
