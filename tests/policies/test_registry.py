@@ -110,3 +110,26 @@ def test_policies_import_only_the_policy_api():
                 continue
             for mod in mods:
                 assert mod in allowed, f"{path.name} imports {mod}"
+
+
+def test_entry_point_policies_are_discovered(monkeypatch, tmp_path):
+    # A third-party package exposes a policy module through the `kvsim.policies` entry-point
+    # group; a clean registry picks it up after the built-ins.
+    import importlib.metadata as md
+    import sys
+
+    import kvsim.policy_registry as reg
+
+    pkg = tmp_path / "thirdparty_policy_pkg.py"
+    pkg.write_text(GOOD.format(name="thirdparty_fifo"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ep = md.EntryPoint(name="thirdparty_fifo", value="thirdparty_policy_pkg",
+                       group="kvsim.policies")
+    monkeypatch.setattr(reg, "entry_points",
+                        lambda group: [ep] if group == "kvsim.policies" else [])
+    monkeypatch.setattr(reg, "_REGISTRY", {})
+    monkeypatch.setattr(reg, "_LOADED", False)
+    pol = reg.get_policy("thirdparty_fifo")
+    assert pol.source == "entry point thirdparty_fifo = thirdparty_policy_pkg"
+    assert {p.name for p in reg.list_policies()} == BUILTINS | {"thirdparty_fifo"}
+    sys.modules.pop("thirdparty_policy_pkg", None)
