@@ -1,1 +1,159 @@
-"""(placeholder: filled by the issue that builds this command)."""
+"""``kvsim sweep`` (API: :func:`kvsim.sweep.run_sweep`) and ``kvsim report``
+(API: :func:`kvsim.report.build_report`)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from kvsim.cli import app
+from kvsim.cli.common import JsonOption, emit_json, err_console, out_console, progress
+from kvsim.errors import KvsimInputError
+from kvsim.sim.config import SimConfig, parse_tier_policies
+
+
+def _floats(text: str, option: str, allow_default: bool = False) -> tuple:
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if allow_default and part in ("default", "profile"):
+            out.append(None)
+            continue
+        try:
+            out.append(float(part))
+        except ValueError:
+            raise KvsimInputError(f"expected a comma-separated list of numbers (GB), got "
+                                  f"{part!r}", None, None, option) from None
+    return tuple(out)
+
+
+@app.command("sweep", short_help="Replay a trace over a grid of policies x HBM (x DRAM) "
+             "sizes, in parallel or on Ray; cached and resumable.")
+def sweep_command(
+    trace: Annotated[Path, typer.Option(
+        "--trace", help="Event file to replay (Parquet or JSONL; kvsim "
+        "import-request-trace / generate).", show_default=False, metavar="PATH")],
+    policies: Annotated[str, typer.Option(
+        "--policies", help="Comma-separated HBM policies (names from kvsim compare, or .py "
+        "policy files), e.g. lru,s3fifo,deadline.", metavar="LIST")],
+    hbm_gb: Annotated[str, typer.Option(
+        "--hbm-gb", help="Comma-separated HBM capacities for KV blocks in GB (1e9 bytes), "
+        "e.g. 10,20,40,80.", metavar="LIST")],
+    out: Annotated[Path, typer.Option(
+        "--out", help="Output directory: results.parquet, summary.json, cells/ (the cache: "
+        "a rerun computes only missing cells), curves.parquet with --curves.",
+        metavar="DIR")] = Path("sweep-out"),
+    dram_gb: Annotated[str | None, typer.Option(
+        "--dram-gb", help="Comma-separated DRAM tier capacities in GB (0 disables the "
+        "tier; 'default' = the hardware profile's).  Default: the profile's only.",
+        metavar="LIST", show_default=False)] = None,
+    hardware: Annotated[str, typer.Option(
+        "--hardware", help="Hardware profile name or .toml path (tier bandwidths, "
+        "latencies, default capacities).", metavar="NAME")] = "h100-sxm",
+    tier_policy: Annotated[str | None, typer.Option(
+        "--tier-policy", help="Lower-tier eviction policies, e.g. dram=lru,cxl=s3fifo "
+        "(default lru everywhere).", metavar="TIER=POLICY,...", show_default=False)] = None,
+    write_policy: Annotated[str, typer.Option(
+        "--write-policy", help="Host-write policy: write_back | write_through | "
+        "write_through_selective.", metavar="NAME")] = "write_back",
+    warmup_fraction: Annotated[float, typer.Option(
+        "--warmup-fraction", min=0.0, max=0.99,
+        help="Fraction of the trace's steps excluded from the metrics.")] = 0.0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed passed to randomised "
+                                      "policies.")] = 0,
+    jobs: Annotated[int | None, typer.Option(
+        "--jobs", "-j", min=1, help="Parallel workers (default: the number of CPUs).",
+        show_default=False)] = None,
+    executor: Annotated[str, typer.Option(
+        "--executor", help="local (process pool) or ray (optional extra: pip install "
+        "'kvsim[ray]'; same results).", metavar="NAME")] = "local",
+    ray_address: Annotated[str | None, typer.Option(
+        "--ray-address", help="Ray cluster address (default: start a local Ray instance "
+        "with --jobs CPUs).", show_default=False)] = None,
+    bound: Annotated[bool, typer.Option(
+        "--bound/--no-bound", help="Also run belady (the offline bound) at every capacity "
+        "when it is not listed.")] = True,
+    curves: Annotated[bool, typer.Option(
+        "--curves/--no-curves", help="Also write one-pass lru/belady hit-rate-vs-capacity "
+        "curves of the trace's block stream (curves.parquet, docs/sweep.md).")] = False,
+    curve_sample_rate: Annotated[float, typer.Option(
+        "--curve-sample-rate", min=1e-6, max=1.0,
+        help="SHARDS sampling rate of the curves (1 = exact).")] = 1.0,
+    json_: JsonOption = False,
+) -> None:
+    """Replay TRACE once per cell of the grid (policy x HBM size x DRAM size) and write one
+    Parquet results table (one row per cell: the summary keys of `kvsim compare` plus
+    capacities, gaps to belady, step-latency and TTFT quantiles) and summary.json (the best
+    policy per capacity).  Finished cells are cached under --out by a content hash of the
+    trace bytes, the config, the policy and the code, so an interrupted sweep resumes where
+    it stopped.  Progress on stderr; the table (or --json) on stdout."""
+    from kvsim.sweep import SweepSpec, run_sweep
+
+    base = SimConfig(hardware=hardware, tier_policies=parse_tier_policies(tier_policy),
+                     write_policy=write_policy, warmup_fraction=warmup_fraction, seed=seed)
+    names = tuple(p.strip() for p in policies.split(",") if p.strip())
+    spec = SweepSpec(str(trace), names, _floats(hbm_gb, "--hbm-gb"),
+                     _floats(dram_gb, "--dram-gb", True) if dram_gb else (None,), base, bound)
+    t0 = time.perf_counter()
+    with progress(transient=False) as bar:
+        task = bar.add_task(f"sweep {trace.name}", total=len(spec.cells()))
+
+        def on_cell(done: int, total: int, policy: str, cached: bool) -> None:
+            bar.update(task, completed=done, total=total)
+
+        res = run_sweep(spec, out, jobs=jobs, executor=executor, ray_address=ray_address,
+                        curves=curves, curve_sample_rate=curve_sample_rate, on_cell=on_cell)
+    elapsed = time.perf_counter() - t0
+    err_console.print(f"{res.cells} cells: {res.computed} computed, {res.cached} from the "
+                      f"cache, {elapsed:.1f} s; wrote {res.results_path}", highlight=False)
+    if json_:
+        emit_json({"results": str(res.results_path), "summary_path": str(res.summary_path),
+                   "curves": None if res.curves_path is None else str(res.curves_path),
+                   "cells": res.cells, "computed": res.computed, "cached": res.cached,
+                   "summary": res.summary})
+        return
+    t = Table(title=f"sweep {trace.name}: {res.cells} cells")
+    for col in ("policy", "HBM GB", "DRAM GB", "HBM hit rate", "p99 step (ms)",
+                "hit gap to belady", "GB moved"):
+        t.add_column(col, justify="left" if col == "policy" else "right")
+    for _, r in res.table.iterrows():
+        gap = r["gap_hbm_hit_rate_to_belady"]
+        t.add_row(str(r["policy"]), f"{r['hbm_gb']:g}",
+                  "profile" if r["dram_gb"] != r["dram_gb"] else f"{r['dram_gb']:g}",
+                  f"{r['hbm_hit_rate']:.4f}", f"{r['p99_step_us'] / 1e3:.3f}",
+                  "" if gap != gap else f"{gap:.4f}", f"{r['bytes_moved'] / 1e9:.3f}")
+    out_console.print(t)
+
+
+@app.command("report", short_help="Draw a sweep: one self-contained HTML file (and PNGs): "
+             "hit rate vs capacity, latency CDFs, p99, link bytes, occupancy.")
+def report_command(
+    results: Annotated[Path, typer.Argument(
+        help="A sweep directory (kvsim sweep --out DIR) or its results.parquet.",
+        metavar="RESULTS", show_default=False)],
+    out: Annotated[Path, typer.Option(
+        "--out", help="HTML file to write (self-contained: inline SVG, no network, no "
+        "JavaScript).", metavar="FILE")] = Path("report.html"),
+    png: Annotated[Path | None, typer.Option(
+        "--png", help="Also write every figure as DIR/<figure>.png.", metavar="DIR",
+        show_default=False)] = None,
+    json_: JsonOption = False,
+) -> None:
+    """Render a sweep's results as one HTML page: HBM hit rate vs HBM capacity per policy
+    (with the one-pass lru/belady curves when the sweep ran with --curves), step-latency
+    CDFs, p99 step latency by policy with the belady bound, bytes moved per link, and peak
+    tier occupancy; --png writes the same figures as PNG files."""
+    from kvsim.report import build_report
+
+    rep = build_report(results, out, png)
+    if json_:
+        emit_json({"html": str(rep.html_path), "png": [str(p) for p in rep.png_paths],
+                   "figures": rep.figures, "cells": rep.cells, "policies": rep.policies})
+        return
+    out_console.print(f"wrote {rep.html_path} ({rep.cells} cells, {len(rep.figures)} "
+                      f"figures)" + (f"; PNGs in {png}" if png is not None else ""),
+                      highlight=False)
