@@ -182,7 +182,7 @@ def render_table(df: pd.DataFrame, title: str) -> Table:
     table.add_column("policy", no_wrap=True)
     for key, header, _, _ in _COLUMNS:
         if key in df.columns or key in ("prefetches", "peak_hbm_blocks"):
-            table.add_column(header, justify="right")
+            table.add_column(header, justify="right", no_wrap=True)
     for r in rows:
         name = r["policy"] + (" (offline bound)" if r.get("offline") else "")
         cells = [name]
@@ -195,6 +195,17 @@ def render_table(df: pd.DataFrame, title: str) -> Table:
             cells.append(text)
         table.add_row(*cells)
     return table
+
+
+def _print_wide(table: Table) -> None:
+    """Print at the table's natural width (wider than the terminal: scroll, or `less -S`),
+    so no column is squeezed to nothing."""
+    import sys
+
+    from rich.console import Console
+
+    Console(file=sys.stdout, width=1000, soft_wrap=True,
+            force_terminal=out_console.is_terminal).print(table)
 
 
 @app.command("simulate", short_help="Replay an event file under one placement policy "
@@ -261,8 +272,8 @@ def simulate_command(
     if json_:
         emit_json({"policies": [result.summary], "trace": str(trace), "config": result.config})
         return
-    out_console.print(render_table(df, f"{trace} — {result.summary['requests']:,} requests, "
-                                       f"{result.summary['steps']:,} steps"))
+    _print_wide(render_table(df, f"{trace} — {result.summary['requests']:,} requests, "
+                                 f"{result.summary['steps']:,} steps"))
 
 
 @app.command("compare", short_help="Replay the same trace under every policy (or a list) "
@@ -346,4 +357,4 @@ def compare_command(
     first = df.iloc[0] if len(df) else None
     title = label if first is None else (f"{label} — {int(first['requests']):,} requests, "
                                          f"{int(first['steps']):,} steps")
-    out_console.print(render_table(df, title))
+    _print_wide(render_table(df, title))
