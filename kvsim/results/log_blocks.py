@@ -2,8 +2,10 @@
 
 Keyed by block identity (the triple of ``log_reader.identity_columns``) in the same
 open-addressing table layout as :mod:`kvsim.results.log_pending` (linear probing, load at
-most 1/2, no deletions here), with numba kernels, so a log with millions of distinct
-evicted blocks costs ~100 bytes per block instead of a pandas MultiIndex per batch.
+most ``MAX_LOAD``, no deletions here), with numba kernels, so a log with millions of
+distinct evicted blocks costs 41 bytes per slot (~80 bytes per block) instead of a pandas
+MultiIndex per batch.  Counts are int32 (a block evicted more than 2**31 times would
+overflow: not a real log).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import numpy as np
 import pandas as pd
 from numba import njit
 
-from kvsim.results.log_pending import _slot
+from kvsim.results.log_pending import MAX_LOAD, _slot, table_capacity
 
 #: Column names of :meth:`BlockTotals.frame`'s index and values.
 KEY_COLUMNS = ["k_hash", "k_req", "k_idx"]
@@ -63,7 +65,7 @@ class BlockTotals:
         self.skr = np.zeros(cap, np.int64)
         self.ski = np.zeros(cap, np.int64)
         self.state = np.zeros(cap, np.int8)
-        self.counts = np.zeros((cap, 2), np.int64)
+        self.counts = np.zeros((cap, 2), np.int32)  # evictions, regretted per block
         self.costs = np.zeros(cap, np.float64)
 
     def __len__(self) -> int:
@@ -71,9 +73,9 @@ class BlockTotals:
 
     def add(self, kh, kr, ki, evictions, regretted, cost) -> None:
         """Add per-row ``evictions``, ``regretted`` (ints) and ``cost`` (us) to each key."""
-        if 2 * (len(self) + len(kh)) > self.state.size:
+        if len(self) + len(kh) > MAX_LOAD * self.state.size:
             old = (self.skh, self.skr, self.ski, self.state, self.counts, self.costs)
-            self._alloc(1 << int(2 * (len(self) + len(kh))).bit_length())
+            self._alloc(table_capacity(len(self) + len(kh)))
             _move(*old, self.skh, self.skr, self.ski, self.state, self.counts, self.costs)
         _add(np.ascontiguousarray(kh, np.int64), np.ascontiguousarray(kr, np.int64),
              np.ascontiguousarray(ki, np.int64), np.ascontiguousarray(evictions, np.int64),
@@ -85,5 +87,5 @@ class BlockTotals:
         block, in no particular order (callers sort)."""
         live = self.state == 1
         return pd.DataFrame({"k_hash": self.skh[live], "k_req": self.skr[live],
-                             "k_idx": self.ski[live], "evictions": self.counts[live, 0],
-                             "regretted": self.counts[live, 1], "cost_us": self.costs[live]})
+                             "k_idx": self.ski[live], "evictions": self.counts[live, 0].astype(np.int64),
+                             "regretted": self.counts[live, 1].astype(np.int64), "cost_us": self.costs[live]})

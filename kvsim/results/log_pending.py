@@ -11,14 +11,14 @@ Layout and invariants:
 
 - slots ``kh, kr, ki`` hold the identity triple (see ``log_reader.identity_columns``),
   ``state`` is 0 empty / 1 live / 2 tombstone, ``head`` the newest pending record of the
-  key.  Live plus tombstone slots stay at most half the capacity (a power of two): the
-  caller (:meth:`PendingEvictions.reserve`) rebuilds the table before a batch could break
-  that, so probing always ends.
+  key.  Live plus tombstone slots stay at most :data:`MAX_LOAD` of the capacity:
+  :meth:`PendingEvictions.reserve` rebuilds the table before a batch could break that, so
+  probing always ends at an empty slot.
 - records ``rec[r] = (seq, step, action, from_tier, reason, request_id, prev)`` chain a
   key's pending evictions newest first through ``prev`` (-1 ends); freed records go on a
   free stack and are reused.
-- memory: 41 bytes per slot (2 to 4 slots per live key: the table is rebuilt at load
-  below 1/2) plus 56 bytes per pending eviction record.
+- memory: 41 bytes per slot (1.4 to 2.2 slots per live key) plus 56 bytes per pending
+  eviction record.
 """
 
 from __future__ import annotations
@@ -32,6 +32,19 @@ REC_SEQ, REC_STEP, REC_ACTION, REC_FROM, REC_REASON, REC_REQ, REC_PREV = range(7
 #: need's cause (the newest pending eviction of the key).
 OUT_NEED, OUT_CAUSE = 6, 7
 
+#: Rebuild a table before live + tombstone slots exceed this fraction of its capacity;
+#: rebuild it to :data:`REBUILT_LOAD`.  Linear probing stays short below ~0.7 (Knuth,
+#: TAOCP vol. 3, 6.4: expected probes (1 + 1/(1-a)^2)/2 = 6 for an unsuccessful search at
+#: a = 0.7); a capacity that is not a power of two keeps growth at 1.5x, not 2x.
+MAX_LOAD = 0.7
+REBUILT_LOAD = 0.45
+
+
+def table_capacity(keys: int) -> int:
+    """Slots for ``keys`` live keys right after a rebuild (load REBUILT_LOAD)."""
+    return max(4096, int(keys / REBUILT_LOAD) + 1)
+
+
 _M1 = np.uint64(0x9E3779B97F4A7C15)  # golden-ratio constant of splitmix64 (Steele et al.)
 _M2 = np.uint64(0xBF58476D1CE4E5B9)  # splitmix64 finaliser constants
 _M3 = np.uint64(0x94D049BB133111EB)
@@ -44,8 +57,8 @@ def _slot(skh, skr, ski, state, key_h, key_r, key_i):
     x ^= x >> np.uint64(31)
     x *= _M2
     x ^= x >> np.uint64(29)
-    mask = state.size - 1
-    i = np.int64(x & np.uint64(mask))
+    cap = state.size
+    i = np.int64(x % np.uint64(cap))
     first_free = -1
     while True:
         s = state[i]
@@ -56,7 +69,9 @@ def _slot(skh, skr, ski, state, key_h, key_r, key_i):
                 return i
         elif first_free < 0:
             first_free = i
-        i = (i + 1) & mask
+        i += 1
+        if i == cap:
+            i = 0
 
 
 @njit(cache=True)
@@ -158,15 +173,15 @@ class PendingEvictions:
     def reserve(self, new_evictions: int) -> None:
         """Grow or rebuild so ``new_evictions`` more can be inserted (keeps load <= 1/2)."""
         need_keys = int(self.meta[2] + self.meta[3]) + new_evictions
-        if 2 * need_keys > self.state.size:
-            cap = 1 << max(12, int(2 * (int(self.meta[2]) + new_evictions)).bit_length())
+        if need_keys > MAX_LOAD * self.state.size:
+            cap = table_capacity(int(self.meta[2]) + new_evictions)
             old = (self.skh, self.skr, self.ski, self.state, self.head)
             self._alloc_slots(cap)
             _rehash(*old, self.skh, self.skr, self.ski, self.state, self.head)
             self.meta[3] = 0
         need_recs = int(self.meta[0]) + new_evictions
         if need_recs > self.rec.shape[0]:
-            size = max(2 * self.rec.shape[0], need_recs)
+            size = max(self.rec.shape[0] * 3 // 2, need_recs)
             rec = np.zeros((size, 7), np.int64)
             rec[: self.rec.shape[0]] = self.rec
             free = np.zeros(size, np.int64)
