@@ -124,6 +124,8 @@ class CalibrationSettings:
     base: str = field(default="h100-sxm", metadata={"help": "profile the measured tiers "
                                                      "replace numbers of"})
     name: str = field(default="", metadata={"help": "name of the calibrated profile"})
+    cpu_timer: str = field(default="thread", metadata={
+        "help": "cpu backend memory-copy clock: thread (CPU time) or wall"})
 
     def __post_init__(self) -> None:
         if self.backend not in BACKEND_NAMES:
@@ -236,7 +238,8 @@ def calibrate(settings: CalibrationSettings = CalibrationSettings(),
     date = (now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
     with open_backend(settings.backend, settings.layout, device_blocks=pool_blocks,
                       host_blocks=pool_blocks, staging_blocks=largest, disk_blocks=pool_blocks,
-                      disk_dir=settings.disk_dir, seed=settings.seed) as backend:
+                      disk_dir=settings.disk_dir, seed=settings.seed,
+                      cpu_timer=settings.cpu_timer) as backend:
         info = backend.device_info()
         if info.simulated:  # belt and braces: never record simulator timings
             refuse_unmeasurable("cuda")

@@ -132,6 +132,8 @@ class ReplaySettings:
         "help": "replay at most this many movement rows (None: all)"})
     disk_dir: str | None = field(default=None, metadata={"help": "disk tier scratch dir"})
     seed: int = field(default=0, metadata={"help": "seed of the pool's fill pattern"})
+    cpu_timer: str = field(default="thread", metadata={
+        "help": "cpu backend memory-copy clock: thread (CPU time) or wall"})
 
     def __post_init__(self) -> None:
         if self.backend not in BACKEND_NAMES:
@@ -330,7 +332,8 @@ def replay_decision_log(log_path: str | Path, settings: ReplaySettings = ReplayS
     truncated = False
     with open_backend(settings.backend, layout, device_blocks=pool_blocks,
                       host_blocks=pool_blocks, staging_blocks=1, disk_blocks=pool_blocks,
-                      disk_dir=settings.disk_dir, seed=settings.seed) as backend:
+                      disk_dir=settings.disk_dir, seed=settings.seed,
+                      cpu_timer=settings.cpu_timer) as backend:
         info = backend.device_info()
         if info.simulated:
             refuse_unmeasurable("cuda")

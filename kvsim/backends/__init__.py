@@ -26,8 +26,10 @@ BACKEND_NAMES = ("cpu", "cuda")
 
 def open_backend(name: str, layout: BlockLayout, *, device_blocks: int, host_blocks: int,
                  staging_blocks: int, disk_blocks: int, disk_dir: str | Path | None = None,
-                 seed: int = 0, direct_io: bool = True) -> KvBackend:
-    """Build the named backend with the given tier sizes (in blocks).
+                 seed: int = 0, direct_io: bool = True, cpu_timer: str = "thread"
+                 ) -> KvBackend:
+    """Build the named backend with the given tier sizes (in blocks).  ``cpu_timer``
+    (``"thread"`` or ``"wall"``) selects the cpu backend's memory-copy clock.
 
     ``"cuda"`` requires a real GPU or the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``);
     otherwise this raises :class:`KvsimInputError` naming what :func:`detect` found.
@@ -38,7 +40,7 @@ def open_backend(name: str, layout: BlockLayout, *, device_blocks: int, host_blo
     if name == "cpu":
         from kvsim.backends.cpu import CpuBackend
 
-        return CpuBackend(layout, **kwargs)
+        return CpuBackend(layout, timer=cpu_timer, **kwargs)
     if name == "cuda":
         found = detect()
         if found == "none":

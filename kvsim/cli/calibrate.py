@@ -18,6 +18,9 @@ from kvsim.errors import KvsimInputError
 _BACKEND_HELP = ("cpu: numpy pool in RAM, numba copies, file I/O (host memcpy stands in for "
                  "the DRAM link; PCIe is not measured).  cuda: numba-cuda kernels on a real "
                  "GPU, mapped pinned host tier, CUDA events (the CUDA simulator is refused).")
+_TIMER_HELP = ("cpu backend only: clock of memory copies.  thread = CPU time of the copying "
+               "thread (the copy's cost on a core of its own, immune to preemption by other "
+               "processes); wall = wall clock.  Disk I/O is always wall clock.")
 _DISK_HELP = ("Directory for the disk tier's scratch file (removed afterwards) "
               "(default: the system temp dir).  Put it on the device you want measured.")
 
@@ -68,6 +71,7 @@ def calibrate_command(
                                                      show_default=False)] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the block-id choice and the "
                                       "buffers' fill pattern.")] = 0,
+    cpu_timer: Annotated[str, typer.Option("--cpu-timer", help=_TIMER_HELP)] = "thread",
     samples: Annotated[bool, typer.Option("--samples", help="Also print the median time of "
                                           "every (operation, size) and its fit residual.")]
     = False,
@@ -82,7 +86,8 @@ def calibrate_command(
     layout = BlockLayout(layers, block_tokens, kv_heads, head_dim, dtype)
     overrides: dict = {"backend": _check_backend(backend), "layout": layout, "base": base,
                        "name": name or "", "seed": seed, "min_bytes": min_kib * 1024,
-                       "disk_dir": str(disk_dir) if disk_dir else None}
+                       "disk_dir": str(disk_dir) if disk_dir else None,
+                       "cpu_timer": cpu_timer}
     if repeats is not None:
         overrides["repeats"] = repeats
     if warmup is not None:
@@ -180,6 +185,7 @@ def replay_command(
     disk_dir: Annotated[Optional[Path], typer.Option("--disk-dir", help=_DISK_HELP,
                                                      show_default=False)] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the pool's fill pattern.")] = 0,
+    cpu_timer: Annotated[str, typer.Option("--cpu-timer", help=_TIMER_HELP)] = "thread",
     as_json: JsonOption = False,
 ) -> None:
     """Replay the spills (DEMOTE, WRITE_THROUGH) and fetches (PROMOTE, PREFETCH) of a
@@ -191,7 +197,7 @@ def replay_command(
     settings = ReplaySettings(backend=_check_backend(backend), block_bytes=block_bytes,
                               num_layers=layers, pool_bytes=max(1, int(pool_mib * MIB)),
                               max_rows=max_rows, disk_dir=str(disk_dir) if disk_dir else None,
-                              seed=seed)
+                              seed=seed, cpu_timer=cpu_timer)
     with progress() as bar:
         task = bar.add_task("replay", total=None)
         result = replay_decision_log(decision_log, settings,

@@ -25,7 +25,8 @@ def test_cpu_backend_reports_provenance(tmp_path):
                       disk_blocks=4, disk_dir=tmp_path) as be:
         info = be.device_info()
         assert info.backend == "cpu" and not info.simulated
-        assert info.timer.startswith("time.perf_counter_ns")
+        assert info.timer.startswith("time.thread_time_ns")  # default: CPU time of copies
+        assert "perf_counter_ns (disk I/O" in info.timer
         assert info.disk_io in ("O_DIRECT", "buffered (page cache dropped before reads)")
         t = be.write_disk(np.array([0, 1]), np.array([2, 3]))
         assert t > 0
@@ -63,3 +64,15 @@ def test_import_and_cpu_use_import_nothing_cuda_and_detect_never_raises(run_pyth
     out = json.loads(proc.stdout)
     assert out["cuda_modules"] == []
     assert out["detect"] in ("gpu", "none")  # "cudasim" only with NUMBA_ENABLE_CUDASIM=1
+
+
+def test_wall_clock_timer_option(tmp_path):
+    with open_backend("cpu", BlockLayout(1, 1, 1, 8), device_blocks=2, host_blocks=2,
+                      staging_blocks=1, disk_blocks=2, disk_dir=tmp_path,
+                      cpu_timer="wall") as be:
+        assert be.device_info().timer.startswith("time.perf_counter_ns (wall clock)")
+        assert be.spill(np.array([0]), np.array([1])) > 0
+    with pytest.raises(KvsimInputError, match="field 'cpu_timer': expected one of thread, "
+                                              "wall, got 'cpu'"):
+        open_backend("cpu", BlockLayout(1, 1, 1, 8), device_blocks=1, host_blocks=1,
+                     staging_blocks=1, disk_blocks=1, cpu_timer="cpu")
