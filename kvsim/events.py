@@ -99,7 +99,6 @@ def _field_class(name: str) -> int:
 
 
 _FIELD_CLASS = {name: _field_class(name) for name in COLUMN_NAMES}
-_TYPE_WORD = {_INT: "an integer", _FLOAT: "a number", _BOOL: "true or false"}
 
 
 def event_format(path: str | Path) -> str:
@@ -521,7 +520,9 @@ class EventReader:
         """Yield validated batches of at most ``batch_rows`` rows as numpy columns.
 
         Every batch has all columns of :data:`kvsim.schema.COLUMNS` with the dtypes of
-        :data:`DTYPES`.  Memory is bounded by one Parquet row group or ``batch_rows`` lines.
+        :data:`DTYPES`, C-contiguous.  Arrays may be read-only (Parquet columns are
+        zero-copy views of Arrow buffers): copy before mutating.  Memory is bounded by one
+        Parquet row group or ``batch_rows`` lines.
         """
         if batch_rows <= 0:
             raise ValueError("batch_rows must be positive")
