@@ -23,8 +23,6 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
-from numba import types
-from numba.typed import Dict
 
 from kvsim.errors import KvsimInputError
 from kvsim.memory import fast as mem
@@ -146,15 +144,17 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
                       max_blocks, max(max_live, 1), max_size, next_use, seen)
 
 
-def _lower_tier(tier: int, cap: int, policy, params: dict, interpreted: bool):
+def _lower_tier(tier: int, cap: int, policy, params: dict):
     slots = max(cap, 1)
     L_i = np.zeros((slots, L.NLI), dtype=np.int64)
     L_free = np.arange(slots - 1, -1, -1, dtype=np.int64)
-    L_map = {} if interpreted else Dict.empty(types.int64, types.int64)
+    table = 1 << max(1, int(2 * slots - 1).bit_length())  # power of two >= 2 x slots
+    L_hk = np.zeros(table, dtype=np.int64)
+    L_hv = np.full(table, -1, dtype=np.int64)
     L_view = new_block_view(slots)
     L_ps = policy.init(max(cap, 1), slots, dict(params))
     Lm = np.array([tier, cap, cap, 0], dtype=np.int64)
-    return (L_i, L_free, L_map, L_view, L_ps, Lm)
+    return (L_i, L_free, L_hk, L_view, L_ps, Lm, L_hv)
 
 
 def _resolve_policy(policy):
@@ -224,13 +224,12 @@ class _Run:
         pcfg = mem.PoolConfig(num_blocks=hbm_blocks + 1, block_size_tokens=bs,
                               max_seqs=facts.max_concurrent_requests + 8,
                               max_blocks_per_seq=max_blocks, block_bytes=block_bytes)
-        interpreted = bool(getattr(self.core, "INTERPRETED", False))
         self.st = mem.new_state(pcfg)
         self.out = self.core.mem.new_out(pcfg)
         self.view = new_block_view(hbm_blocks + 1)
         self.pst = policy.init(hbm_blocks, hbm_blocks + 1, dict(params))
-        self.T = [_lower_tier(t + 1, costs[t + 1].capacity_blocks, lower[t], params,
-                              interpreted) for t in range(3)]
+        self.T = [_lower_tier(t + 1, costs[t + 1].capacity_blocks, lower[t], params)
+                  for t in range(3)]
         K = np.zeros(L.NK, dtype=np.int64)
         K[L.K_WRITE_POLICY] = {"write_back": L.WP_WRITE_BACK,
                                "write_through": L.WP_WRITE_THROUGH,

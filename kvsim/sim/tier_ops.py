@@ -10,7 +10,7 @@ from numba import njit
 
 from kvsim.sim.layout import (LI_BI, LI_OWNER, LI_STATE, LI_TOKENS, LM_CAP, LM_FREE_TOP,
                               LM_USED, M_BYTES_DOWN, M_DEMOTE, M_EVICT, C_PEAK, K_LOG)
-from kvsim.sim.tiers import copy_view, log_candidates, log_row
+from kvsim.sim.tiers import copy_view, hash_del, hash_put, log_candidates, log_row
 from kvsim.policies.lru import on_hit, on_insert, on_remove, victim  # HOOKS
 
 A_EVICT = 0
@@ -33,7 +33,7 @@ def take_slot(T, now_us, alt_b, alt_s, vo):
     and the candidate set (its view and side row stay intact for the caller to log and to
     spill further down).  ``vo`` = [evicted 0/1, victim slot, reason, n_alt].  -1 if the
     tier has no capacity or the policy names no victim."""
-    L_i, L_free, L_map, L_view, L_ps, Lm = T
+    L_i, L_free, L_hk, L_view, L_ps, Lm, L_hv = T
     vo[0] = 0
     vo[1] = -1
     vo[2] = -1
@@ -49,7 +49,7 @@ def take_slot(T, now_us, alt_b, alt_s, vo):
     if L_i[b, LI_STATE] != 1:
         raise ValueError("lower-tier policy: victim() named a block that is not resident")
     on_remove(L_ps, L_view, b)
-    del L_map[L_view.content_hash[b]]
+    hash_del(L_hk, L_hv, L_view.content_hash[b])
     L_i[b, LI_STATE] = 0
     Lm[LM_USED] -= 1
     vo[0] = 1
@@ -62,7 +62,7 @@ def take_slot(T, now_us, alt_b, alt_s, vo):
 @njit(cache=True)
 def fill(T, slot, src_view, s, owner, bi, tokens, now_us):
     """Write the block described by ``src_view[s]`` into ``slot``; it becomes a candidate."""
-    L_i, L_free, L_map, L_view, L_ps, Lm = T
+    L_i, L_free, L_hk, L_view, L_ps, Lm, L_hv = T
     copy_view(L_view, slot, src_view, s)
     L_view.insert_us[slot] = now_us
     L_view.last_access_us[slot] = now_us
@@ -70,7 +70,7 @@ def fill(T, slot, src_view, s, owner, bi, tokens, now_us):
     L_i[slot, LI_BI] = bi
     L_i[slot, LI_TOKENS] = tokens
     L_i[slot, LI_STATE] = 1
-    L_map[L_view.content_hash[slot]] = slot
+    hash_put(L_hk, L_hv, L_view.content_hash[slot], slot)
     Lm[LM_USED] += 1
     on_insert(L_ps, L_view, slot, now_us)
 

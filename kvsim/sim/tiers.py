@@ -10,13 +10,17 @@ It is *inclusive*: promoting a block to HBM copies it and the lower copy stays (
 HiCache keeps the host copy of a loaded node), so a later HBM eviction of that block
 costs no write.
 
-One tier is the tuple ``T = (L_i, L_free, L_map, L_view, L_ps, Lm)``:
+One tier is the tuple ``T = (L_i, L_free, L_hk, L_view, L_ps, Lm, L_hv)``:
 ``L_i[slot, LI_*]`` (owner request, block index, tokens, state), ``L_free`` (stack of free
-slots), ``L_map`` (numba typed Dict hash -> slot), ``L_view`` (BlockView), ``L_ps`` (the
-policy's state tuple), ``Lm`` (int64 scalars ``LM_*``: tier id, capacity, free top, used).
+slots), ``L_hk``/``L_hv`` (an open-addressing hash table content hash -> slot, linear
+probing, key 0 = empty, capacity a power of two >= 2 x slots: the same scheme as the HBM
+prefix index in kvsim.memory.fast, and much cheaper to compile than a typed Dict),
+``L_view`` (BlockView), ``L_ps`` (the policy's state tuple), ``Lm`` (int64 scalars
+``LM_*``: tier id, capacity, free top, used).
 
-Invariants: ``Lm[LM_USED] + Lm[LM_FREE_TOP] == Lm[LM_CAP]``; a slot is resident iff it is
-in ``L_map`` iff ``L_i[slot, LI_STATE] == 1`` iff it is a candidate of the tier's policy.
+Invariants: ``Lm[LM_USED] + Lm[LM_FREE_TOP] == Lm[LM_CAP]``; a slot is resident iff its
+hash is in the table iff ``L_i[slot, LI_STATE] == 1`` iff it is a candidate of the tier's
+policy.
 
 The decision log is the tuple ``G = (G_i, G_f, GC_i, GC_f)`` of preallocated buffers
 (layout ``GI_*``, ``GF_*``, ``CI_*``, ``CF_*``); the driver flushes them to Parquet through
@@ -112,12 +116,60 @@ def log_candidates(G, k, view, owner, alt_b, alt_s, n_alt):
 # lower tiers
 # ---------------------------------------------------------------------------------------
 
+#: Fibonacci hashing multiplier (2**64 / golden ratio, as a signed int64).
+_FIB = -7046029254386353131
+
+
+@njit(cache=True)
+def hash_slot(hk, h):
+    """Table position of key ``h``, or of the empty position where it would go."""
+    mask = hk.shape[0] - 1
+    i = ((h * _FIB) >> 32) & mask
+    while True:
+        k = hk[i]
+        if k == h or k == 0:
+            return i
+        i = (i + 1) & mask
+
+
+@njit(cache=True)
+def hash_put(hk, hv, h, v):
+    i = hash_slot(hk, h)
+    hk[i] = h
+    hv[i] = v
+
+
+@njit(cache=True)
+def hash_del(hk, hv, h):
+    """Remove key ``h`` (present), shifting later entries of its probe run back."""
+    mask = hk.shape[0] - 1
+    i = hash_slot(hk, h)
+    j = i
+    while True:
+        j = (j + 1) & mask
+        k = hk[j]
+        if k == 0:
+            break
+        home = ((k * _FIB) >> 32) & mask
+        if i <= j:
+            stays = i < home <= j
+        else:
+            stays = home > i or home <= j
+        if not stays:
+            hk[i] = k
+            hv[i] = hv[j]
+            i = j
+    hk[i] = 0
+    hv[i] = -1
+
+
 @njit(cache=True)
 def tier_find(T, h):
     """Slot holding content ``h`` in tier T, or -1 (also -1 for a disabled tier)."""
-    L_map = T[2]
-    if h in L_map:
-        return L_map[h]
+    hk = T[2]
+    i = hash_slot(hk, h)
+    if hk[i] == h:
+        return T[6][i]
     return -1
 
 
@@ -128,14 +180,18 @@ def tier_used(T):
 
 def check_tier(T) -> None:
     """Raise AssertionError if a lower tier's invariants do not hold (tests, debugging)."""
-    L_i, L_free, L_map, L_view, L_ps, Lm = T
+    L_i, L_free, L_hk, L_view, L_ps, Lm, L_hv = T
     cap = int(Lm[LM_CAP])
     used = int(Lm[LM_USED])
     resident = np.flatnonzero(L_i[:cap, LI_STATE] == 1)
     assert used + int(Lm[LM_FREE_TOP]) == cap, "used + free != capacity"
     assert len(resident) == used, "resident slots != used count"
-    assert len(L_map) == used, "map size != used count"
-    for h, slot in L_map.items():
-        assert L_i[slot, LI_STATE] == 1 and L_view.content_hash[slot] == h, "map mismatch"
+    keys = np.flatnonzero(L_hk != 0)
+    assert len(keys) == used, "table size != used count"
+    for i in keys:
+        slot = int(L_hv[i])
+        assert L_i[slot, LI_STATE] == 1 and L_view.content_hash[slot] == L_hk[i], \
+            "table mismatch"
+        assert int(tier_find(T, L_hk[i])) == slot, "a key is not reachable by probing"
     free = set(int(x) for x in L_free[: int(Lm[LM_FREE_TOP])])
     assert not free.intersection(int(x) for x in resident), "a resident slot is free"
