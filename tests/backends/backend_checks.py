@@ -130,6 +130,20 @@ def refusals(log_path: str) -> dict[str, str]:
     return out
 
 
+def cli_refusal(out_dir: str) -> dict:
+    """``kvsim calibrate --backend cuda`` through the CLI (exit code, output, file)."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    target = Path(out_dir) / "hw.toml"
+    res = CliRunner().invoke(app, ["calibrate", "--backend", "cuda", "--quick", "--out",
+                                   str(target)])
+    return {"exit_code": res.exit_code, "output": res.output, "wrote": target.exists()}
+
+
 if __name__ == "__main__":
     # python backend_checks.py BACKEND [DECISION_LOG]: prints one JSON object.
     import json
@@ -140,4 +154,6 @@ if __name__ == "__main__":
         report = {"detect": detect(), "checks": run_checks(sys.argv[1], tmp)}
     if len(sys.argv) > 2:
         report["refusals"] = refusals(sys.argv[2])
+        with tempfile.TemporaryDirectory() as tmp:
+            report["cli"] = cli_refusal(tmp)
     print(json.dumps(report))

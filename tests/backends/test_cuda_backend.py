@@ -36,15 +36,13 @@ def test_simulator_timings_are_refused_as_calibration_and_replay(simulator_run):
                                   "simulator"), message
 
 
-def test_cli_refuses_simulator_calibration_with_exit_2(run_python, tmp_path):
-    target = tmp_path / "hw.toml"
-    proc = run_python(["-m", "kvsim", "calibrate", "--backend", "cuda", "--out", str(target),
-                       "--quick"], cudasim=True)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stderr.startswith("error: field 'backend': refusing to time under the numba "
-                                  "CUDA simulator")
-    assert "Traceback" not in proc.stderr
-    assert not target.exists()
+def test_cli_refuses_simulator_calibration_with_exit_2(simulator_run):
+    cli = simulator_run["cli"]
+    assert cli["exit_code"] == 2, cli["output"]
+    assert cli["output"].startswith("error: field 'backend': refusing to time under the numba "
+                                    "CUDA simulator")
+    assert "Traceback" not in cli["output"]
+    assert not cli["wrote"]
 
 
 def _gpu_present() -> bool:
