@@ -1,10 +1,15 @@
 """The compiled engine (numba, specialised per policy) gives exactly the interpreted
-engine's results: same source, two executions.  Compiles one specialisation (lru) on a
-cold cache, so it is marked slow."""
+engine's results: same source, two executions.
+
+A cold compile of one specialisation (lru: the replay core, the memory pool operations and
+the tier operations) costs a few CPU-minutes (docs/benchmarks.md, "Tiered replay"), more
+than this suite's time budget, so the test runs only with ``KVSIM_TEST_COMPILED=1`` (set it
+in CI once the compile cache is kept between runs, and before releases)."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -18,6 +23,9 @@ _spec.loader.exec_module(_helpers)
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("KVSIM_TEST_COMPILED") != "1",
+                    reason="cold numba compile of the replay takes minutes; set "
+                           "KVSIM_TEST_COMPILED=1 to run")
 def test_compiled_equals_interpreted(tiny_hw, tmp_path):
     trace = _helpers.random_trace(_helpers.TraceBuilder, 3).write(tmp_path / "r.parquet")
     logs = {}
