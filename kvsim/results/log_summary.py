@@ -85,8 +85,9 @@ class _Totals:
         self.action = np.zeros((3, 256), np.float64)  # rows, bytes, cost by action code
         self.reason: dict[tuple[int, int], list] = {}
         self.tier: dict[tuple[int, int, int], list] = {}
-        self.paid = _Partials()
-        self.owners = _Partials()
+        self.critical_cost_us = 0.0
+        self.paid = _PerRequest(("cost_us", "critical_cost_us", "rows"))
+        self.owners = _PerRequest(("evictions",))
 
     def __call__(self, t: pa.Table) -> None:
         action = t.column("action").to_numpy().astype(np.int64)
@@ -124,10 +125,10 @@ class _Totals:
         crit = t.column("decode_critical").to_numpy(zero_copy_only=False).astype(bool)
         charged = cost > 0
         if charged.any():
-            frame = pd.DataFrame({"request_id": req[charged], "cost_us": cost[charged],
-                                  "critical_cost_us": np.where(crit[charged], cost[charged], 0.0),
-                                  "rows": 1})
-            self.paid.add(frame.groupby("request_id").sum())
+            paid_crit = np.where(crit[charged], cost[charged], 0.0)
+            self.critical_cost_us += float(paid_crit.sum())
+            self.paid.add(req[charged], cost_us=cost[charged], critical_cost_us=paid_crit,
+                          rows=np.ones(int(charged.sum())))
         ev = np.isin(action, EVICTING)
         if ev.any():
             owner = req.copy()
@@ -141,7 +142,7 @@ class _Totals:
             snap = np.full(len(action), -1, np.int64)
             snap[parents] = vreq
             owner = np.where(hashed, snap, owner)
-            self.owners.add(pd.Series(owner[ev]).value_counts().to_frame("evictions"))
+            self.owners.add(owner[ev], evictions=np.ones(int(ev.sum())))
 
 
 def _group(code: np.ndarray, weights: np.ndarray):
@@ -149,6 +150,59 @@ def _group(code: np.ndarray, weights: np.ndarray):
     uniq, inverse, counts = np.unique(code, return_inverse=True, return_counts=True)
     sums = np.bincount(inverse, weights=weights, minlength=uniq.size)
     return zip(uniq.tolist(), counts.tolist(), sums.tolist())
+
+
+class _PerRequest:
+    """Per-request sums.  Request ids are dense (>= 0, the event-file contract), so sums
+    live in numpy arrays indexed by id (8 bytes per id and column, no per-batch groupby);
+    ids above :data:`DENSE_REQUEST_IDS` switch to merged pandas partials.  Rows with id -1
+    (no request) are left out."""
+
+    def __init__(self, columns: tuple[str, ...]) -> None:
+        self.columns = columns
+        self.arrays = {c: np.zeros(0) for c in columns}
+        self.sparse: _Partials | None = None
+
+    def add(self, ids: np.ndarray, **values: np.ndarray) -> None:
+        keep = ids >= 0
+        ids = ids[keep].astype(np.int64)
+        if not ids.size:
+            return
+        top = int(ids.max())
+        if self.sparse is None and top >= DENSE_REQUEST_IDS:
+            dense = self.frame()
+            self.sparse = _Partials()
+            if dense is not None:
+                self.sparse.add(dense)
+        if self.sparse is not None:
+            frame = pd.DataFrame({c: values[c][keep] for c in self.columns}, index=ids)
+            self.sparse.add(frame.groupby(level=0).sum())
+            return
+        size = self.arrays[self.columns[0]].size
+        if top >= size:
+            grown = max(top + 1, size * 3 // 2)
+            for c in self.columns:
+                arr = np.zeros(grown)
+                arr[:size] = self.arrays[c]
+                self.arrays[c] = arr
+        for c in self.columns:
+            sums = np.bincount(ids, weights=values[c][keep], minlength=top + 1)
+            self.arrays[c][: top + 1] += sums
+
+    def frame(self) -> pd.DataFrame | None:
+        """Index ``request_id``; only requests with a non-zero first column."""
+        if self.sparse is not None:
+            return self.sparse.merged()
+        first = self.arrays[self.columns[0]]
+        ids = np.flatnonzero(first)
+        if not ids.size:
+            return None
+        return pd.DataFrame({c: self.arrays[c][ids] for c in self.columns},
+                            index=pd.Index(ids, name="request_id"))
+
+
+#: Largest request id kept in dense per-request arrays (beyond: pandas partials).
+DENSE_REQUEST_IDS = 50_000_000
 
 
 class _Partials:
@@ -208,16 +262,16 @@ def summary(log: DecisionLog, top: int = 10) -> LogSummary:
             {"block": format_block(r.k_hash, r.k_req, r.k_idx), "evictions": int(r.evictions),
              "regretted": int(r.regretted), "cost_us": float(r.cost_us)}
             for r in blocks.itertuples()]
-    owners = totals.owners.merged()
+    owners = totals.owners.frame()
     if owners is not None:
         owners = owners.rename_axis("request_id").reset_index()
         owners = owners.sort_values(["evictions", "request_id"], ascending=[False, True])
         out.top_evicted_requests = [{"request_id": int(r.request_id), "evictions": int(r.evictions)}
                                     for r in owners.head(top).itertuples()]
-    paid = totals.paid.merged()
+    out.critical_cost_us = totals.critical_cost_us
+    paid = totals.paid.frame()
     if paid is not None:
-        paid = paid.reset_index()
-        out.critical_cost_us = float(paid["critical_cost_us"].sum())
+        paid = paid.rename_axis("request_id").reset_index()
         paid = paid.sort_values(["cost_us", "request_id"], ascending=[False, True]).head(top)
         out.top_paying_requests = [{"request_id": int(r.request_id), "cost_us": float(r.cost_us),
                                     "critical_cost_us": float(r.critical_cost_us),

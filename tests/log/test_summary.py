@@ -103,3 +103,13 @@ def test_top_bounds_every_list(lru_path):
     assert [b["block"] for b in s.top_evicted_blocks] == ["102"]
     assert [c["seq"] for c in s.top_causes] == [10]
     assert [r["request_id"] for r in s.top_paying_requests] == [0]
+
+
+def test_sparse_request_ids_give_the_same_summary(lru_path, monkeypatch):
+    """Request ids beyond the dense-array limit switch to pandas partials mid-stream."""
+    import kvsim.results.log_summary as log_summary
+
+    dense = summary(DecisionLog(lru_path))
+    monkeypatch.setattr(log_summary, "DENSE_REQUEST_IDS", 3)
+    sparse = summary(DecisionLog(lru_path))
+    assert dataclasses.asdict(sparse) == dataclasses.asdict(dense)
