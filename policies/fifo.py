@@ -4,7 +4,6 @@ Order: one intrusive list in insertion order, head = oldest.  All hooks O(1).
 Matches libCacheSim ``FIFO`` miss for miss.  Score: ``insert_us`` (higher = newer = keep).
 """
 
-import numpy as np
 from numba import njit
 
 from kvsim.policy_api import dll_ends, dll_links, dll_push_tail, dll_remove, list_walk

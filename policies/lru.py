@@ -6,7 +6,6 @@ Matches libCacheSim ``LRU`` miss for miss (tests/policies/test_vs_libcachesim.py
 Score in the decision log: ``last_access_us`` (higher = used more recently = keep).
 """
 
-import numpy as np
 from numba import njit
 
 from kvsim.policy_api import (dll_ends, dll_links, dll_move_to_tail, dll_push_tail,

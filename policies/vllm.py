@@ -12,7 +12,6 @@ it again", so ``on_hit`` moves the block to the tail (which makes it LRU there).
 Score: ``last_access_us``.
 """
 
-import numpy as np
 from numba import njit
 
 from kvsim.policy_api import (dll_ends, dll_links, dll_move_to_tail, dll_push_head,

@@ -12,7 +12,7 @@ The view the policy sees is maintained before each hook: ``last_access_us`` and
 ``dense id + 1`` (never 0), and for OFFLINE policies ``next_use`` is the ordinal of the
 key's next access (``NEVER`` if none).  Intent fields keep their defaults.
 
-Invariants checked in the loop (a broken policy raises ValueError naming the access):
+Invariants checked in the loop (a policy that breaks one raises ValueError):
 the cache never holds more than ``capacity_blocks`` keys, and every victim is resident.
 
 The loop is one ``numba.njit`` function taking the hooks as arguments, so it is compiled

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvsim.policy_api import NEVER, Phase, Priority
+from kvsim.policy_api import NEVER
 from kvsim.sim.cachesim import simulate_cache
 from tests.policies.harness import Driver, all_policies
 

@@ -35,7 +35,9 @@ def write_oracle_trace(keys: np.ndarray, path) -> None:
 
 def lcs_misses(path, n: int, capacity: int, policy: str) -> int:
     reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
-    miss_ratio, _ = getattr(lcs, CLASSES[policy])(capacity).process_trace(reader)
+    # hashpower 16: a 64k-bucket table (the default 2^24 buckets costs 128 MB per cache)
+    cache = getattr(lcs, CLASSES[policy])(capacity, hashpower=16)
+    miss_ratio, _ = cache.process_trace(reader)
     return round(miss_ratio * n)
 
 
