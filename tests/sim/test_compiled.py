@@ -39,4 +39,7 @@ def test_compiled_equals_interpreted(tiny_hw, tmp_path):
     assert a.summary == b.summary
     assert a.requests.equals(b.requests) and a.steps.equals(b.steps)
     assert b.checks["pool_ok"] and b.checks["peak_within_capacity"]
-    assert logs["interpreted"].read_bytes() == logs["compiled"].read_bytes()
+    # same rows (the file metadata differs: it records the engine in the config)
+    import pandas as pd
+
+    assert pd.read_parquet(logs["interpreted"]).equals(pd.read_parquet(logs["compiled"]))
