@@ -240,8 +240,13 @@ def _empty_push_back(st, b):
     st.sc[S_N_EMPTY] += 1
 
 
-#: Fibonacci hashing multiplier (2**64 / golden ratio, as a signed int64).
-_FIB = -7046029254386353131
+@njit(cache=True, inline="always")
+def _home(h, mask):
+    """Home slot of key h: folds high bits into low ones with shifts and xors only, so the
+    interpreted twin (Python ints, numpy scalars) computes exactly what the compiled code
+    does -- no multiplication that could overflow.  Keys are hashes (random bits) or, in
+    some traces, small sequential ids (which then land in consecutive slots)."""
+    return (h ^ (h >> 17) ^ (h >> 31) ^ (h >> 47)) & mask
 
 
 @njit(cache=True, inline="always")
@@ -249,7 +254,7 @@ def _hslot(hkeys, h):
     """Slot of key h in the open-addressing table, or of the empty slot (key 0) where it
     would go.  Linear probing; the load factor stays <= 1/2 (capacity >= 2 * blocks)."""
     mask = hkeys.shape[0] - 1
-    i = ((h * _FIB) >> 32) & mask
+    i = _home(h, mask)
     while True:
         k = hkeys[i]
         if k == h or k == 0:
@@ -267,7 +272,7 @@ def _hdel(hkeys, hvals, i):
         k = hkeys[j]
         if k == 0:
             break
-        home = ((k * _FIB) >> 32) & mask
+        home = _home(k, mask)
         # the entry at j may move to i unless its home lies cyclically in (i, j]
         if i <= j:
             stays = i < home <= j
