@@ -89,3 +89,22 @@ class BlockTotals:
         return pd.DataFrame({"k_hash": self.skh[live], "k_req": self.skr[live],
                              "k_idx": self.ski[live], "evictions": self.counts[live, 0].astype(np.int64),
                              "regretted": self.counts[live, 1].astype(np.int64), "cost_us": self.costs[live]})
+
+    def top(self, n: int) -> pd.DataFrame:
+        """The ``n`` blocks evicted most (evictions desc, cost desc, then key asc), same
+        columns as :meth:`frame`, computed on the arrays (no full DataFrame)."""
+        live = np.flatnonzero(self.state == 1)
+        if not live.size:
+            return self.frame().head(0)
+        ev = self.counts[live, 0]
+        if live.size > n:
+            kth = np.partition(ev, live.size - n)[live.size - n]
+            live = live[ev >= kth]  # ties at the threshold are all kept, then ordered
+        order = np.lexsort((self.ski[live], self.skr[live], self.skh[live],
+                            -self.costs[live], -self.counts[live, 0].astype(np.int64)))
+        pick = live[order[:n]]
+        return pd.DataFrame({"k_hash": self.skh[pick], "k_req": self.skr[pick],
+                             "k_idx": self.ski[pick],
+                             "evictions": self.counts[pick, 0].astype(np.int64),
+                             "regretted": self.counts[pick, 1].astype(np.int64),
+                             "cost_us": self.costs[pick]})

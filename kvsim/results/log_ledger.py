@@ -87,6 +87,7 @@ class EvictionLedger:
     intern: dict = field(default_factory=dict)
     _pending: PendingEvictions = field(default_factory=PendingEvictions)
     _blocks: BlockTotals = field(default_factory=BlockTotals)
+    _never: int = 0
     _top: pd.DataFrame | None = None
 
     @property
@@ -205,7 +206,16 @@ class EvictionLedger:
 
     def never_needed(self) -> int:
         """Evictions still pending (never followed by a need of their block)."""
-        return self._pending.pending
+        return self._never if self._pending is None else self._pending.pending
+
+    def finish(self) -> None:
+        """End of the log: keep the pending count, free the pending table."""
+        self._never = self._pending.pending
+        self._pending = None
+
+    def top_blocks(self, n: int) -> pd.DataFrame:
+        """The ``n`` blocks evicted most (evictions desc, regret cost desc, identity asc)."""
+        return self._blocks.top(n)
 
 
 def build_ledger(log: DecisionLog, top_n: int = 10, extra=None,
@@ -224,4 +234,5 @@ def build_ledger(log: DecisionLog, top_n: int = 10, extra=None,
         ledger.feed(table)
         if extra is not None:
             extra(table)
+    ledger.finish()
     return ledger

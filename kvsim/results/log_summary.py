@@ -254,14 +254,10 @@ def summary(log: DecisionLog, top: int = 10) -> LogSummary:
                            "to_tier": tier_name(t), "rows": n, "bytes": int(b)}
                           for (a, f, t), (n, b) in totals.tier.items()),
                          key=lambda d: (-d["rows"], d["action"], d["from_tier"], d["to_tier"]))
-    blocks = ledger.per_block().reset_index()
-    if len(blocks):
-        blocks = blocks.sort_values(["evictions", "cost_us", "k_hash", "k_req", "k_idx"],
-                                    ascending=[False, False, True, True, True]).head(top)
-        out.top_evicted_blocks = [
-            {"block": format_block(r.k_hash, r.k_req, r.k_idx), "evictions": int(r.evictions),
-             "regretted": int(r.regretted), "cost_us": float(r.cost_us)}
-            for r in blocks.itertuples()]
+    out.top_evicted_blocks = [
+        {"block": format_block(r.k_hash, r.k_req, r.k_idx), "evictions": int(r.evictions),
+         "regretted": int(r.regretted), "cost_us": float(r.cost_us)}
+        for r in ledger.top_blocks(top).itertuples()]
     owners = totals.owners.frame()
     if owners is not None:
         owners = owners.rename_axis("request_id").reset_index()
