@@ -52,6 +52,15 @@ def core_for(hbm_policy, lower_policies, engine: str = "compiled") -> ModuleType
     if engine == "interpreted" or not (hbm_policy.compiled and
                                        all(p.compiled for p in lower_policies)):
         return interpreted(hbm_policy, lower_policies)
+    # one variant per process and policy set, even if a source file changes meanwhile
+    key = "compiled_" + "_".join(p.module.__name__ for p in [hbm_policy, *lower_policies])
+    if key in _LOADED:
+        return _LOADED[key]
+    _LOADED[key] = _compiled(hbm_policy, lower_policies)
+    return _LOADED[key]
+
+
+def _compiled(hbm_policy, lower_policies) -> ModuleType:
     from kvsim.memory import fast
     from kvsim.memory.specialize import cache_dir, ops_for, specialize
     from kvsim.sim import bookkeeping, core, layout, tier_ops, tiers
