@@ -14,7 +14,6 @@ need), plus per-request and per-step results (the outputs themselves).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
