@@ -260,9 +260,15 @@ def _render_explain(e: Explanation) -> None:
             f"costing {n['cost_us']:,.1f} us"
             + (" on a decode-critical step" if n["decode_critical"] else "") + missed + ".")
     if e.other_decisions:
-        others = ", ".join(f"{d['action']} {d['block']} (seq {d['seq']})"
-                           for d in e.other_decisions)
-        out_console.print(f"other decisions at step {e.step}: {others}")
+        shown = e.other_decisions[:_OTHERS_SHOWN]
+        others = ", ".join(f"{d['action']} {d['block']} (seq {d['seq']})" for d in shown)
+        more = len(e.other_decisions) - len(shown)
+        out_console.print(f"other decisions at step {e.step}: {others}"
+                          + (f", and {more:,} more (--json lists all)" if more else ""))
+
+
+#: Other decisions of the step printed by `explain` (all of them with --json).
+_OTHERS_SHOWN = 10
 
 
 @log_app.command("diff", help=_HELP["diff"])
