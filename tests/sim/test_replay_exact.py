@@ -185,3 +185,21 @@ def test_warmup_excludes_early_steps_and_requests(builder, tiny_hw, tmp_path):
     assert s["steps"] == 2 and s["requests"] == 1
     assert s["hbm_hit_rate"] == pytest.approx(8 / 9)
     assert s["p50_step_us"] == pytest.approx(650.0)
+
+
+def test_preemption_swap_costs(builder, tiny_hw, tmp_path):
+    """Same scenario as the recompute test with --preemption swap: r0's two blocks (200 B)
+    go out over the DRAM link when r1 needs room (5 us latency + 200 B / 100 B/us = 7 us
+    on that step); when r0 resumes, 11 is still cached and 12 is swapped back in
+    (5 + 1 = 6 us on that step)."""
+    tb = builder()
+    tb.STEP(0, 1000); tb.ARRIVE(0, 8); tb.prompt(0, [11, 12]); tb.ACCESS(0, 8)
+    tb.STEP(1000, 1000); tb.ARRIVE(1, 8); tb.prompt(1, [31, 32]); tb.ACCESS(1, 8)
+    tb.STEP(2000, 100); tb.ACCESS(1, 1, Phase.DECODE); tb.FREE(1)
+    tb.STEP(3000, 100); tb.ACCESS(0, 1, Phase.DECODE); tb.FREE(0)
+    trace = tb.write(tmp_path / "t.parquet")
+    res = simulate(trace, "lru", cfg(tiny_hw, hbm_blocks=3, dram_gb=0, preemption="swap"))
+    s = res.summary
+    assert s["preemptions"] == 1 and s["preempt_recompute_tokens"] == 0
+    assert s["swap_out_bytes"] == 200 and s["swap_in_bytes"] == 100
+    assert res.steps["latency_us"].tolist() == [1000.0, 1007.0, 100.0, 106.0]
