@@ -36,8 +36,8 @@ OUT_NEED, OUT_CAUSE = 6, 7
 #: rebuild it to :data:`REBUILT_LOAD`.  Linear probing stays short below ~0.7 (Knuth,
 #: TAOCP vol. 3, 6.4: expected probes (1 + 1/(1-a)^2)/2 = 6 for an unsuccessful search at
 #: a = 0.7); a capacity that is not a power of two keeps growth at 1.5x, not 2x.
-MAX_LOAD = 0.7
-REBUILT_LOAD = 0.45
+MAX_LOAD = 0.8
+REBUILT_LOAD = 0.55
 
 
 def table_capacity(keys: int) -> int:

@@ -37,7 +37,7 @@ from kvsim.schema import Tier
 #: Rows per streamed batch: large enough to amortise per-batch numpy/pandas overhead,
 #: small enough that the two or three batches in flight (~30 MB each with the candidates
 #: column) stay far below 1 GiB.
-BATCH_ROWS = 262_144
+BATCH_ROWS = 131_072
 
 #: Actions that take a block out of a tier ("evictions" for regret and diff).
 EVICTING = (int(Action.EVICT), int(Action.DEMOTE))

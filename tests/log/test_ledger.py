@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from kvsim.results.log_ledger import build_ledger
-from kvsim.results.log_pending import PendingEvictions
+from kvsim.results.log_pending import MAX_LOAD, PendingEvictions
 from kvsim.results.log_reader import EVICTING, NEEDING, DecisionLog
 from kvsim.results.log_schema import Action
 
@@ -124,7 +124,7 @@ def test_pending_table_grows_and_rehashes():
     seq = np.arange(n, dtype=np.int64)
     out, orphan = table.match(evict, keys, minus, minus, seq, seq, zeros, zeros, zeros, zeros)
     assert len(out) == 0 and not orphan.any()
-    assert table.pending == n and table.live_keys == n and table.state.size >= 2 * n
+    assert table.pending == n and table.live_keys == n and table.state.size * MAX_LOAD >= n
     # a second eviction of the first 10 keys chains behind the first one
     out, _ = table.match(evict[:10], keys[:10], minus[:10], minus[:10], seq[:10] + n,
                          seq[:10] + n, zeros[:10], zeros[:10], zeros[:10], zeros[:10])
