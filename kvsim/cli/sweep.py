@@ -65,6 +65,10 @@ def sweep_command(
         help="Fraction of the trace's steps excluded from the metrics.")] = 0.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed passed to randomised "
                                       "policies.")] = 0,
+    engine: Annotated[str, typer.Option(
+        "--engine", help="Replay engine: compiled (numba, compiled once per policy and "
+        "cached on disk) or interpreted (no compile, ~100x slower per event).",
+        metavar="NAME")] = "compiled",
     jobs: Annotated[int | None, typer.Option(
         "--jobs", "-j", min=1, help="Parallel workers (default: the number of CPUs).",
         show_default=False)] = None,
@@ -94,7 +98,8 @@ def sweep_command(
     from kvsim.sweep import SweepSpec, run_sweep
 
     base = SimConfig(hardware=hardware, tier_policies=parse_tier_policies(tier_policy),
-                     write_policy=write_policy, warmup_fraction=warmup_fraction, seed=seed)
+                     write_policy=write_policy, warmup_fraction=warmup_fraction, seed=seed,
+                     engine=engine)
     names = tuple(p.strip() for p in policies.split(",") if p.strip())
     spec = SweepSpec(str(trace), names, _floats(hbm_gb, "--hbm-gb"),
                      _floats(dram_gb, "--dram-gb", True) if dram_gb else (None,), base, bound)

@@ -16,8 +16,13 @@ SAMPLE = REPO / "traces" / "sample_chat.parquet"
 HBM_GB = (0.06, 0.2)
 
 
-def small_spec(policies=("lru", "fifo"), hbm=HBM_GB) -> SweepSpec:
-    return SweepSpec(str(SAMPLE), tuple(policies), tuple(hbm), (None,), SimConfig(), True)
+#: The interpreted engine: no numba compile of the replay core (the sweep machinery, not
+#: the core's speed, is under test here; tests/sim covers the compiled engine).
+BASE = SimConfig(engine="interpreted")
+
+
+def small_spec(policies=("lru",), hbm=HBM_GB) -> SweepSpec:
+    return SweepSpec(str(SAMPLE), tuple(policies), tuple(hbm), (None,), BASE, True)
 
 
 @pytest.fixture(scope="session")

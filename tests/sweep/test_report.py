@@ -33,7 +33,7 @@ def test_html_is_self_contained_with_every_figure(small_sweep, tmp_path):
     assert "<script" not in text.lower()
     refs = re.findall(r"""(?:src|href)\s*=\s*["']([^"']+)["']""", text)
     assert all(r.startswith("#") for r in refs), refs
-    assert "belady" in text and "lru" in text and "fifo" in text
+    assert "belady" in text and "lru" in text
     assert [p.name for p in rep.png_paths] == [f"{n}.png" for n in FIGURES]
     for p in rep.png_paths:
         assert p.read_bytes()[:8] == PNG_MAGIC
