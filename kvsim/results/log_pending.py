@@ -17,7 +17,7 @@ Layout and invariants:
 - records ``rec[r] = (seq, step, action, from_tier, reason, request_id, prev)`` chain a
   key's pending evictions newest first through ``prev`` (-1 ends); freed records go on a
   free stack and are reused.
-- memory: 41 bytes per slot (1.4 to 2.2 slots per live key) plus 56 bytes per pending
+- memory: 41 bytes per slot (1.25 to 1.8 slots per live key) plus 56 bytes per pending
   eviction record.
 """
 
@@ -33,9 +33,10 @@ REC_SEQ, REC_STEP, REC_ACTION, REC_FROM, REC_REASON, REC_REQ, REC_PREV = range(7
 OUT_NEED, OUT_CAUSE = 6, 7
 
 #: Rebuild a table before live + tombstone slots exceed this fraction of its capacity;
-#: rebuild it to :data:`REBUILT_LOAD`.  Linear probing stays short below ~0.7 (Knuth,
-#: TAOCP vol. 3, 6.4: expected probes (1 + 1/(1-a)^2)/2 = 6 for an unsuccessful search at
-#: a = 0.7); a capacity that is not a power of two keeps growth at 1.5x, not 2x.
+#: rebuild it to :data:`REBUILT_LOAD`.  Linear probing (Knuth, TAOCP vol. 3, 6.4) expects
+#: (1 + 1/(1-a)^2)/2 probes for an unsuccessful search: 13 at a = 0.8, 3.0 at 0.55; 0.8
+#: trades those probes for memory (35M-row log: 1.07 GB -> 866 MB peak, 42 -> 51 s CPU,
+#: docs/benchmarks.md).  A capacity that is not a power of two keeps growth at ~1.45x.
 MAX_LOAD = 0.8
 REBUILT_LOAD = 0.55
 
