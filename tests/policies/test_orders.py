@@ -141,7 +141,7 @@ def test_deadline_score_order_and_pins():
     # Accessed at now = 1..6, drained at now = 6.  Keep scores:
     # 0: no deadline, last 1: -(1e6 + 6 - 1)       = -1000005
     # 1: deadline 100:         6 - 100              = -94
-    # 2: deadline 100, HOT:    2e6 + 6 - 100        = 1999906
+    # 2: deadline 100, HOT:    2e9 + 6 - 100        = 1999999906  (class: 1e9 us each)
     # 3: pinned                                      (last)
     # 4: no deadline, last 5: -(1e6 + 6 - 5)        = -1000001
     # 5: deadline 5e6:         6 - 5e6              = -4999994
@@ -157,12 +157,12 @@ def test_deadline_score_order_and_pins():
     v, code, n_alt = pol.victim(d.state, d.view, d.now, d.alt_b, d.alt_s)
     assert (v, code, n_alt) == (5, 0, 5)  # runners-up cover the 5 unpinned blocks only
     assert list(d.alt_b[:5]) == [5, 0, 4, 1, 2]
-    np.testing.assert_allclose(d.alt_s[:5], [-4999994, -1000005, -1000001, -94, 1999906])
+    np.testing.assert_allclose(d.alt_s[:5], [-4999994, -1000005, -1000001, -94, 1999999906])
     # explain() reproduces the logged score from the same fields
     row = {"deadline_us": 100, "priority": int(Priority.HOT), "last_access_us": 3.0}
     terms = pol.explain(row, 6.0)
-    assert terms["score"] == pytest.approx(1999906)
-    assert terms["class_term"] == 2e6 and terms["urgency_term"] == -94
+    assert terms["score"] == pytest.approx(1999999906)
+    assert terms["class_term"] == 2e9 and terms["urgency_term"] == -94
     assert d.drain() == [5, 0, 4, 1, 2, 3]
     assert pol.reasons  # reason 1 = pinned fallback
     d2 = Driver(pol, capacity=1, num_slots=1)
