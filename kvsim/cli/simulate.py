@@ -81,7 +81,8 @@ LifecycleOpt = Annotated[bool, typer.Option(
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for policies that randomise.")]
 EngineOpt = Annotated[str, typer.Option(
     "--engine", metavar="ENGINE",
-    help="compiled (numba; the first run per policy compiles, then it is cached on disk) or "
+    help="auto (default: compiled for traces of >= 1,000,000 events, else interpreted), "
+         "compiled (numba; the first run per policy compiles, then it is cached on disk) or "
          "interpreted (same code run by Python: no compile, ~100x slower per event).")]
 
 
@@ -243,7 +244,7 @@ def simulate_command(
     csv: CsvOpt = None,
     parquet: ParquetOpt = None,
     seed: SeedOpt = 0,
-    engine: EngineOpt = "compiled",
+    engine: EngineOpt = "auto",
     json_: JsonOption = False,
 ) -> None:
     """Replay TRACE through HBM (vLLM-exact prefix caching) and the DRAM/CXL/NVMe tiers of
@@ -315,7 +316,7 @@ def compare_command(
     parquet: ParquetOpt = None,
     seed: Annotated[int, typer.Option(
         "--seed", help="Seed for --profile generation and randomising policies.")] = 0,
-    engine: EngineOpt = "compiled",
+    engine: EngineOpt = "auto",
     json_: JsonOption = False,
 ) -> None:
     """Replay one trace under several HBM placement policies (same tiers, same cost model)

@@ -14,6 +14,21 @@ from kvsim.errors import KvsimInputError, bad_value
 WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
 PREEMPTION_MODES = ("recompute", "swap")
 LOWER_TIERS = ("dram", "cxl", "nvme")
+ENGINES = ("auto", "compiled", "interpreted")
+
+#: ``engine="auto"`` compiles the replay only for traces of at least this many events.
+#: Measured on this project's 2-core machine: a cold numba compile of the replay core costs
+#: about 100 CPU-seconds per HBM policy (cached on disk afterwards), while the interpreted
+#: twin replays about 15-20 k events/s; below ~1 M events the interpreter finishes first
+#: on a cold cache.  docs/simulate.md, "Engines".
+AUTO_COMPILE_MIN_ROWS = 1_000_000
+
+
+def resolve_engine(engine: str, num_rows: int) -> str:
+    """The engine ``auto`` stands for on a trace of ``num_rows`` events."""
+    if engine != "auto":
+        return engine
+    return "compiled" if num_rows >= AUTO_COMPILE_MIN_ROWS else "interpreted"
 
 #: vLLM's default ``gpu_memory_utilization`` (vllm/engine/arg_utils.py, EngineArgs:
 #: ``gpu_memory_utilization: float = 0.9``): the fraction of GPU memory the engine may use
@@ -67,9 +82,11 @@ class SimConfig:
     log_candidates: int = field(default=4, metadata=_h(
         "runners-up recorded per eviction in the decision log (victim included)"))
     seed: int = field(default=0, metadata=_h("seed passed to policies that randomise"))
-    engine: str = field(default="compiled", metadata=_h(
-        "compiled (numba, cached on disk) or interpreted (the same code run by Python: no "
-        "compile time, ~100x slower per event; plain-Python policies always use it)"))
+    engine: str = field(default="auto", metadata=_h(
+        "auto (compiled for traces of at least AUTO_COMPILE_MIN_ROWS events, else "
+        "interpreted), compiled (numba, cached on disk; the first run of a policy pays its "
+        "compile) or interpreted (the same code run by Python: no compile time, ~100x "
+        "slower per event; plain-Python policies always use it)"))
     batch_rows: int = field(default=1 << 20, metadata=_h("event rows per streamed batch"))
     check_invariants: bool = field(default=False, metadata=_h(
         "after the replay, check the pool and tier invariants (SimResult.checks)"))
@@ -96,8 +113,8 @@ class SimConfig:
         if not 0 <= self.log_candidates <= 8:
             raise bad_value(None, None, "log_candidates", "an integer in 0..8",
                             self.log_candidates)
-        if self.engine not in ("compiled", "interpreted"):
-            raise bad_value(None, None, "engine", "compiled | interpreted", self.engine)
+        if self.engine not in ENGINES:
+            raise bad_value(None, None, "engine", " | ".join(ENGINES), self.engine)
         if self.batch_rows < 1:
             raise bad_value(None, None, "batch_rows", "an integer >= 1", self.batch_rows)
         for item in self.tier_policies:

@@ -28,7 +28,7 @@ from kvsim.memory import fast as mem
 from kvsim.policy_api import NEVER, new_block_view
 from kvsim.schema import EventKind
 from kvsim.sim import core, layout as L
-from kvsim.sim.config import LOWER_TIERS, SimConfig
+from kvsim.sim.config import LOWER_TIERS, SimConfig, resolve_engine
 from kvsim.sim.variants import core_for
 from kvsim.sim.cost_model import GB, TierCosts, cost_array, hbm_kv_capacity_bytes, tier_costs
 from kvsim.sim.metrics import request_table, step_table, summarize
@@ -217,7 +217,7 @@ class _Run:
         params = {"seed": config.seed}
         lower = [_resolve_policy(config.tier_policy(t)) for t in LOWER_TIERS]
         self.lower_policies = lower
-        self.core = core_for(policy, lower, config.engine)
+        self.core = core_for(policy, lower, resolve_engine(config.engine, facts.num_rows))
         hbm_blocks = costs[0].capacity_blocks
         max_blocks = max(facts.max_blocks_per_request, 1) + 1
         pcfg = mem.PoolConfig(num_blocks=hbm_blocks + 1, block_size_tokens=bs,
