@@ -79,6 +79,11 @@ def _enum(enum_cls, value: Any, path, loc: str, field: str) -> int:
                         value) from None
 
 
+def _or(value: Any, default: Any) -> Any:
+    """``value``, or ``default`` when kvmi wrote null."""
+    return default if value is None else value
+
+
 class _Converter:
     def __init__(self, path, block_size_tokens: int, step_us: int, bad: BadRows) -> None:
         self.path = path
@@ -125,6 +130,7 @@ class _Converter:
         self.pending.append((et, it, loc))
 
     def _intent_fields(self, it: dict, loc: str) -> dict[str, Any]:
+        """kvsim intent columns from one kvmi ``intent`` object (null = unset)."""
         p = self.path
         phase = _enum(Phase, it.get("phase", "PREFILL"), p, loc, "intent.phase")
         if it.get("is_draft") and not it.get("is_committed"):
@@ -134,10 +140,11 @@ class _Converter:
             "priority": _enum(Priority, it.get("priority", "WARM"), p, loc, "intent.priority"),
             "request_priority": as_int(it.get("request_priority", 50), p, loc,
                                        "intent.request_priority", 0),
-            "deadline_us": max(as_int(it.get("deadline_us", -1), p, loc, "intent.deadline_us"),
-                               -1),
-            "slack_us": as_int(it.get("slack_us", 0), p, loc, "intent.slack_us"),
-            "target_decode_step": max(as_int(it.get("target_decode_step", -1), p, loc,
+            # kvmi writes null for an unset optional integer (its fields are `int | None`)
+            "deadline_us": max(as_int(_or(it.get("deadline_us"), -1), p, loc,
+                                      "intent.deadline_us"), -1),
+            "slack_us": as_int(_or(it.get("slack_us"), 0), p, loc, "intent.slack_us"),
+            "target_decode_step": max(as_int(_or(it.get("target_decode_step"), -1), p, loc,
                                              "intent.target_decode_step"), -1),
             "recompute_cost_us": float(max(it.get("recompute_cost_us") or 0.0, 0.0)),
             "pin_requested": bool(it.get("pin_requested", False)),

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import json
+
 import pytest
 from typer.testing import CliRunner
 
@@ -143,6 +145,23 @@ def test_kvmi_small(tmp_path):
     intent = df[df.kind == IN].iloc[0]
     assert intent.priority == 3 and bool(intent.pin_requested)  # DECODE_CRITICAL, pinned
     assert df.time_us.max() == 3000 and set(df.content_hash) == {0}
+
+
+def test_kvmi_null_optional_fields_are_unset(tmp_path):
+    """kv_deadline_scheduler writes null for an unset deadline/slack/target step."""
+    from kvsim.events import read_events
+
+    line = (DATA / "kvmi_small.jsonl").read_text().splitlines()[0]
+    event = json.loads(line)
+    for key in ("deadline_us", "slack_us", "target_decode_step"):
+        event["intent"][key] = None
+    src = tmp_path / "null.jsonl"
+    src.write_text(json.dumps(event) + "\n")
+    out = tmp_path / "null_events.jsonl"
+    import_request_trace(src, out, format="kvmi")
+    _, df = read_events(out)
+    block = df[df.kind == 2].iloc[0]
+    assert (block.deadline_us, block.slack_us, block.target_decode_step) == (-1, 0, -1)
 
 
 def test_skip_bad_rows_counts():
