@@ -143,7 +143,12 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
                       max_blocks, max(max_live, 1), max_size, next_use, seen)
 
 
-def _lower_tier(tier: int, cap: int, policy, params: dict):
+def _lower_tier(tier: int, cap: int, policy, params: dict, max_blocks: int):
+    """Arrays of one lower tier.  A lower tier holds hashed blocks only, at most one slot per
+    distinct hash, so it never needs more slots than the trace has ALLOCATE rows
+    (``max_blocks``): a capacity above that can never bind, and sizing the arrays by it
+    would cost gigabytes for a multi-TB NVMe tier of small blocks."""
+    cap = min(cap, max(max_blocks, 1))
     slots = max(cap, 1)
     L_i = np.zeros((slots, L.NLI), dtype=np.int64)
     L_free = np.arange(slots - 1, -1, -1, dtype=np.int64)
@@ -227,7 +232,8 @@ class _Run:
         self.out = self.core.mem.new_out(pcfg)
         self.view = new_block_view(hbm_blocks + 1)
         self.pst = policy.init(hbm_blocks, hbm_blocks + 1, dict(params))
-        self.T = [_lower_tier(t + 1, costs[t + 1].capacity_blocks, lower[t], params)
+        self.T = [_lower_tier(t + 1, costs[t + 1].capacity_blocks, lower[t], params,
+                              len(facts.next_use))
                   for t in range(3)]
         K = np.zeros(L.NK, dtype=np.int64)
         K[L.K_WRITE_POLICY] = {"write_back": L.WP_WRITE_BACK,
