@@ -14,7 +14,10 @@ one row each only when they are allocated (``ALLOCATE``), when their intent chan
 
 Ordering inside a step: the ``STEP`` row first, then ``ARRIVE`` rows, then for each
 scheduled request its ``FORK``/``ALLOCATE``/``INTENT``/``COMMIT`` rows followed by its
-``ACCESS`` row, then ``FREE`` rows of requests that finished in this step.
+``ACCESS`` row, then ``FREE`` rows of requests that finished in this step.  Speculative
+decoding is the one exception: acceptance is known only after the verify step ran, so a
+request's ``COMMIT`` rows and block-level ``FREE`` rows of rejected drafts follow its
+``ACCESS`` row in the same step.
 
 Lowering rules (every importer and generator follows them; the replay relies on them):
 
