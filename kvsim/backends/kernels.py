@@ -13,51 +13,37 @@ from numba import njit
 
 
 @njit(cache=True)
+def _copy_words(src, dst):  # pragma: no cover - compiled
+    """``dst[:] = src[:]`` for one (layer, K|V) chunk of a block."""
+    for w in range(src.shape[0]):
+        dst[w] = src[w]
+
+
+@njit(cache=True)
 def pool_to_store(pool, block_ids, store, store_slots):  # pragma: no cover - compiled
     """``store[store_slots[i], l, kv, :] = pool[l, kv, block_ids[i], :]`` for all i, l, kv."""
-    layers = pool.shape[0]
-    words = pool.shape[3]
     for i in range(block_ids.size):
-        b = block_ids[i]
-        s = store_slots[i]
-        for layer in range(layers):
+        for layer in range(pool.shape[0]):
             for kv in range(2):
-                src = pool[layer, kv, b]
-                dst = store[s, layer, kv]
-                for w in range(words):
-                    dst[w] = src[w]
+                _copy_words(pool[layer, kv, block_ids[i]], store[store_slots[i], layer, kv])
 
 
 @njit(cache=True)
 def store_to_pool(store, store_slots, pool, block_ids):  # pragma: no cover - compiled
     """``pool[l, kv, block_ids[i], :] = store[store_slots[i], l, kv, :]`` for all i, l, kv."""
-    layers = pool.shape[0]
-    words = pool.shape[3]
     for i in range(block_ids.size):
-        b = block_ids[i]
-        s = store_slots[i]
-        for layer in range(layers):
+        for layer in range(pool.shape[0]):
             for kv in range(2):
-                src = store[s, layer, kv]
-                dst = pool[layer, kv, b]
-                for w in range(words):
-                    dst[w] = src[w]
+                _copy_words(store[store_slots[i], layer, kv], pool[layer, kv, block_ids[i]])
 
 
 @njit(cache=True)
 def store_to_store(src, src_slots, dst, dst_slots):  # pragma: no cover - compiled
     """``dst[dst_slots[i]] = src[src_slots[i]]`` (whole blocks) for all i."""
-    layers = src.shape[1]
-    words = src.shape[3]
     for i in range(src_slots.size):
-        s = src_slots[i]
-        d = dst_slots[i]
-        for layer in range(layers):
+        for layer in range(src.shape[1]):
             for kv in range(2):
-                a = src[s, layer, kv]
-                b = dst[d, layer, kv]
-                for w in range(words):
-                    b[w] = a[w]
+                _copy_words(src[src_slots[i], layer, kv], dst[dst_slots[i], layer, kv])
 
 
 @njit(cache=True)
