@@ -11,6 +11,11 @@ Order: a binary max-heap on ``next_use`` over arrays (``heap``: position -> bloc
 this is the hottest offline loop and numba does not inline across compiled functions.
 Ties exist only among never-used-again blocks and do not change miss counts.  Matches
 libCacheSim ``Belady`` miss for miss.  Score: ``-next_use`` (sooner = higher = keep).
+
+These hooks are what the tiered replay runs.  The single-tier cache simulator runs a twin
+of them, ``kvsim.sim.cachesim._replay_belady`` (same heap, same sift comparisons, keys
+stored beside the blocks, no view): a change to the heap discipline here must be made
+there too, or tests/sim/test_cachesim_belady_fast.py (victim sequences of both) fails.
 """
 
 import numpy as np

@@ -18,6 +18,21 @@ the cache never holds more than ``capacity_blocks`` keys, and every victim is re
 The loop is one ``numba.njit`` function taking the hooks as arguments, so it is compiled
 once per policy (hook functions are part of the specialisation).  For a plain-Python
 policy its interpreted twin (``_replay.py_func``) runs the same code with Python hooks.
+
+Fast path for Belady (``_replay_belady``): the built-in ``belady`` policy runs in a
+dedicated loop with its heap written inline, when no runners-up are asked for
+(``n_alt == 0``).  It is the same max-heap on next use as ``policies/belady.py``, with the
+same sift order, so it evicts the SAME blocks in the same order (tests/sim/
+test_cachesim_belady_fast.py compares the victim sequences), but it keeps each key beside
+its block in the heap array and maintains no ``BlockView``.  Where the generic loop's time
+went (``python bench/profile_belady.py``: 10 M-access Zipf stream, 100,000-block cache,
+figures in docs/benchmarks.md): 6.9 s in all; the heap work itself 1.6 s (this loop);
+the ``key[heap[i]]`` indirection of every comparison +1.25 s; the three per-access view
+writes (``next_use``, ``last_access_us``, ``access_count``: random stores into arrays of
+one entry per key) +1.0 s; the remainder, ~3 s, is the four hook calls per access (the
+state and view tuples passed and unpacked in each) and the ``resident`` array.  The
+tiered replay keeps using the hooks of ``policies/belady.py``; ``fast_path=False`` forces
+the generic loop here.
 """
 
 from __future__ import annotations
@@ -164,6 +179,88 @@ def _replay(ids, next_use, capacity, state, view, on_miss, on_insert, on_hit, on
     return hits, misses, evictions, n_res
 
 
+@njit(cache=True)
+def _replay_belady(ids, next_use, capacity, n_ids, victims_out):
+    """Belady's MIN, the hooks of ``policies/belady.py`` inlined (see the module docstring).
+
+    ``hk[i]``/``hb[i]``: key (next use) and block at heap position ``i`` (a max-heap);
+    ``pos[b]``: the block's position, -1 when not resident.  A miss in a full cache removes
+    the root exactly as ``belady.on_remove`` does (last entry to the root, sift down), then
+    inserts as ``belady.on_insert`` does (append, sift up); a hit sifts up as
+    ``belady.on_hit`` does.  Same comparisons (``>=`` stops a sift up, ``>`` picks the right
+    child, ``<=`` stops a sift down), hence the same victims.
+    Returns ``(hits, misses, evictions, resident_at_end)``."""
+    hk = np.empty(capacity + 1, np.int64)
+    hb = np.empty(capacity + 1, np.int64)
+    pos = np.full(n_ids, -1, np.int64)
+    record = victims_out.shape[0] > 0
+    n = 0
+    hits = 0
+    misses = 0
+    evictions = 0
+    for t in range(ids.shape[0]):
+        b = ids[t]
+        k = next_use[t]
+        i = pos[b]
+        if i >= 0:
+            hits += 1
+        else:
+            misses += 1
+            if n >= capacity:  # evict the root (capacity >= 1, so the heap is not empty)
+                v = hb[0]
+                pos[v] = -1
+                if record:
+                    victims_out[evictions] = v
+                evictions += 1
+                n -= 1
+                if n > 0:
+                    lk = hk[n]
+                    last = hb[n]
+                    j = 0
+                    while True:
+                        c = 2 * j + 1
+                        if c >= n:
+                            break
+                        if c + 1 < n and hk[c + 1] > hk[c]:
+                            c += 1
+                        ck = hk[c]
+                        if ck <= lk:
+                            break
+                        cb = hb[c]
+                        hk[j] = ck
+                        hb[j] = cb
+                        pos[cb] = j
+                        j = c
+                    hk[j] = lk
+                    hb[j] = last
+                    pos[last] = j
+            i = n
+            n += 1
+        # sift up: on a hit the next use only moves later; on a miss the block is appended
+        while i > 0:
+            p = (i - 1) >> 1
+            pk = hk[p]
+            if pk >= k:
+                break
+            pb = hb[p]
+            hk[i] = pk
+            hb[i] = pb
+            pos[pb] = i
+            i = p
+        hk[i] = k
+        hb[i] = b
+        pos[b] = i
+    return hits, misses, evictions, n
+
+
+def _is_builtin_belady(pol: Policy) -> bool:
+    from kvsim.policies import belady  # the built-in module (policies/belady.py)
+
+    return (pol.on_insert is belady.on_insert and pol.on_hit is belady.on_hit
+            and pol.on_remove is belady.on_remove and pol.victim is belady.victim
+            and not hasattr(pol.module, "on_miss"))
+
+
 @dataclass(frozen=True)
 class PreparedKeys:
     """A key stream remapped once for many simulations (see :func:`prepare_keys`)."""
@@ -192,7 +289,7 @@ def _resolve(policy: str | Policy) -> Policy:
 
 def simulate_cache(keys: np.ndarray | PreparedKeys, capacity_blocks: int,
                    policy: str | Policy, *, params: dict | None = None, n_alt: int = 0,
-                   record_victims: bool = False) -> CacheResult:
+                   record_victims: bool = False, fast_path: bool = True) -> CacheResult:
     """Replay ``keys`` (one access each, object size 1) through a cache of
     ``capacity_blocks`` under ``policy`` and count hits and misses.
 
@@ -200,6 +297,8 @@ def simulate_cache(keys: np.ndarray | PreparedKeys, capacity_blocks: int,
     ``params`` go to the policy's ``init`` (e.g. ``{"seed": 1}``); ``n_alt`` is the size of
     the runners-up arrays handed to ``victim`` (0 = none).  With ``record_victims`` the
     evicted dense ids are returned in order (``result.victims``).  Deterministic.
+    The built-in ``belady`` runs in a dedicated loop (same victims, see the module
+    docstring) unless ``n_alt > 0`` or ``fast_path=False``.
     """
     pol = _resolve(policy)
     if int(capacity_blocks) < 1:
@@ -219,16 +318,27 @@ def simulate_cache(keys: np.ndarray | PreparedKeys, capacity_blocks: int,
                     else np.zeros(0, np.int64))
     n_unique = int(keys_by_id.shape[0])
     num_slots = max(n_unique, 1)
+    victims = np.zeros(ids.shape[0] if record_victims else 0, np.int64)
+    if fast_path and int(n_alt) == 0 and _is_builtin_belady(pol):
+        hits, misses, evictions, _ = _replay_belady(ids, next_use, capacity, num_slots,
+                                                    victims)
+        return _result(pol, capacity, ids, n_unique, hits, misses, evictions, victims,
+                       record_victims, keys_by_id)
     state = pol.init(capacity, num_slots, dict(params or {}))
     view = new_block_view(num_slots)
     view.content_hash[:] = np.arange(1, num_slots + 1, dtype=np.int64)
     alt_blocks = np.zeros(int(n_alt), np.int64)
     alt_scores = np.zeros(int(n_alt), np.float64)
-    victims = np.zeros(ids.shape[0] if record_victims else 0, np.int64)
     loop = _replay if pol.compiled else _replay.py_func
     hits, misses, evictions, _ = loop(ids, next_use, capacity, state, view, pol.on_miss,
                                       pol.on_insert, pol.on_hit, pol.on_remove, pol.victim,
                                       alt_blocks, alt_scores, victims)
+    return _result(pol, capacity, ids, n_unique, hits, misses, evictions, victims,
+                   record_victims, keys_by_id)
+
+
+def _result(pol, capacity, ids, n_unique, hits, misses, evictions, victims, record_victims,
+            keys_by_id) -> CacheResult:
     n = int(ids.shape[0])
     return CacheResult(policy=pol.name, offline=pol.offline, capacity_blocks=capacity,
                        accesses=n, hits=int(hits), misses=int(misses),
