@@ -10,8 +10,12 @@ when the sweep ran with ``--curves``) or a results.parquet path.  Figures, each 
 - ``latency_cdf``: step-latency CDFs (from the per-cell quantiles), one panel per HBM size;
 - ``p99``: p99 step latency by policy at each HBM size, belady's value drawn as the bound;
 - ``link_bytes``: bytes moved over each lower-tier link vs HBM capacity;
-- ``occupancy``: peak occupancy of each tier (blocks / capacity) vs HBM capacity.  The
-  replay exposes peaks, not an occupancy time series, so that is what is drawn.
+- ``occupancy``: peak occupancy of each tier (blocks / capacity) vs HBM capacity;
+- ``occupancy_time``: tier occupancy over time for one capacity cell (default: the smallest
+  HBM size at the first DRAM size, the cell under most pressure), one panel per tier (HBM
+  held by running requests, HBM cached, then each enabled lower tier), one line per policy,
+  the tier's capacity dashed.  From the sweep's ``occupancy.parquet`` (each cell's
+  per-step occupancy, max over windows of consecutive steps, docs/sweep.md).
 
 Why matplotlib (docs/sweep.md): one wheel with no system libraries, renders both SVG (text
 we inline, so the HTML needs no network and no JavaScript) and PNG, and its Agg/SVG
@@ -35,13 +39,14 @@ from kvsim.errors import KvsimInputError
 from kvsim.fsutil import atomic_output
 
 #: Figure names, in page order.
-FIGURES = ("hit_rate", "latency_cdf", "p99", "link_bytes", "occupancy")
+FIGURES = ("hit_rate", "latency_cdf", "p99", "link_bytes", "occupancy", "occupancy_time")
 _TITLES = {
     "hit_rate": "HBM hit rate vs HBM capacity",
     "latency_cdf": "Step latency CDF by policy",
     "p99": "p99 step latency by policy (belady = offline bound)",
     "link_bytes": "Bytes moved per link",
     "occupancy": "Peak tier occupancy",
+    "occupancy_time": "Tier occupancy over time",
 }
 _LINKS = (("bytes_dram_link", "HBM<->DRAM link"), ("bytes_cxl_link", "HBM<->CXL link"),
           ("bytes_nvme_link", "HBM<->NVMe link"))
@@ -246,11 +251,109 @@ def fig_occupancy(table: pd.DataFrame):
     return fig
 
 
-def render_figures(table: pd.DataFrame, curves: pd.DataFrame | None = None) -> dict:
+#: Panels of ``occupancy_time``: (column of occupancy.parquet, tier of its capacity,
+#: title).  A lower tier's panel is drawn only when the cell gives it capacity.
+_OCC_PANELS = (("hbm_used_blocks", "hbm", "HBM: held by running requests"),
+               ("hbm_cached_blocks", "hbm", "HBM: cached (evictable)"),
+               ("dram_used_blocks", "dram", "DRAM: resident"),
+               ("cxl_used_blocks", "cxl", "CXL: resident"),
+               ("nvme_used_blocks", "nvme", "NVMe: resident"))
+
+
+#: In ``occupancy_time``, a panel's y axis runs to the tier's capacity only when the
+#: series reaches at least this fraction of it; below, the capacity line would squash the
+#: series into the bottom pixels, so the axis follows the data (a readability choice).
+OCC_CAPACITY_SHOWN = 0.25
+
+
+def occupancy_cell(table: pd.DataFrame, hbm_gb: float | None = None,
+                   dram_gb: float | None = None, path=None) -> tuple[float, float]:
+    """The capacity cell ``occupancy_time`` draws: ``(hbm_gb, dram_gb)`` with ``dram_gb``
+    NaN for the profile's DRAM.  Defaults: the smallest HBM size at the first DRAM size
+    of the table's DRAM groups (the profile's DRAM if present, else the smallest), as the
+    other figures; ``dram_gb=-1`` asks for the profile's DRAM.  Raises KvsimInputError
+    (naming ``path``, the results) when the asked cell is not in the sweep."""
+    dram_key = table["dram_gb"].fillna(-1.0)
+    want_dram = float(dram_key.min()) if dram_gb is None else float(dram_gb)
+    sub = table[dram_key == want_dram]
+    if not len(sub):
+        raise KvsimInputError(f"expected a DRAM size of the sweep "
+                              f"({', '.join(f'{v:g}' for v in sorted(set(dram_key)))} GB; "
+                              f"-1 = the profile's), got {want_dram:g}", path, None,
+                              "occupancy_dram_gb")
+    sizes = sorted(float(v) for v in sub["hbm_gb"].unique())
+    want_hbm = sizes[0] if hbm_gb is None else float(hbm_gb)
+    if want_hbm not in sizes:
+        raise KvsimInputError(f"expected an HBM size of the sweep "
+                              f"({', '.join(f'{v:g}' for v in sizes)} GB), got "
+                              f"{want_hbm:g}", path, None, "occupancy_hbm_gb")
+    return want_hbm, (float("nan") if want_dram < 0 else want_dram)
+
+
+def fig_occupancy_time(table: pd.DataFrame, occupancy: pd.DataFrame | None,
+                       hbm_gb: float | None = None, dram_gb: float | None = None):
+    """Occupancy over engine time of the cell :func:`occupancy_cell` picks: one panel per
+    tier, one line per policy (blocks; the tier's capacity dashed grey)."""
+    plt = _plt()
+    hbm, dram = occupancy_cell(table, hbm_gb, dram_gb)
+    same_dram = (lambda d: d.isna()) if math.isnan(dram) else (lambda d: d == dram)
+    cells = table[(table["hbm_gb"] == hbm) & same_dram(table["dram_gb"])]
+    where = f"HBM {hbm:g} GB, " + ("DRAM: profile default" if math.isnan(dram)
+                                   else f"DRAM {dram:g} GB")
+    if occupancy is None or not len(occupancy):
+        fig, ax = plt.subplots(figsize=(8.0, 3.0))
+        ax.axis("off")
+        ax.text(0.5, 0.5, "No occupancy series in this sweep (made by a kvsim without "
+                "them):\nrerun kvsim sweep with the same --out to add them.",
+                ha="center", va="center", fontsize=11)
+        return fig
+    pols = _policies(cells)
+    sty = _style(_policies(table))
+    first = cells.iloc[0]
+    panels = [(col, tier, title) for col, tier, title in _OCC_PANELS
+              if col in occupancy
+              and (tier == "hbm" or int(first[f"{tier}_capacity_blocks"]) > 0)]
+    ncol = min(3, len(panels))
+    nrow = math.ceil(len(panels) / ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(5.4 * ncol, 3.6 * nrow), squeeze=False)
+    for k, (col, tier, title) in enumerate(panels):
+        ax = axes[k // ncol][k % ncol]
+        for p in pols:
+            key = cells[cells["policy"] == p]["cell"]
+            s = occupancy[occupancy["cell"].isin(key)].sort_values("point")
+            if not len(s):
+                continue
+            ax.plot(s["end_us"] / 1e6, s[col], label=p, color=sty[p]["color"],
+                    linestyle=sty[p]["linestyle"], linewidth=1.2, drawstyle="steps-post")
+        cap = int(first[f"{tier}_capacity_blocks"])
+        top = float(occupancy[occupancy["cell"].isin(cells["cell"])][col].max())
+        if top >= OCC_CAPACITY_SHOWN * cap:  # the capacity line fits without squashing
+            ax.axhline(cap, color="grey", linestyle="--", linewidth=1, label="capacity")
+            ax.set_ylim(0, cap * 1.08)
+        else:  # far below capacity: scale to the data, say the capacity in the title
+            ax.set_ylim(0, max(top, 1.0) * 1.15)
+        ax.set_title(f"{title}\n(capacity {cap:,} blocks)", fontsize=10)
+        ax.set_xlabel("engine time (s)")
+        ax.set_ylabel("blocks")
+        if k == 0:
+            ax.legend(fontsize=8)
+    for k in range(len(panels), nrow * ncol):
+        axes[k // ncol][k % ncol].axis("off")
+    fig.suptitle(where, fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def render_figures(table: pd.DataFrame, curves: pd.DataFrame | None = None,
+                   occupancy: pd.DataFrame | None = None,
+                   occupancy_hbm_gb: float | None = None,
+                   occupancy_dram_gb: float | None = None) -> dict:
     """Name -> matplotlib Figure for every figure of :data:`FIGURES`."""
     return {"hit_rate": fig_hit_rate(table, curves), "latency_cdf": fig_latency_cdf(table),
             "p99": fig_p99(table), "link_bytes": fig_link_bytes(table),
-            "occupancy": fig_occupancy(table)}
+            "occupancy": fig_occupancy(table),
+            "occupancy_time": fig_occupancy_time(table, occupancy, occupancy_hbm_gb,
+                                                 occupancy_dram_gb)}
 
 
 def _svg(fig) -> str:
@@ -294,13 +397,18 @@ td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}p.note{color:#555}"
 
 
 def build_report(results: str | Path, out_html: str | Path,
-                 png_dir: str | Path | None = None) -> Report:
+                 png_dir: str | Path | None = None, *, occupancy_hbm_gb: float | None = None,
+                 occupancy_dram_gb: float | None = None) -> Report:
     """Write the HTML report of a sweep (and the same figures as PNG into ``png_dir``).
 
+    ``occupancy_hbm_gb`` / ``occupancy_dram_gb``: the capacity cell of the occupancy-over-
+    time figure (:func:`occupancy_cell`; default the smallest HBM size at the first DRAM
+    size; ``occupancy_dram_gb=-1`` = the profile's DRAM).
     Deterministic: the same results give byte-identical HTML and PNG files.  Raises
-    KvsimInputError when ``results`` is not a sweep directory or results table.
+    KvsimInputError when ``results`` is not a sweep directory or results table, or the
+    asked occupancy cell is not in it.
     """
-    from kvsim.sweep import load_results
+    from kvsim.sweep import load_occupancy, load_results
 
     table = load_results(results)
     if not len(table):
@@ -311,8 +419,10 @@ def build_report(results: str | Path, out_html: str | Path,
     cpath = (rp if rp.is_dir() else rp.parent) / "curves.parquet"
     if cpath.is_file():
         curves = pd.read_parquet(cpath)
+    occupancy = load_occupancy(rp)
+    hbm, dram = occupancy_cell(table, occupancy_hbm_gb, occupancy_dram_gb, results)
     plt = _plt()
-    figs = render_figures(table, curves)
+    figs = render_figures(table, curves, occupancy, hbm, -1.0 if math.isnan(dram) else dram)
     trace = html.escape(str(table["trace"].iloc[0])) if "trace" in table else ""
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>kvsim sweep report"
              f"</title><style>{_CSS}</style></head><body>",
@@ -324,8 +434,19 @@ def build_report(results: str | Path, out_html: str | Path,
     for name in FIGURES:
         parts.append(f"<h2>{html.escape(_TITLES[name])}</h2>")
         if name == "occupancy":
-            parts.append("<p class='note'>The replay reports each tier's peak occupancy, not "
-                         "an occupancy time series; peaks are drawn.</p>")
+            parts.append("<p class='note'>The peak of each tier over the whole replay "
+                         "(within steps too); the next figure shows occupancy over time."
+                         "</p>")
+        if name == "occupancy_time":
+            where = f"HBM {hbm:g} GB, " + ("the profile's DRAM" if math.isnan(dram)
+                                           else f"DRAM {dram:g} GB")
+            parts.append(f"<p class='note'>Cell: {html.escape(where)} (kvsim.report."
+                         "build_report(occupancy_hbm_gb=..., occupancy_dram_gb=...) picks "
+                         "another).  Each point is the maximum over a window of "
+                         "consecutive steps of the occupancy as each step ends (at most "
+                         "2,000 points per cell, docs/sweep.md); HBM <i>held</i> blocks "
+                         "belong to running requests, <i>cached</i> blocks are the "
+                         "eviction candidates.</p>")
         if name == "hit_rate" and curves is not None:
             parts.append("<p class='note'>Dotted: one-pass stack-distance curves of the "
                          "trace's full-block stream (single tier, no in-use pinning; "
@@ -351,4 +472,4 @@ def build_report(results: str | Path, out_html: str | Path,
     return Report(out_html, pngs, list(FIGURES), int(len(table)), _policies(table))
 
 
-__all__ = ["FIGURES", "Report", "build_report", "render_figures"]
+__all__ = ["FIGURES", "Report", "build_report", "occupancy_cell", "render_figures"]

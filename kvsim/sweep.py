@@ -22,9 +22,11 @@ completion, so every executor gives byte-identical outputs.
 
 Outputs (``OUT/``): ``results.parquet`` (one row per cell, :func:`results_columns`),
 ``summary.json`` (per capacity: the best policy by HBM hit rate and by p99 step latency,
-each policy's gap to belady), ``cells/`` (the cache), and with ``curves=True``
-``curves.parquet`` (one-pass lru/belady hit-rate curves, :mod:`kvsim.mrc`).  No wall-clock
-time reaches any file.
+each policy's gap to belady), ``occupancy.parquet`` (each cell's tier occupancy over time,
+at most :data:`OCCUPANCY_MAX_POINTS` points per cell, :func:`occupancy_series`),
+``cells/`` (the cache: ``<key>.json`` and ``<key>.occupancy.parquet``), and with
+``curves=True`` ``curves.parquet`` (one-pass lru/belady hit-rate curves, :mod:`kvsim.mrc`).
+No wall-clock time reaches any file.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,8 +57,14 @@ LATENCY_QUANTILES: tuple[float, ...] = tuple(sorted(set(
 #: Policy run in every capacity group as the offline bound (when ``bound=True``).
 BOUND_POLICY = "belady"
 EXECUTORS = ("local", "ray")
-#: Bumped when the row format changes (part of every cell key).
-ROW_FORMAT = 1
+#: Bumped when the row format changes (part of every cell key).  2: cells carry an
+#: occupancy series (``cells/<key>.occupancy.parquet``).
+ROW_FORMAT = 2
+
+#: Most points of a cell's occupancy series.  A report panel is about 1,000-1,500 pixels
+#: wide, so 2,000 points draw every pixel column while a cell's series stays ~100 KB
+#: (a Mooncake replay has ~10^5-10^6 steps; one row per step would be 10-100x larger).
+OCCUPANCY_MAX_POINTS = 2000
 
 #: Sources a cell's result depends on (relative to the repository / package roots).
 _FINGERPRINT_GLOBS = ("sim/*.py", "memory/*.py", "policy_api.py", "policy_registry.py",
@@ -175,8 +184,40 @@ def _quantiles(values: np.ndarray) -> list[float]:
     return [float(x) for x in np.quantile(v, LATENCY_QUANTILES)]
 
 
-def run_cell(trace: str, policy: str, config: SimConfig, facts=None) -> dict:
-    """Replay one cell; returns its row (summary + quantiles; no key or coordinates)."""
+def occupancy_series(steps: pd.DataFrame,
+                     max_points: int = OCCUPANCY_MAX_POINTS) -> pd.DataFrame:
+    """A replay's per-step occupancy (``SimResult.steps``) downsampled to at most
+    ``max_points`` rows: windows of ``ceil(steps / max_points)`` consecutive steps, each
+    occupancy column the MAXIMUM over its window (a spike to capacity survives any
+    downsampling; a mean would hide it).  Columns: ``step_first``, ``step_last``,
+    ``start_us`` (start of the window's first step), ``end_us`` (end of its last step:
+    start + latency), then the ``*_blocks`` occupancy columns the steps table has
+    (:data:`kvsim.sim.metrics.OCCUPANCY_COLUMNS`), int64.  With at most ``max_points``
+    steps every row is one step."""
+    from kvsim.sim.metrics import OCCUPANCY_COLUMNS
+
+    if max_points < 1:
+        raise bad_value(None, None, "max_points", "an integer >= 1", max_points)
+    occ = [c for c in OCCUPANCY_COLUMNS if c in steps]
+    n = len(steps)
+    width = max(1, math.ceil(n / max_points))
+    starts = np.arange(0, n, width)
+    step = steps["step"].to_numpy(np.int64)
+    start_us = steps["start_us"].to_numpy(np.float64)
+    end_us = start_us + steps["latency_us"].to_numpy(np.float64)
+    last = np.minimum(starts + width, n) - 1
+    out = {"step_first": step[starts], "step_last": step[last],
+           "start_us": start_us[starts], "end_us": end_us[last]}
+    for c in occ:
+        v = steps[c].to_numpy(np.int64)
+        out[c] = np.maximum.reduceat(v, starts) if n else v[:0]
+    return pd.DataFrame(out)
+
+
+def _run_cell_full(trace: str, policy: str, config: SimConfig, facts=None
+                   ) -> tuple[dict, pd.DataFrame]:
+    """Replay one cell: its row (summary + quantiles; no key or coordinates) and its
+    occupancy series (:func:`occupancy_series`)."""
     from kvsim.sim.replay import simulate
 
     res = simulate(trace, policy, config, facts=facts)
@@ -184,16 +225,21 @@ def run_cell(trace: str, policy: str, config: SimConfig, facts=None) -> dict:
     row["step_latency_q_us"] = _quantiles(res.steps["latency_us"].to_numpy(np.float64))
     row["ttft_q_us"] = _quantiles(res.requests["ttft_us"].to_numpy(np.float64))
     row["block_bytes"] = int(res.config.get("block_bytes", 0))
-    return row
+    return row, occupancy_series(res.steps)
+
+
+def run_cell(trace: str, policy: str, config: SimConfig, facts=None) -> dict:
+    """Replay one cell; returns its row (summary + quantiles; no key or coordinates)."""
+    return _run_cell_full(trace, policy, config, facts)[0]
 
 
 _WORKER: dict = {}
 
 
-def _pool_cell(index: int) -> tuple[int, dict]:
+def _pool_cell(index: int) -> tuple[int, dict, pd.DataFrame]:
     trace, cells, facts = _WORKER["args"]
     policy, config = cells[index]
-    return index, run_cell(trace, policy, config, facts)
+    return (index, *_run_cell_full(trace, policy, config, facts))
 
 
 def _ray_task():
@@ -201,7 +247,7 @@ def _ray_task():
 
     @ray.remote
     def cell(trace, policy, config, facts, index):
-        return index, run_cell(trace, policy, config, facts)
+        return (index, *_run_cell_full(trace, policy, config, facts))
 
     return cell
 
@@ -223,25 +269,51 @@ class SweepResult:
     cells: int
     computed: int
     cached: int
+    occupancy_path: Path | None = None
 
 
 def _cell_path(out_dir: Path, key: str) -> Path:
     return out_dir / "cells" / f"{key}.json"
 
 
-def _read_cell(path: Path) -> dict | None:
+def _occupancy_path(cell_path: Path) -> Path:
+    return cell_path.with_name(cell_path.stem + ".occupancy.parquet")
+
+
+def _read_cell(path: Path) -> tuple[dict, pd.DataFrame] | None:
+    """A cached cell's row and occupancy series; None (recompute) if either is missing or
+    unreadable (atomic writes make that rare: a kill between the two files)."""
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
-    except (OSError, ValueError):
-        return None  # missing or unreadable: recompute (atomic writes make this rare)
-    return data.get("row") if isinstance(data, dict) else None
+        occ = pd.read_parquet(_occupancy_path(path))
+    except Exception:  # OSError, ValueError, pyarrow's errors on a damaged file
+        return None
+    row = data.get("row") if isinstance(data, dict) else None
+    return None if row is None else (row, occ)
 
 
-def _write_cell(path: Path, key: str, row: dict) -> None:
+def _write_cell(path: Path, key: str, row: dict, occ: pd.DataFrame) -> None:
+    """The occupancy file first, then the JSON: a JSON file means the cell is complete."""
+    with atomic_output(_occupancy_path(path)) as tmp:
+        occ.to_parquet(tmp, index=False)
     with atomic_output(path) as tmp:
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump({"key": key, "row_format": ROW_FORMAT, "row": row}, fh, sort_keys=True)
+
+
+def _occupancy_table(cells, keys, series) -> pd.DataFrame:
+    """Every cell's occupancy series, grid order, with the cell's key and coordinates."""
+    parts = []
+    for (policy, cfg), key, occ in zip(cells, keys, series):
+        head = pd.DataFrame({
+            "cell": [key] * len(occ), "policy": [policy] * len(occ),
+            "hbm_gb": np.full(len(occ), float(cfg.hbm_gb)),
+            "dram_gb": np.full(len(occ), np.nan if cfg.dram_gb is None
+                               else float(cfg.dram_gb)),
+            "point": np.arange(len(occ), dtype=np.int64)})
+        parts.append(pd.concat([head, occ.reset_index(drop=True)], axis=1))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
 def results_columns() -> list[str]:
@@ -371,7 +443,10 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, jobs: int | None = None,
     fingerprint = code_fingerprint()
     cells = spec.cells()
     keys = [cell_key(trace_sha, p, c, fingerprint) for p, c in cells]
-    rows: list[dict | None] = [_read_cell(_cell_path(out_dir, k)) for k in keys]
+    cached = [_read_cell(_cell_path(out_dir, k)) for k in keys]
+    rows: list[dict | None] = [None if c is None else c[0] for c in cached]
+    series: list[pd.DataFrame | None] = [None if c is None else c[1] for c in cached]
+    del cached
     todo = [i for i, r in enumerate(rows) if r is None]
     total = len(cells)
     done = 0
@@ -381,10 +456,11 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, jobs: int | None = None,
             if on_cell:
                 on_cell(done, total, cells[i][0], True)
 
-    def finished(i: int, row: dict) -> None:
+    def finished(i: int, row: dict, occ: pd.DataFrame) -> None:
         nonlocal done
-        _write_cell(_cell_path(out_dir, keys[i]), keys[i], row)
+        _write_cell(_cell_path(out_dir, keys[i]), keys[i], row, occ)
         rows[i] = row
+        series[i] = occ
         done += 1
         if on_cell:
             on_cell(done, total, cells[i][0], False)
@@ -400,7 +476,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, jobs: int | None = None,
             _run_ray(trace, cells, todo, facts, jobs, ray_address, finished)
         elif jobs == 1 or len(todo) == 1:
             for i in todo:
-                finished(i, run_cell(trace, cells[i][0], cells[i][1], facts))
+                finished(i, *_run_cell_full(trace, cells[i][0], cells[i][1], facts))
         else:
             _run_pool(trace, cells, todo, facts, jobs, finished)
     table = _build_table(spec, cells, keys, rows, trace_sha, fingerprint)
@@ -411,6 +487,9 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, jobs: int | None = None,
         table.to_parquet(tmp, index=False)
     with atomic_output(summary_path) as tmp:
         tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    occupancy_path = out_dir / "occupancy.parquet"
+    with atomic_output(occupancy_path) as tmp:
+        _occupancy_table(cells, keys, series).to_parquet(tmp, index=False)
     curves_path = None
     if curves:
         from kvsim.mrc import block_stream, hit_curve
@@ -422,7 +501,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, jobs: int | None = None,
         with atomic_output(curves_path) as tmp:
             df.to_parquet(tmp, index=False)
     return SweepResult(table, summary, out_dir, results_path, summary_path, curves_path,
-                       total, len(todo), total - len(todo))
+                       total, len(todo), total - len(todo), occupancy_path)
 
 
 def _run_pool(trace, cells, todo, facts, jobs, finished) -> None:
@@ -435,8 +514,7 @@ def _run_pool(trace, cells, todo, facts, jobs, finished) -> None:
         with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx) as ex:
             futures = [ex.submit(_pool_cell, i) for i in todo]
             for fut in as_completed(futures):
-                i, row = fut.result()
-                finished(i, row)
+                finished(*fut.result())
     finally:
         _WORKER.clear()
 
@@ -462,8 +540,7 @@ def _run_ray(trace, cells, todo, facts, jobs, address, finished) -> None:
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             for ref in ready:
-                i, row = ray.get(ref)
-                finished(i, row)
+                finished(*ray.get(ref))
     finally:
         if started:
             ray.shutdown()
@@ -490,6 +567,24 @@ def load_results(path: str | Path) -> pd.DataFrame:
     return df
 
 
-__all__ = ["BOUND_POLICY", "EXECUTORS", "LATENCY_QUANTILES", "SweepResult", "SweepSpec",
-           "cell_key", "code_fingerprint", "curve_capacities", "file_sha256", "load_results",
+def load_occupancy(path: str | Path) -> pd.DataFrame | None:
+    """A sweep's occupancy table (``occupancy.parquet`` beside ``results.parquet``; ``path``
+    is either file or the sweep directory), or None when the sweep has none (made by a
+    kvsim without occupancy series).  Raises KvsimInputError on an unreadable file."""
+    p = Path(path)
+    if not p.is_dir():
+        p = p.parent
+    p = p / "occupancy.parquet"
+    if not p.is_file():
+        return None
+    try:
+        return pd.read_parquet(p)
+    except Exception as exc:  # pyarrow raises several types for a corrupt file
+        raise KvsimInputError(f"expected a Parquet occupancy table, could not read it "
+                              f"({type(exc).__name__})", p, None, None) from None
+
+
+__all__ = ["BOUND_POLICY", "EXECUTORS", "LATENCY_QUANTILES", "OCCUPANCY_MAX_POINTS",
+           "SweepResult", "SweepSpec", "cell_key", "code_fingerprint", "curve_capacities",
+           "file_sha256", "load_occupancy", "load_results", "occupancy_series",
            "results_columns", "run_cell", "run_sweep"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from kvsim.memory.fast import S_N_CAND, S_N_HELD  # the HBM pool's scalars (st.sc)
 from kvsim.sim import tiers as tr
 from kvsim.sim.layout import *  # noqa: F401,F403  (column names of the state arrays)
 
@@ -92,8 +93,14 @@ def _below(T1, T2, T3, h):
 
 
 @njit(cache=True)
-def _finalize_step(C, R_i, R_f, S, P):
-    """Close the current step: latency, clock, and the tokens its requests produced."""
+def _finalize_step(C, R_i, R_f, S, P, sc=None):
+    """Close the current step: latency, clock, the tokens its requests produced, and each
+    tier's occupancy as the step ends (``S_USED + t``, ``S_HBM_CACHED``).
+
+    ``sc`` is the HBM pool's scalar array ``st.sc`` (held and cached counts).  Without it
+    the held count comes from ``C[C_HBM_USED]`` (kept current by the core after every pool
+    operation) and the cached count is recorded as -1 (unknown): the core must pass
+    ``st.sc`` for the cached column."""
     lat = C[C_STEP_DUR_US] - C[C_STEP_SAVED_US]
     if lat < 0.0:
         lat = 0.0
@@ -108,6 +115,15 @@ def _finalize_step(C, R_i, R_f, S, P):
     S[k, S_SAVED_US] = min(C[C_STEP_SAVED_US], C[C_STEP_DUR_US])
     S[k, S_DURATION_US] = C[C_STEP_DUR_US]
     S[k, S_EXTRA_US] = C[C_STEP_EXTRA_US]
+    if sc is None:
+        S[k, S_USED] = C[C_USED]
+        S[k, S_HBM_CACHED] = -1.0
+    else:
+        S[k, S_USED] = sc[S_N_HELD]
+        S[k, S_HBM_CACHED] = sc[S_N_CAND]
+    S[k, S_USED + 1] = C[C_USED + 1]
+    S[k, S_USED + 2] = C[C_USED + 2]
+    S[k, S_USED + 3] = C[C_USED + 3]
     C[C_NSTEP_BUF] = k + 1
     C[M_SAVED_US] += min(C[C_STEP_SAVED_US], C[C_STEP_DUR_US])
     for j in range(int(C[C_NPEND])):

@@ -116,7 +116,10 @@ C_WARM_DONE = 13  # 1 once the warm-up snapshot was taken
 C_WARM_US = 14  # engine time of the first measured step
 C_ALLOC_ORD = 18  # ALLOCATE rows seen (ordinal for next_use)
 C_ARENA_TOP = 19
-C_HBM_USED = 20  # HBM blocks held by requests (cached ones are reclaimable)
+C_USED = 20  # occupancy now: +0 HBM blocks held by requests (cached ones are reclaimable,
+#              not counted), +1..+3 resident blocks of DRAM, CXL, NVMe (= that tier's
+#              Lm[LM_USED], copied by tier_ops.spill_into, the only code that changes it)
+C_HBM_USED = C_USED
 C_PEAK = 24  # +0: peak HBM blocks held; +1..+3: peak resident blocks of DRAM, CXL, NVMe
 C_MAX_BT = 28  # largest block table seen (log buffer sizing)
 C_IN_STEP = 29  # 1 once a STEP row was seen
@@ -215,7 +218,12 @@ S_STALL_US = 3
 S_SAVED_US = 4
 S_DURATION_US = 5
 S_EXTRA_US = 6
-NS = 7
+# occupancy when the step closes (blocks): +0 HBM held by requests, +1..+3 resident in
+# DRAM, CXL, NVMe; S_HBM_CACHED: HBM cached candidates (ref 0, hashed), -1 when the core
+# does not pass the pool's scalars to _finalize_step (see kvsim.sim.bookkeeping)
+S_USED = 7
+S_HBM_CACHED = 11
+NS = 12
 
 TIER_NAMES = ("hbm", "dram", "cxl", "nvme")
 

@@ -36,11 +36,32 @@ SUMMARY_KEYS = (
 STEP_COLUMNS = ("step", "start_us", "latency_us", "stall_us", "saved_us", "duration_us",
                 "extra_us")
 
+#: Occupancy columns of the step table (blocks, as each step ends), in order, and the
+#: step-buffer column each comes from.  ``hbm_used_blocks``: HBM blocks held by running
+#: requests; ``hbm_cached_blocks``: HBM blocks cached as eviction candidates (ref count 0,
+#: hashed); ``<tier>_used_blocks``: resident blocks of a lower tier.
+OCCUPANCY_COLUMNS = ("hbm_used_blocks", "hbm_cached_blocks", "dram_used_blocks",
+                     "cxl_used_blocks", "nvme_used_blocks")
+_OCCUPANCY_SRC = (L.S_USED, L.S_HBM_CACHED, L.S_USED + 1, L.S_USED + 2, L.S_USED + 3)
 
-def step_table(S: np.ndarray) -> pd.DataFrame:
-    """One row per engine step: start, latency and its parts (microseconds)."""
-    df = pd.DataFrame(S, columns=list(STEP_COLUMNS))
+
+def step_table(S: np.ndarray, block_bytes: int = 0) -> pd.DataFrame:
+    """One row per engine step: start, latency and its parts (microseconds), then each
+    tier's occupancy when the step ends (:data:`OCCUPANCY_COLUMNS`, int64 blocks) and,
+    with ``block_bytes`` > 0, the same in bytes (``*_bytes`` = blocks x block_bytes, the
+    allocation unit).  ``hbm_cached_blocks`` (and its bytes) is left out when the core did
+    not record it (-1 in the step buffer: see kvsim.sim.bookkeeping._finalize_step)."""
+    df = pd.DataFrame(S[:, :len(STEP_COLUMNS)], columns=list(STEP_COLUMNS))
     df["step"] = df["step"].astype(np.int64)
+    for name, col in zip(OCCUPANCY_COLUMNS, _OCCUPANCY_SRC):
+        v = S[:, col].astype(np.int64)
+        if name == "hbm_cached_blocks" and (v < 0).any():
+            continue  # not recorded by this core
+        df[name] = v
+    if block_bytes > 0:
+        for name in OCCUPANCY_COLUMNS:
+            if name in df:
+                df[name[: -len("blocks")] + "bytes"] = df[name] * np.int64(block_bytes)
     return df
 
 

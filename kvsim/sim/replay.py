@@ -451,7 +451,7 @@ def simulate(trace_path: str | Path, policy, config: SimConfig | None = None,
     if writer is not None:
         writer.__exit__(None, None, None)
     checks = run.check() if config.check_invariants else {}
-    steps = step_table(run.steps())
+    steps = step_table(run.steps(), block_bytes)
     requests = request_table(run.R_i, run.R_f, facts.max_request_id + 1)
     warm = run.C[L.C_WARM_DONE] != 0
     summary = summarize(pol.name, pol.offline, run.C, run.Cw if warm else None,

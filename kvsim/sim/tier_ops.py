@@ -9,7 +9,8 @@ and invariants: :mod:`kvsim.sim.tiers`.
 from numba import njit
 
 from kvsim.sim.layout import (LI_BI, LI_OWNER, LI_STATE, LI_TOKENS, LM_CAP, LM_FREE_TOP,
-                              LM_USED, M_BYTES_DOWN, M_DEMOTE, M_EVICT, C_PEAK, K_LOG)
+                              LM_USED, M_BYTES_DOWN, M_DEMOTE, M_EVICT, C_PEAK, C_USED,
+                              K_LOG)
 from kvsim.sim.tiers import copy_view, hash_del, hash_put, log_candidates, log_row
 from kvsim.policies.lru import on_hit, on_insert, on_remove, victim  # HOOKS
 
@@ -80,7 +81,11 @@ def spill_into(T, src, s, ow, bi, tok, has_below, k, TMP, TMP_i, K, C, G, step, 
                alt_b, alt_s, vo):
     """Write block ``src[s]`` into tier T.  If T had to evict, its victim is copied into
     ``TMP[k]`` (logged as DEMOTE when ``has_below``, else EVICT) and 1 is returned when it
-    should go on down."""
+    should go on down.
+
+    The only caller of :func:`take_slot` and :func:`fill`, so the only code that changes
+    ``Lm[LM_USED]``: it mirrors the new count into ``C[C_USED + t]`` (and the peak), which
+    the step close copies into the step table (per-step occupancy)."""
     t = T[5][0]
     slot = take_slot(T, now_us, alt_b, alt_s, vo)
     if slot < 0:
@@ -112,6 +117,7 @@ def spill_into(T, src, s, ow, bi, tok, has_below, k, TMP, TMP_i, K, C, G, step, 
     fill(T, slot, src, s, ow, bi, tok, now_us)
     C[M_BYTES_DOWN + t] += src.size_bytes[s]
     used = T[5][LM_USED]
+    C[C_USED + t] = used
     if used > C[C_PEAK + t]:
         C[C_PEAK + t] = used
     return moved

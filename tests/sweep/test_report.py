@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from kvsim.errors import KvsimInputError
-from kvsim.report import FIGURES, build_report
+from kvsim.report import FIGURES, build_report, fig_occupancy_time
+from kvsim.sweep import load_occupancy
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -40,6 +41,54 @@ def test_html_is_self_contained_with_every_figure(small_sweep, tmp_path):
         img = _png_pixels(p)
         assert img.shape[0] >= 300 and img.shape[1] >= 400
         assert img[..., :3].std() > 0.05  # not blank: lines and text on a white page
+
+
+def test_occupancy_over_time_draws_each_policy_series(small_sweep, tmp_path):
+    table, occ = small_sweep.table, load_occupancy(small_sweep.out_dir)
+    fig = fig_occupancy_time(table, occ)  # default cell: the smallest HBM size, 0.06 GB
+    titles = [ax.get_title() for ax in fig.axes if ax.axison]
+    assert titles[0] == "HBM: held by running requests\n(capacity 28 blocks)"
+    assert titles[1].startswith("DRAM: resident\n(capacity ")
+    assert fig._suptitle.get_text() == "HBM 0.06 GB, DRAM: profile default"
+    for ax, col in ((fig.axes[0], "hbm_used_blocks"), (fig.axes[1], "dram_used_blocks")):
+        lines = {ln.get_label(): ln for ln in ax.get_lines()}
+        for pol in ("lru", "belady"):  # a line per policy: exactly its cell's series
+            key = table[(table.policy == pol) & (table.hbm_gb == 0.06)]["cell"].iloc[0]
+            s = occ[occ.cell == key].sort_values("point")
+            assert np.array_equal(lines[pol].get_ydata(), s[col].to_numpy())
+            assert np.allclose(lines[pol].get_xdata(), s["end_us"].to_numpy() / 1e6)
+    # HBM held reaches its 28-block capacity: the capacity line is drawn there
+    cap = {ln.get_label(): ln for ln in fig.axes[0].get_lines()}["capacity"]
+    assert list(cap.get_ydata()) == [28, 28]
+    # another cell on request
+    fig2 = fig_occupancy_time(table, occ, hbm_gb=0.2)
+    assert fig2._suptitle.get_text().startswith("HBM 0.2 GB")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    plt.close(fig2)
+
+
+def test_report_names_the_occupancy_cell_and_rejects_unknown_ones(small_sweep, tmp_path):
+    rep = build_report(small_sweep.out_dir, tmp_path / "r.html", occupancy_hbm_gb=0.2)
+    text = rep.html_path.read_text(encoding="utf-8")
+    assert "<h2>Tier occupancy over time</h2>" in text
+    assert "Cell: HBM 0.2 GB, the profile&#x27;s DRAM" in text
+    with pytest.raises(KvsimInputError, match="occupancy_hbm_gb.*0.06, 0.2 GB"):
+        build_report(small_sweep.out_dir, tmp_path / "bad.html", occupancy_hbm_gb=0.1)
+    with pytest.raises(KvsimInputError, match="occupancy_dram_gb"):
+        build_report(small_sweep.out_dir, tmp_path / "bad.html", occupancy_dram_gb=64)
+    assert not (tmp_path / "bad.html").exists()
+
+
+def test_report_of_a_sweep_without_occupancy_series(small_sweep, tmp_path):
+    # results.parquet alone (a sweep made before occupancy series): the page still builds,
+    # the figure says how to get the series
+    shutil.copy(small_sweep.results_path, tmp_path / "results.parquet")
+    rep = build_report(tmp_path / "results.parquet", tmp_path / "r.html")
+    text = rep.html_path.read_text(encoding="utf-8")
+    assert text.count("<svg") == len(FIGURES)
+    assert "No occupancy series in this sweep" in text
 
 
 def test_report_is_deterministic(small_sweep, tmp_path):

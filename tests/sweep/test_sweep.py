@@ -14,7 +14,7 @@ from kvsim.mrc import block_stream, hit_curve
 from kvsim.sim.config import SimConfig
 from kvsim.sim.replay import simulate
 from kvsim.sweep import (LATENCY_QUANTILES, SweepSpec, cell_key, code_fingerprint,
-                         results_columns, run_sweep)
+                         load_occupancy, occupancy_series, results_columns, run_sweep)
 
 from .conftest import BASE, HBM_GB, SAMPLE, small_spec
 
@@ -74,7 +74,7 @@ def test_resume_recomputes_only_missing_cells_and_pool_is_identical(tmp_path, sm
     assert (full.computed, full.cached) == (2, 2)
     again = run_sweep(small_spec(), tmp_path, jobs=2)
     assert (again.computed, again.cached) == (0, 4)
-    for name in ("results.parquet", "summary.json"):
+    for name in ("results.parquet", "summary.json", "occupancy.parquet"):
         assert (tmp_path / name).read_bytes() == (small_sweep.out_dir / name).read_bytes()
 
 
@@ -83,8 +83,63 @@ def test_ray_executor_gives_identical_results(tmp_path, small_sweep):
                         "(pip install 'kvsim[ray]')")
     res = run_sweep(small_spec(), tmp_path, jobs=2, executor="ray")
     assert res.computed == 4
-    assert (tmp_path / "results.parquet").read_bytes() == \
-        (small_sweep.out_dir / "results.parquet").read_bytes()
+    for name in ("results.parquet", "occupancy.parquet"):
+        assert (tmp_path / name).read_bytes() == (small_sweep.out_dir / name).read_bytes()
+
+
+def test_occupancy_series_is_max_over_windows():
+    steps = pd.DataFrame({"step": np.arange(10, 15), "start_us": [0.0, 10, 20, 30, 40],
+                          "latency_us": [5.0, 5, 5, 5, 7],
+                          "hbm_used_blocks": [1, 4, 2, 0, 3],
+                          "dram_used_blocks": [0, 0, 9, 9, 8]})
+    # 5 steps in at most 2 points: windows of ceil(5 / 2) = 3 steps -> [10..12], [13..14]
+    occ = occupancy_series(steps, max_points=2)
+    assert occ["step_first"].tolist() == [10, 13] and occ["step_last"].tolist() == [12, 14]
+    assert occ["start_us"].tolist() == [0.0, 30.0] and occ["end_us"].tolist() == [25.0, 47.0]
+    assert occ["hbm_used_blocks"].tolist() == [4, 3]
+    assert occ["dram_used_blocks"].tolist() == [9, 9]
+    assert "hbm_cached_blocks" not in occ  # not in the steps table: not invented
+    # few steps: one row per step, values unchanged
+    one = occupancy_series(steps)
+    assert one["hbm_used_blocks"].tolist() == [1, 4, 2, 0, 3]
+    assert one["step_first"].tolist() == one["step_last"].tolist() == list(range(10, 15))
+    assert len(occupancy_series(steps.iloc[:0])) == 0
+    # at most max_points rows for any length
+    big = pd.DataFrame({"step": np.arange(4001), "start_us": np.arange(4001.0),
+                        "latency_us": np.ones(4001), "hbm_used_blocks": np.arange(4001)})
+    occ = occupancy_series(big)
+    assert len(occ) == 1334  # windows of ceil(4001 / 2000) = 3 steps
+    assert occ["hbm_used_blocks"].iloc[-1] == 4000 and occ["hbm_used_blocks"].iloc[0] == 2
+
+
+def test_occupancy_table_matches_each_cell_replay(small_sweep):
+    occ = load_occupancy(small_sweep.out_dir)
+    assert small_sweep.occupancy_path == small_sweep.out_dir / "occupancy.parquet"
+    t = small_sweep.table
+    assert occ["cell"].unique().tolist() == t["cell"].tolist()  # grid order
+    res = simulate(SAMPLE, "lru", replace(BASE, hbm_gb=0.06))
+    key = t[(t.policy == "lru") & (t.hbm_gb == 0.06)]["cell"].iloc[0]
+    mine = occ[occ["cell"] == key].drop(columns=["cell", "policy", "hbm_gb", "dram_gb",
+                                                  "point"]).reset_index(drop=True)
+    assert mine.equals(occupancy_series(res.steps))
+    assert len(mine) == min(len(res.steps), 2000)
+    for tier in ("hbm", "dram", "cxl", "nvme"):
+        g = occ.merge(t[["cell", f"{tier}_capacity_blocks", f"peak_{tier}_blocks"]], on="cell")
+        assert (g[f"{tier}_used_blocks"] <= g[f"{tier}_capacity_blocks"]).all()
+        assert (g[f"{tier}_used_blocks"] <= g[f"peak_{tier}_blocks"]).all()
+    assert occ["dram_used_blocks"].max() > 0  # the small HBM spilled to DRAM
+    # each cell's cache holds its series beside its JSON
+    assert len(list((small_sweep.out_dir / "cells").glob("*.occupancy.parquet"))) == 4
+
+
+def test_cell_without_occupancy_file_is_recomputed(tmp_path):
+    first = run_sweep(small_spec(policies=("lru",), hbm=(0.06,)), tmp_path, jobs=1)
+    assert first.computed == 2
+    victim = next((tmp_path / "cells").glob("*.occupancy.parquet"))
+    victim.unlink()  # as if killed between the two files of a cell
+    again = run_sweep(small_spec(policies=("lru",), hbm=(0.06,)), tmp_path, jobs=1)
+    assert (again.computed, again.cached) == (1, 1)
+    assert victim.is_file()
 
 
 def test_cell_key_depends_on_trace_policy_config_code():
