@@ -12,9 +12,9 @@ import typer
 
 from kvsim.cli import app
 from kvsim.cli.common import JsonOption, emit_json, out_console
-from kvsim.cli.importing import (BlockSizeOption, HardwareOption, MaxSeqsOption,
-                                 MaxTokensOption, ModelOption, render_summary,
-                                 run_with_progress)
+from kvsim.cli.importing import (BlockSizeOption, GpuMemUtilOption, HardwareOption,
+                                 MaxSeqsOption, MaxTokensOption, ModelOption,
+                                 NumGpuBlocksOption, render_summary, run_with_progress)
 from kvsim.workload import generate, list_profiles, load_profile
 
 
@@ -43,6 +43,8 @@ def generate_command(
     block_size: BlockSizeOption = 16,
     max_num_seqs: MaxSeqsOption = 256,
     max_num_batched_tokens: MaxTokensOption = 8192,
+    num_gpu_blocks: NumGpuBlocksOption = None,
+    gpu_memory_utilization: GpuMemUtilOption = None,
     list_: Annotated[bool, typer.Option(
         "--list", callback=_list_callback, is_eager=True,
         help="List the bundled profiles with their descriptions and exit.")] = False,
@@ -54,7 +56,8 @@ def generate_command(
     summary = run_with_progress(
         "generating", generate, profile=profile, num_requests=requests, seed=seed,
         out_path=out, model=model, hardware=hardware, block_size_tokens=block_size,
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        num_gpu_blocks=num_gpu_blocks, gpu_memory_utilization=gpu_memory_utilization)
     if json_:
         emit_json(summary)
     else:

@@ -30,6 +30,15 @@ MaxSeqsOption = Annotated[int, typer.Option(
 MaxTokensOption = Annotated[int, typer.Option(
     "--max-num-batched-tokens", min=1, help="Token budget of one engine step; prompts "
     "longer than what is left are prefilled in chunks (vLLM max_num_batched_tokens).")]
+NumGpuBlocksOption = Annotated[Optional[int], typer.Option(
+    "--num-gpu-blocks", min=1, help="KV block budget of the scheduler (vLLM "
+    "num_gpu_blocks): a request is admitted only while its new prompt blocks fit, "
+    "keeping a 1% watermark free.  Default: the replay's default HBM pool, (GPU memory x "
+    "--gpu-memory-utilization - weights) / block bytes.", show_default=False)]
+GpuMemUtilOption = Annotated[Optional[float], typer.Option(
+    "--gpu-memory-utilization", min=0.0, max=1.0, help="Fraction of GPU memory for "
+    "weights + KV when --num-gpu-blocks is derived (vLLM's default 0.9, the same as "
+    "kvsim simulate's option).", show_default=False)]
 
 
 def run_with_progress(label: str, fn, **kwargs) -> ImportSummary:
@@ -63,6 +72,18 @@ def render_summary(s: ImportSummary) -> None:
         ("prefix reuse (infinite cache)", f"{s.prefix_reuse_fraction:.4f}"),
         ("makespan (s)", f"{s.makespan_us / 1e6:,.3f}"),
     ]
+    if s.num_gpu_blocks:
+        rows += [
+            ("KV block budget (watermark)", f"{s.num_gpu_blocks:,} ({s.watermark_blocks:,})"),
+            ("max held blocks", f"{s.max_held_blocks:,}"),
+            ("max running sequences", f"{s.max_running_seqs:,}"),
+            ("decode stalls / blocked admission steps",
+             f"{s.decode_stalls:,} / {s.admission_blocked_steps:,}"),
+            ("forced over-budget decodes", f"{s.forced_decodes:,}"),
+        ]
+    if s.dropped_requests:
+        detail = ", ".join(f"{k} {v}" for k, v in s.dropped_requests_by_reason.items())
+        rows.append(("dropped requests", f"{s.dropped_requests:,} ({detail})"))
     if s.dropped_events or s.format == "kvmi":
         detail = ", ".join(f"{k} {v}" for k, v in s.dropped_by_type.items())
         rows.append(("dropped kvmi decisions", f"{s.dropped_events:,}"
@@ -88,6 +109,8 @@ def import_request_trace_command(
     block_size: BlockSizeOption = 16,
     max_num_seqs: MaxSeqsOption = 256,
     max_num_batched_tokens: MaxTokensOption = 8192,
+    num_gpu_blocks: NumGpuBlocksOption = None,
+    gpu_memory_utilization: GpuMemUtilOption = None,
     map_: Annotated[Optional[str], typer.Option(
         "--map", help="Column mapping for the generic reader, e.g. "
         "'arrival_ms=ts,prompt_tokens=in,output_tokens=out' (implies --format generic).",
@@ -123,7 +146,8 @@ def import_request_trace_command(
         block_size_tokens=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, arrival_rate=arrival_rate,
         concurrency=concurrency, seed=seed, trace_block_tokens=trace_block_size,
-        kvmi_step_us=kvmi_step_us)
+        kvmi_step_us=kvmi_step_us, num_gpu_blocks=num_gpu_blocks,
+        gpu_memory_utilization=gpu_memory_utilization)
     if json_:
         emit_json(summary)
     else:

@@ -70,10 +70,14 @@ def import_request_trace(path: str | Path, out_path: str | Path, *, format: str 
                          arrival_rate: float | None = None, concurrency: int | None = None,
                          seed: int = 0, trace_block_tokens: int = 16,
                          kvmi_step_us: int | None = None,
+                         num_gpu_blocks: int | None = None,
+                         gpu_memory_utilization: float | None = None,
                          progress: Callable[[int, int], None] | None = None,
                          ) -> ImportSummary:
     """Read ``path`` and write its MemoryIntent events to ``out_path`` (Parquet, or JSONL
-    when the name ends in .jsonl).  Same inputs and arguments -> byte-identical output."""
+    when the name ends in .jsonl).  Same inputs and arguments -> byte-identical output.
+    ``num_gpu_blocks`` / ``gpu_memory_utilization``: the scheduler's KV block budget
+    (:func:`lower_requests`); kvmi files are translated, not scheduled, and ignore them."""
     fmt = format or ("generic" if mapping else detect_format(path))
     if fmt == "kvmi":
         from kvsim.ingest.kvmi import KVMI_STEP_US, convert_kvmi
@@ -85,4 +89,5 @@ def import_request_trace(path: str | Path, out_path: str | Path, *, format: str 
     return lower_requests(table, out_path, model=model, hardware=hardware,
                           block_size_tokens=block_size_tokens, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens, seed=seed,
-                          progress=progress)
+                          num_gpu_blocks=num_gpu_blocks,
+                          gpu_memory_utilization=gpu_memory_utilization, progress=progress)

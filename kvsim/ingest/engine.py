@@ -29,8 +29,11 @@ caching; schema rule 5) is a roofline (Williams, Waterman, Patterson, CACM 2009)
 ``recompute_cost_us`` of a block of ``m`` tokens at positions ``[a, a+m)`` is its prefill
 compute alone (prefill is compute-bound): ``(2 P m + 4 L d (m a + m (m+1) / 2)) / FLOP/s``.
 
-The lowering does **not** model memory capacity: it never preempts or refuses a request
-for lack of KV blocks.  Capacity, eviction and tiering are the replay's job.
+KV capacity (``num_gpu_blocks``, vLLM's name): the scheduler admits a request only while
+its prompt's new blocks fit the block budget (docs/importers.md "Engine model").  The
+default budget is the replay's default HBM pool, computed by the same function
+(:func:`default_num_gpu_blocks`): ``(gpu_memory_bytes x gpu_memory_utilization -
+weight_bytes) // block_bytes``.  Eviction, tiering and preemption remain the replay's job.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvsim.errors import KvsimInputError
+from kvsim.errors import KvsimInputError, bad_value
+from kvsim.sim.config import VLLM_GPU_MEMORY_UTILIZATION
 
 #: Per-step overhead (assumption, see the module docstring).
 DEFAULT_STEP_OVERHEAD_US = 500.0
@@ -55,6 +59,11 @@ CRITICAL_TPOT_US = 100_000
 #: Beam search: every this many decode steps the last beam is pruned and replaced by a
 #: fresh fork of the first beam (a deterministic stand-in for top-k beam re-selection).
 BEAM_PRUNE_INTERVAL_STEPS = 8
+#: vLLM's admission watermark: a request is admitted only if at least this fraction of the
+#: KV blocks stays free afterwards, so running sequences have room to grow (vLLM v0
+#: ``CacheConfig``/``BlockSpaceManager``: ``watermark: float = 0.01``,
+#: ``watermark_blocks = int(watermark * num_gpu_blocks)``).
+VLLM_WATERMARK = 0.01
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,14 @@ class EngineConfig:
     critical_tpot_us: int = CRITICAL_TPOT_US
     beam_prune_interval_steps: int = BEAM_PRUNE_INTERVAL_STEPS
     seed: int = field(default=0, metadata={"help": "seed of speculative-acceptance draws"})
+    num_gpu_blocks: int | None = field(default=None, metadata={
+        "help": "KV block budget of the scheduler (vLLM num_gpu_blocks); None = derived from "
+                "the hardware and model like the replay's default HBM pool"})
+    gpu_memory_utilization: float = field(default=VLLM_GPU_MEMORY_UTILIZATION, metadata={
+        "help": "fraction of GPU memory for weights + KV when num_gpu_blocks is derived "
+                "(vLLM's default 0.9; the replay's --gpu-memory-utilization)"})
+    watermark: float = field(default=VLLM_WATERMARK, metadata={
+        "help": "fraction of num_gpu_blocks kept free at admission (vLLM watermark 0.01)"})
 
     def __post_init__(self) -> None:
         for name, minimum in (("block_size_tokens", 1), ("max_num_seqs", 1),
@@ -85,6 +102,18 @@ class EngineConfig:
         if self.step_overhead_us < 0:
             raise KvsimInputError(f"expected >= 0, got {self.step_overhead_us}", None, None,
                                   "step_overhead_us")
+        g = self.num_gpu_blocks
+        if g is not None and (isinstance(g, bool) or not isinstance(g, int) or g < 1):
+            raise bad_value(None, None, "--num-gpu-blocks", "an integer >= 1", g)
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise bad_value(None, None, "--gpu-memory-utilization", "a fraction in (0, 1]",
+                            self.gpu_memory_utilization)
+        if not 0.0 <= self.watermark < 1.0:
+            raise bad_value(None, None, "watermark", "a fraction in [0, 1)", self.watermark)
+
+    def watermark_blocks(self, num_gpu_blocks: int) -> int:
+        """Blocks kept free at admission: ``int(watermark * num_gpu_blocks)`` (vLLM)."""
+        return int(self.watermark * num_gpu_blocks)
 
 
 @dataclass(frozen=True)
@@ -100,6 +129,12 @@ class StepCostModel:
     flops_per_us: float  # peak x achievable fraction / 1e6
     hbm_bytes_per_us: float  # bandwidth x achievable fraction / 1e6
     step_overhead_us: float
+    gpu_memory_bytes: int = 0
+    block_size_tokens: int = 16
+
+    @property
+    def block_bytes(self) -> int:
+        return self.kv_bytes_per_token * self.block_size_tokens
 
     def as_array(self) -> np.ndarray:
         """Packed for the compiled scheduler (order fixed by ``scheduler.P_*``)."""
@@ -122,8 +157,38 @@ class StepCostModel:
         return (2.0 * self.active_params * m + 4.0 * self.layers_x_hidden * attended) / self.flops_per_us
 
 
+def default_num_gpu_blocks(cost: StepCostModel, gpu_memory_utilization: float) -> int:
+    """The replay's default HBM pool in blocks, by the replay's own function
+    (:func:`kvsim.sim.cost_model.hbm_kv_capacity_bytes`, used by
+    ``kvsim.sim.replay.resolve_tiers``): ``(gpu_memory x utilization - weights) //
+    block_bytes``.  The ``1 - utilization`` share of GPU memory is the activation / CUDA
+    context reserve (vLLM's own profiling run measures it; kvsim.sim.config,
+    VLLM_GPU_MEMORY_UTILIZATION), so the lowering's budget and the replay's default pool
+    agree exactly."""
+    from kvsim.sim.cost_model import hbm_kv_capacity_bytes
+
+    return hbm_kv_capacity_bytes(cost.gpu_memory_bytes, int(cost.weight_bytes),
+                                 gpu_memory_utilization) // cost.block_bytes
+
+
+def resolve_num_gpu_blocks(cfg: EngineConfig, cost: StepCostModel) -> int:
+    """``cfg.num_gpu_blocks`` when given, else :func:`default_num_gpu_blocks`; raises
+    :class:`KvsimInputError` when the weights leave no room for a single block."""
+    if cfg.num_gpu_blocks is not None:
+        return int(cfg.num_gpu_blocks)
+    blocks = default_num_gpu_blocks(cost, cfg.gpu_memory_utilization)
+    if blocks < 1:
+        raise KvsimInputError(
+            f"expected GPU memory x {cfg.gpu_memory_utilization:g} to exceed the model "
+            f"weights by at least one KV block ({cost.block_bytes} bytes) on {cost.hardware}"
+            f" with {cost.model}; give a larger GPU or --num-gpu-blocks", None, None,
+            "--num-gpu-blocks")
+    return blocks
+
+
 def build_cost_model(model: str, hardware: str, kv_dtype: str | None = None,
-                     step_overhead_us: float = DEFAULT_STEP_OVERHEAD_US) -> StepCostModel:
+                     step_overhead_us: float = DEFAULT_STEP_OVERHEAD_US,
+                     block_size_tokens: int = 16) -> StepCostModel:
     """Load ``model`` (catalog name or config.json) and ``hardware`` (profile name or TOML).
 
     ``kv_dtype`` defaults to the model's serving dtype (bf16/fp16 KV, as vLLM's
@@ -148,4 +213,6 @@ def build_cost_model(model: str, hardware: str, kv_dtype: str | None = None,
         flops_per_us=hw.effective_flops_per_s / 1e6,
         hbm_bytes_per_us=hw.effective_hbm_bandwidth_bytes_per_s / 1e6,
         step_overhead_us=float(step_overhead_us),
+        gpu_memory_bytes=int(hw.gpu_memory_bytes),
+        block_size_tokens=int(block_size_tokens),
     )

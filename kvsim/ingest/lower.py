@@ -14,6 +14,13 @@ maps to exactly one ``ALLOCATE`` row.  A block is hashed only while every token 
 identified (``hashed_tokens``): Mooncake's partial last block keeps the hash its id gives
 (schema rule 4: the replay never shares it, ``kvsim inspect`` counts it); an agentic
 prompt's tail beyond its last full 64-token block has no hash.
+
+KV block budget: ``num_gpu_blocks`` (default: the replay's default HBM pool for the same
+model and hardware, :func:`kvsim.ingest.engine.default_num_gpu_blocks`).  A request whose
+prompt alone needs more than ``num_gpu_blocks - watermark`` blocks could never be admitted:
+it is dropped before lowering (vLLM v0's ``AllocStatus.NEVER``: the scheduler ignores it
+with a warning) and counted in ``dropped_requests`` with its reason; the remaining requests
+keep dense ids in arrival order.
 """
 
 from __future__ import annotations
@@ -26,12 +33,15 @@ import numpy as np
 
 from kvsim.errors import KvsimInputError
 from kvsim.ingest import scheduler as S
-from kvsim.ingest.engine import DEFAULT_STEP_OVERHEAD_US, EngineConfig, build_cost_model
+from kvsim.ingest.engine import (DEFAULT_STEP_OVERHEAD_US, EngineConfig, build_cost_model,
+                                 resolve_num_gpu_blocks)
 from kvsim.ingest.requests import RequestTable
 from kvsim.schema import EventHeader, EventKind, Phase
 
 #: Rows buffered before a chunk is handed to the writer (and Parquet row-group size).
 FLUSH_ROWS = 1 << 20
+#: ``dropped_requests_by_reason`` key of a request whose prompt can never fit the budget.
+DROP_PROMPT_EXCEEDS_KV = "prompt_exceeds_kv_blocks"
 
 
 @dataclass
@@ -59,13 +69,32 @@ class ImportSummary:
     makespan_us: int
     dropped_events: int = 0
     dropped_by_type: dict[str, int] = field(default_factory=dict)
+    #: KV block budget of the scheduler and the admission watermark (0 when not lowered)
+    num_gpu_blocks: int = 0
+    watermark_blocks: int = 0
+    #: most blocks held at once by running sequences (shared full prompt blocks once)
+    max_held_blocks: int = 0
+    #: most sequences running in one step (forks included)
+    max_running_seqs: int = 0
+    #: decode sequence-steps skipped because no KV block was free
+    decode_stalls: int = 0
+    #: steps whose admissions stopped because the head request's blocks did not fit
+    admission_blocked_steps: int = 0
+    #: steps in which the oldest waiting decode was forced over the budget because no
+    #: sequence could advance (a deadlock; vLLM would preempt, and so does the replay)
+    forced_decodes: int = 0
+    #: requests never lowered, by reason (``prompt_exceeds_kv_blocks``)
+    dropped_requests: int = 0
+    dropped_requests_by_reason: dict[str, int] = field(default_factory=dict)
 
 
 def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str = "llama-3-8b",
                    hardware: str = "h100-sxm", block_size_tokens: int = 16,
                    max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                    step_overhead_us: float | None = None, kv_dtype: str | None = None,
-                   seed: int = 0, source: dict[str, Any] | None = None,
+                   seed: int = 0, num_gpu_blocks: int | None = None,
+                   gpu_memory_utilization: float | None = None,
+                   source: dict[str, Any] | None = None,
                    progress: Callable[[int, int], None] | None = None,
                    flush_rows: int = FLUSH_ROWS) -> ImportSummary:
     """Lower ``requests`` through the engine model into the event file ``out_path``.
@@ -74,14 +103,24 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
     total)`` is called after each chunk with finished requests.  Deterministic: the same
     table and arguments give a byte-identical file.  Raises :class:`KvsimInputError` for
     bad options (unknown model or hardware, block size not >= 1, ...).
+
+    ``num_gpu_blocks`` None = derived (``gpu_memory_utilization``, default vLLM's 0.9),
+    exactly as ``kvsim simulate`` sizes its default HBM pool.
     """
     from kvsim.events import EventWriter
 
+    extra = {} if gpu_memory_utilization is None else {
+        "gpu_memory_utilization": gpu_memory_utilization}
     cfg = EngineConfig(block_size_tokens=block_size_tokens, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens,
                        step_overhead_us=(DEFAULT_STEP_OVERHEAD_US if step_overhead_us is None
-                                         else float(step_overhead_us)), seed=seed)
-    cost = build_cost_model(model, hardware, kv_dtype, cfg.step_overhead_us)
+                                         else float(step_overhead_us)), seed=seed,
+                       num_gpu_blocks=num_gpu_blocks, **extra)
+    cost = build_cost_model(model, hardware, kv_dtype, cfg.step_overhead_us,
+                            cfg.block_size_tokens)
+    ngpu = resolve_num_gpu_blocks(cfg, cost)
+    wmark = cfg.watermark_blocks(ngpu)
+    requests, dropped = _drop_unadmittable(requests, cfg.block_size_tokens, ngpu - wmark)
     df = requests.df
     N = len(df)
     spk = df["spec_draft_tokens"].to_numpy(np.int64)
@@ -96,7 +135,12 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
                                  "engine": {"max_num_seqs": cfg.max_num_seqs,
                                             "max_num_batched_tokens": cfg.max_num_batched_tokens,
                                             "step_overhead_us": cfg.step_overhead_us,
-                                            "seed": cfg.seed}})
+                                            "seed": cfg.seed,
+                                            "num_gpu_blocks": ngpu,
+                                            "num_gpu_blocks_given": cfg.num_gpu_blocks is not None,
+                                            "gpu_memory_utilization": cfg.gpu_memory_utilization,
+                                            "watermark_blocks": wmark,
+                                            "dropped_requests": dropped}})
     a = {name: df[name].to_numpy() for name in df.columns if name not in ("block_ids", "model")}
     i64 = lambda x: np.ascontiguousarray(x, dtype=np.int64)  # noqa: E731
     arr, prompt, out = i64(a["arrival_us"]), i64(a["prompt_tokens"]), i64(a["output_tokens"])
@@ -111,22 +155,32 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
     ip[S.P_FLUSH], ip[S.P_CRITPRIO] = flush_rows, cfg.critical_request_priority
     ip[S.P_CRITTPOT], ip[S.P_BEAMINT] = cfg.critical_tpot_us, cfg.beam_prune_interval_steps
     ip[S.P_SEED], ip[S.P_N] = cfg.seed, N
+    ip[S.P_NGPU], ip[S.P_WMARK] = ngpu, wmark
     fp = cost.as_array()
     st = np.zeros(S.NUM_STATE, dtype=np.int64)
     st[S.S_NEXTSLOT] = N
+    st[S.S_HEADC] = -1
     stf = np.zeros(1, dtype=np.float64)
     slot = lambda fill=0: np.full(C, fill, dtype=np.int64)  # noqa: E731
     src, par = slot(-1), slot(-1)
     computed, gen, nblk, lasth, status = slot(), slot(), slot(), slot(), slot()
     first_us, dsteps, forked, blast, cow = slot(-1), slot(), slot(), slot(-1), slot()
     run, run2, fin = slot(), slot(), slot()
+    nkey, priv, stall = slot(), slot(), slot(-1)
+    nb_prompt = (prompt + cfg.block_size_tokens - 1) // cfg.block_size_tokens
+    max_nb = int(nb_prompt.max()) if N else 1
+    hb, hb2 = np.zeros(max_nb, np.int64), np.zeros(max_nb, np.int64)
+    # held keys <= min(budget, all prompt blocks); load factor <= 1/2
+    keys = min(ngpu, int(nb_prompt.sum())) + 1
+    rk = np.zeros(1 << int(2 * keys - 1).bit_length(), np.int64)
+    rv = np.zeros_like(rk)
     req_args = (arr, prompt, out, i64(a["ttft_deadline_us"]), i64(a["tpot_deadline_us"]),
                 nsamp, beam, i64(a["request_priority"]), a["session_continues"].astype(np.bool_),
                 i64(a["next_turn_gap_us"]), i64(a["shared_prefix_tokens"]), spk,
                 np.ascontiguousarray(a["spec_accept_prob"], dtype=np.float64),
                 i64(a["hashed_tokens"]), off, ids)
     slot_args = (src, par, computed, gen, nblk, lasth, status, first_us, dsteps, forked, blast,
-                 cow, run, run2, fin)
+                 cow, run, run2, fin, nkey, priv, stall, hb, hb2, rk, rv)
     # per-row lookups filled in numpy: owner table row of every sequence slot
     rprio_tab = np.asarray(a["request_priority"], dtype=np.int8)
     tenant_tab = np.asarray(a["tenant"], dtype=np.int32)
@@ -166,7 +220,28 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
         kv_bytes_per_token=cost.kv_bytes_per_token, block_bytes=block_bytes,
         total_prompt_tokens=int(prompt.sum()), total_output_tokens=int(out.sum()),
         prompt_blocks=prompt_rows, hashed_prompt_blocks=hashed_rows,
-        prefix_reuse_fraction=round(reuse, 6), makespan_us=int(stf[0]))
+        prefix_reuse_fraction=round(reuse, 6), makespan_us=int(stf[0]),
+        num_gpu_blocks=ngpu, watermark_blocks=wmark, max_held_blocks=int(st[S.S_MAXHELD]),
+        max_running_seqs=int(st[S.S_MAXRUN]), decode_stalls=int(st[S.S_STALLS]),
+        admission_blocked_steps=int(st[S.S_BLOCKED]), forced_decodes=int(st[S.S_FORCED]),
+        dropped_requests=dropped,
+        dropped_requests_by_reason={DROP_PROMPT_EXCEEDS_KV: dropped} if dropped else {})
+
+
+def _drop_unadmittable(requests: RequestTable, block_size_tokens: int, max_prompt_blocks: int,
+                       ) -> tuple[RequestTable, int]:
+    """``requests`` without the rows whose prompt needs more than ``max_prompt_blocks``
+    blocks (never admissible), re-numbered densely in arrival order; and how many went."""
+    df = requests.df
+    nb = (df["prompt_tokens"].to_numpy(np.int64) + block_size_tokens - 1) // block_size_tokens
+    keep = nb <= max_prompt_blocks
+    dropped = int((~keep).sum())
+    if not dropped:
+        return requests, 0
+    kept = df[keep].reset_index(drop=True)
+    kept["request_id"] = np.arange(len(kept), dtype=kept["request_id"].dtype)
+    return RequestTable(df=kept, block_size_tokens=requests.block_size_tokens,
+                        skipped=requests.skipped, source=requests.source), dropped
 
 
 def _columns(I: np.ndarray, F: np.ndarray, n: int, src: np.ndarray, N: int,

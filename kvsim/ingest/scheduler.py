@@ -18,10 +18,25 @@ Per step, in this order (schema.py "Ordering inside a step"):
    positions), ``ACCESS``; speculative steps then ``COMMIT`` the accepted draft blocks and
    ``FREE`` (block-level, tail first) the rejected ones;
 4. running sequences still in (chunked) prefill: ``ACCESS`` of the next chunk;
-5. admissions (FIFO, while fewer than ``max_num_seqs`` run and budget is left): all
-   prompt blocks ``ALLOCATE``d in block order, then the first chunk's ``ACCESS``;
+5. admissions (FIFO, while fewer than ``max_num_seqs`` run, budget is left and the
+   head's new prompt blocks fit the KV block budget): all prompt blocks ``ALLOCATE``d in
+   block order, then the first chunk's ``ACCESS``;
 6. finished or pruned sequences: request-level ``INTENT`` (post-finish intent), block-level
    ``INTENT`` for known-shared prefix blocks, request-level ``FREE``.
+
+KV block budget (``num_gpu_blocks``, docs/importers.md "Engine model").  ``st[S_HELD]``
+counts the blocks held by running sequences as the replay's pool (vLLM prefix caching)
+holds them: a FULL, hashed prompt block is held once however many running sequences
+reference it (refcount per content hash in the open-addressing table ``rk``/``rv``); every
+other block (partial, unhashed, decode, draft, a fork's inherited copy) counts once per
+sequence (``priv``).  A sequence's keyed blocks are a prefix of its prompt (``nkey``), so
+releasing it re-derives their hashes instead of storing them.  Admission stops at the
+first request whose new blocks do not fit ``num_gpu_blocks - held - watermark``
+(head-of-line, vLLM FCFS); a decode that needs a block when none is free skips the step
+(it waits; the schema has no clean way to express a lowering-side preemption).  When no
+running sequence can advance and nothing can be admitted (every sequence waits for a
+block), the oldest waiting decode is forced over the budget (``S_FORCED``) so the loop
+never deadlocks; the replay then preempts, as vLLM would have.
 
 Sequence slots: ``0..N-1`` are the Request-table rows (request id = row); forks (n > 1,
 beams) take slots from ``N`` upward in creation order.  Clock: a step starts at ``now``
@@ -47,14 +62,19 @@ F_DUR, F_RC = 0, 1
 FLOAT_COLUMN_NAMES = ("duration_us", "recompute_cost_us")
 
 # integer parameters (ip)
-P_B, P_T, P_MAXSEQ, P_MAXTOK, P_FLUSH, P_CRITPRIO, P_CRITTPOT, P_BEAMINT, P_SEED, P_N = range(10)
-NUM_INT_PARAMS = 10
+(P_B, P_T, P_MAXSEQ, P_MAXTOK, P_FLUSH, P_CRITPRIO, P_CRITTPOT, P_BEAMINT, P_SEED, P_N,
+ P_NGPU, P_WMARK) = range(12)
+NUM_INT_PARAMS = 12
 # float parameters (fp): see StepCostModel.as_array
 Q_OVER, Q_WBYTES, Q_KVBPT, Q_BW, Q_FLOPS, Q_ACTIVE, Q_LH = range(7)
 # loop state (st): step, arrive pointer, admit pointer, running count, next free slot,
-# finished table requests, all done flag; clock in stf[0]
-S_STEP, S_ARRIVE, S_ADMIT, S_NRUN, S_NEXTSLOT, S_DONE, S_FINISHED = range(7)
-NUM_STATE = 7
+# finished table requests, all done flag; KV accounting: held blocks, peak held, peak
+# running sequences, decode sequence-steps skipped for lack of a block, steps whose
+# admission stopped for lack of blocks, forced over-budget decodes, the request whose
+# prompt hashes are in the head buffer; clock in stf[0]
+(S_STEP, S_ARRIVE, S_ADMIT, S_NRUN, S_NEXTSLOT, S_DONE, S_FINISHED, S_HELD, S_MAXHELD,
+ S_MAXRUN, S_STALLS, S_BLOCKED, S_FORCED, S_HEADC) = range(14)
+NUM_STATE = 14
 
 # enum values (kvsim.schema), repeated here as compile-time constants
 K_STEP, K_ARRIVE, K_ALLOCATE, K_ACCESS, K_INTENT, K_COMMIT, K_FORK, K_FREE = range(8)
@@ -109,6 +129,136 @@ def _prefill_us(fp, start, m):
     return (2.0 * fp[Q_ACTIVE] * mf + 4.0 * fp[Q_LH] * att) / fp[Q_FLOPS]
 
 
+# ---- the held-block refcount table: content hash -> number of running sequences holding
+# the block.  Open addressing, linear probing, key 0 = empty (hashes are never 0), deletion
+# by backward shift, capacity a power of two >= 2 x keys: the scheme of kvsim.sim.tiers and
+# the prefix index of kvsim.memory.fast (cheap to compile, unlike a typed Dict).  Written
+# here rather than imported so numba's on-disk cache of this module never goes stale
+# behind another module's edit.
+
+@njit(cache=True, inline="always")
+def _rslot(rk, h):
+    """Position of key ``h`` in ``rk``, or of the empty position where it would go."""
+    mask = rk.shape[0] - 1
+    i = (h ^ (h >> 17) ^ (h >> 31) ^ (h >> 47)) & mask
+    while True:
+        k = rk[i]
+        if k == h or k == 0:
+            return i
+        i = (i + 1) & mask
+
+
+@njit(cache=True)
+def _rdel(rk, rv, i):
+    """Empty position ``i``, shifting later entries of its probe run back."""
+    mask = rk.shape[0] - 1
+    j = i
+    while True:
+        j = (j + 1) & mask
+        k = rk[j]
+        if k == 0:
+            break
+        home = (k ^ (k >> 17) ^ (k >> 31) ^ (k >> 47)) & mask
+        if i <= j:
+            stays = i < home <= j
+        else:
+            stays = home > i or home <= j
+        if not stays:
+            rk[i] = k
+            rv[i] = rv[j]
+            i = j
+    rk[i] = 0
+    rv[i] = 0
+
+
+@njit(cache=True)
+def _prompt_hashes(c, nb, B, T, prompt, hashed, off, ids, root, hb):
+    """``hb[:nb]`` = the content hashes of table request ``c``'s first ``nb`` prompt blocks
+    (the hashes its admission ``ALLOCATE`` rows carry; 0 once the chain breaks)."""
+    h = root
+    for b in range(nb):
+        e = min((b + 1) * B, prompt[c])
+        # hash by the block's full content when the trace knows it (synthetic sessions
+        # know their outputs), else by the prompt part (Mooncake's identified partial
+        # block); unidentified blocks break the chain
+        he = (b + 1) * B if (b + 1) * B <= hashed[c] else e
+        if h != 0 and he <= hashed[c]:
+            h = chain_hash(h, ids[off[c]:off[c + 1]], (b * B) // T, (he - 1) // T,
+                           (b * B) % T)
+        else:
+            h = 0
+        hb[b] = h
+
+
+@njit(cache=True)
+def _walk(hb, nb, prompt_c, B, rk):
+    """``(shared, keyed)`` for a prompt of ``prompt_c`` tokens whose block hashes are
+    ``hb[:nb]``: ``shared`` leading blocks are already held by running sequences (the
+    replay's lookup: full hashed blocks, first miss stops it, at most ``(prompt - 1) // B``
+    blocks); blocks ``shared .. keyed-1`` are full, hashed and not held (they become
+    keys); the rest (partial, unhashed, or a duplicate past the lookup limit) are
+    per-sequence blocks."""
+    limit = (prompt_c - 1) // B
+    s = 0
+    while s < nb and s < limit and (s + 1) * B <= prompt_c and hb[s] != 0:
+        if rk[_rslot(rk, hb[s])] != hb[s]:
+            break
+        s += 1
+    k = s
+    while k < nb and (k + 1) * B <= prompt_c and hb[k] != 0:
+        if rk[_rslot(rk, hb[k])] == hb[k]:
+            break
+        k += 1
+    return s, k
+
+
+@njit(cache=True)
+def _acquire(hb, s, k, rk, rv):
+    """Reference keys ``hb[:k]`` (the first ``s`` already present)."""
+    for b in range(k):
+        i = _rslot(rk, hb[b])
+        if b >= s and rk[i] != hb[b]:
+            rk[i] = hb[b]
+            rv[i] = 0
+        rv[i] += 1
+
+
+@njit(cache=True)
+def _release(c, q, nkey, priv, B, T, prompt, hashed, off, ids, root, hb2, rk, rv, st):
+    """Drop sequence ``c``'s blocks from the held count (``q`` owns its prompt).
+    Idempotent: a released sequence holds nothing."""
+    k = nkey[c]
+    freed = priv[c]
+    if k > 0:
+        _prompt_hashes(q, k, B, T, prompt, hashed, off, ids, root, hb2)
+        for b in range(k):
+            i = _rslot(rk, hb2[b])
+            rv[i] -= 1
+            if rv[i] == 0:
+                _rdel(rk, rv, i)
+                freed += 1
+    st[S_HELD] -= freed
+    nkey[c] = 0
+    priv[c] = 0
+
+
+@njit(cache=True)
+def _load_head(c, st, B, T, prompt, hashed, off, ids, root, hb):
+    """Prompt blocks of waiting request ``c``, its hashes cached in ``hb``."""
+    nb = (prompt[c] + B - 1) // B
+    if st[S_HEADC] != c:
+        _prompt_hashes(c, nb, B, T, prompt, hashed, off, ids, root, hb)
+        st[S_HEADC] = c
+    return nb
+
+
+@njit(cache=True, inline="always")
+def _decode_blocks(c, q, B, prompt, gen, nblk, spk):
+    """New blocks sequence ``c``'s next decode step allocates (draft positions included)."""
+    L = prompt[q] + gen[c] - 1
+    return max(0, (L + spk[q]) // B + 1 - nblk[c])
+
+
 @njit(cache=True, inline="always")
 def _uniform(seed, slot, gen, j):
     z = mix64(np.uint64(seed) ^ mix64(np.uint64(slot) ^ mix64(np.uint64(gen * 64 + j))))
@@ -133,7 +283,7 @@ def run_steps(ip, fp, st, stf,
               arr, prompt, out, ttft, tpot, nsamp, beam, rprio, cont, gap, shared, spk, spp,
               hashed, off, ids,
               src, par, computed, gen, nblk, lasth, status, first_us, dsteps, forked, blast,
-              cow, run, run2, fin, I, F, n):
+              cow, run, run2, fin, nkey, priv, stall, hb, hb2, rk, rv, I, F, n):
     """Run steps until ``n >= flush_rows`` at a step boundary or the trace is done.
 
     Returns ``(I, F, n)``; ``st[S_FINISHED] == 1`` once every request has finished.
@@ -144,6 +294,8 @@ def run_steps(ip, fp, st, stf,
     max_tok = ip[P_MAXTOK]
     flush = ip[P_FLUSH]
     N = ip[P_N]
+    ngpu = ip[P_NGPU]
+    wmark = ip[P_WMARK]
     root = root_hash(0)
     while st[S_FINISHED] == 0:
         now = stf[0]
@@ -172,6 +324,38 @@ def run_steps(ip, fp, st, stf,
             n = _row(I, F, n, step, t_us, K_ARRIVE, i, -1, 0, -1, prompt[i], PH_PREFILL,
                      PR_WARM, dl, sl, -1, 0, 0.0)
         st[S_ARRIVE] = a1
+        # ---- KV deadlock check: every running sequence decodes and waits for blocks, and
+        # the head cannot be admitted -> force the oldest waiting decode over the budget
+        forced = -1
+        if nrun > 0:
+            free = ngpu - st[S_HELD]
+            stuck = True
+            first = -1
+            for r in range(nrun):
+                c = run[r]
+                if status[c] != ST_RUN:
+                    continue
+                q = src[c] if c >= N else c
+                if computed[c] < prompt[q]:
+                    stuck = False  # a prefill chunk always advances (blocks allocated)
+                    break
+                need = _decode_blocks(c, q, B, prompt, gen, nblk, spk)
+                if c < N and dsteps[c] == 0 and forked[c] == 0:
+                    need += ((beam[c] if beam[c] > 1 else nsamp[c]) - 1) * priv[c]
+                if need == 0 or need <= free:
+                    stuck = False
+                    break
+                if first < 0:
+                    first = c
+            if stuck and st[S_ADMIT] < a1 and nrun < max_seqs:
+                c = st[S_ADMIT]
+                nb = _load_head(c, st, B, T, prompt, hashed, off, ids, root, hb)
+                s0, k0 = _walk(hb, nb, prompt[c], B, rk)
+                if st[S_HELD] + nb - s0 <= ngpu - wmark:
+                    stuck = False
+            if stuck:
+                forced = first
+                st[S_FORCED] += 1
         # ---- forks and beam prunes (pre-pass builds run2)
         m2 = 0
         nfin = 0
@@ -188,11 +372,23 @@ def run_steps(ip, fp, st, stf,
             k = 0
             if dsteps[c] == 0 and forked[c] == 0:
                 k = (beam[c] if beam[c] > 1 else nsamp[c]) - 1
+                # the children inherit the parent's per-sequence blocks: fork (and decode)
+                # only when they fit, else the parent waits a step
+                if (k > 0 and c != forced and st[S_HELD] + k * priv[c]
+                        + _decode_blocks(c, c, B, prompt, gen, nblk, spk) > ngpu):
+                    stall[c] = step
+                    continue
                 forked[c] = -1  # children created (never again)
             elif (beam[c] > 1 and dsteps[c] > 0 and dsteps[c] % ip[P_BEAMINT] == 0
                   and blast[c] >= 0):
-                status[blast[c]] = ST_PRUNED  # skipped below, freed at step end
-                k = 1
+                # the re-fork replaces the pruned beam; skipped when it does not fit
+                if c == forced or st[S_HELD] - priv[blast[c]] + priv[c] <= ngpu:
+                    status[blast[c]] = ST_PRUNED  # skipped below, freed at step end
+                    _release(blast[c], c, nkey, priv, B, T, prompt, hashed, off, ids, root,
+                             hb2, rk, rv, st)
+                    k = 1
+            if k > 0 and nkey[c] > 0:
+                _prompt_hashes(c, nkey[c], B, T, prompt, hashed, off, ids, root, hb2)
             for j in range(k):
                 c2 = st[S_NEXTSLOT]
                 st[S_NEXTSLOT] += 1
@@ -210,6 +406,11 @@ def run_steps(ip, fp, st, stf,
                 blast[c] = c2
                 cow[c2] = 1  # parent and child now share the partial last block
                 cow[c] = 1
+                nkey[c2] = nkey[c]  # shared full prompt blocks: one more reference
+                for b in range(nkey[c]):
+                    rv[_rslot(rk, hb2[b])] += 1
+                priv[c2] = priv[c]  # the rest counts once per sequence
+                st[S_HELD] += priv[c]
                 run2[m2] = c2
                 m2 += 1
                 I, F = _ensure(I, F, n, 1)
@@ -241,20 +442,29 @@ def run_steps(ip, fp, st, stf,
                 continue
             k = spk[q]
             need = 1 + k
-            if need > budget:
-                continue
             crit = rprio[q] >= ip[P_CRITPRIO] or (tpot[q] > 0 and tpot[q] <= ip[P_CRITTPOT])
             prio = PR_CRIT if crit else PR_WARM
             pin = 1 if crit else 0
             dl = _token_deadline(arr[q], ttft[q], tpot[q], first_us[c], gen[c] + 1)
-            L = prompt[q] + gen[c] - 1
-            hi = L + k
-            nb_need = hi // B + 1
-            I, F = _ensure(I, F, n, 5 + 2 * (nb_need - nblk[c]))
             if forked[c] == 1:
+                # the replay forks here, whether or not the child decodes this step
+                I, F = _ensure(I, F, n, 1)
                 n = _row(I, F, n, step, t_us, K_FORK, c, -1, 0, par[c], 0, PH_DECODE, prio,
                          dl, 0, step + 1, pin, 0.0)
                 forked[c] = -1
+            if stall[c] == step:  # waiting to fork
+                st[S_STALLS] += 1
+                continue
+            if need > budget:
+                continue
+            L = prompt[q] + gen[c] - 1
+            hi = L + k
+            nb_need = hi // B + 1
+            if (nb_need > nblk[c] and st[S_HELD] + nb_need - nblk[c] > ngpu
+                    and c != forced):
+                st[S_STALLS] += 1  # no free block: wait (vLLM would preempt)
+                continue
+            I, F = _ensure(I, F, n, 5 + 2 * (nb_need - nblk[c]))
             if dsteps[c] == 0:
                 n = _row(I, F, n, step, t_us, K_INTENT, c, -1, 0, -1, 0, PH_DECODE, prio, dl,
                          0, step + 1, pin, 0.0)
@@ -302,6 +512,8 @@ def run_steps(ip, fp, st, stf,
                              PR_COLD, -1, 0, -1, 0, 0.0)
                 if keep < nb_need:
                     nblk[c] = keep
+            st[S_HELD] += nblk[c] - old_nb
+            priv[c] += nblk[c] - old_nb
             gen[c] = min(gen[c] + adv, out[q])
             dsteps[c] += 1
             if gen[c] >= out[q]:
@@ -335,28 +547,28 @@ def run_steps(ip, fp, st, stf,
         # ---- 5. admissions
         while st[S_ADMIT] < st[S_ARRIVE] and m2 < max_seqs and budget > 0:
             c = st[S_ADMIT]
+            nb = _load_head(c, st, B, T, prompt, hashed, off, ids, root, hb)
+            s0, k0 = _walk(hb, nb, prompt[c], B, rk)
+            if st[S_HELD] + nb - s0 > ngpu - wmark:
+                st[S_BLOCKED] += 1  # head-of-line: nobody behind it is admitted either
+                break
+            _acquire(hb, s0, k0, rk, rv)
+            st[S_HELD] += nb - s0
+            nkey[c] = k0
+            priv[c] = nb - k0
             st[S_ADMIT] += 1
             status[c] = ST_RUN
             run2[m2] = c
             m2 += 1
-            nb = (prompt[c] + B - 1) // B
             I, F = _ensure(I, F, n, nb + 1)
             dl = arr[c] + ttft[c] if ttft[c] > 0 else -1
             est = _prefill_us(fp, 0, prompt[c]) + ((prompt[c] + max_tok - 1) // max_tok) * fp[Q_OVER]
             sl = dl - np.int64(now + est) if dl >= 0 else 0
             target = step + (prompt[c] + max_tok - 1) // max_tok
-            h = root
+            h = 0
             for b in range(nb):
                 e = min((b + 1) * B, prompt[c])
-                # hash by the block's full content when the trace knows it (synthetic
-                # sessions know their outputs), else by the prompt part (Mooncake's
-                # identified partial block); unidentified blocks break the chain
-                he = (b + 1) * B if (b + 1) * B <= hashed[c] else e
-                if h != 0 and he <= hashed[c]:
-                    h = chain_hash(h, ids[off[c]:off[c + 1]], (b * B) // T, (he - 1) // T,
-                                   (b * B) % T)
-                else:
-                    h = 0
+                h = hb[b]
                 prio = PR_HOT if e <= shared[c] else PR_WARM
                 n = _row(I, F, n, step, t_us, K_ALLOCATE, c, b, h, -1, e - b * B, PH_PREFILL,
                          prio, dl, sl, target, 0, _prefill_us(fp, b * B, e - b * B))
@@ -377,6 +589,10 @@ def run_steps(ip, fp, st, stf,
                     status[c] = ST_DONE
                     fin[nfin] = c
                     nfin += 1
+        if st[S_HELD] > st[S_MAXHELD]:
+            st[S_MAXHELD] = st[S_HELD]
+        if m2 > st[S_MAXRUN]:
+            st[S_MAXRUN] = m2
         # ---- step time (roofline), patch STEP row and decode slacks
         mem = (fp[Q_WBYTES] + fp[Q_KVBPT] * kv_read) / fp[Q_BW]
         comp = (2.0 * fp[Q_ACTIVE] * tokens + 4.0 * fp[Q_LH] * attended) / fp[Q_FLOPS]
@@ -397,6 +613,7 @@ def run_steps(ip, fp, st, stf,
         for x in range(nfin):
             c = fin[x]
             q = src[c] if c >= N else c
+            _release(c, q, nkey, priv, B, T, prompt, hashed, off, ids, root, hb2, rk, rv, st)
             nbs = 0
             if c < N and shared[c] > 0 and not cont[c]:
                 nbs = min(shared[c] // B, nblk[c])

@@ -158,7 +158,8 @@ def _seg(ns: int, kind: str, a: int, b: int) -> int:
 def generate(profile: str | Path | WorkloadProfile, num_requests: int, seed: int,
              out_path: str | Path, *, model: str = "llama-3-8b", hardware: str = "h100-sxm",
              block_size_tokens: int = 16, max_num_seqs: int = 256,
-             max_num_batched_tokens: int = 8192,
+             max_num_batched_tokens: int = 8192, num_gpu_blocks: int | None = None,
+             gpu_memory_utilization: float | None = None,
              progress: Callable[[int, int], None] | None = None) -> ImportSummary:
     """Generate ``num_requests`` requests from ``profile`` and lower them to ``out_path``.
 
@@ -170,4 +171,6 @@ def generate(profile: str | Path | WorkloadProfile, num_requests: int, seed: int
     return lower_requests(table, out_path, model=model, hardware=hardware,
                           block_size_tokens=block_size_tokens, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens, seed=seed,
-                          source=source, progress=progress)
+                          num_gpu_blocks=num_gpu_blocks,
+                          gpu_memory_utilization=gpu_memory_utilization, source=source,
+                          progress=progress)
