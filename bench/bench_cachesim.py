@@ -16,7 +16,7 @@ times ``simulate_cache`` on a prepared stream (keys already remapped to dense id
 ``process_trace`` over an ``oracleGeneral`` binary trace file (its C loop, including the
 reader and its hash table), the format that carries next-access times for its Belady.
 
-    python bench/bench_cachesim.py                 # full run (about 10 minutes on 2 cores)
+    python bench/bench_cachesim.py                 # full run (10-30 minutes on 2 cores)
     python bench/bench_cachesim.py --accesses 1000000 --repeat 1   # quick
 """
 
@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="JSON result file")
     args = ap.parse_args(argv)
 
+    info = machine()  # here: its load average is the one at the start of the run
     try:
         import libcachesim as lcs
     except ImportError:
@@ -222,8 +223,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{python_vs_compiled['compiled_per_s'] / 1e6:.2f} M/s "
           f"-> compiled is {python_vs_compiled['speedup']:.0f}x faster")
 
+    try:  # other jobs on a shared machine depress both tools' rates: record it
+        info["load_average_at_end"] = open("/proc/loadavg").read().split()[:3]
+    except OSError:
+        pass
     result = {"command": " ".join(["python", "bench/bench_cachesim.py"] + (argv or sys.argv[1:])),
-              "machine": machine(), "libcachesim_version": getattr(lcs, "__version__", "?"),
+              "machine": info, "libcachesim_version": getattr(lcs, "__version__", "?"),
               "timing": "wall clock, best of --repeat; numba compile excluded (warm-up)",
               "rows": rows, "python_vs_compiled": python_vs_compiled,
               "all_identical": bool(ok)}

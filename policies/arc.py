@@ -21,7 +21,8 @@ tier whose ids are physical slots a ghost hit means "the same slot", an approxim
 import numpy as np
 from numba import njit
 
-from kvsim.policy_api import NIL, dll_ends, dll_links, dll_move_to_tail, dll_push_tail, dll_remove
+from kvsim.policy_api import (NIL, dll_ends, dll_links, dll_move_to_tail, dll_push_tail,
+                              dll_remove, njit_hook)
 
 NAME = "arc"
 DESCRIPTION = "Adaptive Replacement Cache: recency vs frequency lists with ghost-tuned split."
@@ -59,7 +60,7 @@ def _ghost_hit(prev, nxt, b1, b2, where, ints, p, b):
         ints[2] = 1
 
 
-@njit(cache=True)
+@njit_hook
 def on_miss(state, view, b, now_us):
     ints = state[7]
     ints[1] = 0
@@ -69,7 +70,7 @@ def on_miss(state, view, b, now_us):
         _ghost_hit(state[0], state[1], state[4], state[5], where, ints, state[8], b)
 
 
-@njit(cache=True)
+@njit_hook
 def on_insert(state, view, b, now_us):
     prev, nxt, t1, t2, where, ints = state[0], state[1], state[2], state[3], state[6], state[7]
     if where[b] >= B1:  # the core did not call on_miss: detect the ghost hit now
@@ -84,7 +85,7 @@ def on_insert(state, view, b, now_us):
     ints[2] = 0
 
 
-@njit(cache=True)
+@njit_hook
 def on_hit(state, view, b, now_us):
     prev, nxt, t1, t2, where = state[0], state[1], state[2], state[3], state[6]
     if where[b] == T1:
@@ -101,7 +102,7 @@ def _replace_from_t1(t1, t2, ints, p):
     return (t1[2] > 0 and (n1 > p[0] or (n1 == p[0] and ints[2] == 1))) or t2[2] == 0
 
 
-@njit(cache=True)
+@njit_hook
 def victim(state, view, now_us, alt_blocks, alt_scores):
     nxt, t1, t2, b1, b2, ints, p = state[1], state[2], state[3], state[4], state[5], state[7], state[8]
     if t1[2] + t2[2] == 0:
@@ -142,7 +143,7 @@ def victim(state, view, now_us, alt_blocks, alt_scores):
     return b, (0 if from_t1 else 1), n_alt
 
 
-@njit(cache=True)
+@njit_hook
 def on_remove(state, view, b):
     prev, nxt, t1, t2, b1, b2, where, ints, p = state
     if where[b] == T1:

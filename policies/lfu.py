@@ -12,7 +12,8 @@ O(log n) per hook.  Score: frequency (higher = keep).
 import numpy as np
 from numba import njit
 
-from kvsim.policy_api import heap_new, heap_peek, heap_push, heap_remove, heap_smallest, heap_update
+from kvsim.policy_api import (heap_new, heap_peek, heap_push, heap_remove, heap_smallest,
+                              heap_update, njit_hook)
 
 NAME = "lfu"
 DESCRIPTION = "Least frequently used since entering the tier; least recently used among ties."
@@ -24,26 +25,26 @@ def init(capacity_blocks, num_slots, params):
     return heap_new(num_slots) + (np.zeros(1, np.int64),)
 
 
-@njit(cache=True)
+@njit_hook
 def on_insert(state, view, b, now_us):
     seq = state[5]
     seq[0] += 1
     heap_push(state[:5], b, 1.0, seq[0])
 
 
-@njit(cache=True)
+@njit_hook
 def on_hit(state, view, b, now_us):
     seq = state[5]
     seq[0] += 1
     heap_update(state[:5], b, state[0][b] + 1.0, seq[0])
 
 
-@njit(cache=True)
+@njit_hook
 def on_remove(state, view, b):
     heap_remove(state[:5], b)
 
 
-@njit(cache=True)
+@njit(cache=True)  # not njit_hook: heap_smallest allocates its frontier
 def victim(state, view, now_us, alt_blocks, alt_scores):
     b = heap_peek(state[:5])
     if b < 0:

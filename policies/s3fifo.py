@@ -19,10 +19,9 @@ Ghosts are keyed by block id (exact in the single-tier simulator, see arc.py).
 """
 
 import numpy as np
-from numba import njit
 
 from kvsim.policy_api import (NIL, dll_ends, dll_links, dll_pop_head, dll_push_head,
-                              dll_push_tail, dll_remove)
+                              dll_push_tail, dll_remove, njit_hook)
 
 NAME = "s3fifo"
 DESCRIPTION = "S3-FIFO: small probationary FIFO, main FIFO with 2-bit clock, ghost FIFO."
@@ -48,7 +47,7 @@ def init(capacity_blocks, num_slots, params):
             np.zeros(num_slots, np.int64), ints)
 
 
-@njit(cache=True)
+@njit_hook
 def on_miss(state, view, b, now_us):
     prev, nxt, small, main, ghost, where, freq, ints = state
     ints[3] = 0
@@ -58,7 +57,7 @@ def on_miss(state, view, b, now_us):
         ints[3] = 1
 
 
-@njit(cache=True)
+@njit_hook
 def on_insert(state, view, b, now_us):
     prev, nxt, small, main, ghost, where, freq, ints = state
     if where[b] == GHOST:  # the core did not call on_miss
@@ -76,12 +75,12 @@ def on_insert(state, view, b, now_us):
     freq[b] = 0
 
 
-@njit(cache=True)
+@njit_hook
 def on_hit(state, view, b, now_us):
     state[6][b] += 1
 
 
-@njit(cache=True)
+@njit_hook
 def victim(state, view, now_us, alt_blocks, alt_scores):
     prev, nxt, small, main, ghost, where, freq, ints = state
     if small[2] + main[2] == 0:
@@ -122,7 +121,7 @@ def victim(state, view, now_us, alt_blocks, alt_scores):
     return b, (0 if queue == SMALL else 1), n_alt
 
 
-@njit(cache=True)
+@njit_hook
 def on_remove(state, view, b):
     prev, nxt, small, main, ghost, where, freq, ints = state
     if where[b] == SMALL:

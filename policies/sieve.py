@@ -9,9 +9,8 @@ Amortised O(1) per eviction.  Score: the visited bit (1 = keep).
 """
 
 import numpy as np
-from numba import njit
 
-from kvsim.policy_api import NIL, dll_ends, dll_links, dll_push_tail, dll_remove
+from kvsim.policy_api import NIL, dll_ends, dll_links, dll_push_tail, dll_remove, njit_hook
 
 NAME = "sieve"
 DESCRIPTION = "SIEVE: FIFO with a visited bit; a hand sweeps and spares visited blocks once."
@@ -26,18 +25,18 @@ def init(capacity_blocks, num_slots, params):
     return (prev, nxt, dll_ends(), visited, hand)
 
 
-@njit(cache=True)
+@njit_hook
 def on_insert(state, view, b, now_us):
     dll_push_tail(state[0], state[1], state[2], b)
     state[3][b] = 0
 
 
-@njit(cache=True)
+@njit_hook
 def on_hit(state, view, b, now_us):
     state[3][b] = 1
 
 
-@njit(cache=True)
+@njit_hook
 def on_remove(state, view, b):
     prev, nxt, ends, visited, hand = state
     if hand[0] == b:
@@ -46,7 +45,7 @@ def on_remove(state, view, b):
     visited[b] = 0
 
 
-@njit(cache=True)
+@njit_hook
 def victim(state, view, now_us, alt_blocks, alt_scores):
     prev, nxt, ends, visited, hand = state
     if ends[2] == 0:

@@ -16,8 +16,14 @@ Invariants checked in the loop (a policy that breaks one raises ValueError):
 the cache never holds more than ``capacity_blocks`` keys, and every victim is resident.
 
 The loop is one ``numba.njit`` function taking the hooks as arguments, so it is compiled
-once per policy (hook functions are part of the specialisation).  For a plain-Python
-policy its interpreted twin (``_replay.py_func``) runs the same code with Python hooks.
+once per policy (hook functions are part of the specialisation; LLVM inlines them into
+the loop).  For a plain-Python policy its interpreted twin (``_replay.py_func``) runs the
+same code with Python hooks.  The loop is compiled without reference counting
+(``_nrt=False``: it allocates nothing, its caller owns every array), and so are the hooks
+of arc, s3fifo, sieve and lfu (``policy_api.njit_hook``): the atomic reference-count
+updates on the state and view arrays, once per array per hook call, were most of the
+cost of a hook (ARC: 0.69 -> 4.3 M accesses/s at a 1,000-block cache, see
+docs/benchmarks.md).
 
 Fast path for Belady (``_replay_belady``): the built-in ``belady`` policy runs in a
 dedicated loop with its heap written inline, when no runners-up are asked for
@@ -29,8 +35,9 @@ went (``python bench/profile_belady.py``: 10 M-access Zipf stream, 100,000-block
 figures in docs/benchmarks.md): 6.9 s in all; the heap work itself 1.6 s (this loop);
 the ``key[heap[i]]`` indirection of every comparison +1.25 s; the three per-access view
 writes (``next_use``, ``last_access_us``, ``access_count``: random stores into arrays of
-one entry per key) +1.0 s; the remainder, ~3 s, is the four hook calls per access (the
-state and view tuples passed and unpacked in each) and the ``resident`` array.  The
+one entry per key) +1.0 s; the remainder, ~3 s, is the hook calls (the reference counts
+of the state and view arrays, see above) and the ``resident`` array.  (These figures
+predate the ``_nrt=False`` loop.)  The
 tiered replay keeps using the hooks of ``policies/belady.py``; ``fast_path=False`` forces
 the generic loop here.
 """
@@ -134,13 +141,15 @@ def next_use_of(ids, n_unique):
     return out
 
 
-@njit
+@njit(_nrt=False)
 def _replay(ids, next_use, capacity, state, view, on_miss, on_insert, on_hit, on_remove,
-            victim, alt_blocks, alt_scores, victims_out):
-    """The request loop.  Returns ``(hits, misses, evictions, resident_at_end)``;
-    raises ValueError when the policy breaks an invariant."""
+            victim, alt_blocks, alt_scores, victims_out, resident):
+    """The request loop.  ``resident`` is a zeroed bool array of one entry per dense id
+    (allocated by the caller: the loop is compiled without reference counting, numba's
+    ``_nrt=False``, so it allocates nothing; see ``policy_api.njit_hook`` for why).
+    Returns ``(hits, misses, evictions, resident_at_end)``; raises ValueError when the
+    policy breaks an invariant."""
     n_ids = view.access_count.shape[0]
-    resident = np.zeros(n_ids, np.bool_)
     record = victims_out.shape[0] > 0
     use_next = next_use.shape[0] > 0
     n_res = 0
@@ -332,7 +341,8 @@ def simulate_cache(keys: np.ndarray | PreparedKeys, capacity_blocks: int,
     loop = _replay if pol.compiled else _replay.py_func
     hits, misses, evictions, _ = loop(ids, next_use, capacity, state, view, pol.on_miss,
                                       pol.on_insert, pol.on_hit, pol.on_remove, pol.victim,
-                                      alt_blocks, alt_scores, victims)
+                                      alt_blocks, alt_scores, victims,
+                                      np.zeros(num_slots, np.bool_))
     return _result(pol, capacity, ids, n_unique, hits, misses, evictions, victims,
                    record_victims, keys_by_id)
 
