@@ -23,13 +23,15 @@ def test_sweep_cli_resumes_from_cache_and_report_cli(small_sweep, tmp_path):
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert (data["cells"], data["computed"], data["cached"]) == (4, 0, 4)
-    assert (out / "results.parquet").read_bytes() == \
-        (small_sweep.out_dir / "results.parquet").read_bytes()
+    for name in ("results.parquet", "occupancy.parquet"):  # from the cached cells alone
+        assert (out / name).read_bytes() == (small_sweep.out_dir / name).read_bytes()
     res = runner.invoke(app, ["report", str(out), "--out", str(tmp_path / "r.html"),
                               "--png", str(tmp_path / "png"), "--json"])
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
-    assert data["cells"] == 4 and len(data["png"]) == 5
+    assert data["cells"] == 4 and len(data["png"]) == 6
+    assert data["figures"][-1] == "occupancy_time"
+    assert data["png"][-1].endswith("occupancy_time.png")
     assert data["policies"] == ["lru", "belady"]
 
 
