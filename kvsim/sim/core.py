@@ -122,16 +122,16 @@ MODE_RERUN = 1
 MODE_APPEND = 2
 
 
-# ---------------------------------------------------------------------------------------
-# small helpers
-# ---------------------------------------------------------------------------------------
-
+# Functions only the compiled loop calls are compiled without the CPython and C-callable
+# wrappers numba builds by default (``no_cpython_wrapper``, ``no_cfunc_wrapper``): their
+# argument lists are dozens of arrays, and boxing code for them was ~17 % of the compile
+# (cProfile of a cold compile: 39 + 9 of 279 s).  ``run`` and ``finish`` keep theirs.
 
 # ---------------------------------------------------------------------------------------
 # lower-tier spills
 # ---------------------------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 def _spill(src, s, ow, bi, tok, dest, T1, T2, T3, TMP, TMP_i, K, C, G, step, now_us, alt_b, alt_s, vo):
     """Write a block into tier ``dest`` (1..3) or the first enabled tier below it; victims
     cascade down (DRAM -> CXL -> NVMe -> dropped)."""
@@ -162,7 +162,7 @@ def _spill(src, s, ow, bi, tok, dest, T1, T2, T3, TMP, TMP_i, K, C, G, step, now
 # HBM: allocation with preemption, placement of a request's blocks
 # ---------------------------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 def _preempt(v, K, X, C, R_i, A_i, st, pst, view, running, G, step, now_us):
     seq = R_i[v, RI_SEQ]
     n = ops.preempt(st, pst, view, seq, K[K_PREEMPT_SWAP], now_us)
@@ -188,7 +188,7 @@ def _preempt(v, K, X, C, R_i, A_i, st, pst, view, running, G, step, now_us):
     return n
 
 
-@njit(cache=True)
+@njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 def _allocate(r, n, num_tokens, hbuf, K, X, C, R_i, A_i, st, out, pst, view, running, G, step, now_us):
     """pool_allocate, preempting other running requests until it fits.  -1: it cannot fit
     even alone (HBM smaller than the request)."""
@@ -206,7 +206,7 @@ def _allocate(r, n, num_tokens, hbuf, K, X, C, R_i, A_i, st, out, pst, view, run
                  now_us)
 
 
-@njit(cache=True)
+@njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 def _hbm_evicted(b, h, reason, n_alt, e, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, G, step, now_us, alt_b, alt_s, vo):
     """Cached HBM block ``b`` (content ``h``) was evicted by the policy for a new block:
     demote it (write_back and no lower copy) or drop it.  Its view is still intact."""
@@ -230,7 +230,7 @@ def _hbm_evicted(b, h, reason, n_alt, e, r, K, C, H_i, view, out, T1, T2, T3, TM
         C[M_EVICT] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 def _write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_us, alt_b, alt_s, vo):
     """HiCache write_through(_selective): back block ``b`` up once its hit count reaches
     the threshold (1, or 2 for selective), unless a lower copy exists."""
@@ -254,7 +254,7 @@ def _write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_u
            alt_b, alt_s, vo)
 
 
-@njit(cache=True)
+@njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 def _place(r, e0, nb, mode, K, X, C, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, pst, view,
            T1, T2, T3, TMP, TMP_i, G, running, alt_b, alt_s, vo):
     """Put blocks ``e0 .. e0+nb-1`` of request ``r`` (its records) into HBM.
@@ -441,7 +441,7 @@ def _place(r, e0, nb, mode, K, X, C, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr
     return n_hit
 
 
-@njit(cache=True)
+@njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 def _release_all(r, K, C, R_i, H_i, st, pst, view, G, step, now_us):
     """Request-level FREE: stamp the per-request recency on its blocks, free tail-first."""
     seq = R_i[r, RI_SEQ]
@@ -506,7 +506,7 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
         step = int(C[C_STEP])
         if kind == EV_STEP:
             if C[C_IN_STEP] != 0:
-                _finalize_step(C, R_i, R_f, S, P)
+                _finalize_step(C, R_i, R_f, S, P, st.sc)
             C[C_IN_STEP] = 1
             C[C_STEP] = c_step[i]
             C[C_STEP_START_US] = max(float(c_time[i]), C[C_CLOCK_US])
@@ -706,5 +706,5 @@ def finish(K, X, C, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, pst, view, T1, 
                out, hbuf, scr, pst, view, T1, T2, T3, TMP, TMP_i, G, running, alt_b, alt_s,
                vo)
     if C[C_IN_STEP] != 0:
-        _finalize_step(C, R_i, R_f, S, P)
+        _finalize_step(C, R_i, R_f, S, P, st.sc)
         C[C_IN_STEP] = 0
