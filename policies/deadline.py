@@ -1,37 +1,77 @@
-"""Deadline: keep what is needed soonest and costs most to lose; pinned blocks last.
+"""Deadline: keep what is needed soonest and costs most to lose; pins of live requests last.
 
 Keep score (higher = keep), in microseconds so every term is comparable:
 
     score = class_term + urgency_term + slack_term + recompute_term + request_term
 
+The time terms dominate: for a cached block the question that decides hits is *when is it
+needed next*, and the serving layer's intent answers it (a running or preempted request's
+deadline, a finished session's expected next turn, or "no further use").  The class and
+request-priority terms only order blocks expected within about a second of each other.
+
+A block is **live** while the request that last stated its intent has not finished
+(phase PREFILL, DECODE, VERIFY or DRAFT: running, or preempted and coming back) and
+**finished** once that request has finished (IDLE: the session or a shared prefix is
+expected back; DONE: no further use stated; ROLLBACK: a rejected draft).
+
+``urgency_term``  (minus the time until the block is expected to be needed, us)
+    * live: ``LIVE_NEED_US`` plus, with a deadline, ``now_us - deadline_us`` (overdue
+      blocks grow more urgent).  A live block is a preempted request's: it is needed as
+      soon as that request is scheduled again (vLLM puts it at the front of the queue),
+      and losing it adds its recompute to that step; a finished block is needed only when
+      a new request arrives.  ``LIVE_NEED_US`` (1000 s) is larger than any finished
+      block's time to its predicted use, so live blocks go after every finished one;
+    * finished, with a deadline still ahead (IDLE: the session's next turn):
+      ``now_us - deadline_us``;
+    * finished, deadline passed: the expected use did not happen, so the deadline carries
+      no urgency any more; the block is ranked like one without a deadline (below);
+    * without a (usable) deadline, the block is expected one horizon plus its idle time
+      from now, ``-(horizon + now_us - last_access_us)`` (recency as evidence of reuse, so
+      these go least recently used first), with the horizon by what the intent says:
+      live ``LIVE_HORIZON_US`` (0, on top of ``LIVE_NEED_US``),
+      IDLE ``NO_DEADLINE_HORIZON_US`` (1 s: a shared prefix or a late session, reuse
+      expected but not when), DONE / ROLLBACK ``NO_REUSE_HORIZON_US`` (1 h: nobody said it
+      will be used again; only an unannounced shared prefix would).
 ``class_term = CLASS_WEIGHT_US * priority``
-    The serving layer's class (COLD 0 .. DECODE_CRITICAL 3).  1000 s per class, so the class
-    is lexicographic: it outweighs any deadline difference a cached block can have.  A HOT
-    prefix of a session expected back in 40 s must outrank an idle WARM batch block whose
-    (no-deadline) horizon is 1 s; with 1 s per class the returning session lost (measured
-    on deadline_pressure: 1,952 decode-critical misses against lru's 95).
-``urgency_term``  (minus the time until the block is expected to be needed)
-    With a deadline: ``now_us - deadline_us``.  Without one: the block is expected one
-    horizon plus its idle time from now (recency as evidence of reuse, so these blocks
-    go least recently used first): ``-(NO_DEADLINE_HORIZON_US + now_us - last_access_us)``.
-``slack_term = -SLACK_WEIGHT * slack_us``
+    The serving layer's class (COLD 0 .. DECODE_CRITICAL 3), 1 s per class: among blocks
+    expected within a second of each other the higher class is kept.  Not lexicographic:
+    a class says what a miss costs, the intent says when it happens, and a block expected
+    in 1 s outranks one expected in a minute whatever their classes (measured: with 1000 s
+    per class, deadline_pressure at 2 GB of HBM kept HOT idle sessions over blocks needed
+    sooner, docs/benchmarks.md).  What the first 1 s-per-class version got wrong was the
+    horizon of finished blocks (1 s for a DONE batch block), fixed by the DONE horizon.
+``slack_term = -SLACK_WEIGHT * slack_us``  (live blocks with a deadline only)
     Slack left at the last intent update; less slack = the request is closer to missing
     its deadline = keep.  Half weight: the deadline already carries most of the urgency.
-``recompute_term = RECOMPUTE_WEIGHT * recompute_cost_us``
-    What losing the block costs if it is needed again (prefill time).  kvsim's blocks of
-    one tier have one size, so cost per block ranks like cost per byte.
+    A finished request's "slack" is its expected gap (deadline minus finish), already in
+    the urgency term, so it is not counted twice.
+``recompute_term = -RECOMPUTE_WEIGHT * recompute_cost_us``
+    A cached block is only reusable while every block in front of it in its prefix chain
+    is cached too (the lookup stops at the first miss), so losing a block loses the
+    recompute of itself *and of every later cached block of its chain*.  The policy does
+    not see chains; it sees each block's prefill cost, which grows with the block's
+    position (attention over the context before it).  So among blocks otherwise equal
+    (in practice: the blocks of one request, released together with the same intent) the
+    costlier = deeper block goes first: chains shrink from the tail, as vLLM's free queue
+    does.  The positive sign (keep the costlier block) evicted chains head-first: 99.9 %
+    of deadline's consecutive evictions within one request at 2 GB, losing whole
+    chains (docs/benchmarks.md).  Its range (hundreds of us) is far below the time terms
+    between requests.
 ``request_term = REQUEST_PRIORITY_WEIGHT_US * request_priority``
-    The request's own priority (0..100): 100 points = one class (1000 s).
+    The request's own priority (0..100): 100 points = one class (1 s).
 
-Pinned blocks (``view.pinned``: pin requested or DECODE_CRITICAL) are evicted only when
-no unpinned candidate remains.
+Pinned blocks (``view.pinned``: pin requested or DECODE_CRITICAL) of a *live* request are
+evicted only when no other candidate remains; a pin stated by a request that has finished
+no longer protects anything (the pin belongs to the request, not to the content).
 
 Exact without scanning: ``now_us`` enters a block's score with coefficient +1 (deadline)
-or -1 (no deadline), so within each of those two groups the ORDER is fixed between hooks.
+or -1 (no deadline), so within each of those groups the ORDER is fixed between hooks.
 Each group is an indexed heap keyed by the static part of the score (two more heaps for
-pinned blocks); ``victim`` compares the two heap minima at the current ``now_us``.
-O(log n) per hook.  Approximation: intent fields are read at ``on_insert``/``on_hit``; a
-change in between is seen at the next hook.
+pinned blocks); ``victim`` compares the two heap minima at the current ``now_us``.  A
+finished block's deadline expiring moves it between groups: a fifth heap orders those
+blocks by deadline and ``victim`` re-files the expired ones first (each block at most once
+per entry).  O(log n) per hook.  Approximation: intent fields are read at
+``on_insert``/``on_hit``; a change in between is seen at the next hook.
 """
 
 import numpy as np
@@ -40,25 +80,34 @@ from numba import njit
 from kvsim.policy_api import heap_new, heap_peek, heap_push, heap_remove, heap_size, heap_smallest
 
 NAME = "deadline"
-DESCRIPTION = "Deadline-aware: priority class, time to deadline, slack, recompute cost; pins last."
+DESCRIPTION = ("Deadline-aware: time to the next expected use, then class, slack, chain-aware "
+               "recompute cost, request priority; live pins last.")
 OFFLINE = False
-REASONS = ("lowest keep score: far from its deadline, low class, cheap to recompute",
-           "every remaining candidate is pinned: evicting the lowest-scored pinned block")
+REASONS = ("lowest keep score: needed latest (or never again), low class",
+           "every remaining candidate is pinned by a live request: evicting the lowest-scored")
 
-CLASS_WEIGHT_US = 1e9  # 1000 s per priority class: lexicographic (see docstring)
-NO_DEADLINE_HORIZON_US = 1_000_000.0  # assumed next use of a block with no deadline: +1 s
+CLASS_WEIGHT_US = 1e6  # 1 s per priority class: orders blocks expected within ~1 s (docstring)
+LIVE_NEED_US = 1e9  # live blocks are needed at their request's next step: above any finished
+#                    block, whose predicted use is at most ~1 h (NO_REUSE_HORIZON_US) away
+LIVE_HORIZON_US = 0.0  # a live request's block without a deadline: needed at its next step
+NO_DEADLINE_HORIZON_US = 1_000_000.0  # IDLE block, no usable deadline: reuse expected, +1 s
+NO_REUSE_HORIZON_US = 3_600_000_000.0  # DONE/ROLLBACK: no use stated; 1 h > any think time modelled
 SLACK_WEIGHT = 0.5  # slack counts half as much as time to deadline
-RECOMPUTE_WEIGHT = 1.0  # one us of recompute avoided = one us of urgency
-REQUEST_PRIORITY_WEIGHT_US = 1e7  # 100 request-priority points = one class
+RECOMPUTE_WEIGHT = 1.0  # one us of prefill cost = one us of urgency (sign: docstring)
+REQUEST_PRIORITY_WEIGHT_US = 1e4  # 100 request-priority points = one class
 
-
+PH_ROLLBACK = 4  # kvsim.schema.Phase: PREFILL 0, DECODE 1, VERIFY 2, DRAFT 3 are live
+PH_IDLE = 5
 # Heaps (5 arrays each) in the state tuple: 0 = unpinned with deadline, 1 = unpinned
-# without, 2 = pinned with deadline, 3 = pinned without; then ``where`` and ``seq``.
+# without, 2 = pinned with deadline, 3 = pinned without, 4 = expiry (finished blocks of
+# group 0 keyed by deadline); then ``where`` (group per block, -1 = none) and ``seq``.
+G_EXPIRY = 4
 
 
 def init(capacity_blocks, num_slots, params):
     return (heap_new(num_slots) + heap_new(num_slots) + heap_new(num_slots)
-            + heap_new(num_slots) + (np.full(num_slots, -1, np.int8), np.zeros(1, np.int64)))
+            + heap_new(num_slots) + heap_new(num_slots)
+            + (np.full(num_slots, -1, np.int8), np.zeros(1, np.int64)))
 
 
 @njit(cache=True)
@@ -69,44 +118,93 @@ def _heap(state, g):
         return state[5:10]
     if g == 2:
         return state[10:15]
-    return state[15:20]
+    if g == 3:
+        return state[15:20]
+    return state[20:25]
 
 
 @njit(cache=True)
-def _static_score(view, b):
-    """The keep score minus ``sign * now_us`` (fixed between hooks), and ``sign``."""
-    base = (CLASS_WEIGHT_US * view.priority[b] - SLACK_WEIGHT * view.slack_us[b]
-            + RECOMPUTE_WEIGHT * view.recompute_cost_us[b]
+def _no_deadline_key(view, b, base):
+    """Static key (score + now_us) of a block ranked without a deadline."""
+    ph = view.phase[b]
+    if ph < PH_ROLLBACK:
+        h = LIVE_HORIZON_US
+    elif ph == PH_IDLE:
+        h = NO_DEADLINE_HORIZON_US
+    else:
+        h = NO_REUSE_HORIZON_US
+    return base - h + view.last_access_us[b]
+
+
+@njit(cache=True)
+def _file(state, view, b, now_us):
+    """Push ``b`` into its group's heap (and the expiry heap); the key is the keep score
+    minus ``sign * now_us``, fixed until the next hook (or the deadline's expiry)."""
+    seq = state[26]
+    seq[0] += 1
+    live = view.phase[b] < PH_ROLLBACK
+    base = (CLASS_WEIGHT_US * view.priority[b] - RECOMPUTE_WEIGHT * view.recompute_cost_us[b]
             + REQUEST_PRIORITY_WEIGHT_US * view.request_priority[b])
-    if view.deadline_us[b] >= 0:
-        return base - float(view.deadline_us[b]), 1.0
-    return base - NO_DEADLINE_HORIZON_US + view.last_access_us[b], -1.0
+    if live:
+        base += LIVE_NEED_US
+    dl = view.deadline_us[b]
+    pin = 2 if (live and view.pinned[b]) else 0
+    if dl >= 0 and (live or float(dl) >= now_us):
+        if live:
+            base -= SLACK_WEIGHT * view.slack_us[b]
+        g = pin
+        heap_push(_heap(state, g), b, base - float(dl), seq[0])
+        if not live:
+            heap_push(_heap(state, G_EXPIRY), b, float(dl), seq[0])
+    else:
+        g = pin + 1
+        heap_push(_heap(state, g), b, _no_deadline_key(view, b, base), seq[0])
+    state[25][b] = g
+
+
+@njit(cache=True)
+def _expire(state, view, now_us):
+    """Finished blocks whose deadline passed lose it: re-file them without a deadline."""
+    he = _heap(state, G_EXPIRY)
+    b = heap_peek(he)
+    while b >= 0 and he[0][b] < now_us:
+        heap_remove(he, b)
+        heap_remove(_heap(state, 0), b)
+        base = (CLASS_WEIGHT_US * view.priority[b]
+                - RECOMPUTE_WEIGHT * view.recompute_cost_us[b]
+                + REQUEST_PRIORITY_WEIGHT_US * view.request_priority[b])
+        seq = state[26]
+        seq[0] += 1
+        heap_push(_heap(state, 1), b, _no_deadline_key(view, b, base), seq[0])
+        state[25][b] = 1
+        b = heap_peek(he)
 
 
 @njit(cache=True)
 def on_insert(state, view, b, now_us):
-    seq = state[21]
-    seq[0] += 1
-    s, sign = _static_score(view, b)
-    g = (2 if view.pinned[b] else 0) + (0 if sign > 0 else 1)
-    state[20][b] = g
-    heap_push(_heap(state, g), b, s, seq[0])
+    _file(state, view, b, now_us)
 
 
 @njit(cache=True)
 def on_remove(state, view, b):
-    heap_remove(_heap(state, state[20][b]), b)
-    state[20][b] = -1
+    g = state[25][b]
+    heap_remove(_heap(state, g), b)
+    if g == 0:
+        he = _heap(state, G_EXPIRY)
+        if he[3][b] >= 0:
+            heap_remove(he, b)
+    state[25][b] = -1
 
 
 @njit(cache=True)
 def on_hit(state, view, b, now_us):
     on_remove(state, view, b)  # the group or pin may have changed: re-file the block
-    on_insert(state, view, b, now_us)
+    _file(state, view, b, now_us)
 
 
 @njit(cache=True)
 def victim(state, view, now_us, alt_blocks, alt_scores):
+    _expire(state, view, now_us)
     code = 0
     g = 0
     if heap_size(_heap(state, 0)) + heap_size(_heap(state, 1)) == 0:
@@ -158,21 +256,41 @@ def victim(state, view, now_us, alt_blocks, alt_scores):
 
 
 def explain(row, now_us):
-    """Every named term of the keep score of one block at ``now_us``, and their sum."""
+    """Every named term of the keep score of one block at ``now_us``, and their sum.
+
+    Reads ``phase`` from the row when it is there.  Decision logs do not record it, so it
+    is then inferred from the class the bundled lowering gives at finish
+    (``phase_inferred`` = 1): COLD -> DONE, HOT -> IDLE, WARM / DECODE_CRITICAL -> live.
+    A preempted request's HOT shared-prefix block is the case this inference gets wrong.
+    """
     now = float(now_us)
+    prio = int(row.get("priority", 0))
+    inferred = row.get("phase") is None
+    if inferred:
+        phase = 6 if prio == 0 else (PH_IDLE if prio == 2 else 1)
+    else:
+        phase = int(row["phase"])
+    live = phase < PH_ROLLBACK
     deadline = int(row.get("deadline_us", -1))
     last = float(row.get("last_access_us", 0.0))
-    if deadline >= 0:
-        urgency = now - deadline
+    slack = 0.0
+    if deadline >= 0 and (live or deadline >= now):
+        urgency = now - deadline + (LIVE_NEED_US if live else 0.0)
+        if live:
+            slack = -SLACK_WEIGHT * float(row.get("slack_us", 0))
     else:
-        urgency = -(NO_DEADLINE_HORIZON_US + now - last)
+        horizon = (LIVE_HORIZON_US if live else
+                   NO_DEADLINE_HORIZON_US if phase == PH_IDLE else NO_REUSE_HORIZON_US)
+        urgency = -(horizon + now - last) + (LIVE_NEED_US if live else 0.0)
     terms = {
-        "class_term": CLASS_WEIGHT_US * int(row.get("priority", 0)),
+        "class_term": CLASS_WEIGHT_US * prio,
         "urgency_term": urgency,
-        "slack_term": -SLACK_WEIGHT * float(row.get("slack_us", 0)),
-        "recompute_term": RECOMPUTE_WEIGHT * float(row.get("recompute_cost_us", 0.0)),
+        "slack_term": slack,
+        "recompute_term": -RECOMPUTE_WEIGHT * float(row.get("recompute_cost_us", 0.0)),
         "request_term": REQUEST_PRIORITY_WEIGHT_US * int(row.get("request_priority", 0)),
     }
     terms["score"] = sum(terms.values())
-    terms["pinned"] = float(bool(row.get("pinned", False)))
+    terms["pinned"] = float(bool(row.get("pinned", False)) and live)
+    terms["live"] = float(live)
+    terms["phase_inferred"] = float(inferred)
     return terms

@@ -138,14 +138,21 @@ def test_predictive_farthest_predicted_use_first():
 
 
 def test_deadline_score_order_and_pins():
-    # Accessed at now = 1..6, drained at now = 6.  Keep scores:
-    # 0: no deadline, last 1: -(1e6 + 6 - 1)       = -1000005
-    # 1: deadline 100:         6 - 100              = -94
-    # 2: deadline 100, HOT:    2e9 + 6 - 100        = 1999999906  (class: 1e9 us each)
-    # 3: pinned                                      (last)
-    # 4: no deadline, last 5: -(1e6 + 6 - 5)        = -1000001
-    # 5: deadline 5e6:         6 - 5e6              = -4999994
-    # Lowest first: 5, 0, 4, 1, 2, then the pinned 3.
+    # Accessed at now = 1..6, drained at now = 6; every block is live (phase PREFILL, the
+    # view's default), so each score carries LIVE_NEED_US = 1e9 (written L below).  Keep
+    # scores (class 1e6 us each; a live block without a deadline has horizon 0):
+    # 0: no deadline, last 1: L - (0 + 6 - 1)       = L - 5
+    # 1: deadline 100:         L + 6 - 100          = L - 94
+    # 2: deadline 100, HOT:    L + 2e6 + 6 - 100    = L + 1999906
+    # 3: pinned, live                                (last)
+    # 4: no deadline, last 5: L - (0 + 6 - 5)       = L - 1
+    # 5: deadline 5e6:         L + 6 - 5e6          = L - 4999994
+    # Lowest first: 5, 1, 0, 4, 2, then the pinned 3.
+    # (Was 5, 0, 4, 1, 2, 3 when the class weight was 1e9 us and a block without a
+    # deadline had a 1 s horizon whatever its phase: a block of a request that has not
+    # finished is needed at that request's next step, so its horizon is 0 now; see
+    # policies/deadline.py.)
+    L = 1e9
     pol = get_policy("deadline")
     d = Driver(pol, capacity=6, num_slots=6, n_alt=6)
     d.set_intent(1, deadline_us=100)
@@ -156,14 +163,15 @@ def test_deadline_score_order_and_pins():
         d.access(b)
     v, code, n_alt = pol.victim(d.state, d.view, d.now, d.alt_b, d.alt_s)
     assert (v, code, n_alt) == (5, 0, 5)  # runners-up cover the 5 unpinned blocks only
-    assert list(d.alt_b[:5]) == [5, 0, 4, 1, 2]
-    np.testing.assert_allclose(d.alt_s[:5], [-4999994, -1000005, -1000001, -94, 1999999906])
+    assert list(d.alt_b[:5]) == [5, 1, 0, 4, 2]
+    np.testing.assert_allclose(d.alt_s[:5], [L - 4999994, L - 94, L - 5, L - 1, L + 1999906])
     # explain() reproduces the logged score from the same fields
-    row = {"deadline_us": 100, "priority": int(Priority.HOT), "last_access_us": 3.0}
+    row = {"deadline_us": 100, "priority": int(Priority.HOT), "last_access_us": 3.0,
+           "phase": int(Phase.PREFILL)}
     terms = pol.explain(row, 6.0)
-    assert terms["score"] == pytest.approx(1999999906)
-    assert terms["class_term"] == 2e9 and terms["urgency_term"] == -94
-    assert d.drain() == [5, 0, 4, 1, 2, 3]
+    assert terms["score"] == pytest.approx(L + 1999906)
+    assert terms["class_term"] == 2e6 and terms["urgency_term"] == L - 94
+    assert d.drain() == [5, 1, 0, 4, 2, 3]
     assert pol.reasons  # reason 1 = pinned fallback
     d2 = Driver(pol, capacity=1, num_slots=1)
     d2.set_intent(0, pinned=True)
