@@ -147,15 +147,24 @@ def report_command(
     png: Annotated[Path | None, typer.Option(
         "--png", help="Also write every figure as DIR/<figure>.png.", metavar="DIR",
         show_default=False)] = None,
+    occupancy_hbm_gb: Annotated[float | None, typer.Option(
+        "--occupancy-hbm-gb", help="HBM size (GB, one of the sweep's) of the cell drawn in "
+        "the occupancy-over-time figure [default: the smallest].", metavar="GB",
+        show_default=False)] = None,
+    occupancy_dram_gb: Annotated[float | None, typer.Option(
+        "--occupancy-dram-gb", help="DRAM size (GB, one of the sweep's) of that cell "
+        "[default: the first].", metavar="GB", show_default=False)] = None,
     json_: JsonOption = False,
 ) -> None:
     """Render a sweep's results as one HTML page: HBM hit rate vs HBM capacity per policy
     (with the one-pass lru/belady curves when the sweep ran with --curves), step-latency
-    CDFs, p99 step latency by policy with the belady bound, bytes moved per link, and peak
-    tier occupancy; --png writes the same figures as PNG files."""
+    CDFs, p99 step latency by policy with the belady bound, bytes moved per link, peak tier
+    occupancy, and tier occupancy over time for one capacity cell (one panel per tier, a
+    line per policy); --png writes the same figures as PNG files."""
     from kvsim.report import build_report
 
-    rep = build_report(results, out, png)
+    rep = build_report(results, out, png, occupancy_hbm_gb=occupancy_hbm_gb,
+                       occupancy_dram_gb=occupancy_dram_gb)
     if json_:
         emit_json({"html": str(rep.html_path), "png": [str(p) for p in rep.png_paths],
                    "figures": rep.figures, "cells": rep.cells, "policies": rep.policies})
