@@ -48,9 +48,11 @@ def test_occupancy_over_time_draws_each_policy_series(small_sweep, tmp_path):
     fig = fig_occupancy_time(table, occ)  # default cell: the smallest HBM size, 0.06 GB
     titles = [ax.get_title() for ax in fig.axes if ax.axison]
     assert titles[0] == "HBM: held by running requests\n(capacity 28 blocks)"
-    assert titles[1].startswith("DRAM: resident\n(capacity ")
+    assert titles[1] == "HBM: cached (evictable)\n(capacity 28 blocks)"
+    assert titles[2].startswith("DRAM: resident\n(capacity ")
     assert fig._suptitle.get_text() == "HBM 0.06 GB, DRAM: profile default"
-    for ax, col in ((fig.axes[0], "hbm_used_blocks"), (fig.axes[1], "dram_used_blocks")):
+    for ax, col in ((fig.axes[0], "hbm_used_blocks"), (fig.axes[1], "hbm_cached_blocks"),
+                    (fig.axes[2], "dram_used_blocks")):
         lines = {ln.get_label(): ln for ln in ax.get_lines()}
         for pol in ("lru", "belady"):  # a line per policy: exactly its cell's series
             key = table[(table.policy == pol) & (table.hbm_gb == 0.06)]["cell"].iloc[0]
