@@ -60,7 +60,9 @@ def specialize(template: ModuleType, order: ModuleType,
         f"from {order.__name__} import on_hit, on_insert, on_remove, victim  # HOOKS", src)
     if n != 1:
         raise ValueError(f"template {template.__name__} has no single '# HOOKS' import line")
-    dep_src = [_source(m) for m in depends]
+    from kvsim import policy_api  # the helpers every built-in policy's hooks call
+
+    dep_src = [_source(m) for m in (*depends, policy_api)]
     digest = hashlib.sha256("\0".join([src, policy_src] + dep_src).encode()).hexdigest()[:16]
     stem = re.sub(r"\W", "_", f"{template.__name__}__{order.__name__}")
     name = f"kvsim_specialized_{stem}_{digest}"

@@ -79,8 +79,10 @@ def _compiled(hbm_policy, lower_policies) -> ModuleType:
         n += k
     if n != 4:
         raise RuntimeError("kvsim.sim.core lost one of its '# ...-OPS' import lines")
+    from kvsim import policy_api
+
     parts = [new, _source(tiers), _source(layout), _source(fast), _source(tier_ops),
-             _source(bookkeeping)] + names
+             _source(bookkeeping), _source(policy_api)] + names
     digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
     name = f"kvsim_core_{digest}"
     if name in _LOADED:
