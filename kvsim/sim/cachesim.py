@@ -141,7 +141,7 @@ def next_use_of(ids, n_unique):
     return out
 
 
-@njit(_nrt=False)
+@njit
 def _replay(ids, next_use, capacity, state, view, on_miss, on_insert, on_hit, on_remove,
             victim, alt_blocks, alt_scores, victims_out, resident):
     """The request loop.  ``resident`` is a zeroed bool array of one entry per dense id
