@@ -284,7 +284,10 @@ def compare_command(
     profile: Annotated[str | None, typer.Option(
         "--profile", metavar="NAME|FILE.toml",
         help="Generate a synthetic workload from this profile first (instead of --trace); "
-             "see `kvsim generate`.", show_default=False)] = None,
+             "see `kvsim generate`.  It is lowered for this replay: same --hardware and "
+             "--model, and the scheduler's KV budget is the HBM pool (--hbm-gb / "
+             "--hbm-blocks), so a smaller HBM admits fewer requests at once as a real "
+             "engine would.", show_default=False)] = None,
     requests: Annotated[int, typer.Option(
         "--requests", min=1, metavar="N", help="Requests to generate with --profile.")] = 1024,
     policies: Annotated[str | None, typer.Option(
@@ -341,9 +344,13 @@ def compare_command(
             from kvsim.workload import generate
 
             source = Path(tmpdir) / "workload.parquet"
+            lowering = config.lowering_options()
+            budget = lowering.get("num_gpu_blocks")
             err_console.print(f"generating {requests:,} requests from profile {profile} "
-                              f"(seed {seed})")
-            generate(profile, requests, seed, source)
+                              f"(seed {seed}"
+                              + (f", scheduler budget {budget:,} blocks = the HBM pool)"
+                                 if budget else ")"))
+            generate(profile, requests, seed, source, **lowering)
         with progress() as bar:
             task = bar.add_task("policies", total=None)
             df = compare(source, names, config, decision_log_dir=decision_log_dir, jobs=jobs,

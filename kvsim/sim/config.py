@@ -130,6 +130,38 @@ class SimConfig:
                 name = p
         return name
 
+    def lowering_options(self, block_size_tokens: int = 16,
+                         default_model: str = "llama-3-8b") -> dict:
+        """Keyword arguments for :func:`kvsim.workload.generate` (or
+        :func:`kvsim.ingest.import_request_trace`) that lower a workload *for this replay*:
+        same hardware and model, and a scheduler KV budget (``num_gpu_blocks``) equal to
+        the HBM pool this config replays into.
+
+        Why: the lowering decides how many requests run at once from its block budget.  A
+        trace lowered for the whole GPU (the default budget) and replayed into a smaller
+        ``hbm_gb`` has more running blocks than HBM holds, so the replay preempts in a loop
+        (deadline_pressure, 256 requests, 4 GB: 6,846 preemptions and a 3.8 s p99 step); a
+        real engine with that HBM would have admitted fewer requests.  ``kvsim compare
+        --profile`` uses this, so ``--hbm-gb`` sizes the scheduler and the pool together."""
+        model = self.model or default_model
+        opts: dict = {"hardware": self.hardware, "model": model,
+                      "block_size_tokens": int(block_size_tokens),
+                      "gpu_memory_utilization": self.gpu_memory_utilization}
+        if self.hbm_blocks is not None:
+            opts["num_gpu_blocks"] = int(self.hbm_blocks)
+        elif self.hbm_gb is not None:
+            from kvsim.kvsize import kv_bytes_per_token
+            from kvsim.models import load_model
+
+            block_bytes = kv_bytes_per_token(load_model(model)) * int(block_size_tokens)
+            blocks = int(self.hbm_gb * 1e9) // block_bytes
+            if blocks < 1:
+                raise bad_value(None, None, "hbm_gb",
+                                f"room for at least one KV block ({block_bytes} bytes)",
+                                self.hbm_gb)
+            opts["num_gpu_blocks"] = blocks
+        return opts
+
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["tier_policies"] = {t: self.tier_policy(t) for t in LOWER_TIERS}

@@ -267,3 +267,37 @@ def test_random_shared_workload_never_overflows_the_replay_pool(tmp_path):
     assert max(held) <= 60 and preempt == 0
     _, _, free = lower(tmp_path, t, "free.parquet")
     assert admission_steps(free) != admission_steps(df)  # the budget did bind
+
+
+def test_lowering_options_size_the_scheduler_to_the_replay_pool():
+    from kvsim.errors import KvsimInputError
+    from kvsim.sim import SimConfig
+
+    # llama-3-8b: 131,072 bytes per token, 2,097,152 per 16-token block
+    assert SimConfig(hbm_gb=4.0).lowering_options()["num_gpu_blocks"] == 1_907
+    assert SimConfig(hbm_gb=4.0).lowering_options(block_size_tokens=512)[
+        "num_gpu_blocks"] == 59
+    assert SimConfig(hbm_blocks=123, hbm_gb=4.0).lowering_options()["num_gpu_blocks"] == 123
+    opts = SimConfig(hardware="h200", gpu_memory_utilization=0.8).lowering_options()
+    assert "num_gpu_blocks" not in opts  # derived by the lowering, as the replay derives it
+    assert (opts["hardware"], opts["model"], opts["gpu_memory_utilization"]) == \
+        ("h200", "llama-3-8b", 0.8)
+    with pytest.raises(KvsimInputError, match="hbm_gb"):
+        SimConfig(hbm_gb=0.001).lowering_options()
+
+
+def test_compare_profile_lowers_for_the_hbm_it_replays(tmp_path):
+    """compare --profile --hbm-gb 4 lowers with a 1,907-block budget, so the replay into a
+    1,907-block pool never holds more than that and never preempts."""
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    res = CliRunner().invoke(app, ["compare", "--profile", "deadline_pressure", "--requests",
+                                   "12", "--hbm-gb", "4", "--policies", "lru",
+                                   "--engine", "interpreted", "--json"])
+    assert res.exit_code == 0, res.output
+    row = {p["policy"]: p for p in json.loads(res.stdout)["policies"]}["lru"]
+    assert row["hbm_capacity_blocks"] == 1_907
+    assert row["preemptions"] == 0 and row["peak_hbm_blocks"] <= 1_907
+    assert "scheduler budget 1,907 blocks" in " ".join(res.stderr.split())
