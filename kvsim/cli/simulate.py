@@ -143,6 +143,8 @@ _COLUMNS = (
     ("peak_hbm_blocks", "peak HBM/DRAM/CXL/NVMe blocks", "peak", None),
     ("gap_hbm_hit_rate_to_belady", "HBM-hit gap to belady", "pp", "min"),
     ("gap_p99_step_us_to_belady", "p99 gap to belady us", "{:+,.0f}", "min"),
+    ("p99_step_us_vs_lru", "p99 vs lru", "vs_lru", None),
+    ("decode_critical_misses_vs_lru", "decode-crit misses vs lru", "dc_vs_lru", None),
 )
 
 
@@ -154,6 +156,12 @@ def _fmt(row: dict, key: str, fmt: str) -> str:
         return "/".join(f"{row[f'peak_{t}_blocks']:,}" for t in ("hbm", "dram", "cxl", "nvme"))
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
+    if fmt == "vs_lru":  # us and percent: a win of microseconds should look like one
+        return f"{v:+,.1f} us ({row['p99_step_pct_vs_lru']:+.3f}%)"
+    if fmt == "dc_vs_lru":
+        base = row["decode_critical_misses"] - v
+        pct = f" ({100 * v / base:+.0f}%)" if base else ""
+        return f"{int(v):+,}{pct}"
     if fmt == "ms":
         return f"{v / 1000:,.2f}"
     if fmt == "pct":

@@ -482,12 +482,18 @@ def default_policies() -> list[str]:
     return [p.name for p in list_policies()]
 
 
+#: The policy the ``*_vs_lru`` columns of :func:`compare` are measured against.
+BASELINE = "lru"
+
+
 def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
             config: SimConfig | None = None, decision_log_dir: str | Path | None = None,
             jobs: int = 1, on_progress: Callable[[str], None] | None = None) -> pd.DataFrame:
     """Replay the same trace under each policy; one row per policy (columns = the stable
     ``--json`` keys), in the order given, plus each policy's gap to belady (the offline
-    bound, run even when not listed unless it is unavailable)."""
+    bound, run even when not listed unless it is unavailable) and, when lru is among the
+    policies, its difference from lru (``p99_step_us_vs_lru``, ``p99_step_pct_vs_lru``,
+    ``decode_critical_misses_vs_lru``: this policy's minus lru's; negative = better)."""
     config = config or SimConfig()
     names = list(policies) if policies else default_policies()
     for n in names:
@@ -527,8 +533,21 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
         _SHARED.clear()
     rows = []
     ref = results.get(bound) if bound else None
+    base = results.get(BASELINE)
     for n in names:
         row = dict(results[n])
+        nan = float("nan")
+        if base is not None:  # the baseline every serving engine starts from
+            d = row["p99_step_us"] - base["p99_step_us"]
+            row["p99_step_us_vs_lru"] = d
+            row["p99_step_pct_vs_lru"] = 100.0 * d / base["p99_step_us"] \
+                if base["p99_step_us"] > 0 else nan
+            row["decode_critical_misses_vs_lru"] = (row["decode_critical_misses"]
+                                                   - base["decode_critical_misses"])
+        else:
+            row["p99_step_us_vs_lru"] = nan
+            row["p99_step_pct_vs_lru"] = nan
+            row["decode_critical_misses_vs_lru"] = nan
         if ref is not None:
             row["gap_hbm_hit_rate_to_belady"] = ref["hbm_hit_rate"] - row["hbm_hit_rate"]
             row["gap_prefix_hit_rate_to_belady"] = ref["prefix_hit_rate"] - row["prefix_hit_rate"]

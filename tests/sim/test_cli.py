@@ -52,9 +52,13 @@ def test_compare_json_keys_and_table(builder, tiny_hw, tmp_path):
     assert [p["policy"] for p in doc["policies"]] == ["lru", "fifo"]
     for key in ("policy", "p50_step_us", "p99_step_us", "hbm_hit_rate", "prefix_hit_rate",
                 "block_hit_rate", "deadline_misses", "decode_critical_misses", "bytes_moved",
-                "recompute_tokens", "gap_hbm_hit_rate_to_belady", "gap_p99_step_us_to_belady"):
+                "recompute_tokens", "gap_hbm_hit_rate_to_belady", "gap_p99_step_us_to_belady",
+                "p99_step_us_vs_lru", "p99_step_pct_vs_lru", "decode_critical_misses_vs_lru"):
         assert key in doc["policies"][0], key
     assert doc["policies"][0]["gap_hbm_hit_rate_to_belady"] == 0.0
+    assert doc["policies"][0]["p99_step_us_vs_lru"] == 0.0  # lru against itself
+    assert doc["policies"][1]["decode_critical_misses_vs_lru"] == (
+        doc["policies"][1]["decode_critical_misses"] - doc["policies"][0]["decode_critical_misses"])
     table = runner.invoke(app, args)
     assert table.exit_code == 0 and "lru" in table.stdout and "fifo" in table.stdout
 
