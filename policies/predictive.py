@@ -10,10 +10,18 @@ best evidence the block's intent carries, in this order:
    is ``(last_access_us - insert_us) / (access_count - 1)``;
 4. no evidence: never (+inf) -- evicted first, least recently used first among them.
 
+A prediction that has **passed** without the use happening is evidence of nothing any
+more: the block is then ranked as case 4 (never; evicted first).  Without this, a block
+whose deadline or predicted step went by unused would keep the earliest possible time,
+i.e. the strongest protection, for ever, and such blocks would fill the cache (the flaw
+``deadline`` v1 had, docs/policies.md).
+
 The prediction is made at ``on_insert``/``on_hit`` and kept as a time-invariant key in an
-indexed heap (``-predicted``), O(log n) per hook.  Approximation: a prediction that has
-passed without the use happening keeps its (now too early) time until the next hook; a
-rescan would be O(n) per eviction.  Score: ``-predicted_next_use_us`` (sooner = keep).
+indexed heap (``-predicted``), O(log n) per hook; a second heap orders the finite
+predictions by time, and ``victim`` first re-files those already past ``now_us`` as
+"never" (each at most once per hook), keeping their tie-break (the sequence number of their
+last hook, so they go least recently used first among the never-blocks).  Score:
+``-predicted_next_use_us`` (sooner = keep; ``-inf`` once passed).
 """
 
 import numpy as np
@@ -27,7 +35,8 @@ OFFLINE = False
 REASONS = ("predicted next use (from its deadline) is the farthest away",
            "predicted next use (from its target decode step) is the farthest away",
            "predicted next use (from its reuse rate) is the farthest away",
-           "no evidence it will be used again (no deadline, target step or reuse)")
+           "no evidence it will be used again (no deadline, target step or reuse, or its "
+           "predicted use passed unused)")
 
 #: Engine step time used to turn a target step into a time.  Source: an order of
 #: magnitude -- decode steps (TPOT) of 7B-70B models on one H100 node are tens of ms in
@@ -37,7 +46,9 @@ STEP_TIME_US = 20_000.0
 
 def init(capacity_blocks, num_slots, params):
     step_us = np.array([float(params.get("step_time_us", STEP_TIME_US))], np.float64)
-    return heap_new(num_slots) + (np.zeros(1, np.int64), step_us)
+    # 0-4: blocks keyed by -predicted; 5: hook counter; 6: step time; 7-11: finite
+    # predictions keyed by their time (the expiry heap)
+    return heap_new(num_slots) + (np.zeros(1, np.int64), step_us) + heap_new(num_slots)
 
 
 @njit(cache=True)
@@ -55,10 +66,21 @@ def _predict(view, b, step_time_us):
 
 
 @njit(cache=True)
+def _file_expiry(state, b, t):
+    """Track ``b``'s finite prediction ``t`` in the expiry heap (or drop it there)."""
+    he = state[7:12]
+    if he[3][b] >= 0:
+        heap_remove(he, b)
+    if t < np.inf:
+        heap_push(he, b, t, state[5][0])
+
+
+@njit(cache=True)
 def on_insert(state, view, b, now_us):
     state[5][0] += 1
     t, _ = _predict(view, b, state[6][0])
     heap_push(state[:5], b, -t, state[5][0])
+    _file_expiry(state, b, t)
 
 
 @njit(cache=True)
@@ -66,20 +88,33 @@ def on_hit(state, view, b, now_us):
     state[5][0] += 1
     t, _ = _predict(view, b, state[6][0])
     heap_update(state[:5], b, -t, state[5][0])
+    _file_expiry(state, b, t)
 
 
 @njit(cache=True)
 def on_remove(state, view, b):
     heap_remove(state[:5], b)
+    he = state[7:12]
+    if he[3][b] >= 0:
+        heap_remove(he, b)
 
 
 @njit(cache=True)
 def victim(state, view, now_us, alt_blocks, alt_scores):
-    b = heap_peek(state[:5])
+    he = state[7:12]
+    h = state[:5]
+    e = heap_peek(he)
+    while e >= 0 and he[0][e] < now_us:  # passed unused: no evidence any more
+        heap_remove(he, e)
+        heap_update(h, e, -np.inf, h[1][e])
+        e = heap_peek(he)
+    b = heap_peek(h)
     if b < 0:
         return -1, 0, 0
-    _, code = _predict(view, b, state[6][0])
-    return b, code, heap_smallest(state[:5], alt_blocks, alt_scores)
+    code = 3
+    if h[0][b] > -np.inf:
+        _, code = _predict(view, b, state[6][0])
+    return b, code, heap_smallest(h, alt_blocks, alt_scores)
 
 
 def explain(row, now_us, step_time_us=STEP_TIME_US):
@@ -96,6 +131,8 @@ def explain(row, now_us, step_time_us=STEP_TIME_US):
     elif count >= 2:
         t, source = last + (last - insert) / (count - 1), 2.0
     else:
+        t, source = float("inf"), 3.0
+    if t < float(now_us):  # passed without the use: no evidence any more
         t, source = float("inf"), 3.0
     return {"predicted_next_use_us": t, "evidence": source,
             "time_to_predicted_use_us": t - float(now_us), "score": -t}

@@ -137,6 +137,27 @@ def test_predictive_farthest_predicted_use_first():
     assert d.drain() == [2, 1, 0, 3]
 
 
+def test_predictive_passed_prediction_is_no_evidence():
+    # Accessed at t = 1..4: 0 deadline 2 (passes at t = 3), 1 deadline 500, 2 target step
+    # 10 (200,000 us), 3 no evidence.  Drained at t = 4 (n_alt = 4 records the order):
+    # 0's prediction passed unused, so it ranks as "never" with 3, least recently hooked
+    # first: 0 (hooked at 1) then 3 (at 4); then the farthest prediction, 2, then 1.
+    # Before the expiry rule 0 kept the earliest time, so it was drained last: 3, 2, 1, 0.
+    d = Driver(get_policy("predictive"), capacity=4, num_slots=4, n_alt=4)
+    d.set_intent(0, deadline_us=2)
+    d.set_intent(1, deadline_us=500)
+    d.set_intent(2, target_decode_step=10)
+    for b in (0, 1, 2, 3):
+        d.access(b)
+    v, reason, n = d.p.victim(d.state, d.view, d.now, d.alt_b, d.alt_s)
+    assert (int(v), int(reason), int(n)) == (0, 3, 4)
+    assert list(d.alt_b) == [0, 3, 2, 1]
+    assert list(d.alt_s[:2]) == [-np.inf, -np.inf]
+    assert d.drain() == [0, 3, 2, 1]
+    row = {"deadline_us": 2, "last_access_us": 1.0, "access_count": 1}
+    assert d.p.module.explain(row, 4.0)["evidence"] == 3.0
+
+
 def test_deadline_score_order_and_pins():
     # Accessed at now = 1..6, drained at now = 6; every block is live (phase PREFILL, the
     # view's default), so each score carries LIVE_NEED_US = 1e9 (written L below).  Keep
