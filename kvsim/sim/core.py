@@ -126,6 +126,12 @@ MODE_APPEND = 2
 # wrappers numba builds by default (``no_cpython_wrapper``, ``no_cfunc_wrapper``): their
 # argument lists are dozens of arrays, and boxing code for them was ~17 % of the compile
 # (cProfile of a cold compile: 39 + 9 of 279 s).  ``run`` and ``finish`` keep theirs.
+#
+# Constant arguments are passed as ``np.int64(...)`` (and ``not cap3`` for False): numba
+# specialises a callee on the literal value of a constant argument, so ``_place(r, 0, ...,
+# MODE_ADMIT)`` and ``_place(r, e, 1, MODE_APPEND)`` were three separate compilations of
+# the biggest function after ``run`` (and two of ``_allocate``, ``pool_ops.allocate``,
+# ``_hbm_evicted``, three of ``spill_into``): ~25 of ~120 CPU-s per policy.
 
 # ---------------------------------------------------------------------------------------
 # lower-tier spills
@@ -140,21 +146,21 @@ def _spill(src, s, ow, bi, tok, dest, T1, T2, T3, TMP, TMP_i, K, C, G, step, now
     v = src
     vs = s
     if dest <= 1 and T1[5][LM_CAP] > 0:
-        if dram_ops.spill_into(T1, v, vs, ow, bi, tok, cap2 or cap3, 1, TMP, TMP_i,
+        if dram_ops.spill_into(T1, v, vs, ow, bi, tok, cap2 or cap3, np.int64(1), TMP, TMP_i,
                                K, C, G, step, now_us, alt_b, alt_s, vo) == 0:
             return
         v = TMP
         vs = 1
         ow, bi, tok = TMP_i[1, 0], TMP_i[1, 1], TMP_i[1, 2]
     if dest <= 2 and cap2:
-        if cxl_ops.spill_into(T2, v, vs, ow, bi, tok, cap3, 2, TMP, TMP_i,
+        if cxl_ops.spill_into(T2, v, vs, ow, bi, tok, cap3, np.int64(2), TMP, TMP_i,
                               K, C, G, step, now_us, alt_b, alt_s, vo) == 0:
             return
         v = TMP
         vs = 2
         ow, bi, tok = TMP_i[2, 0], TMP_i[2, 1], TMP_i[2, 2]
     if cap3:
-        nvme_ops.spill_into(T3, v, vs, ow, bi, tok, False, 3, TMP, TMP_i,
+        nvme_ops.spill_into(T3, v, vs, ow, bi, tok, not cap3, np.int64(3), TMP, TMP_i,
                             K, C, G, step, now_us, alt_b, alt_s, vo)
 
 
@@ -497,7 +503,7 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
         pa = int(C[C_PEND_ADMIT])
         if pa >= 0 and not (kind == EV_ALLOCATE and r == pa):
             C[C_PEND_ADMIT] = -1
-            _place(pa, 0, R_i[pa, RI_BT_LEN], MODE_ADMIT, K, X, C, R_i, R_f, A_i, A_f, H_i,
+            _place(pa, np.int64(0), R_i[pa, RI_BT_LEN], np.int64(MODE_ADMIT), K, X, C, R_i, R_f, A_i, A_f, H_i,
                    st, out, hbuf, scr, pst, view, T1, T2, T3, TMP, TMP_i, G, running,
                    alt_b, alt_s, vo)
             R_i[pa, RI_PHASE] = 1
@@ -533,7 +539,7 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
                 R_i[r, RI_STATE] = RS_RUNNING
                 _run_add(running, C, r)
                 R_i[r, RI_LATMASK] = 0
-                _place(r, 0, R_i[r, RI_BT_LEN], MODE_RERUN, K, X, C, R_i, R_f, A_i, A_f,
+                _place(r, np.int64(0), R_i[r, RI_BT_LEN], np.int64(MODE_RERUN), K, X, C, R_i, R_f, A_i, A_f,
                        H_i, st, out, hbuf, scr, pst, view, T1, T2, T3, TMP, TMP_i, G,
                        running, alt_b, alt_s, vo)
                 state = RS_RUNNING
@@ -582,7 +588,7 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
                             b = out.blocks[0]
                             if out.kind[0] == mem.KIND_EVICTED:
                                 _hbm_evicted(b, out.evicted_hash[0], out.reason[0],
-                                             out.n_alt[0], 0, r, K, C, H_i, view, out, T1,
+                                             out.n_alt[0], np.int64(0), r, K, C, H_i, view, out, T1,
                                              T2, T3, TMP, TMP_i, G, step, now_us, alt_b, alt_s,
                                              vo)
                             _set_view_from_record(view, b, A_i, A_f, a, now_us)
@@ -600,7 +606,7 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
                 else:  # a block appended after admission (decode, or a late prompt block)
                     e = R_i[r, RI_BT_LEN]
                     _new_record(r, i, cols, R_i, A_i, A_f, C, K, next_use, seen)
-                    _place(r, e, 1, MODE_APPEND, K, X, C, R_i, R_f, A_i, A_f, H_i, st, out,
+                    _place(r, e, np.int64(1), np.int64(MODE_APPEND), K, X, C, R_i, R_f, A_i, A_f, H_i, st, out,
                            hbuf, scr, pst, view, T1, T2, T3, TMP, TMP_i, G,
                            running, alt_b, alt_s, vo)
             elif kind == EV_FORK:
@@ -702,7 +708,7 @@ def finish(K, X, C, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, pst, view, T1, 
     pa = int(C[C_PEND_ADMIT])
     if pa >= 0:
         C[C_PEND_ADMIT] = -1
-        _place(pa, 0, R_i[pa, RI_BT_LEN], MODE_ADMIT, K, X, C, R_i, R_f, A_i, A_f, H_i, st,
+        _place(pa, np.int64(0), R_i[pa, RI_BT_LEN], np.int64(MODE_ADMIT), K, X, C, R_i, R_f, A_i, A_f, H_i, st,
                out, hbuf, scr, pst, view, T1, T2, T3, TMP, TMP_i, G, running, alt_b, alt_s,
                vo)
     if C[C_IN_STEP] != 0:
