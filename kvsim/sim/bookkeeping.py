@@ -158,7 +158,8 @@ def _new_record(r, i, cols, R_i, A_i, A_f, C, K, next_use, seen):
         top = int(C[C_ARENA_TOP])
         cap = max(2 * n, 4)
         for e in range(n):
-            A_i[top + e] = A_i[start + e]
+            for c in range(A_i.shape[1]):  # not a row assignment: see kvsim.sim.core
+                A_i[top + e, c] = A_i[start + e, c]
             A_f[top + e] = A_f[start + e]
         R_i[r, RI_BT_START] = top
         R_i[r, RI_BT_CAP] = cap

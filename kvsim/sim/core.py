@@ -136,6 +136,10 @@ MODE_APPEND = 2
 # MODE_ADMIT)`` and ``_place(r, e, 1, MODE_APPEND)`` were three separate compilations of
 # the biggest function after ``run`` (and two of ``_allocate``, ``pool_ops.allocate``,
 # ``spill._hbm_evicted``, three of ``spill_into``): ~25 of ~120 CPU-s per policy.
+#
+# Array copies are element loops: a row or slice assignment (``Cw[:] = C[:]``) pulls in
+# numba's shape-mismatch error path (string-formatting overloads that numba never caches
+# on disk, ~4 CPU-s in every process that compiles a new core).
 
 # ---------------------------------------------------------------------------------------
 # HBM: allocation with preemption, placement of a request's blocks
@@ -380,7 +384,7 @@ def _release_all(r, K, C, R_i, H_i, st, pst, view, G, step, now_us):
     for e in range(m):
         view.last_access_us[st.tables[seq, e]] = now_us
     life = K[K_LOG] != 0 and K[K_LOG_LIFECYCLE] != 0
-    ops.free(st, pst, view, seq, now_us)
+    ops.free_tail(st, pst, view, seq, m, now_us)  # = ops.free; one pool op compiled, not two
     if life:
         for e in range(m - 1, -1, -1):
             b = st.tables[seq, e]
@@ -462,7 +466,8 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
             C[C_STEP_STALL_US] = 0.0
             C[C_STEP_EXTRA_US] = 0.0
             if K[K_WARMUP_STEP] >= 0 and C[C_WARM_DONE] == 0 and c_step[i] >= K[K_WARMUP_STEP]:
-                Cw[:] = C[:]
+                for j in range(C.shape[0]):  # not Cw[:] = C[:]: see the note above
+                    Cw[j] = C[j]
                 C[C_WARM_DONE] = 1
                 C[C_WARM_US] = C[C_STEP_START_US]
         elif kind == EV_ARRIVE:
@@ -559,7 +564,8 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
                     m = R_i[p, RI_BT_LEN]
                     cap = max(4, 2 * m)
                     for e in range(m):
-                        A_i[top + e] = A_i[ps + e]
+                        for c in range(A_i.shape[1]):
+                            A_i[top + e, c] = A_i[ps + e, c]
                         A_f[top + e] = A_f[ps + e]
                     R_i[r, RI_BT_START] = top
                     R_i[r, RI_BT_LEN] = m
@@ -635,7 +641,7 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
                     if state == RS_RUNNING and st.seq_len[seq] == R_i[r, RI_BT_LEN]:
                         b = st.tables[seq, c_bi[i]]
                         view.last_access_us[b] = now_us
-                        ops.free_tail(st, pst, view, seq, 1, now_us)
+                        ops.free_tail(st, pst, view, seq, np.int64(1), now_us)
                         C[C_HBM_USED] = st.sc[mem.S_N_HELD]
                     R_i[r, RI_BT_LEN] -= 1
         i += 1

@@ -3,12 +3,19 @@ or the interpreted twin of the same source.
 
 Compiled: numba cannot cache a function that receives jitted hooks as arguments (every
 process would recompile the loop, ~10 s), but it caches one that calls them as module
-globals.  :mod:`kvsim.sim.core` is therefore a *template*: four import lines marked
-``# HBM-OPS``, ``# DRAM-HOOKS``, ``# CXL-HOOKS``, ``# NVME-HOOKS`` bind the HBM pool
-operations (:func:`kvsim.memory.specialize.ops_for` the HBM policy) and each lower tier's
-policy hooks.  :func:`core_for` writes a copy with those lines rewritten into the kvsim
-cache folder (name = digest of every source involved, so an edit makes a new module and a
-new numba cache entry) and imports it.
+globals.  :mod:`kvsim.sim.core` is therefore a *template*: import lines marked
+``# HBM-OPS``, ``# DRAM-OPS``, ``# CXL-OPS``, ``# NVME-OPS`` bind the HBM pool operations
+(:func:`kvsim.memory.specialize.ops_for` the HBM policy) and each lower tier's operations
+(:mod:`kvsim.sim.tier_ops` specialised for its policy), and ``# SPILL`` binds
+:mod:`kvsim.sim.spill`, itself a template of the three lower tiers only (so its compiled
+code is shared by every HBM policy).  :func:`core_for` writes copies with those lines
+rewritten into the kvsim cache folder (name = digest of every source involved, so an edit
+makes a new module and a new numba cache entry) and imports them.
+
+Compile cost (numba, per new HBM policy): every function of a
+specialised module is compiled again, and each re-optimises the code of the functions it
+calls, so the per-policy modules hold only what calls the HBM policy's hooks, and no call
+site passes a constant (numba would compile one more specialisation per literal value).
 
 Interpreted (a plain-Python policy anywhere): the same modules re-executed with
 ``numba.njit`` replaced by the identity decorator, the hooks bound as globals.
