@@ -129,7 +129,10 @@ MODE_APPEND = 2
 # Functions only the compiled loop calls are compiled without the CPython and C-callable
 # wrappers numba builds by default (``no_cpython_wrapper``, ``no_cfunc_wrapper``): their
 # argument lists are dozens of arrays, and boxing code for them was ~17 % of the compile
-# (cProfile of a cold compile: 39 + 9 of 279 s).  ``run`` keeps its own.
+# (cProfile of a cold compile: 39 + 9 of 279 s).  ``run`` keeps its CPython wrapper (the
+# driver calls it) but, like every jitted function of the core, pool and tier modules, has
+# no C-callable wrapper: nothing takes a function's address, and numba builds one by
+# default for every function it compiles.
 #
 # Constant arguments are passed as ``np.int64(...)`` (and ``not cap3`` for False): numba
 # specialises a callee on the literal value of a constant argument, so ``_place(r, 0, ...,
@@ -400,7 +403,7 @@ def _release_all(r, K, C, R_i, H_i, st, pst, view, G, step, now_us):
 # the loop
 # ---------------------------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, pst, view,
         T1, T2, T3, TMP, TMP_i, G, S, P, running, next_use, seen, alt_b, alt_s, vo):
     """Replay rows ``i0 .. n-1`` of one batch.  Returns ``(status, row)``.
