@@ -342,7 +342,7 @@ def _index_remove(st, b):
     return h
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def seq_open(st, tenant):
     """Take a free seq slot (lowest id first); -1 if none.  The table starts empty."""
     top = st.sc[S_SEQ_TOP]
@@ -359,7 +359,7 @@ def seq_open(st, tenant):
     return seq
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def seq_close(st, seq):
     """Return a slot whose table is empty (free it first)."""
     if not st.seq_is_open[seq] or st.seq_len[seq] != 0:
@@ -369,7 +369,7 @@ def seq_close(st, seq):
     st.sc[S_SEQ_TOP] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def pool_lookup(st, hashes, n, num_tokens, out_blocks):
     """Longest cached prefix of ``hashes[:n]``: stop at the first miss, at most
     ``(num_tokens - 1) // block_size`` blocks (the last token is always recomputed).
@@ -393,7 +393,7 @@ def pool_lookup(st, hashes, n, num_tokens, out_blocks):
     return k
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def pool_cache_block(st, seq, index, h):
     """Block ``index`` of ``seq`` became full: register it under hash ``h`` (vLLM
     cache_full_blocks).  No-op if caching is off, ``h`` is 0 or the block has a hash."""
@@ -404,7 +404,7 @@ def pool_cache_block(st, seq, index, h):
         _index_add(st, b, h)
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def pool_fork(st, parent, child):
     """Copy-on-write fork: ``child`` (open, empty) shares every block of ``parent``."""
     if st.seq_len[child] != 0 or not st.seq_is_open[child]:
@@ -420,7 +420,7 @@ def pool_fork(st, parent, child):
         _assert_ok(st)
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def pick_preemption_victim(running, n_running, request_priority, arrival, by_priority):
     """Index in ``running[:n_running]`` of the request to preempt (vLLM v1 Scheduler):
     the last running one; under priority scheduling the lowest ``request_priority``
@@ -440,7 +440,7 @@ def pick_preemption_victim(running, n_running, request_priority, arrival, by_pri
     return best
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def pool_check(st):
     """0 if every invariant holds, else the code of the first broken one (INVARIANTS)."""
     n = st.cfg[F_NUM_BLOCKS]
@@ -506,7 +506,7 @@ def pool_check(st):
     return 0
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def _assert_ok(st):
     code = pool_check(st)
     if code != 0:

@@ -60,7 +60,7 @@ def _take_block(st, pst, view, now_us, out, i):
     return _evict_one(st, pst, view, now_us, out, i)
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
     """Append ``n`` blocks to ``seq``'s table (see kvsim.memory).  Returns the number of
     leading prefix-hit blocks, or -1 if the blocks do not fit (then nothing changed)."""
@@ -205,7 +205,7 @@ def _release(st, pst, view, seq, first, now_us):
     st.seq_len[seq] = first
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def free(st, pst, view, seq, now_us):
     """Release every block of ``seq`` tail-first; the slot stays open, empty."""
     _release(st, pst, view, seq, 0, now_us)
@@ -213,7 +213,7 @@ def free(st, pst, view, seq, now_us):
         _assert_ok(st)
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def free_tail(st, pst, view, seq, n, now_us):
     """Release the last ``n`` blocks of ``seq`` (block-level FREE, draft rollback)."""
     m = st.seq_len[seq]
@@ -224,7 +224,7 @@ def free_tail(st, pst, view, seq, n, now_us):
         _assert_ok(st)
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def write_last(st, pst, view, seq, now_us, out):
     """A write into seq's last block.  If another seq shares it (ref > 1), copy it to a
     new private block first (copy-on-write): returns 1 and out.blocks[0] = the copy.
@@ -251,7 +251,7 @@ def write_last(st, pst, view, seq, now_us, out):
     return 1
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def preempt(st, pst, view, seq, mode, now_us):
     """Preempt ``seq``: release its blocks tail-first (recompute: vLLM v1; swap: the blocks
     are counted as moved to the next tier first).  Its next admission is a rerun."""

@@ -18,13 +18,13 @@ NEVER = np.iinfo(np.int64).max
 PR_DECODE_CRITICAL = 3
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def _peak(C, tier, used):
     if used > C[C_PEAK + tier]:
         C[C_PEAK + tier] = used
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def _set_view_from_record(view, b, A_i, A_f, a, now_us):
     """The block's intent fields as the serving layer last stated them (its record)."""
     view.phase[b] = A_i[a, AI_PHASE]
@@ -40,7 +40,7 @@ def _set_view_from_record(view, b, A_i, A_f, a, now_us):
     view.last_access_us[b] = now_us
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def _run_remove(running, C, r):
     n = int(C[C_NRUN])
     j = 0
@@ -53,13 +53,13 @@ def _run_remove(running, C, r):
     C[C_NRUN] = n - 1
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def _run_add(running, C, r):
     running[int(C[C_NRUN])] = r
     C[C_NRUN] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def _pick_victim(running, C, R_i, exclude, by_priority):
     """vLLM v1: the last running request; under priority scheduling the lowest
     request_priority, ties -> the latest admitted.  Never ``exclude``.  -1 if none."""
@@ -76,7 +76,7 @@ def _pick_victim(running, C, R_i, exclude, by_priority):
     return best
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def _first_lower(T1, T2, T3):
     if T1[5][LM_CAP] > 0:
         return 1
@@ -87,12 +87,12 @@ def _first_lower(T1, T2, T3):
     return 0
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def _below(T1, T2, T3, h):
     return tr.tier_find(T1, h) >= 0 or tr.tier_find(T2, h) >= 0 or tr.tier_find(T3, h) >= 0
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def _finalize_step(C, R_i, R_f, S, P, sc=None):
     """Close the current step: latency, clock, the tokens its requests produced, and each
     tier's occupancy as the step ends (``S_USED + t``, ``S_HBM_CACHED``).
@@ -147,7 +147,7 @@ def _finalize_step(C, R_i, R_f, S, P, sc=None):
     C[C_NPEND] = 0
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def _new_record(r, i, cols, R_i, A_i, A_f, C, K, next_use, seen):
     """Append the ALLOCATE row ``i`` to request ``r``'s block records; returns its index."""
     (c_step, c_time, c_kind, c_req, c_bi, c_hash, c_parent, c_ntok, c_dur, c_phase, c_prio,
@@ -158,7 +158,8 @@ def _new_record(r, i, cols, R_i, A_i, A_f, C, K, next_use, seen):
         top = int(C[C_ARENA_TOP])
         cap = max(2 * n, 4)
         for e in range(n):
-            A_i[top + e] = A_i[start + e]
+            for c in range(A_i.shape[1]):  # not a row assignment: see kvsim.sim.core
+                A_i[top + e, c] = A_i[start + e, c]
             A_f[top + e] = A_f[start + e]
         R_i[r, RI_BT_START] = top
         R_i[r, RI_BT_CAP] = cap
@@ -192,7 +193,7 @@ def _new_record(r, i, cols, R_i, A_i, A_f, C, K, next_use, seen):
     return a
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def _intent(a, i, cols, A_i, b, view):
     (c_step, c_time, c_kind, c_req, c_bi, c_hash, c_parent, c_ntok, c_dur, c_phase, c_prio,
      c_rprio, c_dl, c_slack, c_rcost, c_tds, c_pin, c_pfok, c_size, c_tenant) = cols

@@ -35,6 +35,7 @@ from kvsim.memory import pool_ops as ops  # HBM-OPS
 from kvsim.sim import tier_ops as dram_ops  # DRAM-OPS
 from kvsim.sim import tier_ops as cxl_ops  # CXL-OPS
 from kvsim.sim import tier_ops as nvme_ops  # NVME-OPS
+from kvsim.sim import spill as lower  # SPILL
 from kvsim.sim import tiers as tr
 from kvsim.sim.bookkeeping import (_below, _finalize_step, _first_lower, _intent, _new_record, _peak,
                                    _pick_victim, _run_add, _run_remove, _set_view_from_record)
@@ -114,6 +115,9 @@ WHY = (
 W_PROMOTE, W_PREFETCH, W_RECOMP, W_RECOMP_RERUN, W_WT, W_WTS, W_PRE_LAST, W_PRE_PRIO = range(8)
 W_SWAP_IN, W_ALLOC, W_HIT, W_RELEASE, W_REVIVE, W_FREE, W_PROMOTE_RERUN, W_BACKED = range(8, 16)
 W_COW = 16
+assert (lower.A_EVICT, lower.A_DEMOTE, lower.A_WRITE_THROUGH, lower.W_WT, lower.W_WTS,
+        lower.W_BACKED, lower.PR_DECODE_CRITICAL) == (A_EVICT, A_DEMOTE, A_WRITE_THROUGH, W_WT,
+                                                      W_WTS, W_BACKED, PR_DECODE_CRITICAL)
 
 NEVER = np.iinfo(np.int64).max
 
@@ -125,38 +129,20 @@ MODE_APPEND = 2
 # Functions only the compiled loop calls are compiled without the CPython and C-callable
 # wrappers numba builds by default (``no_cpython_wrapper``, ``no_cfunc_wrapper``): their
 # argument lists are dozens of arrays, and boxing code for them was ~17 % of the compile
-# (cProfile of a cold compile: 39 + 9 of 279 s).  ``run`` and ``finish`` keep theirs.
-
-# ---------------------------------------------------------------------------------------
-# lower-tier spills
-# ---------------------------------------------------------------------------------------
-
-@njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
-def _spill(src, s, ow, bi, tok, dest, T1, T2, T3, TMP, TMP_i, K, C, G, step, now_us, alt_b, alt_s, vo):
-    """Write a block into tier ``dest`` (1..3) or the first enabled tier below it; victims
-    cascade down (DRAM -> CXL -> NVMe -> dropped)."""
-    cap2 = T2[5][LM_CAP] > 0
-    cap3 = T3[5][LM_CAP] > 0
-    v = src
-    vs = s
-    if dest <= 1 and T1[5][LM_CAP] > 0:
-        if dram_ops.spill_into(T1, v, vs, ow, bi, tok, cap2 or cap3, 1, TMP, TMP_i,
-                               K, C, G, step, now_us, alt_b, alt_s, vo) == 0:
-            return
-        v = TMP
-        vs = 1
-        ow, bi, tok = TMP_i[1, 0], TMP_i[1, 1], TMP_i[1, 2]
-    if dest <= 2 and cap2:
-        if cxl_ops.spill_into(T2, v, vs, ow, bi, tok, cap3, 2, TMP, TMP_i,
-                              K, C, G, step, now_us, alt_b, alt_s, vo) == 0:
-            return
-        v = TMP
-        vs = 2
-        ow, bi, tok = TMP_i[2, 0], TMP_i[2, 1], TMP_i[2, 2]
-    if cap3:
-        nvme_ops.spill_into(T3, v, vs, ow, bi, tok, False, 3, TMP, TMP_i,
-                            K, C, G, step, now_us, alt_b, alt_s, vo)
-
+# (cProfile of a cold compile: 39 + 9 of 279 s).  ``run`` keeps its CPython wrapper (the
+# driver calls it) but, like every jitted function of the core, pool and tier modules, has
+# no C-callable wrapper: nothing takes a function's address, and numba builds one by
+# default for every function it compiles.
+#
+# Constant arguments are passed as ``np.int64(...)`` (and ``not cap3`` for False): numba
+# specialises a callee on the literal value of a constant argument, so ``_place(r, 0, ...,
+# MODE_ADMIT)`` and ``_place(r, e, 1, MODE_APPEND)`` were three separate compilations of
+# the biggest function after ``run`` (and two of ``_allocate``, ``pool_ops.allocate``,
+# ``spill._hbm_evicted``, three of ``spill_into``): ~25 of ~120 CPU-s per policy.
+#
+# Array copies are element loops: a row or slice assignment (``Cw[:] = C[:]``) pulls in
+# numba's shape-mismatch error path (string-formatting overloads that numba never caches
+# on disk, ~4 CPU-s in every process that compiles a new core).
 
 # ---------------------------------------------------------------------------------------
 # HBM: allocation with preemption, placement of a request's blocks
@@ -204,54 +190,6 @@ def _allocate(r, n, num_tokens, hbuf, K, X, C, R_i, A_i, st, out, pst, view, run
             return -1
         _preempt(v, K, X, C, R_i, A_i, st, pst, view, running, G, step,
                  now_us)
-
-
-@njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
-def _hbm_evicted(b, h, reason, n_alt, e, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, G, step, now_us, alt_b, alt_s, vo):
-    """Cached HBM block ``b`` (content ``h``) was evicted by the policy for a new block:
-    demote it (write_back and no lower copy) or drop it.  Its view is still intact."""
-    dest = 0
-    backed = _below(T1, T2, T3, h)
-    if not backed and K[K_WRITE_POLICY] == WP_WRITE_BACK:
-        dest = _first_lower(T1, T2, T3)
-    if K[K_LOG] != 0:
-        row = tr.log_row(G, C, step, now_us, A_DEMOTE if dest > 0 else A_EVICT, h,
-                         H_i[b, HI_OWNER], H_i[b, HI_BI], 0, dest if dest > 0 else -1,
-                         view.size_bytes[b] if dest > 0 else 0, 0.0,
-                         view.priority[b] == PR_DECODE_CRITICAL, reason,
-                         W_BACKED if backed else -1)
-        tr.log_candidates(G, row, view, H_i, out.alt_blocks[e], out.alt_scores[e], n_alt)
-    if dest > 0:
-        C[M_DEMOTE] += 1
-        _spill(view, b, H_i[b, HI_OWNER], H_i[b, HI_BI], H_i[b, HI_TOKENS], dest, T1, T2, T3,
-               TMP, TMP_i, K, C, G, step,
-               now_us, alt_b, alt_s, vo)
-    else:
-        C[M_EVICT] += 1
-
-
-@njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
-def _write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_us, alt_b, alt_s, vo):
-    """HiCache write_through(_selective): back block ``b`` up once its hit count reaches
-    the threshold (1, or 2 for selective), unless a lower copy exists."""
-    wp = K[K_WRITE_POLICY]
-    if wp == WP_WRITE_BACK:
-        return
-    thr = 1 if wp == WP_WRITE_THROUGH else 2
-    h = view.content_hash[b]
-    if h == 0 or H_i[b, HI_HITS] != thr or _below(T1, T2, T3, h):
-        return
-    dest = _first_lower(T1, T2, T3)
-    if dest == 0:
-        return
-    C[M_WRITE_THROUGH] += 1
-    if K[K_LOG] != 0:
-        tr.log_row(G, C, step, now_us, A_WRITE_THROUGH, h, r, H_i[b, HI_BI], 0, dest,
-                   view.size_bytes[b], 0.0, view.priority[b] == PR_DECODE_CRITICAL, -1,
-                   W_WT if thr == 1 else W_WTS)
-    _spill(view, b, H_i[b, HI_OWNER], H_i[b, HI_BI], H_i[b, HI_TOKENS], dest, T1, T2, T3,
-           TMP, TMP_i, K, C, G, step, now_us,
-           alt_b, alt_s, vo)
 
 
 @njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
@@ -318,7 +256,7 @@ def _place(r, e0, nb, mode, K, X, C, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr
     # 3b. cached blocks the policy evicted for the new ones (views still intact)
     for e in range(n_hit, nb):
         if out.kind[e] == mem.KIND_EVICTED:
-            _hbm_evicted(out.blocks[e], out.evicted_hash[e], out.reason[e], out.n_alt[e], e,
+            lower._hbm_evicted(out.blocks[e], out.evicted_hash[e], out.reason[e], out.n_alt[e], e,
                          r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, G, step, now_us, alt_b, alt_s, vo)
     # 3c. accounting, views, decisions
     log_on = K[K_LOG] != 0
@@ -345,7 +283,7 @@ def _place(r, e0, nb, mode, K, X, C, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr
                            A_REVIVE if out.kind[e] == mem.KIND_REVIVED else A_HIT, h, r, bi,
                            0, 0, 0, 0.0, False, -1,
                            W_REVIVE if out.kind[e] == mem.KIND_REVIVED else W_HIT)
-            _write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_us, alt_b, alt_s, vo)
+            lower._write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_us, alt_b, alt_s, vo)
             continue
         # a new HBM block: its identity
         _set_view_from_record(view, b, A_i, A_f, a, now_us)
@@ -433,7 +371,7 @@ def _place(r, e0, nb, mode, K, X, C, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr
                                bound, -1, W_RECOMP)
             else:
                 C[M_FIRST_TOK] += tok
-        _write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_us, alt_b, alt_s, vo)
+        lower._write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_us, alt_b, alt_s, vo)
     if mode == MODE_ADMIT:
         C[M_LOOKUP_TOK] += num_tokens
         C[M_LOOKUP_BLK] += nb
@@ -449,7 +387,7 @@ def _release_all(r, K, C, R_i, H_i, st, pst, view, G, step, now_us):
     for e in range(m):
         view.last_access_us[st.tables[seq, e]] = now_us
     life = K[K_LOG] != 0 and K[K_LOG_LIFECYCLE] != 0
-    ops.free(st, pst, view, seq, now_us)
+    ops.free_tail(st, pst, view, seq, m, now_us)  # = ops.free; one pool op compiled, not two
     if life:
         for e in range(m - 1, -1, -1):
             b = st.tables[seq, e]
@@ -465,10 +403,26 @@ def _release_all(r, K, C, R_i, H_i, st, pst, view, G, step, now_us):
 # the loop
 # ---------------------------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, pst, view,
         T1, T2, T3, TMP, TMP_i, G, S, P, running, next_use, seen, alt_b, alt_s, vo):
-    """Replay rows ``i0 .. n-1`` of one batch.  Returns ``(status, row)``."""
+    """Replay rows ``i0 .. n-1`` of one batch.  Returns ``(status, row)``.
+
+    ``i0 < 0``: end of trace instead (place a gathered admission, close the last step;
+    ``cols`` is any batch of the trace, only its types matter).  One entry point rather
+    than a second jitted ``finish``: that one re-optimised and re-linked all of
+    :func:`_place` (~9 CPU-s of every policy's compile)."""
+    if i0 < 0:
+        pa = int(C[C_PEND_ADMIT])
+        if pa >= 0:
+            C[C_PEND_ADMIT] = -1
+            _place(pa, np.int64(0), R_i[pa, RI_BT_LEN], np.int64(MODE_ADMIT), K, X, C, R_i,
+                   R_f, A_i, A_f, H_i, st, out, hbuf, scr, pst, view, T1, T2, T3, TMP,
+                   TMP_i, G, running, alt_b, alt_s, vo)
+        if C[C_IN_STEP] != 0:
+            _finalize_step(C, R_i, R_f, S, P, st.sc)
+            C[C_IN_STEP] = 0
+        return ST_DONE, n
     (c_step, c_time, c_kind, c_req, c_bi, c_hash, c_parent, c_ntok, c_dur, c_phase, c_prio,
      c_rprio, c_dl, c_slack, c_rcost, c_tds, c_pin, c_pfok, c_size, c_tenant) = cols
     log_on = K[K_LOG] != 0
@@ -497,7 +451,7 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
         pa = int(C[C_PEND_ADMIT])
         if pa >= 0 and not (kind == EV_ALLOCATE and r == pa):
             C[C_PEND_ADMIT] = -1
-            _place(pa, 0, R_i[pa, RI_BT_LEN], MODE_ADMIT, K, X, C, R_i, R_f, A_i, A_f, H_i,
+            _place(pa, np.int64(0), R_i[pa, RI_BT_LEN], np.int64(MODE_ADMIT), K, X, C, R_i, R_f, A_i, A_f, H_i,
                    st, out, hbuf, scr, pst, view, T1, T2, T3, TMP, TMP_i, G, running,
                    alt_b, alt_s, vo)
             R_i[pa, RI_PHASE] = 1
@@ -515,7 +469,8 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
             C[C_STEP_STALL_US] = 0.0
             C[C_STEP_EXTRA_US] = 0.0
             if K[K_WARMUP_STEP] >= 0 and C[C_WARM_DONE] == 0 and c_step[i] >= K[K_WARMUP_STEP]:
-                Cw[:] = C[:]
+                for j in range(C.shape[0]):  # not Cw[:] = C[:]: see the note above
+                    Cw[j] = C[j]
                 C[C_WARM_DONE] = 1
                 C[C_WARM_US] = C[C_STEP_START_US]
         elif kind == EV_ARRIVE:
@@ -533,7 +488,7 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
                 R_i[r, RI_STATE] = RS_RUNNING
                 _run_add(running, C, r)
                 R_i[r, RI_LATMASK] = 0
-                _place(r, 0, R_i[r, RI_BT_LEN], MODE_RERUN, K, X, C, R_i, R_f, A_i, A_f,
+                _place(r, np.int64(0), R_i[r, RI_BT_LEN], np.int64(MODE_RERUN), K, X, C, R_i, R_f, A_i, A_f,
                        H_i, st, out, hbuf, scr, pst, view, T1, T2, T3, TMP, TMP_i, G,
                        running, alt_b, alt_s, vo)
                 state = RS_RUNNING
@@ -581,8 +536,8 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
                         if res == 1:
                             b = out.blocks[0]
                             if out.kind[0] == mem.KIND_EVICTED:
-                                _hbm_evicted(b, out.evicted_hash[0], out.reason[0],
-                                             out.n_alt[0], 0, r, K, C, H_i, view, out, T1,
+                                lower._hbm_evicted(b, out.evicted_hash[0], out.reason[0],
+                                             out.n_alt[0], np.int64(0), r, K, C, H_i, view, out, T1,
                                              T2, T3, TMP, TMP_i, G, step, now_us, alt_b, alt_s,
                                              vo)
                             _set_view_from_record(view, b, A_i, A_f, a, now_us)
@@ -600,7 +555,7 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
                 else:  # a block appended after admission (decode, or a late prompt block)
                     e = R_i[r, RI_BT_LEN]
                     _new_record(r, i, cols, R_i, A_i, A_f, C, K, next_use, seen)
-                    _place(r, e, 1, MODE_APPEND, K, X, C, R_i, R_f, A_i, A_f, H_i, st, out,
+                    _place(r, e, np.int64(1), np.int64(MODE_APPEND), K, X, C, R_i, R_f, A_i, A_f, H_i, st, out,
                            hbuf, scr, pst, view, T1, T2, T3, TMP, TMP_i, G,
                            running, alt_b, alt_s, vo)
             elif kind == EV_FORK:
@@ -612,7 +567,8 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
                     m = R_i[p, RI_BT_LEN]
                     cap = max(4, 2 * m)
                     for e in range(m):
-                        A_i[top + e] = A_i[ps + e]
+                        for c in range(A_i.shape[1]):
+                            A_i[top + e, c] = A_i[ps + e, c]
                         A_f[top + e] = A_f[ps + e]
                     R_i[r, RI_BT_START] = top
                     R_i[r, RI_BT_LEN] = m
@@ -688,23 +644,8 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
                     if state == RS_RUNNING and st.seq_len[seq] == R_i[r, RI_BT_LEN]:
                         b = st.tables[seq, c_bi[i]]
                         view.last_access_us[b] = now_us
-                        ops.free_tail(st, pst, view, seq, 1, now_us)
+                        ops.free_tail(st, pst, view, seq, np.int64(1), now_us)
                         C[C_HBM_USED] = st.sc[mem.S_N_HELD]
                     R_i[r, RI_BT_LEN] -= 1
         i += 1
     return ST_DONE, n
-
-
-@njit(cache=True)
-def finish(K, X, C, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, pst, view, T1, T2, T3, TMP, TMP_i,
-           G, S, P, running, alt_b, alt_s, vo):
-    """End of trace: place a gathered admission, close the last step."""
-    pa = int(C[C_PEND_ADMIT])
-    if pa >= 0:
-        C[C_PEND_ADMIT] = -1
-        _place(pa, 0, R_i[pa, RI_BT_LEN], MODE_ADMIT, K, X, C, R_i, R_f, A_i, A_f, H_i, st,
-               out, hbuf, scr, pst, view, T1, T2, T3, TMP, TMP_i, G, running, alt_b, alt_s,
-               vo)
-    if C[C_IN_STEP] != 0:
-        _finalize_step(C, R_i, R_f, S, P, st.sc)
-        C[C_IN_STEP] = 0

@@ -280,6 +280,7 @@ class _Run:
         self.vo = np.zeros(4, dtype=np.int64)
         self.log_writer = log_writer
         self.step_chunks: list[np.ndarray] = []
+        self.last_batch: tuple | None = None
 
     # -- buffer plumbing ------------------------------------------------------------------
     def _flush_steps(self) -> None:
@@ -346,6 +347,7 @@ class _Run:
         n = len(batch[0])
         if n == 0:
             return
+        self.last_batch = batch  # finish() passes it again: same types, same compiled run
         self._grow_requests(int(max(cols["request_id"].max(), cols["parent_request_id"].max())))
         i = 0
         while True:
@@ -372,10 +374,13 @@ class _Run:
         if self.C[L.C_NSTEP_BUF] >= self.S.shape[0]:
             self._flush_steps()
         self._flush_log()
-        with np.errstate(over="ignore"):
-            self.core.finish(self.K, self.X, self.C, self.R_i, self.R_f, self.A_i, self.A_f,
-                             self.H_i, self.st, self.out, self.hbuf, self.scr, self.pst,
-                             self.view, *self._args_tail(), self.alt_b, self.alt_s, self.vo)
+        if self.last_batch is not None:  # else no row was replayed: nothing to close
+            with np.errstate(over="ignore"):  # run(i0=-1): end of trace (core.run)
+                self.core.run(
+                    self.last_batch, -1, 0, self.K, self.X, self.C, self.Cw, self.R_i,
+                    self.R_f, self.A_i, self.A_f, self.H_i, self.st, self.out, self.hbuf,
+                    self.scr, self.pst, self.view, *self._args_tail(), self.facts.next_use,
+                    self.facts.seen, self.alt_b, self.alt_s, self.vo)
         self._flush_steps()
         self._flush_log()
 

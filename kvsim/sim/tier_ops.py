@@ -19,7 +19,7 @@ A_DEMOTE = 1
 PR_DECODE_CRITICAL = 3
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def touch(T, slot, now_us):
     """A resident block was read (promoted to HBM); it stays resident (inclusive tier)."""
     L_view = T[3]
@@ -28,7 +28,7 @@ def touch(T, slot, now_us):
     on_hit(T[4], L_view, slot, now_us)
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def take_slot(T, now_us, alt_b, alt_s, vo):
     """A slot for a new block: a free one, else the policy's victim, removed from the map
     and the candidate set (its view and side row stay intact for the caller to log and to
@@ -60,7 +60,7 @@ def take_slot(T, now_us, alt_b, alt_s, vo):
     return b
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def fill(T, slot, src_view, s, owner, bi, tokens, now_us):
     """Write the block described by ``src_view[s]`` into ``slot``; it becomes a candidate."""
     L_i, L_free, L_hk, L_view, L_ps, Lm, L_hv = T
@@ -76,7 +76,7 @@ def fill(T, slot, src_view, s, owner, bi, tokens, now_us):
     on_insert(L_ps, L_view, slot, now_us)
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def spill_into(T, src, s, ow, bi, tok, has_below, k, TMP, TMP_i, K, C, G, step, now_us,
                alt_b, alt_s, vo):
     """Write block ``src[s]`` into tier T.  If T had to evict, its victim is copied into

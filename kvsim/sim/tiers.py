@@ -42,7 +42,7 @@ from kvsim.sim.layout import (C_LOG_SEQ, C_NLOG, CF_LAST, CF_RECOMP, CF_SCORE, C
                               LM_FREE_TOP, LM_USED)
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def copy_view(dst, d, src, s):
     """Copy every BlockView field of slot ``s`` of ``src`` into slot ``d`` of ``dst``."""
     dst.last_access_us[d] = src.last_access_us[s]
@@ -65,7 +65,7 @@ def copy_view(dst, d, src, s):
 # decision-log buffer
 # ---------------------------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def log_row(G, C, step, now_us, action, h, req, bi, frm, to, nbytes, cost_us, dc, reason,
             why):
     """Append one row; returns its index in the buffer (the caller may add candidates)."""
@@ -91,7 +91,7 @@ def log_row(G, C, step, now_us, action, h, req, bi, frm, to, nbytes, cost_us, dc
     return k
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def log_candidates(G, k, view, owner, alt_b, alt_s, n_alt):
     """Snapshot the victim and runners-up (``alt_b[:n_alt]``) of a tier into row ``k``.
     ``owner`` is the tier's side table (column 0 owner request, column 1 block index)."""
@@ -122,7 +122,7 @@ def log_candidates(G, k, view, owner, alt_b, alt_s, n_alt):
 _FIB = -7046029254386353131
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def hash_slot(hk, h):
     """Table position of key ``h``, or of the empty position where it would go."""
     mask = hk.shape[0] - 1
@@ -134,14 +134,14 @@ def hash_slot(hk, h):
         i = (i + 1) & mask
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def hash_put(hk, hv, h, v):
     i = hash_slot(hk, h)
     hk[i] = h
     hv[i] = v
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def hash_del(hk, hv, h):
     """Remove key ``h`` (present), shifting later entries of its probe run back."""
     mask = hk.shape[0] - 1
@@ -165,7 +165,7 @@ def hash_del(hk, hv, h):
     hv[i] = -1
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def tier_find(T, h):
     """Slot holding content ``h`` in tier T, or -1 (also -1 for a disabled tier)."""
     hk = T[2]
@@ -175,7 +175,7 @@ def tier_find(T, h):
     return -1
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def tier_used(T):
     return T[5][LM_USED]
 

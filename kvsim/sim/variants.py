@@ -3,12 +3,19 @@ or the interpreted twin of the same source.
 
 Compiled: numba cannot cache a function that receives jitted hooks as arguments (every
 process would recompile the loop, ~10 s), but it caches one that calls them as module
-globals.  :mod:`kvsim.sim.core` is therefore a *template*: four import lines marked
-``# HBM-OPS``, ``# DRAM-HOOKS``, ``# CXL-HOOKS``, ``# NVME-HOOKS`` bind the HBM pool
-operations (:func:`kvsim.memory.specialize.ops_for` the HBM policy) and each lower tier's
-policy hooks.  :func:`core_for` writes a copy with those lines rewritten into the kvsim
-cache folder (name = digest of every source involved, so an edit makes a new module and a
-new numba cache entry) and imports it.
+globals.  :mod:`kvsim.sim.core` is therefore a *template*: import lines marked
+``# HBM-OPS``, ``# DRAM-OPS``, ``# CXL-OPS``, ``# NVME-OPS`` bind the HBM pool operations
+(:func:`kvsim.memory.specialize.ops_for` the HBM policy) and each lower tier's operations
+(:mod:`kvsim.sim.tier_ops` specialised for its policy), and ``# SPILL`` binds
+:mod:`kvsim.sim.spill`, itself a template of the three lower tiers only (so its compiled
+code is shared by every HBM policy).  :func:`core_for` writes copies with those lines
+rewritten into the kvsim cache folder (name = digest of every source involved, so an edit
+makes a new module and a new numba cache entry) and imports them.
+
+Compile cost (numba, per new HBM policy): every function of a
+specialised module is compiled again, and each re-optimises the code of the functions it
+calls, so the per-policy modules hold only what calls the HBM policy's hooks, and no call
+site passes a constant (numba would compile one more specialisation per literal value).
 
 Interpreted (a plain-Python policy anywhere): the same modules re-executed with
 ``numba.njit`` replaced by the identity decorator, the hooks bound as globals.
@@ -60,43 +67,70 @@ def core_for(hbm_policy, lower_policies, engine: str = "compiled") -> ModuleType
     return _LOADED[key]
 
 
-def _compiled(hbm_policy, lower_policies) -> ModuleType:
-    from kvsim.memory import fast
-    from kvsim.memory.specialize import cache_dir, ops_for, specialize
-    from kvsim.sim import bookkeeping, core, layout, tier_ops, tiers
+def _write_module(name: str, text: str) -> ModuleType:
+    """Write ``text`` as module ``name`` into the kvsim cache folder (unless it is there
+    already) and import it."""
+    from kvsim.memory.specialize import cache_dir
 
-    ops = ops_for(hbm_policy.module)
-    src = Path(inspect.getfile(core)).read_text(encoding="utf-8")
-    new, n = re.subn(r"^from kvsim\.memory import pool_ops as ops  # HBM-OPS$",
-                     f"import {ops.__name__} as ops  # HBM-OPS", src, count=1, flags=re.M)
-    names = [ops.__name__]
-    for tier, pol in zip(_TIERS, lower_policies):
-        tops = specialize(tier_ops, pol.module)
-        names.append(tops.__name__)
-        line = f"import {tops.__name__} as {tier.lower()}_ops  # {tier}-OPS"
-        new, k = re.subn(rf"^from kvsim\.sim import tier_ops as {tier.lower()}_ops  # "
-                         rf"{tier}-OPS$", line, new, count=1, flags=re.M)
-        n += k
-    if n != 4:
-        raise RuntimeError("kvsim.sim.core lost one of its '# ...-OPS' import lines")
-    from kvsim import policy_api
-
-    parts = [new, _source(tiers), _source(layout), _source(fast), _source(tier_ops),
-             _source(bookkeeping), _source(policy_api)] + names
-    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
-    name = f"kvsim_core_{digest}"
     if name in _LOADED:
         return _LOADED[name]
     folder = cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.py"
-    if not path.exists() or path.read_text(encoding="utf-8") != new:
+    if not path.exists() or path.read_text(encoding="utf-8") != text:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(new, encoding="utf-8")
+        tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
     module = _import_file(name, path)
     _LOADED[name] = module
     return module
+
+
+def _bind_tiers(src: str, tier_mods: list[ModuleType], what: str) -> str:
+    """``src`` with its three ``# DRAM-OPS`` / ``# CXL-OPS`` / ``# NVME-OPS`` lines
+    importing ``tier_mods``."""
+    n = 0
+    for tier, tops in zip(_TIERS, tier_mods):
+        line = f"import {tops.__name__} as {tier.lower()}_ops  # {tier}-OPS"
+        src, k = re.subn(rf"^from kvsim\.sim import tier_ops as {tier.lower()}_ops  # "
+                         rf"{tier}-OPS$", line, src, count=1, flags=re.M)
+        n += k
+    if n != 3:
+        raise RuntimeError(f"{what} lost one of its '# ...-OPS' import lines")
+    return src
+
+
+def _compiled(hbm_policy, lower_policies) -> ModuleType:
+    from kvsim import policy_api
+    from kvsim.memory import fast
+    from kvsim.memory.specialize import ops_for, specialize
+    from kvsim.sim import bookkeeping, core, layout, spill, tier_ops, tiers
+
+    tier_mods = [specialize(tier_ops, pol.module) for pol in lower_policies]
+    tier_names = [m.__name__ for m in tier_mods]
+    shared = [_source(tiers), _source(layout), _source(fast), _source(tier_ops),
+              _source(bookkeeping), _source(policy_api)]
+    # the lower-tier half (spill.py): depends on the lower policies only, so every HBM
+    # policy with the same lower tiers shares its compiled code
+    sp_src = _bind_tiers(Path(inspect.getfile(spill)).read_text(encoding="utf-8"), tier_mods,
+                         "kvsim.sim.spill")
+    digest = hashlib.sha256("\0".join([sp_src] + shared + tier_names).encode()).hexdigest()[:16]
+    sp = _write_module(f"kvsim_spill_{digest}", sp_src)
+
+    ops = ops_for(hbm_policy.module)
+    src = Path(inspect.getfile(core)).read_text(encoding="utf-8")
+    new, n = re.subn(r"^from kvsim\.memory import pool_ops as ops  # HBM-OPS$",
+                     f"import {ops.__name__} as ops  # HBM-OPS", src, count=1, flags=re.M)
+    new, k = re.subn(r"^from kvsim\.sim import spill as lower  # SPILL$",
+                     f"import {sp.__name__} as lower  # SPILL", new, count=1, flags=re.M)
+    if n + k != 2:
+        raise RuntimeError("kvsim.sim.core lost its '# HBM-OPS' or '# SPILL' import line")
+    new = _bind_tiers(new, tier_mods, "kvsim.sim.core")
+    # every source whose compiled code the core calls (numba's cache of a caller does not
+    # notice an edit of a callee in another file); the module names carry their digests
+    parts = [new] + shared + [ops.__name__, sp.__name__] + tier_names
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+    return _write_module(f"kvsim_core_{digest}", new)
 
 
 def _identity_njit(*args, **kwargs):
@@ -134,7 +168,7 @@ def interpreted(hbm_policy, lower_policies) -> ModuleType:
     memory pool, tier and core modules all run as Python (plain dicts for hash maps);
     only a policy's own compiled helpers stay compiled."""
     from kvsim.memory import fast, pool_ops
-    from kvsim.sim import bookkeeping, core, tier_ops, tiers
+    from kvsim.sim import bookkeeping, core, spill, tier_ops, tiers
 
     key = "_".join([hbm_policy.name] + [p.name for p in lower_policies])
     key = re.sub(r"\W", "_", key)
@@ -155,11 +189,15 @@ def interpreted(hbm_policy, lower_policies) -> ModuleType:
     ops.on_hit = _py(hbm_policy.on_hit)
     ops.on_remove = _py(hbm_policy.on_remove)
     ops.victim = _py(hbm_policy.victim)
+    tw_spill = _twin(spill, key)
+    _rebind(tw_spill, twins)
+    tw_spill.tr = tw_tiers
     tw = _twin(core, key)
     _rebind(tw, twins)
     tw.mem = tw_fast
     tw.tr = tw_tiers
     tw.ops = ops
+    tw.lower = tw_spill
     for tier, pol in zip(_TIERS, lower_policies):
         t_ops = _twin(tier_ops, f"{key}_{tier}")
         _rebind(t_ops, twins)
@@ -168,6 +206,7 @@ def interpreted(hbm_policy, lower_policies) -> ModuleType:
         t_ops.on_remove = _py(pol.on_remove)
         t_ops.victim = _py(pol.victim)
         setattr(tw, f"{tier.lower()}_ops", t_ops)
+        setattr(tw_spill, f"{tier.lower()}_ops", t_ops)
     tw.INTERPRETED = True
     _LOADED["twin_" + key] = tw
     return tw

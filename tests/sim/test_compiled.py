@@ -43,3 +43,33 @@ def test_compiled_equals_interpreted(tiny_hw, tmp_path):
     import pandas as pd
 
     assert pd.read_parquet(logs["interpreted"]).equals(pd.read_parquet(logs["compiled"]))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("KVSIM_TEST_COMPILED") != "1",
+                    reason="cold numba compile of the replay takes minutes; set "
+                           "KVSIM_TEST_COMPILED=1 to run")
+def test_one_compilation_per_core_function(tiny_hw, tmp_path):
+    """Every jitted function of the specialised modules (core, spill, pool ops, tier ops)
+    is compiled for one signature only.  A constant argument at a call site (``f(x, 0)``)
+    makes numba specialise the callee on the literal: a second full compilation of it, and
+    of everything that calls it (``_place`` was compiled three times per policy)."""
+    from kvsim.sim import variants
+
+    trace = _helpers.random_trace(_helpers.TraceBuilder, 3).write(tmp_path / "r.parquet")
+    for prio, swap in ((False, False), (True, True)):
+        cfg = SimConfig(hardware=tiny_hw, hbm_blocks=10, engine="compiled",
+                        priority_scheduling=prio, preemption="swap" if swap else "recompute",
+                        write_policy="write_through", check_invariants=True)
+        simulate(trace, "lru", cfg, decision_log=tmp_path / f"log{prio}.parquet")
+    cores = [m for k, m in variants._LOADED.items() if k.startswith("kvsim_core_")]
+    assert cores
+    for core in cores:
+        mods = {core, core.ops, core.lower, core.lower.dram_ops, core.lower.cxl_ops,
+                core.lower.nvme_ops}
+        for mod in mods:
+            for name, fn in vars(mod).items():
+                py = getattr(fn, "py_func", None)
+                if py is None or py.__module__ != mod.__name__:
+                    continue
+                assert len(fn.signatures) <= 1, (mod.__name__, name, fn.signatures)
