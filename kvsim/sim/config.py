@@ -18,7 +18,8 @@ ENGINES = ("auto", "compiled", "interpreted")
 
 #: ``engine="auto"`` compiles the replay only for traces of at least this many events.
 #: Measured on this project's 2-core machine: a cold numba compile of the replay core costs
-#: about 100 CPU-seconds per HBM policy (cached on disk afterwards), while the interpreted
+#: about 65 CPU-seconds for the first HBM policy and 35-55 for each further one (cached on
+#: disk afterwards; docs/benchmarks.md, "Tiered replay"), while the interpreted
 #: twin replays about 15-20 k events/s; below ~1 M events the interpreter finishes first
 #: on a cold cache.  docs/simulate.md, "Engines".
 AUTO_COMPILE_MIN_ROWS = 1_000_000
