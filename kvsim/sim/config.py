@@ -131,6 +131,18 @@ class SimConfig:
                 name = p
         return name
 
+    def explicit_hbm_blocks(self, block_bytes: int) -> int | None:
+        """The HBM pool in blocks of ``block_bytes`` when the config fixes it
+        (``hbm_blocks``, else ``hbm_gb`` in 1e9 bytes, rounded down); None = derived from
+        the GPU and the model (:func:`kvsim.sim.cost_model.hbm_kv_capacity_bytes`)."""
+        if self.hbm_blocks is not None:
+            return int(self.hbm_blocks)
+        if self.hbm_gb is not None:
+            from kvsim.sim.cost_model import GB
+
+            return int(self.hbm_gb * GB) // int(block_bytes)
+        return None
+
     def lowering_options(self, block_size_tokens: int = 16,
                          default_model: str = "llama-3-8b") -> dict:
         """Keyword arguments for :func:`kvsim.workload.generate` (or
@@ -148,14 +160,12 @@ class SimConfig:
         opts: dict = {"hardware": self.hardware, "model": model,
                       "block_size_tokens": int(block_size_tokens),
                       "gpu_memory_utilization": self.gpu_memory_utilization}
-        if self.hbm_blocks is not None:
-            opts["num_gpu_blocks"] = int(self.hbm_blocks)
-        elif self.hbm_gb is not None:
+        if self.hbm_blocks is not None or self.hbm_gb is not None:
             from kvsim.kvsize import kv_bytes_per_token
             from kvsim.models import load_model
 
             block_bytes = kv_bytes_per_token(load_model(model)) * int(block_size_tokens)
-            blocks = int(self.hbm_gb * 1e9) // block_bytes
+            blocks = self.explicit_hbm_blocks(block_bytes)
             if blocks < 1:
                 raise bad_value(None, None, "hbm_gb",
                                 f"room for at least one KV block ({block_bytes} bytes)",

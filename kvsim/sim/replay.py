@@ -183,11 +183,8 @@ def resolve_tiers(config: SimConfig, header, facts: TraceFacts) -> tuple[int, li
     if block_bytes <= 0:
         raise KvsimInputError("expected the header's kv_bytes_per_token or size_bytes on "
                               "ALLOCATE rows to size blocks", None, None, "size_bytes")
-    if config.hbm_blocks is not None:
-        hbm_blocks = int(config.hbm_blocks)
-    elif config.hbm_gb is not None:
-        hbm_blocks = int(config.hbm_gb * GB) // block_bytes
-    else:
+    hbm_blocks = config.explicit_hbm_blocks(block_bytes)
+    if hbm_blocks is None:
         model_name = config.model or header.model
         if not model_name:
             raise KvsimInputError("the trace header names no model, so the HBM KV capacity "
@@ -539,9 +536,9 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
     rows = []
     ref = results.get(bound) if bound else None
     base = results.get(BASELINE)
+    nan = float("nan")
     for n in names:
         row = dict(results[n])
-        nan = float("nan")
         if base is not None:  # the baseline every serving engine starts from
             d = row["p99_step_us"] - base["p99_step_us"]
             row["p99_step_us_vs_lru"] = d
