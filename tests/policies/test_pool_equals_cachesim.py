@@ -15,7 +15,7 @@ from kvsim.memory.fast import FastPool, PoolConfig
 from kvsim.policy_registry import list_policies
 from kvsim.sim.cachesim import simulate_cache
 
-ONLINE = [p for p in list_policies() if not p.offline]
+ONLINE = [p for p in list_policies() if not p.offline and p.source == "builtin"]
 
 
 def _keys(seed: int) -> np.ndarray:
