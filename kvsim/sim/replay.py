@@ -48,6 +48,26 @@ class TraceFacts:
     next_use: np.ndarray  # int64 per ALLOCATE ordinal: ordinal of the next ALLOCATE of
     #                       the same (full, hashed) content, NEVER if none
     seen: np.ndarray  # int8 per ALLOCATE ordinal: 1 if the content was allocated before
+    #: request ids in arrival order: by the time of the request's ARRIVE row (or, without
+    #: one, of its first ALLOCATE / ACCESS / FORK row), ties by request id
+    arrival_order: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: step of that row, per entry of ``arrival_order``
+    arrival_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    @property
+    def num_requests(self) -> int:
+        return int(len(self.arrival_order))
+
+    def warmup_step(self, warmup: int) -> int:
+        """The step the measurement window starts at: the arrival step of request number
+        ``warmup`` in arrival order (-1 = no warm-up)."""
+        if warmup <= 0 or warmup >= len(self.arrival_order):
+            return -1
+        return int(self.arrival_step[warmup])
+
+    def measured_requests(self, warmup: int) -> np.ndarray:
+        """Ids of the requests measured after ``warmup`` warm-up requests."""
+        return self.arrival_order[max(int(warmup), 0):]
 
 
 @dataclass
@@ -85,6 +105,10 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
     live = 0
     max_live = 0
     started = np.zeros(0, dtype=np.bool_)
+    known = np.zeros(0, dtype=np.bool_)
+    first_req: list[np.ndarray] = []
+    first_time: list[np.ndarray] = []
+    first_step_l: list[np.ndarray] = []
     with _open(trace_path) as reader:
         for cols in reader.batches(batch_rows):
             n = len(cols["kind"])
@@ -102,6 +126,21 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
                 grown = np.zeros(max(top + 1, 2 * len(started)), dtype=np.bool_)
                 grown[: len(started)] = started
                 started = grown
+                grown = np.zeros(len(started), dtype=np.bool_)
+                grown[: len(known)] = known
+                known = grown
+            # arrival: a request's ARRIVE row, else its first ALLOCATE/ACCESS/FORK row
+            # (ARRIVE precedes the others of its request in a valid trace)
+            enters = np.flatnonzero((kind == EventKind.ARRIVE) | (kind == EventKind.ALLOCATE)
+                                    | (kind == EventKind.ACCESS) | (kind == EventKind.FORK))
+            if len(enters):
+                uniq, first = np.unique(req[enters], return_index=True)
+                new = ~known[uniq]
+                rows = enters[first[new]]
+                known[uniq] = True
+                first_req.append(req[rows].astype(np.int64))
+                first_time.append(cols["time_us"][rows].astype(np.int64))
+                first_step_l.append(cols["step"][rows].astype(np.int64))
             alloc = kind == EventKind.ALLOCATE
             if alloc.any():
                 max_blocks = max(max_blocks, int(cols["block_index"][alloc].max()) + 1)
@@ -139,8 +178,17 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
         same = allh[order[1:]] == allh[order[:-1]]
         next_use[order[:-1][same]] = order[1:][same]
         seen[order[1:][same]] = 1
+    if first_req:
+        fr = np.concatenate(first_req)
+        ft = np.concatenate(first_time)
+        fs = np.concatenate(first_step_l)
+        order = np.lexsort((fr, ft))
+        arrival_order, arrival_step = fr[order], fs[order]
+    else:
+        arrival_order = arrival_step = np.zeros(0, np.int64)
     return TraceFacts(num_rows, max(first_step, 0), max(last_step, 0), max_req,
-                      max_blocks, max(max_live, 1), max_size, next_use, seen)
+                      max_blocks, max(max_live, 1), max_size, next_use, seen,
+                      arrival_order, arrival_step)
 
 
 def _lower_tier(tier: int, cap: int, policy, params: dict, max_blocks: int):
@@ -243,12 +291,8 @@ class _Run:
         K[L.K_PREFETCH] = int(config.prefetch)
         K[L.K_BLOCK_TOKENS] = bs
         K[L.K_OFFLINE] = int(policy.offline)
-        if config.warmup_fraction > 0:
-            span = facts.last_step - facts.first_step + 1
-            K[L.K_WARMUP_STEP] = facts.first_step + int(math.floor(config.warmup_fraction *
-                                                                   span))
-        else:
-            K[L.K_WARMUP_STEP] = -1
+        # the window starts at the step the first measured request arrives in
+        K[L.K_WARMUP_STEP] = facts.warmup_step(config.warmup_count(facts.num_requests))
         K[L.K_LOG_LIFECYCLE] = int(config.log_lifecycle)
         self.K = K
         self.X = cost_array(costs)
@@ -456,9 +500,11 @@ def simulate(trace_path: str | Path, policy, config: SimConfig | None = None,
     steps = step_table(run.steps(), block_bytes)
     requests = request_table(run.R_i, run.R_f, facts.max_request_id + 1)
     warm = run.C[L.C_WARM_DONE] != 0
-    summary = summarize(pol.name, pol.offline, run.C, run.Cw if warm else None,
-                        run.C[L.C_WARM_US] if warm else None,
-                        int(run.K[L.K_WARMUP_STEP]), steps, requests, costs, facts.num_rows)
+    warmup = config.warmup_count(facts.num_requests)
+    measured = facts.measured_requests(warmup) if warmup > 0 else None
+    summary = summarize(pol.name, pol.offline, run.C, run.Cw if warm else None, measured,
+                        int(run.K[L.K_WARMUP_STEP]), steps, requests, costs, facts.num_rows,
+                        block_size_tokens=bs, mode=config.mode, warmup_requests=warmup)
     return SimResult(pol.name, bool(pol.offline), summary, requests, steps, cfg_dict,
                      str(trace_path), costs, checks)
 
