@@ -456,14 +456,55 @@ def _describe(config: SimConfig, costs: list[TierCosts], block_bytes: int) -> di
 
 def simulate(trace_path: str | Path, policy, config: SimConfig | None = None,
              decision_log: str | Path | None = None, *, facts: TraceFacts | None = None,
-             on_progress: Callable[[int, int], None] | None = None) -> SimResult:
+             on_progress: Callable[[int, int], None] | None = None,
+             lowering=None) -> SimResult:
     """Replay ``trace_path`` under HBM policy ``policy`` (a name, a ``.py`` file or a
     :class:`kvsim.policy_registry.Policy`).  Writes the decision log to ``decision_log``
-    (Parquet) when given.  Same inputs => identical result."""
+    (Parquet) when given.  Same inputs => identical result.
+
+    ``config.mode == "cache"``: the requests of the trace are replayed one at a time in
+    arrival order (:func:`kvsim.sim.cache_mode.simulate_cache`; ``lowering`` is a
+    :class:`kvsim.ingest.serial.CacheLowering` made once for many policies)."""
+    config = config or SimConfig()
+    if config.mode == "cache":
+        from kvsim.sim.cache_mode import simulate_cache
+
+        return simulate_cache(trace_path, policy, config, decision_log, lowering=lowering,
+                              on_progress=on_progress)
+    pol = _resolve_policy(policy)
+    ex = execute(trace_path, pol, config, decision_log, facts, on_progress)
+    facts = ex.facts
+    warm = ex.run.C[L.C_WARM_DONE] != 0
+    warmup = config.warmup_count(facts.num_requests)
+    measured = facts.measured_requests(warmup) if warmup > 0 else None
+    summary = summarize(pol.name, pol.offline, ex.run.C, ex.run.Cw if warm else None,
+                        measured, int(ex.run.K[L.K_WARMUP_STEP]), ex.steps, ex.requests,
+                        ex.costs, facts.num_rows, block_size_tokens=ex.block_size_tokens,
+                        mode=config.mode, warmup_requests=warmup)
+    return SimResult(pol.name, bool(pol.offline), summary, ex.requests, ex.steps,
+                     ex.config, str(trace_path), ex.costs, ex.checks)
+
+
+@dataclass
+class Execution:
+    """A finished replay before its summary: the core's state and the tables."""
+
+    run: _Run
+    facts: TraceFacts
+    steps: pd.DataFrame
+    requests: pd.DataFrame
+    costs: list[TierCosts]
+    config: dict
+    block_size_tokens: int
+    checks: dict
+
+
+def execute(trace_path: str | Path, pol, config: SimConfig,
+            decision_log: str | Path | None = None, facts: TraceFacts | None = None,
+            on_progress: Callable[[int, int], None] | None = None) -> Execution:
+    """Stream ``trace_path`` through the replay core under policy ``pol`` (resolved)."""
     from kvsim.results.decision_log import DecisionLogWriter
 
-    config = config or SimConfig()
-    pol = _resolve_policy(policy)
     with _open(trace_path) as reader:
         header = reader.header
     bs = int(header.block_size_tokens)
@@ -499,14 +540,7 @@ def simulate(trace_path: str | Path, policy, config: SimConfig | None = None,
     checks = run.check() if config.check_invariants else {}
     steps = step_table(run.steps(), block_bytes)
     requests = request_table(run.R_i, run.R_f, facts.max_request_id + 1)
-    warm = run.C[L.C_WARM_DONE] != 0
-    warmup = config.warmup_count(facts.num_requests)
-    measured = facts.measured_requests(warmup) if warmup > 0 else None
-    summary = summarize(pol.name, pol.offline, run.C, run.Cw if warm else None, measured,
-                        int(run.K[L.K_WARMUP_STEP]), steps, requests, costs, facts.num_rows,
-                        block_size_tokens=bs, mode=config.mode, warmup_requests=warmup)
-    return SimResult(pol.name, bool(pol.offline), summary, requests, steps, cfg_dict,
-                     str(trace_path), costs, checks)
+    return Execution(run, facts, steps, requests, costs, cfg_dict, bs, checks)
 
 
 # ---------------------------------------------------------------------------------------
