@@ -27,6 +27,43 @@ _HIT_COLUMNS = ("hbm_hit_tokens", "dram_hit_tokens", "cxl_hit_tokens", "nvme_hit
                 "recompute_tokens", "preemptions")
 
 
+#: The name of the offline optimum (:mod:`kvsim.sim.optimum`) in cache mode.
+OPTIMAL = "optimal"
+
+
+def _optimal_result(source, config: SimConfig, lowering: CacheLowering | None):
+    """``optimal`` in cache mode: the exact solver, HBM only (capacity = the HBM pool)."""
+    from kvsim.sim.metrics import summary_keys
+    from kvsim.sim.optimum import optimum_summary
+    from kvsim.sim.replay import SimResult, resolve_tiers, scan_trace
+
+    stream = lowering.stream if lowering is not None else (
+        source if isinstance(source, CacheStream) else stream_from_events(source))
+    with tempfile.TemporaryDirectory(prefix="kvsim-cache-") as tmp:
+        low = lowering or write_cache_events(stream, Path(tmp) / "c.parquet", "prefix")
+        facts = scan_trace(low.path, stream.block_size_tokens)
+        _, costs = resolve_tiers(config, low.stream.header, facts)
+    cap = costs[0].capacity_blocks
+    warmup = config.warmup_count(stream.num_requests)
+    opt = optimum_summary(stream, cap, warmup)
+    summary = {k: float("nan") for k in summary_keys("cache")}
+    for k in summary:
+        if k.startswith(("evictions", "spills", "bytes", "peak", "promotions", "prefetch",
+                         "write_throughs", "preemptions", "swap", "cow", "overflow",
+                         "recompute", "first_compute", "preempt", "decode_critical")):
+            summary[k] = 0
+    summary.update(opt)
+    summary.update(policy=OPTIMAL, offline=True, mode="cache", events=facts.num_rows,
+                   hbm_capacity_blocks=cap, dram_capacity_blocks=0, cxl_capacity_blocks=0,
+                   nvme_capacity_blocks=0)
+    cfg = config.to_dict()
+    cfg.update(hbm_capacity_blocks=cap, optimum="Belady with bypass, HBM only "
+               "(kvsim.sim.optimum): exact for unit-size blocks in cache mode")
+    return SimResult(OPTIMAL, True, summary, pd.DataFrame(), pd.DataFrame(), cfg,
+                     str(source) if not isinstance(source, CacheStream) else
+                     "<cache stream>", costs, {})
+
+
 def lower_for_cache(source, variant: str, out_dir: str | Path) -> CacheLowering:
     """``source``: an event file path or a :class:`CacheStream`; writes
     ``out_dir/cache-<variant>.parquet``."""
@@ -65,6 +102,8 @@ def simulate_cache(source, policy, config: SimConfig, decision_log=None, *,
     of :func:`kvsim.sim.metrics.summary_keys` ``("cache")``."""
     from kvsim.sim.replay import SimResult, _resolve_policy, execute
 
+    if policy == OPTIMAL:
+        return _optimal_result(source, config, lowering)
     pol = _resolve_policy(policy)
     with tempfile.TemporaryDirectory(prefix="kvsim-cache-") as tmp:
         low = lowering or lower_for_cache(source, config.cache_variant, tmp)

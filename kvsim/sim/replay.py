@@ -553,8 +553,9 @@ _SHARED: dict = {}
 def _one(name: str) -> dict:
     trace, config, facts = _SHARED["args"]
     log_dir = _SHARED.get("log_dir")
-    log = None if log_dir is None else Path(log_dir) / f"{name}.parquet"
-    return simulate(trace, name, config, decision_log=log, facts=facts).summary
+    log = None if log_dir is None or name == "optimal" else Path(log_dir) / f"{name}.parquet"
+    return simulate(trace, name, config, decision_log=log, facts=facts,
+                    lowering=_SHARED.get("lowering")).summary
 
 
 def default_policies() -> list[str]:
@@ -572,25 +573,40 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
             config: SimConfig | None = None, decision_log_dir: str | Path | None = None,
             jobs: int = 1, on_progress: Callable[[str], None] | None = None) -> pd.DataFrame:
     """Replay the same trace under each policy; one row per policy (columns = the stable
-    ``--json`` keys), in the order given, plus each policy's gap to belady (the offline
-    bound, run even when not listed unless it is unavailable) and, when lru is among the
+    ``--json`` keys), in the order given, plus each policy's gap to the offline reference
+    (run even when not listed): in engine mode belady (``gap_*_to_belady``), in cache mode
+    ``optimal``, the exact optimum (``gap_{hbm,prefix,block}_hit_rate_to_optimal``,
+    :mod:`kvsim.sim.optimum`); and, in engine mode, when lru is among the
     policies, its difference from lru (``p99_step_us_vs_lru``, ``p99_step_pct_vs_lru``,
     ``decode_critical_misses_vs_lru``: this policy's minus lru's; negative = better)."""
+    import tempfile
+
     config = config or SimConfig()
+    cache = config.mode == "cache"
     names = list(policies) if policies else default_policies()
     for n in names:
-        _resolve_policy(n)  # fail fast on unknown names
+        if not (cache and n == "optimal"):
+            _resolve_policy(n)  # fail fast on unknown names
     run_names = list(names)
-    bound = "belady"
+    # the offline reference: cache mode's exact optimum, else belady (forced-admission MIN)
+    bound = "optimal" if cache else "belady"
     if bound not in run_names:
         try:
-            _resolve_policy(bound)
+            if not cache:
+                _resolve_policy(bound)
             run_names.append(bound)
         except KvsimInputError:
             bound = None
-    with _open(trace_path) as reader:
-        bs = int(reader.header.block_size_tokens)
-    facts = scan_trace(trace_path, bs, config.batch_rows)
+    tmpdir = tempfile.TemporaryDirectory(prefix="kvsim-compare-")
+    facts = None
+    if cache:
+        from kvsim.sim.cache_mode import lower_for_cache
+
+        _SHARED["lowering"] = lower_for_cache(trace_path, config.cache_variant, tmpdir.name)
+    else:
+        with _open(trace_path) as reader:
+            bs = int(reader.header.block_size_tokens)
+        facts = scan_trace(trace_path, bs, config.batch_rows)
     _SHARED["args"] = (str(trace_path), config, facts)
     _SHARED["log_dir"] = decision_log_dir
     results: dict[str, dict] = {}
@@ -613,12 +629,19 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
                     on_progress(n)
     finally:
         _SHARED.clear()
+        tmpdir.cleanup()
     rows = []
     ref = results.get(bound) if bound else None
     base = results.get(BASELINE)
     nan = float("nan")
     for n in names:
         row = dict(results[n])
+        if cache:
+            for key in ("hbm_hit_rate", "prefix_hit_rate", "block_hit_rate"):
+                row[f"gap_{key}_to_optimal"] = (ref[key] - row[key]) if ref is not None \
+                    else nan
+            rows.append(row)
+            continue
         if base is not None:  # the baseline every serving engine starts from
             d = row["p99_step_us"] - base["p99_step_us"]
             row["p99_step_us_vs_lru"] = d

@@ -162,3 +162,17 @@ def test_block_variant_equals_single_tier_on_prefix_trees(name, tiny_hw):
 @given(seed=st.integers(0, 10_000), n=st.integers(1, 40), cap=st.integers(1, 12))
 def test_block_variant_equals_single_tier_hypothesis_lru(seed, n, cap, tiny_hw):
     _assert_reduction(_stream(_tree_chains(seed, n)), cap, "lru", tiny_hw)
+
+
+def test_compare_in_cache_mode_reports_gap_to_optimal(builder, tiny_hw, tmp_path):
+    from kvsim.sim import compare
+
+    trace = four_requests(builder).write(tmp_path / "t.parquet")
+    df = compare(trace, ["lru", "fifo", "optimal"],
+                 cfg(tiny_hw, hbm_blocks=4)).set_index("policy")
+    assert list(df.index) == ["lru", "fifo", "optimal"]
+    assert (df["mode"] == "cache").all() and "p99_step_us" not in df.columns
+    # optimal: r1 hits 1,2; r2 hits 1; r3 hits 1,2,3 (keeps 3, bypasses 4 and 5) -> 24 tok
+    assert df.loc["optimal", "hit_tokens"] == 24 and bool(df.loc["optimal", "offline"])
+    assert df.loc["lru", "gap_hbm_hit_rate_to_optimal"] == pytest.approx((24 - 20) / 48)
+    assert (df["gap_hbm_hit_rate_to_optimal"] >= 0).all()
