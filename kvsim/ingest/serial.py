@@ -55,6 +55,14 @@ class CacheStream:
     block_size_tokens: int
     block_bytes: int
     header: EventHeader
+    #: blocks of each chain that are looked up (None = all): engine-mode bound entries
+    #: look up at most ``(prompt - 1) // block`` blocks, and production entries none
+    lookup_len: np.ndarray | None = None
+
+    def lookups(self) -> np.ndarray:
+        """Looked-up blocks per entry (the whole chain unless ``lookup_len`` says less)."""
+        full = np.diff(self.offsets)
+        return full if self.lookup_len is None else np.minimum(self.lookup_len, full)
 
     @property
     def num_requests(self) -> int:
@@ -254,3 +262,113 @@ def write_cache_events(stream: CacheStream, out_path: str | Path,
             writer.write(columns)
     return CacheLowering(Path(out_path), variant, stream, orig_of.astype(np.int64),
                          first_pseudo.astype(np.int64))
+
+
+@dataclass
+class BoundStream:
+    """An engine trace as the entries of the offline bound (:mod:`kvsim.sim.optimum`), in
+    the order the replay meets them: ``stream`` (its ``lookup_len`` set), the request of
+    each entry (``owner``) and whether the entry is that request's admission lookup."""
+
+    stream: CacheStream
+    owner: np.ndarray
+    is_admission: np.ndarray
+    prompt_tokens: dict
+
+
+def bound_stream_from_events(path: str | Path, batch_rows: int = 1 << 20) -> BoundStream:
+    """The fixed schedule of an event file as bound entries.
+
+    * each request's **admission** (its first ALLOCATE / ACCESS / FORK row) is an entry
+      whose chain is its prompt's identified full blocks (PREFILL ALLOCATE rows, chained
+      from block 0), looked up at most ``(prompt - 1) // block`` blocks deep (vLLM's rule,
+      as the replay's pool);
+    * every later ALLOCATE row of a full block that continues the request's chain (decode,
+      a later prefill chunk) is a **production** entry: the chain up to that block, no
+      lookup, offered for insertion at that row.
+
+    Every block the replay can hold was produced by one of these entries, at or before the
+    row at which the replay produces it, which is what makes the optimum over these
+    entries an upper bound (docs/policies.md).  Preempted reruns re-produce blocks at rows
+    the file does not mark: the bound does not model them (see its ``preemptions`` caveat).
+    """
+    from kvsim.events import open_events
+
+    parts: dict[str, list] = {k: [] for k in ("row", "kind", "req", "bi", "hash", "ntok",
+                                               "phase")}
+    offset = 0
+    with open_events(path) as reader:
+        header = reader.header
+        for cols in reader.batches(batch_rows):
+            kind = cols["kind"]
+            m = np.flatnonzero((kind == EventKind.ARRIVE) | (kind == EventKind.ALLOCATE)
+                               | (kind == EventKind.ACCESS) | (kind == EventKind.FORK))
+            parts["row"].append(m + offset)
+            parts["kind"].append(kind[m])
+            parts["req"].append(cols["request_id"][m])
+            parts["bi"].append(cols["block_index"][m])
+            parts["hash"].append(cols["content_hash"][m])
+            parts["ntok"].append(cols["num_tokens"][m])
+            parts["phase"].append(cols["phase"][m])
+            offset += len(kind)
+    c = {k: (np.concatenate(v).astype(np.int64) if v else np.zeros(0, np.int64))
+         for k, v in parts.items()}
+    bs = int(header.block_size_tokens)
+    prompt: dict[int, int] = {}
+    admitted: dict[int, int] = {}  # request -> row of its admission
+    chain: dict[int, list[int]] = {}  # request -> its chain so far
+    n_prompt: dict[int, int] = {}  # request -> blocks of its chain that are prompt blocks
+    broken: set[int] = set()
+    entries: list[tuple[int, int, bool, list[int], int]] = []  # row, req, admission, path, look
+    pending_prompt: dict[int, list[int]] = {}
+    gather: dict[int, int] = {}  # request -> row of its last gathered ALLOCATE (-2: done)
+    for i in range(len(c["row"])):
+        k, r = int(c["kind"][i]), int(c["req"][i])
+        if k == EventKind.ARRIVE:
+            prompt[r] = int(c["ntok"][i])
+            continue
+        row = int(c["row"][i])
+        if r not in admitted:
+            admitted[r] = row
+            chain[r] = []
+            pending_prompt[r] = []
+            gather[r] = row - 1 if k == EventKind.ALLOCATE else -2
+        if k != EventKind.ALLOCATE:
+            gather[r] = -2
+            continue
+        # the replay gathers the ALLOCATE rows that directly follow the admission row
+        # (no other row between them) and places them at once: that is the lookup
+        gathered = gather[r] >= -1 and row == gather[r] + 1
+        gather[r] = row if gathered else -2
+        bi, h, nt = int(c["bi"][i]), int(c["hash"][i]), int(c["ntok"][i])
+        if r in broken or bi != len(chain[r]):
+            if bi <= len(chain[r]) - 1:
+                continue  # a rerun or copy-on-write of a block it already has
+            broken.add(r)
+            continue
+        if nt != bs or h == 0:
+            broken.add(r)
+            continue
+        chain[r].append(h)
+        if gathered and len(chain[r]) - 1 == len(pending_prompt[r]):
+            pending_prompt[r].append(h)
+        else:
+            entries.append((int(c["row"][i]), r, False, list(chain[r]), 0))
+    for r, row in admitted.items():
+        path = pending_prompt[r]
+        p = prompt.get(r, len(path) * bs)
+        look = min(len(path), max(p - 1, 0) // bs)
+        entries.append((row, r, True, path, look))
+        prompt[r] = p
+    entries.sort(key=lambda e: (e[0], not e[2]))
+    lengths = np.array([len(e[3]) for e in entries], np.int64)
+    offsets = np.zeros(len(entries) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.array([h for e in entries for h in e[3]], np.int64)
+    stream = CacheStream(np.arange(len(entries), dtype=np.int64),
+                         np.array([e[0] for e in entries], np.int64),
+                         np.array([prompt[e[1]] if e[2] else 0 for e in entries], np.int64),
+                         offsets, flat, bs, int(header.kv_bytes_per_token) * bs, header,
+                         lookup_len=np.array([e[4] for e in entries], np.int64))
+    return BoundStream(stream, np.array([e[1] for e in entries], np.int64),
+                       np.array([e[2] for e in entries], bool), prompt)

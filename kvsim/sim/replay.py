@@ -471,6 +471,10 @@ def simulate(trace_path: str | Path, policy, config: SimConfig | None = None,
 
         return simulate_cache(trace_path, policy, config, decision_log, lowering=lowering,
                               on_progress=on_progress)
+    if policy == "optimal":  # the offline bound on this schedule (kvsim.sim.optimum)
+        from kvsim.sim.optimum import engine_bound
+
+        return engine_bound(trace_path, config, facts)
     pol = _resolve_policy(policy)
     ex = execute(trace_path, pol, config, decision_log, facts, on_progress)
     facts = ex.facts
@@ -585,9 +589,11 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
     cache = config.mode == "cache"
     names = list(policies) if policies else default_policies()
     for n in names:
-        if not (cache and n == "optimal"):
+        if n != "optimal":
             _resolve_policy(n)  # fail fast on unknown names
     run_names = list(names)
+    if not cache and "optimal" not in run_names:
+        run_names.append("optimal")  # the prefix-cache bound on this schedule
     # the offline reference: cache mode's exact optimum, else belady (forced-admission MIN)
     bound = "optimal" if cache else "belady"
     if bound not in run_names:
@@ -632,6 +638,7 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
         tmpdir.cleanup()
     rows = []
     ref = results.get(bound) if bound else None
+    opt = results.get("optimal")
     base = results.get(BASELINE)
     nan = float("nan")
     for n in names:
@@ -653,6 +660,8 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
             row["p99_step_us_vs_lru"] = nan
             row["p99_step_pct_vs_lru"] = nan
             row["decode_critical_misses_vs_lru"] = nan
+        for key in ("hbm_hit_rate", "prefix_hit_rate"):
+            row[f"gap_{key}_to_optimal"] = (opt[key] - row[key]) if opt is not None else nan
         if ref is not None:
             row["gap_hbm_hit_rate_to_belady"] = ref["hbm_hit_rate"] - row["hbm_hit_rate"]
             row["gap_prefix_hit_rate_to_belady"] = ref["prefix_hit_rate"] - row["prefix_hit_rate"]
