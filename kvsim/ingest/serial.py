@@ -13,8 +13,9 @@ that is what happens:
 * ``prefix`` variant: one request = one lookup of the whole chain, which the pool stops at
   the first missing block (vLLM, kvcache-simulator);
 * ``block`` variant: every block of the chain is its own one-block request (a *pseudo
-  request*), so every resident block hits, each block one access: the pool then sees the
-  same key stream as the single-tier simulator (:mod:`kvsim.sim.cachesim`).
+  request*) in its own step, at time = its access ordinal, so every resident block hits,
+  each block one access: the pool then sees the same key stream, on the same virtual
+  clock, as the single-tier simulator (:mod:`kvsim.sim.cachesim`).
 
 The ``ARRIVE`` row's ``num_tokens`` is the identified tokens **plus one**: the pool's
 lookup (vLLM) never serves a prompt's last token (it is recomputed for its logits); cache
@@ -229,25 +230,20 @@ def write_cache_events(stream: CacheStream, out_path: str | Path,
         total = int(lengths.sum())
         orig_of = np.repeat(stream.request_id, lengths)
         first_pseudo = stream.offsets[:-1].copy()
-        p = 0
-        for k in range(n):
-            m = int(lengths[k])
-            rows = 1 + 3 * m
-            step.append(np.full(rows, k)); time_us.append(np.full(rows, stream.arrival_us[k]))
-            kind.append(np.array([EventKind.STEP] + [EventKind.ARRIVE, EventKind.ALLOCATE,
-                                                     EventKind.FREE] * m))
-            pseudo = np.repeat(np.arange(p, p + m), 3)
-            req.append(np.concatenate(([-1], pseudo)))
-            bi.append(np.concatenate(([-1], np.tile([-1, 0, -1], m))))
-            hk = stream.chain[stream.offsets[k]:stream.offsets[k + 1]]
-            hh = np.zeros(3 * m, np.int64)
-            hh[1::3] = hk
-            h.append(np.concatenate(([0], hh)))
-            nt = np.tile([bs + 1, bs, 0], m)
-            ntok.append(np.concatenate(([0], nt)))
-            nbytes.append(np.concatenate(([0], np.tile([0, size, 0], m))))
-            p += m
-        assert p == total
+        # one step per access, at time = the access ordinal: the single-tier simulator's
+        # virtual clock (access i happens at i us), so time-based policies see the same
+        # ages in both
+        p = np.arange(total, dtype=np.int64)
+        step.append(np.repeat(p, 4)); time_us.append(np.repeat(p, 4))
+        kind.append(np.tile([EventKind.STEP, EventKind.ARRIVE, EventKind.ALLOCATE,
+                             EventKind.FREE], total))
+        req.append(np.stack([np.full(total, -1), p, p, p], 1).ravel())
+        bi.append(np.tile([-1, -1, 0, -1], total))
+        hh = np.zeros((total, 4), np.int64)
+        hh[:, 2] = stream.chain
+        h.append(hh.ravel())
+        ntok.append(np.tile([0, bs + 1, bs, 0], total))
+        nbytes.append(np.tile([0, 0, size, 0], total))
     cat = lambda xs: np.concatenate(xs).astype(np.int64) if xs else np.zeros(0, np.int64)  # noqa: E731
     header = EventHeader(block_size_tokens=bs,
                          kv_bytes_per_token=int(stream.header.kv_bytes_per_token),
