@@ -89,7 +89,26 @@ OUTPUT_SUFFIXES = {
     "json": (".json",),
     "html": (".html", ".htm"),
     "png": (".png",),
+    "toml": (".toml",),
 }
+
+
+def check_output_dir(path: str | Path, option: str | None = None) -> Path:
+    """Fail early when folder ``path`` cannot be created or written (it is a regular
+    file, a parent is a regular file, or the nearest existing folder is read-only)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise KvsimInputError("expected a folder, got a regular file", path, None, option)
+    for ancestor in [path, *path.parents]:
+        if ancestor.exists():
+            if not ancestor.is_dir():
+                raise KvsimInputError(f"cannot create the folder: {ancestor} is a regular "
+                                      "file", path, None, option)
+            if not os.access(ancestor, os.W_OK | os.X_OK):
+                raise KvsimInputError(f"cannot write into folder {ancestor} (not "
+                                      "writable)", path, None, option)
+            break
+    return path
 
 
 def check_output_suffix(path: str | Path, kind: str, option: str | None = None) -> Path:

@@ -81,6 +81,18 @@ def check_finite(option: str, value: float | None, minimum: float | None = None,
     return value
 
 
+def check_limit(option: str, value: int | None, limit: str) -> int | None:
+    """Reusable: ``value`` of ``option`` must not exceed the :mod:`kvsim.limits` limit
+    ``limit`` (e.g. ``"max_prompt_tokens"``); the error says how to raise it."""
+    from kvsim.limits import get_limits
+
+    top = getattr(get_limits(), limit)
+    if value is not None and value > top:
+        raise option_error(option, f"at most {top:,} (kvsim limit {limit}; raise it with "
+                           f"KVSIM_LIMIT_{limit.upper()})", value)
+    return value
+
+
 def check_option_value(option: str, base: Any, raw: Any) -> None:
     """The checks every option value passes before typer converts it (all commands):
     a float must be finite (``nan``, ``inf`` refused: typer would accept ``inf`` and
@@ -211,6 +223,22 @@ class KvsimGroup(TyperGroup):
             fail(str(exc).replace("\n", " "), exc.exit_code)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
             fail(f"{exc.filename}: {exc.strerror}", EXIT_BAD_INPUT)
+
+
+def check_outputs(*specs: tuple[str, Any, str]) -> None:
+    """Check every output of a command before any work (reusable by every command):
+    ``(option, path or None, kind)`` with kind a key of
+    :data:`kvsim.fsutil.OUTPUT_SUFFIXES` (the name must end as the format written) or
+    ``"dir"``.  Raises a one-line :class:`KvsimInputError` naming the option and target."""
+    from kvsim.fsutil import check_output_dir, check_output_path, check_output_suffix
+
+    for option, path, kind in specs:
+        if path is None:
+            continue
+        if kind == "dir":
+            check_output_dir(path, option)
+        else:
+            check_output_suffix(check_output_path(path, option), kind, option)
 
 
 JsonOption = Annotated[
