@@ -538,13 +538,13 @@ def claim_sweep_dir(out_dir: Path, force: bool = False) -> None:
 
 
 def _run_pool(trace, cells, todo, facts, jobs, finished) -> None:
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import as_completed
+
+    from kvsim.workers import process_pool
 
     _WORKER["args"] = (trace, cells, facts)
     try:
-        ctx = mp.get_context("fork")
-        with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx) as ex:
+        with process_pool(min(jobs, len(todo))) as ex:  # workers die with this process
             futures = [ex.submit(_pool_cell, i) for i in todo]
             for fut in as_completed(futures):
                 finished(*fut.result())

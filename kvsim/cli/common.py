@@ -203,7 +203,7 @@ class KvsimGroup(TyperGroup):
         except KvsimError as exc:  # raised while parsing the root's own options
             sys.stderr.write(f"error: {exc}\n".replace("\r", " "))
             sys.exit(exc.exit_code)
-        except cx.Abort:
+        except typer.Abort:
             sys.stderr.write("error: interrupted\n")
             sys.exit(EXIT_SIGINT)
         except KeyboardInterrupt:
