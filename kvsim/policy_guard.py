@@ -12,9 +12,12 @@ generic), so every engine that runs the policy (the tiered replay's interpreted 
 * **exceptions** raised by a hook (or by ``init``) stop the run;
 * **return values are checked**: ``victim`` must return ``(block, reason, n_alt)`` of
   integers with ``block`` a current candidate (the guard tracks the candidate set from
-  ``on_insert`` / ``on_remove``) or -1 only when there is none, ``0 <= reason <
-  len(REASONS)`` and ``0 <= n_alt <= alt_blocks.shape[0]``; ``on_insert``, ``on_hit``,
-  ``on_remove`` and ``on_miss`` must return None; ``init`` must return a tuple.
+  ``on_insert`` / ``on_release`` (enter) and ``on_hold`` / ``on_remove`` (leave)) or -1
+  only when there is none, ``0 <= reason < len(REASONS)`` and ``0 <= n_alt <=
+  alt_blocks.shape[0]``; every other hook (``on_insert``, ``on_hit``, ``on_hold``,
+  ``on_release``, ``on_remove``, ``on_miss``) must return None; ``init`` must return a
+  tuple.  Every hook field of the Policy is wrapped, so a hook added to the contract is
+  guarded (exceptions, read-only view) without a change here.
 
 Each violation raises :class:`~kvsim.errors.KvsimInputError` (exit 2):
 ``error: /path/my_policy.py: field 'victim': policy hook returned 7, not a current
@@ -41,10 +44,13 @@ from kvsim.errors import KvsimInputError
 from kvsim.policy_api import BlockView
 
 #: Hooks whose contract is "returns nothing".
-VOID_HOOKS = ("on_insert", "on_hit", "on_remove", "on_miss")
-#: Hooks that make a block a candidate / stop it being one (argument 2 = the block).
-ENTER_HOOKS = ("on_insert",)
-LEAVE_HOOKS = ("on_remove",)
+VOID_HOOKS = ("on_insert", "on_hit", "on_remove", "on_miss", "on_hold", "on_release",
+              "on_hit_held")
+#: Hooks after which block ``b`` (argument 3) is a candidate / is not one (kvsim.policy_api:
+#: on_insert and on_release make it a candidate; on_hold (held by a request) and
+#: on_remove (evicted) end that).  Any other hook leaves the candidate set as it was.
+ENTER_HOOKS = ("on_insert", "on_release")
+LEAVE_HOOKS = ("on_remove", "on_hold")
 _STATES_KEPT = 16  # candidate sets of this many recent states (runs) are remembered
 
 
@@ -128,6 +134,9 @@ class _Guard:
 
 def _wrap_hook(guard: _Guard, hook: str, func: Callable) -> Callable:
     target = getattr(func, "py_func", func)  # compiled user hooks run as Python
+    name = getattr(target, "__name__", hook)
+    # a default (on_hold = the module's on_remove, ...) is named by its own name too
+    label = hook if name in (hook, "_python_noop") else f"{name} (as {hook})"
 
     @functools.wraps(target)
     def guarded(state, view, *args):
@@ -137,12 +146,12 @@ def _wrap_hook(guard: _Guard, hook: str, func: Callable) -> Callable:
         except KvsimInputError:
             raise
         except Exception as exc:
-            raise guard.fail(hook, f"raised {type(exc).__name__}: {exc}") from None
+            raise guard.fail(label, f"raised {type(exc).__name__}: {exc}") from None
         if hook == "victim":
             guard.check_victim(out, state, args[1] if len(args) > 1 else None)
             return int(out[0]), int(out[1]), int(out[2])
         if hook in VOID_HOOKS and out is not None:
-            raise guard.fail(hook, f"returned {_shown(out)}, expected None (the hook "
+            raise guard.fail(label, f"returned {_shown(out)}, expected None (the hook "
                              "returns nothing)")
         if args and hook in ENTER_HOOKS + LEAVE_HOOKS:
             b = int(args[0])
@@ -181,7 +190,9 @@ def guard_policy(policy):
     guard = _Guard(policy)
     names = {f.name for f in fields(policy)}
     changes: dict[str, Any] = {"init": _wrap_init(guard, policy.init), "compiled": False}
-    for hook in (*HOOK_ARITY, *OPTIONAL_HOOK_ARITY):
+    hooks = [f.name for f in fields(policy) if f.name.startswith("on_")
+             or f.name in (*HOOK_ARITY, *OPTIONAL_HOOK_ARITY)]
+    for hook in hooks:
         if hook in names and callable(getattr(policy, hook)):
             changes[hook] = _wrap_hook(guard, hook, getattr(policy, hook))
     return replace(policy, **changes)
