@@ -130,8 +130,9 @@ def test_victim_returns_are_checked(tmp_path: Path, ret: str, fragment) -> None:
     keys = np.array([1, 2, 3, 1, 4, 5, 2, 6], dtype=np.int64)
     if fragment is None:
         res = simulate_cache(keys, 2, pol, n_alt=8, record_victims=True)
-        # FIFO over 2 slots: keys 1, 2 fill slots 0, 1; each later miss evicts the older slot
-        assert [int(v) for v in res.victims] == [0, 1, 0, 1, 0, 1]
+        # FIFO, capacity 2: victims keys 1, 2, 3, 1, 4, 5, recorded as dense key ids in order
+        # of first appearance (1 -> 0, 2 -> 1, 3 -> 2, 4 -> 3, 5 -> 4)
+        assert [int(v) for v in res.victims] == [0, 1, 2, 0, 3, 4]
         return
     with pytest.raises(KvsimInputError) as info:
         simulate_cache(keys, 2, pol, n_alt=8)
