@@ -12,6 +12,11 @@ required names exist with the right types, the four required hooks (and the opti
 number of arguments, and ``REASONS`` is a non-empty tuple of strings.  Hooks may be ``numba.njit``
 functions (``compiled=True``: the replay loops are compiled with them) or plain Python
 functions (``compiled=False``: the loops run their interpreted twin, slower).
+
+User files are wrapped by :func:`kvsim.policy_guard.guard_policy` when loaded: every hook
+sees a read-only view and has its return value checked; a misbehaving hook stops the run
+with one line naming the file and the hook.  (Their njit hooks run as Python under the
+guard.)
 """
 
 from __future__ import annotations
@@ -205,7 +210,10 @@ def load_policy_file(path: str | Path) -> Policy:
         sys.modules.pop(mod_name, None)
         raise KvsimInputError(f"could not import policy file: {type(exc).__name__}: {exc}",
                               path, None, None) from exc
-    return _register(policy_from_module(module, resolved))
+    from kvsim.policy_guard import guard_policy
+
+    # user code runs behind the guard (read-only view, checked returns; kvsim.policy_guard)
+    return _register(guard_policy(policy_from_module(module, resolved)))
 
 
 def get_policy(name: str) -> Policy:
