@@ -6,6 +6,12 @@ tokens, "hash_ids": [...]}``.  ``hash_ids`` holds one id per 512-token block of 
 prefix hashes, so equal ids mean equal prefixes.  The last id identifies the partial
 block's content too, hence ``hashed_tokens = input_length``.  No sessions, priorities or
 SLOs are recorded: those columns keep their defaults.
+
+All three traces of the FAST'25 release (conversation, synthetic, tool&agent) use this
+format, and the reader assumes nothing about which one it reads: arrivals are made
+relative to the earliest timestamp (a trace need not start at 0 nor be sorted), extra keys
+are ignored, and an ``output_length`` of 0 (a call that generated nothing) is lowered as
+1 token (the prefill samples one), as the other readers do.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ def read_mooncake(path: str | Path, *, skip_bad_rows: bool = False) -> RequestTa
                     raise KvsimInputError("missing required field", path, loc, key)
             t_ms = as_float(rec["timestamp"], path, loc, "timestamp", 0.0)
             n_in = as_int(rec["input_length"], path, loc, "input_length", 1)
-            n_out = as_int(rec["output_length"], path, loc, "output_length", 1)
+            n_out = as_int(rec["output_length"], path, loc, "output_length", 0)
             h = as_int_list(rec["hash_ids"], path, loc, "hash_ids")
             need = -(-n_in // MOONCAKE_BLOCK_TOKENS)
             if len(h) != need:
@@ -48,8 +54,10 @@ def read_mooncake(path: str | Path, *, skip_bad_rows: bool = False) -> RequestTa
             continue
         arrival.append(int(round(t_ms * 1000.0)))
         prompt.append(n_in)
-        output.append(n_out)
+        output.append(max(n_out, 1))
         ids.append(h)
+    t0 = min(arrival) if arrival else 0
+    arrival = [t - t0 for t in arrival]
     return build_request_table(
         {"arrival_us": arrival, "prompt_tokens": prompt, "output_tokens": output,
          "block_ids": ids, "hashed_tokens": prompt},
