@@ -36,15 +36,19 @@ positions at which both streams hold the same kind and block; the first position
 they differ is ``first_divergence`` (after it the streams may stay shifted, so the figure
 is a lower bound).  Resident set: after each engine batch, the multiset of blocks each
 side holds in its prefix cache (stored minus removed) at the same stream position.  Block
-hit rate: ``1 - stored / referenced`` full blocks per side, ``referenced`` = the full blocks
-of the replayed requests' computed tokens (each is either a hit or stored).
+hit rate: the engine's is ``1 - stored / referenced`` full blocks, kvsim's its pool's hit
+blocks / referenced, ``referenced`` = the full blocks
+of the requests' computed tokens (each is either a hit or stored; clamped at 0 when a
+side stored more blocks than the requests reference: then the requests are not that run's).
+A request that does not fit the pool is skipped and counted (``alloc_failures``); vLLM
+would have kept it waiting.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -352,7 +356,11 @@ def validate(events: str | Path, requests: str | Path | None = None, *,
         raise bad_value(None, None, "--num-gpu-blocks", "at least 2 (block 0 is the null "
                         "block)", num_gpu_blocks)
     eng, ends = engine_stream(rec)
-    kv, pool, referenced, failures = kvsim_stream(reqs, bs, num_gpu_blocks)
+    kv, pool, _, failures = kvsim_stream(reqs, bs, num_gpu_blocks)
+    referenced = sum((len(r.prompt) + max(len(r.output) - 1, 0)) // bs for r in reqs)
+    label = {e.key: e.label for e in eng if e.kind != CLEARED}
+    kv = [replace(e, label=label.get(e.key, f"(content key {e.key}, never stored by the "
+                                            "engine)")) for e in kv]
     matched = sum(1 for a, b in zip(eng, kv) if _same(a, b))
     first = None
     for i in range(max(len(eng), len(kv))):
@@ -390,8 +398,9 @@ def validate(events: str | Path, requests: str | Path | None = None, *,
                  "same_order": er == kr},
         resident_steps=len(ends), resident_steps_equal=equal,
         resident_agreement=round(equal / len(ends), 6) if ends else 1.0,
-        engine_block_hit_rate=round(1 - stored_e / referenced, 6) if referenced else 0.0,
-        kvsim_block_hit_rate=round(1 - stored_k / referenced, 6) if referenced else 0.0,
+        engine_block_hit_rate=round(max(0.0, 1 - stored_e / referenced), 6)
+        if referenced else 0.0,
+        kvsim_block_hit_rate=round(c["hit_blocks"] / referenced, 6) if referenced else 0.0,
         kvsim_token_hit_rate=round(c["hit_tokens"] / c["query_tokens"], 6)
         if c["query_tokens"] else 0.0,
         alloc_failures=failures, skipped_events=dict(rec.skipped), first_divergence=first,
