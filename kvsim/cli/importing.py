@@ -71,7 +71,7 @@ def render_summary(s: ImportSummary) -> None:
         ("prompt blocks (hashed)", f"{s.prompt_blocks:,} ({s.hashed_prompt_blocks:,})"),
         ("prefix reuse (infinite cache)", f"{s.prefix_reuse_fraction:.4f}"),
         ("content identity", "yes" if s.hashed_prompt_blocks else
-         "none: the trace records no prompt content, every prompt is unique"),
+         "none (no prompt content)"),
         ("makespan (s)", f"{s.makespan_us / 1e6:,.3f}"),
     ]
     if s.num_gpu_blocks:
