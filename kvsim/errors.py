@@ -57,3 +57,13 @@ class KvsimInputError(KvsimError):
 def bad_value(path, location, field, expected: str, got) -> KvsimInputError:
     """Shorthand for the common case ``expected <expected>, got <got!r>``."""
     return KvsimInputError(f"expected {expected}, got {got!r}", path, location, field)
+
+
+class KvsimWarning(UserWarning):
+    """Input kvsim accepts but whose meaning the user should know (one line on stderr as
+    ``warning: ...``, e.g. Mooncake hash ids that do not form a prefix tree)."""
+
+
+def bad_option(option: str, expected: str, got) -> KvsimInputError:
+    """A bad option value: ``error: field '--opt': expected X, got Y`` (exit 2)."""
+    return KvsimInputError(f"expected {expected}, got {got!r}", None, None, option)

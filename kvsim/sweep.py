@@ -417,13 +417,17 @@ def curve_capacities(hbm_blocks: Sequence[int], points: int = 48) -> list[int]:
 def run_sweep(spec: SweepSpec, out_dir: str | Path, *, jobs: int | None = None,
               executor: str = "local", ray_address: str | None = None,
               curves: bool = False, curve_sample_rate: float = 1.0,
-              on_cell: Callable[[int, int, str, bool], None] | None = None) -> SweepResult:
+              on_cell: Callable[[int, int, str, bool], None] | None = None,
+              force: bool = False) -> SweepResult:
     """Run every cell of ``spec`` not already cached in ``out_dir``; write the results.
 
     ``jobs``: parallel workers (default: the number of CPUs).  ``executor``: ``local`` or
     ``ray`` (``ray_address`` None starts a local Ray instance with ``jobs`` CPUs).
     ``on_cell(done, total, policy, cached)`` is called once per cell as it completes.
     Same inputs => byte-identical results.parquet, summary.json and curves.parquet.
+    ``out_dir`` must be empty, new, or a kvsim sweep folder (it holds
+    :data:`SWEEP_MARKER`, or a ``cells/`` cache from before the marker); ``force`` writes
+    into any folder.
     """
     if executor not in EXECUTORS:
         raise bad_value(None, None, "executor", " | ".join(EXECUTORS), executor)
@@ -439,6 +443,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, jobs: int | None = None,
     for name in spec.run_policies():
         _resolve_policy(name)  # unknown names fail before any work
     out_dir = Path(out_dir)
+    claim_sweep_dir(out_dir, force)
     trace_sha = file_sha256(trace)
     fingerprint = code_fingerprint()
     cells = spec.cells()
@@ -504,14 +509,42 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, jobs: int | None = None,
                        total, len(todo), total - len(todo), occupancy_path)
 
 
+#: The file that marks a folder as a kvsim sweep folder (written by the first run).
+SWEEP_MARKER = ".kvsim-sweep"
+
+
+def claim_sweep_dir(out_dir: Path, force: bool = False) -> None:
+    """Refuse an ``--out`` folder that holds files but is not a kvsim sweep folder (the
+    user's own ``summary.json`` would be replaced), unless ``force``; mark it as one."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise KvsimInputError("expected a folder, got a regular file", out_dir, None, "--out")
+    if out_dir.is_dir() and not force:
+        entries = [p.name for p in out_dir.iterdir()]
+        ours = SWEEP_MARKER in entries or (out_dir / "cells").is_dir()
+        if entries and not ours:
+            shown = ", ".join(sorted(entries)[:3]) + (", ..." if len(entries) > 3 else "")
+            raise KvsimInputError(f"expected an empty folder or a kvsim sweep folder, got a "
+                                  f"folder holding {len(entries)} other entries ({shown}); "
+                                  "give --force to write there anyway", out_dir, None, "--out")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        marker = out_dir / SWEEP_MARKER
+        if not marker.exists():
+            marker.write_text("kvsim sweep folder: results.parquet, summary.json, cells/\n",
+                              encoding="utf-8")
+    except OSError as exc:
+        raise KvsimInputError(f"cannot write the sweep folder ({exc.strerror})", out_dir,
+                              None, "--out") from None
+
+
 def _run_pool(trace, cells, todo, facts, jobs, finished) -> None:
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import as_completed
+
+    from kvsim.workers import process_pool
 
     _WORKER["args"] = (trace, cells, facts)
     try:
-        ctx = mp.get_context("fork")
-        with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx) as ex:
+        with process_pool(min(jobs, len(todo))) as ex:  # workers die with this process
             futures = [ex.submit(_pool_cell, i) for i in todo]
             for fut in as_completed(futures):
                 finished(*fut.result())

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from kvsim.backends.base import CALIBRATION_LAYOUT, DTYPE_BYTES, BlockLayout
 from kvsim.cli import app
-from kvsim.cli.common import JsonOption, emit_json, out_console, progress
+from kvsim.cli.common import JsonOption, check_outputs, emit_json, out_console, progress
 from kvsim.errors import KvsimInputError
 
 _BACKEND_HELP = ("cpu: numpy pool in RAM, numba copies, file I/O (host memcpy stands in for "
@@ -83,6 +83,7 @@ def calibrate_command(
     it with [bold]kvsim simulate/compare --hardware FILE[/bold]."""
     from kvsim.calibrate import MIB, CalibrationSettings, calibrate, write_calibration
 
+    check_outputs(("--out", out, "toml"))
     layout = BlockLayout(layers, block_tokens, kv_heads, head_dim, dtype)
     overrides: dict = {"backend": _check_backend(backend), "layout": layout, "base": base,
                        "name": name or "", "seed": seed, "min_bytes": min_kib * 1024,

@@ -5,13 +5,23 @@
 - A :class:`kvsim.errors.KvsimError` raised anywhere under a command becomes ONE line on
   stderr (``error: <file>: <line>: field '<f>': expected ...``) and its exit code (2 for bad
   input), never a traceback.  Exit codes are documented in docs/cli.md.
+- Option errors (typer/click usage errors) are ONE line too (:meth:`KvsimGroup.main`), not
+  a usage box; every option value passes :func:`check_option_value` first (floats finite,
+  integers within int64, ``--seed`` >= 0), for every command, centrally.
+- A Python warning (:class:`kvsim.errors.KvsimWarning`) is one ``warning:`` line on stderr.
+- SIGTERM is turned into an exception like Ctrl-C, so ``atomic_output`` removes the
+  run's temporary file before the process exits (exit 143; Ctrl-C: 130).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import signal
 import sys
+import types
+import typing
+import warnings
 from typing import Annotated, Any
 
 import numpy as np
@@ -21,7 +31,12 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 from typer.core import TyperGroup
 
-from kvsim.errors import EXIT_BAD_INPUT, KvsimError
+from kvsim.errors import EXIT_BAD_INPUT, KvsimError, KvsimInputError
+
+#: Exit codes of a run stopped by a signal (128 + signal number, the shell convention).
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
+INT64_MAX = 2**63 - 1
 
 #: stdout: results only.
 out_console = Console(soft_wrap=True)
@@ -35,8 +50,171 @@ def fail(message: str, code: int) -> None:
     raise typer.Exit(code)
 
 
+def _base_type(annotation: Any) -> Any:
+    """``float`` for ``float``, ``float | None``, ``Optional[float]``, ``list[float]``."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return _base_type(args[0]) if len(args) == 1 else None
+    if origin in (list, tuple):
+        args = typing.get_args(annotation)
+        return _base_type(args[0]) if args else None
+    return annotation
+
+
+def option_error(option: str, expected: str, got: Any) -> KvsimInputError:
+    """The one-line error of a bad option value: ``--opt: expected X, got 'Y'``."""
+    return KvsimInputError(f"expected {expected}, got {got!r}", None, None, option)
+
+
+def check_finite(option: str, value: float | None, minimum: float | None = None,
+                 maximum: float | None = None) -> float | None:
+    """Reusable check of a float option: finite (no nan / inf) and within bounds."""
+    if value is None:
+        return None
+    if not math.isfinite(value):
+        raise option_error(option, "a finite number", str(value))
+    if minimum is not None and value < minimum:
+        raise option_error(option, f"a number >= {minimum:g}", value)
+    if maximum is not None and value > maximum:
+        raise option_error(option, f"a number <= {maximum:g}", value)
+    return value
+
+
+def check_limit(option: str, value: int | None, limit: str) -> int | None:
+    """Reusable: ``value`` of ``option`` must not exceed the :mod:`kvsim.limits` limit
+    ``limit`` (e.g. ``"max_prompt_tokens"``); the error says how to raise it."""
+    from kvsim.limits import get_limits
+
+    top = getattr(get_limits(), limit)
+    if value is not None and value > top:
+        raise option_error(option, f"at most {top:,} (kvsim limit {limit}; raise it with "
+                           f"KVSIM_LIMIT_{limit.upper()})", value)
+    return value
+
+
+def check_option_value(option: str, base: Any, raw: Any) -> None:
+    """The checks every option value passes before typer converts it (all commands):
+    a float must be finite (``nan``, ``inf`` refused: typer would accept ``inf`` and
+    report ``nan`` as out of range); an integer must fit in int64; ``--seed`` must be
+    >= 0 (numpy seeds are non-negative).  Raises :class:`KvsimInputError`."""
+    values = raw if isinstance(raw, (list, tuple)) else [raw]
+    for v in values:
+        if not isinstance(v, str):
+            continue
+        text = v.strip()
+        if base is float:
+            try:
+                f = float(text)
+            except ValueError:
+                continue  # typer reports a non-number itself
+            if not math.isfinite(f):
+                raise option_error(option, "a finite number", v)
+            if not text.isascii():
+                raise option_error(option, "a number written in ASCII digits", v)
+        elif base is int:
+            try:
+                i = int(text)
+            except ValueError:
+                continue
+            if not text.isascii():
+                raise option_error(option, "an integer written in ASCII digits", v)
+            if not -INT64_MAX - 1 <= i <= INT64_MAX:
+                raise option_error(option, "an integer within int64 (|n| < 2**63)", v)
+            if option == "--seed" and i < 0:
+                raise option_error(option, "a seed >= 0", v)
+
+
+def _guard_params(command: Any) -> None:
+    """Wrap every option's value processing of ``command`` (and its subcommands) with
+    :func:`check_option_value`."""
+    for param in getattr(command, "params", ()):
+        descriptor = getattr(param, "type_descriptor", None)
+        if descriptor is None or getattr(param, "_kvsim_checked", False):
+            continue
+        base = _base_type(descriptor.annotation)
+        if base not in (int, float):
+            continue
+        option = max(param.opts, key=len) if param.opts else param.name
+        original = param.process_value
+
+        def process_value(ctx: Any, value: Any, _orig=original, _opt=option,
+                          _base=base) -> Any:
+            check_option_value(_opt, _base, value)
+            return _orig(ctx, value)
+
+        param.process_value = process_value
+        param._kvsim_checked = True
+    for sub in getattr(command, "commands", {}).values():
+        _guard_params(sub)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    text = str(message).replace("\n", " ")
+    sys.stderr.write(f"warning: {text}\n")
+
+
+class _Terminated(BaseException):
+    """Raised in the main thread on SIGTERM so ``finally`` / ``atomic_output`` clean up."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated()
+
+
+def install_signal_handlers() -> None:
+    """SIGTERM raises :class:`_Terminated` (cleaned up like Ctrl-C); main thread only."""
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
 class KvsimGroup(TyperGroup):
     """The root command group: turns user errors into one line and an exit code."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _guard_params(self)
+
+    def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        """Run the command; in standalone mode every way out is one line and an exit code:
+        option errors (typer/click ``UsageError``) -> ``error: ...``, exit 2; Ctrl-C ->
+        exit 130, SIGTERM -> exit 143 (after ``atomic_output`` removed its temp file)."""
+        from typer._click import exceptions as cx
+
+        if not standalone_mode:
+            return super().main(args=args, prog_name=prog_name, complete_var=complete_var,
+                                standalone_mode=False, **extra)
+        install_signal_handlers()
+        saved = warnings.showwarning
+        warnings.showwarning = _show_warning
+        try:
+            rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
+                              standalone_mode=False, **extra)
+        except cx.NoArgsIsHelpError as exc:  # `kvsim log`: show the help, as before
+            sys.stdout.write(exc.ctx.get_help() + "\n")
+            sys.exit(EXIT_BAD_INPUT)
+        except cx.ClickException as exc:
+            message = " ".join(exc.format_message().split())
+            sys.stderr.write(f"error: {message}\n")
+            sys.exit(EXIT_BAD_INPUT if isinstance(exc, cx.UsageError) else exc.exit_code)
+        except KvsimError as exc:  # raised while parsing the root's own options
+            sys.stderr.write(f"error: {exc}\n".replace("\r", " "))
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            sys.stderr.write("error: interrupted\n")
+            sys.exit(EXIT_SIGINT)
+        except KeyboardInterrupt:
+            sys.stderr.write("error: interrupted (Ctrl-C); partial outputs removed\n")
+            sys.exit(EXIT_SIGINT)
+        except _Terminated:
+            sys.stderr.write("error: terminated (SIGTERM); partial outputs removed\n")
+            sys.exit(EXIT_SIGTERM)
+        finally:
+            warnings.showwarning = saved
+        sys.exit(rv if isinstance(rv, int) else 0)
 
     def invoke(self, ctx: Any) -> Any:
         try:
@@ -45,6 +223,22 @@ class KvsimGroup(TyperGroup):
             fail(str(exc).replace("\n", " "), exc.exit_code)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
             fail(f"{exc.filename}: {exc.strerror}", EXIT_BAD_INPUT)
+
+
+def check_outputs(*specs: tuple[str, Any, str]) -> None:
+    """Check every output of a command before any work (reusable by every command):
+    ``(option, path or None, kind)`` with kind a key of
+    :data:`kvsim.fsutil.OUTPUT_SUFFIXES` (the name must end as the format written) or
+    ``"dir"``.  Raises a one-line :class:`KvsimInputError` naming the option and target."""
+    from kvsim.fsutil import check_output_dir, check_output_path, check_output_suffix
+
+    for option, path, kind in specs:
+        if path is None:
+            continue
+        if kind == "dir":
+            check_output_dir(path, option)
+        else:
+            check_output_suffix(check_output_path(path, option), kind, option)
 
 
 JsonOption = Annotated[

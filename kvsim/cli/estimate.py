@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from kvsim.cli import app
-from kvsim.cli.common import JsonOption, emit_json, out_console
+from kvsim.cli.common import JsonOption, check_limit, emit_json, out_console
 from kvsim.errors import KvsimInputError
 from kvsim.hardware import list_hardware
 from kvsim.kvsize import (BYTES_PER_GB, BYTES_PER_MIB, DEFAULT_MEMORY_UTILIZATION, KV_DTYPES,
@@ -137,6 +137,10 @@ def estimate_kv_command(
     if (model is None) == (config is None):
         raise KvsimInputError("expected exactly one of a MODEL name or --config FILE", None,
                               None, "model")
+    check_limit("--prompt-tokens", prompt_tokens, "max_prompt_tokens")
+    check_limit("--generated-tokens", generated_tokens, "max_output_tokens")
+    check_limit("--max-seq-len", max_seq_len, "max_prompt_tokens")
+    check_limit("--concurrency", concurrency, "max_concurrency")
     spec = load_model(config if config is not None else model)
     est = estimate_kv(spec, prompt_tokens=prompt_tokens, generated_tokens=generated_tokens,
                       block_size_tokens=block_size, concurrency=concurrency,

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from kvsim.cli import app
-from kvsim.cli.common import JsonOption, emit_json, out_console
+from kvsim.cli.common import JsonOption, check_limit, check_outputs, emit_json, out_console
 from kvsim.cli.importing import (BlockSizeOption, GpuMemUtilOption, HardwareOption,
                                  MaxSeqsOption, MaxTokensOption, ModelOption,
                                  NumGpuBlocksOption, render_summary, run_with_progress)
@@ -53,6 +53,8 @@ def generate_command(
     """Generate a synthetic workload from a TOML profile (sessions, SLOs, priorities, shared
     prefixes, RAG documents, speculative decoding, beams) and lower it through the engine
     model to MemoryIntent block events.  Deterministic for a given --seed."""
+    check_outputs(("--out", out, "events"))
+    check_limit("--requests", requests, "max_concurrency")
     summary = run_with_progress(
         "generating", generate, profile=profile, num_requests=requests, seed=seed,
         out_path=out, model=model, hardware=hardware, block_size_tokens=block_size,

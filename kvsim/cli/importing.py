@@ -136,6 +136,13 @@ def import_request_trace_command(
     kvmi_step_us: Annotated[int, typer.Option(
         "--kvmi-step-us", min=1, help="kvmi: microseconds per kvmi step (kvmi records "
         "no time).")] = 1000,
+    strict: Annotated[bool, typer.Option(
+        "--strict", help="Refuse input that is otherwise read with a warning (Mooncake "
+        "hash_ids that do not form a prefix tree).")] = False,
+    limit: Annotated[Optional[list[str]], typer.Option(
+        "--limit", metavar="NAME=VALUE", help="Raise or lower a size limit (repeatable): "
+        "max_prompt_tokens, max_output_tokens, max_fanout, max_time_us, max_epoch_us, "
+        "max_total_tokens (defaults in docs/cli.md).", show_default=False)] = None,
     json_: JsonOption = False,
 ) -> None:
     """Read a request trace (Mooncake, Azure, OpenAI proxy log, agentic conversations,
@@ -143,8 +150,11 @@ def import_request_trace_command(
     JSONL/CSV/Parquet with --map) and lower it through the engine model
     (continuous batching, chunked prefill, roofline step times) to MemoryIntent block
     events.  Prints a summary (requests, events, prefix reuse, skipped rows)."""
+    from kvsim.limits import set_limit_overrides
+
+    set_limit_overrides(limit)
     summary = run_with_progress(
-        "importing", import_request_trace, path=requests, out_path=out, format=format,
+        "importing", import_request_trace, strict=strict, path=requests, out_path=out, format=format,
         mapping=map_, skip_bad_rows=skip_bad_rows, model=model, hardware=hardware,
         block_size_tokens=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, arrival_rate=arrival_rate,

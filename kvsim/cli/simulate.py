@@ -13,7 +13,8 @@ import typer
 from rich.table import Table
 
 from kvsim.cli import app
-from kvsim.cli.common import JsonOption, emit_json, err_console, out_console, progress
+from kvsim.cli.common import (JsonOption, check_outputs, emit_json, err_console, out_console,
+                              progress)
 from kvsim.errors import KvsimInputError
 from kvsim.fsutil import atomic_output
 
@@ -264,6 +265,9 @@ def simulate_command(
 
     if trace is None:
         raise KvsimInputError("expected --trace EVENTS (an event file)", None, None, "--trace")
+    check_outputs(("--decision-log", decision_log, "parquet"),
+                  ("--requests-out", requests_out, "parquet"), ("--csv", csv, "csv"),
+                  ("--parquet", parquet, "parquet"))
     _load_policy_files(policy_file)
     config = _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model,
                      tier_policy, write_policy, preemption, priority_scheduling, no_prefetch,
@@ -341,6 +345,8 @@ def compare_command(
     if (trace is None) == (profile is None):
         raise KvsimInputError("expected exactly one of --trace EVENTS or --profile NAME",
                               None, None, "--trace")
+    check_outputs(("--decision-log-dir", decision_log_dir, "dir"), ("--csv", csv, "csv"),
+                  ("--parquet", parquet, "parquet"))
     _load_policy_files(policy_file)
     config = _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model,
                      tier_policy, write_policy, preemption, priority_scheduling, no_prefetch,

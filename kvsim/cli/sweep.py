@@ -11,7 +11,8 @@ import typer
 from rich.table import Table
 
 from kvsim.cli import app
-from kvsim.cli.common import JsonOption, emit_json, err_console, out_console, progress
+from kvsim.cli.common import (JsonOption, check_finite, check_outputs, emit_json, err_console,
+                              out_console, progress)
 from kvsim.errors import KvsimInputError
 from kvsim.sim.config import SimConfig, parse_tier_policies
 
@@ -24,10 +25,13 @@ def _floats(text: str, option: str, allow_default: bool = False) -> tuple:
             out.append(None)
             continue
         try:
-            out.append(float(part))
+            if not part.isascii():
+                raise ValueError
+            value = float(part)
         except ValueError:
             raise KvsimInputError(f"expected a comma-separated list of numbers (GB), got "
                                   f"{part!r}", None, None, option) from None
+        out.append(check_finite(option, value, 0.0))
     return tuple(out)
 
 
@@ -88,6 +92,9 @@ def sweep_command(
     curve_sample_rate: Annotated[float, typer.Option(
         "--curve-sample-rate", min=1e-6, max=1.0,
         help="SHARDS sampling rate of the curves (1 = exact).")] = 1.0,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Write into --out even when it is a non-empty folder that is not a "
+        "kvsim sweep folder (its results.parquet / summary.json are replaced).")] = False,
     json_: JsonOption = False,
 ) -> None:
     """Replay TRACE once per cell of the grid (policy x HBM size x DRAM size) and write one
@@ -98,6 +105,7 @@ def sweep_command(
     it stopped.  Progress on stderr; the table (or --json) on stdout."""
     from kvsim.sweep import SweepSpec, run_sweep
 
+    check_outputs(("--out", out, "dir"))
     base = SimConfig(hardware=hardware, tier_policies=parse_tier_policies(tier_policy),
                      write_policy=write_policy, warmup_fraction=warmup_fraction, seed=seed,
                      engine=engine)
@@ -112,7 +120,8 @@ def sweep_command(
             bar.update(task, completed=done, total=total)
 
         res = run_sweep(spec, out, jobs=jobs, executor=executor, ray_address=ray_address,
-                        curves=curves, curve_sample_rate=curve_sample_rate, on_cell=on_cell)
+                        curves=curves, curve_sample_rate=curve_sample_rate, on_cell=on_cell,
+                        force=force)
     elapsed = time.perf_counter() - t0
     err_console.print(f"{res.cells} cells: {res.computed} computed, {res.cached} from the "
                       f"cache, {elapsed:.1f} s; wrote {res.results_path}", highlight=False)
@@ -163,6 +172,7 @@ def report_command(
     line per policy); --png writes the same figures as PNG files."""
     from kvsim.report import build_report
 
+    check_outputs(("--out", out, "html"), ("--png", png, "dir"))
     rep = build_report(results, out, png, occupancy_hbm_gb=occupancy_hbm_gb,
                        occupancy_dram_gb=occupancy_dram_gb)
     if json_:

@@ -30,20 +30,23 @@ __all__ = ["FORMATS", "ImportSummary", "REQUEST_COLUMNS", "RequestTable", "build
 def read_requests(path: str | Path, format: str | None = None,
                   mapping: str | dict[str, str] | None = None, skip_bad_rows: bool = False, *,
                   arrival_rate: float | None = None, concurrency: int | None = None,
-                  seed: int = 0, trace_block_tokens: int = 16) -> RequestTable:
+                  seed: int = 0, trace_block_tokens: int = 16,
+                  strict: bool = False) -> RequestTable:
     """Read a request trace into the canonical :class:`RequestTable`.
 
     ``format`` None = auto-detect (:func:`detect_format`; a ``mapping`` implies
     ``generic``).  ``arrival_rate`` / ``concurrency`` / ``seed`` lay out agentic
     conversations; ``trace_block_tokens`` is the block size of ``generic`` block ids.
     ``kvmi`` files are events, not requests: use :func:`import_request_trace`.
+    ``strict``: refuse what is otherwise read with a warning (Mooncake ids that do not
+    form a prefix tree).  Sizes are bounded by :func:`kvsim.limits.get_limits`.
     """
     fmt = format or ("generic" if mapping else detect_format(path))
     if fmt not in FORMATS:
         raise bad_value(None, None, "--format", "one of " + ", ".join(FORMATS), fmt)
     if fmt == "mooncake":
         from kvsim.ingest.mooncake import read_mooncake
-        return read_mooncake(path, skip_bad_rows=skip_bad_rows)
+        return read_mooncake(path, skip_bad_rows=skip_bad_rows, strict=strict)
     if fmt == "azure":
         from kvsim.ingest.azure import read_azure
         return read_azure(path, skip_bad_rows=skip_bad_rows)
@@ -86,11 +89,14 @@ def import_request_trace(path: str | Path, out_path: str | Path, *, format: str 
                          num_gpu_blocks: int | None = None,
                          gpu_memory_utilization: float | None = None,
                          progress: Callable[[int, int], None] | None = None,
-                         ) -> ImportSummary:
+                         strict: bool = False) -> ImportSummary:
     """Read ``path`` and write its MemoryIntent events to ``out_path`` (Parquet, or JSONL
     when the name ends in .jsonl).  Same inputs and arguments -> byte-identical output.
     ``num_gpu_blocks`` / ``gpu_memory_utilization``: the scheduler's KV block budget
     (:func:`lower_requests`); kvmi files are translated, not scheduled, and ignore them."""
+    from kvsim.fsutil import check_output_path, check_output_suffix
+
+    check_output_suffix(check_output_path(out_path, "--out"), "events", "--out")
     fmt = format or ("generic" if mapping else detect_format(path))
     if fmt == "kvmi":
         from kvsim.ingest.kvmi import KVMI_STEP_US, convert_kvmi
@@ -98,7 +104,7 @@ def import_request_trace(path: str | Path, out_path: str | Path, *, format: str 
                             step_us=kvmi_step_us or KVMI_STEP_US, skip_bad_rows=skip_bad_rows)
     table = read_requests(path, fmt, mapping, skip_bad_rows, arrival_rate=arrival_rate,
                           concurrency=concurrency, seed=seed,
-                          trace_block_tokens=trace_block_tokens)
+                          trace_block_tokens=trace_block_tokens, strict=strict)
     return lower_requests(table, out_path, model=model, hardware=hardware,
                           block_size_tokens=block_size_tokens, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens, seed=seed,

@@ -42,6 +42,10 @@ from kvsim.fsutil import open_text, strip_compression_suffix
 from kvsim.ingest.hashing import name_hash, namespaced_ids
 from kvsim.ingest.requests import RequestTable, build_request_table
 from kvsim.ingest.tracefile import BadRows, as_float, as_int, as_int_list
+from kvsim.limits import get_limits
+
+#: Largest offset / duration in seconds (kvsim.limits: max_time_us, 10 years).
+_MAX_S = get_limits().max_time_us / 1e6
 
 #: Tokens per hash id (kv-cache-tester traces: ``"block_size": 64``).
 AGENTIC_BLOCK_TOKENS = 64
@@ -71,6 +75,8 @@ def _load(path: Path) -> dict[str, Any]:
             doc = json.load(fh)
     except json.JSONDecodeError as exc:
         raise KvsimInputError(f"invalid JSON ({exc.msg})", path, f"line {exc.lineno}") from None
+    except RecursionError:
+        raise KvsimInputError("invalid JSON (nested too deeply)", path) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("requests"), list):
         raise KvsimInputError("expected an object with a 'requests' list", path, None,
                               "requests")
@@ -93,6 +99,7 @@ class _Conversation:
         self._walk(doc["requests"], 0.0, "requests", bad)
 
     def _walk(self, reqs: list, base_s: float, where: str, bad: BadRows) -> None:
+        lim = get_limits()
         session = self.num_sessions
         self.num_sessions += 1
         for i, r in enumerate(reqs):
@@ -100,23 +107,27 @@ class _Conversation:
             try:
                 if not isinstance(r, dict):
                     raise KvsimInputError("expected an object", self.path, loc)
-                t = as_float(r.get("t"), self.path, loc, "t", 0.0)
+                if where.count(".requests") > 100:
+                    raise KvsimInputError("expected sub-agents nested at most 100 deep",
+                                          self.path, loc, "requests")
+                t = as_float(r.get("t"), self.path, loc, "t", 0.0, _MAX_S)
                 if r.get("type") == "subagent":
                     sub = r.get("requests")
                     if not isinstance(sub, list):
                         raise KvsimInputError("expected a list", self.path, loc, "requests")
                     self._walk(sub, base_s + t, loc + ".requests", bad)
                     continue
-                n_in = as_int(r.get("in"), self.path, loc, "in", 1)
-                n_out = as_int(r.get("out"), self.path, loc, "out", 0)
+                n_in = as_int(r.get("in"), self.path, loc, "in", 1, lim.max_prompt_tokens)
+                n_out = as_int(r.get("out"), self.path, loc, "out", 0, lim.max_output_tokens)
                 ids = as_int_list(r.get("hash_ids"), self.path, loc, "hash_ids")
                 if len(ids) * AGENTIC_BLOCK_TOKENS > n_in:
                     raise KvsimInputError(
                         f"expected at most floor(in/64) = {n_in // 64} ids, got {len(ids)}",
                         self.path, loc, "hash_ids")
-                api_s = as_float(r.get("api_time") or 0.0, self.path, loc, "api_time", 0.0)
+                api_s = as_float(r.get("api_time") or 0.0, self.path, loc, "api_time", 0.0,
+                                 _MAX_S)
                 think_s = as_float(r.get("think_time") or 0.0, self.path, loc, "think_time",
-                                   0.0)
+                                   0.0, _MAX_S)
             except KvsimInputError as exc:
                 bad.handle(exc)
                 continue

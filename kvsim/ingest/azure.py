@@ -15,7 +15,8 @@ from pathlib import Path
 from kvsim.errors import KvsimInputError, bad_value
 from kvsim.fsutil import open_text
 from kvsim.ingest.requests import RequestTable, build_request_table
-from kvsim.ingest.tracefile import BadRows, as_int
+from kvsim.ingest.tracefile import BadRows, as_int, csv_rows
+from kvsim.limits import get_limits
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
@@ -25,8 +26,10 @@ def _parse_time_us(text: str, path, loc: str) -> int:
     text = text.strip()
     base, _, frac = text.partition(".")
     try:
+        if not base.isascii():
+            raise ValueError
         dt = datetime.strptime(base, "%Y-%m-%d %H:%M:%S")
-        if frac and not frac.isdigit():
+        if frac and not (frac.isascii() and frac.isdigit()):
             raise ValueError
     except ValueError:
         raise bad_value(path, loc, "TIMESTAMP", "a datetime like 2023-11-16 18:17:03.97996",
@@ -42,11 +45,13 @@ def read_azure(path: str | Path, *, skip_bad_rows: bool = False) -> RequestTable
     times, prompt, output = [], [], []
     with open_text(path) as fh:
         reader = csv.reader(fh)
-        header = next(reader, None)
+        rows = csv_rows(reader, path)
+        header = next(rows, None)
         if header is None or [h.strip() for h in header[:3]] != list(AZURE_COLUMNS):
             raise KvsimInputError(f"expected header {','.join(AZURE_COLUMNS)}, got "
                                   f"{','.join(header or [])!r}", path, "line 1")
-        for lineno, row in enumerate(reader, start=2):
+        lim = get_limits()
+        for lineno, row in enumerate(rows, start=2):
             if not row or not "".join(row).strip():
                 continue
             loc = f"line {lineno}"
@@ -54,8 +59,9 @@ def read_azure(path: str | Path, *, skip_bad_rows: bool = False) -> RequestTable
                 if len(row) < 3:
                     raise KvsimInputError(f"expected 3 fields, got {len(row)}", path, loc)
                 t = _parse_time_us(row[0], path, loc)
-                n_in = as_int(row[1], path, loc, "ContextTokens", 1)
-                n_out = as_int(row[2], path, loc, "GeneratedTokens", 1)
+                n_in = as_int(row[1], path, loc, "ContextTokens", 1, lim.max_prompt_tokens)
+                n_out = as_int(row[2], path, loc, "GeneratedTokens", 1,
+                               lim.max_output_tokens)
             except KvsimInputError as exc:
                 bad.handle(exc)
                 continue

@@ -65,7 +65,7 @@ def detect_format(path: str | Path) -> str:
         raise KvsimInputError("empty file: cannot detect its format (give --format)", path)
     try:
         rec = json.loads(first)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError, ValueError):
         raise KvsimInputError("not JSONL, CSV, Parquet or JSON: cannot detect the format "
                               "(give --format)", path, f"line {lineno}") from None
     if isinstance(rec, dict):

@@ -26,8 +26,9 @@ from typing import Any, Iterator
 from kvsim.errors import KvsimInputError, bad_value
 from kvsim.fsutil import open_text, strip_compression_suffix
 from kvsim.ingest.requests import RequestTable, build_request_table
-from kvsim.ingest.tracefile import (BadRows, as_float, as_int, get_path, json_lines,
-                                    parse_json)
+from kvsim.ingest.tracefile import (INT64_MAX, BadRows, as_float, as_int, as_time_us,
+                                    csv_rows, get_path, json_lines, parse_json)
+from kvsim.limits import get_limits
 
 CANONICAL_FIELDS = ("arrival_us", "arrival_ms", "arrival_s", "prompt_tokens", "output_tokens",
                     "block_ids", "hashed_tokens", "session", "tenant", "request_priority",
@@ -67,16 +68,34 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
     if name.endswith(".parquet"):
         import pyarrow.parquet as pq
 
-        pf = pq.ParquetFile(path)
+        import pyarrow as pa
+
         row = 0
-        for batch in pf.iter_batches(batch_size=65536):
-            for rec in batch.to_pylist():
-                yield f"row {row}", rec
-                row += 1
+        try:
+            if path.stat().st_size == 0:
+                raise KvsimInputError("empty file (0 bytes)", path)
+            pf = pq.ParquetFile(path)
+            batches = pf.iter_batches(batch_size=65536)
+            while True:
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    break
+                for rec in batch.to_pylist():
+                    yield f"row {row}", rec
+                    row += 1
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            text = " ".join(str(exc).split())[:200]
+            raise KvsimInputError(f"not a readable Parquet file (corrupt or truncated: "
+                                  f"{text})", path, f"row {row}" if row else None) from None
     elif name.endswith(".csv") or name.endswith(".tsv"):
         with open_text(path) as fh:
             reader = csv.DictReader(fh, delimiter="\t" if name.endswith(".tsv") else ",")
-            for i, rec in enumerate(reader, start=2):
+            for i, rec in enumerate(csv_rows(reader, path), start=2):
+                if None in rec:  # more fields than the header names
+                    rec = KvsimInputError(f"expected {len(reader.fieldnames or [])} fields "
+                                          "(as in the header line), got more", path,
+                                          f"line {i}")
                 yield f"line {i}", rec
     else:
         for lineno, text in json_lines(path):
@@ -93,12 +112,18 @@ def _ids(value: Any, path, loc: str, field: str) -> list[int]:
     if isinstance(value, str):
         parts = value.replace(";", " ").split()
         try:
-            return [int(p) for p in parts]
+            if not value.isascii():
+                raise ValueError
+            out = [int(p) for p in parts]
+            if any(not -INT64_MAX - 1 <= x <= INT64_MAX for x in out):
+                raise ValueError
+            return out
         except ValueError:
             raise bad_value(path, loc, field, "integers separated by spaces or ';'",
                             value) from None
-    if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool)
-                                                for v in value):
+    if isinstance(value, (list, tuple)) and all(
+            isinstance(v, int) and not isinstance(v, bool) and -INT64_MAX - 1 <= v <= INT64_MAX
+            for v in value):
         return list(value)
     raise bad_value(path, loc, field, "a list of integers", value)
 
@@ -109,6 +134,7 @@ def read_generic(path: str | Path, mapping: str | dict[str, str] | None = None, 
     path = Path(path)
     m = parse_mapping(mapping)
     bad = BadRows(skip_bad_rows)
+    lim = get_limits()
     arrival_key = next((k for k in ("arrival_us", "arrival_ms", "arrival_s") if k in m), None)
     cols: dict[str, list] = {k: [] for k in (
         "arrival_us", "prompt_tokens", "output_tokens", "block_ids", "hashed_tokens", "session",
@@ -132,13 +158,14 @@ def read_generic(path: str | Path, mapping: str | dict[str, str] | None = None, 
             if key is None:
                 raise KvsimInputError("missing arrival (map one of arrival_us, "
                                       "arrival_ms, arrival_s)", path, loc, "arrival_us")
-            t = as_float(get(rec, key), path, loc, label(key))
-            row: dict[str, Any] = {"arrival_us": int(round(t * _ARRIVAL_SCALE[key]))}
+            row: dict[str, Any] = {"arrival_us": as_time_us(
+                get(rec, key), _ARRIVAL_SCALE[key], path, loc, label(key), None)}
             for f in ("prompt_tokens", "output_tokens"):
                 v = get(rec, f)
                 if v in (None, ""):
                     raise KvsimInputError("missing required field", path, loc, label(f))
-                row[f] = as_int(v, path, loc, label(f), 1)
+                row[f] = as_int(v, path, loc, label(f), 1, lim.max_prompt_tokens
+                                if f == "prompt_tokens" else lim.max_output_tokens)
             v = get(rec, "block_ids")
             ids = [] if v in (None, "") else _ids(v, path, loc, label("block_ids"))
             row["block_ids"] = ids
@@ -163,7 +190,8 @@ def read_generic(path: str | Path, mapping: str | dict[str, str] | None = None, 
                     row[f"{f}_deadline_us"] = as_int(us, path, loc, label(f"{f}_deadline_us"), 1)
                 elif ms not in (None, ""):
                     row[f"{f}_deadline_us"] = int(round(as_float(
-                        ms, path, loc, label(f"{f}_deadline_ms"), 0.001) * 1000))
+                        ms, path, loc, label(f"{f}_deadline_ms"), 0.001, INT64_MAX / 1e4)
+                        * 1000))
                 else:
                     row[f"{f}_deadline_us"] = -1
             v = get(rec, "model")

@@ -108,7 +108,9 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
     exactly as ``kvsim simulate`` sizes its default HBM pool.
     """
     from kvsim.events import EventWriter
+    from kvsim.fsutil import check_output_path, check_output_suffix
 
+    check_output_suffix(check_output_path(out_path, "--out"), "events", "--out")
     extra = {} if gpu_memory_utilization is None else {
         "gpu_memory_utilization": gpu_memory_utilization}
     cfg = EngineConfig(block_size_tokens=block_size_tokens, max_num_seqs=max_num_seqs,
@@ -120,9 +122,16 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
                             cfg.block_size_tokens)
     ngpu = resolve_num_gpu_blocks(cfg, cost)
     wmark = cfg.watermark_blocks(ngpu)
+    total_requests = len(requests)
     requests, dropped = _drop_unadmittable(requests, cfg.block_size_tokens, ngpu - wmark)
     df = requests.df
     N = len(df)
+    if N == 0 and total_requests:
+        raise KvsimInputError(
+            f"every one of the {total_requests:,} requests has a prompt longer than the "
+            f"scheduler's KV budget ({ngpu - wmark:,} blocks of {cfg.block_size_tokens} "
+            "tokens after the watermark), so the trace would be empty; expected a larger "
+            "--num-gpu-blocks / GPU, or shorter prompts", None, None, "num_gpu_blocks")
     spk = df["spec_draft_tokens"].to_numpy(np.int64)
     if N and int(spk.max()) + 1 > cfg.max_num_batched_tokens:
         raise KvsimInputError("expected spec_draft_tokens + 1 <= --max-num-batched-tokens",

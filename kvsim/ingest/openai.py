@@ -80,14 +80,21 @@ def _time_us(value: Any, path, loc: str, key: str) -> int:
         except ValueError:
             try:
                 dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
-            except ValueError:
+            except (ValueError, OverflowError):
                 raise bad_value(path, loc, key, "epoch seconds or an ISO 8601 time",
                                 value) from None
             if dt.tzinfo is None:
                 return int(round((dt - datetime(1970, 1, 1)).total_seconds() * 1e6))
             return int(round(dt.timestamp() * 1e6))
-    t = as_float(value, path, loc, key, 0.0)
-    return int(round(t * 1e3)) if t > 1e11 else int(round(t * 1e6))
+    from kvsim.limits import get_limits
+
+    # epoch seconds, or milliseconds above 1e11: either way at most max_epoch_us
+    t = as_float(value, path, loc, key, 0.0, get_limits().max_epoch_us / 1e3)
+    us = int(round(t * 1e3)) if t > 1e11 else int(round(t * 1e6))
+    if us > get_limits().max_epoch_us:
+        raise bad_value(path, loc, key, "epoch seconds or milliseconds before the year 2200",
+                        value)
+    return us
 
 
 def _prompt_text(rec: dict, path, loc: str) -> tuple[str | None, list[int] | None]:
@@ -98,8 +105,9 @@ def _prompt_text(rec: dict, path, loc: str) -> tuple[str | None, list[int] | Non
             isinstance(x, int) for x in prompt):
         key, ids = pkey, prompt
     if ids is not None:
-        if not isinstance(ids, list) or not all(isinstance(x, int) and not isinstance(x, bool)
-                                                for x in ids):
+        if not isinstance(ids, list) or not all(
+                isinstance(x, int) and not isinstance(x, bool) and -2**63 <= x < 2**63
+                for x in ids):
             raise bad_value(path, loc, key, "a list of token ids", ids)
         return None, ids
     if isinstance(prompt, str):
@@ -167,7 +175,10 @@ def _row(rec: dict, path, loc: str, sessions: dict, tenants: dict) -> dict[str, 
         raise KvsimInputError("missing required field", path, loc, "usage.prompt_tokens")
     if okey is None:
         raise KvsimInputError("missing required field", path, loc, "usage.completion_tokens")
-    prompt = as_int(pval, path, loc, pkey, 1)
+    from kvsim.limits import get_limits
+
+    lim = get_limits()
+    prompt = as_int(pval, path, loc, pkey, 1, lim.max_prompt_tokens)
     _, model = _first(rec, _MODEL_KEYS)
     model = str(model or "")
     text, ids = _prompt_text(rec, path, loc)
@@ -200,16 +211,16 @@ def _row(rec: dict, path, loc: str, sessions: dict, tenants: dict) -> dict[str, 
     return {
         "arrival_us": _time_us(tval, path, loc, tkey),
         "prompt_tokens": prompt,
-        "output_tokens": max(as_int(oval, path, loc, okey, 0), 1),
+        "output_tokens": max(as_int(oval, path, loc, okey, 0, lim.max_output_tokens), 1),
         "block_ids": block_ids,
         "hashed_tokens": len(block_ids) * OPENAI_BLOCK_TOKENS,
         "session": session,
         "tenant": tenant,
         "request_priority": priority,
         "ttft_deadline_us": -1 if ttft is None else
-        max(int(round(as_float(ttft, path, loc, ttft_key, 0.001) * 1000)), 1),
+        max(int(round(as_float(ttft, path, loc, ttft_key, 0.001, 9e12) * 1000)), 1),
         "tpot_deadline_us": -1 if tpot is None else
-        max(int(round(as_float(tpot, path, loc, tpot_key, 0.001) * 1000)), 1),
+        max(int(round(as_float(tpot, path, loc, tpot_key, 0.001, 9e12) * 1000)), 1),
         "n": 1 if n is None else as_int(n, path, loc, n_key, 1),
         "beam_width": 1 if beam is None else as_int(beam, path, loc, b_key, 1),
         "model": model,

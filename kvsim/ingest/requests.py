@@ -119,6 +119,10 @@ def build_request_table(columns: dict[str, Any], *, block_size_tokens: int, path
     (the row number is the 1-based position in the reader's output order).
     """
     n = len(columns["arrival_us"])
+    if n == 0:
+        raise KvsimInputError("expected at least one request, the file holds none"
+                              + (f" ({skipped} bad rows skipped)" if skipped else ""),
+                              path or None, None, None)
     data: dict[str, Any] = {}
     for name, dtype, default in REQUEST_COLUMNS:
         if name == "request_id":
@@ -129,12 +133,15 @@ def build_request_table(columns: dict[str, Any], *, block_size_tokens: int, path
             values = [np.zeros(0, dtype=np.int64)] * n
         else:
             values = [default] * n
-        if dtype == "list":
-            data[name] = [np.asarray(v, dtype=np.int64) for v in values]
-        elif dtype == "string":
-            data[name] = pd.array([str(v) for v in values], dtype=object)
-        else:
-            data[name] = np.asarray(values, dtype=dtype)
+        try:
+            if dtype == "list":
+                data[name] = [np.asarray(v, dtype=np.int64) for v in values]
+            elif dtype == "string":
+                data[name] = pd.array([str(v) for v in values], dtype=object)
+            else:
+                data[name] = np.asarray(values, dtype=dtype)
+        except (OverflowError, ValueError, TypeError):
+            raise _first_unrepresentable(values, name, dtype, path) from None
     if block_size_tokens <= 0:
         raise KvsimInputError(f"native block size must be >= 1 token, got {block_size_tokens}",
                               path or None, None, "block_size_tokens")
@@ -147,6 +154,20 @@ def build_request_table(columns: dict[str, Any], *, block_size_tokens: int, path
                         source=dict(source or {}))
 
 
+def _first_unrepresentable(values, name: str, dtype: str, path: str) -> KvsimInputError:
+    """The error for the first value of a column that does not fit its dtype."""
+    target = np.int64 if dtype == "list" else np.dtype(dtype)
+    for row, v in enumerate(values):
+        try:
+            np.asarray(v, dtype=target)
+        except (OverflowError, ValueError, TypeError):
+            shown = v if dtype != "list" else f"a list holding {max(v, key=abs)!r}"
+            return KvsimInputError(f"expected a value that fits {np.dtype(target).name}, got "
+                                   f"{shown!r}", path or None, f"request {row + 1}", name)
+    return KvsimInputError(f"expected values that fit {np.dtype(target).name}", path or None,
+                           None, name)
+
+
 def _check(mask: np.ndarray, df: pd.DataFrame, path: str, field_name: str, expected: str):
     bad = np.flatnonzero(~mask)
     if bad.size:
@@ -156,6 +177,27 @@ def _check(mask: np.ndarray, df: pd.DataFrame, path: str, field_name: str, expec
 
 
 def _validate(df: pd.DataFrame, path: str, block_size_tokens: int) -> None:
+    from kvsim.limits import get_limits
+
+    lim = get_limits()
+    note = " (kvsim limit, KVSIM_LIMIT_{} / --limit; docs/cli.md)"
+    _check(df["arrival_us"].to_numpy() <= lim.max_time_us, df, path, "arrival_us",
+           f"a time <= {lim.max_time_us:,} us after the first request"
+           + note.format("MAX_TIME_US"))
+    _check(df["prompt_tokens"].to_numpy() <= lim.max_prompt_tokens, df, path,
+           "prompt_tokens", f"at most {lim.max_prompt_tokens:,} tokens"
+           + note.format("MAX_PROMPT_TOKENS"))
+    _check(df["output_tokens"].to_numpy() <= lim.max_output_tokens, df, path,
+           "output_tokens", f"at most {lim.max_output_tokens:,} tokens"
+           + note.format("MAX_OUTPUT_TOKENS"))
+    for name in ("n", "beam_width"):
+        _check(df[name].to_numpy() <= lim.max_fanout, df, path, name,
+               f"at most {lim.max_fanout}" + note.format("MAX_FANOUT"))
+    total = int(df["prompt_tokens"].sum()) + int(df["output_tokens"].sum())
+    if total > lim.max_total_tokens:
+        raise KvsimInputError(f"expected at most {lim.max_total_tokens:,} tokens in the whole "
+                              f"trace, got {total:,}" + note.format("MAX_TOTAL_TOKENS"),
+                              path or None, None, "prompt_tokens + output_tokens")
     _check(df["arrival_us"].to_numpy() >= 0, df, path, "arrival_us", "a time >= 0")
     _check(df["prompt_tokens"].to_numpy() >= 1, df, path, "prompt_tokens", "an integer >= 1")
     _check(df["output_tokens"].to_numpy() >= 1, df, path, "output_tokens", "an integer >= 1")

@@ -50,6 +50,30 @@ def parse_json(path, lineno: int, text: str) -> Any:
     except json.JSONDecodeError as exc:
         raise KvsimInputError(f"invalid JSON ({exc.msg} at column {exc.colno})", path,
                               f"line {lineno}") from None
+    except RecursionError:
+        raise KvsimInputError("invalid JSON (nested too deeply)", path,
+                              f"line {lineno}") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise KvsimInputError(f"invalid JSON ({exc})", path, f"line {lineno}") from None
+
+
+def csv_rows(reader, path, first_line: int = 1):
+    """Iterate a ``csv.reader`` / ``csv.DictReader``; ``csv.Error`` (a NUL byte, a field
+    over the size limit) becomes a one-line error naming the line."""
+    import csv
+
+    lineno = first_line
+    it = iter(reader)
+    while True:
+        try:
+            row = next(it)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise KvsimInputError(f"not readable CSV ({exc})", path,
+                                  f"line {getattr(reader, 'line_num', lineno)}") from None
+        lineno += 1
+        yield row
 
 
 def get_path(obj: Any, dotted: str) -> Any:
@@ -62,8 +86,23 @@ def get_path(obj: Any, dotted: str) -> Any:
     return cur
 
 
-def as_int(value: Any, path, loc: str, field: str, minimum: int | None = None) -> int:
-    """An integer (ints, integral floats and integral strings accepted) >= ``minimum``."""
+INT64_MAX = 2**63 - 1
+
+
+def _number_text(value: str, path, loc: str, field: str, expected: str) -> str:
+    """``value`` stripped; digits in other scripts ("٣٠٠", full-width "３００") refused:
+    Python's float()/int() would read them, no trace writer means them."""
+    text = value.strip()
+    if not text.isascii():
+        raise bad_value(path, loc, field, f"{expected} written in ASCII digits", value)
+    return text
+
+
+def as_int(value: Any, path, loc: str, field: str, minimum: int | None = None,
+           maximum: int | None = None) -> int:
+    """An integer (ints, integral floats and integral ASCII strings accepted) in
+    [``minimum``, ``maximum``]; ``maximum`` defaults to int64's largest value."""
+    expected = "an integer" if minimum is None else f"an integer >= {minimum}"
     out: int | None = None
     if isinstance(value, bool):
         out = None
@@ -72,40 +111,71 @@ def as_int(value: Any, path, loc: str, field: str, minimum: int | None = None) -
     elif isinstance(value, float) and value.is_integer():
         out = int(value)
     elif isinstance(value, str):
+        text = _number_text(value, path, loc, field, expected)
         try:
-            f = float(value)
-            out = int(f) if f.is_integer() else None
+            out = int(text)
         except ValueError:
-            out = None
+            try:
+                f = float(text)
+                out = int(f) if f.is_integer() else None
+            except (ValueError, OverflowError):
+                out = None
     if out is None:
-        raise bad_value(path, loc, field, "an integer" if minimum is None
-                        else f"an integer >= {minimum}", value)
+        raise bad_value(path, loc, field, expected, value)
     if minimum is not None and out < minimum:
-        raise bad_value(path, loc, field, f"an integer >= {minimum}", value)
+        raise bad_value(path, loc, field, expected, value)
+    top = INT64_MAX if maximum is None else maximum
+    if out > top or out < -INT64_MAX - 1:
+        raise bad_value(path, loc, field, f"{expected} and <= {top:,}"
+                        + (" (kvsim limit, see docs/cli.md)" if maximum is not None else
+                           " (int64)"), value)
     return out
 
 
-def as_float(value: Any, path, loc: str, field: str, minimum: float | None = None) -> float:
-    """A finite number >= ``minimum``."""
+def as_float(value: Any, path, loc: str, field: str, minimum: float | None = None,
+             maximum: float | None = None) -> float:
+    """A finite number in [``minimum``, ``maximum``]."""
     out: float | None = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        out = float(value)
-    elif isinstance(value, str):
         try:
             out = float(value)
+        except OverflowError:  # an int beyond float range
+            out = None
+    elif isinstance(value, str):
+        text = _number_text(value, path, loc, field, "a number")
+        try:
+            out = float(text)
         except ValueError:
             out = None
     if out is None or out != out or out in (float("inf"), float("-inf")):
-        raise bad_value(path, loc, field, "a number", value)
+        raise bad_value(path, loc, field, "a finite number", value)
     if minimum is not None and out < minimum:
         raise bad_value(path, loc, field, f"a number >= {minimum}", value)
+    if maximum is not None and out > maximum:
+        raise bad_value(path, loc, field, f"a number <= {maximum:g} (kvsim limit, see "
+                        "docs/cli.md)", value)
     return out
 
 
+def as_time_us(value: Any, scale_us: float, path, loc: str, field: str,
+               minimum: float | None = 0.0) -> int:
+    """A timestamp in units of ``scale_us`` microseconds (1e3 = milliseconds) as integer
+    microseconds; refused beyond :attr:`kvsim.limits.Limits.max_epoch_us` (1e300 ms, a
+    unit error, would not fit int64)."""
+    from kvsim.limits import get_limits
+
+    top = get_limits().max_epoch_us / scale_us
+    t = as_float(value, path, loc, field, minimum, top)
+    return int(round(t * scale_us))
+
+
 def as_int_list(value: Any, path, loc: str, field: str) -> list[int]:
-    """A JSON list of integers."""
+    """A JSON list of integers, each within int64."""
     if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool)
                                                for v in value):
         shown = value if not isinstance(value, list) else f"list with {value[:3]}..."
         raise bad_value(path, loc, field, "a list of integers", shown)
+    for i, v in enumerate(value):
+        if not -INT64_MAX - 1 <= v <= INT64_MAX:
+            raise bad_value(path, loc, f"{field}[{i}]", "an integer within int64", v)
     return value

@@ -516,11 +516,9 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
     results: dict[str, dict] = {}
     try:
         if jobs > 1 and len(run_names) > 1:
-            import multiprocessing as mp
-            from concurrent.futures import ProcessPoolExecutor
+            from kvsim.workers import process_pool
 
-            ctx = mp.get_context("fork")
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as ex:
+            with process_pool(jobs) as ex:  # workers die with this process (kvsim.workers)
                 futures = {n: ex.submit(_one, n) for n in run_names}
                 for n in run_names:
                     results[n] = futures[n].result()

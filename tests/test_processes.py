@@ -1,0 +1,153 @@
+"""Processes and files: pool workers die with their parent, SIGTERM / Ctrl-C remove the
+run's temporary file, stale temporaries of SIGKILLed runs are cleaned by the next run,
+and `sweep` refuses a foreign non-empty --out (docs/cli.md, "Processes and files")."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kvsim.errors import KvsimInputError
+from kvsim.fsutil import atomic_output, remove_stale_temporaries
+from tests.helpers import assert_one_line_error
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "traces" / "sample_chat.jsonl"
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == pid:
+            out.append(int(entry.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead
+
+
+def _wait_for(cond, timeout_s: float) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)")
+def test_sigkill_of_a_jobs2_sweep_leaves_no_worker(tmp_path: Path) -> None:
+    """SIGKILL the parent of `sweep --jobs 2` while both workers run cells: within 5 s no
+    process of that run is alive (PR_SET_PDEATHSIG), and no cell was half-written."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvsim", "sweep", "--trace", str(SAMPLE), "--policies",
+         "lru,fifo", "--hbm-gb", "0.02,0.03,0.05,0.07,0.1,0.2", "--out", str(tmp_path / "sw"),
+         "--jobs", "2", "--engine", "interpreted", "--no-bound"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert _wait_for(lambda: len(_children(proc.pid)) >= 2, 60), "workers never started"
+        workers = _children(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert _wait_for(lambda: not any(_alive(w) for w in workers), 5.0), \
+            f"workers {[w for w in workers if _alive(w)]} outlived their parent by 5 s"
+    finally:
+        with_pgid = proc.pid
+        try:
+            os.killpg(with_pgid, signal.SIGKILL)  # clean up whatever the test failed on
+        except ProcessLookupError:
+            pass
+
+
+def test_stale_temporary_of_a_dead_run_is_removed(tmp_path: Path) -> None:
+    target = tmp_path / "out.parquet"
+    # pid 2**22 + 1 is above Linux's pid_max ceiling (4194304): never a live process
+    stale = tmp_path / f".out.parquet.{2**22 + 1}.abcd.tmp"
+    stale.write_bytes(b"half")
+    live = tmp_path / f".out.parquet.{os.getpid()}.efgh.tmp"  # ours: alive, kept
+    live.write_bytes(b"busy")
+    other = tmp_path / f".other.parquet.{2**22 + 1}.ijkl.tmp"  # another target: kept
+    other.write_bytes(b"x")
+    with atomic_output(target) as tmp:
+        tmp.write_bytes(b"new")
+    assert target.read_bytes() == b"new"
+    assert not stale.exists() and live.exists() and other.exists()
+    assert remove_stale_temporaries(target) == []
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
+def test_interrupt_removes_the_temporary(tmp_path: Path, exc) -> None:
+    target = tmp_path / "out.parquet"
+    with pytest.raises(exc):
+        with atomic_output(target) as tmp:
+            tmp.write_bytes(b"partial")
+            raise exc()
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)")
+def test_sigterm_removes_the_temporary_and_exits_143(tmp_path: Path) -> None:
+    """A real `kvsim import-request-trace` stopped by SIGTERM while its output is being
+    written (the .tmp exists): exit 143, one line, no .tmp and no output left."""
+    code = (
+        "import sys, time\n"
+        "from kvsim.cli import app\n"
+        "import kvsim.ingest as ing\n"
+        "real = ing.lower_requests\n"
+        "def slow(table, out_path, **kw):\n"
+        "    from kvsim.fsutil import atomic_output\n"
+        "    with atomic_output(out_path) as tmp:\n"
+        "        tmp.write_bytes(b'partial')\n"
+        "        print('writing', flush=True)\n"
+        "        time.sleep(60)\n"
+        "ing.lower_requests = slow\n"
+        "sys.argv = ['kvsim'] + sys.argv[1:]\n"
+        "app()\n")
+    src = tmp_path / "mc.jsonl"
+    src.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, '
+                   '"hash_ids": [1]}\n')
+    out = tmp_path / "out" / "events.parquet"
+    proc = subprocess.Popen([sys.executable, "-c", code, "import-request-trace", "--requests",
+                             str(src), "--out", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "writing"
+    assert [p.name for p in out.parent.iterdir() if p.name.endswith(".tmp")]
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=30)
+    result = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    assert_one_line_error(result, "terminated", exit_code=143)
+    assert list(out.parent.iterdir()) == []
+
+
+def test_sweep_refuses_a_foreign_folder(tmp_path: Path) -> None:
+    from kvsim.sweep import SWEEP_MARKER, claim_sweep_dir
+
+    (tmp_path / "summary.json").write_text("{\"mine\": 1}")
+    with pytest.raises(KvsimInputError, match="--force") as info:
+        claim_sweep_dir(tmp_path)
+    assert "summary.json" in str(info.value)
+    claim_sweep_dir(tmp_path, force=True)
+    assert (tmp_path / SWEEP_MARKER).exists()
+    claim_sweep_dir(tmp_path)  # now a sweep folder: accepted
+    empty = tmp_path / "new"
+    claim_sweep_dir(empty)
+    assert (empty / SWEEP_MARKER).exists()
