@@ -196,8 +196,9 @@ def test_cli_json_and_table(tmp_path):
     ([{"request_id": "x"}], ("line 1", "prompt_token_ids", "missing")),
     ([{"prompt_token_ids": [1, 2], "start_step": 3, "finish_step": 1}],
      ("line 1", "finish_step", ">= start_step")),
-    ([{"prompt_token_ids": "hello"}], ("line 1", "prompt_token_ids", "list of token ids")),
+    ([{"prompt_token_ids": "hello"}], ("line 1", "prompt_token_ids", "a list of integers")),
     ([{"prompt_token_ids": []}], ("line 1", "prompt_token_ids", "at least one token")),
+    ([{"prompt_token_ids": [1, 1 << 70]}], ("line 1", "prompt_token_ids[1]", "int64")),
 ])
 def test_bad_request_log(tmp_path, log, fragments):
     ev, rl = write(tmp_path, golden_batches(), log)

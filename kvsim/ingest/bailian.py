@@ -28,8 +28,9 @@ from pathlib import Path
 
 from kvsim.errors import KvsimInputError, bad_value
 from kvsim.ingest.requests import RequestTable, build_request_table
-from kvsim.ingest.tracefile import (BadRows, as_float, as_int, as_int_list, json_lines,
+from kvsim.ingest.tracefile import (BadRows, as_int, as_int_list, as_time_us, json_lines,
                                     parse_json)
+from kvsim.limits import get_limits
 
 #: Tokens per hash id (README: "Group tokens into 16-token blocks"; file names *_blksz_16).
 BAILIAN_BLOCK_TOKENS = 16
@@ -40,6 +41,7 @@ BAILIAN_TYPES = ("text", "search", "image", "file")
 def read_bailian(path: str | Path, *, skip_bad_rows: bool = False) -> RequestTable:
     """Read a Bailian usage trace (JSONL) into the canonical Request table."""
     bad = BadRows(skip_bad_rows)
+    lim = get_limits()
     rows: list[tuple[int, int, int, int, int, list[int], int]] = []
     seen_chat: dict[int, int] = {}
     for lineno, text in json_lines(path):
@@ -60,9 +62,11 @@ def read_bailian(path: str | Path, *, skip_bad_rows: bool = False) -> RequestTab
             if chat in seen_chat:
                 raise KvsimInputError(f"chat_id {chat} already used on line "
                                       f"{seen_chat[chat]}", path, loc, "chat_id")
-            t_s = as_float(rec["timestamp"], path, loc, "timestamp", 0.0)
-            n_in = as_int(rec["input_length"], path, loc, "input_length", 1)
-            n_out = as_int(rec["output_length"], path, loc, "output_length", 0)
+            t_us = as_time_us(rec["timestamp"], 1e6, path, loc, "timestamp")
+            n_in = as_int(rec["input_length"], path, loc, "input_length", 1,
+                          lim.max_prompt_tokens)
+            n_out = as_int(rec["output_length"], path, loc, "output_length", 0,
+                           lim.max_output_tokens)
             if "type" in rec and rec["type"] not in BAILIAN_TYPES:
                 raise bad_value(path, loc, "type", "one of " + ", ".join(BAILIAN_TYPES),
                                 rec["type"])
@@ -77,7 +81,7 @@ def read_bailian(path: str | Path, *, skip_bad_rows: bool = False) -> RequestTab
             continue
         seen_chat[chat] = lineno
         hashed = n_in if len(h) == ceil_ else len(h) * BAILIAN_BLOCK_TOKENS
-        rows.append((chat, parent, int(round(t_s * 1e6)), n_in, max(n_out, 1), h, hashed))
+        rows.append((chat, parent, t_us, n_in, max(n_out, 1), h, hashed))
     parent_of = {r[0]: r[1] for r in rows}
     first_child_us: dict[int, int] = {}
     for r in rows:

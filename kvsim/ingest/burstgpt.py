@@ -21,7 +21,8 @@ from pathlib import Path
 from kvsim.errors import KvsimInputError
 from kvsim.fsutil import open_text
 from kvsim.ingest.requests import RequestTable, build_request_table
-from kvsim.ingest.tracefile import BadRows, as_float, as_int
+from kvsim.ingest.tracefile import BadRows, as_int, as_time_us, csv_rows
+from kvsim.limits import get_limits
 
 #: The columns every BurstGPT release has (README of HPMLL/BurstGPT).
 BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens",
@@ -36,11 +37,12 @@ def is_burstgpt_header(header: list[str]) -> bool:
 def read_burstgpt(path: str | Path, *, skip_bad_rows: bool = False) -> RequestTable:
     """Read a BurstGPT CSV into the canonical Request table (no content identity)."""
     bad = BadRows(skip_bad_rows)
+    lim = get_limits()
     cols: dict[str, list] = {k: [] for k in ("arrival_us", "prompt_tokens", "output_tokens",
                                              "model", "session")}
     sessions: dict[str, int] = {}
     with open_text(path) as fh:
-        reader = csv.reader(fh)
+        reader = csv_rows(csv.reader(fh), path)
         header = next(reader, None)
         if header is None or not is_burstgpt_header(header):
             raise KvsimInputError(f"expected header {','.join(BURSTGPT_COLUMNS)}, got "
@@ -56,13 +58,15 @@ def read_burstgpt(path: str | Path, *, skip_bad_rows: bool = False) -> RequestTa
                 if len(row) != len(header):
                     raise KvsimInputError(f"expected {len(header)} fields, got {len(row)}",
                                           path, loc)
-                t_s = as_float(row[t_i], path, loc, "Timestamp", 0.0)
-                n_in = as_int(row[in_i], path, loc, "Request tokens", 1)
-                n_out = as_int(row[out_i], path, loc, "Response tokens", 0)
+                t_us = as_time_us(row[t_i], 1e6, path, loc, "Timestamp")
+                n_in = as_int(row[in_i], path, loc, "Request tokens", 1,
+                              lim.max_prompt_tokens)
+                n_out = as_int(row[out_i], path, loc, "Response tokens", 0,
+                               lim.max_output_tokens)
             except KvsimInputError as exc:
                 bad.handle(exc)
                 continue
-            cols["arrival_us"].append(int(round(t_s * 1e6)))
+            cols["arrival_us"].append(t_us)
             cols["prompt_tokens"].append(n_in)
             cols["output_tokens"].append(max(n_out, 1))
             cols["model"].append(row[model_i].strip() if model_i is not None else "")

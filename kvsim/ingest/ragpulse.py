@@ -42,8 +42,9 @@ from typing import Any
 
 from kvsim.errors import KvsimInputError, bad_value
 from kvsim.ingest.requests import RequestTable, build_request_table
-from kvsim.ingest.tracefile import (BadRows, as_float, as_int, as_int_list, json_lines,
+from kvsim.ingest.tracefile import (BadRows, as_int, as_int_list, as_time_us, json_lines,
                                     parse_json)
+from kvsim.limits import get_limits
 
 #: Components of ``hash_ids`` in prompt order, with the side file naming their chunks.
 COMPONENT_ORDER: tuple[tuple[str, str], ...] = (
@@ -196,6 +197,7 @@ def read_ragpulse(path: str | Path, *, skip_bad_rows: bool = False) -> RequestTa
     folder = trace.parent
     lengths = load_chunk_lengths(folder)
     bad = BadRows(skip_bad_rows)
+    lim = get_limits()
     cols: dict[str, list] = {k: [] for k in ("arrival_us", "prompt_tokens", "output_tokens",
                                              "block_ids", "hashed_tokens", "session")}
     sessions: dict[str, int] = {}
@@ -209,9 +211,11 @@ def read_ragpulse(path: str | Path, *, skip_bad_rows: bool = False) -> RequestTa
             for key in ("timestamp", "input_length", "output_length", "hash_ids"):
                 if key not in rec:
                     raise KvsimInputError("missing required field", trace, loc, key)
-            t_s = as_float(rec["timestamp"], trace, loc, "timestamp", 0.0)
-            n_in = as_int(rec["input_length"], trace, loc, "input_length", 1)
-            n_out = as_int(rec["output_length"], trace, loc, "output_length", 0)
+            t_us = as_time_us(rec["timestamp"], 1e6, trace, loc, "timestamp")
+            n_in = as_int(rec["input_length"], trace, loc, "input_length", 1,
+                          lim.max_prompt_tokens)
+            n_out = as_int(rec["output_length"], trace, loc, "output_length", 0,
+                           lim.max_output_tokens)
             comp = rec["hash_ids"]
             if not isinstance(comp, dict):
                 raise bad_value(trace, loc, "hash_ids", "an object of component lists "
@@ -235,7 +239,7 @@ def read_ragpulse(path: str | Path, *, skip_bad_rows: bool = False) -> RequestTa
             bad.handle(exc)
             continue
         block_ids, hashed = native_block_ids(chunks, n_in)
-        cols["arrival_us"].append(int(round(t_s * 1e6)))
+        cols["arrival_us"].append(t_us)
         cols["prompt_tokens"].append(n_in)
         cols["output_tokens"].append(max(n_out, 1))
         cols["block_ids"].append(block_ids)

@@ -41,6 +41,7 @@ its last block) for ``kvsim import-request-trace``; ``kvsim validate``
 from __future__ import annotations
 
 import gzip
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Union
@@ -49,7 +50,7 @@ from kvsim.errors import KvsimInputError, bad_value
 from kvsim.fsutil import strip_compression_suffix
 from kvsim.ingest.detect import MSGPACK_SUFFIXES
 from kvsim.ingest.requests import RequestTable, build_request_table
-from kvsim.ingest.tracefile import json_lines, parse_json
+from kvsim.ingest.tracefile import as_int_list, json_lines, parse_json
 
 HashKey = Union[int, bytes]
 
@@ -177,10 +178,7 @@ def _event(ev: Any, path, loc: str, skipped: dict[str, int]) -> KvEvent | None:
         if req not in f:
             raise KvsimInputError("missing required field", path, loc, req)
     bs = _int(f["block_size"], path, loc, "block_size", 1)
-    tokens = f["token_ids"]
-    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool)
-                                               for t in tokens):
-        raise bad_value(path, loc, "token_ids", "a list of token ids", tokens)
+    tokens = as_int_list(f["token_ids"], path, loc, "token_ids")
     if len(tokens) != bs * len(hs):
         raise KvsimInputError(f"expected block_size x len(block_hashes) = {bs * len(hs)} token "
                               f"ids, got {len(tokens)}", path, loc, "token_ids")
@@ -205,8 +203,8 @@ def _batch(obj: Any, index: int, path, where: str, skipped: dict[str, int]) -> E
         raise KvsimInputError("expected a KVEventBatch with ts and events", path, where,
                               "ts" if "ts" not in b else "events")
     ts = b["ts"]
-    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or ts != ts:
-        raise bad_value(path, where, "ts", "a time in seconds", ts)
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+        raise bad_value(path, where, "ts", "a finite time in seconds", ts)
     if not isinstance(b["events"], list):
         raise bad_value(path, where, "events", "a list of events", b["events"])
     rank = b.get("data_parallel_rank")

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.errors import KvsimInputError, bad_value
-from kvsim.ingest.tracefile import as_int, json_lines, parse_json
+from kvsim.ingest.tracefile import as_int, as_int_list, json_lines, parse_json
 from kvsim.ingest.vllm_events import (AllBlocksCleared, BlockRemoved, BlockStored,
                                       KvEventRecording, hash_label, read_kv_events,
                                       reconstruct_requests)
@@ -159,13 +159,8 @@ def read_request_log(path: str | Path) -> list[LoggedRequest]:
             raise KvsimInputError("expected a JSON object", path, loc)
         if "prompt_token_ids" not in rec:
             raise KvsimInputError("missing required field", path, loc, "prompt_token_ids")
-        toks = []
-        for name in ("prompt_token_ids", "output_token_ids"):
-            v = rec.get(name, [])
-            if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool)
-                                                  for t in v):
-                raise bad_value(path, loc, name, "a list of token ids", v)
-            toks.append(tuple(v))
+        toks = [tuple(as_int_list(rec.get(name, []), path, loc, name))
+                for name in ("prompt_token_ids", "output_token_ids")]
         if not toks[0]:
             raise bad_value(path, loc, "prompt_token_ids", "at least one token", [])
         i = len(out)
@@ -176,6 +171,8 @@ def read_request_log(path: str | Path) -> list[LoggedRequest]:
             raise bad_value(path, loc, "finish_step", f"a step >= start_step ({start})",
                             rec.get("finish_step"))
         lora = rec.get("lora_id")
+        if lora is not None:
+            lora = as_int(lora, path, loc, "lora_id")
         out.append(LoggedRequest(str(rec.get("request_id", i)), toks[0], toks[1], start, finish,
                                  () if lora is None else (lora,)))
     if not out:

@@ -81,6 +81,10 @@ def test_import_inspect_json(tmp_path):
       "output_length": 1, "hash_ids": [1]}, ("line 2", "timestamp")),
     ({"chat_id": 9, "parent_chat_id": -1, "timestamp": 1, "input_length": 16,
       "output_length": 1, "type": "video", "hash_ids": [1]}, ("line 2", "type", "text")),
+    ({"chat_id": 9, "parent_chat_id": -1, "timestamp": 1, "input_length": 16,
+      "output_length": 1, "hash_ids": [1 << 64]}, ("line 2", "hash_ids[0]", "int64")),
+    ({"chat_id": 9, "parent_chat_id": -1, "timestamp": 1e300, "input_length": 16,
+      "output_length": 1, "hash_ids": [1]}, ("line 2", "timestamp", "kvsim limit")),
 ])
 def test_bad_input_one_line(tmp_path, row, fragments):
     p = write(tmp_path / "bad.jsonl", [ROWS[0], row])

@@ -69,6 +69,7 @@ def test_summary_says_no_prefix_identity(tmp_path):
     ("9,ChatGPT,abc,5,5,Conversation log", ("line 3", "Request tokens")),
     ("x,ChatGPT,10,5,15,Conversation log", ("line 3", "Timestamp")),
     ("9,ChatGPT,10", ("line 3", "expected 6 fields")),
+    ("9,ChatGPT,１０,5,15,Conversation log", ("line 3", "Request tokens", "ASCII")),
 ])
 def test_bad_input_one_line(tmp_path, line, fragments):
     p = tmp_path / "bad.csv"
@@ -77,6 +78,18 @@ def test_bad_input_one_line(tmp_path, line, fragments):
     r = runner.invoke(app, ["import-request-trace", "--requests", str(p), "--out", str(out)])
     assert_one_line_error(r, "bad.csv", *fragments)
     assert not out.exists()
+
+
+def test_empty_and_bom(tmp_path):
+    p = tmp_path / "empty.csv"
+    p.write_text("")
+    r = runner.invoke(app, ["import-request-trace", "--requests", str(p), "--out",
+                            str(tmp_path / "o.parquet"), "--format", "burstgpt"])
+    assert_one_line_error(r, "empty.csv", "empty file")
+    p = tmp_path / "bom.csv"
+    p.write_bytes(b"\xef\xbb\xbf" + CSV.encode())
+    assert detect_format(p) == "burstgpt"
+    assert read_requests(p).df["prompt_tokens"].tolist() == [472, 1087, 417]
 
 
 def test_bad_header(tmp_path):

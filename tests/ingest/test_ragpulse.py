@@ -122,6 +122,10 @@ def test_import_and_inspect_json(tmp_path):
      ("2_passages.jsonl", "line 3", "token_length")),
     (lambda tr, side: tr[0]["hash_ids"].__setitem__("images", [1]),
      ("line 1", "hash_ids.images")),
+    (lambda tr, side: tr[0].__setitem__("input_length", "٣٠٠"), ("line 1", "input_length",
+                                                                  "ASCII")),
+    (lambda tr, side: tr[1].__setitem__("output_length", 10**12), ("line 2", "output_length",
+                                                                   "kvsim limit")),
 ])
 def test_bad_input_one_line(tmp_path, mutate, fragments):
     trace = json.loads(json.dumps(TRACE))

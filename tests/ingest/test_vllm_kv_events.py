@@ -150,6 +150,7 @@ def test_data_parallel_ranks(tmp_path):
       [2.0, [["BlockStored", [2], None, [1, 2, 3, 4, 5, 6, 7, 8], 8, None, "GPU"]]]],
      ("block_size", "[4, 8]")),
     ([], ("empty file",)),
+    ([[float("inf"), []]], ("frame 1", "ts", "finite")),
 ])
 def test_bad_recording_one_line(tmp_path, batches, fragments):
     p = write_msgpack(tmp_path / "bad.msgpack", batches)
