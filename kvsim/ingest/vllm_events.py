@@ -317,18 +317,27 @@ def reconstruct_requests(rec: KvEventRecording) -> list[ReconstructedRequest]:
     event's last block.  Several events of one real request (chunked prefill, decode
     blocks) become several requests; a request that hit every block stored nothing and is
     invisible."""
-    tokens_of: dict[HashKey, tuple[int, ...]] = {}   # block hash -> tokens up to its end
+    node: dict[HashKey, tuple[HashKey | None, tuple[int, ...]]] = {}  # hash -> (parent, tokens)
     out: list[ReconstructedRequest] = []
     for b in rec.batches:
         for e in b.events:
             if not isinstance(e, BlockStored):
                 continue
-            prefix = tokens_of.get(e.parent_block_hash, ()) if e.parent_block_hash is not None \
-                else ()
+            parts: list[tuple[int, ...]] = []
+            cur, seen = e.parent_block_hash, 0
+            while cur is not None and cur in node and seen <= len(node):
+                cur, toks = node[cur][0], node[cur][1]
+                parts.append(toks)
+                seen += 1
+            parts.reverse()
+            parent = e.parent_block_hash
             for i, h in enumerate(e.block_hashes):
-                prefix = prefix + e.token_ids[i * e.block_size:(i + 1) * e.block_size]
-                tokens_of.setdefault(h, prefix)
-            out.append(ReconstructedRequest(b.index, b.ts, prefix, e.lora_id))
+                toks = e.token_ids[i * e.block_size:(i + 1) * e.block_size]
+                node.setdefault(h, (parent, toks))
+                parts.append(toks)
+                parent = h
+            out.append(ReconstructedRequest(b.index, b.ts, tuple(t for p in parts for t in p),
+                                            e.lora_id))
     return out
 
 

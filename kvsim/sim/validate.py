@@ -235,11 +235,14 @@ def kvsim_stream(requests: list[LoggedRequest], bs: int, num_gpu_blocks: int
     out: list[StreamEvent] = []
     seq_of: dict[int, int] = {}
     referenced = failures = 0
-    steps = sorted({r.start_step for r in requests} | {r.finish_step for r in requests})
-    for step in steps:
-        for i, r in enumerate(requests):
-            if r.start_step != step:
-                continue
+    starts: dict[int, list[int]] = {}
+    finishes: dict[int, list[int]] = {}
+    for i, r in enumerate(requests):
+        starts.setdefault(r.start_step, []).append(i)
+        finishes.setdefault(r.finish_step, []).append(i)
+    for step in sorted(starts.keys() | finishes.keys()):
+        for i in starts.get(step, ()):
+            r = requests[i]
             seq = pool.open_seq()
             keys = _keys(r.prompt, bs, r.extra)
             hashes = keys + ([0] if len(r.prompt) % bs else [])
@@ -251,9 +254,10 @@ def kvsim_stream(requests: list[LoggedRequest], bs: int, num_gpu_blocks: int
             seq_of[i] = seq
             referenced += len(keys)
             _emit_alloc(out, res, hashes, r.request_id)
-        for i, r in enumerate(requests):
-            if r.finish_step != step or i not in seq_of:
+        for i in finishes.get(step, ()):
+            if i not in seq_of:
                 continue
+            r = requests[i]
             seq = seq_of.pop(i)
             fail = [0]
             referenced += _decode(pool, out, seq, r, bs, fail)
