@@ -646,6 +646,8 @@ class EventReader:
             except Exception as exc:  # gzip.BadGzipFile, EOFError, zstandard.ZstdError, ...
                 raise KvsimInputError(f"cannot read{_compression_hint(path)}: {_short(exc)}",
                                       path, "line 1") from None
+        if raw.startswith(b"\xef\xbb\xbf"):  # a byte-order mark (Windows tools): skip it
+            raw = raw[3:]
         first = _decode(raw, path, 1)
         if not first:
             raise KvsimInputError(f"empty file: expected a header line "

@@ -151,3 +151,31 @@ def test_sweep_refuses_a_foreign_folder(tmp_path: Path) -> None:
     empty = tmp_path / "new"
     claim_sweep_dir(empty)
     assert (empty / SWEEP_MARKER).exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_read_only_folder_names_the_target(tmp_path: Path) -> None:
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        with pytest.raises(KvsimInputError) as info:
+            with atomic_output(folder / "out.parquet") as tmp:
+                tmp.write_bytes(b"x")
+        msg = str(info.value)
+        assert "ro/out.parquet" in msg and "not writable" in msg and ".tmp" not in msg
+    finally:
+        folder.chmod(0o700)
+
+
+def test_directory_and_file_parent_targets_name_the_target(tmp_path: Path) -> None:
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("x")
+    for target, fragment in [(tmp_path / "adir", "got a directory"),
+                             (tmp_path / "afile" / "o.parquet", "is a regular file")]:
+        with pytest.raises(KvsimInputError) as info:
+            with atomic_output(target):
+                pass
+        msg = str(info.value)
+        assert str(target) in msg and fragment in msg and ".tmp" not in msg
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "afile"]

@@ -187,8 +187,12 @@ class KvsimGroup(TyperGroup):
         if not standalone_mode:
             return super().main(args=args, prog_name=prog_name, complete_var=complete_var,
                                 standalone_mode=False, **extra)
+        from kvsim.errors import KvsimWarning
+
         install_signal_handlers()
-        saved = warnings.showwarning
+        guard = warnings.catch_warnings()
+        guard.__enter__()
+        warnings.simplefilter("always", KvsimWarning)  # every run shows its warnings
         warnings.showwarning = _show_warning
         try:
             rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
@@ -213,7 +217,7 @@ class KvsimGroup(TyperGroup):
             sys.stderr.write("error: terminated (SIGTERM); partial outputs removed\n")
             sys.exit(EXIT_SIGTERM)
         finally:
-            warnings.showwarning = saved
+            guard.__exit__(None, None, None)
         sys.exit(rv if isinstance(rv, int) else 0)
 
     def invoke(self, ctx: Any) -> Any:

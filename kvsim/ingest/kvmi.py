@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from kvsim.errors import KvsimInputError, bad_value
-from kvsim.ingest.tracefile import BadRows, as_int, json_lines, parse_json
+from kvsim.ingest.tracefile import BadRows, as_float, as_int, json_lines, parse_json
 from kvsim.schema import DEFAULTS, EventHeader, EventKind, Phase, Priority
 
 #: Engine-step length given to kvmi steps (assumption: kvmi records no time; 1 ms is the
@@ -108,7 +108,11 @@ class _Converter:
         et = rec["event_type"]
         if et not in KVMI_EVENT_TYPES:
             raise bad_value(self.path, loc, "event_type", "a kvmi event type", et)
-        step = as_int(rec.get("step"), self.path, loc, "step", 0)
+        from kvsim.limits import get_limits
+
+        # step x step_us is the event time: bounded like any trace time (kvsim.limits)
+        step = as_int(rec.get("step"), self.path, loc, "step", 0,
+                      get_limits().max_time_us // max(int(self.step_us), 1))
         if not isinstance(rec["intent"], dict) or "request_id" not in rec["intent"]:
             raise KvsimInputError("expected an object with request_id", self.path, loc,
                                   "intent")
@@ -124,6 +128,10 @@ class _Converter:
         _enum(Priority, it.get("priority", "WARM"), self.path, loc, "intent.priority")
         if et != "ACCESSED" and "block_id" not in it:
             raise KvsimInputError("missing required field", self.path, loc, "intent.block_id")
+        bid = it.get("block_id")
+        if bid is not None and (isinstance(bid, bool) or not isinstance(bid, (int, str))):
+            raise bad_value(self.path, loc, "intent.block_id", "an integer or a string", bid)
+        self._intent_fields(it, loc)  # every intent field checked on its own line
         if step != self.step:
             self.flush_step()
             self.step = step
@@ -139,14 +147,15 @@ class _Converter:
             "phase": phase,
             "priority": _enum(Priority, it.get("priority", "WARM"), p, loc, "intent.priority"),
             "request_priority": as_int(it.get("request_priority", 50), p, loc,
-                                       "intent.request_priority", 0),
+                                       "intent.request_priority", 0, 100),
             # kvmi writes null for an unset optional integer (its fields are `int | None`)
             "deadline_us": max(as_int(_or(it.get("deadline_us"), -1), p, loc,
                                       "intent.deadline_us"), -1),
             "slack_us": as_int(_or(it.get("slack_us"), 0), p, loc, "intent.slack_us"),
             "target_decode_step": max(as_int(_or(it.get("target_decode_step"), -1), p, loc,
                                              "intent.target_decode_step"), -1),
-            "recompute_cost_us": float(max(it.get("recompute_cost_us") or 0.0, 0.0)),
+            "recompute_cost_us": max(as_float(_or(it.get("recompute_cost_us"), 0.0), p, loc,
+                                              "intent.recompute_cost_us"), 0.0),
             "pin_requested": bool(it.get("pin_requested", False)),
             "compression_ok": bool(it.get("compression_ok", True)),
             "recompute_ok": bool(it.get("recompute_ok", True)),

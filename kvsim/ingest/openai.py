@@ -221,7 +221,7 @@ def _row(rec: dict, path, loc: str, sessions: dict, tenants: dict) -> dict[str, 
         max(int(round(as_float(ttft, path, loc, ttft_key, 0.001, 9e12) * 1000)), 1),
         "tpot_deadline_us": -1 if tpot is None else
         max(int(round(as_float(tpot, path, loc, tpot_key, 0.001, 9e12) * 1000)), 1),
-        "n": 1 if n is None else as_int(n, path, loc, n_key, 1),
-        "beam_width": 1 if beam is None else as_int(beam, path, loc, b_key, 1),
+        "n": 1 if n is None else as_int(n, path, loc, n_key, 1, lim.max_fanout),
+        "beam_width": 1 if beam is None else as_int(beam, path, loc, b_key, 1, lim.max_fanout),
         "model": model,
     }

@@ -172,7 +172,9 @@ def _check(mask: np.ndarray, df: pd.DataFrame, path: str, field_name: str, expec
     bad = np.flatnonzero(~mask)
     if bad.size:
         row = int(bad[0])
-        raise KvsimInputError(f"expected {expected}, got {df[field_name].iloc[row]!r}",
+        value = df[field_name].iloc[row]
+        value = value.item() if hasattr(value, "item") else value
+        raise KvsimInputError(f"expected {expected}, got {value!r}",
                               path or None, f"request {row + 1}", field_name)
 
 

@@ -36,10 +36,13 @@ def test_vllm_is_lru_in_a_single_tier():
 
 
 def test_vllm_free_queue_order():
-    # Released 5, 4, 6, 7 -> queue [5,4,6,7].  4 is revived (touched out of the middle)
-    # and released again -> [5,6,7,4].  8 is released without a content hash -> HEAD:
-    # [8,5,6,7,4].  Allocation pops from the head.
+    # Allocated (held) 7, 6, 5, 4, then released 5, 4, 6, 7 -> queue [5,4,6,7] (release
+    # order, not allocation order).  4 is revived (touched out of the middle) and released
+    # again -> [5,6,7,4].  8 is released without a content hash -> HEAD: [8,5,6,7,4].
+    # Allocation pops from the head.
     d = Driver(get_policy("vllm"), capacity=8, num_slots=10)
+    for b in (7, 6, 5, 4, 8):
+        d.allocate(b)
     for b in (5, 4, 6, 7):
         d.release(b)
     d.hold(4)

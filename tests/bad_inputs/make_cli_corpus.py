@@ -1,0 +1,160 @@
+"""Regenerate the command-line bad-input corpus: ``python tests/bad_inputs/make_cli_corpus.py``.
+
+Writes the input files of ``cli_cases.toml`` into ``tests/bad_inputs/cli/``: request
+traces for every importer with one defect each, and user policy files that misbehave in
+one way each.  Deterministic: running it twice gives identical bytes.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent / "cli"
+
+MC = {"timestamp": 0, "input_length": 1000, "output_length": 10, "hash_ids": [1, 2]}
+OPENAI = {"timestamp": 1700000000, "model": "m", "usage": {"prompt_tokens": 40,
+                                                           "completion_tokens": 5}}
+AZ_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+AZ_ROW = "2023-11-16 18:17:03.9799600,4808,10\n"
+GEN_HEADER = "arrival_ms,prompt_tokens,output_tokens,block_ids\n"
+
+
+def write(name: str, data: str | bytes) -> None:
+    path = HERE / name
+    path.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+
+
+def jl(*records) -> str:
+    return "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records)
+
+
+def gz(data: bytes) -> bytes:
+    return gzip.compress(data, mtime=0)
+
+
+def importers() -> None:
+    write("empty.jsonl", b"")
+    write("empty.jsonl.gz", gz(b""))
+    import zstandard
+
+    write("empty.jsonl.zst", zstandard.ZstdCompressor(level=3).compress(b""))
+    write("blank_lines.jsonl", "\n\n  \n")
+    write("azure_header_only.csv", AZ_HEADER)
+    write("garbage.jsonl", jl(MC).encode() + bytes(range(128, 256)) + b"\n")
+    write("plain_text.jsonl.gz", jl(MC))
+    write("truncated.jsonl.gz", gz(jl(*[MC] * 200).encode())[:60])
+    write("truncated.parquet", b"PAR1" + bytes(range(64)))
+    write("garbage.parquet", bytes(range(256)) * 4)
+    write("empty.parquet", b"")
+    write("mc_bigint_hash.jsonl", jl(MC, dict(MC, hash_ids=[1, 2**70])))
+    write("mc_ts_1e300.jsonl", jl(MC, dict(MC, timestamp=1e300)))
+    write("mc_arabic_digits.jsonl", jl(MC, '{"timestamp": 0, "input_length": "\u0663\u0660\u0660",'
+                                           ' "output_length": 10, "hash_ids": [1]}'))
+    write("mc_fullwidth_digits.jsonl", jl(MC, '{"timestamp": 0, "input_length": 300, '
+                                              '"output_length": "\uff13\uff10\uff10", '
+                                              '"hash_ids": [1]}'))
+    write("mc_output_1e11.jsonl", jl(MC, dict(MC, output_length=10**11)))
+    write("mc_output_float_1e11.jsonl", jl(MC, dict(MC, output_length=1e11)))
+    write("mc_input_20m.jsonl", jl(dict(MC, input_length=20_000_000,
+                                        hash_ids=list(range(39063)))))
+    write("mc_not_prefix_tree.jsonl", jl(MC, dict(MC, hash_ids=[3, 2])))
+    write("mc_missing_field.jsonl", jl(MC, {"timestamp": 0, "input_length": 10,
+                                            "hash_ids": [1]}))
+    write("mc_ids_count.jsonl", jl(MC, dict(MC, hash_ids=[1, 2, 3])))
+    write("mc_huge_int_text.jsonl", jl(MC, '{"timestamp": 0, "input_length": '
+                                           + "9" * 5000 + ', "output_length": 1, '
+                                           '"hash_ids": [1]}'))
+    write("mc_nested.jsonl", jl(MC, "[" * 100_000 + "]" * 100_000))
+    write("mc_nan_timestamp.jsonl", jl(MC, '{"timestamp": NaN, "input_length": 10, '
+                                           '"output_length": 1, "hash_ids": [1]}'))
+    write("mc_bom_bad_line.jsonl", b"\xef\xbb\xbf" + jl(MC, dict(MC, output_length=-1))
+          .encode())
+    write("azure_bad_time.csv", AZ_HEADER + AZ_ROW + "yesterday,10,1\n")
+    write("azure_arabic_digits.csv", AZ_HEADER + AZ_ROW
+          + "2023-11-16 18:17:04.0,\u0663\u0660,1\n")
+    write("azure_short_row.csv", AZ_HEADER + AZ_ROW + "2023-11-16 18:17:04.0,10\n")
+    write("azure_nul.csv", AZ_HEADER + AZ_ROW + "2023-11-16 18:17:04.0,1\x000,1\n")
+    write("openai_ts_1e300.jsonl", jl(OPENAI, dict(OPENAI, timestamp=1e300)))
+    write("openai_token_bigint.jsonl", jl(OPENAI, dict(OPENAI, prompt_token_ids=[1, 2**64])))
+    write("openai_priority.jsonl", jl(OPENAI, dict(OPENAI, priority=101)))
+    write("openai_fanout.jsonl", jl(OPENAI, dict(OPENAI, n=1_000_000)))
+    write("generic_block_bigint.csv", GEN_HEADER + "0,40,5,1 2\n1,40,5,1 "
+          + str(2**65) + "\n")
+    write("generic_no_arrival.csv", "prompt_tokens,output_tokens\n40,5\n")
+    write("generic_arrival_1e300.csv", GEN_HEADER + "0,40,5,1\n1e300,40,5,1\n")
+    write("generic_extra_field.csv", GEN_HEADER + "0,40,5,1\n1,40,5,1,9\n")
+    write("agentic_bad_json.json", '{"id": "x", "requests": [\n{"t": 0, "in": 10,}\n]}')
+    write("agentic_in_limit.json", json.dumps({"id": "x", "block_size": 64, "requests": [
+        {"t": 0, "type": "n", "in": 64, "out": 1, "hash_ids": [1]},
+        {"t": 1, "type": "n", "in": 64, "out": 50_000_000, "hash_ids": [1]}]}))
+    write("agentic_t_inf.json", '{"id": "x", "requests": [{"t": 1e999, "type": "n", '
+          '"in": 64, "out": 1, "hash_ids": [1]}]}')
+
+
+POLICY = '''"""Bad-input corpus: a user policy that {doc}."""
+NAME = "{name}"
+DESCRIPTION = "corpus policy: {doc}"
+REASONS = ("first in, first out",)
+
+
+def init(capacity_blocks, num_slots, params):
+    {init}
+
+
+def on_insert(state, view, b, now_us):
+    state[0].append(b)
+    {on_insert}
+
+
+def on_hit(state, view, b, now_us):
+    pass
+
+
+def on_remove(state, view, b):
+    state[0].remove(b)
+
+
+def victim(state, view, now_us, alt_blocks, alt_scores):
+    order = state[0]
+    if not order:
+        return -1, 0, 0
+    {victim}
+'''
+
+POLICIES = {
+    # name: (doc, init body, extra on_insert line, victim body)
+    "pol_victim_raises": ("raises in victim", "return ([],)", "",
+                          "raise RuntimeError('policy bug')"),
+    "pol_victim_not_candidate": ("names a block that is not a candidate", "return ([],)", "",
+                                 "return order[0] + 1 if order[0] + 1 not in order else "
+                                 "max(order) + 1, 0, 0"),
+    "pol_victim_out_of_range": ("names a block id beyond the pool", "return ([],)", "",
+                                "return 10**9, 0, 0"),
+    "pol_victim_none_left": ("returns -1 while candidates exist", "return ([],)", "",
+                             "return -1, 0, 0"),
+    "pol_bad_reason": ("returns a reason code outside REASONS", "return ([],)", "",
+                       "return order[0], 5, 0"),
+    "pol_bad_n_alt": ("returns more runners-up than alt_blocks holds", "return ([],)", "",
+                      "return order[0], 0, alt_blocks.shape[0] + 1"),
+    "pol_victim_junk": ("returns a string", "return ([],)", "", "return 'oldest'"),
+    "pol_writes_view": ("writes into the view", "return ([],)",
+                        "view.size_bytes[b] = 1", "return order[0], 0, 0"),
+    "pol_insert_returns": ("returns a value from on_insert", "return ([],)", "return True",
+                           "return order[0], 0, 0"),
+    "pol_init_list": ("returns a list from init", "return [[]]", "",
+                      "return order[0], 0, 0"),
+}
+
+
+def policies() -> None:
+    for name, (doc, init, on_insert, victim) in POLICIES.items():
+        write(f"{name}.py", POLICY.format(name=name, doc=doc, init=init,
+                                          on_insert=on_insert or "pass", victim=victim))
+
+
+if __name__ == "__main__":
+    HERE.mkdir(exist_ok=True)
+    importers()
+    policies()
