@@ -24,6 +24,11 @@ Definitions (the exact numbers ``kvsim inspect`` prints; docs/cli.md):
   ``prefill_tokens_computed`` / ``decode_tokens`` = sum of ``num_tokens`` on ``ACCESS`` rows
   in phase ``PREFILL`` / ``DECODE``.
 
+- ``chunk_reuse``: copied from the header's ``source.chunk_reuse`` when the reader knew
+  chunk identity (ragpulse, kvsim.ingest.ragpulse.chunk_reuse): the share of chunk tokens
+  an infinite cache reuses by prefix, position-independently (a chunk's KV reused wherever
+  it recurs, CacheBlend-style), and the extra the latter finds.  None for other traces.
+
 The summary never depends on the file format: the same events as Parquet and JSONL give
 an identical summary.
 """
@@ -69,6 +74,10 @@ class TraceSummary:
     prompt_block_reuses: int = field(metadata={"help": "of those, hash seen before"})
     prefix_reuse_fraction: float = field(metadata={"help": "prompt_block_reuses / "
                                                    "prompt_block_refs (infinite-cache hit rate)"})
+    chunk_reuse: dict[str, Any] | None = field(default=None, metadata={
+        "help": "traces with chunk identity (ragpulse): token reuse of an infinite cache by "
+                "prefix vs position-independent (CacheBlend-style) at chunk granularity, "
+                "from the header's source.chunk_reuse; None otherwise"})
 
 
 class _SeenHashes:
@@ -233,6 +242,7 @@ def summarize_trace(path: str | Path, batch_rows: int = 1 << 20,
         prompt_block_refs=refs,
         prompt_block_reuses=reuses,
         prefix_reuse_fraction=(reuses / refs) if refs else 0.0,
+        chunk_reuse=(header.get("source") or {}).get("chunk_reuse"),
     )
 
 

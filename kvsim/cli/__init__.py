@@ -50,6 +50,7 @@ _COMMAND_MODULES = (
     "log",
     "calibrate",
     "sweep",
+    "validate",
 )
 for _name in _COMMAND_MODULES:
     importlib.import_module(f"kvsim.cli.{_name}")

@@ -70,6 +70,8 @@ def render_summary(s: ImportSummary) -> None:
         ("prompt / output tokens", f"{s.total_prompt_tokens:,} / {s.total_output_tokens:,}"),
         ("prompt blocks (hashed)", f"{s.prompt_blocks:,} ({s.hashed_prompt_blocks:,})"),
         ("prefix reuse (infinite cache)", f"{s.prefix_reuse_fraction:.4f}"),
+        ("content identity", "yes" if s.hashed_prompt_blocks else
+         "none (no prompt content)"),
         ("makespan (s)", f"{s.makespan_us / 1e6:,.3f}"),
     ]
     if s.num_gpu_blocks:
@@ -144,7 +146,8 @@ def import_request_trace_command(
     json_: JsonOption = False,
 ) -> None:
     """Read a request trace (Mooncake, Azure, OpenAI proxy log, agentic conversations,
-    kvmi events, or any JSONL/CSV/Parquet with --map) and lower it through the engine model
+    kvmi events, RAGPulse, Bailian, BurstGPT, a vLLM KV-event recording, or any
+    JSONL/CSV/Parquet with --map) and lower it through the engine model
     (continuous batching, chunked prefill, roofline step times) to MemoryIntent block
     events.  Prints a summary (requests, events, prefix reuse, skipped rows)."""
     from kvsim.limits import set_limit_overrides

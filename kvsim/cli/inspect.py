@@ -91,4 +91,11 @@ def _render(trace: Path, s: TraceSummary) -> None:
     table.add_row("prompt block refs", f"{s.prompt_block_refs:,}")
     table.add_row("prefix reuse (infinite cache)",
                   f"{s.prefix_reuse_fraction:.4f} ({s.prompt_block_reuses:,} reused)")
+    if s.chunk_reuse:
+        c = s.chunk_reuse
+        table.add_row("chunk tokens reused: prefix / position-independent",
+                      f"{c['prefix_reuse_token_fraction']:.4f} / "
+                      f"{c['position_independent_reuse_token_fraction']:.4f}")
+        table.add_row("extra reuse a CacheBlend-style chunk cache finds",
+                      f"{c['extra_position_independent_reuse_fraction']:.4f}")
     out_console.print(table)

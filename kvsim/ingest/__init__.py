@@ -9,7 +9,8 @@ Public API (the CLI ``kvsim import-request-trace`` is a thin shell over it):
 * :func:`import_request_trace` - both in one call (kvmi files are translated directly).
 
 Readers: ``mooncake``, ``azure``, ``openai``, ``agentic``, ``kvmi`` (events), ``generic``
-(column mapping).  docs/importers.md describes every format and rule.
+(column mapping), ``ragpulse``, ``bailian``, ``burstgpt``, ``vllm-kv-events`` (requests
+reconstructed from a vLLM KV-event recording).  docs/importers.md describes every format and rule.
 """
 
 from __future__ import annotations
@@ -56,6 +57,18 @@ def read_requests(path: str | Path, format: str | None = None,
         from kvsim.ingest.agentic import read_agentic
         return read_agentic(path, skip_bad_rows=skip_bad_rows, arrival_rate=arrival_rate,
                             concurrency=concurrency, seed=seed)
+    if fmt == "ragpulse":
+        from kvsim.ingest.ragpulse import read_ragpulse
+        return read_ragpulse(path, skip_bad_rows=skip_bad_rows)
+    if fmt == "bailian":
+        from kvsim.ingest.bailian import read_bailian
+        return read_bailian(path, skip_bad_rows=skip_bad_rows)
+    if fmt == "burstgpt":
+        from kvsim.ingest.burstgpt import read_burstgpt
+        return read_burstgpt(path, skip_bad_rows=skip_bad_rows)
+    if fmt == "vllm-kv-events":
+        from kvsim.ingest.vllm_events import read_vllm_events_requests
+        return read_vllm_events_requests(path)
     if fmt == "generic":
         from kvsim.ingest.generic import read_generic
         return read_generic(path, mapping, skip_bad_rows=skip_bad_rows,

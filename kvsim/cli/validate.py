@@ -1,0 +1,81 @@
+"""``kvsim validate``: kvsim's pool against a real engine's KV events
+(API: :func:`kvsim.sim.validate.validate`, returns :class:`ValidationResult`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from kvsim.cli import app
+from kvsim.cli.common import JsonOption, emit_json, out_console
+from kvsim.sim.validate import ValidationResult, validate
+
+
+@app.command("validate", short_help="Check kvsim's block pool against a vLLM KV-event "
+             "recording: stored/removed blocks, order, resident set, hit rate.")
+def validate_command(
+    events: Annotated[Path, typer.Option(
+        "--events", help="vLLM KV-event recording: msgpack payloads back to back (*.msgpack) "
+        "or JSONL, one KVEventBatch a line (.gz/.zst read too).", show_default=False)],
+    requests: Annotated[Optional[Path], typer.Option(
+        "--requests", help="Request log of the same run (JSONL: prompt_token_ids, optional "
+        "output_token_ids, start_step, finish_step; docs/cli.md).  Default: reconstruct the "
+        "requests from the stored blocks' token ids.", show_default=False)] = None,
+    num_gpu_blocks: Annotated[Optional[int], typer.Option(
+        "--num-gpu-blocks", min=2, help="The engine's pool size, null block included (vLLM's "
+        "num_gpu_blocks).  Default: large enough that kvsim never evicts.",
+        show_default=False)] = None,
+    dp_rank: Annotated[Optional[int], typer.Option(
+        "--dp-rank", min=0, help="Data-parallel rank to check when the recording holds "
+        "several.", show_default=False)] = None,
+    json_: JsonOption = False,
+) -> None:
+    """Replay the requests of a recorded vLLM run through kvsim's vLLM-faithful block pool
+    and compare, event by event, with what the engine published: stored blocks, removed
+    blocks and their order, the resident set after each batch, the block hit rate.  Prints
+    the agreement (0 to 1) and the first divergence with its context."""
+    result = validate(events, requests, num_gpu_blocks=num_gpu_blocks, data_parallel_rank=dp_rank)
+    if json_:
+        emit_json(result.to_json_dict())
+    else:
+        _render(result)
+
+
+def _render(r: ValidationResult) -> None:
+    table = Table(title=f"{r.events_path} vs kvsim", show_header=False)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    rows = [
+        ("requests", f"{r.num_requests:,} ({r.requests_source})"),
+        ("pool blocks / block size", f"{r.num_gpu_blocks:,} / {r.block_size_tokens}"),
+        ("engine batches", f"{r.engine_batches:,}"),
+        ("events engine / kvsim / matched",
+         f"{r.engine_events:,} / {r.kvsim_events:,} / {r.matched_events:,}"),
+        ("agreement", f"{r.agreement:.4f}"),
+        ("stored engine / kvsim / common",
+         f"{r.stored['engine']:,} / {r.stored['kvsim']:,} / {r.stored['common']:,}"),
+        ("removed engine / kvsim / common",
+         f"{r.removed['engine']:,} / {r.removed['kvsim']:,} / {r.removed['common']:,}"),
+        ("removal order identical", "yes" if r.removed["same_order"] else "no"),
+        ("resident set equal after batch",
+         f"{r.resident_steps_equal:,} of {r.resident_steps:,}"),
+        ("block hit rate engine / kvsim",
+         f"{r.engine_block_hit_rate:.4f} / {r.kvsim_block_hit_rate:.4f}"),
+        ("kvsim allocation failures", f"{r.alloc_failures:,}"),
+    ]
+    for k, v in r.skipped_events.items():
+        rows.append((f"skipped: {k}", f"{v:,}"))
+    for k, v in rows:
+        table.add_row(k, v)
+    out_console.print(table)
+    d = r.first_divergence
+    if d is None:
+        out_console.print("no divergence: kvsim emits exactly the engine's events")
+    else:
+        where = f"batch {d.batch} event {d.event_in_batch}" if d.batch >= 0 else "after the end"
+        out_console.print(f"first divergence at per-block event {d.index} ({where}):\n"
+                          f"  expected (kvsim): {d.expected}\n  found (engine):   {d.found}",
+                          markup=False, highlight=False)
