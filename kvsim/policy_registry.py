@@ -226,7 +226,13 @@ def get_policy(name: str) -> Policy:
                               None, None, "policy") from None
 
 
-def list_policies() -> list[Policy]:
-    """Every registered policy, sorted by name."""
+def list_policies(include_policy_files: bool = False) -> list[Policy]:
+    """Every installed policy (built-ins and entry points), sorted by name; with
+    ``include_policy_files`` also the ``--policy-file`` policies loaded in this process.
+
+    User files are left out by default so that "every policy" (compare's default set, the
+    contract tests) never silently grows with whatever file a caller loaded earlier."""
     _load_all()
-    return [_REGISTRY[n] for n in sorted(_REGISTRY)]
+    return [_REGISTRY[n] for n in sorted(_REGISTRY)
+            if include_policy_files or _REGISTRY[n].source == "builtin"
+            or _REGISTRY[n].source.startswith("entry point ")]
