@@ -122,6 +122,34 @@ def check_output_suffix(path: str | Path, kind: str, option: str | None = None) 
     return path
 
 
+def claim_output_dir(out_dir: str | Path, marker: str, what: str, force: bool = False,
+                     legacy: str | None = None, option: str = "--out") -> Path:
+    """Make ``out_dir`` a folder owned by kvsim (``what``, e.g. "kvsim sweep folder"):
+    new or empty folders get the ``marker`` file; a folder holding ``marker`` (or the
+    ``legacy`` entry of folders written before markers) is accepted; any other non-empty
+    folder is refused in one line (the user's own files would be replaced) unless
+    ``force``."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise KvsimInputError("expected a folder, got a regular file", out_dir, None, option)
+    if out_dir.is_dir() and not force:
+        entries = sorted(p.name for p in out_dir.iterdir())
+        ours = marker in entries or (legacy is not None and (out_dir / legacy).is_dir())
+        if entries and not ours:
+            shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+            raise KvsimInputError(f"expected an empty folder or a {what}, got a folder "
+                                  f"holding {len(entries)} other entries ({shown}); give "
+                                  "--force to write there anyway", out_dir, None, option)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if not (out_dir / marker).exists():
+            (out_dir / marker).write_text(f"{what}\n", encoding="utf-8")
+    except OSError as exc:
+        raise KvsimInputError(f"cannot write the folder ({exc.strerror})", out_dir, None,
+                              option) from None
+    return out_dir
+
+
 @contextlib.contextmanager
 def atomic_output(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it onto ``path`` only on success.

@@ -43,6 +43,11 @@ class Limits:
     #: --concurrency``, ``generate --requests``): 10M (vLLM's max_num_seqs defaults to
     #: 256-1024; a trace of 10M requests is 10x the largest public one).
     max_concurrency: int = 10_000_000
+    #: Blocks of the replayed HBM pool (``--hbm-gb`` / ``--hbm-blocks``).  The largest GPU
+    #: memory shipped (288 GB: AMD MI355X, NVIDIA B300) in 16-token blocks of the smallest
+    #: catalog model (gpt2, 36,864 bytes per token: 590 KB per block) is ~0.5M blocks;
+    #: 100M allows 200x that and keeps the pool's per-block arrays to a few GB.
+    max_hbm_blocks: int = 100_000_000
 
 
 DEFAULT_LIMITS = Limits()

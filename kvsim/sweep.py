@@ -45,7 +45,7 @@ import pandas as pd
 
 from kvsim import __version__
 from kvsim.errors import KvsimInputError, bad_value
-from kvsim.fsutil import atomic_output
+from kvsim.fsutil import atomic_output, claim_output_dir
 from kvsim.sim.config import SimConfig
 
 #: Quantiles (fractions) of step latency and TTFT stored per cell: every percent, plus the
@@ -443,7 +443,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, jobs: int | None = None,
     for name in spec.run_policies():
         _resolve_policy(name)  # unknown names fail before any work
     out_dir = Path(out_dir)
-    claim_sweep_dir(out_dir, force)
+    claim_output_dir(out_dir, SWEEP_MARKER, "kvsim sweep folder", force, legacy="cells")
     trace_sha = file_sha256(trace)
     fingerprint = code_fingerprint()
     cells = spec.cells()
@@ -511,30 +511,6 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, jobs: int | None = None,
 
 #: The file that marks a folder as a kvsim sweep folder (written by the first run).
 SWEEP_MARKER = ".kvsim-sweep"
-
-
-def claim_sweep_dir(out_dir: Path, force: bool = False) -> None:
-    """Refuse an ``--out`` folder that holds files but is not a kvsim sweep folder (the
-    user's own ``summary.json`` would be replaced), unless ``force``; mark it as one."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise KvsimInputError("expected a folder, got a regular file", out_dir, None, "--out")
-    if out_dir.is_dir() and not force:
-        entries = [p.name for p in out_dir.iterdir()]
-        ours = SWEEP_MARKER in entries or (out_dir / "cells").is_dir()
-        if entries and not ours:
-            shown = ", ".join(sorted(entries)[:3]) + (", ..." if len(entries) > 3 else "")
-            raise KvsimInputError(f"expected an empty folder or a kvsim sweep folder, got a "
-                                  f"folder holding {len(entries)} other entries ({shown}); "
-                                  "give --force to write there anyway", out_dir, None, "--out")
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        marker = out_dir / SWEEP_MARKER
-        if not marker.exists():
-            marker.write_text("kvsim sweep folder: results.parquet, summary.json, cells/\n",
-                              encoding="utf-8")
-    except OSError as exc:
-        raise KvsimInputError(f"cannot write the sweep folder ({exc.strerror})", out_dir,
-                              None, "--out") from None
 
 
 def _run_pool(trace, cells, todo, facts, jobs, finished) -> None:

@@ -111,7 +111,7 @@ def test_cli_corpus_size_and_inputs() -> None:
     assert len(CLI_CASES) >= 60
     commands = {case["args"][0] for case in CLI_CASES.values()}
     assert {"import-request-trace", "simulate", "compare", "estimate-kv", "generate",
-            "sweep", "report", "calibrate", "log", "inspect"} <= commands
+            "sweep", "report", "calibrate", "log", "inspect", "replay"} <= commands
     used = {a.split("/", 1)[1] for c in CLI_CASES.values() for a in c["args"]
             if a.startswith("{cli}/")}
     on_disk = {p.name for p in CLI_CORPUS.iterdir()}

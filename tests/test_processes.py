@@ -139,7 +139,13 @@ def test_sigterm_removes_the_temporary_and_exits_143(tmp_path: Path) -> None:
 
 
 def test_sweep_refuses_a_foreign_folder(tmp_path: Path) -> None:
-    from kvsim.sweep import SWEEP_MARKER, claim_sweep_dir
+    from functools import partial
+
+    from kvsim.fsutil import claim_output_dir
+    from kvsim.sweep import SWEEP_MARKER
+
+    claim_sweep_dir = partial(claim_output_dir, marker=SWEEP_MARKER,
+                              what="kvsim sweep folder", legacy="cells")
 
     (tmp_path / "summary.json").write_text("{\"mine\": 1}")
     with pytest.raises(KvsimInputError, match="--force") as info:

@@ -135,13 +135,25 @@ class SimConfig:
         """The HBM pool in blocks of ``block_bytes`` when the config fixes it
         (``hbm_blocks``, else ``hbm_gb`` in 1e9 bytes, rounded down); None = derived from
         the GPU and the model (:func:`kvsim.sim.cost_model.hbm_kv_capacity_bytes`)."""
+        from kvsim.limits import get_limits
+
+        top = get_limits().max_hbm_blocks
         if self.hbm_blocks is not None:
-            return int(self.hbm_blocks)
-        if self.hbm_gb is not None:
+            n, option = int(self.hbm_blocks), "--hbm-blocks"
+        elif self.hbm_gb is not None:
             from kvsim.sim.cost_model import GB
 
-            return int(self.hbm_gb * GB) // int(block_bytes)
-        return None
+            n, option = int(self.hbm_gb * GB) // int(block_bytes), "--hbm-gb"
+        else:
+            return None
+        if n > top:  # the pool's arrays would not fit in memory (kvsim.limits)
+            from kvsim.errors import bad_option
+
+            raise bad_option(option, f"an HBM pool of at most {top:,} blocks (kvsim limit "
+                             f"max_hbm_blocks; this is {n:,} blocks of {block_bytes:,} "
+                             "bytes)", self.hbm_blocks if self.hbm_blocks is not None
+                             else self.hbm_gb)
+        return n
 
     def lowering_options(self, block_size_tokens: int = 16,
                          default_model: str = "llama-3-8b") -> dict:

@@ -43,7 +43,9 @@ def test_read_only_view_shares_the_core_buffers() -> None:
         ro.size_bytes[0] = 1
 
 
-@pytest.mark.parametrize("builtin", ["lru", "arc", "s3fifo"])
+@pytest.mark.parametrize("builtin", [
+    "lru", pytest.param("arc", marks=pytest.mark.slow),
+    pytest.param("s3fifo", marks=pytest.mark.slow)])
 def test_guarded_copy_of_a_builtin_gives_its_exact_victims(tmp_path: Path, builtin) -> None:
     """A user file holding a built-in policy's source (njit hooks, run as Python behind
     the guard) evicts exactly what the compiled built-in evicts."""
