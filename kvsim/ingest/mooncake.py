@@ -9,9 +9,8 @@ SLOs are recorded: those columns keep their defaults.
 
 All three traces of the FAST'25 release (conversation, synthetic, tool&agent) use this
 format, and the reader assumes nothing about which one it reads: arrivals are made
-relative to the earliest timestamp (a trace need not start at 0 nor be sorted), extra keys
-are ignored, and an ``output_length`` of 0 (a call that generated nothing) is lowered as
-1 token (the prefill samples one), as the other readers do.
+relative to the earliest timestamp (a trace need not start at 0 nor be sorted) and extra
+keys are ignored.
 
 Prefix tree.  Because ids are prefix hashes, an id must always follow the same id (or
 always start the list).  A trace that breaks this (ids re-used after a different prefix)
@@ -58,7 +57,7 @@ def read_mooncake(path: str | Path, *, skip_bad_rows: bool = False,
             t_us = as_time_us(rec["timestamp"], 1000.0, path, loc, "timestamp")
             n_in = as_int(rec["input_length"], path, loc, "input_length", 1,
                           lim.max_prompt_tokens)
-            n_out = as_int(rec["output_length"], path, loc, "output_length", 0,
+            n_out = as_int(rec["output_length"], path, loc, "output_length", 1,
                            lim.max_output_tokens)
             h = as_int_list(rec["hash_ids"], path, loc, "hash_ids")
             need = -(-n_in // MOONCAKE_BLOCK_TOKENS)
@@ -89,7 +88,7 @@ def read_mooncake(path: str | Path, *, skip_bad_rows: bool = False,
             off_tree += 1
         arrival.append(t_us)
         prompt.append(n_in)
-        output.append(max(n_out, 1))
+        output.append(n_out)
         ids.append(h)
     t0 = min(arrival) if arrival else 0
     arrival = [t - t0 for t in arrival]

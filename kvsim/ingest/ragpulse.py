@@ -64,8 +64,8 @@ RAGPULSE_MAX_CHUNK_TOKENS = 512
 
 
 def is_ragpulse_folder(path: Path) -> bool:
-    """A folder holding the RAGPulse trace file."""
-    return path.is_dir() and (path / TRACE_FILE).is_file()
+    """A folder holding the RAGPulse trace file (also .gz / .zst)."""
+    return path.is_dir() and _side_path(path, TRACE_FILE) is not None
 
 
 def _load_side_file(path: Path, lengths: dict[int, int], owner: dict[int, str]) -> None:
@@ -193,7 +193,14 @@ def chunk_reuse(requests: list[list[tuple[int, int]]]) -> dict[str, Any]:
 def read_ragpulse(path: str | Path, *, skip_bad_rows: bool = False) -> RequestTable:
     """Read a RAGPulse trace (the folder, or its trace file with the side files beside it)."""
     path = Path(path)
-    trace = path / TRACE_FILE if path.is_dir() else path
+    if path.is_dir():
+        found = _side_path(path, TRACE_FILE)
+        if found is None:
+            raise KvsimInputError(f"expected the RAGPulse trace file {TRACE_FILE} in the "
+                                  "folder", path / TRACE_FILE)
+        trace = found
+    else:
+        trace = path
     folder = trace.parent
     lengths = load_chunk_lengths(folder)
     bad = BadRows(skip_bad_rows)

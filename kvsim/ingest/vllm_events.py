@@ -249,7 +249,7 @@ def _msgpack_objects(path: Path) -> Iterator[tuple[int, Any]]:
             frame += 1
             yield frame, obj
     except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError,
-            UnicodeDecodeError) as exc:
+            UnicodeDecodeError, TypeError) as exc:  # TypeError: a map key that is a list
         raise KvsimInputError(f"invalid msgpack ({type(exc).__name__})", path,
                               f"frame {frame + 1}") from None
     if unpacker.tell() != len(data):

@@ -1,5 +1,5 @@
 """The Mooncake reader assumes nothing specific to the conversation trace: a file to the
-FAST'25 tool&agent schema (same keys; its own time origin; extra keys; a 0-token output)."""
+FAST'25 tool&agent schema (same keys; its own time origin; extra keys)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from kvsim.ingest import detect_format, read_requests
 ROWS = [
     {"timestamp": 27482, "input_length": 6955, "output_length": 52,
      "hash_ids": [46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 2353, 2354]},
-    {"timestamp": 30535, "input_length": 6472, "output_length": 0,
+    {"timestamp": 30535, "input_length": 6472, "output_length": 1,
      "hash_ids": [46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 2366], "tool": "search"},
     {"timestamp": 28000, "input_length": 512, "output_length": 3, "hash_ids": [46]},
 ]

@@ -164,6 +164,9 @@ def test_truncated_and_garbage_msgpack(tmp_path):
     p.write_bytes(good[:-3])
     assert_one_line_error(runner.invoke(app, ["validate", "--events", str(p)]),
                           "bad.msgpack", "frame 3", "truncated")
+    p.write_bytes(b"\x81\x91\x01\x01")  # {[1]: 1}: a map keyed by a list
+    assert_one_line_error(runner.invoke(app, ["validate", "--events", str(p)]),
+                          "bad.msgpack", "frame 1", "invalid msgpack")
     p.write_bytes(b"\xc1" * 4)  # 0xc1 is never used in msgpack
     assert_one_line_error(runner.invoke(app, ["validate", "--events", str(p)]),
                           "bad.msgpack", "frame 1", "invalid msgpack")
