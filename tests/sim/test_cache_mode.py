@@ -236,6 +236,7 @@ def test_block_variant_equals_single_tier_on_mooncake(name, shared_traces, tiny_
     _assert_reduction(stream, 2000, name, tiny_hw)
 
 
+@pytest.mark.slow
 def test_sweep_in_cache_mode_runs_optimal_and_gaps(builder, tiny_hw, tmp_path):
     from kvsim.report import build_report
     from kvsim.sweep import SweepSpec, run_sweep
