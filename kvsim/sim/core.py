@@ -151,6 +151,8 @@ MODE_APPEND = 2
 @njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 def _preempt(v, K, X, C, R_i, A_i, st, pst, view, running, G, step, now_us):
     seq = R_i[v, RI_SEQ]
+    for e in range(st.seq_len[seq]):  # per-request recency: its blocks were in use until now
+        view.last_access_us[st.tables[seq, e]] = now_us
     n = ops.preempt(st, pst, view, seq, K[K_PREEMPT_SWAP], now_us)
     start = R_i[v, RI_BT_START]
     nbytes = 0
