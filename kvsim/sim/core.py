@@ -551,6 +551,7 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
                             H_i[b, HI_HITS] = 0
                             C[M_COW_COPIES] += 1
                             C[C_HBM_USED] = st.sc[mem.S_N_HELD]
+                            _peak(C, 0, C[C_HBM_USED])  # the copy is one more held block
                             if log_on:
                                 tr.log_row(G, C, step, now_us, A_ALLOCATE, 0, r, c_bi[i], 0,
                                            0, c_size[i], 0.0, False, -1, W_COW)

@@ -14,6 +14,7 @@ values worked out by hand.
 from __future__ import annotations
 
 import math
+import os
 import tempfile
 from pathlib import Path
 
@@ -85,6 +86,8 @@ request_st = st.fixed_dictionaries({
                              Priority.DECODE_CRITICAL]),
     "prefetch_ok": st.booleans(),
     "intent": st.booleans(),  # a request-level INTENT at its first decode step
+    "chunks": st.integers(1, 2),  # chunked prefill: ACCESS rows over 1 or 2 steps
+    "fork": st.sampled_from([False, False, True]),  # a child forks at the first decode
 })
 
 config_st = st.fixed_dictionaries({
@@ -105,15 +108,19 @@ config_st = st.fixed_dictionaries({
 def build_trace(reqs: list[dict], max_running: int) -> TraceBuilder:
     """A small continuous-batching engine that follows the lowering rules of
     docs/trace-format.md: ARRIVE, then at admission every prompt block ALLOCATEd in block
-    order and one prefill ACCESS; one decode token per step (a new block ALLOCATEd in the
-    step whose token starts it); request-level FREE when done."""
+    order and the first prefill chunk's ACCESS; one decode token per step (a new block
+    ALLOCATEd in the step whose token starts it); a forked child (parallel sampling) shares
+    its parent's table, and each one's first write into the shared partial block is an
+    ALLOCATE at that index (copy-on-write); request-level FREE when done."""
     tb = TraceBuilder()
     arrive, s = [], 0
     for q in reqs:
         s += q["gap"]
         arrive.append(s)
     waiting, running, t, step, nxt = [], [], 0, 0, 0
-    tokens, left = {}, {}
+    tokens, left, chunk, cow = {}, {}, {}, set()
+    spec = {r: q for r, q in enumerate(reqs)}
+    child = len(reqs)
     while nxt < len(reqs) or waiting or running:
         tb.STEP(t, 300.0 + 40.0 * len(running))
         while nxt < len(reqs) and arrive[nxt] <= step:
@@ -124,11 +131,28 @@ def build_trace(reqs: list[dict], max_running: int) -> TraceBuilder:
             waiting.append(nxt)
             nxt += 1
         for r in list(running):
-            q = reqs[r]
+            q = spec[r]
+            if chunk.get(r):  # the rest of a chunked prefill
+                tb.ACCESS(r, chunk.pop(r))
+                continue
+            if q["fork"] and left[r] == q["decode"] and r < len(reqs):
+                c = child
+                child += 1
+                spec[c] = dict(q, fork=False, intent=False)
+                tb.ARRIVE(c, 0, -1, request_priority=q["rprio"])
+                tb.add(kind=6, request_id=c, parent_request_id=r)
+                tokens[c], left[c] = tokens[r], q["decode"]
+                running.append(c)
+                if tokens[r] % 4:
+                    cow.update((r, c))
             if q["intent"] and left[r] == q["decode"]:
                 tb.add(kind=4, request_id=r, phase=int(Phase.DECODE),
                        priority=int(Priority.DECODE_CRITICAL), deadline_us=t + 900,
                        request_priority=q["rprio"], pin_requested=True)
+            if r in cow:  # first write into the shared partial block
+                cow.discard(r)
+                tb.ALLOC(r, tokens[r] // 4, 0, tokens[r] % 4 + 1, 80.0,
+                         phase=int(Phase.DECODE))
             if tokens[r] % 4 == 0:
                 tb.ALLOC(r, tokens[r] // 4, 0, 1, 90.0, phase=int(Phase.DECODE))
             tokens[r] += 1
@@ -149,9 +173,12 @@ def build_trace(reqs: list[dict], max_running: int) -> TraceBuilder:
                          request_priority=q["rprio"], prefetch_ok=q["prefetch_ok"])
             tokens[r] = sum(ntok)
             left[r] = q["decode"]
-            tb.ACCESS(r, sum(ntok))
+            first = sum(ntok) if q["chunks"] == 1 else (sum(ntok) + 1) // 2
+            tb.ACCESS(r, first)
+            if sum(ntok) > first:
+                chunk[r] = sum(ntok) - first
             running.append(r)
-        for r in [r for r in running if left[r] == 0]:
+        for r in [r for r in running if left[r] == 0 and not chunk.get(r)]:
             tb.FREE(r)
             running.remove(r)
         t += 1000
@@ -169,7 +196,7 @@ def config_from(c: dict, hw: str) -> SimConfig:
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-@settings(max_examples=12, deadline=None, derandomize=True, database=None,
+@settings(max_examples=int(os.environ.get("KVSIM_REFERENCE_EXAMPLES", "12")), deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(reqs=st.lists(request_st, min_size=1, max_size=6), max_running=st.integers(1, 4),
        cfg=config_st)
