@@ -73,25 +73,25 @@ def check(trace: Path, policy: str, config: SimConfig, tmp: Path) -> None:
 # ---------------------------------------------------------------------------------------
 
 request_st = st.fixed_dictionaries({
-    "family": st.integers(0, 2),  # requests of one family share a prefix chain
+    "family": st.integers(0, 1),  # requests of one family share a prefix chain
     "shared": st.integers(0, 4),  # blocks of the family chain
     "own": st.integers(0, 2),  # private full blocks
     "tail": st.integers(0, 3),  # tokens of a partial last block
     "tail_hash": st.booleans(),  # the partial block carries a hash (must be ignored)
     "decode": st.integers(0, 6),  # decode steps
-    "gap": st.integers(0, 2),  # steps after the previous arrival
+    "gap": st.integers(0, 3),  # steps after the previous arrival
     "deadline": st.booleans(),
     "rprio": st.sampled_from([0, 50, 100]),
     "prio": st.sampled_from([Priority.WARM, Priority.HOT, Priority.COLD,
                              Priority.DECODE_CRITICAL]),
-    "prefetch_ok": st.booleans(),
+    "prefetch_ok": st.sampled_from([True, True, False]),
     "intent": st.booleans(),  # a request-level INTENT at its first decode step
     "chunks": st.integers(1, 2),  # chunked prefill: ACCESS rows over 1 or 2 steps
     "fork": st.sampled_from([False, False, True]),  # a child forks at the first decode
 })
 
 config_st = st.fixed_dictionaries({
-    "hbm_blocks": st.integers(2, 14),
+    "hbm_blocks": st.integers(3, 16),
     "dram": st.sampled_from([0, 0, 2, 4, 8]),
     "cxl": st.sampled_from([0, 0, 2, 3]),
     "nvme": st.sampled_from([0, 3, 6]),
@@ -100,7 +100,7 @@ config_st = st.fixed_dictionaries({
                                      "write_through_selective"]),
     "preemption": st.sampled_from(["recompute", "swap"]),
     "priority_scheduling": st.booleans(),
-    "prefetch": st.booleans(),
+    "prefetch": st.sampled_from([True, True, False]),
     "log_lifecycle": st.booleans(),
 })
 
@@ -157,7 +157,7 @@ def build_trace(reqs: list[dict], max_running: int) -> TraceBuilder:
                 tb.ALLOC(r, tokens[r] // 4, 0, 1, 90.0, phase=int(Phase.DECODE))
             tokens[r] += 1
             left[r] -= 1
-            tb.ACCESS(r, 1, Phase.DECODE, deadline_us=t + 1200 if q["deadline"] else -1)
+            tb.ACCESS(r, 1, Phase.DECODE, deadline_us=t + 420 if q["deadline"] else -1)
         while waiting and len(running) < max_running:
             r = waiting.pop(0)
             q = reqs[r]
@@ -198,9 +198,106 @@ def config_from(c: dict, hw: str) -> SimConfig:
 @pytest.mark.parametrize("policy", POLICIES)
 @settings(max_examples=int(os.environ.get("KVSIM_REFERENCE_EXAMPLES", "12")), deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
-@given(reqs=st.lists(request_st, min_size=1, max_size=6), max_running=st.integers(1, 4),
+@given(reqs=st.lists(request_st, min_size=1, max_size=8), max_running=st.integers(1, 3),
        cfg=config_st)
 def test_replay_matches_reference(policy, reqs, max_running, cfg, tiny_hw):
     with tempfile.TemporaryDirectory() as d:
         trace = build_trace(reqs, max_running).write(Path(d) / "t.jsonl")
         check(trace, policy, config_from(cfg, tiny_hw), Path(d))
+
+
+# ---------------------------------------------------------------------------------------
+# hand-made cases, values worked out by hand (tiny profile: blocks of 4 tokens, 100 bytes;
+# DRAM up/down = 1 us + 4 us latency, min(1 GB/s, 0.1 GB/s) = 100 bytes/us: 5 us + 1 us
+# per block; every block's recompute_cost_us is 100)
+# ---------------------------------------------------------------------------------------
+
+def test_demote_then_promote_by_hand(tiny_hw, tmp_path):
+    """HBM 3 blocks, DRAM 20, lru, write_back.
+
+    step 0: r0 = [h1 h2 +1 token] misses, computed (first_compute 8 tokens; the partial
+            block counts nowhere); FREE r0 tail first: the partial block -> empties,
+            h2 then h1 cached (lru order h2, h1).  latency 1000, TTFT 1000.
+    step 1: r1 = [h3 h4 h5] (12 tokens: lookup covers at most 2 blocks) misses: the empty
+            block, then evicts h2 then h1, each DEMOTEd to DRAM (200 bytes down); computed
+            (first_compute 12).  latency 1000.
+    step 2: r2 = [h1 h2 +1] as r0: HBM misses, DRAM holds h1 h2 -> promoted on demand (no
+            queueing time): 5 + 1 + 1 = 7 us stall; the 3 blocks of r2 evict h5 h4 h3 (DEMOTEd:
+            300 bytes).  Savings 2 x 100 us over 8 hit tokens = 25 us/token, credited
+            min(200, 9 x 25) = 200: latency 1000 - 200 + 7 = 807, TTFT 807.
+    lookup tokens 9 + 12 + 9 = 30, DRAM hit 8 -> 8/30; DRAM link 200 + 300 down + 200 up."""
+    tb = TraceBuilder()
+    for r, (step_t, hashes) in enumerate([(0, [1, 2, 0]), (1000, [3, 4, 5]),
+                                          (2000, [1, 2, 0])]):
+        tb.STEP(step_t, 1000.0)
+        prompt = 12 if hashes[-1] else 9
+        tb.ARRIVE(r, prompt)
+        tb.prompt(r, hashes, last_tokens=None if hashes[-1] else 1)
+        tb.ACCESS(r, prompt)
+        tb.FREE(r)
+    trace = tb.write(tmp_path / "t.jsonl")
+    cfg = SimConfig(hardware=tiny_hw, hbm_blocks=3, engine="interpreted")
+    res = simulate(trace, "lru", cfg, decision_log=tmp_path / "lru.parquet")
+    ref, ref_rows = reference_replay(trace, "lru", cfg)
+    for s in (res.summary, ref):
+        assert s["first_compute_tokens"] == 20
+        assert s["spills_hbm"] == 5 and s["evictions"] == 0
+        assert s["promotions"] == 2 and s["prefetches"] == 0
+        assert s["stall_us"] == 7.0 and s["saved_us"] == 200.0
+        assert s["lookup_tokens"] == 30 and s["dram_hit_rate"] == 8 / 30
+        assert s["bytes_dram_link"] == 700
+        assert s["makespan_us"] == 2807.0
+        assert s["ttft_p50_us"] == 1000.0 and s["p50_step_us"] == 1000.0
+    got = [(r["action"], r["content_hash"], r["from_tier"], r["to_tier"])
+           for r in replay_log(tmp_path / "lru.parquet")]
+    demote, promote = 1, 2
+    assert got == [(demote, 2, 0, 1), (demote, 1, 0, 1),  # step 1
+                   (demote, 5, 0, 1), (demote, 4, 0, 1), (demote, 3, 0, 1),  # step 2
+                   (promote, 1, 1, 0), (promote, 2, 1, 0)]
+    assert got == [(r["action"], r["content_hash"], r["from_tier"], r["to_tier"])
+                   for r in ref_rows]
+    check(trace, "lru", cfg, tmp_path)
+
+
+@pytest.mark.parametrize("by_priority, victims, rerun_tokens",
+                         [(True, [0, 1, 2], 3 + 3 + 1), (False, [1, 2], 3 + 1)])
+def test_preemption_victims_by_hand(tiny_hw, tmp_path, by_priority, victims, rerun_tokens):
+    """HBM 3 blocks, no lower tier, recompute preemption; r0, r1, r2 arrive at t=0 with the
+    same request_priority; r0 = [3 tokens], r1 = [3 tokens] run from step 0.
+
+    step 1: r2 = [h7, +1 token] needs 2 blocks, 1 is empty: preempt.  vLLM v1 takes the
+            last running (r1); priority scheduling max(priority, arrival) ties everywhere
+            and keeps the first: r0.
+    step 2: the preempted one resumes (needs 1 block, HBM full): priority -> the first
+            running of the others (r1 when r0 resumes; then r2 for r1); last -> r2.
+            Each resume recomputes its 3-token block (+100 us).
+    step 3: r2 resumes: h7 is still cached (revived), its partial block (1 token) is
+            recomputed."""
+    tb = TraceBuilder()
+    tb.STEP(0, 500.0)
+    for r, prompt in ((0, 3), (1, 3), (2, 5)):
+        tb.ARRIVE(r, prompt)
+    for r in (0, 1):
+        tb.ALLOC(r, 0, 0, 3)
+        tb.ACCESS(r, 3)
+    tb.STEP(1000, 500.0)
+    tb.prompt(2, [7, 0], last_tokens=1)
+    tb.ACCESS(2, 5)
+    tb.STEP(2000, 500.0)
+    tb.ACCESS(0, 1, Phase.DECODE)
+    tb.ACCESS(1, 1, Phase.DECODE)
+    tb.FREE(0)
+    tb.FREE(1)
+    tb.STEP(3000, 500.0)
+    tb.ACCESS(2, 1, Phase.DECODE)
+    tb.FREE(2)
+    trace = tb.write(tmp_path / "t.jsonl")
+    cfg = SimConfig(hardware=tiny_hw, hbm_blocks=3, dram_gb=0.0, engine="interpreted",
+                    priority_scheduling=by_priority)
+    res = simulate(trace, "lru", cfg, decision_log=tmp_path / "lru.parquet")
+    preempted = [r["request_id"] for r in replay_log(tmp_path / "lru.parquet")
+                 if r["action"] == 6]
+    assert preempted == victims
+    assert res.summary["preemptions"] == len(victims)
+    assert res.summary["preempt_recompute_tokens"] == rerun_tokens
+    check(trace, "lru", cfg, tmp_path)
