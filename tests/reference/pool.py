@@ -26,17 +26,26 @@ class Taken:
 
 
 class Hooks:
-    """A policy's four hooks as plain Python (a built-in's njit hooks run their
-    ``py_func``; the helpers they call stay whatever the policy made them)."""
+    """A policy's hooks as plain Python (a built-in's njit hooks run their ``py_func``; the
+    helpers they call stay whatever the policy made them), with the defaults of
+    kvsim/policy_api.py resolved from the module itself: no ``on_hold``/``on_release``
+    pair -> ``on_remove``/``on_insert``, and no ``on_hit`` for held blocks; no ``on_miss``
+    -> nothing."""
 
     def __init__(self, policy):
+        m = policy.module
+
         def py(f):
             return getattr(f, "py_func", f)
 
-        self.on_insert = py(policy.on_insert)
-        self.on_hit = py(policy.on_hit)
-        self.on_remove = py(policy.on_remove)
-        self.victim = py(policy.victim)
+        self.on_insert = py(m.on_insert)
+        self.on_hit = py(m.on_hit)
+        self.on_remove = py(m.on_remove)
+        self.victim = py(m.victim)
+        self.keeps_held = hasattr(m, "on_hold")
+        self.on_hold = py(m.on_hold) if self.keeps_held else self.on_remove
+        self.on_release = py(m.on_release) if self.keeps_held else self.on_insert
+        self.on_miss = py(getattr(m, "on_miss", lambda state, view, h, now_us: None))
 
 
 class Pool:
@@ -99,16 +108,21 @@ class Pool:
         if len(hashes) - len(hits) + revive > len(self.empties) + len(self.cands):
             return None
         taken = []
-        for b in hits:
+        hk = self.hooks
+        for b in hits:  # a prefix hit is an access; a cached block is held again
             if self.ref[b] == 0:
-                self.hooks.on_hit(self.pst, self.view, b, now_us)
-                self.hooks.on_remove(self.pst, self.view, b)
+                hk.on_hit(self.pst, self.view, b, now_us)
+                hk.on_hold(self.pst, self.view, b)
                 self.cands.discard(b)
                 taken.append(Taken(b, "revived"))
             else:
+                if hk.keeps_held:
+                    hk.on_hit(self.pst, self.view, b, now_us)
                 taken.append(Taken(b, "hit"))
             self.ref[b] += 1
-        for _ in hashes[len(hits):]:
+        for h in hashes[len(hits):]:
+            if h != 0:  # content not resident: announced before the victims for its room
+                hk.on_miss(self.pst, self.view, h, now_us)
             t = Taken(self.empties.pop(0), "new") if self.empties else self._evict(now_us)
             self.ref[t.block] = 1
             taken.append(t)
@@ -118,6 +132,14 @@ class Pool:
                 self.index.setdefault(h, []).append(t.block)
         table.extend(t.block for t in taken)
         return taken
+
+    def admit(self, taken: list, now_us: float) -> None:
+        """New content entered HBM (its views written): each new hashed block begins its
+        history in the policy, held by its request."""
+        for t in taken:
+            if t.kind in ("new", "evicted") and self.hash[t.block] != 0:
+                self.hooks.on_insert(self.pst, self.view, t.block, now_us)
+                self.hooks.on_hold(self.pst, self.view, t.block)
 
     def release(self, r: int, keep: int, now_us: float) -> None:
         """Free r's table entries from ``keep`` on, tail first: unhashed blocks reaching
@@ -134,7 +156,7 @@ class Pool:
         for b in zero:
             if self.hash[b] != 0:
                 self.cands.add(b)
-                self.hooks.on_insert(self.pst, self.view, b, now_us)
+                self.hooks.on_release(self.pst, self.view, b, now_us)
 
     def fork(self, parent: int, child: int) -> None:
         self.tables[child] = list(self.tables.get(parent, []))

@@ -358,6 +358,7 @@ class Reference:
                 else:
                     rec.add("first_compute_tokens", tok)
             self.write_through(b, q)
+        self.pool.admit(taken, now)
         if mode == ADMIT:
             q.lookup_tok += num_tokens
 

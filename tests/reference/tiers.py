@@ -32,7 +32,8 @@ def candidate(view, owner: tuple[int, int], b: int, score: float) -> dict:
             "request_priority": int(view.request_priority[b]),
             "deadline_us": int(view.deadline_us[b]), "slack_us": int(view.slack_us[b]),
             "recompute_cost_us": float(view.recompute_cost_us[b]),
-            "next_use": int(view.next_use[b])}
+            "next_use": int(view.next_use[b]), "phase": int(view.phase[b]),
+            "pinned": bool(view.pinned[b])}
 
 
 class LowerTier:
