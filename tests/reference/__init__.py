@@ -62,5 +62,5 @@ def reference_replay(trace_path, policy: str, config, log: bool = True):
     lower = [get_policy(config.tier_policy(t)) for t in ("dram", "cxl", "nvme")]
     ref = Reference(rows, bs, pol, lower, tiering(config, block_bytes), config, log).run()
     summary = {"policy": pol.name, "offline": bool(pol.offline), "mode": "engine",
-               "warmup_requests": 0, **ref.summary()}
+               "warmup_requests": ref.warmup, **ref.summary()}
     return summary, ref.rec.rows

@@ -147,6 +147,18 @@ class Reference:
                     self.next_use[last[h]] = o
                 last[h] = o
         self.ordinal = 0
+        # measurement window (docs/simulate.md): requests in arrival order (ARRIVE time,
+        # else first ALLOCATE/ACCESS/FORK row; ties by id); warm-up = the first w of them
+        first: dict[int, tuple] = {}
+        for r in self.rows:
+            if r["kind"] in (EV.ARRIVE, EV.ALLOCATE, EV.ACCESS, EV.FORK):
+                first.setdefault(r["request_id"], (r["time_us"], r["request_id"], r["step"]))
+        order = sorted(first.values())
+        w = self.cfg.warmup_count(len(order))
+        self.warmup = w
+        self.measured = {rid for _, rid, _ in order[w:]}
+        self.warm_step = order[w][2] if 0 < w < len(order) else -1
+        self.snapshot = None
 
     def req(self, r: int) -> Req:
         return self.reqs.setdefault(r, Req(r))
@@ -383,6 +395,9 @@ class Reference:
             self.close_step()
         self.in_step = True
         self.step = row["step"]
+        if self.snapshot is None and 0 <= self.warm_step <= self.step:
+            self.snapshot = dict(self.rec.c)
+            self.first_measured_step = len(self.steps)
         self.start_us = max(float(row["time_us"]), self.clock_us)
         self.s = {"duration": row["duration_us"], "saved": 0.0, "stall": 0.0, "extra": 0.0}
 
@@ -552,8 +567,13 @@ class Reference:
     def summary(self) -> dict:
         import numpy as np
 
-        c, bs, tg = self.rec.c, self.bs, self.tg
-        reqs = [q for q in self.reqs.values() if q.state != "unseen"]
+        c, bs, tg = defaultdict(float, self.rec.c), self.bs, self.tg
+        reqs = [q for q in self.reqs.values() if q.state != "unseen" and q.rid in self.measured]
+        lat = self.steps
+        if self.snapshot is not None:  # counters and steps from the window's first step
+            for k, v in self.snapshot.items():
+                c[k] -= v
+            lat = lat[self.first_measured_step:]
 
         def pct(xs, p):
             xs = [x for x in xs if x == x]
@@ -571,7 +591,6 @@ class Reference:
         prompt_blk = sum(-(-q.prompt // bs) for q in reqs if q.lookup_tok > 0)
         link = [c[f"bytes_up_{t}"] + c[f"bytes_down_{t}"] for t in range(4)]
         swap = c["swap_out_bytes"] + c["swap_in_bytes"]
-        lat = self.steps
         out = {
             "events": len(self.rows), "steps": len(lat), "requests": len(reqs),
             "p50_step_us": pct(lat, 50), "p95_step_us": pct(lat, 95),

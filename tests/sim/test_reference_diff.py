@@ -29,7 +29,7 @@ from kvsim.sim import SimConfig, simulate
 from kvsim.sim.metrics import SUMMARY_KEYS
 from tests.reference import reference_replay
 
-from tests.sim.conftest import TraceBuilder
+from tests.sim.conftest import TINY_PROFILE, TraceBuilder
 
 POLICIES = sorted(p.name for p in list_policies())
 ONLINE = [p.name for p in list_policies() if not p.offline]
@@ -73,8 +73,8 @@ def check(trace: Path, policy: str, config: SimConfig, tmp: Path) -> None:
 # ---------------------------------------------------------------------------------------
 
 request_st = st.fixed_dictionaries({
-    "family": st.integers(0, 1),  # requests of one family share a prefix chain
-    "shared": st.integers(0, 4),  # blocks of the family chain
+    "family": st.sampled_from([0, 0, 1]),  # requests of one family share a prefix chain
+    "shared": st.sampled_from([0, 1, 2, 2, 3]),  # blocks of the family chain
     "own": st.integers(0, 2),  # private full blocks
     "tail": st.integers(0, 3),  # tokens of a partial last block
     "tail_hash": st.booleans(),  # the partial block carries a hash (must be ignored)
@@ -91,8 +91,8 @@ request_st = st.fixed_dictionaries({
 })
 
 config_st = st.fixed_dictionaries({
-    "hbm_blocks": st.integers(3, 16),
-    "dram": st.sampled_from([0, 0, 2, 4, 8]),
+    "hbm_blocks": st.integers(4, 16),
+    "dram": st.sampled_from([0, 2, 4, 8]),
     "cxl": st.sampled_from([0, 0, 2, 3]),
     "nvme": st.sampled_from([0, 3, 6]),
     "tier_policy": st.sampled_from(["lru", "fifo", "lfu", "s3fifo", "arc", "sieve"]),
@@ -102,6 +102,8 @@ config_st = st.fixed_dictionaries({
     "priority_scheduling": st.booleans(),
     "prefetch": st.sampled_from([True, True, False]),
     "log_lifecycle": st.booleans(),
+    "slow_links": st.booleans(),  # slow links: transfers of hundreds of us, partly hidden
+    "warmup": st.sampled_from([0, 0, 1, 2]),  # warm-up requests (arrival order)
 })
 
 
@@ -186,13 +188,34 @@ def build_trace(reqs: list[dict], max_running: int) -> TraceBuilder:
     return tb
 
 
-def config_from(c: dict, hw: str) -> SimConfig:
+#: The tiny profile with slow links (DRAM 0.2, CXL 0.1, NVMe 0.05 bytes/us: one 100-byte
+#: block takes 500 / 1,000 / 2,000 us), so promotions are partly hidden by queueing time
+#: and swaps cost more than a step.
+SLOW_PROFILE = (TINY_PROFILE.replace('name = "tiny"', 'name = "tiny-slow"')
+                .replace("link_bandwidth_bytes_per_s = 1.0e8  # source: test value (100 bytes",
+                         "link_bandwidth_bytes_per_s = 2.0e5  # source: test value (0.2 bytes")
+                .replace("link_bandwidth_bytes_per_s = 5.0e7  # source: test value (50 bytes",
+                         "link_bandwidth_bytes_per_s = 1.0e5  # source: test value (0.1 bytes")
+                .replace("link_bandwidth_bytes_per_s = 1.0e8  # source: test value\n",
+                         "link_bandwidth_bytes_per_s = 5.0e4  # source: test value\n"))
+
+
+@pytest.fixture(scope="session")
+def hw_pair(tmp_path_factory, tiny_hw) -> tuple[str, str]:
+    path = tmp_path_factory.mktemp("hw") / "tiny-slow.toml"
+    path.write_text(SLOW_PROFILE)
+    return tiny_hw, str(path)
+
+
+def config_from(c: dict, hw_pair: tuple[str, str], n_requests: int) -> SimConfig:
+    hw = hw_pair[1] if c["slow_links"] else hw_pair[0]
     return SimConfig(hardware=hw, hbm_blocks=c["hbm_blocks"], dram_gb=gb(c["dram"]),
                      cxl_gb=gb(c["cxl"]), nvme_gb=gb(c["nvme"]),
                      tier_policies=tuple((t, c["tier_policy"]) for t in ("dram", "cxl", "nvme")),
                      write_policy=c["write_policy"], preemption=c["preemption"],
                      priority_scheduling=c["priority_scheduling"], prefetch=c["prefetch"],
-                     log_lifecycle=c["log_lifecycle"], engine="interpreted")
+                     log_lifecycle=c["log_lifecycle"], engine="interpreted",
+                     warmup_requests=min(c["warmup"], n_requests - 1))
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -200,10 +223,12 @@ def config_from(c: dict, hw: str) -> SimConfig:
           suppress_health_check=[HealthCheck.too_slow])
 @given(reqs=st.lists(request_st, min_size=1, max_size=8), max_running=st.integers(1, 3),
        cfg=config_st)
-def test_replay_matches_reference(policy, reqs, max_running, cfg, tiny_hw):
+def test_replay_matches_reference(policy, reqs, max_running, cfg, hw_pair):
     with tempfile.TemporaryDirectory() as d:
-        trace = build_trace(reqs, max_running).write(Path(d) / "t.jsonl")
-        check(trace, policy, config_from(cfg, tiny_hw), Path(d))
+        tb = build_trace(reqs, max_running)
+        trace = tb.write(Path(d) / "t.jsonl")
+        n_requests = len({r["request_id"] for r in tb.rows if r["request_id"] >= 0})
+        check(trace, policy, config_from(cfg, hw_pair, n_requests), Path(d))
 
 
 # ---------------------------------------------------------------------------------------
