@@ -326,3 +326,67 @@ def test_preemption_victims_by_hand(tiny_hw, tmp_path, by_priority, victims, rer
     assert res.summary["preemptions"] == len(victims)
     assert res.summary["preempt_recompute_tokens"] == rerun_tokens
     check(trace, "lru", cfg, tmp_path)
+
+
+def test_partial_prefetch_by_hand(tiny_hw, tmp_path):
+    """HBM 3, DRAM 20, lru.  r0 = [h1 h2 +1] then r1 = [h3 h4 +1] push h1, h2 down to DRAM
+    (as in the demote/promote case).  r2 = [h1 h2 +1] ARRIVEs at 1997 us and is admitted in
+    the step starting at 2000: 3 us of queueing time to hide transfers behind.  First DRAM
+    block: 5 us latency + 1 us = 6 us, 3 hidden -> a (late) PREFETCH with a 3 us stall;
+    second: 1 us, nothing left to hide it -> PROMOTE, 1 us stall.  Savings 200 us:
+    latency 1000 - 200 + 4 = 804, TTFT = 2804 - 1997 = 807."""
+    tb = TraceBuilder()
+    for r, hashes in enumerate([[1, 2, 0], [3, 4, 0], [1, 2, 0]]):
+        tb.STEP(1000 * r, 1000.0)
+        tb.ARRIVE(r, 9, time_us=1000 * r - 3 if r == 2 else 1000 * r)
+        tb.prompt(r, hashes, last_tokens=1)
+        tb.ACCESS(r, 9)
+        tb.FREE(r)
+    trace = tb.write(tmp_path / "t.jsonl")
+    cfg = SimConfig(hardware=tiny_hw, hbm_blocks=3, engine="interpreted")
+    res = simulate(trace, "lru", cfg, decision_log=tmp_path / "lru.parquet")
+    s = res.summary
+    assert (s["prefetches"], s["prefetches_useful"], s["promotions"]) == (1, 0, 1)
+    assert s["stall_us"] == 4.0 and s["makespan_us"] == 2804.0
+    assert res.requests.set_index("request_id").loc[2, "ttft_us"] == 807.0
+    up = [(r["action"], r["content_hash"], r["cost_us"])
+          for r in replay_log(tmp_path / "lru.parquet") if r["to_tier"] == 0]
+    assert up == [(3, 1, 3.0), (2, 2, 1.0)]  # PREFETCH h1 (3 us stall), PROMOTE h2 (1 us)
+    check(trace, "lru", cfg, tmp_path)
+
+
+def test_swap_preemption_by_hand(tiny_hw, tmp_path):
+    """The preemption scenario of test_preemption_victims_by_hand (no priority) with
+    --preemption swap.  DRAM path: 5 us latency + 1 us per 100-byte block, each way.
+    step 1: r1 (1 block) swapped out: 5 + 1 = 6 us on the step;
+    step 2: r1 resumes and r2 (2 blocks) is swapped out: 5 + 2 = 7 us; r1's block swapped
+            back in: 5 + 1 = 6 us;
+    step 3: r2 resumes: h7 is still cached in HBM (revived), its partial block is swapped
+            in: 6 us.  Steps of 500 us: 500, 506, 513, 506; nothing recomputed."""
+    tb = TraceBuilder()
+    tb.STEP(0, 500.0)
+    for r, prompt in ((0, 3), (1, 3), (2, 5)):
+        tb.ARRIVE(r, prompt)
+    for r in (0, 1):
+        tb.ALLOC(r, 0, 0, 3)
+        tb.ACCESS(r, 3)
+    tb.STEP(1000, 500.0)
+    tb.prompt(2, [7, 0], last_tokens=1)
+    tb.ACCESS(2, 5)
+    tb.STEP(2000, 500.0)
+    tb.ACCESS(0, 1, Phase.DECODE)
+    tb.ACCESS(1, 1, Phase.DECODE)
+    tb.FREE(0)
+    tb.FREE(1)
+    tb.STEP(3000, 500.0)
+    tb.ACCESS(2, 1, Phase.DECODE)
+    tb.FREE(2)
+    trace = tb.write(tmp_path / "t.jsonl")
+    cfg = SimConfig(hardware=tiny_hw, hbm_blocks=3, dram_gb=0.0, engine="interpreted",
+                    preemption="swap")
+    res = simulate(trace, "lru", cfg, decision_log=tmp_path / "lru.parquet")
+    s = res.summary
+    assert (s["preemptions"], s["swap_out_bytes"], s["swap_in_bytes"]) == (2, 300, 200)
+    assert s["preempt_recompute_tokens"] == 0 and s["bytes_dram_link"] == 500
+    assert res.steps["latency_us"].tolist() == [500.0, 506.0, 513.0, 506.0]
+    check(trace, "lru", cfg, tmp_path)
