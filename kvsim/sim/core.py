@@ -650,6 +650,12 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
                         view.last_access_us[b] = now_us
                         ops.free_tail(st, pst, view, seq, np.int64(1), now_us)
                         C[C_HBM_USED] = st.sc[mem.S_N_HELD]
+                        if log_on and K[K_LOG_LIFECYCLE] != 0 and st.ref_cnt[b] == 0:
+                            cached = st.in_cand[b]
+                            tr.log_row(G, C, step, now_us, A_RELEASE if cached else A_FREE,
+                                       view.content_hash[b] if cached else 0, r, c_bi[i],
+                                       0, 0, 0, 0.0, False, -1,
+                                       W_RELEASE if cached else W_FREE)
                     R_i[r, RI_BT_LEN] -= 1
         i += 1
     return ST_DONE, n
