@@ -538,30 +538,33 @@ class Reference:
 
     def on_FREE(self, row) -> None:
         q = self.req(row["request_id"])
-        now = self.start_us
         table = self.pool.tables.get(q.rid, [])
         if row["block_index"] < 0:  # the request is done: release tail first
             if q.state == "running":
-                for b in table:  # per-request recency (DESIGN.md §1)
-                    self.view.last_access_us[b] = now
-                blocks = list(table)
-                self.pool.release(q.rid, 0, now)
-                if self.rec.life:
-                    for e in range(len(blocks) - 1, -1, -1):
-                        b = blocks[e]
-                        if self.pool.ref[b] == 0:
-                            cached = b in self.pool.cands
-                            self.log("RELEASE" if cached else "FREE",
-                                     int(self.view.content_hash[b]) if cached else 0, q.rid,
-                                     e, 0, 0, 0, 0.0, False, -1,
-                                     "release" if cached else "free")
+                self.release(q, 0)
                 self.running.remove(q)
             q.state = "done"
         elif q.state in ("running", "preempted") and row["block_index"] == len(q.recs) - 1:
-            if q.state == "running" and len(table) == len(q.recs):
-                self.view.last_access_us[table[-1]] = now
-                self.pool.release(q.rid, len(table) - 1, now)
+            if q.state == "running" and len(table) == len(q.recs):  # one block (rollback)
+                self.release(q, len(table) - 1)
             q.recs.pop()
+
+    def release(self, q: Req, keep: int) -> None:
+        """q frees its table from entry ``keep`` on, tail first; lifecycle rows for the
+        blocks whose last holder it was (RELEASE: cached; FREE: no content identity)."""
+        now, table = self.start_us, self.pool.tables.get(q.rid, [])
+        for b in table[keep:]:  # per-request recency (DESIGN.md §1)
+            self.view.last_access_us[b] = now
+        blocks = list(table)
+        self.pool.release(q.rid, keep, now)
+        if self.rec.life:
+            for e in range(len(blocks) - 1, keep - 1, -1):
+                b = blocks[e]
+                if self.pool.ref[b] == 0:
+                    cached = b in self.pool.cands
+                    self.log("RELEASE" if cached else "FREE",
+                             int(self.view.content_hash[b]) if cached else 0, q.rid, e, 0,
+                             0, 0, 0.0, False, -1, "release" if cached else "free")
 
     # -- the summary (docs/simulate.md, "Reading compare's table") -----------------------
     def summary(self) -> dict:

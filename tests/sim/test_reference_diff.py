@@ -88,6 +88,7 @@ request_st = st.fixed_dictionaries({
     "intent": st.booleans(),  # a request-level INTENT at its first decode step
     "chunks": st.integers(1, 2),  # chunked prefill: ACCESS rows over 1 or 2 steps
     "fork": st.sampled_from([False, False, True]),  # a child forks at the first decode
+    "rollback": st.booleans(),  # its first new decode block is a rejected draft: freed
 })
 
 config_st = st.fixed_dictionaries({
@@ -111,7 +112,8 @@ def build_trace(reqs: list[dict], max_running: int) -> TraceBuilder:
     """A small continuous-batching engine that follows the lowering rules of
     docs/trace-format.md: ARRIVE, then at admission every prompt block ALLOCATEd in block
     order and the first prefill chunk's ACCESS; one decode token per step (a new block
-    ALLOCATEd in the step whose token starts it); a forked child (parallel sampling) shares
+    ALLOCATEd in the step whose token starts it; a rejected draft block is freed by a
+    block-level FREE after the ACCESS); a forked child (parallel sampling) shares
     its parent's table, and each one's first write into the shared partial block is an
     ALLOCATE at that index (copy-on-write); request-level FREE when done."""
     tb = TraceBuilder()
@@ -120,7 +122,7 @@ def build_trace(reqs: list[dict], max_running: int) -> TraceBuilder:
         s += q["gap"]
         arrive.append(s)
     waiting, running, t, step, nxt = [], [], 0, 0, 0
-    tokens, left, chunk, cow = {}, {}, {}, set()
+    tokens, left, chunk, cow, rolled = {}, {}, {}, set(), set()
     spec = {r: q for r, q in enumerate(reqs)}
     child = len(reqs)
     while nxt < len(reqs) or waiting or running:
@@ -155,11 +157,16 @@ def build_trace(reqs: list[dict], max_running: int) -> TraceBuilder:
                 cow.discard(r)
                 tb.ALLOC(r, tokens[r] // 4, 0, tokens[r] % 4 + 1, 80.0,
                          phase=int(Phase.DECODE))
-            if tokens[r] % 4 == 0:
+            new_block = tokens[r] % 4 == 0
+            if new_block:
                 tb.ALLOC(r, tokens[r] // 4, 0, 1, 90.0, phase=int(Phase.DECODE))
             tokens[r] += 1
             left[r] -= 1
             tb.ACCESS(r, 1, Phase.DECODE, deadline_us=t + 420 if q["deadline"] else -1)
+            if new_block and q["rollback"] and r not in rolled:  # block-level FREE
+                rolled.add(r)
+                tokens[r] -= 1
+                tb.add(kind=7, request_id=r, block_index=tokens[r] // 4)
         while waiting and len(running) < max_running:
             r = waiting.pop(0)
             q = reqs[r]
