@@ -226,7 +226,8 @@ def config_from(c: dict, hw_pair: tuple[str, str], n_requests: int) -> SimConfig
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-@settings(max_examples=int(os.environ.get("KVSIM_REFERENCE_EXAMPLES", "12")), deadline=None, derandomize=True, database=None,
+@settings(max_examples=int(os.environ.get("KVSIM_REFERENCE_EXAMPLES", "12")), deadline=None,
+          derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(reqs=st.lists(request_st, min_size=1, max_size=8), max_running=st.integers(1, 3),
        cfg=config_st)
