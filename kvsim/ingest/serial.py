@@ -7,9 +7,12 @@ arrives; no concurrency, no engine timing.  kvsim runs it through the same tiere
 that is what happens:
 
 * one ``STEP`` per request (step ``k`` = the request's rank in arrival order, time = its
-  arrival), then ``ARRIVE``, the ``ALLOCATE`` rows of its prompt's **identified full
-  blocks** (the chain of content hashes up to the first block that is partial or has no
-  identity: only those can be shared, docs/memory-model.md), then ``FREE``;
+  arrival), then ``ARRIVE``, the ``ALLOCATE`` rows of its prompt's **identified blocks**
+  (the chain of content hashes up to the first block with no identity), then ``FREE``.
+  An identified *partial* last block (Mooncake's hash ids name it) is cached as
+  kvcache-simulator and the Mooncake paper cache it: it is written as a full-size row
+  (so the pool shares it) and a hit on it counts its real tokens
+  (:attr:`CacheStream.tail_tokens`).  Engine mode (vLLM) never shares a partial block;
 * ``prefix`` variant: one request = one lookup of the whole chain, which the pool stops at
   the first missing block (vLLM, kvcache-simulator);
 * ``block`` variant: every block of the chain is its own one-block request (a *pseudo
@@ -59,6 +62,16 @@ class CacheStream:
     #: blocks of each chain that are looked up (None = all): engine-mode bound entries
     #: look up at most ``(prompt - 1) // block`` blocks, and production entries none
     lookup_len: np.ndarray | None = None
+    #: tokens of each chain's last block when it is an identified *partial* block (0 =
+    #: the chain ends with a full block).  Cache mode caches it as kvcache-simulator and
+    #: the Mooncake paper do (its hash id names it); a hit on it is worth these tokens.
+    tail_tokens: np.ndarray | None = None
+
+    def tails(self) -> np.ndarray:
+        """:attr:`tail_tokens`, zeros when not set."""
+        if self.tail_tokens is None:
+            return np.zeros(self.num_requests, np.int64)
+        return self.tail_tokens
 
     def lookups(self) -> np.ndarray:
         """Looked-up blocks per entry (the whole chain unless ``lookup_len`` says less)."""
@@ -119,7 +132,9 @@ def stream_from_events(path: str | Path, batch_rows: int = 1 << 20) -> CacheStre
     np.minimum.at(arrival, pos_b[no_arr], b_time[no_arr])
     # the chain: block index 0, 1, 2, ... while full, hashed and within the prompt
     nb_prompt = (prompt + bs - 1) // bs
-    ok = (b_tok == bs) & (b_hash != 0) & (b_bi < nb_prompt[pos_b])
+    last = b_bi == nb_prompt[pos_b] - 1
+    ok = ((b_tok == bs) | (last & (b_tok > 0) & (b_tok < bs))) & (b_hash != 0) & \
+        (b_bi < nb_prompt[pos_b])
     starts = np.searchsorted(b_req, ids)
     rank = np.arange(len(b_req)) - starts[pos_b]
     ok &= b_bi == rank
@@ -129,6 +144,9 @@ def stream_from_events(path: str | Path, batch_rows: int = 1 << 20) -> CacheStre
     bad_before = cum - np.where(starts[pos_b] > 0, cum[np.maximum(starts[pos_b] - 1, 0)], 0)
     keep = ok & (bad_before == 0)
     length = np.bincount(pos_b[keep], minlength=n).astype(np.int64)
+    tail = np.zeros(n, np.int64)
+    part = keep & (b_tok < bs)
+    tail[pos_b[part]] = b_tok[part]
     by_arrival = np.lexsort((ids, arrival))
     chains = b_hash[keep]
     owner = pos_b[keep]
@@ -141,7 +159,8 @@ def stream_from_events(path: str | Path, batch_rows: int = 1 << 20) -> CacheStre
     del owner
     block_bytes = int(header.kv_bytes_per_token) * bs
     return CacheStream(ids[by_arrival], arrival[by_arrival], prompt[by_arrival], offsets,
-                       chain.astype(np.int64), bs, block_bytes, header)
+                       chain.astype(np.int64), bs, block_bytes, header,
+                       tail_tokens=tail[by_arrival])
 
 
 def stream_from_requests(table, block_size_tokens: int = 16, kv_bytes_per_token: int = 0,
@@ -164,11 +183,14 @@ def stream_from_requests(table, block_size_tokens: int = 16, kv_bytes_per_token:
     n = len(prompt)
     nb = (prompt + B - 1) // B
     hb = np.zeros(max(int(nb.max()) if n else 1, 1), np.int64)
-    chains, lengths = [], np.zeros(n, np.int64)
+    chains, lengths, tail = [], np.zeros(n, np.int64), np.zeros(n, np.int64)
     for c in range(n):
         _prompt_hashes(c, int(nb[c]), B, T, prompt, hashed, off, ids, root, hb)
         k = 0
         while k < nb[c] and (k + 1) * B <= prompt[c] and hb[k] != 0:
+            k += 1
+        if k == nb[c] - 1 and hb[k] != 0:  # the identified partial last block
+            tail[c] = prompt[c] - k * B
             k += 1
         chains.append(hb[:k].copy())
         lengths[c] = k
@@ -179,7 +201,8 @@ def stream_from_requests(table, block_size_tokens: int = 16, kv_bytes_per_token:
                          model=model, source={"cache_mode_from": "request table"})
     return CacheStream(df["request_id"].to_numpy(np.int64),
                        df["arrival_us"].to_numpy(np.int64), prompt, offsets,
-                       chain.astype(np.int64), B, int(kv_bytes_per_token) * B, header)
+                       chain.astype(np.int64), B, int(kv_bytes_per_token) * B, header,
+                       tail_tokens=tail)
 
 
 @dataclass

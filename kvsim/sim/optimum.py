@@ -124,15 +124,20 @@ def optimum_summary(stream: CacheStream, capacity_blocks: int, warmup: int = 0) 
     bs = int(stream.block_size_tokens)
     w = max(int(warmup), 0)
     prompt = stream.prompt_tokens[w:]
-    hit_blk = int(res.hit_blocks[w:].sum())
+    hits = res.hit_blocks[w:]
+    hit_blk = int(hits.sum())
+    # a hit on an identified partial last block is worth its tokens, not a block's
+    tails = stream.tails()[w:]
+    full_hit = (tails > 0) & (hits == np.diff(stream.offsets)[w:])
+    hit_tok = hit_blk * bs - int((bs - tails[full_hit]).sum())
     lookup = int(prompt.sum())
     pblk = int(((prompt + bs - 1) // bs).sum())
-    rate = hit_blk * bs / lookup if lookup else float("nan")
+    rate = hit_tok / lookup if lookup else float("nan")
     return {"hbm_hit_rate": rate, "prefix_hit_rate": rate, "dram_hit_rate": 0.0,
             "cxl_hit_rate": 0.0, "nvme_hit_rate": 0.0,
             "block_hit_rate": hit_blk / pblk if pblk else float("nan"),
             "hbm_block_hit_rate": hit_blk / pblk if pblk else float("nan"),
-            "lookup_tokens": lookup, "hit_tokens": hit_blk * bs, "prompt_blocks": pblk,
+            "lookup_tokens": lookup, "hit_tokens": hit_tok, "prompt_blocks": pblk,
             "hit_blocks": hit_blk, "evictions": res.evictions, "evictions_hbm": res.evictions,
             "requests": int(len(prompt)), "warmup_requests": w}
 
