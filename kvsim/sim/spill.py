@@ -80,7 +80,9 @@ def _hbm_evicted(b, h, reason, n_alt, e, r, K, C, H_i, view, out, T1, T2, T3, TM
                          view.size_bytes[b] if dest > 0 else 0, 0.0,
                          view.priority[b] == PR_DECODE_CRITICAL, reason,
                          W_BACKED if backed else -1)
-        tr.log_candidates(G, row, view, H_i, out.alt_blocks[e], out.alt_scores[e], n_alt)
+        # at most log_candidates of them (alt_b is sized by it), as for the lower tiers
+        tr.log_candidates(G, row, view, H_i, out.alt_blocks[e], out.alt_scores[e],
+                          min(n_alt, alt_b.shape[0]))
     if dest > 0:
         C[M_DEMOTE] += 1
         _spill(view, b, H_i[b, HI_OWNER], H_i[b, HI_BI], H_i[b, HI_TOKENS], dest, T1, T2, T3,
