@@ -93,7 +93,7 @@ class Recorder:
             text.append(self.reasons[frm][code])
         if why is not None:
             text.append(self.why[WHY_INDEX[why]])
-        cands = cands[: self.k] if cands else None
+        cands = (cands or [])[: self.k] or None  # null when none (docs/decision-log.md)
         self.rows.append({
             "seq": len(self.rows), "step": int(step), "time_us": float(now_us),
             "action": ACTIONS[action], "content_hash": int(h), "request_id": int(req),

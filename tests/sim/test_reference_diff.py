@@ -105,6 +105,7 @@ config_st = st.fixed_dictionaries({
     "log_lifecycle": st.booleans(),
     "slow_links": st.booleans(),  # slow links: transfers of hundreds of us, partly hidden
     "warmup": st.sampled_from([0, 0, 1, 2]),  # warm-up requests (arrival order)
+    "log_candidates": st.sampled_from([4, 4, 0, 1, 8]),  # runners-up per eviction row
 })
 
 
@@ -222,7 +223,8 @@ def config_from(c: dict, hw_pair: tuple[str, str], n_requests: int) -> SimConfig
                      write_policy=c["write_policy"], preemption=c["preemption"],
                      priority_scheduling=c["priority_scheduling"], prefetch=c["prefetch"],
                      log_lifecycle=c["log_lifecycle"], engine="interpreted",
-                     warmup_requests=min(c["warmup"], n_requests - 1))
+                     warmup_requests=min(c["warmup"], n_requests - 1),
+                     log_candidates=c["log_candidates"])
 
 
 @pytest.mark.parametrize("policy", POLICIES)
