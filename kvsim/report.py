@@ -430,7 +430,9 @@ def build_report(results: str | Path, out_html: str | Path,
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>kvsim sweep report"
              f"</title><style>{_CSS}</style></head><body>",
              f"<h1>kvsim sweep report: {trace}</h1>",
-             f"<p>{len(table)} cells; policies: "
+             f"<p>{len(table)} cells"
+             + (f" ({html.escape(str(table['mode'].iloc[0]))} mode)" if "mode" in table
+                and len(table) else "") + "; policies: "
              f"{html.escape(', '.join(_policies(table)))}; HBM sizes (GB): "
              f"{html.escape(', '.join(f'{v:g}' for v in sorted(table['hbm_gb'].unique())))}"
              f"</p>"]

@@ -181,6 +181,15 @@ def test_block_variant_equals_single_tier_on_prefix_trees(name, tiny_hw):
         _assert_reduction(_stream(_tree_chains(seed, 60)), cap, name, tiny_hw)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _policies())
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 50), cap=st.integers(1, 10))
+def test_block_variant_equals_single_tier_hypothesis(name, seed, n, cap, tiny_hw):
+    """Every built-in, hypothesis-generated prefix-tree streams."""
+    _assert_reduction(_stream(_tree_chains(seed, n)), cap, name, tiny_hw)
+
+
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10_000), n=st.integers(1, 40), cap=st.integers(1, 12))
 def test_block_variant_equals_single_tier_hypothesis_lru(seed, n, cap, tiny_hw):
@@ -227,6 +236,7 @@ def test_block_variant_equals_single_tier_on_mooncake(name, shared_traces, tiny_
     _assert_reduction(stream, 2000, name, tiny_hw)
 
 
+@pytest.mark.slow
 def test_sweep_in_cache_mode_runs_optimal_and_gaps(builder, tiny_hw, tmp_path):
     from kvsim.report import build_report
     from kvsim.sweep import SweepSpec, run_sweep
@@ -243,4 +253,5 @@ def test_sweep_in_cache_mode_runs_optimal_and_gaps(builder, tiny_hw, tmp_path):
     assert (t["gap_hbm_hit_rate_to_optimal"] >= 0).all()
     assert res.summary["mode"] == "cache"
     rep = build_report(tmp_path / "sw", tmp_path / "r.html")
-    assert "hit-rate gap to optimal" in rep.html_path.read_text()
+    text = rep.html_path.read_text()
+    assert "hit-rate gap to optimal" in text and "(cache mode)" in text

@@ -89,6 +89,7 @@ def test_no_builtin_beats_optimal_in_cache_mode(seed, cap, tiny_hw):
         assert res.summary["hit_blocks"] <= bound, p.name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed,hbm", [(0, 6), (1, 8), (2, 12), (3, 20)])
 def test_no_builtin_beats_the_engine_bound(seed, hbm, builder, tiny_hw, tmp_path):
     """Engine mode on the suite's random traces (conftest.random_trace): every registered
