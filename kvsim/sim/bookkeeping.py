@@ -61,17 +61,25 @@ def _run_add(running, C, r):
 
 @njit(cache=True, no_cfunc_wrapper=True)
 def _pick_victim(running, C, R_i, exclude, by_priority):
-    """vLLM v1: the last running request; under priority scheduling the lowest
-    request_priority, ties -> the latest admitted.  Never ``exclude``.  -1 if none."""
+    """vLLM v1: the last running request; under priority scheduling vLLM's
+    ``max(running, key=(priority, arrival_time))``: the lowest request_priority, ties to
+    the latest arrival, then the first in running order (Python's ``max`` keeps the first
+    of equal keys; kvsim.memory.fast.pick_preemption_victim is the same rule).  Never
+    ``exclude``.  -1 if none."""
     n = int(C[C_NRUN])
     best = -1
-    for j in range(n - 1, -1, -1):
+    if not by_priority:
+        for j in range(n - 1, -1, -1):
+            if running[j] != exclude:
+                return running[j]
+        return -1
+    for j in range(n):
         r = running[j]
         if r == exclude:
             continue
-        if not by_priority:
-            return r
-        if best < 0 or R_i[r, RI_PRIO] < R_i[best, RI_PRIO]:
+        if best < 0 or R_i[r, RI_PRIO] < R_i[best, RI_PRIO] or (
+                R_i[r, RI_PRIO] == R_i[best, RI_PRIO]
+                and R_i[r, RI_ARRIVE_US] > R_i[best, RI_ARRIVE_US]):
             best = r
     return best
 

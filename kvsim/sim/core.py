@@ -151,6 +151,8 @@ MODE_APPEND = 2
 @njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 def _preempt(v, K, X, C, R_i, A_i, st, pst, view, running, G, step, now_us):
     seq = R_i[v, RI_SEQ]
+    for e in range(st.seq_len[seq]):  # per-request recency: its blocks were in use until now
+        view.last_access_us[st.tables[seq, e]] = now_us
     n = ops.preempt(st, pst, view, seq, K[K_PREEMPT_SWAP], now_us)
     start = R_i[v, RI_BT_START]
     nbytes = 0
@@ -550,6 +552,7 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
                             H_i[b, HI_HITS] = 0
                             C[M_COW_COPIES] += 1
                             C[C_HBM_USED] = st.sc[mem.S_N_HELD]
+                            _peak(C, 0, C[C_HBM_USED])  # the copy is one more held block
                             if log_on:
                                 tr.log_row(G, C, step, now_us, A_ALLOCATE, 0, r, c_bi[i], 0,
                                            0, c_size[i], 0.0, False, -1, W_COW)
@@ -647,6 +650,12 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
                         view.last_access_us[b] = now_us
                         ops.free_tail(st, pst, view, seq, np.int64(1), now_us)
                         C[C_HBM_USED] = st.sc[mem.S_N_HELD]
+                        if log_on and K[K_LOG_LIFECYCLE] != 0 and st.ref_cnt[b] == 0:
+                            cached = st.in_cand[b]
+                            tr.log_row(G, C, step, now_us, A_RELEASE if cached else A_FREE,
+                                       view.content_hash[b] if cached else 0, r, c_bi[i],
+                                       0, 0, 0, 0.0, False, -1,
+                                       W_RELEASE if cached else W_FREE)
                     R_i[r, RI_BT_LEN] -= 1
         i += 1
     return ST_DONE, n

@@ -42,24 +42,27 @@ def _spill(src, s, ow, bi, tok, dest, T1, T2, T3, TMP, TMP_i, K, C, G, step, now
     cascade down (DRAM -> CXL -> NVMe -> dropped)."""
     cap2 = T2[5][LM_CAP] > 0
     cap3 = T3[5][LM_CAP] > 0
+    # the next enabled tier below each tier (0 = none: its victims are dropped)
+    below3 = np.int64(3) if cap3 else np.int64(0)
+    below2 = np.int64(2) if cap2 else below3
     v = src
     vs = s
     if dest <= 1 and T1[5][LM_CAP] > 0:
-        if dram_ops.spill_into(T1, v, vs, ow, bi, tok, cap2 or cap3, np.int64(1), TMP, TMP_i,
+        if dram_ops.spill_into(T1, v, vs, ow, bi, tok, below2, np.int64(1), TMP, TMP_i,
                                K, C, G, step, now_us, alt_b, alt_s, vo) == 0:
             return
         v = TMP
         vs = 1
         ow, bi, tok = TMP_i[1, 0], TMP_i[1, 1], TMP_i[1, 2]
     if dest <= 2 and cap2:
-        if cxl_ops.spill_into(T2, v, vs, ow, bi, tok, cap3, np.int64(2), TMP, TMP_i,
+        if cxl_ops.spill_into(T2, v, vs, ow, bi, tok, below3, np.int64(2), TMP, TMP_i,
                               K, C, G, step, now_us, alt_b, alt_s, vo) == 0:
             return
         v = TMP
         vs = 2
         ow, bi, tok = TMP_i[2, 0], TMP_i[2, 1], TMP_i[2, 2]
     if cap3:
-        nvme_ops.spill_into(T3, v, vs, ow, bi, tok, not cap3, np.int64(3), TMP, TMP_i,
+        nvme_ops.spill_into(T3, v, vs, ow, bi, tok, np.int64(0), np.int64(3), TMP, TMP_i,
                             K, C, G, step, now_us, alt_b, alt_s, vo)
 
 
@@ -77,7 +80,9 @@ def _hbm_evicted(b, h, reason, n_alt, e, r, K, C, H_i, view, out, T1, T2, T3, TM
                          view.size_bytes[b] if dest > 0 else 0, 0.0,
                          view.priority[b] == PR_DECODE_CRITICAL, reason,
                          W_BACKED if backed else -1)
-        tr.log_candidates(G, row, view, H_i, out.alt_blocks[e], out.alt_scores[e], n_alt)
+        # at most log_candidates of them (alt_b is sized by it), as for the lower tiers
+        tr.log_candidates(G, row, view, H_i, out.alt_blocks[e], out.alt_scores[e],
+                          min(n_alt, alt_b.shape[0]))
     if dest > 0:
         C[M_DEMOTE] += 1
         _spill(view, b, H_i[b, HI_OWNER], H_i[b, HI_BI], H_i[b, HI_TOKENS], dest, T1, T2, T3,

@@ -77,11 +77,11 @@ def fill(T, slot, src_view, s, owner, bi, tokens, now_us):
 
 
 @njit(cache=True, no_cfunc_wrapper=True)
-def spill_into(T, src, s, ow, bi, tok, has_below, k, TMP, TMP_i, K, C, G, step, now_us,
+def spill_into(T, src, s, ow, bi, tok, below, k, TMP, TMP_i, K, C, G, step, now_us,
                alt_b, alt_s, vo):
     """Write block ``src[s]`` into tier T.  If T had to evict, its victim is copied into
-    ``TMP[k]`` (logged as DEMOTE when ``has_below``, else EVICT) and 1 is returned when it
-    should go on down.
+    ``TMP[k]`` (logged as DEMOTE to tier ``below``, the next enabled tier, when ``below`` >
+    0, else EVICT) and 1 is returned when it should go on down.
 
     The only caller of :func:`take_slot` and :func:`fill`, so the only code that changes
     ``Lm[LM_USED]``: it mirrors the new count into ``C[C_USED + t]`` (and the peak), which
@@ -100,11 +100,11 @@ def spill_into(T, src, s, ow, bi, tok, has_below, k, TMP, TMP_i, K, C, G, step, 
         TMP_i[k, 0] = L_i[v, 0]
         TMP_i[k, 1] = L_i[v, 1]
         TMP_i[k, 2] = L_i[v, 2]
-        if has_below:
+        if below > 0:
             C[M_DEMOTE + t] += 1
             moved = 1
             act = A_DEMOTE
-            to = t + 1
+            to = below
         else:
             C[M_EVICT + t] += 1
             act = A_EVICT
