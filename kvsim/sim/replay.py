@@ -29,7 +29,7 @@ from kvsim.policy_api import NEVER, new_block_view
 from kvsim.schema import EventKind
 from kvsim.sim import core, layout as L
 from kvsim.sim.config import LOWER_TIERS, SimConfig, resolve_engine
-from kvsim.sim.variants import core_for
+from kvsim.sim.variants import compiled_is_cached, core_for
 from kvsim.sim.cost_model import GB, TierCosts, cost_array, hbm_kv_capacity_bytes, tier_costs
 from kvsim.sim.metrics import request_table, step_table, summarize
 
@@ -143,6 +143,19 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
                       max_blocks, max(max_live, 1), max_size, next_use, seen)
 
 
+def choose_engine(engine: str, num_rows: int, policy, lower_policies) -> str:
+    """The engine a replay runs on.  ``auto``: ``compiled`` when the trace is big enough to
+    pay for a compile (:func:`kvsim.sim.config.resolve_engine`, at least
+    ``AUTO_COMPILE_MIN_ROWS`` events) or when the compiled core for these policies is
+    already in the disk cache (:func:`kvsim.sim.variants.compiled_is_cached`: then it costs
+    no compile and runs ~100x faster per event), else ``interpreted``."""
+    chosen = resolve_engine(engine, num_rows)
+    if engine == "auto" and chosen != "compiled" and compiled_is_cached(policy,
+                                                                        lower_policies):
+        return "compiled"
+    return chosen
+
+
 def _lower_tier(tier: int, cap: int, policy, params: dict, max_blocks: int):
     """Arrays of one lower tier.  A lower tier holds hashed blocks only, at most one slot per
     distinct hash, so it never needs more slots than the trace has ALLOCATE rows
@@ -219,7 +232,8 @@ class _Run:
         params = {"seed": config.seed}
         lower = [_resolve_policy(config.tier_policy(t)) for t in LOWER_TIERS]
         self.lower_policies = lower
-        self.core = core_for(policy, lower, resolve_engine(config.engine, facts.num_rows))
+        self.core = core_for(policy, lower, choose_engine(config.engine, facts.num_rows,
+                                                          policy, lower))
         hbm_blocks = costs[0].capacity_blocks
         max_blocks = max(facts.max_blocks_per_request, 1) + 1
         pcfg = mem.PoolConfig(num_blocks=hbm_blocks + 1, block_size_tokens=bs,
