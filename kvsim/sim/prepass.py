@@ -19,7 +19,7 @@ Before this split the pre-pass held every ALLOCATE row's hash, then sorted them
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +48,26 @@ class TraceFacts:
     #: content, NEVER if none.  None until an offline policy needs it
     #: (:func:`offline_next_use`, filled in by :func:`kvsim.sim.replay.simulate`).
     next_use: np.ndarray | None = None
+    #: request ids in arrival order: by the time of the request's ARRIVE row (or, without
+    #: one, of its first ALLOCATE / ACCESS / FORK row), ties by request id
+    arrival_order: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: step of that row, per entry of ``arrival_order``
+    arrival_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    @property
+    def num_requests(self) -> int:
+        return int(len(self.arrival_order))
+
+    def warmup_step(self, warmup: int) -> int:
+        """The step the measurement window starts at: the arrival step of request number
+        ``warmup`` in arrival order (-1 = no warm-up)."""
+        if warmup <= 0 or warmup >= len(self.arrival_order):
+            return -1
+        return int(self.arrival_step[warmup])
+
+    def measured_requests(self, warmup: int) -> np.ndarray:
+        """Ids of the requests measured after ``warmup`` warm-up requests."""
+        return self.arrival_order[max(int(warmup), 0):]
 
 
 def _open(path):
@@ -66,8 +86,8 @@ def full_hashes(cols: dict, block_size_tokens: int) -> np.ndarray:
 
 def scan_trace(trace_path: str | Path, block_size_tokens: int,
                batch_rows: int = 1 << 20) -> TraceFacts:
-    """One streaming pass for the sizes of the core's buffers.  Memory: one batch, plus one
-    byte per request id (which requests have started)."""
+    """One streaming pass for the sizes of the core's buffers and the requests' arrival
+    order.  Memory: one batch, plus per request id two flags and its arrival (24 bytes)."""
     num_rows = 0
     num_allocs = 0
     first_step = -1
@@ -78,6 +98,10 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
     live = 0
     max_live = 0
     started = np.zeros(0, dtype=np.bool_)
+    known = np.zeros(0, dtype=np.bool_)
+    first_req: list[np.ndarray] = []
+    first_time: list[np.ndarray] = []
+    first_step_l: list[np.ndarray] = []
     with _open(trace_path) as reader:
         for cols in reader.batches(batch_rows):
             n = len(cols["kind"])
@@ -95,6 +119,21 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
                 grown = np.zeros(max(top + 1, 2 * len(started)), dtype=np.bool_)
                 grown[: len(started)] = started
                 started = grown
+                grown = np.zeros(len(started), dtype=np.bool_)
+                grown[: len(known)] = known
+                known = grown
+            # arrival: a request's ARRIVE row, else its first ALLOCATE/ACCESS/FORK row
+            # (ARRIVE precedes the others of its request in a valid trace)
+            enters = np.flatnonzero((kind == EventKind.ARRIVE) | (kind == EventKind.ALLOCATE)
+                                    | (kind == EventKind.ACCESS) | (kind == EventKind.FORK))
+            if len(enters):
+                uniq, first = np.unique(req[enters], return_index=True)
+                new = ~known[uniq]
+                rows = enters[first[new]]
+                known[uniq] = True
+                first_req.append(req[rows].astype(np.int64))
+                first_time.append(cols["time_us"][rows].astype(np.int64))
+                first_step_l.append(cols["step"][rows].astype(np.int64))
             alloc = kind == EventKind.ALLOCATE
             k = int(np.count_nonzero(alloc))
             if k:
@@ -121,8 +160,17 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
                 run = live + np.cumsum(delta)
                 max_live = max(max_live, int(run.max()))
                 live = int(run[-1])
+    if first_req:
+        fr = np.concatenate(first_req)
+        ft = np.concatenate(first_time)
+        fs = np.concatenate(first_step_l)
+        order = np.lexsort((fr, ft))
+        arrival_order, arrival_step = fr[order], fs[order]
+    else:
+        arrival_order = arrival_step = np.zeros(0, np.int64)
     return TraceFacts(num_rows, max(first_step, 0), max(last_step, 0), max_req,
-                      max_blocks, max(max_live, 1), max_size, num_allocs)
+                      max_blocks, max(max_live, 1), max_size, num_allocs, None,
+                      arrival_order, arrival_step)
 
 
 @njit(cache=True)
