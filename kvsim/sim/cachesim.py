@@ -28,6 +28,13 @@ updates on the state and view arrays, once per array per hook call, were most of
 cost of a hook (ARC: 0.69 -> 4.3 M accesses/s at a 1,000-block cache, see
 docs/benchmarks.md).
 
+Dedicated loops for lru, fifo, lfu, sieve, s3fifo and arc (:mod:`kvsim.sim.cachesim_fast`):
+when the policy is the built-in one (the very hook functions of ``policies/<name>.py``) and
+no runners-up are asked for, its hooks run written inline in one loop, with no
+``BlockView`` and no hook calls; tests/sim/test_cachesim_fast.py checks each evicts the
+same blocks in the same order as the hook path.  ``fast_path=False`` forces the generic
+loop.  Figures in docs/benchmarks.md, "Single-tier policies vs libCacheSim".
+
 Fast path for Belady (``_replay_belady``): the built-in ``belady`` policy runs in a
 dedicated loop with its heap written inline, when no runners-up are asked for
 (``n_alt == 0``).  It is the same max-heap on next use as ``policies/belady.py``, with the
