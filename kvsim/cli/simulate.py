@@ -97,7 +97,8 @@ LifecycleOpt = Annotated[bool, typer.Option(
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for policies that randomise.")]
 EngineOpt = Annotated[str, typer.Option(
     "--engine", metavar="ENGINE",
-    help="auto (default: compiled for traces of >= 1,000,000 events, else interpreted), "
+    help="auto (default: compiled when already compiled for these policies, cached on "
+         "disk, or for traces of >= 1,000,000 events; else interpreted), "
          "compiled (numba; the first run per policy compiles, then it is cached on disk) or "
          "interpreted (same code run by Python: no compile, ~100x slower per event).")]
 

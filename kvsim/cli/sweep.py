@@ -82,8 +82,8 @@ def sweep_command(
     seed: Annotated[int, typer.Option("--seed", help="Seed passed to randomised "
                                       "policies.")] = 0,
     engine: Annotated[str, typer.Option(
-        "--engine", help="Replay engine: auto (compiled for traces of >= 1,000,000 events, "
-        "else interpreted), compiled (numba, compiled once per policy and cached on disk) "
+        "--engine", help="Replay engine: auto (compiled when cached on disk for the "
+        "policies or for traces of >= 1,000,000 events, else interpreted), compiled (numba, compiled once per policy and cached on disk) "
         "or interpreted (no compile, ~100x slower per event).",
         metavar="NAME")] = "auto",
     jobs: Annotated[int | None, typer.Option(

@@ -28,6 +28,13 @@ updates on the state and view arrays, once per array per hook call, were most of
 cost of a hook (ARC: 0.69 -> 4.3 M accesses/s at a 1,000-block cache, see
 docs/benchmarks.md).
 
+Dedicated loops for lru, fifo, lfu, sieve, s3fifo and arc (:mod:`kvsim.sim.cachesim_fast`):
+when the policy is the built-in one (the very hook functions of ``policies/<name>.py``) and
+no runners-up are asked for, its hooks run written inline in one loop, with no
+``BlockView`` and no hook calls; tests/sim/test_cachesim_fast.py checks each evicts the
+same blocks in the same order as the hook path.  ``fast_path=False`` forces the generic
+loop.  Figures in docs/benchmarks.md, "Single-tier policies vs libCacheSim".
+
 Fast path for Belady (``_replay_belady``): the built-in ``belady`` policy runs in a
 dedicated loop with its heap written inline, when no runners-up are asked for
 (``n_alt == 0``).  It is the same max-heap on next use as ``policies/belady.py``, with the
@@ -265,6 +272,40 @@ def _replay_belady(ids, next_use, capacity, n_ids, victims_out):
     return hits, misses, evictions, n
 
 
+def _builtin(pol: Policy, name: str) -> bool:
+    """True when ``pol`` runs exactly the hooks of the built-in ``policies/<name>.py``."""
+    import importlib
+
+    from kvsim import policy_api
+
+    mod = importlib.import_module(f"kvsim.policies.{name}")
+    on_miss = getattr(mod, "on_miss", policy_api.noop_hook)
+    return (pol.on_insert is mod.on_insert and pol.on_hit is mod.on_hit
+            and pol.on_remove is mod.on_remove and pol.victim is mod.victim
+            and pol.on_miss is on_miss)
+
+
+def _dedicated(pol: Policy, capacity: int, n_ids: int, params: dict):
+    """The dedicated loop of a built-in policy (kvsim.sim.cachesim_fast) as a function of
+    ``(ids, victims_out)``, or None."""
+    from kvsim.sim import cachesim_fast as fast
+
+    simple = {"lru": fast.replay_lru, "fifo": fast.replay_fifo, "lfu": fast.replay_lfu,
+              "sieve": fast.replay_sieve, "arc": fast.replay_arc}
+    if pol.name in simple and _builtin(pol, pol.name):
+        loop = simple[pol.name]
+        return lambda ids, out: loop(ids, capacity, n_ids, out)
+    if pol.name == "s3fifo" and _builtin(pol, "s3fifo"):
+        from kvsim.policies import s3fifo as mod
+
+        # the same sizes as s3fifo.init
+        small = int(capacity * float(params.get("small_size_ratio", mod.SMALL_SIZE_RATIO)))
+        ghost = int(capacity * float(params.get("ghost_size_ratio", mod.GHOST_SIZE_RATIO)))
+        return lambda ids, out: fast.replay_s3fifo(ids, capacity, n_ids, small, ghost,
+                                                   mod.MOVE_TO_MAIN_THRESHOLD, out)
+    return None
+
+
 def _is_builtin_belady(pol: Policy) -> bool:
     from kvsim.policies import belady  # the built-in module (policies/belady.py)
 
@@ -334,6 +375,12 @@ def simulate_cache(keys: np.ndarray | PreparedKeys, capacity_blocks: int,
     if fast_path and int(n_alt) == 0 and _is_builtin_belady(pol):
         hits, misses, evictions, _ = _replay_belady(ids, next_use, capacity, num_slots,
                                                     victims)
+        return _result(pol, capacity, ids, n_unique, hits, misses, evictions, victims,
+                       record_victims, keys_by_id)
+    loop = _dedicated(pol, capacity, num_slots, dict(params or {})) \
+        if fast_path and int(n_alt) == 0 else None
+    if loop is not None:
+        hits, misses, evictions, _ = loop(ids, victims)
         return _result(pol, capacity, ids, n_unique, hits, misses, evictions, victims,
                        record_victims, keys_by_id)
     state = pol.init(capacity, num_slots, dict(params or {}))

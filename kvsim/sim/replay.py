@@ -6,10 +6,12 @@ the compiled core (:mod:`kvsim.sim.core`), streams the trace through it batch by
 (growing or flushing buffers when the core asks), and turns the counters into metrics
 (:mod:`kvsim.sim.metrics`).
 
-Streaming: memory grows with resident blocks and live requests, plus one pre-pass result
-kept for the whole trace (:class:`TraceFacts`: 9 bytes per ALLOCATE row for ``next_use`` and
-``seen``, the documented exception that Belady's offline bound and the recompute metric
-need), plus per-request and per-step results (the outputs themselves).
+Streaming: memory grows with resident blocks and live requests, the distinct content hashes
+met so far (:class:`kvsim.sim.prepass.SeenSet`, for the recompute metric's ``seen`` flag,
+filled batch by batch), and per-request and per-step results (the outputs themselves).  The
+pre-pass (:func:`kvsim.sim.prepass.scan_trace`) keeps nothing per row.  One documented
+exception: an offline policy (Belady) reads ``next_use``, 8 bytes per ALLOCATE row for the
+whole trace (:func:`kvsim.sim.prepass.offline_next_use`).
 """
 
 from __future__ import annotations
@@ -23,49 +25,14 @@ import pandas as pd
 
 from kvsim.errors import KvsimInputError
 from kvsim.memory import fast as mem
-from kvsim.policy_api import NEVER, new_block_view
-from kvsim.schema import EventKind
+from kvsim.policy_api import new_block_view
 from kvsim.sim import core, layout as L
 from kvsim.sim.config import LOWER_TIERS, SimConfig, resolve_engine
-from kvsim.sim.variants import core_for
+from kvsim.sim.variants import compiled_is_cached, core_for
+from kvsim.sim.prepass import (SeenSet, TraceFacts, _open, full_hashes, offline_next_use,
+                                scan_trace)
 from kvsim.sim.cost_model import GB, TierCosts, cost_array, hbm_kv_capacity_bytes, tier_costs
 from kvsim.sim.metrics import request_table, step_table, summarize
-
-
-@dataclass
-class TraceFacts:
-    """What one pre-pass over the event file learns (shared by every policy of a compare)."""
-
-    num_rows: int
-    first_step: int
-    last_step: int
-    max_request_id: int
-    max_blocks_per_request: int
-    max_concurrent_requests: int
-    max_size_bytes: int
-    next_use: np.ndarray  # int64 per ALLOCATE ordinal: ordinal of the next ALLOCATE of
-    #                       the same (full, hashed) content, NEVER if none
-    seen: np.ndarray  # int8 per ALLOCATE ordinal: 1 if the content was allocated before
-    #: request ids in arrival order: by the time of the request's ARRIVE row (or, without
-    #: one, of its first ALLOCATE / ACCESS / FORK row), ties by request id
-    arrival_order: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    #: step of that row, per entry of ``arrival_order``
-    arrival_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-
-    @property
-    def num_requests(self) -> int:
-        return int(len(self.arrival_order))
-
-    def warmup_step(self, warmup: int) -> int:
-        """The step the measurement window starts at: the arrival step of request number
-        ``warmup`` in arrival order (-1 = no warm-up)."""
-        if warmup <= 0 or warmup >= len(self.arrival_order):
-            return -1
-        return int(self.arrival_step[warmup])
-
-    def measured_requests(self, warmup: int) -> np.ndarray:
-        """Ids of the requests measured after ``warmup`` warm-up requests."""
-        return self.arrival_order[max(int(warmup), 0):]
 
 
 @dataclass
@@ -83,110 +50,17 @@ class SimResult:
     checks: dict = field(default_factory=dict)  # with SimConfig(check_invariants=True)
 
 
-def _open(path):
-    from kvsim.events import open_events
-
-    return open_events(path)
-
-
-def scan_trace(trace_path: str | Path, block_size_tokens: int,
-               batch_rows: int = 1 << 20) -> TraceFacts:
-    """One streaming pass: sizes for the core's buffers, and next_use / seen per ALLOCATE
-    row (computed at the end from the hashes of full blocks: O(ALLOCATE rows) memory)."""
-    hashes: list[np.ndarray] = []
-    num_rows = 0
-    first_step = -1
-    last_step = -1
-    max_req = -1
-    max_blocks = 0
-    max_size = 0
-    live = 0
-    max_live = 0
-    started = np.zeros(0, dtype=np.bool_)
-    known = np.zeros(0, dtype=np.bool_)
-    first_req: list[np.ndarray] = []
-    first_time: list[np.ndarray] = []
-    first_step_l: list[np.ndarray] = []
-    with _open(trace_path) as reader:
-        for cols in reader.batches(batch_rows):
-            n = len(cols["kind"])
-            if n == 0:
-                continue
-            num_rows += n
-            kind = cols["kind"]
-            req = cols["request_id"]
-            if first_step < 0:
-                first_step = int(cols["step"][0])
-            last_step = int(cols["step"][-1])
-            top = int(max(req.max(), cols["parent_request_id"].max()))
-            max_req = max(max_req, top)
-            if top >= len(started):
-                grown = np.zeros(max(top + 1, 2 * len(started)), dtype=np.bool_)
-                grown[: len(started)] = started
-                started = grown
-                grown = np.zeros(len(started), dtype=np.bool_)
-                grown[: len(known)] = known
-                known = grown
-            # arrival: a request's ARRIVE row, else its first ALLOCATE/ACCESS/FORK row
-            # (ARRIVE precedes the others of its request in a valid trace)
-            enters = np.flatnonzero((kind == EventKind.ARRIVE) | (kind == EventKind.ALLOCATE)
-                                    | (kind == EventKind.ACCESS) | (kind == EventKind.FORK))
-            if len(enters):
-                uniq, first = np.unique(req[enters], return_index=True)
-                new = ~known[uniq]
-                rows = enters[first[new]]
-                known[uniq] = True
-                first_req.append(req[rows].astype(np.int64))
-                first_time.append(cols["time_us"][rows].astype(np.int64))
-                first_step_l.append(cols["step"][rows].astype(np.int64))
-            alloc = kind == EventKind.ALLOCATE
-            if alloc.any():
-                max_blocks = max(max_blocks, int(cols["block_index"][alloc].max()) + 1)
-                max_size = max(max_size, int(cols["size_bytes"][alloc].max()))
-                full = alloc & (cols["num_tokens"] == block_size_tokens)
-                h = np.where(full, cols["content_hash"], 0)[alloc]
-                hashes.append(h.astype(np.int64))
-            # concurrency: +1 at a request's first ALLOCATE/ACCESS/FORK, -1 at its FREE
-            opens = (kind == EventKind.ALLOCATE) | (kind == EventKind.ACCESS) | \
-                (kind == EventKind.FORK)
-            frees = (kind == EventKind.FREE) & (cols["block_index"] < 0)
-            idx = np.flatnonzero(opens | frees)
-            if len(idx):
-                delta = np.zeros(len(idx), dtype=np.int64)
-                r = req[idx]
-                is_open = opens[idx]
-                # first occurrence of each request in this batch among open rows
-                o_idx = np.flatnonzero(is_open)
-                if len(o_idx):
-                    uniq, first = np.unique(r[o_idx], return_index=True)
-                    new = ~started[uniq]
-                    delta[o_idx[first[new]]] = 1
-                    started[uniq] = True
-                delta[~is_open] = -1
-                run = live + np.cumsum(delta)
-                max_live = max(max_live, int(run.max()))
-                live = int(run[-1])
-    allh = np.concatenate(hashes) if hashes else np.zeros(0, dtype=np.int64)
-    m = len(allh)
-    next_use = np.full(m, NEVER, dtype=np.int64)
-    seen = np.zeros(m, dtype=np.int8)
-    elig = np.flatnonzero(allh != 0)
-    if len(elig):
-        order = elig[np.argsort(allh[elig], kind="stable")]
-        same = allh[order[1:]] == allh[order[:-1]]
-        next_use[order[:-1][same]] = order[1:][same]
-        seen[order[1:][same]] = 1
-    if first_req:
-        fr = np.concatenate(first_req)
-        ft = np.concatenate(first_time)
-        fs = np.concatenate(first_step_l)
-        order = np.lexsort((fr, ft))
-        arrival_order, arrival_step = fr[order], fs[order]
-    else:
-        arrival_order = arrival_step = np.zeros(0, np.int64)
-    return TraceFacts(num_rows, max(first_step, 0), max(last_step, 0), max_req,
-                      max_blocks, max(max_live, 1), max_size, next_use, seen,
-                      arrival_order, arrival_step)
+def choose_engine(engine: str, num_rows: int, policy, lower_policies) -> str:
+    """The engine a replay runs on.  ``auto``: ``compiled`` when the trace is big enough to
+    pay for a compile (:func:`kvsim.sim.config.resolve_engine`, at least
+    ``AUTO_COMPILE_MIN_ROWS`` events) or when the compiled core for these policies is
+    already in the disk cache (:func:`kvsim.sim.variants.compiled_is_cached`: then it costs
+    no compile and runs ~100x faster per event), else ``interpreted``."""
+    chosen = resolve_engine(engine, num_rows)
+    if engine == "auto" and chosen != "compiled" and compiled_is_cached(policy,
+                                                                        lower_policies):
+        return "compiled"
+    return chosen
 
 
 def _lower_tier(tier: int, cap: int, policy, params: dict, max_blocks: int):
@@ -265,7 +139,8 @@ class _Run:
         params = {"seed": config.seed}
         lower = [_resolve_policy(config.tier_policy(t)) for t in LOWER_TIERS]
         self.lower_policies = lower
-        self.core = core_for(policy, lower, resolve_engine(config.engine, facts.num_rows))
+        self.core = core_for(policy, lower, choose_engine(config.engine, facts.num_rows,
+                                                          policy, lower))
         hbm_blocks = costs[0].capacity_blocks
         max_blocks = max(facts.max_blocks_per_request, 1) + 1
         pcfg = mem.PoolConfig(num_blocks=hbm_blocks + 1, block_size_tokens=bs,
@@ -276,7 +151,7 @@ class _Run:
         self.view = new_block_view(hbm_blocks + 1)
         self.pst = policy.init(hbm_blocks, hbm_blocks + 1, dict(params))
         self.T = [_lower_tier(t + 1, costs[t + 1].capacity_blocks, lower[t], params,
-                              len(facts.next_use))
+                              facts.num_allocs)
                   for t in range(3)]
         K = np.zeros(L.NK, dtype=np.int64)
         K[L.K_WRITE_POLICY] = {"write_back": L.WP_WRITE_BACK,
@@ -320,6 +195,11 @@ class _Run:
         self.log_writer = log_writer
         self.step_chunks: list[np.ndarray] = []
         self.last_batch: tuple | None = None
+        self.block_tokens = bs
+        self.seen = SeenSet()
+        self.alloc_base = 0  # ALLOCATE rows replayed before the current batch
+        self.no_next = np.zeros(0, dtype=np.int64)
+        self.no_seen = np.zeros(0, dtype=np.int8)
 
     # -- buffer plumbing ------------------------------------------------------------------
     def _flush_steps(self) -> None:
@@ -388,15 +268,29 @@ class _Run:
             return
         self.last_batch = batch  # finish() passes it again: same types, same compiled run
         self._grow_requests(int(max(cols["request_id"].max(), cols["parent_request_id"].max())))
+        # The core reads seen[o] and next_use[o] at ALLOCATE ordinal o = C[C_ALLOC_ORD]; it is
+        # run with batch-local arrays and ordinals (C_ALLOC_ORD counts from 0 in each batch),
+        # so no whole-trace array is needed.  next_use values stay global ordinals.
+        hashes = full_hashes(cols, self.block_tokens)
+        m = hashes.shape[0]
+        seen = self.seen.mark(hashes)
+        base = self.alloc_base
+        next_use = self.facts.next_use[base:base + m] if self.policy.offline else self.no_next
+        self.C[L.C_ALLOC_ORD] = 0
         i = 0
         while True:
             with np.errstate(over="ignore"):  # hash mixing wraps by design (interpreted)
                 status, i = self.core.run(
                     batch, i, n, self.K, self.X, self.C, self.Cw, self.R_i, self.R_f,
                     self.A_i, self.A_f, self.H_i, self.st, self.out, self.hbuf, self.scr,
-                    self.pst, self.view, *self._args_tail(), self.facts.next_use,
-                    self.facts.seen, self.alt_b, self.alt_s, self.vo)
+                    self.pst, self.view, *self._args_tail(), next_use, seen, self.alt_b,
+                    self.alt_s, self.vo)
             if status == core.ST_DONE:
+                if int(self.C[L.C_ALLOC_ORD]) != m:
+                    raise RuntimeError(f"the core replayed {int(self.C[L.C_ALLOC_ORD])} "
+                                       f"ALLOCATE rows of a batch holding {m}")
+                self.alloc_base = base + m
+                self.C[L.C_ALLOC_ORD] = self.alloc_base
                 return
             if status == core.ST_NEED_REQ:
                 self._grow_requests(int(max(batch[3][i], batch[6][i])))
@@ -418,8 +312,8 @@ class _Run:
                 self.core.run(
                     self.last_batch, -1, 0, self.K, self.X, self.C, self.Cw, self.R_i,
                     self.R_f, self.A_i, self.A_f, self.H_i, self.st, self.out, self.hbuf,
-                    self.scr, self.pst, self.view, *self._args_tail(), self.facts.next_use,
-                    self.facts.seen, self.alt_b, self.alt_s, self.vo)
+                    self.scr, self.pst, self.view, *self._args_tail(), self.no_next,
+                    self.no_seen, self.alt_b, self.alt_s, self.vo)
         self._flush_steps()
         self._flush_log()
 
@@ -512,6 +406,8 @@ def execute(trace_path: str | Path, pol, config: SimConfig,
     bs = int(header.block_size_tokens)
     if facts is None:
         facts = scan_trace(trace_path, bs, config.batch_rows)
+    if pol.offline and facts.next_use is None:  # kept on facts: later policies reuse it
+        facts.next_use = offline_next_use(trace_path, bs, facts.num_allocs, config.batch_rows)
     block_bytes, costs = resolve_tiers(config, header, facts)
     cfg_dict = _describe(config, costs, block_bytes)
     writer = None

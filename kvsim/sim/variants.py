@@ -67,6 +67,36 @@ def core_for(hbm_policy, lower_policies, engine: str = "compiled") -> ModuleType
     return _LOADED[key]
 
 
+def dispatcher_is_cached(dispatcher) -> bool:
+    """True when numba's on-disk cache holds code of ``dispatcher`` (an ``njit(cache=True)``
+    function) that this process can load instead of compiling: its index file
+    (``<module>.<function>-<line>.py3XX.nbi``, in the ``__pycache__`` folder beside the
+    module or under ``$NUMBA_CACHE_DIR``) exists, was written by this numba version for the
+    module file's current stamp (modification time and size), and has an entry for this
+    machine (numba's codegen "magic tuple": CPU name and features) and this function's
+    bytecode.  Reads one small pickle; compiles nothing.  (Uses numba's cache object, the
+    same code numba runs to decide whether to load; any error reads as "not cached".)"""
+    cache = getattr(dispatcher, "_cache", None)
+    cache_file = getattr(cache, "_cache_file", None)
+    if cache_file is None:  # NullCache: cache=False
+        return False
+    try:
+        want = cache._index_key(None, dispatcher.targetctx.codegen())[1:]
+        return any(tuple(key[1:]) == want for key in cache_file._load_index())
+    except Exception:  # noqa: BLE001 - an unreadable index means "compile"
+        return False
+
+
+def compiled_is_cached(hbm_policy, lower_policies) -> bool:
+    """True when the compiled core for these policies is in the disk cache, so the
+    compiled engine would start without compiling (see :func:`dispatcher_is_cached`).
+    Writes the specialised module files if needed (cheap: text) and imports them, which
+    compiles nothing; False at once when a policy is plain Python."""
+    if not (hbm_policy.compiled and all(p.compiled for p in lower_policies)):
+        return False
+    return dispatcher_is_cached(core_for(hbm_policy, lower_policies, "compiled").run)
+
+
 def _write_module(name: str, text: str) -> ModuleType:
     """Write ``text`` as module ``name`` into the kvsim cache folder (unless it is there
     already) and import it."""

@@ -1,0 +1,285 @@
+"""The replay's pre-pass and the two per-ALLOCATE facts it used to hold for a whole trace.
+
+:func:`scan_trace` streams the event file once for the sizes of the core's buffers
+(:class:`TraceFacts`); it keeps nothing per row, so its memory does not grow with the trace
+length.  The two per-ALLOCATE inputs of the core are produced batch by batch instead:
+
+* ``seen`` (was the same full, hashed content allocated before?  The recompute metric
+  needs it) by :class:`SeenSet`, a hash set of the content hashes met so far, updated as
+  the replay streams: its memory grows with the trace's *distinct* content hashes (16 bytes
+  each at most, open addressing at load <= 1/2), not with its rows;
+* ``next_use`` (ordinal of the next ALLOCATE of the same content: Belady's offline bound
+  reads the future) by :func:`offline_next_use`, one more streaming pass, only when an
+  offline policy runs.  It is the one whole-trace array left: 8 bytes per ALLOCATE row
+  (plus a hash map of the distinct hashes while it is built), the documented exception.
+
+Before this split the pre-pass held every ALLOCATE row's hash, then sorted them
+(~59 bytes per ALLOCATE row at its peak, for every policy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from numba import njit
+
+from kvsim.policy_api import NEVER
+from kvsim.schema import EventKind
+
+_EMPTY = 0  # content hash 0 = NO_HASH: never a key, so it marks an empty slot
+_MULT = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing (Knuth, TAOCP vol. 3, 6.4)
+
+
+@dataclass
+class TraceFacts:
+    """What one pre-pass over the event file learns (shared by every policy of a compare)."""
+
+    num_rows: int
+    first_step: int
+    last_step: int
+    max_request_id: int
+    max_blocks_per_request: int
+    max_concurrent_requests: int
+    max_size_bytes: int
+    num_allocs: int  # ALLOCATE rows in the trace
+    #: int64 per ALLOCATE ordinal: ordinal of the next ALLOCATE of the same (full, hashed)
+    #: content, NEVER if none.  None until an offline policy needs it
+    #: (:func:`offline_next_use`, filled in by :func:`kvsim.sim.replay.simulate`).
+    next_use: np.ndarray | None = None
+    #: request ids in arrival order: by the time of the request's ARRIVE row (or, without
+    #: one, of its first ALLOCATE / ACCESS / FORK row), ties by request id
+    arrival_order: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: step of that row, per entry of ``arrival_order``
+    arrival_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    @property
+    def num_requests(self) -> int:
+        return int(len(self.arrival_order))
+
+    def warmup_step(self, warmup: int) -> int:
+        """The step the measurement window starts at: the arrival step of request number
+        ``warmup`` in arrival order (-1 = no warm-up)."""
+        if warmup <= 0 or warmup >= len(self.arrival_order):
+            return -1
+        return int(self.arrival_step[warmup])
+
+    def measured_requests(self, warmup: int) -> np.ndarray:
+        """Ids of the requests measured after ``warmup`` warm-up requests."""
+        return self.arrival_order[max(int(warmup), 0):]
+
+
+def _open(path):
+    from kvsim.events import open_events
+
+    return open_events(path)
+
+
+def full_hashes(cols: dict, block_size_tokens: int) -> np.ndarray:
+    """The content hash of each ALLOCATE row of a batch, in row order (0 when the block is
+    not full: the replay never shares a partial block)."""
+    alloc = cols["kind"] == EventKind.ALLOCATE
+    full = cols["num_tokens"][alloc] == block_size_tokens
+    return np.where(full, cols["content_hash"][alloc], 0).astype(np.int64)
+
+
+def scan_trace(trace_path: str | Path, block_size_tokens: int,
+               batch_rows: int = 1 << 20) -> TraceFacts:
+    """One streaming pass for the sizes of the core's buffers and the requests' arrival
+    order.  Memory: one batch, plus per request id two flags and its arrival (24 bytes)."""
+    num_rows = 0
+    num_allocs = 0
+    first_step = -1
+    last_step = -1
+    max_req = -1
+    max_blocks = 0
+    max_size = 0
+    live = 0
+    max_live = 0
+    started = np.zeros(0, dtype=np.bool_)
+    known = np.zeros(0, dtype=np.bool_)
+    first_req: list[np.ndarray] = []
+    first_time: list[np.ndarray] = []
+    first_step_l: list[np.ndarray] = []
+    with _open(trace_path) as reader:
+        for cols in reader.batches(batch_rows):
+            n = len(cols["kind"])
+            if n == 0:
+                continue
+            num_rows += n
+            kind = cols["kind"]
+            req = cols["request_id"]
+            if first_step < 0:
+                first_step = int(cols["step"][0])
+            last_step = int(cols["step"][-1])
+            top = int(max(req.max(), cols["parent_request_id"].max()))
+            max_req = max(max_req, top)
+            if top >= len(started):
+                grown = np.zeros(max(top + 1, 2 * len(started)), dtype=np.bool_)
+                grown[: len(started)] = started
+                started = grown
+                grown = np.zeros(len(started), dtype=np.bool_)
+                grown[: len(known)] = known
+                known = grown
+            # arrival: a request's ARRIVE row, else its first ALLOCATE/ACCESS/FORK row
+            # (ARRIVE precedes the others of its request in a valid trace)
+            enters = np.flatnonzero((kind == EventKind.ARRIVE) | (kind == EventKind.ALLOCATE)
+                                    | (kind == EventKind.ACCESS) | (kind == EventKind.FORK))
+            if len(enters):
+                uniq, first = np.unique(req[enters], return_index=True)
+                new = ~known[uniq]
+                rows = enters[first[new]]
+                known[uniq] = True
+                first_req.append(req[rows].astype(np.int64))
+                first_time.append(cols["time_us"][rows].astype(np.int64))
+                first_step_l.append(cols["step"][rows].astype(np.int64))
+            alloc = kind == EventKind.ALLOCATE
+            k = int(np.count_nonzero(alloc))
+            if k:
+                num_allocs += k
+                max_blocks = max(max_blocks, int(cols["block_index"][alloc].max()) + 1)
+                max_size = max(max_size, int(cols["size_bytes"][alloc].max()))
+            # concurrency: +1 at a request's first ALLOCATE/ACCESS/FORK, -1 at its FREE
+            opens = (kind == EventKind.ALLOCATE) | (kind == EventKind.ACCESS) | \
+                (kind == EventKind.FORK)
+            frees = (kind == EventKind.FREE) & (cols["block_index"] < 0)
+            idx = np.flatnonzero(opens | frees)
+            if len(idx):
+                delta = np.zeros(len(idx), dtype=np.int64)
+                r = req[idx]
+                is_open = opens[idx]
+                # first occurrence of each request in this batch among open rows
+                o_idx = np.flatnonzero(is_open)
+                if len(o_idx):
+                    uniq, first = np.unique(r[o_idx], return_index=True)
+                    new = ~started[uniq]
+                    delta[o_idx[first[new]]] = 1
+                    started[uniq] = True
+                delta[~is_open] = -1
+                run = live + np.cumsum(delta)
+                max_live = max(max_live, int(run.max()))
+                live = int(run[-1])
+    if first_req:
+        fr = np.concatenate(first_req)
+        ft = np.concatenate(first_time)
+        fs = np.concatenate(first_step_l)
+        order = np.lexsort((fr, ft))
+        arrival_order, arrival_step = fr[order], fs[order]
+    else:
+        arrival_order = arrival_step = np.zeros(0, np.int64)
+    return TraceFacts(num_rows, max(first_step, 0), max(last_step, 0), max_req,
+                      max_blocks, max(max_live, 1), max_size, num_allocs, None,
+                      arrival_order, arrival_step)
+
+
+@njit(cache=True)
+def _slot(keys, h):
+    """Slot of ``h`` in the open-addressing table ``keys`` (linear probing), or of the
+    empty slot where it would go."""
+    mask = keys.shape[0] - 1
+    i = np.int64((np.uint64(h) * _MULT) >> np.uint64(40)) & mask
+    while keys[i] != _EMPTY and keys[i] != h:
+        i = (i + 1) & mask
+    return i
+
+
+@njit(cache=True)
+def _mark(hashes, keys, n_used, seen):
+    """``seen[k] = 1`` if ``hashes[k]`` (non-zero) is in the set or earlier in ``hashes``;
+    inserts them.  Returns the new number of keys."""
+    for k in range(hashes.shape[0]):
+        h = hashes[k]
+        if h == _EMPTY:
+            seen[k] = 0
+            continue
+        i = _slot(keys, h)
+        if keys[i] == h:
+            seen[k] = 1
+        else:
+            keys[i] = h
+            n_used += 1
+            seen[k] = 0
+    return n_used
+
+
+@njit(cache=True)
+def _rehash(old_keys, new_keys, old_vals, new_vals):
+    """Move every key (and its value, when ``old_vals`` is not empty) to the new table."""
+    with_vals = old_vals.shape[0] > 0
+    for j in range(old_keys.shape[0]):
+        h = old_keys[j]
+        if h != _EMPTY:
+            i = _slot(new_keys, h)
+            new_keys[i] = h
+            if with_vals:
+                new_vals[i] = old_vals[j]
+
+
+def _grown(keys: np.ndarray, vals: np.ndarray, need: int) -> tuple[np.ndarray, np.ndarray]:
+    """Tables with room for ``need`` keys at load <= 1/2 (the same ones if they have it).
+    ``vals`` is empty for a set, else as long as ``keys``."""
+    size = keys.shape[0]
+    if 2 * need <= size:
+        return keys, vals
+    while 2 * need > size:
+        size *= 2
+    new_keys = np.zeros(size, np.int64)
+    new_vals = np.zeros(size if vals.shape[0] else 0, np.int64)
+    _rehash(keys, new_keys, vals, new_vals)
+    return new_keys, new_vals
+
+
+class SeenSet:
+    """The content hashes allocated so far; ``mark(hashes)`` gives each ALLOCATE row's
+    ``seen`` flag (int8) in stream order and remembers the hashes."""
+
+    def __init__(self, initial_slots: int = 1 << 12) -> None:
+        self.keys = np.zeros(initial_slots, np.int64)
+        self.vals = np.zeros(0, np.int64)
+        self.n = 0
+
+    def mark(self, hashes: np.ndarray) -> np.ndarray:
+        self.keys, self.vals = _grown(self.keys, self.vals, self.n + hashes.shape[0])
+        seen = np.zeros(hashes.shape[0], np.int8)
+        self.n = int(_mark(np.ascontiguousarray(hashes, np.int64), self.keys, self.n, seen))
+        return seen
+
+
+@njit(cache=True)
+def _link(hashes, base, keys, vals, n_used, next_use):
+    """For each non-zero ``hashes[k]`` (ALLOCATE ordinal ``base + k``): the previous
+    ordinal of the same hash gets ``next_use = base + k``.  Returns the new key count."""
+    for k in range(hashes.shape[0]):
+        h = hashes[k]
+        if h == _EMPTY:
+            continue
+        o = base + k
+        i = _slot(keys, h)
+        if keys[i] == h:
+            next_use[vals[i]] = o
+        else:
+            keys[i] = h
+            n_used += 1
+        vals[i] = o
+    return n_used
+
+
+def offline_next_use(trace_path: str | Path, block_size_tokens: int, num_allocs: int,
+                     batch_rows: int = 1 << 20) -> np.ndarray:
+    """``next_use`` per ALLOCATE ordinal (see :class:`TraceFacts`), in one streaming pass:
+    the array itself (8 bytes per ALLOCATE row) and a map of the distinct hashes."""
+    next_use = np.full(num_allocs, NEVER, dtype=np.int64)
+    keys = np.zeros(1 << 12, np.int64)
+    vals = np.zeros(1 << 12, np.int64)
+    n_used = 0
+    base = 0
+    with _open(trace_path) as reader:
+        for cols in reader.batches(batch_rows):
+            h = full_hashes(cols, block_size_tokens)
+            if base + h.shape[0] > num_allocs:
+                raise ValueError("the trace changed since its pre-pass (more ALLOCATE rows)")
+            keys, vals = _grown(keys, vals, n_used + h.shape[0])
+            n_used = int(_link(h, base, keys, vals, n_used, next_use))
+            base += h.shape[0]
+    return next_use
