@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 import tempfile
 from pathlib import Path
 from typing import Annotated
@@ -116,105 +115,30 @@ def _write_rows(df: pd.DataFrame, csv: Path | None, parquet: Path | None) -> Non
             df.to_parquet(tmp, index=False)
 
 
-# (key, header, format, better: "min" | "max" | None)
-_COLUMNS = (
-    ("p50_step_us", "step p50 us", "{:,.0f}", "min"),
-    ("p95_step_us", "p95", "{:,.0f}", "min"),
-    ("p99_step_us", "p99", "{:,.0f}", "min"),
-    ("p999_step_us", "p99.9", "{:,.0f}", "min"),
-    ("ttft_p50_us", "TTFT p50 ms", "ms", "min"),
-    ("ttft_p99_us", "TTFT p99 ms", "ms", "min"),
-    ("tpot_p50_us", "TPOT p50 ms", "ms", "min"),
-    ("tpot_p99_us", "TPOT p99 ms", "ms", "min"),
-    ("deadline_misses", "deadline misses", "{:,}", "min"),
-    ("decode_critical_misses", "decode-crit misses", "{:,}", "min"),
-    ("hbm_hit_rate", "HBM hit", "pct", "max"),
-    ("dram_hit_rate", "DRAM hit", "pct", "max"),
-    ("cxl_hit_rate", "CXL hit", "pct", "max"),
-    ("nvme_hit_rate", "NVMe hit", "pct", "max"),
-    ("prefix_hit_rate", "prefix hit", "pct", "max"),
-    ("bytes_dram_link", "DRAM link GB", "gb", "min"),
-    ("bytes_cxl_link", "CXL link GB", "gb", "min"),
-    ("bytes_nvme_link", "NVMe link GB", "gb", "min"),
-    ("recompute_tokens", "recompute tok", "{:,}", "min"),
-    ("evictions", "evictions", "{:,}", None),
-    ("spills", "spills", "{:,}", None),
-    ("prefetches", "prefetch (useful/wasted)", "pf", None),
-    ("peak_hbm_blocks", "peak HBM/DRAM/CXL/NVMe blocks", "peak", None),
-    ("gap_hbm_hit_rate_to_belady", "HBM-hit gap to belady", "pp", "min"),
-    ("gap_p99_step_us_to_belady", "p99 gap to belady us", "{:+,.0f}", "min"),
-    ("p99_step_us_vs_lru", "p99 vs lru", "vs_lru", None),
-    ("decode_critical_misses_vs_lru", "decode-crit misses vs lru", "dc_vs_lru", None),
-)
+ColumnsOpt = Annotated[str | None, typer.Option(
+    "--columns", metavar="A,B,...",
+    help="Table columns, by --json key (e.g. hbm_hit_rate,ttft_p99_us,evictions), or "
+         "'+a,+b' to add to the default set.  Derived: lower_tier_hit_rate, gap_to_bound, "
+         "prefetch_detail, peak_blocks, p99_vs_lru, decode_critical_vs_lru.  The files "
+         "(--json/--csv/--parquet) keep every metric.", show_default=False)]
+WideOpt = Annotated[bool, typer.Option(
+    "--wide", help="Every column, at the table's natural width (scroll, or `less -S`).")]
+SortOpt = Annotated[str | None, typer.Option(
+    "--sort", metavar="COLUMN",
+    help="Sort rows by this column, best first ('-COLUMN' reverses).", show_default=False)]
 
 
-def _fmt(row: dict, key: str, fmt: str) -> str:
-    v = row.get(key)
-    if fmt == "pf":
-        return f"{row['prefetches']:,} ({row['prefetches_useful']:,}/{row['prefetches_wasted']:,})"
-    if fmt == "peak":
-        return "/".join(f"{row[f'peak_{t}_blocks']:,}" for t in ("hbm", "dram", "cxl", "nvme"))
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    if fmt == "vs_lru":  # us and percent: a win of microseconds should look like one
-        return f"{v:+,.1f} us ({row['p99_step_pct_vs_lru']:+.3f}%)"
-    if fmt == "dc_vs_lru":
-        base = row["decode_critical_misses"] - v
-        pct = f" ({100 * v / base:+.0f}%)" if base else ""
-        return f"{int(v):+,}{pct}"
-    if fmt == "ms":
-        return f"{v / 1000:,.2f}"
-    if fmt == "pct":
-        return f"{100 * v:.2f}%"
-    if fmt == "pp":
-        return f"{100 * v:+.2f} pp"
-    if fmt == "gb":
-        return f"{v / 1e9:,.2f}"
-    return fmt.format(v)
+def render_results(df: pd.DataFrame, title: str, columns: str | None, wide: bool,
+                   sort: str | None, with_verdict: bool) -> None:
+    """Print a results frame as a table that fits the terminal (kvsim.cli.render)."""
+    from kvsim.cli import render
 
-
-def render_table(df: pd.DataFrame, title: str) -> Table:
-    """Policies as rows; the best online value of each comparable column in bold green;
-    offline policies (belady) labelled as bounds and never counted as winners."""
-    rows = df.to_dict(orient="records")
-    online = [r for r in rows if not r.get("offline")]
-    best = {}
-    for key, _, _, better in _COLUMNS:
-        if better is None:
-            continue
-        vals = [r.get(key) for r in online
-                if r.get(key) is not None and not (isinstance(r.get(key), float)
-                                                   and math.isnan(r.get(key)))]
-        if len(vals) >= 2 and min(vals) != max(vals):
-            best[key] = min(vals) if better == "min" else max(vals)
-    table = Table(title=title, header_style="bold")
-    table.add_column("policy", no_wrap=True)
-    for key, header, _, _ in _COLUMNS:
-        if key in df.columns or key in ("prefetches", "peak_hbm_blocks"):
-            table.add_column(header, justify="right", no_wrap=True)
-    for r in rows:
-        name = r["policy"] + (" (offline bound)" if r.get("offline") else "")
-        cells = [name]
-        for key, _, fmt, _ in _COLUMNS:
-            if not (key in df.columns or key in ("prefetches", "peak_hbm_blocks")):
-                continue
-            text = _fmt(r, key, fmt)
-            if key in best and not r.get("offline") and r.get(key) == best[key]:
-                text = f"[bold green]{text}[/]"
-            cells.append(text)
-        table.add_row(*cells)
-    return table
-
-
-def _print_wide(table: Table) -> None:
-    """Print at the table's natural width (wider than the terminal: scroll, or `less -S`),
-    so no column is squeezed to nothing."""
-    import sys
-
-    from rich.console import Console
-
-    Console(file=sys.stdout, width=1000, soft_wrap=True,
-            force_terminal=out_console.is_terminal).print(table)
+    cols = render.parse_columns(columns, wide)
+    table = render.metric_table(df, title, cols, sort=sort)
+    items = [table]
+    if with_verdict:
+        items.append(render.verdict(df))
+    render.print_view(*items, wide=wide)
 
 
 @app.command("simulate", short_help="Replay an event file under one placement policy "
@@ -253,6 +177,9 @@ def simulate_command(
     parquet: ParquetOpt = None,
     seed: SeedOpt = 0,
     engine: EngineOpt = "auto",
+    columns: ColumnsOpt = None,
+    wide: WideOpt = False,
+    sort: SortOpt = None,
     json_: JsonOption = False,
 ) -> None:
     """Replay TRACE through HBM (vLLM-exact prefix caching) and the DRAM/CXL/NVMe tiers of
@@ -281,8 +208,9 @@ def simulate_command(
     if json_:
         emit_json({"policies": [result.summary], "trace": str(trace), "config": result.config})
         return
-    _print_wide(render_table(df, f"{trace} — {result.summary['requests']:,} requests, "
-                                 f"{result.summary['steps']:,} steps"))
+    render_results(df, f"{trace} — {result.summary['requests']:,} requests, "
+                       f"{result.summary['steps']:,} steps", columns, wide, sort,
+                   with_verdict=False)
 
 
 @app.command("compare", short_help="Replay the same trace under every policy (or a list) "
@@ -328,6 +256,9 @@ def compare_command(
     seed: Annotated[int, typer.Option(
         "--seed", help="Seed for --profile generation and randomising policies.")] = 0,
     engine: EngineOpt = "auto",
+    columns: ColumnsOpt = None,
+    wide: WideOpt = False,
+    sort: SortOpt = None,
     json_: JsonOption = False,
 ) -> None:
     """Replay one trace under several HBM placement policies (same tiers, same cost model)
@@ -373,4 +304,4 @@ def compare_command(
     first = df.iloc[0] if len(df) else None
     title = label if first is None else (f"{label} — {int(first['requests']):,} requests, "
                                          f"{int(first['steps']):,} steps")
-    _print_wide(render_table(df, title))
+    render_results(df, title, columns, wide, sort, with_verdict=True)
