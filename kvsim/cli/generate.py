@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from kvsim.cli import app
-from kvsim.cli.common import JsonOption, emit_json, out_console
+from kvsim.cli.common import JsonOption, emit_json, out_console, quiet_progress
 from kvsim.cli.importing import (BlockSizeOption, GpuMemUtilOption, HardwareOption,
                                  MaxSeqsOption, MaxTokensOption, ModelOption,
                                  NumGpuBlocksOption, render_summary, run_with_progress)
@@ -54,7 +54,8 @@ def generate_command(
     prefixes, RAG documents, speculative decoding, beams) and lower it through the engine
     model to MemoryIntent block events.  Deterministic for a given --seed."""
     summary = run_with_progress(
-        "generating", generate, profile=profile, num_requests=requests, seed=seed,
+        "generating", generate, quiet=quiet_progress(json_), profile=profile,
+        num_requests=requests, seed=seed,
         out_path=out, model=model, hardware=hardware, block_size_tokens=block_size,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         num_gpu_blocks=num_gpu_blocks, gpu_memory_utilization=gpu_memory_utilization)

@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from kvsim.cli import app
-from kvsim.cli.common import JsonOption, emit_json, out_console, progress
+from kvsim.cli.common import JsonOption, emit_json, out_console, progress, quiet_progress
 from kvsim.ingest import FORMATS, ImportSummary, import_request_trace
 
 ModelOption = Annotated[str, typer.Option(
@@ -41,9 +41,10 @@ GpuMemUtilOption = Annotated[Optional[float], typer.Option(
     "kvsim simulate's option).", show_default=False)]
 
 
-def run_with_progress(label: str, fn, **kwargs) -> ImportSummary:
-    """Call ``fn(progress=callback, **kwargs)`` with a rich progress bar on stderr."""
-    with progress() as bar:
+def run_with_progress(label: str, fn, quiet: bool = False, **kwargs) -> ImportSummary:
+    """Call ``fn(progress=callback, **kwargs)`` with a rich progress bar on stderr (its
+    total: the events to lower; silent when ``quiet``)."""
+    with progress(quiet=quiet) as bar:
         task = bar.add_task(label, total=None)
 
         def update(done: int, total: int) -> None:
@@ -141,7 +142,8 @@ def import_request_trace_command(
     (continuous batching, chunked prefill, roofline step times) to MemoryIntent block
     events.  Prints a summary (requests, events, prefix reuse, skipped rows)."""
     summary = run_with_progress(
-        "importing", import_request_trace, path=requests, out_path=out, format=format,
+        "importing", import_request_trace, quiet=quiet_progress(json_), path=requests,
+        out_path=out, format=format,
         mapping=map_, skip_bad_rows=skip_bad_rows, model=model, hardware=hardware,
         block_size_tokens=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, arrival_rate=arrival_rate,

@@ -347,19 +347,19 @@ def verdict(df: pd.DataFrame, baseline: str = "lru") -> str:
     base = next((g[1] for g in groups if baseline in g[0]), None)
     if base is not None and baseline not in names:
         dh = (_num(r.get("hbm_hit_rate")) or 0) - (_num(base.get("hbm_hit_rate")) or 0)
-        margins.append(f"{100 * dh:+.2f} pp over {baseline}")
+        margins.append(f"{100 * dh:+.2f} pp vs {baseline}")
     gap = _num(with_derived(pd.DataFrame([r] + [b for b in [bound_row(df)] if b]))
                ["gap_to_bound"].iloc[0])
     if gap is not None:
-        margins.append(f"{100 * gap:.2f} pp below {bound_name(df)}")
+        margins.append(f"{-100 * gap:+.2f} pp vs {bound_name(df)}")
     text = f"{head}: HBM hit {_pct(r.get('hbm_hit_rate'))}"
     if margins:
         text += f" ({', '.join(margins)})"
     if base is not None and baseline not in names:
         dc = _num(r.get("decode_critical_misses")) or 0
         bc = _num(base.get("decode_critical_misses")) or 0
-        pct = f" ({100 * (dc - bc) / bc:+.0f}%)" if bc else ""
-        text += f"; decode-crit misses {int(dc):,} vs {baseline} {int(bc):,}{pct}"
+        pct = f", {100 * (dc - bc) / bc:+.0f}%" if bc else ""
+        text += f", decode-crit misses {int(dc):,} ({baseline} {int(bc):,}{pct})"
     return text
 
 

@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from kvsim.cli import app
-from kvsim.cli.common import JsonOption, emit_json, err_console, out_console, progress
+from kvsim.cli.common import JsonOption, emit_json, err_console, progress, quiet_progress
 from kvsim.errors import KvsimInputError
 from kvsim.fsutil import atomic_output
 
@@ -128,6 +128,18 @@ SortOpt = Annotated[str | None, typer.Option(
     help="Sort rows by this column, best first ('-COLUMN' reverses).", show_default=False)]
 
 
+def _policies_to_run(names: list[str] | None) -> list[str]:
+    """What :func:`kvsim.sim.compare` replays: the policies asked for (default: every
+    registered one) plus the offline bound it adds (the progress bar's real total)."""
+    from kvsim.policy_registry import list_policies
+    from kvsim.sim.replay import default_policies
+
+    run = list(names) if names else list(default_policies())
+    if "belady" not in run and any(p.name == "belady" for p in list_policies()):
+        run.append("belady")
+    return run
+
+
 def render_results(df: pd.DataFrame, title: str, columns: str | None, wide: bool,
                    sort: str | None, with_verdict: bool) -> None:
     """Print a results frame as a table that fits the terminal (kvsim.cli.render)."""
@@ -195,7 +207,7 @@ def simulate_command(
     config = _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model,
                      tier_policy, write_policy, preemption, priority_scheduling, no_prefetch,
                      warmup_fraction, log_lifecycle, seed, engine)
-    with progress() as bar:
+    with progress(quiet=quiet_progress(json_)) as bar:
         task = bar.add_task(f"replay {policy}", total=None)
         result = simulate(trace, policy, config, decision_log=decision_log,
                           on_progress=lambda done, total: bar.update(task, completed=done,
@@ -277,6 +289,7 @@ def compare_command(
                      tier_policy, write_policy, preemption, priority_scheduling, no_prefetch,
                      warmup_fraction, log_lifecycle, seed, engine)
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
+    quiet = quiet_progress(json_)
     with tempfile.TemporaryDirectory(prefix="kvsim-compare-") as tmpdir:
         source = trace
         if profile is not None:
@@ -285,15 +298,27 @@ def compare_command(
             source = Path(tmpdir) / "workload.parquet"
             lowering = config.lowering_options()
             budget = lowering.get("num_gpu_blocks")
-            err_console.print(f"generating {requests:,} requests from profile {profile} "
-                              f"(seed {seed}"
-                              + (f", scheduler budget {budget:,} blocks = the HBM pool)"
-                                 if budget else ")"))
-            generate(profile, requests, seed, source, **lowering)
-        with progress() as bar:
-            task = bar.add_task("policies", total=None)
+            if not quiet:
+                err_console.print(f"generating {requests:,} requests from profile {profile} "
+                                  f"(seed {seed}"
+                                  + (f", scheduler budget {budget:,} blocks = the HBM pool)"
+                                     if budget else ")"))
+            with progress(quiet=quiet) as bar:
+                task = bar.add_task(f"generate {profile}", total=None)
+                generate(profile, requests, seed, source, **lowering,
+                         progress=lambda d, t: bar.update(task, completed=d, total=t))
+        run = _policies_to_run(names)
+        with progress(quiet=quiet) as bar:
+            task = bar.add_task(f"policies ({', '.join(run[:1])} ...)", total=len(run))
+
+            def on_policy(name: str) -> None:
+                done = bar.tasks[0].completed + 1
+                nxt = run[int(done)] if done < len(run) else ""
+                bar.update(task, advance=1, description=f"policies (next: {nxt})" if nxt
+                           else "policies")
+
             df = compare(source, names, config, decision_log_dir=decision_log_dir, jobs=jobs,
-                         on_progress=lambda name: bar.advance(task))
+                         on_progress=on_policy)
     _write_rows(df, csv, parquet)
     label = str(trace) if trace is not None else f"profile {profile} ({requests} requests, " \
         f"seed {seed})"

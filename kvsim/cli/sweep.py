@@ -11,7 +11,8 @@ import typer
 from rich.table import Table
 
 from kvsim.cli import app
-from kvsim.cli.common import JsonOption, emit_json, err_console, out_console, progress
+from kvsim.cli.common import (JsonOption, emit_json, err_console, out_console, progress,
+                              quiet_progress)
 from kvsim.errors import KvsimInputError
 from kvsim.sim.config import SimConfig, parse_tier_policies
 
@@ -105,7 +106,7 @@ def sweep_command(
     spec = SweepSpec(str(trace), names, _floats(hbm_gb, "--hbm-gb"),
                      _floats(dram_gb, "--dram-gb", True) if dram_gb else (None,), base, bound)
     t0 = time.perf_counter()
-    with progress(transient=False) as bar:
+    with progress(transient=False, quiet=quiet_progress(json_)) as bar:
         task = bar.add_task(f"sweep {trace.name}", total=len(spec.cells()))
 
         def on_cell(done: int, total: int, policy: str, cached: bool) -> None:

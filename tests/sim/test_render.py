@@ -55,8 +55,8 @@ def test_identical_policies_are_one_row_and_bound_last():
 
 def test_verdict_names_best_online_with_margins_over_lru_and_to_bound():
     assert render.verdict(_frame()) == (
-        "best online: deadline (= intent): HBM hit 50.00% (+5.00 pp over lru, 2.00 pp below "
-        "belady); decode-crit misses 40 vs lru 80 (-50%)")
+        "best online: deadline (= intent): HBM hit 50.00% (+5.00 pp vs lru, -2.00 pp vs "
+        "belady), decode-crit misses 40 (lru 80, -50%)")
     one = pd.DataFrame([_row("lru", 0.4, 1), _row("fifo", 0.4, 1)])
     assert render.verdict(one) == "all 2 online policies give identical results: HBM hit " \
         "40.00%"
@@ -111,3 +111,17 @@ def test_compare_cli_fits_120_columns_and_files_keep_every_metric(builder, tiny_
     assert wide.exit_code == 0 and "peak HBM/DRAM/" in wide.stdout
     bad = runner.invoke(app, args + ["--sort", "nope"])
     assert bad.exit_code == 2 and "--sort" in bad.stderr
+
+
+def test_progress_has_a_real_total_and_is_silent_under_json_to_a_pipe(monkeypatch):
+    from kvsim.cli import common
+    from kvsim.cli.simulate import _policies_to_run
+    from kvsim.sim.replay import default_policies
+
+    assert _policies_to_run(["lru", "deadline"]) == ["lru", "deadline", "belady"]
+    assert _policies_to_run(["belady", "lru"]) == ["belady", "lru"]
+    assert len(_policies_to_run(None)) == len(default_policies()) + (
+        "belady" not in default_policies())
+    monkeypatch.setattr(common.sys.stdout, "isatty", lambda: False, raising=False)
+    assert common.quiet_progress(True) and not common.quiet_progress(False)
+    assert common.progress(quiet=True).disable
