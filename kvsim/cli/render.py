@@ -351,7 +351,7 @@ def verdict(df: pd.DataFrame, baseline: str = "lru") -> str:
     gap = _num(with_derived(pd.DataFrame([r] + [b for b in [bound_row(df)] if b]))
                ["gap_to_bound"].iloc[0])
     if gap is not None:
-        margins.append(f"{-100 * gap:+.2f} pp vs {bound_name(df)}")
+        margins.append(f"{-100 * gap + 0.0:+.2f} pp vs {bound_name(df)}")
     text = f"{head}: HBM hit {_pct(r.get('hbm_hit_rate'))}"
     if margins:
         text += f" ({', '.join(margins)})"
