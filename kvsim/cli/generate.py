@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from kvsim.cli import app
+from kvsim.cli import app, compat
 from kvsim.cli.common import JsonOption, emit_json, out_console, quiet_progress
 from kvsim.cli.importing import (BlockSizeOption, GpuMemUtilOption, HardwareOption,
                                  MaxSeqsOption, MaxTokensOption, ModelOption,
@@ -48,11 +48,17 @@ def generate_command(
     list_: Annotated[bool, typer.Option(
         "--list", callback=_list_callback, is_eager=True,
         help="List the bundled profiles with their descriptions and exit.")] = False,
+    decode_steps: compat.kvmi_only_option("--decode-steps") = None,
+    blocks_per_request: compat.kvmi_only_option("--blocks-per-request") = None,
+    block_kb: compat.kvmi_only_option("--block-kb") = None,
     json_: JsonOption = False,
 ) -> None:
     """Generate a synthetic workload from a TOML profile (sessions, SLOs, priorities, shared
     prefixes, RAG documents, speculative decoding, beams) and lower it through the engine
     model to MemoryIntent block events.  Deterministic for a given --seed."""
+    for flag, value in (("--decode-steps", decode_steps),
+                        ("--blocks-per-request", blocks_per_request), ("--block-kb", block_kb)):
+        compat.kvmi_only(flag, value)
     summary = run_with_progress(
         "generating", generate, quiet=quiet_progress(json_), profile=profile,
         num_requests=requests, seed=seed,

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from kvsim.cli import app
+from kvsim.cli import app, compat
 from kvsim.cli.common import JsonOption, emit_json, out_console, progress, quiet_progress
 from kvsim.ingest import FORMATS, ImportSummary, import_request_trace
 
@@ -114,7 +114,9 @@ def import_request_trace_command(
     gpu_memory_utilization: GpuMemUtilOption = None,
     map_: Annotated[Optional[str], typer.Option(
         "--map", help="Column mapping for the generic reader, e.g. "
-        "'arrival_ms=ts,prompt_tokens=in,output_tokens=out' (implies --format generic).",
+        "'arrival_ms=ts,prompt_tokens=in,output_tokens=out' (implies --format generic); "
+        "'kvmi' reads kv_deadline_scheduler's request traces (generated_tokens, "
+        "deadline_ms).",
         show_default=False)] = None,
     trace_block_size: Annotated[int, typer.Option(
         "--trace-block-size", min=1, help="Tokens per block of a generic trace's "
@@ -135,12 +137,20 @@ def import_request_trace_command(
     kvmi_step_us: Annotated[int, typer.Option(
         "--kvmi-step-us", min=1, help="kvmi: microseconds per kvmi step (kvmi records "
         "no time).")] = 1000,
+    logical_block_mb: compat.kvmi_only_option("--logical-block-mb", "MB") = None,
+    max_blocks_per_request: compat.kvmi_only_option("--max-blocks-per-request") = None,
     json_: JsonOption = False,
 ) -> None:
     """Read a request trace (Mooncake, Azure, OpenAI proxy log, agentic conversations,
     kvmi events, or any JSONL/CSV/Parquet with --map) and lower it through the engine model
     (continuous batching, chunked prefill, roofline step times) to MemoryIntent block
     events.  Prints a summary (requests, events, prefix reuse, skipped rows)."""
+    compat.kvmi_only("--logical-block-mb", logical_block_mb)
+    compat.kvmi_only("--max-blocks-per-request", max_blocks_per_request)
+    if map_ is None and format is None and (logical_block_mb is not None
+                                            or max_blocks_per_request is not None):
+        map_ = "kvmi"  # kvmi's own flags: its import reads kvmi request traces only
+    map_ = compat.KVMI_REQUEST_MAP if map_ == "kvmi" else map_
     summary = run_with_progress(
         "importing", import_request_trace, quiet=quiet_progress(json_), path=requests,
         out_path=out, format=format,

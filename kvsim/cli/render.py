@@ -390,5 +390,5 @@ def print_view(*renderables, wide: bool = False) -> None:
                          "choose fewer --columns, or page it with `less -S`\n")
         width = natural
     Console(file=buf, width=width, force_terminal=tty, highlight=False,
-            color_system="auto" if tty else None).print(*renderables)
+            color_system="auto" if tty else None).print(*renderables, sep="\n")
     sys.stdout.write("".join(line.rstrip() + "\n" for line in buf.getvalue().splitlines()))

@@ -11,7 +11,7 @@ import pandas as pd
 import typer
 from rich.table import Table
 
-from kvsim.cli import app
+from kvsim.cli import app, compat
 from kvsim.cli.common import JsonOption, emit_json, err_console, progress, quiet_progress
 from kvsim.errors import KvsimInputError
 from kvsim.fsutil import atomic_output
@@ -78,6 +78,19 @@ LifecycleOpt = Annotated[bool, typer.Option(
     "--log-lifecycle", help="The decision log also records ALLOCATE / HIT / REVIVE / "
     "RELEASE / FREE rows (much larger).")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for policies that randomise.")]
+ProfileOpt = Annotated[str | None, typer.Option(
+    "--profile", metavar="NAME|FILE.toml",
+    help="Generate a synthetic workload from this profile first (instead of --trace); "
+         "see `kvsim generate`.  It is lowered for this replay: same --hardware and "
+         "--model, and the scheduler's KV budget is the HBM pool (--hbm-gb / "
+         "--hbm-blocks), so a smaller HBM admits fewer requests at once as a real "
+         "engine would.", show_default=False)]
+RequestsOpt = Annotated[int, typer.Option(
+    "--requests", min=1, metavar="N", help="Requests to generate with --profile.")]
+HbmMbOpt = compat.mb_option("hbm")
+DramMbOpt = compat.mb_option("dram")
+CxlMbOpt = compat.mb_option("cxl")
+NvmeMbOpt = compat.mb_option("nvme")
 EngineOpt = Annotated[str, typer.Option(
     "--engine", metavar="ENGINE",
     help="auto (default: compiled for traces of >= 1,000,000 events, else interpreted), "
@@ -87,10 +100,13 @@ EngineOpt = Annotated[str, typer.Option(
 
 def _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model, tier_policy,
             write_policy, preemption, priority_scheduling, no_prefetch, warmup, log_lifecycle,
-            seed, engine):
+            seed, engine, mb=(None, None, None, None)):
     from kvsim.sim import SimConfig
     from kvsim.sim.config import parse_tier_policies
 
+    hbm_gb, dram_gb, cxl_gb, nvme_gb = (
+        compat.capacity_gb(gb, m, tier) for gb, m, tier in
+        zip((hbm_gb, dram_gb, cxl_gb, nvme_gb), mb, ("hbm", "dram", "cxl", "nvme")))
     return SimConfig(hardware=hardware, hbm_gb=hbm_gb, hbm_blocks=hbm_blocks, dram_gb=dram_gb,
                      cxl_gb=cxl_gb, nvme_gb=nvme_gb, model=model,
                      tier_policies=parse_tier_policies(tier_policy), write_policy=write_policy,
@@ -128,6 +144,46 @@ SortOpt = Annotated[str | None, typer.Option(
     help="Sort rows by this column, best first ('-COLUMN' reverses).", show_default=False)]
 
 
+def _one_source(trace, profile) -> None:
+    if (trace is None) == (profile is None):
+        raise KvsimInputError("expected exactly one of --trace EVENTS or --profile NAME",
+                              None, None, "--trace")
+
+
+def _label(profile: str, requests: int, seed: int) -> str:
+    """The ``trace`` of the JSON output for a generated workload."""
+    return f"profile {profile} ({requests} requests, seed {seed})"
+
+
+def _title(trace, profile, seed, row: dict | None) -> str:
+    label = str(trace) if trace is not None else f"profile {profile} (seed {seed})"
+    if row is None:
+        return label
+    return f"{label} — {int(row['requests']):,} requests, {int(row['steps']):,} steps"
+
+
+def _source(trace, profile, requests, seed, config, tmpdir, quiet) -> Path:
+    """The event file to replay: ``trace``, or a workload generated from ``profile`` into
+    ``tmpdir``, lowered for this replay (the scheduler's KV budget = the HBM pool)."""
+    if profile is None:
+        return trace
+    from kvsim.workload import generate
+
+    source = Path(tmpdir) / "workload.parquet"
+    lowering = config.lowering_options()
+    budget = lowering.get("num_gpu_blocks")
+    if not quiet:
+        err_console.print(f"generating {requests:,} requests from profile {profile} "
+                          f"(seed {seed}"
+                          + (f", scheduler budget {budget:,} blocks = the HBM pool)"
+                             if budget else ")"))
+    with progress(quiet=quiet) as bar:
+        task = bar.add_task(f"generate {profile}", total=None)
+        generate(profile, requests, seed, source, **lowering,
+                 progress=lambda d, t: bar.update(task, completed=d, total=t))
+    return source
+
+
 def _policies_to_run(names: list[str] | None) -> list[str]:
     """What :func:`kvsim.sim.compare` replays: the policies asked for (default: every
     registered one) plus the offline bound it adds (the progress bar's real total)."""
@@ -146,6 +202,8 @@ def render_results(df: pd.DataFrame, title: str, columns: str | None, wide: bool
     from kvsim.cli import render
 
     cols = render.parse_columns(columns, wide)
+    if columns is None and render.bound_name(df) is None:  # nothing to measure a gap to
+        cols = [c for c in cols if c.key != "gap_to_bound"]
     table = render.metric_table(df, title, cols, sort=sort)
     items = [table]
     if with_verdict:
@@ -157,6 +215,8 @@ def render_results(df: pd.DataFrame, title: str, columns: str | None, wide: bool
              "through HBM/DRAM/CXL/NVMe and report latency, hit rates and traffic.")
 def simulate_command(
     trace: TraceOpt = None,
+    profile: ProfileOpt = None,
+    requests: RequestsOpt = 1024,
     policy: Annotated[str, typer.Option(
         "--policy", metavar="NAME|FILE.py",
         help="HBM placement policy: a registered name (see `kvsim compare --help`) or a "
@@ -167,6 +227,10 @@ def simulate_command(
     dram_gb: DramOpt = None,
     cxl_gb: CxlOpt = None,
     nvme_gb: NvmeOpt = None,
+    hbm_mb: HbmMbOpt = None,
+    dram_mb: DramMbOpt = None,
+    cxl_mb: CxlMbOpt = None,
+    nvme_mb: NvmeMbOpt = None,
     model: ModelOpt = None,
     tier_policy: TierPolicyOpt = None,
     write_policy: WritePolicyOpt = "write_back",
@@ -201,27 +265,30 @@ def simulate_command(
     formulas: docs/cost-model.md."""
     from kvsim.sim import simulate
 
-    if trace is None:
-        raise KvsimInputError("expected --trace EVENTS (an event file)", None, None, "--trace")
+    _one_source(trace, profile)
     _load_policy_files(policy_file)
     config = _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model,
                      tier_policy, write_policy, preemption, priority_scheduling, no_prefetch,
-                     warmup_fraction, log_lifecycle, seed, engine)
-    with progress(quiet=quiet_progress(json_)) as bar:
-        task = bar.add_task(f"replay {policy}", total=None)
-        result = simulate(trace, policy, config, decision_log=decision_log,
-                          on_progress=lambda done, total: bar.update(task, completed=done,
-                                                                      total=total))
+                     warmup_fraction, log_lifecycle, seed, engine,
+                     (hbm_mb, dram_mb, cxl_mb, nvme_mb))
+    quiet = quiet_progress(json_)
+    with tempfile.TemporaryDirectory(prefix="kvsim-simulate-") as tmpdir:
+        source = _source(trace, profile, requests, seed, config, tmpdir, quiet)
+        with progress(quiet=quiet) as bar:
+            task = bar.add_task(f"replay {policy}", total=None)
+            result = simulate(source, policy, config, decision_log=decision_log,
+                              on_progress=lambda done, total: bar.update(
+                                  task, completed=done, total=total))
     df = pd.DataFrame([result.summary])
     _write_rows(df, csv, parquet)
     if requests_out is not None:
         with atomic_output(requests_out) as tmp:
             result.requests.to_parquet(tmp, index=False)
     if json_:
-        emit_json({"policies": [result.summary], "trace": str(trace), "config": result.config})
+        label = str(trace) if trace is not None else _label(profile, requests, seed)
+        emit_json({"policies": [result.summary], "trace": label, "config": result.config})
         return
-    render_results(df, f"{trace} — {result.summary['requests']:,} requests, "
-                       f"{result.summary['steps']:,} steps", columns, wide, sort,
+    render_results(df, _title(trace, profile, seed, result.summary), columns, wide, sort,
                    with_verdict=False)
 
 
@@ -229,15 +296,8 @@ def simulate_command(
              "and print one table: who wins, by how much, and the gap to Belady's bound.")
 def compare_command(
     trace: TraceOpt = None,
-    profile: Annotated[str | None, typer.Option(
-        "--profile", metavar="NAME|FILE.toml",
-        help="Generate a synthetic workload from this profile first (instead of --trace); "
-             "see `kvsim generate`.  It is lowered for this replay: same --hardware and "
-             "--model, and the scheduler's KV budget is the HBM pool (--hbm-gb / "
-             "--hbm-blocks), so a smaller HBM admits fewer requests at once as a real "
-             "engine would.", show_default=False)] = None,
-    requests: Annotated[int, typer.Option(
-        "--requests", min=1, metavar="N", help="Requests to generate with --profile.")] = 1024,
+    profile: ProfileOpt = None,
+    requests: RequestsOpt = 1024,
     policies: Annotated[str | None, typer.Option(
         "--policies", metavar="A,B,...",
         help="Policies to compare (default: every registered one).  belady runs anyway as "
@@ -248,6 +308,10 @@ def compare_command(
     dram_gb: DramOpt = None,
     cxl_gb: CxlOpt = None,
     nvme_gb: NvmeOpt = None,
+    hbm_mb: HbmMbOpt = None,
+    dram_mb: DramMbOpt = None,
+    cxl_mb: CxlMbOpt = None,
+    nvme_mb: NvmeMbOpt = None,
     model: ModelOpt = None,
     tier_policy: TierPolicyOpt = None,
     write_policy: WritePolicyOpt = "write_back",
@@ -281,32 +345,16 @@ def compare_command(
     highlighted.  How to read it: docs/simulate.md."""
     from kvsim.sim import compare
 
-    if (trace is None) == (profile is None):
-        raise KvsimInputError("expected exactly one of --trace EVENTS or --profile NAME",
-                              None, None, "--trace")
+    _one_source(trace, profile)
     _load_policy_files(policy_file)
     config = _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model,
                      tier_policy, write_policy, preemption, priority_scheduling, no_prefetch,
-                     warmup_fraction, log_lifecycle, seed, engine)
+                     warmup_fraction, log_lifecycle, seed, engine,
+                     (hbm_mb, dram_mb, cxl_mb, nvme_mb))
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
     quiet = quiet_progress(json_)
     with tempfile.TemporaryDirectory(prefix="kvsim-compare-") as tmpdir:
-        source = trace
-        if profile is not None:
-            from kvsim.workload import generate
-
-            source = Path(tmpdir) / "workload.parquet"
-            lowering = config.lowering_options()
-            budget = lowering.get("num_gpu_blocks")
-            if not quiet:
-                err_console.print(f"generating {requests:,} requests from profile {profile} "
-                                  f"(seed {seed}"
-                                  + (f", scheduler budget {budget:,} blocks = the HBM pool)"
-                                     if budget else ")"))
-            with progress(quiet=quiet) as bar:
-                task = bar.add_task(f"generate {profile}", total=None)
-                generate(profile, requests, seed, source, **lowering,
-                         progress=lambda d, t: bar.update(task, completed=d, total=t))
+        source = _source(trace, profile, requests, seed, config, tmpdir, quiet)
         run = _policies_to_run(names)
         with progress(quiet=quiet) as bar:
             task = bar.add_task(f"policies ({', '.join(run[:1])} ...)", total=len(run))
@@ -320,13 +368,10 @@ def compare_command(
             df = compare(source, names, config, decision_log_dir=decision_log_dir, jobs=jobs,
                          on_progress=on_policy)
     _write_rows(df, csv, parquet)
-    label = str(trace) if trace is not None else f"profile {profile} ({requests} requests, " \
-        f"seed {seed})"
+    label = str(trace) if trace is not None else _label(profile, requests, seed)
     if json_:
         emit_json({"policies": df.to_dict(orient="records"), "trace": label,
                    "config": config.to_dict()})
         return
-    first = df.iloc[0] if len(df) else None
-    title = label if first is None else (f"{label} — {int(first['requests']):,} requests, "
-                                         f"{int(first['steps']):,} steps")
+    title = _title(trace, profile, seed, df.iloc[0].to_dict() if len(df) else None)
     render_results(df, title, columns, wide, sort, with_verdict=True)
