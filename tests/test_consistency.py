@@ -54,3 +54,19 @@ def test_explain_json_has_no_sentinels_and_missing_steps_suggest_neighbours(tmp_
     assert "never" in table.stdout
     miss = runner.invoke(app, ["log", "explain", str(log), "--step", "300"])
     assert miss.exit_code == 2 and "nearest steps with one: 305, 307" in miss.stderr
+
+
+def test_every_doc_the_cli_help_names_exists():
+    import re
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    root = Path(__file__).resolve().parents[1]
+    text = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200"}).stdout
+    named = set(re.findall(r"(?:docs/)?[\w.-]+\.md", text))
+    assert {"README.md", "docs/cli.md", "docs/migrating-from-kvmi.md"} <= named
+    for doc in named:
+        assert (root / doc).is_file(), doc
