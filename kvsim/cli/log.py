@@ -151,17 +151,18 @@ def _render_summary(s: LogSummary) -> None:
          f"{s.unattributed_needs:,} / {s.unattributed_cost_us:,.1f}"),
     ]:
         head.add_row(name, value)
-    out_console.print(head)
-    out_console.print(_records(s.by_action, "rows by action"))
-    out_console.print(_records(s.by_reason, "decisions by reason"))
-    out_console.print(_records(s.by_tier, "rows by tier move"))
-    out_console.print(_records(s.stall_by_cause, "stall by the eviction that caused it"))
-    out_console.print(_records(s.top_causes, "costliest evictions (--json: reasons too)",
-                               ["seq", "step", "block", "action", "from_tier", "cost_us",
-                                "need_step", "need_request_id", "need_decode_critical"]))
-    out_console.print(_records(s.top_paying_requests, "requests that paid the most stall"))
-    out_console.print(_records(s.top_evicted_blocks, "blocks evicted most"))
-    out_console.print(_records(s.top_evicted_requests, "requests whose blocks were evicted most"))
+    from kvsim.cli.render import print_view
+
+    print_view(head, _records(s.by_action, "rows by action"),
+               _records(s.by_reason, "decisions by reason"),
+               _records(s.by_tier, "rows by tier move"),
+               _records(s.stall_by_cause, "stall by the eviction that caused it"),
+               _records(s.top_causes, "costliest evictions (--json: reasons too)",
+                        ["seq", "step", "block", "action", "from_tier", "cost_us",
+                         "need_step", "need_request_id", "need_decode_critical"]),
+               _records(s.top_paying_requests, "requests that paid the most stall"),
+               _records(s.top_evicted_blocks, "blocks evicted most"),
+               _records(s.top_evicted_requests, "requests whose blocks were evicted most"))
 
 
 @log_app.command("show", help=_HELP["show"])

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Annotated
 
+import pandas as pd
 import typer
 from rich.table import Table
 
@@ -123,17 +124,40 @@ def sweep_command(
                    "cells": res.cells, "computed": res.computed, "cached": res.cached,
                    "summary": res.summary})
         return
-    t = Table(title=f"sweep {trace.name}: {res.cells} cells")
-    for col in ("policy", "HBM GB", "DRAM GB", "HBM hit rate", "p99 step (ms)",
-                "hit gap to belady", "GB moved"):
-        t.add_column(col, justify="left" if col == "policy" else "right")
-    for _, r in res.table.iterrows():
-        gap = r["gap_hbm_hit_rate_to_belady"]
-        t.add_row(str(r["policy"]), f"{r['hbm_gb']:g}",
-                  "profile" if r["dram_gb"] != r["dram_gb"] else f"{r['dram_gb']:g}",
-                  f"{r['hbm_hit_rate']:.4f}", f"{r['p99_step_us'] / 1e3:.3f}",
-                  "" if gap != gap else f"{gap:.4f}", f"{r['bytes_moved'] / 1e9:.3f}")
-    out_console.print(t)
+    from kvsim.cli.render import print_view
+
+    print_view(sweep_table(res.table, f"sweep {trace.name}: {res.cells} cells"))
+
+
+def sweep_table(table: pd.DataFrame, title: str) -> Table:
+    """One row per (HBM, DRAM) cell and distinct result: policies whose cell results are
+    identical share a row (as in compare); percentages and the gap to belady in points."""
+    from rich import box
+
+    from kvsim.cli.render import group_identical
+
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0),
+              pad_edge=False, header_style="bold")
+    for col in ("HBM GB", "DRAM GB", "policy", "HBM hit", "gap to\nbelady", "p99 step\nms",
+                "GB moved"):
+        t.add_column(col, justify="left" if col == "policy" else "right",
+                     overflow="fold", max_width=40 if col == "policy" else None)
+    keys = [c for c in ("hbm_gb", "dram_gb") if c in table.columns]
+    cells = table.groupby(keys, dropna=False, sort=True) if keys else [((), table)]
+    for _, cell in cells:
+        result_cols = [c for c in ("policy", "offline", "hbm_hit_rate", "p99_step_us",
+                                   "gap_hbm_hit_rate_to_belady", "bytes_moved",
+                                   "decode_critical_misses", "ttft_p99_us")
+                       if c in cell.columns]
+        for names, r in group_identical(cell[result_cols]):
+            full = cell[cell["policy"] == names[0]].iloc[0]
+            gap = full["gap_hbm_hit_rate_to_belady"]
+            t.add_row(f"{full['hbm_gb']:g}",
+                      "profile" if full["dram_gb"] != full["dram_gb"] else f"{full['dram_gb']:g}",
+                      ", ".join(names), f"{100 * full['hbm_hit_rate']:.2f}%",
+                      "" if gap != gap else f"{100 * gap:+.2f} pp",
+                      f"{full['p99_step_us'] / 1e3:.3f}", f"{full['bytes_moved'] / 1e9:.3f}")
+    return t
 
 
 @app.command("report", short_help="Draw a sweep: one self-contained HTML file (and PNGs): "
