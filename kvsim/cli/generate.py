@@ -25,6 +25,12 @@ def _list_callback(value: bool) -> None:
         raise typer.Exit()
 
 
+# kv_deadline_scheduler's generate options kvsim has no use for (kvsim.cli.compat).
+_DecodeStepsOpt = compat.kvmi_only_option("--decode-steps")
+_BlocksPerRequestOpt = compat.kvmi_only_option("--blocks-per-request")
+_BlockKbOpt = compat.kvmi_only_option("--block-kb")
+
+
 @app.command("generate")
 def generate_command(
     profile: Annotated[str, typer.Option(
@@ -48,9 +54,9 @@ def generate_command(
     list_: Annotated[bool, typer.Option(
         "--list", callback=_list_callback, is_eager=True,
         help="List the bundled profiles with their descriptions and exit.")] = False,
-    decode_steps: compat.kvmi_only_option("--decode-steps") = None,
-    blocks_per_request: compat.kvmi_only_option("--blocks-per-request") = None,
-    block_kb: compat.kvmi_only_option("--block-kb") = None,
+    decode_steps: _DecodeStepsOpt = None,
+    blocks_per_request: _BlocksPerRequestOpt = None,
+    block_kb: _BlockKbOpt = None,
     json_: JsonOption = False,
 ) -> None:
     """Generate a synthetic workload from a TOML profile (sessions, SLOs, priorities, shared

@@ -94,6 +94,11 @@ def render_summary(s: ImportSummary) -> None:
     out_console.print(table)
 
 
+# kv_deadline_scheduler's import options kvsim has no use for (kvsim.cli.compat).
+_LogicalBlockMbOpt = compat.kvmi_only_option("--logical-block-mb", "MB")
+_MaxBlocksPerRequestOpt = compat.kvmi_only_option("--max-blocks-per-request")
+
+
 @app.command("import-request-trace")
 def import_request_trace_command(
     requests: Annotated[Path, typer.Option(
@@ -137,8 +142,8 @@ def import_request_trace_command(
     kvmi_step_us: Annotated[int, typer.Option(
         "--kvmi-step-us", min=1, help="kvmi: microseconds per kvmi step (kvmi records "
         "no time).")] = 1000,
-    logical_block_mb: compat.kvmi_only_option("--logical-block-mb", "MB") = None,
-    max_blocks_per_request: compat.kvmi_only_option("--max-blocks-per-request") = None,
+    logical_block_mb: _LogicalBlockMbOpt = None,
+    max_blocks_per_request: _MaxBlocksPerRequestOpt = None,
     json_: JsonOption = False,
 ) -> None:
     """Read a request trace (Mooncake, Azure, OpenAI proxy log, agentic conversations,

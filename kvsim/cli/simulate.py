@@ -9,7 +9,6 @@ from typing import Annotated
 
 import pandas as pd
 import typer
-from rich.table import Table
 
 from kvsim.cli import app, compat
 from kvsim.cli.common import JsonOption, emit_json, err_console, progress, quiet_progress
