@@ -184,6 +184,14 @@ def _quantiles(values: np.ndarray) -> list[float]:
     return [float(x) for x in np.quantile(v, LATENCY_QUANTILES)]
 
 
+def latency_quantiles(res) -> dict[str, list[float]]:
+    """A replay's (:class:`kvsim.sim.SimResult`) step-latency and TTFT quantiles at
+    :data:`LATENCY_QUANTILES`: ``step_latency_q_us``, ``ttft_q_us`` (for latency CDFs
+    without the per-step tables; sweep cells and compare rows both carry them)."""
+    return {"step_latency_q_us": _quantiles(res.steps["latency_us"].to_numpy(np.float64)),
+            "ttft_q_us": _quantiles(res.requests["ttft_us"].to_numpy(np.float64))}
+
+
 def occupancy_series(steps: pd.DataFrame,
                      max_points: int = OCCUPANCY_MAX_POINTS) -> pd.DataFrame:
     """A replay's per-step occupancy (``SimResult.steps``) downsampled to at most
@@ -221,9 +229,7 @@ def _run_cell_full(trace: str, policy: str, config: SimConfig, facts=None
     from kvsim.sim.replay import simulate
 
     res = simulate(trace, policy, config, facts=facts)
-    row = dict(res.summary)
-    row["step_latency_q_us"] = _quantiles(res.steps["latency_us"].to_numpy(np.float64))
-    row["ttft_q_us"] = _quantiles(res.requests["ttft_us"].to_numpy(np.float64))
+    row = {**res.summary, **latency_quantiles(res)}
     row["block_bytes"] = int(res.config.get("block_bytes", 0))
     return row, occupancy_series(res.steps)
 

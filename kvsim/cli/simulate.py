@@ -121,10 +121,16 @@ def _load_policy_files(files) -> None:
         load_policy_file(f)
 
 
+#: Columns holding a list per row (latency quantiles): kept in JSON and Parquet, left out
+#: of CSV (one value per cell).
+_LIST_COLUMNS = ("step_latency_q_us", "ttft_q_us")
+
+
 def _write_rows(df: pd.DataFrame, csv: Path | None, parquet: Path | None) -> None:
     if csv is not None:
         with atomic_output(csv) as tmp:
-            df.to_csv(tmp, index=False)
+            df.drop(columns=[c for c in _LIST_COLUMNS if c in df.columns]).to_csv(
+                tmp, index=False)
     if parquet is not None:
         with atomic_output(parquet) as tmp:
             df.to_parquet(tmp, index=False)
@@ -334,6 +340,10 @@ def compare_command(
     columns: ColumnsOpt = None,
     wide: WideOpt = False,
     sort: SortOpt = None,
+    html: Annotated[Path | None, typer.Option(
+        "--html", metavar="FILE", help="Also write a self-contained HTML report: per-policy "
+        "bars, step-latency and TTFT CDFs, per-tier traffic (no network, no JavaScript; "
+        "`kvsim report` draws it again from --parquet).", show_default=False)] = None,
     json_: JsonOption = False,
 ) -> None:
     """Replay one trace under several HBM placement policies (same tiers, same cost model)
@@ -368,6 +378,10 @@ def compare_command(
                          on_progress=on_policy)
     _write_rows(df, csv, parquet)
     label = str(trace) if trace is not None else _label(profile, requests, seed)
+    if html is not None:
+        from kvsim.report_compare import build_compare_report
+
+        build_compare_report(df, html, title=label)
     if json_:
         emit_json({"policies": df.to_dict(orient="records"), "trace": label,
                    "config": config.to_dict()})

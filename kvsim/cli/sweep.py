@@ -164,7 +164,8 @@ def sweep_table(table: pd.DataFrame, title: str) -> Table:
              "hit rate vs capacity, latency CDFs, p99, link bytes, occupancy.")
 def report_command(
     results: Annotated[Path, typer.Argument(
-        help="A sweep directory (kvsim sweep --out DIR) or its results.parquet.",
+        help="A sweep directory (kvsim sweep --out DIR) or its results.parquet, or a "
+             "compare's rows (kvsim compare --parquet FILE).",
         metavar="RESULTS", show_default=False)],
     out: Annotated[Path, typer.Option(
         "--out", help="HTML file to write (self-contained: inline SVG, no network, no "
@@ -187,7 +188,17 @@ def report_command(
     occupancy, and tier occupancy over time for one capacity cell (one panel per tier, a
     line per policy); --png writes the same figures as PNG files."""
     from kvsim.report import build_report
+    from kvsim.report_compare import build_compare_report, is_compare_table
 
+    if is_compare_table(results):  # a compare's --parquet: the compare report
+        rep = build_compare_report(results, out, title=results.name)
+        if json_:
+            emit_json({"html": str(rep.html_path), "png": [], "figures": rep.figures,
+                       "cells": rep.cells, "policies": rep.policies})
+        else:
+            out_console.print(f"wrote {rep.html_path} (compare of {rep.cells} policies, "
+                              f"{len(rep.figures)} figures)", highlight=False)
+        return
     rep = build_report(results, out, png, occupancy_hbm_gb=occupancy_hbm_gb,
                        occupancy_dram_gb=occupancy_dram_gb)
     if json_:

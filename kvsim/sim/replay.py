@@ -474,7 +474,10 @@ def _one(name: str) -> dict:
     trace, config, facts = _SHARED["args"]
     log_dir = _SHARED.get("log_dir")
     log = None if log_dir is None else Path(log_dir) / f"{name}.parquet"
-    return simulate(trace, name, config, decision_log=log, facts=facts).summary
+    res = simulate(trace, name, config, decision_log=log, facts=facts)
+    from kvsim.sweep import latency_quantiles
+
+    return {**res.summary, **latency_quantiles(res)}  # the quantiles: compare's HTML CDFs
 
 
 def default_policies() -> list[str]:
@@ -492,7 +495,8 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
             config: SimConfig | None = None, decision_log_dir: str | Path | None = None,
             jobs: int = 1, on_progress: Callable[[str], None] | None = None) -> pd.DataFrame:
     """Replay the same trace under each policy; one row per policy (columns = the stable
-    ``--json`` keys), in the order given, plus each policy's gap to belady (the offline
+    ``--json`` keys, plus ``step_latency_q_us`` and ``ttft_q_us``: the step-latency and
+    TTFT quantiles at :data:`kvsim.sweep.LATENCY_QUANTILES`), in the order given, plus each policy's gap to belady (the offline
     bound, run even when not listed unless it is unavailable) and, when lru is among the
     policies, its difference from lru (``p99_step_us_vs_lru``, ``p99_step_pct_vs_lru``,
     ``decode_critical_misses_vs_lru``: this policy's minus lru's; negative = better)."""
