@@ -177,11 +177,10 @@ def _source(trace, profile, requests, seed, config, tmpdir, quiet) -> Path:
     source = Path(tmpdir) / "workload.parquet"
     lowering = config.lowering_options()
     budget = lowering.get("num_gpu_blocks")
-    if not quiet:
-        err_console.print(f"generating {requests:,} requests from profile {profile} "
-                          f"(seed {seed}"
-                          + (f", scheduler budget {budget:,} blocks = the HBM pool)"
-                             if budget else ")"))
+    err_console.print(f"generating {requests:,} requests from profile {profile} "  # a log
+                      f"(seed {seed}"                                     # line, not progress
+                      + (f", scheduler budget {budget:,} blocks = the HBM pool)"
+                         if budget else ")"))
     with progress(quiet=quiet) as bar:
         task = bar.add_task(f"generate {profile}", total=None)
         generate(profile, requests, seed, source, **lowering,
