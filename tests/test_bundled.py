@@ -59,3 +59,16 @@ def test_every_profile_generates_a_catalog_model_trace_and_replays(profile, tmp_
     assert gen.exit_code == 0, gen.output
     with open_events(out) as reader:
         assert reader.header.model in list_models()
+
+
+def test_sample_mooncake_regenerates_byte_identically(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_mooncake_sample",
+                                                  ROOT / "traces" / "make_mooncake_sample.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    made = module.main(tmp_path)
+    assert made.read_bytes() == (ROOT / "traces" / "sample_mooncake.jsonl").read_bytes()
+    rows = [json.loads(line) for line in made.read_text().splitlines()]
+    assert len(rows) == 65 and all(len(r["hash_ids"]) * 512 >= r["input_length"] for r in rows)
