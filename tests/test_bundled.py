@@ -15,8 +15,9 @@ from kvsim.models import list_models
 from kvsim.workload import list_profiles
 
 ROOT = Path(__file__).resolve().parents[1]
+#: Bundled event traces (sample_mooncake.jsonl is a request trace: the README imports it).
 TRACES = sorted(p for p in (ROOT / "traces").iterdir()
-                if p.name.endswith((".parquet", ".jsonl")))
+                if p.name.endswith((".parquet", ".jsonl")) and "mooncake" not in p.name)
 runner = CliRunner()
 
 
