@@ -195,6 +195,18 @@ def _quantiles(values: np.ndarray) -> list[float]:
     return [float(x) for x in np.quantile(v, LATENCY_QUANTILES)]
 
 
+def latency_quantiles(res) -> dict[str, list[float]]:
+    """A replay's (:class:`kvsim.sim.SimResult`) step-latency and TTFT quantiles at
+    :data:`LATENCY_QUANTILES`: ``step_latency_q_us``, ``ttft_q_us`` (for latency CDFs
+    without the per-step tables; sweep cells and compare rows both carry them)."""
+    empty = np.zeros(0, np.float64)
+    # cache mode and optimal have no step latencies / TTFTs: NaN quantiles
+    lat = res.steps["latency_us"].to_numpy(np.float64) if "latency_us" in res.steps else empty
+    ttft = res.requests["ttft_us"].to_numpy(np.float64) if "ttft_us" in res.requests \
+        else empty
+    return {"step_latency_q_us": _quantiles(lat), "ttft_q_us": _quantiles(ttft)}
+
+
 def occupancy_series(steps: pd.DataFrame,
                      max_points: int = OCCUPANCY_MAX_POINTS) -> pd.DataFrame:
     """A replay's per-step occupancy (``SimResult.steps``) downsampled to at most
@@ -232,14 +244,7 @@ def _run_cell_full(trace: str, policy: str, config: SimConfig, facts=None
     from kvsim.sim.replay import simulate
 
     res = simulate(trace, policy, config, facts=facts)
-    row = dict(res.summary)
-    empty = np.zeros(0, np.float64)
-    # cache mode and optimal have no step latencies / TTFTs: NaN quantiles, no occupancy
-    lat = res.steps["latency_us"].to_numpy(np.float64) if "latency_us" in res.steps else empty
-    ttft = res.requests["ttft_us"].to_numpy(np.float64) if "ttft_us" in res.requests \
-        else empty
-    row["step_latency_q_us"] = _quantiles(lat)
-    row["ttft_q_us"] = _quantiles(ttft)
+    row = {**res.summary, **latency_quantiles(res)}
     row["block_bytes"] = int(res.config.get("block_bytes", 0))
     occ = occupancy_series(res.steps) if "step" in res.steps and len(res.steps) else \
         pd.DataFrame({"step_first": np.zeros(0, np.int64)})

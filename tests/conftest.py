@@ -31,3 +31,40 @@ def shared_formats() -> Path:
         pytest.skip(f"reference formats not found at {path} (../shared/formats beside the "
                     "repository)")
     return path
+
+
+#: Tests that take more than a few seconds on 2 cores (measured with `pytest --durations`,
+#: docs/cli.md "Running the tests"), besides every test needing the real traces: marked
+#: `slow` here, in one place, so the default `pytest` run stays under 5 minutes.  They run
+#: as the second step of tests/run_suite.sh (`pytest -m slow`), never dropped.  Node ids
+#: or their prefixes (a prefix marks every parametrisation).
+SLOW_TESTS = (
+    "tests/policies/test_belady_bound.py::test_belady_is_a_bound",  # hypothesis, 100s of runs
+    "tests/policies/test_vs_libcachesim.py::",  # the peer's own replays
+    "tests/policies/test_deadline_wins.py::",  # a budget-matched lowering of 256 requests
+    "tests/memory/test_block_life.py::test_life_of_a_cached_block[fast]",  # numba compiles
+    "tests/memory/test_block_life.py::test_decode_block_becomes_full_then_shared[fast]",
+    "tests/memory/test_cow_preempt.py::test_fork_diverge_prune[fast]",
+    "tests/memory/test_cow_preempt.py::test_preemption_recompute_and_rerun_accounting[fast]",
+    "tests/memory/test_order_plugin.py::test_golden_scenario_under_lifo_order",  # compiles
+    "tests/sweep/test_report.py::",  # matplotlib figures of a sweep, Chromium
+    "tests/sim/test_report_compare.py::",  # matplotlib figures of a compare, Chromium
+    "tests/backends/test_cpu_backend.py::test_import_and_cpu_use_import_nothing_cuda_and_"
+    "detect_never_raises",  # fresh interpreters
+    "tests/sweep/test_cli.py::test_sweep_cli_resumes_from_cache_and_report_cli",
+    "tests/test_events_roundtrip.py::test_jsonl_parquet_round_trip_is_identity",  # hypothesis
+    "tests/test_bad_inputs.py::test_real_subprocess",  # a fresh interpreter per bad file
+)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Mark `slow`: the tests of :data:`SLOW_TESTS` and every test needing the real traces
+    (marker `traces` or fixture `shared_traces`)."""
+    slow = pytest.mark.slow
+    for item in items:
+        nodeid = item.nodeid.replace("\\", "/")
+        if (item.get_closest_marker("traces") is not None
+                or "shared_traces" in getattr(item, "fixturenames", ())
+                or any(nodeid == s or (s.endswith("::") and nodeid.startswith(s))
+                       or nodeid.startswith(s + "[") for s in SLOW_TESTS)):
+            item.add_marker(slow)

@@ -35,7 +35,25 @@ HAND_BYTES_PER_TOKEN_FP16 = {
     "qwen2.5-72b": 80 * 2 * 8 * 128 * 2,  # GQA 64/8
     "gemma-2-9b": 42 * 2 * 8 * 256 * 2,  # GQA 16/8, explicit head_dim 256
     "deepseek-v3": 61 * (512 + 64) * 2,  # MLA: latent 512 + rope key 64 per layer
+    "deepseek-r1": 61 * (512 + 64) * 2,  # the V3 architecture
+    "deepseek-v3.1": 61 * (512 + 64) * 2,
+    "llama-3.1-8b": 32 * 2 * 8 * 128 * 2,  # GQA 32/8
+    "llama-3.1-70b": 80 * 2 * 8 * 128 * 2,  # GQA 64/8
+    "llama-3.3-70b": 80 * 2 * 8 * 128 * 2,
+    "qwen3-8b": 36 * 2 * 8 * 128 * 2,  # GQA 32/8, head_dim 128
+    "qwen3-32b": 64 * 2 * 8 * 128 * 2,  # GQA 64/8, head_dim 128 (not 5120/64 = 80)
+    "qwen3-30b-a3b": 48 * 2 * 4 * 128 * 2,  # MoE: KV is attention's only, GQA 32/4
+    "qwen3-235b-a22b": 94 * 2 * 4 * 128 * 2,  # GQA 64/4
+    "gpt-oss-20b": 24 * 2 * 8 * 64 * 2,  # per token, before the 128-token window caps half
+    "gpt-oss-120b": 36 * 2 * 8 * 64 * 2,
+    "mistral-small": 40 * 2 * 8 * 128 * 2,
+    "mistral-large": 88 * 2 * 8 * 128 * 2,
+    "gemma-3-27b": 62 * 2 * 16 * 128 * 2,  # GQA 32/16; 52 of 62 layers slide over 1024
 }
+
+#: (sliding layers, window) of the hybrid-attention models: what caps their KV.
+HYBRID = {"gemma-2-9b": (21, 4096), "gemma-3-27b": (52, 1024), "gpt-oss-20b": (12, 128),
+          "gpt-oss-120b": (18, 128), "mistral-7b": (32, 4096)}
 
 
 def test_catalog_has_every_required_model_and_nothing_unchecked():
@@ -163,7 +181,7 @@ def test_spec_invariants_and_parameter_counts(name):
     assert (m.attention == "mla") == (m.kv_lora_rank > 0)
     assert 0 < m.num_active_params <= m.num_params
     counted = estimate_num_params(m.config)
-    if name == "deepseek-v3":
+    if name.startswith("deepseek"):
         assert counted is None  # published figures, not counted
     else:  # the catalog's published counts re-derived from the config's tensor shapes
         assert counted == (m.num_params, m.num_active_params)
@@ -343,3 +361,20 @@ def test_recent_config_styles(tmp_path):
     est = estimate_kv(counted, prompt_tokens=10, generated_tokens=0, gpu_mem_gb=24,
                       memory_utilization=1.0)
     assert est.weights_bytes == 596_049_920 * 2  # served in fp16: no torch_dtype given
+
+
+@pytest.mark.parametrize("name", sorted(HAND_BYTES_PER_TOKEN_FP16))
+def test_hybrid_attention_layers_and_window(name):
+    m = load_model(name)
+    assert (m.num_sliding_layers, m.sliding_window) == HYBRID.get(name, (0, None))
+
+
+def test_hybrid_models_cap_sliding_layers_at_the_window():
+    """gpt-oss-20b at 100,000 tokens: 12 full layers hold every token, 12 sliding layers
+    only the last 128."""
+    m = load_model("gpt-oss-20b")
+    per_layer = 2 * 8 * 64 * 2
+    assert kv_bytes_for_tokens(m, 100_000) == per_layer * (12 * 100_000 + 12 * 128)
+    gemma = load_model("gemma-3-27b")
+    assert gemma.layer_types[:6] == ("sliding",) * 5 + ("full",)
+    assert gemma.config["vocab_size"] == 262_208  # transformers' default: config omits it

@@ -18,7 +18,8 @@ app = typer.Typer(
     name="kvsim",
     cls=KvsimGroup,
     help="Trace-driven simulator and policy lab for LLM KV-cache memory "
-    "(HBM / DRAM / CXL / NVMe).  Docs: docs/README.md.",
+    "(HBM / DRAM / CXL / NVMe).  Docs: README.md and docs/ in the source repository "
+    "(start with docs/cli.md; kv_deadline_scheduler users: docs/migrating-from-kvmi.md).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -12,7 +12,8 @@ from rich.table import Table
 
 from kvsim.backends.base import CALIBRATION_LAYOUT, DTYPE_BYTES, BlockLayout
 from kvsim.cli import app
-from kvsim.cli.common import JsonOption, check_outputs, emit_json, out_console, progress
+from kvsim.cli.common import (JsonOption, check_outputs, emit_json, out_console, progress,
+                              quiet_progress)
 from kvsim.errors import KvsimInputError
 
 _BACKEND_HELP = ("cpu: numpy pool in RAM, numba copies, file I/O (host memcpy stands in for "
@@ -97,7 +98,7 @@ def calibrate_command(
         overrides["max_bytes"] = int(max_mib * MIB)
     settings = (CalibrationSettings.quick(**overrides) if quick
                 else CalibrationSettings(**overrides))
-    with progress() as bar:
+    with progress(quiet=quiet_progress(as_json)) as bar:
         task = bar.add_task(f"calibrate {backend}", total=None)
         result = calibrate(settings, on_progress=lambda d, t: bar.update(task, completed=d,
                                                                            total=t))
@@ -199,7 +200,7 @@ def replay_command(
                               num_layers=layers, pool_bytes=max(1, int(pool_mib * MIB)),
                               max_rows=max_rows, disk_dir=str(disk_dir) if disk_dir else None,
                               seed=seed, cpu_timer=cpu_timer)
-    with progress() as bar:
+    with progress(quiet=quiet_progress(as_json)) as bar:
         task = bar.add_task("replay", total=None)
         result = replay_decision_log(decision_log, settings,
                                      on_progress=lambda d, t: bar.update(task, completed=d,

@@ -277,8 +277,15 @@ def emit_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(_jsonable(obj), indent=2, sort_keys=False) + "\n")
 
 
-def progress(transient: bool = True) -> Progress:
-    """A rich progress bar on stderr (hidden when stderr is not a terminal)."""
+def quiet_progress(json_: bool) -> bool:
+    """Progress is silent under ``--json`` when stdout is not a terminal (a pipe or a file:
+    a script reads the JSON, nobody watches the bar)."""
+    return bool(json_) and not sys.stdout.isatty()
+
+
+def progress(transient: bool = True, quiet: bool = False) -> Progress:
+    """A rich progress bar on stderr: description, bar, done/total, elapsed, ETA (hidden
+    when stderr is not a terminal, or when ``quiet``, see :func:`quiet_progress`)."""
     return Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
@@ -287,5 +294,5 @@ def progress(transient: bool = True) -> Progress:
         TimeRemainingColumn(),
         console=err_console,
         transient=transient,
-        disable=not err_console.is_terminal,
+        disable=quiet or not err_console.is_terminal,
     )

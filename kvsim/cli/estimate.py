@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
+from rich import box
 from rich.table import Table
 
 from kvsim.cli import app
@@ -29,14 +30,17 @@ def _size_row(table: Table, label: str, nbytes: int | None, note: str = "") -> N
 
 
 def _render(est: KvEstimate) -> None:
+    from kvsim.cli.render import print_view
+
+    lines: list = []
     head = (f"[bold]{est.model}[/bold]  attention={est.attention}  kv_dtype={est.kv_dtype}  "
             f"block={est.block_size_tokens} tokens  request={est.prompt_tokens}+"
             f"{est.generated_tokens}={est.request_tokens} tokens  "
             f"max_seq_len={est.max_seq_len}  concurrency={est.concurrency}"
             + (f"  tensor_parallel={est.tensor_parallel_size}" if est.tensor_parallel_size > 1
                else ""))
-    out_console.print(head)
-    table = Table(show_header=True, header_style="bold")
+    lines.append(head)
+    table = Table(show_header=True, header_style="bold", box=box.SIMPLE_HEAD)
     for col, justify in (("quantity", "left"), ("bytes", "right"), ("MB (10^6)", "right"),
                          ("MiB (2^20)", "right"), ("note", "left")):
         table.add_column(col, justify=justify)
@@ -63,19 +67,24 @@ def _render(est: KvEstimate) -> None:
     _size_row(table, "KV budget", est.kv_budget_bytes,
               (f"per GPU: {est.memory_utilization} x GPU memory - weights / "
                f"{est.tensor_parallel_size}") if est.memory_utilization else "")
-    out_console.print(table)
-    out_console.print(f"sequences per GB: paged {est.sequences_per_gb_paged:,.3f}, naive "
+    lines.append(table)
+    lines.append(f"sequences per GB: paged {est.sequences_per_gb_paged:,.3f}, naive "
                       f"{est.sequences_per_gb_naive:,.3f} (paged fits "
                       f"{est.paged_vs_naive_ratio:,.2f}x as many)")
     if est.fits_sequences is not None:
         verdict = "fits" if est.fits_concurrency else "does NOT fit"
         group = f"{est.tensor_parallel_size} x " if est.tensor_parallel_size > 1 else ""
-        out_console.print(f"{group}{est.gpu} ({est.gpu_memory_bytes / BYTES_PER_GB:,.2f} GB): "
+        lines.append(f"{group}{est.gpu} ({est.gpu_memory_bytes / BYTES_PER_GB:,.2f} GB): "
                           f"{est.fits_sequences:,} sequences fit paged, "
                           f"{est.fits_sequences_naive:,} naive; concurrency "
                           f"{est.concurrency} {verdict}")
     for warning in est.warnings:
-        out_console.print(f"[yellow]note:[/yellow] {warning}")
+        lines.append(f"note: {warning}")
+    print_view(*lines)
+
+
+_GEOMETRY_HELP = ("kv_deadline_scheduler's geometry option (instead of a MODEL): the "
+                  "config.json field ")
 
 
 @app.command("estimate-kv")
@@ -83,6 +92,9 @@ def estimate_kv_command(
     model: Annotated[Optional[str], typer.Argument(
         help="Catalog model name: " + ", ".join(list_models()) + ".", show_default=False)]
     = None,
+    model_opt: Annotated[Optional[str], typer.Option(
+        "--model", metavar="NAME", help="The catalog model, as an option (kv_deadline_"
+        "scheduler's spelling; same as the MODEL argument).", show_default=False)] = None,
     config: Annotated[Optional[str], typer.Option(
         "--config", help="A Hugging Face config.json (or a model folder holding one) to "
         "read instead of a catalog name.",
@@ -122,6 +134,27 @@ def estimate_kv_command(
         "weights + KV (vLLM --gpu-memory-utilization).")] = DEFAULT_MEMORY_UTILIZATION,
     list_models_flag: Annotated[bool, typer.Option(
         "--list-models", help="List the catalog models and exit.")] = False,
+    batch_size: Annotated[Optional[int], typer.Option(
+        "--batch-size", min=1, hidden=True, help="kv_deadline_scheduler's name for "
+        "--concurrency.", show_default=False)] = None,
+    dtype_bytes: Annotated[Optional[int], typer.Option(
+        "--dtype-bytes", hidden=True, help="kv_deadline_scheduler's KV width in bytes "
+        "(1, 2, 4) = --kv-dtype fp8 / fp16 / fp32.", show_default=False)] = None,
+    num_layers: Annotated[Optional[int], typer.Option(
+        "--num-layers", min=1, hidden=True, show_default=False,
+        help=_GEOMETRY_HELP + "num_hidden_layers.")] = None,
+    hidden_size: Annotated[Optional[int], typer.Option(
+        "--hidden-size", min=1, hidden=True, show_default=False,
+        help=_GEOMETRY_HELP + "hidden_size.")] = None,
+    num_attention_heads: Annotated[Optional[int], typer.Option(
+        "--num-attention-heads", min=1, hidden=True, show_default=False,
+        help=_GEOMETRY_HELP + "num_attention_heads.")] = None,
+    num_kv_heads: Annotated[Optional[int], typer.Option(
+        "--num-kv-heads", min=1, hidden=True, show_default=False,
+        help=_GEOMETRY_HELP + "num_key_value_heads.")] = None,
+    head_dim: Annotated[Optional[int], typer.Option(
+        "--head-dim", min=1, hidden=True, show_default=False,
+        help=_GEOMETRY_HELP + "head_dim.")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Size the KV cache of a model: bytes per token and block, paged vs naive per request,
@@ -134,14 +167,34 @@ def estimate_kv_command(
             for name in names:
                 out_console.print(name)
         return
-    if (model is None) == (config is None):
-        raise KvsimInputError("expected exactly one of a MODEL name or --config FILE", None,
-                              None, "model")
+    from kvsim.cli import compat
+
+    if model is not None and model_opt is not None and model != model_opt:
+        raise KvsimInputError(f"expected one model, got MODEL {model!r} and --model "
+                              f"{model_opt!r}", None, None, "--model")
+    model = model if model is not None else model_opt
+    geometry = {"num_hidden_layers": num_layers, "hidden_size": hidden_size,
+                "num_attention_heads": num_attention_heads, "num_key_value_heads": num_kv_heads,
+                "head_dim": head_dim}
+    given = {k: v for k, v in geometry.items() if v is not None}
+    if batch_size is not None:
+        concurrency = batch_size
+    if dtype_bytes is not None:
+        kv_dtype = compat.kv_dtype_for_bytes(dtype_bytes)
     check_limit("--prompt-tokens", prompt_tokens, "max_prompt_tokens")
     check_limit("--generated-tokens", generated_tokens, "max_output_tokens")
     check_limit("--max-seq-len", max_seq_len, "max_prompt_tokens")
     check_limit("--concurrency", concurrency, "max_concurrency")
-    spec = load_model(config if config is not None else model)
+    if given and (model is not None or config is not None):
+        raise KvsimInputError("expected a MODEL, --config FILE, or the geometry options "
+                              "(--num-layers ...), not both", None, None, "--num-layers")
+    if given:
+        spec = compat.spec_from_geometry(given)
+    elif (model is None) == (config is None):
+        raise KvsimInputError("expected exactly one of a MODEL name (or --model NAME) or "
+                              "--config FILE", None, None, "model")
+    else:
+        spec = load_model(config if config is not None else model)
     est = estimate_kv(spec, prompt_tokens=prompt_tokens, generated_tokens=generated_tokens,
                       block_size_tokens=block_size, concurrency=concurrency,
                       max_seq_len=max_seq_len, kv_dtype=kv_dtype, gpu=gpu,

@@ -10,8 +10,9 @@ from typing import Annotated
 
 import typer
 
-from kvsim.cli import app
-from kvsim.cli.common import JsonOption, check_limit, check_outputs, emit_json, out_console
+from kvsim.cli import app, compat
+from kvsim.cli.common import (JsonOption, check_limit, check_outputs, emit_json, out_console,
+                              quiet_progress)
 from kvsim.cli.importing import (BlockSizeOption, GpuMemUtilOption, HardwareOption,
                                  MaxSeqsOption, MaxTokensOption, ModelOption,
                                  NumGpuBlocksOption, render_summary, run_with_progress)
@@ -23,6 +24,12 @@ def _list_callback(value: bool) -> None:
         for name in list_profiles():
             out_console.print(f"{name:24s} {load_profile(name).description}")
         raise typer.Exit()
+
+
+# kv_deadline_scheduler's generate options kvsim has no use for (kvsim.cli.compat).
+_DecodeStepsOpt = compat.kvmi_only_option("--decode-steps")
+_BlocksPerRequestOpt = compat.kvmi_only_option("--blocks-per-request")
+_BlockKbOpt = compat.kvmi_only_option("--block-kb")
 
 
 @app.command("generate")
@@ -48,6 +55,9 @@ def generate_command(
     list_: Annotated[bool, typer.Option(
         "--list", callback=_list_callback, is_eager=True,
         help="List the bundled profiles with their descriptions and exit.")] = False,
+    decode_steps: _DecodeStepsOpt = None,
+    blocks_per_request: _BlocksPerRequestOpt = None,
+    block_kb: _BlockKbOpt = None,
     json_: JsonOption = False,
 ) -> None:
     """Generate a synthetic workload from a TOML profile (sessions, SLOs, priorities, shared
@@ -55,8 +65,12 @@ def generate_command(
     model to MemoryIntent block events.  Deterministic for a given --seed."""
     check_outputs(("--out", out, "events"))
     check_limit("--requests", requests, "max_concurrency")
+    for flag, value in (("--decode-steps", decode_steps),
+                        ("--blocks-per-request", blocks_per_request), ("--block-kb", block_kb)):
+        compat.kvmi_only(flag, value)
     summary = run_with_progress(
-        "generating", generate, profile=profile, num_requests=requests, seed=seed,
+        "generating", generate, quiet=quiet_progress(json_), profile=profile,
+        num_requests=requests, seed=seed,
         out_path=out, model=model, hardware=hardware, block_size_tokens=block_size,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         num_gpu_blocks=num_gpu_blocks, gpu_memory_utilization=gpu_memory_utilization)

@@ -12,8 +12,8 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from kvsim.cli import app
-from kvsim.cli.common import JsonOption, emit_json, out_console, progress
+from kvsim.cli import app, compat
+from kvsim.cli.common import JsonOption, emit_json, out_console, progress, quiet_progress
 from kvsim.ingest import FORMATS, ImportSummary, import_request_trace
 
 ModelOption = Annotated[str, typer.Option(
@@ -41,9 +41,10 @@ GpuMemUtilOption = Annotated[Optional[float], typer.Option(
     "kvsim simulate's option).", show_default=False)]
 
 
-def run_with_progress(label: str, fn, **kwargs) -> ImportSummary:
-    """Call ``fn(progress=callback, **kwargs)`` with a rich progress bar on stderr."""
-    with progress() as bar:
+def run_with_progress(label: str, fn, quiet: bool = False, **kwargs) -> ImportSummary:
+    """Call ``fn(progress=callback, **kwargs)`` with a rich progress bar on stderr (its
+    total: the events to lower; silent when ``quiet``)."""
+    with progress(quiet=quiet) as bar:
         task = bar.add_task(label, total=None)
 
         def update(done: int, total: int) -> None:
@@ -95,6 +96,11 @@ def render_summary(s: ImportSummary) -> None:
     out_console.print(table)
 
 
+# kv_deadline_scheduler's import options kvsim has no use for (kvsim.cli.compat).
+_LogicalBlockMbOpt = compat.kvmi_only_option("--logical-block-mb", "MB")
+_MaxBlocksPerRequestOpt = compat.kvmi_only_option("--max-blocks-per-request")
+
+
 @app.command("import-request-trace")
 def import_request_trace_command(
     requests: Annotated[Path, typer.Option(
@@ -115,7 +121,9 @@ def import_request_trace_command(
     gpu_memory_utilization: GpuMemUtilOption = None,
     map_: Annotated[Optional[str], typer.Option(
         "--map", help="Column mapping for the generic reader, e.g. "
-        "'arrival_ms=ts,prompt_tokens=in,output_tokens=out' (implies --format generic).",
+        "'arrival_ms=ts,prompt_tokens=in,output_tokens=out' (implies --format generic); "
+        "'kvmi' reads kv_deadline_scheduler's request traces (generated_tokens, "
+        "deadline_ms).",
         show_default=False)] = None,
     trace_block_size: Annotated[int, typer.Option(
         "--trace-block-size", min=1, help="Tokens per block of a generic trace's "
@@ -143,6 +151,8 @@ def import_request_trace_command(
         "--limit", metavar="NAME=VALUE", help="Raise or lower a size limit (repeatable): "
         "max_prompt_tokens, max_output_tokens, max_fanout, max_time_us, max_epoch_us, "
         "max_total_tokens (defaults in docs/cli.md).", show_default=False)] = None,
+    logical_block_mb: _LogicalBlockMbOpt = None,
+    max_blocks_per_request: _MaxBlocksPerRequestOpt = None,
     json_: JsonOption = False,
 ) -> None:
     """Read a request trace (Mooncake, Azure, OpenAI proxy log, agentic conversations,
@@ -150,11 +160,18 @@ def import_request_trace_command(
     JSONL/CSV/Parquet with --map) and lower it through the engine model
     (continuous batching, chunked prefill, roofline step times) to MemoryIntent block
     events.  Prints a summary (requests, events, prefix reuse, skipped rows)."""
+    compat.kvmi_only("--logical-block-mb", logical_block_mb)
+    compat.kvmi_only("--max-blocks-per-request", max_blocks_per_request)
+    if map_ is None and format is None and (logical_block_mb is not None
+                                            or max_blocks_per_request is not None):
+        map_ = "kvmi"  # kvmi's own flags: its import reads kvmi request traces only
+    map_ = compat.KVMI_REQUEST_MAP if map_ == "kvmi" else map_
     from kvsim.limits import set_limit_overrides
 
     set_limit_overrides(limit)
     summary = run_with_progress(
-        "importing", import_request_trace, strict=strict, path=requests, out_path=out, format=format,
+        "importing", import_request_trace, quiet=quiet_progress(json_), strict=strict,
+        path=requests, out_path=out, format=format,
         mapping=map_, skip_bad_rows=skip_bad_rows, model=model, hardware=hardware,
         block_size_tokens=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, arrival_rate=arrival_rate,

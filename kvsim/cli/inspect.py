@@ -10,6 +10,7 @@ from rich.table import Table
 
 from kvsim.cli import app
 from kvsim.cli.common import JsonOption, emit_json, out_console, progress
+from kvsim.errors import KvsimInputError
 from kvsim.schema import DEFAULTS, ENUM_COLUMNS
 from kvsim.trace_summary import TraceSummary, head_events, summarize_trace
 
@@ -17,10 +18,14 @@ from kvsim.trace_summary import TraceSummary, head_events, summarize_trace
 @app.command("inspect", short_help="Validate an event file and summarize it: requests, blocks, "
              "bytes, steps, tokens, prefix reuse.")
 def inspect_command(
-    trace: Annotated[Path, typer.Argument(
+    trace: Annotated[Path | None, typer.Argument(
         help="Event file to inspect: Parquet, or JSONL when named *.jsonl "
              "(also *.jsonl.gz / *.jsonl.zst).  See docs/trace-format.md.",
-        show_default=False, metavar="TRACE")],
+        show_default=False, metavar="TRACE")] = None,
+    trace_opt: Annotated[Path | None, typer.Option(
+        "--trace", metavar="TRACE", help="The event file, as an option "
+        "(kv_deadline_scheduler's spelling; same as the TRACE argument).",
+        show_default=False)] = None,
     head: Annotated[int | None, typer.Option(
         "--head", min=0, metavar="N",
         help="Print the first N events (validated) instead of the summary.",
@@ -31,6 +36,10 @@ def inspect_command(
     kind, unique blocks, allocated bytes, steps, tokens and the prefix-reuse fraction (the
     block hit rate of an infinite prefix cache).  Exit 2 with one `error:` line on the
     first invalid row."""
+    if (trace is None) == (trace_opt is None):
+        raise KvsimInputError("expected the event file once: TRACE or --trace TRACE", None,
+                              None, "--trace")
+    trace = trace if trace is not None else trace_opt
     if head is not None:
         df = head_events(trace, head)
         if json_:

@@ -151,17 +151,18 @@ def _render_summary(s: LogSummary) -> None:
          f"{s.unattributed_needs:,} / {s.unattributed_cost_us:,.1f}"),
     ]:
         head.add_row(name, value)
-    out_console.print(head)
-    out_console.print(_records(s.by_action, "rows by action"))
-    out_console.print(_records(s.by_reason, "decisions by reason"))
-    out_console.print(_records(s.by_tier, "rows by tier move"))
-    out_console.print(_records(s.stall_by_cause, "stall by the eviction that caused it"))
-    out_console.print(_records(s.top_causes, "costliest evictions (--json: reasons too)",
-                               ["seq", "step", "block", "action", "from_tier", "cost_us",
-                                "need_step", "need_request_id", "need_decode_critical"]))
-    out_console.print(_records(s.top_paying_requests, "requests that paid the most stall"))
-    out_console.print(_records(s.top_evicted_blocks, "blocks evicted most"))
-    out_console.print(_records(s.top_evicted_requests, "requests whose blocks were evicted most"))
+    from kvsim.cli.render import print_view
+
+    print_view(head, _records(s.by_action, "rows by action"),
+               _records(s.by_reason, "decisions by reason"),
+               _records(s.by_tier, "rows by tier move"),
+               _records(s.stall_by_cause, "stall by the eviction that caused it"),
+               _records(s.top_causes, "costliest evictions (--json: reasons too)",
+                        ["seq", "step", "block", "action", "from_tier", "cost_us",
+                         "need_step", "need_request_id", "need_decode_critical"]),
+               _records(s.top_paying_requests, "requests that paid the most stall"),
+               _records(s.top_evicted_blocks, "blocks evicted most"),
+               _records(s.top_evicted_requests, "requests whose blocks were evicted most"))
 
 
 @log_app.command("show", help=_HELP["show"])
@@ -237,15 +238,9 @@ def _render_explain(e: Explanation) -> None:
         f"[bold]{e.policy}[/bold]: {e.action} block {e.block} "
         f"{e.from_tier} -> {e.to_tier} on behalf of request {e.request_id}; reason: {e.reason}")
     if e.candidates:
-        names = sorted({t for c in e.candidates for t in c["terms"]}) \
-            if e.terms_source != "logged score" else []
-        rows = [{"rank": c["rank"], "block": c["block"], "score": c["score"],
-                 **{f"term {t}": c["terms"].get(t) for t in names},
-                 "last_access_us": c["last_access_us"], "deadline_us": c["deadline_us"],
-                 "priority": c["priority"], "next use (step)": c["next_use_step"],
-                 "next use": c["next_use_action"]} for c in e.candidates]
-        out_console.print(_table(pd.DataFrame(rows, dtype=object),
-                                 f"candidates (terms: {e.terms_source})"))
+        from kvsim.cli.render import print_view
+
+        print_view(_candidate_table(e))
     n = e.next_need
     if e.action not in ("EVICT", "DEMOTE"):
         pass
@@ -265,6 +260,38 @@ def _render_explain(e: Explanation) -> None:
         more = len(e.other_decisions) - len(shown)
         out_console.print(f"other decisions at step {e.step}: {others}"
                           + (f", and {more:,} more (--json lists all)" if more else ""))
+
+
+def _num_text(v, fmt: str = "{:,.4g}") -> str:
+    return "-" if v is None or (isinstance(v, float) and v != v) else fmt.format(v)
+
+
+def _candidate_table(e: Explanation) -> Table:
+    """The candidates of an explanation, sized for 120 columns: the score terms share one
+    wrapped column (a policy's explain() may return many), times in ms, no sentinels."""
+    from rich import box
+
+    table = Table(title=f"candidates (terms: {e.terms_source})", title_justify="left",
+                  box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False,
+                  header_style="bold")
+    for header, justify in (("#", "right"), ("block", "left"), ("score", "right"),
+                            ("terms", "left"), ("last access\nms", "right"),
+                            ("deadline\nms", "right"), ("prio", "right"),
+                            ("next use\nstep", "right"), ("next use", "left")):
+        table.add_column(header, justify=justify, no_wrap=header != "terms",
+                         overflow="fold", min_width=12 if header == "terms" else None)
+    logged = e.terms_source == "logged score"
+    for c in e.candidates:
+        terms = "" if logged else " ".join(f"{k}={_num_text(v)}"
+                                           for k, v in sorted(c["terms"].items()))
+        deadline = c["deadline_us"]
+        table.add_row(str(c["rank"]), c["block"],
+                      "never" if c["score"] is None and logged else _num_text(c["score"]),
+                      terms, _num_text(c["last_access_us"] / 1000, "{:,.3f}"),
+                      "-" if deadline is None or deadline < 0 else f"{deadline / 1000:,.3f}",
+                      str(c["priority"]), _num_text(c["next_use_step"], "{:,}"),
+                      c["next_use_action"] or "never")
+    return table
 
 
 #: Other decisions of the step printed by `explain` (all of them with --json).

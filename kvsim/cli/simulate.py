@@ -3,18 +3,16 @@
 
 from __future__ import annotations
 
-import math
 import tempfile
 from pathlib import Path
 from typing import Annotated
 
 import pandas as pd
 import typer
-from rich.table import Table
 
-from kvsim.cli import app
+from kvsim.cli import app, compat
 from kvsim.cli.common import (JsonOption, check_outputs, emit_json, err_console, out_console,
-                              progress)
+                              progress, quiet_progress)
 from kvsim.errors import KvsimInputError
 from kvsim.fsutil import atomic_output
 
@@ -95,6 +93,19 @@ LifecycleOpt = Annotated[bool, typer.Option(
     "--log-lifecycle", help="The decision log also records ALLOCATE / HIT / REVIVE / "
     "RELEASE / FREE rows (much larger).")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for policies that randomise.")]
+ProfileOpt = Annotated[str | None, typer.Option(
+    "--profile", metavar="NAME|FILE.toml",
+    help="Generate a synthetic workload from this profile first (instead of --trace); "
+         "see `kvsim generate`.  It is lowered for this replay: same --hardware and "
+         "--model, and the scheduler's KV budget is the HBM pool (--hbm-gb / "
+         "--hbm-blocks), so a smaller HBM admits fewer requests at once as a real "
+         "engine would.", show_default=False)]
+RequestsOpt = Annotated[int, typer.Option(
+    "--requests", min=1, metavar="N", help="Requests to generate with --profile.")]
+HbmMbOpt = compat.mb_option("hbm")
+DramMbOpt = compat.mb_option("dram")
+CxlMbOpt = compat.mb_option("cxl")
+NvmeMbOpt = compat.mb_option("nvme")
 EngineOpt = Annotated[str, typer.Option(
     "--engine", metavar="ENGINE",
     help="auto (default: compiled when already compiled for these policies, cached on "
@@ -105,10 +116,14 @@ EngineOpt = Annotated[str, typer.Option(
 
 def _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model, tier_policy,
             write_policy, preemption, priority_scheduling, no_prefetch, warmup, log_lifecycle,
-            seed, engine, warmup_requests=None, mode="engine", cache_variant="prefix"):
+            seed, engine, warmup_requests=None, mode="engine", cache_variant="prefix",
+            mb=(None, None, None, None)):
     from kvsim.sim import SimConfig
     from kvsim.sim.config import parse_tier_policies
 
+    hbm_gb, dram_gb, cxl_gb, nvme_gb = (
+        compat.capacity_gb(gb, m, tier) for gb, m, tier in
+        zip((hbm_gb, dram_gb, cxl_gb, nvme_gb), mb, ("hbm", "dram", "cxl", "nvme")))
     return SimConfig(hardware=hardware, hbm_gb=hbm_gb, hbm_blocks=hbm_blocks, dram_gb=dram_gb,
                      cxl_gb=cxl_gb, nvme_gb=nvme_gb, model=model,
                      tier_policies=parse_tier_policies(tier_policy), write_policy=write_policy,
@@ -125,132 +140,121 @@ def _load_policy_files(files) -> None:
         load_policy_file(f)
 
 
+#: Columns holding a list per row (latency quantiles): kept in JSON and Parquet, left out
+#: of CSV (one value per cell).
+_LIST_COLUMNS = ("step_latency_q_us", "ttft_q_us")
+
+
 def _write_rows(df: pd.DataFrame, csv: Path | None, parquet: Path | None) -> None:
     if csv is not None:
         with atomic_output(csv) as tmp:
-            df.to_csv(tmp, index=False)
+            df.drop(columns=[c for c in _LIST_COLUMNS if c in df.columns]).to_csv(
+                tmp, index=False)
     if parquet is not None:
         with atomic_output(parquet) as tmp:
             df.to_parquet(tmp, index=False)
 
 
-# (key, header, format, better: "min" | "max" | None)
-_COLUMNS = (
-    ("p50_step_us", "step p50 us", "{:,.0f}", "min"),
-    ("p95_step_us", "p95", "{:,.0f}", "min"),
-    ("p99_step_us", "p99", "{:,.0f}", "min"),
-    ("p999_step_us", "p99.9", "{:,.0f}", "min"),
-    ("ttft_p50_us", "TTFT p50 ms", "ms", "min"),
-    ("ttft_p99_us", "TTFT p99 ms", "ms", "min"),
-    ("tpot_p50_us", "TPOT p50 ms", "ms", "min"),
-    ("tpot_p99_us", "TPOT p99 ms", "ms", "min"),
-    ("deadline_misses", "deadline misses", "{:,}", "min"),
-    ("decode_critical_misses", "decode-crit misses", "{:,}", "min"),
-    ("hbm_hit_rate", "HBM hit", "pct", "max"),
-    ("dram_hit_rate", "DRAM hit", "pct", "max"),
-    ("cxl_hit_rate", "CXL hit", "pct", "max"),
-    ("nvme_hit_rate", "NVMe hit", "pct", "max"),
-    ("prefix_hit_rate", "prefix hit", "pct", "max"),
-    ("bytes_dram_link", "DRAM link GB", "gb", "min"),
-    ("bytes_cxl_link", "CXL link GB", "gb", "min"),
-    ("bytes_nvme_link", "NVMe link GB", "gb", "min"),
-    ("recompute_tokens", "recompute tok", "{:,}", "min"),
-    ("evictions", "evictions", "{:,}", None),
-    ("spills", "spills", "{:,}", None),
-    ("prefetches", "prefetch (useful/wasted)", "pf", None),
-    ("peak_hbm_blocks", "peak HBM/DRAM/CXL/NVMe blocks", "peak", None),
-    ("gap_hbm_hit_rate_to_belady", "HBM-hit gap to belady", "pp", "min"),
-    ("gap_p99_step_us_to_belady", "p99 gap to belady us", "{:+,.0f}", "min"),
-    ("p99_step_us_vs_lru", "p99 vs lru", "vs_lru", None),
-    ("decode_critical_misses_vs_lru", "decode-crit misses vs lru", "dc_vs_lru", None),
-)
+ColumnsOpt = Annotated[str | None, typer.Option(
+    "--columns", metavar="A,B,...",
+    help="Table columns, by --json key (e.g. hbm_hit_rate,ttft_p99_us,evictions), or "
+         "'+a,+b' to add to the default set.  Derived: lower_tier_hit_rate, gap_to_bound, "
+         "prefetch_detail, peak_blocks, p99_vs_lru, decode_critical_vs_lru.  The files "
+         "(--json/--csv/--parquet) keep every metric.", show_default=False)]
+WideOpt = Annotated[bool, typer.Option(
+    "--wide", help="Every column, at the table's natural width (scroll, or `less -S`).")]
+SortOpt = Annotated[str | None, typer.Option(
+    "--sort", metavar="COLUMN",
+    help="Sort rows by this column, best first ('-COLUMN' reverses).", show_default=False)]
 
 
-def _fmt(row: dict, key: str, fmt: str) -> str:
-    v = row.get(key)
-    if fmt == "pf":
-        return f"{row['prefetches']:,} ({row['prefetches_useful']:,}/{row['prefetches_wasted']:,})"
-    if fmt == "peak":
-        return "/".join(f"{row[f'peak_{t}_blocks']:,}" for t in ("hbm", "dram", "cxl", "nvme"))
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    if fmt == "vs_lru":  # us and percent: a win of microseconds should look like one
-        return f"{v:+,.1f} us ({row['p99_step_pct_vs_lru']:+.3f}%)"
-    if fmt == "dc_vs_lru":
-        base = row["decode_critical_misses"] - v
-        pct = f" ({100 * v / base:+.0f}%)" if base else ""
-        return f"{int(v):+,}{pct}"
-    if fmt == "ms":
-        return f"{v / 1000:,.2f}"
-    if fmt == "pct":
-        return f"{100 * v:.2f}%"
-    if fmt == "pp":
-        return f"{100 * v:+.2f} pp"
-    if fmt == "gb":
-        return f"{v / 1e9:,.2f}"
-    return fmt.format(v)
+def _one_source(trace, profile) -> None:
+    if (trace is None) == (profile is None):
+        raise KvsimInputError("expected exactly one of --trace EVENTS or --profile NAME",
+                              None, None, "--trace")
 
 
-def render_table(df: pd.DataFrame, title: str) -> Table:
-    """Policies as rows; the best online value of each comparable column in bold green;
-    offline policies (belady) labelled as bounds and never counted as winners."""
-    rows = df.to_dict(orient="records")
-    online = [r for r in rows if not r.get("offline")]
-    best = {}
-    for key, _, _, better in _COLUMNS:
-        if better is None:
-            continue
-        vals = [r.get(key) for r in online
-                if r.get(key) is not None and not (isinstance(r.get(key), float)
-                                                   and math.isnan(r.get(key)))]
-        if len(vals) >= 2 and min(vals) != max(vals):
-            best[key] = min(vals) if better == "min" else max(vals)
-    table = Table(title=title, header_style="bold")
-    table.add_column("policy", no_wrap=True)
-    for key, header, _, _ in _COLUMNS:
-        if key in df.columns or key in ("prefetches", "peak_hbm_blocks"):
-            table.add_column(header, justify="right", no_wrap=True)
-    for r in rows:
-        name = r["policy"] + (" (offline bound)" if r.get("offline") else "")
-        cells = [name]
-        for key, _, fmt, _ in _COLUMNS:
-            if not (key in df.columns or key in ("prefetches", "peak_hbm_blocks")):
-                continue
-            text = _fmt(r, key, fmt)
-            if key in best and not r.get("offline") and r.get(key) == best[key]:
-                text = f"[bold green]{text}[/]"
-            cells.append(text)
-        table.add_row(*cells)
-    return table
+def _label(profile: str, requests: int, seed: int) -> str:
+    """The ``trace`` of the JSON output for a generated workload."""
+    return f"profile {profile} ({requests} requests, seed {seed})"
 
 
 def _scope(row, config) -> str:
     """Title tail: which mode produced the table, and what it measured."""
     text = f"{int(row['requests']):,} requests"
+    warm = row.get("warmup_requests") or 0
     if config.mode == "cache":
         return f"cache mode ({config.cache_variant} lookups, no timing), " + text + \
-            (f" after {int(row['warmup_requests']):,} warm-up" if row["warmup_requests"]
-             else "")
+            (f" after {int(warm):,} warm-up" if warm else "")
     text += f", {int(row['steps']):,} steps"
-    return "engine mode, " + text + (f" after {int(row['warmup_requests']):,} warm-up"
-                                     if row["warmup_requests"] else "")
+    return "engine mode, " + text + (f" after {int(warm):,} warm-up" if warm else "")
 
 
-def _print_wide(table: Table) -> None:
-    """Print at the table's natural width (wider than the terminal: scroll, or `less -S`),
-    so no column is squeezed to nothing."""
-    import sys
+def _title(trace, profile, seed, row: dict | None, config) -> str:
+    label = str(trace) if trace is not None else f"profile {profile} (seed {seed})"
+    if row is None:
+        return label
+    return f"{label} — {_scope(row, config)}"
 
-    from rich.console import Console
 
-    Console(file=sys.stdout, width=1000, soft_wrap=True,
-            force_terminal=out_console.is_terminal).print(table)
+def _source(trace, profile, requests, seed, config, tmpdir, quiet) -> Path:
+    """The event file to replay: ``trace``, or a workload generated from ``profile`` into
+    ``tmpdir``, lowered for this replay (the scheduler's KV budget = the HBM pool)."""
+    if profile is None:
+        return trace
+    from kvsim.workload import generate
+
+    source = Path(tmpdir) / "workload.parquet"
+    lowering = config.lowering_options()
+    budget = lowering.get("num_gpu_blocks")
+    err_console.print(f"generating {requests:,} requests from profile {profile} "  # a log
+                      f"(seed {seed}"                                     # line, not progress
+                      + (f", scheduler budget {budget:,} blocks = the HBM pool)"
+                         if budget else ")"))
+    with progress(quiet=quiet) as bar:
+        task = bar.add_task(f"generate {profile}", total=None)
+        generate(profile, requests, seed, source, **lowering,
+                 progress=lambda d, t: bar.update(task, completed=d, total=t))
+    return source
+
+
+def _policies_to_run(names: list[str] | None, config) -> list[str]:
+    """What :func:`kvsim.sim.compare` replays: the policies asked for (default: every
+    installed one) plus the offline references it adds (the progress bar's real total):
+    ``optimal`` always, and ``belady`` in engine mode (kvsim.sim.comparison)."""
+    from kvsim.policy_registry import list_policies
+    from kvsim.sim.replay import default_policies
+
+    run = list(names) if names else list(default_policies())
+    if "optimal" not in run:
+        run.append("optimal")
+    if config.mode != "cache" and "belady" not in run \
+            and any(p.name == "belady" for p in list_policies()):
+        run.append("belady")
+    return run
+
+
+def render_results(df: pd.DataFrame, title: str, columns: str | None, wide: bool,
+                   sort: str | None, with_verdict: bool) -> None:
+    """Print a results frame as a table that fits the terminal (kvsim.cli.render)."""
+    from kvsim.cli import render
+
+    cols = render.parse_columns(columns, wide)
+    if columns is None and render.bound_name(df) is None:  # nothing to measure a gap to
+        cols = [c for c in cols if c.key != "gap_to_bound"]
+    table = render.metric_table(df, title, cols, sort=sort)
+    items = [table]
+    if with_verdict:
+        items.append(render.verdict(df))
+    render.print_view(*items, wide=wide)
 
 
 @app.command("simulate", short_help="Replay an event file under one placement policy "
              "through HBM/DRAM/CXL/NVMe and report latency, hit rates and traffic.")
 def simulate_command(
     trace: TraceOpt = None,
+    profile: ProfileOpt = None,
+    requests: RequestsOpt = 1024,
     policy: Annotated[str, typer.Option(
         "--policy", metavar="NAME|FILE.py",
         help="HBM placement policy: a registered name (see `kvsim compare --help`) or a "
@@ -261,6 +265,10 @@ def simulate_command(
     dram_gb: DramOpt = None,
     cxl_gb: CxlOpt = None,
     nvme_gb: NvmeOpt = None,
+    hbm_mb: HbmMbOpt = None,
+    dram_mb: DramMbOpt = None,
+    cxl_mb: CxlMbOpt = None,
+    nvme_mb: NvmeMbOpt = None,
     model: ModelOpt = None,
     tier_policy: TierPolicyOpt = None,
     write_policy: WritePolicyOpt = "write_back",
@@ -286,6 +294,9 @@ def simulate_command(
     parquet: ParquetOpt = None,
     seed: SeedOpt = 0,
     engine: EngineOpt = "auto",
+    columns: ColumnsOpt = None,
+    wide: WideOpt = False,
+    sort: SortOpt = None,
     json_: JsonOption = False,
 ) -> None:
     """Replay TRACE through HBM (vLLM-exact prefix caching) and the DRAM/CXL/NVMe tiers of
@@ -295,8 +306,7 @@ def simulate_command(
     formulas: docs/cost-model.md."""
     from kvsim.sim import simulate
 
-    if trace is None:
-        raise KvsimInputError("expected --trace EVENTS (an event file)", None, None, "--trace")
+    _one_source(trace, profile)
     check_outputs(("--decision-log", decision_log, "parquet"),
                   ("--requests-out", requests_out, "parquet"), ("--csv", csv, "csv"),
                   ("--parquet", parquet, "parquet"))
@@ -304,37 +314,35 @@ def simulate_command(
     config = _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model,
                      tier_policy, write_policy, preemption, priority_scheduling, no_prefetch,
                      warmup_fraction, log_lifecycle, seed, engine, warmup_requests, mode,
-                     cache_variant)
-    with progress() as bar:
-        task = bar.add_task(f"replay {policy}", total=None)
-        result = simulate(trace, policy, config, decision_log=decision_log,
-                          on_progress=lambda done, total: bar.update(task, completed=done,
-                                                                      total=total))
+                     cache_variant, (hbm_mb, dram_mb, cxl_mb, nvme_mb))
+    quiet = quiet_progress(json_)
+    with tempfile.TemporaryDirectory(prefix="kvsim-simulate-") as tmpdir:
+        source = _source(trace, profile, requests, seed, config, tmpdir, quiet)
+        with progress(quiet=quiet) as bar:
+            task = bar.add_task(f"replay {policy}", total=None)
+            result = simulate(source, policy, config, decision_log=decision_log,
+                              on_progress=lambda done, total: bar.update(
+                                  task, completed=done, total=total))
     df = pd.DataFrame([result.summary])
     _write_rows(df, csv, parquet)
     if requests_out is not None:
         with atomic_output(requests_out) as tmp:
             result.requests.to_parquet(tmp, index=False)
     if json_:
-        emit_json({"policies": [result.summary], "trace": str(trace), "mode": config.mode,
+        label = str(trace) if trace is not None else _label(profile, requests, seed)
+        emit_json({"policies": [result.summary], "trace": label, "mode": config.mode,
                    "config": result.config})
         return
-    _print_wide(render_table(df, f"{trace} — {_scope(result.summary, config)}"))
+    render_results(df, _title(trace, profile, seed, result.summary, config), columns, wide,
+                   sort, with_verdict=False)
 
 
 @app.command("compare", short_help="Replay the same trace under every policy (or a list) "
              "and print one table: who wins, by how much, and the gap to Belady's bound.")
 def compare_command(
     trace: TraceOpt = None,
-    profile: Annotated[str | None, typer.Option(
-        "--profile", metavar="NAME|FILE.toml",
-        help="Generate a synthetic workload from this profile first (instead of --trace); "
-             "see `kvsim generate`.  It is lowered for this replay: same --hardware and "
-             "--model, and the scheduler's KV budget is the HBM pool (--hbm-gb / "
-             "--hbm-blocks), so a smaller HBM admits fewer requests at once as a real "
-             "engine would.", show_default=False)] = None,
-    requests: Annotated[int, typer.Option(
-        "--requests", min=1, metavar="N", help="Requests to generate with --profile.")] = 1024,
+    profile: ProfileOpt = None,
+    requests: RequestsOpt = 1024,
     policies: Annotated[str | None, typer.Option(
         "--policies", metavar="A,B,...",
         help="Policies to compare (default: every registered one).  belady runs anyway as "
@@ -345,6 +353,10 @@ def compare_command(
     dram_gb: DramOpt = None,
     cxl_gb: CxlOpt = None,
     nvme_gb: NvmeOpt = None,
+    hbm_mb: HbmMbOpt = None,
+    dram_mb: DramMbOpt = None,
+    cxl_mb: CxlMbOpt = None,
+    nvme_mb: NvmeMbOpt = None,
     model: ModelOpt = None,
     tier_policy: TierPolicyOpt = None,
     write_policy: WritePolicyOpt = "write_back",
@@ -368,6 +380,13 @@ def compare_command(
     seed: Annotated[int, typer.Option(
         "--seed", help="Seed for --profile generation and randomising policies.")] = 0,
     engine: EngineOpt = "auto",
+    columns: ColumnsOpt = None,
+    wide: WideOpt = False,
+    sort: SortOpt = None,
+    html: Annotated[Path | None, typer.Option(
+        "--html", metavar="FILE", help="Also write a self-contained HTML report: per-policy "
+        "bars, step-latency and TTFT CDFs, per-tier traffic (no network, no JavaScript; "
+        "`kvsim report` draws it again from --parquet).", show_default=False)] = None,
     json_: JsonOption = False,
 ) -> None:
     """Replay one trace under several HBM placement policies (same tiers, same cost model)
@@ -378,41 +397,39 @@ def compare_command(
     highlighted.  How to read it: docs/simulate.md."""
     from kvsim.sim import compare
 
-    if (trace is None) == (profile is None):
-        raise KvsimInputError("expected exactly one of --trace EVENTS or --profile NAME",
-                              None, None, "--trace")
+    _one_source(trace, profile)
     check_outputs(("--decision-log-dir", decision_log_dir, "dir"), ("--csv", csv, "csv"),
                   ("--parquet", parquet, "parquet"))
     _load_policy_files(policy_file)
     config = _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model,
                      tier_policy, write_policy, preemption, priority_scheduling, no_prefetch,
                      warmup_fraction, log_lifecycle, seed, engine, warmup_requests, mode,
-                     cache_variant)
+                     cache_variant, (hbm_mb, dram_mb, cxl_mb, nvme_mb))
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
+    quiet = quiet_progress(json_)
     with tempfile.TemporaryDirectory(prefix="kvsim-compare-") as tmpdir:
-        source = trace
-        if profile is not None:
-            from kvsim.workload import generate
+        source = _source(trace, profile, requests, seed, config, tmpdir, quiet)
+        run = _policies_to_run(names, config)
+        with progress(quiet=quiet) as bar:
+            task = bar.add_task(f"policies ({', '.join(run[:1])} ...)", total=len(run))
 
-            source = Path(tmpdir) / "workload.parquet"
-            lowering = config.lowering_options()
-            budget = lowering.get("num_gpu_blocks")
-            err_console.print(f"generating {requests:,} requests from profile {profile} "
-                              f"(seed {seed}"
-                              + (f", scheduler budget {budget:,} blocks = the HBM pool)"
-                                 if budget else ")"))
-            generate(profile, requests, seed, source, **lowering)
-        with progress() as bar:
-            task = bar.add_task("policies", total=None)
+            def on_policy(name: str) -> None:
+                done = bar.tasks[0].completed + 1
+                nxt = run[int(done)] if done < len(run) else ""
+                bar.update(task, advance=1, description=f"policies (next: {nxt})" if nxt
+                           else "policies")
+
             df = compare(source, names, config, decision_log_dir=decision_log_dir, jobs=jobs,
-                         on_progress=lambda name: bar.advance(task))
+                         on_progress=on_policy)
     _write_rows(df, csv, parquet)
-    label = str(trace) if trace is not None else f"profile {profile} ({requests} requests, " \
-        f"seed {seed})"
+    label = str(trace) if trace is not None else _label(profile, requests, seed)
+    if html is not None:
+        from kvsim.report_compare import build_compare_report
+
+        build_compare_report(df, html, title=label)
     if json_:
         emit_json({"policies": df.to_dict(orient="records"), "trace": label,
                    "mode": config.mode, "config": config.to_dict()})
         return
-    first = df.iloc[0] if len(df) else None
-    title = label if first is None else f"{label} — {_scope(first, config)}"
-    _print_wide(render_table(df, title))
+    title = _title(trace, profile, seed, df.iloc[0].to_dict() if len(df) else None, config)
+    render_results(df, title, columns, wide, sort, with_verdict=True)

@@ -7,12 +7,13 @@ import time
 from pathlib import Path
 from typing import Annotated
 
+import pandas as pd
 import typer
 from rich.table import Table
 
 from kvsim.cli import app
 from kvsim.cli.common import (JsonOption, check_finite, check_outputs, emit_json, err_console,
-                              out_console, progress)
+                              out_console, progress, quiet_progress)
 from kvsim.errors import KvsimInputError
 from kvsim.sim.config import SimConfig, parse_tier_policies
 
@@ -131,7 +132,7 @@ def sweep_command(
                      _floats(dram_gb, "--dram-gb", True) if dram_gb else (None,), base, bound,
                      optimal)
     t0 = time.perf_counter()
-    with progress(transient=False) as bar:
+    with progress(transient=False, quiet=quiet_progress(json_)) as bar:
         task = bar.add_task(f"sweep {trace.name}", total=len(spec.cells()))
 
         def on_cell(done: int, total: int, policy: str, cached: bool) -> None:
@@ -149,28 +150,54 @@ def sweep_command(
                    "cells": res.cells, "computed": res.computed, "cached": res.cached,
                    "summary": res.summary})
         return
-    t = Table(title=f"sweep {trace.name}: {res.cells} cells")
-    t.title = f"sweep {trace.name}: {res.cells} cells, {mode} mode"
-    for col in ("policy", "HBM GB", "DRAM GB", "HBM hit rate", "p99 step (ms)",
-                "hit gap to belady", "hit gap to optimal", "GB moved"):
-        t.add_column(col, justify="left" if col == "policy" else "right")
-    for _, r in res.table.iterrows():
-        gap = r["gap_hbm_hit_rate_to_belady"]
-        gopt = r["gap_hbm_hit_rate_to_optimal"]
-        p99 = r["p99_step_us"]
-        t.add_row(str(r["policy"]), f"{r['hbm_gb']:g}",
-                  "profile" if r["dram_gb"] != r["dram_gb"] else f"{r['dram_gb']:g}",
-                  f"{r['hbm_hit_rate']:.4f}", "-" if p99 != p99 else f"{p99 / 1e3:.3f}",
-                  "" if gap != gap else f"{gap:.4f}", "" if gopt != gopt else f"{gopt:.4f}",
-                  f"{r['bytes_moved'] / 1e9:.3f}")
-    out_console.print(t)
+    from kvsim.cli.render import print_view
+
+    print_view(sweep_table(res.table, f"sweep {trace.name}: {res.cells} cells, {mode} mode"))
+
+
+def sweep_table(table: pd.DataFrame, title: str) -> Table:
+    """One row per (HBM, DRAM) cell and distinct result: policies whose cell results are
+    identical share a row (as in compare); percentages and the gap to belady in points."""
+    from rich import box
+
+    from kvsim.cli.render import group_identical
+
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0),
+              pad_edge=False, header_style="bold")
+    has_opt = "gap_hbm_hit_rate_to_optimal" in table.columns
+    for col in ("HBM GB", "DRAM GB", "policy", "HBM hit", "gap to\nbelady",
+                *(("gap to\noptimal",) if has_opt else ()), "p99 step\nms", "GB moved"):
+        t.add_column(col, justify="left" if col == "policy" else "right",
+                     overflow="fold", max_width=40 if col == "policy" else None)
+    keys = [c for c in ("hbm_gb", "dram_gb") if c in table.columns]
+    cells = table.groupby(keys, dropna=False, sort=True) if keys else [((), table)]
+    for _, cell in cells:
+        result_cols = [c for c in ("policy", "offline", "hbm_hit_rate", "p99_step_us",
+                                   "gap_hbm_hit_rate_to_belady",
+                                   "gap_hbm_hit_rate_to_optimal", "bytes_moved",
+                                   "decode_critical_misses", "ttft_p99_us")
+                       if c in cell.columns]
+        for names, r in group_identical(cell[result_cols]):
+            full = cell[cell["policy"] == names[0]].iloc[0]
+            gap = full["gap_hbm_hit_rate_to_belady"]
+            gopt = full["gap_hbm_hit_rate_to_optimal"] if has_opt else float("nan")
+            p99 = full["p99_step_us"]
+            t.add_row(f"{full['hbm_gb']:g}",
+                      "profile" if full["dram_gb"] != full["dram_gb"] else f"{full['dram_gb']:g}",
+                      ", ".join(names), f"{100 * full['hbm_hit_rate']:.2f}%",
+                      "" if gap != gap else f"{100 * gap:+.2f} pp",
+                      *(("" if gopt != gopt else f"{100 * gopt:+.2f} pp",) if has_opt else ()),
+                      "-" if p99 != p99 else f"{p99 / 1e3:.3f}",
+                      f"{full['bytes_moved'] / 1e9:.3f}")
+    return t
 
 
 @app.command("report", short_help="Draw a sweep: one self-contained HTML file (and PNGs): "
              "hit rate vs capacity, latency CDFs, p99, link bytes, occupancy.")
 def report_command(
     results: Annotated[Path, typer.Argument(
-        help="A sweep directory (kvsim sweep --out DIR) or its results.parquet.",
+        help="A sweep directory (kvsim sweep --out DIR) or its results.parquet, or a "
+             "compare's rows (kvsim compare --parquet FILE).",
         metavar="RESULTS", show_default=False)],
     out: Annotated[Path, typer.Option(
         "--out", help="HTML file to write (self-contained: inline SVG, no network, no "
@@ -193,8 +220,18 @@ def report_command(
     occupancy, and tier occupancy over time for one capacity cell (one panel per tier, a
     line per policy); --png writes the same figures as PNG files."""
     from kvsim.report import build_report
+    from kvsim.report_compare import build_compare_report, is_compare_table
 
     check_outputs(("--out", out, "html"), ("--png", png, "dir"))
+    if is_compare_table(results):  # a compare's --parquet: the compare report
+        rep = build_compare_report(results, out, title=results.name)
+        if json_:
+            emit_json({"html": str(rep.html_path), "png": [], "figures": rep.figures,
+                       "cells": rep.cells, "policies": rep.policies})
+        else:
+            out_console.print(f"wrote {rep.html_path} (compare of {rep.cells} policies, "
+                              f"{len(rep.figures)} figures)", highlight=False)
+        return
     rep = build_report(results, out, png, occupancy_hbm_gb=occupancy_hbm_gb,
                        occupancy_dram_gb=occupancy_dram_gb)
     if json_:

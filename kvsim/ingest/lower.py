@@ -37,6 +37,7 @@ from kvsim.ingest.engine import (DEFAULT_STEP_OVERHEAD_US, EngineConfig, build_c
                                  resolve_num_gpu_blocks)
 from kvsim.ingest.requests import RequestTable
 from kvsim.schema import EventHeader, EventKind, Phase
+from kvsim.trace_summary import PrefixReuse
 
 #: Rows buffered before a chunk is handed to the writer (and Parquet row-group size).
 FLUSH_ROWS = 1 << 20
@@ -196,7 +197,7 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
 
     I = np.empty((S.NUM_INT_COLUMNS, flush_rows + 4096), dtype=np.int64)
     F = np.empty((2, flush_rows + 4096), dtype=np.float64)
-    prefill_hashes: list[np.ndarray] = []
+    reuse_count = PrefixReuse()  # the one definition, shared with `kvsim inspect`
     prompt_rows = hashed_rows = num_events = num_forks = 0
     with EventWriter(out_path, header, row_group_rows=flush_rows) as writer:
         while st[S.S_FINISHED] == 0:
@@ -204,23 +205,18 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
             if n == 0:
                 break
             cols = _columns(I, F, n, src, N, rprio_tab, tenant_tab, block_bytes)
-            mask = (cols["kind"] == EventKind.ALLOCATE) & (cols["phase"] == Phase.PREFILL)
-            prompt_rows += int(mask.sum())
-            h = cols["content_hash"][mask]
-            h = h[h != 0]
-            hashed_rows += int(h.size)
-            if h.size:
-                prefill_hashes.append(h.copy())
+            alloc = cols["kind"] == EventKind.ALLOCATE
+            is_prompt = cols["phase"][alloc] == Phase.PREFILL
+            h = cols["content_hash"][alloc]
+            prompt_rows += int(is_prompt.sum())
+            hashed_rows += int(np.count_nonzero(h[is_prompt] != 0))
+            reuse_count.add(h, is_prompt)
             num_forks += int((cols["kind"] == EventKind.FORK).sum())
             writer.write(cols)
             num_events += n
             if progress is not None:
                 progress(int(st[S.S_DONE]), N)
-    reuse = 0.0
-    if prompt_rows:
-        allh = np.concatenate(prefill_hashes) if prefill_hashes else np.zeros(0, np.int64)
-        prefill_hashes.clear()
-        reuse = (allh.size - np.unique(allh).size) / prompt_rows
+    reuse = reuse_count.fraction
     return ImportSummary(
         out_path=str(out_path), format=str((source or requests.source).get("format", "")),
         num_requests=N, skipped_rows=requests.skipped, num_events=num_events,
@@ -229,7 +225,7 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
         kv_bytes_per_token=cost.kv_bytes_per_token, block_bytes=block_bytes,
         total_prompt_tokens=int(prompt.sum()), total_output_tokens=int(out.sum()),
         prompt_blocks=prompt_rows, hashed_prompt_blocks=hashed_rows,
-        prefix_reuse_fraction=round(reuse, 6), makespan_us=int(stf[0]),
+        prefix_reuse_fraction=reuse, makespan_us=int(stf[0]),
         num_gpu_blocks=ngpu, watermark_blocks=wmark, max_held_blocks=int(st[S.S_MAXHELD]),
         max_running_seqs=int(st[S.S_MAXRUN]), decode_stalls=int(st[S.S_STALLS]),
         admission_blocked_steps=int(st[S.S_BLOCKED]), forced_decodes=int(st[S.S_FORCED]),

@@ -34,7 +34,33 @@ from kvsim.errors import KvsimInputError, bad_value
 #: dtype names kvsim accepts for weights, and their bytes per parameter.
 WEIGHT_DTYPE_BYTES: dict[str, float] = {
     "fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5,
+    # OCP Microscaling MXFP4 (OCP MX spec v1.0): blocks of 32 fp4 (e2m1) values share one
+    # 8-bit (e8m0) scale = (32 x 4 + 8) / 32 = 4.25 bits per parameter.
+    "mxfp4": 4.25 / 8,
 }
+
+#: Fields a published config.json may leave out because transformers fills them from its
+#: config class's defaults (the Gemma-3 configs are sparse: google/gemma-3-27b-it's
+#: text_config has no vocab_size, sliding_window_pattern, ...).  Source: transformers
+#: ``Gemma3TextConfig.__init__`` defaults (v4.50+): vocab_size 262208,
+#: max_position_embeddings 131072, sliding_window 4096, sliding_window_pattern 6 (every 6th
+#: layer global), tie_word_embeddings True, head_dim 256.
+_CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {"vocab_size": 262_208, "max_position_embeddings": 131_072,
+                    "sliding_window": 4096, "sliding_window_pattern": 6,
+                    "tie_word_embeddings": True, "head_dim": 256},
+}
+
+
+def _text_config(cfg: dict) -> dict:
+    """The decoder's fields: a multimodal config's ``text_config`` (Gemma-3) flattened, plus
+    the defaults of :data:`_CONFIG_DEFAULTS` for fields the config leaves out."""
+    if cfg.get("num_hidden_layers") is None and isinstance(cfg.get("text_config"), dict):
+        top = {k: cfg[k] for k in ("torch_dtype", "dtype", "quantization_config") if k in cfg}
+        cfg = {**top, **cfg["text_config"], "model_type": cfg["text_config"].get(
+            "model_type", cfg.get("model_type"))}
+    defaults = _CONFIG_DEFAULTS.get(str(cfg.get("model_type")), {})
+    return {**defaults, **cfg} if defaults else cfg
 
 #: Hugging Face ``torch_dtype`` -> the dtype vLLM serves it in with ``--dtype auto``.
 #: fp32 checkpoints are served in fp16 (vLLM ``ModelConfig`` dtype resolution), except
@@ -162,6 +188,8 @@ def _weights_dtype(cfg: dict) -> str:
     method = str(quant.get("quant_method", "")).lower()
     if method == "fp8":
         return "fp8"
+    if method == "mxfp4":
+        return "mxfp4"
     bits = quant.get("bits") or quant.get("w_bit")
     if bits in (4, 8):
         return "int4" if bits == 4 else "int8"
@@ -179,9 +207,7 @@ def spec_from_config(cfg: dict, *, name: str, source: str, extra: dict | None = 
     """
     extra = extra or {}
     path = source
-    if cfg.get("num_hidden_layers") is None and isinstance(cfg.get("text_config"), dict):
-        cfg = {**cfg["text_config"], "model_type": cfg["text_config"].get(
-            "model_type", cfg.get("model_type"))}
+    cfg = _text_config(cfg)
     num_layers = _required(cfg, ("num_hidden_layers", "n_layer", "num_layers"), path)
     heads = _required(cfg, ("num_attention_heads", "n_head"), path)
     hidden = _required(cfg, ("hidden_size", "n_embd", "d_model"), path)
@@ -265,19 +291,29 @@ def spec_from_config(cfg: dict, *, name: str, source: str, extra: dict | None = 
 
 # --------------------------------------------------------------------------- parameter count
 
-#: Per-layer norm weight vectors of llama-style decoders (Gemma-2 adds post-attention and
-#: pre/post-feed-forward norms: transformers Gemma2DecoderLayer).
-_NORMS_PER_LAYER = {"gemma2": 4}
-_LLAMA_STYLE = frozenset({"llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2"})
+#: Per-layer norm weight vectors of llama-style decoders (Gemma-2 and Gemma-3 add
+#: post-attention and pre/post-feed-forward norms: transformers Gemma2DecoderLayer,
+#: Gemma3DecoderLayer).
+_NORMS_PER_LAYER = {"gemma2": 4, "gemma3_text": 4}
+_LLAMA_STYLE = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe",
+                          "gemma", "gemma2", "gemma3_text", "gpt_oss"})
+#: Models with a per-head RMSNorm on queries and keys (q_norm, k_norm: head_dim weights each;
+#: transformers Qwen3Attention, Gemma3Attention).
+_QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3_text"})
+#: Tied input/output embeddings unless the config says otherwise (transformers defaults).
+_TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3_text"})
 
 
 def estimate_num_params(cfg: dict) -> tuple[int, int] | None:
     """(total, active) parameters counted from a config's tensor shapes, or None.
 
     Exact for the layouts it knows (GPT-2, OPT, and llama-style decoders: llama, mistral,
-    mixtral, qwen2, gemma, gemma2); None for any other ``model_type`` (DeepSeek's MLA + MoE
-    layout is not counted: the catalog carries its published figures).
+    mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, gpt_oss); None for any
+    other ``model_type`` (DeepSeek's MLA + MoE layout is not counted: the catalog carries
+    its published figures).  Gemma-3's config nests the text model in ``text_config``: its
+    vision tower is not counted.
     """
+    cfg = _text_config(cfg)
     mt = cfg.get("model_type")
     g = cfg.get
     if mt == "gpt2":
@@ -307,17 +343,27 @@ def estimate_num_params(cfg: dict) -> tuple[int, int] | None:
     attn = h * heads * hd + 2 * h * kv * hd + heads * hd * h
     if mt == "qwen2" or g("attention_bias"):
         attn += heads * hd + 2 * kv * hd  # q/k/v biases (Qwen2 always has them)
+    if mt == "gpt_oss" and g("attention_bias"):
+        attn += h + heads  # o_proj bias; one attention-sink logit per head (GptOssAttention)
+    if mt in _QK_NORM:
+        attn += 2 * hd
     norms = _NORMS_PER_LAYER.get(mt, 2) * h
-    mlp = 3 * h * inter
-    experts = g("num_local_experts") or 0
+    experts = g("num_local_experts") or g("num_experts") or 0
+    if mt == "gpt_oss":
+        # GptOssExperts: gate_up (h x 2*inter) and down (inter x h) with biases; the router
+        # is a Linear with bias (GptOssTopKRouter).
+        mlp = h * 2 * inter + 2 * inter + inter * h + h
+        router = h * experts + experts
+    else:
+        mlp = 3 * h * (g("moe_intermediate_size") or inter if experts else inter)
+        router = h * experts
     if experts:
         per_token = g("num_experts_per_tok")
-        router = h * experts
         layer_total = attn + norms + experts * mlp + router
         layer_active = attn + norms + per_token * mlp + router
     else:
         layer_total = layer_active = attn + norms + mlp
-    tied = g("tie_word_embeddings", mt in ("gemma", "gemma2"))
+    tied = g("tie_word_embeddings", mt in _TIED_BY_DEFAULT)
     embed = vocab * h * (1 if tied else 2)
     return embed + layers * layer_total + h, embed + layers * layer_active + h
 

@@ -33,6 +33,20 @@ from kvsim.results.log_reader import (EVICTING, NEEDING, USING, BlockKey, Decisi
                                       identity_columns, tier_name)
 from kvsim.results.log_schema import CANDIDATE_TYPE, DECISIONS, Action
 
+#: ``next_use`` of a block never used again (kvsim.policy_api.NEVER, int64 max): shown as
+#: null in JSON, never as 9223372036854775807.  A score at or beyond +-2**62 is that
+#: sentinel turned into a score (belady's ``-next_use``): null too.
+_NEVER = (1 << 63) - 1
+_SENTINEL_SCORE = float(1 << 62)
+
+
+def _no_sentinel(value: Any) -> Any:
+    """None for the "never" sentinels (see :data:`_NEVER`), else ``value``."""
+    if isinstance(value, (int, float)) and (value == _NEVER or abs(value) >= _SENTINEL_SCORE):
+        return None
+    return value
+
+
 _NEXT_COLUMNS = ["seq", "step", "time_us", "action", "content_hash", "request_id",
                  "block_index", "cost_us", "decode_critical"]
 _INTENT_FIELDS = [f.name for f in CANDIDATE_TYPE
@@ -135,6 +149,16 @@ def _decision_rows(log: DecisionLog, step: int) -> pa.Table:
     return log.table(expr)
 
 
+def nearest_decision_steps(log: DecisionLog, step: int, n: int = 2) -> list[int]:
+    """Up to ``n`` steps before and ``n`` after ``step`` that hold a decision (sorted)."""
+    expr = ds.field("action").isin(pa.array(sorted(int(a) for a in DECISIONS), pa.int8()))
+    steps = sorted(set(log.table(expr, columns=["step"]).column("step").to_pylist()))
+    import bisect
+
+    i = bisect.bisect_left(steps, int(step))
+    return steps[max(0, i - n):i] + steps[i:i + n]
+
+
 def explain(log: DecisionLog, step: int, block: BlockKey | None = None,
             explainer: Callable[[dict, float], dict[str, float]] | None | bool = True
             ) -> Explanation:
@@ -143,8 +167,12 @@ def explain(log: DecisionLog, step: int, block: BlockKey | None = None,
     policy up in the registry; a callable = use it; None/False = logged scores only."""
     rows = _decision_rows(log, step).to_pylist()
     if not rows:
-        raise KvsimInputError(f"expected a decision at step {step}, found none", log.path,
-                              f"step {step}", "step")
+        near = nearest_decision_steps(log, step)
+        hint = (f"; nearest steps with one: {', '.join(str(n) for n in near)}" if near
+                else "; this log has no decisions (the replay never evicted: try a smaller "
+                     "--hbm-gb)")
+        raise KvsimInputError(f"expected a decision at step {step}, found none{hint}",
+                              log.path, f"step {step}", "step")
     keys = [key_of(r["content_hash"], r["request_id"], r["block_index"]) for r in rows]
     if block is not None:
         picks = [i for i, k in enumerate(keys) if k == block]
@@ -172,15 +200,17 @@ def explain(log: DecisionLog, step: int, block: BlockKey | None = None,
         reason=str(row["reason"]),
         terms_source="policy explain()" if explainer is not None else "logged score")
     for rank, (c, key) in enumerate(zip(cands, cand_keys)):
-        terms = {"score": float(c["score"])}
+        terms = {"score": _no_sentinel(float(c["score"]))}
         if explainer is not None:
             got = explainer(dict(c), float(row["time_us"]))
-            terms = {str(k): float(v) for k, v in got.items()}
+            terms = {str(k): _no_sentinel(float(v)) for k, v in got.items()}
         use = later[key].get("use")
         out.candidates.append({
             "rank": rank, "block": format_block(*key), "request_id": c["request_id"],
-            "block_index": c["block_index"], "score": float(c["score"]), "terms": terms,
-            **{f: c.get(f) for f in _INTENT_FIELDS},
+            "block_index": c["block_index"], "score": _no_sentinel(float(c["score"])),
+            "terms": terms,
+            **{f: (_no_sentinel(c.get(f)) if f == "next_use" else c.get(f))
+               for f in _INTENT_FIELDS},
             "next_use_step": use["step"] if use else None,
             "next_use_action": use["action"] if use else None,
             "next_use_request_id": use["request_id"] if use else None,

@@ -23,12 +23,15 @@ def _one(name: str) -> dict:
     trace, config, facts = _SHARED["args"]
     log_dir = _SHARED.get("log_dir")
     log = None if log_dir is None or name == "optimal" else Path(log_dir) / f"{name}.parquet"
-    return simulate(trace, name, config, decision_log=log, facts=facts,
-                    lowering=_SHARED.get("lowering")).summary
+    res = simulate(trace, name, config, decision_log=log, facts=facts,
+                   lowering=_SHARED.get("lowering"))
+    from kvsim.sweep import latency_quantiles
+
+    return {**res.summary, **latency_quantiles(res)}  # the quantiles: compare's HTML CDFs
 
 
 def default_policies() -> list[str]:
-    """Every registered policy (built-ins, entry points, loaded files), sorted by name."""
+    """Every installed policy (built-ins and entry points), sorted by name."""
     from kvsim.policy_registry import list_policies
 
     return [p.name for p in list_policies()]

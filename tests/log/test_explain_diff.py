@@ -16,7 +16,6 @@ from kvsim.results.log_diff import diff
 from kvsim.results.log_explain import explain
 from kvsim.results.log_reader import DecisionLog, parse_block
 
-NEVER = 2**63 - 1
 LRU = "least recently used: idle for the longest time"
 
 
@@ -26,7 +25,7 @@ def _cand(rank, block, req, idx, score, last, deadline, prio, nxt):
             "score": score, "terms": {"score": score}, "last_access_us": last,
             "access_count": 1, "priority": prio, "request_priority": 50,
             "deadline_us": deadline, "slack_us": 0, "recompute_cost_us": 250.0,
-            "next_use": NEVER, "phase": 0, "pinned": False, "next_use_step": step,
+            "next_use": None, "phase": 0, "pinned": False, "next_use_step": step,
             "next_use_action": action, "next_use_request_id": by}
 
 
@@ -87,7 +86,8 @@ def test_explain_uses_policy_terms(deadline_path, monkeypatch):
 
 def test_explain_errors(lru_path):
     log = DecisionLog(lru_path)
-    with pytest.raises(KvsimInputError, match="expected a decision at step 1, found none"):
+    with pytest.raises(KvsimInputError, match="expected a decision at step 1, found none; "
+                                              "nearest steps with one: 2, 3"):
         explain(log, 1)
     with pytest.raises(KvsimInputError, match="about block 999 at step 2"):
         explain(log, 2, parse_block("999"))

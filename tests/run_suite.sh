@@ -1,0 +1,22 @@
+#!/bin/sh
+# The whole test suite, in two steps (README, "Setup", second command; .ci/run runs it):
+#   1. the default run: every test not marked slow (under 5 minutes on 2 cores);
+#   2. the slow tests (real traces, numba compiles, Chromium; tests/conftest.py SLOW_TESTS),
+#      with their own time budget.
+# Each step fails the suite on a failing test, on running past its budget (timeout: exit
+# 124), and on collecting no tests at all (pytest exit 5): a suite must never pass empty.
+# Budgets (seconds): KVSIM_TEST_BUDGET_S (default 900), KVSIM_SLOW_TEST_BUDGET_S (2400).
+run_step() {
+  name=$1; budget=$2; shift 2
+  echo "== $name (budget ${budget} s): pytest -q -p no:cacheprovider $*" >&2
+  timeout "$budget" pytest -q -p no:cacheprovider "$@"
+  rc=$?
+  if [ "$rc" -eq 5 ]; then
+    echo "error: $name: pytest collected no tests" >&2
+  elif [ "$rc" -eq 124 ]; then
+    echo "error: $name: ran past its budget of ${budget} s" >&2
+  fi
+  return "$rc"
+}
+run_step "default tests" "${KVSIM_TEST_BUDGET_S:-900}" "$@" || exit $?
+run_step "slow tests" "${KVSIM_SLOW_TEST_BUDGET_S:-2400}" -m slow "$@" || exit $?
