@@ -118,9 +118,16 @@ def test_progress_has_a_real_total_and_is_silent_under_json_to_a_pipe(monkeypatc
     from kvsim.cli.simulate import _policies_to_run
     from kvsim.sim.replay import default_policies
 
-    assert _policies_to_run(["lru", "deadline"]) == ["lru", "deadline", "belady"]
-    assert _policies_to_run(["belady", "lru"]) == ["belady", "lru"]
-    assert len(_policies_to_run(None)) == len(default_policies()) + (
+    from kvsim.sim import SimConfig
+
+    engine, cache = SimConfig(), SimConfig(mode="cache")
+    # compare adds the offline references it measures gaps to: optimal always, belady in
+    # engine mode (kvsim.sim.comparison)
+    assert _policies_to_run(["lru", "deadline"], engine) == ["lru", "deadline", "optimal",
+                                                             "belady"]
+    assert _policies_to_run(["belady", "lru"], engine) == ["belady", "lru", "optimal"]
+    assert _policies_to_run(["lru"], cache) == ["lru", "optimal"]
+    assert len(_policies_to_run(None, engine)) == len(default_policies()) + 1 + (
         "belady" not in default_policies())
     monkeypatch.setattr(common.sys.stdout, "isatty", lambda: False, raising=False)
     assert common.quiet_progress(True) and not common.quiet_progress(False)
