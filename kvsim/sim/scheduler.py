@@ -49,6 +49,7 @@ import numpy as np
 from numba import njit
 
 from kvsim.ingest.hashing import chain_hash, mix64, root_hash
+from kvsim.sim.tiers import hash_slot
 
 # integer columns of I (rows are I[:, r])
 C_STEP, C_TIME, C_KIND, C_RID, C_BIDX, C_HASH, C_PARENT, C_NTOK = 0, 1, 2, 3, 4, 5, 6, 7
@@ -63,8 +64,8 @@ FLOAT_COLUMN_NAMES = ("duration_us", "recompute_cost_us")
 
 # integer parameters (ip)
 (P_B, P_T, P_MAXSEQ, P_MAXTOK, P_FLUSH, P_CRITPRIO, P_CRITTPOT, P_BEAMINT, P_SEED, P_N,
- P_NGPU, P_WMARK) = range(12)
-NUM_INT_PARAMS = 12
+ P_NGPU, P_WMARK, P_CLOSED, P_PRIOSCHED) = range(14)
+NUM_INT_PARAMS = 14
 # float parameters (fp): see StepCostModel.as_array
 Q_OVER, Q_WBYTES, Q_KVBPT, Q_BW, Q_FLOPS, Q_ACTIVE, Q_LH = range(7)
 # loop state (st): step, arrive pointer, admit pointer, running count, next free slot,
@@ -73,8 +74,8 @@ Q_OVER, Q_WBYTES, Q_KVBPT, Q_BW, Q_FLOPS, Q_ACTIVE, Q_LH = range(7)
 # admission stopped for lack of blocks, forced over-budget decodes, the request whose
 # prompt hashes are in the head buffer; clock in stf[0]
 (S_STEP, S_ARRIVE, S_ADMIT, S_NRUN, S_NEXTSLOT, S_DONE, S_FINISHED, S_HELD, S_MAXHELD,
- S_MAXRUN, S_STALLS, S_BLOCKED, S_FORCED, S_HEADC) = range(14)
-NUM_STATE = 14
+ S_MAXRUN, S_STALLS, S_BLOCKED, S_FORCED, S_HEADC, S_QN, S_NADM, S_HIT_TOK) = range(17)
+NUM_STATE = 17
 
 # enum values (kvsim.schema), repeated here as compile-time constants
 K_STEP, K_ARRIVE, K_ALLOCATE, K_ACCESS, K_INTENT, K_COMMIT, K_FORK, K_FREE = range(8)
@@ -279,14 +280,49 @@ def _token_deadline(arr, ttft, tpot, first_us, g):
 
 
 @njit(cache=True)
+def _cached_prefix(hb, nb, prompt_c, B, rk, phk, phv, t1k, t2k, t3k):
+    """Closed loop: leading prompt blocks whose KV is cached somewhere, as the replay
+    will find them when it places the request (kvsim.sim.core ``_place``): the chain in
+    HBM (the pool's prefix index ``phk``/``phv``, as :func:`kvsim.memory.fast.pool_lookup`,
+    plus blocks admitted earlier in this step, ``rk``), then continued in DRAM, CXL, NVMe
+    (the tiers' hash tables, :func:`kvsim.sim.tiers.tier_find`).  At most
+    ``(prompt - 1) // B`` blocks: the last token is always computed (vLLM)."""
+    limit = min(nb, (prompt_c - 1) // B)
+    k = 0
+    while k < limit and hb[k] != 0:
+        h = hb[k]
+        i = _rslot(phk, h)
+        if not (phk[i] == h and phv[i] >= 0) and rk[_rslot(rk, h)] != h:
+            break
+        k += 1
+    while k < limit and hb[k] != 0:
+        h = hb[k]
+        if (t1k[hash_slot(t1k, h)] != h and t2k[hash_slot(t2k, h)] != h
+                and t3k[hash_slot(t3k, h)] != h):
+            break
+        k += 1
+    return k
+
+
+@njit(cache=True)
 def run_steps(ip, fp, st, stf,
               arr, prompt, out, ttft, tpot, nsamp, beam, rprio, cont, gap, shared, spk, spp,
               hashed, off, ids,
               src, par, computed, gen, nblk, lasth, status, first_us, dsteps, forked, blast,
-              cow, run, run2, fin, nkey, priv, stall, hb, hb2, rk, rv, I, F, n):
+              cow, run, run2, fin, nkey, priv, stall, hb, hb2, rk, rv,
+              order, phk, phv, t1k, t2k, t3k, hitk, adm, I, F, n):
     """Run steps until ``n >= flush_rows`` at a step boundary or the trace is done.
 
     Returns ``(I, F, n)``; ``st[S_FINISHED] == 1`` once every request has finished.
+
+    ``order[:st[S_QN]]``: the table rows this engine serves, in arrival order (the
+    lowering: every row; a replica of a cluster: the rows its router sent it, appended
+    as they arrive).  ``ip[P_CLOSED]``: closed loop (kvsim.sim.closed_loop): ARRIVE rows
+    carry the request's own arrival time, and an admitted request starts with its cached
+    prefix computed (:func:`_cached_prefix` on the replay's pool ``phk``/``phv`` and tier
+    tables ``t*k``), so only the rest is prefill work of this and later steps; its cached
+    tokens go to ``hitk`` and its row to ``adm[:st[S_NADM]]``.  ``ip[P_PRIOSCHED]``:
+    waiting requests are admitted by ``request_priority`` (highest first, then arrival).
     """
     B = ip[P_B]
     T = ip[P_T]
@@ -297,32 +333,43 @@ def run_steps(ip, fp, st, stf,
     ngpu = ip[P_NGPU]
     wmark = ip[P_WMARK]
     root = root_hash(0)
+    closed = ip[P_CLOSED] != 0
     while st[S_FINISHED] == 0:
         now = stf[0]
         nrun = st[S_NRUN]
+        qn = st[S_QN]
+        st[S_NADM] = 0
         if nrun == 0 and st[S_ADMIT] == st[S_ARRIVE]:
-            if st[S_ARRIVE] >= N:
+            if st[S_ARRIVE] >= qn:
                 st[S_FINISHED] = 1
                 break
-            if arr[st[S_ARRIVE]] > now:
-                now = float(arr[st[S_ARRIVE]])
+            if arr[order[st[S_ARRIVE]]] > now:
+                now = float(arr[order[st[S_ARRIVE]]])
         step = st[S_STEP]
         t_us = np.int64(now)
         # ---- 1. STEP placeholder, 2. arrivals
         a0 = st[S_ARRIVE]
         a1 = a0
-        while a1 < N and arr[a1] <= t_us:
+        while a1 < qn and arr[order[a1]] <= t_us:
             a1 += 1
         I, F = _ensure(I, F, n, 1 + (a1 - a0))
         step_row = n
         n = _row(I, F, n, step, t_us, K_STEP, -1, -1, 0, -1, 0, PH_PREFILL, PR_WARM, -1, 0,
                  -1, 0, 0.0)
-        for i in range(a0, a1):
+        for j in range(a0, a1):
+            i = order[j]
             dl = arr[i] + ttft[i] if ttft[i] > 0 else -1
             est = _prefill_us(fp, 0, prompt[i]) + ((prompt[i] + max_tok - 1) // max_tok) * fp[Q_OVER]
             sl = dl - np.int64(now + est) if dl >= 0 else 0
-            n = _row(I, F, n, step, t_us, K_ARRIVE, i, -1, 0, -1, prompt[i], PH_PREFILL,
-                     PR_WARM, dl, sl, -1, 0, 0.0)
+            n = _row(I, F, n, step, arr[i] if closed else t_us, K_ARRIVE, i, -1, 0, -1,
+                     prompt[i], PH_PREFILL, PR_WARM, dl, sl, -1, 0, 0.0)
+            if ip[P_PRIOSCHED] != 0:  # waiting queue by priority, then arrival (vLLM)
+                x = j
+                while x > st[S_ADMIT] and rprio[order[x - 1]] < rprio[order[x]]:
+                    tmp = order[x - 1]
+                    order[x - 1] = order[x]
+                    order[x] = tmp
+                    x -= 1
         st[S_ARRIVE] = a1
         # ---- KV deadlock check: every running sequence decodes and waits for blocks, and
         # the head cannot be admitted -> force the oldest waiting decode over the budget
@@ -348,7 +395,7 @@ def run_steps(ip, fp, st, stf,
                 if first < 0:
                     first = c
             if stuck and st[S_ADMIT] < a1 and nrun < max_seqs:
-                c = st[S_ADMIT]
+                c = order[st[S_ADMIT]]
                 nb = _load_head(c, st, B, T, prompt, hashed, off, ids, root, hb)
                 s0, k0 = _walk(hb, nb, prompt[c], B, rk)
                 if st[S_HELD] + nb - s0 <= ngpu - wmark:
@@ -546,7 +593,7 @@ def run_steps(ip, fp, st, stf,
                     nfin += 1
         # ---- 5. admissions
         while st[S_ADMIT] < st[S_ARRIVE] and m2 < max_seqs and budget > 0:
-            c = st[S_ADMIT]
+            c = order[st[S_ADMIT]]
             nb = _load_head(c, st, B, T, prompt, hashed, off, ids, root, hb)
             s0, k0 = _walk(hb, nb, prompt[c], B, rk)
             if st[S_HELD] + nb - s0 > ngpu - wmark:
@@ -574,15 +621,22 @@ def run_steps(ip, fp, st, stf,
                          prio, dl, sl, target, 0, _prefill_us(fp, b * B, e - b * B))
             lasth[c] = h
             nblk[c] = nb
-            chunk = min(prompt[c], budget)
+            hit = 0
+            if closed:
+                hit = B * _cached_prefix(hb, nb, prompt[c], B, rk, phk, phv, t1k, t2k, t3k)
+                hitk[c] = hit
+                adm[st[S_NADM]] = c
+                st[S_NADM] += 1
+                st[S_HIT_TOK] += hit
+            chunk = min(prompt[c] - hit, budget)
             n = _row(I, F, n, step, t_us, K_ACCESS, c, -1, 0, -1, chunk, PH_PREFILL, PR_WARM,
                      dl, sl, target, 0, 0.0)
             tokens += chunk
-            attended += chunk * (chunk + 1.0) / 2.0
-            kv_read += chunk
+            attended += chunk * float(hit) + chunk * (chunk + 1.0) / 2.0
+            kv_read += hit + chunk
             budget -= chunk
-            computed[c] = chunk
-            if chunk == prompt[c]:
+            computed[c] = hit + chunk
+            if computed[c] == prompt[c]:
                 gen[c] = 1
                 first_us[c] = -2
                 if out[c] <= 1:
@@ -645,7 +699,7 @@ def run_steps(ip, fp, st, stf,
         st[S_NRUN] = m3
         stf[0] = end
         st[S_STEP] = step + 1
-        if st[S_ARRIVE] >= N and st[S_ADMIT] >= N and m3 == 0:
+        if st[S_ARRIVE] >= qn and st[S_ADMIT] >= qn and m3 == 0:
             st[S_FINISHED] = 1
         if n >= flush:
             break
