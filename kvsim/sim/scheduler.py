@@ -599,6 +599,12 @@ def run_steps(ip, fp, st, stf,
             if st[S_HELD] + nb - s0 > ngpu - wmark:
                 st[S_BLOCKED] += 1  # head-of-line: nobody behind it is admitted either
                 break
+            if closed:  # before this request's own blocks join rk
+                hitk[c] = B * _cached_prefix(hb, nb, prompt[c], B, rk, phk, phv, t1k, t2k,
+                                             t3k)
+                adm[st[S_NADM]] = c
+                st[S_NADM] += 1
+                st[S_HIT_TOK] += hitk[c]
             _acquire(hb, s0, k0, rk, rv)
             st[S_HELD] += nb - s0
             nkey[c] = k0
@@ -621,13 +627,7 @@ def run_steps(ip, fp, st, stf,
                          prio, dl, sl, target, 0, _prefill_us(fp, b * B, e - b * B))
             lasth[c] = h
             nblk[c] = nb
-            hit = 0
-            if closed:
-                hit = B * _cached_prefix(hb, nb, prompt[c], B, rk, phk, phv, t1k, t2k, t3k)
-                hitk[c] = hit
-                adm[st[S_NADM]] = c
-                st[S_NADM] += 1
-                st[S_HIT_TOK] += hit
+            hit = hitk[c] if closed else 0
             chunk = min(prompt[c] - hit, budget)
             n = _row(I, F, n, step, t_us, K_ACCESS, c, -1, 0, -1, chunk, PH_PREFILL, PR_WARM,
                      dl, sl, target, 0, 0.0)

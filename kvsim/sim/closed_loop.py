@@ -1,0 +1,250 @@
+"""The closed loop: the engine's scheduler runs inside the replay, step by step.
+
+:func:`serve` takes a Request table (arrivals, prompts as block hashes, output lengths,
+SLOs), not an event file.  Each engine step is decided by the continuous-batching
+scheduler of :mod:`kvsim.sim.scheduler` (the same code the lowering runs) *on the replay's
+memory state*, then replayed by the policy's core (:mod:`kvsim.sim.core`, unchanged) before
+the next step is decided:
+
+1. the scheduler admits a waiting request only when its blocks fit the KV budget (the HBM
+   pool), and starts it with its cached prefix computed: the longest chain of its prompt
+   blocks in the replay's HBM prefix index (:func:`kvsim.memory.fast.pool_lookup`'s rule),
+   continued in DRAM, CXL and NVMe (vLLM v1's ``get_computed_blocks`` before
+   ``allocate_slots``; LMCache / HiCache lookups below HBM).  Only the rest is prefill work,
+   so the step's roofline time (``StepCostModel``, kvsim.ingest.engine) counts only tokens
+   actually computed;
+2. the core places the step's rows (hits, promotions, evictions, preemptions, decision
+   log exactly as in the open-loop replay).  A promotion adds its transfer time to the
+   step (not overlapped with compute unless the transfer was hidden behind the request's
+   queueing time: docs/cost-model.md, "What overlaps what"); a block the scheduler counted
+   as cached but another admission of the same step evicted before the core placed it is
+   recomputed in that step (its prefill time is added to the step);
+3. the step's actual end (roofline + stalls + swap / preemption recompute) is the
+   scheduler's clock for the next step, so shorter steps drain the queue faster.
+
+With ``replicas > 1`` (:mod:`kvsim.sim.cluster`) several such engines, each with its own
+pool and lower tiers, serve one table behind a router.
+
+Outputs say which schedule produced them: ``summary["schedule"] == "closed"`` here,
+``"recorded"`` for an event file replayed open loop (:func:`kvsim.sim.replay.simulate`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+
+from kvsim.errors import KvsimInputError
+from kvsim.ingest.engine import EngineConfig, build_cost_model
+from kvsim.ingest.lower import _columns
+from kvsim.ingest.requests import RequestTable
+from kvsim.schema import EventKind, Phase
+from kvsim.sim import layout as L
+from kvsim.sim import scheduler as S
+from kvsim.sim.closed_facts import prompt_block_facts
+from kvsim.sim.config import SimConfig
+from kvsim.sim.cost_model import hbm_kv_capacity_bytes
+from kvsim.sim.schedule_state import new_schedule
+
+NEVER = np.iinfo(np.int64).max
+#: Event columns the core reads, in its order (kvsim.sim.core.COLS), with their dtypes.
+_EXTRA = ("prefetch_ok",)
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """The serving engine of the closed loop (vLLM's scheduler limits)."""
+
+    block_size_tokens: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    step_overhead_us: float | None = None
+    model: str = "llama-3-8b"
+
+    def engine_config(self, num_gpu_blocks: int, seed: int) -> EngineConfig:
+        from kvsim.ingest.engine import DEFAULT_STEP_OVERHEAD_US
+
+        return EngineConfig(block_size_tokens=self.block_size_tokens,
+                            max_num_seqs=self.max_num_seqs,
+                            max_num_batched_tokens=self.max_num_batched_tokens,
+                            step_overhead_us=(DEFAULT_STEP_OVERHEAD_US
+                                              if self.step_overhead_us is None
+                                              else float(self.step_overhead_us)),
+                            seed=seed, num_gpu_blocks=num_gpu_blocks)
+
+
+class Engine:
+    """One serving engine of the closed loop: a scheduler and a replay (``_Run``) sharing
+    the memory state.  :meth:`step` decides and replays one engine step."""
+
+    def __init__(self, table: RequestTable, off, ids, facts_pb, policy, config: SimConfig,
+                 opts: EngineOptions, cost, hbm_blocks: int, costs, block_bytes: int,
+                 log_writer=None, order: np.ndarray | None = None, replica: int = 0):
+        from kvsim.sim.replay import TraceFacts, _Run
+
+        df = table.df
+        N = len(df)
+        cfg = opts.engine_config(hbm_blocks, config.seed)
+        self.cost = cost
+        self.N = N
+        wmark = cfg.watermark_blocks(hbm_blocks)
+        self.sched = new_schedule(df, off, ids, table.block_size_tokens, cfg, cost,
+                                  hbm_blocks, wmark, 1, closed=True,
+                                  priority_scheduling=config.priority_scheduling,
+                                  order=order)
+        sc = self.sched
+        B = opts.block_size_tokens
+        prompt, out = sc.req_args[1], sc.req_args[2]
+        spk = sc.req_args[11]
+        slots = len(sc.src)
+        max_blocks = int(((prompt + out + spk) // B + 2).max()) if N else 2
+        # ALLOCATE ordinals of one step (the core indexes next_use / seen by ordinal; the
+        # closed loop restarts the ordinal at every step and refills these per step)
+        self.nu = np.full(1 << 12, NEVER, dtype=np.int64)
+        self.seen = np.zeros(1 << 12, dtype=np.int8)
+        facts = TraceFacts(num_rows=int(prompt.sum() // B + out.sum()), first_step=0,
+                           last_step=0, max_request_id=slots - 1,
+                           max_blocks_per_request=max_blocks,
+                           max_concurrent_requests=2 * opts.max_num_seqs + 64,
+                           max_size_bytes=block_bytes, next_use=self.nu, seen=self.seen)
+        header = SimpleNamespace(block_size_tokens=B, kv_bytes_per_token=cost.kv_bytes_per_token,
+                                 model=cost.model)
+        self.run = _Run(policy, config, header, facts, costs, block_bytes, log_writer)
+        self.run.K[L.K_WARMUP_STEP] = -1
+        T1, T2, T3 = self.run.T
+        sc.lookup = (self.run.st.hkeys, self.run.st.hvals, T1[2], T2[2], T3[2])
+        self.pb_off, self.pb_next, self.pb_seen = facts_pb
+        self.rprio = np.asarray(df["request_priority"].to_numpy(), dtype=np.int8)
+        self.tenant = np.asarray(df["tenant"].to_numpy(), dtype=np.int32)
+        self.block_bytes = block_bytes
+        self.replica = replica
+        self.lost_hit_tokens = 0
+        self.steps = 0
+        self.rows = 0
+
+    # -- state the router reads ------------------------------------------------------------
+    @property
+    def clock_us(self) -> float:
+        return float(self.sched.stf[0])
+
+    def has_work(self) -> bool:
+        st = self.sched.st
+        return st[S.S_NRUN] > 0 or st[S.S_ADMIT] < st[S.S_QN]
+
+    def outstanding(self) -> int:
+        """Requests routed here and not finished (waiting + running)."""
+        st = self.sched.st
+        return int(st[S.S_QN] - st[S.S_DONE])
+
+    def enqueue(self, r: int) -> None:
+        st = self.sched.st
+        self.sched.order[st[S.S_QN]] = r
+        st[S.S_QN] += 1
+        st[S.S_FINISHED] = 0
+
+    # -- one step ----------------------------------------------------------------------------
+    def step(self) -> bool:
+        """Decide one step on the current memory state and replay it.  False when the
+        scheduler had nothing to do."""
+        sc = self.sched
+        n = sc.step()
+        if n == 0:
+            return False
+        run = self.run
+        cols = _columns(sc.I, sc.F, n, sc.src, self.N, self.rprio, self.tenant,
+                        self.block_bytes)
+        cols["prefetch_ok"] = np.ones(n, dtype=np.bool_)
+        alloc = np.flatnonzero(cols["kind"] == EventKind.ALLOCATE)
+        k = len(alloc)
+        if k > len(self.nu):
+            self.nu = np.full(2 * k, NEVER, dtype=np.int64)
+            self.seen = np.zeros(2 * k, dtype=np.int8)
+            run.facts.next_use, run.facts.seen = self.nu, self.seen
+        if k:
+            rid = cols["request_id"][alloc]
+            bi = cols["block_index"][alloc].astype(np.int64)
+            pre = (cols["phase"][alloc] == Phase.PREFILL) & (rid < self.N)
+            pos = np.where(pre, self.pb_off[np.minimum(rid, self.N - 1)] + bi, 0)
+            self.nu[:k] = np.where(pre, self.pb_next[pos], NEVER)
+            self.seen[:k] = np.where(pre, self.pb_seen[pos], 0)
+        run.C[L.C_ALLOC_ORD] = 0
+        run.feed(cols)
+        self._after_step()
+        self.steps += 1
+        self.rows += n
+        return True
+
+    def _after_step(self) -> None:
+        sc, run = self.sched, self.run
+        C, R_i = run.C, run.R_i
+        for j in range(int(sc.st[S.S_NADM])):
+            c = int(sc.adm[j])
+            assumed = int(sc.hitk[c])
+            if assumed == 0:
+                continue
+            actual = int(R_i[c, L.RI_HIT_TOK:L.RI_HIT_TOK + 4].sum())
+            R_i[c, L.RI_PREFILLED] += assumed
+            if actual < assumed:  # evicted by an earlier placement of this step: computed
+                C[L.C_STEP_EXTRA_US] += self.cost.prefill_us(actual, assumed - actual)
+                self.lost_hit_tokens += assumed - actual
+            if (R_i[c, L.RI_PREFILLED] >= R_i[c, L.RI_PROMPT] and R_i[c, L.RI_NOUT] == 0
+                    and R_i[c, L.RI_FT_PENDING] == 0):
+                if C[L.C_NPEND] >= run.P.shape[0]:
+                    run._grow_pending()
+                q = int(C[L.C_NPEND])
+                run.P[q, 0], run.P[q, 1], run.P[q, 2] = c, 1, -1
+                C[L.C_NPEND] = q + 1
+                R_i[c, L.RI_FT_PENDING] = 1
+        # the scheduler already left cached tokens out of the step: no credit on top
+        C[L.C_STEP_SAVED_US] = 0.0
+        sc.stf[0] = (C[L.C_STEP_START_US] + C[L.C_STEP_DUR_US] + C[L.C_STEP_STALL_US]
+                     + C[L.C_STEP_EXTRA_US])
+
+    def finish(self) -> None:
+        self.run.finish()
+
+
+def hbm_pool_blocks(config: SimConfig, cost) -> int:
+    """The HBM pool (and scheduler KV budget) in blocks, as the open-loop replay sizes it
+    (:func:`kvsim.sim.replay.resolve_tiers`)."""
+    blocks = config.explicit_hbm_blocks(cost.block_bytes)
+    if blocks is None:
+        blocks = hbm_kv_capacity_bytes(cost.gpu_memory_bytes, int(cost.weight_bytes),
+                                       config.gpu_memory_utilization) // cost.block_bytes
+    if blocks < 1:
+        raise KvsimInputError(f"HBM holds no KV block ({cost.block_bytes} bytes each) after "
+                              "the model weights; expected a larger GPU or --hbm-gb", None,
+                              None, "hbm")
+    return int(blocks)
+
+
+def prepare(table: RequestTable, config: SimConfig, opts: EngineOptions):
+    """(cost model, HBM blocks, tier costs, block bytes, CSR block ids, prompt-block
+    facts, the table without never-admissible requests, dropped count)."""
+    from kvsim.hardware import load_hardware
+    from kvsim.ingest.lower import _drop_unadmittable
+    from kvsim.sim.cost_model import GB, tier_costs
+    from kvsim.sim.config import LOWER_TIERS
+
+    if config.warmup_fraction > 0:
+        raise KvsimInputError("expected --warmup-fraction 0 with the closed-loop schedule "
+                              "(steps are not known in advance); use --schedule recorded",
+                              None, None, "--warmup-fraction")
+    cost = build_cost_model(config.model or opts.model, config.hardware,
+                            step_overhead_us=opts.engine_config(1, 0).step_overhead_us,
+                            block_size_tokens=opts.block_size_tokens)
+    hbm_blocks = hbm_pool_blocks(config, cost)
+    cfg = opts.engine_config(hbm_blocks, config.seed)
+    table, dropped = _drop_unadmittable(table, opts.block_size_tokens,
+                                        hbm_blocks - cfg.watermark_blocks(hbm_blocks))
+    hw = load_hardware(config.hardware)
+    caps = {}
+    for name in LOWER_TIERS:
+        gb = getattr(config, f"{name}_gb")
+        caps[f"{name}_bytes"] = None if gb is None else int(gb * GB)
+    costs = tier_costs(hw.with_capacities(**caps), cost.block_bytes, hbm_blocks)
+    off, ids = table.flat_block_ids()
+    facts_pb = prompt_block_facts(table, off, ids, opts.block_size_tokens)
+    return cost, hbm_blocks, costs, cost.block_bytes, off, ids, facts_pb, table, dropped
