@@ -123,6 +123,7 @@ class Engine:
         self.lost_hit_tokens = 0
         self.steps = 0
         self.rows = 0
+        self.in_system: list[int] = []
 
     # -- state the router reads ------------------------------------------------------------
     @property
@@ -149,9 +150,13 @@ class Engine:
         """Decide one step on the current memory state and replay it.  False when the
         scheduler had nothing to do."""
         sc = self.sched
+        done_before = int(sc.st[S.S_DONE])
         n = sc.step()
         if n == 0:
             return False
+        # requests in the system during this step: arrived by its start, not finished
+        # before it (Little's law check, tests/sim/test_closed_loop.py)
+        self.in_system.append(int(sc.st[S.S_ARRIVE]) - done_before)
         run = self.run
         cols = _columns(sc.I, sc.F, n, sc.src, self.N, self.rprio, self.tenant,
                         self.block_bytes)

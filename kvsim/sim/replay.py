@@ -459,6 +459,7 @@ def simulate(trace_path: str | Path, policy, config: SimConfig | None = None,
     summary = summarize(pol.name, pol.offline, run.C, run.Cw if warm else None,
                         run.C[L.C_WARM_US] if warm else None,
                         int(run.K[L.K_WARMUP_STEP]), steps, requests, costs, facts.num_rows)
+    summary["schedule"] = "recorded"  # the event file's steps, replayed open loop
     return SimResult(pol.name, bool(pol.offline), summary, requests, steps, cfg_dict,
                      str(trace_path), costs, checks)
 

@@ -65,6 +65,7 @@ def cluster_summary(pol, engines, costs, N: int, router: str, dropped: int):
         s1 = summarize(pol.name, pol.offline, run.C, None, None, -1, st, rq, costs, e.rows)
         s1.update(serving_keys(s1, rq, run.C, "closed", 1, router, e.lost_hit_tokens, 0))
         rows.append({"replica": e.replica, **{k: s1[k] for k in REPLICA_KEYS[1:]}})
+        st["in_system"] = np.asarray(e.in_system[:len(st)], dtype=np.int64)
         st.insert(0, "replica", e.replica)
         rq.insert(0, "replica", e.replica)
         reqs.append(rq)
