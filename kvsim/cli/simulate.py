@@ -13,6 +13,9 @@ import typer
 from rich.table import Table
 
 from kvsim.cli import app
+from kvsim.cli.closed_opts import (BlockSizeOpt, FormatOpt, MaxSeqsOpt, MaxTokensOpt,
+                                   ReplicasOpt, RequestTraceOpt, RouterOpt, ScheduleOpt,
+                                   load_table, resolve_schedule)
 from kvsim.cli.common import JsonOption, emit_json, err_console, out_console, progress
 from kvsim.errors import KvsimInputError
 from kvsim.fsutil import atomic_output
@@ -123,7 +126,13 @@ _COLUMNS = (
     ("p99_step_us", "p99", "{:,.0f}", "min"),
     ("p999_step_us", "p99.9", "{:,.0f}", "min"),
     ("ttft_p50_us", "TTFT p50 ms", "ms", "min"),
+    ("ttft_p90_us", "TTFT p90 ms", "ms", "min"),
     ("ttft_p99_us", "TTFT p99 ms", "ms", "min"),
+    ("ttft_p99_us_vs_lru", "TTFT p99 vs lru ms", "ms", None),
+    ("queue_p99_us", "queue p99 ms", "ms", "min"),
+    ("throughput_tokens_per_s", "out tok/s", "{:,.0f}", "max"),
+    ("slo_attainment", "SLO met", "pct", "max"),
+    ("prefill_tokens_saved", "prefill tok saved", "{:,}", "max"),
     ("tpot_p50_us", "TPOT p50 ms", "ms", "min"),
     ("tpot_p99_us", "TPOT p99 ms", "ms", "min"),
     ("deadline_misses", "deadline misses", "{:,}", "min"),
@@ -253,6 +262,14 @@ def simulate_command(
     parquet: ParquetOpt = None,
     seed: SeedOpt = 0,
     engine: EngineOpt = "auto",
+    request_trace: RequestTraceOpt = None,
+    fmt: FormatOpt = None,
+    schedule: ScheduleOpt = None,
+    replicas: ReplicasOpt = 1,
+    router: RouterOpt = "round_robin",
+    block_size: BlockSizeOpt = 16,
+    max_num_seqs: MaxSeqsOpt = 256,
+    max_num_batched_tokens: MaxTokensOpt = 8192,
     json_: JsonOption = False,
 ) -> None:
     """Replay TRACE through HBM (vLLM-exact prefix caching) and the DRAM/CXL/NVMe tiers of
@@ -262,27 +279,81 @@ def simulate_command(
     formulas: docs/cost-model.md."""
     from kvsim.sim import simulate
 
-    if trace is None:
-        raise KvsimInputError("expected --trace EVENTS (an event file)", None, None, "--trace")
+    if (trace is None) == (request_trace is None):
+        raise KvsimInputError("expected exactly one of --trace EVENTS (an event file) or "
+                              "--request-trace FILE", None, None, "--trace")
     _load_policy_files(policy_file)
     config = _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model,
                      tier_policy, write_policy, preemption, priority_scheduling, no_prefetch,
                      warmup_fraction, log_lifecycle, seed, engine)
-    with progress() as bar:
+    sched = resolve_schedule(schedule, request_trace is not None)
+    label = str(trace if trace is not None else request_trace)
+    with progress() as bar, tempfile.TemporaryDirectory(prefix="kvsim-sim-") as tmpdir:
         task = bar.add_task(f"replay {policy}", total=None)
-        result = simulate(trace, policy, config, decision_log=decision_log,
-                          on_progress=lambda done, total: bar.update(task, completed=done,
-                                                                      total=total))
+        if request_trace is not None:
+            from kvsim.sim.closed_loop import EngineOptions
+
+            table = load_table(None, 0, seed, request_trace, fmt)
+            opts = EngineOptions(block_size_tokens=block_size, max_num_seqs=max_num_seqs,
+                                 max_num_batched_tokens=max_num_batched_tokens,
+                                 model=model or "llama-3-8b")
+            if sched == "closed":
+                from kvsim.sim.cluster import serve
+
+                result = serve(table, policy, config, replicas=replicas, router=router,
+                               engine=opts, decision_log=decision_log)
+            else:
+                trace = _lower_for(table, config, opts, Path(tmpdir))
+        if sched == "recorded":
+            _single_replica(replicas)
+            result = simulate(trace, policy, config, decision_log=decision_log,
+                              on_progress=lambda done, total: bar.update(
+                                  task, completed=done, total=total))
+    replica_rows = result.summary.pop("replica_rows", None)
     df = pd.DataFrame([result.summary])
     _write_rows(df, csv, parquet)
     if requests_out is not None:
         with atomic_output(requests_out) as tmp:
             result.requests.to_parquet(tmp, index=False)
     if json_:
-        emit_json({"policies": [result.summary], "trace": str(trace), "config": result.config})
+        out = {"policies": [result.summary], "trace": label, "config": result.config}
+        if replica_rows is not None:
+            out["replicas"] = replica_rows
+        emit_json(out)
         return
-    _print_wide(render_table(df, f"{trace} — {result.summary['requests']:,} requests, "
-                                 f"{result.summary['steps']:,} steps"))
+    _print_wide(render_table(df, f"{label} — {result.summary['requests']:,} requests, "
+                                 f"{result.summary['steps']:,} steps, {sched} schedule"))
+    if replica_rows is not None and len(replica_rows) > 1:
+        _print_wide(render_replicas(replica_rows))
+
+
+def render_replicas(rows: list[dict]) -> Table:
+    """One row per replica (kvsim.sim.serving_metrics.REPLICA_KEYS)."""
+    table = Table(title="replicas", header_style="bold")
+    keys = list(rows[0])
+    for k in keys:
+        table.add_column(k, justify="right", no_wrap=True)
+    for r in rows:
+        table.add_row(*[f"{v:,.4g}" if isinstance(v, float) else f"{v:,}" for v in r.values()])
+    return table
+
+
+def _single_replica(replicas: int) -> None:
+    if replicas != 1:
+        raise KvsimInputError("expected --replicas 1 with --schedule recorded (an event "
+                              "file is one engine's steps)", None, None, "--replicas")
+
+
+def _lower_for(table, config, opts, tmpdir: Path) -> Path:
+    """Lower ``table`` for this replay (``--schedule recorded`` of a Request table)."""
+    from kvsim.ingest.lower import lower_requests
+
+    path = tmpdir / "lowered.parquet"
+    lowering = config.lowering_options(opts.block_size_tokens, opts.model)
+    lower_requests(table, path, max_num_seqs=opts.max_num_seqs,
+                   max_num_batched_tokens=opts.max_num_batched_tokens, seed=config.seed,
+                   **lowering)
+    return path
 
 
 @app.command("compare", short_help="Replay the same trace under every policy (or a list) "
@@ -328,6 +399,14 @@ def compare_command(
     seed: Annotated[int, typer.Option(
         "--seed", help="Seed for --profile generation and randomising policies.")] = 0,
     engine: EngineOpt = "auto",
+    request_trace: RequestTraceOpt = None,
+    fmt: FormatOpt = None,
+    schedule: ScheduleOpt = None,
+    replicas: ReplicasOpt = 1,
+    router: RouterOpt = "round_robin",
+    block_size: BlockSizeOpt = 16,
+    max_num_seqs: MaxSeqsOpt = 256,
+    max_num_batched_tokens: MaxTokensOpt = 8192,
     json_: JsonOption = False,
 ) -> None:
     """Replay one trace under several HBM placement policies (same tiers, same cost model)
@@ -338,34 +417,57 @@ def compare_command(
     highlighted.  How to read it: docs/simulate.md."""
     from kvsim.sim import compare
 
-    if (trace is None) == (profile is None):
-        raise KvsimInputError("expected exactly one of --trace EVENTS or --profile NAME",
-                              None, None, "--trace")
+    if (trace is not None) + (profile is not None) + (request_trace is not None) != 1:
+        raise KvsimInputError("expected exactly one of --trace EVENTS, --profile NAME or "
+                              "--request-trace FILE", None, None, "--trace")
     _load_policy_files(policy_file)
     config = _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model,
                      tier_policy, write_policy, preemption, priority_scheduling, no_prefetch,
                      warmup_fraction, log_lifecycle, seed, engine)
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
+    sched = resolve_schedule(schedule, trace is None)
     with tempfile.TemporaryDirectory(prefix="kvsim-compare-") as tmpdir:
         source = trace
-        if profile is not None:
-            from kvsim.workload import generate
+        table = None
+        if trace is None:
+            from kvsim.sim.closed_loop import EngineOptions
 
-            source = Path(tmpdir) / "workload.parquet"
-            lowering = config.lowering_options()
-            budget = lowering.get("num_gpu_blocks")
-            err_console.print(f"generating {requests:,} requests from profile {profile} "
-                              f"(seed {seed}"
-                              + (f", scheduler budget {budget:,} blocks = the HBM pool)"
-                                 if budget else ")"))
-            generate(profile, requests, seed, source, **lowering)
+            table = load_table(profile, requests, seed, request_trace, fmt)
+            opts = EngineOptions(block_size_tokens=block_size, max_num_seqs=max_num_seqs,
+                                 max_num_batched_tokens=max_num_batched_tokens,
+                                 model=model or "llama-3-8b")
+            budget = config.lowering_options(block_size, opts.model).get("num_gpu_blocks")
+            err_console.print(f"{len(table):,} requests "
+                              + (f"from profile {profile} (seed {seed})" if profile else
+                                 f"from {request_trace}") + f", {sched} schedule"
+                              + (f", KV budget {budget:,} blocks = the HBM pool"
+                                 if budget else ""))
+            if sched == "recorded":
+                _single_replica(replicas)
+                source = _lower_for(table, config, opts, Path(tmpdir))
         with progress() as bar:
             task = bar.add_task("policies", total=None)
-            df = compare(source, names, config, decision_log_dir=decision_log_dir, jobs=jobs,
-                         on_progress=lambda name: bar.advance(task))
+            if sched == "closed":
+                from kvsim.sim.cluster import compare_requests
+
+                if decision_log_dir is not None:
+                    raise KvsimInputError("expected kvsim simulate --decision-log for a "
+                                          "closed-loop decision log (compare writes them "
+                                          "only with --schedule recorded)", None, None,
+                                          "--decision-log-dir")
+
+                df = compare_requests(table, names, config, replicas=replicas, router=router,
+                                      engine=opts, jobs=jobs,
+                                      on_progress=lambda name: bar.advance(task))
+            else:
+                df = compare(source, names, config, decision_log_dir=decision_log_dir,
+                             jobs=jobs, on_progress=lambda name: bar.advance(task))
     _write_rows(df, csv, parquet)
-    label = str(trace) if trace is not None else f"profile {profile} ({requests} requests, " \
-        f"seed {seed})"
+    label = str(trace) if trace is not None else (
+        f"profile {profile} ({requests} requests, seed {seed})" if profile is not None
+        else str(request_trace))
+    label += f", {sched} schedule" + (f", {replicas} replicas ({router})" if replicas > 1
+                                       else "")
     if json_:
         emit_json({"policies": df.to_dict(orient="records"), "trace": label,
                    "config": config.to_dict()})

@@ -193,3 +193,64 @@ def _run_cluster(table: RequestTable, engines: list[Engine], router: str, off, i
         i += 1
     for e in engines:
         e.routed = routed_to
+
+
+def compare_requests(table: RequestTable, policies=None, config: SimConfig | None = None, *,
+                     replicas: int = 1, router: str = "round_robin",
+                     engine: EngineOptions | None = None, jobs: int = 1,
+                     on_progress: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """:func:`serve` under each policy (belady added as the offline bound when
+    available); one row per policy with the summary keys, plus
+    ``gap_hbm_hit_rate_to_belady``, ``gap_ttft_p99_us_to_belady`` and, when lru is listed,
+    ``ttft_p50_us_vs_lru`` / ``ttft_p99_us_vs_lru`` (this policy's minus lru's)."""
+    from kvsim.sim.replay import _resolve_policy, default_policies
+
+    names = list(policies) if policies else default_policies()
+    for n in names:
+        _resolve_policy(n)
+    run_names = list(names)
+    bound = "belady"
+    if bound not in run_names:
+        try:
+            _resolve_policy(bound)
+            run_names.append(bound)
+        except KvsimInputError:
+            bound = None
+    args = (table, config, replicas, router, engine)
+    results: dict[str, dict] = {}
+    if jobs > 1 and len(run_names) > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("fork")) as ex:
+            futures = {n: ex.submit(_serve_summary, n, *args) for n in run_names}
+            for n in run_names:
+                results[n] = futures[n].result()
+                if on_progress:
+                    on_progress(n)
+    else:
+        for n in run_names:
+            results[n] = _serve_summary(n, *args)
+            if on_progress:
+                on_progress(n)
+    ref = results.get(bound) if bound else None
+    base = results.get("lru")
+    nan = float("nan")
+    rows = []
+    for n in names:
+        row = dict(results[n])
+        row["ttft_p50_us_vs_lru"] = row["ttft_p50_us"] - base["ttft_p50_us"] if base else nan
+        row["ttft_p99_us_vs_lru"] = row["ttft_p99_us"] - base["ttft_p99_us"] if base else nan
+        row["gap_hbm_hit_rate_to_belady"] = (ref["hbm_hit_rate"] - row["hbm_hit_rate"]
+                                             if ref else nan)
+        row["gap_ttft_p99_us_to_belady"] = (row["ttft_p99_us"] - ref["ttft_p99_us"]
+                                            if ref else nan)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _serve_summary(name, table, config, replicas, router, engine) -> dict:
+    s = dict(serve(table, name, config, replicas=replicas, router=router,
+                   engine=engine).summary)
+    s.pop("replica_rows", None)
+    return s
