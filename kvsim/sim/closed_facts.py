@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit
 
 from kvsim.ingest.hashing import root_hash
-from kvsim.sim.scheduler import _prompt_hashes
+from kvsim.sim.sched_blocks import _prompt_hashes
 
 NEVER = np.iinfo(np.int64).max
 

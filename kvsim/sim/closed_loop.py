@@ -49,8 +49,6 @@ from kvsim.sim.cost_model import hbm_kv_capacity_bytes
 from kvsim.sim.schedule_state import new_schedule
 
 NEVER = np.iinfo(np.int64).max
-#: Event columns the core reads, in its order (kvsim.sim.core.COLS), with their dtypes.
-_EXTRA = ("prefetch_ok",)
 
 
 @dataclass(frozen=True)

@@ -42,10 +42,10 @@ import pandas as pd
 
 from kvsim.errors import KvsimInputError
 from kvsim.ingest.requests import RequestTable
-from kvsim.sim import layout as L
 from kvsim.sim import scheduler as S
 from kvsim.sim.closed_loop import Engine, EngineOptions, prepare
 from kvsim.sim.config import SimConfig
+from kvsim.sim.sched_blocks import _cached_prefix
 
 ROUTERS = ("round_robin", "least_loaded", "session", "prefix")
 #: Dynamo's default ``--kv-overlap-score-weight`` (docs/router/kv_cache_routing.md).
@@ -69,7 +69,7 @@ def _route(router: str, i: int, engines: list[Engine], hb: np.ndarray, nb: int,
     for w, e in enumerate(engines):
         sc = e.sched
         phk, phv, t1k, t2k, t3k = sc.lookup
-        cached = S._cached_prefix(hb, nb, prompt_tokens, B, sc.slot_args[20], phk, phv,
+        cached = _cached_prefix(hb, nb, prompt_tokens, B, sc.slot_args[20], phk, phv,
                                   t1k, t2k, t3k)
         active = int(sc.st[S.S_HELD]) + waiting_blocks[w]
         key = (PREFIX_OVERLAP_WEIGHT * (nb - cached) + active, load[w], w)
