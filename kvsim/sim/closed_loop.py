@@ -33,20 +33,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Callable
 
 import numpy as np
 
 from kvsim.errors import KvsimInputError
 from kvsim.ingest.engine import EngineConfig, build_cost_model
-from kvsim.ingest.lower import _columns
 from kvsim.ingest.requests import RequestTable
-from kvsim.schema import EventKind, Phase
 from kvsim.sim import layout as L
+from kvsim.sim import closed_step as CS
 from kvsim.sim import scheduler as S
 from kvsim.sim.closed_facts import prompt_block_facts
 from kvsim.sim.config import SimConfig
 from kvsim.sim.cost_model import hbm_kv_capacity_bytes
 from kvsim.sim.schedule_state import new_schedule
+from kvsim.sim.variants import closed_for
 
 NEVER = np.iinfo(np.int64).max
 
@@ -100,8 +101,11 @@ class Engine:
         max_blocks = int(((prompt + out + spk) // B + 2).max()) if N else 2
         # ALLOCATE ordinals of one step (the core indexes next_use / seen by ordinal; the
         # closed loop restarts the ordinal at every step and refills these per step)
-        self.nu = np.full(1 << 12, NEVER, dtype=np.int64)
-        self.seen = np.zeros(1 << 12, dtype=np.int8)
+        self.nu = np.full(1 << 14, NEVER, dtype=np.int64)
+        self.seen = np.zeros(1 << 14, dtype=np.int8)
+        self.cols = _new_cols(1 << 14)
+        self.aux = np.zeros(CS.NUM_AUX, dtype=np.int64)
+        self.insys = np.zeros(1 << 16, dtype=np.int64)
         facts = TraceFacts(num_rows=int(prompt.sum() // B + out.sum()), first_step=0,
                            last_step=0, max_request_id=slots - 1,
                            max_blocks_per_request=max_blocks,
@@ -118,10 +122,11 @@ class Engine:
         self.tenant = np.asarray(df["tenant"].to_numpy(), dtype=np.int32)
         self.block_bytes = block_bytes
         self.replica = replica
-        self.lost_hit_tokens = 0
-        self.steps = 0
-        self.rows = 0
-        self.in_system: list[int] = []
+        # pending first tokens per step <= running sequences: never grown mid-step
+        need = 4 * (opts.max_num_seqs + 64) + 4096
+        if self.run.P.shape[0] < need:
+            self.run.P = L.grow_rows(self.run.P, need)
+        self.step_mod = closed_for(self.run.core)
 
     # -- state the router reads ------------------------------------------------------------
     @property
@@ -143,70 +148,92 @@ class Engine:
         st[S.S_QN] += 1
         st[S.S_FINISHED] = 0
 
-    # -- one step ----------------------------------------------------------------------------
-    def step(self) -> bool:
-        """Decide one step on the current memory state and replay it.  False when the
-        scheduler had nothing to do."""
-        sc = self.sched
-        done_before = int(sc.st[S.S_DONE])
-        n = sc.step()
-        if n == 0:
-            return False
-        # requests in the system during this step: arrived by its start, not finished
-        # before it (Little's law check, tests/sim/test_closed_loop.py)
-        self.in_system.append(int(sc.st[S.S_ARRIVE]) - done_before)
-        run = self.run
-        cols = _columns(sc.I, sc.F, n, sc.src, self.N, self.rprio, self.tenant,
-                        self.block_bytes)
-        cols["prefetch_ok"] = np.ones(n, dtype=np.bool_)
-        alloc = np.flatnonzero(cols["kind"] == EventKind.ALLOCATE)
-        k = len(alloc)
-        if k > len(self.nu):
-            self.nu = np.full(2 * k, NEVER, dtype=np.int64)
-            self.seen = np.zeros(2 * k, dtype=np.int8)
-            run.facts.next_use, run.facts.seen = self.nu, self.seen
-        if k:
-            rid = cols["request_id"][alloc]
-            bi = cols["block_index"][alloc].astype(np.int64)
-            pre = (cols["phase"][alloc] == Phase.PREFILL) & (rid < self.N)
-            pos = np.where(pre, self.pb_off[np.minimum(rid, self.N - 1)] + bi, 0)
-            self.nu[:k] = np.where(pre, self.pb_next[pos], NEVER)
-            self.seen[:k] = np.where(pre, self.pb_seen[pos], 0)
-        run.C[L.C_ALLOC_ORD] = 0
-        run.feed(cols)
-        self._after_step()
-        self.steps += 1
-        self.rows += n
-        return True
+    # -- running steps -----------------------------------------------------------------------
+    @property
+    def steps(self) -> int:
+        return int(self.aux[CS.X_NINSYS])
 
-    def _after_step(self) -> None:
-        sc, run = self.sched, self.run
-        C, R_i = run.C, run.R_i
-        for j in range(int(sc.st[S.S_NADM])):
-            c = int(sc.adm[j])
-            assumed = int(sc.hitk[c])
-            if assumed == 0:
-                continue
-            actual = int(R_i[c, L.RI_HIT_TOK:L.RI_HIT_TOK + 4].sum())
-            R_i[c, L.RI_PREFILLED] += assumed
-            if actual < assumed:  # evicted by an earlier placement of this step: computed
-                C[L.C_STEP_EXTRA_US] += self.cost.prefill_us(actual, assumed - actual)
-                self.lost_hit_tokens += assumed - actual
-            if (R_i[c, L.RI_PREFILLED] >= R_i[c, L.RI_PROMPT] and R_i[c, L.RI_NOUT] == 0
-                    and R_i[c, L.RI_FT_PENDING] == 0):
-                if C[L.C_NPEND] >= run.P.shape[0]:
-                    run._grow_pending()
-                q = int(C[L.C_NPEND])
-                run.P[q, 0], run.P[q, 1], run.P[q, 2] = c, 1, -1
-                C[L.C_NPEND] = q + 1
-                R_i[c, L.RI_FT_PENDING] = 1
-        # the scheduler already left cached tokens out of the step: no credit on top
-        C[L.C_STEP_SAVED_US] = 0.0
-        sc.stf[0] = (C[L.C_STEP_START_US] + C[L.C_STEP_DUR_US] + C[L.C_STEP_STALL_US]
-                     + C[L.C_STEP_EXTRA_US])
+    @property
+    def rows(self) -> int:
+        return int(self.aux[CS.X_ROWS])
+
+    @property
+    def lost_hit_tokens(self) -> int:
+        return int(self.aux[CS.X_LOST])
+
+    @property
+    def in_system(self) -> np.ndarray:
+        return self.insys[:self.steps]
+
+    def advance(self, limit_us: float = -1.0, max_steps: int = 1 << 16,
+                on_yield: Callable[[], None] | None = None) -> None:
+        """Run steps until the clock reaches ``limit_us`` (-1: until idle)."""
+        from kvsim.sim import core
+
+        run, sc = self.run, self.sched
+        while True:
+            with np.errstate(over="ignore"):  # hash mixing wraps by design (interpreted)
+                code, sc.I, sc.F = self.step_mod.advance(
+                    float(limit_us), max_steps, self.aux, self.insys, sc.ip, sc.fp, sc.st,
+                    sc.stf, *sc.req_args, *sc.slot_args, sc.order, *sc.lookup, sc.hitk,
+                    sc.adm, sc.I, sc.F, self.cols, self.rprio, self.tenant, self.block_bytes,
+                    self.pb_off, self.pb_next, self.pb_seen, *self._core_args())
+            if code in (CS.R_LIMIT, CS.R_IDLE):
+                return
+            if code == CS.R_YIELD:
+                if self.aux[CS.X_NINSYS] >= len(self.insys):
+                    self.insys = np.concatenate([self.insys, np.zeros_like(self.insys)])
+                if on_yield is not None:
+                    on_yield()
+            elif code == CS.R_NEED_COLS:
+                cap = 2 * max(len(self.cols[0]), int(self.aux[CS.X_PENDING]))
+                self.cols = _new_cols(cap)
+                self.nu = np.full(cap, NEVER, dtype=np.int64)
+                self.seen = np.zeros(cap, dtype=np.int8)
+            elif code == core.ST_NEED_REQ:
+                run._grow_requests(2 * run.R_i.shape[0])
+            elif code == core.ST_NEED_ARENA:
+                run._compact_arena()
+            elif code == core.ST_NEED_LOG:
+                run._flush_log()
+            elif code == core.ST_NEED_STEP:
+                run._flush_steps()
+            elif code == core.ST_NEED_PEND:
+                run._grow_pending()
+            else:
+                raise RuntimeError(f"closed loop: unexpected code {code}")
+
+    def _core_args(self) -> tuple:
+        run = self.run
+        return (run.K, run.X, run.C, run.Cw, run.R_i, run.R_f, run.A_i, run.A_f, run.H_i,
+                run.st, run.out, run.hbuf, run.scr, run.pst, run.view, *run._args_tail(),
+                self.nu, self.seen, run.alt_b, run.alt_s, run.vo)
 
     def finish(self) -> None:
-        self.run.finish()
+        """Close the last step and flush the buffers (as ``_Run.finish``)."""
+        run, sc = self.run, self.sched
+        if run.C[L.C_NSTEP_BUF] >= run.S.shape[0]:
+            run._flush_steps()
+        run._flush_log()
+        if self.steps:
+            with np.errstate(over="ignore"):
+                self.step_mod.advance(
+                    -1.0, -1, self.aux, self.insys, sc.ip, sc.fp, sc.st, sc.stf,
+                    *sc.req_args, *sc.slot_args, sc.order, *sc.lookup, sc.hitk, sc.adm,
+                    sc.I, sc.F, self.cols, self.rprio, self.tenant, self.block_bytes,
+                    self.pb_off, self.pb_next, self.pb_seen, *self._core_args())
+        run._flush_steps()
+        run._flush_log()
+
+
+#: dtypes of the core's event columns (kvsim.sim.core.COLS order; kvsim.schema types)
+_COL_DTYPES = (np.int64, np.int64, np.int8, np.int64, np.int32, np.int64, np.int64, np.int32,
+               np.float64, np.int8, np.int8, np.int8, np.int64, np.int64, np.float64, np.int64,
+               np.bool_, np.bool_, np.int64, np.int32)
+
+
+def _new_cols(cap: int) -> tuple:
+    return tuple(np.zeros(cap, dtype=d) for d in _COL_DTYPES)
 
 
 def hbm_pool_blocks(config: SimConfig, cost) -> int:

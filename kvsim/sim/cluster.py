@@ -131,11 +131,11 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
     try:
         if replicas == 1:
             e = engines[0]
-            while e.step():
-                if on_progress is not None and e.steps % 4096 == 0:
-                    on_progress(int(e.sched.st[S.S_DONE]), N)
+            tick = None if on_progress is None else (
+                lambda: on_progress(int(e.sched.st[S.S_DONE]), N))
+            e.advance(-1.0, on_yield=tick)
         else:
-            _run_cluster(table, engines, router, off, ids, opts.block_size_tokens,
+            _run_cluster(table, engines, router, opts.block_size_tokens,
                          prompt_block_hashes(table, off, ids, opts.block_size_tokens))
         for e in engines:
             e.finish()
@@ -150,49 +150,40 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
                      "requests", costs, {})
 
 
-def _run_cluster(table: RequestTable, engines: list[Engine], router: str, off, ids, B: int,
+def _run_cluster(table: RequestTable, engines: list[Engine], router: str, B: int,
                  pb: tuple[np.ndarray, np.ndarray]) -> None:
+    """Route each request at its arrival time.  Replicas interact only through the router,
+    so between two arrivals each one runs its own steps independently: before routing
+    request ``i`` every replica runs the steps that start before ``arrival_i``."""
     df = table.df
     arr = df["arrival_us"].to_numpy(np.int64)
     prompt = df["prompt_tokens"].to_numpy(np.int64)
     session = df["session"].to_numpy(np.int64)
     pb_off, pb_hash = pb
-    # full prompt blocks' hashes as the scheduler computes them (partial = 0, as the
-    # replay's lookup never matches a partial block)
     N = len(df)
     sticky: dict = {}
     waiting_blocks = [0] * len(engines)
+    admitted = [0] * len(engines)
     nb_all = (prompt + B - 1) // B
-    routed_to = np.full(N, -1, dtype=np.int64)
-    i = 0
-    while True:
-        t_next = float(arr[i]) if i < N else float("inf")
-        best = None
-        for e in engines:
-            if e.has_work() and (best is None or e.clock_us < best.clock_us):
-                best = e
-        if best is not None and best.clock_us < t_next:
-            before = int(best.sched.st[S.S_ADMIT])
-            best.step()
-            w = best.replica
-            sc = best.sched
-            for j in range(before, int(sc.st[S.S_ADMIT])):
-                waiting_blocks[w] -= int(nb_all[sc.order[j]])
-            continue
-        if i >= N:
-            break
+    for i in range(N):
+        t = float(arr[i])
+        for w, e in enumerate(engines):
+            if e.has_work() and e.clock_us < t:
+                e.advance(t)
+            st = e.sched.st
+            for j in range(admitted[w], int(st[S.S_ADMIT])):
+                waiting_blocks[w] -= int(nb_all[e.sched.order[j]])
+            admitted[w] = int(st[S.S_ADMIT])
         hb = pb_hash[pb_off[i]:pb_off[i + 1]]
         w = _route(router, i, engines, hb, int(nb_all[i]), int(prompt[i]), B,
                    int(session[i]), sticky, waiting_blocks)
-        routed_to[i] = w
         e = engines[w]
-        if not e.has_work() and e.clock_us < arr[i]:
-            e.sched.stf[0] = float(arr[i])  # an idle engine waits for its next request
+        if not e.has_work() and e.clock_us < t:
+            e.sched.stf[0] = t  # an idle engine waits for its next request
         e.enqueue(i)
         waiting_blocks[w] += int(nb_all[i])
-        i += 1
     for e in engines:
-        e.routed = routed_to
+        e.advance(-1.0)
 
 
 def compare_requests(table: RequestTable, policies=None, config: SimConfig | None = None, *,
