@@ -3,11 +3,68 @@
 A placement policy orders the **eviction candidates** of one tier and names a victim when
 the tier needs room.  Candidates are the blocks resident in the tier that nobody holds:
 in HBM, blocks with reference count 0 that stay cached for reuse (vLLM's free queue); in
-a lower tier (DRAM, CXL, NVMe), every resident block.  Blocks held by running requests are
-never candidates, so a policy never has to skip them.
+a lower tier (DRAM, CXL, NVMe) and in the single-tier simulator, every resident block.
+
+Block history survives reuse
+----------------------------
+A policy's knowledge of a block lasts **as long as the block's content is resident in the
+tier, held or cached**; only eviction or invalidation ends it.  The hooks name the
+transition, so a policy can keep (say) an LFU count or a SIEVE visited bit across the
+many times a cached prefix block is held by a request and released again:
+
+``on_insert(state, view, b, now_us)``
+    New content entered the tier in block ``b``: its state begins.  ``b`` is a candidate.
+    In HBM a new block is held by the request that allocated it, so ``on_hold(b)``
+    follows at once (and the core has written only ``content_hash``, ``insert_us``,
+    ``last_access_us`` and ``access_count`` of ``b``'s view by then: read intent fields in
+    ``on_release``).
+``on_hit(state, view, b, now_us)``
+    The content of ``b`` was accessed again: a single-tier or lower-tier hit (``b`` stays a
+    candidate), or an HBM prefix hit, on a cached block (then ``on_hold(b)`` follows) or on
+    a block other requests already hold (``b`` is not a candidate; policies that define
+    ``on_hold`` receive these, see the defaults below).
+``on_hold(state, view, b)``
+    A cached HBM block is held again by a request: it stops being a candidate, its state is
+    kept.  Never called in a tier without holds.
+``on_release(state, view, b, now_us)``
+    The last holder released ``b``: it is a candidate again.  For recency policies this is
+    an access (a running request reads all its blocks at every step until it finishes);
+    vLLM's free queue appends it here.  The view is current (intent, ``last_access_us``).
+``on_remove(state, view, b)``
+    ``b`` was evicted (after ``victim`` named it) or invalidated: its state ends.
+    Only ever called for a candidate.
+``victim(state, view, now_us, alt_blocks, alt_scores) -> (block, reason_code, n_alt)``
+    Name the *candidate* to evict (never a held block; it is *not* removed yet: the core
+    calls ``on_remove``).  Return -1 when there is no candidate.  The policy may write up
+    to ``alt_blocks.shape[0]`` runners-up (the next candidates it would have chosen) with
+    their scores into the two arrays and returns how many it wrote; the decision log
+    records them.  Scores are "higher = more worth keeping"; the victim's own score goes
+    in ``alt_scores[0]`` with ``alt_blocks[0] == block`` when ``n_alt >= 1``.
+``on_miss(state, view, h, now_us)`` (optional)
+    Content with hash ``h`` (``view.content_hash`` of the block it will occupy) was
+    requested and is not resident: it will be inserted (``on_insert``) after the
+    evictions made to fit it.  Called once, before those ``victim`` calls.  Policies with
+    ghost lists (ARC, S3-FIFO) look ``h`` up there, exactly as libCacheSim does in
+    ``find``.  Block ids are slots, so ghosts must be keyed by content, not by ``b``.
+
+Legal sequences per block: ``on_insert`` (``on_hit``)* then any number of rounds of
+``on_hold`` (``on_hit``)* ``on_release`` (``on_hit``)*, ended by ``on_remove`` (only while
+a candidate).  Same stream, same tier, one decision each: a single-tier access of a
+resident block is ``on_hit``; the HBM replay of a one-block request that is held and
+released at once is ``on_hit, on_hold, on_release`` (hit) or ``on_miss, [victim,
+on_remove], on_insert, on_hold, on_release`` (miss).  A built-in policy treats
+``on_hold`` + ``on_release`` with nothing in between as no change of order, so both
+streams give the same victims.
+
+Defaults.  A policy may define only ``on_insert``, ``on_hit``, ``on_remove`` and
+``victim`` (about 30 lines).  Then ``on_hold`` is its ``on_remove`` and ``on_release`` its
+``on_insert``, and it does not receive ``on_hit`` for held blocks: it forgets a block
+while the block is held and sees its release as a fresh insertion (what it knows about
+the block's past lives in the view: ``insert_us``, ``access_count``, ``last_access_us``).
+``on_hold`` and ``on_release`` come as a pair (define both or neither).
 
 A policy is one module (``policies/<name>.py``, or a user file given with
-``--policy-file``) defining:
+``--policy-file``) defining the hooks above and:
 
 ``NAME: str``, ``DESCRIPTION: str``
     Registry name and a one-line description (shown by ``kvsim compare --help``).
@@ -20,28 +77,11 @@ A policy is one module (``policies/<name>.py``, or a user file given with
 ``init(capacity_blocks: int, num_slots: int, params: dict) -> tuple``
     Plain Python.  Returns the policy's state: a tuple of numpy arrays (numba-friendly),
     sized by ``num_slots`` (block ids of this tier run from 0 to ``num_slots - 1``).
-``on_insert(state, view, b, now_us)``
-    Block ``b`` became a candidate: it was written into this tier, or released by its last
-    holder (HBM).  Called once per entry into the candidate set.
-``on_hit(state, view, b, now_us)``
-    Candidate ``b`` was accessed and *stays* a candidate (single-tier cache hit).  In HBM a
-    revived block (hit by a new request, which then holds it) gets ``on_hit`` followed by
-    ``on_remove``, so history-keeping policies (LFU, ARC, S3-FIFO) see the reuse.
-``on_remove(state, view, b)``
-    ``b`` stops being a candidate: evicted (after ``victim`` named it), held again, or
-    invalidated.  Never called for a block that is not a candidate.
-``victim(state, view, now_us, alt_blocks, alt_scores) -> (block, reason_code, n_alt)``
-    Name the candidate to evict (it is *not* removed yet: the core calls ``on_remove``).
-    Return -1 when there is no candidate.  The policy may write up to
-    ``alt_blocks.shape[0]`` runners-up (the next candidates it would have chosen) with
-    their scores into the two arrays and returns how many it wrote; the decision log
-    records them.  Scores are "higher = more worth keeping"; the victim's own score goes
-    in ``alt_scores[0]`` with ``alt_blocks[0] == block`` when ``n_alt >= 1``.
 ``explain(row: dict, now_us: float) -> dict[str, float]`` (optional, plain Python)
     The named score terms of one block given its logged intent fields, for
     ``kvsim log explain``.  Scored policies should provide it.
 
-The four hooks are ``numba.njit`` functions for built-ins (the replay loop is compiled once
+The hooks are ``numba.njit`` functions for built-ins (the replay loop is compiled once
 per policy).  Plain Python functions work too: the core then runs its interpreted twin, the
 same code, slower.  A policy must be deterministic: no global random state; if it needs
 randomness it seeds a generator from ``params["seed"]`` in ``init``.
@@ -110,6 +150,28 @@ def new_block_view(num_slots: int) -> BlockView:
     return BlockView(**arrays)
 
 
+#: The optional pair of hold hooks and the required hook each one defaults to.
+HOLD_HOOK_DEFAULTS = {"on_hold": "on_remove", "on_release": "on_insert"}
+
+
+def keeps_held(module) -> bool:
+    """True if ``module`` defines ``on_hold`` and ``on_release`` (it keeps a block's state
+    while the block is held, and receives ``on_hit`` for held blocks)."""
+    return hasattr(module, "on_hold") and hasattr(module, "on_release")
+
+
+def hook_bindings(module) -> dict[str, str]:
+    """Which function of ``module`` each hook a core calls is bound to: ``on_hold`` and
+    ``on_release`` fall back to ``on_remove`` / ``on_insert``; ``on_hit_held`` (``on_hit``
+    for a block other requests hold) is ``on_hit``, or None (not called) by default."""
+    held = keeps_held(module)
+    out = {h: h for h in ("on_hit", "on_insert", "on_remove", "victim")}
+    for hook, default in HOLD_HOOK_DEFAULTS.items():
+        out[hook] = hook if held else default
+    out["on_hit_held"] = "on_hit" if held else None
+    return out
+
+
 # =========================================================================================
 # Helpers for policies (numba-compiled data structures over arrays)
 # =========================================================================================
@@ -118,15 +180,6 @@ def new_block_view(num_slots: int) -> BlockView:
 # plain numpy arrays indexed by block id, so they fit in a policy's ``state`` tuple and
 # compile under ``numba.njit``.  Each operation is O(1) (lists) or O(log n) (heap).
 #
-# ``on_miss(state, view, b, now_us)`` (optional hook, an extension of the contract above)
-#     Block ``b`` is requested and is NOT a candidate: it will be inserted (``on_insert``)
-#     after the evictions made to fit it.  Called once, before those ``victim`` calls.
-#     History-keeping policies (ARC, S3-FIFO) use it to see a ghost hit before choosing a
-#     victim, exactly as libCacheSim does in ``find``.  A core that never calls it is still
-#     correct: those policies then detect the ghost hit in ``on_insert`` (one eviction
-#     decision earlier may differ from libCacheSim's).  Modules without it get
-#     :func:`noop_hook`.
-
 from numba import njit  # noqa: E402  (kept below the contract part on purpose)
 
 #: ``prev``/``next`` value of a block that is in no list.
@@ -418,3 +471,104 @@ def list_walk(prev, nxt, ends, out_blocks, out_scores, scores):
         i += 1
         b = nxt[b]
     return i
+
+
+# ---- ghost sets: content hashes without data, in FIFO/LRU lists ---------------------------
+# Ghost lists (ARC's B1/B2, S3-FIFO's ghost queue) remember *content* that was evicted.
+# Block ids are slots that new content reuses at once, so ghosts are keyed by the content
+# hash (``view.content_hash``), in a pool of ``max_ghosts`` nodes: node links ``prev``/
+# ``nxt`` (several lists may share them, each with its own ``ends``), ``node_hash`` and an
+# open-addressing map hash -> node (linear probing, backward-shift deletion, load <= 1/2).
+# Every operation is O(1) expected.
+
+
+def ghost_new(max_ghosts: int) -> tuple:
+    """An empty ghost pool: ``(map_keys, map_vals, node_hash, prev, nxt, free, meta)``;
+    ``meta = [free_top]``."""
+    n = max(int(max_ghosts), 1)
+    size = 4
+    while size < 2 * n + 2:
+        size *= 2
+    prev, nxt = dll_links(n)
+    return (np.zeros(size, np.int64), np.full(size, NIL, np.int64), np.zeros(n, np.int64),
+            prev, nxt, np.arange(n - 1, -1, -1, dtype=np.int64), np.array([n], np.int64))
+
+
+@njit(cache=True, inline="always")
+def _g_home(h, mask):
+    return (h ^ (h >> 17) ^ (h >> 31) ^ (h >> 47)) & mask
+
+
+@njit(cache=True)
+def _g_slot(keys, h):
+    mask = keys.shape[0] - 1
+    i = _g_home(h, mask)
+    while True:
+        k = keys[i]
+        if k == h or k == 0:
+            return i
+        i = (i + 1) & mask
+
+
+@njit(cache=True)
+def ghost_find(g, h):
+    """The node holding hash ``h``, or NIL (``h == 0`` is never a ghost)."""
+    if h == 0:
+        return NIL
+    keys = g[0]
+    i = _g_slot(keys, h)
+    return g[1][i] if keys[i] == h else NIL
+
+
+@njit(cache=True)
+def ghost_push_tail(g, ends, h):
+    """Append hash ``h`` (not a ghost yet, non-zero) to the list ``ends``; False when the
+    pool is full (the caller drops its oldest ghost first)."""
+    keys, vals, node_hash, prev, nxt, free, meta = g
+    if meta[0] == 0:
+        return False
+    meta[0] -= 1
+    node = free[meta[0]]
+    node_hash[node] = h
+    i = _g_slot(keys, h)
+    keys[i] = h
+    vals[i] = node
+    dll_push_tail(prev, nxt, ends, node)
+    return True
+
+
+@njit(cache=True)
+def ghost_remove(g, ends, node):
+    """Drop ghost ``node`` (in the list ``ends``)."""
+    keys, vals, node_hash, prev, nxt, free, meta = g
+    dll_remove(prev, nxt, ends, node)
+    mask = keys.shape[0] - 1
+    i = _g_slot(keys, node_hash[node])
+    j = i
+    while True:  # backward-shift deletion (no tombstones)
+        j = (j + 1) & mask
+        k = keys[j]
+        if k == 0:
+            break
+        home = _g_home(k, mask)
+        if i <= j:
+            stays = i < home <= j
+        else:
+            stays = home > i or home <= j
+        if not stays:
+            keys[i] = k
+            vals[i] = vals[j]
+            i = j
+    keys[i] = 0
+    vals[i] = NIL
+    node_hash[node] = 0
+    free[meta[0]] = node
+    meta[0] += 1
+
+
+@njit(cache=True)
+def ghost_pop_head(g, ends):
+    """Drop the oldest ghost of the list ``ends`` (no-op if empty)."""
+    node = ends[0]
+    if node != NIL:
+        ghost_remove(g, ends, node)

@@ -33,14 +33,16 @@ from kvsim import policy_api
 #: Hook name -> number of positional parameters (see kvsim.policy_api).
 HOOK_ARITY = {"on_insert": 4, "on_hit": 4, "on_remove": 3, "victim": 5}
 #: Optional hooks and their arity.
-OPTIONAL_HOOK_ARITY = {"on_miss": 4}
+OPTIONAL_HOOK_ARITY = {"on_miss": 4, "on_hold": 3, "on_release": 4}
 ENTRY_POINT_GROUP = "kvsim.policies"
 
 
 @dataclass(frozen=True)
 class Policy:
     """A validated policy module.  ``explain`` is None when the module has none;
-    ``on_miss`` is :func:`kvsim.policy_api.noop_hook` (or a Python no-op) when absent."""
+    ``on_miss`` is :func:`kvsim.policy_api.noop_hook` (or a Python no-op) when absent;
+    ``on_hold``/``on_release``/``on_hit_held`` are the functions the core calls for those
+    transitions (defaults: ``on_remove``/``on_insert``/no-op, see kvsim.policy_api)."""
 
     name: str
     description: str
@@ -52,6 +54,10 @@ class Policy:
     on_remove: Callable
     victim: Callable
     on_miss: Callable
+    on_hold: Callable
+    on_release: Callable
+    on_hit_held: Callable
+    keeps_held: bool
     explain: Callable[[dict, float], dict[str, float]] | None
     compiled: bool
     module: ModuleType
@@ -113,6 +119,9 @@ def policy_from_module(module: ModuleType, source: str) -> Policy:
         if _arity(func) != arity:
             raise bad(hook, f"{arity} positional parameters, got {_arity(func)}")
         hooks[hook] = func
+    if ("on_hold" in hooks) != ("on_release" in hooks):
+        raise bad("on_hold" if "on_hold" not in hooks else "on_release",
+                  "on_hold and on_release both defined, or neither")
     explain = getattr(module, "explain", None)
     if explain is not None and (not callable(explain) or _arity(explain) != 2):
         raise bad("explain", "a function explain(row, now_us) -> dict[str, float]")
@@ -121,10 +130,15 @@ def policy_from_module(module: ModuleType, source: str) -> Policy:
     if any(compiled_flags.values()) and not compiled:
         mixed = ", ".join(sorted(h for h, c in compiled_flags.items() if not c))
         raise bad(mixed, "all hooks numba-compiled or all plain Python, not a mix")
-    on_miss = hooks.get("on_miss", policy_api.noop_hook if compiled else _python_noop)
+    noop = policy_api.noop_hook if compiled else _python_noop
+    on_miss = hooks.get("on_miss", noop)
+    held = "on_hold" in hooks
     return Policy(name=name, description=description, offline=offline, reasons=reasons,
                   init=init, on_insert=hooks["on_insert"], on_hit=hooks["on_hit"],
                   on_remove=hooks["on_remove"], victim=hooks["victim"], on_miss=on_miss,
+                  on_hold=hooks["on_hold"] if held else hooks["on_remove"],
+                  on_release=hooks["on_release"] if held else hooks["on_insert"],
+                  on_hit_held=hooks["on_hit"] if held else noop, keeps_held=held,
                   explain=explain, compiled=compiled, module=module, source=source)
 
 

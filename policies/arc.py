@@ -1,28 +1,33 @@
 """ARC (Megiddo & Modha, FAST'03), following libCacheSim ``ARC`` (cache/eviction/ARC.c).
 
-Four lists share one set of links: T1 (seen once recently), T2 (seen at least twice),
-and their ghosts B1, B2 (ids of blocks evicted from T1/T2, no data).  ``p`` is the
-adaptive target size of T1 (a float, as in libCacheSim).  Head = LRU end everywhere.
+T1 (seen once while resident) and T2 (seen at least twice) hold the resident blocks;
+their ghosts B1, B2 remember the *content* (``view.content_hash``) of blocks evicted from
+T1/T2, no data.  ``p`` is the adaptive target size of T1 (a float, as in libCacheSim).
+Head = LRU end everywhere.
 
 - hit in T1 -> MRU of T2; hit in T2 -> MRU of T2.
-- ``on_miss`` (a request for a non-candidate): ghost hit in B1 -> p += max(|B2|/|B1|, 1)
-  (capped at c); in B2 -> p -= max(|B1|/|B2|, 1) (floored at 0); the ghost entry is
-  dropped and the block will enter T2.  Otherwise it will enter T1.
+- ``on_miss(h)`` (content ``h`` requested, not resident): ghost hit in B1 -> p +=
+  max(|B2|/|B1|, 1) (capped at c); in B2 -> p -= max(|B1|/|B2|, 1) (floored at 0); the
+  ghost entry leaves B1/B2 and the content will enter T2.  Otherwise it will enter T1.
 - ``victim`` after a ghost hit = REPLACE: T1's LRU if |T1| > 0 and (|T1| > p or
   (|T1| == p and the hit was in B2)) or T2 is empty; else T2's LRU.  After a plain miss
   (case IV): if |T1| + |B1| + 1 > c: drop B1's LRU and REPLACE if B1 is non-empty, else
   evict T1's LRU with no ghost; otherwise drop B2's LRU when |T1|+|B1|+|T2|+|B2| >= 2c,
   then REPLACE.  The ghost bookkeeping happens in ``on_remove`` of the named victim.
 
-Ghosts are keyed by block id: exact in the single-tier simulator (id = content); in a
-tier whose ids are physical slots a ghost hit means "the same slot", an approximation.
+Holds (HBM): a held block stays in T1/T2 (it counts in |T1|, |T2|: it occupies the
+cache) and gets its hits, but leaves its list's LRU order (``on_hold``) and re-enters at
+the MRU end on ``on_release`` (a running request read it at every step).  When the list
+REPLACE picks has no candidate, the other list's LRU candidate goes.  Ghosts are keyed by
+content, so a slot reused at once for new content is not mistaken for a ghost hit.
 """
 
 import numpy as np
 from numba import njit
 
-from kvsim.policy_api import (NIL, dll_ends, dll_links, dll_move_to_tail, dll_push_tail,
-                              dll_remove, njit_hook)
+from kvsim.policy_api import (NIL, dll_contains, dll_ends, dll_links, dll_move_to_tail,
+                              dll_push_tail, dll_remove, ghost_find, ghost_new,
+                              ghost_pop_head, ghost_push_tail, ghost_remove, njit_hook)
 
 NAME = "arc"
 DESCRIPTION = "Adaptive Replacement Cache: recency vs frequency lists with ghost-tuned split."
@@ -30,102 +35,144 @@ OFFLINE = False
 REASONS = ("ARC: least recently used of T1 (seen once), T1 above its adaptive target",
            "ARC: least recently used of T2 (seen twice or more), T1 within its target")
 
-T1, T2, B1, B2 = 1, 2, 3, 4
-# ints: [capacity, hit_in_b1, hit_in_b2, pending_victim, pending_ghost(0 none,3 B1,4 B2),
-#        drop_b1_lru, drop_b2_lru]
+T1, T2, B1, B2, PEND = 1, 2, 3, 4, 5
+# ints: [c, hit_in_b1, hit_in_b2, pending_victim, pending_ghost (0 none, B1, B2),
+#        drop_b1_lru, drop_b2_lru, |T1| resident, |T2| resident]
+# state: (prev, nxt, t1, t2, where, ints, p, g0..g6 (ghost pool), glist, b1, b2, pend)
 
 
 def init(capacity_blocks, num_slots, params):
     prev, nxt = dll_links(num_slots)
     where = np.zeros(num_slots, np.int8)
-    ints = np.array([capacity_blocks, 0, 0, NIL, 0, 0, 0], np.int64)
-    p = np.zeros(1, np.float64)
-    return (prev, nxt, dll_ends(), dll_ends(), dll_ends(), dll_ends(), where, ints, p)
+    ints = np.array([capacity_blocks, 0, 0, NIL, 0, 0, 0, 0, 0], np.int64)
+    n_ghosts = 3 * max(int(capacity_blocks), 1) + 2  # |B1| + |B2| <= 2c, + pending <= c
+    return ((prev, nxt, dll_ends(), dll_ends(), where, ints, np.zeros(1, np.float64))
+            + ghost_new(n_ghosts)
+            + (np.zeros(n_ghosts, np.int8), dll_ends(), dll_ends(), dll_ends()))
 
 
-@njit(cache=True, inline="always")
-def _ghost_hit(prev, nxt, b1, b2, where, ints, p, b):
+@njit(cache=True)
+def _ghosts(state):
+    return state[7], state[8], state[9], state[10], state[11], state[12], state[13]
+
+
+@njit(cache=True)
+def _ghost_hit(state, h):
+    """If content ``h`` is in B1/B2: adapt p, flag the hit, park the ghost as pending."""
+    ints, p, glist, b1, b2, pend = state[5], state[6], state[14], state[15], state[16], state[17]
+    g = _ghosts(state)
+    node = ghost_find(g, h)
+    if node == NIL or glist[node] == PEND:
+        return
     c = ints[0]
-    if where[b] == B1:
+    gprev, gnext = g[3], g[4]
+    if glist[node] == B1:
         delta = max(b2[2] / b1[2], 1.0)
         p[0] = min(p[0] + delta, float(c))
-        dll_remove(prev, nxt, b1, b)
-        where[b] = 0
+        dll_remove(gprev, gnext, b1, node)
         ints[1] = 1
-    elif where[b] == B2:
+    else:
         delta = max(b1[2] / b2[2], 1.0)
         p[0] = max(p[0] - delta, 0.0)
-        dll_remove(prev, nxt, b2, b)
-        where[b] = 0
+        dll_remove(gprev, gnext, b2, node)
         ints[2] = 1
+    dll_push_tail(gprev, gnext, pend, node)
+    glist[node] = PEND
 
 
-@njit_hook
-def on_miss(state, view, b, now_us):
-    ints = state[7]
+@njit(cache=True)
+def on_miss(state, view, h, now_us):
+    ints = state[5]
     ints[1] = 0
     ints[2] = 0
-    where = state[6]
-    if where[b] >= B1:
-        _ghost_hit(state[0], state[1], state[4], state[5], where, ints, state[8], b)
+    _ghost_hit(state, h)
 
 
-@njit_hook
+@njit(cache=True)
 def on_insert(state, view, b, now_us):
-    prev, nxt, t1, t2, where, ints = state[0], state[1], state[2], state[3], state[6], state[7]
-    if where[b] >= B1:  # the core did not call on_miss: detect the ghost hit now
-        _ghost_hit(prev, nxt, state[4], state[5], where, ints, state[8], b)
-    if ints[1] == 1 or ints[2] == 1:
+    prev, nxt, t1, t2, where, ints = state[0], state[1], state[2], state[3], state[4], state[5]
+    h = view.content_hash[b]
+    _ghost_hit(state, h)  # no-op when on_miss already took the ghost
+    g = _ghosts(state)
+    node = ghost_find(g, h)
+    if node != NIL:  # pending ghost hit: enters T2
+        ghost_remove(g, state[17], node)
+        state[14][node] = 0
         dll_push_tail(prev, nxt, t2, b)
         where[b] = T2
+        ints[8] += 1
     else:
         dll_push_tail(prev, nxt, t1, b)
         where[b] = T1
+        ints[7] += 1
     ints[1] = 0
     ints[2] = 0
 
 
 @njit_hook
 def on_hit(state, view, b, now_us):
-    prev, nxt, t1, t2, where = state[0], state[1], state[2], state[3], state[6]
+    prev, nxt, t1, t2, where, ints = state[0], state[1], state[2], state[3], state[4], state[5]
+    cand = dll_contains(prev, b)
     if where[b] == T1:
-        dll_remove(prev, nxt, t1, b)
-        dll_push_tail(prev, nxt, t2, b)
+        if cand:
+            dll_remove(prev, nxt, t1, b)
+            dll_push_tail(prev, nxt, t2, b)
         where[b] = T2
-    else:
+        ints[7] -= 1
+        ints[8] += 1
+    elif cand:
         dll_move_to_tail(prev, nxt, t2, b)
 
 
-@njit(cache=True, inline="always")
-def _replace_from_t1(t1, t2, ints, p):
-    n1 = float(t1[2])
-    return (t1[2] > 0 and (n1 > p[0] or (n1 == p[0] and ints[2] == 1))) or t2[2] == 0
+@njit_hook
+def on_hold(state, view, b):
+    dll_remove(state[0], state[1], state[2] if state[4][b] == T1 else state[3], b)
 
 
 @njit_hook
+def on_release(state, view, b, now_us):
+    dll_push_tail(state[0], state[1], state[2] if state[4][b] == T1 else state[3], b)
+
+
+@njit(cache=True, inline="always")
+def _replace_from_t1(ints, p):
+    n1 = float(ints[7])
+    return (ints[7] > 0 and (n1 > p[0] or (n1 == p[0] and ints[2] == 1))) or ints[8] == 0
+
+
+@njit(cache=True)
 def victim(state, view, now_us, alt_blocks, alt_scores):
-    nxt, t1, t2, b1, b2, ints, p = state[1], state[2], state[3], state[4], state[5], state[7], state[8]
+    nxt, t1, t2, ints, p = state[1], state[2], state[3], state[5], state[6]
+    b1, b2 = state[15], state[16]
     if t1[2] + t2[2] == 0:
         return -1, 0, 0
     c = ints[0]
+    n1 = ints[7]
+    n2 = ints[8]
     ints[5] = 0
     ints[6] = 0
     if ints[1] == 1 or ints[2] == 1:
-        from_t1 = _replace_from_t1(t1, t2, ints, p)
+        from_t1 = _replace_from_t1(ints, p)
         ghost = B1 if from_t1 else B2
-    elif t1[2] + b1[2] + 1 > c:
+    elif n1 + b1[2] + 1 > c:
         if b1[2] > 0:
             ints[5] = 1
-            from_t1 = _replace_from_t1(t1, t2, ints, p)
+            from_t1 = _replace_from_t1(ints, p)
             ghost = B1 if from_t1 else B2
         else:
             from_t1 = True
             ghost = 0
     else:
-        if t1[2] + b1[2] + t2[2] + b2[2] >= 2 * c and b2[2] > 0:
+        if n1 + b1[2] + n2 + b2[2] >= 2 * c and b2[2] > 0:
             ints[6] = 1
-        from_t1 = _replace_from_t1(t1, t2, ints, p)
+        from_t1 = _replace_from_t1(ints, p)
         ghost = B1 if from_t1 else B2
+    if from_t1 and t1[2] == 0:  # T1's blocks are all held
+        from_t1 = False
+        ghost = B2 if ghost != 0 else 0
+    elif not from_t1 and t2[2] == 0:
+        from_t1 = True
+        ghost = B1 if ghost != 0 else 0
     b = t1[0] if from_t1 else t2[0]
     ints[3] = b
     ints[4] = ghost
@@ -143,28 +190,30 @@ def victim(state, view, now_us, alt_blocks, alt_scores):
     return b, (0 if from_t1 else 1), n_alt
 
 
-@njit_hook
+@njit(cache=True)
 def on_remove(state, view, b):
-    prev, nxt, t1, t2, b1, b2, where, ints, p = state
+    prev, nxt, t1, t2, where, ints = state[0], state[1], state[2], state[3], state[4], state[5]
+    glist, b1, b2 = state[14], state[15], state[16]
     if where[b] == T1:
         dll_remove(prev, nxt, t1, b)
+        ints[7] -= 1
     else:
         dll_remove(prev, nxt, t2, b)
+        ints[8] -= 1
     where[b] = 0
-    if ints[3] != b:  # held again or invalidated: no ghost
+    if ints[3] != b:  # invalidated: no ghost
         return
     ints[3] = NIL
+    g = _ghosts(state)
     if ints[5] == 1:
-        g = b1[0]
-        dll_remove(prev, nxt, b1, g)
-        where[g] = 0
+        glist[b1[0]] = 0
+        ghost_pop_head(g, b1)
     if ints[6] == 1:
-        g = b2[0]
-        dll_remove(prev, nxt, b2, g)
-        where[g] = 0
-    if ints[4] == B1:
-        dll_push_tail(prev, nxt, b1, b)
-        where[b] = B1
-    elif ints[4] == B2:
-        dll_push_tail(prev, nxt, b2, b)
-        where[b] = B2
+        glist[b2[0]] = 0
+        ghost_pop_head(g, b2)
+    h = view.content_hash[b]
+    if h == 0 or ints[4] == 0 or ghost_find(g, h) != NIL:
+        return
+    lst = b1 if ints[4] == B1 else b2
+    if ghost_push_tail(g, lst, h):  # never full within ARC's bounds
+        glist[lst[1]] = ints[4]

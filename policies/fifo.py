@@ -1,12 +1,18 @@
-"""FIFO: evict the candidate that entered first; hits do not reorder.
+"""FIFO: evict the candidate whose content entered the tier first; hits do not reorder.
 
-Order: one intrusive list in insertion order, head = oldest.  All hooks O(1).
-Matches libCacheSim ``FIFO`` miss for miss.  Score: ``insert_us`` (higher = newer = keep).
+Order: the admission ordinal ``seq[b]`` given by ``on_insert`` (1, 2, ...), kept while
+the block is resident, held or cached.  Candidates sit in an indexed min-heap keyed by it:
+a held HBM block leaves the heap (``on_hold``) and returns with its *original* ordinal
+(``on_release``), so a block reused by many requests keeps its place in the queue.
+O(log n) per hold, release and eviction (a plain list cannot re-insert in the middle).
+Matches libCacheSim ``FIFO`` miss for miss.  Score: the admission ordinal (higher =
+newer = keep).
 """
 
+import numpy as np
 from numba import njit
 
-from kvsim.policy_api import dll_ends, dll_links, dll_push_tail, dll_remove, list_walk
+from kvsim.policy_api import heap_new, heap_peek, heap_push, heap_remove, heap_smallest
 
 NAME = "fifo"
 DESCRIPTION = "First in, first out: evict the candidate that entered the tier first."
@@ -15,13 +21,15 @@ REASONS = ("first in, first out: entered the tier before every other candidate",
 
 
 def init(capacity_blocks, num_slots, params):
-    prev, nxt = dll_links(num_slots)
-    return (prev, nxt, dll_ends())
+    return heap_new(num_slots) + (np.zeros(num_slots, np.int64), np.zeros(1, np.int64))
 
 
 @njit(cache=True)
 def on_insert(state, view, b, now_us):
-    dll_push_tail(state[0], state[1], state[2], b)
+    counter = state[6]
+    counter[0] += 1
+    state[5][b] = counter[0]
+    heap_push(state[:5], b, float(counter[0]), counter[0])
 
 
 @njit(cache=True)
@@ -30,14 +38,24 @@ def on_hit(state, view, b, now_us):
 
 
 @njit(cache=True)
-def on_remove(state, view, b):
-    dll_remove(state[0], state[1], state[2], b)
+def on_hold(state, view, b):
+    heap_remove(state[:5], b)
 
 
 @njit(cache=True)
+def on_release(state, view, b, now_us):
+    seq = state[5][b]
+    heap_push(state[:5], b, float(seq), seq)
+
+
+@njit(cache=True)
+def on_remove(state, view, b):
+    heap_remove(state[:5], b)
+
+
+@njit(cache=True)  # heap_smallest allocates its frontier
 def victim(state, view, now_us, alt_blocks, alt_scores):
-    b = state[2][0]
+    b = heap_peek(state[:5])
     if b < 0:
         return -1, 0, 0
-    n_alt = list_walk(state[0], state[1], state[2], alt_blocks, alt_scores, view.insert_us)
-    return b, 0, n_alt
+    return b, 0, heap_smallest(state[:5], alt_blocks, alt_scores)

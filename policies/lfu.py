@@ -1,52 +1,163 @@
-"""LFU with LRU tie-break, libCacheSim's ``LFU`` exactly.
+"""LFU with LRU tie-break, libCacheSim's ``LFU`` exactly, in O(1) frequency buckets.
 
 libCacheSim's LFU (cache/eviction/LFU.c) is *in-cache* LFU: a block's count starts at 1
-when it enters the tier and is forgotten when it leaves (no history of evicted blocks).
-It keeps one FIFO list per frequency, appends a block to the list of its new frequency on
-every hit and evicts the head of the lowest non-empty frequency.  A block enters its
-frequency list at its latest access, so among equal frequencies the least recently used
-goes first.  Here: an indexed heap keyed by ``(frequency, access sequence number)``,
-O(log n) per hook.  Score: frequency (higher = keep).
+when its content enters the tier and is forgotten when it leaves.  It keeps one FIFO list
+per frequency, appends a block to the list of its new frequency on every hit and evicts
+the head of the lowest non-empty frequency; so among equal counts the block that reached
+that count first (its least recent access) goes first.
+
+Structure (the O(1) LFU of Shah, Mitra & Matani 2010, as libCacheSim's freq nodes): a
+sorted linked list of frequency *nodes*, one per count that some resident block has; each
+node holds the FIFO list of its *candidate* blocks and ``n_res``, its resident blocks
+(held ones included).  A hit moves a block to the node of count + 1 (created next to its
+node if missing; an emptied node is freed).  A held HBM block keeps its count and node
+while held and still gets its hits (``on_hit``); it leaves the node's list on ``on_hold``
+and is appended to it on ``on_release`` (release counts as its latest access among equal
+counts).  ``victim`` walks nodes from the lowest count to the first with a candidate:
+O(1) unless the lowest counts belong to held blocks only.  Score: the count.
 """
 
 import numpy as np
 from numba import njit
 
-from kvsim.policy_api import (heap_new, heap_peek, heap_push, heap_remove, heap_smallest,
-                              heap_update, njit_hook)
+from kvsim.policy_api import NIL, OUT, dll_contains, dll_push_tail, dll_remove
 
 NAME = "lfu"
 DESCRIPTION = "Least frequently used since entering the tier; least recently used among ties."
 OFFLINE = False
 REASONS = ("least frequently used since it entered the tier (oldest access among ties)",)
 
+# state: (bprev, bnext, freq, node_of, nfreq, nprev, nnext, nres, nends, free, meta)
+# meta = [free_top, lowest node]
+
 
 def init(capacity_blocks, num_slots, params):
-    return heap_new(num_slots) + (np.zeros(1, np.int64),)
+    m = num_slots + 2  # live nodes <= resident blocks, +1 while a hit moves a block
+    nends = np.zeros((m, 3), np.int64)
+    nends[:, :2] = NIL
+    return (np.full(num_slots, OUT, np.int64), np.full(num_slots, OUT, np.int64),
+            np.zeros(num_slots, np.int64), np.full(num_slots, NIL, np.int64),
+            np.zeros(m, np.int64), np.full(m, NIL, np.int64), np.full(m, NIL, np.int64),
+            np.zeros(m, np.int64), nends, np.arange(m - 1, -1, -1, dtype=np.int64),
+            np.array([m, NIL], np.int64))
 
 
-@njit_hook
+@njit(cache=True)
+def _node_new(state, f, after):
+    """A node of count ``f`` linked after node ``after`` (NIL: as the lowest)."""
+    nfreq, nprev, nnext, nres, nends, free, meta = state[4:11]
+    meta[0] -= 1
+    node = free[meta[0]]
+    nfreq[node] = f
+    nres[node] = 0
+    nends[node, 0] = NIL
+    nends[node, 1] = NIL
+    nends[node, 2] = 0
+    nxt = meta[1] if after == NIL else nnext[after]
+    nprev[node] = after
+    nnext[node] = nxt
+    if after == NIL:
+        meta[1] = node
+    else:
+        nnext[after] = node
+    if nxt != NIL:
+        nprev[nxt] = node
+    return node
+
+
+@njit(cache=True)
+def _node_drop(state, node):
+    """Unlink and free a node with no resident block."""
+    nprev, nnext, free, meta = state[5], state[6], state[9], state[10]
+    p = nprev[node]
+    n = nnext[node]
+    if p == NIL:
+        meta[1] = n
+    else:
+        nnext[p] = n
+    if n != NIL:
+        nprev[n] = p
+    free[meta[0]] = node
+    meta[0] += 1
+
+
+@njit(cache=True)
 def on_insert(state, view, b, now_us):
-    seq = state[5]
-    seq[0] += 1
-    heap_push(state[:5], b, 1.0, seq[0])
+    bprev, bnext, freq, node_of, nfreq, nres, nends, meta = (
+        state[0], state[1], state[2], state[3], state[4], state[7], state[8], state[10])
+    node = meta[1]
+    if node == NIL or nfreq[node] != 1:
+        node = _node_new(state, 1, NIL)
+    freq[b] = 1
+    node_of[b] = node
+    nres[node] += 1
+    dll_push_tail(bprev, bnext, nends[node], b)
 
 
-@njit_hook
+@njit(cache=True)
 def on_hit(state, view, b, now_us):
-    seq = state[5]
-    seq[0] += 1
-    heap_update(state[:5], b, state[0][b] + 1.0, seq[0])
+    bprev, bnext, freq, node_of, nfreq, nnext, nres, nends = (
+        state[0], state[1], state[2], state[3], state[4], state[6], state[7], state[8])
+    node = node_of[b]
+    f = freq[b] + 1
+    target = nnext[node]
+    if target == NIL or nfreq[target] != f:
+        target = _node_new(state, f, node)
+    if dll_contains(bprev, b):
+        dll_remove(bprev, bnext, nends[node], b)
+        dll_push_tail(bprev, bnext, nends[target], b)
+    nres[node] -= 1
+    nres[target] += 1
+    node_of[b] = target
+    freq[b] = f
+    if nres[node] == 0:
+        _node_drop(state, node)
 
 
-@njit_hook
+@njit(cache=True)
+def on_hold(state, view, b):
+    dll_remove(state[0], state[1], state[8][state[3][b]], b)
+
+
+@njit(cache=True)
+def on_release(state, view, b, now_us):
+    dll_push_tail(state[0], state[1], state[8][state[3][b]], b)
+
+
+@njit(cache=True)
 def on_remove(state, view, b):
-    heap_remove(state[:5], b)
+    bprev, bnext, freq, node_of, nres, nends = (state[0], state[1], state[2], state[3],
+                                                state[7], state[8])
+    node = node_of[b]
+    if dll_contains(bprev, b):
+        dll_remove(bprev, bnext, nends[node], b)
+    nres[node] -= 1
+    if nres[node] == 0:
+        _node_drop(state, node)
+    freq[b] = 0
+    node_of[b] = NIL
 
 
-@njit(cache=True)  # not njit_hook: heap_smallest allocates its frontier
+@njit(cache=True)
 def victim(state, view, now_us, alt_blocks, alt_scores):
-    b = heap_peek(state[:5])
-    if b < 0:
+    bnext, freq, nnext, nends, meta = state[1], state[2], state[6], state[8], state[10]
+    node = meta[1]
+    while node != NIL and nends[node, 2] == 0:
+        node = nnext[node]
+    if node == NIL:
         return -1, 0, 0
-    return b, 0, heap_smallest(state[:5], alt_blocks, alt_scores)
+    b = nends[node, 0]
+    n_alt = 0
+    c = b
+    while n_alt < alt_blocks.shape[0]:  # runners-up: this node's list, then higher counts
+        if c == NIL:
+            node = nnext[node]
+            if node == NIL:
+                break
+            c = nends[node, 0]
+            continue
+        alt_blocks[n_alt] = c
+        alt_scores[n_alt] = float(freq[c])
+        n_alt += 1
+        c = bnext[c]
+    return b, 0, n_alt

@@ -1,15 +1,18 @@
 """LRU: evict the candidate idle for the longest time.
 
-Order: one intrusive list, head = least recently used.  ``on_insert`` and ``on_hit``
-append/move the block to the tail; ``victim`` names the head.  All hooks O(1).
+Order: one intrusive list of the candidates, head = least recently used.  ``on_insert``
+and ``on_hit`` append/move the block to the tail.  A held HBM block leaves the list
+(``on_hold``) and is appended again when released (``on_release``): its last access is
+its release, since a running request reads every block of its context at each step.
+``victim`` names the head.  All hooks O(1).
 Matches libCacheSim ``LRU`` miss for miss (tests/policies/test_vs_libcachesim.py).
 Score in the decision log: ``last_access_us`` (higher = used more recently = keep).
 """
 
 from numba import njit
 
-from kvsim.policy_api import (dll_ends, dll_links, dll_move_to_tail, dll_push_tail,
-                              dll_remove, list_walk)
+from kvsim.policy_api import (dll_contains, dll_ends, dll_links, dll_move_to_tail,
+                              dll_push_tail, dll_remove, list_walk)
 
 NAME = "lru"
 DESCRIPTION = "Least recently used: evict the candidate idle for the longest time."
@@ -29,7 +32,18 @@ def on_insert(state, view, b, now_us):
 
 @njit(cache=True)
 def on_hit(state, view, b, now_us):
-    dll_move_to_tail(state[0], state[1], state[2], b)
+    if dll_contains(state[0], b):  # a held block is reordered at its release
+        dll_move_to_tail(state[0], state[1], state[2], b)
+
+
+@njit(cache=True)
+def on_hold(state, view, b):
+    dll_remove(state[0], state[1], state[2], b)
+
+
+@njit(cache=True)
+def on_release(state, view, b, now_us):
+    dll_push_tail(state[0], state[1], state[2], b)
 
 
 @njit(cache=True)

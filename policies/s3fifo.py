@@ -1,27 +1,33 @@
 """S3-FIFO (Yang et al., SOSP'23), following libCacheSim ``S3FIFO`` (cache/eviction/S3FIFO.c).
 
-Three FIFO queues share one set of links: SMALL (10% of capacity), MAIN (the rest) and
-GHOST (ids only, 90% of capacity), all with libCacheSim's defaults
-``small-size-ratio=0.10, ghost-size-ratio=0.90, move-to-main-threshold=2``; sizes are
-``small = int(c * 0.1)``, ``main = c - small``, ``ghost = int(c * 0.9)``.  Head = oldest.
+Two FIFO queues of resident blocks, SMALL (10% of capacity) and MAIN (the rest), and a
+GHOST FIFO of evicted *content* (``view.content_hash``, no data, 90% of capacity), all
+with libCacheSim's defaults ``small-size-ratio=0.10, ghost-size-ratio=0.90,
+move-to-main-threshold=2``; sizes are ``small = int(c * 0.1)``, ``main = c - small``,
+``ghost = int(c * 0.9)``.  Head = oldest.
 
-- hit: ``freq += 1`` (in SMALL or MAIN).
-- ``on_miss``: a block found in GHOST is dropped from it and will enter MAIN.
+- hit: ``freq += 1`` (in SMALL or MAIN, held or not).
+- ``on_miss(h)``: content found in GHOST is dropped from it and will enter MAIN.
 - insert: into MAIN after a ghost hit; else into SMALL -- except before the first
   eviction, when SMALL is already full, into MAIN (libCacheSim's current variant).
   ``freq = 0``.
-- ``victim``: if |MAIN| > main size or SMALL is empty, sweep MAIN: a head with freq >= 1
-  is reinserted at the tail with ``freq = min(freq, 3) - 1`` (2-bit CLOCK), the first
-  head with freq 0 is the victim.  Otherwise sweep SMALL: a head with
-  freq >= 2 moves to MAIN's tail (freq 0); the first other head is the victim and its id
-  goes to GHOST (FIFO, oldest ghost dropped when full) in ``on_remove``.
-Ghosts are keyed by block id (exact in the single-tier simulator, see arc.py).
+- ``victim``: if |MAIN| > main size or SMALL is empty, sweep MAIN: a head with
+  freq >= 1 is reinserted at the tail with ``freq = min(freq, 3) - 1`` (2-bit CLOCK), the
+  first head with freq 0 is the victim.  Otherwise sweep SMALL: a head with freq >= 2
+  moves to MAIN's tail (freq 0); the first other head is the victim and its content goes
+  to GHOST (FIFO, oldest ghost dropped when full) in ``on_remove``.
+
+Holds (HBM): a held block stays at its place in its queue with its ``freq`` (and still
+gets hits); the sweeps walk over it as if it were absent (a held block in SMALL with
+freq >= 2 still moves to MAIN: that is a promotion, not an eviction).  ``on_hold`` /
+``on_release`` only mark it.
 """
 
 import numpy as np
+from numba import njit
 
-from kvsim.policy_api import (NIL, dll_ends, dll_links, dll_pop_head, dll_push_head,
-                              dll_push_tail, dll_remove, njit_hook)
+from kvsim.policy_api import (NIL, dll_ends, dll_links, dll_push_tail, dll_remove, ghost_find, ghost_new,
+                              ghost_pop_head, ghost_push_tail, ghost_remove, njit_hook)
 
 NAME = "s3fifo"
 DESCRIPTION = "S3-FIFO: small probationary FIFO, main FIFO with 2-bit clock, ghost FIFO."
@@ -29,86 +35,127 @@ OFFLINE = False
 REASONS = ("S3-FIFO: oldest in the small queue and not reused while there",
            "S3-FIFO: oldest in the main queue with its reuse credit used up")
 
-SMALL, MAIN, GHOST = 1, 2, 3
+SMALL, MAIN, GHOST, PEND = 1, 2, 3, 4
 SMALL_SIZE_RATIO = 0.10  # libCacheSim S3FIFO default (DEFAULT_CACHE_PARAMS)
 GHOST_SIZE_RATIO = 0.90  # libCacheSim S3FIFO default
 MOVE_TO_MAIN_THRESHOLD = 2  # libCacheSim S3FIFO default
-# ints: [small_cap, main_cap, ghost_cap, hit_on_ghost, has_evicted, pending, pending_queue]
+# ints: [small_cap, main_cap, ghost_cap, held blocks, has_evicted, pending, pending_queue]
+# state: (prev, nxt, small, main, where, freq, ints, g0..g6 (ghost pool), glist, ghost, pend,
+#         held)
 
 
 def init(capacity_blocks, num_slots, params):
     small_ratio = float(params.get("small_size_ratio", SMALL_SIZE_RATIO))
     ghost_ratio = float(params.get("ghost_size_ratio", GHOST_SIZE_RATIO))
     small_cap = int(capacity_blocks * small_ratio)
+    ghost_cap = int(capacity_blocks * ghost_ratio)
     prev, nxt = dll_links(num_slots)
-    ints = np.array([small_cap, capacity_blocks - small_cap, int(capacity_blocks * ghost_ratio),
-                     0, 0, NIL, 0], np.int64)
-    return (prev, nxt, dll_ends(), dll_ends(), dll_ends(), np.zeros(num_slots, np.int8),
-            np.zeros(num_slots, np.int64), ints)
+    ints = np.array([small_cap, capacity_blocks - small_cap, ghost_cap, 0, 0, NIL, 0], np.int64)
+    n_ghosts = ghost_cap + capacity_blocks + 2  # + the pending ghost hits of one allocation
+    return ((prev, nxt, dll_ends(), dll_ends(), np.zeros(num_slots, np.int8),
+             np.zeros(num_slots, np.int64), ints)
+            + ghost_new(n_ghosts) + (np.zeros(n_ghosts, np.int8), dll_ends(), dll_ends(),
+                                     np.zeros(num_slots, np.int8)))
 
 
-@njit_hook
-def on_miss(state, view, b, now_us):
-    prev, nxt, small, main, ghost, where, freq, ints = state
-    ints[3] = 0
-    if where[b] == GHOST:
-        dll_remove(prev, nxt, ghost, b)
-        where[b] = 0
-        ints[3] = 1
+@njit(cache=True)
+def _ghosts(state):
+    return state[7], state[8], state[9], state[10], state[11], state[12], state[13]
 
 
-@njit_hook
+@njit(cache=True)
+def _take_ghost(state, h):
+    """Content ``h`` in GHOST: park it as a pending ghost hit."""
+    glist, ghost, pend = state[14], state[15], state[16]
+    g = _ghosts(state)
+    node = ghost_find(g, h)
+    if node != NIL and glist[node] == GHOST:
+        dll_remove(g[3], g[4], ghost, node)
+        dll_push_tail(g[3], g[4], pend, node)
+        glist[node] = PEND
+
+
+@njit(cache=True)
+def on_miss(state, view, h, now_us):
+    _take_ghost(state, h)
+
+
+@njit(cache=True)
 def on_insert(state, view, b, now_us):
-    prev, nxt, small, main, ghost, where, freq, ints = state
-    if where[b] == GHOST:  # the core did not call on_miss
-        on_miss(state, view, b, now_us)
-    if ints[3] == 1:
-        ints[3] = 0
-        dll_push_tail(prev, nxt, main, b)
-        where[b] = MAIN
+    prev, nxt, small, main, where, freq, ints = state[:7]
+    h = view.content_hash[b]
+    _take_ghost(state, h)  # no-op when on_miss already took it
+    g = _ghosts(state)
+    node = ghost_find(g, h)
+    if node != NIL:
+        ghost_remove(g, state[16], node)
+        state[14][node] = 0
+        q = MAIN
     elif ints[4] == 0 and small[2] >= ints[0]:
-        dll_push_tail(prev, nxt, main, b)
-        where[b] = MAIN
+        q = MAIN
     else:
-        dll_push_tail(prev, nxt, small, b)
-        where[b] = SMALL
+        q = SMALL
+    dll_push_tail(prev, nxt, main if q == MAIN else small, b)
+    where[b] = q
     freq[b] = 0
+    state[17][b] = 0
 
 
 @njit_hook
 def on_hit(state, view, b, now_us):
-    state[6][b] += 1
+    state[5][b] += 1
+
+
+@njit_hook
+def on_hold(state, view, b):
+    state[17][b] = 1
+    state[6][3] += 1
+
+
+@njit_hook
+def on_release(state, view, b, now_us):
+    state[17][b] = 0
+    state[6][3] -= 1
 
 
 @njit_hook
 def victim(state, view, now_us, alt_blocks, alt_scores):
-    prev, nxt, small, main, ghost, where, freq, ints = state
-    if small[2] + main[2] == 0:
+    prev, nxt, small, main, where, freq, ints = state[:7]
+    held = state[17]
+    if small[2] + main[2] - ints[3] <= 0:
         return -1, 0, 0
     ints[4] = 1
     b = NIL
     queue = 0
     if not (main[2] > ints[1] or small[2] == 0):
-        while small[2] > 0:
-            h = dll_pop_head(prev, nxt, small)
-            if freq[h] >= MOVE_TO_MAIN_THRESHOLD:
-                dll_push_tail(prev, nxt, main, h)
-                where[h] = MAIN
-                freq[h] = 0
-            else:
-                dll_push_head(prev, nxt, small, h)  # put it back: on_remove unlinks it
-                b = h
+        c = small[0]
+        while c != NIL:
+            nx = nxt[c]
+            if freq[c] >= MOVE_TO_MAIN_THRESHOLD:
+                dll_remove(prev, nxt, small, c)
+                dll_push_tail(prev, nxt, main, c)
+                where[c] = MAIN
+                freq[c] = 0
+            elif held[c] == 0:
+                b = c
                 queue = SMALL
                 break
+            c = nx
     if b == NIL:
+        c = main[0]
         while True:
-            h = main[0]
-            if freq[h] >= 1:
-                dll_remove(prev, nxt, main, h)
-                dll_push_tail(prev, nxt, main, h)
-                freq[h] = min(freq[h], 3) - 1
+            if c == NIL:
+                c = main[0]
+            nx = nxt[c]
+            if held[c] != 0:
+                c = nx
+            elif freq[c] >= 1:
+                dll_remove(prev, nxt, main, c)
+                dll_push_tail(prev, nxt, main, c)
+                freq[c] = min(freq[c], 3) - 1
+                c = nx
             else:
-                b = h
+                b = c
                 queue = MAIN
                 break
     ints[5] = b
@@ -121,9 +168,10 @@ def victim(state, view, now_us, alt_blocks, alt_scores):
     return b, (0 if queue == SMALL else 1), n_alt
 
 
-@njit_hook
+@njit(cache=True)
 def on_remove(state, view, b):
-    prev, nxt, small, main, ghost, where, freq, ints = state
+    prev, nxt, small, main, where, freq, ints = state[:7]
+    glist, ghost = state[14], state[15]
     if where[b] == SMALL:
         dll_remove(prev, nxt, small, b)
     else:
@@ -133,9 +181,13 @@ def on_remove(state, view, b):
     if ints[5] != b:
         return
     ints[5] = NIL
-    if ints[6] == SMALL and ints[2] > 0:
+    h = view.content_hash[b]
+    if ints[6] == SMALL and ints[2] > 0 and h != 0:
+        g = _ghosts(state)
+        if ghost_find(g, h) != NIL:
+            return
         while ghost[2] >= ints[2]:
-            g = dll_pop_head(prev, nxt, ghost)
-            where[g] = 0
-        dll_push_tail(prev, nxt, ghost, b)
-        where[b] = GHOST
+            glist[ghost[0]] = 0
+            ghost_pop_head(g, ghost)
+        if ghost_push_tail(g, ghost, h):
+            glist[ghost[1]] = GHOST

@@ -3,19 +3,21 @@
 vLLM keeps cached blocks with ref count 0 in one doubly linked free queue and allocates
 (evicting lazily) from its HEAD.  A freed block is appended to the TAIL if it has a content
 hash, or put at the HEAD if it has none (a partial block is worth nothing to the cache).
-A block hit by a new request is ``touch``ed out of the middle of the queue (``on_remove``)
-and re-appended when released again (``on_insert``).  So the order is exactly "FIFO of
+A block hit by a new request is ``touch``ed out of the middle of the queue (``on_hold``)
+and re-appended when released again (``on_release``).  So the order is exactly "FIFO of
 release", and this policy is just that list.  The memory core relies on it being exact.
+New content is inserted and held at once in HBM, so only releases order the queue.
 
 In the single-tier cache simulator a hit means "a request touched the block and released
-it again", so ``on_hit`` moves the block to the tail (which makes it LRU there).
+it again", so ``on_hit`` moves a candidate to the tail (which makes it LRU there); a hit
+on a held block changes nothing (its release will append it).
 Score: ``last_access_us``.
 """
 
 from numba import njit
 
-from kvsim.policy_api import (dll_ends, dll_links, dll_move_to_tail, dll_push_head,
-                              dll_push_tail, dll_remove, list_walk)
+from kvsim.policy_api import (dll_contains, dll_ends, dll_links, dll_move_to_tail,
+                              dll_push_head, dll_push_tail, dll_remove, list_walk)
 
 NAME = "vllm"
 DESCRIPTION = "vLLM v1 free queue: evict in order of release (unhashed blocks first)."
@@ -39,7 +41,18 @@ def on_insert(state, view, b, now_us):
 
 @njit(cache=True)
 def on_hit(state, view, b, now_us):
-    dll_move_to_tail(state[0], state[1], state[2], b)
+    if dll_contains(state[0], b):
+        dll_move_to_tail(state[0], state[1], state[2], b)
+
+
+@njit(cache=True)
+def on_hold(state, view, b):
+    dll_remove(state[0], state[1], state[2], b)
+
+
+@njit(cache=True)
+def on_release(state, view, b, now_us):
+    on_insert(state, view, b, now_us)
 
 
 @njit(cache=True)

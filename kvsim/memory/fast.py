@@ -566,11 +566,19 @@ class FastPool:
         if k < 0:
             return None
         o = self.out
+        for i in range(k, n):  # the core writes a new block's view before admit()
+            b = int(o.blocks[i])
+            if h[i] != 0:
+                self.view.content_hash[b] = h[i]
+                self.view.insert_us[b] = now_us
+                self.view.last_access_us[b] = now_us
+                self.view.access_count[b] = 1
+        self.ops.admit(self.st, self.pst, self.view, o, k, n, float(now_us))
         return AllocResult(int(k), [int(x) for x in o.blocks[:n]],
                            [int(x) for x in o.kind[:n]], [int(x) for x in o.evicted_hash[:n]])
 
-    def cache_block(self, seq: int, index: int, h: int) -> None:
-        pool_cache_block(self.st, seq, index, h)
+    def cache_block(self, seq: int, index: int, h: int, now_us: float = 0.0) -> None:
+        self.ops.cache_block(self.st, self.pst, self.view, seq, index, int(h), float(now_us))
 
     def fork(self, parent: int, child: int) -> None:
         pool_fork(self.st, parent, child)

@@ -7,6 +7,10 @@ release re-appends it, which is why people call it LRU).  This module is that or
 :mod:`kvsim.policy_api` policy, compiled, so :class:`kvsim.memory.fast.FastPool` with this
 order reproduces vLLM's block ids exactly (tests/memory/test_vllm_golden.py).
 
+Contract (kvsim.policy_api): ``on_insert`` (new content) and ``on_release`` append to the
+tail, ``on_hold`` and ``on_remove`` unlink; a new HBM block is inserted and held at once,
+so only releases order the queue, as in vLLM.
+
 State: an intrusive circular doubly linked list over block ids ``0 .. num_slots-1`` with a
 sentinel at index ``num_slots``.  Invariant: a block is linked iff it is a candidate.
 """
@@ -44,8 +48,20 @@ def on_insert(state, view, b, now_us):
 
 @njit(cache=True)
 def on_hit(state, view, b, now_us):
-    # A revived block leaves the candidate set (on_remove follows); order is unchanged.
+    # A hit does not reorder the free queue (a revived block leaves it: on_hold follows).
     pass
+
+
+@njit(cache=True)
+def on_hold(state, view, b):
+    """``touch``: a cached block is held again, out of the middle of the queue."""
+    on_remove(state, view, b)
+
+
+@njit(cache=True)
+def on_release(state, view, b, now_us):
+    """``free_blocks``: a hashed block whose last holder let go goes to the tail."""
+    on_insert(state, view, b, now_us)
 
 
 @njit(cache=True)

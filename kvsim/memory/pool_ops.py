@@ -1,10 +1,20 @@
 """Block-pool operations that call the eviction-order hooks: the template of a policy.
 
 These functions are the part of the pool that asks the order policy (kvsim.policy_api
-hooks) for decisions: allocation (revive a hit: ``on_hit`` + ``on_remove``; evict: ``victim``
-+ ``on_remove``), release (``on_insert``), copy-on-write and preemption.  They call the
-hooks by their global names, imported on the line marked ``# HOOKS``, so numba can cache
-the compiled code.  As written, this module is specialised for vLLM's order
+hooks) for decisions.  The policy sees every block with a content hash from the moment its
+content enters HBM until it is evicted (block history survives reuse):
+
+- allocation: a prefix hit on a cached block is ``on_hit`` + ``on_hold`` (revive), on a
+  block other requests hold ``on_hit_held`` (``on_hit``, or nothing for a policy without
+  hold hooks); each new hashed block is announced by ``on_miss(hash)`` before the
+  ``victim`` + ``on_remove`` calls that make room for it;
+- :func:`admit` (called once the caller has written the new blocks' views): each new
+  hashed block ``on_insert`` + ``on_hold`` (it is held by its request);
+- release: a hashed block whose last holder lets go ``on_release`` (a candidate again);
+- copy-on-write and preemption (a release).
+
+They call the hooks by their global names, imported on the lines marked ``# HOOKS...``,
+so numba can cache the compiled code.  As written, this module is specialised for vLLM's order
 (:mod:`kvsim.memory.fifo_order`); :func:`kvsim.memory.specialize.ops_for` makes a copy of
 this file for any other policy module by rewriting that one line.
 
@@ -23,9 +33,11 @@ from kvsim.memory.fast import (
     F_BLOCK_BYTES, F_BLOCK_SIZE, F_CACHING, F_DEBUG, F_NUM_BLOCKS, KIND_EVICTED, KIND_HIT,
     KIND_NEW, KIND_REVIVED, PREEMPT_SWAP, S_N_CAND, S_N_EMPTY, S_N_HELD, _assert_ok,
     _empty_push_back, _empty_push_front, _empty_unlink, _index_add, _index_remove,
-    pool_lookup,
+    pool_cache_block, pool_lookup,
 )
-from kvsim.memory.fifo_order import on_hit, on_insert, on_remove, victim  # HOOKS
+from kvsim.memory.fifo_order import on_hit, on_hold, on_insert, on_release, on_remove, victim  # HOOKS
+from kvsim.memory.fifo_order import on_hit as on_hit_held  # HOOKS-HELD
+from kvsim.policy_api import noop_hook as on_miss  # HOOKS-MISS
 
 @njit(cache=True, inline="always")
 def _evict_one(st, pst, view, now_us, out, i):
@@ -94,13 +106,14 @@ def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
         b = ob[i]
         if ref_cnt[b] == 0:
             on_hit(pst, view, b, now_us)
-            on_remove(pst, view, b)
+            on_hold(pst, view, b)
             st.in_cand[b] = False
             sc[S_N_CAND] -= 1
             sc[S_N_HELD] += 1
             okind[i] = KIND_REVIVED
             st.counters[C_REVIVED_BLOCKS] += 1
         else:
+            on_hit_held(pst, view, b, now_us)
             okind[i] = KIND_HIT
         ref_cnt[b] += 1
         st.block_hits[b] += 1
@@ -115,7 +128,10 @@ def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
     in_empty = st.in_empty
     s = st.cfg[F_NUM_BLOCKS]
     n_from_empty = 0
+    caching = st.cfg[F_CACHING] != 0
     for i in range(n_hit, n):
+        if caching and hashes[i] != 0:
+            on_miss(pst, view, hashes[i], now_us)
         if sc[S_N_EMPTY] > 0:  # the head of the empties (inlined _empty_unlink)
             b = e_next[s]
             nx = e_next[b]
@@ -135,7 +151,7 @@ def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
         row[start + i] = b
     sc[S_N_HELD] += n - n_hit
     st.counters[C_NEW_BLOCKS] += n_from_empty
-    if st.cfg[F_CACHING] != 0:
+    if caching:
         for i in range(n_hit, n):
             if hashes[i] != 0:
                 _index_add(st, ob[i], hashes[i])
@@ -201,8 +217,24 @@ def _release(st, pst, view, seq, first, now_us):
         else:
             in_cand[b] = True
             sc[S_N_CAND] += 1
-            on_insert(pst, view, b, now_us)
+            on_release(pst, view, b, now_us)
     st.seq_len[seq] = first
+
+
+@njit(cache=True, no_cfunc_wrapper=True)
+def admit(st, pst, view, out, first, n, now_us):
+    """New content entered HBM: ``on_insert`` + ``on_hold`` for every hashed block of
+    ``out.blocks[first:n]`` that :func:`allocate` did not find (it is held by its request).
+    Call it right after ``allocate`` succeeded, once the views of those blocks describe the
+    new content (the core writes them between the two calls: the views of the blocks the
+    policy evicted stay intact until then, for demotion and the decision log)."""
+    ob = out.blocks
+    block_hash = st.block_hash
+    for i in range(first, n):
+        b = ob[i]
+        if block_hash[b] != 0:
+            on_insert(pst, view, b, now_us)
+            on_hold(pst, view, b)
 
 
 @njit(cache=True, no_cfunc_wrapper=True)
@@ -267,3 +299,16 @@ def preempt(st, pst, view, seq, mode, now_us):
     if st.cfg[F_DEBUG] != 0:
         _assert_ok(st)
     return m
+
+
+@njit(cache=True, no_cfunc_wrapper=True)
+def cache_block(st, pst, view, seq, index, h, now_us):
+    """Block ``index`` of ``seq`` became full and gets hash ``h`` (vLLM
+    cache_full_blocks): its content enters the policy held (``on_insert`` + ``on_hold``)."""
+    b = st.tables[seq, index]
+    had = st.block_hash[b] != 0
+    pool_cache_block(st, seq, index, h)
+    if not had and st.block_hash[b] != 0:
+        view.content_hash[b] = h
+        on_insert(pst, view, b, now_us)
+        on_hold(pst, view, b)

@@ -4,8 +4,10 @@ Numba cannot cache a function that receives another jitted function as an argume
 argument's type names that very function object, so every process recompiles, ~10 s per
 entry point).  It *can* cache a function that calls a jitted function through a module
 global.  So a module whose functions call ``on_insert`` / ``on_hit`` / ``on_remove`` /
-``victim`` as globals, imported on one line ending in ``# HOOKS``, is a *template*: for
-another policy we write a copy whose HOOKS line imports that policy's hooks instead, into
+``victim`` (and ``on_hold`` / ``on_release`` / ``on_hit_held`` / ``on_miss``) as globals,
+imported on lines ending in ``# HOOKS`` (exactly one) or ``# HOOKS-<WORD>``, is a
+*template*: for another policy we write a copy whose hook lines import that policy's hooks
+(or the defaults of :func:`kvsim.policy_api.hook_bindings`) instead, into
 a cache folder, and import it.  The copy's name carries a digest of the template and of the
 policy's source, so an edit to either makes a new module (and a new numba cache entry).
 
@@ -36,8 +38,37 @@ def cache_dir() -> Path:
     return base / "specialized"
 
 
-_HOOKS_LINE = re.compile(r"^from [\w.]+ import on_hit, on_insert, on_remove, victim  # HOOKS$",
-                         re.MULTILINE)
+_HOOKS_LINE = re.compile(r"^from [\w.]+ import ([\w ,]+?)  # (HOOKS(?:-[A-Z]+)?)$", re.MULTILINE)
+
+
+def _hook_source(order: ModuleType, bound: str) -> tuple[str, str]:
+    """(module, function) a template's hook name ``bound`` is imported from for
+    ``order`` (defaults of :func:`kvsim.policy_api.hook_bindings`; a missing ``on_miss``
+    or ``on_hit_held`` is :func:`kvsim.policy_api.noop_hook`)."""
+    from kvsim import policy_api
+
+    if bound == "on_miss":
+        return ((order.__name__, "on_miss") if hasattr(order, "on_miss")
+                else ("kvsim.policy_api", "noop_hook"))
+    target = policy_api.hook_bindings(order).get(bound, "missing")
+    if target == "missing":
+        raise ValueError(f"template imports unknown hook {bound!r}")
+    if target is None:
+        return ("kvsim.policy_api", "noop_hook")
+    return (order.__name__, target)
+
+
+def _rewrite_hooks_line(match: re.Match, order: ModuleType) -> str:
+    by_module: dict[str, list[str]] = {}
+    for item in match.group(1).split(","):
+        bound = item.split(" as ")[-1].strip()
+        mod, func = _hook_source(order, bound)
+        by_module.setdefault(mod, []).append(func if func == bound else f"{func} as {bound}")
+    lines = [f"from {mod} import {', '.join(names)}" for mod, names in by_module.items()]
+    lines[0] += f"  # {match.group(2)}"
+    return "\n".join(lines)
+
+
 _loaded: dict[str, ModuleType] = {}
 
 
@@ -56,9 +87,8 @@ def specialize(template: ModuleType, order: ModuleType,
             raise ValueError(f"policy module {order.__name__!r} lacks {hook}()")
     src = Path(inspect.getfile(template)).read_text(encoding="utf-8")
     policy_src = _source(order)
-    new_src, n = _HOOKS_LINE.subn(
-        f"from {order.__name__} import on_hit, on_insert, on_remove, victim  # HOOKS", src)
-    if n != 1:
+    new_src, n = _HOOKS_LINE.subn(lambda m: _rewrite_hooks_line(m, order), src)
+    if n < 1 or src.count("  # HOOKS\n") != 1:
         raise ValueError(f"template {template.__name__} has no single '# HOOKS' import line")
     from kvsim import policy_api  # the helpers every built-in policy's hooks call
 

@@ -180,7 +180,7 @@ def explain(log: DecisionLog, step: int, block: BlockKey | None = None,
         out.candidates.append({
             "rank": rank, "block": format_block(*key), "request_id": c["request_id"],
             "block_index": c["block_index"], "score": float(c["score"]), "terms": terms,
-            **{f: c[f] for f in _INTENT_FIELDS},
+            **{f: c.get(f) for f in _INTENT_FIELDS},
             "next_use_step": use["step"] if use else None,
             "next_use_action": use["action"] if use else None,
             "next_use_request_id": use["request_id"] if use else None,

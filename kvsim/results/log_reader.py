@@ -30,8 +30,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from kvsim.errors import KvsimInputError
-from kvsim.results.log_schema import (CANDIDATE_TYPE, LOG_COLUMNS, LOG_METADATA_KEY,
-                                      LOG_SCHEMA_VERSION, Action)
+from kvsim.results.log_schema import (LOG_COLUMNS, LOG_METADATA_KEY,
+                                      LOG_SCHEMA_VERSION, REQUIRED_CANDIDATE_FIELDS, Action)
 from kvsim.schema import Tier
 
 #: Rows per streamed batch: large enough to amortise per-batch numpy/pandas overhead,
@@ -154,7 +154,7 @@ def _type_ok(name: str, expected: pa.DataType, got: pa.DataType) -> bool:
         if not pa.types.is_struct(item):
             return False
         have = {item.field(i).name for i in range(item.num_fields)}
-        return {f.name for f in CANDIDATE_TYPE} <= have
+        return REQUIRED_CANDIDATE_FIELDS <= have
     if pa.types.is_integer(expected):
         return pa.types.is_integer(got)
     if pa.types.is_floating(expected):

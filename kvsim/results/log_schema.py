@@ -57,7 +57,12 @@ CANDIDATE_TYPE = pa.struct([
     ("slack_us", pa.int64()),
     ("recompute_cost_us", pa.float64()),
     ("next_use", pa.int64()),
+    ("phase", pa.int8()),  # Phase of the request that last touched it
+    ("pinned", pa.bool_()),  # pin requested (DECODE_CRITICAL implies it)
 ])
+#: Candidate fields every version-1 file has; ``phase`` and ``pinned`` were added later
+#: (a compatible change: readers fill them with null for older files).
+REQUIRED_CANDIDATE_FIELDS = frozenset(f.name for f in CANDIDATE_TYPE) - {"phase", "pinned"}
 
 LOG_COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
     ("seq", pa.int64(), "ordinal of the row in the log (0, 1, 2, ...)"),

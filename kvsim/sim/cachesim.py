@@ -1,8 +1,11 @@
 """Single-tier cache simulator: a key stream through one cache under one policy.
 
 The request loop has libCacheSim's shape (``cache_get_base``): for each access, a hit
-calls ``on_hit``; a miss calls ``on_miss``, then ``victim`` + ``on_remove`` while the cache
-is full, then ``on_insert``.  Every object has size 1 (one KV block), so the capacity is a
+calls ``on_hit``; a miss calls ``on_miss`` (with the key's content hash), then ``victim`` +
+``on_remove`` while the cache is full, then ``on_insert``.  There are no holds (every
+resident key is a candidate), so ``on_hold``/``on_release`` are never called: this is the
+stream the HBM replay gives a policy for one-block requests held and released at once
+(kvsim.policy_api).  Every object has size 1 (one KV block), so the capacity is a
 block count.  Keys are remapped to dense ids ``0..n-1`` in order of first appearance, so
 a policy's ``block id`` is the key's identity (ghost lists and frequencies are exact).
 
@@ -168,7 +171,7 @@ def _replay(ids, next_use, capacity, state, view, on_miss, on_insert, on_hit, on
             on_hit(state, view, b, now)
             continue
         misses += 1
-        on_miss(state, view, b, now)
+        on_miss(state, view, view.content_hash[b], now)
         while n_res >= capacity:
             v, reason, n_alt = victim(state, view, now, alt_blocks, alt_scores)
             if v < 0 or v >= n_ids or not resident[v]:

@@ -372,6 +372,7 @@ def _place(r, e0, nb, mode, K, X, C, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr
             else:
                 C[M_FIRST_TOK] += tok
         lower._write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_us, alt_b, alt_s, vo)
+    ops.admit(st, pst, view, out, n_hit, nb, now_us)  # new content enters the HBM policy
     if mode == MODE_ADMIT:
         C[M_LOOKUP_TOK] += num_tokens
         C[M_LOOKUP_BLK] += nb

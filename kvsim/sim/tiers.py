@@ -35,7 +35,8 @@ import numpy as np
 from numba import njit
 
 from kvsim.sim.layout import (C_LOG_SEQ, C_NLOG, CF_LAST, CF_RECOMP, CF_SCORE, CI_BI, CI_COUNT,
-                              CI_DEADLINE, CI_HASH, CI_NEXT, CI_PRIO, CI_REQ, CI_RPRIO,
+                              CI_DEADLINE, CI_HASH, CI_NEXT, CI_PHASE, CI_PINNED, CI_PRIO,
+                              CI_REQ, CI_RPRIO,
                               CI_SLACK, GF_COST, GF_TIME, GI_ACTION, GI_BI, GI_BYTES, GI_DC,
                               GI_FROM, GI_HASH, GI_NCAND, GI_REASON, GI_REQ, GI_SEQ, GI_STEP,
                               GI_TO, GI_WHY, LI_BI, LI_OWNER, LI_STATE, LI_TOKENS, LM_CAP,
@@ -108,6 +109,8 @@ def log_candidates(G, k, view, owner, alt_b, alt_s, n_alt):
         GC_i[k, j, CI_DEADLINE] = view.deadline_us[b]
         GC_i[k, j, CI_SLACK] = view.slack_us[b]
         GC_i[k, j, CI_NEXT] = view.next_use[b]
+        GC_i[k, j, CI_PHASE] = view.phase[b]
+        GC_i[k, j, CI_PINNED] = 1 if view.pinned[b] else 0
         GC_f[k, j, CF_SCORE] = alt_s[j]
         GC_f[k, j, CF_LAST] = view.last_access_us[b]
         GC_f[k, j, CF_RECOMP] = view.recompute_cost_us[b]

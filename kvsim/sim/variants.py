@@ -189,6 +189,10 @@ def interpreted(hbm_policy, lower_policies) -> ModuleType:
     ops.on_hit = _py(hbm_policy.on_hit)
     ops.on_remove = _py(hbm_policy.on_remove)
     ops.victim = _py(hbm_policy.victim)
+    ops.on_hold = _py(hbm_policy.on_hold)
+    ops.on_release = _py(hbm_policy.on_release)
+    ops.on_hit_held = _py(hbm_policy.on_hit_held)
+    ops.on_miss = _py(hbm_policy.on_miss)
     tw_spill = _twin(spill, key)
     _rebind(tw_spill, twins)
     tw_spill.tr = tw_tiers

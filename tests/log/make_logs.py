@@ -42,11 +42,12 @@ A = Action
 
 
 def cand(h, req, idx, score, last_access_us, deadline_us=-1, priority=1, slack_us=0,
-         recompute_cost_us=250.0, access_count=1):
+         recompute_cost_us=250.0, access_count=1, phase=0, pinned=False):
     return {"content_hash": h, "request_id": req, "block_index": idx, "score": score,
             "last_access_us": last_access_us, "access_count": access_count,
             "priority": priority, "request_priority": 50, "deadline_us": deadline_us,
-            "slack_us": slack_us, "recompute_cost_us": recompute_cost_us, "next_use": NEVER}
+            "slack_us": slack_us, "recompute_cost_us": recompute_cost_us, "next_use": NEVER,
+            "phase": phase, "pinned": pinned}
 
 
 def ev(step, action, h, req, idx, frm=-1, to=-1, nbytes=0, cost=0.0, critical=False,

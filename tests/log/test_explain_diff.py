@@ -26,8 +26,8 @@ def _cand(rank, block, req, idx, score, last, deadline, prio, nxt):
             "score": score, "terms": {"score": score}, "last_access_us": last,
             "access_count": 1, "priority": prio, "request_priority": 50,
             "deadline_us": deadline, "slack_us": 0, "recompute_cost_us": 250.0,
-            "next_use": NEVER, "next_use_step": step, "next_use_action": action,
-            "next_use_request_id": by}
+            "next_use": NEVER, "phase": 0, "pinned": False, "next_use_step": step,
+            "next_use_action": action, "next_use_request_id": by}
 
 
 def test_explain_lru_eviction_names_the_stall(lru_path):

@@ -40,6 +40,7 @@ class Driver:
         self.alt_b = np.zeros(n_alt, np.int64)
         self.alt_s = np.zeros(n_alt, np.float64)
         self.candidates: set[int] = set()
+        self.held: set[int] = set()
         self.victims: list[int] = []
         self.now = 0.0
 
@@ -77,7 +78,7 @@ class Driver:
             self.view.access_count[b] += 1
             self.p.on_hit(self.state, self.view, b, self.now)
             return True
-        self.p.on_miss(self.state, self.view, b, self.now)
+        self.p.on_miss(self.state, self.view, int(self.view.content_hash[b]), self.now)
         while len(self.candidates) >= self.cap:
             self.evict_one()
         self.view.insert_us[b] = self.now
@@ -88,21 +89,50 @@ class Driver:
         assert len(self.candidates) <= self.cap
         return False
 
-    def hold(self, b: int) -> None:
-        """HBM revive: a candidate is hit by a new request, which then holds it."""
-        self.now += 1.0
+    def hold(self, b: int, tick: bool = True) -> None:
+        """HBM revive: a cached block is hit by a new request, which then holds it
+        (``on_hit`` + ``on_hold``)."""
+        assert b in self.candidates
+        self.now += 1.0 if tick else 0.0
         self.view.last_access_us[b] = self.now
         self.view.access_count[b] += 1
         self.p.on_hit(self.state, self.view, b, self.now)
-        self.p.on_remove(self.state, self.view, b)
+        self.p.on_hold(self.state, self.view, b)
         self.candidates.discard(b)
+        self.held.add(b)
 
-    def release(self, b: int) -> None:
-        """The last holder frees ``b``: it becomes a candidate again."""
-        self.now += 1.0
-        while len(self.candidates) >= self.cap:
+    def hit_held(self, b: int, tick: bool = True) -> None:
+        """A prefix hit on a block another request holds (``on_hit`` for policies with
+        hold hooks, nothing otherwise)."""
+        assert b in self.held
+        self.now += 1.0 if tick else 0.0
+        self.view.last_access_us[b] = self.now
+        self.view.access_count[b] += 1
+        self.p.on_hit_held(self.state, self.view, b, self.now)
+
+    def allocate(self, b: int, tick: bool = True) -> None:
+        """HBM: new content in block ``b`` (evicting to make room), held by its request
+        (``on_miss``, victims, ``on_insert`` + ``on_hold``)."""
+        assert b not in self.candidates and b not in self.held
+        self.now += 1.0 if tick else 0.0
+        self.p.on_miss(self.state, self.view, int(self.view.content_hash[b]), self.now)
+        while len(self.candidates) + len(self.held) >= self.cap:
+            assert self.candidates, "no room: every block is held"
             self.evict_one()
+        self.view.insert_us[b] = self.now
+        self.view.last_access_us[b] = self.now
+        self.view.access_count[b] = 1
         self.p.on_insert(self.state, self.view, b, self.now)
+        self.p.on_hold(self.state, self.view, b)
+        self.held.add(b)
+
+    def release(self, b: int, tick: bool = True) -> None:
+        """The last holder frees ``b``: it becomes a candidate again (``on_release``)."""
+        assert b in self.held
+        self.now += 1.0 if tick else 0.0
+        self.view.last_access_us[b] = self.now
+        self.p.on_release(self.state, self.view, b, self.now)
+        self.held.discard(b)
         self.candidates.add(b)
 
     def drain(self) -> list[int]:

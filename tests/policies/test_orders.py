@@ -36,10 +36,13 @@ def test_vllm_is_lru_in_a_single_tier():
 
 
 def test_vllm_free_queue_order():
-    # Released 5, 4, 6, 7 -> queue [5,4,6,7].  4 is revived (touched out of the middle)
-    # and released again -> [5,6,7,4].  8 is released without a content hash -> HEAD:
-    # [8,5,6,7,4].  Allocation pops from the head.
+    # Allocated (held) 7, 6, 5, 4, then released 5, 4, 6, 7 -> queue [5,4,6,7] (release
+    # order, not allocation order).  4 is revived (touched out of the middle) and released
+    # again -> [5,6,7,4].  8 is released without a content hash -> HEAD: [8,5,6,7,4].
+    # Allocation pops from the head.
     d = Driver(get_policy("vllm"), capacity=8, num_slots=10)
+    for b in (7, 6, 5, 4, 8):
+        d.allocate(b)
     for b in (5, 4, 6, 7):
         d.release(b)
     d.hold(4)
@@ -206,3 +209,107 @@ def test_user_python_policy_mru():
     pol = load_policy_file(USER_POLICY_FILE)
     assert not pol.compiled
     assert victims(pol.name, [1, 2, 3, 1, 4, 2, 5, 1, 3, 6], 3) == [1, 2, 5, 3]
+
+
+# ---- history across reuse (HBM: holds and releases) -------------------------------------
+# Blocks 1..4 get new content in that order (allocated, held), are released tail-first
+# (4, 3, 2, 1, as vLLM frees a request's table), then 2 is revived (hit + hold), hit again
+# by another request while held, released; then 1 is revived and released.
+
+
+def _reused(policy: str) -> Driver:
+    d = Driver(get_policy(policy), capacity=4, num_slots=10)
+    for b in (1, 2, 3, 4):
+        d.allocate(b)
+    for b in (4, 3, 2, 1):
+        d.release(b)
+    d.hold(2)
+    d.hit_held(2)
+    d.release(2)
+    d.hold(1)
+    d.release(1)
+    return d
+
+
+def test_fifo_keeps_first_admission_across_reuse():
+    # Admission order 1, 2, 3, 4; releases and reuse do not reorder.  (When state was
+    # reset at release, FIFO evicted in release order [4, 3, 2, 1]: LRU's order.)
+    assert _reused("fifo").drain() == [1, 2, 3, 4]
+
+
+def test_lru_and_vllm_order_by_release_in_hbm():
+    # LRU: last access.  A cached block is accessed only by being held, and its holder
+    # reads it until it releases it, so last access = release: 4 (t5), 3 (t6), 2 (t11),
+    # 1 (t13).  vLLM's free queue is release order by construction: the same.
+    assert _reused("lru").drain() == [4, 3, 2, 1]
+    assert _reused("vllm").drain() == [4, 3, 2, 1]
+
+
+def test_lfu_counts_every_access_across_reuse():
+    # Counts: 4 and 3 once (their allocation); 1 twice (revived once); 2 three times
+    # (revived, then hit while held).  Lowest count first, least recent among ties:
+    # 4 and 3 (count 1, released 4 then 3), then 1 (2), then 2 (3).
+    assert _reused("lfu").drain() == [4, 3, 1, 2]
+
+
+def test_sieve_marks_reuse_and_keeps_queue_place():
+    # Queue by insertion [1, 2, 3, 4]; 2 and 1 were reused: visited.  The hand starts at
+    # 1 (visited: cleared), 2 (visited: cleared), evicts 3, then 4; wraps to 1, 2.
+    assert _reused("sieve").drain() == [3, 4, 1, 2]
+
+
+def test_sieve_hand_skips_held_blocks():
+    # 3 is held: the hand passes it without clearing or evicting; 4 goes first; with
+    # only held blocks left there is no victim; released, 3 goes.
+    d = _reused("sieve")
+    d.hold(3)  # hit (visited) + hold
+    assert d.evict_one() == 4
+    d.hold(1)
+    d.hold(2)
+    assert d.victim() == -1
+    for b in (1, 2, 3):
+        d.release(b)
+    # queue [1, 2, 3] all visited (1, 2 by their holds, 3 by its hold): one sweep clears
+    # them, then the oldest goes first.
+    assert d.drain() == [1, 2, 3]
+
+
+def test_arc_ghosts_are_content_not_slots():
+    # After the reuse above T1 = [4, 3] (seen once), T2 = [2, 1].  Draining: |T1| = 2 >
+    # p = 0 -> 4, then 3 from T1 (ghosts B1 = [h4, h3]); T1 empty -> 2, then 1 from T2
+    # (B2 = [h2, h1]).
+    d = _reused("arc")
+    assert d.drain() == [4, 3, 2, 1]
+    # Slot 5 now receives the content that block 3 held (hash 4): a B1 ghost hit, p = 1,
+    # and it enters T2.  Slot 6 gets new content (T1).  Released 6 then 5.  REPLACE with
+    # |T1| = 1, p = 1: not above target -> evict from T2: 5.  Had the ghost been keyed by
+    # slot, 5 would have entered T1 and T1's LRU, 6, would go.
+    d.set_intent(5, content_hash=4)
+    d.allocate(5)
+    d.allocate(6)
+    d.release(6)
+    d.release(5)
+    assert d.evict_one() == 5
+
+
+def test_s3fifo_sweeps_skip_held_blocks_and_keep_freq():
+    # cap 10: SMALL holds 1 block, MAIN 9.  New content 1 -> SMALL (empty), 2 and 3 ->
+    # MAIN (SMALL full, nothing evicted yet).  3 is revived and hit while held: freq 2;
+    # 1 revived: freq 1.  Then 2 is held (freq 1).  Victim: SMALL sweep: 1 (freq 1 < 2)
+    # goes.  Then MAIN: 2 held (skipped), 3 freq 2 -> tail, freq 1; wrap: 2 skipped,
+    # 3 -> freq 0; wrap: 3 goes.  Only 2 is left and it is held: no victim.
+    d = Driver(get_policy("s3fifo"), capacity=10, num_slots=12)
+    for b in (1, 2, 3):
+        d.allocate(b)
+    for b in (3, 2, 1):
+        d.release(b)
+    d.hold(3)
+    d.hit_held(3)
+    d.release(3)
+    d.hold(1)
+    d.release(1)
+    d.hold(2)
+    assert [d.evict_one(), d.evict_one()] == [1, 3]
+    assert d.victim() == -1
+    d.release(2)
+    assert d.drain() == [2]
