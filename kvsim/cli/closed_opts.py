@@ -41,12 +41,18 @@ MaxTokensOpt = Annotated[int, typer.Option(
     "--max-num-batched-tokens", min=1, help="Token budget of one engine step (vLLM).")]
 
 
-def resolve_schedule(schedule: str | None, has_table: bool) -> str:
+def resolve_schedule(schedule: str | None, has_table: bool, mode: str = "engine") -> str:
     """The schedule to use: ``closed`` by default for a Request table, ``recorded`` for an
-    event file (the only one possible there)."""
+    event file (the only one possible there) and in ``--mode cache`` (no engine steps)."""
     if schedule is not None and schedule not in SCHEDULES:
         raise KvsimInputError(f"expected closed | recorded, got {schedule!r}", None, None,
                               "--schedule")
+    if mode == "cache":
+        if schedule == "closed":
+            raise KvsimInputError("expected --schedule recorded (or none) with --mode cache "
+                                  "(requests one at a time, no engine)", None, None,
+                                  "--schedule")
+        return "recorded"
     if not has_table:
         if schedule == "closed":
             raise KvsimInputError("expected --profile or --request-trace for --schedule "

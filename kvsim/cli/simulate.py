@@ -67,8 +67,23 @@ NoPrefetchOpt = Annotated[bool, typer.Option(
     "promotion stalls the step).")]
 WarmupOpt = Annotated[float, typer.Option(
     "--warmup-fraction", min=0.0, max=0.99, metavar="F",
-    help="Exclude the first F of the trace's steps (and the requests arriving in them) from "
-         "the metrics.")]
+    help="Warm-up: exclude the first floor(F x requests) requests, counted in arrival "
+         "order, from the metrics (step counters from the step the first measured request "
+         "arrives in).")]
+WarmupRequestsOpt = Annotated[int | None, typer.Option(
+    "--warmup-requests", min=0, metavar="N",
+    help="Warm-up as an absolute count: the first N requests in arrival order (instead of "
+         "--warmup-fraction).", show_default=False)]
+ModeOpt = Annotated[str, typer.Option(
+    "--mode", metavar="MODE",
+    help="engine (default: the scheduled replay, continuous batching and latencies) or "
+         "cache (requests one at a time in arrival order, lookup then insert, no timing: "
+         "the hit-rate semantics of the Mooncake paper and kvcache-simulator).")]
+CacheVariantOpt = Annotated[str, typer.Option(
+    "--cache-variant", metavar="VARIANT",
+    help="--mode cache only: prefix (a lookup stops at the first missing block, as vLLM "
+         "and kvcache-simulator count hits) or block (every resident block of the prompt "
+         "counts, each block one access).")]
 PolicyFileOpt = Annotated[list[Path] | None, typer.Option(
     "--policy-file", metavar="FILE.py",
     help="Load a user policy module (one Python file, see docs/policies.md); repeatable. "
@@ -91,7 +106,7 @@ EngineOpt = Annotated[str, typer.Option(
 
 def _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model, tier_policy,
             write_policy, preemption, priority_scheduling, no_prefetch, warmup, log_lifecycle,
-            seed, engine):
+            seed, engine, warmup_requests=None, mode="engine", cache_variant="prefix"):
     from kvsim.sim import SimConfig
     from kvsim.sim.config import parse_tier_policies
 
@@ -100,7 +115,8 @@ def _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model, tier_
                      tier_policies=parse_tier_policies(tier_policy), write_policy=write_policy,
                      preemption=preemption, priority_scheduling=priority_scheduling,
                      prefetch=not no_prefetch, warmup_fraction=warmup,
-                     log_lifecycle=log_lifecycle, seed=seed, engine=engine)
+                     log_lifecycle=log_lifecycle, seed=seed, engine=engine,
+                     warmup_requests=warmup_requests, mode=mode, cache_variant=cache_variant)
 
 
 def _load_policy_files(files) -> None:
@@ -215,6 +231,18 @@ def render_table(df: pd.DataFrame, title: str) -> Table:
     return table
 
 
+def _scope(row, config) -> str:
+    """Title tail: which mode produced the table, and what it measured."""
+    text = f"{int(row['requests']):,} requests"
+    if config.mode == "cache":
+        return f"cache mode ({config.cache_variant} lookups, no timing), " + text + \
+            (f" after {int(row['warmup_requests']):,} warm-up" if row["warmup_requests"]
+             else "")
+    text += f", {int(row['steps']):,} steps"
+    return "engine mode, " + text + (f" after {int(row['warmup_requests']):,} warm-up"
+                                     if row["warmup_requests"] else "")
+
+
 def _print_wide(table: Table) -> None:
     """Print at the table's natural width (wider than the terminal: scroll, or `less -S`),
     so no column is squeezed to nothing."""
@@ -247,6 +275,9 @@ def simulate_command(
     priority_scheduling: PrioritySchedOpt = False,
     no_prefetch: NoPrefetchOpt = False,
     warmup_fraction: WarmupOpt = 0.0,
+    warmup_requests: WarmupRequestsOpt = None,
+    mode: ModeOpt = "engine",
+    cache_variant: CacheVariantOpt = "prefix",
     policy_file: PolicyFileOpt = None,
     decision_log: Annotated[Path | None, typer.Option(
         "--decision-log", metavar="PATH",
@@ -285,8 +316,9 @@ def simulate_command(
     _load_policy_files(policy_file)
     config = _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model,
                      tier_policy, write_policy, preemption, priority_scheduling, no_prefetch,
-                     warmup_fraction, log_lifecycle, seed, engine)
-    sched = resolve_schedule(schedule, request_trace is not None)
+                     warmup_fraction, log_lifecycle, seed, engine, warmup_requests, mode,
+                     cache_variant)
+    sched = resolve_schedule(schedule, request_trace is not None, config.mode)
     label = str(trace if trace is not None else request_trace)
     with progress() as bar, tempfile.TemporaryDirectory(prefix="kvsim-sim-") as tmpdir:
         task = bar.add_task(f"replay {policy}", total=None)
@@ -316,13 +348,14 @@ def simulate_command(
         with atomic_output(requests_out) as tmp:
             result.requests.to_parquet(tmp, index=False)
     if json_:
-        out = {"policies": [result.summary], "trace": label, "config": result.config}
+        out = {"policies": [result.summary], "trace": label, "mode": config.mode,
+               "config": result.config}
         if replica_rows is not None:
             out["replicas"] = replica_rows
         emit_json(out)
         return
-    _print_wide(render_table(df, f"{label} — {result.summary['requests']:,} requests, "
-                                 f"{result.summary['steps']:,} steps, {sched} schedule"))
+    _print_wide(render_table(df, f"{label} — {_scope(result.summary, config)}, {sched} "
+                                 "schedule"))
     if replica_rows is not None and len(replica_rows) > 1:
         _print_wide(render_replicas(replica_rows))
 
@@ -386,6 +419,9 @@ def compare_command(
     priority_scheduling: PrioritySchedOpt = False,
     no_prefetch: NoPrefetchOpt = False,
     warmup_fraction: WarmupOpt = 0.0,
+    warmup_requests: WarmupRequestsOpt = None,
+    mode: ModeOpt = "engine",
+    cache_variant: CacheVariantOpt = "prefix",
     policy_file: PolicyFileOpt = None,
     decision_log_dir: Annotated[Path | None, typer.Option(
         "--decision-log-dir", metavar="DIR",
@@ -423,9 +459,10 @@ def compare_command(
     _load_policy_files(policy_file)
     config = _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model,
                      tier_policy, write_policy, preemption, priority_scheduling, no_prefetch,
-                     warmup_fraction, log_lifecycle, seed, engine)
+                     warmup_fraction, log_lifecycle, seed, engine, warmup_requests, mode,
+                     cache_variant)
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
-    sched = resolve_schedule(schedule, trace is None)
+    sched = resolve_schedule(schedule, trace is None, config.mode)
     with tempfile.TemporaryDirectory(prefix="kvsim-compare-") as tmpdir:
         source = trace
         table = None
@@ -470,9 +507,8 @@ def compare_command(
                                        else "")
     if json_:
         emit_json({"policies": df.to_dict(orient="records"), "trace": label,
-                   "config": config.to_dict()})
+                   "mode": config.mode, "config": config.to_dict()})
         return
     first = df.iloc[0] if len(df) else None
-    title = label if first is None else (f"{label} — {int(first['requests']):,} requests, "
-                                         f"{int(first['steps']):,} steps")
+    title = label if first is None else f"{label} — {_scope(first, config)}"
     _print_wide(render_table(df, title))

@@ -62,7 +62,19 @@ def sweep_command(
         "write_through_selective.", metavar="NAME")] = "write_back",
     warmup_fraction: Annotated[float, typer.Option(
         "--warmup-fraction", min=0.0, max=0.99,
-        help="Fraction of the trace's steps excluded from the metrics.")] = 0.0,
+        help="Warm-up: the first floor(F x requests) requests in arrival order are excluded "
+        "from the metrics.")] = 0.0,
+    warmup_requests: Annotated[int | None, typer.Option(
+        "--warmup-requests", min=0, metavar="N",
+        help="Warm-up as an absolute count of requests (instead of --warmup-fraction).",
+        show_default=False)] = None,
+    mode: Annotated[str, typer.Option(
+        "--mode", metavar="MODE",
+        help="engine (default: the scheduled replay) or cache (requests one at a time, "
+        "lookup then insert, no timing; docs/simulate.md).")] = "engine",
+    cache_variant: Annotated[str, typer.Option(
+        "--cache-variant", metavar="VARIANT",
+        help="--mode cache only: prefix or block lookups.")] = "prefix",
     seed: Annotated[int, typer.Option("--seed", help="Seed passed to randomised "
                                       "policies.")] = 0,
     engine: Annotated[str, typer.Option(
@@ -100,7 +112,8 @@ def sweep_command(
 
     base = SimConfig(hardware=hardware, tier_policies=parse_tier_policies(tier_policy),
                      write_policy=write_policy, warmup_fraction=warmup_fraction, seed=seed,
-                     engine=engine)
+                     engine=engine, warmup_requests=warmup_requests, mode=mode,
+                     cache_variant=cache_variant)
     names = tuple(p.strip() for p in policies.split(",") if p.strip())
     spec = SweepSpec(str(trace), names, _floats(hbm_gb, "--hbm-gb"),
                      _floats(dram_gb, "--dram-gb", True) if dram_gb else (None,), base, bound)

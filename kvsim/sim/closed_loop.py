@@ -101,8 +101,11 @@ class Engine:
         max_blocks = int(((prompt + out + spk) // B + 2).max()) if N else 2
         # ALLOCATE ordinals of one step (the core indexes next_use / seen by ordinal; the
         # closed loop restarts the ordinal at every step and refills these per step)
-        self.nu = np.full(1 << 14, NEVER, dtype=np.int64)
-        self.seen = np.zeros(1 << 14, dtype=np.int8)
+        # sized by every block the run can allocate: the replay bounds a lower tier's
+        # slots by this length (kvsim.sim.replay._lower_tier)
+        bound = int(((prompt + out + spk) // B + 2).sum()) + 2 * (slots - N) * max_blocks
+        self.nu = np.full(max(bound, 1 << 14), NEVER, dtype=np.int64)
+        self.seen = np.zeros(len(self.nu), dtype=np.int8)
         self.cols = _new_cols(1 << 14)
         self.aux = np.zeros(CS.NUM_AUX, dtype=np.int64)
         self.insys = np.zeros(1 << 16, dtype=np.int64)
@@ -258,10 +261,13 @@ def prepare(table: RequestTable, config: SimConfig, opts: EngineOptions):
     from kvsim.sim.cost_model import GB, tier_costs
     from kvsim.sim.config import LOWER_TIERS
 
-    if config.warmup_fraction > 0:
-        raise KvsimInputError("expected --warmup-fraction 0 with the closed-loop schedule "
-                              "(steps are not known in advance); use --schedule recorded",
+    if config.warmup_fraction > 0 or config.warmup_requests:
+        raise KvsimInputError("expected no warm-up window with the closed-loop schedule "
+                              "(not yet supported); use --schedule recorded",
                               None, None, "--warmup-fraction")
+    if config.mode != "engine":
+        raise KvsimInputError("expected --mode engine with the closed-loop schedule", None,
+                              None, "--mode")
     cost = build_cost_model(config.model or opts.model, config.hardware,
                             step_overhead_us=opts.engine_config(1, 0).step_overhead_us,
                             block_size_tokens=opts.block_size_tokens)

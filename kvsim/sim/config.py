@@ -7,6 +7,7 @@ library users build one directly.  Nothing mutates a config after construction: 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 
 from kvsim.errors import KvsimInputError, bad_value
@@ -15,6 +16,12 @@ WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
 PREEMPTION_MODES = ("recompute", "swap")
 LOWER_TIERS = ("dram", "cxl", "nvme")
 ENGINES = ("auto", "compiled", "interpreted")
+#: ``engine``: the scheduled replay (continuous batching, latencies); ``cache``: requests one
+#: at a time in arrival order, lookup then insert, no timing (docs/simulate.md, "Modes").
+MODES = ("engine", "cache")
+#: Cache-mode lookups: ``prefix`` stops at the first missing block (vLLM, kvcache-simulator);
+#: ``block`` counts every resident block of the prompt, each block one access.
+CACHE_VARIANTS = ("prefix", "block")
 
 #: ``engine="auto"`` compiles the replay only for traces of at least this many events.
 #: Measured on this project's 2-core machine: a cold numba compile of the replay core costs
@@ -77,7 +84,17 @@ class SimConfig:
     prefetch: bool = field(default=True, metadata=_h(
         "hide a request's lower-tier promotions behind its queueing time (prefetch_ok)"))
     warmup_fraction: float = field(default=0.0, metadata=_h(
-        "fraction of the trace's steps excluded from the metrics (cache warm-up)"))
+        "fraction of the trace's requests, counted in arrival order, excluded from the "
+        "metrics (cache warm-up): the first floor(F x requests) requests"))
+    warmup_requests: int | None = field(default=None, metadata=_h(
+        "absolute alternative to warmup_fraction: the first N requests in arrival order "
+        "are warm-up"))
+    mode: str = field(default="engine", metadata=_h(
+        "engine (the scheduled replay: batching, latencies) or cache (requests one at a "
+        "time in arrival order, lookup then insert, no timing)"))
+    cache_variant: str = field(default="prefix", metadata=_h(
+        "cache mode only: prefix (a lookup stops at the first missing block) or block "
+        "(every resident block of the prompt counts, each block one access)"))
     log_lifecycle: bool = field(default=False, metadata=_h(
         "decision log also records ALLOCATE/HIT/REVIVE/RELEASE/FREE rows"))
     log_candidates: int = field(default=4, metadata=_h(
@@ -111,6 +128,19 @@ class SimConfig:
         if not 0.0 <= self.warmup_fraction < 1.0:
             raise bad_value(None, None, "warmup_fraction", "a fraction in [0, 1)",
                             self.warmup_fraction)
+        if self.warmup_requests is not None:
+            if self.warmup_requests < 0:
+                raise bad_value(None, None, "warmup_requests", "an integer >= 0",
+                                self.warmup_requests)
+            if self.warmup_fraction > 0:
+                raise bad_value(None, None, "warmup_requests",
+                                "either warmup_requests or warmup_fraction, not both",
+                                self.warmup_requests)
+        if self.mode not in MODES:
+            raise bad_value(None, None, "mode", " | ".join(MODES), self.mode)
+        if self.cache_variant not in CACHE_VARIANTS:
+            raise bad_value(None, None, "cache_variant", " | ".join(CACHE_VARIANTS),
+                            self.cache_variant)
         if not 0 <= self.log_candidates <= 8:
             raise bad_value(None, None, "log_candidates", "an integer in 0..8",
                             self.log_candidates)
@@ -122,6 +152,18 @@ class SimConfig:
             if len(item) != 2 or item[0] not in LOWER_TIERS:
                 raise bad_value(None, None, "tier_policies",
                                 "pairs (tier, policy) with tier in dram|cxl|nvme", item)
+
+    def warmup_count(self, num_requests: int) -> int:
+        """How many requests, in arrival order, are warm-up: ``warmup_requests`` if set,
+        else ``floor(warmup_fraction x num_requests)`` (kvcache-simulator's rule).  Raises
+        when no request would be left to measure."""
+        if self.warmup_requests is not None:
+            w = int(self.warmup_requests)
+            if w > 0 and w >= num_requests:
+                raise bad_value(None, None, "warmup_requests",
+                                f"fewer than the trace's {num_requests} requests", w)
+            return w
+        return int(math.floor(self.warmup_fraction * num_requests))
 
     def tier_policy(self, tier: str) -> str:
         """The eviction policy of lower tier ``tier`` (the last assignment wins; lru)."""

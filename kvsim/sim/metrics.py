@@ -14,13 +14,14 @@ from kvsim.sim import layout as L
 
 #: The stable keys of a summary, in display order (docs/simulate.md explains each).
 SUMMARY_KEYS = (
-    "policy", "offline", "events", "steps", "requests",
+    "policy", "offline", "mode", "events", "steps", "requests", "warmup_requests",
     "p50_step_us", "p95_step_us", "p99_step_us", "p999_step_us", "mean_step_us",
     "ttft_p50_us", "ttft_p99_us", "tpot_p50_us", "tpot_p99_us", "e2e_p50_us", "e2e_p99_us",
     "deadline_misses", "ttft_deadline_misses", "tpot_deadline_misses",
     "decode_critical_misses",
     "hbm_hit_rate", "dram_hit_rate", "cxl_hit_rate", "nvme_hit_rate", "prefix_hit_rate",
-    "block_hit_rate",
+    "block_hit_rate", "hbm_block_hit_rate", "lookup_tokens", "hit_tokens", "prompt_blocks",
+    "hit_blocks",
     "bytes_moved", "bytes_dram_link", "bytes_cxl_link", "bytes_nvme_link",
     "recompute_tokens", "first_compute_tokens", "preempt_recompute_tokens",
     "evictions", "evictions_hbm", "evictions_dram", "evictions_cxl", "evictions_nvme",
@@ -32,6 +33,22 @@ SUMMARY_KEYS = (
     "nvme_capacity_blocks",
     "stall_us", "saved_us", "makespan_us",
 )
+
+#: Keys that need engine timing: absent (not zero) from a cache-mode summary.
+LATENCY_KEYS = (
+    "steps", "p50_step_us", "p95_step_us", "p99_step_us", "p999_step_us", "mean_step_us",
+    "ttft_p50_us", "ttft_p99_us", "tpot_p50_us", "tpot_p99_us", "e2e_p50_us", "e2e_p99_us",
+    "deadline_misses", "ttft_deadline_misses", "tpot_deadline_misses", "stall_us",
+    "saved_us", "makespan_us",
+)
+
+
+def summary_keys(mode: str = "engine") -> tuple[str, ...]:
+    """The keys of a summary in ``mode`` (cache mode drops :data:`LATENCY_KEYS`)."""
+    if mode == "cache":
+        return tuple(k for k in SUMMARY_KEYS if k not in LATENCY_KEYS)
+    return SUMMARY_KEYS
+
 
 STEP_COLUMNS = ("step", "start_us", "latency_us", "stall_us", "saved_us", "duration_us",
                 "extra_us")
@@ -119,20 +136,36 @@ def _rate(num: float, den: float) -> float:
 
 
 def summarize(policy: str, offline: bool, C: np.ndarray, Cw: np.ndarray | None,
-              warm_us: float | None, warm_step: int, steps: pd.DataFrame,
-              requests: pd.DataFrame, costs, events: int) -> dict:
-    """The summary dict (keys :data:`SUMMARY_KEYS`).  With a warm-up snapshot ``Cw``,
-    counters are differences and only steps from ``warm_step`` and requests arriving from
-    ``warm_us`` on are measured."""
+              measured: np.ndarray | None, warm_step: int, steps: pd.DataFrame,
+              requests: pd.DataFrame, costs, events: int, block_size_tokens: int = 16,
+              mode: str = "engine", warmup_requests: int = 0) -> dict:
+    """The summary dict (keys :func:`summary_keys` of ``mode``).
+
+    Measurement window: ``measured`` are the ids of the requests after the warm-up (in
+    arrival order; None = every request).  Per-request figures (hit rates, TTFT, TPOT,
+    deadline misses) are over those requests; with a warm-up snapshot ``Cw`` the other
+    counters are differences from the step ``warm_step`` the first measured request
+    arrived in, and only steps from ``warm_step`` on are measured.
+
+    Hit rates (docs/simulate.md, "Metrics"): ``*_hit_rate`` are token-weighted, hit tokens
+    of the measured requests' prompts over their prompt tokens at admission (vLLM's
+    ``prefix_cache_hit_rate``, kvcache-simulator's ``hitRate``); ``block_hit_rate`` is per
+    block: blocks served from any tier over prompt blocks (``ceil(prompt / block)``);
+    only full blocks are shared, so hit tokens are whole blocks."""
     M = C.copy()
     if Cw is not None:
         M[L.M_FIRST:L.M_LAST] -= Cw[L.M_FIRST:L.M_LAST]
         steps = steps[steps["step"] >= warm_step]
-        requests = requests[requests["arrival_us"] >= warm_us]
+    if measured is not None:
+        requests = requests[requests["request_id"].isin(measured)]
     lat = steps["latency_us"].to_numpy()
-    lookup = M[L.M_LOOKUP_TOK]
-    hit = [M[L.M_HIT_TOK + t] for t in range(4)]
-    hit_blk = sum(M[L.M_HIT_BLK + t] for t in range(4))
+    bs = max(int(block_size_tokens), 1)
+    lookup = int(requests["lookup_tokens"].sum())
+    hit = [int(requests[c].sum()) for c in ("hbm_hit_tokens", "dram_hit_tokens",
+                                            "cxl_hit_tokens", "nvme_hit_tokens")]
+    admitted = requests["lookup_tokens"] > 0
+    prompt_blk = int(((requests["prompt_tokens"][admitted] + bs - 1) // bs).sum())
+    hit_blk = sum(hit) // bs
     ttft_missed = int(requests["ttft_missed"].sum())
     tpot_missed = int(requests["tpot_missed_tokens"].sum())
     missed_any = int(((requests["ttft_missed"]) | (requests["tpot_missed_tokens"] > 0)).sum())
@@ -141,9 +174,11 @@ def summarize(policy: str, offline: bool, C: np.ndarray, Cw: np.ndarray | None,
     out = {
         "policy": policy,
         "offline": bool(offline),
+        "mode": mode,
         "events": int(events),
         "steps": int(len(steps)),
         "requests": int(len(requests)),
+        "warmup_requests": int(warmup_requests),
         "p50_step_us": _pct(lat, 50),
         "p95_step_us": _pct(lat, 95),
         "p99_step_us": _pct(lat, 99),
@@ -164,7 +199,12 @@ def summarize(policy: str, offline: bool, C: np.ndarray, Cw: np.ndarray | None,
         "cxl_hit_rate": _rate(hit[2], lookup),
         "nvme_hit_rate": _rate(hit[3], lookup),
         "prefix_hit_rate": _rate(sum(hit), lookup),
-        "block_hit_rate": _rate(hit_blk, M[L.M_LOOKUP_BLK]),
+        "block_hit_rate": _rate(hit_blk, prompt_blk),
+        "hbm_block_hit_rate": _rate(hit[0] // bs, prompt_blk),
+        "lookup_tokens": lookup,
+        "hit_tokens": int(sum(hit)),
+        "prompt_blocks": prompt_blk,
+        "hit_blocks": int(hit_blk),
         "bytes_moved": int(sum(link) + swap),
         "bytes_dram_link": int(link[1] + swap),
         "bytes_cxl_link": int(link[2]),
@@ -204,4 +244,7 @@ def summarize(policy: str, offline: bool, C: np.ndarray, Cw: np.ndarray | None,
         "makespan_us": float(C[L.C_CLOCK_US]),
     }
     assert tuple(out) == SUMMARY_KEYS
+    if mode == "cache":
+        for k in LATENCY_KEYS:
+            del out[k]
     return out

@@ -48,6 +48,26 @@ class TraceFacts:
     next_use: np.ndarray  # int64 per ALLOCATE ordinal: ordinal of the next ALLOCATE of
     #                       the same (full, hashed) content, NEVER if none
     seen: np.ndarray  # int8 per ALLOCATE ordinal: 1 if the content was allocated before
+    #: request ids in arrival order: by the time of the request's ARRIVE row (or, without
+    #: one, of its first ALLOCATE / ACCESS / FORK row), ties by request id
+    arrival_order: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: step of that row, per entry of ``arrival_order``
+    arrival_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    @property
+    def num_requests(self) -> int:
+        return int(len(self.arrival_order))
+
+    def warmup_step(self, warmup: int) -> int:
+        """The step the measurement window starts at: the arrival step of request number
+        ``warmup`` in arrival order (-1 = no warm-up)."""
+        if warmup <= 0 or warmup >= len(self.arrival_order):
+            return -1
+        return int(self.arrival_step[warmup])
+
+    def measured_requests(self, warmup: int) -> np.ndarray:
+        """Ids of the requests measured after ``warmup`` warm-up requests."""
+        return self.arrival_order[max(int(warmup), 0):]
 
 
 @dataclass
@@ -85,6 +105,10 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
     live = 0
     max_live = 0
     started = np.zeros(0, dtype=np.bool_)
+    known = np.zeros(0, dtype=np.bool_)
+    first_req: list[np.ndarray] = []
+    first_time: list[np.ndarray] = []
+    first_step_l: list[np.ndarray] = []
     with _open(trace_path) as reader:
         for cols in reader.batches(batch_rows):
             n = len(cols["kind"])
@@ -102,6 +126,21 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
                 grown = np.zeros(max(top + 1, 2 * len(started)), dtype=np.bool_)
                 grown[: len(started)] = started
                 started = grown
+                grown = np.zeros(len(started), dtype=np.bool_)
+                grown[: len(known)] = known
+                known = grown
+            # arrival: a request's ARRIVE row, else its first ALLOCATE/ACCESS/FORK row
+            # (ARRIVE precedes the others of its request in a valid trace)
+            enters = np.flatnonzero((kind == EventKind.ARRIVE) | (kind == EventKind.ALLOCATE)
+                                    | (kind == EventKind.ACCESS) | (kind == EventKind.FORK))
+            if len(enters):
+                uniq, first = np.unique(req[enters], return_index=True)
+                new = ~known[uniq]
+                rows = enters[first[new]]
+                known[uniq] = True
+                first_req.append(req[rows].astype(np.int64))
+                first_time.append(cols["time_us"][rows].astype(np.int64))
+                first_step_l.append(cols["step"][rows].astype(np.int64))
             alloc = kind == EventKind.ALLOCATE
             if alloc.any():
                 max_blocks = max(max_blocks, int(cols["block_index"][alloc].max()) + 1)
@@ -139,8 +178,17 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
         same = allh[order[1:]] == allh[order[:-1]]
         next_use[order[:-1][same]] = order[1:][same]
         seen[order[1:][same]] = 1
+    if first_req:
+        fr = np.concatenate(first_req)
+        ft = np.concatenate(first_time)
+        fs = np.concatenate(first_step_l)
+        order = np.lexsort((fr, ft))
+        arrival_order, arrival_step = fr[order], fs[order]
+    else:
+        arrival_order = arrival_step = np.zeros(0, np.int64)
     return TraceFacts(num_rows, max(first_step, 0), max(last_step, 0), max_req,
-                      max_blocks, max(max_live, 1), max_size, next_use, seen)
+                      max_blocks, max(max_live, 1), max_size, next_use, seen,
+                      arrival_order, arrival_step)
 
 
 def _lower_tier(tier: int, cap: int, policy, params: dict, max_blocks: int):
@@ -243,12 +291,8 @@ class _Run:
         K[L.K_PREFETCH] = int(config.prefetch)
         K[L.K_BLOCK_TOKENS] = bs
         K[L.K_OFFLINE] = int(policy.offline)
-        if config.warmup_fraction > 0:
-            span = facts.last_step - facts.first_step + 1
-            K[L.K_WARMUP_STEP] = facts.first_step + int(math.floor(config.warmup_fraction *
-                                                                   span))
-        else:
-            K[L.K_WARMUP_STEP] = -1
+        # the window starts at the step the first measured request arrives in
+        K[L.K_WARMUP_STEP] = facts.warmup_step(config.warmup_count(facts.num_requests))
         K[L.K_LOG_LIFECYCLE] = int(config.log_lifecycle)
         self.K = K
         self.X = cost_array(costs)
@@ -412,14 +456,56 @@ def _describe(config: SimConfig, costs: list[TierCosts], block_bytes: int) -> di
 
 def simulate(trace_path: str | Path, policy, config: SimConfig | None = None,
              decision_log: str | Path | None = None, *, facts: TraceFacts | None = None,
-             on_progress: Callable[[int, int], None] | None = None) -> SimResult:
+             on_progress: Callable[[int, int], None] | None = None,
+             lowering=None) -> SimResult:
     """Replay ``trace_path`` under HBM policy ``policy`` (a name, a ``.py`` file or a
     :class:`kvsim.policy_registry.Policy`).  Writes the decision log to ``decision_log``
-    (Parquet) when given.  Same inputs => identical result."""
+    (Parquet) when given.  Same inputs => identical result.
+
+    ``config.mode == "cache"``: the requests of the trace are replayed one at a time in
+    arrival order (:func:`kvsim.sim.cache_mode.simulate_cache`; ``lowering`` is a
+    :class:`kvsim.ingest.serial.CacheLowering` made once for many policies)."""
+    config = config or SimConfig()
+    if config.mode == "cache":
+        from kvsim.sim.cache_mode import simulate_cache
+
+        return simulate_cache(trace_path, policy, config, decision_log, lowering=lowering,
+                              on_progress=on_progress)
+    pol = _resolve_policy(policy)
+    ex = execute(trace_path, pol, config, decision_log, facts, on_progress)
+    facts = ex.facts
+    warm = ex.run.C[L.C_WARM_DONE] != 0
+    warmup = config.warmup_count(facts.num_requests)
+    measured = facts.measured_requests(warmup) if warmup > 0 else None
+    summary = summarize(pol.name, pol.offline, ex.run.C, ex.run.Cw if warm else None,
+                        measured, int(ex.run.K[L.K_WARMUP_STEP]), ex.steps, ex.requests,
+                        ex.costs, facts.num_rows, block_size_tokens=ex.block_size_tokens,
+                        mode=config.mode, warmup_requests=warmup)
+    summary["schedule"] = "recorded"  # the event file's steps, replayed open loop
+    return SimResult(pol.name, bool(pol.offline), summary, ex.requests, ex.steps,
+                     ex.config, str(trace_path), ex.costs, ex.checks)
+
+
+@dataclass
+class Execution:
+    """A finished replay before its summary: the core's state and the tables."""
+
+    run: _Run
+    facts: TraceFacts
+    steps: pd.DataFrame
+    requests: pd.DataFrame
+    costs: list[TierCosts]
+    config: dict
+    block_size_tokens: int
+    checks: dict
+
+
+def execute(trace_path: str | Path, pol, config: SimConfig,
+            decision_log: str | Path | None = None, facts: TraceFacts | None = None,
+            on_progress: Callable[[int, int], None] | None = None) -> Execution:
+    """Stream ``trace_path`` through the replay core under policy ``pol`` (resolved)."""
     from kvsim.results.decision_log import DecisionLogWriter
 
-    config = config or SimConfig()
-    pol = _resolve_policy(policy)
     with _open(trace_path) as reader:
         header = reader.header
     bs = int(header.block_size_tokens)
@@ -455,13 +541,7 @@ def simulate(trace_path: str | Path, policy, config: SimConfig | None = None,
     checks = run.check() if config.check_invariants else {}
     steps = step_table(run.steps(), block_bytes)
     requests = request_table(run.R_i, run.R_f, facts.max_request_id + 1)
-    warm = run.C[L.C_WARM_DONE] != 0
-    summary = summarize(pol.name, pol.offline, run.C, run.Cw if warm else None,
-                        run.C[L.C_WARM_US] if warm else None,
-                        int(run.K[L.K_WARMUP_STEP]), steps, requests, costs, facts.num_rows)
-    summary["schedule"] = "recorded"  # the event file's steps, replayed open loop
-    return SimResult(pol.name, bool(pol.offline), summary, requests, steps, cfg_dict,
-                     str(trace_path), costs, checks)
+    return Execution(run, facts, steps, requests, costs, cfg_dict, bs, checks)
 
 
 # ---------------------------------------------------------------------------------------
@@ -474,8 +554,9 @@ _SHARED: dict = {}
 def _one(name: str) -> dict:
     trace, config, facts = _SHARED["args"]
     log_dir = _SHARED.get("log_dir")
-    log = None if log_dir is None else Path(log_dir) / f"{name}.parquet"
-    return simulate(trace, name, config, decision_log=log, facts=facts).summary
+    log = None if log_dir is None or name == "optimal" else Path(log_dir) / f"{name}.parquet"
+    return simulate(trace, name, config, decision_log=log, facts=facts,
+                    lowering=_SHARED.get("lowering")).summary
 
 
 def default_policies() -> list[str]:
@@ -493,25 +574,40 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
             config: SimConfig | None = None, decision_log_dir: str | Path | None = None,
             jobs: int = 1, on_progress: Callable[[str], None] | None = None) -> pd.DataFrame:
     """Replay the same trace under each policy; one row per policy (columns = the stable
-    ``--json`` keys), in the order given, plus each policy's gap to belady (the offline
-    bound, run even when not listed unless it is unavailable) and, when lru is among the
+    ``--json`` keys), in the order given, plus each policy's gap to the offline reference
+    (run even when not listed): in engine mode belady (``gap_*_to_belady``), in cache mode
+    ``optimal``, the exact optimum (``gap_{hbm,prefix,block}_hit_rate_to_optimal``,
+    :mod:`kvsim.sim.optimum`); and, in engine mode, when lru is among the
     policies, its difference from lru (``p99_step_us_vs_lru``, ``p99_step_pct_vs_lru``,
     ``decode_critical_misses_vs_lru``: this policy's minus lru's; negative = better)."""
+    import tempfile
+
     config = config or SimConfig()
+    cache = config.mode == "cache"
     names = list(policies) if policies else default_policies()
     for n in names:
-        _resolve_policy(n)  # fail fast on unknown names
+        if not (cache and n == "optimal"):
+            _resolve_policy(n)  # fail fast on unknown names
     run_names = list(names)
-    bound = "belady"
+    # the offline reference: cache mode's exact optimum, else belady (forced-admission MIN)
+    bound = "optimal" if cache else "belady"
     if bound not in run_names:
         try:
-            _resolve_policy(bound)
+            if not cache:
+                _resolve_policy(bound)
             run_names.append(bound)
         except KvsimInputError:
             bound = None
-    with _open(trace_path) as reader:
-        bs = int(reader.header.block_size_tokens)
-    facts = scan_trace(trace_path, bs, config.batch_rows)
+    tmpdir = tempfile.TemporaryDirectory(prefix="kvsim-compare-")
+    facts = None
+    if cache:
+        from kvsim.sim.cache_mode import lower_for_cache
+
+        _SHARED["lowering"] = lower_for_cache(trace_path, config.cache_variant, tmpdir.name)
+    else:
+        with _open(trace_path) as reader:
+            bs = int(reader.header.block_size_tokens)
+        facts = scan_trace(trace_path, bs, config.batch_rows)
     _SHARED["args"] = (str(trace_path), config, facts)
     _SHARED["log_dir"] = decision_log_dir
     results: dict[str, dict] = {}
@@ -534,12 +630,19 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
                     on_progress(n)
     finally:
         _SHARED.clear()
+        tmpdir.cleanup()
     rows = []
     ref = results.get(bound) if bound else None
     base = results.get(BASELINE)
     nan = float("nan")
     for n in names:
         row = dict(results[n])
+        if cache:
+            for key in ("hbm_hit_rate", "prefix_hit_rate", "block_hit_rate"):
+                row[f"gap_{key}_to_optimal"] = (ref[key] - row[key]) if ref is not None \
+                    else nan
+            rows.append(row)
+            continue
         if base is not None:  # the baseline every serving engine starts from
             d = row["p99_step_us"] - base["p99_step_us"]
             row["p99_step_us_vs_lru"] = d

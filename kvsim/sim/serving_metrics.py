@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from kvsim.sim import layout as L
+from kvsim.sim import scheduler as S
 from kvsim.sim.metrics import _pct, request_table, step_table, summarize
 
 #: Keys the closed loop adds to the summary (docs/simulate.md).
@@ -62,7 +63,8 @@ def cluster_summary(pol, engines, costs, N: int, router: str, dropped: int):
         run = e.run
         st = step_table(run.steps(), e.block_bytes)
         rq = request_table(run.R_i, run.R_f, len(e.sched.src))
-        s1 = summarize(pol.name, pol.offline, run.C, None, None, -1, st, rq, costs, e.rows)
+        s1 = summarize(pol.name, pol.offline, run.C, None, None, -1, st, rq, costs, e.rows,
+                       block_size_tokens=int(e.sched.ip[S.P_B]))
         s1.update(serving_keys(s1, rq, run.C, "closed", 1, router, e.lost_hit_tokens, 0))
         rows.append({"replica": e.replica, **{k: s1[k] for k in REPLICA_KEYS[1:]}})
         st["in_system"] = np.asarray(e.in_system[:len(st)], dtype=np.int64)
@@ -77,7 +79,7 @@ def cluster_summary(pol, engines, costs, N: int, router: str, dropped: int):
     requests = requests.reset_index(drop=True)
     steps = pd.concat(steps_all, ignore_index=True)
     summary = summarize(pol.name, pol.offline, C, None, None, -1, steps, requests, costs,
-                        events)
+                        events, block_size_tokens=int(engines[0].sched.ip[S.P_B]))
     summary.update(serving_keys(summary, requests, C, "closed", len(engines), router,
                                 sum(e.lost_hit_tokens for e in engines), dropped))
     summary["replica_rows"] = rows

@@ -1,0 +1,178 @@
+"""Cache mode: exact hits on a hand-made trace, and the exact reduction to the single-tier
+simulator (block-level variant, HBM only) for every built-in policy.
+
+Blocks are 4 tokens of 25 bytes (tests/sim/conftest.py).  Tiny traces run interpreted.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from kvsim.ingest.serial import CacheStream, stream_from_events
+from kvsim.policy_registry import list_policies
+from kvsim.schema import EventHeader, Phase
+from kvsim.sim import SimConfig, simulate
+from kvsim.sim.cachesim import simulate_cache
+from kvsim.sim.cache_mode import simulate_cache as replay_cache
+
+
+def cfg(hw, **kw) -> SimConfig:
+    kw.setdefault("engine", "interpreted")
+    kw.setdefault("check_invariants", True)
+    kw.setdefault("dram_gb", 0)
+    kw.setdefault("mode", "cache")
+    return SimConfig(hardware=hw, **kw)
+
+
+def four_requests(builder):
+    """Engine-shaped trace: r0 [1,2,3]+1 token, r1 [1,2,4]+1, r2 [1,5]+1, r3 [1,2,3]+1,
+    overlapping in time (r1 arrives before r0 finishes)."""
+    tb = builder()
+    tb.STEP(0, 100); tb.ARRIVE(0, 13); tb.prompt(0, [1, 2, 3, 90], last_tokens=1)
+    tb.ACCESS(0, 13)
+    tb.STEP(1000, 100); tb.ARRIVE(1, 13); tb.prompt(1, [1, 2, 4, 91], last_tokens=1)
+    tb.ACCESS(1, 13); tb.ACCESS(0, 1, Phase.DECODE); tb.FREE(0)
+    tb.STEP(2000, 100); tb.ARRIVE(2, 9); tb.prompt(2, [1, 5, 92], last_tokens=1)
+    tb.ACCESS(2, 9); tb.ACCESS(1, 1, Phase.DECODE); tb.FREE(1)
+    tb.STEP(3000, 100); tb.ARRIVE(3, 13); tb.prompt(3, [1, 2, 3, 93], last_tokens=1)
+    tb.ACCESS(3, 13); tb.ACCESS(2, 1, Phase.DECODE); tb.FREE(2)
+    tb.STEP(4000, 100); tb.ACCESS(3, 1, Phase.DECODE); tb.FREE(3)
+    return tb
+
+
+def test_stream_from_events_keeps_identified_full_blocks(builder, tmp_path):
+    trace = four_requests(builder).write(tmp_path / "t.parquet")
+    s = stream_from_events(trace)
+    assert s.request_id.tolist() == [0, 1, 2, 3]
+    assert s.prompt_tokens.tolist() == [13, 13, 9, 13]
+    assert s.offsets.tolist() == [0, 3, 6, 8, 11]
+    assert s.chain.tolist() == [1, 2, 3, 1, 2, 4, 1, 5, 1, 2, 3]
+
+
+def test_prefix_variant_exact_lru(builder, tiny_hw, tmp_path):
+    trace = four_requests(builder).write(tmp_path / "t.parquet")
+    s = simulate(trace, "lru", cfg(tiny_hw, hbm_blocks=4)).summary
+    # r0 misses; released tail-first, LRU order 3,2,1 (+1 empty).  r1 hits 1,2 (8 tok),
+    # 4 takes the empty slot: order 3,4,2,1.  r2 hits 1 (4 tok), 5 evicts 3.  r3 hits 1,2
+    # (8 tok), 3 evicts 4.  Hits 20 of 48 prompt tokens, 5 of 15 prompt blocks.
+    assert s["mode"] == "cache"
+    assert s["hit_tokens"] == 20 and s["lookup_tokens"] == 48
+    assert s["hbm_hit_rate"] == pytest.approx(20 / 48)
+    assert s["block_hit_rate"] == pytest.approx(5 / 15)
+    assert s["evictions_hbm"] == 2
+    for k in ("p99_step_us", "ttft_p50_us", "tpot_p99_us", "steps", "makespan_us"):
+        assert k not in s  # no engine timing: absent, not zero
+    w = simulate(trace, "lru", cfg(tiny_hw, hbm_blocks=4, warmup_requests=2)).summary
+    assert w["requests"] == 2 and w["hit_tokens"] == 12 and w["lookup_tokens"] == 22
+    assert w["evictions_hbm"] == 2  # both evictions happen from request 2 on
+
+
+def test_prefix_lookup_stops_at_first_miss_block_variant_does_not(builder, tiny_hw, tmp_path):
+    tb = builder()
+    tb.STEP(0, 1); tb.ARRIVE(0, 8); tb.prompt(0, [1, 2]); tb.ACCESS(0, 8); tb.FREE(0)
+    tb.STEP(1, 1); tb.ARRIVE(1, 4); tb.prompt(1, [3]); tb.ACCESS(1, 4); tb.FREE(1)
+    tb.STEP(2, 1); tb.ARRIVE(2, 8); tb.prompt(2, [1, 2]); tb.ACCESS(2, 8); tb.FREE(2)
+    trace = tb.write(tmp_path / "t.parquet")
+    # 2 blocks of HBM, lru: r0 releases tail-first (2, then 1), so the LRU head is 2 and
+    # r1's block 3 evicts it.  r2: the prefix lookup hits 1, then stops at 2.
+    p = simulate(trace, "lru", cfg(tiny_hw, hbm_blocks=2)).summary
+    assert p["hit_blocks"] == 1
+    # block variant, same pool: accesses 1,2,3,1,2 -> 3 evicts 1 (LRU), 1 evicts 2: 0 hits
+    b = simulate(trace, "lru", cfg(tiny_hw, hbm_blocks=2, cache_variant="block")).summary
+    assert b["hit_blocks"] == 0
+    assert simulate_cache(np.array([1, 2, 3, 1, 2]), 2, "lru").hits == 0
+
+
+# ---- the exact reduction: block variant, HBM only == the single-tier simulator ------------
+
+#: Built-ins whose HBM hooks do not yet keep a block's history across reuse (issue #14, the
+#: policy-history branch changes the hook contract): in the tiered replay a reused block
+#: leaves the policy (on_remove) and re-enters at release (on_insert), so their order is
+#: release order.  Must be empty once that branch is merged.
+_HISTORY_PENDING = {"fifo", "lfu", "sieve", "arc", "s3fifo", "predictive"}
+
+
+def _policies():
+    out = []
+    for p in list_policies():
+        marks = ()
+        if p.name in _HISTORY_PENDING:
+            marks = pytest.mark.xfail(strict=True, reason="needs the policy-history hook "
+                                      "contract (block history across reuse)")
+        out.append(pytest.param(p.name, marks=marks))
+    return out
+
+
+def _stream(chains, bs=4, bpt=25) -> CacheStream:
+    lengths = np.array([len(c) for c in chains], np.int64)
+    offsets = np.zeros(len(chains) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    chain = np.concatenate([np.asarray(c, np.int64) for c in chains]) if chains else \
+        np.zeros(0, np.int64)
+    n = len(chains)
+    return CacheStream(np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64) * 10,
+                       lengths * bs + 1, offsets, chain, bs, bs * bpt,
+                       EventHeader(block_size_tokens=bs, kv_bytes_per_token=bpt))
+
+
+def _tree_chains(seed: int, n_requests: int, fanout: int = 3):
+    """Requests on a prefix tree: each extends a random existing path by 0-3 new nodes
+    (content hash = node id + 1, unique per path, as chained hashes are)."""
+    rng = np.random.default_rng(seed)
+    parent = [-1]
+    children: dict[int, list[int]] = {0: []}
+    chains = []
+    for _ in range(n_requests):
+        node, path = 0, [1]
+        while children[node] and rng.random() < 0.7:
+            node = children[node][int(rng.integers(len(children[node])))]
+            path.append(node + 1)
+        for _ in range(int(rng.integers(0, 4))):
+            if len(children[node]) >= fanout:
+                break
+            new = len(parent)
+            parent.append(node)
+            children[node].append(new)
+            children[new] = []
+            node = new
+            path.append(new + 1)
+        chains.append(path)
+    return chains
+
+
+def _assert_reduction(stream, cap, name, hw):
+    res = replay_cache(stream, name, cfg(hw, hbm_blocks=cap, cache_variant="block"))
+    single = simulate_cache(stream.key_stream(), cap, name)
+    assert res.summary["hit_blocks"] == single.hits, (name, cap)
+    assert res.summary["evictions_hbm"] == single.evictions, (name, cap)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _policies())
+def test_block_variant_equals_single_tier_on_prefix_trees(name, tiny_hw):
+    for seed, cap in ((0, 3), (1, 5), (2, 8)):
+        _assert_reduction(_stream(_tree_chains(seed, 60)), cap, name, tiny_hw)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 40), cap=st.integers(1, 12))
+def test_block_variant_equals_single_tier_hypothesis_lru(seed, n, cap, tiny_hw):
+    _assert_reduction(_stream(_tree_chains(seed, n)), cap, "lru", tiny_hw)
+
+
+def test_compare_in_cache_mode_reports_gap_to_optimal(builder, tiny_hw, tmp_path):
+    from kvsim.sim import compare
+
+    trace = four_requests(builder).write(tmp_path / "t.parquet")
+    df = compare(trace, ["lru", "fifo", "optimal"],
+                 cfg(tiny_hw, hbm_blocks=4)).set_index("policy")
+    assert list(df.index) == ["lru", "fifo", "optimal"]
+    assert (df["mode"] == "cache").all() and "p99_step_us" not in df.columns
+    # optimal: r1 hits 1,2; r2 hits 1; r3 hits 1,2,3 (keeps 3, bypasses 4 and 5) -> 24 tok
+    assert df.loc["optimal", "hit_tokens"] == 24 and bool(df.loc["optimal", "offline"])
+    assert df.loc["lru", "gap_hbm_hit_rate_to_optimal"] == pytest.approx((24 - 20) / 48)
+    assert (df["gap_hbm_hit_rate_to_optimal"] >= 0).all()

@@ -1,0 +1,73 @@
+"""``optimal`` (kvsim.sim.optimum) against brute force, and never beaten by a built-in.
+
+Brute force: after each request's lookup the cache may become ANY subset of (what it held)
++ (the request's blocks) of at most ``capacity`` blocks (every eviction and bypass
+choice, chain-consistent or not); dynamic programming over those states gives the most
+prefix hits.  The solver must reach exactly that number.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from itertools import combinations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from kvsim.sim.optimum import cache_optimum, optimum_summary
+from tests.sim.test_cache_mode import _stream, _tree_chains, cfg
+
+
+def brute_force_hits(chains, cap: int) -> int:
+    chains = [tuple(c) for c in chains]
+
+    @lru_cache(maxsize=None)
+    def best(k: int, state: frozenset) -> int:
+        if k == len(chains):
+            return 0
+        c = chains[k]
+        hits = 0
+        while hits < len(c) and c[hits] in state:
+            hits += 1
+        pool = sorted(state | set(c))
+        top = 0
+        for size in range(0, min(cap, len(pool)) + 1):
+            for keep in combinations(pool, size):
+                top = max(top, best(k + 1, frozenset(keep)))
+        return hits + top
+
+    return best(0, frozenset())
+
+
+def test_hand_example():
+    # cap 2: [1,2] [3] [1,2]: keep 1,2 and bypass 3 -> 2 hits (LRU would get 0 or 1)
+    s = _stream([[1, 2], [3], [1, 2]])
+    assert cache_optimum(s, 2).hit_blocks.tolist() == [0, 0, 2]
+    assert cache_optimum(s, 2).bypassed == 1
+    assert brute_force_hits([[1, 2], [3], [1, 2]], 2) == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 100_000), n=st.integers(1, 7), cap=st.integers(1, 4))
+def test_equals_brute_force_on_random_prefix_trees(seed, n, cap):
+    chains = _tree_chains(seed, n, fanout=2)
+    chains = [c[:5] for c in chains]  # keep the state space small
+    s = _stream(chains)
+    assert int(cache_optimum(s, cap).hit_blocks.sum()) == brute_force_hits(chains, cap)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed,cap", [(0, 3), (1, 5), (2, 8), (3, 12)])
+def test_no_builtin_beats_optimal_in_cache_mode(seed, cap, tiny_hw):
+    """Every registered online policy (prefix variant): hit blocks <= optimal's."""
+    from kvsim.policy_registry import list_policies
+    from kvsim.sim.cache_mode import simulate_cache
+
+    stream = _stream(_tree_chains(seed, 60))
+    bound = optimum_summary(stream, cap)["hit_blocks"]
+    for p in list_policies():
+        if p.offline:
+            continue
+        res = simulate_cache(stream, p.name, cfg(tiny_hw, hbm_blocks=cap))
+        assert res.summary["hit_blocks"] <= bound, p.name
