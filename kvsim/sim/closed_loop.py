@@ -130,6 +130,7 @@ class Engine:
         if self.run.P.shape[0] < need:
             self.run.P = L.grow_rows(self.run.P, need)
         self.step_mod = closed_for(self.run.core)
+        self._args = None
 
     # -- state the router reads ------------------------------------------------------------
     @property
@@ -175,14 +176,21 @@ class Engine:
 
         run, sc = self.run, self.sched
         while True:
+            args = self._args
+            if args is None:  # rebuilt only after a buffer changed (cheap calls per arrival)
+                args = self._args = (
+                    self.aux, self.insys, sc.ip, sc.fp, sc.st, sc.stf, *sc.req_args,
+                    *sc.slot_args, sc.order, *sc.lookup, sc.hitk, sc.adm, sc.I, sc.F,
+                    self.cols, self.rprio, self.tenant, self.block_bytes, self.pb_off,
+                    self.pb_next, self.pb_seen, *self._core_args())
             with np.errstate(over="ignore"):  # hash mixing wraps by design (interpreted)
-                code, sc.I, sc.F = self.step_mod.advance(
-                    float(limit_us), max_steps, self.aux, self.insys, sc.ip, sc.fp, sc.st,
-                    sc.stf, *sc.req_args, *sc.slot_args, sc.order, *sc.lookup, sc.hitk,
-                    sc.adm, sc.I, sc.F, self.cols, self.rprio, self.tenant, self.block_bytes,
-                    self.pb_off, self.pb_next, self.pb_seen, *self._core_args())
+                code, I, F = self.step_mod.advance(float(limit_us), max_steps, *args)
+            if I is not sc.I or F is not sc.F:
+                sc.I, sc.F = I, F
+                self._args = None
             if code in (CS.R_LIMIT, CS.R_IDLE):
                 return
+            self._args = None
             if code == CS.R_YIELD:
                 if self.aux[CS.X_NINSYS] >= len(self.insys):
                     self.insys = np.concatenate([self.insys, np.zeros_like(self.insys)])
