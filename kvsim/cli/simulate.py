@@ -477,7 +477,7 @@ def compare_command(
             err_console.print(f"{len(table):,} requests "
                               + (f"from profile {profile} (seed {seed})" if profile else
                                  f"from {request_trace}") + f", {sched} schedule"
-                              + (f", KV budget {budget:,} blocks = the HBM pool"
+                              + (f", scheduler budget {budget:,} blocks = the HBM pool"
                                  if budget else ""))
             if sched == "recorded":
                 _single_replica(replicas)

@@ -76,7 +76,7 @@ class EngineOptions:
 
 class Engine:
     """One serving engine of the closed loop: a scheduler and a replay (``_Run``) sharing
-    the memory state.  :meth:`step` decides and replays one engine step."""
+    the memory state.  :meth:`advance` decides and replays engine steps."""
 
     def __init__(self, table: RequestTable, off, ids, facts_pb, policy, config: SimConfig,
                  opts: EngineOptions, cost, hbm_blocks: int, costs, block_bytes: int,
