@@ -105,3 +105,17 @@ def test_cli_schedule_closed_needs_a_request_table(tmp_path):
                                  "--schedule", "closed"])
     assert r.exit_code == 2
     assert "--schedule" in r.output and "Traceback" not in r.output
+
+
+def test_decision_log_one_file_per_replica_records_the_replica(tmp_path):
+    import pyarrow.parquet as pq
+
+    a, b = list(range(1, 21)), list(range(101, 121))
+    t = _table([0, 10], [20 * B, 20 * B], [2, 2], [a, b])
+    serve(t, "lru", CONFIG, replicas=2, router="round_robin",
+          decision_log=tmp_path / "log.parquet")
+    for k in (0, 1):
+        f = pq.ParquetFile(tmp_path / f"log.replica{k}.parquet")
+        meta = json.loads(f.schema_arrow.metadata[b"kvsim.decision_log"])
+        assert meta["config"]["replica"] == k
+        assert meta["config"]["schedule"] == "closed"
