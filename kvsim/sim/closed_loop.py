@@ -31,6 +31,7 @@ Outputs say which schedule produced them: ``summary["schedule"] == "closed"`` he
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Callable
@@ -116,7 +117,9 @@ class Engine:
                            max_size_bytes=block_bytes, next_use=self.nu, seen=self.seen)
         header = SimpleNamespace(block_size_tokens=B, kv_bytes_per_token=cost.kv_bytes_per_token,
                                  model=cost.model)
-        self.run = _Run(policy, config, header, facts, costs, block_bytes, log_writer)
+        # the warm-up is the cluster driver's (start_measuring), not the trace pre-pass's
+        nowarm = dataclasses.replace(config, warmup_fraction=0.0, warmup_requests=None)
+        self.run = _Run(policy, nowarm, header, facts, costs, block_bytes, log_writer)
         self.run.K[L.K_WARMUP_STEP] = -1
         T1, T2, T3 = self.run.T
         sc.lookup = (self.run.st.hkeys, self.run.st.hvals, T1[2], T2[2], T3[2])
@@ -220,6 +223,12 @@ class Engine:
                 run.st, run.out, run.hbuf, run.scr, run.pst, run.view, *run._args_tail(),
                 self.nu, self.seen, run.alt_b, run.alt_s, run.vo)
 
+    def start_measuring(self) -> None:
+        """The warm-up ends now: the core snapshots its counters at the next step (the
+        first one that can hold the first measured request), as the open-loop replay does
+        at ``K_WARMUP_STEP``."""
+        self.run.K[L.K_WARMUP_STEP] = int(self.sched.st[S.S_STEP])
+
     def finish(self) -> None:
         """Close the last step and flush the buffers (as ``_Run.finish``)."""
         run, sc = self.run, self.sched
@@ -269,10 +278,6 @@ def prepare(table: RequestTable, config: SimConfig, opts: EngineOptions):
     from kvsim.sim.cost_model import GB, tier_costs
     from kvsim.sim.config import LOWER_TIERS
 
-    if config.warmup_fraction > 0 or config.warmup_requests:
-        raise KvsimInputError("expected no warm-up window with the closed-loop schedule "
-                              "(not yet supported); use --schedule recorded",
-                              None, None, "--warmup-fraction")
     if config.mode != "engine":
         raise KvsimInputError("expected --mode engine with the closed-loop schedule", None,
                               None, "--mode")

@@ -107,6 +107,7 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
                     max_num_batched_tokens=opts.max_num_batched_tokens,
                     block_size_tokens=opts.block_size_tokens)
     N = len(table)
+    warmup = config.warmup_count(N)
     writers = []
     engines = []
     for w in range(replicas):
@@ -125,18 +126,22 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
                                        reasons_by_tier=reasons, why=core.WHY)
             writer.__enter__()
             writers.append(writer)
-        order = None if replicas == 1 else np.zeros(max(N, 1), dtype=np.int64)
+        # a router's queue (arrivals appended as they come) with replicas or a warm-up
+        # (which starts at the first measured arrival); else every row preloaded
+        routed = replicas > 1 or warmup > 0
+        order = np.zeros(max(N, 1), dtype=np.int64) if routed else None
         engines.append(Engine(table, off, ids, facts_pb, pol, config, opts, cost, hbm_blocks,
                               costs, block_bytes, writer, order=order, replica=w))
     try:
-        if replicas == 1:
+        if not routed:
             e = engines[0]
             tick = None if on_progress is None else (
                 lambda: on_progress(int(e.sched.st[S.S_DONE]), N))
             e.advance(-1.0, on_yield=tick)
         else:
             _run_cluster(table, engines, router, opts.block_size_tokens,
-                         prompt_block_hashes(table, off, ids, opts.block_size_tokens))
+                         prompt_block_hashes(table, off, ids, opts.block_size_tokens),
+                         warmup)
         for e in engines:
             e.finish()
     except BaseException as exc:
@@ -145,13 +150,15 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
         raise
     for wr in writers:
         wr.__exit__(None, None, None)
-    summary, requests, steps = cluster_summary(pol, engines, costs, N, router, dropped)
+    start_us = float(table.df["arrival_us"].iat[warmup]) if warmup > 0 else 0.0
+    summary, requests, steps = cluster_summary(pol, engines, costs, N, router, dropped,
+                                               warmup, start_us)
     return SimResult(pol.name, bool(pol.offline), summary, requests, steps, cfg_dict,
                      "requests", costs, {})
 
 
 def _run_cluster(table: RequestTable, engines: list[Engine], router: str, B: int,
-                 pb: tuple[np.ndarray, np.ndarray]) -> None:
+                 pb: tuple[np.ndarray, np.ndarray], warmup: int = 0) -> None:
     """Route each request at its arrival time.  Replicas interact only through the router,
     so between two arrivals each one runs its own steps independently: before routing
     request ``i`` every replica runs the steps that start before ``arrival_i``."""
@@ -174,6 +181,9 @@ def _run_cluster(table: RequestTable, engines: list[Engine], router: str, B: int
             for j in range(admitted[w], int(st[S.S_ADMIT])):
                 waiting_blocks[w] -= int(nb_all[e.sched.order[j]])
             admitted[w] = int(st[S.S_ADMIT])
+        if i == warmup and warmup > 0:
+            for e in engines:
+                e.start_measuring()
         hb = pb_hash[pb_off[i]:pb_off[i + 1]]
         w = _route(router, i, engines, hb, int(nb_all[i]), int(prompt[i]), B,
                    int(session[i]), sticky, waiting_blocks)

@@ -140,3 +140,20 @@ def test_round_robin_equals_independent_replicas_of_the_split_trace(replicas):
                                        rtol=0, atol=1e-6)
         row = res.summary["replica_rows"][k]
         assert row["steps"] == one.summary["steps"]
+
+
+def test_warmup_window_measures_the_requests_after_it():
+    t = _busy_table(n=30, seed=5)
+    full = serve(t, "lru", CONFIG)
+    warm = serve(t, "lru", SimConfig(engine="interpreted", warmup_requests=10))
+    # the schedule is the same: same per-request times
+    a = full.requests.sort_values("request_id")
+    b = warm.requests.sort_values("request_id")
+    np.testing.assert_allclose(a["ttft_us"].to_numpy(), b["ttft_us"].to_numpy(), atol=1e-6)
+    measured = a[a["request_id"] >= 10]
+    assert warm.summary["requests"] == 20
+    assert warm.summary["ttft_p99_us"] == pytest.approx(
+        float(np.percentile(measured["ttft_us"].to_numpy(), 99)))
+    # only steps from the first one at or after request 10's arrival are measured
+    t10 = float(t.df["arrival_us"].iat[10])
+    assert warm.summary["steps"] == int((full.steps["start_us"] >= t10).sum())
