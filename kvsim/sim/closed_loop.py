@@ -204,6 +204,12 @@ class Engine:
                 self.cols = _new_cols(cap)
                 self.nu = np.full(cap, NEVER, dtype=np.int64)
                 self.seen = np.zeros(cap, dtype=np.int8)
+            elif code == CS.R_NEED_ARENA:
+                run._compact_arena()
+                need = int(self.aux[CS.X_ARENA])
+                while run.A_i.shape[0] - int(run.C[L.C_ARENA_TOP]) < need:
+                    run.A_i = L.grow_rows(run.A_i, 2 * run.A_i.shape[0])
+                    run.A_f = L.grow_rows(run.A_f, 2 * run.A_f.shape[0])
             elif code == core.ST_NEED_REQ:
                 run._grow_requests(2 * run.R_i.shape[0])
             elif code == core.ST_NEED_ARENA:

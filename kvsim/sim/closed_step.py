@@ -34,11 +34,12 @@ from kvsim.sim import layout as L
 from kvsim.sim import scheduler as S
 
 # aux (int64): step rows in flight (0 = none), row to resume at, steps recorded in insys,
-# ALLOCATE rows of the step, lost cached tokens (recomputed), event rows replayed
-X_PENDING, X_RESUME, X_NINSYS, X_NALLOC, X_LOST, X_ROWS = range(6)
-NUM_AUX = 6
+# ALLOCATE rows of the step, lost cached tokens (recomputed), event rows replayed, arena
+# rows the step's admissions need
+X_PENDING, X_RESUME, X_NINSYS, X_NALLOC, X_LOST, X_ROWS, X_ARENA = range(7)
+NUM_AUX = 7
 #: advance() results besides the core's ST_NEED_* codes (1..5)
-R_LIMIT, R_IDLE, R_YIELD, R_NEED_COLS = 10, 11, 12, 13
+R_LIMIT, R_IDLE, R_YIELD, R_NEED_COLS, R_NEED_ARENA = 10, 11, 12, 13, 14
 NEVER = np.iinfo(np.int64).max
 
 
@@ -144,6 +145,15 @@ def advance(limit_us, max_steps, aux, insys,
         if aux[X_RESUME] < 0:
             if n > cols[0].shape[0] or _alloc_rows(I, n) > nu.shape[0]:
                 return R_NEED_COLS, I, F
+            # the core's per-row room check counts a request's block-record capacity only
+            # once it has one; an admission takes max(4, prompt // B + 2) rows at once, so
+            # the whole step's admissions must fit before its rows are replayed
+            need = 64
+            for j in range(st[S.S_NADM]):
+                need += max(4, prompt[adm[j]] // ip[S.P_B] + 2) + 16
+            if C[L.C_ARENA_TOP] + need > A_i.shape[0]:
+                aux[X_ARENA] = need
+                return R_NEED_ARENA, I, F
             aux[X_NALLOC] = _fill(I, F, n, cols, src, N, rprio_tab, tenant_tab, block_bytes,
                                   nu, seen, pb_off, pb_next, pb_seen)
             C[L.C_ALLOC_ORD] = 0
