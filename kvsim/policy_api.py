@@ -15,9 +15,9 @@ many times a cached prefix block is held by a request and released again:
 ``on_insert(state, view, b, now_us)``
     New content entered the tier in block ``b``: its state begins.  ``b`` is a candidate.
     In HBM a new block is held by the request that allocated it, so ``on_hold(b)``
-    follows at once (and the core has written only ``content_hash``, ``insert_us``,
-    ``last_access_us`` and ``access_count`` of ``b``'s view by then: read intent fields in
-    ``on_release``).
+    follows at once; the replay calls both once ``b``'s view describes the new content
+    (after the victims evicted for it were demoted and logged).  Intent fields change
+    while a block is held: read them again in ``on_release``.
 ``on_hit(state, view, b, now_us)``
     The content of ``b`` was accessed again: a single-tier or lower-tier hit (``b`` stays a
     candidate), or an HBM prefix hit, on a cached block (then ``on_hold(b)`` follows) or on

@@ -7,8 +7,9 @@ group, each naming a policy module), and user files loaded with :func:`load_poli
 ``NAME`` raises :class:`~kvsim.errors.KvsimInputError` naming both sources.
 
 A module is validated before it is registered (see :func:`policy_from_module`): the
-required names exist with the right types, the four hooks take the documented number of
-arguments, and ``REASONS`` is a non-empty tuple of strings.  Hooks may be ``numba.njit``
+required names exist with the right types, the four required hooks (and the optional
+``on_miss``, ``on_hold``/``on_release``, the last two as a pair) take the documented
+number of arguments, and ``REASONS`` is a non-empty tuple of strings.  Hooks may be ``numba.njit``
 functions (``compiled=True``: the replay loops are compiled with them) or plain Python
 functions (``compiled=False``: the loops run their interpreted twin, slower).
 """

@@ -258,8 +258,8 @@ def victim(state, view, now_us, alt_blocks, alt_scores):
 def explain(row, now_us):
     """Every named term of the keep score of one block at ``now_us``, and their sum.
 
-    Reads ``phase`` from the row when it is there.  Decision logs do not record it, so it
-    is then inferred from the class the bundled lowering gives at finish
+    Reads ``phase`` from the row (decision-log candidates carry it).  In older logs
+    without it, it is inferred from the class the bundled lowering gives at finish
     (``phase_inferred`` = 1): COLD -> DONE, HOT -> IDLE, WARM / DECODE_CRITICAL -> live.
     A preempted request's HOT shared-prefix block is the case this inference gets wrong.
     """

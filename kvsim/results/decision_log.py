@@ -27,7 +27,8 @@ from kvsim.fsutil import atomic_output
 from kvsim.results.log_schema import (CANDIDATE_TYPE, LOG_METADATA_KEY, LOG_SCHEMA_VERSION,
                                       log_schema)
 from kvsim.sim.layout import (CF_LAST, CF_RECOMP, CF_SCORE, CI_BI, CI_COUNT, CI_DEADLINE,
-                              CI_HASH, CI_NEXT, CI_PHASE, CI_PINNED, CI_PRIO, CI_REQ, CI_RPRIO, CI_SLACK, GF_COST,
+                              CI_HASH, CI_NEXT, CI_PHASE, CI_PINNED, CI_PRIO, CI_REQ, CI_RPRIO,
+                              CI_SLACK, GF_COST,
                               GF_TIME, GI_ACTION, GI_BI, GI_BYTES, GI_DC, GI_FROM, GI_HASH,
                               GI_NCAND, GI_REASON, GI_REQ, GI_SEQ, GI_STEP, GI_TO, GI_WHY)
 
