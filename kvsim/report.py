@@ -368,6 +368,7 @@ def _summary_table(table: pd.DataFrame) -> str:
             ("hbm_hit_rate", "HBM hit rate"), ("prefix_hit_rate", "prefix hit rate"),
             ("p99_step_us", "p99 step (ms)"), ("gap_hbm_hit_rate_to_belady",
                                                "hit-rate gap to belady"),
+            ("gap_hbm_hit_rate_to_optimal", "hit-rate gap to optimal"),
             ("bytes_moved", "GB moved")]
     head = "".join(f"<th>{html.escape(t)}</th>" for _, t in cols)
     body = []
@@ -375,7 +376,9 @@ def _summary_table(table: pd.DataFrame) -> str:
         cells = []
         for c, _t in cols:
             v = r.get(c)
-            if c == "p99_step_us":
+            if c not in r or (isinstance(v, float) and math.isnan(v) and c != "dram_gb"):
+                s = ""
+            elif c == "p99_step_us":
                 s = f"{v / 1e3:.3f}"
             elif c == "bytes_moved":
                 s = f"{v / 1e9:.3f}"
@@ -427,7 +430,9 @@ def build_report(results: str | Path, out_html: str | Path,
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>kvsim sweep report"
              f"</title><style>{_CSS}</style></head><body>",
              f"<h1>kvsim sweep report: {trace}</h1>",
-             f"<p>{len(table)} cells; policies: "
+             f"<p>{len(table)} cells"
+             + (f" ({html.escape(str(table['mode'].iloc[0]))} mode)" if "mode" in table
+                and len(table) else "") + "; policies: "
              f"{html.escape(', '.join(_policies(table)))}; HBM sizes (GB): "
              f"{html.escape(', '.join(f'{v:g}' for v in sorted(table['hbm_gb'].unique())))}"
              f"</p>"]

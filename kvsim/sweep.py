@@ -56,6 +56,10 @@ LATENCY_QUANTILES: tuple[float, ...] = tuple(sorted(set(
 
 #: Policy run in every capacity group as the offline bound (when ``bound=True``).
 BOUND_POLICY = "belady"
+#: The prefix-cache optimum (kvsim.sim.optimum), also run in every capacity group when
+#: ``bound=True``: the gap columns ``gap_*_to_optimal`` are measured against it (in cache
+#: mode it is exact, in engine mode a bound on the trace's fixed schedule).
+OPTIMAL_POLICY = "optimal"
 EXECUTORS = ("local", "ray")
 #: Bumped when the row format changes (part of every cell key).  2: cells carry an
 #: occupancy series (``cells/<key>.occupancy.parquet``).
@@ -67,7 +71,7 @@ ROW_FORMAT = 2
 OCCUPANCY_MAX_POINTS = 2000
 
 #: Sources a cell's result depends on (relative to the repository / package roots).
-_FINGERPRINT_GLOBS = ("sim/*.py", "memory/*.py", "policy_api.py", "policy_registry.py",
+_FINGERPRINT_GLOBS = ("sim/*.py", "memory/*.py", "ingest/serial.py", "policy_api.py", "policy_registry.py",
                       "events.py", "schema.py", "hardware.py", "models/*.py",
                       "models/*.toml", "sweep.py")
 
@@ -87,6 +91,10 @@ class SweepSpec:
     dram_gb: tuple[float | None, ...] = (None,)
     base: SimConfig = field(default_factory=SimConfig)
     bound: bool = True  # add BOUND_POLICY to the grid when it is not listed
+    #: add OPTIMAL_POLICY to every capacity group (the gap_*_to_optimal columns); None =
+    #: in cache mode only (there it is exact and costs well under a second; the engine-mode
+    #: bound reads the event file row by row in Python, which is slow on large traces)
+    optimal: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.policies:
@@ -106,6 +114,9 @@ class SweepSpec:
         names = tuple(self.policies)
         if self.bound and BOUND_POLICY not in names:
             names = names + (BOUND_POLICY,)
+        want = self.optimal if self.optimal is not None else self.base.mode == "cache"
+        if want and OPTIMAL_POLICY not in names:
+            names = names + (OPTIMAL_POLICY,)
         return names
 
     def cells(self) -> list[tuple[str, SimConfig]]:
@@ -222,10 +233,17 @@ def _run_cell_full(trace: str, policy: str, config: SimConfig, facts=None
 
     res = simulate(trace, policy, config, facts=facts)
     row = dict(res.summary)
-    row["step_latency_q_us"] = _quantiles(res.steps["latency_us"].to_numpy(np.float64))
-    row["ttft_q_us"] = _quantiles(res.requests["ttft_us"].to_numpy(np.float64))
+    empty = np.zeros(0, np.float64)
+    # cache mode and optimal have no step latencies / TTFTs: NaN quantiles, no occupancy
+    lat = res.steps["latency_us"].to_numpy(np.float64) if "latency_us" in res.steps else empty
+    ttft = res.requests["ttft_us"].to_numpy(np.float64) if "ttft_us" in res.requests \
+        else empty
+    row["step_latency_q_us"] = _quantiles(lat)
+    row["ttft_q_us"] = _quantiles(ttft)
     row["block_bytes"] = int(res.config.get("block_bytes", 0))
-    return row, occupancy_series(res.steps)
+    occ = occupancy_series(res.steps) if "step" in res.steps and len(res.steps) else \
+        pd.DataFrame({"step_first": np.zeros(0, np.int64)})
+    return row, occ
 
 
 def run_cell(trace: str, policy: str, config: SimConfig, facts=None) -> dict:
@@ -324,6 +342,7 @@ def results_columns() -> list[str]:
              "kvsim_version", "code_fingerprint", "config_json"]
             + [k for k in SUMMARY_KEYS if k != "policy"]
             + ["gap_hbm_hit_rate_to_belady", "gap_p99_step_us_to_belady",
+               "gap_hbm_hit_rate_to_optimal", "gap_prefix_hit_rate_to_optimal",
                "step_latency_q_us", "ttft_q_us"])
 
 
@@ -338,7 +357,10 @@ def _build_table(spec: SweepSpec, cells, keys, rows, trace_sha, fingerprint) -> 
                     "config_json": json.dumps(_config_identity(cfg), sort_keys=True,
                                               default=str)})
         recs.append(rec)
-    df = pd.DataFrame(recs)
+    # cache mode has no latency keys: those columns are NaN
+    df = pd.DataFrame(recs).reindex(columns=list(dict.fromkeys(
+        [c for c in results_columns() if not c.startswith("gap_")]
+        + [c for c in pd.DataFrame(recs).columns if c not in results_columns()])))
     # gap to the bound within each capacity group
     df["gap_hbm_hit_rate_to_belady"] = np.nan
     df["gap_p99_step_us_to_belady"] = np.nan
@@ -350,7 +372,12 @@ def _build_table(spec: SweepSpec, cells, keys, rows, trace_sha, fingerprint) -> 
                                                          - g["hbm_hit_rate"])
             df.loc[idx, "gap_p99_step_us_to_belady"] = (g["p99_step_us"]
                                                         - float(ref["p99_step_us"].iloc[0]))
-    return df[results_columns()]
+        opt = g[g["policy"] == OPTIMAL_POLICY]
+        for key in ("hbm_hit_rate", "prefix_hit_rate"):
+            df.loc[idx, f"gap_{key}_to_optimal"] = (float(opt[key].iloc[0]) - g[key]) \
+                if len(opt) else np.nan
+    # cache mode has no latency keys: those columns stay NaN
+    return df.reindex(columns=results_columns())
 
 
 def _summarize(spec: SweepSpec, table: pd.DataFrame, trace_sha: str) -> dict:
@@ -372,11 +399,13 @@ def _summarize(spec: SweepSpec, table: pd.DataFrame, trace_sha: str) -> dict:
         entry["policies"] = {str(r["policy"]): {
             "hbm_hit_rate": float(r["hbm_hit_rate"]), "p99_step_us": float(r["p99_step_us"]),
             "gap_hbm_hit_rate_to_belady": float(r["gap_hbm_hit_rate_to_belady"]),
-            "gap_p99_step_us_to_belady": float(r["gap_p99_step_us_to_belady"])}
+            "gap_p99_step_us_to_belady": float(r["gap_p99_step_us_to_belady"]),
+            "gap_hbm_hit_rate_to_optimal": float(r["gap_hbm_hit_rate_to_optimal"])}
             for _, r in g.iterrows()}
         groups.append(entry)
     return {"trace": Path(spec.trace).name, "trace_sha256": trace_sha,
-            "kvsim_version": __version__, "policies": list(spec.run_policies()),
+            "kvsim_version": __version__, "mode": spec.base.mode,
+            "policies": list(spec.run_policies()),
             "hbm_gb": [float(v) for v in spec.hbm_gb],
             "dram_gb": [None if v is None else float(v) for v in spec.dram_gb],
             "cells": int(len(table)), "by_capacity": groups}
@@ -437,7 +466,8 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, jobs: int | None = None,
         raise KvsimInputError("expected an event file (kvsim import-request-trace / generate)",
                               trace, None, "trace")
     for name in spec.run_policies():
-        _resolve_policy(name)  # unknown names fail before any work
+        if name != OPTIMAL_POLICY:  # optimal is the solver, not a registered policy
+            _resolve_policy(name)  # unknown names fail before any work
     out_dir = Path(out_dir)
     trace_sha = file_sha256(trace)
     fingerprint = code_fingerprint()

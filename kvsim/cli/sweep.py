@@ -94,6 +94,10 @@ def sweep_command(
     bound: Annotated[bool, typer.Option(
         "--bound/--no-bound", help="Also run belady (the offline bound) at every capacity "
         "when it is not listed.")] = True,
+    optimal: Annotated[bool | None, typer.Option(
+        "--optimal/--no-optimal", help="Also run `optimal` (the prefix-cache optimum, "
+        "docs/policies.md) at every capacity for the gap-to-optimal columns.  Default: "
+        "with --mode cache only.", show_default=False)] = None,
     curves: Annotated[bool, typer.Option(
         "--curves/--no-curves", help="Also write one-pass lru/belady hit-rate-vs-capacity "
         "curves of the trace's block stream (curves.parquet, docs/sweep.md).")] = False,
@@ -116,7 +120,8 @@ def sweep_command(
                      cache_variant=cache_variant)
     names = tuple(p.strip() for p in policies.split(",") if p.strip())
     spec = SweepSpec(str(trace), names, _floats(hbm_gb, "--hbm-gb"),
-                     _floats(dram_gb, "--dram-gb", True) if dram_gb else (None,), base, bound)
+                     _floats(dram_gb, "--dram-gb", True) if dram_gb else (None,), base, bound,
+                     optimal)
     t0 = time.perf_counter()
     with progress(transient=False) as bar:
         task = bar.add_task(f"sweep {trace.name}", total=len(spec.cells()))
@@ -136,15 +141,19 @@ def sweep_command(
                    "summary": res.summary})
         return
     t = Table(title=f"sweep {trace.name}: {res.cells} cells")
+    t.title = f"sweep {trace.name}: {res.cells} cells, {mode} mode"
     for col in ("policy", "HBM GB", "DRAM GB", "HBM hit rate", "p99 step (ms)",
-                "hit gap to belady", "GB moved"):
+                "hit gap to belady", "hit gap to optimal", "GB moved"):
         t.add_column(col, justify="left" if col == "policy" else "right")
     for _, r in res.table.iterrows():
         gap = r["gap_hbm_hit_rate_to_belady"]
+        gopt = r["gap_hbm_hit_rate_to_optimal"]
+        p99 = r["p99_step_us"]
         t.add_row(str(r["policy"]), f"{r['hbm_gb']:g}",
                   "profile" if r["dram_gb"] != r["dram_gb"] else f"{r['dram_gb']:g}",
-                  f"{r['hbm_hit_rate']:.4f}", f"{r['p99_step_us'] / 1e3:.3f}",
-                  "" if gap != gap else f"{gap:.4f}", f"{r['bytes_moved'] / 1e9:.3f}")
+                  f"{r['hbm_hit_rate']:.4f}", "-" if p99 != p99 else f"{p99 / 1e3:.3f}",
+                  "" if gap != gap else f"{gap:.4f}", "" if gopt != gopt else f"{gopt:.4f}",
+                  f"{r['bytes_moved'] / 1e9:.3f}")
     out_console.print(t)
 
 

@@ -12,7 +12,7 @@ API (re-exported lazily, so importing a submodule stays cheap):
 """
 
 _EXPORTS = {"SimConfig": "kvsim.sim.config", "simulate": "kvsim.sim.replay",
-            "compare": "kvsim.sim.replay", "SimResult": "kvsim.sim.replay",
+            "compare": "kvsim.sim.comparison", "SimResult": "kvsim.sim.replay",
             "scan_trace": "kvsim.sim.replay"}
 
 

@@ -73,20 +73,33 @@ def lower_for_cache(source, variant: str, out_dir: str | Path) -> CacheLowering:
 
 def _source_requests(low: CacheLowering, pseudo: pd.DataFrame) -> pd.DataFrame:
     """One row per source request (arrival order): its prompt, and the sums of its pseudo
-    requests' hits.  ``lookup_tokens`` = the prompt: every prompt is looked up."""
+    requests' hits.  ``lookup_tokens`` = the prompt: every prompt is looked up.  A hit on
+    an identified partial last block is worth its real tokens (the replay counted a full
+    block): taken off the last tier column that has hits (nvme, cxl, dram, hbm)."""
     st = low.stream
+    bs = st.block_size_tokens
     out = pd.DataFrame({"request_id": st.request_id, "arrival_us": st.arrival_us,
                         "prompt_tokens": st.prompt_tokens,
                         "lookup_tokens": st.prompt_tokens})
+    cols = list(_HIT_COLUMNS)
+    n = st.num_requests
+    sums = np.zeros((n, len(cols)), np.int64)
     if len(pseudo):
         orig = low.orig_of[pseudo["request_id"].to_numpy()]
-        sums = pseudo[list(_HIT_COLUMNS)].groupby(orig).sum()
-        sums = sums.reindex(st.request_id, fill_value=0)
-        for c in _HIT_COLUMNS:
-            out[c] = sums[c].to_numpy().astype(np.int64)
-    else:
-        for c in _HIT_COLUMNS:
-            out[c] = 0
+        g = pseudo[cols].groupby(orig).sum().reindex(st.request_id, fill_value=0)
+        sums = g.to_numpy().astype(np.int64)
+    hit_tok = sums[:, :4]
+    out["hit_blocks"] = hit_tok.sum(axis=1) // bs
+    out["hbm_hit_blocks"] = hit_tok[:, 0] // bs
+    tails = st.tails()
+    lengths = np.diff(st.offsets)
+    for k in np.flatnonzero((tails > 0) & (out["hit_blocks"].to_numpy() == lengths)):
+        for t in (3, 2, 1, 0):
+            if hit_tok[k, t] >= bs:
+                hit_tok[k, t] -= bs - tails[k]
+                break
+    for j, c in enumerate(cols):
+        out[c] = hit_tok[:, j] if j < 4 else sums[:, j]
     # per-request columns the summary reads that cache mode does not have
     out["ttft_missed"] = False
     out["tpot_missed_tokens"] = 0

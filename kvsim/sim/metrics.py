@@ -165,7 +165,11 @@ def summarize(policy: str, offline: bool, C: np.ndarray, Cw: np.ndarray | None,
                                             "cxl_hit_tokens", "nvme_hit_tokens")]
     admitted = requests["lookup_tokens"] > 0
     prompt_blk = int(((requests["prompt_tokens"][admitted] + bs - 1) // bs).sum())
-    hit_blk = sum(hit) // bs
+    # cache mode gives hit blocks per request (a partial last block hits with its tokens)
+    hit_blk = int(requests["hit_blocks"].sum()) if "hit_blocks" in requests else \
+        sum(hit) // bs
+    hbm_blk = int(requests["hbm_hit_blocks"].sum()) if "hbm_hit_blocks" in requests else \
+        hit[0] // bs
     ttft_missed = int(requests["ttft_missed"].sum())
     tpot_missed = int(requests["tpot_missed_tokens"].sum())
     missed_any = int(((requests["ttft_missed"]) | (requests["tpot_missed_tokens"] > 0)).sum())
@@ -200,7 +204,7 @@ def summarize(policy: str, offline: bool, C: np.ndarray, Cw: np.ndarray | None,
         "nvme_hit_rate": _rate(hit[3], lookup),
         "prefix_hit_rate": _rate(sum(hit), lookup),
         "block_hit_rate": _rate(hit_blk, prompt_blk),
-        "hbm_block_hit_rate": _rate(hit[0] // bs, prompt_blk),
+        "hbm_block_hit_rate": _rate(hbm_blk, prompt_blk),
         "lookup_tokens": lookup,
         "hit_tokens": int(sum(hit)),
         "prompt_blocks": prompt_blk,

@@ -46,14 +46,16 @@ class OptimumResult:
     bypassed: int
 
 
-def next_uses(chain: np.ndarray) -> np.ndarray:
-    """``out[i]``: index of the next access to ``chain[i]`` after ``i`` (NEVER if none)."""
+def next_uses(chain: np.ndarray, is_lookup: np.ndarray | None = None) -> np.ndarray:
+    """``out[i]``: index of the next *lookup* of ``chain[i]`` after ``i`` (NEVER if none;
+    every position is a lookup unless ``is_lookup`` says otherwise)."""
     out = np.full(len(chain), NEVER, np.int64)
     last: dict[int, int] = {}
     for i in range(len(chain) - 1, -1, -1):
         h = int(chain[i])
         out[i] = last.get(h, NEVER)
-        last[h] = i
+        if is_lookup is None or is_lookup[i]:
+            last[h] = i
     return out
 
 
@@ -62,7 +64,11 @@ def cache_optimum(stream: CacheStream, capacity_blocks: int) -> OptimumResult:
     cap = int(capacity_blocks)
     chain = stream.chain
     off = stream.offsets
-    nxt = next_uses(chain)
+    look = stream.lookups()
+    is_lookup = np.zeros(len(chain), bool)
+    for k in range(stream.num_requests):
+        is_lookup[off[k]:off[k] + look[k]] = True
+    nxt = next_uses(chain, is_lookup)
     key: dict[int, int] = {}  # resident block -> its next use
     depth: dict[int, int] = {}
     heap: list[tuple[int, int, int]] = []  # (-next use, -depth, block), lazily deleted
@@ -71,15 +77,20 @@ def cache_optimum(stream: CacheStream, capacity_blocks: int) -> OptimumResult:
     for k in range(stream.num_requests):
         a, b = int(off[k]), int(off[k + 1])
         j = a
-        while j < b and int(chain[j]) in key:  # the prefix lookup
+        while j < a + look[k] and int(chain[j]) in key:  # the prefix lookup
             h = int(chain[j])
             key[h] = int(nxt[j])
             heapq.heappush(heap, (-key[h], -(j - a), h))
             j += 1
         hits[k] = j - a
+        while j < b and int(chain[j]) in key:  # resident past the looked-up part
+            h = int(chain[j])
+            key[h] = int(nxt[j])
+            heapq.heappush(heap, (-key[h], -(j - a), h))
+            j += 1
         for i in range(j, b):  # the insertions, in chain order
             h = int(chain[i])
-            if h in key:  # resident past a miss (only if the cache was not chain-consistent)
+            if h in key:  # resident past a miss
                 key[h] = int(nxt[i])
                 heapq.heappush(heap, (-key[h], -(i - a), h))
                 continue
@@ -113,14 +124,80 @@ def optimum_summary(stream: CacheStream, capacity_blocks: int, warmup: int = 0) 
     bs = int(stream.block_size_tokens)
     w = max(int(warmup), 0)
     prompt = stream.prompt_tokens[w:]
-    hit_blk = int(res.hit_blocks[w:].sum())
+    hits = res.hit_blocks[w:]
+    hit_blk = int(hits.sum())
+    # a hit on an identified partial last block is worth its tokens, not a block's
+    tails = stream.tails()[w:]
+    full_hit = (tails > 0) & (hits == np.diff(stream.offsets)[w:])
+    hit_tok = hit_blk * bs - int((bs - tails[full_hit]).sum())
     lookup = int(prompt.sum())
     pblk = int(((prompt + bs - 1) // bs).sum())
-    rate = hit_blk * bs / lookup if lookup else float("nan")
+    rate = hit_tok / lookup if lookup else float("nan")
     return {"hbm_hit_rate": rate, "prefix_hit_rate": rate, "dram_hit_rate": 0.0,
             "cxl_hit_rate": 0.0, "nvme_hit_rate": 0.0,
             "block_hit_rate": hit_blk / pblk if pblk else float("nan"),
             "hbm_block_hit_rate": hit_blk / pblk if pblk else float("nan"),
-            "lookup_tokens": lookup, "hit_tokens": hit_blk * bs, "prompt_blocks": pblk,
+            "lookup_tokens": lookup, "hit_tokens": hit_tok, "prompt_blocks": pblk,
             "hit_blocks": hit_blk, "evictions": res.evictions, "evictions_hbm": res.evictions,
             "requests": int(len(prompt)), "warmup_requests": w}
+
+
+def engine_bound(trace_path, config, facts=None):
+    """``optimal`` in engine mode: the offline bound on the event file's fixed schedule
+    (:func:`kvsim.ingest.serial.bound_stream_from_events`).  Returns a
+    :class:`kvsim.sim.replay.SimResult` whose summary has the engine keys; latency keys
+    are NaN (a bound on hits, not a replay).
+
+    * ``hbm_hit_rate`` bounds every policy's HBM hit rate: the optimum with the HBM pool's
+      capacity (the replay's HBM content, held or cached, never exceeds it);
+    * ``prefix_hit_rate`` bounds hits from any tier: the optimum with the sum of the tier
+      capacities (a block counted once however many tiers hold it);
+    * ``block_hit_rate`` / ``hbm_block_hit_rate``: the same per block.
+    Exact for the schedule in the file; a scheduler that reacts to hits (closed loop,
+    issue #15) would change the schedule, so the bound holds for this schedule only.
+    Preempted reruns re-produce blocks the entries do not model: with preemptions the
+    bound is not guaranteed (``docs/policies.md``)."""
+    import pandas as pd
+
+    from kvsim.ingest.serial import bound_stream_from_events
+    from kvsim.sim.metrics import SUMMARY_KEYS
+    from kvsim.sim.replay import SimResult, _open, resolve_tiers, scan_trace
+
+    with _open(trace_path) as reader:
+        header = reader.header
+    bs = int(header.block_size_tokens)
+    if facts is None:
+        facts = scan_trace(trace_path, bs, config.batch_rows)
+    _, costs = resolve_tiers(config, header, facts)
+    bound = bound_stream_from_events(trace_path, config.batch_rows)
+    warmup = config.warmup_count(facts.num_requests)
+    measured = set(int(r) for r in facts.measured_requests(warmup))
+    take = np.array([adm and int(r) in measured
+                     for r, adm in zip(bound.owner, bound.is_admission)], bool)
+    lookup = int(sum(bound.prompt_tokens[r] for r in measured if r in bound.prompt_tokens))
+    pblk = int(sum((bound.prompt_tokens[r] + bs - 1) // bs for r in measured
+                   if r in bound.prompt_tokens))
+    hbm_cap = int(costs[0].capacity_blocks)
+    total_cap = int(sum(c.capacity_blocks for c in costs))
+    hbm = cache_optimum(bound.stream, hbm_cap)
+    anyt = hbm if total_cap == hbm_cap else cache_optimum(bound.stream, total_cap)
+    h_hbm = int(hbm.hit_blocks[take].sum())
+    h_any = int(anyt.hit_blocks[take].sum())
+    nan = float("nan")
+    s = {k: nan for k in SUMMARY_KEYS}
+    rate = lambda x, d: x / d if d else nan  # noqa: E731
+    s.update(policy="optimal", offline=True, mode="engine", events=facts.num_rows,
+             requests=len(measured), warmup_requests=warmup,
+             hbm_hit_rate=rate(h_hbm * bs, lookup), prefix_hit_rate=rate(h_any * bs, lookup),
+             block_hit_rate=rate(h_any, pblk), hbm_block_hit_rate=rate(h_hbm, pblk),
+             lookup_tokens=lookup, hit_tokens=h_any * bs, prompt_blocks=pblk,
+             hit_blocks=h_any, evictions_hbm=hbm.evictions,
+             hbm_capacity_blocks=hbm_cap, dram_capacity_blocks=int(costs[1].capacity_blocks),
+             cxl_capacity_blocks=int(costs[2].capacity_blocks),
+             nvme_capacity_blocks=int(costs[3].capacity_blocks))
+    cfg = config.to_dict()
+    cfg.update(optimum="offline bound on the fixed schedule of the event file "
+               "(kvsim.sim.optimum.engine_bound): hbm_hit_rate at the HBM capacity, "
+               "prefix_hit_rate at the sum of the tier capacities")
+    return SimResult("optimal", True, s, pd.DataFrame(), pd.DataFrame(), cfg,
+                     str(trace_path), costs, {})

@@ -14,11 +14,9 @@ need), plus per-request and per-step results (the outputs themselves).
 
 from __future__ import annotations
 
-import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -471,6 +469,10 @@ def simulate(trace_path: str | Path, policy, config: SimConfig | None = None,
 
         return simulate_cache(trace_path, policy, config, decision_log, lowering=lowering,
                               on_progress=on_progress)
+    if policy == "optimal":  # the offline bound on this schedule (kvsim.sim.optimum)
+        from kvsim.sim.optimum import engine_bound
+
+        return engine_bound(trace_path, config, facts)
     pol = _resolve_policy(policy)
     ex = execute(trace_path, pol, config, decision_log, facts, on_progress)
     facts = ex.facts
@@ -544,130 +546,18 @@ def execute(trace_path: str | Path, pol, config: SimConfig,
     return Execution(run, facts, steps, requests, costs, cfg_dict, bs, checks)
 
 
-# ---------------------------------------------------------------------------------------
-# compare
-# ---------------------------------------------------------------------------------------
+def compare(*args, **kwargs) -> pd.DataFrame:
+    """:func:`kvsim.sim.comparison.compare` (kept here for callers of this module)."""
+    from kvsim.sim.comparison import compare as _compare
 
-_SHARED: dict = {}
-
-
-def _one(name: str) -> dict:
-    trace, config, facts = _SHARED["args"]
-    log_dir = _SHARED.get("log_dir")
-    log = None if log_dir is None or name == "optimal" else Path(log_dir) / f"{name}.parquet"
-    return simulate(trace, name, config, decision_log=log, facts=facts,
-                    lowering=_SHARED.get("lowering")).summary
+    return _compare(*args, **kwargs)
 
 
 def default_policies() -> list[str]:
-    """Every registered policy (built-ins, entry points, loaded files), sorted by name."""
-    from kvsim.policy_registry import list_policies
+    """:func:`kvsim.sim.comparison.default_policies`."""
+    from kvsim.sim.comparison import default_policies as _default
 
-    return [p.name for p in list_policies()]
-
-
-#: The policy the ``*_vs_lru`` columns of :func:`compare` are measured against.
-BASELINE = "lru"
-
-
-def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
-            config: SimConfig | None = None, decision_log_dir: str | Path | None = None,
-            jobs: int = 1, on_progress: Callable[[str], None] | None = None) -> pd.DataFrame:
-    """Replay the same trace under each policy; one row per policy (columns = the stable
-    ``--json`` keys), in the order given, plus each policy's gap to the offline reference
-    (run even when not listed): in engine mode belady (``gap_*_to_belady``), in cache mode
-    ``optimal``, the exact optimum (``gap_{hbm,prefix,block}_hit_rate_to_optimal``,
-    :mod:`kvsim.sim.optimum`); and, in engine mode, when lru is among the
-    policies, its difference from lru (``p99_step_us_vs_lru``, ``p99_step_pct_vs_lru``,
-    ``decode_critical_misses_vs_lru``: this policy's minus lru's; negative = better)."""
-    import tempfile
-
-    config = config or SimConfig()
-    cache = config.mode == "cache"
-    names = list(policies) if policies else default_policies()
-    for n in names:
-        if not (cache and n == "optimal"):
-            _resolve_policy(n)  # fail fast on unknown names
-    run_names = list(names)
-    # the offline reference: cache mode's exact optimum, else belady (forced-admission MIN)
-    bound = "optimal" if cache else "belady"
-    if bound not in run_names:
-        try:
-            if not cache:
-                _resolve_policy(bound)
-            run_names.append(bound)
-        except KvsimInputError:
-            bound = None
-    tmpdir = tempfile.TemporaryDirectory(prefix="kvsim-compare-")
-    facts = None
-    if cache:
-        from kvsim.sim.cache_mode import lower_for_cache
-
-        _SHARED["lowering"] = lower_for_cache(trace_path, config.cache_variant, tmpdir.name)
-    else:
-        with _open(trace_path) as reader:
-            bs = int(reader.header.block_size_tokens)
-        facts = scan_trace(trace_path, bs, config.batch_rows)
-    _SHARED["args"] = (str(trace_path), config, facts)
-    _SHARED["log_dir"] = decision_log_dir
-    results: dict[str, dict] = {}
-    try:
-        if jobs > 1 and len(run_names) > 1:
-            import multiprocessing as mp
-            from concurrent.futures import ProcessPoolExecutor
-
-            ctx = mp.get_context("fork")
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as ex:
-                futures = {n: ex.submit(_one, n) for n in run_names}
-                for n in run_names:
-                    results[n] = futures[n].result()
-                    if on_progress:
-                        on_progress(n)
-        else:
-            for n in run_names:
-                results[n] = _one(n)
-                if on_progress:
-                    on_progress(n)
-    finally:
-        _SHARED.clear()
-        tmpdir.cleanup()
-    rows = []
-    ref = results.get(bound) if bound else None
-    base = results.get(BASELINE)
-    nan = float("nan")
-    for n in names:
-        row = dict(results[n])
-        if cache:
-            for key in ("hbm_hit_rate", "prefix_hit_rate", "block_hit_rate"):
-                row[f"gap_{key}_to_optimal"] = (ref[key] - row[key]) if ref is not None \
-                    else nan
-            rows.append(row)
-            continue
-        if base is not None:  # the baseline every serving engine starts from
-            d = row["p99_step_us"] - base["p99_step_us"]
-            row["p99_step_us_vs_lru"] = d
-            row["p99_step_pct_vs_lru"] = 100.0 * d / base["p99_step_us"] \
-                if base["p99_step_us"] > 0 else nan
-            row["decode_critical_misses_vs_lru"] = (row["decode_critical_misses"]
-                                                   - base["decode_critical_misses"])
-        else:
-            row["p99_step_us_vs_lru"] = nan
-            row["p99_step_pct_vs_lru"] = nan
-            row["decode_critical_misses_vs_lru"] = nan
-        if ref is not None:
-            row["gap_hbm_hit_rate_to_belady"] = ref["hbm_hit_rate"] - row["hbm_hit_rate"]
-            row["gap_prefix_hit_rate_to_belady"] = ref["prefix_hit_rate"] - row["prefix_hit_rate"]
-            row["gap_p99_step_us_to_belady"] = row["p99_step_us"] - ref["p99_step_us"]
-        else:
-            row["gap_hbm_hit_rate_to_belady"] = float("nan")
-            row["gap_prefix_hit_rate_to_belady"] = float("nan")
-            row["gap_p99_step_us_to_belady"] = float("nan")
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def cpu_count() -> int:
-    return os.cpu_count() or 1
+    return _default()
 
 
 __all__ = ["SimResult", "TraceFacts", "compare", "scan_trace", "simulate", "default_policies"]

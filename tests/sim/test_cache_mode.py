@@ -30,15 +30,16 @@ def cfg(hw, **kw) -> SimConfig:
 
 def four_requests(builder):
     """Engine-shaped trace: r0 [1,2,3]+1 token, r1 [1,2,4]+1, r2 [1,5]+1, r3 [1,2,3]+1,
-    overlapping in time (r1 arrives before r0 finishes)."""
+    overlapping in time (r1 arrives before r0 finishes).  The 1-token tails have no
+    identity (hash 0), as an agentic trace's tail."""
     tb = builder()
-    tb.STEP(0, 100); tb.ARRIVE(0, 13); tb.prompt(0, [1, 2, 3, 90], last_tokens=1)
+    tb.STEP(0, 100); tb.ARRIVE(0, 13); tb.prompt(0, [1, 2, 3, 0], last_tokens=1)
     tb.ACCESS(0, 13)
-    tb.STEP(1000, 100); tb.ARRIVE(1, 13); tb.prompt(1, [1, 2, 4, 91], last_tokens=1)
+    tb.STEP(1000, 100); tb.ARRIVE(1, 13); tb.prompt(1, [1, 2, 4, 0], last_tokens=1)
     tb.ACCESS(1, 13); tb.ACCESS(0, 1, Phase.DECODE); tb.FREE(0)
-    tb.STEP(2000, 100); tb.ARRIVE(2, 9); tb.prompt(2, [1, 5, 92], last_tokens=1)
+    tb.STEP(2000, 100); tb.ARRIVE(2, 9); tb.prompt(2, [1, 5, 0], last_tokens=1)
     tb.ACCESS(2, 9); tb.ACCESS(1, 1, Phase.DECODE); tb.FREE(1)
-    tb.STEP(3000, 100); tb.ARRIVE(3, 13); tb.prompt(3, [1, 2, 3, 93], last_tokens=1)
+    tb.STEP(3000, 100); tb.ARRIVE(3, 13); tb.prompt(3, [1, 2, 3, 0], last_tokens=1)
     tb.ACCESS(3, 13); tb.ACCESS(2, 1, Phase.DECODE); tb.FREE(2)
     tb.STEP(4000, 100); tb.ACCESS(3, 1, Phase.DECODE); tb.FREE(3)
     return tb
@@ -51,6 +52,28 @@ def test_stream_from_events_keeps_identified_full_blocks(builder, tmp_path):
     assert s.prompt_tokens.tolist() == [13, 13, 9, 13]
     assert s.offsets.tolist() == [0, 3, 6, 8, 11]
     assert s.chain.tolist() == [1, 2, 3, 1, 2, 4, 1, 5, 1, 2, 3]
+
+
+def test_identified_partial_tail_is_cached_with_its_tokens(builder, tiny_hw, tmp_path):
+    """Cache mode caches an identified partial last block (kvcache-simulator, Mooncake
+    hash ids): the second identical prompt hits all 9 tokens, 3 of 3 blocks."""
+    tb = builder()
+    for r in range(2):
+        tb.STEP(1000 * r, 1); tb.ARRIVE(r, 9); tb.prompt(r, [1, 2, 7], last_tokens=1)
+        tb.ACCESS(r, 9); tb.FREE(r)
+    trace = tb.write(tmp_path / "t.parquet")
+    st_ = stream_from_events(trace)
+    assert st_.chain.tolist() == [1, 2, 7, 1, 2, 7] and st_.tails().tolist() == [1, 1]
+    for variant in ("prefix", "block"):
+        s = simulate(trace, "lru", cfg(tiny_hw, hbm_blocks=8, cache_variant=variant)).summary
+        assert (s["hit_tokens"], s["lookup_tokens"]) == (9, 18), variant
+        assert (s["hit_blocks"], s["prompt_blocks"]) == (3, 6), variant
+    opt = simulate(trace, "optimal", cfg(tiny_hw, hbm_blocks=8)).summary
+    assert (opt["hit_tokens"], opt["hit_blocks"]) == (9, 3)
+    # engine mode (vLLM) never shares a partial block, and recomputes the last token:
+    # r1 hits blocks 1, 2 (8 tokens)
+    e = simulate(trace, "lru", cfg(tiny_hw, hbm_blocks=8, mode="engine")).summary
+    assert e["hit_tokens"] == 8
 
 
 def test_prefix_variant_exact_lru(builder, tiny_hw, tmp_path):
@@ -92,9 +115,8 @@ def test_prefix_lookup_stops_at_first_miss_block_variant_does_not(builder, tiny_
 #: Built-ins whose HBM hooks do not yet keep a block's history across reuse (issue #14, the
 #: policy-history branch changes the hook contract): in the tiered replay a reused block
 #: leaves the policy (on_remove) and re-enters at release (on_insert), so their order is
-#: release order.  With policy-history merged (branch closed-loop merges both) only
-#: predictive still differs (measured: fifo, lfu, sieve, arc and s3fifo now pass).
-_HISTORY_PENDING = {"predictive"}
+#: release order.  Must be empty once that branch is merged.
+_HISTORY_PENDING: set[str] = set()
 
 
 def _policies():
@@ -159,6 +181,15 @@ def test_block_variant_equals_single_tier_on_prefix_trees(name, tiny_hw):
         _assert_reduction(_stream(_tree_chains(seed, 60)), cap, name, tiny_hw)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _policies())
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 50), cap=st.integers(1, 10))
+def test_block_variant_equals_single_tier_hypothesis(name, seed, n, cap, tiny_hw):
+    """Every built-in, hypothesis-generated prefix-tree streams."""
+    _assert_reduction(_stream(_tree_chains(seed, n)), cap, name, tiny_hw)
+
+
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10_000), n=st.integers(1, 40), cap=st.integers(1, 12))
 def test_block_variant_equals_single_tier_hypothesis_lru(seed, n, cap, tiny_hw):
@@ -177,3 +208,50 @@ def test_compare_in_cache_mode_reports_gap_to_optimal(builder, tiny_hw, tmp_path
     assert df.loc["optimal", "hit_tokens"] == 24 and bool(df.loc["optimal", "offline"])
     assert df.loc["lru", "gap_hbm_hit_rate_to_optimal"] == pytest.approx((24 - 20) / 48)
     assert (df["gap_hbm_hit_rate_to_optimal"] >= 0).all()
+
+
+def _head(stream: CacheStream, n: int) -> CacheStream:
+    """The first ``n`` requests of ``stream``."""
+    end = int(stream.offsets[n])
+    return CacheStream(stream.request_id[:n], stream.arrival_us[:n],
+                       stream.prompt_tokens[:n], stream.offsets[:n + 1].copy(),
+                       stream.chain[:end].copy(), stream.block_size_tokens,
+                       stream.block_bytes, stream.header)
+
+
+@pytest.mark.traces
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _policies())
+def test_block_variant_equals_single_tier_on_mooncake(name, shared_traces, tiny_hw):
+    """The Mooncake conversation trace's block stream (512-token blocks), first 1,500
+    requests (~36 k block accesses: the interpreted replay of all 288,500 would take
+    minutes per policy), at 2,000 blocks."""
+    path = shared_traces / "mooncake" / "conversation_trace.jsonl"
+    if not path.is_file():
+        pytest.skip(f"{path} not found")
+    from kvsim.ingest import read_requests
+    from kvsim.ingest.serial import stream_from_requests
+
+    stream = _head(stream_from_requests(read_requests(path, "mooncake"), 512, 1), 1500)
+    _assert_reduction(stream, 2000, name, tiny_hw)
+
+
+@pytest.mark.slow
+def test_sweep_in_cache_mode_runs_optimal_and_gaps(builder, tiny_hw, tmp_path):
+    from kvsim.report import build_report
+    from kvsim.sweep import SweepSpec, run_sweep
+
+    trace = four_requests(builder).write(tmp_path / "t.parquet")
+    base = SimConfig(hardware=tiny_hw, mode="cache", engine="interpreted", dram_gb=0)
+    spec = SweepSpec(str(trace), ("lru", "fifo"), (400e-9,), (0.0,), base)  # 4 blocks
+    res = run_sweep(spec, tmp_path / "sw", jobs=1)
+    t = res.table.set_index("policy")
+    assert list(t.index) == ["lru", "fifo", "belady", "optimal"]
+    assert (t["mode"] == "cache").all() and t["p99_step_us"].isna().all()
+    assert t.loc["lru", "hbm_capacity_blocks"] == 4
+    assert t.loc["lru", "gap_hbm_hit_rate_to_optimal"] == pytest.approx((24 - 20) / 48)
+    assert (t["gap_hbm_hit_rate_to_optimal"] >= 0).all()
+    assert res.summary["mode"] == "cache"
+    rep = build_report(tmp_path / "sw", tmp_path / "r.html")
+    text = rep.html_path.read_text()
+    assert "hit-rate gap to optimal" in text and "(cache mode)" in text

@@ -93,3 +93,28 @@ def test_help_texts():
                     "--tier-policy", "--write-policy", "--preemption", "--warmup-fraction",
                     "--json", "--csv", "--parquet"):
             assert opt in res.stdout, (cmd, opt)
+
+
+def test_cache_mode_and_warmup_options(builder, tiny_hw, tmp_path):
+    """--mode cache: the JSON says so, latency keys are absent, gap to optimal is there;
+    the table title names the mode; bad --mode / --cache-variant / both warm-ups exit 2."""
+    trace = _trace(builder, tmp_path / "t.parquet")
+    base = ["--trace", str(trace), "--hardware", tiny_hw, "--hbm-blocks", "4",
+            "--engine", "interpreted", "--mode", "cache"]
+    res = runner.invoke(app, ["compare", *base, "--policies", "lru,optimal", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["mode"] == "cache"
+    lru, opt = doc["policies"]
+    assert lru["mode"] == "cache" and "p99_step_us" not in lru and "ttft_p50_us" not in lru
+    # cache mode: r1 hits 11 and 12 (8 of its 9 tokens; no last-token rule), r0 nothing
+    assert (lru["hit_tokens"], lru["lookup_tokens"]) == (8, 17)
+    assert opt["offline"] and lru["gap_hbm_hit_rate_to_optimal"] == 0.0
+    res = runner.invoke(app, ["simulate", *base, "--warmup-requests", "1"])
+    assert res.exit_code == 0, res.output
+    assert "cache mode (prefix lookups, no timing)" in res.stdout
+    assert "after 1 warm-up" in res.stdout
+    for extra in (["--mode", "batch"], ["--cache-variant", "tokens"],
+                  ["--warmup-requests", "1", "--warmup-fraction", "0.5"]):
+        res = runner.invoke(app, ["simulate", *base, *extra])
+        assert res.exit_code == 2, (extra, res.output)

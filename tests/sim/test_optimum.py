@@ -19,8 +19,11 @@ from kvsim.sim.optimum import cache_optimum, optimum_summary
 from tests.sim.test_cache_mode import _stream, _tree_chains, cfg
 
 
-def brute_force_hits(chains, cap: int) -> int:
+def brute_force_hits(chains, cap: int, lookups=None) -> int:
+    """``lookups[k]``: how many leading blocks of chain k are looked up (default all); the
+    rest are only offered for insertion (a production)."""
     chains = [tuple(c) for c in chains]
+    lookups = [len(c) for c in chains] if lookups is None else list(lookups)
 
     @lru_cache(maxsize=None)
     def best(k: int, state: frozenset) -> int:
@@ -28,7 +31,7 @@ def brute_force_hits(chains, cap: int) -> int:
             return 0
         c = chains[k]
         hits = 0
-        while hits < len(c) and c[hits] in state:
+        while hits < lookups[k] and c[hits] in state:
             hits += 1
         pool = sorted(state | set(c))
         top = 0
@@ -57,6 +60,19 @@ def test_equals_brute_force_on_random_prefix_trees(seed, n, cap):
     assert int(cache_optimum(s, cap).hit_blocks.sum()) == brute_force_hits(chains, cap)
 
 
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 100_000), n=st.integers(1, 7), cap=st.integers(1, 4),
+       data=st.data())
+def test_equals_brute_force_with_production_entries(seed, n, cap, data):
+    """Entries that look up only part of their chain (engine-mode bound: capped prompt
+    lookups, decode productions with no lookup)."""
+    chains = [c[:5] for c in _tree_chains(seed, n, fanout=2)]
+    look = [data.draw(st.integers(0, len(c))) for c in chains]
+    s = _stream(chains)
+    s.lookup_len = np.array(look, np.int64)
+    assert int(cache_optimum(s, cap).hit_blocks.sum()) == brute_force_hits(chains, cap, look)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seed,cap", [(0, 3), (1, 5), (2, 8), (3, 12)])
 def test_no_builtin_beats_optimal_in_cache_mode(seed, cap, tiny_hw):
@@ -71,3 +87,19 @@ def test_no_builtin_beats_optimal_in_cache_mode(seed, cap, tiny_hw):
             continue
         res = simulate_cache(stream, p.name, cfg(tiny_hw, hbm_blocks=cap))
         assert res.summary["hit_blocks"] <= bound, p.name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed,hbm", [(0, 6), (1, 8), (2, 12), (3, 20)])
+def test_no_builtin_beats_the_engine_bound(seed, hbm, builder, tiny_hw, tmp_path):
+    """Engine mode on the suite's random traces (conftest.random_trace): every registered
+    policy's HBM hit rate <= optimal's HBM bound, its any-tier hit rate <= the bound at
+    the total capacity (HBM + the tiny profile's 20 DRAM blocks)."""
+    from kvsim.sim import SimConfig, compare
+    from tests.sim.conftest import random_trace
+
+    trace = random_trace(builder, seed).write(tmp_path / "t.parquet")
+    df = compare(trace, None, SimConfig(hardware=tiny_hw, hbm_blocks=hbm,
+                                        engine="interpreted"))
+    assert (df["gap_hbm_hit_rate_to_optimal"] >= -1e-12).all(), df[["policy", "hbm_hit_rate"]]
+    assert (df["gap_prefix_hit_rate_to_optimal"] >= -1e-12).all()

@@ -46,15 +46,8 @@ def _kvsim(stream, policy, cap):
     return simulate_cache(stream, policy, cfg).summary["hbm_hit_rate"]
 
 
-#: kvsim's fifo keeps release order until the policy-history branch (issue #14) lands:
-#: at 5,859 blocks it reads 0.1436 against kvcache-simulator's 0.1283.
-_FIFO_PENDING = pytest.mark.xfail(strict=False, reason="fifo needs the policy-history hook "
-                                  "contract (first-admission order across reuse)")
-
-
 @pytest.mark.parametrize("cap", CAPACITIES)
-@pytest.mark.parametrize("policy", ["lru", pytest.param("fifo", marks=_FIFO_PENDING),
-                                    "optimal"])
+@pytest.mark.parametrize("policy", ["lru", "fifo", "optimal"])
 def test_agrees_with_kvcache_simulator(mooncake, policy, cap):
     from kvcache_sim.policies import simulate_policy
 
