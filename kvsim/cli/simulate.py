@@ -9,8 +9,12 @@ from typing import Annotated
 
 import pandas as pd
 import typer
+from rich.table import Table
 
 from kvsim.cli import app, compat
+from kvsim.cli.closed_opts import (BlockSizeOpt, FormatOpt, MaxSeqsOpt, MaxTokensOpt,
+                                   ReplicasOpt, RequestTraceOpt, RouterOpt, ScheduleOpt,
+                                   load_table, resolve_schedule)
 from kvsim.cli.common import (JsonOption, check_outputs, emit_json, err_console, out_console,
                               progress, quiet_progress)
 from kvsim.errors import KvsimInputError
@@ -168,12 +172,6 @@ SortOpt = Annotated[str | None, typer.Option(
     help="Sort rows by this column, best first ('-COLUMN' reverses).", show_default=False)]
 
 
-def _one_source(trace, profile) -> None:
-    if (trace is None) == (profile is None):
-        raise KvsimInputError("expected exactly one of --trace EVENTS or --profile NAME",
-                              None, None, "--trace")
-
-
 def _label(profile: str, requests: int, seed: int) -> str:
     """The ``trace`` of the JSON output for a generated workload."""
     return f"profile {profile} ({requests} requests, seed {seed})"
@@ -190,45 +188,34 @@ def _scope(row, config) -> str:
     return "engine mode, " + text + (f" after {int(warm):,} warm-up" if warm else "")
 
 
-def _title(trace, profile, seed, row: dict | None, config) -> str:
-    label = str(trace) if trace is not None else f"profile {profile} (seed {seed})"
+def _title(label: str, row: dict | None, config, sched: str) -> str:
+    """The table's title: what was replayed, in which mode, on which schedule."""
     if row is None:
         return label
-    return f"{label} — {_scope(row, config)}"
+    return f"{label} — {_scope(row, config)}, {sched} schedule"
 
 
-def _source(trace, profile, requests, seed, config, tmpdir, quiet) -> Path:
-    """The event file to replay: ``trace``, or a workload generated from ``profile`` into
-    ``tmpdir``, lowered for this replay (the scheduler's KV budget = the HBM pool)."""
-    if profile is None:
-        return trace
-    from kvsim.workload import generate
-
-    source = Path(tmpdir) / "workload.parquet"
-    lowering = config.lowering_options()
-    budget = lowering.get("num_gpu_blocks")
-    err_console.print(f"generating {requests:,} requests from profile {profile} "  # a log
-                      f"(seed {seed}"                                     # line, not progress
-                      + (f", scheduler budget {budget:,} blocks = the HBM pool)"
-                         if budget else ")"))
-    with progress(quiet=quiet) as bar:
-        task = bar.add_task(f"generate {profile}", total=None)
-        generate(profile, requests, seed, source, **lowering,
-                 progress=lambda d, t: bar.update(task, completed=d, total=t))
-    return source
+def _source_label(trace, profile, requests, seed, request_trace) -> str:
+    """The ``trace`` of the JSON output: the event file, the profile, or the request trace."""
+    if trace is not None:
+        return str(trace)
+    if profile is not None:
+        return _label(profile, requests, seed)
+    return str(request_trace)
 
 
-def _policies_to_run(names: list[str] | None, config) -> list[str]:
-    """What :func:`kvsim.sim.compare` replays: the policies asked for (default: every
-    installed one) plus the offline references it adds (the progress bar's real total):
-    ``optimal`` always, and ``belady`` in engine mode (kvsim.sim.comparison)."""
+def _policies_to_run(names: list[str] | None, config, sched: str = "recorded") -> list[str]:
+    """What compare replays: the policies asked for (default: every installed one) plus
+    the offline references it adds (the progress bar's real total): on a recorded
+    schedule ``optimal`` always and ``belady`` in engine mode (kvsim.sim.comparison); closed
+    loop, ``belady`` (kvsim.sim.cluster.compare_requests)."""
     from kvsim.policy_registry import list_policies
     from kvsim.sim.replay import default_policies
 
     run = list(names) if names else list(default_policies())
-    if "optimal" not in run:
+    if sched != "closed" and "optimal" not in run:
         run.append("optimal")
-    if config.mode != "cache" and "belady" not in run \
+    if (sched == "closed" or config.mode != "cache") and "belady" not in run \
             and any(p.name == "belady" for p in list_policies()):
         run.append("belady")
     return run
@@ -297,6 +284,14 @@ def simulate_command(
     columns: ColumnsOpt = None,
     wide: WideOpt = False,
     sort: SortOpt = None,
+    request_trace: RequestTraceOpt = None,
+    fmt: FormatOpt = None,
+    schedule: ScheduleOpt = None,
+    replicas: ReplicasOpt = 1,
+    router: RouterOpt = "round_robin",
+    block_size: BlockSizeOpt = 16,
+    max_num_seqs: MaxSeqsOpt = 256,
+    max_num_batched_tokens: MaxTokensOpt = 8192,
     json_: JsonOption = False,
 ) -> None:
     """Replay TRACE through HBM (vLLM-exact prefix caching) and the DRAM/CXL/NVMe tiers of
@@ -306,7 +301,9 @@ def simulate_command(
     formulas: docs/cost-model.md."""
     from kvsim.sim import simulate
 
-    _one_source(trace, profile)
+    if (trace is not None) + (profile is not None) + (request_trace is not None) != 1:
+        raise KvsimInputError("expected exactly one of --trace EVENTS, --profile NAME or "
+                              "--request-trace FILE", None, None, "--trace")
     check_outputs(("--decision-log", decision_log, "parquet"),
                   ("--requests-out", requests_out, "parquet"), ("--csv", csv, "csv"),
                   ("--parquet", parquet, "parquet"))
@@ -315,26 +312,83 @@ def simulate_command(
                      tier_policy, write_policy, preemption, priority_scheduling, no_prefetch,
                      warmup_fraction, log_lifecycle, seed, engine, warmup_requests, mode,
                      cache_variant, (hbm_mb, dram_mb, cxl_mb, nvme_mb))
+    sched = resolve_schedule(schedule, trace is None, config.mode)
+    label = _source_label(trace, profile, requests, seed, request_trace)
     quiet = quiet_progress(json_)
-    with tempfile.TemporaryDirectory(prefix="kvsim-simulate-") as tmpdir:
-        source = _source(trace, profile, requests, seed, config, tmpdir, quiet)
-        with progress(quiet=quiet) as bar:
-            task = bar.add_task(f"replay {policy}", total=None)
-            result = simulate(source, policy, config, decision_log=decision_log,
+    with progress(quiet=quiet) as bar, \
+            tempfile.TemporaryDirectory(prefix="kvsim-simulate-") as tmpdir:
+        task = bar.add_task(f"replay {policy}", total=None)
+        if trace is None:  # a Request table: served closed loop, or lowered first
+            table, opts = _request_table(profile, requests, seed, request_trace, fmt, model,
+                                         block_size, max_num_seqs, max_num_batched_tokens,
+                                         config, sched)
+            if sched == "closed":
+                from kvsim.sim.cluster import serve
+
+                result = serve(table, policy, config, replicas=replicas, router=router,
+                               engine=opts, decision_log=decision_log)
+            else:
+                trace = _lower_for(table, config, opts, Path(tmpdir))
+        if sched == "recorded":
+            _single_replica(replicas)
+            result = simulate(trace, policy, config, decision_log=decision_log,
                               on_progress=lambda done, total: bar.update(
                                   task, completed=done, total=total))
+    replica_rows = result.summary.pop("replica_rows", None)
     df = pd.DataFrame([result.summary])
     _write_rows(df, csv, parquet)
     if requests_out is not None:
         with atomic_output(requests_out) as tmp:
             result.requests.to_parquet(tmp, index=False)
     if json_:
-        label = str(trace) if trace is not None else _label(profile, requests, seed)
-        emit_json({"policies": [result.summary], "trace": label, "mode": config.mode,
-                   "config": result.config})
+        out = {"policies": [result.summary], "trace": label, "mode": config.mode,
+               "config": result.config}
+        if replica_rows is not None:
+            out["replicas"] = replica_rows
+        emit_json(out)
         return
-    render_results(df, _title(trace, profile, seed, result.summary, config), columns, wide,
-                   sort, with_verdict=False)
+    render_results(df, _title(label, result.summary, config, sched), columns, wide, sort,
+                   with_verdict=False)
+    if replica_rows is not None and len(replica_rows) > 1:
+        print_replicas(replica_rows)
+
+
+def print_replicas(rows: list[dict]) -> None:
+    """One row per replica (kvsim.sim.serving_metrics.REPLICA_KEYS), fitted to the
+    terminal as the results table is."""
+    from kvsim.cli.render import print_view
+
+    table = Table(title="replicas", header_style="bold")
+    for k in rows[0]:
+        table.add_column(k, justify="right", overflow="fold")
+    for r in rows:
+        table.add_row(*[f"{v:,.4g}" if isinstance(v, float) else f"{v:,}" for v in r.values()])
+    print_view(table)
+
+
+def _single_replica(replicas: int) -> None:
+    if replicas != 1:
+        raise KvsimInputError("expected --replicas 1 with --schedule recorded (an event "
+                              "file is one engine's steps)", None, None, "--replicas")
+
+
+def _request_table(profile, requests, seed, request_trace, fmt, model, block_size,
+                   max_num_seqs, max_num_batched_tokens, config, sched):
+    """The Request table a profile or request trace gives, and the engine options it is
+    served with; says on stderr what is served how (a log line, not progress)."""
+    from kvsim.sim.closed_loop import EngineOptions
+
+    table = load_table(profile, requests, seed, request_trace, fmt)
+    opts = EngineOptions(block_size_tokens=block_size, max_num_seqs=max_num_seqs,
+                         max_num_batched_tokens=max_num_batched_tokens,
+                         model=model or "llama-3-8b")
+    budget = config.lowering_options(block_size, opts.model).get("num_gpu_blocks")
+    err_console.print(f"{len(table):,} requests "
+                      + (f"from profile {profile} (seed {seed})" if profile else
+                         f"from {request_trace}") + f", {sched} schedule"
+                      + (f", scheduler budget {budget:,} blocks = the HBM pool"
+                         if budget else ""))
+    return table, opts
 
 
 @app.command("compare", short_help="Replay the same trace under every policy (or a list) "
@@ -387,6 +441,14 @@ def compare_command(
         "--html", metavar="FILE", help="Also write a self-contained HTML report: per-policy "
         "bars, step-latency and TTFT CDFs, per-tier traffic (no network, no JavaScript; "
         "`kvsim report` draws it again from --parquet).", show_default=False)] = None,
+    request_trace: RequestTraceOpt = None,
+    fmt: FormatOpt = None,
+    schedule: ScheduleOpt = None,
+    replicas: ReplicasOpt = 1,
+    router: RouterOpt = "round_robin",
+    block_size: BlockSizeOpt = 16,
+    max_num_seqs: MaxSeqsOpt = 256,
+    max_num_batched_tokens: MaxTokensOpt = 8192,
     json_: JsonOption = False,
 ) -> None:
     """Replay one trace under several HBM placement policies (same tiers, same cost model)
@@ -397,7 +459,9 @@ def compare_command(
     highlighted.  How to read it: docs/simulate.md."""
     from kvsim.sim import compare
 
-    _one_source(trace, profile)
+    if (trace is not None) + (profile is not None) + (request_trace is not None) != 1:
+        raise KvsimInputError("expected exactly one of --trace EVENTS, --profile NAME or "
+                              "--request-trace FILE", None, None, "--trace")
     check_outputs(("--decision-log-dir", decision_log_dir, "dir"), ("--csv", csv, "csv"),
                   ("--parquet", parquet, "parquet"))
     _load_policy_files(policy_file)
@@ -406,10 +470,19 @@ def compare_command(
                      warmup_fraction, log_lifecycle, seed, engine, warmup_requests, mode,
                      cache_variant, (hbm_mb, dram_mb, cxl_mb, nvme_mb))
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
+    sched = resolve_schedule(schedule, trace is None, config.mode)
     quiet = quiet_progress(json_)
     with tempfile.TemporaryDirectory(prefix="kvsim-compare-") as tmpdir:
-        source = _source(trace, profile, requests, seed, config, tmpdir, quiet)
-        run = _policies_to_run(names, config)
+        source = trace
+        table = None
+        if trace is None:
+            table, opts = _request_table(profile, requests, seed, request_trace, fmt, model,
+                                         block_size, max_num_seqs, max_num_batched_tokens,
+                                         config, sched)
+            if sched == "recorded":
+                _single_replica(replicas)
+                source = _lower_for(table, config, opts, Path(tmpdir))
+        run = _policies_to_run(names, config, sched)
         with progress(quiet=quiet) as bar:
             task = bar.add_task(f"policies ({', '.join(run[:1])} ...)", total=len(run))
 
@@ -419,10 +492,22 @@ def compare_command(
                 bar.update(task, advance=1, description=f"policies (next: {nxt})" if nxt
                            else "policies")
 
-            df = compare(source, names, config, decision_log_dir=decision_log_dir, jobs=jobs,
-                         on_progress=on_policy)
+            if sched == "closed":
+                from kvsim.sim.cluster import compare_requests
+
+                if decision_log_dir is not None:
+                    raise KvsimInputError("expected kvsim simulate --decision-log for a "
+                                          "closed-loop decision log (compare writes them "
+                                          "only with --schedule recorded)", None, None,
+                                          "--decision-log-dir")
+                df = compare_requests(table, names, config, replicas=replicas, router=router,
+                                      engine=opts, jobs=jobs, on_progress=on_policy)
+            else:
+                df = compare(source, names, config, decision_log_dir=decision_log_dir,
+                             jobs=jobs, on_progress=on_policy)
     _write_rows(df, csv, parquet)
-    label = str(trace) if trace is not None else _label(profile, requests, seed)
+    label = _source_label(trace, profile, requests, seed, request_trace)
+    label += (f", {replicas} replicas ({router})" if replicas > 1 else "")
     if html is not None:
         from kvsim.report_compare import build_compare_report
 
@@ -431,5 +516,5 @@ def compare_command(
         emit_json({"policies": df.to_dict(orient="records"), "trace": label,
                    "mode": config.mode, "config": config.to_dict()})
         return
-    title = _title(trace, profile, seed, df.iloc[0].to_dict() if len(df) else None, config)
+    title = _title(label, df.iloc[0].to_dict() if len(df) else None, config, sched)
     render_results(df, title, columns, wide, sort, with_verdict=True)

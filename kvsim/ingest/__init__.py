@@ -5,7 +5,7 @@ Public API (the CLI ``kvsim import-request-trace`` is a thin shell over it):
 * :func:`read_requests` - any supported trace -> :class:`RequestTable`
   (``kvsim.ingest.requests`` documents the table);
 * :func:`lower_requests` - a Request table -> event file through the engine model
-  (``kvsim.ingest.engine``, ``kvsim.ingest.scheduler``), returns :class:`ImportSummary`;
+  (``kvsim.ingest.engine``, ``kvsim.sim.scheduler``), returns :class:`ImportSummary`;
 * :func:`import_request_trace` - both in one call (kvmi files are translated directly).
 
 Readers: ``mooncake``, ``azure``, ``openai``, ``agentic``, ``kvmi`` (events), ``generic``

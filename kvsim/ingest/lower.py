@@ -1,7 +1,7 @@
 """Lowering: a Request table becomes a MemoryIntent event file (streamed, deterministic).
 
 :func:`lower_requests` prepares flat numpy arrays from the Request table, drives the
-compiled step loop (:mod:`kvsim.ingest.scheduler`) chunk by chunk and streams each chunk to
+compiled step loop (:mod:`kvsim.sim.scheduler`) chunk by chunk and streams each chunk to
 :class:`kvsim.events.EventWriter`.  Peak memory is the Request table plus one chunk of
 rows plus the hashes needed for the reuse figure, never the whole event table.
 
@@ -32,12 +32,13 @@ from typing import Any, Callable
 import numpy as np
 
 from kvsim.errors import KvsimInputError
-from kvsim.ingest import scheduler as S
+from kvsim.sim import scheduler as S
 from kvsim.ingest.engine import (DEFAULT_STEP_OVERHEAD_US, EngineConfig, build_cost_model,
                                  resolve_num_gpu_blocks)
 from kvsim.ingest.requests import RequestTable
 from kvsim.schema import EventHeader, EventKind, Phase
 from kvsim.trace_summary import PrefixReuse
+from kvsim.sim.schedule_state import new_schedule
 
 #: Rows buffered before a chunk is handed to the writer (and Parquet row-group size).
 FLUSH_ROWS = 1 << 20
@@ -151,60 +152,23 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
                                             "gpu_memory_utilization": cfg.gpu_memory_utilization,
                                             "watermark_blocks": wmark,
                                             "dropped_requests": dropped}})
-    a = {name: df[name].to_numpy() for name in df.columns if name not in ("block_ids", "model")}
-    i64 = lambda x: np.ascontiguousarray(x, dtype=np.int64)  # noqa: E731
-    arr, prompt, out = i64(a["arrival_us"]), i64(a["prompt_tokens"]), i64(a["output_tokens"])
-    nsamp, beam = i64(a["n"]), i64(a["beam_width"])
-    fork_children = np.maximum(nsamp, beam) - 1
-    prunes = np.where(beam > 1, out // cfg.beam_prune_interval_steps + 1, 0)
-    C = N + int(fork_children.sum()) + int(prunes.sum()) + 1
     off, ids = requests.flat_block_ids()
-    ip = np.zeros(S.NUM_INT_PARAMS, dtype=np.int64)
-    ip[S.P_B], ip[S.P_T] = cfg.block_size_tokens, requests.block_size_tokens
-    ip[S.P_MAXSEQ], ip[S.P_MAXTOK] = cfg.max_num_seqs, cfg.max_num_batched_tokens
-    ip[S.P_FLUSH], ip[S.P_CRITPRIO] = flush_rows, cfg.critical_request_priority
-    ip[S.P_CRITTPOT], ip[S.P_BEAMINT] = cfg.critical_tpot_us, cfg.beam_prune_interval_steps
-    ip[S.P_SEED], ip[S.P_N] = cfg.seed, N
-    ip[S.P_NGPU], ip[S.P_WMARK] = ngpu, wmark
-    fp = cost.as_array()
-    st = np.zeros(S.NUM_STATE, dtype=np.int64)
-    st[S.S_NEXTSLOT] = N
-    st[S.S_HEADC] = -1
-    stf = np.zeros(1, dtype=np.float64)
-    slot = lambda fill=0: np.full(C, fill, dtype=np.int64)  # noqa: E731
-    src, par = slot(-1), slot(-1)
-    computed, gen, nblk, lasth, status = slot(), slot(), slot(), slot(), slot()
-    first_us, dsteps, forked, blast, cow = slot(-1), slot(), slot(), slot(-1), slot()
-    run, run2, fin = slot(), slot(), slot()
-    nkey, priv, stall = slot(), slot(), slot(-1)
-    nb_prompt = (prompt + cfg.block_size_tokens - 1) // cfg.block_size_tokens
-    max_nb = int(nb_prompt.max()) if N else 1
-    hb, hb2 = np.zeros(max_nb, np.int64), np.zeros(max_nb, np.int64)
-    # held keys <= min(budget, all prompt blocks); load factor <= 1/2
-    keys = min(ngpu, int(nb_prompt.sum())) + 1
-    rk = np.zeros(1 << int(2 * keys - 1).bit_length(), np.int64)
-    rv = np.zeros_like(rk)
-    req_args = (arr, prompt, out, i64(a["ttft_deadline_us"]), i64(a["tpot_deadline_us"]),
-                nsamp, beam, i64(a["request_priority"]), a["session_continues"].astype(np.bool_),
-                i64(a["next_turn_gap_us"]), i64(a["shared_prefix_tokens"]), spk,
-                np.ascontiguousarray(a["spec_accept_prob"], dtype=np.float64),
-                i64(a["hashed_tokens"]), off, ids)
-    slot_args = (src, par, computed, gen, nblk, lasth, status, first_us, dsteps, forked, blast,
-                 cow, run, run2, fin, nkey, priv, stall, hb, hb2, rk, rv)
+    sched = new_schedule(df, off, ids, requests.block_size_tokens, cfg, cost, ngpu, wmark,
+                         flush_rows)
+    st, stf, src = sched.st, sched.stf, sched.src
+    prompt = sched.req_args[1]
+    out = sched.req_args[2]
     # per-row lookups filled in numpy: owner table row of every sequence slot
-    rprio_tab = np.asarray(a["request_priority"], dtype=np.int8)
-    tenant_tab = np.asarray(a["tenant"], dtype=np.int32)
-
-    I = np.empty((S.NUM_INT_COLUMNS, flush_rows + 4096), dtype=np.int64)
-    F = np.empty((2, flush_rows + 4096), dtype=np.float64)
+    rprio_tab = np.asarray(df["request_priority"].to_numpy(), dtype=np.int8)
+    tenant_tab = np.asarray(df["tenant"].to_numpy(), dtype=np.int32)
     reuse_count = PrefixReuse()  # the one definition, shared with `kvsim inspect`
     prompt_rows = hashed_rows = num_events = num_forks = 0
     with EventWriter(out_path, header, row_group_rows=flush_rows) as writer:
         while st[S.S_FINISHED] == 0:
-            I, F, n = S.run_steps(ip, fp, st, stf, *req_args, *slot_args, I, F, 0)
+            n = sched.step()
             if n == 0:
                 break
-            cols = _columns(I, F, n, src, N, rprio_tab, tenant_tab, block_bytes)
+            cols = _columns(sched.I, sched.F, n, src, N, rprio_tab, tenant_tab, block_bytes)
             alloc = cols["kind"] == EventKind.ALLOCATE
             is_prompt = cols["phase"][alloc] == Phase.PREFILL
             h = cols["content_hash"][alloc]

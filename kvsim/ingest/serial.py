@@ -166,9 +166,9 @@ def stream_from_events(path: str | Path, batch_rows: int = 1 << 20) -> CacheStre
 def stream_from_requests(table, block_size_tokens: int = 16, kv_bytes_per_token: int = 0,
                          model: str = "") -> CacheStream:
     """The cache-mode requests of a :class:`kvsim.ingest.RequestTable`, hashed as the
-    engine lowering hashes them (:func:`kvsim.ingest.scheduler._prompt_hashes`)."""
+    engine lowering hashes them (:func:`kvsim.sim.sched_blocks._prompt_hashes`)."""
     from kvsim.ingest.hashing import root_hash
-    from kvsim.ingest.scheduler import _prompt_hashes
+    from kvsim.sim.sched_blocks import _prompt_hashes
 
     df = table.df
     B = int(block_size_tokens)

@@ -377,6 +377,7 @@ def simulate(trace_path: str | Path, policy, config: SimConfig | None = None,
                         measured, int(ex.run.K[L.K_WARMUP_STEP]), ex.steps, ex.requests,
                         ex.costs, facts.num_rows, block_size_tokens=ex.block_size_tokens,
                         mode=config.mode, warmup_requests=warmup)
+    summary["schedule"] = "recorded"  # the event file's steps, replayed open loop
     return SimResult(pol.name, bool(pol.offline), summary, ex.requests, ex.steps,
                      ex.config, str(trace_path), ex.costs, ex.checks)
 

@@ -244,3 +244,29 @@ def interpreted(hbm_policy, lower_policies) -> ModuleType:
     tw.INTERPRETED = True
     _LOADED["twin_" + key] = tw
     return tw
+
+
+def closed_for(core_module: ModuleType) -> ModuleType:
+    """The closed loop's step driver (:mod:`kvsim.sim.closed_step`) bound to
+    ``core_module`` (what :func:`core_for` returned): a compiled copy whose ``# CORE``
+    import line names that core (cached by numba like the core), or the interpreted twin
+    calling the interpreted core."""
+    from kvsim.sim import closed_step, layout, sched_blocks, scheduler
+
+    if getattr(core_module, "INTERPRETED", False):
+        key = "closed_twin_" + core_module.__name__
+        if key not in _LOADED:
+            tw = _twin(closed_step, re.sub(r"\W", "_", core_module.__name__))
+            tw.core_mod = core_module
+            _LOADED[key] = tw
+        return _LOADED[key]
+    src = Path(inspect.getfile(closed_step)).read_text(encoding="utf-8")
+    new, n = re.subn(r"^from kvsim\.sim import core as core_mod  # CORE$",
+                     f"import {core_module.__name__} as core_mod  # CORE", src, count=1,
+                     flags=re.M)
+    if n != 1:
+        raise RuntimeError("kvsim.sim.closed_step lost its '# CORE' import line")
+    parts = [new, core_module.__name__, _source(scheduler), _source(sched_blocks),
+             _source(layout)]
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+    return _write_module(f"kvsim_closed_{digest}", new)

@@ -48,7 +48,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from kvsim.ingest.hashing import chain_hash, mix64, root_hash
+from kvsim.ingest.hashing import chain_hash, root_hash
 
 # integer columns of I (rows are I[:, r])
 C_STEP, C_TIME, C_KIND, C_RID, C_BIDX, C_HASH, C_PARENT, C_NTOK = 0, 1, 2, 3, 4, 5, 6, 7
@@ -63,8 +63,8 @@ FLOAT_COLUMN_NAMES = ("duration_us", "recompute_cost_us")
 
 # integer parameters (ip)
 (P_B, P_T, P_MAXSEQ, P_MAXTOK, P_FLUSH, P_CRITPRIO, P_CRITTPOT, P_BEAMINT, P_SEED, P_N,
- P_NGPU, P_WMARK) = range(12)
-NUM_INT_PARAMS = 12
+ P_NGPU, P_WMARK, P_CLOSED, P_PRIOSCHED) = range(14)
+NUM_INT_PARAMS = 14
 # float parameters (fp): see StepCostModel.as_array
 Q_OVER, Q_WBYTES, Q_KVBPT, Q_BW, Q_FLOPS, Q_ACTIVE, Q_LH = range(7)
 # loop state (st): step, arrive pointer, admit pointer, running count, next free slot,
@@ -73,8 +73,8 @@ Q_OVER, Q_WBYTES, Q_KVBPT, Q_BW, Q_FLOPS, Q_ACTIVE, Q_LH = range(7)
 # admission stopped for lack of blocks, forced over-budget decodes, the request whose
 # prompt hashes are in the head buffer; clock in stf[0]
 (S_STEP, S_ARRIVE, S_ADMIT, S_NRUN, S_NEXTSLOT, S_DONE, S_FINISHED, S_HELD, S_MAXHELD,
- S_MAXRUN, S_STALLS, S_BLOCKED, S_FORCED, S_HEADC) = range(14)
-NUM_STATE = 14
+ S_MAXRUN, S_STALLS, S_BLOCKED, S_FORCED, S_HEADC, S_QN, S_NADM, S_HIT_TOK) = range(17)
+NUM_STATE = 17
 
 # enum values (kvsim.schema), repeated here as compile-time constants
 K_STEP, K_ARRIVE, K_ALLOCATE, K_ACCESS, K_INTENT, K_COMMIT, K_FORK, K_FREE = range(8)
@@ -129,153 +129,11 @@ def _prefill_us(fp, start, m):
     return (2.0 * fp[Q_ACTIVE] * mf + 4.0 * fp[Q_LH] * att) / fp[Q_FLOPS]
 
 
-# ---- the held-block refcount table: content hash -> number of running sequences holding
-# the block.  Open addressing, linear probing, key 0 = empty (hashes are never 0), deletion
-# by backward shift, capacity a power of two >= 2 x keys: the scheme of kvsim.sim.tiers and
-# the prefix index of kvsim.memory.fast (cheap to compile, unlike a typed Dict).  Written
-# here rather than imported so numba's on-disk cache of this module never goes stale
-# behind another module's edit.
-
-@njit(cache=True, inline="always")
-def _rslot(rk, h):
-    """Position of key ``h`` in ``rk``, or of the empty position where it would go."""
-    mask = rk.shape[0] - 1
-    i = (h ^ (h >> 17) ^ (h >> 31) ^ (h >> 47)) & mask
-    while True:
-        k = rk[i]
-        if k == h or k == 0:
-            return i
-        i = (i + 1) & mask
-
-
-@njit(cache=True)
-def _rdel(rk, rv, i):
-    """Empty position ``i``, shifting later entries of its probe run back."""
-    mask = rk.shape[0] - 1
-    j = i
-    while True:
-        j = (j + 1) & mask
-        k = rk[j]
-        if k == 0:
-            break
-        home = (k ^ (k >> 17) ^ (k >> 31) ^ (k >> 47)) & mask
-        if i <= j:
-            stays = i < home <= j
-        else:
-            stays = home > i or home <= j
-        if not stays:
-            rk[i] = k
-            rv[i] = rv[j]
-            i = j
-    rk[i] = 0
-    rv[i] = 0
-
-
-@njit(cache=True)
-def _prompt_hashes(c, nb, B, T, prompt, hashed, off, ids, root, hb):
-    """``hb[:nb]`` = the content hashes of table request ``c``'s first ``nb`` prompt blocks
-    (the hashes its admission ``ALLOCATE`` rows carry; 0 once the chain breaks)."""
-    h = root
-    for b in range(nb):
-        e = min((b + 1) * B, prompt[c])
-        # hash by the block's full content when the trace knows it (synthetic sessions
-        # know their outputs), else by the prompt part (Mooncake's identified partial
-        # block); unidentified blocks break the chain
-        he = (b + 1) * B if (b + 1) * B <= hashed[c] else e
-        if h != 0 and he <= hashed[c]:
-            h = chain_hash(h, ids[off[c]:off[c + 1]], (b * B) // T, (he - 1) // T,
-                           (b * B) % T)
-        else:
-            h = 0
-        hb[b] = h
-
-
-@njit(cache=True)
-def _walk(hb, nb, prompt_c, B, rk):
-    """``(shared, keyed)`` for a prompt of ``prompt_c`` tokens whose block hashes are
-    ``hb[:nb]``: ``shared`` leading blocks are already held by running sequences (the
-    replay's lookup: full hashed blocks, first miss stops it, at most ``(prompt - 1) // B``
-    blocks); blocks ``shared .. keyed-1`` are full, hashed and not held (they become
-    keys); the rest (partial, unhashed, or a duplicate past the lookup limit) are
-    per-sequence blocks."""
-    limit = (prompt_c - 1) // B
-    s = 0
-    while s < nb and s < limit and (s + 1) * B <= prompt_c and hb[s] != 0:
-        if rk[_rslot(rk, hb[s])] != hb[s]:
-            break
-        s += 1
-    k = s
-    while k < nb and (k + 1) * B <= prompt_c and hb[k] != 0:
-        if rk[_rslot(rk, hb[k])] == hb[k]:
-            break
-        k += 1
-    return s, k
-
-
-@njit(cache=True)
-def _acquire(hb, s, k, rk, rv):
-    """Reference keys ``hb[:k]`` (the first ``s`` already present)."""
-    for b in range(k):
-        i = _rslot(rk, hb[b])
-        if b >= s and rk[i] != hb[b]:
-            rk[i] = hb[b]
-            rv[i] = 0
-        rv[i] += 1
-
-
-@njit(cache=True)
-def _release(c, q, nkey, priv, B, T, prompt, hashed, off, ids, root, hb2, rk, rv, st):
-    """Drop sequence ``c``'s blocks from the held count (``q`` owns its prompt).
-    Idempotent: a released sequence holds nothing."""
-    k = nkey[c]
-    freed = priv[c]
-    if k > 0:
-        _prompt_hashes(q, k, B, T, prompt, hashed, off, ids, root, hb2)
-        for b in range(k):
-            i = _rslot(rk, hb2[b])
-            rv[i] -= 1
-            if rv[i] == 0:
-                _rdel(rk, rv, i)
-                freed += 1
-    st[S_HELD] -= freed
-    nkey[c] = 0
-    priv[c] = 0
-
-
-@njit(cache=True)
-def _load_head(c, st, B, T, prompt, hashed, off, ids, root, hb):
-    """Prompt blocks of waiting request ``c``, its hashes cached in ``hb``."""
-    nb = (prompt[c] + B - 1) // B
-    if st[S_HEADC] != c:
-        _prompt_hashes(c, nb, B, T, prompt, hashed, off, ids, root, hb)
-        st[S_HEADC] = c
-    return nb
-
-
-@njit(cache=True, inline="always")
-def _decode_blocks(c, q, B, prompt, gen, nblk, spk):
-    """New blocks sequence ``c``'s next decode step allocates (draft positions included)."""
-    L = prompt[q] + gen[c] - 1
-    return max(0, (L + spk[q]) // B + 1 - nblk[c])
-
-
-@njit(cache=True, inline="always")
-def _uniform(seed, slot, gen, j):
-    z = mix64(np.uint64(seed) ^ mix64(np.uint64(slot) ^ mix64(np.uint64(gen * 64 + j))))
-    return float(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
-
-
-@njit(cache=True)
-def _token_deadline(arr, ttft, tpot, first_us, g):
-    """Absolute deadline of output token g (1-based): TTFT deadline + (g-1) TPOT, or the
-    actual first-token time + (g-1) TPOT when only TPOT is set; -1 when none."""
-    if tpot > 0:
-        if ttft > 0:
-            return arr + ttft + (g - 1) * tpot
-        return first_us + (g - 1) * tpot
-    if ttft > 0 and g <= 1:
-        return arr + ttft
-    return -1
+from kvsim.sim.sched_blocks import (_acquire, _cached_prefix, _decode_blocks, _load_head,  # noqa: E402,F401
+                                    _prompt_hashes, _release, _rslot, _token_deadline,
+                                    _uniform, _walk)
+from kvsim.sim import sched_blocks as _sb  # noqa: E402
+assert (_sb.S_HELD, _sb.S_HEADC) == (S_HELD, S_HEADC)
 
 
 @njit(cache=True)
@@ -283,10 +141,20 @@ def run_steps(ip, fp, st, stf,
               arr, prompt, out, ttft, tpot, nsamp, beam, rprio, cont, gap, shared, spk, spp,
               hashed, off, ids,
               src, par, computed, gen, nblk, lasth, status, first_us, dsteps, forked, blast,
-              cow, run, run2, fin, nkey, priv, stall, hb, hb2, rk, rv, I, F, n):
+              cow, run, run2, fin, nkey, priv, stall, hb, hb2, rk, rv,
+              order, phk, phv, t1k, t2k, t3k, hitk, adm, I, F, n):
     """Run steps until ``n >= flush_rows`` at a step boundary or the trace is done.
 
     Returns ``(I, F, n)``; ``st[S_FINISHED] == 1`` once every request has finished.
+
+    ``order[:st[S_QN]]``: the table rows this engine serves, in arrival order (the
+    lowering: every row; a replica of a cluster: the rows its router sent it, appended
+    as they arrive).  ``ip[P_CLOSED]``: closed loop (kvsim.sim.closed_loop): ARRIVE rows
+    carry the request's own arrival time, and an admitted request starts with its cached
+    prefix computed (:func:`_cached_prefix` on the replay's pool ``phk``/``phv`` and tier
+    tables ``t*k``), so only the rest is prefill work of this and later steps; its cached
+    tokens go to ``hitk`` and its row to ``adm[:st[S_NADM]]``.  ``ip[P_PRIOSCHED]``:
+    waiting requests are admitted by ``request_priority`` (highest first, then arrival).
     """
     B = ip[P_B]
     T = ip[P_T]
@@ -297,32 +165,43 @@ def run_steps(ip, fp, st, stf,
     ngpu = ip[P_NGPU]
     wmark = ip[P_WMARK]
     root = root_hash(0)
+    closed = ip[P_CLOSED] != 0
     while st[S_FINISHED] == 0:
         now = stf[0]
         nrun = st[S_NRUN]
+        qn = st[S_QN]
+        st[S_NADM] = 0
         if nrun == 0 and st[S_ADMIT] == st[S_ARRIVE]:
-            if st[S_ARRIVE] >= N:
+            if st[S_ARRIVE] >= qn:
                 st[S_FINISHED] = 1
                 break
-            if arr[st[S_ARRIVE]] > now:
-                now = float(arr[st[S_ARRIVE]])
+            if arr[order[st[S_ARRIVE]]] > now:
+                now = float(arr[order[st[S_ARRIVE]]])
         step = st[S_STEP]
         t_us = np.int64(now)
         # ---- 1. STEP placeholder, 2. arrivals
         a0 = st[S_ARRIVE]
         a1 = a0
-        while a1 < N and arr[a1] <= t_us:
+        while a1 < qn and arr[order[a1]] <= t_us:
             a1 += 1
         I, F = _ensure(I, F, n, 1 + (a1 - a0))
         step_row = n
         n = _row(I, F, n, step, t_us, K_STEP, -1, -1, 0, -1, 0, PH_PREFILL, PR_WARM, -1, 0,
                  -1, 0, 0.0)
-        for i in range(a0, a1):
+        for j in range(a0, a1):
+            i = order[j]
             dl = arr[i] + ttft[i] if ttft[i] > 0 else -1
             est = _prefill_us(fp, 0, prompt[i]) + ((prompt[i] + max_tok - 1) // max_tok) * fp[Q_OVER]
             sl = dl - np.int64(now + est) if dl >= 0 else 0
-            n = _row(I, F, n, step, t_us, K_ARRIVE, i, -1, 0, -1, prompt[i], PH_PREFILL,
-                     PR_WARM, dl, sl, -1, 0, 0.0)
+            n = _row(I, F, n, step, arr[i] if closed else t_us, K_ARRIVE, i, -1, 0, -1,
+                     prompt[i], PH_PREFILL, PR_WARM, dl, sl, -1, 0, 0.0)
+            if ip[P_PRIOSCHED] != 0:  # waiting queue by priority, then arrival (vLLM)
+                x = j
+                while x > st[S_ADMIT] and rprio[order[x - 1]] < rprio[order[x]]:
+                    tmp = order[x - 1]
+                    order[x - 1] = order[x]
+                    order[x] = tmp
+                    x -= 1
         st[S_ARRIVE] = a1
         # ---- KV deadlock check: every running sequence decodes and waits for blocks, and
         # the head cannot be admitted -> force the oldest waiting decode over the budget
@@ -348,7 +227,7 @@ def run_steps(ip, fp, st, stf,
                 if first < 0:
                     first = c
             if stuck and st[S_ADMIT] < a1 and nrun < max_seqs:
-                c = st[S_ADMIT]
+                c = order[st[S_ADMIT]]
                 nb = _load_head(c, st, B, T, prompt, hashed, off, ids, root, hb)
                 s0, k0 = _walk(hb, nb, prompt[c], B, rk)
                 if st[S_HELD] + nb - s0 <= ngpu - wmark:
@@ -546,12 +425,18 @@ def run_steps(ip, fp, st, stf,
                     nfin += 1
         # ---- 5. admissions
         while st[S_ADMIT] < st[S_ARRIVE] and m2 < max_seqs and budget > 0:
-            c = st[S_ADMIT]
+            c = order[st[S_ADMIT]]
             nb = _load_head(c, st, B, T, prompt, hashed, off, ids, root, hb)
             s0, k0 = _walk(hb, nb, prompt[c], B, rk)
             if st[S_HELD] + nb - s0 > ngpu - wmark:
                 st[S_BLOCKED] += 1  # head-of-line: nobody behind it is admitted either
                 break
+            if closed:  # before this request's own blocks join rk
+                hitk[c] = B * _cached_prefix(hb, nb, prompt[c], B, rk, phk, phv, t1k, t2k,
+                                             t3k)
+                adm[st[S_NADM]] = c
+                st[S_NADM] += 1
+                st[S_HIT_TOK] += hitk[c]
             _acquire(hb, s0, k0, rk, rv)
             st[S_HELD] += nb - s0
             nkey[c] = k0
@@ -574,15 +459,16 @@ def run_steps(ip, fp, st, stf,
                          prio, dl, sl, target, 0, _prefill_us(fp, b * B, e - b * B))
             lasth[c] = h
             nblk[c] = nb
-            chunk = min(prompt[c], budget)
+            hit = hitk[c] if closed else 0
+            chunk = min(prompt[c] - hit, budget)
             n = _row(I, F, n, step, t_us, K_ACCESS, c, -1, 0, -1, chunk, PH_PREFILL, PR_WARM,
                      dl, sl, target, 0, 0.0)
             tokens += chunk
-            attended += chunk * (chunk + 1.0) / 2.0
-            kv_read += chunk
+            attended += chunk * float(hit) + chunk * (chunk + 1.0) / 2.0
+            kv_read += hit + chunk
             budget -= chunk
-            computed[c] = chunk
-            if chunk == prompt[c]:
+            computed[c] = hit + chunk
+            if computed[c] == prompt[c]:
                 gen[c] = 1
                 first_us[c] = -2
                 if out[c] <= 1:
@@ -645,7 +531,7 @@ def run_steps(ip, fp, st, stf,
         st[S_NRUN] = m3
         stf[0] = end
         st[S_STEP] = step + 1
-        if st[S_ARRIVE] >= N and st[S_ADMIT] >= N and m3 == 0:
+        if st[S_ARRIVE] >= qn and st[S_ADMIT] >= qn and m3 == 0:
             st[S_FINISHED] = 1
         if n >= flush:
             break

@@ -1,0 +1,75 @@
+"""Options of the closed loop shared by ``kvsim simulate`` and ``kvsim compare``: which
+schedule (closed loop or the event file's recorded steps), the serving engine's limits,
+replicas and router, and a request trace as input (docs/simulate.md, "Closed loop")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from kvsim.errors import KvsimInputError
+
+SCHEDULES = ("closed", "recorded")
+
+ScheduleOpt = Annotated[Optional[str], typer.Option(
+    "--schedule", metavar="closed|recorded",
+    help="closed: the engine's scheduler runs inside the replay, so cache hits shorten "
+         "prefill and the queue (default whenever the input is a Request table: --profile "
+         "or --request-trace).  recorded: replay the STEP rows of an event file open loop "
+         "(the only choice with --trace; with --profile / --request-trace the table is "
+         "lowered first).", show_default=False)]
+RequestTraceOpt = Annotated[Optional[Path], typer.Option(
+    "--request-trace", metavar="FILE",
+    help="A request trace (any format `kvsim import-request-trace` reads: Mooncake JSONL, "
+         "Azure CSV, agentic, generic) served closed loop.", show_default=False)]
+FormatOpt = Annotated[Optional[str], typer.Option(
+    "--format", help="Reader of --request-trace (default: detected).", show_default=False)]
+ReplicasOpt = Annotated[int, typer.Option(
+    "--replicas", min=1, help="Identical engines serving the trace, each with its own HBM "
+                              "and lower tiers (closed loop).")]
+RouterOpt = Annotated[str, typer.Option(
+    "--router", metavar="round_robin|least_loaded|session|prefix",
+    help="How requests are sent to replicas (docs/simulate.md, \"Routers\").")]
+BlockSizeOpt = Annotated[int, typer.Option(
+    "--block-size", min=1, help="Tokens per KV block of the engine (vLLM: 16; 512 for a "
+                                "Mooncake trace at its native block size).")]
+MaxSeqsOpt = Annotated[int, typer.Option(
+    "--max-num-seqs", min=1, help="Most sequences running in one engine step (vLLM).")]
+MaxTokensOpt = Annotated[int, typer.Option(
+    "--max-num-batched-tokens", min=1, help="Token budget of one engine step (vLLM).")]
+
+
+def resolve_schedule(schedule: str | None, has_table: bool, mode: str = "engine") -> str:
+    """The schedule to use: ``closed`` by default for a Request table, ``recorded`` for an
+    event file (the only one possible there) and in ``--mode cache`` (no engine steps)."""
+    if schedule is not None and schedule not in SCHEDULES:
+        raise KvsimInputError(f"expected closed | recorded, got {schedule!r}", None, None,
+                              "--schedule")
+    if mode == "cache":
+        if schedule == "closed":
+            raise KvsimInputError("expected --schedule recorded (or none) with --mode cache "
+                                  "(requests one at a time, no engine)", None, None,
+                                  "--schedule")
+        return "recorded"
+    if not has_table:
+        if schedule == "closed":
+            raise KvsimInputError("expected --profile or --request-trace for --schedule "
+                                  "closed (an event file's steps are already decided)", None,
+                                  None, "--schedule")
+        return "recorded"
+    return schedule or "closed"
+
+
+def load_table(profile: str | None, num_requests: int, seed: int,
+               request_trace: Path | None, fmt: str | None):
+    """The Request table of ``--profile`` (generated) or ``--request-trace`` (read)."""
+    if profile is not None:
+        from kvsim.workload.generator import build_workload
+        from kvsim.workload.profile import load_profile
+
+        return build_workload(load_profile(profile), num_requests, seed)
+    from kvsim.ingest import read_requests
+
+    return read_requests(request_trace, fmt, seed=seed)
