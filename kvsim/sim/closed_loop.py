@@ -114,7 +114,8 @@ class Engine:
                            last_step=0, max_request_id=slots - 1,
                            max_blocks_per_request=max_blocks,
                            max_concurrent_requests=2 * opts.max_num_seqs + 64,
-                           max_size_bytes=block_bytes, next_use=self.nu, seen=self.seen)
+                           max_size_bytes=block_bytes, num_allocs=len(self.nu),
+                           next_use=self.nu)
         header = SimpleNamespace(block_size_tokens=B, kv_bytes_per_token=cost.kv_bytes_per_token,
                                  model=cost.model)
         # the warm-up is the cluster driver's (start_measuring), not the trace pre-pass's
