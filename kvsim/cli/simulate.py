@@ -354,15 +354,32 @@ def simulate_command(
 
 
 def print_replicas(rows: list[dict]) -> None:
-    """One row per replica (kvsim.sim.serving_metrics.REPLICA_KEYS), fitted to the
-    terminal as the results table is."""
+    """One row per replica, the columns a reader compares (every key of
+    kvsim.sim.serving_metrics.REPLICA_KEYS is in --json), fitted to the terminal."""
+    from rich import box
+
     from kvsim.cli.render import print_view
 
-    table = Table(title="replicas", header_style="bold")
-    for k in rows[0]:
-        table.add_column(k, justify="right", overflow="fold")
+    def ms(v):
+        return "-" if v != v else f"{v / 1e3:,.1f}"
+
+    def pct(v):
+        return "-" if v != v else f"{100 * v:.2f}%"
+
+    cols = (("replica", "replica", str), ("requests", "requests", "{:,}".format),
+            ("ttft_p50_us", "TTFT p50\nms", ms), ("ttft_p99_us", "TTFT p99\nms", ms),
+            ("tpot_p99_us", "TPOT p99\nms", ms), ("hbm_hit_rate", "HBM hit", pct),
+            ("prefix_hit_rate", "prefix\nhit", pct),
+            ("prefill_tokens_saved", "prefill tok\nsaved", "{:,}".format),
+            ("preemptions", "preempt", "{:,}".format),
+            ("evictions_hbm", "HBM\nevictions", "{:,}".format))
+    cols = [c for c in cols if c[0] in rows[0]]
+    table = Table(title="replicas", title_justify="left", box=box.SIMPLE_HEAD,
+                  header_style="bold")
+    for _, header, _ in cols:
+        table.add_column(header, justify="right")
     for r in rows:
-        table.add_row(*[f"{v:,.4g}" if isinstance(v, float) else f"{v:,}" for v in r.values()])
+        table.add_row(*[fmt(r[key]) for key, _, fmt in cols])
     print_view(table)
 
 
