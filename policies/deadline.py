@@ -294,3 +294,18 @@ def explain(row, now_us):
     terms["live"] = float(live)
     terms["phase_inferred"] = float(inferred)
     return terms
+
+
+def prefetch_rank(view, b, now_us):
+    """Live offload (kvsim/sim/live_prefetch.py): when the spilled blocks of unit ``b`` are
+    expected to be needed, smaller = sooner.  The expected need is the deadline minus its
+    slack (``slack = deadline - expected completion``); a higher class comes a class
+    weight earlier.  Live blocks without a deadline: their request's next step
+    (``last_access_us``); finished blocks (or a victim that is one): never (``inf``)."""
+    if view.phase[b] >= PH_ROLLBACK:
+        return float("inf")
+    dl = int(view.deadline_us[b])
+    cls = CLASS_WEIGHT_US * float(view.priority[b])
+    if dl >= 0:
+        return float(dl) - max(float(view.slack_us[b]), 0.0) - cls
+    return float(view.last_access_us[b]) + NO_DEADLINE_HORIZON_US - cls

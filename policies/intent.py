@@ -82,3 +82,13 @@ def explain(row, now_us):
             "phase_rank_term": float(phase_rank),
             "idle_us": float(now_us) - float(row.get("last_access_us", 0.0)),
             "score": rank}
+
+
+def prefetch_rank(view, b, now_us):
+    """Live offload (kvsim/sim/live_prefetch.py): fetch back first the unit the serving
+    layer ranks highest (``-rank``: priority, then phase), among live phases only
+    (PREFILL, DECODE, VERIFY); DRAFT, ROLLBACK, IDLE, DONE: never (``inf``)."""
+    ph = int(view.phase[b])
+    if ph > 2:
+        return float("inf")
+    return -_rank.py_func(view, b)
