@@ -298,14 +298,12 @@ def explain(row, now_us):
 
 def prefetch_rank(view, b, now_us):
     """Live offload (kvsim/sim/live_prefetch.py): when the spilled blocks of unit ``b`` are
-    expected to be needed, smaller = sooner.  The expected need is the deadline minus its
-    slack (``slack = deadline - expected completion``); a higher class comes a class
-    weight earlier.  Live blocks without a deadline: their request's next step
-    (``last_access_us``); finished blocks (or a victim that is one): never (``inf``)."""
-    if view.phase[b] >= PH_ROLLBACK:
-        return float("inf")
+    expected to be needed, smaller = sooner: the deadline minus its slack (``slack =
+    deadline - expected completion``), a higher class one class weight earlier.  Only a
+    deadline still ahead says when the next need is; a passed deadline (stale intent),
+    no deadline, or a finished phase: not prefetched (``inf``)."""
     dl = int(view.deadline_us[b])
-    cls = CLASS_WEIGHT_US * float(view.priority[b])
-    if dl >= 0:
-        return float(dl) - max(float(view.slack_us[b]), 0.0) - cls
-    return float(view.last_access_us[b]) + NO_DEADLINE_HORIZON_US - cls
+    if view.phase[b] >= PH_ROLLBACK or dl < 0 or float(dl) < now_us:
+        return float("inf")
+    return (float(dl) - max(float(view.slack_us[b]), 0.0)
+            - CLASS_WEIGHT_US * float(view.priority[b]))

@@ -85,10 +85,12 @@ def explain(row, now_us):
 
 
 def prefetch_rank(view, b, now_us):
-    """Live offload (kvsim/sim/live_prefetch.py): fetch back first the unit the serving
-    layer ranks highest (``-rank``: priority, then phase), among live phases only
-    (PREFILL, DECODE, VERIFY); DRAFT, ROLLBACK, IDLE, DONE: never (``inf``)."""
+    """Live offload (kvsim/sim/live_prefetch.py): among units whose request states a
+    deadline still ahead (the only statement of *when* it runs next), fetch back first the
+    one the serving layer ranks highest (priority, then phase), then the earliest
+    deadline; live phases only (PREFILL, DECODE, VERIFY).  Otherwise ``inf`` (never)."""
     ph = int(view.phase[b])
-    if ph > 2:
+    dl = int(view.deadline_us[b])
+    if ph > 2 or dl < 0 or float(dl) < now_us:
         return float("inf")
-    return -_rank.py_func(view, b)
+    return float(dl) - 1e9 * _rank.py_func(view, b)

@@ -225,7 +225,8 @@ class SimConfig:
         opts: dict = {"hardware": self.hardware, "model": model,
                       "block_size_tokens": int(block_size_tokens),
                       "gpu_memory_utilization": self.gpu_memory_utilization}
-        if self.hbm_blocks is not None or self.hbm_gb is not None:
+        if (self.hbm_blocks is not None or self.hbm_gb is not None) and not self.live_offload:
+            # (live offload: lowered for the whole GPU, replayed into a smaller HBM)
             from kvsim.kvsize import kv_bytes_per_token
             from kvsim.models import load_model
 

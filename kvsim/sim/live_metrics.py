@@ -106,6 +106,7 @@ def replay_rows(rep: LiveReplay, clock: _Clock, cols: dict, base: int, path: str
             rep.allocate(r, bidx[i], int(cols["content_hash"][i]), int(cols["num_tokens"][i]),
                          _intent(cols, i), bool(cols["pin_requested"][i]))
         elif k == K_ACCESS:
+            rep.access_intent = _intent(cols, i)
             rep.access(r, base + i, int(cols["phase"][i]), int(cols["priority"][i]),
                        int(cols["deadline_us"][i]), int(cols["num_tokens"][i]))
         elif k == K_INTENT:

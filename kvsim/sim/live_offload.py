@@ -98,6 +98,7 @@ class LiveReplay:
         self.offline = bool(pol.offline)
         self.next_access = next_access  # kvsim.sim.live_optimum.NextUse (offline only)
         self.ordinal = 0  # row ordinal being replayed
+        self.access_intent = None  # intent of the ACCESS row being replayed
         self.prefetch_rank = getattr(pol.module, "prefetch_rank", None) if prefetch else None
         self.tier_cap = [0] + [int(c.capacity_blocks) for c in costs[1:]]
         self.tier_used = [0, 0, 0, 0]
@@ -127,6 +128,8 @@ class LiveReplay:
         self.count = [0] * NR
         self.req_intent: list[tuple | None] = [None] * NR
         self.req_pin = [False] * NR
+        self.req_prio = [0] * NR  # priority of the latest request-level INTENT
+        self.ucnt = [[0, 0, 0, 0] for _ in range(2 * NR)]  # per unit: blocks per priority
         self.chain = [True] * NR  # admission lookup still hitting
         self.accessed = [False] * NR
         self.arrival_us = [-1.0] * NR
@@ -167,10 +170,13 @@ class LiveReplay:
         v = self.view
         r = self.b_req[b]
         ph, pr, rp, dl, sl, tg, rc = self.b_intent[b]
+        cnt = self.ucnt[u - self.C]
+        pr = 3 if cnt[3] else 2 if cnt[2] else 1 if cnt[1] else 0  # its most urgent block
         ri = self.req_intent[r]
-        if ri is not None:
-            ph, rpr, rp, dl, sl, tg = ri[0], ri[1], ri[2], ri[3], ri[4], ri[5]
-            pr = max(pr, rpr)
+        if ri is not None:  # the request's latest step / request-level intent
+            ph, rp, dl, sl, tg = ri[0], ri[2], ri[3], ri[4], ri[5]
+        if self.req_prio[r] > pr:
+            pr = self.req_prio[r]
         v.last_access_us[u] = self.last_us[r]
         v.access_count[u] = self.count[r]
         v.phase[u] = ph
@@ -227,6 +233,7 @@ class LiveReplay:
         st = self.stack[r][cls]
         st.append(b)
         u = self._unit(r, cls)
+        self.ucnt[u - self.C][min(max(self.b_intent[b][1], 0), 3)] += 1
         if len(st) == 1 and u not in self.held_units:
             self.view.insert_us[u] = self.now_us
             self._fill_unit(u, b)
@@ -240,6 +247,7 @@ class LiveReplay:
         else:
             st.remove(b)
         u = self._unit(r, cls)
+        self.ucnt[u - self.C][min(max(self.b_intent[b][1], 0), 3)] -= 1
         if not st and self.in_pol[u]:
             self._remove(u, cls)
 
@@ -485,6 +493,8 @@ class LiveReplay:
             self.pf_unused[r] = set()
         self.last_us[r] = self.now_us
         self.count[r] += 1
+        if self.access_intent is not None:
+            self.req_intent[r] = self.access_intent
         if self.next_access is not None:
             self.next_use_of[r] = self.next_access.after_access.get(ordinal, NEVER)
         for cls in (UNPINNED, PINNED):  # the request read its blocks: an access
@@ -510,6 +520,7 @@ class LiveReplay:
     def intent(self, r: int, idx: int, intent: tuple, pin: bool) -> None:
         if idx < 0:  # request-level: over every block of the request
             self.req_intent[r] = intent[:6]
+            self.req_prio[r] = intent[1]
             if (pin or intent[1] == PR_CRIT) and not self.req_pin[r]:
                 self.req_pin[r] = True
                 self._reclass(r)
@@ -517,17 +528,18 @@ class LiveReplay:
         b = self.table[r].get(idx)
         if b is None:
             return
+        if self.b_tier[b] == HBM and self.b_req[b] == r:
+            self._serve(r)
+            self._pop_from(b)
+            self.b_intent[b] = intent
+            self.b_pin[b] = pin
+            self.b_cls[b] = self._cls_of(b)
+            self._push(b)
+            return
         self.b_intent[b] = intent
         self.b_pin[b] = pin
-        new = self._cls_of(b)
-        if new != self.b_cls[b] and self.b_req[b] == r:
-            if self.b_tier[b] == HBM:
-                self._serve(r)
-                self._pop_from(b)
-                self.b_cls[b] = new
-                self._push(b)
-            else:
-                self.b_cls[b] = new
+        if self.b_req[b] == r:
+            self.b_cls[b] = self._cls_of(b)
 
     def _reclass(self, r: int) -> None:
         """Request ``r`` became pinned: its unpinned resident blocks join the pinned unit."""

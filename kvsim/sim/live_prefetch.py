@@ -15,7 +15,8 @@ were spilled, while the link budget lasts:
 * **Room.** A free HBM slot, else the policy's victim (the same ``victim`` hook as demand
   fetches), but only when the victim is needed *later* than the block it would make room
   for: ``prefetch_rank(victim) > prefetch_rank(request)``; otherwise prefetching stops
-  for this step (bringing a block back by spilling a more urgent one is a loss).
+  for this step (bringing a block back by spilling a more urgent one is a loss), as it
+  stops when the victim is a request with prefetched blocks it has not read yet.
 * **Accounting.** ``prefetches`` (issued, one per block); ``prefetches_useful``: the
   block's request read it while it was still in HBM; ``prefetches_wasted``: it was spilled
   again, or its request released it, before that read.  Useful + wasted <= issued (the
@@ -79,8 +80,8 @@ def _displace(rep, rank_fn, r: int, rank: float) -> bool:
         u = int(u)
         if u < 0:
             continue
-        if u >= rep.C and (u - rep.C) // 2 == r:
-            return False
+        if u >= rep.C and ((u - rep.C) // 2 == r or rep.pf_unused[(u - rep.C) // 2]):
+            return False  # never displace r itself, nor blocks prefetched and not yet used
         if not float(rank_fn(rep.view, u, rep.now_us)) > rank:
             return False
         if u < rep.C:

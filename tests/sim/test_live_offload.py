@@ -40,14 +40,14 @@ def three_requests(path: Path) -> Path:
     tb.ARRIVE(1, 4)
     for i in range(2):
         tb.ALLOC(0, i, 0, deadline_us=250)
-    tb.ACCESS(0, 8)
+    tb.ACCESS(0, 8, deadline_us=250)
     tb.ALLOC(1, 0, 0, deadline_us=10_000)
-    tb.ACCESS(1, 4)
+    tb.ACCESS(1, 4, deadline_us=10_000)
     tb.STEP(100, 100)
     tb.ARRIVE(2, 8)
     for i in range(2):
         tb.ALLOC(2, i, 0, deadline_us=10_000)
-    tb.ACCESS(2, 8)
+    tb.ACCESS(2, 8, deadline_us=10_000)
     tb.STEP(200, 100)
     tb.ACCESS(0, 1, DEC, deadline_us=250, priority=Priority.DECODE_CRITICAL)
     tb.FREE(0)
@@ -78,7 +78,7 @@ def test_lru_spills_the_block_needed_next_step_deadline_does_not(tmp_path, tiny_
 
 def prefetch_trace(path: Path, step1_us: float, intruder: bool = False) -> Path:
     """HBM 3: A (2 blocks, deadline 5 ms), B (1 block, deadline 300 us); C arrives at
-    step 1 (one block): deadline spills A's top block; C finishes in step 1, so a slot is
+    step 1 (one block): deadline spills A's top block (A's 5 ms deadline is the latest); C finishes in step 1, so a slot is
     free for a prefetch of A's block at the end of step 1 (budget (step1_us - 5) x 100
     bytes).  ``intruder``: D allocates a block at step 2 before A reads (the prefetched
     block is spilled again: wasted); A then decodes at step 3."""
@@ -88,19 +88,19 @@ def prefetch_trace(path: Path, step1_us: float, intruder: bool = False) -> Path:
     tb.ARRIVE(1, 4)
     for i in range(2):
         tb.ALLOC(0, i, 0, deadline_us=5_000)
-    tb.ACCESS(0, 8)
+    tb.ACCESS(0, 8, deadline_us=5_000)
     tb.ALLOC(1, 0, 0, deadline_us=300)
-    tb.ACCESS(1, 4)
+    tb.ACCESS(1, 4, deadline_us=300)
     tb.STEP(100, step1_us)
     tb.ARRIVE(2, 4)
     tb.ALLOC(2, 0, 0, deadline_us=20_000)
-    tb.ACCESS(2, 4)
+    tb.ACCESS(2, 4, deadline_us=20_000)
     tb.FREE(2)
     tb.STEP(1000, 100)
     if intruder:
         tb.ARRIVE(3, 4)
         tb.ALLOC(3, 0, 0, deadline_us=1_000)
-        tb.ACCESS(3, 4)
+        tb.ACCESS(3, 4, deadline_us=1_000)
         tb.STEP(2000, 100)
     tb.ACCESS(0, 1, DEC, deadline_us=5_000)
     tb.FREE(0)
