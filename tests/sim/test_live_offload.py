@@ -139,3 +139,135 @@ def test_wasted_prefetch_is_counted(tmp_path, tiny_hw):
     assert s["prefetches"] == 1
     assert s["prefetches_wasted"] == 1 and s["prefetches_useful"] == 0
     assert s["blocks_fetched"] == 1 and s["stall_us"] == 6.0
+
+
+# ---- the mode off changes nothing; every built-in runs in it -----------------------------
+
+def test_mode_off_is_todays_replay_bit_for_bit(tmp_path, tiny_hw):
+    trace = three_requests(tmp_path / "t.parquet")
+    base = simulate(trace, "lru", SimConfig(hardware=tiny_hw, hbm_blocks=4,
+                                            engine="interpreted"))
+    off = simulate(trace, "lru", SimConfig(hardware=tiny_hw, hbm_blocks=4,
+                                           engine="interpreted", live_offload=False))
+    assert "live_offload" not in base.summary
+    assert base.summary.keys() == off.summary.keys()
+    for k, v in base.summary.items():
+        assert v == off.summary[k] or (v != v and off.summary[k] != off.summary[k]), k
+    assert base.steps.equals(off.steps) and base.requests.equals(off.requests)
+
+
+def _policies():
+    from kvsim.policy_registry import list_policies
+
+    return [p.name for p in list_policies()]
+
+
+def random_trace(path: Path, seed: int, n_req: int = 4, max_blocks: int = 3,
+                 n_steps: int = 8) -> Path:
+    """Requests of 1..max_blocks blocks admitted at random steps, each step a random
+    subset of the running requests decoding (no sharing, no pins)."""
+    rng = np.random.default_rng(seed)
+    tb = TraceBuilder()
+    sizes = rng.integers(1, max_blocks + 1, n_req)
+    admit = np.sort(rng.integers(0, n_steps // 2, n_req))
+    for s in range(n_steps):
+        tb.STEP(100 * s, 50)
+        for r in range(n_req):
+            if admit[r] == s:
+                tb.ARRIVE(r, 4 * int(sizes[r]))
+                for i in range(int(sizes[r])):
+                    tb.ALLOC(r, i, 0, deadline_us=int(rng.integers(0, 2000)))
+                tb.ACCESS(r, 4 * int(sizes[r]), deadline_us=int(rng.integers(0, 2000)))
+            elif admit[r] < s and rng.random() < 0.6:
+                tb.ACCESS(r, 1, DEC, deadline_us=100 * s + int(rng.integers(0, 2000)))
+    for r in range(n_req):
+        tb.FREE(r)
+    return tb.write(path)
+
+
+def test_every_builtin_runs_live_and_optimal_bounds_it(tmp_path, tiny_hw):
+    trace = random_trace(tmp_path / "r.parquet", 7, n_req=6, max_blocks=3, n_steps=12)
+    cfg = live(tiny_hw, 5)
+    opt = simulate(trace, "optimal", cfg).summary
+    assert opt["policy"] == "optimal" and opt["offline"] is True
+    loads = {}
+    for name in _policies():
+        s = simulate(trace, name, cfg).summary
+        assert s["live_offload"] is True and s["steps"] == 12
+        assert s["prefetches_useful"] + s["prefetches_wasted"] <= s["prefetches"]
+        loads[name] = s["blocks_fetched"] + s["prefetches"]
+        assert loads[name] >= opt["blocks_fetched"], name
+    assert len(set(loads.values())) > 1  # they do not tie
+
+
+# ---- optimal = brute force over every spill choice on tiny traces ------------------------
+
+def brute_force_loads(trace: Path, capacity: int) -> int:
+    """Fewest blocks brought into HBM over every choice of spilled block (written from the
+    need rule alone: an ACCESS needs its request's blocks resident; a block is placed (new
+    or fetched) only into a free slot or the slot of a resident block of another
+    request)."""
+    from kvsim.events import read_events
+    from kvsim.schema import EventKind
+
+    _, df = read_events(trace)
+    ops = [(int(r.kind), int(r.request_id)) for r in df.itertuples()
+           if int(r.kind) in (EventKind.ALLOCATE, EventKind.ACCESS, EventKind.FREE)]
+    owner: dict[int, int] = {}
+    best = [1 << 30]
+
+    def place(res: frozenset, r: int):
+        """Every resident set after making room for one block of ``r``."""
+        if len(res) < capacity:
+            return [res]
+        return [res - {b} for b in sorted(res) if owner[b] != r]
+
+    def go(i: int, res: frozenset, spilled: frozenset, loads: int, nxt: int) -> None:
+        if loads >= best[0]:
+            return
+        if i == len(ops):
+            best[0] = loads
+            return
+        kind, r = ops[i]
+        if kind == EventKind.FREE:
+            mine = {b for b, o in owner.items() if o == r}
+            go(i + 1, res - mine, spilled - mine, loads, nxt)
+        elif kind == EventKind.ALLOCATE:
+            owner[nxt] = r
+            for base in place(res, r):
+                gone = res - base
+                go(i + 1, base | {nxt}, spilled | gone, loads, nxt + 1)
+        else:
+            missing = sorted(b for b in spilled if owner[b] == r)
+            states = [(res, spilled)]
+            for b in missing:
+                nxt_states = []
+                for rs, sp in states:
+                    for base in place(rs, r):
+                        nxt_states.append((base | {b}, (sp | (rs - base)) - {b}))
+                states = list(dict.fromkeys(nxt_states))
+            for rs, sp in states:
+                go(i + 1, rs, sp, loads + len(missing), nxt)
+
+    # block ids are assigned in ALLOCATE order, as the replay does
+    go(0, frozenset(), frozenset(), 0, 0)
+    return best[0]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_optimal_equals_brute_force_on_tiny_traces(tmp_path, tiny_hw, seed):
+    trace = random_trace(tmp_path / f"b{seed}.parquet", seed, n_req=4, max_blocks=2,
+                         n_steps=6)
+    cap = 3
+    opt = simulate(trace, "optimal", live(tiny_hw, cap)).summary
+    assert opt["blocks_fetched"] == brute_force_loads(trace, cap)
+
+
+def test_bad_combinations_are_one_line_errors(tmp_path, tiny_hw):
+    with pytest.raises(KvsimInputError, match="--live-offload"):
+        SimConfig(live_offload=True, mode="cache")
+    with pytest.raises(KvsimInputError, match="--live-offload"):
+        SimConfig(live_offload=True, preemption="swap")
+    trace = three_requests(tmp_path / "t.parquet")
+    with pytest.raises(KvsimInputError, match="--hbm-blocks"):
+        simulate(trace, "lru", live(tiny_hw, 1))  # request 0 alone holds 2 blocks
