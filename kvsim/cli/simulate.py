@@ -236,12 +236,17 @@ def render_results(df: pd.DataFrame, title: str, columns: str | None, wide: bool
     """Print a results frame as a table that fits the terminal (kvsim.cli.render)."""
     from kvsim.cli import render
 
+    live = "live_offload" in df.columns and bool(df["live_offload"].fillna(False).any())
+    if live and columns is None and not wide:
+        columns = ",".join(render.LIVE_DEFAULT_COLUMNS)
     cols = render.parse_columns(columns, wide)
     if columns is None and render.bound_name(df) is None:  # nothing to measure a gap to
         cols = [c for c in cols if c.key != "gap_to_bound"]
     table = render.metric_table(df, title, cols, sort=sort)
     items = [table]
-    if with_verdict:
+    if with_verdict and live:
+        items.append(_live_verdict(df))
+    elif with_verdict:
         items.append(render.verdict(df))
     render.print_view(*items, wide=wide)
 
@@ -362,6 +367,24 @@ def simulate_command(
                    with_verdict=False)
     if replica_rows is not None and len(replica_rows) > 1:
         print_replicas(replica_rows)
+
+
+def _live_verdict(df: pd.DataFrame) -> str:
+    """``--live-offload``: the online policy with the fewest decode-critical stalls (then
+    stall time), against lru and the offline bound (optimal)."""
+    on = df[~df["offline"].astype(bool)]
+    if on.empty:
+        return ""
+    best = on.sort_values(["decode_critical_stalls", "stall_us", "policy"]).iloc[0]
+    text = (f"best online: {best['policy']}: decode-crit stalls "
+            f"{int(best['decode_critical_stalls']):,}, stall {best['stall_us'] / 1e3:,.2f} ms, "
+            f"TPOT p99 {best['tpot_p99_us'] / 1e3:,.3f} ms")
+    lru = df[df["policy"] == "lru"]
+    if len(lru):
+        row = lru.iloc[0]
+        text += (f" (lru {int(row['decode_critical_stalls']):,}, "
+                 f"{row['stall_us'] / 1e3:,.2f} ms, {row['tpot_p99_us'] / 1e3:,.3f} ms)")
+    return text
 
 
 def print_replicas(rows: list[dict]) -> None:

@@ -271,3 +271,36 @@ def test_bad_combinations_are_one_line_errors(tmp_path, tiny_hw):
     trace = three_requests(tmp_path / "t.parquet")
     with pytest.raises(KvsimInputError, match="--hbm-blocks"):
         simulate(trace, "lru", live(tiny_hw, 1))  # request 0 alone holds 2 blocks
+
+
+# ---- CLI --------------------------------------------------------------------------------
+
+def test_cli_live_offload_json_table_and_errors(tmp_path, tiny_hw):
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+    from tests.helpers import assert_one_line_error
+
+    runner = CliRunner()
+    trace = three_requests(tmp_path / "t.parquet")
+    base = ["--trace", str(trace), "--hardware", tiny_hw, "--hbm-blocks", "4",
+            "--live-offload"]
+    res = runner.invoke(app, ["simulate", *base, "--policy", "lru", "--json"])
+    assert res.exit_code == 0, res.output
+    row = json.loads(res.stdout)["policies"][0]
+    assert row["live_offload"] is True and row["stall_us"] == 6.0
+    res = runner.invoke(app, ["compare", *base, "--policies", "lru,deadline", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = {r["policy"]: r for r in json.loads(res.stdout)["policies"]}
+    assert rows["deadline"]["decode_critical_stalls_vs_lru"] == -1
+    assert rows["lru"]["gap_blocks_fetched_to_optimal"] == 1  # optimal fetches nothing
+    res = runner.invoke(app, ["compare", *base, "--policies", "lru,deadline"],
+                        env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "live offload" in res.stdout
+    assert_one_line_error(runner.invoke(app, ["simulate", *base, "--mode", "cache"]),
+                          "--live-offload", "--mode engine")
+    assert_one_line_error(runner.invoke(app, ["compare", *base, "--decision-log-dir",
+                                              str(tmp_path / "logs")]), "--decision-log")
