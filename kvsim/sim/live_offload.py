@@ -271,21 +271,24 @@ class LiveReplay:
             f"HBM of {self.C} blocks cannot hold request {self.cur_req}'s blocks",
             None, None, "--hbm-blocks")
 
-    def _make_room(self) -> int:
-        """A free HBM slot, spilling (live) or dropping (cached) the policy's victim."""
-        if self.free_slots:
-            return self.free_slots.pop()
-        u, cls = self._victim()
-        if u < self.C:  # a cached block: dropped
-            b = self.slot_block[u]
-            self._remove(u, cls)
-            self._drop_cached(b)
-            self.c["evictions_hbm"] += 1
-        else:
-            r = (u - self.C) // 2
-            b = self.stack[r][cls][-1]
-            self._spill(b)
-        return self.free_slots.pop()
+    def _make_room(self, n: int = 1) -> None:
+        """At least ``n`` free HBM slots: the policy's victim unit gives up its top blocks
+        (spilled) or, a cached block, is dropped; asked again while room is missing.  A
+        victim unit gives up as many blocks as are missing at once: the policy is not
+        told of a spill that leaves the unit non-empty (no hook changes its state), so it
+        would name the same unit again; one ``victim`` call per unit, not per block."""
+        free = self.free_slots
+        while len(free) < n:
+            u, cls = self._victim()
+            if u < self.C:  # a cached block: dropped
+                b = self.slot_block[u]
+                self._remove(u, cls)
+                self._drop_cached(b)
+                self.c["evictions_hbm"] += 1
+            else:
+                st = self.stack[(u - self.C) // 2][cls]
+                for _ in range(min(n - len(free), len(st))):
+                    self._spill(st[-1])
 
     # ---- block moves --------------------------------------------------------------------
     def _spill(self, b: int) -> None:
@@ -439,7 +442,8 @@ class LiveReplay:
             self.chain[r] = False
         elif h != 0:
             self.chain[r] = False
-        slot = self._make_room()
+        self._make_room(1)
+        slot = self.free_slots.pop()
         b = len(self.b_req)
         self.b_req.append(r)
         self.b_tier.append(HBM)
@@ -473,13 +477,14 @@ class LiveReplay:
         critical = prio == PR_CRIT or deadline >= 0
         if miss:
             per_tier = [0, 0, 0, 0]
-            for b in list(miss):
-                if b not in miss:
-                    continue
-                slot = self._make_room()
-                if self.b_cls[b] == PINNED or self.b_intent[b][1] == PR_CRIT:
-                    critical = True
-                per_tier[self._fetch(b, slot)] += 1
+            while miss:  # (making room may spill a block r shares with its owner)
+                self._make_room(len(miss))
+                for b in list(miss):
+                    if not self.free_slots:
+                        break
+                    if self.b_cls[b] == PINNED or self.b_intent[b][1] == PR_CRIT:
+                        critical = True
+                    per_tier[self._fetch(b, self.free_slots.pop())] += 1
             for t in (1, 2, 3):
                 if per_tier[t]:
                     stall += self.costs[t].promote_us(per_tier[t] * self.block_bytes)
