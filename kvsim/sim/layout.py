@@ -75,7 +75,9 @@ AI_PIN = 9
 AI_PFOK = 10
 AI_SEEN = 11  # 1 if this content was allocated before in the trace (pre-pass)
 AI_NEXT = 12  # next_use ordinal (offline policies), NEVER if none
-NAI = 13
+AI_FULL_HASH = 13  # the ALLOCATE row's hash: the content once the block is full (a decode
+#                    block is allocated partial; it is cached when the next block follows it)
+NAI = 14
 
 # --- HBM side table H_i[block id, ...] (the pool itself lives in kvsim.memory.fast) ---------
 HI_OWNER = 0  # request that allocated it
