@@ -41,7 +41,7 @@ from kvsim.sim.bookkeeping import (_below, _finalize_step, _first_lower, _intent
                                    _pick_victim, _run_add, _run_remove, _set_view_from_record)
 from kvsim.sim.layout import (AI_DEADLINE, AI_FULL_HASH, AI_HASH, AI_NEXT, AI_PFOK, AI_PHASE, AI_PIN,
                               AI_PRIO, AI_RPRIO, AI_SEEN, AI_SIZE, AI_SLACK, AI_TDS,
-                              AI_TOKENS, C_ALLOC_ORD, C_ARENA_TOP, C_CLOCK_US, C_HBM_USED,
+                              AI_TOKENS, C_ALLOC_ORD, C_ARENA_NEED, C_ARENA_TOP, C_CLOCK_US, C_HBM_USED,
                               C_IN_STEP, C_MAX_BT, C_NLOG, C_NPEND, C_NRUN, C_NSTEP_BUF,
                               C_PEAK, C_PEND_ADMIT, C_STEP, C_STEP_DUR_US, C_STEP_EXTRA_US,
                               C_STEP_SAVED_US, C_STEP_STALL_US, C_STEP_START_US, C_WARM_DONE,
@@ -475,9 +475,13 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
         need = 16
         if r >= 0:
             need += 2 * R_i[r, RI_BT_CAP] + 8
+            if R_i[r, RI_STATE] != RS_RUNNING and R_i[r, RI_STATE] != RS_PREEMPTED:
+                # this row may admit r: its records take max(4, prompt // B + 2) rows
+                need += max(4, R_i[r, RI_PROMPT] // K[K_BLOCK_TOKENS] + 2)
         if p >= 0:
             need += 2 * R_i[p, RI_BT_LEN] + 8
         if C[C_ARENA_TOP] + need > A_i.shape[0]:
+            C[C_ARENA_NEED] = need
             return ST_NEED_ARENA, i
         # --- a gathered admission is placed once its ALLOCATE rows end -----------------
         pa = int(C[C_PEND_ADMIT])

@@ -125,6 +125,7 @@ C_HBM_USED = C_USED
 C_PEAK = 24  # +0: peak HBM blocks held; +1..+3: peak resident blocks of DRAM, CXL, NVMe
 C_MAX_BT = 28  # largest block table seen (log buffer sizing)
 C_IN_STEP = 29  # 1 once a STEP row was seen
+C_ARENA_NEED = 30  # record rows the core asked for with ST_NEED_ARENA
 # metrics (accumulated; the warm-up snapshot is subtracted)
 M_FIRST = 32
 M_LOOKUP_TOK = 32

@@ -438,3 +438,28 @@ def test_swap_preemption_by_hand(tiny_hw, tmp_path):
     assert s["preempt_recompute_tokens"] == 0 and s["bytes_dram_link"] == 500
     assert res.steps["latency_us"].tolist() == [500.0, 506.0, 513.0, 506.0]
     check(trace, "lru", cfg, tmp_path)
+
+
+def test_admission_of_a_huge_prompt_grows_the_record_arena(tiny_hw, tmp_path):
+    """An admission reserves max(4, prompt // B + 2) block-record rows at once: a prompt
+    of 280,000 tokens (4-token blocks) reserves 70,002, more than the initial arena (65,536
+    rows); the core asks the driver for that room first, so the next request's records
+    land inside the (grown) arena and the replay matches the reference."""
+    tb = TraceBuilder()
+    tb.STEP(0, 1000.0)
+    tb.ARRIVE(0, 280_000)
+    tb.ALLOC(0, 0, 1)
+    tb.ACCESS(0, 4)
+    tb.FREE(0)
+    tb.STEP(1000, 1000.0)
+    tb.ARRIVE(1, 9)
+    tb.prompt(1, [1, 2, 0], last_tokens=1)
+    tb.ACCESS(1, 9)
+    tb.FREE(1)
+    trace = tb.write(tmp_path / "t.jsonl")
+    cfg = SimConfig(hardware=tiny_hw, hbm_blocks=8, engine="interpreted")
+    res = simulate(trace, "lru", cfg)
+    ref, _ = reference_replay(trace, "lru", cfg)
+    for s in (res.summary, ref):
+        assert s["hit_tokens"] == 4 and s["lookup_tokens"] == 280_000 + 9
+    check(trace, "lru", cfg, tmp_path)
