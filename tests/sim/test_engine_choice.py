@@ -71,16 +71,26 @@ def test_cache_check_follows_numba_cache_across_processes(tmp_path):
     assert out == ["False", "8", "True"]
 
 
-def test_compiled_is_cached_plain_python_and_cold_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path))
-    lower = [get_policy("lru")] * 3
+def test_compiled_is_cached_needs_the_core_and_every_hook(monkeypatch):
+    """Warm = the one core's entry point AND each policy's hooks are in numba's cache (the
+    check itself is tested on a real cache above)."""
+    from kvsim.sim import core, variants
+
+    lru, fifo = get_policy("lru"), get_policy("fifo")
+    lower = [lru] * 3
 
     class PyPolicy:  # a plain-Python policy never runs compiled
         compiled = False
 
     assert compiled_is_cached(PyPolicy(), lower) is False
-    # a fresh cache folder: the core's module files are written, nothing is compiled
-    assert compiled_is_cached(get_policy("lru"), lower) is False
+    monkeypatch.setattr(variants, "dispatcher_is_cached", lambda d: True)
+    assert compiled_is_cached(fifo, lower) is True
+    monkeypatch.setattr(variants, "dispatcher_is_cached", lambda d: d is not core.run)
+    assert compiled_is_cached(fifo, lower) is False  # the core is cold
+    cold_hook = fifo.victim
+    monkeypatch.setattr(variants, "dispatcher_is_cached", lambda d: d is not cold_hook)
+    assert compiled_is_cached(fifo, lower) is False  # one hook of the HBM policy is cold
+    assert compiled_is_cached(lru, lower) is True  # lru's hooks are all warm
 
 
 def test_auto_picks_compiled_when_cached_or_big(monkeypatch):
