@@ -47,6 +47,19 @@ many times a cached prefix block is held by a request and released again:
     ghost lists (ARC, S3-FIFO) look ``h`` up there, exactly as libCacheSim does in
     ``find``.  Block ids are slots, so ghosts must be keyed by content, not by ``b``.
 
+``prefetch_rank(view, b, now_us) -> float`` (optional; plain Python or ``njit``)
+    Live offload only (``--live-offload``, kvsim/sim/live_prefetch.py).  ``b`` is a
+    *unit* of the live replay: one running request's resident (or spilled) blocks of one
+    pin class, its view the request's latest step (``last_access_us``, ``deadline_us``,
+    ``slack_us``, ``target_decode_step``, ``phase``) and its most urgent block
+    (``priority``).  Return when its spilled blocks are expected to be needed, smaller =
+    sooner; ``inf`` = do not prefetch.  After each step the replay brings back spilled
+    blocks in rank order within the link's per-step budget, displacing the policy's own
+    ``victim`` only when that victim ranks later.  Default (hook absent): no prefetch,
+    every spilled block is fetched on demand and stalls the step that needs it.  The
+    built-ins that define it: ``deadline`` (deadline minus slack, deadlines still ahead
+    only) and ``intent`` (priority and phase rank, deadlines still ahead only).
+
 Legal sequences per block: ``on_insert`` (``on_hit``)* then any number of rounds of
 ``on_hold`` (``on_hit``)* ``on_release`` (``on_hit``)*, ended by ``on_remove`` (only while
 a candidate).  Same stream, same tier, one decision each: a single-tier access of a

@@ -301,3 +301,16 @@ def explain(row, now_us):
     terms["live"] = float(live)
     terms["phase_inferred"] = float(inferred)
     return terms
+
+
+def prefetch_rank(view, b, now_us):
+    """Live offload (kvsim/sim/live_prefetch.py): when the spilled blocks of unit ``b`` are
+    expected to be needed, smaller = sooner: the deadline minus its slack (``slack =
+    deadline - expected completion``), a higher class one class weight earlier.  Only a
+    deadline still ahead says when the next need is; a passed deadline (stale intent),
+    no deadline, or a finished phase: not prefetched (``inf``)."""
+    dl = int(view.deadline_us[b])
+    if view.phase[b] >= PH_ROLLBACK or dl < 0 or float(dl) < now_us:
+        return float("inf")
+    return (float(dl) - max(float(view.slack_us[b]), 0.0)
+            - CLASS_WEIGHT_US * float(view.priority[b]))

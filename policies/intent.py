@@ -84,3 +84,15 @@ def explain(row, now_us):
             "phase_rank_term": float(phase_rank),
             "idle_us": float(now_us) - float(row.get("last_access_us", 0.0)),
             "score": rank}
+
+
+def prefetch_rank(view, b, now_us):
+    """Live offload (kvsim/sim/live_prefetch.py): among units whose request states a
+    deadline still ahead (the only statement of *when* it runs next), fetch back first the
+    one the serving layer ranks highest (priority, then phase), then the earliest
+    deadline; live phases only (PREFILL, DECODE, VERIFY).  Otherwise ``inf`` (never)."""
+    ph = int(view.phase[b])
+    dl = int(view.deadline_us[b])
+    if ph > 2 or dl < 0 or float(dl) < now_us:
+        return float("inf")
+    return float(dl) - 1e9 * _rank.py_func(view, b)

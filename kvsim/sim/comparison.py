@@ -78,6 +78,7 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
 
     config = config or SimConfig()
     cache = config.mode == "cache"
+    live = config.live_offload  # bound: optimal = Belady over live units (live_optimum)
     names = list(policies) if policies else default_policies()
     for n in names:
         if n != "optimal":
@@ -86,7 +87,7 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
     if not cache and "optimal" not in run_names:
         run_names.append("optimal")  # the prefix-cache bound on this schedule
     # the offline reference: cache mode's exact optimum, else belady (forced-admission MIN)
-    bound = "optimal" if cache else "belady"
+    bound = "optimal" if (cache or live) else "belady"
     if bound not in run_names:
         try:
             if not cache:
@@ -140,6 +141,14 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
     nan = float("nan")
     for n in names:
         row = dict(results[n])
+        if live:
+            row["gap_blocks_fetched_to_optimal"] = row["blocks_fetched"] + row[
+                "prefetches"] - ref["blocks_fetched"] - ref["prefetches"]
+            row["decode_critical_stalls_vs_lru"] = (
+                row["decode_critical_stalls"] - base["decode_critical_stalls"]) \
+                if base is not None else nan
+            row["tpot_p99_us_vs_lru"] = (row["tpot_p99_us"] - base["tpot_p99_us"]) \
+                if base is not None else nan
         if cache:
             for key in ("hbm_hit_rate", "prefix_hit_rate", "block_hit_rate"):
                 row[f"gap_{key}_to_optimal"] = (ref[key] - row[key]) if ref is not None \

@@ -381,6 +381,10 @@ def simulate(trace_path: str | Path, policy, config: SimConfig | None = None,
 
         return simulate_cache(trace_path, policy, config, decision_log, lowering=lowering,
                               on_progress=on_progress)
+    if config.live_offload:  # running requests' blocks may be spilled (kvsim.sim.live_offload)
+        from kvsim.sim.live_offload import simulate_live
+
+        return simulate_live(trace_path, policy, config, decision_log, facts)
     if policy == "optimal":  # the offline bound on this schedule (kvsim.sim.optimum)
         from kvsim.sim.optimum import engine_bound
 
