@@ -52,6 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.errors import KvsimInputError
+from kvsim.memory.hooks import is_uniform, policy_value
 from kvsim.policy_api import NEVER, new_block_view
 from kvsim.schema import EventKind, Phase, Priority
 
@@ -74,7 +75,12 @@ class LivePolicy:
 
     def __init__(self, pol, capacity: int, num_slots: int, seed: int) -> None:
         self.pol = pol
-        self.state = pol.init(capacity, num_slots, {"seed": seed})
+        state = pol.init(capacity, num_slots, {"seed": seed})
+        if pol.compiled and is_uniform(state):
+            # one pointer (kvsim.memory.hooks.StateRef): the signature the hooks are compiled
+            # for anyway, and one object to pass per call instead of 35 arrays
+            state = policy_value(pol, state, True)[0]
+        self.state = state
         self.size = 0
 
 
