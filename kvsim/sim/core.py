@@ -423,7 +423,7 @@ def _fill_last(r, e, K, C, R_i, A_i, H_i, st, pst, view, T1, T2, T3, TMP, TMP_i,
         return
     A_i[a, AI_HASH] = h
     A_i[a, AI_TOKENS] = K[K_BLOCK_TOKENS]
-    b = st.tables[seq, e - 1]
+    b = np.int64(st.tables[seq, e - 1])  # int32 table: one signature of _write_through
     ops.cache_block(st, pst, view, seq, e - 1, h, now_us)
     if view.content_hash[b] != h:  # caching off, or the pool did not take it
         return

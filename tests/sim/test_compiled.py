@@ -27,8 +27,16 @@ _spec.loader.exec_module(_helpers)
 @pytest.mark.skipif(os.environ.get("KVSIM_TEST_COMPILED") != "1",
                     reason="cold numba compile of the replay takes minutes; set "
                            "KVSIM_TEST_COMPILED=1 to run")
-@pytest.mark.parametrize("policy", ["lru", "fifo"])
+def _builtins():
+    from kvsim.policy_registry import list_policies
+
+    return [p.name for p in list_policies()]
+
+
+@pytest.mark.parametrize("policy", _builtins())
 def test_compiled_equals_interpreted(tiny_hw, tmp_path, policy):
+    """Every built-in, in HBM and in DRAM, through the one compiled core (a new policy
+    compiles only its hooks: ~12 x a few CPU-s once the core is cached)."""
     trace = _helpers.random_trace(_helpers.TraceBuilder, 3).write(tmp_path / "r.parquet")
     logs = {}
     results = {}
