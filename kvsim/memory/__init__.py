@@ -41,6 +41,7 @@ Python side::
     pool.pst     # the order policy's state (kvsim.policy_api.PolicyState, from its init())
     pool.pol     # (state, hooks): the order as the value the pool_ops functions take
     pool.view    # kvsim.policy_api.BlockView indexed by block id; the CALLER fills fields
+    pool.view_c  # the same arrays as a ViewRef (kvsim.memory.hooks): what ops take
     pool.ops     # kvsim.memory.pool_ops (compiled once for every order)
     pool.out     # AllocOut namedtuple of scratch arrays (blocks, kind, evicted_hash,
                  # reason, n_alt: length max_blocks_per_seq; alt_blocks, alt_scores:
@@ -77,7 +78,8 @@ njit functions.  In ``kvsim.memory.fast`` (no hooks)::
            ties -> the latest arrival (vLLM v1 Scheduler)
     pool_check(st) -> 0 if every invariant holds, else a positive code (fast.INVARIANTS)
 
-In ``ops = pool.ops`` (``kvsim.memory.pool_ops``; ``pst`` below is ``pool.pol``)::
+In ``ops = pool.ops`` (``kvsim.memory.pool_ops``; ``pst`` below is ``pool.pol``, ``view``
+``pool.view_c``)::
 
     ops.allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out) -> n_hit, or -1
         # append n blocks to seq's table.  If the table is empty and caching is on, first

@@ -5,7 +5,8 @@ every policy: they receive a policy as ``pol = (state, hooks)``, where ``state``
 policy's :class:`kvsim.policy_api.PolicyState` as a :class:`StateRef` (one pointer, one
 numba type for every policy) and
 ``hooks`` a tuple of eight first-class functions (``numba.types.FunctionType``) in the
-order ``HOOK_NAMES``, called as ``pol[1][H_VICTIM](pol[0], view, now_us, alt_b, alt_s)``.
+order ``HOOK_NAMES``, called as ``pol[1][H_VICTIM](pol[0], view, now_us, alt_b, alt_s)``;
+``view`` is likewise one pointer in compiled code (:class:`ViewRef`, :func:`view_ref`).
 Each hook is compiled once per policy for its one fixed signature (``hook_signatures``),
 cached on disk by numba like any ``njit(cache=True)`` function; the core's compiled code
 does not depend on the policy, so numba's disk cache serves it to every policy and every
@@ -98,9 +99,62 @@ def state_ref(state: PolicyState) -> StateRef:
 
 
 @lru_cache(maxsize=1)
-def view_type():
-    """The numba type of a :class:`kvsim.policy_api.BlockView` (every tier's view)."""
+def view_tuple_type():
+    """The numba type of a :class:`kvsim.policy_api.BlockView` namedtuple."""
     return typeof(new_block_view(1))
+
+
+@structref.register
+class ViewRefType(types.StructRef):
+    """The numba type of :class:`ViewRef`: one pointer to a struct holding the 14 arrays of
+    a :class:`kvsim.policy_api.BlockView` (same field names)."""
+
+    def preprocess_fields(self, fields):
+        return tuple((name, types.unliteral(t)) for name, t in fields)
+
+
+class ViewRef(structref.StructRefProxy):
+    """A block view as compiled code passes it (one pointer instead of 14 arrays; the
+    arrays are the BlockView's own).  Python code keeps and reads the BlockView."""
+
+
+structref.define_boxing(ViewRefType, ViewRef)
+_V = view_tuple_type()
+VIEW_REF = ViewRefType([(name, t) for name, t in zip(_V.fields, _V.types)])
+
+
+@njit(cache=True)
+def _new_view_ref(last_access_us, insert_us, access_count, phase, priority,
+                  request_priority, deadline_us, slack_us, target_decode_step,
+                  recompute_cost_us, size_bytes, pinned, next_use, content_hash):
+    r = structref.new(VIEW_REF)
+    r.last_access_us = last_access_us
+    r.insert_us = insert_us
+    r.access_count = access_count
+    r.phase = phase
+    r.priority = priority
+    r.request_priority = request_priority
+    r.deadline_us = deadline_us
+    r.slack_us = slack_us
+    r.target_decode_step = target_decode_step
+    r.recompute_cost_us = recompute_cost_us
+    r.size_bytes = size_bytes
+    r.pinned = pinned
+    r.next_use = next_use
+    r.content_hash = content_hash
+    return r
+
+
+def view_ref(view) -> ViewRef:
+    """``view`` (a :class:`kvsim.policy_api.BlockView`) as a :class:`ViewRef`: what the
+    compiled core, pool, tiers and hooks take (same arrays)."""
+    seal_all()
+    return _new_view_ref(*view)
+
+
+def view_type():
+    """The numba type of the view the compiled hooks take (:class:`ViewRef`)."""
+    return VIEW_REF
 
 
 @lru_cache(maxsize=1)
@@ -167,8 +221,8 @@ def _functions(policy) -> tuple:
 
 def compiled_hooks(policy) -> tuple:
     """The eight hooks of ``policy`` (a :class:`kvsim.policy_registry.Policy` or a policy
-    module, with njit hooks) as :class:`CompiledHook` values, each compiled (or loaded from numba's disk
-    cache) for its signature; memoised per process."""
+    module, with njit hooks) as :class:`CompiledHook` values, each compiled (or loaded from
+    numba's disk cache) for its signature; memoised per process."""
     key = tuple(id(f) for f in _functions(policy))
     if key not in _COMPILED:
         seal_all()

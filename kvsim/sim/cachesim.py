@@ -62,7 +62,7 @@ from numba import njit
 
 from kvsim.errors import KvsimInputError
 from kvsim.memory.hooks import (H_HIT, H_INSERT, H_MISS, H_REMOVE, H_VICTIM, is_uniform,
-                                policy_value)
+                                policy_value, view_ref)
 from kvsim.policy_api import NEVER, new_block_view
 from kvsim.policy_registry import Policy, get_policy
 
@@ -398,7 +398,8 @@ def simulate_cache(keys: np.ndarray | PreparedKeys, capacity_blocks: int,
     compiled = pol.compiled and is_uniform(state)  # else the loop's Python twin
     loop = _replay if compiled else _replay.py_func
     hits, misses, evictions, _ = loop(ids, next_use, capacity,
-                                      policy_value(pol, state, compiled), view,
+                                      policy_value(pol, state, compiled),
+                                      view_ref(view) if compiled else view,
                                       alt_blocks, alt_scores, victims,
                                       np.zeros(num_slots, np.bool_))
     return _result(pol, capacity, ids, n_unique, hits, misses, evictions, victims,

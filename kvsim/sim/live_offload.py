@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.errors import KvsimInputError
-from kvsim.memory.hooks import is_uniform, policy_value
+from kvsim.memory.hooks import is_uniform, policy_value, view_ref
 from kvsim.policy_api import NEVER, new_block_view
 from kvsim.schema import EventKind, Phase, Priority
 
@@ -98,6 +98,8 @@ class LiveReplay:
         self.NR = NR = num_requests
         self.num_slots = C + 2 * NR
         self.view = new_block_view(self.num_slots)
+        # the view as compiled hooks take it (kvsim.memory.hooks.ViewRef, same arrays)
+        self.hook_view = view_ref(self.view) if pol.compiled else self.view
         self.pols = (LivePolicy(pol, C, self.num_slots, seed),
                      LivePolicy(pol, C, self.num_slots, seed))
         self.hooks = pol
@@ -223,13 +225,13 @@ class LiveReplay:
 
     def _insert(self, u: int, cls: int) -> None:
         p = self.pols[cls]
-        self.hooks.on_insert(p.state, self.view, u, self.now_us)
+        self.hooks.on_insert(p.state, self.hook_view, u, self.now_us)
         self.in_pol[u] = True
         p.size += 1
 
     def _remove(self, u: int, cls: int) -> None:
         p = self.pols[cls]
-        self.hooks.on_remove(p.state, self.view, u)
+        self.hooks.on_remove(p.state, self.hook_view, u)
         self.in_pol[u] = False
         p.size -= 1
 
@@ -262,12 +264,12 @@ class LiveReplay:
         for cls in (UNPINNED, PINNED):
             p = self.pols[cls]
             while p.size > 0:
-                u, _, _ = self.hooks.victim(p.state, self.view, self.now_us, _ALT, _ALT_S)
+                u, _, _ = self.hooks.victim(p.state, self.hook_view, self.now_us, _ALT, _ALT_S)
                 u = int(u)
                 if u < 0:
                     break
                 if u >= self.C and (u - self.C) // 2 == self.cur_req:
-                    self.hooks.on_hold(p.state, self.view, u)
+                    self.hooks.on_hold(p.state, self.hook_view, u)
                     self.in_pol[u] = False
                     p.size -= 1
                     self.held_units.append(u)
@@ -412,7 +414,7 @@ class LiveReplay:
             if st:
                 self._fill_unit(u, st[-1])
                 p = self.pols[cls]
-                self.hooks.on_release(p.state, self.view, u, self.now_us)
+                self.hooks.on_release(p.state, self.hook_view, u, self.now_us)
                 self.in_pol[u] = True
                 p.size += 1
         self.held_units = []
@@ -513,7 +515,7 @@ class LiveReplay:
             st = self.stack[r][cls]
             if self.in_pol[u] and st:
                 self._fill_unit(u, st[-1])
-                self.hooks.on_hit(self.pols[cls].state, self.view, u, self.now_us)
+                self.hooks.on_hit(self.pols[cls].state, self.hook_view, u, self.now_us)
         token = phase in TOKEN_PHASES and ntok > 0
         if stall > 0:
             self.stall_us += stall

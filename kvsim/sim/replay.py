@@ -30,7 +30,7 @@ from kvsim.memory import fast as mem
 from kvsim.policy_api import new_block_view
 from kvsim.sim import core, layout as L
 from kvsim.sim.config import LOWER_TIERS, SimConfig, resolve_engine
-from kvsim.memory.hooks import is_uniform
+from kvsim.memory.hooks import is_uniform, view_ref
 from kvsim.sim.variants import (compiled_is_cached, core_for, interpreted, is_compiled,
                                    policy_value)
 from kvsim.sim.prepass import (SeenSet, TraceFacts, _open, full_hashes, offline_next_use,
@@ -167,7 +167,12 @@ class _Run:
         self.core = core_mod
         self.out = self.core.mem.new_out(pcfg)
         self.pst = policy_value(policy, hbm_state, core_mod)
-        self.T = [T[:4] + (policy_value(pol, T[4], core_mod),) + T[5:]
+        # compiled code takes each view as one pointer (kvsim.memory.hooks.ViewRef, same
+        # arrays); Python code (check(), the interpreted twin) keeps the BlockViews
+        vr = view_ref if is_compiled(core_mod) else (lambda v: v)
+        self.views = (self.view,) + tuple(T[3] for T in tiers)  # BlockViews, for Python
+        self.view = vr(self.view)
+        self.T = [T[:3] + (vr(T[3]), policy_value(pol, T[4], core_mod)) + T[5:]
                   for T, pol in zip(tiers, lower)]
         K = np.zeros(L.NK, dtype=np.int64)
         K[L.K_WRITE_POLICY] = {"write_back": L.WP_WRITE_BACK,
@@ -195,7 +200,7 @@ class _Run:
         self.H_i = np.zeros((hbm_blocks + 1, L.NHI), dtype=np.int64)
         self.hbuf = np.zeros(max_blocks, dtype=np.int64)
         self.scr = np.zeros((2, max_blocks), dtype=np.int64)
-        self.TMP = new_block_view(4)
+        self.TMP = vr(new_block_view(4))
         self.TMP_i = np.zeros((4, 3), dtype=np.int64)
         kc = config.log_candidates if log_writer is not None else 0
         cap = (1 << 16) if log_writer is not None else 1
@@ -341,9 +346,9 @@ class _Run:
 
         code = int(self.core.mem.pool_check(self.st))
         out = {"pool_check": code, "pool_ok": code == 0}
-        for T in self.T:
-            check_tier(T[:4] + (0,) + T[5:])  # the policy value (T[4]) is not checked here,
-            # and the interpreted engine's (Python functions) has no numba type
+        for T, v in zip(self.T, self.views[1:]):
+            check_tier(T[:3] + (v, 0) + T[5:])  # the BlockView; the policy value (T[4]) is
+            # not checked here, and the interpreted engine's (Python functions) has no type
         cap = [self.st.cfg[mem.F_NUM_BLOCKS] - 1] + [int(T[5][L.LM_CAP]) for T in self.T]
         out["peak_within_capacity"] = all(self.C[L.C_PEAK + t] <= cap[t] for t in range(4))
         out["held_blocks"] = int(self.st.sc[mem.S_N_HELD])

@@ -56,7 +56,7 @@ def test_every_builtin_state_has_the_one_type(name):
 
 def test_hooks_of_two_policies_are_values_of_one_type():
     """The core is compiled for one argument type whatever the policy."""
-    view = new_block_view(4)
+    view = hooks.view_ref(new_block_view(4))
     values = [hooks.policy_value(get_policy(n), get_policy(n).init(3, 4, {}), True)
               for n in ("lru", "fifo")]
     assert typeof(values[0]) == typeof(values[1])
