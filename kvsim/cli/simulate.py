@@ -419,7 +419,8 @@ def print_replicas(rows: list[dict]) -> None:
 
 def _lower_for(table, config, opts, tmpdir: Path) -> Path:
     """Lower ``table`` for this replay (``--schedule recorded`` of a Request table): the
-    scheduler's KV budget is the replayed HBM pool (``SimConfig.lowering_options``)."""
+    scheduler's KV budget is the replayed HBM pool (``SimConfig.lowering_options``; with
+    ``--live-offload`` the whole GPU's, so the recorded batches oversubscribe the HBM)."""
     from kvsim.ingest.lower import lower_requests
 
     path = tmpdir / "lowered.parquet"

@@ -13,13 +13,12 @@ first token's step ends after it.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from kvsim.errors import KvsimInputError
-from kvsim.sim.live_offload import (COUNTERS, K_ACCESS, K_ALLOCATE, K_ARRIVE, K_FORK, K_FREE,
+from kvsim.sim.live_offload import (K_ACCESS, K_ALLOCATE, K_ARRIVE, K_FORK, K_FREE,
                                     K_INTENT, K_STEP, LiveReplay)
 
 #: Keys a live-offload summary adds (docs/simulate.md, "Live offload").

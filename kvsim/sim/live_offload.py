@@ -55,6 +55,7 @@ from kvsim.errors import KvsimInputError
 from kvsim.memory.hooks import is_uniform, policy_value, view_ref
 from kvsim.policy_api import NEVER, new_block_view
 from kvsim.schema import EventKind, Phase, Priority
+from kvsim.sim.live_moves import fetch_many, spill_many
 
 K_STEP, K_ARRIVE, K_ALLOCATE, K_ACCESS, K_INTENT, K_COMMIT, K_FORK, K_FREE = (
     int(EventKind.STEP), int(EventKind.ARRIVE), int(EventKind.ALLOCATE),
@@ -240,8 +241,10 @@ class LiveReplay:
         r, cls = self.b_req[b], self.b_cls[b]
         st = self.stack[r][cls]
         st.append(b)
-        u = self._unit(r, cls)
-        self.ucnt[u - self.C][min(max(self.b_intent[b][1], 0), 3)] += 1
+        k = 2 * r + cls
+        u = self.C + k
+        pr = self.b_intent[b][1]
+        self.ucnt[k][0 if pr < 0 else 3 if pr > 3 else pr] += 1
         if len(st) == 1 and u not in self.held_units:
             self.view.insert_us[u] = self.now_us
             self._fill_unit(u, b)
@@ -254,8 +257,10 @@ class LiveReplay:
             st.pop()
         else:
             st.remove(b)
-        u = self._unit(r, cls)
-        self.ucnt[u - self.C][min(max(self.b_intent[b][1], 0), 3)] -= 1
+        k = 2 * r + cls
+        u = self.C + k
+        pr = self.b_intent[b][1]
+        self.ucnt[k][0 if pr < 0 else 3 if pr > 3 else pr] -= 1
         if not st and self.in_pol[u]:
             self._remove(u, cls)
 
@@ -294,11 +299,12 @@ class LiveReplay:
                 self._drop_cached(b)
                 self.c["evictions_hbm"] += 1
             else:
-                st = self.stack[(u - self.C) // 2][cls]
-                for _ in range(min(n - len(free), len(st))):
-                    self._spill(st[-1])
+                self._spill_many((u - self.C) // 2, cls, n - len(free))
 
     # ---- block moves --------------------------------------------------------------------
+    _spill_many = spill_many  # kvsim/sim/live_moves.py: the hot loops
+    _fetch_many = fetch_many
+
     def _spill(self, b: int) -> None:
         self._pop_from(b)
         s = self.b_slot[b]
@@ -487,12 +493,8 @@ class LiveReplay:
             per_tier = [0, 0, 0, 0]
             while miss:  # (making room may spill a block r shares with its owner)
                 self._make_room(len(miss))
-                for b in list(miss):
-                    if not self.free_slots:
-                        break
-                    if self.b_cls[b] == PINNED or self.b_intent[b][1] == PR_CRIT:
-                        critical = True
-                    per_tier[self._fetch(b, self.free_slots.pop())] += 1
+                if self._fetch_many(miss, per_tier):
+                    critical = True
             for t in (1, 2, 3):
                 if per_tier[t]:
                     stall += self.costs[t].promote_us(per_tier[t] * self.block_bytes)
@@ -584,12 +586,6 @@ COUNTERS = ("live_spills", "pinned_spills", "blocks_fetched", "stalls", "decode_
             "decode_critical_stalls", "prefetches", "prefetches_useful", "prefetches_wasted",
             "evictions_hbm", "lookup_blocks", "hit_blocks", "tpot_deadline_misses",
             "ttft_deadline_misses")
-
-
-def _intent_of(cols: dict, i: int) -> tuple:
-    return (int(cols["phase"][i]), int(cols["priority"][i]), int(cols["request_priority"][i]),
-            int(cols["deadline_us"][i]), int(cols["slack_us"][i]),
-            int(cols["target_decode_step"][i]), float(cols["recompute_cost_us"][i]))
 
 
 def simulate_live(trace_path: str | Path, policy, config, decision_log=None, facts=None):
