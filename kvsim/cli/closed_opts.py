@@ -41,12 +41,20 @@ MaxTokensOpt = Annotated[int, typer.Option(
     "--max-num-batched-tokens", min=1, help="Token budget of one engine step (vLLM).")]
 
 
-def resolve_schedule(schedule: str | None, has_table: bool, mode: str = "engine") -> str:
+def resolve_schedule(schedule: str | None, has_table: bool, mode: str = "engine",
+                     live_offload: bool = False) -> str:
     """The schedule to use: ``closed`` by default for a Request table, ``recorded`` for an
-    event file (the only one possible there) and in ``--mode cache`` (no engine steps)."""
+    event file (the only one possible there), in ``--mode cache`` (no engine steps) and
+    with ``--live-offload`` (it replays recorded steps: kvsim.sim.live_offload)."""
     if schedule is not None and schedule not in SCHEDULES:
         raise KvsimInputError(f"expected closed | recorded, got {schedule!r}", None, None,
                               "--schedule")
+    if live_offload:
+        if schedule == "closed":
+            raise KvsimInputError("expected --schedule recorded (or none) with "
+                                  "--live-offload (it replays an engine's recorded steps)",
+                                  None, None, "--schedule")
+        return "recorded"
     if mode == "cache":
         if schedule == "closed":
             raise KvsimInputError("expected --schedule recorded (or none) with --mode cache "

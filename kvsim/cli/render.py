@@ -141,7 +141,20 @@ COLUMNS: tuple[Column, ...] = (
     Column("peak_blocks", "peak HBM/DRAM/\nCXL/NVMe blocks", lambda v: v),
     Column("p99_vs_lru", "step p99\nvs lru", lambda v: v),
     Column("decode_critical_vs_lru", "decode-crit\nvs lru", lambda v: v),
+    # --live-offload (kvsim.sim.live_metrics.LIVE_KEYS)
+    Column("decode_stalls", "decode\nstalls", _int, "min"),
+    Column("decode_critical_stalls", "decode-crit\nstalls", _int, "min"),
+    Column("stall_us", "stall\nms", _ms, "min"),
+    Column("live_spills", "live\nspills", _int, "min"),
+    Column("blocks_fetched", "fetched\n(demand)", _int, "min"),
+    Column("prefetches", "prefetch\nissued", _int),
+    Column("prefetches_useful", "prefetch\nuseful", _int, "max"),
+    Column("prefetches_wasted", "prefetch\nwasted", _int, "min"),
 )
+#: Default table of a ``--live-offload`` result (its rows carry ``live_offload``).
+LIVE_DEFAULT_COLUMNS = ("decode_stalls", "decode_critical_stalls", "stall_us", "tpot_p99_us",
+                        "deadline_misses", "live_spills", "blocks_fetched", "prefetches",
+                        "prefetches_useful", "prefetches_wasted", "bytes_dram_link")
 _BY_KEY: dict[str, Column] = {c.key: c for c in COLUMNS}
 DEFAULT_COLUMNS = tuple(c.key for c in COLUMNS if c.default)
 

@@ -110,6 +110,11 @@ HbmMbOpt = compat.mb_option("hbm")
 DramMbOpt = compat.mb_option("dram")
 CxlMbOpt = compat.mb_option("cxl")
 NvmeMbOpt = compat.mb_option("nvme")
+LiveOffloadOpt = Annotated[bool, typer.Option(
+    "--live-offload", help="Live KV offload: HBM may hold fewer blocks than the running "
+    "requests' contexts; their blocks are spilled to DRAM/CXL/NVMe and fetched back before "
+    "the step that reads them (stalls, prefetch by the policy).  Recorded schedule only; "
+    "docs/memory-model.md, 'Live offload'.")]
 EngineOpt = Annotated[str, typer.Option(
     "--engine", metavar="ENGINE",
     help="auto (default: compiled when already compiled for these policies, cached on "
@@ -121,7 +126,7 @@ EngineOpt = Annotated[str, typer.Option(
 def _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model, tier_policy,
             write_policy, preemption, priority_scheduling, no_prefetch, warmup, log_lifecycle,
             seed, engine, warmup_requests=None, mode="engine", cache_variant="prefix",
-            mb=(None, None, None, None)):
+            mb=(None, None, None, None), live_offload=False):
     from kvsim.sim import SimConfig
     from kvsim.sim.config import parse_tier_policies
 
@@ -134,7 +139,8 @@ def _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model, tier_
                      preemption=preemption, priority_scheduling=priority_scheduling,
                      prefetch=not no_prefetch, warmup_fraction=warmup,
                      log_lifecycle=log_lifecycle, seed=seed, engine=engine,
-                     warmup_requests=warmup_requests, mode=mode, cache_variant=cache_variant)
+                     warmup_requests=warmup_requests, mode=mode, cache_variant=cache_variant,
+                     live_offload=live_offload)
 
 
 def _load_policy_files(files) -> None:
@@ -185,6 +191,8 @@ def _scope(row, config) -> str:
         return f"cache mode ({config.cache_variant} lookups, no timing), " + text + \
             (f" after {int(warm):,} warm-up" if warm else "")
     text += f", {int(row['steps']):,} steps"
+    if getattr(config, "live_offload", False):
+        text += ", live offload"
     return "engine mode, " + text + (f" after {int(warm):,} warm-up" if warm else "")
 
 
@@ -215,6 +223,8 @@ def _policies_to_run(names: list[str] | None, config, sched: str = "recorded") -
     run = list(names) if names else list(default_policies())
     if sched != "closed" and "optimal" not in run:
         run.append("optimal")
+    if getattr(config, "live_offload", False):
+        return run  # its bound is optimal (kvsim.sim.live_optimum)
     if (sched == "closed" or config.mode != "cache") and "belady" not in run \
             and any(p.name == "belady" for p in list_policies()):
         run.append("belady")
@@ -226,12 +236,17 @@ def render_results(df: pd.DataFrame, title: str, columns: str | None, wide: bool
     """Print a results frame as a table that fits the terminal (kvsim.cli.render)."""
     from kvsim.cli import render
 
+    live = "live_offload" in df.columns and bool(df["live_offload"].fillna(False).any())
+    if live and columns is None and not wide:
+        columns = ",".join(render.LIVE_DEFAULT_COLUMNS)
     cols = render.parse_columns(columns, wide)
     if columns is None and render.bound_name(df) is None:  # nothing to measure a gap to
         cols = [c for c in cols if c.key != "gap_to_bound"]
     table = render.metric_table(df, title, cols, sort=sort)
     items = [table]
-    if with_verdict:
+    if with_verdict and live:
+        items.append(_live_verdict(df))
+    elif with_verdict:
         items.append(render.verdict(df))
     render.print_view(*items, wide=wide)
 
@@ -266,6 +281,7 @@ def simulate_command(
     warmup_requests: WarmupRequestsOpt = None,
     mode: ModeOpt = "engine",
     cache_variant: CacheVariantOpt = "prefix",
+    live_offload: LiveOffloadOpt = False,
     policy_file: PolicyFileOpt = None,
     decision_log: Annotated[Path | None, typer.Option(
         "--decision-log", metavar="PATH",
@@ -311,8 +327,8 @@ def simulate_command(
     config = _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model,
                      tier_policy, write_policy, preemption, priority_scheduling, no_prefetch,
                      warmup_fraction, log_lifecycle, seed, engine, warmup_requests, mode,
-                     cache_variant, (hbm_mb, dram_mb, cxl_mb, nvme_mb))
-    sched = resolve_schedule(schedule, trace is None, config.mode)
+                     cache_variant, (hbm_mb, dram_mb, cxl_mb, nvme_mb), live_offload)
+    sched = resolve_schedule(schedule, trace is None, config.mode, config.live_offload)
     label = _source_label(trace, profile, requests, seed, request_trace)
     quiet = quiet_progress(json_)
     with progress(quiet=quiet) as bar, \
@@ -353,6 +369,24 @@ def simulate_command(
         print_replicas(replica_rows)
 
 
+def _live_verdict(df: pd.DataFrame) -> str:
+    """``--live-offload``: the online policy with the fewest decode-critical stalls (then
+    stall time), against lru and the offline bound (optimal)."""
+    on = df[~df["offline"].astype(bool)]
+    if on.empty:
+        return ""
+    best = on.sort_values(["decode_critical_stalls", "stall_us", "policy"]).iloc[0]
+    text = (f"best online: {best['policy']}: decode-crit stalls "
+            f"{int(best['decode_critical_stalls']):,}, stall {best['stall_us'] / 1e3:,.2f} ms, "
+            f"TPOT p99 {best['tpot_p99_us'] / 1e3:,.3f} ms")
+    lru = df[df["policy"] == "lru"]
+    if len(lru):
+        row = lru.iloc[0]
+        text += (f" (lru {int(row['decode_critical_stalls']):,}, "
+                 f"{row['stall_us'] / 1e3:,.2f} ms, {row['tpot_p99_us'] / 1e3:,.3f} ms)")
+    return text
+
+
 def print_replicas(rows: list[dict]) -> None:
     """One row per replica, the columns a reader compares (every key of
     kvsim.sim.serving_metrics.REPLICA_KEYS is in --json), fitted to the terminal."""
@@ -385,7 +419,8 @@ def print_replicas(rows: list[dict]) -> None:
 
 def _lower_for(table, config, opts, tmpdir: Path) -> Path:
     """Lower ``table`` for this replay (``--schedule recorded`` of a Request table): the
-    scheduler's KV budget is the replayed HBM pool (``SimConfig.lowering_options``)."""
+    scheduler's KV budget is the replayed HBM pool (``SimConfig.lowering_options``; with
+    ``--live-offload`` the whole GPU's, so the recorded batches oversubscribe the HBM)."""
     from kvsim.ingest.lower import lower_requests
 
     path = tmpdir / "lowered.parquet"
@@ -451,6 +486,7 @@ def compare_command(
     warmup_requests: WarmupRequestsOpt = None,
     mode: ModeOpt = "engine",
     cache_variant: CacheVariantOpt = "prefix",
+    live_offload: LiveOffloadOpt = False,
     policy_file: PolicyFileOpt = None,
     decision_log_dir: Annotated[Path | None, typer.Option(
         "--decision-log-dir", metavar="DIR",
@@ -498,9 +534,9 @@ def compare_command(
     config = _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model,
                      tier_policy, write_policy, preemption, priority_scheduling, no_prefetch,
                      warmup_fraction, log_lifecycle, seed, engine, warmup_requests, mode,
-                     cache_variant, (hbm_mb, dram_mb, cxl_mb, nvme_mb))
+                     cache_variant, (hbm_mb, dram_mb, cxl_mb, nvme_mb), live_offload)
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
-    sched = resolve_schedule(schedule, trace is None, config.mode)
+    sched = resolve_schedule(schedule, trace is None, config.mode, config.live_offload)
     quiet = quiet_progress(json_)
     with tempfile.TemporaryDirectory(prefix="kvsim-compare-") as tmpdir:
         source = trace

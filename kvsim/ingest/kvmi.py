@@ -22,8 +22,10 @@ EVICTED                     are the old tool's own placement decisions; kvsim de
 =========================== =============================================================
 
 Clock: kvmi steps carry no time; ``time_us = step * step_us`` (``step_us`` default
-:data:`KVMI_STEP_US`, an assumption) and kvmi's ``deadline_us`` is read as absolute on
-that clock.  Content hashes are ``NO_HASH`` (kvmi has no content identity), so nothing is
+:data:`KVMI_STEP_US`, an assumption).  kvmi's ``deadline_us`` is a *relative* budget from
+the event (its generator writes 700, 900, 2,500, 10,000 us whatever the step; its
+simulator compares it with a per-event latency), so kvsim's absolute deadline is
+``time_us + deadline_us``; ``slack_us`` is copied (a difference already).  Content hashes are ``NO_HASH`` (kvmi has no content identity), so nothing is
 prefix-shared.  Rows of one step follow kvsim's order: STEP, ARRIVE, per request its
 ALLOCATE/INTENT/COMMIT rows then its ACCESS, then FREE rows.
 """
@@ -176,6 +178,8 @@ class _Converter:
         for et, it, loc in self.pending:
             name = str(it["request_id"])
             fields = self._intent_fields(it, loc)
+            if fields["deadline_us"] >= 0:  # kvmi's deadline is a budget from the event
+                fields["deadline_us"] += t
             if name not in self.rids:
                 rid = self.rids[name] = len(self.rids)
                 self.nblocks[rid] = 0

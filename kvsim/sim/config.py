@@ -95,6 +95,10 @@ class SimConfig:
     cache_variant: str = field(default="prefix", metadata=_h(
         "cache mode only: prefix (a lookup stops at the first missing block) or block "
         "(every resident block of the prompt counts, each block one access)"))
+    live_offload: bool = field(default=False, metadata=_h(
+        "live KV offload (engine mode, recorded schedule): running requests' blocks may be "
+        "spilled to the lower tiers and fetched back before the step that reads them "
+        "(kvsim.sim.live_offload; docs/memory-model.md, 'Live offload')"))
     log_lifecycle: bool = field(default=False, metadata=_h(
         "decision log also records ALLOCATE/HIT/REVIVE/RELEASE/FREE rows"))
     log_candidates: int = field(default=4, metadata=_h(
@@ -141,6 +145,13 @@ class SimConfig:
         if self.cache_variant not in CACHE_VARIANTS:
             raise bad_value(None, None, "cache_variant", " | ".join(CACHE_VARIANTS),
                             self.cache_variant)
+        if self.live_offload and self.mode != "engine":
+            raise bad_value(None, None, "--live-offload", "--mode engine (live offload "
+                            "replays engine steps)", f"--mode {self.mode}")
+        if self.live_offload and self.preemption != "recompute":
+            raise bad_value(None, None, "--live-offload", "--preemption recompute (the "
+                            "mode spills blocks instead of swapping requests)",
+                            f"--preemption {self.preemption}")
         if not 0 <= self.log_candidates <= 8:
             raise bad_value(None, None, "log_candidates", "an integer in 0..8",
                             self.log_candidates)
@@ -214,7 +225,8 @@ class SimConfig:
         opts: dict = {"hardware": self.hardware, "model": model,
                       "block_size_tokens": int(block_size_tokens),
                       "gpu_memory_utilization": self.gpu_memory_utilization}
-        if self.hbm_blocks is not None or self.hbm_gb is not None:
+        if (self.hbm_blocks is not None or self.hbm_gb is not None) and not self.live_offload:
+            # (live offload: lowered for the whole GPU, replayed into a smaller HBM)
             from kvsim.kvsize import kv_bytes_per_token
             from kvsim.models import load_model
 

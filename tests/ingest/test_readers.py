@@ -145,6 +145,10 @@ def test_kvmi_small(tmp_path):
     intent = df[df.kind == IN].iloc[0]
     assert intent.priority == 3 and bool(intent.pin_requested)  # DECODE_CRITICAL, pinned
     assert df.time_us.max() == 3000 and set(df.content_hash) == {0}
+    # kvmi's deadline_us (10,000 on every line) is a budget from the event's time
+    assert df[df.kind == AL].deadline_us.tolist() == [10_000, 10_000, 12_000]
+    assert intent.deadline_us == 2000 + 10_000
+    assert df[df.kind == AC].iloc[0].deadline_us == 1000 + 10_000
 
 
 def test_kvmi_null_optional_fields_are_unset(tmp_path):

@@ -1,0 +1,307 @@
+"""Live KV offload (``SimConfig(live_offload=True)``, kvsim/sim/live_offload.py): exact
+stalls, spills and prefetch counts on hand-made traces.
+
+Tiny profile (tests/sim/conftest.py): blocks of 100 bytes; DRAM: up latency 1 + 4 = 5 us,
+link 100 bytes/us, so fetching n blocks from DRAM in one ACCESS stalls ``5 + n`` us.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvsim.errors import KvsimInputError
+from kvsim.schema import Phase, Priority
+from kvsim.sim import SimConfig, simulate
+
+_spec = importlib.util.spec_from_file_location("kvsim_tests_sim_conftest_live",
+                                               Path(__file__).with_name("conftest.py"))
+_helpers = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_helpers)
+TraceBuilder = _helpers.TraceBuilder
+
+DEC = Phase.DECODE
+
+
+def live(hw, hbm, **kw) -> SimConfig:
+    return SimConfig(hardware=hw, hbm_blocks=hbm, live_offload=True, **kw)
+
+
+def three_requests(path: Path) -> Path:
+    """A (2 blocks, decode deadline 250 us), B (1 block, deadline 10 ms), then C (2 blocks)
+    arrives into a 4-block HBM: one block must be spilled; A decodes at the next step."""
+    tb = TraceBuilder()
+    tb.STEP(0, 100)
+    tb.ARRIVE(0, 8)
+    tb.ARRIVE(1, 4)
+    for i in range(2):
+        tb.ALLOC(0, i, 0, deadline_us=250)
+    tb.ACCESS(0, 8, deadline_us=250)
+    tb.ALLOC(1, 0, 0, deadline_us=10_000)
+    tb.ACCESS(1, 4, deadline_us=10_000)
+    tb.STEP(100, 100)
+    tb.ARRIVE(2, 8)
+    for i in range(2):
+        tb.ALLOC(2, i, 0, deadline_us=10_000)
+    tb.ACCESS(2, 8, deadline_us=10_000)
+    tb.STEP(200, 100)
+    tb.ACCESS(0, 1, DEC, deadline_us=250, priority=Priority.DECODE_CRITICAL)
+    tb.FREE(0)
+    tb.FREE(1)
+    tb.FREE(2)
+    return tb.write(path)
+
+
+def test_lru_spills_the_block_needed_next_step_deadline_does_not(tmp_path, tiny_hw):
+    trace = three_requests(tmp_path / "t.parquet")
+    lru = simulate(trace, "lru", live(tiny_hw, 4)).summary
+    dl = simulate(trace, "deadline", live(tiny_hw, 4)).summary
+    # lru: A is least recently used -> A's block 1 spilled at step 1, fetched back at step 2
+    # (5 us latency + 100 bytes / 100 bytes/us), making room by spilling B's block
+    assert lru["stall_us"] == 6.0
+    assert lru["decode_stalls"] == 1 and lru["decode_critical_stalls"] == 1
+    assert lru["live_spills"] == 2 and lru["blocks_fetched"] == 1
+    assert lru["bytes_dram_link"] == 300
+    # deadline: B's deadline is the latest -> B spilled; A's step finds all its blocks
+    assert dl["stall_us"] == 0.0
+    assert dl["decode_stalls"] == 0 and dl["decode_critical_stalls"] == 0
+    assert dl["live_spills"] == 1 and dl["blocks_fetched"] == 0
+    assert dl["bytes_dram_link"] == 100
+    steps = simulate(trace, "lru", live(tiny_hw, 4)).steps
+    assert steps["latency_us"].tolist() == [100.0, 100.0, 106.0]
+    assert lru["live_offload"] is True
+
+
+def prefetch_trace(path: Path, step1_us: float, intruder: bool = False) -> Path:
+    """HBM 3: A (2 blocks, deadline 5 ms), B (1 block, deadline 300 us); C arrives at
+    step 1 (one block): deadline spills A's top block (A's 5 ms deadline is the latest); C finishes in step 1, so a slot is
+    free for a prefetch of A's block at the end of step 1 (budget (step1_us - 5) x 100
+    bytes).  ``intruder``: D allocates a block at step 2 before A reads (the prefetched
+    block is spilled again: wasted); A then decodes at step 3."""
+    tb = TraceBuilder()
+    tb.STEP(0, 100)
+    tb.ARRIVE(0, 8)
+    tb.ARRIVE(1, 4)
+    for i in range(2):
+        tb.ALLOC(0, i, 0, deadline_us=5_000)
+    tb.ACCESS(0, 8, deadline_us=5_000)
+    tb.ALLOC(1, 0, 0, deadline_us=300)
+    tb.ACCESS(1, 4, deadline_us=300)
+    tb.STEP(100, step1_us)
+    tb.ARRIVE(2, 4)
+    tb.ALLOC(2, 0, 0, deadline_us=20_000)
+    tb.ACCESS(2, 4, deadline_us=20_000)
+    tb.FREE(2)
+    tb.STEP(1000, 100)
+    if intruder:
+        tb.ARRIVE(3, 4)
+        tb.ALLOC(3, 0, 0, deadline_us=1_000)
+        tb.ACCESS(3, 4, deadline_us=1_000)
+        tb.STEP(2000, 100)
+    tb.ACCESS(0, 1, DEC, deadline_us=5_000)
+    tb.FREE(0)
+    tb.FREE(1)
+    if intruder:
+        tb.FREE(3)
+    return tb.write(path)
+
+
+def test_prefetch_hides_the_transfer_exactly_when_the_budget_fits(tmp_path, tiny_hw):
+    # budget (6 - 5 us latency) x 100 bytes/us = 100 bytes = exactly one block: hidden
+    fits = simulate(prefetch_trace(tmp_path / "a.parquet", 6.0), "deadline",
+                    live(tiny_hw, 3)).summary
+    assert fits["prefetches"] == 1 and fits["prefetches_useful"] == 1
+    assert fits["prefetches_wasted"] == 0
+    assert fits["stall_us"] == 0.0 and fits["blocks_fetched"] == 0
+    # 0.5 us short: 50 bytes of budget, no prefetch, the decode step stalls 5 + 1 us
+    short = simulate(prefetch_trace(tmp_path / "b.parquet", 5.5), "deadline",
+                     live(tiny_hw, 3)).summary
+    assert short["prefetches"] == 0 and short["stall_us"] == 6.0
+    assert short["decode_stalls"] == 1
+    # lru has no prefetch hook: fetch on demand, the same 6 us
+    lru = simulate(prefetch_trace(tmp_path / "a.parquet", 6.0), "lru",
+                   live(tiny_hw, 3)).summary
+    assert lru["prefetches"] == 0 and lru["stall_us"] == 6.0
+    # prefetch off for every policy
+    off = simulate(prefetch_trace(tmp_path / "a.parquet", 6.0), "deadline",
+                   live(tiny_hw, 3, prefetch=False)).summary
+    assert off["prefetches"] == 0 and off["stall_us"] == 6.0
+
+
+def test_wasted_prefetch_is_counted(tmp_path, tiny_hw):
+    s = simulate(prefetch_trace(tmp_path / "w.parquet", 6.0, intruder=True), "deadline",
+                 live(tiny_hw, 3)).summary
+    # prefetched at the end of step 1, spilled again for D at step 2 before A read it
+    assert s["prefetches"] == 1
+    assert s["prefetches_wasted"] == 1 and s["prefetches_useful"] == 0
+    assert s["blocks_fetched"] == 1 and s["stall_us"] == 6.0
+
+
+# ---- the mode off changes nothing; every built-in runs in it -----------------------------
+
+def test_mode_off_is_todays_replay_bit_for_bit(tmp_path, tiny_hw):
+    trace = three_requests(tmp_path / "t.parquet")
+    base = simulate(trace, "lru", SimConfig(hardware=tiny_hw, hbm_blocks=4,
+                                            engine="interpreted"))
+    off = simulate(trace, "lru", SimConfig(hardware=tiny_hw, hbm_blocks=4,
+                                           engine="interpreted", live_offload=False))
+    assert "live_offload" not in base.summary
+    assert base.summary.keys() == off.summary.keys()
+    for k, v in base.summary.items():
+        assert v == off.summary[k] or (v != v and off.summary[k] != off.summary[k]), k
+    assert base.steps.equals(off.steps) and base.requests.equals(off.requests)
+
+
+def _policies():
+    from kvsim.policy_registry import list_policies
+
+    return [p.name for p in list_policies()]
+
+
+def random_trace(path: Path, seed: int, n_req: int = 4, max_blocks: int = 3,
+                 n_steps: int = 8) -> Path:
+    """Requests of 1..max_blocks blocks admitted at random steps, each step a random
+    subset of the running requests decoding (no sharing, no pins)."""
+    rng = np.random.default_rng(seed)
+    tb = TraceBuilder()
+    sizes = rng.integers(1, max_blocks + 1, n_req)
+    admit = np.sort(rng.integers(0, n_steps // 2, n_req))
+    for s in range(n_steps):
+        tb.STEP(100 * s, 50)
+        for r in range(n_req):
+            if admit[r] == s:
+                tb.ARRIVE(r, 4 * int(sizes[r]))
+                for i in range(int(sizes[r])):
+                    tb.ALLOC(r, i, 0, deadline_us=int(rng.integers(0, 2000)))
+                tb.ACCESS(r, 4 * int(sizes[r]), deadline_us=int(rng.integers(0, 2000)))
+            elif admit[r] < s and rng.random() < 0.6:
+                tb.ACCESS(r, 1, DEC, deadline_us=100 * s + int(rng.integers(0, 2000)))
+    for r in range(n_req):
+        tb.FREE(r)
+    return tb.write(path)
+
+
+def test_every_builtin_runs_live_and_optimal_bounds_it(tmp_path, tiny_hw):
+    trace = random_trace(tmp_path / "r.parquet", 7, n_req=6, max_blocks=3, n_steps=12)
+    cfg = live(tiny_hw, 5)
+    opt = simulate(trace, "optimal", cfg).summary
+    assert opt["policy"] == "optimal" and opt["offline"] is True
+    loads = {}
+    for name in _policies():
+        s = simulate(trace, name, cfg).summary
+        assert s["live_offload"] is True and s["steps"] == 12
+        assert s["prefetches_useful"] + s["prefetches_wasted"] <= s["prefetches"]
+        loads[name] = s["blocks_fetched"] + s["prefetches"]
+        assert loads[name] >= opt["blocks_fetched"], name
+    assert len(set(loads.values())) > 1  # they do not tie
+
+
+# ---- optimal = brute force over every spill choice on tiny traces ------------------------
+
+def brute_force_loads(trace: Path, capacity: int) -> int:
+    """Fewest blocks brought into HBM over every choice of spilled block (written from the
+    need rule alone: an ACCESS needs its request's blocks resident; a block is placed (new
+    or fetched) only into a free slot or the slot of a resident block of another
+    request)."""
+    from kvsim.events import read_events
+    from kvsim.schema import EventKind
+
+    _, df = read_events(trace)
+    ops = [(int(r.kind), int(r.request_id)) for r in df.itertuples()
+           if int(r.kind) in (EventKind.ALLOCATE, EventKind.ACCESS, EventKind.FREE)]
+    owner: dict[int, int] = {}
+    best = [1 << 30]
+
+    def place(res: frozenset, r: int):
+        """Every resident set after making room for one block of ``r``."""
+        if len(res) < capacity:
+            return [res]
+        return [res - {b} for b in sorted(res) if owner[b] != r]
+
+    def go(i: int, res: frozenset, spilled: frozenset, loads: int, nxt: int) -> None:
+        if loads >= best[0]:
+            return
+        if i == len(ops):
+            best[0] = loads
+            return
+        kind, r = ops[i]
+        if kind == EventKind.FREE:
+            mine = {b for b, o in owner.items() if o == r}
+            go(i + 1, res - mine, spilled - mine, loads, nxt)
+        elif kind == EventKind.ALLOCATE:
+            owner[nxt] = r
+            for base in place(res, r):
+                gone = res - base
+                go(i + 1, base | {nxt}, spilled | gone, loads, nxt + 1)
+        else:
+            missing = sorted(b for b in spilled if owner[b] == r)
+            states = [(res, spilled)]
+            for b in missing:
+                nxt_states = []
+                for rs, sp in states:
+                    for base in place(rs, r):
+                        nxt_states.append((base | {b}, (sp | (rs - base)) - {b}))
+                states = list(dict.fromkeys(nxt_states))
+            for rs, sp in states:
+                go(i + 1, rs, sp, loads + len(missing), nxt)
+
+    # block ids are assigned in ALLOCATE order, as the replay does
+    go(0, frozenset(), frozenset(), 0, 0)
+    return best[0]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_optimal_equals_brute_force_on_tiny_traces(tmp_path, tiny_hw, seed):
+    trace = random_trace(tmp_path / f"b{seed}.parquet", seed, n_req=4, max_blocks=2,
+                         n_steps=6)
+    cap = 3
+    opt = simulate(trace, "optimal", live(tiny_hw, cap)).summary
+    assert opt["blocks_fetched"] == brute_force_loads(trace, cap)
+
+
+def test_bad_combinations_are_one_line_errors(tmp_path, tiny_hw):
+    with pytest.raises(KvsimInputError, match="--live-offload"):
+        SimConfig(live_offload=True, mode="cache")
+    with pytest.raises(KvsimInputError, match="--live-offload"):
+        SimConfig(live_offload=True, preemption="swap")
+    trace = three_requests(tmp_path / "t.parquet")
+    with pytest.raises(KvsimInputError, match="--hbm-blocks"):
+        simulate(trace, "lru", live(tiny_hw, 1))  # request 0 alone holds 2 blocks
+
+
+# ---- CLI --------------------------------------------------------------------------------
+
+def test_cli_live_offload_json_table_and_errors(tmp_path, tiny_hw):
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+    from tests.helpers import assert_one_line_error
+
+    runner = CliRunner()
+    trace = three_requests(tmp_path / "t.parquet")
+    base = ["--trace", str(trace), "--hardware", tiny_hw, "--hbm-blocks", "4",
+            "--live-offload"]
+    res = runner.invoke(app, ["simulate", *base, "--policy", "lru", "--json"])
+    assert res.exit_code == 0, res.output
+    row = json.loads(res.stdout)["policies"][0]
+    assert row["live_offload"] is True and row["stall_us"] == 6.0
+    res = runner.invoke(app, ["compare", *base, "--policies", "lru,deadline", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = {r["policy"]: r for r in json.loads(res.stdout)["policies"]}
+    assert rows["deadline"]["decode_critical_stalls_vs_lru"] == -1
+    assert rows["lru"]["gap_blocks_fetched_to_optimal"] == 1  # optimal fetches nothing
+    res = runner.invoke(app, ["compare", *base, "--policies", "lru,deadline"],
+                        env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.stdout.split())  # the title may wrap at the terminal width
+    assert "live offload" in text and "decode-crit" in text
+    assert_one_line_error(runner.invoke(app, ["simulate", *base, "--mode", "cache"]),
+                          "--live-offload", "--mode engine")
+    assert_one_line_error(runner.invoke(app, ["compare", *base, "--decision-log-dir",
+                                              str(tmp_path / "logs")]), "--decision-log")
