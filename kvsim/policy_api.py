@@ -87,15 +87,24 @@ A policy is one module (``policies/<name>.py``, or a user file given with
 ``REASONS: tuple[str, ...]``
     Sentences explaining a choice, indexed by the reason code ``victim`` returns, e.g.
     ``("least recently used: idle for the longest time",)``.
-``init(capacity_blocks: int, num_slots: int, params: dict) -> tuple``
-    Plain Python.  Returns the policy's state: a tuple of numpy arrays (numba-friendly),
-    sized by ``num_slots`` (block ids of this tier run from 0 to ``num_slots - 1``).
+``init(capacity_blocks: int, num_slots: int, params: dict) -> PolicyState``
+    Plain Python.  Returns the policy's state, sized by ``num_slots`` (block ids of this
+    tier run from 0 to ``num_slots - 1``), built with :func:`policy_state`: numpy arrays
+    in four fixed-width groups, ``state.i64[k]`` (int64), ``state.f64[k]`` (float64),
+    ``state.i8[k]`` (int8) and ``state.i64_2d[k]`` (2-D int64), unused slots empty.  One
+    numba type for every policy, so ONE compiled replay core runs every policy's hooks
+    (passed to it as first-class functions, :mod:`kvsim.sim.hooks`).  A policy names its
+    slots (``PREV, NEXT, ENDS = 0, 1, 2``; ``dll_push_tail(state.i64[PREV], ...)``).
+    A plain-Python policy may return anything (a tuple of lists, say): its hooks run
+    interpreted.  A policy whose hooks are ``njit`` but whose ``init`` returns another
+    type (the tuple form before kvsim 0.2) runs interpreted too, with a one-line note.
 ``explain(row: dict, now_us: float) -> dict[str, float]`` (optional, plain Python)
     The named score terms of one block given its logged intent fields, for
     ``kvsim log explain``.  Scored policies should provide it.
 
 The hooks are ``numba.njit`` functions for built-ins (the replay loop is compiled once
-per policy).  Plain Python functions work too: the core then runs its interpreted twin, the
+for all policies; each policy compiles only its own hooks, one signature each, cached on
+disk).  Plain Python functions work too: the core then runs its interpreted twin, the
 same code, slower.  A policy must be deterministic: no global random state; if it needs
 randomness it seeds a generator from ``params["seed"]`` in ``init``.
 
@@ -161,6 +170,48 @@ def new_block_view(num_slots: int) -> BlockView:
     arrays["target_decode_step"][:] = -1
     arrays["next_use"][:] = NEVER
     return BlockView(**arrays)
+
+
+# ---- the uniform policy state --------------------------------------------------------
+
+#: Widths of the four groups of :class:`PolicyState` (the most any built-in needs:
+#: deadline's five heaps take 21 int64 and 5 float64 arrays).  Unused slots hold an empty
+#: array.  Raising a width changes the state's numba type: every compiled hook and the
+#: core recompile once.
+STATE_I64 = 24
+STATE_F64 = 6
+STATE_I8 = 4
+STATE_I64_2D = 1
+
+#: A policy's state: fixed-width tuples of 1-D int64 / float64 / int8 arrays and of 2-D
+#: int64 arrays.  Build it with :func:`policy_state`.
+PolicyState = namedtuple("PolicyState", ("i64", "f64", "i8", "i64_2d"))
+
+
+def _group(arrays, width: int, dtype, ndim: int, name: str) -> tuple:
+    arrays = tuple(arrays)
+    if len(arrays) > width:
+        raise ValueError(f"policy_state: {len(arrays)} {name} arrays, at most {width}")
+    out = []
+    for k, a in enumerate(arrays):
+        if not isinstance(a, np.ndarray) or a.dtype != dtype or a.ndim != ndim \
+                or not a.flags.c_contiguous or not a.flags.writeable:
+            raise ValueError(f"policy_state: {name}[{k}] must be a writeable C-contiguous "
+                             f"{ndim}-D {np.dtype(dtype).name} array")
+        out.append(a)
+    empty = np.zeros((0,) * ndim, dtype)
+    return tuple(out) + (empty,) * (width - len(out))
+
+
+def policy_state(i64=(), f64=(), i8=(), i64_2d=()) -> PolicyState:
+    """The :class:`PolicyState` holding these arrays, in order (``state.i64[0]`` is
+    ``i64[0]``, ...), padded to the fixed widths with empty arrays.  Arrays are kept, not
+    copied; each must be C-contiguous, writeable and of the group's dtype (int8 for
+    flags: numba has no cheaper bool array)."""
+    return PolicyState(_group(i64, STATE_I64, np.int64, 1, "i64"),
+                       _group(f64, STATE_F64, np.float64, 1, "f64"),
+                       _group(i8, STATE_I8, np.int8, 1, "i8"),
+                       _group(i64_2d, STATE_I64_2D, np.int64, 2, "i64_2d"))
 
 
 #: The optional pair of hold hooks and the required hook each one defaults to.
@@ -329,6 +380,21 @@ def heap_new(num_slots: int) -> tuple:
     return (np.zeros(num_slots, np.float64), np.zeros(num_slots, np.int64),
             np.full(num_slots, NIL, np.int64), np.full(num_slots, NIL, np.int64),
             np.zeros(1, np.int64))
+
+
+@njit(cache=True, inline="always")
+def heap_in(state, f, i):
+    """The heap whose key array is ``state.f64[f]`` and whose tie, heap, pos and meta
+    arrays are ``state.i64[i .. i+3]`` (the layout :func:`heap_new` returns, stored with
+    :func:`heap_slots`)."""
+    return (state.f64[f], state.i64[i], state.i64[i + 1], state.i64[i + 2],
+            state.i64[i + 3])
+
+
+def heap_slots(h) -> tuple[tuple, tuple]:
+    """``(f64 arrays, i64 arrays)`` of a heap from :func:`heap_new`, in the order
+    :func:`heap_in` reads them back: ``([key], [tie, heap, pos, meta])``."""
+    return (h[0],), tuple(h[1:])
 
 
 @njit(cache=True)
@@ -505,6 +571,14 @@ def ghost_new(max_ghosts: int) -> tuple:
     prev, nxt = dll_links(n)
     return (np.zeros(size, np.int64), np.full(size, NIL, np.int64), np.zeros(n, np.int64),
             prev, nxt, np.arange(n - 1, -1, -1, dtype=np.int64), np.array([n], np.int64))
+
+
+@njit(cache=True, inline="always")
+def ghost_in(state, i):
+    """The ghost pool stored as ``state.i64[i .. i+6]`` (the seven arrays
+    :func:`ghost_new` returns, in that order)."""
+    return (state.i64[i], state.i64[i + 1], state.i64[i + 2], state.i64[i + 3],
+            state.i64[i + 4], state.i64[i + 5], state.i64[i + 6])
 
 
 @njit(cache=True, inline="always")

@@ -27,7 +27,8 @@ from numba import njit
 
 from kvsim.policy_api import (NIL, dll_contains, dll_ends, dll_links, dll_move_to_tail,
                               dll_push_tail, dll_remove, ghost_find, ghost_new,
-                              ghost_pop_head, ghost_push_tail, ghost_remove, njit_hook)
+                              ghost_pop_head, ghost_push_tail, ghost_remove, njit_hook,
+                              policy_state)
 
 NAME = "arc"
 DESCRIPTION = "Adaptive Replacement Cache: recency vs frequency lists with ghost-tuned split."
@@ -38,7 +39,8 @@ REASONS = ("ARC: least recently used of T1 (seen once), T1 above its adaptive ta
 T1, T2, B1, B2, PEND = 1, 2, 3, 4, 5
 # ints: [c, hit_in_b1, hit_in_b2, pending_victim, pending_ghost (0 none, B1, B2),
 #        drop_b1_lru, drop_b2_lru, |T1| resident, |T2| resident]
-# state: (prev, nxt, t1, t2, where, ints, p, g0..g6 (ghost pool), glist, b1, b2, pend)
+# state (kvsim.policy_api.PolicyState, see init): i64 = prev, nxt, t1, t2, ints, g0..g6 (ghost
+# pool), b1, b2, pend; f64 = p; i8 = where, glist
 
 
 def init(capacity_blocks, num_slots, params):
@@ -46,20 +48,23 @@ def init(capacity_blocks, num_slots, params):
     where = np.zeros(num_slots, np.int8)
     ints = np.array([capacity_blocks, 0, 0, NIL, 0, 0, 0, 0, 0], np.int64)
     n_ghosts = 3 * max(int(capacity_blocks), 1) + 2  # |B1| + |B2| <= 2c, + pending <= c
-    return ((prev, nxt, dll_ends(), dll_ends(), where, ints, np.zeros(1, np.float64))
-            + ghost_new(n_ghosts)
-            + (np.zeros(n_ghosts, np.int8), dll_ends(), dll_ends(), dll_ends()))
+    # i64: prev, nxt, t1, t2, ints, ghost pool (5..11), b1, b2, pend; i8: where, glist;
+    # f64: p
+    return policy_state(i64=(prev, nxt, dll_ends(), dll_ends(), ints) + ghost_new(n_ghosts)
+                        + (dll_ends(), dll_ends(), dll_ends()),
+                        f64=(np.zeros(1, np.float64),),
+                        i8=(where, np.zeros(n_ghosts, np.int8)))
 
 
 @njit(cache=True)
 def _ghosts(state):
-    return state[7], state[8], state[9], state[10], state[11], state[12], state[13]
+    return state.i64[5], state.i64[6], state.i64[7], state.i64[8], state.i64[9], state.i64[10], state.i64[11]
 
 
 @njit(cache=True)
 def _ghost_hit(state, h):
     """If content ``h`` is in B1/B2: adapt p, flag the hit, park the ghost as pending."""
-    ints, p, glist, b1, b2, pend = state[5], state[6], state[14], state[15], state[16], state[17]
+    ints, p, glist, b1, b2, pend = state.i64[4], state.f64[0], state.i8[1], state.i64[12], state.i64[13], state.i64[14]
     g = _ghosts(state)
     node = ghost_find(g, h)
     if node == NIL or glist[node] == PEND:
@@ -82,7 +87,7 @@ def _ghost_hit(state, h):
 
 @njit(cache=True)
 def on_miss(state, view, h, now_us):
-    ints = state[5]
+    ints = state.i64[4]
     ints[1] = 0
     ints[2] = 0
     _ghost_hit(state, h)
@@ -90,14 +95,14 @@ def on_miss(state, view, h, now_us):
 
 @njit(cache=True)
 def on_insert(state, view, b, now_us):
-    prev, nxt, t1, t2, where, ints = state[0], state[1], state[2], state[3], state[4], state[5]
+    prev, nxt, t1, t2, where, ints = state.i64[0], state.i64[1], state.i64[2], state.i64[3], state.i8[0], state.i64[4]
     h = view.content_hash[b]
     _ghost_hit(state, h)  # no-op when on_miss already took the ghost
     g = _ghosts(state)
     node = ghost_find(g, h)
     if node != NIL:  # pending ghost hit: enters T2
-        ghost_remove(g, state[17], node)
-        state[14][node] = 0
+        ghost_remove(g, state.i64[14], node)
+        state.i8[1][node] = 0
         dll_push_tail(prev, nxt, t2, b)
         where[b] = T2
         ints[8] += 1
@@ -111,7 +116,7 @@ def on_insert(state, view, b, now_us):
 
 @njit_hook
 def on_hit(state, view, b, now_us):
-    prev, nxt, t1, t2, where, ints = state[0], state[1], state[2], state[3], state[4], state[5]
+    prev, nxt, t1, t2, where, ints = state.i64[0], state.i64[1], state.i64[2], state.i64[3], state.i8[0], state.i64[4]
     cand = dll_contains(prev, b)
     if where[b] == T1:
         if cand:
@@ -126,12 +131,12 @@ def on_hit(state, view, b, now_us):
 
 @njit_hook
 def on_hold(state, view, b):
-    dll_remove(state[0], state[1], state[2] if state[4][b] == T1 else state[3], b)
+    dll_remove(state.i64[0], state.i64[1], state.i64[2] if state.i8[0][b] == T1 else state.i64[3], b)
 
 
 @njit_hook
 def on_release(state, view, b, now_us):
-    dll_push_tail(state[0], state[1], state[2] if state[4][b] == T1 else state[3], b)
+    dll_push_tail(state.i64[0], state.i64[1], state.i64[2] if state.i8[0][b] == T1 else state.i64[3], b)
 
 
 @njit(cache=True, inline="always")
@@ -142,8 +147,8 @@ def _replace_from_t1(ints, p):
 
 @njit(cache=True)
 def victim(state, view, now_us, alt_blocks, alt_scores):
-    nxt, t1, t2, ints, p = state[1], state[2], state[3], state[5], state[6]
-    b1, b2 = state[15], state[16]
+    nxt, t1, t2, ints, p = state.i64[1], state.i64[2], state.i64[3], state.i64[4], state.f64[0]
+    b1, b2 = state.i64[12], state.i64[13]
     if t1[2] + t2[2] == 0:
         return -1, 0, 0
     c = ints[0]
@@ -192,8 +197,8 @@ def victim(state, view, now_us, alt_blocks, alt_scores):
 
 @njit(cache=True)
 def on_remove(state, view, b):
-    prev, nxt, t1, t2, where, ints = state[0], state[1], state[2], state[3], state[4], state[5]
-    glist, b1, b2 = state[14], state[15], state[16]
+    prev, nxt, t1, t2, where, ints = state.i64[0], state.i64[1], state.i64[2], state.i64[3], state.i8[0], state.i64[4]
+    glist, b1, b2 = state.i8[1], state.i64[12], state.i64[13]
     if where[b] == T1:
         dll_remove(prev, nxt, t1, b)
         ints[7] -= 1

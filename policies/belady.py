@@ -21,7 +21,7 @@ there too, or tests/sim/test_cachesim_belady_fast.py (victim sequences of both) 
 import numpy as np
 from numba import njit
 
-from kvsim.policy_api import NEVER
+from kvsim.policy_api import NEVER, policy_state
 
 NAME = "belady"
 DESCRIPTION = "Belady's MIN (offline bound): evict the candidate used farthest in the future."
@@ -31,14 +31,14 @@ REASONS = ("offline MIN: its next use is the farthest in the future",
 
 
 def init(capacity_blocks, num_slots, params):
-    # key, heap, pos, meta=[size]
-    return (np.zeros(num_slots, np.int64), np.full(num_slots, -1, np.int64),
-            np.full(num_slots, -1, np.int64), np.zeros(1, np.int64))
+    # i64: key, heap, pos, meta=[size]
+    return policy_state(i64=(np.zeros(num_slots, np.int64), np.full(num_slots, -1, np.int64),
+                              np.full(num_slots, -1, np.int64), np.zeros(1, np.int64)))
 
 
 @njit(cache=True)
 def on_insert(state, view, b, now_us):
-    key, heap, pos, meta = state
+    key, heap, pos, meta = (state.i64[0], state.i64[1], state.i64[2], state.i64[3])
     k = view.next_use[b]
     key[b] = k
     i = meta[0]
@@ -57,7 +57,7 @@ def on_insert(state, view, b, now_us):
 
 @njit(cache=True)
 def on_hit(state, view, b, now_us):
-    key, heap, pos, meta = state
+    key, heap, pos, meta = (state.i64[0], state.i64[1], state.i64[2], state.i64[3])
     k = view.next_use[b]
     key[b] = k  # the next use only moves later: sift up
     i = pos[b]
@@ -75,7 +75,7 @@ def on_hit(state, view, b, now_us):
 
 @njit(cache=True)
 def on_remove(state, view, b):
-    key, heap, pos, meta = state
+    key, heap, pos, meta = (state.i64[0], state.i64[1], state.i64[2], state.i64[3])
     i = pos[b]
     n = meta[0] - 1
     meta[0] = n
@@ -137,7 +137,7 @@ def _top(key, heap, n, out_blocks, out_scores):
 
 @njit(cache=True)
 def victim(state, view, now_us, alt_blocks, alt_scores):
-    key, heap, pos, meta = state
+    key, heap, pos, meta = (state.i64[0], state.i64[1], state.i64[2], state.i64[3])
     if meta[0] == 0:
         return -1, 0, 0
     b = heap[0]

@@ -77,7 +77,8 @@ per entry).  O(log n) per hook.  Approximation: intent fields are read at
 import numpy as np
 from numba import njit
 
-from kvsim.policy_api import heap_new, heap_peek, heap_push, heap_remove, heap_size, heap_smallest
+from kvsim.policy_api import (heap_in, heap_new, heap_peek, heap_push, heap_remove,
+                              heap_size, heap_slots, heap_smallest, policy_state)
 
 NAME = "deadline"
 DESCRIPTION = ("Deadline-aware: time to the next expected use, then class, slack, chain-aware "
@@ -98,29 +99,35 @@ REQUEST_PRIORITY_WEIGHT_US = 1e4  # 100 request-priority points = one class
 
 PH_ROLLBACK = 4  # kvsim.schema.Phase: PREFILL 0, DECODE 1, VERIFY 2, DRAFT 3 are live
 PH_IDLE = 5
-# Heaps (5 arrays each) in the state tuple: 0 = unpinned with deadline, 1 = unpinned
+# Heaps (5 arrays each; heap g is heap_in(state, g, 4 * g)) in the state: 0 = unpinned with deadline, 1 = unpinned
 # without, 2 = pinned with deadline, 3 = pinned without, 4 = expiry (finished blocks of
-# group 0 keyed by deadline); then ``where`` (group per block, -1 = none) and ``seq``.
+# group 0 keyed by deadline); then ``where`` (``state.i8[0]``: group per block, -1 = none)
+# and ``seq`` (``state.i64[20]``).
 G_EXPIRY = 4
 
 
 def init(capacity_blocks, num_slots, params):
-    return (heap_new(num_slots) + heap_new(num_slots) + heap_new(num_slots)
-            + heap_new(num_slots) + heap_new(num_slots)
-            + (np.full(num_slots, -1, np.int8), np.zeros(1, np.int64)))
+    # heap g: heap_in(state, g, 4 * g) (g = 0..4); i8[0]: group of each block; i64[20]: seq
+    f64, i64 = (), ()
+    for _ in range(5):
+        f, i = heap_slots(heap_new(num_slots))
+        f64 += f
+        i64 += i
+    return policy_state(i64=i64 + (np.zeros(1, np.int64),), f64=f64,
+                        i8=(np.full(num_slots, -1, np.int8),))
 
 
 @njit(cache=True)
 def _heap(state, g):
     if g == 0:
-        return state[0:5]
+        return heap_in(state, 0, 0)
     if g == 1:
-        return state[5:10]
+        return heap_in(state, 1, 4)
     if g == 2:
-        return state[10:15]
+        return heap_in(state, 2, 8)
     if g == 3:
-        return state[15:20]
-    return state[20:25]
+        return heap_in(state, 3, 12)
+    return heap_in(state, 4, 16)
 
 
 @njit(cache=True)
@@ -140,7 +147,7 @@ def _no_deadline_key(view, b, base):
 def _file(state, view, b, now_us):
     """Push ``b`` into its group's heap (and the expiry heap); the key is the keep score
     minus ``sign * now_us``, fixed until the next hook (or the deadline's expiry)."""
-    seq = state[26]
+    seq = state.i64[20]
     seq[0] += 1
     live = view.phase[b] < PH_ROLLBACK
     base = (CLASS_WEIGHT_US * view.priority[b] - RECOMPUTE_WEIGHT * view.recompute_cost_us[b]
@@ -159,7 +166,7 @@ def _file(state, view, b, now_us):
     else:
         g = pin + 1
         heap_push(_heap(state, g), b, _no_deadline_key(view, b, base), seq[0])
-    state[25][b] = g
+    state.i8[0][b] = g
 
 
 @njit(cache=True)
@@ -173,10 +180,10 @@ def _expire(state, view, now_us):
         base = (CLASS_WEIGHT_US * view.priority[b]
                 - RECOMPUTE_WEIGHT * view.recompute_cost_us[b]
                 + REQUEST_PRIORITY_WEIGHT_US * view.request_priority[b])
-        seq = state[26]
+        seq = state.i64[20]
         seq[0] += 1
         heap_push(_heap(state, 1), b, _no_deadline_key(view, b, base), seq[0])
-        state[25][b] = 1
+        state.i8[0][b] = 1
         b = heap_peek(he)
 
 
@@ -187,13 +194,13 @@ def on_insert(state, view, b, now_us):
 
 @njit(cache=True)
 def on_remove(state, view, b):
-    g = state[25][b]
+    g = state.i8[0][b]
     heap_remove(_heap(state, g), b)
     if g == 0:
         he = _heap(state, G_EXPIRY)
         if he[3][b] >= 0:
             heap_remove(he, b)
-    state[25][b] = -1
+    state.i8[0][b] = -1
 
 
 @njit(cache=True)

@@ -12,7 +12,8 @@ newer = keep).
 import numpy as np
 from numba import njit
 
-from kvsim.policy_api import heap_new, heap_peek, heap_push, heap_remove, heap_smallest
+from kvsim.policy_api import (heap_in, heap_new, heap_peek, heap_push, heap_remove,
+                              heap_slots, heap_smallest, policy_state)
 
 NAME = "fifo"
 DESCRIPTION = "First in, first out: evict the candidate that entered the tier first."
@@ -20,16 +21,23 @@ OFFLINE = False
 REASONS = ("first in, first out: entered the tier before every other candidate",)
 
 
+# state slots: the candidates' heap (key f64[KEY], tie..meta i64[HEAP..HEAP+3]), each
+# block's admission ordinal, the ordinal counter
+KEY = 0
+HEAP, SEQ, COUNTER = 0, 4, 5
+
+
 def init(capacity_blocks, num_slots, params):
-    return heap_new(num_slots) + (np.zeros(num_slots, np.int64), np.zeros(1, np.int64))
+    f, i = heap_slots(heap_new(num_slots))
+    return policy_state(i64=i + (np.zeros(num_slots, np.int64), np.zeros(1, np.int64)), f64=f)
 
 
 @njit(cache=True)
 def on_insert(state, view, b, now_us):
-    counter = state[6]
+    counter = state.i64[COUNTER]
     counter[0] += 1
-    state[5][b] = counter[0]
-    heap_push(state[:5], b, float(counter[0]), counter[0])
+    state.i64[SEQ][b] = counter[0]
+    heap_push(heap_in(state, KEY, HEAP), b, float(counter[0]), counter[0])
 
 
 @njit(cache=True)
@@ -39,23 +47,23 @@ def on_hit(state, view, b, now_us):
 
 @njit(cache=True)
 def on_hold(state, view, b):
-    heap_remove(state[:5], b)
+    heap_remove(heap_in(state, KEY, HEAP), b)
 
 
 @njit(cache=True)
 def on_release(state, view, b, now_us):
-    seq = state[5][b]
-    heap_push(state[:5], b, float(seq), seq)
+    seq = state.i64[SEQ][b]
+    heap_push(heap_in(state, KEY, HEAP), b, float(seq), seq)
 
 
 @njit(cache=True)
 def on_remove(state, view, b):
-    heap_remove(state[:5], b)
+    heap_remove(heap_in(state, KEY, HEAP), b)
 
 
 @njit(cache=True)  # heap_smallest allocates its frontier
 def victim(state, view, now_us, alt_blocks, alt_scores):
-    b = heap_peek(state[:5])
+    b = heap_peek(heap_in(state, KEY, HEAP))
     if b < 0:
         return -1, 0, 0
-    return b, 0, heap_smallest(state[:5], alt_blocks, alt_scores)
+    return b, 0, heap_smallest(heap_in(state, KEY, HEAP), alt_blocks, alt_scores)

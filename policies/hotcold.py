@@ -11,7 +11,8 @@ all hooks O(1).  Score: 1 for hot, 0 for cold.
 import numpy as np
 from numba import njit
 
-from kvsim.policy_api import NIL, Priority, dll_ends, dll_links, dll_push_tail, dll_remove
+from kvsim.policy_api import (NIL, Priority, dll_ends, dll_links, dll_push_tail,
+                              dll_remove, policy_state)
 
 NAME = "hotcold"
 DESCRIPTION = "Hot/cold: blocks with priority >= HOT or reuse are hot; cold evicted first, LRU."
@@ -24,7 +25,9 @@ HOT_PRIORITY = int(Priority.HOT)
 
 def init(capacity_blocks, num_slots, params):
     prev, nxt = dll_links(num_slots)
-    return (prev, nxt, dll_ends(), dll_ends(), np.zeros(num_slots, np.int8))
+    # i64: prev, nxt, cold ends, hot ends; i8: class
+    return policy_state(i64=(prev, nxt, dll_ends(), dll_ends()),
+                        i8=(np.zeros(num_slots, np.int8),))
 
 
 @njit(cache=True)
@@ -34,7 +37,7 @@ def _is_hot(view, b):
 
 @njit(cache=True)
 def on_insert(state, view, b, now_us):
-    prev, nxt, cold, hot, cls = state
+    prev, nxt, cold, hot, cls = (state.i64[0], state.i64[1], state.i64[2], state.i64[3], state.i8[0])
     if _is_hot(view, b):
         dll_push_tail(prev, nxt, hot, b)
         cls[b] = 1
@@ -45,7 +48,7 @@ def on_insert(state, view, b, now_us):
 
 @njit(cache=True)
 def on_remove(state, view, b):
-    prev, nxt, cold, hot, cls = state
+    prev, nxt, cold, hot, cls = (state.i64[0], state.i64[1], state.i64[2], state.i64[3], state.i8[0])
     dll_remove(prev, nxt, hot if cls[b] == 1 else cold, b)
 
 
@@ -57,7 +60,7 @@ def on_hit(state, view, b, now_us):
 
 @njit(cache=True)
 def victim(state, view, now_us, alt_blocks, alt_scores):
-    prev, nxt, cold, hot, cls = state
+    prev, nxt, cold, hot, cls = (state.i64[0], state.i64[1], state.i64[2], state.i64[3], state.i8[0])
     b = cold[0] if cold[2] > 0 else hot[0]
     if b == NIL:
         return NIL, 0, 0

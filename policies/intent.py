@@ -24,7 +24,8 @@ O(log n) per hook.  Score: the rank.
 import numpy as np
 from numba import njit
 
-from kvsim.policy_api import heap_new, heap_peek, heap_push, heap_remove, heap_smallest, heap_update
+from kvsim.policy_api import (heap_in, heap_new, heap_peek, heap_push, heap_remove,
+                              heap_slots, heap_smallest, heap_update, policy_state)
 
 NAME = "intent"
 DESCRIPTION = "Intent-aware: lowest priority, then least useful phase, then least recently used."
@@ -37,7 +38,8 @@ PHASE_LEVELS = 8  # > max(PHASE_RANK): one priority step outranks every phase
 
 
 def init(capacity_blocks, num_slots, params):
-    return heap_new(num_slots) + (np.zeros(1, np.int64),)
+    f, i = heap_slots(heap_new(num_slots))  # heap_in(state, 0, 0); i64[4]: counter
+    return policy_state(i64=i + (np.zeros(1, np.int64),), f64=f)
 
 
 @njit(cache=True)
@@ -49,27 +51,27 @@ def _rank(view, b):
 
 @njit(cache=True)
 def on_insert(state, view, b, now_us):
-    state[5][0] += 1
-    heap_push(state[:5], b, _rank(view, b), state[5][0])
+    state.i64[4][0] += 1
+    heap_push(heap_in(state, 0, 0), b, _rank(view, b), state.i64[4][0])
 
 
 @njit(cache=True)
 def on_hit(state, view, b, now_us):
-    state[5][0] += 1
-    heap_update(state[:5], b, _rank(view, b), state[5][0])
+    state.i64[4][0] += 1
+    heap_update(heap_in(state, 0, 0), b, _rank(view, b), state.i64[4][0])
 
 
 @njit(cache=True)
 def on_remove(state, view, b):
-    heap_remove(state[:5], b)
+    heap_remove(heap_in(state, 0, 0), b)
 
 
 @njit(cache=True)
 def victim(state, view, now_us, alt_blocks, alt_scores):
-    b = heap_peek(state[:5])
+    b = heap_peek(heap_in(state, 0, 0))
     if b < 0:
         return -1, 0, 0
-    return b, 0, heap_smallest(state[:5], alt_blocks, alt_scores)
+    return b, 0, heap_smallest(heap_in(state, 0, 0), alt_blocks, alt_scores)
 
 
 def explain(row, now_us):

@@ -20,14 +20,15 @@ O(1) unless the lowest counts belong to held blocks only.  Score: the count.
 import numpy as np
 from numba import njit
 
-from kvsim.policy_api import NIL, OUT, dll_contains, dll_push_tail, dll_remove
+from kvsim.policy_api import NIL, OUT, dll_contains, dll_push_tail, dll_remove, policy_state
 
 NAME = "lfu"
 DESCRIPTION = "Least frequently used since entering the tier; least recently used among ties."
 OFFLINE = False
 REASONS = ("least frequently used since it entered the tier (oldest access among ties)",)
 
-# state: (bprev, bnext, freq, node_of, nfreq, nprev, nnext, nres, nends, free, meta)
+# state (kvsim.policy_api.PolicyState): i64 = bprev, bnext, freq, node_of, nfreq, nprev, nnext,
+# nres, free, meta; i64_2d = nends
 # meta = [free_top, lowest node]
 
 
@@ -35,17 +36,20 @@ def init(capacity_blocks, num_slots, params):
     m = num_slots + 2  # live nodes <= resident blocks, +1 while a hit moves a block
     nends = np.zeros((m, 3), np.int64)
     nends[:, :2] = NIL
-    return (np.full(num_slots, OUT, np.int64), np.full(num_slots, OUT, np.int64),
-            np.zeros(num_slots, np.int64), np.full(num_slots, NIL, np.int64),
-            np.zeros(m, np.int64), np.full(m, NIL, np.int64), np.full(m, NIL, np.int64),
-            np.zeros(m, np.int64), nends, np.arange(m - 1, -1, -1, dtype=np.int64),
-            np.array([m, NIL], np.int64))
+    # i64: bprev, bnext, freq, node_of, nfreq, nprev, nnext, nres, free, meta; i64_2d: nends
+    return policy_state(i64=(np.full(num_slots, OUT, np.int64), np.full(num_slots, OUT, np.int64),
+                              np.zeros(num_slots, np.int64), np.full(num_slots, NIL, np.int64),
+                              np.zeros(m, np.int64), np.full(m, NIL, np.int64),
+                              np.full(m, NIL, np.int64), np.zeros(m, np.int64),
+                              np.arange(m - 1, -1, -1, dtype=np.int64),
+                              np.array([m, NIL], np.int64)),
+                        i64_2d=(nends,))
 
 
 @njit(cache=True)
 def _node_new(state, f, after):
     """A node of count ``f`` linked after node ``after`` (NIL: as the lowest)."""
-    nfreq, nprev, nnext, nres, nends, free, meta = state[4:11]
+    nfreq, nprev, nnext, nres, nends, free, meta = (state.i64[4], state.i64[5], state.i64[6], state.i64[7], state.i64_2d[0], state.i64[8], state.i64[9])
     meta[0] -= 1
     node = free[meta[0]]
     nfreq[node] = f
@@ -68,7 +72,7 @@ def _node_new(state, f, after):
 @njit(cache=True)
 def _node_drop(state, node):
     """Unlink and free a node with no resident block."""
-    nprev, nnext, free, meta = state[5], state[6], state[9], state[10]
+    nprev, nnext, free, meta = state.i64[5], state.i64[6], state.i64[8], state.i64[9]
     p = nprev[node]
     n = nnext[node]
     if p == NIL:
@@ -84,7 +88,7 @@ def _node_drop(state, node):
 @njit(cache=True)
 def on_insert(state, view, b, now_us):
     bprev, bnext, freq, node_of, nfreq, nres, nends, meta = (
-        state[0], state[1], state[2], state[3], state[4], state[7], state[8], state[10])
+        state.i64[0], state.i64[1], state.i64[2], state.i64[3], state.i64[4], state.i64[7], state.i64_2d[0], state.i64[9])
     node = meta[1]
     if node == NIL or nfreq[node] != 1:
         node = _node_new(state, 1, NIL)
@@ -97,7 +101,7 @@ def on_insert(state, view, b, now_us):
 @njit(cache=True)
 def on_hit(state, view, b, now_us):
     bprev, bnext, freq, node_of, nfreq, nnext, nres, nends = (
-        state[0], state[1], state[2], state[3], state[4], state[6], state[7], state[8])
+        state.i64[0], state.i64[1], state.i64[2], state.i64[3], state.i64[4], state.i64[6], state.i64[7], state.i64_2d[0])
     node = node_of[b]
     f = freq[b] + 1
     target = nnext[node]
@@ -116,18 +120,18 @@ def on_hit(state, view, b, now_us):
 
 @njit(cache=True)
 def on_hold(state, view, b):
-    dll_remove(state[0], state[1], state[8][state[3][b]], b)
+    dll_remove(state.i64[0], state.i64[1], state.i64_2d[0][state.i64[3][b]], b)
 
 
 @njit(cache=True)
 def on_release(state, view, b, now_us):
-    dll_push_tail(state[0], state[1], state[8][state[3][b]], b)
+    dll_push_tail(state.i64[0], state.i64[1], state.i64_2d[0][state.i64[3][b]], b)
 
 
 @njit(cache=True)
 def on_remove(state, view, b):
-    bprev, bnext, freq, node_of, nres, nends = (state[0], state[1], state[2], state[3],
-                                                state[7], state[8])
+    bprev, bnext, freq, node_of, nres, nends = (state.i64[0], state.i64[1], state.i64[2], state.i64[3],
+                                                state.i64[7], state.i64_2d[0])
     node = node_of[b]
     if dll_contains(bprev, b):
         dll_remove(bprev, bnext, nends[node], b)
@@ -140,7 +144,7 @@ def on_remove(state, view, b):
 
 @njit(cache=True)
 def victim(state, view, now_us, alt_blocks, alt_scores):
-    bnext, freq, nnext, nends, meta = state[1], state[2], state[6], state[8], state[10]
+    bnext, freq, nnext, nends, meta = state.i64[1], state.i64[2], state.i64[6], state.i64_2d[0], state.i64[9]
     node = meta[1]
     while node != NIL and nends[node, 2] == 0:
         node = nnext[node]

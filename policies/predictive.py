@@ -27,7 +27,8 @@ last hook, so they go least recently used first among the never-blocks).  Score:
 import numpy as np
 from numba import njit
 
-from kvsim.policy_api import heap_new, heap_peek, heap_push, heap_remove, heap_smallest, heap_update
+from kvsim.policy_api import (heap_in, heap_new, heap_peek, heap_push, heap_remove,
+                              heap_slots, heap_smallest, heap_update, policy_state)
 
 NAME = "predictive"
 DESCRIPTION = "Predictive: evict the block whose predicted next use (deadline/step/rate) is farthest."
@@ -46,9 +47,11 @@ STEP_TIME_US = 20_000.0
 
 def init(capacity_blocks, num_slots, params):
     step_us = np.array([float(params.get("step_time_us", STEP_TIME_US))], np.float64)
-    # 0-4: blocks keyed by -predicted; 5: hook counter; 6: step time; 7-11: finite
-    # predictions keyed by their time (the expiry heap)
-    return heap_new(num_slots) + (np.zeros(1, np.int64), step_us) + heap_new(num_slots)
+    # heap_in(state, 0, 0): blocks keyed by -predicted; i64[4]: hook counter; f64[1]: step
+    # time; heap_in(state, 2, 5): finite predictions keyed by their time (the expiry heap)
+    f1, i1 = heap_slots(heap_new(num_slots))
+    f2, i2 = heap_slots(heap_new(num_slots))
+    return policy_state(i64=i1 + (np.zeros(1, np.int64),) + i2, f64=f1 + (step_us,) + f2)
 
 
 @njit(cache=True)
@@ -68,41 +71,41 @@ def _predict(view, b, step_time_us):
 @njit(cache=True)
 def _file_expiry(state, b, t):
     """Track ``b``'s finite prediction ``t`` in the expiry heap (or drop it there)."""
-    he = state[7:12]
+    he = heap_in(state, 2, 5)
     if he[3][b] >= 0:
         heap_remove(he, b)
     if t < np.inf:
-        heap_push(he, b, t, state[5][0])
+        heap_push(he, b, t, state.i64[4][0])
 
 
 @njit(cache=True)
 def on_insert(state, view, b, now_us):
-    state[5][0] += 1
-    t, _ = _predict(view, b, state[6][0])
-    heap_push(state[:5], b, -t, state[5][0])
+    state.i64[4][0] += 1
+    t, _ = _predict(view, b, state.f64[1][0])
+    heap_push(heap_in(state, 0, 0), b, -t, state.i64[4][0])
     _file_expiry(state, b, t)
 
 
 @njit(cache=True)
 def on_hit(state, view, b, now_us):
-    state[5][0] += 1
-    t, _ = _predict(view, b, state[6][0])
-    heap_update(state[:5], b, -t, state[5][0])
+    state.i64[4][0] += 1
+    t, _ = _predict(view, b, state.f64[1][0])
+    heap_update(heap_in(state, 0, 0), b, -t, state.i64[4][0])
     _file_expiry(state, b, t)
 
 
 @njit(cache=True)
 def on_remove(state, view, b):
-    heap_remove(state[:5], b)
-    he = state[7:12]
+    heap_remove(heap_in(state, 0, 0), b)
+    he = heap_in(state, 2, 5)
     if he[3][b] >= 0:
         heap_remove(he, b)
 
 
 @njit(cache=True)
 def victim(state, view, now_us, alt_blocks, alt_scores):
-    he = state[7:12]
-    h = state[:5]
+    he = heap_in(state, 2, 5)
+    h = heap_in(state, 0, 0)
     e = heap_peek(he)
     while e >= 0 and he[0][e] < now_us:  # passed unused: no evidence any more
         heap_remove(he, e)
@@ -113,7 +116,7 @@ def victim(state, view, now_us, alt_blocks, alt_scores):
         return -1, 0, 0
     code = 3
     if h[0][b] > -np.inf:
-        _, code = _predict(view, b, state[6][0])
+        _, code = _predict(view, b, state.f64[1][0])
     return b, code, heap_smallest(h, alt_blocks, alt_scores)
 
 

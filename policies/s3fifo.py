@@ -26,8 +26,9 @@ freq >= 2 still moves to MAIN: that is a promotion, not an eviction).  ``on_hold
 import numpy as np
 from numba import njit
 
-from kvsim.policy_api import (NIL, dll_ends, dll_links, dll_push_tail, dll_remove, ghost_find, ghost_new,
-                              ghost_pop_head, ghost_push_tail, ghost_remove, njit_hook)
+from kvsim.policy_api import (NIL, dll_ends, dll_links, dll_push_tail, dll_remove,
+                              ghost_find, ghost_new, ghost_pop_head, ghost_push_tail,
+                              ghost_remove, njit_hook, policy_state)
 
 NAME = "s3fifo"
 DESCRIPTION = "S3-FIFO: small probationary FIFO, main FIFO with 2-bit clock, ghost FIFO."
@@ -40,8 +41,8 @@ SMALL_SIZE_RATIO = 0.10  # libCacheSim S3FIFO default (DEFAULT_CACHE_PARAMS)
 GHOST_SIZE_RATIO = 0.90  # libCacheSim S3FIFO default
 MOVE_TO_MAIN_THRESHOLD = 2  # libCacheSim S3FIFO default
 # ints: [small_cap, main_cap, ghost_cap, held blocks, has_evicted, pending, pending_queue]
-# state: (prev, nxt, small, main, where, freq, ints, g0..g6 (ghost pool), glist, ghost, pend,
-#         held)
+# state (kvsim.policy_api.PolicyState): i64 = prev, nxt, small, main, freq, ints, g0..g6
+# (ghost pool), ghost, pend; i8 = where, glist, held
 
 
 def init(capacity_blocks, num_slots, params):
@@ -52,21 +53,23 @@ def init(capacity_blocks, num_slots, params):
     prev, nxt = dll_links(num_slots)
     ints = np.array([small_cap, capacity_blocks - small_cap, ghost_cap, 0, 0, NIL, 0], np.int64)
     n_ghosts = ghost_cap + capacity_blocks + 2  # + the pending ghost hits of one allocation
-    return ((prev, nxt, dll_ends(), dll_ends(), np.zeros(num_slots, np.int8),
-             np.zeros(num_slots, np.int64), ints)
-            + ghost_new(n_ghosts) + (np.zeros(n_ghosts, np.int8), dll_ends(), dll_ends(),
-                                     np.zeros(num_slots, np.int8)))
+    # i64: prev, nxt, small, main, freq, ints, ghost pool (6..12), ghost, pend;
+    # i8: where, glist, held
+    return policy_state(i64=(prev, nxt, dll_ends(), dll_ends(), np.zeros(num_slots, np.int64),
+                              ints) + ghost_new(n_ghosts) + (dll_ends(), dll_ends()),
+                        i8=(np.zeros(num_slots, np.int8), np.zeros(n_ghosts, np.int8),
+                            np.zeros(num_slots, np.int8)))
 
 
 @njit(cache=True)
 def _ghosts(state):
-    return state[7], state[8], state[9], state[10], state[11], state[12], state[13]
+    return state.i64[6], state.i64[7], state.i64[8], state.i64[9], state.i64[10], state.i64[11], state.i64[12]
 
 
 @njit(cache=True)
 def _take_ghost(state, h):
     """Content ``h`` in GHOST: park it as a pending ghost hit."""
-    glist, ghost, pend = state[14], state[15], state[16]
+    glist, ghost, pend = state.i8[1], state.i64[13], state.i64[14]
     g = _ghosts(state)
     node = ghost_find(g, h)
     if node != NIL and glist[node] == GHOST:
@@ -82,14 +85,14 @@ def on_miss(state, view, h, now_us):
 
 @njit(cache=True)
 def on_insert(state, view, b, now_us):
-    prev, nxt, small, main, where, freq, ints = state[:7]
+    prev, nxt, small, main, where, freq, ints = (state.i64[0], state.i64[1], state.i64[2], state.i64[3], state.i8[0], state.i64[4], state.i64[5])
     h = view.content_hash[b]
     _take_ghost(state, h)  # no-op when on_miss already took it
     g = _ghosts(state)
     node = ghost_find(g, h)
     if node != NIL:
-        ghost_remove(g, state[16], node)
-        state[14][node] = 0
+        ghost_remove(g, state.i64[14], node)
+        state.i8[1][node] = 0
         q = MAIN
     elif ints[4] == 0 and small[2] >= ints[0]:
         q = MAIN
@@ -98,30 +101,30 @@ def on_insert(state, view, b, now_us):
     dll_push_tail(prev, nxt, main if q == MAIN else small, b)
     where[b] = q
     freq[b] = 0
-    state[17][b] = 0
+    state.i8[2][b] = 0
 
 
 @njit_hook
 def on_hit(state, view, b, now_us):
-    state[5][b] += 1
+    state.i64[4][b] += 1
 
 
 @njit_hook
 def on_hold(state, view, b):
-    state[17][b] = 1
-    state[6][3] += 1
+    state.i8[2][b] = 1
+    state.i64[5][3] += 1
 
 
 @njit_hook
 def on_release(state, view, b, now_us):
-    state[17][b] = 0
-    state[6][3] -= 1
+    state.i8[2][b] = 0
+    state.i64[5][3] -= 1
 
 
 @njit_hook
 def victim(state, view, now_us, alt_blocks, alt_scores):
-    prev, nxt, small, main, where, freq, ints = state[:7]
-    held = state[17]
+    prev, nxt, small, main, where, freq, ints = (state.i64[0], state.i64[1], state.i64[2], state.i64[3], state.i8[0], state.i64[4], state.i64[5])
+    held = state.i8[2]
     if small[2] + main[2] - ints[3] <= 0:
         return -1, 0, 0
     ints[4] = 1
@@ -170,8 +173,8 @@ def victim(state, view, now_us, alt_blocks, alt_scores):
 
 @njit(cache=True)
 def on_remove(state, view, b):
-    prev, nxt, small, main, where, freq, ints = state[:7]
-    glist, ghost = state[14], state[15]
+    prev, nxt, small, main, where, freq, ints = (state.i64[0], state.i64[1], state.i64[2], state.i64[3], state.i8[0], state.i64[4], state.i64[5])
+    glist, ghost = state.i8[1], state.i64[13]
     if where[b] == SMALL:
         dll_remove(prev, nxt, small, b)
     else:

@@ -17,7 +17,8 @@ Amortised O(1) per eviction, plus the held blocks the hand passes.  Score: the v
 
 import numpy as np
 
-from kvsim.policy_api import NIL, dll_ends, dll_links, dll_push_tail, dll_remove, njit_hook
+from kvsim.policy_api import (NIL, dll_ends, dll_links, dll_push_tail, dll_remove,
+                              njit_hook, policy_state)
 
 NAME = "sieve"
 DESCRIPTION = "SIEVE: FIFO with a visited bit; a hand sweeps and spares visited blocks once."
@@ -30,36 +31,37 @@ def init(capacity_blocks, num_slots, params):
     visited = np.zeros(num_slots, np.int8)
     held = np.zeros(num_slots, np.int8)
     ints = np.array([NIL, 0], np.int64)  # [hand, number of held blocks]
-    return (prev, nxt, dll_ends(), visited, ints, held)
+    # i64: prev, nxt, ends, ints; i8: visited, held
+    return policy_state(i64=(prev, nxt, dll_ends(), ints), i8=(visited, held))
 
 
 @njit_hook
 def on_insert(state, view, b, now_us):
-    dll_push_tail(state[0], state[1], state[2], b)
-    state[3][b] = 0
-    state[5][b] = 0
+    dll_push_tail(state.i64[0], state.i64[1], state.i64[2], b)
+    state.i8[0][b] = 0
+    state.i8[1][b] = 0
 
 
 @njit_hook
 def on_hit(state, view, b, now_us):
-    state[3][b] = 1
+    state.i8[0][b] = 1
 
 
 @njit_hook
 def on_hold(state, view, b):
-    state[5][b] = 1
-    state[4][1] += 1
+    state.i8[1][b] = 1
+    state.i64[3][1] += 1
 
 
 @njit_hook
 def on_release(state, view, b, now_us):
-    state[5][b] = 0
-    state[4][1] -= 1
+    state.i8[1][b] = 0
+    state.i64[3][1] -= 1
 
 
 @njit_hook
 def on_remove(state, view, b):
-    prev, nxt, ends, visited, ints, held = state
+    prev, nxt, ends, visited, ints, held = (state.i64[0], state.i64[1], state.i64[2], state.i8[0], state.i64[3], state.i8[1])
     if ints[0] == b:
         ints[0] = nxt[b]
     dll_remove(prev, nxt, ends, b)
@@ -68,7 +70,7 @@ def on_remove(state, view, b):
 
 @njit_hook
 def victim(state, view, now_us, alt_blocks, alt_scores):
-    prev, nxt, ends, visited, ints, held = state
+    prev, nxt, ends, visited, ints, held = (state.i64[0], state.i64[1], state.i64[2], state.i8[0], state.i64[3], state.i8[1])
     if ends[2] - ints[1] <= 0:
         return -1, 0, 0
     b = ints[0]

@@ -17,7 +17,8 @@ Score: ``last_access_us``.
 from numba import njit
 
 from kvsim.policy_api import (dll_contains, dll_ends, dll_links, dll_move_to_tail,
-                              dll_push_head, dll_push_tail, dll_remove, list_walk)
+                              dll_push_head, dll_push_tail, dll_remove, list_walk,
+                              policy_state)
 
 NAME = "vllm"
 DESCRIPTION = "vLLM v1 free queue: evict in order of release (unhashed blocks first)."
@@ -28,26 +29,26 @@ REASONS = ("vLLM free queue: released before every other cached block",
 
 def init(capacity_blocks, num_slots, params):
     prev, nxt = dll_links(num_slots)
-    return (prev, nxt, dll_ends())
+    return policy_state(i64=(prev, nxt, dll_ends()))
 
 
 @njit(cache=True)
 def on_insert(state, view, b, now_us):
     if view.content_hash[b] == 0:
-        dll_push_head(state[0], state[1], state[2], b)
+        dll_push_head(state.i64[0], state.i64[1], state.i64[2], b)
     else:
-        dll_push_tail(state[0], state[1], state[2], b)
+        dll_push_tail(state.i64[0], state.i64[1], state.i64[2], b)
 
 
 @njit(cache=True)
 def on_hit(state, view, b, now_us):
-    if dll_contains(state[0], b):
-        dll_move_to_tail(state[0], state[1], state[2], b)
+    if dll_contains(state.i64[0], b):
+        dll_move_to_tail(state.i64[0], state.i64[1], state.i64[2], b)
 
 
 @njit(cache=True)
 def on_hold(state, view, b):
-    dll_remove(state[0], state[1], state[2], b)
+    dll_remove(state.i64[0], state.i64[1], state.i64[2], b)
 
 
 @njit(cache=True)
@@ -57,14 +58,14 @@ def on_release(state, view, b, now_us):
 
 @njit(cache=True)
 def on_remove(state, view, b):
-    dll_remove(state[0], state[1], state[2], b)
+    dll_remove(state.i64[0], state.i64[1], state.i64[2], b)
 
 
 @njit(cache=True)
 def victim(state, view, now_us, alt_blocks, alt_scores):
-    b = state[2][0]
+    b = state.i64[2][0]
     if b < 0:
         return -1, 0, 0
-    n_alt = list_walk(state[0], state[1], state[2], alt_blocks, alt_scores,
+    n_alt = list_walk(state.i64[0], state.i64[1], state.i64[2], alt_blocks, alt_scores,
                       view.last_access_us)
     return b, (1 if view.content_hash[b] == 0 else 0), n_alt

@@ -9,7 +9,7 @@ Two implementations of one model (vLLM v1 prefix caching, see ``docs/memory-mode
   functions the replay calls from inside its own compiled loop.
 
 plus :mod:`kvsim.memory.pool_ops` (the operations that consult the eviction order),
-:mod:`kvsim.memory.specialize` (``ops_for(policy)``: pool_ops compiled for a policy),
+:mod:`kvsim.memory.hooks` (a policy as one value, ``(state, hooks)``, for the compiled code),
 :mod:`kvsim.memory.fifo_order` (the default order of cached free blocks: vLLM's),
 :mod:`kvsim.memory.radix` (SGLang RadixCache-style alternative, plain Python),
 :mod:`kvsim.memory.compare` (``compare_schemes``: hash chain vs radix on one stream),
@@ -38,9 +38,11 @@ Python side::
                                           # None = FIFO of release (vLLM's exact order)
     pool.st      # PoolState namedtuple of numpy arrays (prefix index: an open-addressing
                  # table hash -> first block); pass it to the njit functions below
-    pool.pst     # the order policy's state tuple (from its init())
+    pool.pst     # the order policy's state (kvsim.policy_api.PolicyState, from its init())
+    pool.pol     # (state, hooks): the order as the value the pool_ops functions take
     pool.view    # kvsim.policy_api.BlockView indexed by block id; the CALLER fills fields
-    pool.ops     # pool_ops compiled for the order's hooks (specialize.ops_for(order))
+    pool.view_c  # the same arrays as a ViewRef (kvsim.memory.hooks): what ops take
+    pool.ops     # kvsim.memory.pool_ops (compiled once for every order)
     pool.out     # AllocOut namedtuple of scratch arrays (blocks, kind, evicted_hash,
                  # reason, n_alt: length max_blocks_per_seq; alt_blocks, alt_scores:
                  # (max_blocks_per_seq, MAX_ALT)) -- per allocated block, the victim's
@@ -57,12 +59,11 @@ Python side::
     pool.free_queue() -> list[int]   # vLLM order: empties then candidates in policy order
     pool.counters() -> dict[str, int]; pool.check_invariants()  # raises AssertionError
 
-Why ``ops``: numba cannot cache a function that receives jitted hooks as arguments
-(~10 s of compilation per process and entry point), so the hook-calling operations live in
-the template module :mod:`kvsim.memory.pool_ops`, which calls the hooks as globals;
-:func:`kvsim.memory.specialize.ops_for` writes a copy bound to another policy's hooks
-(cached on disk).  :func:`kvsim.memory.specialize.specialize` does the same for any
-template (e.g. a replay loop).
+Why ``ops`` and ``pol``: the operations that consult the order live in
+:mod:`kvsim.memory.pool_ops` and take the order as a value, ``pol = (state, hooks)``
+(:mod:`kvsim.memory.hooks`: the state as one pointer, the hooks as numba first-class
+functions of one signature), so they are compiled once for every order and cached on disk;
+each order compiles only its own hooks.
 
 njit functions.  In ``kvsim.memory.fast`` (no hooks)::
 
@@ -77,7 +78,8 @@ njit functions.  In ``kvsim.memory.fast`` (no hooks)::
            ties -> the latest arrival (vLLM v1 Scheduler)
     pool_check(st) -> 0 if every invariant holds, else a positive code (fast.INVARIANTS)
 
-In ``ops = pool.ops`` (``kvsim.memory.pool_ops`` or its specialised copy)::
+In ``ops = pool.ops`` (``kvsim.memory.pool_ops``; ``pst`` below is ``pool.pol``, ``view``
+``pool.view_c``)::
 
     ops.allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out) -> n_hit, or -1
         # append n blocks to seq's table.  If the table is empty and caching is on, first

@@ -523,18 +523,22 @@ class FastPool:
     ``order`` is a module following :mod:`kvsim.policy_api` (``init``, ``on_insert``,
     ``on_hit``, ``on_remove``, ``victim`` as njit functions), or None for
     :mod:`kvsim.memory.fifo_order` (vLLM's exact order).  ``self.ops`` is
-    :mod:`kvsim.memory.pool_ops` compiled for that order (``specialize.ops_for``).
+    :mod:`kvsim.memory.pool_ops` (compiled once for every order); ``self.pst`` the order
+    as the value those functions take, ``self.pol = (self.pst, hooks)`` (:mod:`kvsim.memory.hooks`).
     """
 
     def __init__(self, config: PoolConfig, order=None, params: dict | None = None):
-        from kvsim.memory.specialize import ops_for
+        from kvsim.memory import pool_ops
+        from kvsim.memory.hooks import policy_value, view_ref
 
         self.config = config
         self.order = order if order is not None else fifo_order
-        self.ops = ops_for(self.order)
+        self.ops = pool_ops
         self.st = new_state(config)
         self.view = new_block_view(config.num_blocks)
         self.pst = self.order.init(config.num_blocks - 1, config.num_blocks, params or {})
+        self.pol = policy_value(self.order, self.pst, True)
+        self.view_c = view_ref(self.view)  # what pool_ops takes (same arrays as self.view)
         self.out = new_out(config)
 
     # -- seqs ---------------------------------------------------------------------------
@@ -561,7 +565,7 @@ class FastPool:
         """Append ``len(hashes)`` blocks (0 = unhashed/partial); None if it does not fit."""
         h = np.asarray(hashes, dtype=np.int64)
         n = len(h)
-        k = self.ops.allocate(self.st, self.pst, self.view, seq, h, n, num_tokens,
+        k = self.ops.allocate(self.st, self.pol, self.view_c, seq, h, n, num_tokens,
                               float(now_us), self.out)
         if k < 0:
             return None
@@ -573,28 +577,28 @@ class FastPool:
                 self.view.insert_us[b] = now_us
                 self.view.last_access_us[b] = now_us
                 self.view.access_count[b] = 1
-        self.ops.admit(self.st, self.pst, self.view, o, k, n, float(now_us))
+        self.ops.admit(self.st, self.pol, self.view_c, o, k, n, float(now_us))
         return AllocResult(int(k), [int(x) for x in o.blocks[:n]],
                            [int(x) for x in o.kind[:n]], [int(x) for x in o.evicted_hash[:n]])
 
     def cache_block(self, seq: int, index: int, h: int, now_us: float = 0.0) -> None:
-        self.ops.cache_block(self.st, self.pst, self.view, seq, index, int(h), float(now_us))
+        self.ops.cache_block(self.st, self.pol, self.view_c, seq, index, int(h), float(now_us))
 
     def fork(self, parent: int, child: int) -> None:
         pool_fork(self.st, parent, child)
 
     def write_last(self, seq: int, now_us: float = 0.0) -> int:
-        return int(self.ops.write_last(self.st, self.pst, self.view, seq, float(now_us),
+        return int(self.ops.write_last(self.st, self.pol, self.view_c, seq, float(now_us),
                                        self.out))
 
     def free(self, seq: int, now_us: float = 0.0) -> None:
-        self.ops.free(self.st, self.pst, self.view, seq, float(now_us))
+        self.ops.free(self.st, self.pol, self.view_c, seq, float(now_us))
 
     def free_tail(self, seq: int, n: int, now_us: float = 0.0) -> None:
-        self.ops.free_tail(self.st, self.pst, self.view, seq, n, float(now_us))
+        self.ops.free_tail(self.st, self.pol, self.view_c, seq, n, float(now_us))
 
     def preempt(self, seq: int, mode: int = PREEMPT_RECOMPUTE, now_us: float = 0.0) -> int:
-        return int(self.ops.preempt(self.st, self.pst, self.view, seq, mode, float(now_us)))
+        return int(self.ops.preempt(self.st, self.pol, self.view_c, seq, mode, float(now_us)))
 
     # -- inspection ---------------------------------------------------------------------
     def table(self, seq: int) -> list[int]:

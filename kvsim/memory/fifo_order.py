@@ -20,30 +20,38 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from kvsim.policy_api import policy_state
+
 NAME = "fifo-release"
 DESCRIPTION = "vLLM v1's free-queue order: the cached block released longest ago goes first"
 OFFLINE = False
 REASONS = ("released longest ago (vLLM free-queue head)",)
 
 
-def init(capacity_blocks: int, num_slots: int, params: dict) -> tuple:
-    """Return (next, prev, linked): an empty list with its sentinel at ``num_slots``."""
+# state slots: i64 next and prev links, i8 linked flags
+NXT, PRV = 0, 1
+LINKED = 0
+
+
+def init(capacity_blocks: int, num_slots: int, params: dict):
+    """An empty list with its sentinel at ``num_slots``: ``state.i64[NXT]``,
+    ``state.i64[PRV]``, ``state.i8[LINKED]``."""
     nxt = np.full(num_slots + 1, num_slots, dtype=np.int64)
     prv = np.full(num_slots + 1, num_slots, dtype=np.int64)
-    linked = np.zeros(num_slots + 1, dtype=np.bool_)
-    return (nxt, prv, linked)
+    linked = np.zeros(num_slots + 1, dtype=np.int8)
+    return policy_state(i64=(nxt, prv), i8=(linked,))
 
 
 @njit(cache=True)
 def on_insert(state, view, b, now_us):
-    nxt, prv, linked = state
+    nxt, prv, linked = state.i64[NXT], state.i64[PRV], state.i8[LINKED]
     s = nxt.shape[0] - 1
     last = prv[s]
     nxt[last] = b
     prv[b] = last
     nxt[b] = s
     prv[s] = b
-    linked[b] = True
+    linked[b] = 1
 
 
 @njit(cache=True)
@@ -66,18 +74,18 @@ def on_release(state, view, b, now_us):
 
 @njit(cache=True)
 def on_remove(state, view, b):
-    nxt, prv, linked = state
+    nxt, prv, linked = state.i64[NXT], state.i64[PRV], state.i8[LINKED]
     p = prv[b]
     n = nxt[b]
     nxt[p] = n
     prv[n] = p
-    linked[b] = False
+    linked[b] = 0
 
 
 @njit(cache=True)
 def victim(state, view, now_us, alt_blocks, alt_scores):
     """The head of the list; runners-up are the next blocks, scored by rank (0, 1, ...)."""
-    nxt, prv, linked = state
+    nxt, prv, linked = state.i64[NXT], state.i64[PRV], state.i8[LINKED]
     s = nxt.shape[0] - 1
     b = nxt[s]
     if b == s:
@@ -94,7 +102,7 @@ def victim(state, view, now_us, alt_blocks, alt_scores):
 
 def order(state) -> list[int]:
     """Candidates from first to last evicted (plain Python, for tests and docs)."""
-    nxt = state[0]
+    nxt = state.i64[NXT]
     s = nxt.shape[0] - 1
     out = []
     cur = int(nxt[s])

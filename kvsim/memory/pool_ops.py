@@ -13,10 +13,10 @@ content enters HBM until it is evicted (block history survives reuse):
 - release: a hashed block whose last holder lets go ``on_release`` (a candidate again);
 - copy-on-write and preemption (a release).
 
-They call the hooks by their global names, imported on the lines marked ``# HOOKS...``,
-so numba can cache the compiled code.  As written, this module is specialised for vLLM's order
-(:mod:`kvsim.memory.fifo_order`); :func:`kvsim.memory.specialize.ops_for` makes a copy of
-this file for any other policy module by rewriting that one line.
+``pst`` is the policy as one value, ``(state, hooks)`` (:mod:`kvsim.memory.hooks`): the
+hooks are first-class functions, so these functions are compiled ONCE for every policy
+(and cached on disk by numba); the interpreted engine runs the same source with the
+hooks' plain-Python functions.
 
 Semantics, arguments and return values: see :mod:`kvsim.memory` and
 ``docs/memory-model.md``.  Invariants (``fast.INVARIANTS``) hold after every function
@@ -35,18 +35,17 @@ from kvsim.memory.fast import (
     _empty_push_back, _empty_push_front, _empty_unlink, _index_add, _index_remove,
     pool_cache_block, pool_lookup,
 )
-from kvsim.memory.fifo_order import on_hit, on_hold, on_insert, on_release, on_remove, victim  # HOOKS
-from kvsim.memory.fifo_order import on_hit as on_hit_held  # HOOKS-HELD
-from kvsim.policy_api import noop_hook as on_miss  # HOOKS-MISS
+from kvsim.memory.hooks import (H_HIT, H_HIT_HELD, H_HOLD, H_INSERT, H_MISS, H_RELEASE,
+                                H_REMOVE, H_VICTIM)
 
 @njit(cache=True, inline="always")
 def _evict_one(st, pst, view, now_us, out, i):
     """The policy's victim leaves the candidate set and the prefix index (its hash goes to
     out.evicted_hash[i]); the caller holds it next."""
-    b, reason, n_alt = victim(pst, view, now_us, out.alt_blocks[i], out.alt_scores[i])
+    b, reason, n_alt = pst[1][H_VICTIM](pst[0], view, now_us, out.alt_blocks[i], out.alt_scores[i])
     if b < 1 or b >= st.cfg[F_NUM_BLOCKS] or not st.in_cand[b]:
         raise ValueError("order policy: victim() named a block that is not a candidate")
-    on_remove(pst, view, b)
+    pst[1][H_REMOVE](pst[0], view, b)
     st.in_cand[b] = False
     st.sc[S_N_CAND] -= 1
     out.kind[i] = KIND_EVICTED
@@ -105,15 +104,15 @@ def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
     for i in range(n_hit):
         b = ob[i]
         if ref_cnt[b] == 0:
-            on_hit(pst, view, b, now_us)
-            on_hold(pst, view, b)
+            pst[1][H_HIT](pst[0], view, b, now_us)
+            pst[1][H_HOLD](pst[0], view, b)
             st.in_cand[b] = False
             sc[S_N_CAND] -= 1
             sc[S_N_HELD] += 1
             okind[i] = KIND_REVIVED
             st.counters[C_REVIVED_BLOCKS] += 1
         else:
-            on_hit_held(pst, view, b, now_us)
+            pst[1][H_HIT_HELD](pst[0], view, b, now_us)
             okind[i] = KIND_HIT
         ref_cnt[b] += 1
         st.block_hits[b] += 1
@@ -131,7 +130,7 @@ def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
     caching = st.cfg[F_CACHING] != 0
     for i in range(n_hit, n):
         if caching and hashes[i] != 0:
-            on_miss(pst, view, hashes[i], now_us)
+            pst[1][H_MISS](pst[0], view, hashes[i], now_us)
         if sc[S_N_EMPTY] > 0:  # the head of the empties (inlined _empty_unlink)
             b = e_next[s]
             nx = e_next[b]
@@ -217,7 +216,7 @@ def _release(st, pst, view, seq, first, now_us):
         else:
             in_cand[b] = True
             sc[S_N_CAND] += 1
-            on_release(pst, view, b, now_us)
+            pst[1][H_RELEASE](pst[0], view, b, now_us)
     st.seq_len[seq] = first
 
 
@@ -233,8 +232,8 @@ def admit(st, pst, view, out, first, n, now_us):
     for i in range(first, n):
         b = ob[i]
         if block_hash[b] != 0:
-            on_insert(pst, view, b, now_us)
-            on_hold(pst, view, b)
+            pst[1][H_INSERT](pst[0], view, b, now_us)
+            pst[1][H_HOLD](pst[0], view, b)
 
 
 @njit(cache=True, no_cfunc_wrapper=True)
@@ -310,5 +309,5 @@ def cache_block(st, pst, view, seq, index, h, now_us):
     pool_cache_block(st, seq, index, h)
     if not had and st.block_hash[b] != 0:
         view.content_hash[b] = h
-        on_insert(pst, view, b, now_us)
-        on_hold(pst, view, b)
+        pst[1][H_INSERT](pst[0], view, b, now_us)
+        pst[1][H_HOLD](pst[0], view, b)

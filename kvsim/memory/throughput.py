@@ -21,7 +21,7 @@ import numpy as np
 from numba import njit
 
 from kvsim.memory import fast
-from kvsim.memory.specialize import ops_for
+from kvsim.memory import pool_ops
 
 
 @dataclass(frozen=True)
@@ -120,13 +120,13 @@ def measure(num_requests: int = 200_000, num_blocks: int = 4096, block_size: int
     hashes, lengths = make_workload(num_requests, seed)
     cfg = fast.PoolConfig(num_blocks, block_size, max_seqs=max_running + 1,
                           max_blocks_per_seq=hashes.shape[1])
-    drive = make_driver(ops_for(None))
+    drive = make_driver(pool_ops)
     warm = fast.FastPool(cfg)
-    drive(warm.st, warm.pst, warm.view, warm.out, hashes[:10], lengths[:10], block_size,
+    drive(warm.st, warm.pol, warm.view_c, warm.out, hashes[:10], lengths[:10], block_size,
           max_running)  # compile
     pool = fast.FastPool(cfg)
     t0 = time.process_time()
-    block_ops = drive(pool.st, pool.pst, pool.view, pool.out, hashes, lengths, block_size,
+    block_ops = drive(pool.st, pool.pol, pool.view_c, pool.out, hashes, lengths, block_size,
                       max_running)
     fast_s = time.process_time() - t0
     ref = KVCacheManager(num_blocks, block_size)

@@ -61,6 +61,8 @@ import pandas as pd
 from numba import njit
 
 from kvsim.errors import KvsimInputError
+from kvsim.memory.hooks import (H_HIT, H_INSERT, H_MISS, H_REMOVE, H_VICTIM, is_uniform,
+                                policy_value, view_ref)
 from kvsim.policy_api import NEVER, new_block_view
 from kvsim.policy_registry import Policy, get_policy
 
@@ -151,14 +153,19 @@ def next_use_of(ids, n_unique):
     return out
 
 
-@njit
-def _replay(ids, next_use, capacity, state, view, on_miss, on_insert, on_hit, on_remove,
-            victim, alt_blocks, alt_scores, victims_out, resident):
-    """The request loop.  ``resident`` is a zeroed bool array of one entry per dense id
+@njit(cache=True)
+def _replay(ids, next_use, capacity, pol, view, alt_blocks, alt_scores, victims_out,
+            resident):
+    """The request loop.  ``pol = (state, hooks)`` (:mod:`kvsim.memory.hooks`: the hooks are
+    first-class functions, so this loop is compiled once for every policy and cached on
+    disk).  ``resident`` is a zeroed bool array of one entry per dense id
     (allocated by the caller: the loop is compiled without reference counting, numba's
     ``_nrt=False``, so it allocates nothing; see ``policy_api.njit_hook`` for why).
     Returns ``(hits, misses, evictions, resident_at_end)``; raises ValueError when the
     policy breaks an invariant."""
+    state = pol[0]
+    on_miss, on_insert, on_hit = pol[1][H_MISS], pol[1][H_INSERT], pol[1][H_HIT]
+    on_remove, victim = pol[1][H_REMOVE], pol[1][H_VICTIM]
     n_ids = view.access_count.shape[0]
     record = victims_out.shape[0] > 0
     use_next = next_use.shape[0] > 0
@@ -388,9 +395,11 @@ def simulate_cache(keys: np.ndarray | PreparedKeys, capacity_blocks: int,
     view.content_hash[:] = np.arange(1, num_slots + 1, dtype=np.int64)
     alt_blocks = np.zeros(int(n_alt), np.int64)
     alt_scores = np.zeros(int(n_alt), np.float64)
-    loop = _replay if pol.compiled else _replay.py_func
-    hits, misses, evictions, _ = loop(ids, next_use, capacity, state, view, pol.on_miss,
-                                      pol.on_insert, pol.on_hit, pol.on_remove, pol.victim,
+    compiled = pol.compiled and is_uniform(state)  # else the loop's Python twin
+    loop = _replay if compiled else _replay.py_func
+    hits, misses, evictions, _ = loop(ids, next_use, capacity,
+                                      policy_value(pol, state, compiled),
+                                      view_ref(view) if compiled else view,
                                       alt_blocks, alt_scores, victims,
                                       np.zeros(num_slots, np.bool_))
     return _result(pol, capacity, ids, n_unique, hits, misses, evictions, victims,

@@ -19,9 +19,9 @@ in flight resumes at the row it stopped at).  Per step:
 5. the step's actual end (roofline + stalls + swap / recompute) becomes the scheduler's
    clock.
 
-A template like :mod:`kvsim.sim.core`: the line marked ``# CORE`` is rewritten to import
-the policy's specialised core (:func:`kvsim.sim.variants.closed_for`), so numba caches one
-compiled driver per policy set; the interpreted twin runs the same source.
+Compiled once for every policy, like :mod:`kvsim.sim.core` (policies are values it passes
+through, ``pst`` and ``T[4]``), and cached on disk; the interpreted twin runs the same
+source (:func:`kvsim.sim.variants.closed_for`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from kvsim.sim import core as core_mod  # CORE
+from kvsim.sim import core as core_mod
 from kvsim.sim import layout as L
 from kvsim.sim import scheduler as S
 

@@ -220,11 +220,19 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
     args = (table, config, replicas, router, engine)
     results: dict[str, dict] = {}
     if jobs > 1 and len(run_names) > 1:
+        from kvsim.sim.comparison import _core_is_cold
         from kvsim.workers import process_pool
 
+        forked = run_names
+        if _core_is_cold(run_names[0], config or SimConfig(), None):
+            # the one replay core compiles here, once; forked workers inherit it
+            results[run_names[0]] = _serve_summary(run_names[0], *args)
+            if on_progress:
+                on_progress(run_names[0])
+            forked = run_names[1:]
         with process_pool(jobs) as ex:  # workers die with this process (kvsim.workers)
-            futures = {n: ex.submit(_serve_summary, n, *args) for n in run_names}
-            for n in run_names:
+            futures = {n: ex.submit(_serve_summary, n, *args) for n in forked}
+            for n in forked:
                 results[n] = futures[n].result()
                 if on_progress:
                     on_progress(n)

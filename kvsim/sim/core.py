@@ -21,7 +21,11 @@ short:
   last running request (or the lowest ``request_priority``), never the requester.
 * A running request's blocks are held, so an ACCESS row is O(1) (DESIGN.md §1).
 
-The same source runs interpreted (plain-Python policies): :func:`kvsim.sim.twin.interpreted`
+Policies are values, not code: the HBM policy arrives as ``pst = (state, hooks)`` and each
+lower tier's as ``T[4]`` (:mod:`kvsim.memory.hooks`: hooks are numba first-class
+functions), so this module is compiled ONCE for every policy and cached on disk by numba.
+
+The same source runs interpreted (plain-Python policies): :func:`kvsim.sim.variants.interpreted`
 re-executes this module with ``njit`` as the identity.
 """
 
@@ -31,11 +35,9 @@ import numpy as np
 from numba import njit
 
 from kvsim.memory import fast as mem
-from kvsim.memory import pool_ops as ops  # HBM-OPS
-from kvsim.sim import tier_ops as dram_ops  # DRAM-OPS
-from kvsim.sim import tier_ops as cxl_ops  # CXL-OPS
-from kvsim.sim import tier_ops as nvme_ops  # NVME-OPS
-from kvsim.sim import spill as lower  # SPILL
+from kvsim.memory import pool_ops as ops
+from kvsim.sim import spill as lower
+from kvsim.sim import tier_ops
 from kvsim.sim import tiers as tr
 from kvsim.sim.bookkeeping import (_below, _finalize_step, _first_lower, _intent, _new_record, _peak,
                                    _pick_victim, _run_add, _run_remove, _set_view_from_record)
@@ -250,11 +252,11 @@ def _place(r, e0, nb, mode, K, X, C, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr
     for e in range(n_hit, k):
         t = scr[0, e]
         if t == 1:
-            dram_ops.touch(T1, scr[1, e], now_us)
+            tier_ops.touch(T1, scr[1, e], now_us)
         elif t == 2:
-            cxl_ops.touch(T2, scr[1, e], now_us)
+            tier_ops.touch(T2, scr[1, e], now_us)
         else:
-            nvme_ops.touch(T3, scr[1, e], now_us)
+            tier_ops.touch(T3, scr[1, e], now_us)
     # 3b. cached blocks the policy evicted for the new ones (views still intact)
     for e in range(n_hit, nb):
         if out.kind[e] == mem.KIND_EVICTED:
@@ -421,7 +423,7 @@ def _fill_last(r, e, K, C, R_i, A_i, H_i, st, pst, view, T1, T2, T3, TMP, TMP_i,
         return
     A_i[a, AI_HASH] = h
     A_i[a, AI_TOKENS] = K[K_BLOCK_TOKENS]
-    b = st.tables[seq, e - 1]
+    b = np.int64(st.tables[seq, e - 1])  # int32 table: one signature of _write_through
     ops.cache_block(st, pst, view, seq, e - 1, h, now_us)
     if view.content_hash[b] != h:  # caching off, or the pool did not take it
         return

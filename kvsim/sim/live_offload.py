@@ -52,9 +52,10 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.errors import KvsimInputError
-from kvsim.sim.live_moves import fetch_many, spill_many
+from kvsim.memory.hooks import is_uniform, policy_value, view_ref
 from kvsim.policy_api import NEVER, new_block_view
 from kvsim.schema import EventKind, Phase, Priority
+from kvsim.sim.live_moves import fetch_many, spill_many
 
 K_STEP, K_ARRIVE, K_ALLOCATE, K_ACCESS, K_INTENT, K_COMMIT, K_FORK, K_FREE = (
     int(EventKind.STEP), int(EventKind.ARRIVE), int(EventKind.ALLOCATE),
@@ -75,7 +76,12 @@ class LivePolicy:
 
     def __init__(self, pol, capacity: int, num_slots: int, seed: int) -> None:
         self.pol = pol
-        self.state = pol.init(capacity, num_slots, {"seed": seed})
+        state = pol.init(capacity, num_slots, {"seed": seed})
+        if pol.compiled and is_uniform(state):
+            # one pointer (kvsim.memory.hooks.StateRef): the signature the hooks are compiled
+            # for anyway, and one object to pass per call instead of 35 arrays
+            state = policy_value(pol, state, True)[0]
+        self.state = state
         self.size = 0
 
 
@@ -93,6 +99,8 @@ class LiveReplay:
         self.NR = NR = num_requests
         self.num_slots = C + 2 * NR
         self.view = new_block_view(self.num_slots)
+        # the view as compiled hooks take it (kvsim.memory.hooks.ViewRef, same arrays)
+        self.hook_view = view_ref(self.view) if pol.compiled else self.view
         self.pols = (LivePolicy(pol, C, self.num_slots, seed),
                      LivePolicy(pol, C, self.num_slots, seed))
         self.hooks = pol
@@ -218,13 +226,13 @@ class LiveReplay:
 
     def _insert(self, u: int, cls: int) -> None:
         p = self.pols[cls]
-        self.hooks.on_insert(p.state, self.view, u, self.now_us)
+        self.hooks.on_insert(p.state, self.hook_view, u, self.now_us)
         self.in_pol[u] = True
         p.size += 1
 
     def _remove(self, u: int, cls: int) -> None:
         p = self.pols[cls]
-        self.hooks.on_remove(p.state, self.view, u)
+        self.hooks.on_remove(p.state, self.hook_view, u)
         self.in_pol[u] = False
         p.size -= 1
 
@@ -261,12 +269,12 @@ class LiveReplay:
         for cls in (UNPINNED, PINNED):
             p = self.pols[cls]
             while p.size > 0:
-                u, _, _ = self.hooks.victim(p.state, self.view, self.now_us, _ALT, _ALT_S)
+                u, _, _ = self.hooks.victim(p.state, self.hook_view, self.now_us, _ALT, _ALT_S)
                 u = int(u)
                 if u < 0:
                     break
                 if u >= self.C and (u - self.C) // 2 == self.cur_req:
-                    self.hooks.on_hold(p.state, self.view, u)
+                    self.hooks.on_hold(p.state, self.hook_view, u)
                     self.in_pol[u] = False
                     p.size -= 1
                     self.held_units.append(u)
@@ -412,7 +420,7 @@ class LiveReplay:
             if st:
                 self._fill_unit(u, st[-1])
                 p = self.pols[cls]
-                self.hooks.on_release(p.state, self.view, u, self.now_us)
+                self.hooks.on_release(p.state, self.hook_view, u, self.now_us)
                 self.in_pol[u] = True
                 p.size += 1
         self.held_units = []
@@ -509,7 +517,7 @@ class LiveReplay:
             st = self.stack[r][cls]
             if self.in_pol[u] and st:
                 self._fill_unit(u, st[-1])
-                self.hooks.on_hit(self.pols[cls].state, self.view, u, self.now_us)
+                self.hooks.on_hit(self.pols[cls].state, self.hook_view, u, self.now_us)
         token = phase in TOKEN_PHASES and ntok > 0
         if stall > 0:
             self.stall_us += stall

@@ -76,7 +76,7 @@ def _displace(rep, rank_fn, r: int, rank: float) -> bool:
         p = rep.pols[cls]
         if p.size == 0:
             continue
-        u, _, _ = rep.hooks.victim(p.state, rep.view, rep.now_us, rep_alt(), rep_alt_s())
+        u, _, _ = rep.hooks.victim(p.state, rep.hook_view, rep.now_us, rep_alt(), rep_alt_s())
         u = int(u)
         if u < 0:
             continue

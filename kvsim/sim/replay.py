@@ -16,6 +16,8 @@ whole trace (:func:`kvsim.sim.prepass.offline_next_use`).
 
 from __future__ import annotations
 
+import warnings
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -28,7 +30,9 @@ from kvsim.memory import fast as mem
 from kvsim.policy_api import new_block_view
 from kvsim.sim import core, layout as L
 from kvsim.sim.config import LOWER_TIERS, SimConfig, resolve_engine
-from kvsim.sim.variants import compiled_is_cached, core_for
+from kvsim.memory.hooks import is_uniform, view_ref
+from kvsim.sim.variants import (compiled_is_cached, core_for, interpreted, is_compiled,
+                                   policy_value)
 from kvsim.sim.prepass import (SeenSet, TraceFacts, _open, full_hashes, offline_next_use,
                                 scan_trace)
 from kvsim.sim.cost_model import GB, TierCosts, cost_array, hbm_kv_capacity_bytes, tier_costs
@@ -139,20 +143,37 @@ class _Run:
         params = {"seed": config.seed}
         lower = [_resolve_policy(config.tier_policy(t)) for t in LOWER_TIERS]
         self.lower_policies = lower
-        self.core = core_for(policy, lower, choose_engine(config.engine, facts.num_rows,
-                                                          policy, lower))
+        core_mod = core_for(policy, lower, choose_engine(config.engine, facts.num_rows,
+                                                         policy, lower))
         hbm_blocks = costs[0].capacity_blocks
         max_blocks = max(facts.max_blocks_per_request, 1) + 1
         pcfg = mem.PoolConfig(num_blocks=hbm_blocks + 1, block_size_tokens=bs,
                               max_seqs=facts.max_concurrent_requests + 8,
                               max_blocks_per_seq=max_blocks, block_bytes=block_bytes)
         self.st = mem.new_state(pcfg)
-        self.out = self.core.mem.new_out(pcfg)
         self.view = new_block_view(hbm_blocks + 1)
-        self.pst = policy.init(hbm_blocks, hbm_blocks + 1, dict(params))
-        self.T = [_lower_tier(t + 1, costs[t + 1].capacity_blocks, lower[t], params,
-                              facts.num_allocs)
-                  for t in range(3)]
+        hbm_state = policy.init(hbm_blocks, hbm_blocks + 1, dict(params))
+        tiers = [_lower_tier(t + 1, costs[t + 1].capacity_blocks, lower[t], params,
+                             facts.num_allocs)
+                 for t in range(3)]
+        if is_compiled(core_mod):
+            odd = [p for p, s in zip([policy, *lower], [hbm_state] + [T[4] for T in tiers])
+                   if not is_uniform(s)]
+            if odd:  # njit hooks over a state of the old tuple form: run it interpreted
+                warnings.warn(f"policy {odd[0].name!r}: init() does not return a "
+                              "kvsim.policy_api.PolicyState, so the replay runs interpreted "
+                              "(docs/policies.md, 'Compiled policies')", stacklevel=2)
+                core_mod = interpreted()
+        self.core = core_mod
+        self.out = self.core.mem.new_out(pcfg)
+        self.pst = policy_value(policy, hbm_state, core_mod)
+        # compiled code takes each view as one pointer (kvsim.memory.hooks.ViewRef, same
+        # arrays); Python code (check(), the interpreted twin) keeps the BlockViews
+        vr = view_ref if is_compiled(core_mod) else (lambda v: v)
+        self.views = (self.view,) + tuple(T[3] for T in tiers)  # BlockViews, for Python
+        self.view = vr(self.view)
+        self.T = [T[:3] + (vr(T[3]), policy_value(pol, T[4], core_mod)) + T[5:]
+                  for T, pol in zip(tiers, lower)]
         K = np.zeros(L.NK, dtype=np.int64)
         K[L.K_WRITE_POLICY] = {"write_back": L.WP_WRITE_BACK,
                                "write_through": L.WP_WRITE_THROUGH,
@@ -179,7 +200,7 @@ class _Run:
         self.H_i = np.zeros((hbm_blocks + 1, L.NHI), dtype=np.int64)
         self.hbuf = np.zeros(max_blocks, dtype=np.int64)
         self.scr = np.zeros((2, max_blocks), dtype=np.int64)
-        self.TMP = new_block_view(4)
+        self.TMP = vr(new_block_view(4))
         self.TMP_i = np.zeros((4, 3), dtype=np.int64)
         kc = config.log_candidates if log_writer is not None else 0
         cap = (1 << 16) if log_writer is not None else 1
@@ -325,8 +346,9 @@ class _Run:
 
         code = int(self.core.mem.pool_check(self.st))
         out = {"pool_check": code, "pool_ok": code == 0}
-        for T in self.T:
-            check_tier(T)
+        for T, v in zip(self.T, self.views[1:]):
+            check_tier(T[:3] + (v, 0) + T[5:])  # the BlockView; the policy value (T[4]) is
+            # not checked here, and the interpreted engine's (Python functions) has no type
         cap = [self.st.cfg[mem.F_NUM_BLOCKS] - 1] + [int(T[5][L.LM_CAP]) for T in self.T]
         out["peak_within_capacity"] = all(self.C[L.C_PEAK + t] <= cap[t] for t in range(4))
         out["held_blocks"] = int(self.st.sc[mem.S_N_HELD])

@@ -1,12 +1,6 @@
 """Demotion of HBM blocks into the lower tiers: the part of the replay core that calls the
-lower tiers' policy hooks but not the HBM policy's.
-
-A template like :mod:`kvsim.sim.core`: its three ``# DRAM-OPS`` / ``# CXL-OPS`` /
-``# NVME-OPS`` import lines are rewritten by :func:`kvsim.sim.variants.core_for` to the
-lower tiers' specialised :mod:`kvsim.sim.tier_ops`, and the specialised core imports the
-copy on its ``# SPILL`` line.  The copy's name depends on the lower-tier policies only, so
-numba compiles these functions once for every HBM policy that shares those lower tiers
-(they were ~9 of ~120 CPU-s of each HBM policy's compile when they lived in the core).
+lower tiers' policy hooks (through :mod:`kvsim.sim.tier_ops`; each tier carries its policy
+as ``T[4] = (state, hooks)``, so the three tiers share one compiled ``spill_into``).
 
 Rules: docs/simulate.md (demotion, write-through) and docs/cost-model.md.
 """
@@ -16,9 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from kvsim.sim import tier_ops as dram_ops  # DRAM-OPS
-from kvsim.sim import tier_ops as cxl_ops  # CXL-OPS
-from kvsim.sim import tier_ops as nvme_ops  # NVME-OPS
+from kvsim.sim import tier_ops
 from kvsim.sim import tiers as tr
 from kvsim.sim.bookkeeping import _below, _first_lower
 from kvsim.sim.layout import (HI_BI, HI_HITS, HI_OWNER, HI_TOKENS, K_LOG, K_WRITE_POLICY,
@@ -48,21 +40,21 @@ def _spill(src, s, ow, bi, tok, dest, T1, T2, T3, TMP, TMP_i, K, C, G, step, now
     v = src
     vs = s
     if dest <= 1 and T1[5][LM_CAP] > 0:
-        if dram_ops.spill_into(T1, v, vs, ow, bi, tok, below2, np.int64(1), TMP, TMP_i,
+        if tier_ops.spill_into(T1, v, vs, ow, bi, tok, below2, np.int64(1), TMP, TMP_i,
                                K, C, G, step, now_us, alt_b, alt_s, vo) == 0:
             return
         v = TMP
         vs = 1
         ow, bi, tok = TMP_i[1, 0], TMP_i[1, 1], TMP_i[1, 2]
     if dest <= 2 and cap2:
-        if cxl_ops.spill_into(T2, v, vs, ow, bi, tok, below3, np.int64(2), TMP, TMP_i,
+        if tier_ops.spill_into(T2, v, vs, ow, bi, tok, below3, np.int64(2), TMP, TMP_i,
                               K, C, G, step, now_us, alt_b, alt_s, vo) == 0:
             return
         v = TMP
         vs = 2
         ow, bi, tok = TMP_i[2, 0], TMP_i[2, 1], TMP_i[2, 2]
     if cap3:
-        nvme_ops.spill_into(T3, v, vs, ow, bi, tok, np.int64(0), np.int64(3), TMP, TMP_i,
+        tier_ops.spill_into(T3, v, vs, ow, bi, tok, np.int64(0), np.int64(3), TMP, TMP_i,
                             K, C, G, step, now_us, alt_b, alt_s, vo)
 
 

@@ -1,9 +1,9 @@
-"""Lower-tier operations that call the tier policy's hooks: the template of one tier.
+"""Lower-tier operations that call the tier policy's hooks.
 
-The hooks are module globals imported on the line marked ``# HOOKS`` so numba can cache the
-compiled code; :func:`kvsim.memory.specialize.specialize` writes a copy of this file for
-another policy module (``kvsim.sim.variants`` does it for each lower tier).  State layout
-and invariants: :mod:`kvsim.sim.tiers`.
+A tier ``T`` carries its policy as ``T[4] = (state, hooks)`` (:mod:`kvsim.memory.hooks`):
+the hooks are first-class functions, so these functions are compiled once for every
+policy and every tier (the three lower tiers have one numba type).  State layout and
+invariants: :mod:`kvsim.sim.tiers`.
 """
 
 from numba import njit
@@ -12,7 +12,7 @@ from kvsim.sim.layout import (LI_BI, LI_OWNER, LI_STATE, LI_TOKENS, LM_CAP, LM_F
                               LM_USED, M_BYTES_DOWN, M_DEMOTE, M_EVICT, C_PEAK, C_USED,
                               K_LOG)
 from kvsim.sim.tiers import copy_view, hash_del, hash_put, log_candidates, log_row
-from kvsim.policies.lru import on_hit, on_insert, on_remove, victim  # HOOKS
+from kvsim.memory.hooks import H_HIT, H_INSERT, H_REMOVE, H_VICTIM
 
 A_EVICT = 0
 A_DEMOTE = 1
@@ -25,7 +25,8 @@ def touch(T, slot, now_us):
     L_view = T[3]
     L_view.last_access_us[slot] = now_us
     L_view.access_count[slot] += 1
-    on_hit(T[4], L_view, slot, now_us)
+    pol = T[4]
+    pol[1][H_HIT](pol[0], L_view, slot, now_us)
 
 
 @njit(cache=True, no_cfunc_wrapper=True)
@@ -44,12 +45,12 @@ def take_slot(T, now_us, alt_b, alt_s, vo):
     if Lm[LM_FREE_TOP] > 0:
         Lm[LM_FREE_TOP] -= 1
         return L_free[Lm[LM_FREE_TOP]]
-    b, reason, n_alt = victim(L_ps, L_view, now_us, alt_b, alt_s)
+    b, reason, n_alt = L_ps[1][H_VICTIM](L_ps[0], L_view, now_us, alt_b, alt_s)
     if b < 0:
         return -1
     if L_i[b, LI_STATE] != 1:
         raise ValueError("lower-tier policy: victim() named a block that is not resident")
-    on_remove(L_ps, L_view, b)
+    L_ps[1][H_REMOVE](L_ps[0], L_view, b)
     hash_del(L_hk, L_hv, L_view.content_hash[b])
     L_i[b, LI_STATE] = 0
     Lm[LM_USED] -= 1
@@ -73,7 +74,7 @@ def fill(T, slot, src_view, s, owner, bi, tokens, now_us):
     L_i[slot, LI_STATE] = 1
     hash_put(L_hk, L_hv, L_view.content_hash[slot], slot)
     Lm[LM_USED] += 1
-    on_insert(L_ps, L_view, slot, now_us)
+    L_ps[1][H_INSERT](L_ps[0], L_view, slot, now_us)
 
 
 @njit(cache=True, no_cfunc_wrapper=True)

@@ -1,7 +1,7 @@
 """Lower tiers (DRAM, CXL, NVMe) and the decision-log buffer: hook-free compiled helpers.
 
-The operations that call a tier policy's hooks live in the template
-:mod:`kvsim.sim.tier_ops` (specialised per policy, like :mod:`kvsim.memory.pool_ops`).
+The operations that call a tier policy's hooks live in :mod:`kvsim.sim.tier_ops` (compiled
+once for every policy, like :mod:`kvsim.memory.pool_ops`).
 
 A lower tier is a *content-addressed cache of hashed blocks*: slot ids ``0 .. cap-1``, a
 hash -> slot map, a free-slot stack, a :class:`kvsim.policy_api.BlockView` and the state of
@@ -15,7 +15,7 @@ One tier is the tuple ``T = (L_i, L_free, L_hk, L_view, L_ps, Lm, L_hv)``:
 slots), ``L_hk``/``L_hv`` (an open-addressing hash table content hash -> slot, linear
 probing, key 0 = empty, capacity a power of two >= 2 x slots: the same scheme as the HBM
 prefix index in kvsim.memory.fast, and much cheaper to compile than a typed Dict),
-``L_view`` (BlockView), ``L_ps`` (the policy's state tuple), ``Lm`` (int64 scalars
+``L_view`` (BlockView), ``L_ps`` (the policy as ``(state, hooks)``, kvsim.memory.hooks), ``Lm`` (int64 scalars
 ``LM_*``: tier id, capacity, free top, used).
 
 Invariants: ``Lm[LM_USED] + Lm[LM_FREE_TOP] == Lm[LM_CAP]``; a slot is resident iff its

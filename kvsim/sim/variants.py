@@ -1,33 +1,23 @@
-"""Which replay core runs for a set of policies: a compiled, disk-cached specialisation,
-or the interpreted twin of the same source.
+"""Which replay core runs: the one compiled core, or its interpreted twin.
 
-Compiled: numba cannot cache a function that receives jitted hooks as arguments (every
-process would recompile the loop, ~10 s), but it caches one that calls them as module
-globals.  :mod:`kvsim.sim.core` is therefore a *template*: import lines marked
-``# HBM-OPS``, ``# DRAM-OPS``, ``# CXL-OPS``, ``# NVME-OPS`` bind the HBM pool operations
-(:func:`kvsim.memory.specialize.ops_for` the HBM policy) and each lower tier's operations
-(:mod:`kvsim.sim.tier_ops` specialised for its policy), and ``# SPILL`` binds
-:mod:`kvsim.sim.spill`, itself a template of the three lower tiers only (so its compiled
-code is shared by every HBM policy).  :func:`core_for` writes copies with those lines
-rewritten into the kvsim cache folder (name = digest of every source involved, so an edit
-makes a new module and a new numba cache entry) and imports them.
+Compiled: :mod:`kvsim.sim.core` (with :mod:`kvsim.memory.pool_ops`,
+:mod:`kvsim.sim.tier_ops`, :mod:`kvsim.sim.spill` and the closed loop's
+:mod:`kvsim.sim.closed_step`) is compiled ONCE for every policy and cached on disk by
+numba: a policy reaches it as a value, ``(state, hooks)`` (:mod:`kvsim.memory.hooks`),
+whose hooks are first-class functions compiled per policy for one fixed signature.  So the
+first run compiles the core (once per kvsim version and machine), each new policy only
+its own hooks, and later processes load everything from numba's cache.
 
-Compile cost (numba, per new HBM policy): every function of a
-specialised module is compiled again, and each re-optimises the code of the functions it
-calls, so the per-policy modules hold only what calls the HBM policy's hooks, and no call
-site passes a constant (numba would compile one more specialisation per literal value).
-
-Interpreted (a plain-Python policy anywhere): the same modules re-executed with
-``numba.njit`` replaced by the identity decorator, the hooks bound as globals.
+Interpreted (a plain-Python policy, a policy whose state is not a
+:class:`kvsim.policy_api.PolicyState`, or ``engine="interpreted"``): the same modules
+re-executed with ``numba.njit`` replaced by the identity decorator (:func:`interpreted`),
+the hooks' plain-Python functions passed as the same tuple.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import inspect
-import os
-import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -35,36 +25,30 @@ from types import ModuleType
 import numba
 
 _LOADED: dict[str, ModuleType] = {}
-_TIERS = ("DRAM", "CXL", "NVME")
-
-
-def _source(module: ModuleType) -> str:
-    try:
-        return inspect.getsource(module)
-    except (OSError, TypeError):
-        return module.__name__
-
-
-def _import_file(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def core_for(hbm_policy, lower_policies, engine: str = "compiled") -> ModuleType:
-    """The core module to run for ``hbm_policy`` and the three lower-tier policies
-    (:class:`kvsim.policy_registry.Policy` objects)."""
+    """The core module to run: :mod:`kvsim.sim.core` itself when ``engine`` is
+    ``compiled`` and every policy has compiled hooks, else the interpreted twin."""
     if engine == "interpreted" or not (hbm_policy.compiled and
                                        all(p.compiled for p in lower_policies)):
-        return interpreted(hbm_policy, lower_policies)
-    # one variant per process and policy set, even if a source file changes meanwhile
-    key = "compiled_" + "_".join(p.module.__name__ for p in [hbm_policy, *lower_policies])
-    if key in _LOADED:
-        return _LOADED[key]
-    _LOADED[key] = _compiled(hbm_policy, lower_policies)
-    return _LOADED[key]
+        return interpreted()
+    from kvsim.sim import core
+
+    return core
+
+
+def is_compiled(core_module: ModuleType) -> bool:
+    """True for the compiled core (hooks must then be :class:`kvsim.memory.hooks.CompiledHook`)."""
+    return not getattr(core_module, "INTERPRETED", False)
+
+
+def policy_value(policy, state, core_module: ModuleType) -> tuple:
+    """``(state, hooks)``: ``policy`` as the value the core takes (see
+    :mod:`kvsim.memory.hooks`)."""
+    from kvsim.memory import hooks
+
+    return hooks.policy_value(policy, state, is_compiled(core_module))
 
 
 def dispatcher_is_cached(dispatcher) -> bool:
@@ -88,79 +72,26 @@ def dispatcher_is_cached(dispatcher) -> bool:
 
 
 def compiled_is_cached(hbm_policy, lower_policies) -> bool:
-    """True when the compiled core for these policies is in the disk cache, so the
-    compiled engine would start without compiling (see :func:`dispatcher_is_cached`).
-    Writes the specialised module files if needed (cheap: text) and imports them, which
-    compiles nothing; False at once when a policy is plain Python."""
+    """True when the compiled engine would start without compiling: the core's entry point
+    and every hook of these policies are in numba's disk cache (see
+    :func:`dispatcher_is_cached`).  False at once when a policy is plain Python."""
+    from kvsim.memory.hooks import hooks_are_cached
+    from kvsim.numba_cache import seal_all
+    from kvsim.sim import core
+
     if not (hbm_policy.compiled and all(p.compiled for p in lower_policies)):
         return False
-    return dispatcher_is_cached(core_for(hbm_policy, lower_policies, "compiled").run)
+    seal_all()
+    return dispatcher_is_cached(core.run) and all(
+        hooks_are_cached(p) for p in [hbm_policy, *lower_policies])
 
 
-def _write_module(name: str, text: str) -> ModuleType:
-    """Write ``text`` as module ``name`` into the kvsim cache folder (unless it is there
-    already) and import it."""
-    from kvsim.memory.specialize import cache_dir
-
-    if name in _LOADED:
-        return _LOADED[name]
-    folder = cache_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.py"
-    if not path.exists() or path.read_text(encoding="utf-8") != text:
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    module = _import_file(name, path)
-    _LOADED[name] = module
+def _import_file(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
     return module
-
-
-def _bind_tiers(src: str, tier_mods: list[ModuleType], what: str) -> str:
-    """``src`` with its three ``# DRAM-OPS`` / ``# CXL-OPS`` / ``# NVME-OPS`` lines
-    importing ``tier_mods``."""
-    n = 0
-    for tier, tops in zip(_TIERS, tier_mods):
-        line = f"import {tops.__name__} as {tier.lower()}_ops  # {tier}-OPS"
-        src, k = re.subn(rf"^from kvsim\.sim import tier_ops as {tier.lower()}_ops  # "
-                         rf"{tier}-OPS$", line, src, count=1, flags=re.M)
-        n += k
-    if n != 3:
-        raise RuntimeError(f"{what} lost one of its '# ...-OPS' import lines")
-    return src
-
-
-def _compiled(hbm_policy, lower_policies) -> ModuleType:
-    from kvsim import policy_api
-    from kvsim.memory import fast
-    from kvsim.memory.specialize import ops_for, specialize
-    from kvsim.sim import bookkeeping, core, layout, spill, tier_ops, tiers
-
-    tier_mods = [specialize(tier_ops, pol.module) for pol in lower_policies]
-    tier_names = [m.__name__ for m in tier_mods]
-    shared = [_source(tiers), _source(layout), _source(fast), _source(tier_ops),
-              _source(bookkeeping), _source(policy_api)]
-    # the lower-tier half (spill.py): depends on the lower policies only, so every HBM
-    # policy with the same lower tiers shares its compiled code
-    sp_src = _bind_tiers(Path(inspect.getfile(spill)).read_text(encoding="utf-8"), tier_mods,
-                         "kvsim.sim.spill")
-    digest = hashlib.sha256("\0".join([sp_src] + shared + tier_names).encode()).hexdigest()[:16]
-    sp = _write_module(f"kvsim_spill_{digest}", sp_src)
-
-    ops = ops_for(hbm_policy.module)
-    src = Path(inspect.getfile(core)).read_text(encoding="utf-8")
-    new, n = re.subn(r"^from kvsim\.memory import pool_ops as ops  # HBM-OPS$",
-                     f"import {ops.__name__} as ops  # HBM-OPS", src, count=1, flags=re.M)
-    new, k = re.subn(r"^from kvsim\.sim import spill as lower  # SPILL$",
-                     f"import {sp.__name__} as lower  # SPILL", new, count=1, flags=re.M)
-    if n + k != 2:
-        raise RuntimeError("kvsim.sim.core lost its '# HBM-OPS' or '# SPILL' import line")
-    new = _bind_tiers(new, tier_mods, "kvsim.sim.core")
-    # every source whose compiled code the core calls (numba's cache of a caller does not
-    # notice an edit of a callee in another file); the module names carry their digests
-    parts = [new] + shared + [ops.__name__, sp.__name__] + tier_names
-    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
-    return _write_module(f"kvsim_core_{digest}", new)
 
 
 def _identity_njit(*args, **kwargs):
@@ -193,18 +124,18 @@ def _rebind(module: ModuleType, twins: dict[str, ModuleType]) -> None:
             setattr(module, attr, getattr(twins[py.__module__], py.__name__))
 
 
-def interpreted(hbm_policy, lower_policies) -> ModuleType:
-    """The interpreted twin of :mod:`kvsim.sim.core` bound to these policies' hooks.  The
-    memory pool, tier and core modules all run as Python (plain dicts for hash maps);
-    only a policy's own compiled helpers stay compiled."""
+def interpreted() -> ModuleType:
+    """The interpreted twin of :mod:`kvsim.sim.core` (one per process, every policy): the
+    memory pool, tier and core modules all run as Python (plain dicts for hash maps); a
+    policy's hooks arrive as values (:func:`policy_value`), and only a policy's own
+    compiled helpers stay compiled."""
     from kvsim.memory import fast, pool_ops
     from kvsim.sim import bookkeeping, core, spill, tier_ops, tiers
 
-    key = "_".join([hbm_policy.name] + [p.name for p in lower_policies])
-    key = re.sub(r"\W", "_", key)
-    cached = _LOADED.get("twin_" + key)
+    cached = _LOADED.get("twin")
     if cached is not None:
         return cached
+    key = "py"
     tw_fast = _twin(fast, key)
     tw_tiers = _twin(tiers, key)
     tw_book = _twin(bookkeeping, key)
@@ -215,58 +146,35 @@ def interpreted(hbm_policy, lower_policies) -> ModuleType:
     tw_book.tr = tw_tiers
     ops = _twin(pool_ops, key)
     _rebind(ops, twins)
-    ops.on_insert = _py(hbm_policy.on_insert)
-    ops.on_hit = _py(hbm_policy.on_hit)
-    ops.on_remove = _py(hbm_policy.on_remove)
-    ops.victim = _py(hbm_policy.victim)
-    ops.on_hold = _py(hbm_policy.on_hold)
-    ops.on_release = _py(hbm_policy.on_release)
-    ops.on_hit_held = _py(hbm_policy.on_hit_held)
-    ops.on_miss = _py(hbm_policy.on_miss)
+    t_ops = _twin(tier_ops, key)
+    _rebind(t_ops, twins)
     tw_spill = _twin(spill, key)
     _rebind(tw_spill, twins)
     tw_spill.tr = tw_tiers
+    tw_spill.tier_ops = t_ops
     tw = _twin(core, key)
     _rebind(tw, twins)
     tw.mem = tw_fast
     tw.tr = tw_tiers
     tw.ops = ops
     tw.lower = tw_spill
-    for tier, pol in zip(_TIERS, lower_policies):
-        t_ops = _twin(tier_ops, f"{key}_{tier}")
-        _rebind(t_ops, twins)
-        t_ops.on_insert = _py(pol.on_insert)
-        t_ops.on_hit = _py(pol.on_hit)
-        t_ops.on_remove = _py(pol.on_remove)
-        t_ops.victim = _py(pol.victim)
-        setattr(tw, f"{tier.lower()}_ops", t_ops)
-        setattr(tw_spill, f"{tier.lower()}_ops", t_ops)
+    tw.tier_ops = t_ops
     tw.INTERPRETED = True
-    _LOADED["twin_" + key] = tw
+    _LOADED["twin"] = tw
     return tw
 
 
 def closed_for(core_module: ModuleType) -> ModuleType:
-    """The closed loop's step driver (:mod:`kvsim.sim.closed_step`) bound to
-    ``core_module`` (what :func:`core_for` returned): a compiled copy whose ``# CORE``
-    import line names that core (cached by numba like the core), or the interpreted twin
-    calling the interpreted core."""
-    from kvsim.sim import closed_step, layout, sched_blocks, scheduler
+    """The closed loop's step driver for ``core_module`` (what :func:`core_for` returned):
+    :mod:`kvsim.sim.closed_step` itself for the compiled core (compiled once, cached), or
+    its interpreted twin calling the interpreted core."""
+    from kvsim.sim import closed_step
 
-    if getattr(core_module, "INTERPRETED", False):
-        key = "closed_twin_" + core_module.__name__
+    if not is_compiled(core_module):
+        key = "closed_twin"
         if key not in _LOADED:
-            tw = _twin(closed_step, re.sub(r"\W", "_", core_module.__name__))
+            tw = _twin(closed_step, "py")
             tw.core_mod = core_module
             _LOADED[key] = tw
         return _LOADED[key]
-    src = Path(inspect.getfile(closed_step)).read_text(encoding="utf-8")
-    new, n = re.subn(r"^from kvsim\.sim import core as core_mod  # CORE$",
-                     f"import {core_module.__name__} as core_mod  # CORE", src, count=1,
-                     flags=re.M)
-    if n != 1:
-        raise RuntimeError("kvsim.sim.closed_step lost its '# CORE' import line")
-    parts = [new, core_module.__name__, _source(scheduler), _source(sched_blocks),
-             _source(layout)]
-    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
-    return _write_module(f"kvsim_closed_{digest}", new)
+    return closed_step

@@ -4,6 +4,8 @@ Used to prove the candidate order is pluggable (tests/memory/test_order_plugin.p
 import numpy as np
 from numba import njit
 
+from kvsim.policy_api import policy_state
+
 NAME = "test-lifo"
 DESCRIPTION = "most recently released cached block first"
 REASONS = ("released most recently",)
@@ -11,13 +13,13 @@ REASONS = ("released most recently",)
 
 def init(capacity_blocks, num_slots, params):
     # stack as an intrusive list: nxt[s] = top; sentinel s = num_slots
-    return (np.full(num_slots + 1, num_slots, np.int64), np.full(num_slots + 1, num_slots,
-                                                                 np.int64))
+    return policy_state(i64=(np.full(num_slots + 1, num_slots, np.int64),
+                             np.full(num_slots + 1, num_slots, np.int64)))
 
 
 @njit(cache=True)
 def on_insert(state, view, b, now_us):
-    nxt, prv = state
+    nxt, prv = state.i64[0], state.i64[1]
     s = nxt.shape[0] - 1
     top = nxt[s]
     nxt[s] = b
@@ -33,14 +35,14 @@ def on_hit(state, view, b, now_us):
 
 @njit(cache=True)
 def on_remove(state, view, b):
-    nxt, prv = state
+    nxt, prv = state.i64[0], state.i64[1]
     nxt[prv[b]] = nxt[b]
     prv[nxt[b]] = prv[b]
 
 
 @njit(cache=True)
 def victim(state, view, now_us, alt_blocks, alt_scores):
-    nxt, prv = state
+    nxt, prv = state.i64[0], state.i64[1]
     s = nxt.shape[0] - 1
     if nxt[s] == s:
         return -1, 0, 0

@@ -1,10 +1,11 @@
-"""The compiled engine (numba, specialised per policy) gives exactly the interpreted
-engine's results: same source, two executions.
+"""The compiled engine (numba: ONE core for every policy, the hooks passed to it as
+first-class functions) gives exactly the interpreted engine's results: same source, two
+executions; and the core is compiled once, whatever the policy.
 
-A cold compile of one specialisation (lru: the replay core, the memory pool operations and
-the tier operations) costs a few CPU-minutes (docs/benchmarks.md, "Tiered replay"), more
-than this suite's time budget, so the test runs only with ``KVSIM_TEST_COMPILED=1`` (set it
-in CI once the compile cache is kept between runs, and before releases)."""
+A cold compile of the core costs about a CPU-minute or more (docs/benchmarks.md, "One
+core"), more than this suite's time budget, so these tests run only with
+``KVSIM_TEST_COMPILED=1`` (set it in CI once the compile cache is kept between runs, and
+before releases)."""
 
 from __future__ import annotations
 
@@ -26,15 +27,24 @@ _spec.loader.exec_module(_helpers)
 @pytest.mark.skipif(os.environ.get("KVSIM_TEST_COMPILED") != "1",
                     reason="cold numba compile of the replay takes minutes; set "
                            "KVSIM_TEST_COMPILED=1 to run")
-def test_compiled_equals_interpreted(tiny_hw, tmp_path):
+def _builtins():
+    from kvsim.policy_registry import list_policies
+
+    return [p.name for p in list_policies()]
+
+
+@pytest.mark.parametrize("policy", _builtins())
+def test_compiled_equals_interpreted(tiny_hw, tmp_path, policy):
+    """Every built-in, in HBM and in DRAM, through the one compiled core (a new policy
+    compiles only its hooks: ~12 x a few CPU-s once the core is cached)."""
     trace = _helpers.random_trace(_helpers.TraceBuilder, 3).write(tmp_path / "r.parquet")
     logs = {}
     results = {}
     for engine in ("interpreted", "compiled"):
         cfg = SimConfig(hardware=tiny_hw, hbm_blocks=10, engine=engine,
-                        check_invariants=True)
+                        check_invariants=True, tier_policies=(("dram", policy),))
         logs[engine] = tmp_path / f"{engine}.parquet"
-        results[engine] = simulate(trace, "lru", cfg, decision_log=logs[engine])
+        results[engine] = simulate(trace, policy, cfg, decision_log=logs[engine])
     a, b = results["interpreted"], results["compiled"]
     assert a.summary == b.summary
     assert a.requests.equals(b.requests) and a.steps.equals(b.steps)
@@ -50,26 +60,26 @@ def test_compiled_equals_interpreted(tiny_hw, tmp_path):
                     reason="cold numba compile of the replay takes minutes; set "
                            "KVSIM_TEST_COMPILED=1 to run")
 def test_one_compilation_per_core_function(tiny_hw, tmp_path):
-    """Every jitted function of the specialised modules (core, spill, pool ops, tier ops)
-    is compiled for one signature only.  A constant argument at a call site (``f(x, 0)``)
-    makes numba specialise the callee on the literal: a second full compilation of it, and
-    of everything that calls it (``_place`` was compiled three times per policy)."""
-    from kvsim.sim import variants
+    """Every jitted function of the core modules (core, spill, pool ops, tier ops) is
+    compiled for ONE signature, for every policy: the policies' hooks are values of one
+    type (kvsim.memory.hooks).  A constant argument at a call site (``f(x, 0)``) would make
+    numba specialise the callee on the literal: a second full compilation of it, and of
+    everything that calls it (``_place`` was compiled three times per policy)."""
+    from kvsim.memory import pool_ops
+    from kvsim.sim import core, spill, tier_ops
 
     trace = _helpers.random_trace(_helpers.TraceBuilder, 3).write(tmp_path / "r.parquet")
-    for prio, swap in ((False, False), (True, True)):
+    for policy, prio, swap in (("lru", False, False), ("fifo", True, True),
+                               ("s3fifo", False, True)):
         cfg = SimConfig(hardware=tiny_hw, hbm_blocks=10, engine="compiled",
                         priority_scheduling=prio, preemption="swap" if swap else "recompute",
-                        write_policy="write_through", check_invariants=True)
-        simulate(trace, "lru", cfg, decision_log=tmp_path / f"log{prio}.parquet")
-    cores = [m for k, m in variants._LOADED.items() if k.startswith("kvsim_core_")]
-    assert cores
-    for core in cores:
-        mods = {core, core.ops, core.lower, core.lower.dram_ops, core.lower.cxl_ops,
-                core.lower.nvme_ops}
-        for mod in mods:
-            for name, fn in vars(mod).items():
-                py = getattr(fn, "py_func", None)
-                if py is None or py.__module__ != mod.__name__:
-                    continue
-                assert len(fn.signatures) <= 1, (mod.__name__, name, fn.signatures)
+                        write_policy="write_through", check_invariants=True,
+                        tier_policies=(("dram", policy),))
+        simulate(trace, policy, cfg, decision_log=tmp_path / f"log{policy}.parquet")
+    for mod in (core, spill, pool_ops, tier_ops):
+        for name, fn in vars(mod).items():
+            py = getattr(fn, "py_func", None)
+            if py is None or py.__module__ != mod.__name__:
+                continue
+            assert len(fn.signatures) <= 1, (mod.__name__, name, fn.signatures)
+    assert len(core.run.signatures) == 1

@@ -71,16 +71,26 @@ def test_cache_check_follows_numba_cache_across_processes(tmp_path):
     assert out == ["False", "8", "True"]
 
 
-def test_compiled_is_cached_plain_python_and_cold_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path))
-    lower = [get_policy("lru")] * 3
+def test_compiled_is_cached_needs_the_core_and_every_hook(monkeypatch):
+    """Warm = the one core's entry point AND each policy's hooks are in numba's cache (the
+    check itself is tested on a real cache above)."""
+    from kvsim.sim import core, variants
+
+    lru, fifo = get_policy("lru"), get_policy("fifo")
+    lower = [lru] * 3
 
     class PyPolicy:  # a plain-Python policy never runs compiled
         compiled = False
 
     assert compiled_is_cached(PyPolicy(), lower) is False
-    # a fresh cache folder: the core's module files are written, nothing is compiled
-    assert compiled_is_cached(get_policy("lru"), lower) is False
+    monkeypatch.setattr(variants, "dispatcher_is_cached", lambda d: True)
+    assert compiled_is_cached(fifo, lower) is True
+    monkeypatch.setattr(variants, "dispatcher_is_cached", lambda d: d is not core.run)
+    assert compiled_is_cached(fifo, lower) is False  # the core is cold
+    cold_hook = fifo.victim
+    monkeypatch.setattr(variants, "dispatcher_is_cached", lambda d: d is not cold_hook)
+    assert compiled_is_cached(fifo, lower) is False  # one hook of the HBM policy is cold
+    assert compiled_is_cached(lru, lower) is True  # lru's hooks are all warm
 
 
 def test_auto_picks_compiled_when_cached_or_big(monkeypatch):
@@ -104,3 +114,63 @@ def test_explicit_engine_never_checks_the_cache(monkeypatch, engine):
     monkeypatch.setattr(replay, "compiled_is_cached", boom)
     lru = get_policy("lru")
     assert replay.choose_engine(engine, 10, lru, [lru] * 3) == engine
+
+
+def test_compiled_hooks_over_an_old_tuple_state_run_interpreted_with_a_warning(tiny_hw,
+                                                                              tmp_path):
+    """A policy with njit hooks whose init returns a plain tuple of arrays (the state form
+    before PolicyState) cannot be passed to the one compiled core: the replay warns once
+    and runs it on the interpreted engine, with the results of an equivalent policy."""
+    import types
+
+    import numpy as np
+    from numba import njit
+
+    from kvsim.policy_api import dll_ends, dll_links, dll_push_tail, dll_remove, list_walk
+    from kvsim.policy_registry import policy_from_module
+    from kvsim.sim import SimConfig, simulate
+
+    spec = importlib.util.spec_from_file_location(
+        "kvsim_tests_sim_conftest_ec", os.path.join(os.path.dirname(__file__), "conftest.py"))
+    helpers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helpers)
+
+    mod = types.ModuleType("old_tuple_lru")
+    mod.NAME, mod.DESCRIPTION, mod.REASONS = "old_tuple_lru", "tuple-state LRU", ("lru",)
+
+    def init(capacity_blocks, num_slots, params):
+        prev, nxt = dll_links(num_slots)
+        return (prev, nxt, dll_ends())
+
+    def on_insert(state, view, b, now_us):
+        dll_push_tail(state[0], state[1], state[2], b)
+
+    def on_remove(state, view, b):
+        dll_remove(state[0], state[1], state[2], b)
+
+    def on_hit(state, view, b, now_us):
+        if state[0][b] != -2:
+            dll_remove(state[0], state[1], state[2], b)
+            dll_push_tail(state[0], state[1], state[2], b)
+
+    def victim(state, view, now_us, alt_blocks, alt_scores):
+        b = state[2][0]
+        if b < 0:
+            return -1, 0, 0
+        return b, 0, list_walk(state[0], state[1], state[2], alt_blocks, alt_scores,
+                               view.last_access_us)
+
+    mod.init = init
+    mod.on_insert, mod.on_hit = njit(on_insert), njit(on_hit)
+    mod.on_remove, mod.victim = njit(on_remove), njit(victim)
+    old = policy_from_module(mod, "test")
+    assert old.compiled
+    trace = helpers.random_trace(helpers.TraceBuilder, 5).write(tmp_path / "r.parquet")
+    with pytest.warns(UserWarning, match="does not return a kvsim.policy_api.PolicyState"):
+        got = simulate(trace, old, SimConfig(hardware=tiny_hw, hbm_blocks=10,
+                                             engine="compiled"))
+    want = simulate(trace, "lru", SimConfig(hardware=tiny_hw, hbm_blocks=10,
+                                            engine="interpreted"))
+    drop = ("policy",)
+    assert {k: v for k, v in got.summary.items() if k not in drop} == \
+        {k: v for k, v in want.summary.items() if k not in drop}

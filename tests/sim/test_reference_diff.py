@@ -297,6 +297,17 @@ def test_demote_then_promote_by_hand(tiny_hw, tmp_path):
     check(trace, "lru", cfg, tmp_path)
 
 
+def lru_and_reference(tb: TraceBuilder, tiny_hw, tmp_path, hbm_blocks: int = 8) -> tuple:
+    """Write ``tb``, replay it under lru (interpreted) and in the reference; the two
+    summaries (after :func:`check` compared them and their decision logs)."""
+    trace = tb.write(tmp_path / "t.jsonl")
+    cfg = SimConfig(hardware=tiny_hw, hbm_blocks=hbm_blocks, engine="interpreted")
+    res = simulate(trace, "lru", cfg)
+    ref, _ = reference_replay(trace, "lru", cfg)
+    check(trace, "lru", cfg, tmp_path)
+    return res.summary, ref
+
+
 def test_decode_block_cached_once_full(tiny_hw, tmp_path):
     """A decode block is ALLOCATEd with one token and the hash of its full content; it is
     cached when the next block follows it (vLLM caches a block once full), so the next
@@ -322,14 +333,9 @@ def test_decode_block_cached_once_full(tiny_hw, tmp_path):
     tb.prompt(1, [1, 2, 3, 0], last_tokens=1)
     tb.ACCESS(1, 13)
     tb.FREE(1)
-    trace = tb.write(tmp_path / "t.jsonl")
-    cfg = SimConfig(hardware=tiny_hw, hbm_blocks=8, engine="interpreted")
-    res = simulate(trace, "lru", cfg)
-    ref, _ = reference_replay(trace, "lru", cfg)
-    for s in (res.summary, ref):
+    for s in lru_and_reference(tb, tiny_hw, tmp_path):
         assert s["hit_tokens"] == 12 and s["hit_blocks"] == 3
         assert s["lookup_tokens"] == 8 + 13
-    check(trace, "lru", cfg, tmp_path)
 
 
 @pytest.mark.parametrize("by_priority, victims, rerun_tokens",
@@ -456,10 +462,5 @@ def test_admission_of_a_huge_prompt_grows_the_record_arena(tiny_hw, tmp_path):
     tb.prompt(1, [1, 2, 0], last_tokens=1)
     tb.ACCESS(1, 9)
     tb.FREE(1)
-    trace = tb.write(tmp_path / "t.jsonl")
-    cfg = SimConfig(hardware=tiny_hw, hbm_blocks=8, engine="interpreted")
-    res = simulate(trace, "lru", cfg)
-    ref, _ = reference_replay(trace, "lru", cfg)
-    for s in (res.summary, ref):
+    for s in lru_and_reference(tb, tiny_hw, tmp_path):
         assert s["hit_tokens"] == 4 and s["lookup_tokens"] == 280_000 + 9
-    check(trace, "lru", cfg, tmp_path)

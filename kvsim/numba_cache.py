@@ -1,0 +1,79 @@
+"""Keep numba's disk cache of the replay honest across source edits.
+
+numba keys a cached function on its own source file's stamp (modification time and size),
+not on the functions it calls: after an edit of ``kvsim/memory/fast.py`` the cached
+``kvsim.sim.core.run``, which has ``fast``'s code compiled into it, would still load, and
+run the old code.  :func:`seal` therefore extends the stamp of every jitted function of the
+replay's modules (and of a policy's module) with :func:`digest`, a hash of every source
+file whose code or constants the compiled replay contains (``SOURCES``): any edit of one
+of them makes every entry stale, and numba recompiles.  Users never edit these files, so
+for them the cache is compiled once per kvsim version, numba version and CPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+from functools import lru_cache
+from pathlib import Path
+from types import ModuleType
+
+#: Modules whose source reaches the compiled replay (code or constants), in a fixed order.
+SOURCES = ("kvsim.schema", "kvsim.policy_api", "kvsim.memory.fast", "kvsim.memory.fifo_order",
+           "kvsim.memory.hooks", "kvsim.memory.pool_ops", "kvsim.sim.layout",
+           "kvsim.sim.tiers", "kvsim.sim.bookkeeping", "kvsim.sim.tier_ops",
+           "kvsim.sim.spill", "kvsim.sim.core", "kvsim.sim.schedule_state",
+           "kvsim.sim.sched_blocks", "kvsim.sim.scheduler", "kvsim.sim.closed_step",
+           "kvsim.sim.cachesim")
+#: The modules among SOURCES whose jitted functions are sealed, in an order they can be
+#: imported in (``scheduler`` imports ``sched_blocks`` at its end, not the other way).
+COMPILED = ("kvsim.policy_api", "kvsim.memory.fast", "kvsim.memory.fifo_order",
+            "kvsim.memory.hooks", "kvsim.memory.pool_ops", "kvsim.sim.tiers",
+            "kvsim.sim.bookkeeping", "kvsim.sim.tier_ops", "kvsim.sim.spill", "kvsim.sim.core",
+            "kvsim.sim.scheduler", "kvsim.sim.sched_blocks", "kvsim.sim.closed_step",
+            "kvsim.sim.cachesim")
+
+
+@lru_cache(maxsize=1)
+def digest() -> str:
+    """sha256 (16 hex digits) of the text of every module of ``SOURCES``."""
+    h = hashlib.sha256()
+    for name in SOURCES:
+        spec = importlib.util.find_spec(name)
+        origin = spec.origin if spec is not None else None
+        h.update(name.encode())
+        h.update(Path(origin).read_bytes() if origin else b"?")
+    return h.hexdigest()[:16]
+
+
+def seal(module: ModuleType) -> None:
+    """Extend the cache stamp of each ``njit(cache=True)`` function defined in ``module``
+    with :func:`digest` (idempotent).  Must run before the function is first compiled or
+    loaded in this process to take effect for it."""
+    from numba.core.dispatcher import Dispatcher
+
+    mark = digest()
+    for value in vars(module).values():
+        if not isinstance(value, Dispatcher) or value.py_func.__module__ != module.__name__:
+            continue
+        cache_file = getattr(getattr(value, "_cache", None), "_cache_file", None)
+        if cache_file is None:
+            continue
+        stamp = cache_file._source_stamp
+        if isinstance(stamp, tuple) and len(stamp) == 3 and stamp[0] == "kvsim":
+            continue
+        cache_file._source_stamp = ("kvsim", stamp, mark)
+
+
+_SEALED = False
+
+
+def seal_all() -> None:
+    """:func:`seal` every module of ``COMPILED`` (once per process)."""
+    global _SEALED
+    if _SEALED:
+        return
+    for name in COMPILED:
+        seal(importlib.import_module(name))
+    _SEALED = True

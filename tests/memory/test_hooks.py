@@ -1,0 +1,97 @@
+"""A policy as one value for the compiled core: the uniform state (kvsim.policy_api
+.PolicyState), the hooks as first-class functions of one type for every policy
+(kvsim.memory.hooks), and the cache seal (kvsim.numba_cache)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import numpy as np
+import pytest
+from numba import typeof
+
+from kvsim import numba_cache
+from kvsim.memory import hooks
+from kvsim.policy_api import (STATE_F64, STATE_I8, STATE_I64, STATE_I64_2D, PolicyState,
+                              new_block_view, policy_state)
+from kvsim.policy_registry import get_policy, list_policies
+
+
+def test_policy_state_pads_to_fixed_widths_and_keeps_the_arrays():
+    a = np.zeros(5, np.int64)
+    f = np.ones(3)
+    st = policy_state(i64=(a,), f64=(f,))
+    assert isinstance(st, PolicyState)
+    assert (len(st.i64), len(st.f64), len(st.i8), len(st.i64_2d)) == (
+        STATE_I64, STATE_F64, STATE_I8, STATE_I64_2D)
+    assert st.i64[0] is a and st.f64[0] is f  # kept, not copied
+    assert all(x.shape == (0,) for x in st.i64[1:]) and st.i64_2d[0].shape == (0, 0)
+    assert typeof(st) == typeof(policy_state()) == hooks.state_type()
+
+
+@pytest.mark.parametrize("kwargs, slot", [
+    ({"i64": (np.zeros(3, np.int32),)}, "i64[0]"),
+    ({"f64": (np.zeros(3, np.int64),)}, "f64[0]"),
+    ({"i8": (np.zeros(3, np.bool_),)}, "i8[0]"),
+    ({"i64": (np.zeros((3, 2), np.int64)[:, 0],)}, "i64[0]"),  # not C-contiguous
+    ({"i64_2d": (np.zeros(3, np.int64),)}, "i64_2d[0]"),
+])
+def test_policy_state_rejects_other_arrays(kwargs, slot):
+    with pytest.raises(ValueError, match=slot.replace("[", r"\[").replace("]", r"\]")):
+        policy_state(**kwargs)
+
+
+def test_policy_state_rejects_too_many_arrays():
+    with pytest.raises(ValueError, match=f"at most {STATE_F64}"):
+        policy_state(f64=[np.zeros(1)] * (STATE_F64 + 1))
+
+
+@pytest.mark.parametrize("name", [p.name for p in list_policies()])
+def test_every_builtin_state_has_the_one_type(name):
+    pol = get_policy(name)
+    state = pol.init(8, 10, {"seed": 0})
+    assert hooks.is_uniform(state), name
+
+
+def test_hooks_of_two_policies_are_values_of_one_type():
+    """The core is compiled for one argument type whatever the policy."""
+    view = hooks.view_ref(new_block_view(4))
+    values = [hooks.policy_value(get_policy(n), get_policy(n).init(3, 4, {}), True)
+              for n in ("lru", "fifo")]
+    assert typeof(values[0]) == typeof(values[1])
+    assert isinstance(values[0][0], hooks.StateRef)
+    # the hooks run (called from Python here) on the StateRef, writing init's arrays
+    lru_state = values[0][0]
+    ins, victim = values[0][1][hooks.H_INSERT], values[0][1][hooks.H_VICTIM]
+    for b in (2, 0, 3):
+        ins(lru_state, view, b, 0.0)
+    b, reason, n_alt = victim(lru_state, view, 0.0, np.zeros(0, np.int64), np.zeros(0))
+    assert (b, reason, n_alt) == (2, 0, 0)
+
+
+def test_python_hooks_follow_the_hold_defaults():
+    lru = get_policy("lru")
+    py = hooks.python_hooks(lru)
+    assert [f.__name__ for f in py] == ["on_insert", "on_hit", "on_hold", "on_release",
+                                        "on_remove", "victim", "on_hit", "noop_hook"]
+    vllm_order = sys.modules["kvsim.memory.fifo_order"]
+    names = [f.__name__ for f in hooks.python_hooks(vllm_order)]
+    assert names[hooks.H_MISS] == "noop_hook" and names[hooks.H_HOLD] == "on_hold"
+
+
+def test_seal_extends_the_cache_stamp_with_the_source_digest(tmp_path):
+    path = tmp_path / "sealmod.py"
+    path.write_text("from numba import njit\n\n@njit(cache=True)\ndef f(x):\n    return x + 1\n")
+    spec = importlib.util.spec_from_file_location("sealmod", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["sealmod"] = mod
+    spec.loader.exec_module(mod)
+    stamp = mod.f._cache._cache_file._source_stamp
+    numba_cache.seal(mod)
+    sealed = mod.f._cache._cache_file._source_stamp
+    assert sealed == ("kvsim", stamp, numba_cache.digest())
+    numba_cache.seal(mod)  # idempotent
+    assert mod.f._cache._cache_file._source_stamp == sealed
+    assert mod.f(1) == 2
+    assert len(numba_cache.digest()) == 16
