@@ -6,8 +6,8 @@ length.  The two per-ALLOCATE inputs of the core are produced batch by batch ins
 
 * ``seen`` (was the same full, hashed content allocated before?  The recompute metric
   needs it) by :class:`SeenSet`, a hash set of the content hashes met so far, updated as
-  the replay streams: its memory grows with the trace's *distinct* content hashes (16 bytes
-  each at most, open addressing at load <= 1/2), not with its rows;
+  the replay streams: its memory grows with the trace's *distinct* content hashes (11 to 21
+  bytes each, open addressing at load <= 3/4), not with its rows;
 * ``next_use`` (ordinal of the next ALLOCATE of the same content: Belady's offline bound
   reads the future) by :func:`offline_next_use`, one more streaming pass, only when an
   offline policy runs.  It is the one whole-trace array left: 8 bytes per ALLOCATE row
@@ -74,6 +74,17 @@ def _open(path):
     from kvsim.events import open_events
 
     return open_events(path)
+
+
+def release_read_buffers() -> None:
+    """Give the decoded row groups of a finished pass back to the OS.  Arrow's allocator
+    (mimalloc) keeps freed blocks for reuse: after a whole-file pass over the Mooncake
+    16-token import it held ~300 MiB that the replay's own (numpy) arrays could not reuse,
+    on top of everything the replay allocates (docs/benchmarks.md, "Memory: streaming
+    replay").  Costs a few milliseconds."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
 
 
 def full_hashes(cols: dict, block_size_tokens: int) -> np.ndarray:
@@ -160,6 +171,7 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
                 run = live + np.cumsum(delta)
                 max_live = max(max_live, int(run.max()))
                 live = int(run[-1])
+    release_read_buffers()
     if first_req:
         fr = np.concatenate(first_req)
         ft = np.concatenate(first_time)
@@ -216,13 +228,15 @@ def _rehash(old_keys, new_keys, old_vals, new_vals):
                 new_vals[i] = old_vals[j]
 
 
-def _grown(keys: np.ndarray, vals: np.ndarray, need: int) -> tuple[np.ndarray, np.ndarray]:
-    """Tables with room for ``need`` keys at load <= 1/2 (the same ones if they have it).
-    ``vals`` is empty for a set, else as long as ``keys``."""
+def _grown(keys: np.ndarray, vals: np.ndarray, need: int,
+           load: tuple[int, int] = (1, 2)) -> tuple[np.ndarray, np.ndarray]:
+    """Tables with room for ``need`` keys at load <= ``load[0] / load[1]`` (the same ones
+    if they have it).  ``vals`` is empty for a set, else as long as ``keys``."""
     size = keys.shape[0]
-    if 2 * need <= size:
+    num, den = load
+    if den * need <= num * size:
         return keys, vals
-    while 2 * need > size:
+    while den * need > num * size:
         size *= 2
     new_keys = np.zeros(size, np.int64)
     new_vals = np.zeros(size if vals.shape[0] else 0, np.int64)
@@ -232,7 +246,16 @@ def _grown(keys: np.ndarray, vals: np.ndarray, need: int) -> tuple[np.ndarray, n
 
 class SeenSet:
     """The content hashes allocated so far; ``mark(hashes)`` gives each ALLOCATE row's
-    ``seen`` flag (int8) in stream order and remembers the hashes."""
+    ``seen`` flag (int8) in stream order and remembers the hashes.
+
+    Load <= 3/4 (linear probing: ~8.5 probes per absent key, in one or two cache lines,
+    against 2.5 at 1/2): 11 to 21 bytes per distinct hash (load 3/4 down to 3/8 after a
+    doubling) instead of 16 to 32, and 1.5x less at each doubling, when the old and new
+    tables coexist.  It is the one structure of the
+    replay that grows with the trace's distinct contents (5.6 M at 16-token blocks on the
+    Mooncake conversation trace)."""
+
+    LOAD = (3, 4)
 
     def __init__(self, initial_slots: int = 1 << 12) -> None:
         self.keys = np.zeros(initial_slots, np.int64)
@@ -240,7 +263,8 @@ class SeenSet:
         self.n = 0
 
     def mark(self, hashes: np.ndarray) -> np.ndarray:
-        self.keys, self.vals = _grown(self.keys, self.vals, self.n + hashes.shape[0])
+        self.keys, self.vals = _grown(self.keys, self.vals, self.n + hashes.shape[0],
+                                      self.LOAD)
         seen = np.zeros(hashes.shape[0], np.int8)
         self.n = int(_mark(np.ascontiguousarray(hashes, np.int64), self.keys, self.n, seen))
         return seen
@@ -282,4 +306,5 @@ def offline_next_use(trace_path: str | Path, block_size_tokens: int, num_allocs:
             keys, vals = _grown(keys, vals, n_used + h.shape[0])
             n_used = int(_link(h, base, keys, vals, n_used, next_use))
             base += h.shape[0]
+    release_read_buffers()
     return next_use

@@ -48,6 +48,11 @@ def test_seen_set_matches_definition_across_chunks_and_growth():
                           [(0, 1), (1, 50), (50, 50), (50, 1200), (1200, 2000)]])
     assert np.array_equal(got, want)
     assert s.n == len(set(hashes.tolist()) - {0})
+    size = s.keys.shape[0]  # load <= 3/4 (SeenSet.LOAD), power of two, never needlessly big
+    assert 4 * s.n <= 3 * size and size & (size - 1) == 0
+    s2 = SeenSet(initial_slots=4)
+    s2.mark(np.arange(1, 7, dtype=np.int64))  # 6 keys: 8 slots (load 3/4), not 16
+    assert s2.keys.shape[0] == 8 and s2.n == 6
 
 
 @pytest.fixture(scope="module")
