@@ -30,7 +30,7 @@ from kvsim.sim import core, layout as L
 from kvsim.sim.config import LOWER_TIERS, SimConfig, resolve_engine
 from kvsim.sim.variants import compiled_is_cached, core_for
 from kvsim.sim.prepass import (SeenSet, TraceFacts, _open, full_hashes, offline_next_use,
-                                scan_trace)
+                                release_read_buffers, scan_trace)
 from kvsim.sim.cost_model import GB, TierCosts, cost_array, hbm_kv_capacity_bytes, tier_costs
 from kvsim.sim.metrics import request_table, step_table, summarize
 
@@ -426,10 +426,12 @@ def execute(trace_path: str | Path, pol, config: SimConfig,
         with _open(trace_path) as reader:
             for cols in reader.batches(config.batch_rows):
                 run.feed(cols)
+                release_read_buffers()  # decoded row groups already replayed (prepass.py)
                 done += len(cols["kind"])
                 if on_progress is not None:
                     on_progress(done, facts.num_rows)
         run.finish()
+        run.seen = None  # the outputs do not need it: its table is freed before they are built
     except BaseException as exc:
         if writer is not None:
             writer.__exit__(type(exc), exc, exc.__traceback__)
