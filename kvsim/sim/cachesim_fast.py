@@ -26,7 +26,8 @@ Everything else lives in slots: ``capacity`` of them for lru, fifo, sieve, lfu a
 (plus the ghosts for arc and s3fifo), so a small cache's lists stay in the CPU cache,
 whatever the key universe (the per-key arrays of the previous loops did not: see
 docs/benchmarks.md).  A slot holds its key's offset ``kof`` (to reset ``table`` when the
-slot is freed) and dense id ``did`` (what ``victims_out`` records).  Keys wider than a
+slot is freed) and dense id ``did`` (what ``victims_out`` records), both in the table's
+dtype (int32 unless the key span reaches 2^30: half the bytes of int64 in the CPU cache).  Keys wider than a
 direct table (see :func:`key_domain`) are remapped first and the loops then read the
 dense ids as keys (``lo = 0``).
 
@@ -149,8 +150,8 @@ def replay_lru(keys, lo, table, capacity, victims_out, uniq_out):
     """LRU (policies/lru.py): a hit moves the block to the tail, the head is evicted; the
     evicted block's slot takes the new block."""
     m = max(min(capacity, keys.shape[0]), 1)
-    kof = np.empty(m, np.int64)
-    did = np.empty(m, np.int64)
+    kof = np.empty(m, table.dtype)
+    did = np.empty(m, table.dtype)
     prev = np.empty(m, np.int32)
     nxt = np.empty(m, np.int32)
     record = victims_out.shape[0] > 0
@@ -218,8 +219,8 @@ def replay_lru(keys, lo, table, capacity, victims_out, uniq_out):
 def replay_fifo(ids, lo, table, capacity, victims_out, uniq_out):
     """FIFO (policies/fifo.py): evict in insertion order; a ring of ``capacity`` slots."""
     m = max(min(capacity, ids.shape[0]), 1)
-    kof = np.empty(m, np.int64)
-    did = np.empty(m, np.int64)
+    kof = np.empty(m, table.dtype)
+    did = np.empty(m, table.dtype)
     record = victims_out.shape[0] > 0
     hits = 0
     misses = 0
@@ -263,8 +264,8 @@ def replay_lfu(keys, lo, table, capacity, victims_out, uniq_out):
     frequency buckets: ``B[f]`` = [head, tail, size] of the slots of frequency ``f``.  The
     victim's slot takes the new block."""
     m = max(min(capacity, keys.shape[0]), 1)
-    kof = np.empty(m, np.int64)
-    did = np.empty(m, np.int64)
+    kof = np.empty(m, table.dtype)
+    did = np.empty(m, table.dtype)
     prev = np.empty(m, np.int32)
     nxt = np.empty(m, np.int32)
     freq = np.zeros(m, np.int64)
@@ -326,8 +327,8 @@ def replay_sieve(keys, lo, table, capacity, victims_out, uniq_out):
     """SIEVE (policies/sieve.py): the hand walks from old to new, clearing visited bits.
     The evicted block's slot is unlinked and re-appended at the tail for the new block."""
     m = max(min(capacity, keys.shape[0]), 1)
-    kof = np.empty(m, np.int64)
-    did = np.empty(m, np.int64)
+    kof = np.empty(m, table.dtype)
+    did = np.empty(m, table.dtype)
     prev = np.empty(m, np.int32)
     nxt = np.empty(m, np.int32)
     visited = np.zeros(m, np.bool_)
@@ -405,8 +406,8 @@ def replay_belady(keys, lo, table, next_use, capacity, victims_out, uniq_out):
     ``>`` picks the right child, ``<=`` stops a sift down), hence the same victims."""
     m = max(min(capacity, keys.shape[0]), 1) + 1
     hk = np.empty(m, np.int64)
-    hb = np.empty(m, np.int64)
-    hd = np.empty(m, np.int64)
+    hb = np.empty(m, table.dtype)
+    hd = np.empty(m, table.dtype)
     record = victims_out.shape[0] > 0
     n = 0
     nu = 0

@@ -60,8 +60,8 @@ def replay_s3fifo(keys, lo, table, capacity, small_cap, ghost_cap, move_to_main,
     # slots: resident <= capacity, ghosts <= ghost_cap, and a victim's slot is freed before
     # the new block takes one
     m = max(min(capacity + max(ghost_cap, 0) + 1, keys.shape[0] + 1), 4)
-    kof = np.empty(m, np.int64)
-    did = np.empty(m, np.int64)
+    kof = np.empty(m, table.dtype)
+    did = np.empty(m, table.dtype)
     prev = np.empty(m, np.int32)
     nxt = np.empty(m, np.int32)
     where = np.zeros(m, np.int8)
@@ -184,8 +184,8 @@ def replay_arc(keys, lo, table, capacity, victims_out, uniq_out):
     # slots: |T1| + |T2| + |B1| + |B2| <= 2c after every access (the new block is given a
     # slot after the victim's ghost, if any, is dropped), so 2c suffice
     m = max(min(2 * c + 2, keys.shape[0] + 1), 4)
-    kof = np.empty(m, np.int64)
-    did = np.empty(m, np.int64)
+    kof = np.empty(m, table.dtype)
+    did = np.empty(m, table.dtype)
     prev = np.empty(m, np.int32)
     nxt = np.empty(m, np.int32)
     where = np.zeros(m, np.int8)
