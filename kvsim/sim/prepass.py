@@ -1,13 +1,14 @@
 """The replay's pre-pass and the two per-ALLOCATE facts it used to hold for a whole trace.
 
 :func:`scan_trace` streams the event file once for the sizes of the core's buffers
-(:class:`TraceFacts`); it keeps nothing per row, so its memory does not grow with the trace
-length.  The two per-ALLOCATE inputs of the core are produced batch by batch instead:
+(:class:`TraceFacts`) and, per ALLOCATE row, one bit: ``seen`` (was the same full, hashed
+content allocated before?  The recompute metric needs it), from a :class:`SeenSet` of the
+content hashes met so far that lives only while the pass runs (11 to 21 bytes per distinct
+hash, open addressing at load <= 3/4) and is freed before the replay starts.  The replay
+then holds 1 bit per ALLOCATE row (1.2 MB for the 9.3 M ALLOCATE rows of the Mooncake
+16-token import) instead of the set (64 MiB there).  The other per-ALLOCATE input of the
+core is produced batch by batch:
 
-* ``seen`` (was the same full, hashed content allocated before?  The recompute metric
-  needs it) by :class:`SeenSet`, a hash set of the content hashes met so far, updated as
-  the replay streams: its memory grows with the trace's *distinct* content hashes (11 to 21
-  bytes each, open addressing at load <= 3/4), not with its rows;
 * ``next_use`` (ordinal of the next ALLOCATE of the same content: Belady's offline bound
   reads the future) by :func:`offline_next_use`, one more streaming pass, only when an
   offline policy runs.  It is the one whole-trace array left: 8 bytes per ALLOCATE row
@@ -53,6 +54,17 @@ class TraceFacts:
     arrival_order: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     #: step of that row, per entry of ``arrival_order``
     arrival_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: the ``seen`` flag of each ALLOCATE ordinal (was the same full, hashed content
+    #: allocated before?) as packed bits (bit ``o & 7`` of byte ``o >> 3``): 1 bit per
+    #: ALLOCATE row, filled by :func:`scan_trace`; None when the facts were made elsewhere
+    #: (the replay then keeps a :class:`SeenSet` itself)
+    seen_bits: np.ndarray | None = None
+
+    def seen_at(self, base: int, m: int) -> np.ndarray:
+        """The ``seen`` flags (int8) of ALLOCATE ordinals ``base .. base + m - 1``."""
+        out = np.zeros(m, np.int8)
+        _get_bits(self.seen_bits, base, out)
+        return out
 
     @property
     def num_requests(self) -> int:
@@ -115,8 +127,10 @@ def full_hashes(cols: dict, block_size_tokens: int) -> np.ndarray:
 
 def scan_trace(trace_path: str | Path, block_size_tokens: int,
                batch_rows: int = 1 << 20) -> TraceFacts:
-    """One streaming pass for the sizes of the core's buffers and the requests' arrival
-    order.  Memory: one batch, plus per request id two flags and its arrival (24 bytes)."""
+    """One streaming pass for the sizes of the core's buffers, the requests' arrival
+    order and the ALLOCATE rows' ``seen`` flags.  Memory: one batch, per request id two
+    flags and its arrival (24 bytes), 1 bit per ALLOCATE row (``seen_bits``) and, while the
+    pass runs, a :class:`SeenSet` of the distinct content hashes (freed at its end)."""
     num_rows = 0
     num_allocs = 0
     first_step = -1
@@ -131,11 +145,18 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
     first_req: list[np.ndarray] = []
     first_time: list[np.ndarray] = []
     first_step_l: list[np.ndarray] = []
+    seen_set = SeenSet()
+    seen_bits = np.zeros(1 << 12, np.uint8)
     with _open(trace_path) as reader:
         for cols in reader.batches(batch_rows):
             n = len(cols["kind"])
             if n == 0:
                 continue
+            hashes = full_hashes(cols, block_size_tokens)
+            if (num_allocs + len(hashes) + 7) // 8 > len(seen_bits):
+                seen_bits = np.concatenate([seen_bits, np.zeros(max(
+                    len(seen_bits), (len(hashes) + 7) // 8), np.uint8)])
+            _put_bits(seen_set.mark(hashes), seen_bits, num_allocs)
             num_rows += n
             kind = cols["kind"]
             req = cols["request_id"]
@@ -189,6 +210,8 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
                 run = live + np.cumsum(delta)
                 max_live = max(max_live, int(run.max()))
                 live = int(run[-1])
+    del seen_set  # ~11-21 bytes per distinct hash, freed before the replay starts
+    seen_bits = seen_bits[: (num_allocs + 7) // 8].copy()
     release_read_buffers()
     if first_req:
         fr = np.concatenate(first_req)
@@ -200,7 +223,23 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
         arrival_order = arrival_step = np.zeros(0, np.int64)
     return TraceFacts(num_rows, max(first_step, 0), max(last_step, 0), max_req,
                       max_blocks, max(max_live, 1), max_size, num_allocs, None,
-                      arrival_order, arrival_step)
+                      arrival_order, arrival_step, seen_bits)
+
+
+@njit(cache=True)
+def _put_bits(flags, bits, base):
+    """Bit ``base + k`` of ``bits`` = ``flags[k]`` (bits beyond the old end are 0)."""
+    for k in range(flags.shape[0]):
+        if flags[k]:
+            o = base + k
+            bits[o >> 3] |= np.uint8(1 << (o & 7))
+
+
+@njit(cache=True)
+def _get_bits(bits, base, out):
+    for k in range(out.shape[0]):
+        o = base + k
+        out[k] = (bits[o >> 3] >> (o & 7)) & 1
 
 
 @njit(cache=True)

@@ -66,9 +66,14 @@ def test_scan_and_next_use_match_definition(trace):
     alloc = df[df["kind"] == int(EventKind.ALLOCATE)]
     full = alloc["num_tokens"].to_numpy() == _helpers.BLOCK_TOKENS
     hashes = np.where(full, alloc["content_hash"].to_numpy(), 0)
-    _, want_next = _brute(hashes)
+    want_seen, want_next = _brute(hashes)
     for batch in (3, 64, 1 << 20):
         facts = scan_trace(trace, _helpers.BLOCK_TOKENS, batch)
+        # the seen flags: 1 bit per ALLOCATE row, read back at any offset and length
+        assert facts.seen_bits.shape == ((len(alloc) + 7) // 8,)
+        assert np.array_equal(facts.seen_at(0, len(alloc)), want_seen)
+        for a, b in [(0, 1), (5, 13), (7, 8), (9, 40), (len(alloc) - 3, len(alloc))]:
+            assert np.array_equal(facts.seen_at(a, b - a), want_seen[a:b])
         assert facts.num_rows == len(df)
         assert facts.num_allocs == len(alloc)
         assert facts.max_request_id == int(df["request_id"].max())
@@ -77,6 +82,7 @@ def test_scan_and_next_use_match_definition(trace):
         got = offline_next_use(trace, _helpers.BLOCK_TOKENS, facts.num_allocs, batch)
         assert np.array_equal(got, want_next)
     assert (want_next != NEVER).sum() > 20  # the trace does reuse content
+    assert 20 < want_seen.sum() < len(alloc) - 20
 
 
 @pytest.mark.parametrize("policy", ["lru", "belady"])
