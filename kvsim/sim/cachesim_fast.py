@@ -150,10 +150,12 @@ def replay_lru(keys, lo, table, capacity, victims_out, uniq_out):
     """LRU (policies/lru.py): a hit moves the block to the tail, the head is evicted; the
     evicted block's slot takes the new block."""
     m = max(min(capacity, keys.shape[0]), 1)
-    kof = np.empty(m, table.dtype)
-    did = np.empty(m, table.dtype)
-    prev = np.empty(m, np.int32)
-    nxt = np.empty(m, np.int32)
+    kd = np.empty((m, 2), table.dtype)  # a slot's key offset and dense id side by side
+    kof = kd[:, 0]
+    did = kd[:, 1]
+    link = np.empty((m, 2), np.int32)  # a slot's two list links side by side
+    prev = link[:, 0]
+    nxt = link[:, 1]
     record = victims_out.shape[0] > 0
     head = -1
     tail = -1
@@ -219,8 +221,9 @@ def replay_lru(keys, lo, table, capacity, victims_out, uniq_out):
 def replay_fifo(ids, lo, table, capacity, victims_out, uniq_out):
     """FIFO (policies/fifo.py): evict in insertion order; a ring of ``capacity`` slots."""
     m = max(min(capacity, ids.shape[0]), 1)
-    kof = np.empty(m, table.dtype)
-    did = np.empty(m, table.dtype)
+    kd = np.empty((m, 2), table.dtype)  # a slot's key offset and dense id side by side
+    kof = kd[:, 0]
+    did = kd[:, 1]
     record = victims_out.shape[0] > 0
     hits = 0
     misses = 0
@@ -264,10 +267,12 @@ def replay_lfu(keys, lo, table, capacity, victims_out, uniq_out):
     frequency buckets: ``B[f]`` = [head, tail, size] of the slots of frequency ``f``.  The
     victim's slot takes the new block."""
     m = max(min(capacity, keys.shape[0]), 1)
-    kof = np.empty(m, table.dtype)
-    did = np.empty(m, table.dtype)
-    prev = np.empty(m, np.int32)
-    nxt = np.empty(m, np.int32)
+    kd = np.empty((m, 2), table.dtype)  # a slot's key offset and dense id side by side
+    kof = kd[:, 0]
+    did = kd[:, 1]
+    link = np.empty((m, 2), np.int32)  # a slot's two list links side by side
+    prev = link[:, 0]
+    nxt = link[:, 1]
     freq = np.zeros(m, np.int64)
     B = np.full((64, 3), NIL, np.int64)
     B[:, 2] = 0
@@ -327,10 +332,12 @@ def replay_sieve(keys, lo, table, capacity, victims_out, uniq_out):
     """SIEVE (policies/sieve.py): the hand walks from old to new, clearing visited bits.
     The evicted block's slot is unlinked and re-appended at the tail for the new block."""
     m = max(min(capacity, keys.shape[0]), 1)
-    kof = np.empty(m, table.dtype)
-    did = np.empty(m, table.dtype)
-    prev = np.empty(m, np.int32)
-    nxt = np.empty(m, np.int32)
+    kd = np.empty((m, 2), table.dtype)  # a slot's key offset and dense id side by side
+    kof = kd[:, 0]
+    did = kd[:, 1]
+    link = np.empty((m, 2), np.int32)  # a slot's two list links side by side
+    prev = link[:, 0]
+    nxt = link[:, 1]
     visited = np.zeros(m, np.bool_)
     record = victims_out.shape[0] > 0
     head = -1
@@ -406,8 +413,9 @@ def replay_belady(keys, lo, table, next_use, capacity, victims_out, uniq_out):
     ``>`` picks the right child, ``<=`` stops a sift down), hence the same victims."""
     m = max(min(capacity, keys.shape[0]), 1) + 1
     hk = np.empty(m, np.int64)
-    hb = np.empty(m, table.dtype)
-    hd = np.empty(m, table.dtype)
+    bd = np.empty((m, 2), table.dtype)  # key offset and dense id side by side
+    hb = bd[:, 0]
+    hd = bd[:, 1]
     record = victims_out.shape[0] > 0
     n = 0
     nu = 0

@@ -60,10 +60,12 @@ def replay_s3fifo(keys, lo, table, capacity, small_cap, ghost_cap, move_to_main,
     # slots: resident <= capacity, ghosts <= ghost_cap, and a victim's slot is freed before
     # the new block takes one
     m = max(min(capacity + max(ghost_cap, 0) + 1, keys.shape[0] + 1), 4)
-    kof = np.empty(m, table.dtype)
-    did = np.empty(m, table.dtype)
-    prev = np.empty(m, np.int32)
-    nxt = np.empty(m, np.int32)
+    kd = np.empty((m, 2), table.dtype)  # a slot's key offset and dense id side by side
+    kof = kd[:, 0]
+    did = kd[:, 1]
+    link = np.empty((m, 2), np.int32)  # a slot's two list links side by side
+    prev = link[:, 0]
+    nxt = link[:, 1]
     where = np.zeros(m, np.int8)
     freq = np.zeros(m, np.int64)
     hs = ts = hm = tm = hg = tg = NIL
@@ -184,10 +186,12 @@ def replay_arc(keys, lo, table, capacity, victims_out, uniq_out):
     # slots: |T1| + |T2| + |B1| + |B2| <= 2c after every access (the new block is given a
     # slot after the victim's ghost, if any, is dropped), so 2c suffice
     m = max(min(2 * c + 2, keys.shape[0] + 1), 4)
-    kof = np.empty(m, table.dtype)
-    did = np.empty(m, table.dtype)
-    prev = np.empty(m, np.int32)
-    nxt = np.empty(m, np.int32)
+    kd = np.empty((m, 2), table.dtype)  # a slot's key offset and dense id side by side
+    kof = kd[:, 0]
+    did = kd[:, 1]
+    link = np.empty((m, 2), np.int32)  # a slot's two list links side by side
+    prev = link[:, 0]
+    nxt = link[:, 1]
     where = np.zeros(m, np.int8)
     h1 = t1 = h2 = t2 = hb1 = tb1 = hb2 = tb2 = NIL
     n1 = n2 = nb1 = nb2 = 0
