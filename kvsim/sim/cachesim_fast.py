@@ -27,7 +27,11 @@ Everything else lives in slots: ``capacity`` of them for lru, fifo, sieve, lfu a
 whatever the key universe (the per-key arrays of the previous loops did not: see
 docs/benchmarks.md).  A slot holds its key's offset ``kof`` (to reset ``table`` when the
 slot is freed) and dense id ``did`` (what ``victims_out`` records), both in the table's
-dtype (int32 unless the key span reaches 2^30: half the bytes of int64 in the CPU cache).  Keys wider than a
+dtype (int32 unless the key span reaches 2^30: half the bytes of int64 in the CPU cache),
+side by side in one ``(m, 2)`` array, as are a slot's two list links ``prev``/``nxt``: one
+cache line per slot touched instead of two (arc on 10 M Zipf(1.0) accesses, best of 3
+interleaved runs at load ~5 on 2 cores: 0.65 -> 0.37 CPU-s at 1,000 blocks, 0.97 -> 0.40
+at 100,000).  Keys wider than a
 direct table (see :func:`key_domain`) are remapped first and the loops then read the
 dense ids as keys (``lo = 0``).
 
