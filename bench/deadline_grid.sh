@@ -10,7 +10,7 @@ for extra in "" "--no-prefetch" "--dram-gb 0 --cxl-gb 0 --nvme-gb 0"; do
   for h in 4 8 16; do
     for s in 0 1 2; do
       kvsim compare --profile deadline_pressure --requests 256 --seed "$s" --hbm-gb "$h" \
-        $extra --policies lru,deadline --engine compiled --json 2>/dev/null |
+        $extra --policies lru,deadline --json 2>/dev/null |
       SETUP="${extra// /_}" H="$h" S="$s" python -c '
 import json, os, sys
 d = json.load(sys.stdin)

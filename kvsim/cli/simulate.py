@@ -383,6 +383,19 @@ def print_replicas(rows: list[dict]) -> None:
     print_view(table)
 
 
+def _lower_for(table, config, opts, tmpdir: Path) -> Path:
+    """Lower ``table`` for this replay (``--schedule recorded`` of a Request table): the
+    scheduler's KV budget is the replayed HBM pool (``SimConfig.lowering_options``)."""
+    from kvsim.ingest.lower import lower_requests
+
+    path = tmpdir / "lowered.parquet"
+    lowering = config.lowering_options(opts.block_size_tokens, opts.model)
+    lower_requests(table, path, max_num_seqs=opts.max_num_seqs,
+                   max_num_batched_tokens=opts.max_num_batched_tokens, seed=config.seed,
+                   **lowering)
+    return path
+
+
 def _single_replica(replicas: int) -> None:
     if replicas != 1:
         raise KvsimInputError("expected --replicas 1 with --schedule recorded (an event "

@@ -179,6 +179,7 @@ def _new_record(r, i, cols, R_i, A_i, A_f, C, K, next_use, seen):
         R_i[r, RI_BT_LEN] = n + 1
     full = c_ntok[i] == K[K_BLOCK_TOKENS]
     A_i[a, AI_HASH] = c_hash[i] if full else 0
+    A_i[a, AI_FULL_HASH] = c_hash[i]
     A_i[a, AI_SIZE] = c_size[i]
     A_i[a, AI_TOKENS] = c_ntok[i]
     A_i[a, AI_PHASE] = c_phase[i]

@@ -44,7 +44,7 @@ from kvsim.ingest.requests import RequestTable
 from kvsim.sim import layout as L
 from kvsim.sim import closed_step as CS
 from kvsim.sim import scheduler as S
-from kvsim.sim.closed_facts import prompt_block_facts
+from kvsim.sim.closed_facts import block_facts
 from kvsim.sim.config import SimConfig
 from kvsim.sim.cost_model import hbm_kv_capacity_bytes
 from kvsim.sim.schedule_state import new_schedule
@@ -302,5 +302,5 @@ def prepare(table: RequestTable, config: SimConfig, opts: EngineOptions):
         caps[f"{name}_bytes"] = None if gb is None else int(gb * GB)
     costs = tier_costs(hw.with_capacities(**caps), cost.block_bytes, hbm_blocks)
     off, ids = table.flat_block_ids()
-    facts_pb = prompt_block_facts(table, off, ids, opts.block_size_tokens)
+    facts_pb = block_facts(table, off, ids, opts.block_size_tokens)
     return cost, hbm_blocks, costs, cost.block_bytes, off, ids, facts_pb, table, dropped

@@ -80,8 +80,8 @@ def _fill(I, F, n, cols, src, N, rprio_tab, tenant_tab, block_bytes, nu, seen, p
         c_pfok[r] = True
         c_size[r] = block_bytes if I[S.C_BIDX, r] >= 0 else 0
         if I[S.C_KIND, r] == S.K_ALLOCATE:
-            if I[S.C_PHASE, r] == S.PH_PREFILL and 0 <= rid < N:
-                pos = pb_off[rid] + I[S.C_BIDX, r]
+            pos = pb_off[rid] + I[S.C_BIDX, r] if 0 <= rid < N else -1
+            if pos >= 0 and pos < pb_off[rid + 1]:  # a prompt or decode block (closed_facts)
                 nu[k] = pb_next[pos]
                 seen[k] = pb_seen[pos]
             else:

@@ -39,9 +39,9 @@ from kvsim.sim import spill as lower  # SPILL
 from kvsim.sim import tiers as tr
 from kvsim.sim.bookkeeping import (_below, _finalize_step, _first_lower, _intent, _new_record, _peak,
                                    _pick_victim, _run_add, _run_remove, _set_view_from_record)
-from kvsim.sim.layout import (AI_DEADLINE, AI_HASH, AI_NEXT, AI_PFOK, AI_PHASE, AI_PIN,
+from kvsim.sim.layout import (AI_DEADLINE, AI_FULL_HASH, AI_HASH, AI_NEXT, AI_PFOK, AI_PHASE, AI_PIN,
                               AI_PRIO, AI_RPRIO, AI_SEEN, AI_SIZE, AI_SLACK, AI_TDS,
-                              AI_TOKENS, C_ALLOC_ORD, C_ARENA_TOP, C_CLOCK_US, C_HBM_USED,
+                              AI_TOKENS, C_ALLOC_ORD, C_ARENA_NEED, C_ARENA_TOP, C_CLOCK_US, C_HBM_USED,
                               C_IN_STEP, C_MAX_BT, C_NLOG, C_NPEND, C_NRUN, C_NSTEP_BUF,
                               C_PEAK, C_PEND_ADMIT, C_STEP, C_STEP_DUR_US, C_STEP_EXTRA_US,
                               C_STEP_SAVED_US, C_STEP_STALL_US, C_STEP_START_US, C_WARM_DONE,
@@ -402,6 +402,35 @@ def _release_all(r, K, C, R_i, H_i, st, pst, view, G, step, now_us):
     C[C_HBM_USED] = st.sc[mem.S_N_HELD]
 
 
+@njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
+def _fill_last(r, e, K, C, R_i, A_i, H_i, st, pst, view, T1, T2, T3, TMP, TMP_i, G, step,
+               now_us, alt_b, alt_s, vo):
+    """Request ``r`` appends block ``e``: its block ``e - 1`` is full now.  If that block was
+    allocated partial (a decode block, or a prompt's partial last block) and its ALLOCATE
+    row named the hash of its full content, it gets that hash now and enters the prefix
+    cache, as vLLM's ``cache_full_blocks`` does once a block's last slot is written (one
+    step earlier there; nothing in between can look it up but the request itself)."""
+    if e < 1 or R_i[r, RI_STATE] != RS_RUNNING:
+        return
+    seq = R_i[r, RI_SEQ]
+    if st.seq_len[seq] != e:
+        return
+    a = R_i[r, RI_BT_START] + e - 1
+    h = A_i[a, AI_FULL_HASH]
+    if A_i[a, AI_HASH] != 0 or h == 0:
+        return
+    A_i[a, AI_HASH] = h
+    A_i[a, AI_TOKENS] = K[K_BLOCK_TOKENS]
+    b = st.tables[seq, e - 1]
+    ops.cache_block(st, pst, view, seq, e - 1, h, now_us)
+    if view.content_hash[b] != h:  # caching off, or the pool did not take it
+        return
+    H_i[b, HI_TOKENS] = K[K_BLOCK_TOKENS]
+    H_i[b, HI_HITS] = 1
+    lower._write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_us,
+                         alt_b, alt_s, vo)
+
+
 # ---------------------------------------------------------------------------------------
 # the loop
 # ---------------------------------------------------------------------------------------
@@ -446,9 +475,13 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
         need = 16
         if r >= 0:
             need += 2 * R_i[r, RI_BT_CAP] + 8
+            if R_i[r, RI_STATE] != RS_RUNNING and R_i[r, RI_STATE] != RS_PREEMPTED:
+                # this row may admit r: its records take max(4, prompt // B + 2) rows
+                need += max(4, R_i[r, RI_PROMPT] // K[K_BLOCK_TOKENS] + 2)
         if p >= 0:
             need += 2 * R_i[p, RI_BT_LEN] + 8
         if C[C_ARENA_TOP] + need > A_i.shape[0]:
+            C[C_ARENA_NEED] = need
             return ST_NEED_ARENA, i
         # --- a gathered admission is placed once its ALLOCATE rows end -----------------
         pa = int(C[C_PEND_ADMIT])
@@ -558,6 +591,8 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
                                            0, c_size[i], 0.0, False, -1, W_COW)
                 else:  # a block appended after admission (decode, or a late prompt block)
                     e = R_i[r, RI_BT_LEN]
+                    _fill_last(r, e, K, C, R_i, A_i, H_i, st, pst, view, T1, T2, T3, TMP,
+                               TMP_i, G, step, now_us, alt_b, alt_s, vo)
                     _new_record(r, i, cols, R_i, A_i, A_f, C, K, next_use, seen)
                     _place(r, e, np.int64(1), np.int64(MODE_APPEND), K, X, C, R_i, R_f, A_i, A_f, H_i, st, out,
                            hbuf, scr, pst, view, T1, T2, T3, TMP, TMP_i, G,

@@ -75,7 +75,9 @@ AI_PIN = 9
 AI_PFOK = 10
 AI_SEEN = 11  # 1 if this content was allocated before in the trace (pre-pass)
 AI_NEXT = 12  # next_use ordinal (offline policies), NEVER if none
-NAI = 13
+AI_FULL_HASH = 13  # the ALLOCATE row's hash: the content once the block is full (a decode
+#                    block is allocated partial; it is cached when the next block follows it)
+NAI = 14
 
 # --- HBM side table H_i[block id, ...] (the pool itself lives in kvsim.memory.fast) ---------
 HI_OWNER = 0  # request that allocated it
@@ -123,6 +125,7 @@ C_HBM_USED = C_USED
 C_PEAK = 24  # +0: peak HBM blocks held; +1..+3: peak resident blocks of DRAM, CXL, NVMe
 C_MAX_BT = 28  # largest block table seen (log buffer sizing)
 C_IN_STEP = 29  # 1 once a STEP row was seen
+C_ARENA_NEED = 30  # record rows the core asked for with ST_NEED_ARENA
 # metrics (accumulated; the warm-up snapshot is subtracted)
 M_FIRST = 32
 M_LOOKUP_TOK = 32

@@ -118,11 +118,15 @@ _LIBC = _glibc()
 
 
 def full_hashes(cols: dict, block_size_tokens: int) -> np.ndarray:
-    """The content hash of each ALLOCATE row of a batch, in row order (0 when the block is
-    not full: the replay never shares a partial block)."""
+    """The content hash of each ALLOCATE row of a batch, in row order: the hash of the
+    block's *full* content, also on a row that allocates the block partial (a decode
+    block), because the replay caches such a block under that hash once its request
+    appends the next block (docs/simulate.md).  A partial block whose request finishes
+    before it fills is never cached, yet counts here as an allocation of its content (so a
+    later full block of that content is ``seen``: the one approximation, documented).
+    ``block_size_tokens`` is kept for callers; every row's hash is used."""
     alloc = cols["kind"] == EventKind.ALLOCATE
-    full = cols["num_tokens"][alloc] == block_size_tokens
-    return np.where(full, cols["content_hash"][alloc], 0).astype(np.int64)
+    return cols["content_hash"][alloc].astype(np.int64)
 
 
 def scan_trace(trace_path: str | Path, block_size_tokens: int,
@@ -327,21 +331,39 @@ class SeenSet:
         return seen
 
 
+def alloc_full(cols: dict, block_size_tokens: int) -> np.ndarray:
+    """Per ALLOCATE row of a batch (row order): is the block full at allocation?  Only a
+    full block is looked up, so only a full row can hit (be a *use* for Belady)."""
+    alloc = cols["kind"] == EventKind.ALLOCATE
+    return (cols["num_tokens"][alloc] == block_size_tokens).astype(np.int8)
+
+
 @njit(cache=True)
-def _link(hashes, base, keys, vals, n_used, next_use):
-    """For each non-zero ``hashes[k]`` (ALLOCATE ordinal ``base + k``): the previous
-    ordinal of the same hash gets ``next_use = base + k``.  Returns the new key count."""
+def _link(hashes, full, base, keys, vals, n_used, next_use):
+    """Every row with a non-zero hash (ALLOCATE ordinal ``base + k``) waits for the next
+    *full* row of that hash (a lookup hits only full blocks): that row's ordinal becomes
+    its ``next_use``.  A partial row (a decode block, cached once full) waits too.  The
+    waiting rows of a hash form a list headed by ``vals``: each holds ``-2 - previous``
+    in ``next_use`` (-1 ends the list); :func:`offline_next_use` turns what is still
+    waiting at the end into NEVER.  Returns the new key count."""
     for k in range(hashes.shape[0]):
         h = hashes[k]
         if h == _EMPTY:
             continue
         o = base + k
         i = _slot(keys, h)
-        if keys[i] == h:
-            next_use[vals[i]] = o
-        else:
+        if keys[i] != h:
             keys[i] = h
+            vals[i] = -1
             n_used += 1
+        elif full[k] != 0:  # a use: every row waiting on this content gets it
+            w = vals[i]
+            while w >= 0:
+                prev = -2 - next_use[w]
+                next_use[w] = o
+                w = prev
+            vals[i] = -1
+        next_use[o] = -2 - vals[i]
         vals[i] = o
     return n_used
 
@@ -349,7 +371,9 @@ def _link(hashes, base, keys, vals, n_used, next_use):
 def offline_next_use(trace_path: str | Path, block_size_tokens: int, num_allocs: int,
                      batch_rows: int = 1 << 20) -> np.ndarray:
     """``next_use`` per ALLOCATE ordinal (see :class:`TraceFacts`), in one streaming pass:
-    the array itself (8 bytes per ALLOCATE row) and a map of the distinct hashes."""
+    the array itself (8 bytes per ALLOCATE row) and a map of the distinct hashes.  The
+    next use of a row is the next *full* ALLOCATE row of the same content (see
+    :func:`_link`)."""
     next_use = np.full(num_allocs, NEVER, dtype=np.int64)
     keys = np.zeros(1 << 12, np.int64)
     vals = np.zeros(1 << 12, np.int64)
@@ -361,7 +385,9 @@ def offline_next_use(trace_path: str | Path, block_size_tokens: int, num_allocs:
             if base + h.shape[0] > num_allocs:
                 raise ValueError("the trace changed since its pre-pass (more ALLOCATE rows)")
             keys, vals = _grown(keys, vals, n_used + h.shape[0])
-            n_used = int(_link(h, base, keys, vals, n_used, next_use))
+            n_used = int(_link(h, alloc_full(cols, block_size_tokens), base, keys, vals,
+                               n_used, next_use))
             base += h.shape[0]
+    next_use[next_use < 0] = NEVER  # still waiting: no later full row of that content
     release_read_buffers()
     return next_use

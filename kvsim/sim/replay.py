@@ -235,7 +235,8 @@ class _Run:
         caps = R_i[live, L.RI_BT_CAP]
         used = int(caps.sum())
         size = self.A_i.shape[0]
-        while size < 2 * used + 4 * int(caps.max(initial=0)) + (1 << 12):
+        need = int(self.C[L.C_ARENA_NEED])  # what the core asked room for
+        while size < max(2 * used + 4 * int(caps.max(initial=0)) + (1 << 12), used + need):
             size *= 2
         new_i = np.zeros((size, L.NAI), dtype=np.int64)
         new_f = np.zeros(size, dtype=np.float64)

@@ -68,6 +68,23 @@ def test_repeated_prompt_second_ttft_is_the_single_token_step():
     assert res.summary["hbm_hit_rate"] == pytest.approx(40 * B / (2 * p))
 
 
+def test_next_turn_hits_the_blocks_decode_filled():
+    """Turn 1: a 40-token prompt and 30 output tokens write 69 tokens of KV: blocks 0, 1
+    (prompt), 2 (8 prompt tokens, then filled by decode), 3 (decode), 4 (partial at the
+    end).  Its trace knows 64 tokens of content (4 full blocks).  Turn 2 (1 s later) sends
+    those 80 tokens: the lookup covers (80 - 1) // 16 = 4 blocks and hits all four (64
+    tokens), as in vLLM, which caches every block once full; block 4 was never full."""
+    ids = [1, 2, 3, 4, 5]
+    t = build_request_table({"arrival_us": [0, 1_000_000], "prompt_tokens": [40, 80],
+                             "output_tokens": [30, 1], "block_ids": [ids, ids],
+                             "hashed_tokens": [64, 80], "session": [1, 1]},
+                            block_size_tokens=B)
+    for policy in ("lru", "belady"):
+        res = serve(t, policy, CONFIG)
+        assert res.summary["prefill_tokens_saved"] == 4 * B
+        assert res.summary["hbm_hit_rate"] == pytest.approx(4 * B / (40 + 80))
+
+
 def _busy_table(n=24, seed=3, ids=True):
     rng = np.random.default_rng(seed)
     arrival = np.sort(rng.integers(0, 400_000, n))

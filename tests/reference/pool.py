@@ -141,6 +141,18 @@ class Pool:
                 self.hooks.on_insert(self.pst, self.view, t.block, now_us)
                 self.hooks.on_hold(self.pst, self.view, t.block)
 
+    def cache_block(self, r: int, index: int, h: int, now_us: float) -> int:
+        """Block ``index`` of r's table became full: it takes hash ``h`` (after any block
+        already registered with it) and enters the policy held.  Returns the block."""
+        b = self.tables[r][index]
+        if self.hash[b] == 0 and h != 0:
+            self.hash[b] = h
+            self.index.setdefault(h, []).append(b)
+            self.view.content_hash[b] = h
+            self.hooks.on_insert(self.pst, self.view, b, now_us)
+            self.hooks.on_hold(self.pst, self.view, b)
+        return b
+
     def release(self, r: int, keep: int, now_us: float) -> None:
         """Free r's table entries from ``keep`` on, tail first: unhashed blocks reaching
         ref 0 go to the head of the empties (in tail-first order), hashed ones become

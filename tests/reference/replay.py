@@ -136,16 +136,21 @@ class Reference:
     # -- the pre-pass (docs/simulate.md "Streaming": next_use and seen per ALLOCATE) -----
     def _facts(self) -> None:
         self.seen, self.next_use = [], []
-        last: dict[int, int] = {}
+        waiting: dict[int, list[int]] = {}  # rows waiting for the next full row of h
         allocs = [r for r in self.rows if r["kind"] == EV.ALLOCATE]
         for o, r in enumerate(allocs):
-            h = r["content_hash"] if r["num_tokens"] == self.bs else 0
-            self.seen.append(h != 0 and h in last)
+            # the full content's hash, also on a partial row (cached once full); only a
+            # full row is looked up, so only a full row is a *use* of earlier rows
+            h = r["content_hash"]
+            self.seen.append(h != 0 and h in waiting)
             self.next_use.append(NEVER)
-            if h != 0:
-                if h in last:
-                    self.next_use[last[h]] = o
-                last[h] = o
+            if h == 0:
+                continue
+            if r["num_tokens"] == self.bs:
+                for w in waiting.get(h, []):
+                    self.next_use[w] = o
+                waiting[h] = []
+            waiting.setdefault(h, []).append(o)
         self.ordinal = 0
         # measurement window (docs/simulate.md): requests in arrival order (ARRIVE time,
         # else first ALLOCATE/ACCESS/FORK row; ties by id); warm-up = the first w of them
@@ -168,7 +173,8 @@ class Reference:
         o = self.ordinal
         self.ordinal += 1
         full = row["num_tokens"] == self.bs
-        return {"hash": row["content_hash"] if full else 0, "size": row["size_bytes"],
+        return {"hash": row["content_hash"] if full else 0, "full_hash": row["content_hash"],
+                "size": row["size_bytes"],
                 "tokens": row["num_tokens"], "rcost": row["recompute_cost_us"],
                 "pfok": row["prefetch_ok"], "seen": self.seen[o],
                 "next_use": self.next_use[o] if self.offline else NEVER, **intent(row)}
@@ -462,8 +468,23 @@ class Reference:
             if table and bi == len(table) - 1:
                 self.cow(q, bi, x)
         else:  # appended after admission (decode): no lookup
+            self.fill_last(q)
             q.recs.append(x)
             self.place(q, len(q.recs) - 1, APPEND)
+
+    def fill_last(self, q: Req) -> None:
+        """A block is appended: the one before it is full.  Allocated partial with the hash
+        of its full content, it is cached now (vLLM cache_full_blocks; docs/simulate.md)."""
+        table = self.pool.tables.get(q.rid, [])
+        if not q.recs or len(table) != len(q.recs):
+            return
+        x = q.recs[-1]
+        if x["hash"] != 0 or x["full_hash"] == 0:
+            return
+        x["hash"], x["tokens"] = x["full_hash"], self.bs
+        b = self.pool.cache_block(q.rid, len(table) - 1, x["hash"], self.start_us)
+        self.hinfo[b]["uses"] = 1
+        self.write_through(b, q)
 
     def cow(self, q: Req, bi: int, x: dict) -> None:
         res = self.pool.write_last(q.rid, self.start_us)

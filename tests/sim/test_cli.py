@@ -119,3 +119,25 @@ def test_cache_mode_and_warmup_options(builder, tiny_hw, tmp_path):
                   ["--warmup-requests", "1", "--warmup-fraction", "0.5"]):
         res = runner.invoke(app, ["simulate", *base, *extra])
         assert res.exit_code == 2, (extra, res.output)
+
+
+def test_schedule_recorded_lowers_a_profile_then_replays_it(tmp_path):
+    """`--schedule recorded` on a Request table lowers it (scheduler budget = the replayed
+    pool) and replays the fixed schedule; the closed loop (default) serves the same table.
+    Same table, same policy: both see the same requests and lookups of the same prompts."""
+    base = ["--profile", "multi_turn_chat", "--requests", "6", "--seed", "1", "--hbm-gb",
+            "2", "--engine", "interpreted", "--json"]
+    out = {}
+    for sched in ("recorded", "closed"):
+        res = runner.invoke(app, ["simulate", "--policy", "lru", "--schedule", sched] + base)
+        assert res.exit_code == 0, res.output
+        out[sched] = json.loads(res.stdout)["policies"][0]
+        assert out[sched]["schedule"] == sched
+        assert out[sched]["requests"] == 6
+    res = runner.invoke(app, ["compare", "--policies", "lru,fifo", "--schedule", "recorded"]
+                        + base)
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)["policies"]
+    assert [r["policy"] for r in rows][:2] == ["lru", "fifo"]
+    assert rows[0]["schedule"] == "recorded"
+    assert rows[0]["hbm_hit_rate"] == out["recorded"]["hbm_hit_rate"]

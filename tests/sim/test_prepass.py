@@ -22,19 +22,41 @@ _helpers = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_helpers)
 
 
-def _brute(hashes):
-    """seen / next_use straight from their definitions (quadratic)."""
+def _brute(hashes, full=None):
+    """seen / next_use straight from their definitions (quadratic): ``seen`` = an earlier
+    row has the content; ``next_use`` = the next *full* row of it (only full blocks are
+    looked up; a partial row carries its full content's hash and is cached once full)."""
     n = len(hashes)
+    full = np.ones(n, bool) if full is None else full
     seen = np.zeros(n, np.int8)
     nxt = np.full(n, NEVER, np.int64)
     for i in range(n):
         if hashes[i] == 0:
             continue
         seen[i] = int(any(hashes[j] == hashes[i] for j in range(i)))
-        later = [j for j in range(i + 1, n) if hashes[j] == hashes[i]]
+        later = [j for j in range(i + 1, n) if hashes[j] == hashes[i] and full[j]]
         if later:
             nxt[i] = later[0]
     return seen, nxt
+
+
+def test_next_use_waits_for_a_full_row(tmp_path):
+    """Rows (ordinal: hash, tokens of 4): 0: h7 partial (a decode block), 1: h7 partial,
+    2: h9 full, 3: h7 full, 4: h7 partial, 5: h9 partial.  Rows 0, 1 wait for row 3 (the
+    next full h7); 3 and 4 never see another full h7; 2 and 5 no full h9 after them."""
+    tb = _helpers.TraceBuilder()
+    tb.STEP(0, 100.0)
+    for r, (h, ntok) in enumerate([(7, 1), (7, 2), (9, 4), (7, 4), (7, 3), (9, 1)]):
+        tb.ARRIVE(r, ntok)
+        tb.ALLOC(r, 0, h, ntok)
+        tb.ACCESS(r, ntok)
+        tb.FREE(r)
+    trace = tb.write(tmp_path / "t.parquet")
+    for batch in (1, 5, 1 << 20):
+        got = offline_next_use(trace, _helpers.BLOCK_TOKENS, 6, batch)
+        assert got.tolist() == [3, 3, NEVER, NEVER, NEVER, NEVER]
+    s = SeenSet()
+    assert s.mark(np.array([7, 7, 9, 7, 7, 9], np.int64)).tolist() == [0, 1, 0, 1, 1, 1]
 
 
 def test_seen_set_matches_definition_across_chunks_and_growth():
@@ -65,8 +87,8 @@ def test_scan_and_next_use_match_definition(trace):
     _, df = read_events(trace)
     alloc = df[df["kind"] == int(EventKind.ALLOCATE)]
     full = alloc["num_tokens"].to_numpy() == _helpers.BLOCK_TOKENS
-    hashes = np.where(full, alloc["content_hash"].to_numpy(), 0)
-    want_seen, want_next = _brute(hashes)
+    hashes = alloc["content_hash"].to_numpy()
+    want_seen, want_next = _brute(hashes, full)
     for batch in (3, 64, 1 << 20):
         facts = scan_trace(trace, _helpers.BLOCK_TOKENS, batch)
         # the seen flags: 1 bit per ALLOCATE row, read back at any offset and length

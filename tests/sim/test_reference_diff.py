@@ -77,7 +77,8 @@ request_st = st.fixed_dictionaries({
     "shared": st.sampled_from([0, 1, 2, 2, 3]),  # blocks of the family chain
     "own": st.integers(0, 2),  # private full blocks
     "tail": st.integers(0, 3),  # tokens of a partial last block
-    "tail_hash": st.booleans(),  # the partial block carries a hash (must be ignored)
+    "tail_hash": st.booleans(),  # the partial block carries its full content's hash
+    "decode_hash": st.booleans(),  # decode blocks carry their full content's hash
     "decode": st.integers(0, 6),  # decode steps
     "gap": st.integers(0, 3),  # steps after the previous arrival
     "deadline": st.booleans(),
@@ -159,8 +160,10 @@ def build_trace(reqs: list[dict], max_running: int) -> TraceBuilder:
                 tb.ALLOC(r, tokens[r] // 4, 0, tokens[r] % 4 + 1, 80.0,
                          phase=int(Phase.DECODE))
             new_block = tokens[r] % 4 == 0
-            if new_block:
-                tb.ALLOC(r, tokens[r] // 4, 0, 1, 90.0, phase=int(Phase.DECODE))
+            if new_block:  # hashed by its full content (docs/importers.md): cached once full
+                bi = tokens[r] // 4
+                tb.ALLOC(r, bi, 30_000 + 100 * r + bi if q["decode_hash"] else 0, 1, 90.0,
+                         phase=int(Phase.DECODE))
             tokens[r] += 1
             left[r] -= 1
             tb.ACCESS(r, 1, Phase.DECODE, deadline_us=t + 420 if q["deadline"] else -1)
@@ -294,6 +297,41 @@ def test_demote_then_promote_by_hand(tiny_hw, tmp_path):
     check(trace, "lru", cfg, tmp_path)
 
 
+def test_decode_block_cached_once_full(tiny_hw, tmp_path):
+    """A decode block is ALLOCATEd with one token and the hash of its full content; it is
+    cached when the next block follows it (vLLM caches a block once full), so the next
+    turn's prompt hits it.  HBM 8 blocks, lru, 4-token blocks.
+
+    r0: prompt [h1 h2] (8 tokens), then 5 decode tokens: block 2 (h3) starts at the first
+        and fills at the fourth, block 3 (unhashed) starts at the fifth -> h3 is cached.
+    r1: prompt [h1 h2 h3] + 1 token (13 tokens; the lookup covers at most 3 blocks): hits
+        h1 h2 h3 = 12 tokens (8 if the decode block were never cached)."""
+    tb = TraceBuilder()
+    tb.STEP(0, 1000.0)
+    tb.ARRIVE(0, 8)
+    tb.prompt(0, [1, 2])
+    tb.ACCESS(0, 8)
+    for k in range(5):
+        tb.STEP(1000 * (k + 1), 100.0)
+        if k in (0, 4):
+            tb.ALLOC(0, 2 + k // 4, 3 if k == 0 else 0, 1, 90.0, phase=int(Phase.DECODE))
+        tb.ACCESS(0, 1, Phase.DECODE)
+    tb.FREE(0)
+    tb.STEP(6000, 1000.0)
+    tb.ARRIVE(1, 13)
+    tb.prompt(1, [1, 2, 3, 0], last_tokens=1)
+    tb.ACCESS(1, 13)
+    tb.FREE(1)
+    trace = tb.write(tmp_path / "t.jsonl")
+    cfg = SimConfig(hardware=tiny_hw, hbm_blocks=8, engine="interpreted")
+    res = simulate(trace, "lru", cfg)
+    ref, _ = reference_replay(trace, "lru", cfg)
+    for s in (res.summary, ref):
+        assert s["hit_tokens"] == 12 and s["hit_blocks"] == 3
+        assert s["lookup_tokens"] == 8 + 13
+    check(trace, "lru", cfg, tmp_path)
+
+
 @pytest.mark.parametrize("by_priority, victims, rerun_tokens",
                          [(True, [0, 1, 2], 3 + 3 + 1), (False, [1, 2], 3 + 1)])
 def test_preemption_victims_by_hand(tiny_hw, tmp_path, by_priority, victims, rerun_tokens):
@@ -399,4 +437,29 @@ def test_swap_preemption_by_hand(tiny_hw, tmp_path):
     assert (s["preemptions"], s["swap_out_bytes"], s["swap_in_bytes"]) == (2, 300, 200)
     assert s["preempt_recompute_tokens"] == 0 and s["bytes_dram_link"] == 500
     assert res.steps["latency_us"].tolist() == [500.0, 506.0, 513.0, 506.0]
+    check(trace, "lru", cfg, tmp_path)
+
+
+def test_admission_of_a_huge_prompt_grows_the_record_arena(tiny_hw, tmp_path):
+    """An admission reserves max(4, prompt // B + 2) block-record rows at once: a prompt
+    of 280,000 tokens (4-token blocks) reserves 70,002, more than the initial arena (65,536
+    rows); the core asks the driver for that room first, so the next request's records
+    land inside the (grown) arena and the replay matches the reference."""
+    tb = TraceBuilder()
+    tb.STEP(0, 1000.0)
+    tb.ARRIVE(0, 280_000)
+    tb.ALLOC(0, 0, 1)
+    tb.ACCESS(0, 4)
+    tb.FREE(0)
+    tb.STEP(1000, 1000.0)
+    tb.ARRIVE(1, 9)
+    tb.prompt(1, [1, 2, 0], last_tokens=1)
+    tb.ACCESS(1, 9)
+    tb.FREE(1)
+    trace = tb.write(tmp_path / "t.jsonl")
+    cfg = SimConfig(hardware=tiny_hw, hbm_blocks=8, engine="interpreted")
+    res = simulate(trace, "lru", cfg)
+    ref, _ = reference_replay(trace, "lru", cfg)
+    for s in (res.summary, ref):
+        assert s["hit_tokens"] == 4 and s["lookup_tokens"] == 280_000 + 9
     check(trace, "lru", cfg, tmp_path)
