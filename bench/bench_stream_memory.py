@@ -224,8 +224,14 @@ def main(argv: list[str] | None = None) -> int:
     result["simulate"] = measure(args.trace, args.policy, args.hbm_blocks, args.dram_gb)
     result["load_average_at_end"] = _load()
     s = result["simulate"]
+    import pyarrow.parquet as pq
+
+    rows = pq.ParquetFile(args.trace).metadata.num_rows
+    s["events"] = rows
+    s["events_per_cpu_s"] = rows / s["cpu_s"]  # start-up, pre-pass and outputs included
     print(f"simulate {args.policy}: peak RSS {s['peak_rss_bytes'] / 2**30:.2f} GiB, "
-          f"{s['cpu_s']:.1f} CPU-s, {s['wall_s']:.1f} s wall, load "
+          f"{s['cpu_s']:.1f} CPU-s ({s['events_per_cpu_s'] / 1e6:.3f} M events per "
+          f"CPU-second), {s['wall_s']:.1f} s wall, load "
           f"{result['load_average_at_start']} -> {result['load_average_at_end']}")
     with atomic_output(args.out) as tmp:
         tmp.write_text(json.dumps(result, indent=2) + "\n")

@@ -65,6 +65,8 @@ from kvsim.memory.hooks import (H_HIT, H_INSERT, H_MISS, H_REMOVE, H_VICTIM, is_
                                 policy_value, view_ref)
 from kvsim.policy_api import NEVER, new_block_view
 from kvsim.policy_registry import Policy, get_policy
+from kvsim.sim import cachesim_fast as fast
+from kvsim.sim import cachesim_ghost as ghost
 
 #: Keys whose value range is at most this many times the stream length (plus a constant)
 #: are remapped through a direct table (O(n)); wider keys are sorted (np.unique).
@@ -205,78 +207,8 @@ def _replay(ids, next_use, capacity, pol, view, alt_blocks, alt_scores, victims_
     return hits, misses, evictions, n_res
 
 
-@njit(cache=True)
-def _replay_belady(ids, next_use, capacity, n_ids, victims_out):
-    """Belady's MIN, the hooks of ``policies/belady.py`` inlined (see the module docstring).
-
-    ``hk[i]``/``hb[i]``: key (next use) and block at heap position ``i`` (a max-heap);
-    ``pos[b]``: the block's position, -1 when not resident.  A miss in a full cache removes
-    the root exactly as ``belady.on_remove`` does (last entry to the root, sift down), then
-    inserts as ``belady.on_insert`` does (append, sift up); a hit sifts up as
-    ``belady.on_hit`` does.  Same comparisons (``>=`` stops a sift up, ``>`` picks the right
-    child, ``<=`` stops a sift down), hence the same victims.
-    Returns ``(hits, misses, evictions, resident_at_end)``."""
-    hk = np.empty(capacity + 1, np.int64)
-    hb = np.empty(capacity + 1, np.int64)
-    pos = np.full(n_ids, -1, np.int64)
-    record = victims_out.shape[0] > 0
-    n = 0
-    hits = 0
-    misses = 0
-    evictions = 0
-    for t in range(ids.shape[0]):
-        b = ids[t]
-        k = next_use[t]
-        i = pos[b]
-        if i >= 0:
-            hits += 1
-        else:
-            misses += 1
-            if n >= capacity:  # evict the root (capacity >= 1, so the heap is not empty)
-                v = hb[0]
-                pos[v] = -1
-                if record:
-                    victims_out[evictions] = v
-                evictions += 1
-                n -= 1
-                if n > 0:
-                    lk = hk[n]
-                    last = hb[n]
-                    j = 0
-                    while True:
-                        c = 2 * j + 1
-                        if c >= n:
-                            break
-                        if c + 1 < n and hk[c + 1] > hk[c]:
-                            c += 1
-                        ck = hk[c]
-                        if ck <= lk:
-                            break
-                        cb = hb[c]
-                        hk[j] = ck
-                        hb[j] = cb
-                        pos[cb] = j
-                        j = c
-                    hk[j] = lk
-                    hb[j] = last
-                    pos[last] = j
-            i = n
-            n += 1
-        # sift up: on a hit the next use only moves later; on a miss the block is appended
-        while i > 0:
-            p = (i - 1) >> 1
-            pk = hk[p]
-            if pk >= k:
-                break
-            pb = hb[p]
-            hk[i] = pk
-            hb[i] = pb
-            pos[pb] = i
-            i = p
-        hk[i] = k
-        hb[i] = b
-        pos[b] = i
-    return hits, misses, evictions, n
+#: Belady's dedicated loop (key domain, fused remap): kvsim.sim.cachesim_fast.replay_belady.
+_replay_belady = fast.replay_belady
 
 
 def _builtin(pol: Policy, name: str) -> bool:
@@ -292,24 +224,22 @@ def _builtin(pol: Policy, name: str) -> bool:
             and pol.on_miss is on_miss)
 
 
-def _dedicated(pol: Policy, capacity: int, n_ids: int, params: dict):
-    """The dedicated loop of a built-in policy (kvsim.sim.cachesim_fast) as a function of
-    ``(ids, victims_out)``, or None."""
-    from kvsim.sim import cachesim_fast as fast
-
+def _dedicated(pol: Policy, capacity: int, params: dict):
+    """The dedicated loop of a built-in policy (kvsim.sim.cachesim_fast, cachesim_ghost)
+    as a function of ``(keys, lo, table, victims_out, uniq_out)``, or None."""
     simple = {"lru": fast.replay_lru, "fifo": fast.replay_fifo, "lfu": fast.replay_lfu,
-              "sieve": fast.replay_sieve, "arc": fast.replay_arc}
+              "sieve": fast.replay_sieve, "arc": ghost.replay_arc}
     if pol.name in simple and _builtin(pol, pol.name):
         loop = simple[pol.name]
-        return lambda ids, out: loop(ids, capacity, n_ids, out)
+        return lambda k, lo, table, out, uniq: loop(k, lo, table, capacity, out, uniq)
     if pol.name == "s3fifo" and _builtin(pol, "s3fifo"):
         from kvsim.policies import s3fifo as mod
 
         # the same sizes as s3fifo.init
         small = int(capacity * float(params.get("small_size_ratio", mod.SMALL_SIZE_RATIO)))
-        ghost = int(capacity * float(params.get("ghost_size_ratio", mod.GHOST_SIZE_RATIO)))
-        return lambda ids, out: fast.replay_s3fifo(ids, capacity, n_ids, small, ghost,
-                                                   mod.MOVE_TO_MAIN_THRESHOLD, out)
+        gcap = int(capacity * float(params.get("ghost_size_ratio", mod.GHOST_SIZE_RATIO)))
+        return lambda k, lo, table, out, uniq: ghost.replay_s3fifo(
+            k, lo, table, capacity, small, gcap, mod.MOVE_TO_MAIN_THRESHOLD, out, uniq)
     return None
 
 
@@ -365,31 +295,26 @@ def simulate_cache(keys: np.ndarray | PreparedKeys, capacity_blocks: int,
         raise KvsimInputError(f"expected an integer >= 1, got {capacity_blocks!r}", None,
                               None, "capacity_blocks")
     capacity = int(capacity_blocks)
-    if isinstance(keys, PreparedKeys):
-        ids, keys_by_id = keys.ids, keys.keys_by_id
-        next_use = keys.next_use if pol.offline else np.zeros(0, np.int64)
-    else:
+    if not isinstance(keys, PreparedKeys):
         keys = np.asarray(keys)
         if keys.ndim != 1 or not np.issubdtype(keys.dtype, np.integer):
             raise KvsimInputError(f"expected a 1-D integer array, got {keys.dtype} with "
                                   f"shape {keys.shape}", None, None, "keys")
+    fast_ok = fast_path and int(n_alt) == 0
+    belady = fast_ok and _is_builtin_belady(pol)
+    loop = _dedicated(pol, capacity, dict(params or {})) if fast_ok and not belady else None
+    if belady or loop is not None:
+        return _run_dedicated(pol, keys, capacity, loop, record_victims)
+    if isinstance(keys, PreparedKeys):
+        ids, keys_by_id = keys.ids, keys.keys_by_id
+        next_use = keys.next_use if pol.offline else np.zeros(0, np.int64)
+    else:
         ids, keys_by_id = remap_keys(keys)
         next_use = (next_use_of(ids, max(int(keys_by_id.shape[0]), 1)) if pol.offline
                     else np.zeros(0, np.int64))
     n_unique = int(keys_by_id.shape[0])
     num_slots = max(n_unique, 1)
     victims = np.zeros(ids.shape[0] if record_victims else 0, np.int64)
-    if fast_path and int(n_alt) == 0 and _is_builtin_belady(pol):
-        hits, misses, evictions, _ = _replay_belady(ids, next_use, capacity, num_slots,
-                                                    victims)
-        return _result(pol, capacity, ids, n_unique, hits, misses, evictions, victims,
-                       record_victims, keys_by_id)
-    loop = _dedicated(pol, capacity, num_slots, dict(params or {})) \
-        if fast_path and int(n_alt) == 0 else None
-    if loop is not None:
-        hits, misses, evictions, _ = loop(ids, victims)
-        return _result(pol, capacity, ids, n_unique, hits, misses, evictions, victims,
-                       record_victims, keys_by_id)
     state = pol.init(capacity, num_slots, dict(params or {}))
     view = new_block_view(num_slots)
     view.content_hash[:] = np.arange(1, num_slots + 1, dtype=np.int64)
@@ -404,6 +329,30 @@ def simulate_cache(keys: np.ndarray | PreparedKeys, capacity_blocks: int,
                                       np.zeros(num_slots, np.bool_))
     return _result(pol, capacity, ids, n_unique, hits, misses, evictions, victims,
                    record_victims, keys_by_id)
+
+
+def _run_dedicated(pol, keys, capacity, loop, record_victims) -> CacheResult:
+    """A dedicated loop (``loop``, or Belady's when None) on the keys themselves (the remap
+    fused into the loop, :mod:`kvsim.sim.cachesim_fast`), or on prepared dense ids."""
+    if isinstance(keys, PreparedKeys):
+        arr, lo, keys_by_id = keys.ids, 0, keys.keys_by_id
+        span = max(int(keys_by_id.shape[0]), 1)
+    else:
+        arr, lo, span, keys_by_id = fast.key_domain(keys, remap_keys)
+    table = fast.new_table(span)
+    uniq = np.empty(min(int(arr.shape[0]), span), np.int64)
+    victims = np.zeros(arr.shape[0] if record_victims else 0, np.int64)
+    if loop is None:
+        next_use = (keys.next_use if isinstance(keys, PreparedKeys)
+                    else fast.next_use_keys(arr, lo, span))
+        hits, misses, evictions, _, n_unique = _replay_belady(arr, lo, table, next_use,
+                                                              capacity, victims, uniq)
+    else:
+        hits, misses, evictions, _, n_unique = loop(arr, lo, table, victims, uniq)
+    if keys_by_id is None:
+        keys_by_id = uniq[:n_unique].copy()
+    return _result(pol, capacity, arr, int(keys_by_id.shape[0]), hits, misses, evictions,
+                   victims, record_victims, keys_by_id)
 
 
 def _result(pol, capacity, ids, n_unique, hits, misses, evictions, victims, record_victims,

@@ -1,13 +1,14 @@
 """The replay's pre-pass and the two per-ALLOCATE facts it used to hold for a whole trace.
 
 :func:`scan_trace` streams the event file once for the sizes of the core's buffers
-(:class:`TraceFacts`); it keeps nothing per row, so its memory does not grow with the trace
-length.  The two per-ALLOCATE inputs of the core are produced batch by batch instead:
+(:class:`TraceFacts`) and, per ALLOCATE row, one bit: ``seen`` (was the same full, hashed
+content allocated before?  The recompute metric needs it), from a :class:`SeenSet` of the
+content hashes met so far that lives only while the pass runs (11 to 21 bytes per distinct
+hash, open addressing at load <= 3/4) and is freed before the replay starts.  The replay
+then holds 1 bit per ALLOCATE row (1.2 MB for the 9.3 M ALLOCATE rows of the Mooncake
+16-token import) instead of the set (64 MiB there).  The other per-ALLOCATE input of the
+core is produced batch by batch:
 
-* ``seen`` (was the same full, hashed content allocated before?  The recompute metric
-  needs it) by :class:`SeenSet`, a hash set of the content hashes met so far, updated as
-  the replay streams: its memory grows with the trace's *distinct* content hashes (16 bytes
-  each at most, open addressing at load <= 1/2), not with its rows;
 * ``next_use`` (ordinal of the next ALLOCATE of the same content: Belady's offline bound
   reads the future) by :func:`offline_next_use`, one more streaming pass, only when an
   offline policy runs.  It is the one whole-trace array left: 8 bytes per ALLOCATE row
@@ -53,6 +54,17 @@ class TraceFacts:
     arrival_order: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     #: step of that row, per entry of ``arrival_order``
     arrival_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: the ``seen`` flag of each ALLOCATE ordinal (was the same full, hashed content
+    #: allocated before?) as packed bits (bit ``o & 7`` of byte ``o >> 3``): 1 bit per
+    #: ALLOCATE row, filled by :func:`scan_trace`; None when the facts were made elsewhere
+    #: (the replay then keeps a :class:`SeenSet` itself)
+    seen_bits: np.ndarray | None = None
+
+    def seen_at(self, base: int, m: int) -> np.ndarray:
+        """The ``seen`` flags (int8) of ALLOCATE ordinals ``base .. base + m - 1``."""
+        out = np.zeros(m, np.int8)
+        _get_bits(self.seen_bits, base, out)
+        return out
 
     @property
     def num_requests(self) -> int:
@@ -76,6 +88,35 @@ def _open(path):
     return open_events(path)
 
 
+def release_read_buffers() -> None:
+    """Give the decoded row groups of a finished pass (or batch) back to the OS.  Arrow's
+    allocator (mimalloc) keeps freed blocks for reuse, and so does glibc's malloc for the
+    numpy temporaries of the batch checks: after the pre-pass over the Mooncake 16-token
+    import the process held ~250 MiB (Arrow) + ~70 MiB (malloc) of freed memory that the
+    replay's own arrays could not reuse (docs/benchmarks.md, "Memory: streaming replay").
+    Costs a few milliseconds."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _glibc():
+    """glibc's ``malloc_trim`` (returns free heap pages to the OS), or None elsewhere."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+_LIBC = _glibc()
+
+
 def full_hashes(cols: dict, block_size_tokens: int) -> np.ndarray:
     """The content hash of each ALLOCATE row of a batch, in row order: the hash of the
     block's *full* content, also on a row that allocates the block partial (a decode
@@ -90,8 +131,10 @@ def full_hashes(cols: dict, block_size_tokens: int) -> np.ndarray:
 
 def scan_trace(trace_path: str | Path, block_size_tokens: int,
                batch_rows: int = 1 << 20) -> TraceFacts:
-    """One streaming pass for the sizes of the core's buffers and the requests' arrival
-    order.  Memory: one batch, plus per request id two flags and its arrival (24 bytes)."""
+    """One streaming pass for the sizes of the core's buffers, the requests' arrival
+    order and the ALLOCATE rows' ``seen`` flags.  Memory: one batch, per request id two
+    flags and its arrival (24 bytes), 1 bit per ALLOCATE row (``seen_bits``) and, while the
+    pass runs, a :class:`SeenSet` of the distinct content hashes (freed at its end)."""
     num_rows = 0
     num_allocs = 0
     first_step = -1
@@ -106,11 +149,18 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
     first_req: list[np.ndarray] = []
     first_time: list[np.ndarray] = []
     first_step_l: list[np.ndarray] = []
+    seen_set = SeenSet()
+    seen_bits = np.zeros(1 << 12, np.uint8)
     with _open(trace_path) as reader:
         for cols in reader.batches(batch_rows):
             n = len(cols["kind"])
             if n == 0:
                 continue
+            hashes = full_hashes(cols, block_size_tokens)
+            if (num_allocs + len(hashes) + 7) // 8 > len(seen_bits):
+                seen_bits = np.concatenate([seen_bits, np.zeros(max(
+                    len(seen_bits), (len(hashes) + 7) // 8), np.uint8)])
+            _put_bits(seen_set.mark(hashes), seen_bits, num_allocs)
             num_rows += n
             kind = cols["kind"]
             req = cols["request_id"]
@@ -164,6 +214,9 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
                 run = live + np.cumsum(delta)
                 max_live = max(max_live, int(run.max()))
                 live = int(run[-1])
+    del seen_set  # ~11-21 bytes per distinct hash, freed before the replay starts
+    seen_bits = seen_bits[: (num_allocs + 7) // 8].copy()
+    release_read_buffers()
     if first_req:
         fr = np.concatenate(first_req)
         ft = np.concatenate(first_time)
@@ -174,7 +227,23 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
         arrival_order = arrival_step = np.zeros(0, np.int64)
     return TraceFacts(num_rows, max(first_step, 0), max(last_step, 0), max_req,
                       max_blocks, max(max_live, 1), max_size, num_allocs, None,
-                      arrival_order, arrival_step)
+                      arrival_order, arrival_step, seen_bits)
+
+
+@njit(cache=True)
+def _put_bits(flags, bits, base):
+    """Bit ``base + k`` of ``bits`` = ``flags[k]`` (bits beyond the old end are 0)."""
+    for k in range(flags.shape[0]):
+        if flags[k]:
+            o = base + k
+            bits[o >> 3] |= np.uint8(1 << (o & 7))
+
+
+@njit(cache=True)
+def _get_bits(bits, base, out):
+    for k in range(out.shape[0]):
+        o = base + k
+        out[k] = (bits[o >> 3] >> (o & 7)) & 1
 
 
 @njit(cache=True)
@@ -220,13 +289,15 @@ def _rehash(old_keys, new_keys, old_vals, new_vals):
                 new_vals[i] = old_vals[j]
 
 
-def _grown(keys: np.ndarray, vals: np.ndarray, need: int) -> tuple[np.ndarray, np.ndarray]:
-    """Tables with room for ``need`` keys at load <= 1/2 (the same ones if they have it).
-    ``vals`` is empty for a set, else as long as ``keys``."""
+def _grown(keys: np.ndarray, vals: np.ndarray, need: int,
+           load: tuple[int, int] = (1, 2)) -> tuple[np.ndarray, np.ndarray]:
+    """Tables with room for ``need`` keys at load <= ``load[0] / load[1]`` (the same ones
+    if they have it).  ``vals`` is empty for a set, else as long as ``keys``."""
     size = keys.shape[0]
-    if 2 * need <= size:
+    num, den = load
+    if den * need <= num * size:
         return keys, vals
-    while 2 * need > size:
+    while den * need > num * size:
         size *= 2
     new_keys = np.zeros(size, np.int64)
     new_vals = np.zeros(size if vals.shape[0] else 0, np.int64)
@@ -236,7 +307,16 @@ def _grown(keys: np.ndarray, vals: np.ndarray, need: int) -> tuple[np.ndarray, n
 
 class SeenSet:
     """The content hashes allocated so far; ``mark(hashes)`` gives each ALLOCATE row's
-    ``seen`` flag (int8) in stream order and remembers the hashes."""
+    ``seen`` flag (int8) in stream order and remembers the hashes.
+
+    Load <= 3/4 (linear probing: ~8.5 probes per absent key, in one or two cache lines,
+    against 2.5 at 1/2): 11 to 21 bytes per distinct hash (load 3/4 down to 3/8 after a
+    doubling) instead of 16 to 32, and 1.5x less at each doubling, when the old and new
+    tables coexist.  It is the one structure of the
+    replay that grows with the trace's distinct contents (5.6 M at 16-token blocks on the
+    Mooncake conversation trace)."""
+
+    LOAD = (3, 4)
 
     def __init__(self, initial_slots: int = 1 << 12) -> None:
         self.keys = np.zeros(initial_slots, np.int64)
@@ -244,7 +324,8 @@ class SeenSet:
         self.n = 0
 
     def mark(self, hashes: np.ndarray) -> np.ndarray:
-        self.keys, self.vals = _grown(self.keys, self.vals, self.n + hashes.shape[0])
+        self.keys, self.vals = _grown(self.keys, self.vals, self.n + hashes.shape[0],
+                                      self.LOAD)
         seen = np.zeros(hashes.shape[0], np.int8)
         self.n = int(_mark(np.ascontiguousarray(hashes, np.int64), self.keys, self.n, seen))
         return seen
@@ -308,4 +389,5 @@ def offline_next_use(trace_path: str | Path, block_size_tokens: int, num_allocs:
                                n_used, next_use))
             base += h.shape[0]
     next_use[next_use < 0] = NEVER  # still waiting: no later full row of that content
+    release_read_buffers()
     return next_use

@@ -6,12 +6,12 @@ the compiled core (:mod:`kvsim.sim.core`), streams the trace through it batch by
 (growing or flushing buffers when the core asks), and turns the counters into metrics
 (:mod:`kvsim.sim.metrics`).
 
-Streaming: memory grows with resident blocks and live requests, the distinct content hashes
-met so far (:class:`kvsim.sim.prepass.SeenSet`, for the recompute metric's ``seen`` flag,
-filled batch by batch), and per-request and per-step results (the outputs themselves).  The
-pre-pass (:func:`kvsim.sim.prepass.scan_trace`) keeps nothing per row.  One documented
-exception: an offline policy (Belady) reads ``next_use``, 8 bytes per ALLOCATE row for the
-whole trace (:func:`kvsim.sim.prepass.offline_next_use`).
+Streaming: memory grows with resident blocks and live requests, and per-request and
+per-step results (the outputs themselves).  Per row, the pre-pass
+(:func:`kvsim.sim.prepass.scan_trace`) keeps one bit per ALLOCATE row (the recompute
+metric's ``seen`` flag; the set of distinct content hashes it needs lives only during the
+pre-pass).  One documented exception: an offline policy (Belady) reads ``next_use``, 8
+bytes per ALLOCATE row for the whole trace (:func:`kvsim.sim.prepass.offline_next_use`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from kvsim.memory.hooks import is_uniform, view_ref
 from kvsim.sim.variants import (compiled_is_cached, core_for, interpreted, is_compiled,
                                    policy_value)
 from kvsim.sim.prepass import (SeenSet, TraceFacts, _open, full_hashes, offline_next_use,
-                                scan_trace)
+                                release_read_buffers, scan_trace)
 from kvsim.sim.cost_model import GB, TierCosts, cost_array, hbm_kv_capacity_bytes, tier_costs
 from kvsim.sim.metrics import request_table, step_table, summarize
 
@@ -217,7 +217,8 @@ class _Run:
         self.step_chunks: list[np.ndarray] = []
         self.last_batch: tuple | None = None
         self.block_tokens = bs
-        self.seen = SeenSet()
+        # seen flags: 1 bit per ALLOCATE row from the pre-pass, else a set kept here
+        self.seen = SeenSet() if facts.seen_bits is None else None
         self.alloc_base = 0  # ALLOCATE rows replayed before the current batch
         self.no_next = np.zeros(0, dtype=np.int64)
         self.no_seen = np.zeros(0, dtype=np.int8)
@@ -295,8 +296,9 @@ class _Run:
         # so no whole-trace array is needed.  next_use values stay global ordinals.
         hashes = full_hashes(cols, self.block_tokens)
         m = hashes.shape[0]
-        seen = self.seen.mark(hashes)
         base = self.alloc_base
+        seen = self.seen.mark(hashes) if self.seen is not None else \
+            self.facts.seen_at(base, m)
         next_use = self.facts.next_use[base:base + m] if self.policy.offline else self.no_next
         self.C[L.C_ALLOC_ORD] = 0
         i = 0
@@ -453,10 +455,12 @@ def execute(trace_path: str | Path, pol, config: SimConfig,
         with _open(trace_path) as reader:
             for cols in reader.batches(config.batch_rows):
                 run.feed(cols)
+                release_read_buffers()  # decoded row groups already replayed (prepass.py)
                 done += len(cols["kind"])
                 if on_progress is not None:
                     on_progress(done, facts.num_rows)
         run.finish()
+        run.seen = None  # the outputs do not need it (when kept): freed before they are built
     except BaseException as exc:
         if writer is not None:
             writer.__exit__(type(exc), exc, exc.__traceback__)

@@ -80,3 +80,33 @@ def test_dedicated_loop_only_for_builtin_hooks_without_runners_up(monkeypatch):
     simulate_cache(keys, 2, "lru", n_alt=2)  # runners-up: only the hooks produce them
     simulate_cache(keys, 2, "lru", fast_path=False)
     assert calls == [True, False]
+
+
+@pytest.mark.parametrize("policy", FAST + ["belady"])
+def test_key_domain_paths_agree(policy):
+    """The loops read keys directly (fused remap, table of the key span), wide keys
+    through np.unique's dense ids, or prepared ids: same victims (as dense ids in order
+    of first appearance), same keys_by_id as remap_keys."""
+    keys = _streams()[3]
+    want_ids, want_keys = cachesim.remap_keys(keys)
+    direct = simulate_cache(keys, 37, policy, record_victims=True)
+    wide = simulate_cache(keys * (1 << 40) - 5, 37, policy, record_victims=True)
+    prep = simulate_cache(cachesim.prepare_keys(keys), 37, policy, record_victims=True)
+    hooks = simulate_cache(keys, 37, policy, record_victims=True, fast_path=False)
+    np.testing.assert_array_equal(direct.keys_by_id, want_keys)
+    np.testing.assert_array_equal(wide.keys_by_id, want_keys * (1 << 40) - 5)
+    np.testing.assert_array_equal(prep.keys_by_id, want_keys)
+    for r in (direct, wide, prep):
+        assert (r.hits, r.misses, r.evictions, r.unique_keys) == (
+            hooks.hits, hooks.misses, hooks.evictions, hooks.unique_keys)
+        np.testing.assert_array_equal(r.victims, hooks.victims)
+    assert direct.unique_keys == want_keys.shape[0] and direct.evictions > 100
+
+
+@pytest.mark.parametrize("policy", FAST + ["belady"])
+def test_capacity_above_stream_length_and_empty_stream(policy):
+    keys = np.array([5, 9, 5, 7, 9, 9, 11], np.int64)
+    r = simulate_cache(keys, 10**9, policy)  # slot arrays sized to the stream, not 10^9
+    assert (r.hits, r.misses, r.evictions, r.unique_keys) == (3, 4, 0, 4)
+    e = simulate_cache(np.zeros(0, np.int64), 3, policy)
+    assert (e.hits, e.misses, e.unique_keys) == (0, 0, 0)

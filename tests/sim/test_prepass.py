@@ -70,6 +70,11 @@ def test_seen_set_matches_definition_across_chunks_and_growth():
                           [(0, 1), (1, 50), (50, 50), (50, 1200), (1200, 2000)]])
     assert np.array_equal(got, want)
     assert s.n == len(set(hashes.tolist()) - {0})
+    size = s.keys.shape[0]  # load <= 3/4 (SeenSet.LOAD), power of two, never needlessly big
+    assert 4 * s.n <= 3 * size and size & (size - 1) == 0
+    s2 = SeenSet(initial_slots=4)
+    s2.mark(np.arange(1, 7, dtype=np.int64))  # 6 keys: 8 slots (load 3/4), not 16
+    assert s2.keys.shape[0] == 8 and s2.n == 6
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +88,14 @@ def test_scan_and_next_use_match_definition(trace):
     alloc = df[df["kind"] == int(EventKind.ALLOCATE)]
     full = alloc["num_tokens"].to_numpy() == _helpers.BLOCK_TOKENS
     hashes = alloc["content_hash"].to_numpy()
-    _, want_next = _brute(hashes, full)
+    want_seen, want_next = _brute(hashes, full)
     for batch in (3, 64, 1 << 20):
         facts = scan_trace(trace, _helpers.BLOCK_TOKENS, batch)
+        # the seen flags: 1 bit per ALLOCATE row, read back at any offset and length
+        assert facts.seen_bits.shape == ((len(alloc) + 7) // 8,)
+        assert np.array_equal(facts.seen_at(0, len(alloc)), want_seen)
+        for a, b in [(0, 1), (5, 13), (7, 8), (9, 40), (len(alloc) - 3, len(alloc))]:
+            assert np.array_equal(facts.seen_at(a, b - a), want_seen[a:b])
         assert facts.num_rows == len(df)
         assert facts.num_allocs == len(alloc)
         assert facts.max_request_id == int(df["request_id"].max())
@@ -94,6 +104,7 @@ def test_scan_and_next_use_match_definition(trace):
         got = offline_next_use(trace, _helpers.BLOCK_TOKENS, facts.num_allocs, batch)
         assert np.array_equal(got, want_next)
     assert (want_next != NEVER).sum() > 20  # the trace does reuse content
+    assert 20 < want_seen.sum() < len(alloc) - 20
 
 
 @pytest.mark.parametrize("policy", ["lru", "belady"])
