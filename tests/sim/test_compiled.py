@@ -2,15 +2,15 @@
 first-class functions) gives exactly the interpreted engine's results: same source, two
 executions; and the core is compiled once, whatever the policy.
 
-A cold compile of the core costs about a CPU-minute or more (docs/benchmarks.md, "One
-core"), more than this suite's time budget, so these tests run only with
-``KVSIM_TEST_COMPILED=1`` (set it in CI once the compile cache is kept between runs, and
-before releases)."""
+The comparison runs in the default test run: the open-loop core compiles once (~40-45
+CPU-s from an empty numba cache, docs/benchmarks.md "One core"; tests/sim/
+test_compiled_reference.py compiles the same core and checks it against the independent
+reference), each policy's hooks ~0.5 CPU-s.  The check that every core function compiles
+for one signature runs in the slow step (tests/run_suite.sh step 2)."""
 
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
 import pytest
@@ -23,10 +23,6 @@ _helpers = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_helpers)
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("KVSIM_TEST_COMPILED") != "1",
-                    reason="cold numba compile of the replay takes minutes; set "
-                           "KVSIM_TEST_COMPILED=1 to run")
 def _builtins():
     from kvsim.policy_registry import list_policies
 
@@ -56,9 +52,6 @@ def test_compiled_equals_interpreted(tiny_hw, tmp_path, policy):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("KVSIM_TEST_COMPILED") != "1",
-                    reason="cold numba compile of the replay takes minutes; set "
-                           "KVSIM_TEST_COMPILED=1 to run")
 def test_one_compilation_per_core_function(tiny_hw, tmp_path):
     """Every jitted function of the core modules (core, spill, pool ops, tier ops) is
     compiled for ONE signature, for every policy: the policies' hooks are values of one
