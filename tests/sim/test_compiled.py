@@ -76,3 +76,47 @@ def test_one_compilation_per_core_function(tiny_hw, tmp_path):
                 continue
             assert len(fn.signatures) <= 1, (mod.__name__, name, fn.signatures)
     assert len(core.run.signatures) == 1
+
+
+@pytest.mark.slow  # the closed-loop driver's own cold compile: ~40-50 CPU-s more
+@pytest.mark.parametrize("policy, preemption", [("lru", "recompute"), ("s3fifo", "swap"),
+                                                ("deadline", "recompute")])
+def test_closed_loop_compiled_equals_interpreted(tmp_path, policy, preemption):
+    """The closed loop (``closed_step.advance`` driving the scheduler and the core) gives
+    the same summary, per-request and per-step tables and decision-log rows compiled and
+    interpreted: 40 requests of two prompt families (shared prefix blocks), an HBM of
+    ~48 blocks of 2 MiB (llama-3-8b, 16-token blocks) that evicts to a DRAM of 16 and
+    preempts."""
+    import numpy as np
+    import pandas as pd
+
+    from kvsim.ingest.requests import build_request_table
+    from kvsim.sim.cluster import serve
+
+    rng = np.random.default_rng(7)
+    n, B = 40, 16
+    arrival = np.sort(rng.integers(0, 300_000, n)).tolist()
+    prompt = rng.integers(40, 500, n).tolist()
+    output = rng.integers(1, 80, n).tolist()
+    ids = []
+    for i, p in enumerate(prompt):
+        nb = (p + B - 1) // B
+        fam = 1_000 * (i % 2)
+        ids.append([fam + j for j in range(min(nb, 6))] + [10_000 + 100 * i + j
+                                                         for j in range(nb - min(nb, 6))])
+    t = build_request_table({"arrival_us": arrival, "prompt_tokens": prompt,
+                             "output_tokens": output, "block_ids": ids,
+                             "hashed_tokens": [min(len(x) * B, p) for x, p in
+                                               zip(ids, prompt)]}, block_size_tokens=B)
+    res, logs = {}, {}
+    for engine in ("interpreted", "compiled"):
+        cfg = SimConfig(hbm_gb=0.1, dram_gb=0.034, cxl_gb=0.0, nvme_gb=0.0,
+                        preemption=preemption, engine=engine, check_invariants=True)
+        logs[engine] = tmp_path / f"{engine}.parquet"
+        res[engine] = serve(t, policy, cfg, decision_log=logs[engine])
+    a, b = res["interpreted"], res["compiled"]
+    assert a.summary["schedule"] == "closed"
+    assert a.summary["preemptions"] > 0 and a.summary["spills_hbm"] > 0, a.summary
+    assert a.summary == b.summary
+    assert a.requests.equals(b.requests) and a.steps.equals(b.steps)
+    assert pd.read_parquet(logs["interpreted"]).equals(pd.read_parquet(logs["compiled"]))
