@@ -48,7 +48,7 @@ from kvsim.sim.closed_facts import block_facts
 from kvsim.sim.config import SimConfig
 from kvsim.sim.cost_model import hbm_kv_capacity_bytes
 from kvsim.sim.schedule_state import new_schedule
-from kvsim.sim.variants import closed_for
+from kvsim.sim.variants import closed_for, core_run_value
 
 NEVER = np.iinfo(np.int64).max
 
@@ -135,6 +135,7 @@ class Engine:
             self.run.P = L.grow_rows(self.run.P, need)
         self.step_mod = closed_for(self.run.core)
         self._args = None
+        self._core_run = None  # core.run as advance() takes it (types fixed per run)
 
     # -- state the router reads ------------------------------------------------------------
     @property
@@ -226,9 +227,13 @@ class Engine:
 
     def _core_args(self) -> tuple:
         run = self.run
-        return (run.K, run.X, run.C, run.Cw, run.R_i, run.R_f, run.A_i, run.A_f, run.H_i,
+        args = (run.K, run.X, run.C, run.Cw, run.R_i, run.R_f, run.A_i, run.A_f, run.H_i,
                 run.st, run.out, run.hbuf, run.scr, run.pst, run.view, *run._args_tail(),
                 self.nu, self.seen, run.alt_b, run.alt_s, run.vo)
+        if self._core_run is None:  # buffers grow, their types do not: typed once
+            self._core_run = core_run_value(run.core, (self.cols, np.int64(0), np.int64(0),
+                                                       *args))
+        return (*args, self._core_run)
 
     def start_measuring(self) -> None:
         """The warm-up ends now: the core snapshots its counters at the next step (the

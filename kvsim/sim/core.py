@@ -437,7 +437,7 @@ def _fill_last(r, e, K, C, R_i, A_i, H_i, st, pst, view, T1, T2, T3, TMP, TMP_i,
 # the loop
 # ---------------------------------------------------------------------------------------
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)  # its C-callable wrapper: closed_step.advance calls it as a value
 def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, pst, view,
         T1, T2, T3, TMP, TMP_i, G, S, P, running, next_use, seen, alt_b, alt_s, vo):
     """Replay rows ``i0 .. n-1`` of one batch.  Returns ``(status, row)``.

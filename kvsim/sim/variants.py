@@ -164,6 +164,30 @@ def interpreted() -> ModuleType:
     return tw
 
 
+_RUN_VALUES: dict[tuple, object] = {}
+
+
+def core_run_value(core_module: ModuleType, run_args: tuple):
+    """``core_module.run`` as the closed loop's step driver takes it (its last argument):
+    the interpreted twin's Python function, or, compiled, a first-class function value
+    (:class:`kvsim.memory.hooks.CompiledHook` of ``run``'s one signature, the types of
+    ``run_args``), so :func:`kvsim.sim.closed_step.advance` calls ``run`` indirectly (once
+    per engine step) and its compile does not link and re-optimise all of ``run``;
+    memoised per signature."""
+    if not is_compiled(core_module):
+        return core_module.run
+    from numba import typeof
+
+    from kvsim.memory.hooks import CompiledHook
+
+    arg_types = tuple(typeof(a) for a in run_args)
+    if arg_types not in _RUN_VALUES:
+        core_module.run.compile(arg_types)  # or loads it from numba's disk cache
+        sig = core_module.run.overloads[arg_types].signature
+        _RUN_VALUES[arg_types] = CompiledHook(core_module.run, sig)
+    return _RUN_VALUES[arg_types]
+
+
 def closed_for(core_module: ModuleType) -> ModuleType:
     """The closed loop's step driver for ``core_module`` (what :func:`core_for` returned):
     :mod:`kvsim.sim.closed_step` itself for the compiled core (compiled once, cached), or
