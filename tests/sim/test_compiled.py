@@ -29,7 +29,8 @@ def _builtins():
     return [p.name for p in list_policies()]
 
 
-@pytest.mark.parametrize("policy", _builtins())
+@pytest.mark.slow  # the default run checks the compiled core against the reference
+@pytest.mark.parametrize("policy", _builtins())  # (test_compiled_reference.py)
 def test_compiled_equals_interpreted(tiny_hw, tmp_path, policy):
     """Every built-in, in HBM and in DRAM, through the one compiled core (a new policy
     compiles only its hooks: ~12 x a few CPU-s once the core is cached)."""
