@@ -153,6 +153,7 @@ def run_live(trace_path, policy, config, decision_log=None, facts=None):
         nu = next_uses(trace_path, config.batch_rows)
     rep = LiveReplay(pol, costs, block_bytes, facts.max_request_id + 1, bs, nu,
                      prefetch=config.prefetch, seed=config.seed)
+    rep.runs = config.engine != "interpreted"  # interpreted: the block-by-block reference
     clock = _Clock(rep)
     base = 0
     with _open(trace_path) as reader:

@@ -55,7 +55,7 @@ from kvsim.errors import KvsimInputError
 from kvsim.memory.hooks import is_uniform, policy_value, view_ref
 from kvsim.policy_api import NEVER, new_block_view
 from kvsim.schema import EventKind, Phase, Priority
-from kvsim.sim.live_moves import fetch_many, spill_many
+from kvsim.sim.live_moves import fetch_many, fetch_run, spill_many, spill_run
 
 K_STEP, K_ARRIVE, K_ALLOCATE, K_ACCESS, K_INTENT, K_COMMIT, K_FORK, K_FREE = (
     int(EventKind.STEP), int(EventKind.ARRIVE), int(EventKind.ALLOCATE),
@@ -112,20 +112,24 @@ class LiveReplay:
         self.tier_cap = [0] + [int(c.capacity_blocks) for c in costs[1:]]
         self.tier_used = [0, 0, 0, 0]
         self.free_slots = list(range(C - 1, -1, -1))  # pop() gives slot 0 first
-        self.slot_block = [-1] * C
+        self.slot_block = np.full(C, -1, np.int64)
         self.in_pol = [False] * self.num_slots  # unit is a candidate of its policy instance
         self.held_units: list[int] = []  # units of the served request taken out (on_hold)
-        # per block (global id)
-        self.b_req: list[int] = []
-        self.b_tier: list[int] = []
-        self.b_slot: list[int] = []
+        # per block (global id 0..nb-1): numpy arrays (grown by doubling) for what the
+        # move loops touch per block (kvsim/sim/live_moves.py moves runs of blocks with
+        # array operations), Python lists for the rest
+        self.nb = 0
+        self.b_req = np.zeros(0, np.int64)
+        self.b_tier = np.zeros(0, np.int64)
+        self.b_slot = np.zeros(0, np.int64)
+        self.b_ref = np.zeros(0, np.int64)
+        self.b_cls = np.zeros(0, np.int64)
+        self.b_prio = np.zeros(0, np.int64)  # b_intent[b][1]
+        self.b_pf = np.zeros(0, np.bool_)  # prefetched, not used yet
         self.b_pin: list[bool] = []
         self.b_intent: list[tuple] = []  # (phase, prio, rprio, deadline, slack, target, rc)
         self.b_hash: list[int] = []
-        self.b_ref: list[int] = []
         self.b_holders: list[list[int]] = []
-        self.b_cls: list[int] = []
-        self.b_pf: list[bool] = []  # prefetched, not used yet
         self.index: dict[int, int] = {}  # content hash -> block (held or cached in HBM)
         # per request
         self.table: list[dict] = [dict() for _ in range(NR)]  # block_index -> block
@@ -161,6 +165,7 @@ class LiveReplay:
         self.stall_us = 0.0
         self.prev_end = 0.0
         self.now_us = 0.0
+        self.runs = True  # move runs of blocks at once (False: block by block, the reference)
         self.step_tokens: list[tuple[int, int]] = []
         self.step_rows: list[tuple] = []
         self.first_tokens: list[int] = []
@@ -302,8 +307,17 @@ class LiveReplay:
                 self._spill_many((u - self.C) // 2, cls, n - len(free))
 
     # ---- block moves --------------------------------------------------------------------
-    _spill_many = spill_many  # kvsim/sim/live_moves.py: the hot loops
-    _fetch_many = fetch_many
+    def _spill_many(self, r: int, cls: int, k: int) -> None:
+        """Spill the top ``k`` blocks of request ``r``'s unit ``cls`` (kvsim/sim/live_moves.py:
+        as one run, or block by block when ``runs`` is off; same effects)."""
+        (spill_run if self.runs else spill_many)(self, r, cls, k)
+
+    def _fetch_many(self, r: int, miss: dict, per_tier: list) -> bool:
+        """Fetch request ``r``'s missing blocks ``miss`` while HBM has free slots
+        (kvsim/sim/live_moves.py); True if one was pinned or DECODE_CRITICAL."""
+        if self.runs:
+            return fetch_run(self, r, miss, per_tier)
+        return fetch_many(self, r, miss, per_tier)
 
     def _spill(self, b: int) -> None:
         self._pop_from(b)
@@ -397,6 +411,15 @@ class LiveReplay:
             if self.index.get(self.b_hash[b]) == b:
                 del self.index[self.b_hash[b]]
 
+    def _grow(self) -> None:
+        """Double the per-block arrays (amortised O(1) per allocated block)."""
+        n = max(1024, 2 * len(self.b_req))
+        for name in ("b_req", "b_tier", "b_slot", "b_ref", "b_cls", "b_prio", "b_pf"):
+            a = getattr(self, name)
+            g = np.zeros(n, a.dtype)
+            g[:len(a)] = a
+            setattr(self, name, g)
+
     def _cls_of(self, b: int) -> int:
         ph, pr = self.b_intent[b][0], self.b_intent[b][1]
         r = self.b_req[b]
@@ -416,7 +439,7 @@ class LiveReplay:
             return
         for u in self.held_units:
             cls = (u - self.C) % 2
-            st = self.stack[r][cls]
+            st = self.stack[(u - self.C) // 2][cls]
             if st:
                 self._fill_unit(u, st[-1])
                 p = self.pols[cls]
@@ -445,6 +468,7 @@ class LiveReplay:
                         self._remove(s, UNPINNED)
                     self.b_req[b] = r
                     self.b_intent[b] = intent
+                    self.b_prio[b] = intent[1]
                     self.b_pin[b] = pin
                     self.b_cls[b] = self._cls_of(b)
                     self.live_blocks += 1
@@ -458,17 +482,20 @@ class LiveReplay:
             self.chain[r] = False
         self._make_room(1)
         slot = self.free_slots.pop()
-        b = len(self.b_req)
-        self.b_req.append(r)
-        self.b_tier.append(HBM)
-        self.b_slot.append(slot)
+        b = self.nb
+        if b == len(self.b_req):
+            self._grow()
+        self.nb = b + 1
+        self.b_req[b] = r
+        self.b_tier[b] = HBM
+        self.b_slot[b] = slot
+        self.b_ref[b] = 1
+        self.b_pf[b] = False
         self.b_pin.append(pin)
         self.b_intent.append(intent)
+        self.b_prio[b] = intent[1]
         self.b_hash.append(h if ntok == self.B else 0)
-        self.b_ref.append(1)
         self.b_holders.append([r])
-        self.b_pf.append(False)
-        self.b_cls.append(UNPINNED)
         self.b_cls[b] = self._cls_of(b)
         self.slot_block[slot] = b
         self.table[r][idx] = b
@@ -491,9 +518,10 @@ class LiveReplay:
         critical = prio == PR_CRIT or deadline >= 0
         if miss:
             per_tier = [0, 0, 0, 0]
-            while miss:  # (making room may spill a block r shares with its owner)
+            while miss:  # (making room may spill a resident block r shares with its
+                # owner: it joins miss, is fetched into r's own unit and stays)
                 self._make_room(len(miss))
-                if self._fetch_many(miss, per_tier):
+                if self._fetch_many(r, miss, per_tier):
                     critical = True
             for t in (1, 2, 3):
                 if per_tier[t]:
@@ -501,10 +529,14 @@ class LiveReplay:
             n = sum(per_tier)
             self.c["blocks_fetched"] += n
             self.req_fetched[r] += n
-        if self.pf_unused[r]:
+        if self.pf_unused[r]:  # a shared block is useful once, at its first read
             for b in self.pf_unused[r]:
-                self.b_pf[b] = False
-            self.c["prefetches_useful"] += len(self.pf_unused[r])
+                if self.b_pf[b]:
+                    self.b_pf[b] = False
+                    self.c["prefetches_useful"] += 1
+                for h in self.b_holders[b]:
+                    if h != r:
+                        self.pf_unused[h].discard(b)
             self.pf_unused[r] = set()
         self.last_us[r] = self.now_us
         self.count[r] += 1
@@ -547,11 +579,13 @@ class LiveReplay:
             self._serve(r)
             self._pop_from(b)
             self.b_intent[b] = intent
+            self.b_prio[b] = intent[1]
             self.b_pin[b] = pin
             self.b_cls[b] = self._cls_of(b)
             self._push(b)
             return
         self.b_intent[b] = intent
+        self.b_prio[b] = intent[1]
         self.b_pin[b] = pin
         if self.b_req[b] == r:
             self.b_cls[b] = self._cls_of(b)
