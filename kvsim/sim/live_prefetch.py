@@ -54,6 +54,8 @@ def prefetch_step(rep, duration_us: float) -> None:
     ranked.sort()
     bb = rep.block_bytes
     for rank, r in ranked:
+        if budget[1] < bb and budget[2] < bb and budget[3] < bb:
+            return  # every link's budget is spent: nothing more can move this step
         for b in list(rep.spilled[r]):
             t = rep.b_tier[b]
             if t <= 0 or budget[t] < bb:
@@ -62,11 +64,19 @@ def prefetch_step(rep, duration_us: float) -> None:
                 return
             slot = rep.free_slots.pop()
             budget[t] -= bb
-            rep._fetch(b, slot)
-            rep.b_pf[b] = True
-            for h in rep.b_holders[b]:
-                rep.pf_unused[h].add(b)
-            rep.c["prefetches"] += 1
+            if budget[t] < bb and budget[1] < bb and budget[2] < bb and budget[3] < bb:
+                _issue(rep, b, slot)
+                return
+            _issue(rep, b, slot)
+
+
+def _issue(rep, b: int, slot: int) -> None:
+    """Prefetch spilled block ``b`` into free ``slot``."""
+    rep._fetch(b, slot)
+    rep.b_pf[b] = True
+    for h in rep.b_holders[b]:
+        rep.pf_unused[h].add(b)
+    rep.c["prefetches"] += 1
 
 
 def _displace(rep, rank_fn, r: int, rank: float) -> bool:

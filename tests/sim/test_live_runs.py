@@ -161,3 +161,20 @@ def test_shared_prefix_trace_terminates(tmp_path, tiny_hw):
         s = assert_same(trace, pol, _live.live(tiny_hw, 12))
         assert s["requests"] == 24 and s["live_spills"] > 0
         assert s["prefetches_useful"] + s["prefetches_wasted"] <= s["prefetches"]
+
+
+def test_long_context_extreme_states_slos():
+    """The profile's SLOs (MLPerf Inference server constraints, cited in its TOML): long
+    document QA 6 s TTFT / 175 ms TPOT, chat 2 s / 100 ms; chat's 100 ms TPOT is within
+    the lowering's DECODE_CRITICAL threshold (kvsim.ingest.engine.CRITICAL_TPOT_US)."""
+    from kvsim.ingest.engine import CRITICAL_TPOT_US
+    from kvsim.workload import build_workload, load_profile
+
+    df = build_workload(load_profile("long_context_extreme"), 40, 0).df
+    doc = df[df.prompt_tokens >= 131072]  # a 128k-token document + the question
+    chat = df[df.prompt_tokens < 131072]
+    assert len(doc) and len(chat)
+    assert (doc.ttft_deadline_us == 6_000_000).all() and (doc.tpot_deadline_us == 175_000).all()
+    assert (chat.ttft_deadline_us == 2_000_000).all()
+    assert (chat.tpot_deadline_us == 100_000).all()
+    assert CRITICAL_TPOT_US == 100_000
