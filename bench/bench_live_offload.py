@@ -11,12 +11,17 @@ Workloads:
   it these workloads are skipped with a message.
 * ``profile:<name>``: kvsim's own profile, generated for ``--requests`` requests (seed 0)
   and lowered for the whole GPU (the recorded schedule the live mode replays).
+* ``trace:<path>``: an event file already written (e.g. by ``kvsim generate``), so a
+  large trace is lowered once for several runs of this script.
 
-For each workload and each HBM size (``--hbm-blocks`` list per workload) it runs
-:func:`kvsim.sim.compare` with ``SimConfig(live_offload=True)`` and prints, per policy,
-decode stalls, decode-critical stalls, stall time, TPOT p99, deadline misses, spills,
-blocks fetched, prefetches (issued / useful / wasted) and CPU seconds; ``--out`` appends
-the rows as JSON lines.
+For each workload it first prints the trace's block needs (:func:`step_needs`: the peak
+of live blocks and the largest single step's need, between which an HBM size
+oversubscribes without making one step's batch alone exceed HBM); then for each HBM size
+(``=HBM,HBM`` list per workload) it runs :func:`kvsim.sim.simulate` with
+``SimConfig(live_offload=True)`` for each policy and prints decode stalls,
+decode-critical stalls, stall time, TPOT p99, deadline misses, spills, blocks fetched,
+prefetches (issued / useful / wasted) and the run's CPU seconds; ``--out`` appends the
+rows as JSON lines.
 
     python bench/bench_live_offload.py --peer /path/to/kv_deadline_scheduler/src \\
         --workload kvmi:deadline_pressure=2000,3000,4000 --workload profile:deadline_pressure=6000
@@ -34,7 +39,45 @@ from pathlib import Path
 
 COLUMNS = ("decode_stalls", "decode_critical_stalls", "stall_us", "tpot_p99_us",
            "deadline_misses", "live_spills", "pinned_spills", "blocks_fetched", "prefetches",
-           "prefetches_useful", "prefetches_wasted", "peak_live_blocks")
+           "prefetches_useful", "prefetches_wasted", "peak_live_blocks", "cpu_s")
+
+
+def step_needs(trace: Path) -> dict:
+    """``peak_live_blocks``: most blocks held by running requests at once (distinct
+    blocks, shared ones once, as the live replay counts them); ``max_step_need_blocks``:
+    the most blocks one step's ``ACCESS`` rows read (each request's table, a block shared
+    by two requests of the step counted twice: an upper bound on the step's distinct
+    need).  Below the step need one batch alone exceeds HBM and every policy streams it."""
+    from kvsim.events import read_events
+    from kvsim.schema import EventKind
+
+    _, df = read_events(trace)
+    kind, rid, idx, step = (df[c].to_numpy() for c in ("kind", "request_id",
+                                                       "block_index", "step"))
+    tables: dict[int, set] = {}
+    live = peak = need = best = 0
+    cur = None
+    A, F, X = int(EventKind.ALLOCATE), int(EventKind.FREE), int(EventKind.ACCESS)
+    for k, r, i, s in zip(kind.tolist(), rid.tolist(), idx.tolist(), step.tolist()):
+        if s != cur:
+            best, need, cur = max(best, need), 0, s
+        if k == A:
+            t = tables.setdefault(r, set())
+            if i not in t:
+                t.add(i)
+                live += 1
+                peak = max(peak, live)
+        elif k == F:
+            t = tables.get(r, set())
+            if i < 0:
+                live -= len(t)
+                tables[r] = set()
+            elif i in t:
+                t.discard(i)
+                live -= 1
+        elif k == X:
+            need += len(tables.get(r, ()))
+    return {"peak_table_blocks": peak, "max_step_need_blocks": max(best, need)}
 
 
 def _kvmi_trace(peer: str, profile: str, n: int, work: Path) -> Path:
@@ -70,7 +113,7 @@ def main() -> int:
     ap.add_argument("--policies", default=None, help="comma list (default: every one)")
     ap.add_argument("--out", type=Path, default=None, help="append JSON lines here")
     args = ap.parse_args()
-    from kvsim.sim import SimConfig, compare
+    from kvsim.sim import SimConfig, simulate
 
     from kvsim.sim.comparison import default_policies
 
@@ -88,17 +131,23 @@ def main() -> int:
                     print(f"{spec}: skipped (no --peer / KVDS_PATH)", file=sys.stderr)
                     continue
                 trace = _kvmi_trace(args.peer, name, args.requests, work)
+            elif kind == "trace":
+                trace = Path(name)
             else:
                 trace = _profile_trace(name, args.requests, work)
+            needs = step_needs(trace)
+            print(f"\n{kind_name}: {needs}  (/proc/loadavg {_loadavg()})")
             for hbm in (int(x) for x in sizes.split(",")):
                 cfg = SimConfig(hbm_blocks=hbm, live_offload=True)
-                t0 = time.process_time()
-                df = compare(trace, names, cfg)
-                cpu = time.process_time() - t0
+                rows = []
+                for pol in names:
+                    t0 = time.process_time()
+                    s = simulate(trace, pol, cfg).summary
+                    rows.append({**s, "cpu_s": time.process_time() - t0})
                 print(f"\n{kind_name}, {args.requests} requests, HBM {hbm:,} blocks "
-                      f"(compare: {cpu:.1f} CPU-s for {len(df)} policies + optimal)")
+                      f"(/proc/loadavg {_loadavg()})")
                 print("policy".ljust(11) + "".join(c[:13].rjust(14) for c in COLUMNS))
-                for row in df.to_dict(orient="records"):
+                for row in rows:
                     print(row["policy"].ljust(11) + "".join(
                         f"{row[c]:14,.1f}" if isinstance(row[c], float) else f"{row[c]:14,}"
                         for c in COLUMNS))
@@ -109,6 +158,13 @@ def main() -> int:
                                                 **{k: row[k] for k in ("policy", *COLUMNS)},
                                                 }) + "\n")
     return 0
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "n/a"
 
 
 if __name__ == "__main__":
