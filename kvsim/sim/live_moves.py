@@ -27,7 +27,7 @@ from kvsim.errors import KvsimInputError
 from kvsim.schema import Priority
 
 HBM = 0  # LiveReplay.b_tier of a block in HBM
-PINNED = 1  # LiveReplay's pin class of a pinned unit
+UNPINNED, PINNED = 0, 1  # LiveReplay's pin class of a pinned unit
 PR_CRIT = int(Priority.DECODE_CRITICAL)
 
 
@@ -180,15 +180,16 @@ def spill_run(self, r: int, cls: int, k: int) -> None:
         raise _tiers_full()
     self.b_slot[blocks] = -1
     holders = self.b_holders
-    if (self.b_ref[blocks] == 1).all():  # each held by its owner r alone
-        self.spilled[r].update(dict.fromkeys(run))
-        self.has_spilled[r] = None
-    else:
+    self.spilled[r].update(dict.fromkeys(run))  # r, the owner, holds each
+    self.has_spilled[r] = None
+    shared = self.b_ref[blocks] > 1
+    if shared.any():  # the other holders of shared blocks, in run order
         spilled, has_spilled = self.spilled, self.has_spilled
-        for b in run:
+        for b in blocks[shared].tolist():
             for h in holders[b]:
-                spilled[h][b] = None
-                has_spilled[h] = None
+                if h != r:
+                    spilled[h][b] = None
+                    has_spilled[h] = None
     pf = self.b_pf[blocks]
     if pf.any():
         for b in blocks[pf].tolist():
@@ -229,29 +230,33 @@ def fetch_run(self, r: int, miss: dict, per_tier: list) -> bool:
             used[t] -= m
             self.link_bytes[t] += m * bb
             per_tier[t] += m
+    b_prio = self.b_prio[blocks]
     foreign = self.b_req[blocks] != r
-    if foreign.any():
-        for b in blocks[foreign].tolist():
-            own_fetched(self, b, r)
-    b_cls, b_prio = self.b_cls[blocks], self.b_prio[blocks]
+    if foreign.any():  # own_fetched of each, at once
+        fb = blocks[foreign]
+        self.b_req[fb] = r
+        self.b_cls[fb] = np.where(self.b_pin[fb] | (b_prio[foreign] == PR_CRIT) |
+                                  bool(self.req_pin[r]), PINNED, UNPINNED)
+    b_cls = self.b_cls[blocks]
     crit = bool(((b_cls == PINNED) | (b_prio == PR_CRIT)).any())
     self.b_tier[blocks] = HBM
     self.b_slot[blocks] = slots
     self.slot_block[slots] = blocks
-    if (self.b_ref[blocks] == 1).all():  # each held by r alone: only miss changes
-        miss.clear()
-        if rest:
-            miss.update(dict.fromkeys(rest))
-        else:
-            self.has_spilled.pop(r, None)
+    miss.clear()  # r holds each: the run leaves r's missing blocks at once
+    if rest:
+        miss.update(dict.fromkeys(rest))
     else:
+        self.has_spilled.pop(r, None)
+    shared = self.b_ref[blocks] > 1
+    if shared.any():  # and the other holders' missing blocks
         spilled, has_spilled, holders = self.spilled, self.has_spilled, self.b_holders
-        for b in run:
+        for b in blocks[shared].tolist():
             for h in holders[b]:
-                sp = spilled[h]
-                sp.pop(b, None)
-                if not sp:
-                    has_spilled.pop(h, None)
+                if h != r:
+                    sp = spilled[h]
+                    sp.pop(b, None)
+                    if not sp:
+                        has_spilled.pop(h, None)
     # onto their owners' stacks, in runs of one unit; a unit that becomes non-empty is
     # inserted (view of its first block) before the rest of its run is counted
     key = 2 * self.b_req[blocks] + b_cls

@@ -126,7 +126,7 @@ class LiveReplay:
         self.b_cls = np.zeros(0, np.int64)
         self.b_prio = np.zeros(0, np.int64)  # b_intent[b][1]
         self.b_pf = np.zeros(0, np.bool_)  # prefetched, not used yet
-        self.b_pin: list[bool] = []
+        self.b_pin = np.zeros(0, np.bool_)  # pin requested
         self.b_intent: list[tuple] = []  # (phase, prio, rprio, deadline, slack, target, rc)
         self.b_hash: list[int] = []
         self.b_holders: list[list[int]] = []
@@ -414,7 +414,7 @@ class LiveReplay:
     def _grow(self) -> None:
         """Double the per-block arrays (amortised O(1) per allocated block)."""
         n = max(1024, 2 * len(self.b_req))
-        for name in ("b_req", "b_tier", "b_slot", "b_ref", "b_cls", "b_prio", "b_pf"):
+        for name in ("b_req", "b_tier", "b_slot", "b_ref", "b_cls", "b_prio", "b_pf", "b_pin"):
             a = getattr(self, name)
             g = np.zeros(n, a.dtype)
             g[:len(a)] = a
@@ -491,7 +491,7 @@ class LiveReplay:
         self.b_slot[b] = slot
         self.b_ref[b] = 1
         self.b_pf[b] = False
-        self.b_pin.append(pin)
+        self.b_pin[b] = pin
         self.b_intent.append(intent)
         self.b_prio[b] = intent[1]
         self.b_hash.append(h if ntok == self.B else 0)
