@@ -110,7 +110,18 @@ def main() -> None:
     cpu, wall = time.process_time() - c0, time.time() - w0
     tot = sum(PHASE.values())
     print(f"process: {wall:.1f} s wall, {cpu:.1f} CPU-s; inside numba compile: {tot:.1f} CPU-s")
-    for k, v in sorted(PHASE.items(), key=lambda x: -x[1])[:25]:
+    groups: dict[str, float] = defaultdict(float)
+    for k, v in PHASE.items():
+        if k.startswith("pass: "):
+            name = k.split(" [")[0]
+            k = name if name in ("pass: nopython_type_inference", "pass: native_lowering") \
+                else "pass: other numba passes (SSA, inlining, rewrites, ...)"
+        groups[k] += v
+    print("by phase:")
+    for k, v in sorted(groups.items(), key=lambda x: -x[1]):
+        print(f"  {v:7.2f}  {k}")
+    print("top phase x function:")
+    for k, v in sorted(PHASE.items(), key=lambda x: -x[1])[:15]:
         print(f"  {v:7.2f}  {k}")
     print(f"libraries finalized {COUNT['finalizes']}, LLVM functions machine-compiled "
           f"{COUNT['finalized_functions']} ({len(DISTINCT)} distinct)")
