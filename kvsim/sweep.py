@@ -71,9 +71,9 @@ ROW_FORMAT = 2
 OCCUPANCY_MAX_POINTS = 2000
 
 #: Sources a cell's result depends on (relative to the repository / package roots).
-_FINGERPRINT_GLOBS = ("sim/*.py", "memory/*.py", "ingest/serial.py", "policy_api.py", "policy_registry.py",
-                      "events/*.py", "schema.py", "hardware.py", "models/*.py",
-                      "models/*.toml", "sweep.py")
+_FINGERPRINT_GLOBS = ("sim/*.py", "memory/*.py", "ingest/serial.py", "policy_api.py",
+                      "policy_structs.py", "policy_registry.py", "events/*.py", "schema.py",
+                      "hardware.py", "models/*.py", "models/*.toml", "sweep.py")
 
 
 # ----------------------------------------------------------------------------------------
