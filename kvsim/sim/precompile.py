@@ -16,9 +16,11 @@ while the compile lasts, :func:`compile_workers`) and runs, at the same time:
 
 Each worker writes what it compiled to numba's disk cache (``cache=True``); the replays
 that follow (in this process or in ``--jobs`` workers forked after it, which inherit the
-compiled core) load the hooks instead of compiling them.  The
-results do not depend on the split: every replay runs the same cached code.  Measured
-figures: docs/benchmarks.md, "Cold compile".
+compiled core) load the hooks instead of compiling them.  A single closed-loop run
+(``kvsim simulate`` of a profile or request trace, :func:`kvsim.sim.cluster.serve`) splits
+the same way around ``core.run`` (:func:`split_closed_compile`).  The results do not
+depend on the split: every replay runs the same cached code.  Measured figures:
+docs/benchmarks.md, "Cold compile".
 """
 
 from __future__ import annotations
@@ -99,12 +101,18 @@ def needs_split(engine: str, closed: bool, names: Sequence[str]) -> tuple[bool, 
                                                                         list[str]]:
     """``(split?, first, cold hooks)`` for a compare of ``names`` on ``engine``: whether to
     compile with :func:`first_then_hooks` (the core is cold, or more than one policy's
-    hooks are), the policy to replay first (the first with hooks), and the other policies
-    whose hooks are cold."""
+    hooks are), the policy to replay first (the first with compiled hooks), and the other
+    policies whose hooks are cold."""
     from kvsim.sim.variants import core_is_cold
 
-    first = next((n for n in names if n != "optimal"), None)
-    if engine != "compiled" or first is None:
+    if engine != "compiled":
+        return False, None, []
+    from kvsim.sim.replay import _resolve_policy
+
+    # the first policy that runs compiled (optimal has no hooks, a plain-Python one runs
+    # interpreted): its replay compiles the core
+    first = next((n for n in names if n != "optimal" and _resolve_policy(n).compiled), None)
+    if first is None:
         return False, None, []
     hooks = cold_hooks(names, skip=[first])
     return core_is_cold(closed) or len(hooks) > 1, first, hooks

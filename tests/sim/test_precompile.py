@@ -38,6 +38,7 @@ print(json.dumps({"before": before, "out": out, "calls": calls,
 """
 
 
+@pytest.mark.slow  # a fresh process compiles fifo's hooks from an empty cache (~5-30 s)
 def test_first_then_hooks_compiles_the_other_hooks_in_a_worker(tmp_path):
     """From an empty numba cache (a fresh process): fifo's hooks are cold; a forked
     worker compiles them (this process compiles none) and they are in numba's disk cache
@@ -99,6 +100,32 @@ def test_closed_loop_cache_check_needs_the_step_driver(monkeypatch):
     assert variants.core_is_cold(closed=True) is True
     assert closed_engine(SimConfig(engine="auto"), "lru", 10) == "interpreted"
     assert closed_engine(SimConfig(engine="compiled"), "lru", 10) == "compiled"
+
+
+PYFIFO = """
+NAME = "{name}"
+DESCRIPTION = "plain-Python FIFO"
+REASONS = ("oldest",)
+def init(capacity_blocks, num_slots, params): return ([],)
+def on_insert(state, view, b, now_us): state[0].append(b)
+def on_hit(state, view, b, now_us): pass
+def on_remove(state, view, b): state[0].remove(b)
+def victim(state, view, now_us, alt_blocks, alt_scores):
+    return (state[0][0], 0, 0) if state[0] else (-1, 0, 0)
+"""
+
+
+def test_split_starts_with_the_first_compiled_policy(monkeypatch, tmp_path):
+    """A plain-Python policy runs interpreted, so it cannot compile the core: the split
+    replays the first policy with compiled hooks first."""
+    path = tmp_path / "pyfifo_split.py"
+    path.write_text(PYFIFO.format(name="pyfifo_split_test"))
+    monkeypatch.setattr(variants, "core_is_cold", lambda closed=False: True)
+    monkeypatch.setattr(precompile, "cold_hooks", lambda names, skip=(): [])
+    assert precompile.needs_split("compiled", False, [str(path), "optimal", "fifo"]) == (
+        True, "fifo", [])
+    assert precompile.needs_split("compiled", False, [str(path), "optimal"]) == (
+        False, None, [])
 
 
 def test_needs_split(monkeypatch):
