@@ -79,6 +79,13 @@ def _route(router: str, i: int, engines: list[Engine], hb: np.ndarray, nb: int,
     return best
 
 
+def _events(table: RequestTable, block_size_tokens: int) -> int:
+    """About how many event rows the closed loop replays for ``table`` (prompt blocks plus
+    one per output token), as the engine counts them for ``auto``."""
+    df = table.df
+    return int(df["prompt_tokens"].sum() // block_size_tokens + df["output_tokens"].sum())
+
+
 def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
           replicas: int = 1, router: str = "round_robin",
           engine: EngineOptions | None = None, decision_log: str | Path | None = None,
@@ -107,9 +114,8 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
                     max_num_batched_tokens=opts.max_num_batched_tokens,
                     block_size_tokens=opts.block_size_tokens)
     # a cold compiled closed loop: core.run compiles in a worker meanwhile (2+ cores)
-    rows = int(table.df["prompt_tokens"].sum() // opts.block_size_tokens
-               + table.df["output_tokens"].sum())
-    with split_closed_compile(closed_engine(config, pol, rows)):
+    with split_closed_compile(closed_engine(config, pol, _events(table,
+                                                                 opts.block_size_tokens))):
         return _serve(table, pol, config, replicas, router, opts, decision_log, cost,
                       hbm_blocks, costs, block_bytes, off, ids, facts_pb, dropped, cfg_dict,
                       on_progress)
@@ -239,9 +245,7 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
     from kvsim.sim.precompile import compare_engine, needs_split
 
     # auto: one engine for every policy (kvsim.sim.precompile.compare_engine), closed loop
-    B = opts.block_size_tokens
-    df = table.df
-    rows = int(df["prompt_tokens"].sum() // B + df["output_tokens"].sum())
+    rows = _events(table, opts.block_size_tokens)
     config = dataclasses.replace(config, engine=compare_engine(config.engine, rows,
                                                                len(run_names), closed=True))
     split, first, cold = needs_split(config.engine, True, run_names)
