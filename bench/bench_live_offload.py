@@ -139,18 +139,16 @@ def main() -> int:
             print(f"\n{kind_name}: {needs}  (/proc/loadavg {_loadavg()})")
             for hbm in (int(x) for x in sizes.split(",")):
                 cfg = SimConfig(hbm_blocks=hbm, live_offload=True)
-                rows = []
-                for pol in names:
-                    t0 = time.process_time()
-                    s = simulate(trace, pol, cfg).summary
-                    rows.append({**s, "cpu_s": time.process_time() - t0})
                 print(f"\n{kind_name}, {args.requests} requests, HBM {hbm:,} blocks "
                       f"(/proc/loadavg {_loadavg()})")
                 print("policy".ljust(11) + "".join(c[:13].rjust(14) for c in COLUMNS))
-                for row in rows:
+                for pol in names:  # each row as soon as it is measured
+                    t0 = time.process_time()
+                    s = simulate(trace, pol, cfg).summary
+                    row = {**s, "cpu_s": time.process_time() - t0}
                     print(row["policy"].ljust(11) + "".join(
                         f"{row[c]:14,.1f}" if isinstance(row[c], float) else f"{row[c]:14,}"
-                        for c in COLUMNS))
+                        for c in COLUMNS), flush=True)
                     if args.out is not None:
                         with open(args.out, "a") as f:
                             f.write(json.dumps({"workload": kind_name, "requests":
