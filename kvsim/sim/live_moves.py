@@ -129,6 +129,53 @@ def fetch_many(self, rr: int, miss: dict, per_tier: list) -> bool:
     return crit
 
 
+def spill_one(self, b: int) -> None:
+    """Spill resident block ``b`` of a running request (:meth:`LiveReplay._spill`)."""
+    self._pop_from(b)
+    s = self.b_slot[b]
+    self.slot_block[s] = -1
+    self.free_slots.append(s)
+    t = 1
+    while t <= 3 and self.tier_used[t] >= self.tier_cap[t]:
+        t += 1
+    if t > 3:
+        raise KvsimInputError("the lower tiers are full of spilled live blocks; expected "
+                              "more DRAM/CXL/NVMe (--dram-gb) or a larger HBM", None,
+                              None, "--dram-gb")
+    self.tier_used[t] += 1
+    self.b_tier[b] = t
+    self.b_slot[b] = -1
+    self.link_bytes[t] += self.block_bytes
+    self.c["live_spills"] += 1
+    if self.b_cls[b] == PINNED:
+        self.c["pinned_spills"] += 1
+    for r in self.b_holders[b]:
+        self.spilled[r][b] = None
+        self.has_spilled[r] = None
+    if self.b_pf[b]:
+        self.b_pf[b] = False
+        self.c["prefetches_wasted"] += 1
+        for r in self.b_holders[b]:
+            self.pf_unused[r].discard(b)
+
+
+def fetch_one(self, b: int, slot: int) -> int:
+    """Bring spilled ``b`` into ``slot``; returns the tier it came from."""
+    t = self.b_tier[b]
+    self.tier_used[t] -= 1
+    self.link_bytes[t] += self.block_bytes
+    self.b_tier[b] = HBM
+    self.b_slot[b] = slot
+    self.slot_block[slot] = b
+    for r in self.b_holders[b]:
+        sp = self.spilled[r]
+        sp.pop(b, None)
+        if not sp:
+            self.has_spilled.pop(r, None)
+    self._push(b)
+    return t
+
+
 def _tiers_full():
     return KvsimInputError("the lower tiers are full of spilled live blocks; expected more "
                            "DRAM/CXL/NVMe (--dram-gb) or a larger HBM", None, None,

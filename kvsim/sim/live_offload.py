@@ -55,7 +55,8 @@ from kvsim.errors import KvsimInputError
 from kvsim.memory.hooks import is_uniform, policy_value, view_ref
 from kvsim.policy_api import NEVER, new_block_view
 from kvsim.schema import EventKind, Phase, Priority
-from kvsim.sim.live_moves import fetch_many, fetch_run, spill_many, spill_run
+from kvsim.sim.live_moves import (fetch_many, fetch_one, fetch_run, spill_many,
+                                  spill_one, spill_run)
 
 K_STEP, K_ARRIVE, K_ALLOCATE, K_ACCESS, K_INTENT, K_COMMIT, K_FORK, K_FREE = (
     int(EventKind.STEP), int(EventKind.ARRIVE), int(EventKind.ALLOCATE),
@@ -319,49 +320,8 @@ class LiveReplay:
             return fetch_run(self, r, miss, per_tier)
         return fetch_many(self, r, miss, per_tier)
 
-    def _spill(self, b: int) -> None:
-        self._pop_from(b)
-        s = self.b_slot[b]
-        self.slot_block[s] = -1
-        self.free_slots.append(s)
-        t = 1
-        while t <= 3 and self.tier_used[t] >= self.tier_cap[t]:
-            t += 1
-        if t > 3:
-            raise KvsimInputError("the lower tiers are full of spilled live blocks; expected "
-                                  "more DRAM/CXL/NVMe (--dram-gb) or a larger HBM", None,
-                                  None, "--dram-gb")
-        self.tier_used[t] += 1
-        self.b_tier[b] = t
-        self.b_slot[b] = -1
-        self.link_bytes[t] += self.block_bytes
-        self.c["live_spills"] += 1
-        if self.b_cls[b] == PINNED:
-            self.c["pinned_spills"] += 1
-        for r in self.b_holders[b]:
-            self.spilled[r][b] = None
-            self.has_spilled[r] = None
-        if self.b_pf[b]:
-            self.b_pf[b] = False
-            self.c["prefetches_wasted"] += 1
-            for r in self.b_holders[b]:
-                self.pf_unused[r].discard(b)
-
-    def _fetch(self, b: int, slot: int) -> int:
-        """Bring spilled ``b`` into ``slot``; returns the tier it came from."""
-        t = self.b_tier[b]
-        self.tier_used[t] -= 1
-        self.link_bytes[t] += self.block_bytes
-        self.b_tier[b] = HBM
-        self.b_slot[b] = slot
-        self.slot_block[slot] = b
-        for r in self.b_holders[b]:
-            sp = self.spilled[r]
-            sp.pop(b, None)
-            if not sp:
-                self.has_spilled.pop(r, None)
-        self._push(b)
-        return t
+    _spill = spill_one  # kvsim/sim/live_moves.py: one block (prefetch's displacement)
+    _fetch = fetch_one
 
     def _drop_cached(self, b: int) -> None:
         s = self.b_slot[b]
