@@ -1,6 +1,7 @@
-"""Spike (not wired into kvsim): can ONE compiled replay loop, cached on disk, run any
-policy's hooks passed as numba first-class functions, and what does an indirect hook call
-cost against an inlined one?
+"""Spike: can ONE compiled replay loop, cached on disk, run any policy's hooks passed as
+numba first-class functions, and what does an indirect hook call cost against an inlined
+one?  (The experiment behind kvsim's one compiled core, docs/architecture.md; kept as the
+record of its measurement in docs/benchmarks.md; kvsim does not use it.)
 
     python bench/spike_fnptr.py --fresh          # new numba cache folder: cold process
     python bench/spike_fnptr.py                  # second process: same cache folder
@@ -11,8 +12,8 @@ obtain each compiled object (compile, or load from numba's cache), whether numba
 from the cache (``stats.cache_hits``), and M accesses/s of the single-tier loop on a Zipf
 1.0 stream (``--accesses``, default 10 M, 1,000-key cache by default) for:
 
-* ``inlined``: the loop calls LRU's hooks as module globals (today's architecture: the hooks
-  are compiled into the loop, one loop per policy);
+* ``inlined``: the loop calls LRU's hooks as module globals (kvsim's architecture before
+  the one core: the hooks compiled into the loop, one loop per policy);
 * ``indirect-cfunc``: the loop takes its hooks as arguments typed
   ``numba.types.FunctionType(sig)`` and calls them through C function pointers; the hooks
   are ``numba.cfunc(sig, cache=True)`` objects;

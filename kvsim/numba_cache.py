@@ -20,19 +20,19 @@ from pathlib import Path
 from types import ModuleType
 
 #: Modules whose source reaches the compiled replay (code or constants), in a fixed order.
-SOURCES = ("kvsim.schema", "kvsim.policy_api", "kvsim.memory.fast", "kvsim.memory.fifo_order",
-           "kvsim.memory.hooks", "kvsim.memory.pool_ops", "kvsim.sim.layout",
-           "kvsim.sim.tiers", "kvsim.sim.bookkeeping", "kvsim.sim.tier_ops",
-           "kvsim.sim.spill", "kvsim.sim.core", "kvsim.sim.schedule_state",
-           "kvsim.sim.sched_blocks", "kvsim.sim.scheduler", "kvsim.sim.closed_step",
-           "kvsim.sim.cachesim")
+SOURCES = ("kvsim.schema", "kvsim.policy_api", "kvsim.policy_structs", "kvsim.memory.fast",
+           "kvsim.memory.fifo_order", "kvsim.memory.hooks", "kvsim.memory.pool_ops",
+           "kvsim.sim.layout", "kvsim.sim.tiers", "kvsim.sim.bookkeeping", "kvsim.sim.tier_ops",
+           "kvsim.sim.spill", "kvsim.sim.placement", "kvsim.sim.core",
+           "kvsim.sim.schedule_state", "kvsim.sim.sched_blocks", "kvsim.sim.scheduler",
+           "kvsim.sim.closed_step", "kvsim.sim.cachesim")
 #: The modules among SOURCES whose jitted functions are sealed, in an order they can be
 #: imported in (``scheduler`` imports ``sched_blocks`` at its end, not the other way).
-COMPILED = ("kvsim.policy_api", "kvsim.memory.fast", "kvsim.memory.fifo_order",
-            "kvsim.memory.hooks", "kvsim.memory.pool_ops", "kvsim.sim.tiers",
-            "kvsim.sim.bookkeeping", "kvsim.sim.tier_ops", "kvsim.sim.spill", "kvsim.sim.core",
-            "kvsim.sim.scheduler", "kvsim.sim.sched_blocks", "kvsim.sim.closed_step",
-            "kvsim.sim.cachesim")
+COMPILED = ("kvsim.policy_api", "kvsim.policy_structs", "kvsim.memory.fast",
+            "kvsim.memory.fifo_order", "kvsim.memory.hooks", "kvsim.memory.pool_ops",
+            "kvsim.sim.tiers", "kvsim.sim.bookkeeping", "kvsim.sim.tier_ops", "kvsim.sim.spill",
+            "kvsim.sim.placement", "kvsim.sim.core", "kvsim.sim.scheduler",
+            "kvsim.sim.sched_blocks", "kvsim.sim.closed_step", "kvsim.sim.cachesim")
 
 
 @lru_cache(maxsize=1)

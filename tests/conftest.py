@@ -15,6 +15,14 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = REPO_ROOT.parent / "shared"
 
 
+@pytest.fixture(autouse=True)
+def _terminal_width(monkeypatch):
+    """Tables render at ``$COLUMNS`` (kvsim.cli.render): fix it at 120, the width the CLI
+    uses when stdout is not a terminal, so a test's output does not depend on the terminal
+    or the test runner (pytest-xdist workers inherit a width) of whoever runs it."""
+    monkeypatch.setenv("COLUMNS", "120")
+
+
 @pytest.fixture(scope="session")
 def shared_traces() -> Path:
     path = SHARED / "traces"

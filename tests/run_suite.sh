@@ -1,6 +1,8 @@
 #!/bin/sh
 # The whole test suite, in two steps (README, "Setup", second command; .ci/run runs it):
-#   1. the default run: every test not marked slow (under 5 minutes on 2 cores);
+#   1. the default run: every test not marked slow (under 5 minutes on 2 cores), on
+#      KVSIM_TEST_WORKERS pytest-xdist workers (default 2; 0 runs in this process), each
+#      test file on one worker (--dist loadfile);
 #   2. the slow tests (real traces, numba compiles, Chromium; tests/conftest.py SLOW_TESTS),
 #      with their own time budget.
 # Each step fails the suite on a failing test, on running past its budget (timeout: exit
@@ -18,5 +20,6 @@ run_step() {
   fi
   return "$rc"
 }
-run_step "default tests" "${KVSIM_TEST_BUDGET_S:-900}" "$@" || exit $?
+run_step "default tests" "${KVSIM_TEST_BUDGET_S:-900}" -n "${KVSIM_TEST_WORKERS:-2}" \
+  --dist loadfile "$@" || exit $?
 run_step "slow tests" "${KVSIM_SLOW_TEST_BUDGET_S:-4200}" -m slow "$@" || exit $?

@@ -1,4 +1,4 @@
-"""Block-pool operations that call the eviction-order hooks: the template of a policy.
+"""Block-pool operations that call the eviction-order hooks (passed in as the policy value).
 
 These functions are the part of the pool that asks the order policy (kvsim.policy_api
 hooks) for decisions.  The policy sees every block with a content hash from the moment its

@@ -1,8 +1,8 @@
 """Hook-free bookkeeping of the replay core: compiled once, shared by every policy.
 
-These functions never call a policy hook, so they live outside the per-policy template
-:mod:`kvsim.sim.core` and numba compiles and caches them once for all policies.  State
-layout: :mod:`kvsim.sim.layout`.
+These functions never call a policy hook: the replay core (:mod:`kvsim.sim.core`) calls
+them, and numba compiles and caches them once, as it does the core (docs/architecture.md,
+"One compiled core for every policy").  State layout: :mod:`kvsim.sim.layout`.
 """
 
 from __future__ import annotations

@@ -119,7 +119,8 @@ class Engine:
         header = SimpleNamespace(block_size_tokens=B, kv_bytes_per_token=cost.kv_bytes_per_token,
                                  model=cost.model)
         # the warm-up is the cluster driver's (start_measuring), not the trace pre-pass's
-        nowarm = dataclasses.replace(config, warmup_fraction=0.0, warmup_requests=None)
+        nowarm = dataclasses.replace(config, warmup_fraction=0.0, warmup_requests=None,
+                                     engine=closed_engine(config, policy, facts.num_rows))
         self.run = _Run(policy, nowarm, header, facts, costs, block_bytes, log_writer)
         self.run.K[L.K_WARMUP_STEP] = -1
         T1, T2, T3 = self.run.T
@@ -256,6 +257,19 @@ class Engine:
                     self.pb_off, self.pb_next, self.pb_seen, *self._core_args())
         run._flush_steps()
         run._flush_log()
+
+
+def closed_engine(config: SimConfig, policy, num_rows: int) -> str:
+    """The engine of a closed-loop run (:func:`kvsim.sim.variants.auto_engine` with the
+    closed loop's step driver counted in the cache check)."""
+    from kvsim.sim.config import LOWER_TIERS
+    from kvsim.sim.replay import _resolve_policy
+    from kvsim.sim.variants import auto_engine
+
+    if config.engine != "auto":
+        return config.engine
+    lower = [_resolve_policy(config.tier_policy(t)) for t in LOWER_TIERS]
+    return auto_engine("auto", num_rows, _resolve_policy(policy), lower, closed=True)
 
 
 #: dtypes of the core's event columns (kvsim.sim.core.COLS order; kvsim.schema types)

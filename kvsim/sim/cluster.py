@@ -34,6 +34,7 @@ Routers (``router=``):
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Callable
 
@@ -78,6 +79,13 @@ def _route(router: str, i: int, engines: list[Engine], hb: np.ndarray, nb: int,
     return best
 
 
+def _events(table: RequestTable, block_size_tokens: int) -> int:
+    """About how many event rows the closed loop replays for ``table`` (prompt blocks plus
+    one per output token), as the engine counts them for ``auto``."""
+    df = table.df
+    return int(df["prompt_tokens"].sum() // block_size_tokens + df["output_tokens"].sum())
+
+
 def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
           replicas: int = 1, router: str = "round_robin",
           engine: EngineOptions | None = None, decision_log: str | Path | None = None,
@@ -85,10 +93,9 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
     """Serve ``table`` closed loop on ``replicas`` engines behind ``router``; returns a
     :class:`kvsim.sim.replay.SimResult` whose ``summary`` has the cluster-wide keys of
     docs/simulate.md and ``summary["replicas_detail"]`` one row per replica."""
-    from kvsim.results.decision_log import DecisionLogWriter
-    from kvsim.sim.closed_facts import prompt_block_hashes
-    from kvsim.sim.replay import SimResult, _describe, _resolve_policy
-    from kvsim.sim.serving_metrics import cluster_summary
+    from kvsim.sim.closed_loop import closed_engine
+    from kvsim.sim.precompile import split_closed_compile
+    from kvsim.sim.replay import _describe, _resolve_policy
 
     config = config or SimConfig()
     opts = engine or EngineOptions()
@@ -106,6 +113,22 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
                     max_num_seqs=opts.max_num_seqs,
                     max_num_batched_tokens=opts.max_num_batched_tokens,
                     block_size_tokens=opts.block_size_tokens)
+    # a cold compiled closed loop: core.run compiles in a worker meanwhile (2+ cores)
+    with split_closed_compile(closed_engine(config, pol, _events(table,
+                                                                 opts.block_size_tokens))):
+        return _serve(table, pol, config, replicas, router, opts, decision_log, cost,
+                      hbm_blocks, costs, block_bytes, off, ids, facts_pb, dropped, cfg_dict,
+                      on_progress)
+
+
+def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_blocks, costs,
+           block_bytes, off, ids, facts_pb, dropped, cfg_dict, on_progress):
+    """:func:`serve` after its set-up: build the engines, run them, summarise."""
+    from kvsim.results.decision_log import DecisionLogWriter
+    from kvsim.sim.closed_facts import prompt_block_hashes
+    from kvsim.sim.replay import SimResult, _resolve_policy
+    from kvsim.sim.serving_metrics import cluster_summary
+
     N = len(table)
     warmup = config.warmup_count(N)
     writers = []
@@ -217,27 +240,39 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
             run_names.append(bound)
         except KvsimInputError:
             bound = None
+    config = config or SimConfig()
+    opts = engine or EngineOptions()
+    from kvsim.sim.precompile import compare_engine, needs_split
+
+    # auto: one engine for every policy (kvsim.sim.precompile.compare_engine), closed loop
+    rows = _events(table, opts.block_size_tokens)
+    config = dataclasses.replace(config, engine=compare_engine(config.engine, rows,
+                                                               len(run_names), closed=True))
+    split, first, cold = needs_split(config.engine, True, run_names)
     args = (table, config, replicas, router, engine)
     results: dict[str, dict] = {}
-    if jobs > 1 and len(run_names) > 1:
-        from kvsim.sim.comparison import _core_is_cold
+    todo = list(run_names)
+    if split:
+        # a cold compile: the core compiles here (first policy) while forked workers
+        # compile the other policies' hooks (kvsim.sim.precompile)
+        from kvsim.sim.precompile import compile_workers, first_then_hooks
+
+        results[first] = first_then_hooks(_serve_summary, (first, *args), cold,
+                                          compile_workers(jobs), closed=True)
+        if on_progress:
+            on_progress(first)
+        todo.remove(first)
+    if jobs > 1 and len(todo) > 1:
         from kvsim.workers import process_pool
 
-        forked = run_names
-        if _core_is_cold(run_names[0], config or SimConfig(), None):
-            # the one replay core compiles here, once; forked workers inherit it
-            results[run_names[0]] = _serve_summary(run_names[0], *args)
-            if on_progress:
-                on_progress(run_names[0])
-            forked = run_names[1:]
         with process_pool(jobs) as ex:  # workers die with this process (kvsim.workers)
-            futures = {n: ex.submit(_serve_summary, n, *args) for n in forked}
-            for n in forked:
+            futures = {n: ex.submit(_serve_summary, n, *args) for n in todo}
+            for n in todo:
                 results[n] = futures[n].result()
                 if on_progress:
                     on_progress(n)
     else:
-        for n in run_names:
+        for n in todo:
             results[n] = _serve_summary(n, *args)
             if on_progress:
                 on_progress(n)

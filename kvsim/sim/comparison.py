@@ -5,6 +5,7 @@ Python API under ``kvsim compare``), with each policy's gap to the offline refer
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Callable, Sequence
@@ -28,29 +29,6 @@ def _one(name: str) -> dict:
     from kvsim.sweep import latency_quantiles
 
     return {**res.summary, **latency_quantiles(res)}  # the quantiles: compare's HTML CDFs
-
-
-def _core_is_cold(name: str, config: SimConfig, num_rows: int | None) -> bool:
-    """True when replaying policy ``name`` on the compiled engine would compile the replay
-    core (kvsim.sim.core, shared by every policy) because numba's disk cache does not hold
-    it yet.  ``num_rows``: the trace's events (for ``engine=auto``), None if unknown (then
-    only an explicit ``compiled`` counts)."""
-    from kvsim.sim import core
-    from kvsim.sim.config import LOWER_TIERS
-    from kvsim.sim.replay import choose_engine
-    from kvsim.sim.variants import dispatcher_is_cached
-    from kvsim.numba_cache import seal_all
-
-    if name == "optimal":
-        return False
-    pol = _resolve_policy(name)
-    lower = [_resolve_policy(config.tier_policy(t)) for t in LOWER_TIERS]
-    engine = config.engine if num_rows is None else choose_engine(config.engine, num_rows,
-                                                                  pol, lower)
-    if engine != "compiled" or not pol.compiled:
-        return False
-    seal_all()
-    return not dispatcher_is_cached(core.run)
 
 
 def default_policies() -> list[str]:
@@ -105,29 +83,40 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
         with _open(trace_path) as reader:
             bs = int(reader.header.block_size_tokens)
         facts = scan_trace(trace_path, bs, config.batch_rows)
+    split, first, cold = False, None, []
+    if not cache and not live and facts is not None:
+        from kvsim.sim.precompile import compare_engine, needs_split
+
+        runs = sum(1 for n in run_names if n != "optimal")
+        config = dataclasses.replace(config, engine=compare_engine(config.engine,
+                                                                   facts.num_rows, runs))
+        split, first, cold = needs_split(config.engine, False, run_names)
     _SHARED["args"] = (str(trace_path), config, facts)
     _SHARED["log_dir"] = decision_log_dir
     results: dict[str, dict] = {}
     try:
-        if jobs > 1 and len(run_names) > 1:
+        todo = list(run_names)
+        if split:
+            # a cold compile: the core compiles here (first policy) while forked workers
+            # compile the other policies' hooks (kvsim.sim.precompile); workers forked
+            # below inherit the core and load the hooks from numba's disk cache
+            from kvsim.sim.precompile import compile_workers, first_then_hooks
+
+            results[first] = first_then_hooks(_one, (first,), cold, compile_workers(jobs))
+            if on_progress:
+                on_progress(first)
+            todo.remove(first)
+        if jobs > 1 and len(todo) > 1:
             from kvsim.workers import process_pool
 
-            forked = run_names
-            if _core_is_cold(run_names[0], config, facts.num_rows if facts else None):
-                # compile the one replay core once, here: forked workers inherit it (else
-                # each worker compiles it, ~90 CPU-s each); then only hooks compile
-                results[run_names[0]] = _one(run_names[0])
-                if on_progress:
-                    on_progress(run_names[0])
-                forked = run_names[1:]
             with process_pool(jobs) as ex:  # workers die with this process (kvsim.workers)
-                futures = {n: ex.submit(_one, n) for n in forked}
-                for n in forked:
+                futures = {n: ex.submit(_one, n) for n in todo}
+                for n in todo:
                     results[n] = futures[n].result()
                     if on_progress:
                         on_progress(n)
         else:
-            for n in run_names:
+            for n in todo:
                 results[n] = _one(n)
                 if on_progress:
                     on_progress(n)

@@ -23,12 +23,13 @@ MODES = ("engine", "cache")
 #: ``block`` counts every resident block of the prompt, each block one access.
 CACHE_VARIANTS = ("prefix", "block")
 
-#: ``engine="auto"`` compiles the replay only for traces of at least this many events.
-#: Measured on this project's 2-core machine: a cold numba compile of the replay core costs
-#: about 65 CPU-seconds for the first HBM policy and 35-55 for each further one (cached on
-#: disk afterwards; docs/benchmarks.md, "Tiered replay"), while the interpreted
-#: twin replays about 15-20 k events/s; below ~1 M events the interpreter finishes first
-#: on a cold cache.  docs/simulate.md, "Engines".
+#: ``engine="auto"`` compiles the replay only for traces of at least this many events
+#: (``compare``: for all its replays together, the core being compiled once for all).
+#: Measured on this project's 2-core machine: a cold numba compile of the one replay core
+#: costs about 45 CPU-seconds open loop and 60-80 closed loop, each further policy only its
+#: hooks (1-3 CPU-s), cached on disk afterwards (docs/benchmarks.md, "Cold compile"), while
+#: the interpreted twin replays about 15-20 k events per CPU-second: below ~1 M events the
+#: interpreter costs less on a cold cache.  docs/simulate.md, "Engines".
 AUTO_COMPILE_MIN_ROWS = 1_000_000
 
 

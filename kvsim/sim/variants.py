@@ -23,6 +23,8 @@ from pathlib import Path
 from types import ModuleType
 
 import numba
+import numba.experimental.function_type  # numba's typeof of first-class function values
+from numba.core.types import WrapperAddressProtocol
 
 _LOADED: dict[str, ModuleType] = {}
 
@@ -71,19 +73,54 @@ def dispatcher_is_cached(dispatcher) -> bool:
         return False
 
 
-def compiled_is_cached(hbm_policy, lower_policies) -> bool:
+def compiled_is_cached(hbm_policy, lower_policies, closed: bool = False) -> bool:
     """True when the compiled engine would start without compiling: the core's entry point
-    and every hook of these policies are in numba's disk cache (see
-    :func:`dispatcher_is_cached`).  False at once when a policy is plain Python."""
+    (with ``closed``, the closed loop's step driver ``closed_step.advance`` too) and every
+    hook of these policies are in numba's disk cache (see :func:`dispatcher_is_cached`).
+    False at once when a policy is plain Python."""
     from kvsim.memory.hooks import hooks_are_cached
     from kvsim.numba_cache import seal_all
-    from kvsim.sim import core
+    from kvsim.sim import closed_step, core
 
     if not (hbm_policy.compiled and all(p.compiled for p in lower_policies)):
         return False
     seal_all()
-    return dispatcher_is_cached(core.run) and all(
-        hooks_are_cached(p) for p in [hbm_policy, *lower_policies])
+    if not dispatcher_is_cached(core.run):
+        return False
+    if closed and not dispatcher_is_cached(closed_step.advance):
+        return False
+    return all(hooks_are_cached(p) for p in [hbm_policy, *lower_policies])
+
+
+def core_is_cold(closed: bool = False) -> bool:
+    """True when numba's disk cache lacks the compiled core's entry point (``core.run``;
+    with ``closed``, or the closed loop's ``closed_step.advance``): a compiled run would
+    compile it (~40-80 CPU-s, docs/benchmarks.md "Cold compile")."""
+    from kvsim.numba_cache import seal_all
+    from kvsim.sim import closed_step, core
+
+    seal_all()
+    return not dispatcher_is_cached(core.run) or (
+        closed and not dispatcher_is_cached(closed_step.advance))
+
+
+def auto_engine(engine: str, num_rows: int, hbm_policy, lower_policies, *, closed: bool = False,
+                runs: int = 1) -> str:
+    """The engine ``engine`` stands for on ``runs`` replays of ``num_rows`` events each
+    (``compare`` replays one trace under ``runs`` policies; the compile is paid once for
+    all of them).  ``auto``: ``compiled`` when ``runs * num_rows`` reaches
+    :data:`kvsim.sim.config.AUTO_COMPILE_MIN_ROWS` (enough events to pay for a cold
+    compile) or when the compiled engine for these policies is already cached
+    (:func:`compiled_is_cached`: it then costs no compile), else ``interpreted``.  An
+    explicit ``compiled`` / ``interpreted`` is returned as given."""
+    from kvsim.sim.config import resolve_engine
+
+    if engine != "auto":
+        return engine
+    if resolve_engine("auto", num_rows * max(runs, 1)) == "compiled":
+        return "compiled"
+    return "compiled" if compiled_is_cached(hbm_policy, lower_policies, closed) else \
+        "interpreted"
 
 
 def _import_file(name: str, path: Path) -> ModuleType:
@@ -130,7 +167,7 @@ def interpreted() -> ModuleType:
     policy's hooks arrive as values (:func:`policy_value`), and only a policy's own
     compiled helpers stay compiled."""
     from kvsim.memory import fast, pool_ops
-    from kvsim.sim import bookkeeping, core, spill, tier_ops, tiers
+    from kvsim.sim import bookkeeping, core, placement, spill, tier_ops, tiers
 
     cached = _LOADED.get("twin")
     if cached is not None:
@@ -152,39 +189,98 @@ def interpreted() -> ModuleType:
     _rebind(tw_spill, twins)
     tw_spill.tr = tw_tiers
     tw_spill.tier_ops = t_ops
+    tw_place = _twin(placement, key)
+    _rebind(tw_place, twins)
+    tw_place.mem = tw_fast
+    tw_place.tr = tw_tiers
+    tw_place.ops = ops
+    tw_place.lower = tw_spill
+    tw_place.tier_ops = t_ops
     tw = _twin(core, key)
-    _rebind(tw, twins)
+    _rebind(tw, {**twins, placement.__name__: tw_place})
     tw.mem = tw_fast
     tw.tr = tw_tiers
     tw.ops = ops
     tw.lower = tw_spill
-    tw.tier_ops = t_ops
     tw.INTERPRETED = True
     _LOADED["twin"] = tw
     return tw
 
 
 _RUN_VALUES: dict[tuple, object] = {}
+#: While a cold compile is split over processes (:mod:`kvsim.sim.precompile`): an executor
+#: with a worker free to compile ``core.run`` while this process compiles the closed loop.
+BACKGROUND = None
+#: ``core.run``'s return type: ``(status, row)``.
+RUN_RESULT = numba.types.UniTuple(numba.types.int64, 2)
+
+
+def _compile_run(arg_types: tuple) -> None:
+    """Compile ``core.run`` for ``arg_types`` into numba's disk cache (a worker's task)."""
+    from kvsim.numba_cache import seal_all
+    from kvsim.sim import core
+
+    seal_all()
+    core.run.compile(arg_types)
+
+
+class RunValue(WrapperAddressProtocol):
+    """``core.run`` for one signature as a first-class function value whose machine code is
+    needed only when it is first called (numba types the value from its signature alone):
+    so ``closed_step.advance`` can compile while ``run`` compiles in another process
+    (``future``, then loaded from the disk cache here) or, without one, before ``run``."""
+
+    def __init__(self, run, arg_types: tuple, future=None):
+        self.run = run
+        self.arg_types = arg_types
+        self.future = future
+        self._hook = None
+
+    def signature(self):
+        return RUN_RESULT(*self.arg_types)
+
+    def compiled(self):
+        """The :class:`kvsim.memory.hooks.CompiledHook` of ``run`` (compiles or loads)."""
+        if self._hook is None:
+            from kvsim.memory.hooks import CompiledHook
+
+            if self.future is not None:
+                self.future.result()  # the worker wrote it to the disk cache
+                self.future = None
+            self.run.compile(self.arg_types)
+            sig = self.run.overloads[self.arg_types].signature
+            if sig.return_type != RUN_RESULT:
+                raise RuntimeError(f"core.run returns {sig.return_type}, expected {RUN_RESULT}")
+            self._hook = CompiledHook(self.run, sig)
+        return self._hook
+
+    def __wrapper_address__(self) -> int:
+        return self.compiled().__wrapper_address__()
+
+    def __call__(self, *args):
+        return self.compiled()(*args)
+
 
 
 def core_run_value(core_module: ModuleType, run_args: tuple):
     """``core_module.run`` as the closed loop's step driver takes it (its last argument):
-    the interpreted twin's Python function, or, compiled, a first-class function value
-    (:class:`kvsim.memory.hooks.CompiledHook` of ``run``'s one signature, the types of
-    ``run_args``), so :func:`kvsim.sim.closed_step.advance` calls ``run`` indirectly (once
+    the interpreted twin's Python function, or, compiled, a first-class function value of
+    ``run``'s one signature (the types of ``run_args``; :class:`RunValue`, its C wrapper
+    once called), so :func:`kvsim.sim.closed_step.advance` calls ``run`` indirectly (once
     per engine step) and its compile does not link and re-optimise all of ``run``;
-    memoised per signature."""
+    memoised per signature.  During a split cold compile (``BACKGROUND``) ``run`` compiles
+    in a worker process while this one compiles ``advance``."""
     if not is_compiled(core_module):
         return core_module.run
     from numba import typeof
 
-    from kvsim.memory.hooks import CompiledHook
-
     arg_types = tuple(typeof(a) for a in run_args)
     if arg_types not in _RUN_VALUES:
-        core_module.run.compile(arg_types)  # or loads it from numba's disk cache
-        sig = core_module.run.overloads[arg_types].signature
-        _RUN_VALUES[arg_types] = CompiledHook(core_module.run, sig)
+        future = None
+        if BACKGROUND is not None and arg_types not in core_module.run.overloads \
+                and not dispatcher_is_cached(core_module.run):
+            future = BACKGROUND.submit(_compile_run, arg_types)
+        _RUN_VALUES[arg_types] = RunValue(core_module.run, arg_types, future)
     return _RUN_VALUES[arg_types]
 
 

@@ -1,6 +1,5 @@
-"""``policy_api.njit_hook``: hooks compiled without reference counting behave exactly as
-ordinary ``njit`` hooks, from Python, from the compiled cache-simulator loop and its
-interpreted twin; the built-ins that rely on it for speed keep it."""
+"""``policy_api.njit_hook``: hooks it decorates behave exactly as ordinary ``njit``
+hooks, from Python, from the compiled cache-simulator loop and its interpreted twin."""
 
 from __future__ import annotations
 

@@ -1,0 +1,134 @@
+"""Where a cold numba compile of kvsim spends its CPU time, by phase and by function.
+
+Usage: python bench/prof_compile_phases.py <kvsim CLI args...>   (e.g. simulate --profile
+deadline_pressure --requests 256 --seed 0 --hbm-gb 8 --policy lru --engine compiled)
+
+Runs the kvsim CLI in this process with a stack of timed regions (process CPU time,
+exclusive of nested regions): numba's own events (``numba:compile`` per dispatcher,
+``numba:run_pass`` per compiler pass) plus wrappers around numba's codegen steps (LLVM
+IR parse + function passes, linking callees' modules in, module optimisation, MCJIT machine
+code, cache serialise / write / load).  Prints the exclusive CPU seconds of each phase, of
+each function, and how many LLVM functions were machine-compiled in all vs distinct ones
+(each numba entry point links and re-codegens its callees).  Set NUMBA_CACHE_DIR and
+KVSIM_CACHE_DIR to empty folders first for a cold figure.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import defaultdict
+
+from numba.core import caching, codegen, event
+
+STACK: list[list] = []  # [label, start_cpu, child_cpu]
+PHASE: dict[str, float] = defaultdict(float)
+FUNC: dict[str, float] = defaultdict(float)
+COUNT = {"finalized_functions": 0, "finalizes": 0}
+DISTINCT: set[str] = set()
+FSTACK: list[str] = []
+
+
+def push(label: str) -> None:
+    STACK.append([label, time.process_time(), 0.0])
+
+
+def pop() -> None:
+    label, t0, child = STACK.pop()
+    dt = time.process_time() - t0
+    PHASE[label] += dt - child
+    if FSTACK:
+        FUNC[FSTACK[-1]] += dt - child
+    if STACK:
+        STACK[-1][2] += dt
+
+
+class Ev(event.Listener):
+    def on_start(self, ev):
+        if ev.kind == "numba:compile":
+            d = ev.data["dispatcher"]
+            FSTACK.append(f"{d.py_func.__module__}.{d.py_func.__name__}")
+            push("compile: other (dispatch, cache lookup)")
+        else:
+            push("pass: " + ev.data["name"])
+
+    def on_end(self, ev):
+        pop()
+        if ev.kind == "numba:compile":
+            FSTACK.pop()
+
+
+def wrap(cls, name: str, label: str) -> None:
+    orig = getattr(cls, name)
+
+    def inner(self, *a, **k):
+        push(label)
+        try:
+            return orig(self, *a, **k)
+        finally:
+            pop()
+
+    setattr(cls, name, inner)
+
+
+L = codegen.CPUCodeLibrary
+wrap(L, "add_ir_module", "llvm: parse IR")
+wrap(L, "_optimize_functions", "llvm: function passes")
+wrap(L, "finalize", "llvm: link callees in")
+wrap(L, "_optimize_final_module", "llvm: module optimisation")
+wrap(codegen.JITCodeLibrary, "_finalize_specific", "llvm: machine code (MCJIT)")
+wrap(L, "serialize_using_object_code", "cache: serialise")
+wrap(caching.Cache, "save_overload", "cache: write")
+wrap(caching.Cache, "load_overload", "cache: load")
+
+_orig_ffm = L._finalize_final_module
+
+
+def _ffm(self):
+    for fn in self._final_module.functions:
+        if not fn.is_declaration:
+            COUNT["finalized_functions"] += 1
+            DISTINCT.add(fn.name)
+    COUNT["finalizes"] += 1
+    return _orig_ffm(self)
+
+
+L._finalize_final_module = _ffm
+event.register("numba:compile", Ev())
+event.register("numba:run_pass", Ev())
+
+
+def main() -> None:
+    sys.argv = ["kvsim"] + sys.argv[1:]
+    from kvsim.cli import main as cli
+
+    c0, w0 = time.process_time(), time.time()
+    try:
+        cli()
+    except SystemExit:
+        pass
+    cpu, wall = time.process_time() - c0, time.time() - w0
+    tot = sum(PHASE.values())
+    print(f"process: {wall:.1f} s wall, {cpu:.1f} CPU-s; inside numba compile: {tot:.1f} CPU-s")
+    groups: dict[str, float] = defaultdict(float)
+    for k, v in PHASE.items():
+        if k.startswith("pass: "):
+            name = k.split(" [")[0]
+            k = name if name in ("pass: nopython_type_inference", "pass: native_lowering") \
+                else "pass: other numba passes (SSA, inlining, rewrites, ...)"
+        groups[k] += v
+    print("by phase:")
+    for k, v in sorted(groups.items(), key=lambda x: -x[1]):
+        print(f"  {v:7.2f}  {k}")
+    print("top phase x function:")
+    for k, v in sorted(PHASE.items(), key=lambda x: -x[1])[:15]:
+        print(f"  {v:7.2f}  {k}")
+    print(f"libraries finalized {COUNT['finalizes']}, LLVM functions machine-compiled "
+          f"{COUNT['finalized_functions']} ({len(DISTINCT)} distinct)")
+    print("by function (exclusive):")
+    for k, v in sorted(FUNC.items(), key=lambda x: -x[1])[:30]:
+        print(f"  {v:7.2f}  {k}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Event columns: dtypes, enum names, the JSONL header key, and the validation the reader
+and the writer share (vectorised over a batch).  See :mod:`kvsim.events`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import pyarrow as pa
+
+from kvsim.fsutil import strip_compression_suffix
+from kvsim.schema import COLUMN_NAMES, COLUMNS, ENUM_COLUMNS, EventKind
+
+#: Key of the first JSONL line's object whose value is the schema version.
+JSONL_HEADER_KEY = "kvsim_events"
+
+#: numpy dtype of every column (the Arrow type's numpy equivalent; enums are int8).
+DTYPES: dict[str, np.dtype] = {name: np.dtype(typ.to_pandas_dtype()) for name, typ, _ in COLUMNS}
+
+#: Fields every JSONL event line must carry.  Besides these, ``request_id`` is required on
+#: every line whose kind is not ``STEP`` and ``block_index`` on ``ALLOCATE`` and ``COMMIT``
+#: lines.  Every other field defaults to :data:`kvsim.schema.DEFAULTS`.
+REQUIRED_JSONL_FIELDS: tuple[str, ...] = ("step", "kind")
+
+#: Kinds that always name one block (``block_index >= 0``).
+BLOCK_LEVEL_KINDS = (EventKind.ALLOCATE, EventKind.COMMIT)
+#: Kinds that always name a whole request (``block_index == -1``).
+REQUEST_LEVEL_KINDS = (EventKind.STEP, EventKind.ARRIVE, EventKind.ACCESS, EventKind.FORK)
+
+_INT, _FLOAT, _BOOL, _ENUM = 0, 1, 2, 3
+_FLOAT_COLUMNS = tuple(n for n, t, _ in COLUMNS if pa.types.is_floating(t))
+_BOOL_COLUMNS = tuple(n for n, t, _ in COLUMNS if pa.types.is_boolean(t))
+_COLUMN_INDEX = {name: i for i, name in enumerate(COLUMN_NAMES)}
+_ENUM_BY_NAME = {col: {m.name: int(m) for m in enum_cls} for col, enum_cls in ENUM_COLUMNS.items()}
+_ENUM_BY_VALUE = {col: {int(m): m.name for m in enum_cls} for col, enum_cls in ENUM_COLUMNS.items()}
+
+
+def _field_class(name: str) -> int:
+    if name in ENUM_COLUMNS:
+        return _ENUM
+    if name in _FLOAT_COLUMNS:
+        return _FLOAT
+    if name in _BOOL_COLUMNS:
+        return _BOOL
+    return _INT
+
+
+_FIELD_CLASS = {name: _field_class(name) for name in COLUMN_NAMES}
+
+
+def event_format(path: str | Path) -> str:
+    """``"jsonl"`` for ``*.jsonl`` (optionally ``.gz`` / ``.zst``), else ``"parquet"``."""
+    return "jsonl" if strip_compression_suffix(path).endswith(".jsonl") else "parquet"
+
+
+# --------------------------------------------------------------------------------------
+# Validation shared by reader and writer (vectorised over a batch)
+# --------------------------------------------------------------------------------------
+
+#: Raise an error for batch row ``i``: (i, field, expected, got) -> exception.
+_ErrorFactory = Callable[[int, str, str, Any], Exception]
+
+
+def _check(mask_bad: np.ndarray, field: str, expected: str, values: np.ndarray,
+           error: _ErrorFactory) -> None:
+    if mask_bad.any():
+        i = int(np.argmax(mask_bad))
+        got = values[i].item() if hasattr(values[i], "item") else values[i]
+        raise error(i, field, expected, got)
+
+
+def _validate_columns(cols: Mapping[str, np.ndarray], prev_step: int, error: _ErrorFactory,
+                      kind_names: bool = True) -> None:
+    """Check the batch invariants listed in the module docstring; ``prev_step`` is the last
+    step of the previous batch (-1 for the first)."""
+    step = cols["step"]
+    if step.size == 0:
+        return
+    _check(step < 0, "step", "a step >= 0", step, error)
+    if step[0] < prev_step:
+        raise error(0, "step", f"steps never decreasing (previous row has step {prev_step})",
+                    step[0].item())
+    if step.size > 1:
+        dec = np.empty(step.size, dtype=bool)
+        dec[0] = False
+        np.less(step[1:], step[:-1], out=dec[1:])
+        if dec.any():
+            i = int(np.argmax(dec))
+            raise error(i, "step", f"steps never decreasing (previous row has step "
+                        f"{int(step[i - 1])})", step[i].item())
+    for col, enum_cls in ENUM_COLUMNS.items():
+        values = cols[col]
+        valid = np.zeros(values.shape, dtype=bool)
+        for member in enum_cls:
+            valid |= values == int(member)
+        names = ", ".join(m.name for m in enum_cls)
+        _check(~valid, col, f"one of {names}", values, error)
+    kind = cols["kind"]
+    bidx = cols["block_index"]
+    block_level = np.isin(kind, [int(k) for k in BLOCK_LEVEL_KINDS])
+    request_level = np.isin(kind, [int(k) for k in REQUEST_LEVEL_KINDS])
+    _check(bidx < -1, "block_index", "block_index >= 0, or -1 for request-level events",
+           bidx, error)
+    _check(block_level & (bidx < 0), "block_index",
+           "block_index >= 0 on ALLOCATE and COMMIT events", bidx, error)
+    _check(request_level & (bidx != -1), "block_index",
+           "block_index -1 on STEP, ARRIVE, ACCESS and FORK events", bidx, error)
+    rid = cols["request_id"]
+    _check(rid < -1, "request_id", "request_id >= 0 (or -1 on STEP rows)", rid, error)
+    _check((kind != int(EventKind.STEP)) & (rid < 0), "request_id",
+           "request_id >= 0 on every event but STEP", rid, error)
+    parent = cols["parent_request_id"]
+    _check(parent < -1, "parent_request_id", "parent_request_id >= 0 or -1", parent, error)
+    _check((kind == int(EventKind.FORK)) & (parent < 0), "parent_request_id",
+           "parent_request_id >= 0 on FORK events", parent, error)
+    for col in ("num_tokens", "size_bytes", "time_us", "tenant"):
+        _check(cols[col] < 0, col, f"{col} >= 0", cols[col], error)
+    for col in ("deadline_us", "target_decode_step"):
+        _check(cols[col] < -1, col, f"{col} >= 0 or -1 (unset)", cols[col], error)
+    rp = cols["request_priority"]
+    _check((rp < 0) | (rp > 100), "request_priority", "request_priority in 0..100", rp, error)
+    for col in _FLOAT_COLUMNS:
+        values = cols[col]
+        _check(~np.isfinite(values), col, "a finite number", values, error)
+        _check(values < 0, col, f"{col} >= 0", values, error)
+

@@ -1,0 +1,176 @@
+"""A cold compile split over worker processes that fill numba's disk cache.
+
+When the compiled engine is not in numba's disk cache yet, ``compare`` (open loop,
+:mod:`kvsim.sim.comparison`, and closed loop, :func:`kvsim.sim.cluster.compare_requests`)
+does not compile everything in one process, one piece after the other.  It forks
+workers (:func:`kvsim.workers.process_pool`; with ``--jobs 1`` too: one process per core
+while the compile lasts, :func:`compile_workers`) and runs, at the same time:
+
+* in this process, the first policy's replay: it compiles the replay core (``core.run``,
+  the closed loop's ``closed_step.advance``) and that policy's hooks; in the closed loop,
+  ``core.run`` compiles in one more worker meanwhile (``advance`` calls it as a
+  first-class function value, typed from its signature alone:
+  :class:`kvsim.sim.variants.RunValue`), and this process loads it from the cache;
+* in the workers, the hooks of every other policy
+  (:func:`kvsim.memory.hooks.compiled_hooks`, a few first-class functions each).
+
+Each worker writes what it compiled to numba's disk cache (``cache=True``); the replays
+that follow (in this process or in ``--jobs`` workers forked after it, which inherit the
+compiled core) load the hooks instead of compiling them.  A single closed-loop run
+(``kvsim simulate`` of a profile or request trace, :func:`kvsim.sim.cluster.serve`) splits
+the same way around ``core.run`` (:func:`split_closed_compile`).  The results do not
+depend on the split: every replay runs the same cached code.  Measured figures:
+docs/benchmarks.md, "Cold compile".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import Callable, Iterator, Sequence
+
+
+def compile_hooks(names: Sequence[str]) -> float:
+    """Compile (or load from numba's disk cache) the hooks of each named policy; returns
+    the CPU seconds it took.  Runs in a worker process of :func:`first_then_hooks`."""
+    from kvsim.memory.hooks import compiled_hooks
+    from kvsim.sim.replay import _resolve_policy
+
+    t0 = time.process_time()
+    for name in names:
+        pol = _resolve_policy(name)
+        if pol.compiled:
+            compiled_hooks(pol)
+    return time.process_time() - t0
+
+
+def cold_hooks(names: Sequence[str], skip: Sequence[str] = ()) -> list[str]:
+    """The policies among ``names`` (minus ``skip`` and ``optimal``, which has no hooks)
+    with compiled hooks that numba's disk cache does not hold yet, in the order given."""
+    from kvsim.memory.hooks import hooks_are_cached
+    from kvsim.sim.replay import _resolve_policy
+
+    out = []
+    for name in names:
+        if name == "optimal" or name in skip or name in out:
+            continue
+        pol = _resolve_policy(name)
+        if pol.compiled and not hooks_are_cached(pol):
+            out.append(name)
+    return out
+
+
+def compile_workers(jobs: int) -> int:
+    """Worker processes for a cold compile: ``jobs``, and at least the machine's cores
+    (``os.cpu_count()``), or exactly ``$KVSIM_COMPILE_WORKERS`` when set (``1``: compile
+    in one process, as kvsim did before; for profiling or a memory-tight machine)."""
+    env = os.environ.get("KVSIM_COMPILE_WORKERS", "").strip()
+    if env:
+        try:
+            n = int(env)
+        except ValueError:
+            n = 0
+        if n < 1:
+            from kvsim.errors import KvsimInputError
+
+            raise KvsimInputError(f"expected KVSIM_COMPILE_WORKERS = an integer >= 1, got "
+                                  f"{env!r}", None, None, "KVSIM_COMPILE_WORKERS")
+        return n
+    return max(int(jobs), os.cpu_count() or 1)
+
+
+def compare_engine(engine: str, num_rows: int, runs: int, closed: bool = False) -> str:
+    """The engine of a ``compare`` of ``runs`` replays of ``num_rows`` events each.
+    ``auto``: ``compiled`` when the compiled core is in numba's disk cache (a policy then
+    costs its hooks' compile, ~1-3 CPU-s, against ~10 CPU-s interpreted on 100 k events),
+    or when ``runs * num_rows`` reaches :data:`kvsim.sim.config.AUTO_COMPILE_MIN_ROWS`
+    (the core compiles once for every run), else ``interpreted``; an explicit engine is
+    returned as given.  (A plain-Python policy runs interpreted either way.)"""
+    from kvsim.sim.config import resolve_engine
+    from kvsim.sim.variants import core_is_cold
+
+    if engine != "auto":
+        return engine
+    if resolve_engine("auto", num_rows * max(runs, 1)) == "compiled" or not core_is_cold(closed):
+        return "compiled"
+    return "interpreted"
+
+
+def needs_split(engine: str, closed: bool, names: Sequence[str]) -> tuple[bool, str | None,
+                                                                        list[str]]:
+    """``(split?, first, cold hooks)`` for a compare of ``names`` on ``engine``: whether to
+    compile with :func:`first_then_hooks` (the core is cold, or more than one policy's
+    hooks are), the policy to replay first (the first with compiled hooks), and the other
+    policies whose hooks are cold."""
+    from kvsim.sim.variants import core_is_cold
+
+    if engine != "compiled":
+        return False, None, []
+    from kvsim.sim.replay import _resolve_policy
+
+    # the first policy that runs compiled (optimal has no hooks, a plain-Python one runs
+    # interpreted): its replay compiles the core
+    first = next((n for n in names if n != "optimal" and _resolve_policy(n).compiled), None)
+    if first is None:
+        return False, None, []
+    hooks = cold_hooks(names, skip=[first])
+    return core_is_cold(closed) or len(hooks) > 1, first, hooks
+
+
+def first_then_hooks(first: Callable[..., dict], first_args: tuple, hook_names: Sequence[str],
+                     workers: int, *, closed: bool = False) -> dict:
+    """Run ``first(*first_args)`` (a replay that compiles the core) in this process while
+    up to ``workers - 1`` forked workers compile the hooks of ``hook_names``; returns
+    ``first``'s result once every worker has finished (so numba's disk cache then holds the
+    core and every hook).  The workers are forked before this process compiles anything.
+    ``closed`` (a closed-loop replay whose core is cold): one more worker compiles
+    ``core.run`` while this process compiles ``closed_step.advance``
+    (:data:`kvsim.sim.variants.BACKGROUND`)."""
+    from kvsim.sim import variants
+    from kvsim.workers import process_pool
+
+    others = min(workers - 1, len(hook_names))
+    chunks = [list(hook_names[i::others]) for i in range(others)] if others > 0 else []
+    size = len(chunks) + (1 if closed and workers > 1 and variants.BACKGROUND is None else 0)
+    if size < 1:
+        return first(*first_args)
+    with process_pool(size) as ex:
+        futures = [ex.submit(compile_hooks, c) for c in chunks]
+        if size > len(chunks):
+            variants.BACKGROUND = ex
+        try:
+            result = first(*first_args)
+        finally:
+            if size > len(chunks):
+                variants.BACKGROUND = None
+        for f in futures:
+            f.result()
+    return result
+
+
+@contextlib.contextmanager
+def split_closed_compile(engine: str) -> Iterator[None]:
+    """Around one closed-loop run on ``engine``: when the compiled closed loop is cold and
+    the machine has two cores or more, one forked worker compiles ``core.run`` while this
+    process compiles ``closed_step.advance`` (:data:`kvsim.sim.variants.BACKGROUND`; no-op
+    inside :func:`first_then_hooks`, which already split)."""
+    from kvsim.sim import variants
+    from kvsim.sim.variants import core_is_cold
+
+    if (engine != "compiled" or variants.BACKGROUND is not None or compile_workers(1) < 2
+            or not core_is_cold(True)):
+        yield
+        return
+    from kvsim.workers import process_pool
+
+    with process_pool(1) as ex:
+        variants.BACKGROUND = ex
+        try:
+            yield
+        finally:
+            variants.BACKGROUND = None
+
+
+__all__ = ["split_closed_compile", "cold_hooks", "compare_engine", "compile_hooks", "compile_workers",
+           "first_then_hooks", "needs_split"]

@@ -1,0 +1,199 @@
+"""A cold compile split over worker processes (kvsim.sim.precompile) and ``auto`` for a
+compare (one engine for every policy, the compile paid once).
+
+No replay core is compiled here: the split is checked with a user policy written to a
+fresh file (its hooks are cold by construction) and a stand-in for the first replay; the
+engine choice with the cache checks monkeypatched (the checks themselves are tested on a
+real numba cache in test_engine_choice.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kvsim.policy_registry import get_policy
+from kvsim.sim import precompile, variants
+from kvsim.sim.config import AUTO_COMPILE_MIN_ROWS
+
+SPLIT = """
+import json
+from kvsim.memory.hooks import HOOK_NAMES, hooks_are_cached
+from kvsim.policy_registry import get_policy
+from kvsim.sim import precompile
+
+fifo = get_policy("fifo")
+before = precompile.cold_hooks(["optimal", "fifo", "lru"], skip=["lru"])
+calls = []
+out = precompile.first_then_hooks(lambda x: calls.append(x) or {"row": x}, (7,), before,
+                                  workers=2)
+own = {id(getattr(fifo, h)): getattr(fifo, h) for h in HOOK_NAMES}
+print(json.dumps({"before": before, "out": out, "calls": calls,
+                  "compiled_here": sum(len(f.overloads) for f in own.values()),
+                  "cached_after": hooks_are_cached(fifo),
+                  "after": precompile.cold_hooks(["fifo"])}))
+"""
+
+
+@pytest.mark.slow  # a fresh process compiles fifo's hooks from an empty cache (~5-30 s)
+def test_first_then_hooks_compiles_the_other_hooks_in_a_worker(tmp_path):
+    """From an empty numba cache (a fresh process): fifo's hooks are cold; a forked
+    worker compiles them (this process compiles none) and they are in numba's disk cache
+    when ``first_then_hooks`` returns; the first replay ran once, here, and its result
+    comes back unchanged."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    res = subprocess.run([sys.executable, "-c", SPLIT], capture_output=True, text=True,
+                         env=env, check=True)
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got == {"before": ["fifo"], "out": {"row": 7}, "calls": [7], "compiled_here": 0,
+                   "cached_after": True, "after": []}
+
+
+def test_first_then_hooks_with_one_worker_runs_first_alone():
+    calls = []
+    assert precompile.first_then_hooks(lambda: calls.append(1) or {"a": 1}, (), ["lru"],
+                                       workers=1) == {"a": 1}
+    assert calls == [1]
+
+
+def test_compare_engine_auto(monkeypatch):
+    """auto for a compare: compiled when the core is cached, or when every replay together
+    has enough events to pay for the one compile; else interpreted.  Explicit engines are
+    obeyed without looking at the cache."""
+    monkeypatch.setattr(variants, "core_is_cold", lambda closed=False: True)
+    assert precompile.compare_engine("auto", 10, 13) == "interpreted"
+    n = AUTO_COMPILE_MIN_ROWS // 13 + 1
+    assert precompile.compare_engine("auto", n, 1) == "interpreted"
+    assert precompile.compare_engine("auto", n, 13) == "compiled"  # the compile is shared
+    monkeypatch.setattr(variants, "core_is_cold", lambda closed=False: False)
+    assert precompile.compare_engine("auto", 10, 13) == "compiled"
+
+    def boom(closed=False):
+        raise AssertionError("an explicit engine never checks the cache")
+
+    monkeypatch.setattr(variants, "core_is_cold", boom)
+    assert precompile.compare_engine("interpreted", 10**9, 13) == "interpreted"
+    assert precompile.compare_engine("compiled", 10, 1) == "compiled"
+
+
+def test_closed_loop_cache_check_needs_the_step_driver(monkeypatch):
+    """The closed loop runs ``closed_step.advance`` besides ``core.run``: auto counts it
+    as cached only when both are (and every hook)."""
+    from kvsim.sim import closed_step, core
+    from kvsim.sim.closed_loop import closed_engine
+    from kvsim.sim.config import SimConfig
+
+    lru = get_policy("lru")
+    monkeypatch.setattr(variants, "dispatcher_is_cached", lambda d: d is not closed_step.advance)
+    assert variants.compiled_is_cached(lru, [lru] * 3) is True  # open loop: warm
+    assert variants.compiled_is_cached(lru, [lru] * 3, closed=True) is False
+    assert variants.core_is_cold(closed=False) is False
+    assert variants.core_is_cold(closed=True) is True
+    assert closed_engine(SimConfig(engine="auto"), "lru", 10) == "interpreted"
+    assert closed_engine(SimConfig(engine="auto"), "lru", AUTO_COMPILE_MIN_ROWS) == "compiled"
+    monkeypatch.setattr(variants, "dispatcher_is_cached", lambda d: True)
+    assert closed_engine(SimConfig(engine="auto"), "lru", 10) == "compiled"
+    monkeypatch.setattr(variants, "dispatcher_is_cached", lambda d: d is not core.run)
+    assert variants.core_is_cold(closed=True) is True
+    assert closed_engine(SimConfig(engine="auto"), "lru", 10) == "interpreted"
+    assert closed_engine(SimConfig(engine="compiled"), "lru", 10) == "compiled"
+
+
+PYFIFO = """
+NAME = "{name}"
+DESCRIPTION = "plain-Python FIFO"
+REASONS = ("oldest",)
+def init(capacity_blocks, num_slots, params): return ([],)
+def on_insert(state, view, b, now_us): state[0].append(b)
+def on_hit(state, view, b, now_us): pass
+def on_remove(state, view, b): state[0].remove(b)
+def victim(state, view, now_us, alt_blocks, alt_scores):
+    return (state[0][0], 0, 0) if state[0] else (-1, 0, 0)
+"""
+
+
+def test_split_starts_with_the_first_compiled_policy(monkeypatch, tmp_path):
+    """A plain-Python policy runs interpreted, so it cannot compile the core: the split
+    replays the first policy with compiled hooks first."""
+    path = tmp_path / "pyfifo_split.py"
+    path.write_text(PYFIFO.format(name="pyfifo_split_test"))
+    monkeypatch.setattr(variants, "core_is_cold", lambda closed=False: True)
+    monkeypatch.setattr(precompile, "cold_hooks", lambda names, skip=(): [])
+    assert precompile.needs_split("compiled", False, [str(path), "optimal", "fifo"]) == (
+        True, "fifo", [])
+    assert precompile.needs_split("compiled", False, [str(path), "optimal"]) == (
+        False, None, [])
+
+
+def test_needs_split(monkeypatch):
+    monkeypatch.setattr(variants, "core_is_cold", lambda closed=False: True)
+    monkeypatch.setattr(precompile, "cold_hooks", lambda names, skip=(): [])
+    assert precompile.needs_split("interpreted", False, ["lru", "fifo"]) == (False, None, [])
+    assert precompile.needs_split("compiled", False, ["optimal", "lru"]) == (True, "lru", [])
+    monkeypatch.setattr(variants, "core_is_cold", lambda closed=False: False)
+    assert precompile.needs_split("compiled", True, ["lru"]) == (False, "lru", [])
+    monkeypatch.setattr(precompile, "cold_hooks",
+                        lambda names, skip=(): [n for n in names if n not in skip])
+    # core warm, two policies' hooks cold: the hooks still compile in parallel
+    assert precompile.needs_split("compiled", True, ["lru", "fifo", "arc"]) == (
+        True, "lru", ["fifo", "arc"])
+    assert precompile.needs_split("compiled", True, ["lru", "fifo"]) == (False, "lru",
+                                                                          ["fifo"])
+
+
+def test_run_value_is_typed_from_its_signature_alone():
+    """``core.run`` as a value: numba types it from the declared signature (nothing is
+    compiled until it is called), so ``advance`` can compile before or beside ``run``."""
+    from numba import typeof, types
+
+    arg_types = (types.int64, types.float64)
+    v = variants.RunValue(object(), arg_types)
+    assert typeof(v) == types.FunctionType(variants.RUN_RESULT(*arg_types))
+    assert v._hook is None
+
+
+@pytest.mark.parametrize("jobs", [1, 2, 5])
+def test_compile_workers_at_least_the_cores(monkeypatch, jobs):
+    monkeypatch.delenv("KVSIM_COMPILE_WORKERS", raising=False)
+    monkeypatch.setattr(precompile.os, "cpu_count", lambda: 2)
+    assert precompile.compile_workers(jobs) == max(jobs, 2)
+    monkeypatch.setenv("KVSIM_COMPILE_WORKERS", "1")
+    assert precompile.compile_workers(jobs) == 1
+
+
+@pytest.mark.parametrize("bad", ["0", "two", "-3"])
+def test_compile_workers_env_must_be_a_positive_integer(monkeypatch, bad):
+    from kvsim.errors import KvsimInputError
+
+    monkeypatch.setenv("KVSIM_COMPILE_WORKERS", bad)
+    with pytest.raises(KvsimInputError, match="KVSIM_COMPILE_WORKERS = an integer >= 1"):
+        precompile.compile_workers(1)
+
+
+def test_every_compiled_replay_module_is_sealed():
+    """numba keys a cached function on its own file only; kvsim.numba_cache adds a digest
+    of every replay source, so an edit of any of them recompiles.  Every jitted function
+    the compiled replay modules reach (those they import included, such as
+    kvsim.sim.placement split from core) is defined in a module that is sealed and
+    digested."""
+    import importlib
+
+    from numba.core.dispatcher import Dispatcher
+
+    from kvsim import numba_cache
+
+    seen, todo = set(), ["kvsim.sim.core", "kvsim.sim.closed_step"]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for value in vars(importlib.import_module(name)).values():
+            if isinstance(value, Dispatcher) and value.py_func.__module__.startswith("kvsim."):
+                todo.append(value.py_func.__module__)
+    assert "kvsim.sim.placement" in seen
+    assert seen <= set(numba_cache.COMPILED)
+    assert set(numba_cache.COMPILED) <= set(numba_cache.SOURCES)
