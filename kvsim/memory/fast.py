@@ -297,11 +297,16 @@ def _index_get(st, h):
 @njit(cache=True, inline="always")
 def _index_add(st, b, h):
     """Register held block b under hash h (after the blocks already registered with h)."""
-    st.block_hash[b] = h
-    hkeys = st.hkeys
-    hvals = st.hvals
-    h_next = st.h_next
-    h_prev = st.h_prev
+    index_add(st.block_hash, st.hkeys, st.hvals, st.h_next, st.h_prev, b, h)
+
+
+@njit(cache=True, no_cfunc_wrapper=True)
+def index_add(block_hash, hkeys, hvals, h_next, h_prev, b, h):
+    """:func:`_index_add` on the index's arrays: a loop that binds them once calls this
+    per block without reference-counting the whole state tuple (an inlined helper taking
+    ``st`` copies its ~20 arrays, a refcount pair each; kvsim.sim.spill, "Per-call
+    cost")."""
+    block_hash[b] = h
     i = _hslot(hkeys, h)
     if hkeys[i] == h:
         first = hvals[i]
@@ -320,11 +325,12 @@ def _index_add(st, b, h):
 @njit(cache=True, inline="always")
 def _index_remove(st, b):
     """Drop b from the prefix index (vLLM _maybe_evict_cached_block); returns its hash."""
-    block_hash = st.block_hash
-    hkeys = st.hkeys
-    hvals = st.hvals
-    h_next = st.h_next
-    h_prev = st.h_prev
+    return index_remove(st.block_hash, st.hkeys, st.hvals, st.h_next, st.h_prev, b)
+
+
+@njit(cache=True, no_cfunc_wrapper=True)
+def index_remove(block_hash, hkeys, hvals, h_next, h_prev, b):
+    """:func:`_index_remove` on the index's arrays (see :func:`index_add`)."""
     h = block_hash[b]
     i = _hslot(hkeys, h)
     nx = h_next[b]

@@ -32,8 +32,8 @@ from kvsim.memory.fast import (
     C_RERUN_QUERY_TOKENS, C_REVIVED_BLOCKS, C_SWAP_OUT_BLOCKS, C_SWAP_OUT_BYTES,
     F_BLOCK_BYTES, F_BLOCK_SIZE, F_CACHING, F_DEBUG, F_NUM_BLOCKS, KIND_EVICTED, KIND_HIT,
     KIND_NEW, KIND_REVIVED, PREEMPT_SWAP, S_N_CAND, S_N_EMPTY, S_N_HELD, _assert_ok,
-    _empty_push_back, _empty_push_front, _empty_unlink, _index_add, _index_remove,
-    pool_cache_block, pool_lookup,
+    _empty_push_back, _empty_push_front, _empty_unlink, _index_remove, index_add,
+    index_remove, pool_cache_block, pool_lookup,
 )
 from kvsim.memory.hooks import (H_HIT, H_HIT_HELD, H_HOLD, H_INSERT, H_MISS, H_RELEASE,
                                 H_REMOVE, H_VICTIM)
@@ -128,9 +128,23 @@ def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
     s = st.cfg[F_NUM_BLOCKS]
     n_from_empty = 0
     caching = st.cfg[F_CACHING] != 0
+    # bound once too for the per-block eviction and indexing below: an inlined helper that
+    # takes ``st`` (``_evict_one``, ``_index_add``) copies all its arrays, a refcount pair
+    # each, per block (at 16-token blocks, 9 M blocks; docs/benchmarks.md)
+    in_cand = st.in_cand
+    counters = st.counters
+    block_hash = st.block_hash
+    hkeys = st.hkeys
+    hvals = st.hvals
+    h_next = st.h_next
+    h_prev = st.h_prev
+    pol = pst[0]
+    hooks = pst[1]
+    alt_blocks = out.alt_blocks
+    alt_scores = out.alt_scores
     for i in range(n_hit, n):
         if caching and hashes[i] != 0:
-            pst[1][H_MISS](pst[0], view, hashes[i], now_us)
+            hooks[H_MISS](pol, view, hashes[i], now_us)
         if sc[S_N_EMPTY] > 0:  # the head of the empties (inlined _empty_unlink)
             b = e_next[s]
             nx = e_next[b]
@@ -143,8 +157,20 @@ def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
             oreason[i] = -1
             onalt[i] = 0
             n_from_empty += 1
-        else:
-            b = _evict_one(st, pst, view, now_us, out, i)
+        else:  # _evict_one on the bound arrays
+            b, reason, n_alt = hooks[H_VICTIM](pol, view, now_us, alt_blocks[i],
+                                               alt_scores[i])
+            if b < 1 or b >= s or not in_cand[b]:
+                raise ValueError("order policy: victim() named a block that is not a "
+                                 "candidate")
+            hooks[H_REMOVE](pol, view, b)
+            in_cand[b] = False
+            sc[S_N_CAND] -= 1
+            okind[i] = KIND_EVICTED
+            oev[i] = index_remove(block_hash, hkeys, hvals, h_next, h_prev, b)
+            oreason[i] = reason
+            onalt[i] = n_alt
+            counters[C_EVICTED_BLOCKS] += 1
         ref_cnt[b] = 1
         ob[i] = b
         row[start + i] = b
@@ -153,7 +179,7 @@ def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
     if caching:
         for i in range(n_hit, n):
             if hashes[i] != 0:
-                _index_add(st, ob[i], hashes[i])
+                index_add(block_hash, hkeys, hvals, h_next, h_prev, ob[i], hashes[i])
     st.seq_len[seq] = start + n
     if admission:
         hit_tokens = n_hit * st.cfg[F_BLOCK_SIZE]

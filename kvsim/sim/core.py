@@ -242,11 +242,9 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
                                                       now_us, out)
                         if res == 1:
                             b = out.blocks[0]
-                            if out.kind[0] == mem.KIND_EVICTED:
-                                lower._hbm_evicted(b, out.evicted_hash[0], out.reason[0],
-                                             out.n_alt[0], np.int64(0), r, K, C, H_i, view, out, T1,
-                                             T2, T3, TMP, TMP_i, G, step, now_us, alt_b, alt_s,
-                                             vo)
+                            lower._hbm_evicted_range(np.int64(0), np.int64(1), r, K, C, H_i,
+                                                     view, out, T1, T2, T3, TMP, TMP_i, G,
+                                                     step, now_us, alt_b, alt_s, vo)
                             _set_view_from_record(view, b, A_i, A_f, a, now_us)
                             view.content_hash[b] = 0
                             view.insert_us[b] = now_us

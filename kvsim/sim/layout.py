@@ -120,7 +120,7 @@ C_ALLOC_ORD = 18  # ALLOCATE rows seen (ordinal for next_use)
 C_ARENA_TOP = 19
 C_USED = 20  # occupancy now: +0 HBM blocks held by requests (cached ones are reclaimable,
 #              not counted), +1..+3 resident blocks of DRAM, CXL, NVMe (= that tier's
-#              Lm[LM_USED], copied by tier_ops.spill_into, the only code that changes it)
+#              Lm[LM_USED], copied by tier_ops.spill_step, the only code that changes it)
 C_HBM_USED = C_USED
 C_PEAK = 24  # +0: peak HBM blocks held; +1..+3: peak resident blocks of DRAM, CXL, NVMe
 C_MAX_BT = 28  # largest block table seen (log buffer sizing)

@@ -187,10 +187,8 @@ def _place(r, e0, nb, mode, K, X, C, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr
         else:
             tier_ops.touch(T3, scr[1, e], now_us)
     # 3b. cached blocks the policy evicted for the new ones (views still intact)
-    for e in range(n_hit, nb):
-        if out.kind[e] == mem.KIND_EVICTED:
-            lower._hbm_evicted(out.blocks[e], out.evicted_hash[e], out.reason[e], out.n_alt[e], e,
-                         r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, G, step, now_us, alt_b, alt_s, vo)
+    lower._hbm_evicted_range(n_hit, nb, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, G,
+                             step, now_us, alt_b, alt_s, vo)  # one call, not one per block
     # 3c. accounting, views, decisions
     log_on = K[K_LOG] != 0
     life = log_on and K[K_LOG_LIFECYCLE] != 0

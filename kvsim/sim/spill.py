@@ -1,6 +1,6 @@
 """Demotion of HBM blocks into the lower tiers: the part of the replay core that calls the
 lower tiers' policy hooks (through :mod:`kvsim.sim.tier_ops`; each tier carries its policy
-as ``T[4] = (state, hooks)``, so the three tiers share one compiled ``spill_into``).
+as ``T[4] = (state, hooks)``, so the three tiers share one compiled ``spill_step``).
 
 Rules: docs/simulate.md (demotion, write-through) and docs/cost-model.md.
 """
@@ -10,12 +10,15 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from kvsim.memory.fast import KIND_EVICTED
 from kvsim.sim import tier_ops
 from kvsim.sim import tiers as tr
 from kvsim.sim.bookkeeping import _below, _first_lower
-from kvsim.sim.layout import (HI_BI, HI_HITS, HI_OWNER, HI_TOKENS, K_LOG, K_WRITE_POLICY,
-                              LM_CAP, M_DEMOTE, M_EVICT, M_WRITE_THROUGH, WP_WRITE_BACK,
-                              WP_WRITE_THROUGH)
+from kvsim.memory.hooks import H_INSERT, H_REMOVE, H_VICTIM
+from kvsim.sim.layout import (C_PEAK, C_USED, HI_BI, HI_HITS, HI_OWNER, HI_TOKENS, K_LOG,
+                              K_WRITE_POLICY, LI_BI, LI_OWNER, LI_STATE, LI_TOKENS, LM_CAP,
+                              LM_FREE_TOP, LM_USED, M_BYTES_DOWN, M_DEMOTE, M_EVICT,
+                              M_WRITE_THROUGH, WP_WRITE_BACK, WP_WRITE_THROUGH)
 
 # Values shared with kvsim.sim.core (which asserts they agree): Action codes
 # (kvsim.results.log_schema.Action), the replay's own reasons (core.WHY) and Priority.
@@ -27,6 +30,284 @@ PR_DECODE_CRITICAL = 3
 # ---------------------------------------------------------------------------------------
 # lower-tier spills
 # ---------------------------------------------------------------------------------------
+
+# Per-call cost.  numba reference-counts every array and structref a compiled function
+# receives, on entry and on exit (NRT_incref / NRT_decref: an atomic update each), and a
+# lower tier is a tuple of 7 of them.  At 16-token blocks the Mooncake import demotes
+# 5.7 M HBM blocks and cascades 11 M more down the tiers; as one chain of calls per block
+# (formerly ``_hbm_evicted`` -> ``_below`` -> ``tier_find`` x 3, ``_spill`` ->
+# ``spill_into`` -> ``take_slot``, ``fill``, ``copy_view``), each passing T1, T2, T3, TMP,
+# TMP_i, K, C, G ...,
+# the counts were 36 % of the replay's samples (perf; docs/benchmarks.md, "Speed: tiered
+# replay of 16-token traces").  Inlining those calls (numba ``inline="always"``) keeps the
+# counts: each inlined argument is a counted copy (an 18-array helper in a loop: 35 ns
+# per step called, 15 inlined, 5 written out).  So the HBM evictions of one allocation are
+# handled in ONE call, :func:`_hbm_evicted_range`, which unpacks the tiers once and runs
+# the demotion cascade on plain local arrays: the tier step
+# (:func:`kvsim.sim.tier_ops.spill_step`, which :func:`kvsim.sim.tier_ops.spill_into`
+# runs for write-through) is written out there once per tier, the same statements on
+# ``L1_*``, ``L2_*``, ``L3_*``.  An edit of one must be made to all four.  The rules are
+# unchanged (tests/sim/test_compiled_reference.py checks them against the reference).
+
+@njit(cache=True, no_cfunc_wrapper=True)
+def _find(hk, hv, h):
+    """Slot of content ``h`` in a tier's hash table, or -1 (:func:`kvsim.sim.tiers.tier_find`
+    on the table's two arrays: small enough for LLVM to inline, so not reference counted)."""
+    i = tr.hash_slot(hk, h)
+    if hk[i] == h:
+        return hv[i]
+    return -1
+
+
+@njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
+def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, G, step,
+                       now_us, alt_b, alt_s, vo):
+    """Every block ``out.blocks[e]``, ``lo <= e < hi``, that the HBM pool evicted from the
+    cache for a new block (``out.kind[e] == KIND_EVICTED``), in order: each is
+    demoted under write_back unless a lower copy exists (then it is written to the first
+    enabled lower tier, and victims cascade DRAM -> CXL -> NVMe -> dropped as in
+    :func:`_spill`), else dropped; its view is still intact.  The tiers are unpacked once
+    for the whole range (see the note above)."""
+    L1_i, L1_free, L1_hk, L1_view, L1_ps, L1m, L1_hv = T1
+    L2_i, L2_free, L2_hk, L2_view, L2_ps, L2m, L2_hv = T2
+    L3_i, L3_free, L3_hk, L3_view, L3_ps, L3m, L3_hv = T3
+    L1_st, L1_hooks = L1_ps
+    L2_st, L2_hooks = L2_ps
+    L3_st, L3_hooks = L3_ps
+    cap1 = L1m[LM_CAP] > 0
+    cap2 = L2m[LM_CAP] > 0
+    cap3 = L3m[LM_CAP] > 0
+    first = 1 if cap1 else (2 if cap2 else (3 if cap3 else 0))  # _first_lower
+    below3 = np.int64(3) if cap3 else np.int64(0)
+    below2 = np.int64(2) if cap2 else below3
+    write_back = K[K_WRITE_POLICY] == WP_WRITE_BACK
+    log_on = K[K_LOG] != 0
+    for e in range(lo, hi):
+        if out.kind[e] != KIND_EVICTED:
+            continue
+        b = out.blocks[e]
+        h = out.evicted_hash[e]
+        backed = (_find(L1_hk, L1_hv, h) >= 0 or _find(L2_hk, L2_hv, h) >= 0
+                  or _find(L3_hk, L3_hv, h) >= 0)  # _below
+        dest = first if (not backed and write_back) else 0
+        if log_on:
+            row = tr.log_row(G, C, step, now_us, A_DEMOTE if dest > 0 else A_EVICT, h,
+                             H_i[b, HI_OWNER], H_i[b, HI_BI], 0, dest if dest > 0 else -1,
+                             view.size_bytes[b] if dest > 0 else 0, 0.0,
+                             view.priority[b] == PR_DECODE_CRITICAL, out.reason[e],
+                             W_BACKED if backed else -1)
+            tr.log_candidates(G, row, view, H_i, out.alt_blocks[e], out.alt_scores[e],
+                              min(out.n_alt[e], alt_b.shape[0]))
+        if dest == 0:
+            C[M_EVICT] += 1
+            continue
+        C[M_DEMOTE] += 1
+        # _spill(view, b, ...): the cascade
+        ow = H_i[b, HI_OWNER]
+        bi = H_i[b, HI_BI]
+        tok = H_i[b, HI_TOKENS]
+        v = view
+        vs = b
+        if dest <= 1 and cap1:
+            # tier 1: tier_ops.spill_step written out (no counted argument copies)
+            t = L1m[0]
+            vo[0] = 0
+            vo[1] = -1
+            vo[2] = -1
+            vo[3] = 0
+            slot = -1
+            if L1m[LM_FREE_TOP] > 0:
+                L1m[LM_FREE_TOP] -= 1
+                slot = L1_free[L1m[LM_FREE_TOP]]
+            else:
+                x, reason, n_alt = L1_hooks[H_VICTIM](L1_st, L1_view, now_us, alt_b, alt_s)
+                if x >= 0:
+                    if L1_i[x, LI_STATE] != 1:
+                        raise ValueError("lower-tier policy: victim() named a block that is "
+                                         "not resident")
+                    L1_hooks[H_REMOVE](L1_st, L1_view, x)
+                    tr.hash_del(L1_hk, L1_hv, L1_view.content_hash[x])
+                    L1_i[x, LI_STATE] = 0
+                    L1m[LM_USED] -= 1
+                    vo[0] = 1
+                    vo[1] = x
+                    vo[2] = reason
+                    vo[3] = n_alt
+                    slot = x
+            if slot < 0:
+                C[M_EVICT + t] += 1  # no room and no victim: the block is dropped
+                continue
+            moved = 0
+            if vo[0] == 1:
+                x = vo[1]
+                tr.copy_view(TMP, 1, L1_view, x)
+                TMP_i[1, 0] = L1_i[x, 0]
+                TMP_i[1, 1] = L1_i[x, 1]
+                TMP_i[1, 2] = L1_i[x, 2]
+                if below2 > 0:
+                    C[M_DEMOTE + t] += 1
+                    moved = 1
+                else:
+                    C[M_EVICT + t] += 1
+                if log_on:
+                    row = tr.log_row(G, C, step, now_us, A_DEMOTE if moved else A_EVICT,
+                                     L1_view.content_hash[x], L1_i[x, 0], L1_i[x, 1], t,
+                                     below2 if moved else -1,
+                                     L1_view.size_bytes[x] if moved else 0, 0.0,
+                                     L1_view.priority[x] == PR_DECODE_CRITICAL, vo[2], -1)
+                    tr.log_candidates(G, row, L1_view, L1_i, alt_b, alt_s, vo[3])
+            tr.copy_view(L1_view, slot, v, vs)
+            L1_view.insert_us[slot] = now_us
+            L1_view.last_access_us[slot] = now_us
+            L1_i[slot, LI_OWNER] = ow
+            L1_i[slot, LI_BI] = bi
+            L1_i[slot, LI_TOKENS] = tok
+            L1_i[slot, LI_STATE] = 1
+            tr.hash_put(L1_hk, L1_hv, L1_view.content_hash[slot], slot)
+            L1m[LM_USED] += 1
+            L1_hooks[H_INSERT](L1_st, L1_view, slot, now_us)
+            C[M_BYTES_DOWN + t] += v.size_bytes[vs]
+            used = L1m[LM_USED]
+            C[C_USED + t] = used
+            if used > C[C_PEAK + t]:
+                C[C_PEAK + t] = used
+            if moved == 0:
+                continue
+            v = TMP
+            vs = np.int64(1)
+            ow, bi, tok = TMP_i[1, 0], TMP_i[1, 1], TMP_i[1, 2]
+        if dest <= 2 and cap2:
+            # tier 2: tier_ops.spill_step written out (no counted argument copies)
+            t = L2m[0]
+            vo[0] = 0
+            vo[1] = -1
+            vo[2] = -1
+            vo[3] = 0
+            slot = -1
+            if L2m[LM_FREE_TOP] > 0:
+                L2m[LM_FREE_TOP] -= 1
+                slot = L2_free[L2m[LM_FREE_TOP]]
+            else:
+                x, reason, n_alt = L2_hooks[H_VICTIM](L2_st, L2_view, now_us, alt_b, alt_s)
+                if x >= 0:
+                    if L2_i[x, LI_STATE] != 1:
+                        raise ValueError("lower-tier policy: victim() named a block that is "
+                                         "not resident")
+                    L2_hooks[H_REMOVE](L2_st, L2_view, x)
+                    tr.hash_del(L2_hk, L2_hv, L2_view.content_hash[x])
+                    L2_i[x, LI_STATE] = 0
+                    L2m[LM_USED] -= 1
+                    vo[0] = 1
+                    vo[1] = x
+                    vo[2] = reason
+                    vo[3] = n_alt
+                    slot = x
+            if slot < 0:
+                C[M_EVICT + t] += 1  # no room and no victim: the block is dropped
+                continue
+            moved = 0
+            if vo[0] == 1:
+                x = vo[1]
+                tr.copy_view(TMP, 2, L2_view, x)
+                TMP_i[2, 0] = L2_i[x, 0]
+                TMP_i[2, 1] = L2_i[x, 1]
+                TMP_i[2, 2] = L2_i[x, 2]
+                if below3 > 0:
+                    C[M_DEMOTE + t] += 1
+                    moved = 1
+                else:
+                    C[M_EVICT + t] += 1
+                if log_on:
+                    row = tr.log_row(G, C, step, now_us, A_DEMOTE if moved else A_EVICT,
+                                     L2_view.content_hash[x], L2_i[x, 0], L2_i[x, 1], t,
+                                     below3 if moved else -1,
+                                     L2_view.size_bytes[x] if moved else 0, 0.0,
+                                     L2_view.priority[x] == PR_DECODE_CRITICAL, vo[2], -1)
+                    tr.log_candidates(G, row, L2_view, L2_i, alt_b, alt_s, vo[3])
+            tr.copy_view(L2_view, slot, v, vs)
+            L2_view.insert_us[slot] = now_us
+            L2_view.last_access_us[slot] = now_us
+            L2_i[slot, LI_OWNER] = ow
+            L2_i[slot, LI_BI] = bi
+            L2_i[slot, LI_TOKENS] = tok
+            L2_i[slot, LI_STATE] = 1
+            tr.hash_put(L2_hk, L2_hv, L2_view.content_hash[slot], slot)
+            L2m[LM_USED] += 1
+            L2_hooks[H_INSERT](L2_st, L2_view, slot, now_us)
+            C[M_BYTES_DOWN + t] += v.size_bytes[vs]
+            used = L2m[LM_USED]
+            C[C_USED + t] = used
+            if used > C[C_PEAK + t]:
+                C[C_PEAK + t] = used
+            if moved == 0:
+                continue
+            v = TMP
+            vs = np.int64(2)
+            ow, bi, tok = TMP_i[2, 0], TMP_i[2, 1], TMP_i[2, 2]
+        if cap3:
+            # tier 3: tier_ops.spill_step written out (no counted argument copies)
+            t = L3m[0]
+            vo[0] = 0
+            vo[1] = -1
+            vo[2] = -1
+            vo[3] = 0
+            slot = -1
+            if L3m[LM_FREE_TOP] > 0:
+                L3m[LM_FREE_TOP] -= 1
+                slot = L3_free[L3m[LM_FREE_TOP]]
+            else:
+                x, reason, n_alt = L3_hooks[H_VICTIM](L3_st, L3_view, now_us, alt_b, alt_s)
+                if x >= 0:
+                    if L3_i[x, LI_STATE] != 1:
+                        raise ValueError("lower-tier policy: victim() named a block that is "
+                                         "not resident")
+                    L3_hooks[H_REMOVE](L3_st, L3_view, x)
+                    tr.hash_del(L3_hk, L3_hv, L3_view.content_hash[x])
+                    L3_i[x, LI_STATE] = 0
+                    L3m[LM_USED] -= 1
+                    vo[0] = 1
+                    vo[1] = x
+                    vo[2] = reason
+                    vo[3] = n_alt
+                    slot = x
+            if slot < 0:
+                C[M_EVICT + t] += 1  # no room and no victim: the block is dropped
+                continue
+            moved = 0
+            if vo[0] == 1:
+                x = vo[1]
+                tr.copy_view(TMP, 3, L3_view, x)
+                TMP_i[3, 0] = L3_i[x, 0]
+                TMP_i[3, 1] = L3_i[x, 1]
+                TMP_i[3, 2] = L3_i[x, 2]
+                if np.int64(0) > 0:
+                    C[M_DEMOTE + t] += 1
+                    moved = 1
+                else:
+                    C[M_EVICT + t] += 1
+                if log_on:
+                    row = tr.log_row(G, C, step, now_us, A_DEMOTE if moved else A_EVICT,
+                                     L3_view.content_hash[x], L3_i[x, 0], L3_i[x, 1], t,
+                                     np.int64(0) if moved else -1,
+                                     L3_view.size_bytes[x] if moved else 0, 0.0,
+                                     L3_view.priority[x] == PR_DECODE_CRITICAL, vo[2], -1)
+                    tr.log_candidates(G, row, L3_view, L3_i, alt_b, alt_s, vo[3])
+            tr.copy_view(L3_view, slot, v, vs)
+            L3_view.insert_us[slot] = now_us
+            L3_view.last_access_us[slot] = now_us
+            L3_i[slot, LI_OWNER] = ow
+            L3_i[slot, LI_BI] = bi
+            L3_i[slot, LI_TOKENS] = tok
+            L3_i[slot, LI_STATE] = 1
+            tr.hash_put(L3_hk, L3_hv, L3_view.content_hash[slot], slot)
+            L3m[LM_USED] += 1
+            L3_hooks[H_INSERT](L3_st, L3_view, slot, now_us)
+            C[M_BYTES_DOWN + t] += v.size_bytes[vs]
+            used = L3m[LM_USED]
+            C[C_USED + t] = used
+            if used > C[C_PEAK + t]:
+                C[C_PEAK + t] = used
+
 
 @njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 def _spill(src, s, ow, bi, tok, dest, T1, T2, T3, TMP, TMP_i, K, C, G, step, now_us, alt_b, alt_s, vo):
@@ -58,39 +339,20 @@ def _spill(src, s, ow, bi, tok, dest, T1, T2, T3, TMP, TMP_i, K, C, G, step, now
                             K, C, G, step, now_us, alt_b, alt_s, vo)
 
 
-@njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
-def _hbm_evicted(b, h, reason, n_alt, e, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, G, step, now_us, alt_b, alt_s, vo):
-    """Cached HBM block ``b`` (content ``h``) was evicted by the policy for a new block:
-    demote it (write_back and no lower copy) or drop it.  Its view is still intact."""
-    dest = 0
-    backed = _below(T1, T2, T3, h)
-    if not backed and K[K_WRITE_POLICY] == WP_WRITE_BACK:
-        dest = _first_lower(T1, T2, T3)
-    if K[K_LOG] != 0:
-        row = tr.log_row(G, C, step, now_us, A_DEMOTE if dest > 0 else A_EVICT, h,
-                         H_i[b, HI_OWNER], H_i[b, HI_BI], 0, dest if dest > 0 else -1,
-                         view.size_bytes[b] if dest > 0 else 0, 0.0,
-                         view.priority[b] == PR_DECODE_CRITICAL, reason,
-                         W_BACKED if backed else -1)
-        # at most log_candidates of them (alt_b is sized by it), as for the lower tiers
-        tr.log_candidates(G, row, view, H_i, out.alt_blocks[e], out.alt_scores[e],
-                          min(n_alt, alt_b.shape[0]))
-    if dest > 0:
-        C[M_DEMOTE] += 1
-        _spill(view, b, H_i[b, HI_OWNER], H_i[b, HI_BI], H_i[b, HI_TOKENS], dest, T1, T2, T3,
-               TMP, TMP_i, K, C, G, step,
-               now_us, alt_b, alt_s, vo)
-    else:
-        C[M_EVICT] += 1
-
-
-@njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
+@njit(cache=True, inline="always")
 def _write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_us, alt_b, alt_s, vo):
     """HiCache write_through(_selective): back block ``b`` up once its hit count reaches
-    the threshold (1, or 2 for selective), unless a lower copy exists."""
+    the threshold (1, or 2 for selective), unless a lower copy exists.  Inlined: under
+    write_back (the default) it costs the caller one test, not a call."""
+    if K[K_WRITE_POLICY] != WP_WRITE_BACK:
+        _write_through_copy(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_us,
+                            alt_b, alt_s, vo)
+
+
+@njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
+def _write_through_copy(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_us, alt_b, alt_s, vo):
+    """:func:`_write_through` under write_through(_selective)."""
     wp = K[K_WRITE_POLICY]
-    if wp == WP_WRITE_BACK:
-        return
     thr = 1 if wp == WP_WRITE_THROUGH else 2
     h = view.content_hash[b]
     if h == 0 or H_i[b, HI_HITS] != thr or _below(T1, T2, T3, h):

@@ -29,74 +29,49 @@ def touch(T, slot, now_us):
     pol[1][H_HIT](pol[0], L_view, slot, now_us)
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
-def take_slot(T, now_us, alt_b, alt_s, vo):
-    """A slot for a new block: a free one, else the policy's victim, removed from the map
-    and the candidate set (its view and side row stay intact for the caller to log and to
-    spill further down).  ``vo`` = [evicted 0/1, victim slot, reason, n_alt].  -1 if the
-    tier has no capacity or the policy names no victim."""
-    L_i, L_free, L_hk, L_view, L_ps, Lm, L_hv = T
+@njit(cache=True, inline="always")
+def spill_step(L_i, L_free, L_hk, L_view, L_st, L_hooks, Lm, L_hv, src, s, ow, bi, tok, below,
+               k, TMP, TMP_i, K, C, G, step, now_us, alt_b, alt_s, vo):
+    """:func:`spill_into` on a tier given as its arrays (``T`` unpacked, its policy as
+    ``L_st, L_hooks``): write block ``src[s]`` into the tier.  A slot is a free one, else
+    the policy's victim, removed from the map and the candidate set and copied into
+    ``TMP[k]`` (logged as DEMOTE to tier ``below``, the next enabled tier, when ``below``
+    > 0, else EVICT); 1 is returned when it should go on down.  Then the block fills the
+    slot and becomes a candidate.  Inlined (``inline="always"``): a caller that unpacked
+    its tiers once pays no reference counting per call (kvsim.sim.spill, "Per-call
+    cost")."""
+    t = Lm[0]
+    # take_slot
     vo[0] = 0
     vo[1] = -1
     vo[2] = -1
     vo[3] = 0
-    if Lm[LM_CAP] == 0:
-        return -1
-    if Lm[LM_FREE_TOP] > 0:
-        Lm[LM_FREE_TOP] -= 1
-        return L_free[Lm[LM_FREE_TOP]]
-    b, reason, n_alt = L_ps[1][H_VICTIM](L_ps[0], L_view, now_us, alt_b, alt_s)
-    if b < 0:
-        return -1
-    if L_i[b, LI_STATE] != 1:
-        raise ValueError("lower-tier policy: victim() named a block that is not resident")
-    L_ps[1][H_REMOVE](L_ps[0], L_view, b)
-    hash_del(L_hk, L_hv, L_view.content_hash[b])
-    L_i[b, LI_STATE] = 0
-    Lm[LM_USED] -= 1
-    vo[0] = 1
-    vo[1] = b
-    vo[2] = reason
-    vo[3] = n_alt
-    return b
-
-
-@njit(cache=True, no_cfunc_wrapper=True)
-def fill(T, slot, src_view, s, owner, bi, tokens, now_us):
-    """Write the block described by ``src_view[s]`` into ``slot``; it becomes a candidate."""
-    L_i, L_free, L_hk, L_view, L_ps, Lm, L_hv = T
-    copy_view(L_view, slot, src_view, s)
-    L_view.insert_us[slot] = now_us
-    L_view.last_access_us[slot] = now_us
-    L_i[slot, LI_OWNER] = owner
-    L_i[slot, LI_BI] = bi
-    L_i[slot, LI_TOKENS] = tokens
-    L_i[slot, LI_STATE] = 1
-    hash_put(L_hk, L_hv, L_view.content_hash[slot], slot)
-    Lm[LM_USED] += 1
-    L_ps[1][H_INSERT](L_ps[0], L_view, slot, now_us)
-
-
-@njit(cache=True, no_cfunc_wrapper=True)
-def spill_into(T, src, s, ow, bi, tok, below, k, TMP, TMP_i, K, C, G, step, now_us,
-               alt_b, alt_s, vo):
-    """Write block ``src[s]`` into tier T.  If T had to evict, its victim is copied into
-    ``TMP[k]`` (logged as DEMOTE to tier ``below``, the next enabled tier, when ``below`` >
-    0, else EVICT) and 1 is returned when it should go on down.
-
-    The only caller of :func:`take_slot` and :func:`fill`, so the only code that changes
-    ``Lm[LM_USED]``: it mirrors the new count into ``C[C_USED + t]`` (and the peak), which
-    the step close copies into the step table (per-step occupancy)."""
-    t = T[5][0]
-    slot = take_slot(T, now_us, alt_b, alt_s, vo)
+    slot = -1
+    if Lm[LM_CAP] != 0:
+        if Lm[LM_FREE_TOP] > 0:
+            Lm[LM_FREE_TOP] -= 1
+            slot = L_free[Lm[LM_FREE_TOP]]
+        else:
+            v, reason, n_alt = L_hooks[H_VICTIM](L_st, L_view, now_us, alt_b, alt_s)
+            if v >= 0:
+                if L_i[v, LI_STATE] != 1:
+                    raise ValueError("lower-tier policy: victim() named a block that is not "
+                                     "resident")
+                L_hooks[H_REMOVE](L_st, L_view, v)
+                hash_del(L_hk, L_hv, L_view.content_hash[v])
+                L_i[v, LI_STATE] = 0
+                Lm[LM_USED] -= 1
+                vo[0] = 1
+                vo[1] = v
+                vo[2] = reason
+                vo[3] = n_alt
+                slot = v
     if slot < 0:
         C[M_EVICT + t] += 1  # no room and no victim: the block is dropped
         return 0
     moved = 0
     if vo[0] == 1:
         v = vo[1]
-        L_i = T[0]
-        L_view = T[3]
         copy_view(TMP, k, L_view, v)
         TMP_i[k, 0] = L_i[v, 0]
         TMP_i[k, 1] = L_i[v, 1]
@@ -112,13 +87,38 @@ def spill_into(T, src, s, ow, bi, tok, below, k, TMP, TMP_i, K, C, G, step, now_
             to = -1
         if K[K_LOG] != 0:
             row = log_row(G, C, step, now_us, act, L_view.content_hash[v], L_i[v, 0],
-                          L_i[v, 1], t, to, L_view.size_bytes[v] if moved else 0, 0.0,
-                          L_view.priority[v] == PR_DECODE_CRITICAL, vo[2], -1)
+                             L_i[v, 1], t, to, L_view.size_bytes[v] if moved else 0, 0.0,
+                             L_view.priority[v] == PR_DECODE_CRITICAL, vo[2], -1)
             log_candidates(G, row, L_view, L_i, alt_b, alt_s, vo[3])
-    fill(T, slot, src, s, ow, bi, tok, now_us)
+    # fill
+    copy_view(L_view, slot, src, s)
+    L_view.insert_us[slot] = now_us
+    L_view.last_access_us[slot] = now_us
+    L_i[slot, LI_OWNER] = ow
+    L_i[slot, LI_BI] = bi
+    L_i[slot, LI_TOKENS] = tok
+    L_i[slot, LI_STATE] = 1
+    hash_put(L_hk, L_hv, L_view.content_hash[slot], slot)
+    Lm[LM_USED] += 1
+    L_hooks[H_INSERT](L_st, L_view, slot, now_us)
     C[M_BYTES_DOWN + t] += src.size_bytes[s]
-    used = T[5][LM_USED]
+    used = Lm[LM_USED]
     C[C_USED + t] = used
     if used > C[C_PEAK + t]:
         C[C_PEAK + t] = used
     return moved
+
+
+
+@njit(cache=True, no_cfunc_wrapper=True)
+def spill_into(T, src, s, ow, bi, tok, below, k, TMP, TMP_i, K, C, G, step, now_us,
+               alt_b, alt_s, vo):
+    """Write block ``src[s]`` into tier T (:func:`spill_step`).  If T had to evict, its
+    victim is copied into ``TMP[k]`` and 1 is returned when it should go on down.
+
+    With :func:`spill_step`, the only code that changes ``Lm[LM_USED]``: it mirrors the new
+    count into ``C[C_USED + t]`` (and the peak), which the step close copies into the step
+    table (per-step occupancy)."""
+    L_i, L_free, L_hk, L_view, L_ps, Lm, L_hv = T
+    return spill_step(L_i, L_free, L_hk, L_view, L_ps[0], L_ps[1], Lm, L_hv, src, s, ow, bi,
+                      tok, below, k, TMP, TMP_i, K, C, G, step, now_us, alt_b, alt_s, vo)

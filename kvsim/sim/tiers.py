@@ -21,7 +21,7 @@ prefix index in kvsim.memory.fast, and much cheaper to compile than a typed Dict
 Invariants: ``Lm[LM_USED] + Lm[LM_FREE_TOP] == Lm[LM_CAP]``; a slot is resident iff its
 hash is in the table iff ``L_i[slot, LI_STATE] == 1`` iff it is a candidate of the tier's
 policy; ``C[C_USED + tier] == Lm[LM_USED]`` after every operation (only
-``tier_ops.spill_into`` changes the count, and it copies it into the counters so the step
+``tier_ops.spill_step`` changes the count, and it copies it into the counters so the step
 close, which does not see the tiers, can record per-step occupancy).
 
 The decision log is the tuple ``G = (G_i, G_f, GC_i, GC_f)`` of preallocated buffers

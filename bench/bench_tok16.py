@@ -1,0 +1,201 @@
+"""Tiered replay speed at 16-token blocks (issue 17): events per CPU-second and peak RSS of
+``simulate`` on event traces, and where the time of one replay goes.
+
+    python bench/bench_tok16.py --trace mc512.parquet --trace mc16.parquet [--out J]
+
+For each ``--trace`` (made with ``kvsim import-request-trace --requests
+../shared/traces/mooncake/conversation_trace.jsonl [--block-size 512] --out T``):
+
+* **end to end** (a fresh child process, like ``kvsim simulate --engine compiled``): CPU
+  seconds of ``simulate(trace, policy, SimConfig(engine="compiled"))`` (user + sys of the
+  child, ``RUSAGE_CHILDREN``; imports and start-up included), wall, and the child's peak
+  resident set (``ru_maxrss``).  The compiled core is loaded from numba's disk cache: a
+  warm-up child runs first and its figures are reported apart (a cold compile is not a
+  replay cost).
+* **in process, replay only** (the figure of ``bench/replay_cpu_rate.py``): one
+  ``simulate`` call timed with ``time.process_time`` after a warm-up call in the same
+  process (imports and loading the core excluded), best of ``--repeat``.
+* **where that time goes** (the timed call, split with ``time.process_time`` around each
+  phase): the Parquet reads of the pre-pass (``scan_trace``: reading, Arrow -> numpy and
+  validation, then the pre-pass's own work), the replay's reads (a second pass over the
+  file), the compiled core (``core.run`` calls), and the driver's per-batch work and the
+  output tables (the rest).
+
+``/proc/loadavg`` is recorded at the start and the end: the machine is shared, so CPU
+seconds are the comparable figures.  Results go to ``--out`` as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CHILD = """
+import json, sys, time, resource
+t0, c0 = time.perf_counter(), time.process_time()
+from kvsim.sim import SimConfig, simulate
+r = simulate(sys.argv[1], sys.argv[2], SimConfig(engine="compiled"))
+print(json.dumps({"wall_s": time.perf_counter() - t0, "cpu_s_self": time.process_time() - c0,
+                  "events": r.summary["events"], "hbm_hit_rate": r.summary["hbm_hit_rate"]}))
+"""
+
+
+def _load() -> list[str]:
+    return open("/proc/loadavg").read().split()[:3]
+
+
+def end_to_end(trace: str, policy: str) -> dict:
+    """``simulate`` in a fresh child: CPU (user + sys), wall, peak RSS."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", CHILD, trace, policy], capture_output=True,
+                         text=True, check=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    res.update(cpu_s=cpu, process_wall_s=wall, events_per_cpu_s=res["events"] / cpu,
+               peak_rss_bytes=after.ru_maxrss * 1024)
+    return res
+
+
+def in_process(trace: str, policy: str, repeat: int) -> dict:
+    """Replay-only CPU seconds (best of ``repeat``) and the phase split of the best run."""
+    from kvsim.sim import SimConfig, prepass, replay, simulate
+
+    cfg = SimConfig(engine="compiled")
+    simulate(trace, policy, cfg)  # warm-up: loads the compiled core
+    best = None
+    for _ in range(repeat):
+        acc = {"prepass_read": 0.0, "replay_read": 0.0, "core": 0.0}
+        orig_open, orig_scan, orig_feed = prepass._open, replay.scan_trace, replay._Run.feed
+        phase = {"name": "replay_read"}
+
+        class _TimedReader:
+            def __init__(self, reader):
+                self.reader = reader
+
+            def __enter__(self):
+                self.reader.__enter__()
+                return self
+
+            def __exit__(self, *exc):
+                return self.reader.__exit__(*exc)
+
+            @property
+            def header(self):
+                return self.reader.header
+
+            def batches(self, n):
+                it = self.reader.batches(n)
+                while True:
+                    c = time.process_time()
+                    try:
+                        cols = next(it)
+                    except StopIteration:
+                        acc[phase["name"]] += time.process_time() - c
+                        return
+                    acc[phase["name"]] += time.process_time() - c
+                    yield cols
+
+        def timed_open(path):
+            return _TimedReader(orig_open(path))
+
+        def timed_scan(*a, **k):
+            phase["name"] = "prepass_read"
+            c = time.process_time()
+            try:
+                return orig_scan(*a, **k)
+            finally:
+                acc["prepass_total"] = time.process_time() - c
+                phase["name"] = "replay_read"
+
+        def timed_feed(self, cols):
+            core = self.core
+            if not hasattr(core, "_bench_wrapped"):
+                run = core.run
+
+                class _Core:
+                    _bench_wrapped = True
+
+                    def __getattr__(self, name):
+                        return getattr(core, name)
+
+                    @staticmethod
+                    def run(*args):
+                        c = time.process_time()
+                        try:
+                            return run(*args)
+                        finally:
+                            acc["core"] += time.process_time() - c
+                self.core = _Core()
+            return orig_feed(self, cols)
+
+        prepass._open, replay._open = timed_open, timed_open
+        replay.scan_trace, replay._Run.feed = timed_scan, timed_feed
+        try:
+            c0 = time.process_time()
+            r = simulate(trace, policy, cfg)
+            total = time.process_time() - c0
+        finally:
+            prepass._open, replay._open = orig_open, orig_open
+            replay.scan_trace, replay._Run.feed = orig_scan, orig_feed
+        if best is None or total < best["cpu_s"]:
+            n = r.summary["events"]
+            best = {"cpu_s": total, "events": n, "events_per_cpu_s": n / total,
+                    "hbm_hit_rate": r.summary["hbm_hit_rate"],
+                    "split_cpu_s": {
+                        "prepass_read": acc["prepass_read"],
+                        "prepass_work": acc["prepass_total"] - acc["prepass_read"],
+                        "replay_read": acc["replay_read"],
+                        "core": acc["core"],
+                        "driver_and_outputs": total - acc["prepass_total"]
+                        - acc["replay_read"] - acc["core"]},
+                    "core_ns_per_event": acc["core"] / n * 1e9}
+    return best
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trace", action="append", required=True, help="event trace (repeat)")
+    ap.add_argument("--policy", default="lru")
+    ap.add_argument("--repeat", type=int, default=1, help="in-process timed runs (best of)")
+    ap.add_argument("--out", type=Path, default=None, help="JSON results")
+    args = ap.parse_args(argv)
+    res = {"command": " ".join(["python", "bench/bench_tok16.py"] + (argv or sys.argv[1:])),
+           "load_average_at_start": _load(), "cpus": os.cpu_count(), "policy": args.policy,
+           "traces": {}}
+    for trace in args.trace:
+        warm = end_to_end(trace, args.policy)  # loads or compiles the core: not reported
+        e2e = end_to_end(trace, args.policy)
+        inproc = in_process(trace, args.policy, args.repeat)
+        res["traces"][trace] = {"warm_up_child": warm, "end_to_end": e2e,
+                                "in_process": inproc}
+        s = inproc["split_cpu_s"]
+        print(f"{trace} ({args.policy}, {e2e['events']:,} events): end to end "
+              f"{e2e['cpu_s']:.2f} CPU-s = {e2e['events_per_cpu_s'] / 1e6:.3f} M events per "
+              f"CPU-s, peak RSS {e2e['peak_rss_bytes'] / 2**30:.3f} GiB; in process "
+              f"{inproc['cpu_s']:.2f} CPU-s = {inproc['events_per_cpu_s'] / 1e6:.3f} M events "
+              f"per CPU-s (pre-pass reads {s['prepass_read']:.2f}, pre-pass work "
+              f"{s['prepass_work']:.2f}, replay reads {s['replay_read']:.2f}, core "
+              f"{s['core']:.2f} = {inproc['core_ns_per_event']:.0f} ns per event, driver "
+              f"and outputs {s['driver_and_outputs']:.2f}); hbm_hit_rate "
+              f"{e2e['hbm_hit_rate']:.6f}", flush=True)
+    res["load_average_at_end"] = _load()
+    print("load average", res["load_average_at_start"], "->", res["load_average_at_end"])
+    if args.out is not None:
+        from kvsim.fsutil import atomic_output
+
+        with atomic_output(args.out) as tmp:
+            tmp.write_text(json.dumps(res, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
