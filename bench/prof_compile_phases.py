@@ -26,6 +26,8 @@ PHASE: dict[str, float] = defaultdict(float)
 FUNC: dict[str, float] = defaultdict(float)
 COUNT = {"finalized_functions": 0, "finalizes": 0}
 DISTINCT: set[str] = set()
+#: LLVM function name -> [times machine-compiled, instructions in its last copy]
+COPIES: dict[str, list] = defaultdict(lambda: [0, 0])
 FSTACK: list[str] = []
 
 
@@ -37,7 +39,7 @@ def pop() -> None:
     label, t0, child = STACK.pop()
     dt = time.process_time() - t0
     PHASE[label] += dt - child
-    if FSTACK:
+    if FSTACK and label != OVERHEAD:
         FUNC[FSTACK[-1]] += dt - child
     if STACK:
         STACK[-1][2] += dt
@@ -82,13 +84,19 @@ wrap(caching.Cache, "save_overload", "cache: write")
 wrap(caching.Cache, "load_overload", "cache: load")
 
 _orig_ffm = L._finalize_final_module
+OVERHEAD = "profiler: counting functions (excluded from the totals)"
 
 
 def _ffm(self):
+    push(OVERHEAD)  # counting instructions is this script's cost, not numba's
     for fn in self._final_module.functions:
         if not fn.is_declaration:
             COUNT["finalized_functions"] += 1
             DISTINCT.add(fn.name)
+            c = COPIES[fn.name]
+            c[0] += 1
+            c[1] = sum(1 for b in fn.blocks for _ in b.instructions)
+    pop()
     COUNT["finalizes"] += 1
     return _orig_ffm(self)
 
@@ -108,8 +116,10 @@ def main() -> None:
     except SystemExit:
         pass
     cpu, wall = time.process_time() - c0, time.time() - w0
+    over = PHASE.pop(OVERHEAD, 0.0)
     tot = sum(PHASE.values())
-    print(f"process: {wall:.1f} s wall, {cpu:.1f} CPU-s; inside numba compile: {tot:.1f} CPU-s")
+    print(f"process: {wall:.1f} s wall, {cpu:.1f} CPU-s; inside numba compile: {tot:.1f} CPU-s "
+          f"(profiler's own counting, excluded: {over:.1f})")
     groups: dict[str, float] = defaultdict(float)
     for k, v in PHASE.items():
         if k.startswith("pass: "):
@@ -125,6 +135,12 @@ def main() -> None:
         print(f"  {v:7.2f}  {k}")
     print(f"libraries finalized {COUNT['finalizes']}, LLVM functions machine-compiled "
           f"{COUNT['finalized_functions']} ({len(DISTINCT)} distinct)")
+    extra = sum((n - 1) * size for n, size in COPIES.values())
+    total = sum(n * size for n, size in COPIES.values())
+    print(f"LLVM instructions machine-compiled {total} ({total - extra} in distinct "
+          f"functions); most re-compiled (copies x instructions, name):")
+    for name, (n, size) in sorted(COPIES.items(), key=lambda x: -(x[1][0] - 1) * x[1][1])[:25]:
+        print(f"  {n:4d} x {size:6d}  {name[:110]}")
     print("by function (exclusive):")
     for k, v in sorted(FUNC.items(), key=lambda x: -x[1])[:30]:
         print(f"  {v:7.2f}  {k}")

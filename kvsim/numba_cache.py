@@ -8,6 +8,12 @@ replay's modules (and of a policy's module) with :func:`digest`, a hash of every
 file whose code or constants the compiled replay contains (``SOURCES``): any edit of one
 of them makes every entry stale, and numba recompiles.  Users never edit these files, so
 for them the cache is compiled once per kvsim version, numba version and CPU.
+
+numba's own key leaves out its code-generation settings too (``NUMBA_OPT``,
+``NUMBA_LOOP_VECTORIZE``, ``NUMBA_SLP_VECTORIZE``: its index key is the signature, the CPU
+and the bytecode; numba 0.68 ``caching._index_key``), so code compiled at one optimisation
+level would load silently under another.  The stamp carries them as well
+(:func:`codegen_settings`): each setting keeps its own cache entries.
 """
 
 from __future__ import annotations
@@ -47,13 +53,24 @@ def digest() -> str:
     return h.hexdigest()[:16]
 
 
+def codegen_settings() -> str:
+    """numba's code-generation settings in force in this process (``numba.core.config``
+    after re-reading the environment, as numba's compiler does), as part of
+    the cache stamp: ``"opt=3,loopvec=1,slpvec=0"`` at numba's defaults."""
+    from numba.core import config
+
+    config.reload_config()  # as numba's compiler does before each compile
+    return (f"opt={int(config.OPT)},loopvec={int(config.LOOP_VECTORIZE)},"
+            f"slpvec={int(config.SLP_VECTORIZE)}")
+
+
 def seal(module: ModuleType) -> None:
     """Extend the cache stamp of each ``njit(cache=True)`` function defined in ``module``
-    with :func:`digest` (idempotent).  Must run before the function is first compiled or
+    with :func:`digest` and :func:`codegen_settings` (idempotent).  Must run before the function is first compiled or
     loaded in this process to take effect for it."""
     from numba.core.dispatcher import Dispatcher
 
-    mark = digest()
+    mark = f"{digest()};{codegen_settings()}"
     for value in vars(module).values():
         if not isinstance(value, Dispatcher) or value.py_func.__module__ != module.__name__:
             continue

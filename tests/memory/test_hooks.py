@@ -90,7 +90,8 @@ def test_seal_extends_the_cache_stamp_with_the_source_digest(tmp_path):
     stamp = mod.f._cache._cache_file._source_stamp
     numba_cache.seal(mod)
     sealed = mod.f._cache._cache_file._source_stamp
-    assert sealed == ("kvsim", stamp, numba_cache.digest())
+    assert sealed == ("kvsim", stamp,
+                      f"{numba_cache.digest()};{numba_cache.codegen_settings()}")
     numba_cache.seal(mod)  # idempotent
     assert mod.f._cache._cache_file._source_stamp == sealed
     assert mod.f(1) == 2

@@ -174,3 +174,69 @@ def test_compiled_hooks_over_an_old_tuple_state_run_interpreted_with_a_warning(t
     drop = ("policy",)
     assert {k: v for k, v in got.summary.items() if k not in drop} == \
         {k: v for k, v in want.summary.items() if k not in drop}
+
+
+SEALED_CHECK = ("import importlib.util, sys\n"
+                "from kvsim.numba_cache import seal\n"
+                "from kvsim.sim.variants import dispatcher_is_cached\n"
+                "spec = importlib.util.spec_from_file_location('sealmod', sys.argv[1])\n"
+                "m = importlib.util.module_from_spec(spec); sys.modules['sealmod'] = m\n"
+                "spec.loader.exec_module(m); seal(m)\n"
+                "before = dispatcher_is_cached(m.f)\n"
+                "print(before, m.f(2), dispatcher_is_cached(m.f))\n")
+
+
+def test_sealed_cache_never_mixes_numba_optimisation_settings(tmp_path):
+    """numba's own cache key leaves out NUMBA_OPT and the vectorizer switches, so code
+    compiled at one level would load under another; kvsim's seal puts them in the stamp
+    (kvsim.numba_cache.codegen_settings): code compiled under another setting is stale.
+    numba keeps one stamp per index file, so switching back compiles again."""
+    path = tmp_path / "sealmod.py"
+    path.write_text(SRC.format(k=1))
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("NUMBA_OPT", "NUMBA_LOOP_VECTORIZE", "NUMBA_SLP_VECTORIZE")}
+    base["NUMBA_CACHE_DIR"] = str(tmp_path / "numba")
+
+    def run(**env):
+        return subprocess.run([sys.executable, "-c", SEALED_CHECK, str(path)],
+                              capture_output=True, text=True, check=True,
+                              env={**base, **env}).stdout.split()
+
+    assert run() == ["False", "7", "True"]  # cold at kvsim's default (opt 1), then written
+    assert run() == ["True", "7", "True"]  # warm at the same setting
+    assert run(NUMBA_OPT="1") == ["True", "7", "True"]  # the same setting, said explicitly
+    assert run(NUMBA_OPT="3") == ["False", "7", "True"]  # not opt 1's code
+    assert run(NUMBA_LOOP_VECTORIZE="0") == ["False", "7", "True"]
+    assert run(NUMBA_LOOP_VECTORIZE="0") == ["True", "7", "True"]
+    assert run(NUMBA_OPT="3") == ["False", "7", "True"]  # the index was re-stamped
+
+
+OPT_CHECK = ("import sys\n"
+             "if sys.argv[1] == 'numba-first': import numba\n"
+             "import kvsim\n"
+             "from numba.core import config\n"
+             "from kvsim.numba_cache import codegen_settings\n"
+             "print(int(config.OPT), codegen_settings())\n")
+
+
+@pytest.mark.parametrize("order", ["kvsim-first", "numba-first"])
+def test_kvsim_defaults_numba_opt_to_1_unless_the_user_set_it(order):
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_OPT"}
+
+    def run(**extra):
+        return subprocess.run([sys.executable, "-c", OPT_CHECK, order], capture_output=True,
+                              text=True, check=True, env={**env, **extra}).stdout.split()
+
+    assert run() == ["1", "opt=1,loopvec=1,slpvec=0"]
+    assert run(NUMBA_OPT="3") == ["3", "opt=3,loopvec=1,slpvec=0"]
+
+
+def test_codegen_settings_read_numbas_config(monkeypatch):
+    from numba.core import config
+
+    from kvsim.numba_cache import codegen_settings
+
+    monkeypatch.setattr(config, "OPT", 2)
+    monkeypatch.setattr(config, "LOOP_VECTORIZE", 0)
+    monkeypatch.setattr(config, "SLP_VECTORIZE", 1)
+    assert codegen_settings() == "opt=2,loopvec=0,slpvec=1"
