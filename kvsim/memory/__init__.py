@@ -107,6 +107,6 @@ seq ``st.seq_query_tokens`` / ``st.seq_hit_tokens``.
 
 from kvsim.memory.fast import (  # noqa: F401
     AllocResult,
-    FastPool,
     PoolConfig,
 )
+from kvsim.memory.pool_handle import FastPool  # noqa: F401

@@ -4,7 +4,7 @@ vLLM v1 appends a hashed block to the TAIL of its free queue when its last holde
 and pops new blocks from the HEAD, so among cached blocks the one released longest ago is
 reused first (FIFO of release; a hit removes the block from the queue, and its next
 release re-appends it, which is why people call it LRU).  This module is that order as a
-:mod:`kvsim.policy_api` policy, compiled, so :class:`kvsim.memory.fast.FastPool` with this
+:mod:`kvsim.policy_api` policy, compiled, so :class:`kvsim.memory.pool_handle.FastPool` with this
 order reproduces vLLM's block ids exactly (tests/memory/test_vllm_golden.py).
 
 Contract (kvsim.policy_api): ``on_insert`` (new content) and ``on_release`` append to the

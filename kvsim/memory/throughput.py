@@ -22,6 +22,7 @@ from numba import njit
 
 from kvsim.memory import fast
 from kvsim.memory import pool_ops
+from kvsim.memory.pool_handle import FastPool
 
 
 @dataclass(frozen=True)
@@ -121,10 +122,10 @@ def measure(num_requests: int = 200_000, num_blocks: int = 4096, block_size: int
     cfg = fast.PoolConfig(num_blocks, block_size, max_seqs=max_running + 1,
                           max_blocks_per_seq=hashes.shape[1])
     drive = make_driver(pool_ops)
-    warm = fast.FastPool(cfg)
+    warm = FastPool(cfg)
     drive(warm.st, warm.pol, warm.view_c, warm.out, hashes[:10], lengths[:10], block_size,
           max_running)  # compile
-    pool = fast.FastPool(cfg)
+    pool = FastPool(cfg)
     t0 = time.process_time()
     block_ops = drive(pool.st, pool.pol, pool.view_c, pool.out, hashes, lengths, block_size,
                       max_running)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvsim.memory.fast import FastPool, PoolConfig
+from kvsim.memory.fast import PoolConfig
+from kvsim.memory.pool_handle import FastPool
 from kvsim.memory.reference import KVCacheManager
 
 

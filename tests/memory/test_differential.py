@@ -8,7 +8,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvsim.memory.fast import FastPool, PoolConfig
+from kvsim.memory.fast import PoolConfig
+from kvsim.memory.pool_handle import FastPool
 from kvsim.memory.hashing import block_hashes, request_hashes
 from kvsim.memory.reference import KVCacheManager
 

@@ -7,7 +7,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from kvsim.memory.fast import KIND_EVICTED, KIND_NEW, FastPool, PoolConfig
+from kvsim.memory.fast import KIND_EVICTED, KIND_NEW, PoolConfig
+from kvsim.memory.pool_handle import FastPool
 from kvsim.memory.hashing import request_hashes
 
 BS = 16

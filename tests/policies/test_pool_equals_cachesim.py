@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvsim.memory.fast import FastPool, PoolConfig
+from kvsim.memory.fast import PoolConfig
+from kvsim.memory.pool_handle import FastPool
 from kvsim.policy_registry import list_policies
 from kvsim.sim.cachesim import simulate_cache
 
