@@ -32,13 +32,36 @@ ReplicasOpt = Annotated[int, typer.Option(
 RouterOpt = Annotated[str, typer.Option(
     "--router", metavar="round_robin|least_loaded|session|prefix",
     help="How requests are sent to replicas (docs/simulate.md, \"Routers\").")]
-BlockSizeOpt = Annotated[int, typer.Option(
-    "--block-size", min=1, help="Tokens per KV block of the engine (vLLM: 16; 512 for a "
-                                "Mooncake trace at its native block size).")]
-MaxSeqsOpt = Annotated[int, typer.Option(
-    "--max-num-seqs", min=1, help="Most sequences running in one engine step (vLLM).")]
-MaxTokensOpt = Annotated[int, typer.Option(
-    "--max-num-batched-tokens", min=1, help="Token budget of one engine step (vLLM).")]
+BlockSizeOpt = Annotated[Optional[int], typer.Option(
+    "--block-size", min=1, show_default=False,
+    help="Tokens per KV block of the engine serving --profile / --request-trace (default 16, "
+         "vLLM's; 512 for a Mooncake trace at its native block size).  An event file "
+         "carries its own.")]
+MaxSeqsOpt = Annotated[Optional[int], typer.Option(
+    "--max-num-seqs", min=1, show_default=False,
+    help="Most sequences running in one engine step (vLLM; default 256).  Not with --trace.")]
+MaxTokensOpt = Annotated[Optional[int], typer.Option(
+    "--max-num-batched-tokens", min=1, show_default=False,
+    help="Token budget of one engine step (vLLM; default 8192).  Not with --trace.")]
+
+#: Engine options' defaults: those of :class:`kvsim.sim.closed_loop.EngineOptions` (where
+#: their sources are).
+ENGINE_DEFAULTS = {"--block-size": 16, "--max-num-seqs": 256, "--max-num-batched-tokens": 8192}
+
+
+def engine_options(trace, block_size, max_num_seqs, max_num_batched_tokens) -> tuple:
+    """The engine options with their defaults filled in; a one-line error when one is given
+    with an event file (``--trace``), whose steps and block size are already fixed."""
+    given = {"--block-size": block_size, "--max-num-seqs": max_num_seqs,
+             "--max-num-batched-tokens": max_num_batched_tokens}
+    if trace is not None:
+        for name, value in given.items():
+            if value is not None:
+                raise KvsimInputError(f"expected no {name} with --trace: an event file's "
+                                      "block size and engine steps are fixed when it is "
+                                      "written (set it on `kvsim generate` or `kvsim "
+                                      "import-request-trace`)", None, None, name)
+    return tuple(ENGINE_DEFAULTS[k] if v is None else v for k, v in given.items())
 
 
 def resolve_schedule(schedule: str | None, has_table: bool, mode: str = "engine",

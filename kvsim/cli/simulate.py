@@ -14,7 +14,7 @@ from rich.table import Table
 from kvsim.cli import app, compat
 from kvsim.cli.closed_opts import (BlockSizeOpt, FormatOpt, MaxSeqsOpt, MaxTokensOpt,
                                    ReplicasOpt, RequestTraceOpt, RouterOpt, ScheduleOpt,
-                                   load_table, resolve_schedule)
+                                   engine_options, load_table, resolve_schedule)
 from kvsim.cli.common import (JsonOption, check_outputs, emit_json, err_console, out_console,
                               progress, quiet_progress)
 from kvsim.errors import KvsimInputError
@@ -305,9 +305,9 @@ def simulate_command(
     schedule: ScheduleOpt = None,
     replicas: ReplicasOpt = 1,
     router: RouterOpt = "round_robin",
-    block_size: BlockSizeOpt = 16,
-    max_num_seqs: MaxSeqsOpt = 256,
-    max_num_batched_tokens: MaxTokensOpt = 8192,
+    block_size: BlockSizeOpt = None,
+    max_num_seqs: MaxSeqsOpt = None,
+    max_num_batched_tokens: MaxTokensOpt = None,
     json_: JsonOption = False,
 ) -> None:
     """Replay TRACE through HBM (vLLM-exact prefix caching) and the DRAM/CXL/NVMe tiers of
@@ -320,6 +320,8 @@ def simulate_command(
     if (trace is not None) + (profile is not None) + (request_trace is not None) != 1:
         raise KvsimInputError("expected exactly one of --trace EVENTS, --profile NAME or "
                               "--request-trace FILE", None, None, "--trace")
+    block_size, max_num_seqs, max_num_batched_tokens = engine_options(
+        trace, block_size, max_num_seqs, max_num_batched_tokens)
     check_outputs(("--decision-log", decision_log, "parquet"),
                   ("--requests-out", requests_out, "parquet"), ("--csv", csv, "csv"),
                   ("--parquet", parquet, "parquet"))
@@ -512,9 +514,9 @@ def compare_command(
     schedule: ScheduleOpt = None,
     replicas: ReplicasOpt = 1,
     router: RouterOpt = "round_robin",
-    block_size: BlockSizeOpt = 16,
-    max_num_seqs: MaxSeqsOpt = 256,
-    max_num_batched_tokens: MaxTokensOpt = 8192,
+    block_size: BlockSizeOpt = None,
+    max_num_seqs: MaxSeqsOpt = None,
+    max_num_batched_tokens: MaxTokensOpt = None,
     json_: JsonOption = False,
 ) -> None:
     """Replay one trace under several HBM placement policies (same tiers, same cost model)
@@ -528,6 +530,8 @@ def compare_command(
     if (trace is not None) + (profile is not None) + (request_trace is not None) != 1:
         raise KvsimInputError("expected exactly one of --trace EVENTS, --profile NAME or "
                               "--request-trace FILE", None, None, "--trace")
+    block_size, max_num_seqs, max_num_batched_tokens = engine_options(
+        trace, block_size, max_num_seqs, max_num_batched_tokens)
     check_outputs(("--decision-log-dir", decision_log_dir, "dir"), ("--csv", csv, "csv"),
                   ("--parquet", parquet, "parquet"))
     _load_policy_files(policy_file)

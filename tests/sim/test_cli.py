@@ -141,3 +141,23 @@ def test_schedule_recorded_lowers_a_profile_then_replays_it(tmp_path):
     assert [r["policy"] for r in rows][:2] == ["lru", "fifo"]
     assert rows[0]["schedule"] == "recorded"
     assert rows[0]["hbm_hit_rate"] == out["recorded"]["hbm_hit_rate"]
+
+
+def test_engine_options_with_an_event_file_are_one_line_errors(builder, tiny_hw, tmp_path):
+    """An event file's block size and steps are fixed when it is written: --block-size,
+    --max-num-seqs and --max-num-batched-tokens with --trace are refused (they used to be
+    ignored silently), on simulate and on compare, with no output file left behind."""
+    trace = _trace(builder, tmp_path / "t.parquet")
+    for command, opt, value in (("simulate", "--block-size", "256"),
+                                ("compare", "--max-num-seqs", "8"),
+                                ("simulate", "--max-num-batched-tokens", "16")):
+        out = tmp_path / f"{command}{opt}.csv"
+        args = [command, "--trace", str(trace), "--hardware", tiny_hw, "--hbm-blocks", "4",
+                "--engine", "interpreted", "--csv", str(out), opt, value]
+        if command == "simulate":
+            args += ["--policy", "lru"]
+        res = runner.invoke(app, args)
+        assert res.exit_code == 2, res.output
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and opt in lines[0] and "--trace" in lines[0], lines
+        assert not out.exists()
