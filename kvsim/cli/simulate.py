@@ -15,7 +15,7 @@ from kvsim.cli import app, compat
 from kvsim.cli.closed_opts import (BlockSizeOpt, FormatOpt, MaxSeqsOpt, MaxTokensOpt,
                                    ReplicasOpt, RequestTraceOpt, RouterOpt, ScheduleOpt,
                                    engine_options, load_table, resolve_schedule)
-from kvsim.cli.common import (JsonOption, check_outputs, emit_json, err_console, out_console,
+from kvsim.cli.common import (JsonOption, check_outputs, emit_json, err_console,
                               progress, quiet_progress)
 from kvsim.errors import KvsimInputError
 from kvsim.fsutil import atomic_output

@@ -172,5 +172,5 @@ def split_closed_compile(engine: str) -> Iterator[None]:
             variants.BACKGROUND = None
 
 
-__all__ = ["split_closed_compile", "cold_hooks", "compare_engine", "compile_hooks", "compile_workers",
-           "first_then_hooks", "needs_split"]
+__all__ = ["split_closed_compile", "cold_hooks", "compare_engine", "compile_hooks",
+           "compile_workers", "first_then_hooks", "needs_split"]
