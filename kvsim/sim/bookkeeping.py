@@ -156,50 +156,21 @@ def _finalize_step(C, R_i, R_f, S, P, sc=None):
 
 
 @njit(cache=True, no_cfunc_wrapper=True)
-def _new_record(r, i, cols, R_i, A_i, A_f, C, K, next_use, seen):
-    """Append the ALLOCATE row ``i`` to request ``r``'s block records; returns its index."""
-    (c_step, c_time, c_kind, c_req, c_bi, c_hash, c_parent, c_ntok, c_dur, c_phase, c_prio,
-     c_rprio, c_dl, c_slack, c_rcost, c_tds, c_pin, c_pfok, c_size, c_tenant) = cols
+def _grow_records(r, R_i, A_i, A_f, C):
+    """Request ``r``'s block records are full: relocate them to the arena top with twice
+    the room.  The record itself is written by :func:`kvsim.sim.core.run` (an ALLOCATE
+    row's fields, from the batch's columns it has unpacked)."""
     start = R_i[r, RI_BT_START]
     n = R_i[r, RI_BT_LEN]
-    if n == R_i[r, RI_BT_CAP]:  # relocate to the arena top with twice the room
-        top = int(C[C_ARENA_TOP])
-        cap = max(2 * n, 4)
-        for e in range(n):
-            for c in range(A_i.shape[1]):  # not a row assignment: see kvsim.sim.core
-                A_i[top + e, c] = A_i[start + e, c]
-            A_f[top + e] = A_f[start + e]
-        R_i[r, RI_BT_START] = top
-        R_i[r, RI_BT_CAP] = cap
-        C[C_ARENA_TOP] = top + cap
-        start = top
-    bi = c_bi[i]
-    a = start + bi if bi < n else start + n
-    if bi >= n:
-        R_i[r, RI_BT_LEN] = n + 1
-    full = c_ntok[i] == K[K_BLOCK_TOKENS]
-    A_i[a, AI_HASH] = c_hash[i] if full else 0
-    A_i[a, AI_FULL_HASH] = c_hash[i]
-    A_i[a, AI_SIZE] = c_size[i]
-    A_i[a, AI_TOKENS] = c_ntok[i]
-    A_i[a, AI_PHASE] = c_phase[i]
-    A_i[a, AI_PRIO] = c_prio[i]
-    A_i[a, AI_RPRIO] = c_rprio[i]
-    A_i[a, AI_DEADLINE] = c_dl[i]
-    A_i[a, AI_SLACK] = c_slack[i]
-    A_i[a, AI_TDS] = c_tds[i]
-    A_i[a, AI_PIN] = c_pin[i]
-    A_i[a, AI_PFOK] = c_pfok[i]
-    o = int(C[C_ALLOC_ORD])
-    A_i[a, AI_SEEN] = seen[o] if o < seen.shape[0] else 0
-    A_i[a, AI_NEXT] = next_use[o] if (K[K_OFFLINE] != 0 and o < next_use.shape[0]) else NEVER
-    A_f[a] = c_rcost[i]
-    C[C_ALLOC_ORD] = o + 1
-    if R_i[r, RI_BT_LEN] > C[C_MAX_BT]:
-        C[C_MAX_BT] = R_i[r, RI_BT_LEN]
-    if c_prio[i] == PR_DECODE_CRITICAL:
-        R_i[r, RI_BOUND] = 1
-    return a
+    top = int(C[C_ARENA_TOP])
+    cap = max(2 * n, 4)
+    for e in range(n):
+        for c in range(A_i.shape[1]):  # not a row assignment: see kvsim.sim.core
+            A_i[top + e, c] = A_i[start + e, c]
+        A_f[top + e] = A_f[start + e]
+    R_i[r, RI_BT_START] = top
+    R_i[r, RI_BT_CAP] = cap
+    C[C_ARENA_TOP] = top + cap
 
 
 @njit(cache=True, no_cfunc_wrapper=True)

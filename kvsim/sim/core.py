@@ -38,15 +38,17 @@ from kvsim.memory import fast as mem
 from kvsim.memory import pool_ops as ops
 from kvsim.sim import spill as lower
 from kvsim.sim import tiers as tr
-from kvsim.sim.bookkeeping import (_finalize_step, _intent, _new_record, _peak, _pick_victim,
+from kvsim.sim.bookkeeping import (_finalize_step, _grow_records, _intent, _peak, _pick_victim,
                                    _run_add, _run_remove, _set_view_from_record)
-from kvsim.sim.layout import (C_ARENA_NEED, C_ARENA_TOP, C_CLOCK_US, C_HBM_USED, C_IN_STEP,
-                              C_MAX_BT, C_NLOG, C_NPEND, C_NRUN, C_NSTEP_BUF, C_PEND_ADMIT,
+from kvsim.sim.layout import (AI_DEADLINE, AI_FULL_HASH, AI_HASH, AI_NEXT, AI_PFOK, AI_PHASE,
+                              AI_PIN, AI_PRIO, AI_RPRIO, AI_SEEN, AI_SIZE, AI_SLACK, AI_TDS,
+                              AI_TOKENS, C_ALLOC_ORD, C_ARENA_NEED, C_ARENA_TOP, C_CLOCK_US,
+                              C_HBM_USED, C_IN_STEP, C_MAX_BT, C_NLOG, C_NPEND, C_NRUN, C_NSTEP_BUF, C_PEND_ADMIT,
                               C_STEP, C_STEP_DUR_US, C_STEP_EXTRA_US, C_STEP_SAVED_US,
                               C_STEP_STALL_US, C_STEP_START_US, C_WARM_DONE, C_WARM_US,
                               HI_BI, HI_HITS, HI_OWNER, HI_TOKENS, K_BLOCK_TOKENS, K_LOG,
-                              K_LOG_LIFECYCLE, K_PREFETCH, K_PRIO_SCHED, K_WARMUP_STEP,
-                              M_COW_COPIES, RF_ADMIT_US, RF_CREDIT_RATE, RF_CREDIT_US,
+                              K_LOG_LIFECYCLE, K_OFFLINE, K_PREFETCH, K_PRIO_SCHED,
+                              K_WARMUP_STEP, M_COW_COPIES, RF_ADMIT_US, RF_CREDIT_RATE, RF_CREDIT_US,
                               RF_PF_BUDGET_US, RI_ADMIT_STEP, RI_ARRIVE_US, RI_BOUND,
                               RI_BT_CAP, RI_BT_LEN, RI_BT_START, RI_FT_PENDING, RI_HIT_TOK,
                               RI_LATMASK, RI_NOUT, RI_PHASE, RI_PREFILLED, RI_PRIO,
@@ -224,13 +226,49 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
                 else:
                     R_i[r, RI_PHASE] = 0
             if kind == EV_ALLOCATE:
-                if R_i[r, RI_PHASE] == 0 and c_bi[i] >= R_i[r, RI_BT_LEN]:
-                    _new_record(r, i, cols, R_i, A_i, A_f, C, K, next_use, seen)
+                bi = c_bi[i]
+                e = R_i[r, RI_BT_LEN]
+                gather = R_i[r, RI_PHASE] == 0 and bi >= e  # a prompt block at admission
+                cow = not gather and bi < e  # a write into an existing (shared) block
+                if not gather and not cow:  # appended after admission: e - 1 is full now
+                    _fill_last(r, e, K, C, R_i, A_i, H_i, st, pst, view, T1, T2, T3, TMP,
+                               TMP_i, G, step, now_us, alt_b, alt_s, vo)
+                # the row's block record (bookkeeping._new_record's rules, written out
+                # here on the unpacked columns: a call passing the 20-column batch cost
+                # 27 counted arguments per ALLOCATE row; docs/benchmarks.md)
+                if e == R_i[r, RI_BT_CAP]:
+                    _grow_records(r, R_i, A_i, A_f, C)
+                a = R_i[r, RI_BT_START] + (bi if bi < e else e)
+                if bi >= e:
+                    R_i[r, RI_BT_LEN] = e + 1
+                ntok = c_ntok[i]
+                A_i[a, AI_HASH] = c_hash[i] if ntok == K[K_BLOCK_TOKENS] else 0
+                A_i[a, AI_FULL_HASH] = c_hash[i]
+                A_i[a, AI_SIZE] = c_size[i]
+                A_i[a, AI_TOKENS] = ntok
+                A_i[a, AI_PHASE] = c_phase[i]
+                A_i[a, AI_PRIO] = c_prio[i]
+                A_i[a, AI_RPRIO] = c_rprio[i]
+                A_i[a, AI_DEADLINE] = c_dl[i]
+                A_i[a, AI_SLACK] = c_slack[i]
+                A_i[a, AI_TDS] = c_tds[i]
+                A_i[a, AI_PIN] = c_pin[i]
+                A_i[a, AI_PFOK] = c_pfok[i]
+                o = int(C[C_ALLOC_ORD])
+                A_i[a, AI_SEEN] = seen[o] if o < seen.shape[0] else 0
+                A_i[a, AI_NEXT] = next_use[o] if (K[K_OFFLINE] != 0
+                                                  and o < next_use.shape[0]) else NEVER
+                A_f[a] = c_rcost[i]
+                C[C_ALLOC_ORD] = o + 1
+                if R_i[r, RI_BT_LEN] > C[C_MAX_BT]:
+                    C[C_MAX_BT] = R_i[r, RI_BT_LEN]
+                if c_prio[i] == PR_DECODE_CRITICAL:
+                    R_i[r, RI_BOUND] = 1
+                if gather:
                     C[C_PEND_ADMIT] = r  # gathered; placed when its rows end
-                elif c_bi[i] < R_i[r, RI_BT_LEN]:  # a write into an existing (shared) block
-                    a = _new_record(r, i, cols, R_i, A_i, A_f, C, K, next_use, seen)
+                elif cow:
                     seq = R_i[r, RI_SEQ]
-                    if c_bi[i] == st.seq_len[seq] - 1:
+                    if bi == st.seq_len[seq] - 1:
                         res = ops.write_last(st, pst, view, seq, now_us,
                                                   out)
                         while res < 0:
@@ -249,23 +287,19 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
                             view.content_hash[b] = 0
                             view.insert_us[b] = now_us
                             H_i[b, HI_OWNER] = r
-                            H_i[b, HI_BI] = c_bi[i]
+                            H_i[b, HI_BI] = bi
                             H_i[b, HI_TOKENS] = c_ntok[i]
                             H_i[b, HI_HITS] = 0
                             C[M_COW_COPIES] += 1
                             C[C_HBM_USED] = st.sc[mem.S_N_HELD]
                             _peak(C, 0, C[C_HBM_USED])  # the copy is one more held block
                             if log_on:
-                                tr.log_row(G, C, step, now_us, A_ALLOCATE, 0, r, c_bi[i], 0,
+                                tr.log_row(G, C, step, now_us, A_ALLOCATE, 0, r, bi, 0,
                                            0, c_size[i], 0.0, False, -1, W_COW)
-                else:  # a block appended after admission (decode, or a late prompt block)
-                    e = R_i[r, RI_BT_LEN]
-                    _fill_last(r, e, K, C, R_i, A_i, H_i, st, pst, view, T1, T2, T3, TMP,
-                               TMP_i, G, step, now_us, alt_b, alt_s, vo)
-                    _new_record(r, i, cols, R_i, A_i, A_f, C, K, next_use, seen)
-                    _place(r, e, np.int64(1), np.int64(MODE_APPEND), K, X, C, R_i, R_f, A_i, A_f, H_i, st, out,
-                           hbuf, scr, pst, view, T1, T2, T3, TMP, TMP_i, G,
-                           running, alt_b, alt_s, vo)
+                else:
+                    _place(r, e, np.int64(1), np.int64(MODE_APPEND), K, X, C, R_i, R_f, A_i,
+                           A_f, H_i, st, out, hbuf, scr, pst, view, T1, T2, T3, TMP, TMP_i,
+                           G, running, alt_b, alt_s, vo)
             elif kind == EV_FORK:
                 # child r shares every block of parent p (copy-on-write)
                 if p >= 0 and R_i[p, RI_STATE] == RS_RUNNING and R_i[r, RI_BT_LEN] == 0:
