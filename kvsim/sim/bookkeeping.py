@@ -86,11 +86,11 @@ def _pick_victim(running, C, R_i, exclude, by_priority):
 
 @njit(cache=True, no_cfunc_wrapper=True)
 def _first_lower(T1, T2, T3):
-    if T1[5][LM_CAP] > 0:
+    if T1.Lm[LM_CAP] > 0:
         return 1
-    if T2[5][LM_CAP] > 0:
+    if T2.Lm[LM_CAP] > 0:
         return 2
-    if T3[5][LM_CAP] > 0:
+    if T3.Lm[LM_CAP] > 0:
         return 3
     return 0
 

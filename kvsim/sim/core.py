@@ -22,7 +22,7 @@ short:
 * A running request's blocks are held, so an ACCESS row is O(1) (DESIGN.md §1).
 
 Policies are values, not code: the HBM policy arrives as ``pst = (state, hooks)`` and each
-lower tier's as ``T[4]`` (:mod:`kvsim.memory.hooks`: hooks are numba first-class
+lower tier's as ``T.L_ps`` (:mod:`kvsim.memory.hooks`: hooks are numba first-class
 functions), so this module is compiled ONCE for every policy and cached on disk by numba.
 
 The same source runs interpreted (plain-Python policies): :func:`kvsim.sim.variants.interpreted`
@@ -233,9 +233,9 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
                 if not gather and not cow:  # appended after admission: e - 1 is full now
                     _fill_last(r, e, K, C, R_i, A_i, H_i, st, pst, view, T1, T2, T3, TMP,
                                TMP_i, G, step, now_us, alt_b, alt_s, vo)
-                # the row's block record (bookkeeping._new_record's rules, written out
-                # here on the unpacked columns: a call passing the 20-column batch cost
-                # 27 counted arguments per ALLOCATE row; docs/benchmarks.md)
+                # the row's block record, written out here on the unpacked columns (a
+                # call passing the 20-column batch cost 27 counted arguments per ALLOCATE
+                # row; docs/benchmarks.md)
                 if e == R_i[r, RI_BT_CAP]:
                     _grow_records(r, R_i, A_i, A_f, C)
                 a = R_i[r, RI_BT_START] + (bi if bi < e else e)

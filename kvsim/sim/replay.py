@@ -30,11 +30,12 @@ from kvsim.memory import fast as mem
 from kvsim.policy_api import new_block_view
 from kvsim.sim import core, layout as L
 from kvsim.sim.config import LOWER_TIERS, SimConfig, resolve_engine
-from kvsim.memory.hooks import is_uniform, view_ref
+from kvsim.memory.hooks import is_uniform, tier_ref, view_ref
 from kvsim.sim.variants import (compiled_is_cached, core_for, interpreted, is_compiled,
                                    policy_value)
 from kvsim.sim.prepass import (SeenSet, TraceFacts, _open, full_hashes, offline_next_use,
                                 release_read_buffers, scan_trace)
+from kvsim.sim.tiers import Tier
 from kvsim.sim.cost_model import GB, TierCosts, cost_array, hbm_kv_capacity_bytes, tier_costs
 from kvsim.sim.metrics import request_table, step_table, summarize
 
@@ -82,7 +83,7 @@ def _lower_tier(tier: int, cap: int, policy, params: dict, max_blocks: int):
     L_view = new_block_view(slots)
     L_ps = policy.init(max(cap, 1), slots, dict(params))
     Lm = np.array([tier, cap, cap, 0], dtype=np.int64)
-    return (L_i, L_free, L_hk, L_view, L_ps, Lm, L_hv)
+    return Tier(L_i, L_free, L_hk, L_view, L_ps, Lm, L_hv)
 
 
 def _resolve_policy(policy):
@@ -172,8 +173,10 @@ class _Run:
         vr = view_ref if is_compiled(core_mod) else (lambda v: v)
         self.views = (self.view,) + tuple(T[3] for T in tiers)  # BlockViews, for Python
         self.view = vr(self.view)
-        self.T = [T[:3] + (vr(T[3]), policy_value(pol, T[4], core_mod)) + T[5:]
+        self.T = [T._replace(L_view=vr(T.L_view), L_ps=policy_value(pol, T.L_ps, core_mod))
                   for T, pol in zip(tiers, lower)]
+        # compiled code takes each tier as one pointer (kvsim.memory.hooks.TierRef)
+        self.T_core = [tier_ref(T) for T in self.T] if is_compiled(core_mod) else self.T
         K = np.zeros(L.NK, dtype=np.int64)
         K[L.K_WRITE_POLICY] = {"write_back": L.WP_WRITE_BACK,
                                "write_through": L.WP_WRITE_THROUGH,
@@ -281,7 +284,7 @@ class _Run:
 
     # -- the loop -------------------------------------------------------------------------
     def _args_tail(self):
-        T1, T2, T3 = self.T
+        T1, T2, T3 = self.T_core
         return (T1, T2, T3, self.TMP, self.TMP_i, self.G, self.S, self.P, self.running)
 
     def feed(self, cols: dict) -> None:

@@ -1,6 +1,6 @@
 """Demotion of HBM blocks into the lower tiers: the part of the replay core that calls the
 lower tiers' policy hooks (through :mod:`kvsim.sim.tier_ops`; each tier carries its policy
-as ``T[4] = (state, hooks)``, so the three tiers share one compiled ``spill_step``).
+as ``T.L_ps = (state, hooks)``, so the three tiers share one compiled ``spill_step``).
 
 Rules: docs/simulate.md (demotion, write-through) and docs/cost-model.md.
 """
@@ -32,22 +32,17 @@ PR_DECODE_CRITICAL = 3
 # ---------------------------------------------------------------------------------------
 
 # Per-call cost.  numba reference-counts every array and structref a compiled function
-# receives, on entry and on exit (NRT_incref / NRT_decref: an atomic update each), and a
-# lower tier is a tuple of 7 of them.  At 16-token blocks the Mooncake import demotes
-# 5.7 M HBM blocks and cascades 11 M more down the tiers; as one chain of calls per block
-# (formerly ``_hbm_evicted`` -> ``_below`` -> ``tier_find`` x 3, ``_spill`` ->
-# ``spill_into`` -> ``take_slot``, ``fill``, ``copy_view``), each passing T1, T2, T3, TMP,
-# TMP_i, K, C, G ...,
-# the counts were 36 % of the replay's samples (perf; docs/benchmarks.md, "Speed: tiered
-# replay of 16-token traces").  Inlining those calls (numba ``inline="always"``) keeps the
-# counts: each inlined argument is a counted copy (an 18-array helper in a loop: 35 ns
-# per step called, 15 inlined, 5 written out).  So the HBM evictions of one allocation are
-# handled in ONE call, :func:`_hbm_evicted_range`, which unpacks the tiers once and runs
-# the demotion cascade on plain local arrays: the tier step
-# (:func:`kvsim.sim.tier_ops.spill_step`, which :func:`kvsim.sim.tier_ops.spill_into`
-# runs for write-through) is written out there once per tier, the same statements on
-# ``L1_*``, ``L2_*``, ``L3_*``.  An edit of one must be made to all four.  The rules are
-# unchanged (tests/sim/test_compiled_reference.py checks them against the reference).
+# receives, on entry and on exit (NRT_incref / NRT_decref: an atomic update each).  At
+# 16-token blocks the Mooncake import demotes 5.7 M HBM blocks and cascades 11 M more down
+# the tiers; as one chain of calls per block (formerly ``_hbm_evicted`` -> ``_below`` ->
+# ``tier_find`` x 3, ``_spill`` -> ``spill_into`` -> ``take_slot``, ``fill``,
+# ``copy_view``), each passing the three tiers as tuples of 7 counted members, TMP, TMP_i,
+# K, C, G ..., the counts were 36 % of the replay's samples (perf; docs/benchmarks.md,
+# "Speed: tiered replay of 16-token traces").  So the HBM evictions of one allocation are
+# handled in ONE call, :func:`_hbm_evicted_range`, and each tier is ONE pointer
+# (:class:`kvsim.memory.hooks.TierRef`), which lets the tier step be one function again
+# (:func:`kvsim.sim.tier_ops.spill_step`, called per tier; it was written out once per
+# tier here while a tier was a tuple).  Measured figures: docs/benchmarks.md.
 
 @njit(cache=True, no_cfunc_wrapper=True)
 def _find(hk, hv, h):
@@ -68,12 +63,17 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
     enabled lower tier, and victims cascade DRAM -> CXL -> NVMe -> dropped as in
     :func:`_spill`), else dropped; its view is still intact.  The tiers are unpacked once
     for the whole range (see the note above)."""
-    L1_i, L1_free, L1_hk, L1_view, L1_ps, L1m, L1_hv = T1
-    L2_i, L2_free, L2_hk, L2_view, L2_ps, L2m, L2_hv = T2
-    L3_i, L3_free, L3_hk, L3_view, L3_ps, L3m, L3_hv = T3
-    L1_st, L1_hooks = L1_ps
-    L2_st, L2_hooks = L2_ps
-    L3_st, L3_hooks = L3_ps
+    # each tier's members, read once for the whole range (the tier step below is written
+    # out per tier on these locals: see "Per-call cost" above)
+    L1_i, L1_free, L1_hk, L1_hv = T1.L_i, T1.L_free, T1.L_hk, T1.L_hv
+    L1_view, L1m = T1.L_view, T1.Lm
+    L2_i, L2_free, L2_hk, L2_hv = T2.L_i, T2.L_free, T2.L_hk, T2.L_hv
+    L2_view, L2m = T2.L_view, T2.Lm
+    L3_i, L3_free, L3_hk, L3_hv = T3.L_i, T3.L_free, T3.L_hk, T3.L_hv
+    L3_view, L3m = T3.L_view, T3.Lm
+    L1_st, L1_hooks = T1.L_ps
+    L2_st, L2_hooks = T2.L_ps
+    L3_st, L3_hooks = T3.L_ps
     cap1 = L1m[LM_CAP] > 0
     cap2 = L2m[LM_CAP] > 0
     cap3 = L3m[LM_CAP] > 0
@@ -313,29 +313,29 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
 def _spill(src, s, ow, bi, tok, dest, T1, T2, T3, TMP, TMP_i, K, C, G, step, now_us, alt_b, alt_s, vo):
     """Write a block into tier ``dest`` (1..3) or the first enabled tier below it; victims
     cascade down (DRAM -> CXL -> NVMe -> dropped)."""
-    cap2 = T2[5][LM_CAP] > 0
-    cap3 = T3[5][LM_CAP] > 0
+    cap2 = T2.Lm[LM_CAP] > 0
+    cap3 = T3.Lm[LM_CAP] > 0
     # the next enabled tier below each tier (0 = none: its victims are dropped)
     below3 = np.int64(3) if cap3 else np.int64(0)
     below2 = np.int64(2) if cap2 else below3
     v = src
     vs = s
-    if dest <= 1 and T1[5][LM_CAP] > 0:
-        if tier_ops.spill_into(T1, v, vs, ow, bi, tok, below2, np.int64(1), TMP, TMP_i,
+    if dest <= 1 and T1.Lm[LM_CAP] > 0:
+        if tier_ops.spill_step(T1, v, vs, ow, bi, tok, below2, np.int64(1), TMP, TMP_i,
                                K, C, G, step, now_us, alt_b, alt_s, vo) == 0:
             return
         v = TMP
         vs = 1
         ow, bi, tok = TMP_i[1, 0], TMP_i[1, 1], TMP_i[1, 2]
     if dest <= 2 and cap2:
-        if tier_ops.spill_into(T2, v, vs, ow, bi, tok, below3, np.int64(2), TMP, TMP_i,
-                              K, C, G, step, now_us, alt_b, alt_s, vo) == 0:
+        if tier_ops.spill_step(T2, v, vs, ow, bi, tok, below3, np.int64(2), TMP, TMP_i,
+                               K, C, G, step, now_us, alt_b, alt_s, vo) == 0:
             return
         v = TMP
         vs = 2
         ow, bi, tok = TMP_i[2, 0], TMP_i[2, 1], TMP_i[2, 2]
     if cap3:
-        tier_ops.spill_into(T3, v, vs, ow, bi, tok, np.int64(0), np.int64(3), TMP, TMP_i,
+        tier_ops.spill_step(T3, v, vs, ow, bi, tok, np.int64(0), np.int64(3), TMP, TMP_i,
                             K, C, G, step, now_us, alt_b, alt_s, vo)
 
 

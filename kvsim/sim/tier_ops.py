@@ -1,16 +1,16 @@
 """Lower-tier operations that call the tier policy's hooks.
 
-A tier ``T`` carries its policy as ``T[4] = (state, hooks)`` (:mod:`kvsim.memory.hooks`):
-the hooks are first-class functions, so these functions are compiled once for every
-policy and every tier (the three lower tiers have one numba type).  State layout and
+A tier ``T`` (:class:`kvsim.sim.tiers.Tier`; compiled, a :class:`kvsim.memory.hooks.TierRef`)
+carries its policy as ``T.L_ps = (state, hooks)`` (:mod:`kvsim.memory.hooks`): the hooks
+are first-class functions, so these functions are compiled once for every policy and
+every tier (the three lower tiers have one numba type).  State layout and
 invariants: :mod:`kvsim.sim.tiers`.
 """
 
 from numba import njit
 
-from kvsim.sim.layout import (LI_BI, LI_OWNER, LI_STATE, LI_TOKENS, LM_CAP, LM_FREE_TOP,
-                              LM_USED, M_BYTES_DOWN, M_DEMOTE, M_EVICT, C_PEAK, C_USED,
-                              K_LOG)
+from kvsim.sim.layout import (C_PEAK, C_USED, LI_BI, LI_OWNER, LI_STATE, LI_TOKENS, LM_CAP,
+                              K_LOG, LM_FREE_TOP, LM_USED, M_BYTES_DOWN, M_DEMOTE, M_EVICT)
 from kvsim.sim.tiers import copy_view, hash_del, hash_put, log_candidates, log_row
 from kvsim.memory.hooks import H_HIT, H_INSERT, H_REMOVE, H_VICTIM
 
@@ -22,26 +22,36 @@ PR_DECODE_CRITICAL = 3
 @njit(cache=True, no_cfunc_wrapper=True)
 def touch(T, slot, now_us):
     """A resident block was read (promoted to HBM); it stays resident (inclusive tier)."""
-    L_view = T[3]
+    L_view = T.L_view
     L_view.last_access_us[slot] = now_us
     L_view.access_count[slot] += 1
-    pol = T[4]
-    pol[1][H_HIT](pol[0], L_view, slot, now_us)
+    L_st, L_hooks = T.L_ps
+    L_hooks[H_HIT](L_st, L_view, slot, now_us)
 
 
-@njit(cache=True, inline="always")
-def spill_step(L_i, L_free, L_hk, L_view, L_st, L_hooks, Lm, L_hv, src, s, ow, bi, tok, below,
-               k, TMP, TMP_i, K, C, G, step, now_us, alt_b, alt_s, vo):
-    """:func:`spill_into` on a tier given as its arrays (``T`` unpacked, its policy as
-    ``L_st, L_hooks``): write block ``src[s]`` into the tier.  A slot is a free one, else
-    the policy's victim, removed from the map and the candidate set and copied into
-    ``TMP[k]`` (logged as DEMOTE to tier ``below``, the next enabled tier, when ``below``
-    > 0, else EVICT); 1 is returned when it should go on down.  Then the block fills the
-    slot and becomes a candidate.  Inlined (``inline="always"``): a caller that unpacked
-    its tiers once pays no reference counting per call (kvsim.sim.spill, "Per-call
-    cost")."""
+@njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
+def spill_step(T, src, s, ow, bi, tok, below, k, TMP, TMP_i, K, C, G, step, now_us, alt_b,
+               alt_s, vo):
+    """Write block ``src[s]`` (owner ``ow``, block index ``bi``, ``tok`` tokens) into tier
+    ``T``.  A slot is a free one, else the policy's victim, removed from the map and the
+    candidate set and copied into ``TMP[k]`` / ``TMP_i[k]`` (logged as DEMOTE to tier
+    ``below``, the next enabled tier, when ``below > 0``, else EVICT); 1 is returned when
+    it should go on down.  Then the block fills the slot and becomes a candidate.  0: the
+    victim was dropped, or there was none, or the block itself was dropped (no room and
+    no victim).
+
+    The only code that changes ``Lm[LM_USED]``: it mirrors the new count into
+    ``C[C_USED + t]`` (and the peak), which the step close copies into the step table
+    (per-step occupancy).  The one copy of the tier step: the tier is one pointer (a
+    :class:`kvsim.memory.hooks.TierRef`), so a call costs 13 reference counts, not the
+    19 of a tier tuple with 7 counted members (kvsim.sim.spill, "Per-call cost")."""
+    L_i = T.L_i
+    L_view = T.L_view
+    L_hk = T.L_hk
+    L_hv = T.L_hv
+    Lm = T.Lm
+    L_st, L_hooks = T.L_ps
     t = Lm[0]
-    # take_slot
     vo[0] = 0
     vo[1] = -1
     vo[2] = -1
@@ -50,7 +60,7 @@ def spill_step(L_i, L_free, L_hk, L_view, L_st, L_hooks, Lm, L_hv, src, s, ow, b
     if Lm[LM_CAP] != 0:
         if Lm[LM_FREE_TOP] > 0:
             Lm[LM_FREE_TOP] -= 1
-            slot = L_free[Lm[LM_FREE_TOP]]
+            slot = T.L_free[Lm[LM_FREE_TOP]]
         else:
             v, reason, n_alt = L_hooks[H_VICTIM](L_st, L_view, now_us, alt_b, alt_s)
             if v >= 0:
@@ -87,8 +97,8 @@ def spill_step(L_i, L_free, L_hk, L_view, L_st, L_hooks, Lm, L_hv, src, s, ow, b
             to = -1
         if K[K_LOG] != 0:
             row = log_row(G, C, step, now_us, act, L_view.content_hash[v], L_i[v, 0],
-                             L_i[v, 1], t, to, L_view.size_bytes[v] if moved else 0, 0.0,
-                             L_view.priority[v] == PR_DECODE_CRITICAL, vo[2], -1)
+                          L_i[v, 1], t, to, L_view.size_bytes[v] if moved else 0, 0.0,
+                          L_view.priority[v] == PR_DECODE_CRITICAL, vo[2], -1)
             log_candidates(G, row, L_view, L_i, alt_b, alt_s, vo[3])
     # fill
     copy_view(L_view, slot, src, s)
@@ -107,18 +117,3 @@ def spill_step(L_i, L_free, L_hk, L_view, L_st, L_hooks, Lm, L_hv, src, s, ow, b
     if used > C[C_PEAK + t]:
         C[C_PEAK + t] = used
     return moved
-
-
-
-@njit(cache=True, no_cfunc_wrapper=True)
-def spill_into(T, src, s, ow, bi, tok, below, k, TMP, TMP_i, K, C, G, step, now_us,
-               alt_b, alt_s, vo):
-    """Write block ``src[s]`` into tier T (:func:`spill_step`).  If T had to evict, its
-    victim is copied into ``TMP[k]`` and 1 is returned when it should go on down.
-
-    With :func:`spill_step`, the only code that changes ``Lm[LM_USED]``: it mirrors the new
-    count into ``C[C_USED + t]`` (and the peak), which the step close copies into the step
-    table (per-step occupancy)."""
-    L_i, L_free, L_hk, L_view, L_ps, Lm, L_hv = T
-    return spill_step(L_i, L_free, L_hk, L_view, L_ps[0], L_ps[1], Lm, L_hv, src, s, ow, bi,
-                      tok, below, k, TMP, TMP_i, K, C, G, step, now_us, alt_b, alt_s, vo)

@@ -10,13 +10,16 @@ It is *inclusive*: promoting a block to HBM copies it and the lower copy stays (
 HiCache keeps the host copy of a loaded node), so a later HBM eviction of that block
 costs no write.
 
-One tier is the tuple ``T = (L_i, L_free, L_hk, L_view, L_ps, Lm, L_hv)``:
+One tier is the named tuple :class:`Tier` ``(L_i, L_free, L_hk, L_view, L_ps, Lm, L_hv)``:
 ``L_i[slot, LI_*]`` (owner request, block index, tokens, state), ``L_free`` (stack of free
 slots), ``L_hk``/``L_hv`` (an open-addressing hash table content hash -> slot, linear
 probing, key 0 = empty, capacity a power of two >= 2 x slots: the same scheme as the HBM
 prefix index in kvsim.memory.fast, and much cheaper to compile than a typed Dict),
 ``L_view`` (BlockView), ``L_ps`` (the policy as ``(state, hooks)``, kvsim.memory.hooks), ``Lm`` (int64 scalars
-``LM_*``: tier id, capacity, free top, used).
+``LM_*``: tier id, capacity, free top, used).  Compiled code receives each tier as ONE
+value, a :class:`kvsim.memory.hooks.TierRef` (a structref with the same field names, made
+by :func:`kvsim.memory.hooks.tier_ref`), and reads its members by name (``T.L_hk``), as
+the interpreted twin does on the named tuple.
 
 Invariants: ``Lm[LM_USED] + Lm[LM_FREE_TOP] == Lm[LM_CAP]``; a slot is resident iff its
 hash is in the table iff ``L_i[slot, LI_STATE] == 1`` iff it is a candidate of the tier's
@@ -31,6 +34,8 @@ The decision log is the tuple ``G = (G_i, G_f, GC_i, GC_f)`` of preallocated buf
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
 
@@ -41,6 +46,19 @@ from kvsim.sim.layout import (C_LOG_SEQ, C_NLOG, CF_LAST, CF_RECOMP, CF_SCORE, C
                               GI_FROM, GI_HASH, GI_NCAND, GI_REASON, GI_REQ, GI_SEQ, GI_STEP,
                               GI_TO, GI_WHY, LI_BI, LI_OWNER, LI_STATE, LI_TOKENS, LM_CAP,
                               LM_FREE_TOP, LM_USED)
+
+
+class Tier(NamedTuple):
+    """One lower tier's members (see the module's docstring); compiled code takes it as a
+    :class:`kvsim.memory.hooks.TierRef` with the same field names."""
+
+    L_i: np.ndarray
+    L_free: np.ndarray
+    L_hk: np.ndarray
+    L_view: object
+    L_ps: object
+    Lm: np.ndarray
+    L_hv: np.ndarray
 
 
 @njit(cache=True, no_cfunc_wrapper=True)
@@ -171,16 +189,16 @@ def hash_del(hk, hv, h):
 @njit(cache=True, no_cfunc_wrapper=True)
 def tier_find(T, h):
     """Slot holding content ``h`` in tier T, or -1 (also -1 for a disabled tier)."""
-    hk = T[2]
+    hk = T.L_hk
     i = hash_slot(hk, h)
     if hk[i] == h:
-        return T[6][i]
+        return T.L_hv[i]
     return -1
 
 
 @njit(cache=True, no_cfunc_wrapper=True)
 def tier_used(T):
-    return T[5][LM_USED]
+    return T.Lm[LM_USED]
 
 
 def check_tier(T) -> None:
@@ -197,6 +215,6 @@ def check_tier(T) -> None:
         slot = int(L_hv[i])
         assert L_i[slot, LI_STATE] == 1 and L_view.content_hash[slot] == L_hk[i], \
             "table mismatch"
-        assert int(tier_find(T, L_hk[i])) == slot, "a key is not reachable by probing"
+        assert int(L_hv[hash_slot(L_hk, L_hk[i])]) == slot, "a key is not reachable by probing"
     free = set(int(x) for x in L_free[: int(Lm[LM_FREE_TOP])])
     assert not free.intersection(int(x) for x in resident), "a resident slot is free"
