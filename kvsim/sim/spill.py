@@ -36,13 +36,18 @@ PR_DECODE_CRITICAL = 3
 # 16-token blocks the Mooncake import demotes 5.7 M HBM blocks and cascades 11 M more down
 # the tiers; as one chain of calls per block (formerly ``_hbm_evicted`` -> ``_below`` ->
 # ``tier_find`` x 3, ``_spill`` -> ``spill_into`` -> ``take_slot``, ``fill``,
-# ``copy_view``), each passing the three tiers as tuples of 7 counted members, TMP, TMP_i,
-# K, C, G ..., the counts were 36 % of the replay's samples (perf; docs/benchmarks.md,
-# "Speed: tiered replay of 16-token traces").  So the HBM evictions of one allocation are
-# handled in ONE call, :func:`_hbm_evicted_range`, and each tier is ONE pointer
-# (:class:`kvsim.memory.hooks.TierRef`), which lets the tier step be one function again
-# (:func:`kvsim.sim.tier_ops.spill_step`, called per tier; it was written out once per
-# tier here while a tier was a tuple).  Measured figures: docs/benchmarks.md.
+# ``copy_view``), each passing the tiers, TMP, TMP_i, K, C, G ..., the counts were 36 % of
+# the replay's samples (perf; docs/benchmarks.md, "Speed: tiered replay of 16-token
+# traces").  So the HBM evictions of one allocation are handled in ONE call,
+# :func:`_hbm_evicted_range`, which reads each tier's members once (a tier is one pointer,
+# :class:`kvsim.memory.hooks.TierRef`) and runs the demotion cascade on local arrays: the
+# tier step (:func:`kvsim.sim.tier_ops.spill_step`, which :func:`_spill` calls for
+# write-through) is written out there once per tier, the same statements on ``L1_*``,
+# ``L2_*``, ``L3_*``.  An edit of one must be made to all four.  Measured on the Mooncake
+# 16-token import (paired runs, docs/benchmarks.md): calling ``spill_step`` per tier from
+# here instead costs +12.5 % of the core's CPU, inlining it (numba ``inline="always"``,
+# which keeps a counted copy of every argument) +3 %.  The rules are unchanged
+# (tests/sim/test_compiled_reference.py checks them against the reference).
 
 @njit(cache=True, no_cfunc_wrapper=True)
 def _find(hk, hv, h):

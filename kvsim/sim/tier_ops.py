@@ -42,9 +42,10 @@ def spill_step(T, src, s, ow, bi, tok, below, k, TMP, TMP_i, K, C, G, step, now_
 
     The only code that changes ``Lm[LM_USED]``: it mirrors the new count into
     ``C[C_USED + t]`` (and the peak), which the step close copies into the step table
-    (per-step occupancy).  The one copy of the tier step: the tier is one pointer (a
-    :class:`kvsim.memory.hooks.TierRef`), so a call costs 13 reference counts, not the
-    19 of a tier tuple with 7 counted members (kvsim.sim.spill, "Per-call cost")."""
+    (per-step occupancy).  Called by :func:`kvsim.sim.spill._spill` (write-through); the
+    HBM demotions run the same statements written out per tier
+    (:func:`kvsim.sim.spill._hbm_evicted_range`: an edit here must be made there too;
+    kvsim.sim.spill, "Per-call cost")."""
     L_i = T.L_i
     L_view = T.L_view
     L_hk = T.L_hk
