@@ -24,15 +24,15 @@ from kvsim.sim.layout import (AI_FULL_HASH, AI_HASH, AI_PFOK, AI_SEEN, AI_SIZE, 
                               C_HBM_USED, C_STEP, C_STEP_EXTRA_US, C_STEP_STALL_US,
                               C_STEP_START_US, HI_BI, HI_HITS, HI_OWNER, HI_TOKENS,
                               K_BLOCK_TOKENS, K_LOG, K_LOG_LIFECYCLE, K_PREEMPT_SWAP,
-                              K_PREFETCH, K_PRIO_SCHED, M_ALLOC_BLK, M_BYTES_UP, M_DC_MISS,
-                              M_FIRST_TOK, M_HIT_BLK, M_HIT_TOK, M_LOOKUP_BLK, M_LOOKUP_TOK,
-                              M_OVERFLOW, M_PREEMPT_RECOMP_TOK, M_PREEMPTIONS, M_PREFETCH,
-                              M_PREFETCH_USEFUL, M_PROMOTE, M_RECOMP_TOK, M_STALL_US,
-                              M_SWAP_IN_BYTES, M_SWAP_OUT_BYTES, RF_CREDIT_US,
-                              RF_PF_BUDGET_US, RF_STALL_US, RI_BOUND, RI_BT_LEN,
-                              RI_BT_START, RI_DC_MISS, RI_HIT_TOK, RI_LATMASK,
-                              RI_LOOKUP_TOK, RI_PREEMPTS, RI_PROMPT, RI_RECOMP_TOK, RI_SEQ,
-                              RI_STATE, RS_PREEMPTED, RS_RUNNING, X_DOWN_BYTES_PER_US,
+                              K_PREFETCH, K_PRIO_SCHED, K_WRITE_POLICY, M_ALLOC_BLK,
+                              M_BYTES_UP, M_DC_MISS, M_FIRST_TOK, M_HIT_BLK, M_HIT_TOK,
+                              M_LOOKUP_BLK, M_LOOKUP_TOK, M_OVERFLOW, M_PREEMPT_RECOMP_TOK,
+                              M_PREEMPTIONS, M_PREFETCH, M_PREFETCH_USEFUL, M_PROMOTE,
+                              M_RECOMP_TOK, M_STALL_US, M_SWAP_IN_BYTES, M_SWAP_OUT_BYTES,
+                              RF_CREDIT_US, RF_PF_BUDGET_US, RF_STALL_US, RI_BOUND, RI_BT_LEN,
+                              RI_BT_START, RI_DC_MISS, RI_HIT_TOK, RI_LATMASK, RI_LOOKUP_TOK,
+                              RI_PREEMPTS, RI_PROMPT, RI_RECOMP_TOK, RI_SEQ, RI_STATE,
+                              RS_PREEMPTED, RS_RUNNING, WP_WRITE_BACK, X_DOWN_BYTES_PER_US,
                               X_DOWN_LAT_US, X_UP_BYTES_PER_US, X_UP_LAT_US)
 
 # Phase / Priority values used here (kvsim.schema)
@@ -214,7 +214,9 @@ def _place(r, e0, nb, mode, K, X, C, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr
                            A_REVIVE if out.kind[e] == mem.KIND_REVIVED else A_HIT, h, r, bi,
                            0, 0, 0, 0.0, False, -1,
                            W_REVIVE if out.kind[e] == mem.KIND_REVIVED else W_HIT)
-            lower._write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_us, alt_b, alt_s, vo)
+            if K[K_WRITE_POLICY] != WP_WRITE_BACK:  # not a call under write_back
+                lower._write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G,
+                                     step, now_us, alt_b, alt_s, vo)
             continue
         # a new HBM block: its identity
         _set_view_from_record(view, b, A_i, A_f, a, now_us)
@@ -302,7 +304,9 @@ def _place(r, e0, nb, mode, K, X, C, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr
                                bound, -1, W_RECOMP)
             else:
                 C[M_FIRST_TOK] += tok
-        lower._write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_us, alt_b, alt_s, vo)
+        if K[K_WRITE_POLICY] != WP_WRITE_BACK:  # not a call under write_back
+            lower._write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step,
+                                 now_us, alt_b, alt_s, vo)
     ops.admit(st, pst, view, out, n_hit, nb, now_us)  # new content enters the HBM policy
     if mode == MODE_ADMIT:
         C[M_LOOKUP_TOK] += num_tokens
@@ -356,5 +360,6 @@ def _fill_last(r, e, K, C, R_i, A_i, H_i, st, pst, view, T1, T2, T3, TMP, TMP_i,
         return
     H_i[b, HI_TOKENS] = K[K_BLOCK_TOKENS]
     H_i[b, HI_HITS] = 1
-    lower._write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_us,
-                         alt_b, alt_s, vo)
+    if K[K_WRITE_POLICY] != WP_WRITE_BACK:  # not a call under write_back
+        lower._write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_us,
+                             alt_b, alt_s, vo)

@@ -344,19 +344,17 @@ def _spill(src, s, ow, bi, tok, dest, T1, T2, T3, TMP, TMP_i, K, C, G, step, now
                             K, C, G, step, now_us, alt_b, alt_s, vo)
 
 
-@njit(cache=True, inline="always")
-def _write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_us, alt_b, alt_s, vo):
-    """HiCache write_through(_selective): back block ``b`` up once its hit count reaches
-    the threshold (1, or 2 for selective), unless a lower copy exists.  Inlined: under
-    write_back (the default) it costs the caller one test, not a call."""
-    if K[K_WRITE_POLICY] != WP_WRITE_BACK:
-        _write_through_copy(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_us,
-                            alt_b, alt_s, vo)
-
-
 @njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
-def _write_through_copy(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_us, alt_b, alt_s, vo):
-    """:func:`_write_through` under write_through(_selective)."""
+def _write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_us, alt_b,
+                   alt_s, vo):
+    """HiCache write_through(_selective): back block ``b`` up once its hit count reaches
+    the threshold (1, or 2 for selective), unless a lower copy exists.
+
+    Callers test ``K[K_WRITE_POLICY] != WP_WRITE_BACK`` first, so under write_back (the
+    default) it costs them one test.  It used to be wrapped in an inlined function doing
+    that test (numba ``inline="always"``), but numba keeps a counted copy of each of an
+    inlined function's 17 arguments: the Mooncake 16-token replay's core took 6.3 % more
+    CPU (paired runs, docs/benchmarks.md)."""
     wp = K[K_WRITE_POLICY]
     thr = 1 if wp == WP_WRITE_THROUGH else 2
     h = view.content_hash[b]
