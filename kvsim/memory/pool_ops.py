@@ -32,8 +32,8 @@ from kvsim.memory.fast import (
     C_RERUN_QUERY_TOKENS, C_REVIVED_BLOCKS, C_SWAP_OUT_BLOCKS, C_SWAP_OUT_BYTES,
     F_BLOCK_BYTES, F_BLOCK_SIZE, F_CACHING, F_DEBUG, F_NUM_BLOCKS, KIND_EVICTED, KIND_HIT,
     KIND_NEW, KIND_REVIVED, PREEMPT_SWAP, S_N_CAND, S_N_EMPTY, S_N_HELD, _assert_ok,
-    _empty_push_back, _empty_push_front, _empty_unlink, _index_remove, index_add,
-    index_remove, pool_cache_block, pool_lookup,
+    _empty_push_back, _empty_push_front, _empty_unlink, _home, _index_remove, index_add,
+    pool_cache_block, pool_lookup,
 )
 from kvsim.memory.hooks import (H_HIT, H_HIT_HELD, H_HOLD, H_INSERT, H_MISS, H_RELEASE,
                                 H_REMOVE, H_VICTIM)
@@ -167,7 +167,43 @@ def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
             in_cand[b] = False
             sc[S_N_CAND] -= 1
             okind[i] = KIND_EVICTED
-            oev[i] = index_remove(block_hash, hkeys, hvals, h_next, h_prev, b)
+            # fast.index_remove written out on the bound arrays (a call, even with its
+            # probe loops inlined, cost 6 reference-count updates per evicted block:
+            # ~12 % of the 16-token replay's samples; docs/benchmarks.md)
+            h = block_hash[b]
+            mask = hkeys.shape[0] - 1
+            j = _home(h, mask)  # _hslot
+            while hkeys[j] != h and hkeys[j] != 0:
+                j = (j + 1) & mask
+            nx = h_next[b]
+            if nx == b:  # b was the only block with this hash: _hdel(hkeys, hvals, j)
+                k = j
+                while True:
+                    k = (k + 1) & mask
+                    kk = hkeys[k]
+                    if kk == 0:
+                        break
+                    home = _home(kk, mask)
+                    if j <= k:
+                        stays = j < home <= k
+                    else:
+                        stays = home > j or home <= k
+                    if not stays:
+                        hkeys[j] = kk
+                        hvals[j] = hvals[k]
+                        j = k
+                hkeys[j] = 0
+                hvals[j] = -1
+            else:
+                p = h_prev[b]
+                h_next[p] = nx
+                h_prev[nx] = p
+                if hvals[j] == b:
+                    hvals[j] = nx
+            h_next[b] = -1
+            h_prev[b] = -1
+            block_hash[b] = 0
+            oev[i] = h
             oreason[i] = reason
             onalt[i] = n_alt
             counters[C_EVICTED_BLOCKS] += 1
