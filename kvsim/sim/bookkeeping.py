@@ -171,24 +171,3 @@ def _grow_records(r, R_i, A_i, A_f, C):
     R_i[r, RI_BT_START] = top
     R_i[r, RI_BT_CAP] = cap
     C[C_ARENA_TOP] = top + cap
-
-
-@njit(cache=True, no_cfunc_wrapper=True)
-def _intent(a, i, cols, A_i, b, view):
-    (c_step, c_time, c_kind, c_req, c_bi, c_hash, c_parent, c_ntok, c_dur, c_phase, c_prio,
-     c_rprio, c_dl, c_slack, c_rcost, c_tds, c_pin, c_pfok, c_size, c_tenant) = cols
-    A_i[a, AI_PHASE] = c_phase[i]
-    A_i[a, AI_PRIO] = c_prio[i]
-    A_i[a, AI_RPRIO] = c_rprio[i]
-    A_i[a, AI_DEADLINE] = c_dl[i]
-    A_i[a, AI_SLACK] = c_slack[i]
-    A_i[a, AI_TDS] = c_tds[i]
-    A_i[a, AI_PIN] = c_pin[i]
-    if b > 0:
-        view.phase[b] = c_phase[i]
-        view.priority[b] = c_prio[i]
-        view.request_priority[b] = c_rprio[i]
-        view.deadline_us[b] = c_dl[i]
-        view.slack_us[b] = c_slack[i]
-        view.target_decode_step[b] = c_tds[i]
-        view.pinned[b] = c_pin[i] or c_prio[i] == PR_DECODE_CRITICAL
