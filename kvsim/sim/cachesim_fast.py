@@ -47,7 +47,8 @@ prefetched 16 ahead 0.178-0.180; at 100,000 blocks the hash table was slower tha
 direct table, 0.33-0.50 vs 0.25-0.32).  The lookup chain is short either way; what the
 direct table lost was the load latency, and a prefetch hides it without a hash's probe.
 
-Every loop returns ``(hits, misses, evictions, resident_at_end, unique_keys)`` and writes
+Every loop takes the prefetch distance last (``ahead``, :func:`prefetch_distance`: 0 =
+no prefetch), returns ``(hits, misses, evictions, resident_at_end, unique_keys)`` and writes
 the evicted dense ids into ``victims_out`` when it is not empty.  Lists are doubly linked
 through ``prev``/``nxt`` arrays of slots, head = oldest (next to evict), ``-1`` = none;
 ``E[q] = [head, tail, size]`` of list ``q``.
@@ -73,6 +74,21 @@ DIRECT_SLACK = 1 << 22
 #: with other jobs' use of the shared L3), 4 ahead 0.253, 8 ahead 0.200, 16 ahead 0.178,
 #: 32 ahead 0.182; at 100,000 blocks 0.253 / 0.199 / 0.178 / 0.200 / 0.231.
 AHEAD = 16
+#: Prefetch only when the table has at least this many entries (1 MiB of int32, this
+#: machine's L2 per core; docs/benchmarks.md): a smaller table stays in the L2 and the
+#: prefetch is pure overhead.  Measured (best of 5-30 interleaved runs, CPU time, load
+#: ~6.4 on 2 cores; no prefetch -> prefetch 16 ahead), arc / lru at 1,000 blocks: Zipf(1.0)
+#: 3 M accesses over 100 k keys 44.9 -> 44.0 / 30.7 -> 30.8 ms, over 250 k keys 50.8 ->
+#: 47.5 / 33.7 -> 31.8 ms, over 500 k keys 57.4 -> 50.5 / 38.9 -> 34.7 ms; the Mooncake
+#: block stream (288,500 accesses over 182,790 keys, mostly first accesses) 4.71 -> 4.86 /
+#: 1.90 -> 2.17 ms, belady 11.36 -> 11.65 ms.
+PREFETCH_MIN_SPAN = 1 << 18
+
+
+def prefetch_distance(span: int) -> int:
+    """The ``ahead`` argument of the loops for a table of ``span`` entries: ``AHEAD``, or 0
+    (no prefetch) below ``PREFETCH_MIN_SPAN``."""
+    return AHEAD if span >= PREFETCH_MIN_SPAN else 0
 
 
 @njit(cache=True)
@@ -109,15 +125,28 @@ def new_table(span: int) -> np.ndarray:
     return np.full(span, -1, np.int32 if span < (1 << 30) else np.int64)
 
 
+def next_use_table(n: int, span: int) -> np.ndarray:
+    """The ``last`` argument of :func:`next_use_keys` for ``n`` accesses over ``span``
+    keys: int32 filled with int32's max (its NEVER) when every index fits, else int64
+    with ``NEVER`` (int64 max).  int32 halves what the pass writes and the random table
+    it touches (10 M Zipf(1.0) accesses over 1 M keys, best of 4, load ~4.7 on 2 cores:
+    0.087 -> 0.045 CPU-s); Belady's victims are the same, since only the order of next
+    uses matters and NEVER stays above every index."""
+    if n < np.iinfo(np.int32).max:
+        return np.full(span, np.iinfo(np.int32).max, np.int32)
+    return np.full(span, np.iinfo(np.int64).max, np.int64)
+
+
 @njit(cache=True)
-def next_use_keys(keys, lo, span):
-    """``out[i]`` = index of the next access to ``keys[i]`` after ``i``, ``NEVER``
-    (int64 max) if none: :func:`kvsim.sim.cachesim.next_use_of` on keys, no remap."""
-    last = np.full(span, np.iinfo(np.int64).max, np.int64)
-    out = np.empty(keys.shape[0], np.int64)
+def next_use_keys(keys, lo, last, ahead):
+    """``out[i]`` = index of the next access to ``keys[i]`` after ``i``, NEVER if none:
+    :func:`kvsim.sim.cachesim.next_use_of` on keys, no remap.  ``last`` (one entry per
+    key, from :func:`next_use_table`) holds NEVER on entry and sets the dtype of ``out``
+    and its NEVER.  ``ahead``: prefetch distance (:func:`prefetch_distance`; 0 = none)."""
+    out = np.empty(keys.shape[0], last.dtype)
     for i in range(keys.shape[0] - 1, -1, -1):
-        if i >= AHEAD:
-            prefetch(last, keys[i - AHEAD] - lo)
+        if ahead > 0 and i >= ahead:
+            prefetch(last, keys[i - ahead] - lo)
         k = keys[i] - lo
         out[i] = last[k]
         last[k] = i
@@ -173,7 +202,7 @@ def _grown(a):
 
 
 @njit(cache=True)
-def replay_lru(keys, lo, table, capacity, victims_out, uniq_out):
+def replay_lru(keys, lo, table, capacity, victims_out, uniq_out, ahead):
     """LRU (policies/lru.py): a hit moves the block to the tail, the head is evicted; the
     evicted block's slot takes the new block."""
     m = max(min(capacity, keys.shape[0]), 1)
@@ -193,8 +222,8 @@ def replay_lru(keys, lo, table, capacity, victims_out, uniq_out):
     ev = 0
     nk = keys.shape[0]
     for t in range(nk):
-        if t + AHEAD < nk:
-            prefetch(table, keys[t + AHEAD] - lo)
+        if ahead > 0 and t + ahead < nk:
+            prefetch(table, keys[t + ahead] - lo)
         x = keys[t]
         k = x - lo
         s = table[k]
@@ -248,7 +277,7 @@ def replay_lru(keys, lo, table, capacity, victims_out, uniq_out):
 
 
 @njit(cache=True)
-def replay_fifo(ids, lo, table, capacity, victims_out, uniq_out):
+def replay_fifo(ids, lo, table, capacity, victims_out, uniq_out, ahead):
     """FIFO (policies/fifo.py): evict in insertion order; a ring of ``capacity`` slots."""
     m = max(min(capacity, ids.shape[0]), 1)
     kd = np.empty((m, 2), table.dtype)  # a slot's key offset and dense id side by side
@@ -263,8 +292,8 @@ def replay_fifo(ids, lo, table, capacity, victims_out, uniq_out):
     w = 0  # next slot to write = the oldest entry once the ring is full
     nk = ids.shape[0]
     for t in range(nk):
-        if t + AHEAD < nk:
-            prefetch(table, ids[t + AHEAD] - lo)
+        if ahead > 0 and t + ahead < nk:
+            prefetch(table, ids[t + ahead] - lo)
         x = ids[t]
         k = x - lo
         s = table[k]
@@ -295,7 +324,7 @@ def replay_fifo(ids, lo, table, capacity, victims_out, uniq_out):
 
 
 @njit(cache=True)
-def replay_lfu(keys, lo, table, capacity, victims_out, uniq_out):
+def replay_lfu(keys, lo, table, capacity, victims_out, uniq_out, ahead):
     """LFU, LRU among ties (policies/lfu.py: smallest (frequency, last touch)), with O(1)
     frequency buckets: ``B[f]`` = [head, tail, size] of the slots of frequency ``f``.  The
     victim's slot takes the new block."""
@@ -318,8 +347,8 @@ def replay_lfu(keys, lo, table, capacity, victims_out, uniq_out):
     minf = 1
     nk = keys.shape[0]
     for t in range(nk):
-        if t + AHEAD < nk:
-            prefetch(table, keys[t + AHEAD] - lo)
+        if ahead > 0 and t + ahead < nk:
+            prefetch(table, keys[t + ahead] - lo)
         x = keys[t]
         k = x - lo
         s = table[k]
@@ -364,7 +393,7 @@ def replay_lfu(keys, lo, table, capacity, victims_out, uniq_out):
 
 
 @njit(cache=True)
-def replay_sieve(keys, lo, table, capacity, victims_out, uniq_out):
+def replay_sieve(keys, lo, table, capacity, victims_out, uniq_out, ahead):
     """SIEVE (policies/sieve.py): the hand walks from old to new, clearing visited bits.
     The evicted block's slot is unlinked and re-appended at the tail for the new block."""
     m = max(min(capacity, keys.shape[0]), 1)
@@ -386,8 +415,8 @@ def replay_sieve(keys, lo, table, capacity, victims_out, uniq_out):
     ev = 0
     nk = keys.shape[0]
     for t in range(nk):
-        if t + AHEAD < nk:
-            prefetch(table, keys[t + AHEAD] - lo)
+        if ahead > 0 and t + ahead < nk:
+            prefetch(table, keys[t + ahead] - lo)
         x = keys[t]
         k = x - lo
         s = table[k]
@@ -442,7 +471,7 @@ def replay_sieve(keys, lo, table, capacity, victims_out, uniq_out):
 
 
 @njit(cache=True)
-def replay_belady(keys, lo, table, next_use, capacity, victims_out, uniq_out):
+def replay_belady(keys, lo, table, next_use, capacity, victims_out, uniq_out, ahead):
     """Belady's MIN, the hooks of ``policies/belady.py`` inlined (see kvsim.sim.cachesim's
     docstring): a max-heap on next use; ``hk[i]``, ``hb[i]``, ``hd[i]``: next use, key
     offset and dense id at heap position ``i``; ``table[key]`` = the key's position.  A
@@ -463,8 +492,8 @@ def replay_belady(keys, lo, table, next_use, capacity, victims_out, uniq_out):
     evictions = 0
     nk = keys.shape[0]
     for t in range(nk):
-        if t + AHEAD < nk:
-            prefetch(table, keys[t + AHEAD] - lo)
+        if ahead > 0 and t + ahead < nk:
+            prefetch(table, keys[t + ahead] - lo)
         x = keys[t]
         b = x - lo
         key = next_use[t]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from kvsim.sim.cachesim_fast import AHEAD, NIL
+from kvsim.sim.cachesim_fast import NIL
 from kvsim.sim.prefetch import prefetch
 
 
@@ -52,7 +52,7 @@ def _s_push_tail(prev, nxt, head, tail, b):
 
 @njit(cache=True)
 def replay_s3fifo(keys, lo, table, capacity, small_cap, ghost_cap, move_to_main,
-                  victims_out, uniq_out):
+                  victims_out, uniq_out, ahead):
     """S3-FIFO (policies/s3fifo.py, libCacheSim S3FIFO): SMALL, MAIN and GHOST FIFOs of
     slots, their heads, tails and sizes in local scalars (as :func:`replay_arc`).  A ghost
     entry keeps its slot (``table`` points to it); a ghost hit re-enters MAIN in the same
@@ -82,8 +82,8 @@ def replay_s3fifo(keys, lo, table, capacity, small_cap, ghost_cap, move_to_main,
     has_evicted = False
     nk = keys.shape[0]
     for t in range(nk):
-        if t + AHEAD < nk:
-            prefetch(table, keys[t + AHEAD] - lo)
+        if ahead > 0 and t + ahead < nk:
+            prefetch(table, keys[t + ahead] - lo)
         x = keys[t]
         k = x - lo
         s = table[k]
@@ -181,7 +181,7 @@ def replay_s3fifo(keys, lo, table, capacity, small_cap, ghost_cap, move_to_main,
 
 
 @njit(cache=True)
-def replay_arc(keys, lo, table, capacity, victims_out, uniq_out):
+def replay_arc(keys, lo, table, capacity, victims_out, uniq_out, ahead):
     """ARC (policies/arc.py, libCacheSim ARC): T1, T2 and their ghosts B1, B2, all in
     slots (a ghost keeps its block's slot; a ghost hit re-enters T2 in the same slot;
     freed slots are chained through ``nxt``).  The four lists' heads, tails and sizes are
@@ -210,8 +210,8 @@ def replay_arc(keys, lo, table, capacity, victims_out, uniq_out):
     p = 0.0
     nk = keys.shape[0]
     for t in range(nk):
-        if t + AHEAD < nk:
-            prefetch(table, keys[t + AHEAD] - lo)
+        if ahead > 0 and t + ahead < nk:
+            prefetch(table, keys[t + ahead] - lo)
         x = keys[t]
         k = x - lo
         s = table[k]

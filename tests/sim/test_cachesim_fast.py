@@ -200,3 +200,33 @@ def test_arc_with_full_ghost_lists_matches_a_plain_reference(capacity):
     got = simulate_cache(keys, capacity, "arc", record_victims=True)
     np.testing.assert_array_equal(got.keys_by_id[got.victims], want)
     assert got.misses == got.evictions + min(capacity, got.unique_keys)
+
+
+def test_prefetch_rule_follows_the_table_size():
+    from kvsim.sim import cachesim_fast as f
+
+    assert f.prefetch_distance(f.PREFETCH_MIN_SPAN - 1) == 0
+    assert f.prefetch_distance(f.PREFETCH_MIN_SPAN) == f.AHEAD > 0
+
+
+@pytest.mark.parametrize("policy", FAST + ["belady"])
+def test_prefetching_loops_evict_what_the_hooks_evict(policy, monkeypatch):
+    """The test streams' tables are small (no prefetch by the rule); with the threshold
+    at 1 the same loops prefetch, including in the last AHEAD accesses, and must give
+    the same victims as the hook path."""
+    from kvsim.sim import cachesim_fast as f
+
+    monkeypatch.setattr(f, "PREFETCH_MIN_SPAN", 1)
+    seen = []
+    real = f.prefetch_distance
+    monkeypatch.setattr(f, "prefetch_distance", lambda span: seen.append(real(span)) or
+                        seen[-1])
+    for keys in _streams() + [_edge_streams()["near int64 max"], np.arange(5)]:
+        for cap in (1, 7, 50):
+            fast = simulate_cache(keys, cap, policy, record_victims=True)
+            slow = simulate_cache(keys, cap, policy, record_victims=True, fast_path=False)
+            assert (fast.hits, fast.misses, fast.unique_keys) == (
+                slow.hits, slow.misses, slow.unique_keys)
+            np.testing.assert_array_equal(fast.victims, slow.victims)
+            np.testing.assert_array_equal(fast.keys_by_id, slow.keys_by_id)
+    assert seen and all(a == f.AHEAD for a in seen)
