@@ -75,13 +75,17 @@ DIRECT_SLACK = 1 << 22
 #: 32 ahead 0.182; at 100,000 blocks 0.253 / 0.199 / 0.178 / 0.200 / 0.231.
 AHEAD = 16
 #: Prefetch only when the table has at least this many entries (1 MiB of int32, this
-#: machine's L2 per core; docs/benchmarks.md): a smaller table stays in the L2 and the
-#: prefetch is pure overhead.  Measured (best of 5-30 interleaved runs, CPU time, load
-#: ~6.4 on 2 cores; no prefetch -> prefetch 16 ahead), arc / lru at 1,000 blocks: Zipf(1.0)
-#: 3 M accesses over 100 k keys 44.9 -> 44.0 / 30.7 -> 30.8 ms, over 250 k keys 50.8 ->
-#: 47.5 / 33.7 -> 31.8 ms, over 500 k keys 57.4 -> 50.5 / 38.9 -> 34.7 ms; the Mooncake
-#: block stream (288,500 accesses over 182,790 keys, mostly first accesses) 4.71 -> 4.86 /
-#: 1.90 -> 2.17 ms, belady 11.36 -> 11.65 ms.
+#: machine's L2 per core; docs/benchmarks.md): a smaller table mostly stays in the L2.
+#: Measured (best of 5-30 interleaved runs, CPU time, load ~6.4 on 2 cores; no prefetch ->
+#: prefetch 16 ahead), arc / lru at 1,000 blocks: Zipf(1.0) 3 M accesses over 100 k keys
+#: 44.9 -> 44.0 / 30.7 -> 30.8 ms, over 250 k keys 50.8 -> 47.5 / 33.7 -> 31.8 ms, over
+#: 500 k keys 57.4 -> 50.5 / 38.9 -> 34.7 ms; the Mooncake block stream (288,500 accesses
+#: over 182,790 keys, mostly first accesses, in increasing key order) 4.71 -> 4.86 / 1.90 ->
+#: 2.17 ms.  ``bench/bench_prefetch.py`` (every loop, end to end, load ~7.5): prefetch /
+#: no prefetch 0.88-1.06 over 100 k keys, 0.85-0.99 over 250 k, 0.67-0.92 over 500 k,
+#: 0.58-0.92 over 1 M, 0.90-1.10 on Mooncake.  The threshold stays above Mooncake's span:
+#: a real trace's dense ids come in order of first appearance, as Mooncake's keys do, and
+#: there the prefetch mostly costs; a random 250 k-key range would gain 1-15 %.
 PREFETCH_MIN_SPAN = 1 << 18
 
 
