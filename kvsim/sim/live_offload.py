@@ -23,10 +23,8 @@ Rules (docs/cost-model.md, "Live offload", gives each with its source):
   A policy names a unit; the replay spills that unit's most recently placed block (a
   request's blocks are spilled tail-first, as vLLM's offloading LRU does), and asks
   again while it needs room.  Pinned units are a second instance of the same policy,
-  asked only when no unpinned unit and no cached block is left.  Under the need rule every
-  block of a request is needed at the same step, so ranking a request's blocks one by
-  one would not change a stall; ranking units keeps the replay O(requests) per step
-  instead of O(context).
+  asked only when no unpinned unit and no cached block is left.  Ranking units keeps the
+  replay O(requests) per step (the bound's exceptions: kvsim/sim/live_optimum.py).
 * **Recency.** A unit's view is its request's: ``last_access_us`` is the start of the
   request's latest step (stamped per request, as the tiered core stamps blocks at
   release), intent fields are those of the unit's top block, with the request-level
@@ -57,6 +55,7 @@ from kvsim.policy_api import NEVER, new_block_view
 from kvsim.schema import EventKind, Phase, Priority
 from kvsim.sim.live_moves import (fetch_many, fetch_one, fetch_run, spill_many,
                                   spill_one, spill_run)
+from kvsim.sim.live_optimum import exact_top, settle, unlend
 
 K_STEP, K_ARRIVE, K_ALLOCATE, K_ACCESS, K_INTENT, K_COMMIT, K_FORK, K_FREE = (
     int(EventKind.STEP), int(EventKind.ARRIVE), int(EventKind.ALLOCATE),
@@ -116,6 +115,8 @@ class LiveReplay:
         self.slot_block = np.full(C, -1, np.int64)
         self.in_pol = [False] * self.num_slots  # unit is a candidate of its policy instance
         self.held_units: list[int] = []  # units of the served request taken out (on_hold)
+        self.lent: dict[int, int] = {}  # bound only: block -> admission it waits for
+        self.lent_to: dict[int, set] = {}  # (kvsim/sim/live_optimum.py, exact_top)
         # per block (global id 0..nb-1): numpy arrays (grown by doubling) for what the
         # move loops touch per block (kvsim/sim/live_moves.py moves runs of blocks with
         # array operations), Python lists for the rest
@@ -222,13 +223,7 @@ class LiveReplay:
         v.size_bytes[s] = self.block_bytes
         v.pinned[s] = False
         v.content_hash[s] = self.b_hash[b]
-        v.next_use[s] = self._cached_next_use(b)
-
-    def _cached_next_use(self, b: int) -> int:
-        nu = self.next_access
-        if nu is None:
-            return NEVER
-        return nu.hash_after(self.b_hash[b], self.ordinal)
+        v.next_use[s] = NEVER  # the bound drops cached blocks first (live_optimum.py)
 
     def _insert(self, u: int, cls: int) -> None:
         p = self.pols[cls]
@@ -305,7 +300,10 @@ class LiveReplay:
                 self._drop_cached(b)
                 self.c["evictions_hbm"] += 1
             else:
-                self._spill_many((u - self.C) // 2, cls, n - len(free))
+                r, k = (u - self.C) // 2, n - len(free)
+                if self.offline:  # the bound: shared blocks needed sooner leave the unit
+                    k = exact_top(self, r, cls, k)
+                self._spill_many(r, cls, k)
 
     # ---- block moves --------------------------------------------------------------------
     def _spill_many(self, r: int, cls: int, k: int) -> None:
@@ -351,6 +349,8 @@ class LiveReplay:
                     self._push(b)
             return
         self.live_blocks -= 1
+        if self.lent:
+            unlend(self, b)
         if self.b_pf[b]:
             self.b_pf[b] = False
             self.c["prefetches_wasted"] += 1
@@ -422,6 +422,8 @@ class LiveReplay:
                 self.table[r][idx] = b
                 self.b_holders[b].append(r)
                 self.b_ref[b] += 1
+                if self.lent and self.lent.get(b) == r:
+                    unlend(self, b)
                 if self.b_ref[b] == 1:  # revive a cached block
                     s = self.b_slot[b]
                     if self.in_pol[s]:
@@ -472,6 +474,8 @@ class LiveReplay:
     def access(self, r: int, ordinal: int, phase: int, prio: int, deadline: int,
                ntok: int) -> None:
         self._serve(r)
+        if self.lent_to and self.lent_to.get(r):
+            settle(self, r)  # the bound: blocks lent to r that it did not hit go back
         self.accessed[r] = True
         miss = self.spilled[r]
         stall = 0.0
