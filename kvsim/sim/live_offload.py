@@ -76,7 +76,7 @@ class LivePolicy:
 
     def __init__(self, pol, capacity: int, num_slots: int, seed: int) -> None:
         self.pol = pol
-        state = pol.init(capacity, num_slots, {"seed": seed})
+        state = pol.init(capacity, num_slots, {"seed": seed, "live_offload": True})
         if pol.compiled and is_uniform(state):
             # one pointer (kvsim.memory.hooks.StateRef): the signature the hooks are compiled
             # for anyway, and one object to pass per call instead of 35 arrays
