@@ -27,6 +27,11 @@ from kvsim.errors import KvsimInputError
 from kvsim.sim.live_optimum import unlend
 from kvsim.schema import Priority
 
+#: Fewest blocks moved as a run; fewer move block by block (same effects): a run's numpy
+#: calls cost ~50-100 us, a block ~3 us (profiled on long_context_extreme, 48 requests,
+#: deadline: 40 % of spill/fetch calls moved 1-3 blocks; docs/benchmarks.md, "Live
+#: offload").  Tests set it to 0 to check runs of every length against the block loop.
+RUN_MIN_BLOCKS = 16
 HBM = 0  # LiveReplay.b_tier of a block in HBM
 UNPINNED, PINNED = 0, 1  # LiveReplay's pin class of a pinned unit
 PR_CRIT = int(Priority.DECODE_CRITICAL)
@@ -207,7 +212,7 @@ def spill_run(self, r: int, cls: int, k: int) -> None:
     run.reverse()  # the block loop pops the top first
     blocks = np.array(run, np.int64)
     cnt = self.ucnt[2 * r + cls]
-    pc = np.bincount(np.clip(self.b_prio[blocks], 0, 3), minlength=4)
+    pc = np.bincount(np.minimum(np.maximum(self.b_prio[blocks], 0), 3), minlength=4)
     for i in range(4):
         cnt[i] -= int(pc[i])
     slots = self.b_slot[blocks]
@@ -328,7 +333,7 @@ def fetch_run(self, r: int, miss: dict, per_tier: list) -> bool:
     # onto their owners' stacks, in runs of one unit; a unit that becomes non-empty is
     # inserted (view of its first block) before the rest of its run is counted
     key = 2 * self.b_req[blocks] + b_cls
-    pcat = np.clip(b_prio, 0, 3)
+    pcat = np.minimum(np.maximum(b_prio, 0), 3)  # (np.clip: 10x the call overhead)
     if n == 1 or (key == key[0]).all():
         bounds = [0, n]
     else:

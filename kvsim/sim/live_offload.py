@@ -36,11 +36,10 @@ Rules (docs/cost-model.md, "Live offload", gives each with its source):
   link's per-step budget.
 * **Prefix cache.** Hashed full prompt blocks are shared as in vLLM (chain lookup at
   admission, stop at the first miss); a finished request's hashed blocks stay in HBM as
-  cached units; a cached block chosen for eviction is dropped (not spilled: lower-tier
-  caching of finished blocks is the tiered replay's model, not this mode's).
+  cached units, dropped (not spilled: the tiered replay's model) when chosen.
 
-Python API: :func:`simulate_live` ``(trace_path, policy, config) -> SimResult``; it is what
-``kvsim.sim.simulate`` runs when ``config.live_offload`` is set.
+Python API: :func:`simulate_live` ``(trace_path, policy, config) -> SimResult`` (what
+``kvsim.sim.simulate`` runs when ``config.live_offload`` is set).
 """
 
 from __future__ import annotations
@@ -53,9 +52,10 @@ from kvsim.errors import KvsimInputError
 from kvsim.memory.hooks import is_uniform, policy_value, view_ref
 from kvsim.policy_api import NEVER, new_block_view
 from kvsim.schema import EventKind, Phase, Priority
+from kvsim.sim import live_moves
 from kvsim.sim.live_moves import (fetch_many, fetch_one, fetch_run, spill_many,
                                   spill_one, spill_run)
-from kvsim.sim.live_optimum import exact_top, settle, unlend
+from kvsim.sim.live_optimum import cached_next, exact_top, settle, unlend
 
 K_STEP, K_ARRIVE, K_ALLOCATE, K_ACCESS, K_INTENT, K_COMMIT, K_FORK, K_FREE = (
     int(EventKind.STEP), int(EventKind.ARRIVE), int(EventKind.ALLOCATE),
@@ -131,6 +131,7 @@ class LiveReplay:
         self.b_pin = np.zeros(0, np.bool_)  # pin requested
         self.b_intent: list[tuple] = []  # (phase, prio, rprio, deadline, slack, target, rc)
         self.b_hash: list[int] = []
+        self.b_idx: list[int] = []  # position in its request's table (chain depth)
         self.b_holders: list[list[int]] = []
         self.index: dict[int, int] = {}  # content hash -> block (held or cached in HBM)
         # per request
@@ -223,7 +224,7 @@ class LiveReplay:
         v.size_bytes[s] = self.block_bytes
         v.pinned[s] = False
         v.content_hash[s] = self.b_hash[b]
-        v.next_use[s] = NEVER  # the bound drops cached blocks first (live_optimum.py)
+        v.next_use[s] = cached_next(self, b)  # the bound (kvsim/sim/live_optimum.py)
 
     def _insert(self, u: int, cls: int) -> None:
         p = self.pols[cls]
@@ -308,15 +309,15 @@ class LiveReplay:
     # ---- block moves --------------------------------------------------------------------
     def _spill_many(self, r: int, cls: int, k: int) -> None:
         """Spill the top ``k`` blocks of request ``r``'s unit ``cls`` (kvsim/sim/live_moves.py:
-        as one run, or block by block when ``runs`` is off; same effects)."""
-        (spill_run if self.runs else spill_many)(self, r, cls, k)
+        as one run from ``RUN_MIN_BLOCKS`` blocks, else block by block; same effects)."""
+        run = self.runs and k >= live_moves.RUN_MIN_BLOCKS
+        (spill_run if run else spill_many)(self, r, cls, k)
 
     def _fetch_many(self, r: int, miss: dict, per_tier: list) -> bool:
-        """Fetch request ``r``'s missing blocks ``miss`` while HBM has free slots
-        (kvsim/sim/live_moves.py); True if one was pinned or DECODE_CRITICAL."""
-        if self.runs:
-            return fetch_run(self, r, miss, per_tier)
-        return fetch_many(self, r, miss, per_tier)
+        """Fetch request ``r``'s missing blocks ``miss`` while HBM has free slots (likewise);
+        True if one was pinned or DECODE_CRITICAL."""
+        run = self.runs and min(len(miss), len(self.free_slots)) >= live_moves.RUN_MIN_BLOCKS
+        return (fetch_run if run else fetch_many)(self, r, miss, per_tier)
 
     _spill = spill_one  # kvsim/sim/live_moves.py: one block (prefetch's displacement)
     _fetch = fetch_one
@@ -337,8 +338,7 @@ class LiveReplay:
         self.spilled[r].pop(b, None)
         if not self.spilled[r]:
             self.has_spilled.pop(r, None)
-        if b in self.pf_unused[r]:
-            self.pf_unused[r].discard(b)
+        self.pf_unused[r].discard(b)
         if self.b_ref[b] > 0:
             if self.b_req[b] == r:  # hand the block to the next holder
                 if self.b_tier[b] == HBM:
@@ -381,9 +381,8 @@ class LiveReplay:
             setattr(self, name, g)
 
     def _cls_of(self, b: int) -> int:
-        ph, pr = self.b_intent[b][0], self.b_intent[b][1]
-        r = self.b_req[b]
-        return PINNED if (self.b_pin[b] or pr == PR_CRIT or self.req_pin[r]) else UNPINNED
+        crit = self.b_intent[b][1] == PR_CRIT
+        return PINNED if (self.b_pin[b] or crit or self.req_pin[self.b_req[b]]) else UNPINNED
 
     # ---- rows ---------------------------------------------------------------------------
     def _serve(self, r: int) -> None:
@@ -457,6 +456,7 @@ class LiveReplay:
         self.b_intent.append(intent)
         self.b_prio[b] = intent[1]
         self.b_hash.append(h if ntok == self.B else 0)
+        self.b_idx.append(idx)
         self.b_holders.append([r])
         self.b_cls[b] = self._cls_of(b)
         self.slot_block[slot] = b

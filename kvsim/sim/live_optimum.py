@@ -53,6 +53,10 @@ from kvsim.policy_api import NEVER
 from kvsim.schema import EventKind
 
 
+DEPTH_CAP = (1 << 30) - 1
+CACHED_RANK = NEVER - (1 << 31)  # above every row ordinal, below NEVER (no further read)
+
+
 class NextUse:
     """Next uses of a trace: ``after_access[ordinal]`` = the ordinal of the next ACCESS row
     of the same request (absent: never), ``first_access[r]``, and per content hash the
@@ -133,6 +137,16 @@ def true_next(rep, b: int) -> tuple[int, int]:
     return best, to
 
 
+def cached_next(rep, b: int) -> int:
+    """MIN's rank of finished, cached block ``b``: after every live block's next use (the
+    bound drops cached blocks first: keeping one saves no load), the deepest block of a
+    chain first (``CACHED_RANK + depth``), so a chain loses its tail before its head and
+    an admission that misses part of it indexes its own copies of the rest (dropping a
+    chain's middle would leave its deeper cached blocks to be hit by the next admission
+    while the previous one holds its own copies of them: duplicates, more live blocks)."""
+    return CACHED_RANK + min(rep.b_idx[b], DEPTH_CAP)
+
+
 def exact_top(rep, r: int, cls: int, k: int) -> int:
     """Make the top blocks of request ``r``'s unit ``cls`` (the unit MIN named, ranked by
     ``r``'s next use) blocks whose next use really is ``r``'s; return how many of its top
@@ -152,15 +166,32 @@ def exact_top(rep, r: int, cls: int, k: int) -> int:
     k = min(k, len(st))
     if k <= 0:
         return 0
-    mine = rep.next_use_of[r]
+    nu, cur, holders, b_hash, index = (rep.next_use_of, rep.cur_req, rep.b_holders,
+                                       rep.b_hash, rep.index)
+    hash_rows, ordinal, mine = rep.next_access.hash_rows, rep.ordinal, nu[r]
     keep: list[int] = []
     moved: list[tuple[int, int]] = []
     i = len(st)
-    while i > 0 and len(keep) < k:
+    while i > 0 and len(keep) < k:  # true_next of each block, inlined (the hot loop)
         i -= 1
         b = st[i]
-        t, to = true_next(rep, b)
-        if t >= mine or to == r or to < 0:
+        hs = holders[b]
+        if cur >= 0 and cur in hs:
+            (keep.append(b) if cur == r else moved.append((b, cur)))
+            continue
+        best, to = NEVER, -1
+        for q in hs:
+            if nu[q] < best:
+                best, to = nu[q], q
+        h = b_hash[b]
+        if h != 0:
+            rows = hash_rows.get(h)
+            if rows is not None and index.get(h) == b:
+                j = bisect.bisect_right(rows[0], ordinal)
+                if j < len(rows[0]) and (rows[2][j] < best or rows[1][j] == cur):
+                    to = rows[1][j]
+                    best = -1 if to == cur else rows[2][j]
+        if best >= mine or to == r or to < 0:
             keep.append(b)
         else:
             moved.append((b, to))
@@ -215,4 +246,5 @@ def settle(rep, r: int) -> None:
             rep.b_cls[b] = rep._cls_of(b)
 
 
-__all__ = ["NextUse", "next_uses", "exact_top", "true_next", "unlend", "settle"]
+__all__ = ["NextUse", "next_uses", "cached_next", "exact_top", "true_next", "unlend",
+           "settle"]
