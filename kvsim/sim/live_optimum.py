@@ -50,7 +50,9 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.policy_api import NEVER
-from kvsim.schema import EventKind
+from kvsim.schema import EventKind, Priority
+
+PR_CRIT = int(Priority.DECODE_CRITICAL)
 
 
 DEPTH_CAP = (1 << 30) - 1
@@ -208,9 +210,35 @@ def exact_top(rep, r: int, cls: int, k: int) -> int:
     u = rep.C + 2 * r + cls
     if not st and rep.in_pol[u]:
         rep._remove(u, cls)
-    for b, to in moved:
-        _hand(rep, b, to)
+    _hand_many(rep, moved)
     return len(keep)
+
+
+def _hand_many(rep, moved: list) -> None:
+    """:func:`_hand` of each ``(block, request)``, inlined (the bound's other hot loop)."""
+    lent, lent_to, holders, b_req, b_cls, b_pin, b_intent, req_pin, stack, ucnt = (
+        rep.lent, rep.lent_to, rep.b_holders, rep.b_req, rep.b_cls, rep.b_pin,
+        rep.b_intent, rep.req_pin, rep.stack, rep.ucnt)
+    C, held = rep.C, rep.held_units
+    for b, to in moved:
+        q = lent.pop(b, None)
+        if q is not None:
+            lent_to[q].discard(b)
+        if to not in holders[b]:
+            lent[b] = to
+            lent_to.setdefault(to, set()).add(b)
+        pr = b_intent[b][1]
+        cls = 1 if (b_pin[b] or pr == PR_CRIT or req_pin[to]) else 0  # LiveReplay._cls_of
+        b_req[b] = to
+        b_cls[b] = cls
+        st = stack[to][cls]  # LiveReplay._push
+        st.append(b)
+        k = 2 * to + cls
+        ucnt[k][0 if pr < 0 else 3 if pr > 3 else pr] += 1
+        if len(st) == 1 and C + k not in held:
+            rep.view.insert_us[C + k] = rep.now_us
+            rep._fill_unit(C + k, b)
+            rep._insert(C + k, cls)
 
 
 def _hand(rep, b: int, to: int) -> None:
