@@ -100,19 +100,24 @@ REQUEST_PRIORITY_WEIGHT_US = 1e4  # 100 request-priority points = one class
 # Live offload (``params["live_offload"]``, kvsim/sim/live_offload.py): a running request's
 # unit is needed at its ``target_decode_step`` (kvsim's lowering writes step + 1 on a
 # decode ACCESS: a request already served in this step is needed one step later than one
-# still to be served).  Such units are ranked by that step first (latest spilled first),
-# then by slack (most first): keep = -LIVE_STEP_US x target + tie, |tie| <= LIVE_TIE_US.
-LIVE_STEP_US = 1e10  # one step outweighs any tie term (float64 exact to 0.125 us up to 1e15)
-LIVE_TIE_US = 4e9  # tie terms clipped here: slack, time to deadline, class, priority
+# still to be served).  Units are ranked by that step (latest spilled first), then by
+# slack (most first), then by the order they were served (last served first: the requests
+# of a step are served in the same order every step, so it is needed last in the next):
+# keep = -LIVE_STEP_US x step - slack (slack clipped to [0, LIVE_SLACK_CAP_US]), heap tie
+# -seq.  float64 holds these keys exactly up to 2^53 us (steps below ~900,000).
+LIVE_STEP_US = 1e10  # one step outweighs any slack
+LIVE_SLACK_CAP_US = 4e9  # slack counted up to here (over an hour)
 
+PH_PREFILL = 0
 PH_ROLLBACK = 4  # kvsim.schema.Phase: PREFILL 0, DECODE 1, VERIFY 2, DRAFT 3 are live
 PH_IDLE = 5
 # Heaps (5 arrays each; heap g is heap_in(state, g, 4 * g)) in the state: 0 = unpinned with deadline, 1 = unpinned
 # without, 2 = pinned with deadline, 3 = pinned without, 4 = expiry (finished blocks of
 # group 0 keyed by deadline); then ``where`` (``state.i8[0]``: group per block, -1 = none)
-# and ``seq`` (``state.i64[20]``), ``live`` (``state.i64[21][0]``: 1 in the live-offload
-# mode, where heaps 0 and 2 hold running requests' units by target step instead; finished
-# blocks there carry no deadline, so heap 4 stays empty).
+# and ``seq`` (``state.i64[20]``), ``live`` (``state.i64[21]``: [0] 1 in the live-offload
+# mode, where heaps 0 and 2 hold running requests' units by target step instead, finished
+# blocks there carry no deadline, so heap 4 stays empty; [1] the latest decode target seen,
+# the step after the current one in kvsim's lowering).
 G_EXPIRY = 4
 
 
@@ -123,7 +128,7 @@ def init(capacity_blocks, num_slots, params):
         f, i = heap_slots(heap_new(num_slots))
         f64 += f
         i64 += i
-    live = np.array([1 if params.get("live_offload") else 0], np.int64)
+    live = np.array([1 if params.get("live_offload") else 0, 0], np.int64)
     return policy_state(i64=i64 + (np.zeros(1, np.int64), live), f64=f64,
                         i8=(np.full(num_slots, -1, np.int8),))
 
@@ -184,17 +189,22 @@ def _file(state, view, b, now_us):
 
 
 @njit(cache=True)
-def _live_key(view, b):
-    """Keep score of a running request's unit in the live-offload mode: its target step
-    first (later = spill first), then the tie: more slack, then more time from its last
-    step to its deadline, spill first; class and request priority as elsewhere."""
-    tie = (CLASS_WEIGHT_US * view.priority[b] + REQUEST_PRIORITY_WEIGHT_US
-           * view.request_priority[b] - SLACK_WEIGHT * view.slack_us[b])
-    dl = view.deadline_us[b]
-    if dl >= 0:
-        tie -= float(dl) - view.last_access_us[b]
-    tie = min(max(tie, -LIVE_TIE_US), LIVE_TIE_US)
-    return -LIVE_STEP_US * float(view.target_decode_step[b]) + tie
+def _live_key(state, view, b):
+    """Keep score of a running request's unit in the live-offload mode: minus the step it is
+    next needed at (weighted to outweigh any slack), minus its slack.  The step is its
+    ``target_decode_step`` (a decode step), except for a prefill under way (PREFILL, read
+    at least once): its target is its *first decode* step, but its next chunk reads its
+    blocks at the next step, like a request decoding in this step, so it takes the latest
+    decode target seen (``state.i64[21][1]``)."""
+    lv = state.i64[21]
+    step = view.target_decode_step[b]
+    if view.phase[b] == PH_PREFILL:
+        if view.access_count[b] > 0 and lv[1] > 0:
+            step = lv[1]
+    elif step > lv[1]:
+        lv[1] = step
+    slack = min(max(float(view.slack_us[b]), 0.0), LIVE_SLACK_CAP_US)
+    return -LIVE_STEP_US * float(step) - slack
 
 
 @njit(cache=True)
@@ -204,7 +214,7 @@ def _file_live(state, view, b, seq):
     the finished blocks, by its keep score less the ``now_us`` term."""
     pin = 2 if view.pinned[b] else 0
     if view.target_decode_step[b] >= 0:
-        heap_push(_heap(state, pin), b, _live_key(view, b), seq)
+        heap_push(_heap(state, pin), b, _live_key(state, view, b), -seq)  # last served first
         state.i8[0][b] = pin
         return
     base = (LIVE_NEED_US + CLASS_WEIGHT_US * view.priority[b]
