@@ -358,3 +358,44 @@ def test_deadline_spills_the_request_already_served_in_the_step(tmp_path, tiny_h
     assert lru.summary["stall_us"] == 12.0
     # the bound: 1 load
     assert simulate(trace, "optimal", live(tiny_hw, 5)).summary["blocks_fetched"] == 1
+
+
+def served_order(path: Path) -> Path:
+    """HBM 6.  Step 0: A, B, C (2 blocks each) prefill; step 1: A, B, C decode in that
+    order, then D's admission needs a slot; step 2: A, B, C decode again (D does not)."""
+    tb = TraceBuilder()
+    tb.STEP(0, 100)
+    for r in (0, 1, 2):
+        tb.ARRIVE(r, 8)
+        for i in range(2):
+            tb.ALLOC(r, i, 0, deadline_us=1_000, target_decode_step=1)
+        tb.ACCESS(r, 8, deadline_us=1_000, target_decode_step=1)
+    tb.STEP(100, 100)
+    for r in (0, 1, 2):
+        tb.ACCESS(r, 1, DEC, deadline_us=1_100, target_decode_step=2)
+    tb.ARRIVE(3, 4)
+    tb.ALLOC(3, 0, 0, deadline_us=1_100, target_decode_step=2)
+    tb.ACCESS(3, 4, deadline_us=1_100, target_decode_step=2)
+    tb.STEP(200, 100)
+    for r in (0, 1, 2):
+        tb.ACCESS(r, 1, DEC, deadline_us=1_200, target_decode_step=3)
+    for r in (0, 1, 2, 3):
+        tb.FREE(r)
+    return tb.write(path)
+
+
+def test_deadline_spills_the_request_served_last_no_cascade(tmp_path, tiny_hw):
+    """A, B and C all have target step 2 and no slack when D needs a slot: deadline spills
+    C, served last in step 1 and so needed last in step 2; at C's fetch A and B have been
+    served (target 3): one fetch, 6 us.  lru spills A (least recently served), needed
+    first in step 2: each fetch in step 2 spills the next request to be served (a
+    cascade), 3 fetches, 18 us."""
+    trace = served_order(tmp_path / "o.parquet")
+    dl = simulate(trace, "deadline", live(tiny_hw, 6, prefetch=False))
+    assert (dl.summary["live_spills"], dl.summary["blocks_fetched"]) == (2, 1)
+    assert dl.steps["stall_us"].tolist() == [0.0, 0.0, 6.0]
+    lru = simulate(trace, "lru", live(tiny_hw, 6))
+    assert (lru.summary["live_spills"], lru.summary["blocks_fetched"]) == (4, 3)
+    assert lru.steps["stall_us"].tolist() == [0.0, 0.0, 18.0]
+    opt = simulate(trace, "optimal", live(tiny_hw, 6)).summary
+    assert (opt["live_spills"], opt["blocks_fetched"]) == (2, 1)
