@@ -108,16 +108,14 @@ REQUEST_PRIORITY_WEIGHT_US = 1e4  # 100 request-priority points = one class
 LIVE_STEP_US = 1e10  # one step outweighs any slack
 LIVE_SLACK_CAP_US = 4e9  # slack counted up to here (over an hour)
 
-PH_PREFILL = 0
 PH_ROLLBACK = 4  # kvsim.schema.Phase: PREFILL 0, DECODE 1, VERIFY 2, DRAFT 3 are live
 PH_IDLE = 5
 # Heaps (5 arrays each; heap g is heap_in(state, g, 4 * g)) in the state: 0 = unpinned with deadline, 1 = unpinned
 # without, 2 = pinned with deadline, 3 = pinned without, 4 = expiry (finished blocks of
 # group 0 keyed by deadline); then ``where`` (``state.i8[0]``: group per block, -1 = none)
-# and ``seq`` (``state.i64[20]``), ``live`` (``state.i64[21]``: [0] 1 in the live-offload
-# mode, where heaps 0 and 2 hold running requests' units by target step instead, finished
-# blocks there carry no deadline, so heap 4 stays empty; [1] the latest decode target seen,
-# the step after the current one in kvsim's lowering).
+# and ``seq`` (``state.i64[20]``), ``live`` (``state.i64[21][0]``: 1 in the live-offload
+# mode, where heaps 0 and 2 hold running requests' units by target step instead; finished
+# blocks there carry no deadline, so heap 4 stays empty).
 G_EXPIRY = 4
 
 
@@ -128,7 +126,7 @@ def init(capacity_blocks, num_slots, params):
         f, i = heap_slots(heap_new(num_slots))
         f64 += f
         i64 += i
-    live = np.array([1 if params.get("live_offload") else 0, 0], np.int64)
+    live = np.array([1 if params.get("live_offload") else 0], np.int64)
     return policy_state(i64=i64 + (np.zeros(1, np.int64), live), f64=f64,
                         i8=(np.full(num_slots, -1, np.int8),))
 
@@ -189,22 +187,14 @@ def _file(state, view, b, now_us):
 
 
 @njit(cache=True)
-def _live_key(state, view, b):
-    """Keep score of a running request's unit in the live-offload mode: minus the step it is
-    next needed at (weighted to outweigh any slack), minus its slack.  The step is its
-    ``target_decode_step`` (a decode step), except for a prefill under way (PREFILL, read
-    at least once): its target is its *first decode* step, but its next chunk reads its
-    blocks at the next step, like a request decoding in this step, so it takes the latest
-    decode target seen (``state.i64[21][1]``)."""
-    lv = state.i64[21]
-    step = view.target_decode_step[b]
-    if view.phase[b] == PH_PREFILL:
-        if view.access_count[b] > 0 and lv[1] > 0:
-            step = lv[1]
-    elif step > lv[1]:
-        lv[1] = step
+def _live_key(view, b):
+    """Keep score of a running request's unit in the live-offload mode: minus its
+    ``target_decode_step`` (weighted to outweigh any slack), minus its slack.  A prefill
+    under way carries its *first decode* step, so it goes before the requests decoding:
+    measured better than ranking it as needed at the next step (its TTFT deadline is still
+    ahead, so the prefetch brings it back during the step; docs/benchmarks.md)."""
     slack = min(max(float(view.slack_us[b]), 0.0), LIVE_SLACK_CAP_US)
-    return -LIVE_STEP_US * float(step) - slack
+    return -LIVE_STEP_US * float(view.target_decode_step[b]) - slack
 
 
 @njit(cache=True)
@@ -214,7 +204,7 @@ def _file_live(state, view, b, seq):
     the finished blocks, by its keep score less the ``now_us`` term."""
     pin = 2 if view.pinned[b] else 0
     if view.target_decode_step[b] >= 0:
-        heap_push(_heap(state, pin), b, _live_key(state, view, b), -seq)  # last served first
+        heap_push(_heap(state, pin), b, _live_key(view, b), -seq)  # last served first
         state.i8[0][b] = pin
         return
     base = (LIVE_NEED_US + CLASS_WEIGHT_US * view.priority[b]
