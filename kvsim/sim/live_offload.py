@@ -539,20 +539,16 @@ class LiveReplay:
         b = self.table[r].get(idx)
         if b is None:
             return
-        if self.b_tier[b] == HBM and self.b_req[b] == r:
-            self._serve(r)
+        res = self.b_tier[b] == HBM  # resident: in its owner's unit, counted there
+        if res:
+            if self.b_req[b] == r:
+                self._serve(r)
             self._pop_from(b)
-            self.b_intent[b] = intent
-            self.b_prio[b] = intent[1]
-            self.b_pin[b] = pin
+        self.b_intent[b], self.b_prio[b], self.b_pin[b] = intent, intent[1], pin
+        if res or self.b_req[b] == r:
             self.b_cls[b] = self._cls_of(b)
+        if res:
             self._push(b)
-            return
-        self.b_intent[b] = intent
-        self.b_prio[b] = intent[1]
-        self.b_pin[b] = pin
-        if self.b_req[b] == r:
-            self.b_cls[b] = self._cls_of(b)
 
     def _reclass(self, r: int) -> None:
         """Request ``r`` became pinned: its unpinned resident blocks join the pinned unit."""

@@ -399,3 +399,55 @@ def test_deadline_spills_the_request_served_last_no_cascade(tmp_path, tiny_hw):
     assert lru.steps["stall_us"].tolist() == [0.0, 0.0, 18.0]
     opt = simulate(trace, "optimal", live(tiny_hw, 6)).summary
     assert (opt["live_spills"], opt["blocks_fetched"]) == (2, 1)
+
+
+def _counts_match_stacks(rep) -> None:
+    """Every unit's per-priority block counts equal a recount of its stack."""
+    for r, classes in enumerate(rep.stack):
+        for cls, st in enumerate(classes):
+            want = [0, 0, 0, 0]
+            for b in st:
+                pr = rep.b_intent[b][1]
+                want[0 if pr < 0 else 3 if pr > 3 else pr] += 1
+            assert rep.ucnt[2 * r + cls] == want, (r, cls)
+
+
+@pytest.mark.parametrize("prio", [Priority.HOT, Priority.DECODE_CRITICAL])
+def test_intent_on_a_shared_block_recounts_its_owners_unit(tmp_path, tiny_hw, monkeypatch,
+                                                          prio):
+    """B's per-block INTENT on the prefix block A owns changes the block's priority (and,
+    for DECODE_CRITICAL, its class) inside A's unit: the unit's counts follow it (they
+    drifted when only the owner's intents were re-counted)."""
+    from kvsim.schema import EventKind
+    from kvsim.sim import live_offload
+
+    calls = []
+    orig = live_offload.LiveReplay.intent
+
+    def checked(self, r, idx, intent, pin):
+        orig(self, r, idx, intent, pin)
+        _counts_match_stacks(self)
+        calls.append((r, idx, self.b_req[self.table[r][idx]] if idx >= 0 else -1))
+
+    monkeypatch.setattr(live_offload.LiveReplay, "intent", checked)
+    tb = TraceBuilder()
+    tb.STEP(0, 100)
+    tb.ARRIVE(0, 8)
+    tb.prompt(0, [1, 2])
+    tb.ACCESS(0, 8)
+    tb.STEP(100, 100)
+    tb.ARRIVE(1, 8)
+    tb.prompt(1, [1, 3])
+    tb.ACCESS(1, 8)
+    tb.add(kind=EventKind.INTENT, request_id=1, block_index=0, priority=int(prio),
+           phase=int(DEC))
+    tb.STEP(200, 100)
+    tb.ACCESS(0, 1, DEC)
+    tb.ACCESS(1, 1, DEC)
+    tb.FREE(0)
+    tb.FREE(1)
+    trace = tb.write(tmp_path / "t.parquet")
+    for pol in ("lru", "intent", "deadline"):
+        calls.clear()
+        simulate(trace, pol, live(tiny_hw, 3))
+        assert calls == [(1, 0, 0)]  # B's intent, on the block A owns
