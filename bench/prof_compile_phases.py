@@ -156,6 +156,11 @@ def main() -> None:
                 "C wrappers (cfunc)" if name.startswith("cfunc.") else "functions")
         kinds[kind] += n * size
     print("  of which: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
+    print("largest CPython wrappers (copies x instructions, name):")
+    wr = [(n, size, name) for name, (n, size) in COPIES.items()
+          if name.startswith("_ZN7cpython")]
+    for n, size, name in sorted(wr, key=lambda x: -x[0] * x[1])[:25]:
+        print(f"  {n:4d} x {size:6d}  {name[:110]}")
     for name, (n, size) in sorted(COPIES.items(), key=lambda x: -(x[1][0] - 1) * x[1][1])[:25]:
         print(f"  {n:4d} x {size:6d}  {name[:110]}")
     print("by function (exclusive):")

@@ -232,13 +232,21 @@ def run_cols(batch: tuple) -> tuple:
     return tuple(out)
 
 
-def _compile_run(arg_types: tuple) -> None:
-    """Compile ``core.run`` for ``arg_types`` into numba's disk cache (a worker's task)."""
+def _compile_run(arg_types: tuple) -> float:
+    """Compile ``core.run`` for ``arg_types`` into numba's disk cache (a worker's task);
+    returns the CPU seconds it took."""
+    import time
+
     from kvsim.numba_cache import seal_all
     from kvsim.sim import core
+    from kvsim.sim.precompile import log
 
+    t0 = time.process_time()
     seal_all()
     core.run.compile(arg_types)
+    cpu = time.process_time() - t0
+    log(f"worker: core.run compiled, {cpu:.1f} CPU-s")
+    return cpu
 
 
 class RunValue(WrapperAddressProtocol):
@@ -262,7 +270,14 @@ class RunValue(WrapperAddressProtocol):
             from kvsim.memory.hooks import CompiledHook
 
             if self.future is not None:
+                import time
+
+                from kvsim.sim.precompile import log
+
+                t0 = time.monotonic()
+                log("this process: advance compiled, needs core.run")
                 self.future.result()  # the worker wrote it to the disk cache
+                log(f"this process: waited {time.monotonic() - t0:.1f} s for core.run")
                 self.future = None
             self.run.compile(self.arg_types)
             sig = self.run.overloads[self.arg_types].signature
