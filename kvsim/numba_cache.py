@@ -43,6 +43,11 @@ SOURCES = ("kvsim.schema", "kvsim.policy_api", "kvsim.policy_structs", "kvsim.me
            "kvsim.sim.spill", "kvsim.sim.placement", "kvsim.sim.core",
            "kvsim.sim.schedule_state", "kvsim.sim.sched_blocks", "kvsim.sim.scheduler",
            "kvsim.sim.closed_step", "kvsim.sim.cachesim")
+#: The single-tier loops (``kvsim.sim.cachesim``'s dedicated loops) are their own group:
+#: they inline ``prefetch``'s intrinsic and share ``cachesim_fast``'s constants, so an edit
+#: of one of these files must recompile all of them (numba's stamp is per file), but
+#: need not recompile the replay core.  Sealed at the end of each loop module's import.
+SINGLE_TIER = ("kvsim.sim.prefetch", "kvsim.sim.cachesim_fast", "kvsim.sim.cachesim_ghost")
 #: The modules among SOURCES whose jitted functions are sealed, in an order they can be
 #: imported in (``scheduler`` imports ``sched_blocks`` at its end, not the other way).
 COMPILED = ("kvsim.policy_api", "kvsim.policy_structs", "kvsim.memory.fast",
@@ -52,11 +57,11 @@ COMPILED = ("kvsim.policy_api", "kvsim.policy_structs", "kvsim.memory.fast",
             "kvsim.sim.sched_blocks", "kvsim.sim.closed_step", "kvsim.sim.cachesim")
 
 
-@lru_cache(maxsize=1)
-def digest() -> str:
-    """sha256 (16 hex digits) of the text of every module of ``SOURCES``."""
+@lru_cache(maxsize=4)
+def digest(sources: tuple[str, ...] = SOURCES) -> str:
+    """sha256 (16 hex digits) of the text of every module of ``sources``."""
     h = hashlib.sha256()
-    for name in SOURCES:
+    for name in sources:
         spec = importlib.util.find_spec(name)
         origin = spec.origin if spec is not None else None
         h.update(name.encode())
@@ -97,7 +102,7 @@ def plain_calls(dispatcher) -> None:
     types are used as before."""
     if getattr(dispatcher, "_kvsim_plain_calls", False):
         return
-    from numba.core import errors, types
+    from numba.core import errors
 
     literal_call = dispatcher.get_call_template
 
@@ -115,18 +120,20 @@ def plain_calls(dispatcher) -> None:
     dispatcher._kvsim_plain_calls = True
 
 
-def seal(module: ModuleType) -> None:
+def seal(module: ModuleType, sources: tuple[str, ...] = SOURCES, plain: bool = True) -> None:
     """Extend the cache stamp of each ``njit(cache=True)`` function defined in ``module``
-    with :func:`digest` and :func:`codegen_settings`, and make its calls from compiled code
-    compile one signature (:func:`plain_calls`) (idempotent).  Must run before the function
-    is first compiled or loaded in this process to take effect for it."""
+    with :func:`digest` of ``sources`` and :func:`codegen_settings`, and (``plain``) make
+    its calls from compiled code compile one signature (:func:`plain_calls`) (idempotent).
+    Must run before the function is first compiled or loaded in this process to take
+    effect for it."""
     from numba.core.dispatcher import Dispatcher
 
-    mark = f"{digest()};{codegen_settings()}"
+    mark = f"{digest(sources)};{codegen_settings()}"
     for value in vars(module).values():
         if not isinstance(value, Dispatcher) or value.py_func.__module__ != module.__name__:
             continue
-        plain_calls(value)
+        if plain:
+            plain_calls(value)
         cache_file = getattr(getattr(value, "_cache", None), "_cache_file", None)
         if cache_file is None:
             continue

@@ -56,9 +56,12 @@ through ``prev``/``nxt`` arrays of slots, head = oldest (next to evict), ``-1`` 
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 from numba import njit
 
+from kvsim.numba_cache import SINGLE_TIER, seal
 from kvsim.sim.prefetch import prefetch
 
 NIL = -1
@@ -562,3 +565,8 @@ def replay_belady(keys, lo, table, next_use, capacity, victims_out, uniq_out, ah
         hd[i] = d
         table[b] = i
     return hits, misses, evictions, n, nu
+
+
+# An edit of prefetch.py or of cachesim_fast's constants recompiles these loops too
+# (kvsim.numba_cache.SINGLE_TIER); their calls keep numba's own typing (plain=False).
+seal(sys.modules[__name__], SINGLE_TIER, plain=False)

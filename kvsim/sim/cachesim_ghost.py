@@ -15,9 +15,12 @@ accesses ahead, as the loops of :mod:`kvsim.sim.cachesim_fast` do (why: its docs
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 from numba import njit
 
+from kvsim.numba_cache import SINGLE_TIER, seal
 from kvsim.sim.cachesim_fast import NIL
 from kvsim.sim.prefetch import prefetch
 
@@ -336,3 +339,8 @@ def replay_arc(keys, lo, table, capacity, victims_out, uniq_out, ahead):
             n1 += 1
             where[b] = T1
     return hits, misses, ev, n1 + n2, nu
+
+
+# An edit of prefetch.py or of cachesim_fast's constants recompiles these loops too
+# (kvsim.numba_cache.SINGLE_TIER); their calls keep numba's own typing (plain=False).
+seal(sys.modules[__name__], SINGLE_TIER, plain=False)
