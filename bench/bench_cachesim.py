@@ -140,6 +140,16 @@ def machine() -> dict:
                 info[key.strip()] = val.strip()
     except (OSError, subprocess.CalledProcessError):
         pass
+    try:  # the code measured: commit, and whether the work tree differs from it
+        root = Path(__file__).resolve().parents[1]
+        info["commit"] = subprocess.run(["git", "-C", str(root), "rev-parse", "--short",
+                                         "HEAD"], capture_output=True, text=True,
+                                        check=True).stdout.strip()
+        info["work_tree_clean"] = not subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        pass
     try:
         info["load_average_at_start"] = open("/proc/loadavg").read().split()[:3]
     except OSError:
@@ -164,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     info = machine()  # here: its load average is the one at the start of the run
+    info["started_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     try:
         import libcachesim as lcs
     except ImportError:
@@ -245,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:  # other jobs on a shared machine depress both tools' rates: record it
         info["load_average_at_end"] = open("/proc/loadavg").read().split()[:3]
+        info["finished_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     except OSError:
         pass
     result = {"command": " ".join(["python", "bench/bench_cachesim.py"] + (argv or sys.argv[1:])),

@@ -112,6 +112,8 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--policies", default=None, help="comma list (default: every one)")
     ap.add_argument("--out", type=Path, default=None, help="append JSON lines here")
+    ap.add_argument("--no-optimal", action="store_true",
+                    help="leave out the bound (re-measuring changed online policies only)")
     args = ap.parse_args()
     from kvsim.sim import SimConfig, simulate
 
@@ -119,7 +121,7 @@ def main() -> int:
 
     names = args.policies.split(",") if args.policies else \
         [p for p in default_policies() if p != "belady"]  # belady = optimal in this mode
-    if "optimal" not in names:
+    if "optimal" not in names and not args.no_optimal:
         names.append("optimal")
     with tempfile.TemporaryDirectory(prefix="kvsim-live-bench-") as tmp:
         work = Path(tmp)

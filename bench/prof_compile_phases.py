@@ -73,6 +73,10 @@ def wrap(cls, name: str, label: str) -> None:
     setattr(cls, name, inner)
 
 
+from numba.core import lowering  # noqa: E402
+
+wrap(lowering.Lower, "create_cpython_wrapper", "lowering: CPython wrapper (Python calls)")
+wrap(lowering.Lower, "create_cfunc_wrapper", "lowering: C wrapper (cfunc, first-class)")
 L = codegen.CPUCodeLibrary
 wrap(L, "add_ir_module", "llvm: parse IR")
 wrap(L, "_optimize_functions", "llvm: function passes")
@@ -130,6 +134,13 @@ def main() -> None:
     print("by phase:")
     for k, v in sorted(groups.items(), key=lambda x: -x[1]):
         print(f"  {v:7.2f}  {k}")
+    passes: dict[str, float] = defaultdict(float)
+    for k, v in PHASE.items():
+        if k.startswith("pass: "):
+            passes[k.split(" [")[0][6:]] += v
+    print("numba passes (all functions):")
+    for k, v in sorted(passes.items(), key=lambda x: -x[1])[:20]:
+        print(f"  {v:7.2f}  {k}")
     print("top phase x function:")
     for k, v in sorted(PHASE.items(), key=lambda x: -x[1])[:15]:
         print(f"  {v:7.2f}  {k}")
@@ -139,11 +150,57 @@ def main() -> None:
     total = sum(n * size for n, size in COPIES.values())
     print(f"LLVM instructions machine-compiled {total} ({total - extra} in distinct "
           f"functions); most re-compiled (copies x instructions, name):")
+    kinds: dict[str, int] = defaultdict(int)
+    for name, (n, size) in COPIES.items():
+        kind = ("CPython wrappers" if name.startswith("_ZN7cpython") else
+                "C wrappers (cfunc)" if name.startswith("cfunc.") else "functions")
+        kinds[kind] += n * size
+    print("  of which: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
+    print("largest CPython wrappers (copies x instructions, name):")
+    wr = [(n, size, name) for name, (n, size) in COPIES.items()
+          if name.startswith("_ZN7cpython")]
+    for n, size, name in sorted(wr, key=lambda x: -x[0] * x[1])[:25]:
+        print(f"  {n:4d} x {size:6d}  {name[:110]}")
     for name, (n, size) in sorted(COPIES.items(), key=lambda x: -(x[1][0] - 1) * x[1][1])[:25]:
         print(f"  {n:4d} x {size:6d}  {name[:110]}")
     print("by function (exclusive):")
     for k, v in sorted(FUNC.items(), key=lambda x: -x[1])[:30]:
         print(f"  {v:7.2f}  {k}")
+    mods: dict[str, float] = defaultdict(float)
+    for k, v in FUNC.items():
+        mods[k.rsplit(".", 1)[0]] += v
+    print("by module (exclusive, all its functions):")
+    for k, v in sorted(mods.items(), key=lambda x: -x[1])[:30]:
+        print(f"  {v:7.2f}  {k}")
+    print_signatures()
+
+
+def dispatchers() -> dict[str, object]:
+    """Every numba dispatcher defined in a loaded kvsim or policy module, by name."""
+    from numba.core.dispatcher import Dispatcher
+
+    out = {}
+    for mname, mod in list(sys.modules.items()):
+        if mod is None or not (mname.startswith("kvsim") or mname.startswith("policies")):
+            continue
+        for name, value in list(vars(mod).items()):
+            if isinstance(value, Dispatcher) and value.py_func.__module__ == mname:
+                out[f"{mname}.{name}"] = value
+    return out
+
+
+def print_signatures() -> None:
+    """How many signatures each dispatcher holds in this process (compiled or loaded from
+    the cache): a function with two is compiled (or loaded) twice."""
+    ds = dispatchers()
+    used = {k: d for k, d in ds.items() if d.signatures}
+    print(f"dispatchers with code in this process: {len(used)} of {len(ds)}; signatures: "
+          f"{sum(len(d.signatures) for d in used.values())}; with more than one:")
+    for k, d in sorted(used.items()):
+        if len(d.signatures) > 1:
+            print(f"  {len(d.signatures)}  {k}")
+            for sig in d.signatures:
+                print(f"       {str(sig)[:300]}")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,17 @@ numba's own key leaves out its code-generation settings too (``NUMBA_OPT``,
 and the bytecode; numba 0.68 ``caching._index_key``), so code compiled at one optimisation
 level would load silently under another.  The stamp carries them as well
 (:func:`codegen_settings`): each setting keeps its own cache entries.
+
+One signature per function (:func:`plain_calls`): numba compiles a jitted function called
+from jitted code for the caller's argument types as they are, and a constant argument is
+typed as a literal (``log_row(G, C, step, now_us, A_ALLOCATE, 0, ...)`` has type
+``Literal[int](9)``, ``Literal[int](0)``, ...), and an ``int32`` column value is another
+type than an ``int64`` counter: every distinct set of constants and integer widths at a
+call site was a separate compile of the callee (``scheduler._row`` 17 signatures,
+``tiers.log_row`` 13, ``policies.deadline._heap`` 5 in the README job) and a separate copy
+linked into its callers.  :func:`seal` therefore makes each sealed dispatcher type its
+calls from compiled code with plain types (literals' own types, integers as ``int64``):
+one compile, whatever the constants.
 """
 
 from __future__ import annotations
@@ -32,6 +43,11 @@ SOURCES = ("kvsim.schema", "kvsim.policy_api", "kvsim.policy_structs", "kvsim.me
            "kvsim.sim.spill", "kvsim.sim.placement", "kvsim.sim.core",
            "kvsim.sim.schedule_state", "kvsim.sim.sched_blocks", "kvsim.sim.scheduler",
            "kvsim.sim.closed_step", "kvsim.sim.cachesim")
+#: The single-tier loops (``kvsim.sim.cachesim``'s dedicated loops) are their own group:
+#: they inline ``prefetch``'s intrinsic and share ``cachesim_fast``'s constants, so an edit
+#: of one of these files must recompile all of them (numba's stamp is per file), but
+#: need not recompile the replay core.  Sealed at the end of each loop module's import.
+SINGLE_TIER = ("kvsim.sim.prefetch", "kvsim.sim.cachesim_fast", "kvsim.sim.cachesim_ghost")
 #: The modules among SOURCES whose jitted functions are sealed, in an order they can be
 #: imported in (``scheduler`` imports ``sched_blocks`` at its end, not the other way).
 COMPILED = ("kvsim.policy_api", "kvsim.policy_structs", "kvsim.memory.fast",
@@ -41,11 +57,11 @@ COMPILED = ("kvsim.policy_api", "kvsim.policy_structs", "kvsim.memory.fast",
             "kvsim.sim.sched_blocks", "kvsim.sim.closed_step", "kvsim.sim.cachesim")
 
 
-@lru_cache(maxsize=1)
-def digest() -> str:
-    """sha256 (16 hex digits) of the text of every module of ``SOURCES``."""
+@lru_cache(maxsize=4)
+def digest(sources: tuple[str, ...] = SOURCES) -> str:
+    """sha256 (16 hex digits) of the text of every module of ``sources``."""
     h = hashlib.sha256()
-    for name in SOURCES:
+    for name in sources:
         spec = importlib.util.find_spec(name)
         origin = spec.origin if spec is not None else None
         h.update(name.encode())
@@ -64,16 +80,60 @@ def codegen_settings() -> str:
             f"slpvec={int(config.SLP_VECTORIZE)}")
 
 
-def seal(module: ModuleType) -> None:
+def _plain(t):
+    """The type a compiled call passes ``t`` as: a literal's plain type, and a narrower
+    integer (an ``int32`` block index column, an ``int8`` state array element) as
+    ``int64`` (value-preserving; numba computes integer arithmetic in 64 bits anyway)."""
+    from numba.core import types
+
+    t = types.unliteral(t)
+    if isinstance(t, types.Integer) and t.bitwidth < 64:
+        return types.int64
+    return t
+
+
+def plain_calls(dispatcher) -> None:
+    """Make calls of ``dispatcher`` (a numba ``njit`` function) from compiled code compile
+    it for the plain types of literal arguments (``Literal[int](0)`` -> ``int64``), as a
+    call from Python does, and for ``int64`` in place of a narrower integer (idempotent;
+    see the module docstring).  The value is converted at the call site, so results are
+    the same.  A function whose typing needs a literal (a heterogeneous tuple indexed by
+    an argument) still gets one: when typing with the plain types fails, the caller's
+    types are used as before."""
+    if getattr(dispatcher, "_kvsim_plain_calls", False):
+        return
+    from numba.core import errors
+
+    literal_call = dispatcher.get_call_template
+
+    def get_call_template(args, kws):
+        plain = tuple(_plain(a) for a in args)
+        plain_kws = {k: _plain(v) for k, v in kws.items()}
+        if plain == tuple(args) and plain_kws == kws:
+            return literal_call(args, kws)
+        try:
+            return literal_call(plain, plain_kws)
+        except errors.TypingError:
+            return literal_call(args, kws)
+
+    dispatcher.get_call_template = get_call_template
+    dispatcher._kvsim_plain_calls = True
+
+
+def seal(module: ModuleType, sources: tuple[str, ...] = SOURCES, plain: bool = True) -> None:
     """Extend the cache stamp of each ``njit(cache=True)`` function defined in ``module``
-    with :func:`digest` and :func:`codegen_settings` (idempotent).  Must run before the function is first compiled or
-    loaded in this process to take effect for it."""
+    with :func:`digest` of ``sources`` and :func:`codegen_settings`, and (``plain``) make
+    its calls from compiled code compile one signature (:func:`plain_calls`) (idempotent).
+    Must run before the function is first compiled or loaded in this process to take
+    effect for it."""
     from numba.core.dispatcher import Dispatcher
 
-    mark = f"{digest()};{codegen_settings()}"
+    mark = f"{digest(sources)};{codegen_settings()}"
     for value in vars(module).values():
         if not isinstance(value, Dispatcher) or value.py_func.__module__ != module.__name__:
             continue
+        if plain:
+            plain_calls(value)
         cache_file = getattr(getattr(value, "_cache", None), "_cache_file", None)
         if cache_file is None:
             continue

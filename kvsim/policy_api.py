@@ -106,7 +106,9 @@ The hooks are ``numba.njit`` functions for built-ins (the replay loop is compile
 for all policies; each policy compiles only its own hooks, one signature each, cached on
 disk).  Plain Python functions work too: the core then runs its interpreted twin, the
 same code, slower.  A policy must be deterministic: no global random state; if it needs
-randomness it seeds a generator from ``params["seed"]`` in ``init``.
+randomness it seeds a generator from ``params["seed"]`` in ``init``.  The live-offload
+replay (kvsim/sim/live_offload.py) also passes ``params["live_offload"] = True``: a
+policy may rank running requests' units differently there (deadline does).
 
 The view
 --------

@@ -97,12 +97,25 @@ SLACK_WEIGHT = 0.5  # slack counts half as much as time to deadline
 RECOMPUTE_WEIGHT = 1.0  # one us of prefill cost = one us of urgency (sign: docstring)
 REQUEST_PRIORITY_WEIGHT_US = 1e4  # 100 request-priority points = one class
 
+# Live offload (``params["live_offload"]``, kvsim/sim/live_offload.py): a running request's
+# unit is needed at its ``target_decode_step`` (kvsim's lowering writes step + 1 on a
+# decode ACCESS: a request already served in this step is needed one step later than one
+# still to be served).  Units are ranked by that step (latest spilled first), then by
+# slack (most first), then by the order they were served (last served first: the requests
+# of a step are served in the same order every step, so it is needed last in the next):
+# keep = -LIVE_STEP_US x step - slack (slack clipped to [0, LIVE_SLACK_CAP_US]), heap tie
+# -seq.  float64 holds these keys exactly up to 2^53 us (steps below ~900,000).
+LIVE_STEP_US = 1e10  # one step outweighs any slack
+LIVE_SLACK_CAP_US = 4e9  # slack counted up to here (over an hour)
+
 PH_ROLLBACK = 4  # kvsim.schema.Phase: PREFILL 0, DECODE 1, VERIFY 2, DRAFT 3 are live
 PH_IDLE = 5
 # Heaps (5 arrays each; heap g is heap_in(state, g, 4 * g)) in the state: 0 = unpinned with deadline, 1 = unpinned
 # without, 2 = pinned with deadline, 3 = pinned without, 4 = expiry (finished blocks of
 # group 0 keyed by deadline); then ``where`` (``state.i8[0]``: group per block, -1 = none)
-# and ``seq`` (``state.i64[20]``).
+# and ``seq`` (``state.i64[20]``), ``live`` (``state.i64[21][0]``: 1 in the live-offload
+# mode, where heaps 0 and 2 hold running requests' units by target step instead; finished
+# blocks there carry no deadline, so heap 4 stays empty).
 G_EXPIRY = 4
 
 
@@ -113,7 +126,8 @@ def init(capacity_blocks, num_slots, params):
         f, i = heap_slots(heap_new(num_slots))
         f64 += f
         i64 += i
-    return policy_state(i64=i64 + (np.zeros(1, np.int64),), f64=f64,
+    live = np.array([1 if params.get("live_offload") else 0], np.int64)
+    return policy_state(i64=i64 + (np.zeros(1, np.int64), live), f64=f64,
                         i8=(np.full(num_slots, -1, np.int8),))
 
 
@@ -150,6 +164,9 @@ def _file(state, view, b, now_us):
     seq = state.i64[20]
     seq[0] += 1
     live = view.phase[b] < PH_ROLLBACK
+    if live and state.i64[21][0] == 1:
+        _file_live(state, view, b, seq[0])
+        return
     base = (CLASS_WEIGHT_US * view.priority[b] - RECOMPUTE_WEIGHT * view.recompute_cost_us[b]
             + REQUEST_PRIORITY_WEIGHT_US * view.request_priority[b])
     if live:
@@ -167,6 +184,39 @@ def _file(state, view, b, now_us):
         g = pin + 1
         heap_push(_heap(state, g), b, _no_deadline_key(view, b, base), seq[0])
     state.i8[0][b] = g
+
+
+@njit(cache=True)
+def _live_key(view, b):
+    """Keep score of a running request's unit in the live-offload mode: minus its
+    ``target_decode_step`` (weighted to outweigh any slack), minus its slack.  A prefill
+    under way carries its *first decode* step, so it goes before the requests decoding:
+    measured better than ranking it as needed at the next step (its TTFT deadline is still
+    ahead, so the prefetch brings it back during the step; docs/benchmarks.md)."""
+    slack = min(max(float(view.slack_us[b]), 0.0), LIVE_SLACK_CAP_US)
+    return -LIVE_STEP_US * float(view.target_decode_step[b]) - slack
+
+
+@njit(cache=True)
+def _file_live(state, view, b, seq):
+    """Live-offload mode: a running request's unit with a target step goes to heap 0
+    (pinned: 2), keyed statically by :func:`_live_key`; one without to heap 1 (3), with
+    the finished blocks, by its keep score less the ``now_us`` term."""
+    pin = 2 if view.pinned[b] else 0
+    if view.target_decode_step[b] >= 0:
+        heap_push(_heap(state, pin), b, _live_key(view, b), -seq)  # last served first
+        state.i8[0][b] = pin
+        return
+    base = (LIVE_NEED_US + CLASS_WEIGHT_US * view.priority[b]
+            - RECOMPUTE_WEIGHT * view.recompute_cost_us[b]
+            + REQUEST_PRIORITY_WEIGHT_US * view.request_priority[b])
+    dl = view.deadline_us[b]
+    if dl >= 0:  # the keep score without its now_us term (the same order among these)
+        key = base - SLACK_WEIGHT * view.slack_us[b] - float(dl)
+    else:
+        key = _no_deadline_key(view, b, base)
+    heap_push(_heap(state, pin + 1), b, key, seq)
+    state.i8[0][b] = pin + 1
 
 
 @njit(cache=True)
@@ -224,6 +274,10 @@ def victim(state, view, now_us, alt_blocks, alt_scores):
     if bd < 0 and bn < 0:
         return -1, 0, 0
     k = alt_blocks.shape[0]
+    if k == 0 and state.i64[21][0] == 1:  # live offload: finished blocks, then by step
+        if bn >= 0 and (bd < 0 or view.phase[bn] >= PH_ROLLBACK):
+            return bn, code, 0
+        return bd, code, 0
     if k == 0:  # no runners-up wanted: compare the two minima at now_us
         if bn < 0 or (bd >= 0 and hd[0][bd] + now_us <= hn[0][bn] - now_us):
             return bd, code, 0

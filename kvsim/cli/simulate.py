@@ -556,11 +556,17 @@ def compare_command(
         with progress(quiet=quiet) as bar:
             task = bar.add_task(f"policies ({', '.join(run[:1])} ...)", total=len(run))
 
+            finished: set[str] = set()
+
             def on_policy(name: str) -> None:
-                done = bar.tasks[0].completed + 1
-                nxt = run[int(done)] if done < len(run) else ""
-                bar.update(task, advance=1, description=f"policies (next: {nxt})" if nxt
-                           else "policies")
+                # Policies finish out of order under --jobs and the compile split: name
+                # the ones still to finish, not a position in the list.
+                finished.add(name)
+                left = [p for p in run if p not in finished]
+                more = f", +{len(left) - 2}" if len(left) > 2 else ""
+                bar.update(task, advance=1, description=(
+                    f"policies (to finish: {', '.join(left[:2])}{more})" if left
+                    else "policies"))
 
             if sched == "closed":
                 from kvsim.sim.cluster import compare_requests

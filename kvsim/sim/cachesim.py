@@ -226,20 +226,21 @@ def _builtin(pol: Policy, name: str) -> bool:
 
 def _dedicated(pol: Policy, capacity: int, params: dict):
     """The dedicated loop of a built-in policy (kvsim.sim.cachesim_fast, cachesim_ghost)
-    as a function of ``(keys, lo, table, victims_out, uniq_out)``, or None."""
+    as a function of ``(keys, lo, table, victims_out, uniq_out, ahead)``, or None."""
     simple = {"lru": fast.replay_lru, "fifo": fast.replay_fifo, "lfu": fast.replay_lfu,
               "sieve": fast.replay_sieve, "arc": ghost.replay_arc}
     if pol.name in simple and _builtin(pol, pol.name):
         loop = simple[pol.name]
-        return lambda k, lo, table, out, uniq: loop(k, lo, table, capacity, out, uniq)
+        return lambda k, lo, table, out, uniq, ahead: loop(k, lo, table, capacity, out, uniq,
+                                                           ahead)
     if pol.name == "s3fifo" and _builtin(pol, "s3fifo"):
         from kvsim.policies import s3fifo as mod
 
         # the same sizes as s3fifo.init
         small = int(capacity * float(params.get("small_size_ratio", mod.SMALL_SIZE_RATIO)))
         gcap = int(capacity * float(params.get("ghost_size_ratio", mod.GHOST_SIZE_RATIO)))
-        return lambda k, lo, table, out, uniq: ghost.replay_s3fifo(
-            k, lo, table, capacity, small, gcap, mod.MOVE_TO_MAIN_THRESHOLD, out, uniq)
+        return lambda k, lo, table, out, uniq, ahead: ghost.replay_s3fifo(
+            k, lo, table, capacity, small, gcap, mod.MOVE_TO_MAIN_THRESHOLD, out, uniq, ahead)
     return None
 
 
@@ -340,15 +341,17 @@ def _run_dedicated(pol, keys, capacity, loop, record_victims) -> CacheResult:
     else:
         arr, lo, span, keys_by_id = fast.key_domain(keys, remap_keys)
     table = fast.new_table(span)
+    ahead = fast.prefetch_distance(span)  # prefetch only a table bigger than the L2
     uniq = np.empty(min(int(arr.shape[0]), span), np.int64)
     victims = np.zeros(arr.shape[0] if record_victims else 0, np.int64)
     if loop is None:
         next_use = (keys.next_use if isinstance(keys, PreparedKeys)
-                    else fast.next_use_keys(arr, lo, span))
+                    else fast.next_use_keys(arr, lo, fast.next_use_table(arr.shape[0], span),
+                                            ahead))
         hits, misses, evictions, _, n_unique = _replay_belady(arr, lo, table, next_use,
-                                                              capacity, victims, uniq)
+                                                              capacity, victims, uniq, ahead)
     else:
-        hits, misses, evictions, _, n_unique = loop(arr, lo, table, victims, uniq)
+        hits, misses, evictions, _, n_unique = loop(arr, lo, table, victims, uniq, ahead)
     if keys_by_id is None:
         keys_by_id = uniq[:n_unique].copy()
     return _result(pol, capacity, arr, int(keys_by_id.shape[0]), hits, misses, evictions,

@@ -35,7 +35,20 @@ at 100,000).  Keys wider than a
 direct table (see :func:`key_domain`) are remapped first and the loops then read the
 dense ids as keys (``lo = 0``).
 
-Every loop returns ``(hits, misses, evictions, resident_at_end, unique_keys)`` and writes
+**Prefetch.**  Each loop asks the CPU for the table entry of the key it will read
+``AHEAD`` accesses later (:mod:`kvsim.sim.prefetch`), so the one random access into the
+big table is in the cache by its turn.  This, not a smaller table, is what fixed small
+caches over wide key ranges: a hash table sized to the slots (open addressing keyed by
+the key, with a bit map over the key range for first appearances, as libCacheSim sizes
+its table by ``hashpower``) was measured and lost (arc, 10 M Zipf(1.0) accesses over 1 M
+keys, 1,000 blocks, best of 3, load ~3.7 on 2 cores: direct table 0.24-0.36 CPU-s, hash
+table 0.27-0.28, hash table with its home bucket prefetched 0.25-0.26, direct table
+prefetched 16 ahead 0.178-0.180; at 100,000 blocks the hash table was slower than the
+direct table, 0.33-0.50 vs 0.25-0.32).  The lookup chain is short either way; what the
+direct table lost was the load latency, and a prefetch hides it without a hash's probe.
+
+Every loop takes the prefetch distance last (``ahead``, :func:`prefetch_distance`: 0 =
+no prefetch), returns ``(hits, misses, evictions, resident_at_end, unique_keys)`` and writes
 the evicted dense ids into ``victims_out`` when it is not empty.  Lists are doubly linked
 through ``prev``/``nxt`` arrays of slots, head = oldest (next to evict), ``-1`` = none;
 ``E[q] = [head, tail, size]`` of list ``q``.
@@ -43,8 +56,13 @@ through ``prev``/``nxt`` arrays of slots, head = oldest (next to evict), ``-1`` 
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 from numba import njit
+
+from kvsim.numba_cache import SINGLE_TIER, seal
+from kvsim.sim.prefetch import prefetch
 
 NIL = -1
 
@@ -52,6 +70,32 @@ NIL = -1
 #: constant (4 M entries = 16 MiB of int32); wider keys are sorted first (np.unique).
 DIRECT_FACTOR = 4
 DIRECT_SLACK = 1 << 22
+
+#: How many accesses ahead each loop prefetches the table entry of the key it will read
+#: (:mod:`kvsim.sim.prefetch`).  Measured (10 M Zipf(1.0) accesses over 1 M keys, arc at
+#: 1,000 blocks, best of 3 CPU-s, load ~3.7 on 2 cores): no prefetch 0.24-0.42 (it swings
+#: with other jobs' use of the shared L3), 4 ahead 0.253, 8 ahead 0.200, 16 ahead 0.178,
+#: 32 ahead 0.182; at 100,000 blocks 0.253 / 0.199 / 0.178 / 0.200 / 0.231.
+AHEAD = 16
+#: Prefetch only when the table has at least this many entries (1 MiB of int32, this
+#: machine's L2 per core; docs/benchmarks.md): a smaller table mostly stays in the L2.
+#: Measured (best of 5-30 interleaved runs, CPU time, load ~6.4 on 2 cores; no prefetch ->
+#: prefetch 16 ahead), arc / lru at 1,000 blocks: Zipf(1.0) 3 M accesses over 100 k keys
+#: 44.9 -> 44.0 / 30.7 -> 30.8 ms, over 250 k keys 50.8 -> 47.5 / 33.7 -> 31.8 ms, over
+#: 500 k keys 57.4 -> 50.5 / 38.9 -> 34.7 ms; the Mooncake block stream (288,500 accesses
+#: over 182,790 keys, mostly first accesses, in increasing key order) 4.71 -> 4.86 / 1.90 ->
+#: 2.17 ms.  ``bench/bench_prefetch.py`` (every loop, end to end, load ~7.5): prefetch /
+#: no prefetch 0.88-1.06 over 100 k keys, 0.85-0.99 over 250 k, 0.67-0.92 over 500 k,
+#: 0.58-0.92 over 1 M, 0.90-1.10 on Mooncake.  The threshold stays above Mooncake's span:
+#: a real trace's dense ids come in order of first appearance, as Mooncake's keys do, and
+#: there the prefetch mostly costs; a random 250 k-key range would gain 1-15 %.
+PREFETCH_MIN_SPAN = 1 << 18
+
+
+def prefetch_distance(span: int) -> int:
+    """The ``ahead`` argument of the loops for a table of ``span`` entries: ``AHEAD``, or 0
+    (no prefetch) below ``PREFETCH_MIN_SPAN``."""
+    return AHEAD if span >= PREFETCH_MIN_SPAN else 0
 
 
 @njit(cache=True)
@@ -88,13 +132,28 @@ def new_table(span: int) -> np.ndarray:
     return np.full(span, -1, np.int32 if span < (1 << 30) else np.int64)
 
 
+def next_use_table(n: int, span: int) -> np.ndarray:
+    """The ``last`` argument of :func:`next_use_keys` for ``n`` accesses over ``span``
+    keys: int32 filled with int32's max (its NEVER) when every index fits, else int64
+    with ``NEVER`` (int64 max).  int32 halves what the pass writes and the random table
+    it touches (10 M Zipf(1.0) accesses over 1 M keys, best of 4, load ~4.7 on 2 cores:
+    0.087 -> 0.045 CPU-s); Belady's victims are the same, since only the order of next
+    uses matters and NEVER stays above every index."""
+    if n < np.iinfo(np.int32).max:
+        return np.full(span, np.iinfo(np.int32).max, np.int32)
+    return np.full(span, np.iinfo(np.int64).max, np.int64)
+
+
 @njit(cache=True)
-def next_use_keys(keys, lo, span):
-    """``out[i]`` = index of the next access to ``keys[i]`` after ``i``, ``NEVER``
-    (int64 max) if none: :func:`kvsim.sim.cachesim.next_use_of` on keys, no remap."""
-    last = np.full(span, np.iinfo(np.int64).max, np.int64)
-    out = np.empty(keys.shape[0], np.int64)
+def next_use_keys(keys, lo, last, ahead):
+    """``out[i]`` = index of the next access to ``keys[i]`` after ``i``, NEVER if none:
+    :func:`kvsim.sim.cachesim.next_use_of` on keys, no remap.  ``last`` (one entry per
+    key, from :func:`next_use_table`) holds NEVER on entry and sets the dtype of ``out``
+    and its NEVER.  ``ahead``: prefetch distance (:func:`prefetch_distance`; 0 = none)."""
+    out = np.empty(keys.shape[0], last.dtype)
     for i in range(keys.shape[0] - 1, -1, -1):
+        if ahead > 0 and i >= ahead:
+            prefetch(last, keys[i - ahead] - lo)
         k = keys[i] - lo
         out[i] = last[k]
         last[k] = i
@@ -150,7 +209,7 @@ def _grown(a):
 
 
 @njit(cache=True)
-def replay_lru(keys, lo, table, capacity, victims_out, uniq_out):
+def replay_lru(keys, lo, table, capacity, victims_out, uniq_out, ahead):
     """LRU (policies/lru.py): a hit moves the block to the tail, the head is evicted; the
     evicted block's slot takes the new block."""
     m = max(min(capacity, keys.shape[0]), 1)
@@ -168,7 +227,10 @@ def replay_lru(keys, lo, table, capacity, victims_out, uniq_out):
     hits = 0
     misses = 0
     ev = 0
-    for t in range(keys.shape[0]):
+    nk = keys.shape[0]
+    for t in range(nk):
+        if ahead > 0 and t + ahead < nk:
+            prefetch(table, keys[t + ahead] - lo)
         x = keys[t]
         k = x - lo
         s = table[k]
@@ -222,7 +284,7 @@ def replay_lru(keys, lo, table, capacity, victims_out, uniq_out):
 
 
 @njit(cache=True)
-def replay_fifo(ids, lo, table, capacity, victims_out, uniq_out):
+def replay_fifo(ids, lo, table, capacity, victims_out, uniq_out, ahead):
     """FIFO (policies/fifo.py): evict in insertion order; a ring of ``capacity`` slots."""
     m = max(min(capacity, ids.shape[0]), 1)
     kd = np.empty((m, 2), table.dtype)  # a slot's key offset and dense id side by side
@@ -235,7 +297,10 @@ def replay_fifo(ids, lo, table, capacity, victims_out, uniq_out):
     n = 0
     nu = 0
     w = 0  # next slot to write = the oldest entry once the ring is full
-    for t in range(ids.shape[0]):
+    nk = ids.shape[0]
+    for t in range(nk):
+        if ahead > 0 and t + ahead < nk:
+            prefetch(table, ids[t + ahead] - lo)
         x = ids[t]
         k = x - lo
         s = table[k]
@@ -266,7 +331,7 @@ def replay_fifo(ids, lo, table, capacity, victims_out, uniq_out):
 
 
 @njit(cache=True)
-def replay_lfu(keys, lo, table, capacity, victims_out, uniq_out):
+def replay_lfu(keys, lo, table, capacity, victims_out, uniq_out, ahead):
     """LFU, LRU among ties (policies/lfu.py: smallest (frequency, last touch)), with O(1)
     frequency buckets: ``B[f]`` = [head, tail, size] of the slots of frequency ``f``.  The
     victim's slot takes the new block."""
@@ -287,7 +352,10 @@ def replay_lfu(keys, lo, table, capacity, victims_out, uniq_out):
     n = 0
     nu = 0
     minf = 1
-    for t in range(keys.shape[0]):
+    nk = keys.shape[0]
+    for t in range(nk):
+        if ahead > 0 and t + ahead < nk:
+            prefetch(table, keys[t + ahead] - lo)
         x = keys[t]
         k = x - lo
         s = table[k]
@@ -332,7 +400,7 @@ def replay_lfu(keys, lo, table, capacity, victims_out, uniq_out):
 
 
 @njit(cache=True)
-def replay_sieve(keys, lo, table, capacity, victims_out, uniq_out):
+def replay_sieve(keys, lo, table, capacity, victims_out, uniq_out, ahead):
     """SIEVE (policies/sieve.py): the hand walks from old to new, clearing visited bits.
     The evicted block's slot is unlinked and re-appended at the tail for the new block."""
     m = max(min(capacity, keys.shape[0]), 1)
@@ -352,7 +420,10 @@ def replay_sieve(keys, lo, table, capacity, victims_out, uniq_out):
     hits = 0
     misses = 0
     ev = 0
-    for t in range(keys.shape[0]):
+    nk = keys.shape[0]
+    for t in range(nk):
+        if ahead > 0 and t + ahead < nk:
+            prefetch(table, keys[t + ahead] - lo)
         x = keys[t]
         k = x - lo
         s = table[k]
@@ -407,7 +478,7 @@ def replay_sieve(keys, lo, table, capacity, victims_out, uniq_out):
 
 
 @njit(cache=True)
-def replay_belady(keys, lo, table, next_use, capacity, victims_out, uniq_out):
+def replay_belady(keys, lo, table, next_use, capacity, victims_out, uniq_out, ahead):
     """Belady's MIN, the hooks of ``policies/belady.py`` inlined (see kvsim.sim.cachesim's
     docstring): a max-heap on next use; ``hk[i]``, ``hb[i]``, ``hd[i]``: next use, key
     offset and dense id at heap position ``i``; ``table[key]`` = the key's position.  A
@@ -426,7 +497,10 @@ def replay_belady(keys, lo, table, next_use, capacity, victims_out, uniq_out):
     hits = 0
     misses = 0
     evictions = 0
-    for t in range(keys.shape[0]):
+    nk = keys.shape[0]
+    for t in range(nk):
+        if ahead > 0 and t + ahead < nk:
+            prefetch(table, keys[t + ahead] - lo)
         x = keys[t]
         b = x - lo
         key = next_use[t]
@@ -491,3 +565,8 @@ def replay_belady(keys, lo, table, next_use, capacity, victims_out, uniq_out):
         hd[i] = d
         table[b] = i
     return hits, misses, evictions, n, nu
+
+
+# An edit of prefetch.py or of cachesim_fast's constants recompiles these loops too
+# (kvsim.numba_cache.SINGLE_TIER); their calls keep numba's own typing (plain=False).
+seal(sys.modules[__name__], SINGLE_TIER, plain=False)

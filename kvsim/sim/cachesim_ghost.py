@@ -9,15 +9,20 @@ cost arc 40 % more time).  Each list's head, tail and size are local scalars (re
 not rows of a small array (``E[q] = [head, tail, size]``, as lfu's buckets in
 :mod:`kvsim.sim.cachesim_fast` are), whose stores each next list operation reloads: best
 of 4 interleaved runs, 10 M Zipf(1.0) accesses, 1,000 blocks, load 5.7 on 2 cores: arc
-0.67 -> 0.60 CPU-s, s3fifo 0.55 -> 0.41.
+0.67 -> 0.60 CPU-s, s3fifo 0.55 -> 0.41.  Both prefetch the table entry ``AHEAD``
+accesses ahead, as the loops of :mod:`kvsim.sim.cachesim_fast` do (why: its docstring).
 """
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 from numba import njit
 
+from kvsim.numba_cache import SINGLE_TIER, seal
 from kvsim.sim.cachesim_fast import NIL
+from kvsim.sim.prefetch import prefetch
 
 
 @njit(cache=True, inline="always")
@@ -50,7 +55,7 @@ def _s_push_tail(prev, nxt, head, tail, b):
 
 @njit(cache=True)
 def replay_s3fifo(keys, lo, table, capacity, small_cap, ghost_cap, move_to_main,
-                  victims_out, uniq_out):
+                  victims_out, uniq_out, ahead):
     """S3-FIFO (policies/s3fifo.py, libCacheSim S3FIFO): SMALL, MAIN and GHOST FIFOs of
     slots, their heads, tails and sizes in local scalars (as :func:`replay_arc`).  A ghost
     entry keeps its slot (``table`` points to it); a ghost hit re-enters MAIN in the same
@@ -78,7 +83,10 @@ def replay_s3fifo(keys, lo, table, capacity, small_cap, ghost_cap, move_to_main,
     misses = 0
     ev = 0
     has_evicted = False
-    for t in range(keys.shape[0]):
+    nk = keys.shape[0]
+    for t in range(nk):
+        if ahead > 0 and t + ahead < nk:
+            prefetch(table, keys[t + ahead] - lo)
         x = keys[t]
         k = x - lo
         s = table[k]
@@ -176,7 +184,7 @@ def replay_s3fifo(keys, lo, table, capacity, small_cap, ghost_cap, move_to_main,
 
 
 @njit(cache=True)
-def replay_arc(keys, lo, table, capacity, victims_out, uniq_out):
+def replay_arc(keys, lo, table, capacity, victims_out, uniq_out, ahead):
     """ARC (policies/arc.py, libCacheSim ARC): T1, T2 and their ghosts B1, B2, all in
     slots (a ghost keeps its block's slot; a ghost hit re-enters T2 in the same slot;
     freed slots are chained through ``nxt``).  The four lists' heads, tails and sizes are
@@ -203,7 +211,10 @@ def replay_arc(keys, lo, table, capacity, victims_out, uniq_out):
     misses = 0
     ev = 0
     p = 0.0
-    for t in range(keys.shape[0]):
+    nk = keys.shape[0]
+    for t in range(nk):
+        if ahead > 0 and t + ahead < nk:
+            prefetch(table, keys[t + ahead] - lo)
         x = keys[t]
         k = x - lo
         s = table[k]
@@ -328,3 +339,8 @@ def replay_arc(keys, lo, table, capacity, victims_out, uniq_out):
             n1 += 1
             where[b] = T1
     return hits, misses, ev, n1 + n2, nu
+
+
+# An edit of prefetch.py or of cachesim_fast's constants recompiles these loops too
+# (kvsim.numba_cache.SINGLE_TIER); their calls keep numba's own typing (plain=False).
+seal(sys.modules[__name__], SINGLE_TIER, plain=False)

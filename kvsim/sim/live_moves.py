@@ -24,8 +24,14 @@ from __future__ import annotations
 import numpy as np
 
 from kvsim.errors import KvsimInputError
+from kvsim.sim.live_optimum import unlend
 from kvsim.schema import Priority
 
+#: Fewest blocks moved as a run; fewer move block by block (same effects): a run's numpy
+#: calls cost ~50-100 us, a block ~3 us (profiled on long_context_extreme, 48 requests,
+#: deadline: 40 % of spill/fetch calls moved 1-3 blocks; docs/benchmarks.md, "Live
+#: offload").  Tests set it to 0 to check runs of every length against the block loop.
+RUN_MIN_BLOCKS = 16
 HBM = 0  # LiveReplay.b_tier of a block in HBM
 UNPINNED, PINNED = 0, 1  # LiveReplay's pin class of a pinned unit
 PR_CRIT = int(Priority.DECODE_CRITICAL)
@@ -188,6 +194,8 @@ def own_fetched(self, b: int, r: int) -> None:
     in its old owner's unit, making room for ``r``'s next missing block could spill it
     again, and ``r`` would fetch it again: a livelock (seen on main before this rule
     with 24 requests sharing 4 prefixes in a 12-block HBM)."""
+    if self.lent:
+        unlend(self, b)
     self.b_req[b] = r
     self.b_cls[b] = self._cls_of(b)
 
@@ -204,7 +212,7 @@ def spill_run(self, r: int, cls: int, k: int) -> None:
     run.reverse()  # the block loop pops the top first
     blocks = np.array(run, np.int64)
     cnt = self.ucnt[2 * r + cls]
-    pc = np.bincount(np.clip(self.b_prio[blocks], 0, 3), minlength=4)
+    pc = np.bincount(np.minimum(np.maximum(self.b_prio[blocks], 0), 3), minlength=4)
     for i in range(4):
         cnt[i] -= int(pc[i])
     slots = self.b_slot[blocks]
@@ -227,9 +235,13 @@ def spill_run(self, r: int, cls: int, k: int) -> None:
         raise _tiers_full()
     self.b_slot[blocks] = -1
     holders = self.b_holders
-    self.spilled[r].update(dict.fromkeys(run))  # r, the owner, holds each
-    self.has_spilled[r] = None
-    shared = self.b_ref[blocks] > 1
+    if self.lent and any(self.lent.get(b) == r for b in run):
+        _spilled_lent(self, run)  # the bound: r does not hold the blocks lent to it
+        shared = np.zeros(k, np.bool_)
+    else:
+        self.spilled[r].update(dict.fromkeys(run))  # r, the owner, holds each
+        self.has_spilled[r] = None
+        shared = self.b_ref[blocks] > 1
     if shared.any():  # the other holders of shared blocks, in run order
         spilled, has_spilled = self.spilled, self.has_spilled
         for b in blocks[shared].tolist():
@@ -250,6 +262,17 @@ def spill_run(self, r: int, cls: int, k: int) -> None:
     u = self.C + 2 * r + cls
     if not st and self.in_pol[u]:
         self._remove(u, cls)
+
+
+def _spilled_lent(self, run: list) -> None:
+    """A run with blocks lent to its unit's request (the bound, kvsim/sim/live_optimum.py,
+    which that request does not hold yet): each block is missing for its holders, block
+    by block as :func:`spill_many` records it."""
+    spilled, has_spilled, holders = self.spilled, self.has_spilled, self.b_holders
+    for b in run:
+        for h in holders[b]:
+            spilled[h][b] = None
+            has_spilled[h] = None
 
 
 def fetch_run(self, r: int, miss: dict, per_tier: list) -> bool:
@@ -281,6 +304,9 @@ def fetch_run(self, r: int, miss: dict, per_tier: list) -> bool:
     foreign = self.b_req[blocks] != r
     if foreign.any():  # own_fetched of each, at once
         fb = blocks[foreign]
+        if self.lent:
+            for b in fb.tolist():
+                unlend(self, b)
         self.b_req[fb] = r
         self.b_cls[fb] = np.where(self.b_pin[fb] | (b_prio[foreign] == PR_CRIT) |
                                   bool(self.req_pin[r]), PINNED, UNPINNED)
@@ -307,7 +333,7 @@ def fetch_run(self, r: int, miss: dict, per_tier: list) -> bool:
     # onto their owners' stacks, in runs of one unit; a unit that becomes non-empty is
     # inserted (view of its first block) before the rest of its run is counted
     key = 2 * self.b_req[blocks] + b_cls
-    pcat = np.clip(b_prio, 0, 3)
+    pcat = np.minimum(np.maximum(b_prio, 0), 3)  # (np.clip: 10x the call overhead)
     if n == 1 or (key == key[0]).all():
         bounds = [0, n]
     else:

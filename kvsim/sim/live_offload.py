@@ -23,10 +23,8 @@ Rules (docs/cost-model.md, "Live offload", gives each with its source):
   A policy names a unit; the replay spills that unit's most recently placed block (a
   request's blocks are spilled tail-first, as vLLM's offloading LRU does), and asks
   again while it needs room.  Pinned units are a second instance of the same policy,
-  asked only when no unpinned unit and no cached block is left.  Under the need rule every
-  block of a request is needed at the same step, so ranking a request's blocks one by
-  one would not change a stall; ranking units keeps the replay O(requests) per step
-  instead of O(context).
+  asked only when no unpinned unit and no cached block is left.  Ranking units keeps the
+  replay O(requests) per step (the bound's exceptions: kvsim/sim/live_optimum.py).
 * **Recency.** A unit's view is its request's: ``last_access_us`` is the start of the
   request's latest step (stamped per request, as the tiered core stamps blocks at
   release), intent fields are those of the unit's top block, with the request-level
@@ -38,11 +36,10 @@ Rules (docs/cost-model.md, "Live offload", gives each with its source):
   link's per-step budget.
 * **Prefix cache.** Hashed full prompt blocks are shared as in vLLM (chain lookup at
   admission, stop at the first miss); a finished request's hashed blocks stay in HBM as
-  cached units; a cached block chosen for eviction is dropped (not spilled: lower-tier
-  caching of finished blocks is the tiered replay's model, not this mode's).
+  cached units, dropped (not spilled: the tiered replay's model) when chosen.
 
-Python API: :func:`simulate_live` ``(trace_path, policy, config) -> SimResult``; it is what
-``kvsim.sim.simulate`` runs when ``config.live_offload`` is set.
+Python API: :func:`simulate_live` ``(trace_path, policy, config) -> SimResult`` (what
+``kvsim.sim.simulate`` runs when ``config.live_offload`` is set).
 """
 
 from __future__ import annotations
@@ -55,8 +52,10 @@ from kvsim.errors import KvsimInputError
 from kvsim.memory.hooks import is_uniform, policy_value, view_ref
 from kvsim.policy_api import NEVER, new_block_view
 from kvsim.schema import EventKind, Phase, Priority
+from kvsim.sim import live_moves
 from kvsim.sim.live_moves import (fetch_many, fetch_one, fetch_run, spill_many,
                                   spill_one, spill_run)
+from kvsim.sim.live_optimum import cached_next, exact_top, settle, unlend
 
 K_STEP, K_ARRIVE, K_ALLOCATE, K_ACCESS, K_INTENT, K_COMMIT, K_FORK, K_FREE = (
     int(EventKind.STEP), int(EventKind.ARRIVE), int(EventKind.ALLOCATE),
@@ -77,7 +76,7 @@ class LivePolicy:
 
     def __init__(self, pol, capacity: int, num_slots: int, seed: int) -> None:
         self.pol = pol
-        state = pol.init(capacity, num_slots, {"seed": seed})
+        state = pol.init(capacity, num_slots, {"seed": seed, "live_offload": True})
         if pol.compiled and is_uniform(state):
             # one pointer (kvsim.memory.hooks.StateRef): the signature the hooks are compiled
             # for anyway, and one object to pass per call instead of 35 arrays
@@ -116,6 +115,8 @@ class LiveReplay:
         self.slot_block = np.full(C, -1, np.int64)
         self.in_pol = [False] * self.num_slots  # unit is a candidate of its policy instance
         self.held_units: list[int] = []  # units of the served request taken out (on_hold)
+        self.lent: dict[int, int] = {}  # bound only: block -> admission it waits for
+        self.lent_to: dict[int, set] = {}  # (kvsim/sim/live_optimum.py, exact_top)
         # per block (global id 0..nb-1): numpy arrays (grown by doubling) for what the
         # move loops touch per block (kvsim/sim/live_moves.py moves runs of blocks with
         # array operations), Python lists for the rest
@@ -130,6 +131,7 @@ class LiveReplay:
         self.b_pin = np.zeros(0, np.bool_)  # pin requested
         self.b_intent: list[tuple] = []  # (phase, prio, rprio, deadline, slack, target, rc)
         self.b_hash: list[int] = []
+        self.b_idx: list[int] = []  # position in its request's table (chain depth)
         self.b_holders: list[list[int]] = []
         self.index: dict[int, int] = {}  # content hash -> block (held or cached in HBM)
         # per request
@@ -222,13 +224,7 @@ class LiveReplay:
         v.size_bytes[s] = self.block_bytes
         v.pinned[s] = False
         v.content_hash[s] = self.b_hash[b]
-        v.next_use[s] = self._cached_next_use(b)
-
-    def _cached_next_use(self, b: int) -> int:
-        nu = self.next_access
-        if nu is None:
-            return NEVER
-        return nu.hash_after(self.b_hash[b], self.ordinal)
+        v.next_use[s] = cached_next(self, b)  # the bound (kvsim/sim/live_optimum.py)
 
     def _insert(self, u: int, cls: int) -> None:
         p = self.pols[cls]
@@ -305,20 +301,23 @@ class LiveReplay:
                 self._drop_cached(b)
                 self.c["evictions_hbm"] += 1
             else:
-                self._spill_many((u - self.C) // 2, cls, n - len(free))
+                r, k = (u - self.C) // 2, n - len(free)
+                if self.offline:  # the bound: shared blocks needed sooner leave the unit
+                    k = exact_top(self, r, cls, k)
+                self._spill_many(r, cls, k)
 
     # ---- block moves --------------------------------------------------------------------
     def _spill_many(self, r: int, cls: int, k: int) -> None:
         """Spill the top ``k`` blocks of request ``r``'s unit ``cls`` (kvsim/sim/live_moves.py:
-        as one run, or block by block when ``runs`` is off; same effects)."""
-        (spill_run if self.runs else spill_many)(self, r, cls, k)
+        as one run from ``RUN_MIN_BLOCKS`` blocks, else block by block; same effects)."""
+        run = self.runs and k >= live_moves.RUN_MIN_BLOCKS
+        (spill_run if run else spill_many)(self, r, cls, k)
 
     def _fetch_many(self, r: int, miss: dict, per_tier: list) -> bool:
-        """Fetch request ``r``'s missing blocks ``miss`` while HBM has free slots
-        (kvsim/sim/live_moves.py); True if one was pinned or DECODE_CRITICAL."""
-        if self.runs:
-            return fetch_run(self, r, miss, per_tier)
-        return fetch_many(self, r, miss, per_tier)
+        """Fetch request ``r``'s missing blocks ``miss`` while HBM has free slots (likewise);
+        True if one was pinned or DECODE_CRITICAL."""
+        run = self.runs and min(len(miss), len(self.free_slots)) >= live_moves.RUN_MIN_BLOCKS
+        return (fetch_run if run else fetch_many)(self, r, miss, per_tier)
 
     _spill = spill_one  # kvsim/sim/live_moves.py: one block (prefetch's displacement)
     _fetch = fetch_one
@@ -339,8 +338,7 @@ class LiveReplay:
         self.spilled[r].pop(b, None)
         if not self.spilled[r]:
             self.has_spilled.pop(r, None)
-        if b in self.pf_unused[r]:
-            self.pf_unused[r].discard(b)
+        self.pf_unused[r].discard(b)
         if self.b_ref[b] > 0:
             if self.b_req[b] == r:  # hand the block to the next holder
                 if self.b_tier[b] == HBM:
@@ -351,6 +349,8 @@ class LiveReplay:
                     self._push(b)
             return
         self.live_blocks -= 1
+        if self.lent:
+            unlend(self, b)
         if self.b_pf[b]:
             self.b_pf[b] = False
             self.c["prefetches_wasted"] += 1
@@ -381,9 +381,8 @@ class LiveReplay:
             setattr(self, name, g)
 
     def _cls_of(self, b: int) -> int:
-        ph, pr = self.b_intent[b][0], self.b_intent[b][1]
-        r = self.b_req[b]
-        return PINNED if (self.b_pin[b] or pr == PR_CRIT or self.req_pin[r]) else UNPINNED
+        crit = self.b_intent[b][1] == PR_CRIT
+        return PINNED if (self.b_pin[b] or crit or self.req_pin[self.b_req[b]]) else UNPINNED
 
     # ---- rows ---------------------------------------------------------------------------
     def _serve(self, r: int) -> None:
@@ -422,6 +421,8 @@ class LiveReplay:
                 self.table[r][idx] = b
                 self.b_holders[b].append(r)
                 self.b_ref[b] += 1
+                if self.lent and self.lent.get(b) == r:
+                    unlend(self, b)
                 if self.b_ref[b] == 1:  # revive a cached block
                     s = self.b_slot[b]
                     if self.in_pol[s]:
@@ -455,6 +456,7 @@ class LiveReplay:
         self.b_intent.append(intent)
         self.b_prio[b] = intent[1]
         self.b_hash.append(h if ntok == self.B else 0)
+        self.b_idx.append(idx)
         self.b_holders.append([r])
         self.b_cls[b] = self._cls_of(b)
         self.slot_block[slot] = b
@@ -472,6 +474,8 @@ class LiveReplay:
     def access(self, r: int, ordinal: int, phase: int, prio: int, deadline: int,
                ntok: int) -> None:
         self._serve(r)
+        if self.lent_to and self.lent_to.get(r):
+            settle(self, r)  # the bound: blocks lent to r that it did not hit go back
         self.accessed[r] = True
         miss = self.spilled[r]
         stall = 0.0
@@ -535,20 +539,16 @@ class LiveReplay:
         b = self.table[r].get(idx)
         if b is None:
             return
-        if self.b_tier[b] == HBM and self.b_req[b] == r:
-            self._serve(r)
+        res = self.b_tier[b] == HBM  # resident: in its owner's unit, counted there
+        if res:
+            if self.b_req[b] == r:
+                self._serve(r)
             self._pop_from(b)
-            self.b_intent[b] = intent
-            self.b_prio[b] = intent[1]
-            self.b_pin[b] = pin
+        self.b_intent[b], self.b_prio[b], self.b_pin[b] = intent, intent[1], pin
+        if res or self.b_req[b] == r:
             self.b_cls[b] = self._cls_of(b)
+        if res:
             self._push(b)
-            return
-        self.b_intent[b] = intent
-        self.b_prio[b] = intent[1]
-        self.b_pin[b] = pin
-        if self.b_req[b] == r:
-            self.b_cls[b] = self._cls_of(b)
 
     def _reclass(self, r: int) -> None:
         """Request ``r`` became pinned: its unpinned resident blocks join the pinned unit."""

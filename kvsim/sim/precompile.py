@@ -31,6 +31,20 @@ import time
 from typing import Callable, Iterator, Sequence
 
 
+def log(msg: str) -> None:
+    """One line on stderr when ``$KVSIM_COMPILE_LOG`` is set: the split's timeline (when
+    each worker finished, how long this process waited for one), seconds since the
+    process started; for bench/ and profiling, silent otherwise."""
+    if os.environ.get("KVSIM_COMPILE_LOG"):
+        import sys
+
+        sys.stderr.write(f"[kvsim compile {time.monotonic() - _T0:7.1f} s, pid {os.getpid()}] "
+                         f"{msg}\n")
+
+
+_T0 = time.monotonic()
+
+
 def compile_hooks(names: Sequence[str]) -> float:
     """Compile (or load from numba's disk cache) the hooks of each named policy; returns
     the CPU seconds it took.  Runs in a worker process of :func:`first_then_hooks`."""
@@ -137,15 +151,20 @@ def first_then_hooks(first: Callable[..., dict], first_args: tuple, hook_names: 
         return first(*first_args)
     with process_pool(size) as ex:
         futures = [ex.submit(compile_hooks, c) for c in chunks]
+        for c, f in zip(chunks, futures):
+            f.add_done_callback(lambda f, c=c: f.exception() is None and log(
+                f"worker: hooks of {len(c)} policies compiled, {f.result():.1f} CPU-s"))
         if size > len(chunks):
             variants.BACKGROUND = ex
         try:
             result = first(*first_args)
+            log(f"this process: first replay ({first_args[0] if first_args else ''}) done")
         finally:
             if size > len(chunks):
                 variants.BACKGROUND = None
         for f in futures:
             f.result()
+    log("every worker done")
     return result
 
 
@@ -173,4 +192,4 @@ def split_closed_compile(engine: str) -> Iterator[None]:
 
 
 __all__ = ["split_closed_compile", "cold_hooks", "compare_engine", "compile_hooks",
-           "compile_workers", "first_then_hooks", "needs_split"]
+           "compile_workers", "first_then_hooks", "log", "needs_split"]

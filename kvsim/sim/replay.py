@@ -32,7 +32,7 @@ from kvsim.sim import core, layout as L
 from kvsim.sim.config import LOWER_TIERS, SimConfig, resolve_engine
 from kvsim.memory.hooks import is_uniform, tier_ref, view_ref
 from kvsim.sim.variants import (compiled_is_cached, core_for, interpreted, is_compiled,
-                                   policy_value)
+                                   policy_value, run_cols)
 from kvsim.sim.prepass import (SeenSet, TraceFacts, _open, full_hashes, offline_next_use,
                                 release_read_buffers, scan_trace)
 from kvsim.sim.tiers import Tier
@@ -288,7 +288,7 @@ class _Run:
         return (T1, T2, T3, self.TMP, self.TMP_i, self.G, self.S, self.P, self.running)
 
     def feed(self, cols: dict) -> None:
-        batch = tuple(cols[name] for name in core.COLS)
+        batch = run_cols(tuple(cols[name] for name in core.COLS))  # one type of run
         n = len(batch[0])
         if n == 0:
             return

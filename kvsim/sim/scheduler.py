@@ -85,21 +85,29 @@ PR_COLD, PR_WARM, PR_HOT, PR_CRIT = range(4)
 ST_WAIT, ST_RUN, ST_DONE, ST_PRUNED = 0, 1, 2, 3
 
 
-@njit(cache=True)
+@njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 def _ensure(I, F, n, need):
-    """Buffers with room for ``need`` more rows after ``n`` (doubling)."""
+    """Buffers with room for ``need`` more rows after ``n`` (doubling).  The copy is an
+    element loop: a slice assignment (``I2[:, :n] = I[:, :n]``) pulls in numba's
+    shape-mismatch error message (string formatting, ~1,500 LLVM instructions linked into
+    every caller; kvsim.sim.placement's note)."""
     cap = I.shape[1]
     if n + need <= cap:
         return I, F
     new_cap = max(2 * cap, n + need + 1024)
     I2 = np.empty((I.shape[0], new_cap), dtype=np.int64)
     F2 = np.empty((F.shape[0], new_cap), dtype=np.float64)
-    I2[:, :n] = I[:, :n]
-    F2[:, :n] = F[:, :n]
+    for k in range(I.shape[0]):
+        for j in range(n):
+            I2[k, j] = I[k, j]
+    for k in range(F.shape[0]):
+        for j in range(n):
+            F2[k, j] = F[k, j]
     return I2, F2
 
 
-@njit(cache=True)
+# _ensure and _row are called from compiled code only: no CPython or C wrapper to build
+@njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
 def _row(I, F, n, step, t, kind, rid, bidx, h, parent, ntok, phase, prio, deadline, slack,
          target, pin, rc):
     I[C_STEP, n] = step
@@ -136,7 +144,7 @@ from kvsim.sim import sched_blocks as _sb  # noqa: E402
 assert (_sb.S_HELD, _sb.S_HEADC) == (S_HELD, S_HEADC)
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def run_steps(ip, fp, st, stf,
               arr, prompt, out, ttft, tpot, nsamp, beam, rprio, cont, gap, shared, spk, spp,
               hashed, off, ids,

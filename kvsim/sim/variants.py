@@ -215,13 +215,38 @@ BACKGROUND = None
 RUN_RESULT = numba.types.UniTuple(numba.types.int64, 2)
 
 
-def _compile_run(arg_types: tuple) -> None:
-    """Compile ``core.run`` for ``arg_types`` into numba's disk cache (a worker's task)."""
+def run_cols(batch: tuple) -> tuple:
+    """The event columns ``batch`` (``kvsim.sim.core.COLS`` order) as :func:`kvsim.sim.core.run`
+    takes them: every column a read-only array (a read-only view of a writable one; no
+    copy).  numba types a read-only array apart from a writable one, and the columns came
+    both ways: Parquet columns read without a copy are read-only, the boolean ones and
+    every column of a JSONL trace or of the closed loop (:mod:`kvsim.sim.closed_step` fills
+    them) writable, so ``run`` (~40 CPU-s) compiled once per mix: twice in a process that
+    replays a trace file and runs the closed loop.  ``run`` only reads them."""
+    out = []
+    for a in batch:
+        if a.flags.writeable:
+            a = a.view()
+            a.flags.writeable = False
+        out.append(a)
+    return tuple(out)
+
+
+def _compile_run(arg_types: tuple) -> float:
+    """Compile ``core.run`` for ``arg_types`` into numba's disk cache (a worker's task);
+    returns the CPU seconds it took."""
+    import time
+
     from kvsim.numba_cache import seal_all
     from kvsim.sim import core
+    from kvsim.sim.precompile import log
 
+    t0 = time.process_time()
     seal_all()
     core.run.compile(arg_types)
+    cpu = time.process_time() - t0
+    log(f"worker: core.run compiled, {cpu:.1f} CPU-s")
+    return cpu
 
 
 class RunValue(WrapperAddressProtocol):
@@ -245,7 +270,14 @@ class RunValue(WrapperAddressProtocol):
             from kvsim.memory.hooks import CompiledHook
 
             if self.future is not None:
+                import time
+
+                from kvsim.sim.precompile import log
+
+                t0 = time.monotonic()
+                log("this process: advance compiled, needs core.run")
                 self.future.result()  # the worker wrote it to the disk cache
+                log(f"this process: waited {time.monotonic() - t0:.1f} s for core.run")
                 self.future = None
             self.run.compile(self.arg_types)
             sig = self.run.overloads[self.arg_types].signature
@@ -274,7 +306,9 @@ def core_run_value(core_module: ModuleType, run_args: tuple):
         return core_module.run
     from numba import typeof
 
-    arg_types = tuple(typeof(a) for a in run_args)
+    # the columns typed read-only (run_cols), as the open-loop replay passes them: one
+    # signature of run for both (advance passes its writable columns: numba converts)
+    arg_types = (typeof(run_cols(run_args[0])), *(typeof(a) for a in run_args[1:]))
     if arg_types not in _RUN_VALUES:
         future = None
         if BACKGROUND is not None and arg_types not in core_module.run.overloads \

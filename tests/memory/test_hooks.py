@@ -96,3 +96,25 @@ def test_seal_extends_the_cache_stamp_with_the_source_digest(tmp_path):
     assert mod.f._cache._cache_file._source_stamp == sealed
     assert mod.f(1) == 2
     assert len(numba_cache.digest()) == 16
+
+
+def test_single_tier_loops_are_sealed_with_their_group_digest():
+    """The dedicated single-tier loops inline prefetch.py's intrinsic and cachesim_fast's
+    constants: their stamps carry the digest of that group, so an edit of any of its files
+    recompiles every loop (numba alone would keep a loop whose own file did not change)."""
+    from numba.core.dispatcher import Dispatcher
+
+    from kvsim.sim import cachesim_fast, cachesim_ghost
+
+    mark = (f"{numba_cache.digest(numba_cache.SINGLE_TIER)};"
+            f"{numba_cache.codegen_settings()}")
+    assert numba_cache.digest(numba_cache.SINGLE_TIER) != numba_cache.digest()
+    n = 0
+    for mod in (cachesim_fast, cachesim_ghost):
+        for value in vars(mod).values():
+            if isinstance(value, Dispatcher) and value.py_func.__module__ == mod.__name__:
+                stamp = value._cache._cache_file._source_stamp
+                assert stamp[0] == "kvsim" and stamp[2] == mark, value.py_func.__name__
+                assert not getattr(value, "_kvsim_plain_calls", False)
+                n += 1
+    assert n >= 10

@@ -71,3 +71,31 @@ def test_fast_path_is_taken_only_for_builtin_belady_without_runners_up(monkeypat
     simulate_cache(keys, 2, "belady", fast_path=False)
     simulate_cache(keys, 2, "lru")
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("ahead", [0, 16])
+def test_next_use_pass_int32_and_int64_agree_with_next_use_of(ahead):
+    """The fused next-use pass writes int32 (NEVER = int32 max) when the stream is short
+    enough, int64 (NEVER = int64 max) otherwise: same next uses, and the Belady loop
+    evicts the same blocks with either."""
+    from kvsim.sim import cachesim_fast as f
+
+    keys = _streams()[1] + 1000  # keys 1000..3999, many never used again
+    lo, span = int(keys.min()), int(keys.max() - keys.min()) + 1
+    ids, _ = remap_keys(keys)
+    want = next_use_of(ids, int(ids.max()) + 1)
+    short = f.next_use_keys(keys, lo, f.next_use_table(keys.shape[0], span), ahead)
+    wide = f.next_use_keys(keys, lo, np.full(span, np.iinfo(np.int64).max, np.int64), ahead)
+    assert short.dtype == np.int32 and wide.dtype == np.int64
+    never = want == np.iinfo(np.int64).max
+    np.testing.assert_array_equal(short[~never], want[~never])
+    assert (short[never] == np.iinfo(np.int32).max).all() and never.sum() > 1000
+    np.testing.assert_array_equal(wide, want)
+    runs = []
+    for nu in (short, wide):
+        victims = np.zeros(keys.shape[0], np.int64)
+        uniq = np.empty(span, np.int64)
+        r = f.replay_belady(keys, lo, f.new_table(span), nu, 64, victims, uniq, ahead)
+        runs.append((r, victims[: r[2]]))
+    assert runs[0][0] == runs[1][0]
+    np.testing.assert_array_equal(runs[0][1], runs[1][1])

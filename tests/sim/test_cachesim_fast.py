@@ -110,3 +110,123 @@ def test_capacity_above_stream_length_and_empty_stream(policy):
     assert (r.hits, r.misses, r.evictions, r.unique_keys) == (3, 4, 0, 4)
     e = simulate_cache(np.zeros(0, np.int64), 3, policy)
     assert (e.hits, e.misses, e.unique_keys) == (0, 0, 0)
+
+
+# --- the key domain's edges: prefetching loops (kvsim.sim.prefetch), wide and extreme keys
+
+
+_I64 = np.iinfo(np.int64)
+
+
+def _edge_streams():
+    base = _streams()[0]  # skewed, 3000 accesses over <= 400 keys
+    return {"near int64 max": _I64.max - base,  # direct table, lo = max - 399
+            "near int64 min": _I64.min + base,
+            "both int64 ends": np.where(base % 2 == 0, _I64.min + base, _I64.max - base),
+            "wide, sparse": base * 1_000_003 - 7 * 10**12}
+
+
+@pytest.mark.parametrize("policy", FAST + ["belady"])
+@pytest.mark.parametrize("capacity", [1, 9])
+def test_extreme_and_wide_keys_evict_what_the_hooks_evict(policy, capacity):
+    """Keys at both ends of int64 (a direct table over a small span near one end; the
+    np.unique path when they span both ends) and a wide sparse range give the same
+    victims, as dense ids in order of first appearance, and the same keys_by_id as the
+    generic hook loop."""
+    for name, keys in _edge_streams().items():
+        fast = simulate_cache(keys, capacity, policy, record_victims=True)
+        slow = simulate_cache(keys, capacity, policy, record_victims=True, fast_path=False)
+        assert (fast.hits, fast.misses, fast.evictions, fast.unique_keys) == (
+            slow.hits, slow.misses, slow.evictions, slow.unique_keys), name
+        np.testing.assert_array_equal(fast.victims, slow.victims, err_msg=name)
+        np.testing.assert_array_equal(fast.keys_by_id, slow.keys_by_id, err_msg=name)
+        assert fast.evictions > 0, name
+
+
+def _arc_reference(keys, c):
+    """ARC as policies/arc.py's docstring states it (libCacheSim's ARC), on Python
+    OrderedDicts: ``(victims as keys, largest |T1|+|T2|+|B1|+|B2| seen)``."""
+    from collections import OrderedDict
+
+    T1, T2, B1, B2 = OrderedDict(), OrderedDict(), OrderedDict(), OrderedDict()
+    p, victims, most = 0.0, [], 0
+    for x in keys.tolist():
+        if x in T1 or x in T2:
+            (T1 if x in T1 else T2).pop(x)
+            T2[x] = None
+            continue
+        hit_b1, hit_b2 = x in B1, x in B2
+        if hit_b1:
+            p = min(p + max(len(B2) / len(B1), 1.0), float(c))
+            B1.pop(x)
+        elif hit_b2:
+            p = max(p - max(len(B1) / len(B2), 1.0), 0.0)
+            B2.pop(x)
+        if len(T1) + len(T2) >= c:
+            n1 = len(T1)
+            replace_t1 = (n1 > 0 and (n1 > p or (n1 == p and hit_b2))) or not T2
+            ghost = True
+            if hit_b1 or hit_b2:
+                from_t1 = replace_t1
+            elif n1 + len(B1) + 1 > c:
+                if B1:
+                    B1.popitem(last=False)
+                    from_t1 = replace_t1
+                else:
+                    from_t1, ghost = True, False
+            else:
+                if n1 + len(B1) + len(T2) + len(B2) >= 2 * c and B2:
+                    B2.popitem(last=False)
+                from_t1 = replace_t1
+            v, _ = (T1 if from_t1 else T2).popitem(last=False)
+            if ghost:
+                (B1 if from_t1 else B2)[v] = None
+            victims.append(v)
+        (T2 if hit_b1 or hit_b2 else T1)[x] = None
+        most = max(most, len(T1) + len(T2) + len(B1) + len(B2))
+    return victims, most
+
+
+@pytest.mark.parametrize("capacity", [1, 2, 5, 16])
+def test_arc_with_full_ghost_lists_matches_a_plain_reference(capacity):
+    """The arc loop's slots are sized to |T1|+|T2|+|B1|+|B2| <= 2c: streams that reach
+    that bound (checked on the reference) evict the same keys as a plain-Python ARC."""
+    rng = np.random.default_rng(5)
+    hot = rng.integers(0, 3 * capacity + 3, 4000)
+    keys = np.where(rng.random(4000) < 0.3, rng.integers(10**6, 2 * 10**6, 4000), hot)
+    keys = np.concatenate([np.tile(np.arange(2 * capacity + 1), 3), keys]).astype(np.int64)
+    want, most = _arc_reference(keys, capacity)
+    assert most == 2 * capacity  # the ghost lists did fill up
+    got = simulate_cache(keys, capacity, "arc", record_victims=True)
+    np.testing.assert_array_equal(got.keys_by_id[got.victims], want)
+    assert got.misses == got.evictions + min(capacity, got.unique_keys)
+
+
+def test_prefetch_rule_follows_the_table_size():
+    from kvsim.sim import cachesim_fast as f
+
+    assert f.prefetch_distance(f.PREFETCH_MIN_SPAN - 1) == 0
+    assert f.prefetch_distance(f.PREFETCH_MIN_SPAN) == f.AHEAD > 0
+
+
+@pytest.mark.parametrize("policy", FAST + ["belady"])
+def test_prefetching_loops_evict_what_the_hooks_evict(policy, monkeypatch):
+    """The test streams' tables are small (no prefetch by the rule); with the threshold
+    at 1 the same loops prefetch, including in the last AHEAD accesses, and must give
+    the same victims as the hook path."""
+    from kvsim.sim import cachesim_fast as f
+
+    monkeypatch.setattr(f, "PREFETCH_MIN_SPAN", 1)
+    seen = []
+    real = f.prefetch_distance
+    monkeypatch.setattr(f, "prefetch_distance", lambda span: seen.append(real(span)) or
+                        seen[-1])
+    for keys in _streams() + [_edge_streams()["near int64 max"], np.arange(5)]:
+        for cap in (1, 7, 50):
+            fast = simulate_cache(keys, cap, policy, record_victims=True)
+            slow = simulate_cache(keys, cap, policy, record_victims=True, fast_path=False)
+            assert (fast.hits, fast.misses, fast.unique_keys) == (
+                slow.hits, slow.misses, slow.unique_keys)
+            np.testing.assert_array_equal(fast.victims, slow.victims)
+            np.testing.assert_array_equal(fast.keys_by_id, slow.keys_by_id)
+    assert seen and all(a == f.AHEAD for a in seen)

@@ -54,13 +54,18 @@ def test_compiled_equals_interpreted(tiny_hw, tmp_path, policy):
 
 @pytest.mark.slow
 def test_one_compilation_per_core_function(tiny_hw, tmp_path):
-    """Every jitted function of the core modules (core, spill, pool ops, tier ops) is
-    compiled for ONE signature, for every policy: the policies' hooks are values of one
-    type (kvsim.memory.hooks).  A constant argument at a call site (``f(x, 0)``) would make
-    numba specialise the callee on the literal: a second full compilation of it, and of
-    everything that calls it (``_place`` was compiled three times per policy)."""
+    """Every jitted function of the core modules (core, spill, pool ops, tier ops,
+    placement, bookkeeping, tiers, the scheduler and the closed loop's step) is compiled
+    for ONE signature, for every policy and for the open and the closed loop in one
+    process: the policies' hooks are values of one type (kvsim.memory.hooks).  A constant
+    argument at a call site (``f(x, 0)``) would make numba specialise the callee on the
+    literal (unless ``kvsim.numba_cache.plain_calls`` types it plain): a second full
+    compilation of it, and of everything that calls it (``_place`` was compiled three
+    times per policy); read-only and writable event columns would be two types of
+    ``core.run``."""
     from kvsim.memory import pool_ops
-    from kvsim.sim import core, spill, tier_ops
+    from kvsim.sim import (bookkeeping, closed_step, core, placement, sched_blocks, scheduler,
+                           spill, tier_ops, tiers)
 
     trace = _helpers.random_trace(_helpers.TraceBuilder, 3).write(tmp_path / "r.parquet")
     for policy, prio, swap in (("lru", False, False), ("fifo", True, True),
@@ -70,13 +75,27 @@ def test_one_compilation_per_core_function(tiny_hw, tmp_path):
                         write_policy="write_through", check_invariants=True,
                         tier_policies=(("dram", policy),))
         simulate(trace, policy, cfg, decision_log=tmp_path / f"log{policy}.parquet")
-    for mod in (core, spill, pool_ops, tier_ops):
+    # the closed loop in the same process: its writable event columns reach core.run
+    # typed as the Parquet trace's (kvsim.sim.variants.run_cols), its scheduler and log
+    # calls pass constants (kvsim.numba_cache.plain_calls): still one signature each
+    from kvsim.ingest.requests import build_request_table
+    from kvsim.sim.cluster import serve
+
+    t = build_request_table({"arrival_us": [0, 10, 20], "prompt_tokens": [40, 60, 40],
+                             "output_tokens": [3, 2, 4], "block_ids": [[1, 2, 3],
+                                                                      [1, 2, 4, 5], [1, 6, 7]],
+                             "hashed_tokens": [40, 60, 40]}, block_size_tokens=16)
+    serve(t, "lru", SimConfig(hbm_gb=0.1, dram_gb=0.034, cxl_gb=0.0, nvme_gb=0.0,
+                              engine="compiled"), decision_log=tmp_path / "closed.parquet")
+    for mod in (core, spill, pool_ops, tier_ops, placement, bookkeeping, tiers, scheduler,
+                sched_blocks, closed_step):
         for name, fn in vars(mod).items():
             py = getattr(fn, "py_func", None)
             if py is None or py.__module__ != mod.__name__:
                 continue
             assert len(fn.signatures) <= 1, (mod.__name__, name, fn.signatures)
     assert len(core.run.signatures) == 1
+    assert len(closed_step.advance.signatures) == 1
 
 
 @pytest.mark.slow  # the closed-loop driver's own cold compile: ~40-50 CPU-s more

@@ -305,3 +305,149 @@ def test_cli_live_offload_json_table_and_errors(tmp_path, tiny_hw):
                           "--live-offload", "--mode engine")
     assert_one_line_error(runner.invoke(app, ["compare", *base, "--decision-log-dir",
                                               str(tmp_path / "logs")]), "--decision-log")
+
+
+# ---- deadline's live victims by target step (kvsim's lowering: a decode ACCESS row's ----
+# target_decode_step is step + 1)
+
+def served_in_step(path: Path) -> Path:
+    """HBM 5.  Step 0: A (2 blocks), B (2), C (1) prefill; step 1: A decodes, B's decode
+    needs a new block (HBM full), then C decodes; step 2: A decodes.  At B's block A has
+    already been served in step 1 (target 2) and C not yet (target 1): the block to spill
+    is A's.  C's deadline is the latest (10 ms; A's 1.1 ms), so ranking by deadline (and
+    lru, by recency) spills C's block, which C fetches back in the same step."""
+    tb = TraceBuilder()
+    tb.STEP(0, 100)
+    for r, n, dl in ((0, 2, 1_000), (1, 2, 1_000), (2, 1, 10_000)):
+        tb.ARRIVE(r, 4 * n)
+        for i in range(n):
+            tb.ALLOC(r, i, 0, deadline_us=dl, target_decode_step=1)
+        tb.ACCESS(r, 4 * n, deadline_us=dl, target_decode_step=1)
+    tb.STEP(100, 100)
+    tb.ACCESS(0, 1, DEC, deadline_us=1_100, target_decode_step=2)
+    tb.ALLOC(1, 2, 0, ntok=1, phase=DEC, deadline_us=1_100, target_decode_step=2)
+    tb.ACCESS(1, 1, DEC, deadline_us=1_100, target_decode_step=2)
+    tb.ACCESS(2, 1, DEC, deadline_us=10_100, target_decode_step=2)
+    tb.STEP(200, 100)
+    tb.ACCESS(0, 1, DEC, deadline_us=1_200, target_decode_step=3)
+    for r in (0, 1, 2):
+        tb.FREE(r)
+    return tb.write(path)
+
+
+def test_deadline_spills_the_request_already_served_in_the_step(tmp_path, tiny_hw):
+    trace = served_in_step(tmp_path / "s.parquet")
+    off = simulate(trace, "deadline", live(tiny_hw, 5, prefetch=False))
+    # deadline: A's block spilled at step 1 (A is needed at step 2), fetched at step 2
+    # (5 us + 1 block x 1 us); making room for it spills one more (B or C, both served);
+    # ranked by deadline (main before this rule) it spilled C at step 1: 6 us at step 1
+    # and 6 more at step 2
+    assert (off.summary["live_spills"], off.summary["blocks_fetched"]) == (2, 1)
+    assert off.summary["stall_us"] == 6.0 and off.summary["decode_stalls"] == 1
+    assert off.steps["stall_us"].tolist() == [0.0, 0.0, 6.0]
+    # with its prefetch, A's block comes back at the end of step 1 (C's 10 ms deadline is
+    # the latest: C's block makes room) and nothing stalls
+    on = simulate(trace, "deadline", live(tiny_hw, 5)).summary
+    assert (on["live_spills"], on["blocks_fetched"], on["prefetches"],
+            on["prefetches_useful"], on["stall_us"]) == (2, 0, 1, 1, 0.0)
+    # lru: C (least recently used) spilled at step 1 and fetched back for C's own decode
+    # in the same step (6 us), A's block spilled for it and fetched at step 2 (6 us)
+    lru = simulate(trace, "lru", live(tiny_hw, 5))
+    assert (lru.summary["live_spills"], lru.summary["blocks_fetched"]) == (3, 2)
+    assert lru.steps["stall_us"].tolist() == [0.0, 6.0, 6.0]
+    assert lru.summary["stall_us"] == 12.0
+    # the bound: 1 load
+    assert simulate(trace, "optimal", live(tiny_hw, 5)).summary["blocks_fetched"] == 1
+
+
+def served_order(path: Path) -> Path:
+    """HBM 6.  Step 0: A, B, C (2 blocks each) prefill; step 1: A, B, C decode in that
+    order, then D's admission needs a slot; step 2: A, B, C decode again (D does not)."""
+    tb = TraceBuilder()
+    tb.STEP(0, 100)
+    for r in (0, 1, 2):
+        tb.ARRIVE(r, 8)
+        for i in range(2):
+            tb.ALLOC(r, i, 0, deadline_us=1_000, target_decode_step=1)
+        tb.ACCESS(r, 8, deadline_us=1_000, target_decode_step=1)
+    tb.STEP(100, 100)
+    for r in (0, 1, 2):
+        tb.ACCESS(r, 1, DEC, deadline_us=1_100, target_decode_step=2)
+    tb.ARRIVE(3, 4)
+    tb.ALLOC(3, 0, 0, deadline_us=1_100, target_decode_step=2)
+    tb.ACCESS(3, 4, deadline_us=1_100, target_decode_step=2)
+    tb.STEP(200, 100)
+    for r in (0, 1, 2):
+        tb.ACCESS(r, 1, DEC, deadline_us=1_200, target_decode_step=3)
+    for r in (0, 1, 2, 3):
+        tb.FREE(r)
+    return tb.write(path)
+
+
+def test_deadline_spills_the_request_served_last_no_cascade(tmp_path, tiny_hw):
+    """A, B and C all have target step 2 and no slack when D needs a slot: deadline spills
+    C, served last in step 1 and so needed last in step 2; at C's fetch A and B have been
+    served (target 3): one fetch, 6 us.  lru spills A (least recently served), needed
+    first in step 2: each fetch in step 2 spills the next request to be served (a
+    cascade), 3 fetches, 18 us."""
+    trace = served_order(tmp_path / "o.parquet")
+    dl = simulate(trace, "deadline", live(tiny_hw, 6, prefetch=False))
+    assert (dl.summary["live_spills"], dl.summary["blocks_fetched"]) == (2, 1)
+    assert dl.steps["stall_us"].tolist() == [0.0, 0.0, 6.0]
+    lru = simulate(trace, "lru", live(tiny_hw, 6))
+    assert (lru.summary["live_spills"], lru.summary["blocks_fetched"]) == (4, 3)
+    assert lru.steps["stall_us"].tolist() == [0.0, 0.0, 18.0]
+    opt = simulate(trace, "optimal", live(tiny_hw, 6)).summary
+    assert (opt["live_spills"], opt["blocks_fetched"]) == (2, 1)
+
+
+def _counts_match_stacks(rep) -> None:
+    """Every unit's per-priority block counts equal a recount of its stack."""
+    for r, classes in enumerate(rep.stack):
+        for cls, st in enumerate(classes):
+            want = [0, 0, 0, 0]
+            for b in st:
+                pr = rep.b_intent[b][1]
+                want[0 if pr < 0 else 3 if pr > 3 else pr] += 1
+            assert rep.ucnt[2 * r + cls] == want, (r, cls)
+
+
+@pytest.mark.parametrize("prio", [Priority.HOT, Priority.DECODE_CRITICAL])
+def test_intent_on_a_shared_block_recounts_its_owners_unit(tmp_path, tiny_hw, monkeypatch,
+                                                          prio):
+    """B's per-block INTENT on the prefix block A owns changes the block's priority (and,
+    for DECODE_CRITICAL, its class) inside A's unit: the unit's counts follow it (they
+    drifted when only the owner's intents were re-counted)."""
+    from kvsim.schema import EventKind
+    from kvsim.sim import live_offload
+
+    calls = []
+    orig = live_offload.LiveReplay.intent
+
+    def checked(self, r, idx, intent, pin):
+        orig(self, r, idx, intent, pin)
+        _counts_match_stacks(self)
+        calls.append((r, idx, self.b_req[self.table[r][idx]] if idx >= 0 else -1))
+
+    monkeypatch.setattr(live_offload.LiveReplay, "intent", checked)
+    tb = TraceBuilder()
+    tb.STEP(0, 100)
+    tb.ARRIVE(0, 8)
+    tb.prompt(0, [1, 2])
+    tb.ACCESS(0, 8)
+    tb.STEP(100, 100)
+    tb.ARRIVE(1, 8)
+    tb.prompt(1, [1, 3])
+    tb.ACCESS(1, 8)
+    tb.add(kind=EventKind.INTENT, request_id=1, block_index=0, priority=int(prio),
+           phase=int(DEC))
+    tb.STEP(200, 100)
+    tb.ACCESS(0, 1, DEC)
+    tb.ACCESS(1, 1, DEC)
+    tb.FREE(0)
+    tb.FREE(1)
+    trace = tb.write(tmp_path / "t.parquet")
+    for pol in ("lru", "intent", "deadline"):
+        calls.clear()
+        simulate(trace, pol, live(tiny_hw, 3))
+        assert calls == [(1, 0, 0)]  # B's intent, on the block A owns

@@ -41,6 +41,15 @@ def _policies() -> list[str]:
     return [p.name for p in list_policies()] + ["optimal"]
 
 
+@pytest.fixture(autouse=True)
+def runs_of_every_length(monkeypatch):
+    """Move every run as a run, even of one block (by default runs shorter than
+    ``live_moves.RUN_MIN_BLOCKS`` move block by block: the reference's code)."""
+    from kvsim.sim import live_moves
+
+    monkeypatch.setattr(live_moves, "RUN_MIN_BLOCKS", 0)
+
+
 def assert_same(trace: Path, policy: str, cfg: SimConfig) -> dict:
     """Run ``policy`` with the run moves and with the block-by-block reference; assert the
     two results are identical; return the summary."""

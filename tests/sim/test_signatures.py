@@ -1,0 +1,128 @@
+"""One compiled signature per function (issue 17: duplicate compiles).
+
+Two sources of a second, full compile of the same function were found and removed:
+
+* a constant argument at a call site from compiled code is typed as a literal, and numba
+  compiled the callee once per distinct set of constants (``scheduler._row`` 17 times,
+  ``tiers.log_row`` 13 in the README job): :func:`kvsim.numba_cache.plain_calls`, applied
+  by ``seal`` to every sealed dispatcher, types such calls with the plain types;
+* ``core.run``'s event columns came read-only (Parquet columns read without a copy) or
+  writable (the boolean columns, JSONL traces, the closed loop), two numba types:
+  :func:`kvsim.sim.variants.run_cols` passes them read-only always.
+
+The functions here are tiny and compile in well under a second; nothing of the replay
+core compiles (the end-to-end check, every core function with one signature after an
+open-loop and a closed-loop run in one process, is
+tests/sim/test_compiled.py::test_one_compilation_per_core_function, slow step).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, typeof
+
+from kvsim.numba_cache import plain_calls
+
+
+def _callees():
+    """Fresh dispatchers (no signature compiled yet) and callers of them that pass
+    constants: ``add(x, 0)``, ``add(x, 1)``, ``add(x, k)``, and ``pick(t, 1)`` on a
+    heterogeneous tuple (only a literal index can type it)."""
+
+    @njit
+    def add(x, k):
+        return x + k
+
+    @njit
+    def pick(t, k):
+        return t[k]
+
+    @njit
+    def callers(x):
+        k = x * 2
+        return add(x, 0) + add(x, 1) + add(x, k)
+
+    @njit
+    def picker(x):
+        return pick((x, 2.5), 1)
+
+    return add, pick, callers, picker
+
+
+def test_constants_at_call_sites_compile_one_signature():
+    add, _, callers, _ = _callees()
+    plain_calls(add)
+    plain_calls(add)  # idempotent
+    assert callers(3) == 3 + 4 + 9
+    assert [str(s) for s in add.signatures] == ["(int64, int64)"]
+
+
+def test_without_plain_calls_each_constant_is_a_signature():
+    """The control: numba's own behaviour, one compile per literal (so the test above
+    can fail)."""
+    add, _, callers, _ = _callees()
+    assert callers(3) == 16
+    assert len(add.signatures) == 3
+    assert sorted(str(s) for s in add.signatures) == [
+        "(int64, Literal[int](0))", "(int64, Literal[int](1))", "(int64, int64)"]
+
+
+def test_narrow_integers_are_passed_as_int64():
+    """An int32 column value, an int8 state element and an int64 counter: one signature."""
+    add, _, _, _ = _callees()
+
+    @njit
+    def mixed(a32, a8, x):
+        return add(x, a32[0]) + add(x, a8[0]) + add(x, x)
+
+    plain_calls(add)
+    assert mixed(np.array([5], np.int32), np.array([-3], np.int8), 2) == 7 + -1 + 4
+    assert [str(s) for s in add.signatures] == ["(int64, int64)"]
+
+
+def test_a_function_that_needs_the_literal_still_gets_it():
+    """Indexing a heterogeneous tuple needs the index's value at typing: the plain type
+    fails to type, and the literal is used as numba would."""
+    _, pick, _, picker = _callees()
+    plain_calls(pick)
+    assert picker(7) == 2.5
+    assert [str(s) for s in pick.signatures] == ["(Tuple((int64, float64)), Literal[int](1))"]
+
+
+def test_sealed_replay_functions_take_plain_calls():
+    """Every jitted function of the replay's modules is set up by ``seal_all`` (the
+    scheduler's ``_row`` and the log's ``log_row`` were the worst cases)."""
+    from kvsim.numba_cache import seal_all
+    from kvsim.sim import scheduler, tiers
+
+    seal_all()
+    for fn in (scheduler._row, scheduler._ensure, tiers.log_row, tiers.copy_view):
+        assert fn._kvsim_plain_calls is True
+
+
+def test_event_columns_have_one_type_whatever_their_source(tmp_path):
+    """The columns of a Parquet trace as the replay reads them (read-only, but the
+    boolean ones writable) and the closed loop's writable columns type the same once
+    through ``run_cols``: one signature of ``core.run`` for both."""
+    from kvsim.sim import core
+    from kvsim.sim.closed_loop import _new_cols
+    from kvsim.sim.prepass import _open
+    from kvsim.sim.variants import run_cols
+    from tests.sim.conftest import TraceBuilder, random_trace
+
+    path = random_trace(TraceBuilder, 3).write(tmp_path / "r.parquet")
+    with _open(path) as reader:
+        cols = next(iter(reader.batches(1 << 16)))
+    parquet = tuple(cols[name] for name in core.COLS)
+    closed = _new_cols(16)
+    assert typeof(parquet) != typeof(closed)  # as they come: two types
+    assert any(a.flags.writeable for a in parquet) and not all(a.flags.writeable
+                                                              for a in parquet)
+    a, b = run_cols(parquet), run_cols(closed)
+    assert typeof(a) == typeof(b)
+    assert not any(x.flags.writeable for x in a + b)
+    # views, not copies: the closed loop keeps filling the arrays run reads
+    closed[0][3] = 41
+    assert b[0][3] == 41 and b[0].base is closed[0]
+    for x, y in zip(parquet, a):
+        assert np.shares_memory(x, y) or x.size == 0
