@@ -20,8 +20,8 @@ in flight resumes at the row it stopped at).  Per step:
    clock.
 
 Compiled once for every policy, like :mod:`kvsim.sim.core` (policies are values it passes
-through, ``pst`` and ``T[4]``), and cached on disk; the interpreted twin runs the same
-source (:func:`kvsim.sim.variants.closed_for`).
+through: ``pst`` and each lower tier's ``L_ps``), and cached on disk; the interpreted twin
+runs the same source (:func:`kvsim.sim.variants.closed_for`).
 """
 
 from __future__ import annotations
