@@ -56,6 +56,9 @@ def new_schedule(df, off: np.ndarray, ids: np.ndarray, trace_block_tokens: int, 
     Request-table columns ``df`` (``off``/``ids``: its block ids as CSR), with a KV budget
     of ``ngpu`` blocks.  ``order``: the rows this engine serves (default all; a cluster
     replica starts empty and its router appends)."""
+    from kvsim.numba_cache import seal_all
+
+    seal_all()  # before the scheduler's first compile: one signature each, sealed stamps
     N = len(df)
     a = {name: df[name].to_numpy() for name in df.columns if name not in ("block_ids", "model")}
     i64 = lambda x: np.ascontiguousarray(x, dtype=np.int64)  # noqa: E731

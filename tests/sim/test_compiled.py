@@ -67,6 +67,17 @@ def test_one_compilation_per_core_function(tiny_hw, tmp_path):
     from kvsim.sim import (bookkeeping, closed_step, core, placement, sched_blocks, scheduler,
                            spill, tier_ops, tiers)
 
+    from kvsim.ingest.lower import lower_requests
+    from kvsim.ingest.requests import build_request_table
+
+    t = build_request_table({"arrival_us": [0, 10, 20], "prompt_tokens": [40, 60, 40],
+                             "output_tokens": [3, 2, 4], "block_ids": [[1, 2, 3],
+                                                                      [1, 2, 4, 5], [1, 6, 7]],
+                             "hashed_tokens": [40, 60, 40]}, block_size_tokens=16)
+    # first, the recorded-schedule lowering: it calls the scheduler from Python before any
+    # replay (it compiled the scheduler unsealed, 16 signatures of _row, until
+    # schedule_state sealed first)
+    lower_requests(t, tmp_path / "lowered.parquet")
     trace = _helpers.random_trace(_helpers.TraceBuilder, 3).write(tmp_path / "r.parquet")
     for policy, prio, swap in (("lru", False, False), ("fifo", True, True),
                                ("s3fifo", False, True)):
@@ -78,13 +89,8 @@ def test_one_compilation_per_core_function(tiny_hw, tmp_path):
     # the closed loop in the same process: its writable event columns reach core.run
     # typed as the Parquet trace's (kvsim.sim.variants.run_cols), its scheduler and log
     # calls pass constants (kvsim.numba_cache.plain_calls): still one signature each
-    from kvsim.ingest.requests import build_request_table
     from kvsim.sim.cluster import serve
 
-    t = build_request_table({"arrival_us": [0, 10, 20], "prompt_tokens": [40, 60, 40],
-                             "output_tokens": [3, 2, 4], "block_ids": [[1, 2, 3],
-                                                                      [1, 2, 4, 5], [1, 6, 7]],
-                             "hashed_tokens": [40, 60, 40]}, block_size_tokens=16)
     serve(t, "lru", SimConfig(hbm_gb=0.1, dram_gb=0.034, cxl_gb=0.0, nvme_gb=0.0,
                               engine="compiled"), decision_log=tmp_path / "closed.parquet")
     for mod in (core, spill, pool_ops, tier_ops, placement, bookkeeping, tiers, scheduler,
