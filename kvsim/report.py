@@ -173,7 +173,7 @@ def fig_latency_cdf(table: pd.DataFrame):
         ax.set_xlabel("step latency (ms)")
         ax.set_ylabel("fraction of steps <= x")
         ax.set_ylim(0, 1.01)
-        if k == 0:
+        if k == 0 and ax.get_legend_handles_labels()[0]:  # cache mode has no step latencies
             ax.legend(fontsize=8)
     for k in range(len(sizes), nrow * ncol):
         axes[k // ncol][k % ncol].axis("off")
