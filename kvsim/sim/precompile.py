@@ -43,14 +43,23 @@ def log(msg: str) -> None:
 
 
 _T0 = time.monotonic()
+#: How much a hooks worker lowers its priority (``os.nice``; CFS weight 1024 -> 110): the
+#: core's compile gets a whole core while the hooks use what it leaves (docs/benchmarks.md,
+#: "Cold compile": the README job's timeline with ``KVSIM_COMPILE_LOG=1``).
+HOOKS_NICE = 10
 
 
 def compile_hooks(names: Sequence[str]) -> float:
     """Compile (or load from numba's disk cache) the hooks of each named policy; returns
-    the CPU seconds it took.  Runs in a worker process of :func:`first_then_hooks`."""
+    the CPU seconds it took.  Runs in a worker process of :func:`first_then_hooks`, at a
+    lower priority (:data:`HOOKS_NICE`): the hooks are not on the critical path, the core
+    (``core.run`` in its worker, ``advance`` or the first replay in the kvsim process) is,
+    and with more compiling processes than cores they would otherwise share its cores."""
     from kvsim.memory.hooks import compiled_hooks
     from kvsim.sim.replay import _resolve_policy
 
+    with contextlib.suppress(OSError, AttributeError):
+        os.nice(HOOKS_NICE)
     t0 = time.process_time()
     for name in names:
         pol = _resolve_policy(name)
