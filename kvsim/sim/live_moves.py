@@ -37,6 +37,25 @@ UNPINNED, PINNED = 0, 1  # LiveReplay's pin class of a pinned unit
 PR_CRIT = int(Priority.DECODE_CRITICAL)
 
 
+def prefetch_wasted(self, b: int) -> None:
+    """Prefetched block ``b`` leaves HBM before any holder read it: a wasted prefetch."""
+    self.b_pf[b] = False
+    self.c["prefetches_wasted"] += 1
+    for h in self.b_holders[b]:
+        self.pf_unused[h].discard(b)
+
+
+def _unit_spilled(self, r: int, cls: int, k: int) -> None:
+    """``k`` blocks of request ``r``'s unit ``cls`` were spilled: count them, and take the
+    unit out of the policy once it holds nothing."""
+    self.c["live_spills"] += k
+    if cls == PINNED:
+        self.c["pinned_spills"] += k
+    u = self.C + 2 * r + cls
+    if not self.stack[r][cls] and self.in_pol[u]:
+        self._remove(u, cls)
+
+
 def spill_many(self, r: int, cls: int, k: int) -> None:
     """Spill the top ``k`` blocks of request ``r``'s unit ``cls`` (fewer if it has
     fewer): :meth:`_spill` of each top block in turn, with the unit's bookkeeping done
@@ -62,9 +81,7 @@ def spill_many(self, r: int, cls: int, k: int) -> None:
         while t <= 3 and used[t] >= cap[t]:
             t += 1
         if t > 3:
-            raise KvsimInputError("the lower tiers are full of spilled live blocks; "
-                                  "expected more DRAM/CXL/NVMe (--dram-gb) or a larger "
-                                  "HBM", None, None, "--dram-gb")
+            raise _tiers_full()
         used[t] += 1
         b_tier[b] = t
         b_slot[b] = -1
@@ -73,16 +90,8 @@ def spill_many(self, r: int, cls: int, k: int) -> None:
             spilled[h][b] = None
             has_spilled[h] = None
         if self.b_pf[b]:
-            self.b_pf[b] = False
-            self.c["prefetches_wasted"] += 1
-            for h in holders[b]:
-                self.pf_unused[h].discard(b)
-    self.c["live_spills"] += k
-    if cls == PINNED:
-        self.c["pinned_spills"] += k
-    u = self.C + 2 * r + cls
-    if not st and self.in_pol[u]:
-        self._remove(u, cls)
+            prefetch_wasted(self, b)
+    _unit_spilled(self, r, cls, k)
 
 
 def fetch_many(self, rr: int, miss: dict, per_tier: list) -> bool:
@@ -145,9 +154,7 @@ def spill_one(self, b: int) -> None:
     while t <= 3 and self.tier_used[t] >= self.tier_cap[t]:
         t += 1
     if t > 3:
-        raise KvsimInputError("the lower tiers are full of spilled live blocks; expected "
-                              "more DRAM/CXL/NVMe (--dram-gb) or a larger HBM", None,
-                              None, "--dram-gb")
+        raise _tiers_full()
     self.tier_used[t] += 1
     self.b_tier[b] = t
     self.b_slot[b] = -1
@@ -159,10 +166,7 @@ def spill_one(self, b: int) -> None:
         self.spilled[r][b] = None
         self.has_spilled[r] = None
     if self.b_pf[b]:
-        self.b_pf[b] = False
-        self.c["prefetches_wasted"] += 1
-        for r in self.b_holders[b]:
-            self.pf_unused[r].discard(b)
+        prefetch_wasted(self, b)
 
 
 def fetch_one(self, b: int, slot: int) -> int:
@@ -252,16 +256,8 @@ def spill_run(self, r: int, cls: int, k: int) -> None:
     pf = self.b_pf[blocks]
     if pf.any():
         for b in blocks[pf].tolist():
-            self.b_pf[b] = False
-            self.c["prefetches_wasted"] += 1
-            for h in holders[b]:
-                self.pf_unused[h].discard(b)
-    self.c["live_spills"] += k
-    if cls == PINNED:
-        self.c["pinned_spills"] += k
-    u = self.C + 2 * r + cls
-    if not st and self.in_pol[u]:
-        self._remove(u, cls)
+            prefetch_wasted(self, b)
+    _unit_spilled(self, r, cls, k)
 
 
 def _spilled_lent(self, run: list) -> None:
