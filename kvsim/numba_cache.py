@@ -25,6 +25,15 @@ call site was a separate compile of the callee (``scheduler._row`` 17 signatures
 linked into its callers.  :func:`seal` therefore makes each sealed dispatcher type its
 calls from compiled code with plain types (literals' own types, integers as ``int64``):
 one compile, whatever the constants.
+
+No C wrapper where nothing takes the function as a value (:data:`FIRST_CLASS`): numba
+builds, beside every compiled function, a C-callable wrapper that only a first-class
+function value uses (:class:`kvsim.memory.hooks.CompiledHook`: the policies' hooks and
+``core.run`` as ``closed_step.advance`` calls it).  :func:`seal` turns it off for every
+other function of the replay's modules (``no_cfunc_wrapper``, a numba target option):
+~4 of the README job's ~58 compile CPU-seconds (docs/benchmarks.md, "Cold compile").
+Policy modules keep it (their hooks are values).  The stamp carries the setting
+(:data:`WRAPPERS`), so an entry compiled with the other setting never loads.
 """
 
 from __future__ import annotations
@@ -55,6 +64,20 @@ COMPILED = ("kvsim.policy_api", "kvsim.policy_structs", "kvsim.memory.fast",
             "kvsim.sim.tiers", "kvsim.sim.bookkeeping", "kvsim.sim.tier_ops", "kvsim.sim.spill",
             "kvsim.sim.placement", "kvsim.sim.core", "kvsim.sim.scheduler",
             "kvsim.sim.sched_blocks", "kvsim.sim.closed_step", "kvsim.sim.cachesim")
+
+
+#: The functions of the ``COMPILED`` modules that compiled code takes as first-class
+#: function values (:class:`kvsim.memory.hooks.CompiledHook`), by module: they keep numba's
+#: C wrapper.  ``core.run``: ``closed_step.advance`` calls it as a value
+#: (:class:`kvsim.sim.variants.RunValue`); the others are hooks of the built-in policies.
+FIRST_CLASS = {
+    "kvsim.sim.core": ("run",),
+    "kvsim.policy_api": ("noop_hook",),
+    "kvsim.memory.fifo_order": ("on_insert", "on_hit", "on_hold", "on_release", "on_remove",
+                                "victim", "on_miss"),
+}
+#: Marks the no-wrapper setting in the cache stamp (bump it when FIRST_CLASS's rule changes).
+WRAPPERS = "cfunc=first-class"
 
 
 @lru_cache(maxsize=4)
@@ -120,20 +143,27 @@ def plain_calls(dispatcher) -> None:
     dispatcher._kvsim_plain_calls = True
 
 
-def seal(module: ModuleType, sources: tuple[str, ...] = SOURCES, plain: bool = True) -> None:
+def seal(module: ModuleType, sources: tuple[str, ...] = SOURCES, plain: bool = True,
+         values_only: tuple[str, ...] | None = None) -> None:
     """Extend the cache stamp of each ``njit(cache=True)`` function defined in ``module``
     with :func:`digest` of ``sources`` and :func:`codegen_settings`, and (``plain``) make
     its calls from compiled code compile one signature (:func:`plain_calls`) (idempotent).
+    ``values_only`` (a tuple of names): compile every other function of ``module`` without
+    numba's C wrapper (only a first-class function value uses it; module docstring).
     Must run before the function is first compiled or loaded in this process to take
     effect for it."""
     from numba.core.dispatcher import Dispatcher
 
     mark = f"{digest(sources)};{codegen_settings()}"
-    for value in vars(module).values():
+    if values_only is not None:
+        mark += f";{WRAPPERS}"
+    for name, value in vars(module).items():
         if not isinstance(value, Dispatcher) or value.py_func.__module__ != module.__name__:
             continue
         if plain:
             plain_calls(value)
+        if values_only is not None and name not in values_only and not value.overloads:
+            value.targetoptions["no_cfunc_wrapper"] = True
         cache_file = getattr(getattr(value, "_cache", None), "_cache_file", None)
         if cache_file is None:
             continue
@@ -152,5 +182,5 @@ def seal_all() -> None:
     if _SEALED:
         return
     for name in COMPILED:
-        seal(importlib.import_module(name))
+        seal(importlib.import_module(name), values_only=FIRST_CLASS.get(name, ()))
     _SEALED = True

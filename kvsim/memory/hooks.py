@@ -174,9 +174,28 @@ class CompiledHook(WrapperAddressProtocol):
     ``FunctionType(signature)``); calling it from Python runs the compiled code."""
 
     def __init__(self, dispatcher, signature):
+        if dispatcher.targetoptions.get("no_cfunc_wrapper"):
+            raise RuntimeError(f"{dispatcher.py_func.__module__}.{dispatcher.__name__} is "
+                               "compiled without the C wrapper a function value needs: list it "
+                               "in kvsim.numba_cache.FIRST_CLASS")
         self.dispatcher = dispatcher
         self.sig = signature
-        self.cres = dispatcher.get_compile_result(signature)  # compiles or loads from cache
+        self._cres = None
+
+    @property
+    def cres(self):
+        """The compile result, compiled (or loaded from numba's disk cache) when first
+        needed: numba types the value from :meth:`signature` alone, so building a policy
+        value compiles nothing, and a cold compile starts ``core.run``'s compile (which
+        needs the values' types only) before the hooks' (:mod:`kvsim.sim.precompile`)."""
+        if self._cres is None:
+            self._cres = self.dispatcher.get_compile_result(self.sig)
+        return self._cres
+
+    def compile(self) -> "CompiledHook":
+        """Compile (or load) now; returns self."""
+        _ = self.cres
+        return self
 
     def __wrapper_address__(self) -> int:
         return self.cres.library.get_pointer_to_function(self.cres.fndesc.llvm_cfunc_wrapper_name)

@@ -64,7 +64,8 @@ def compile_hooks(names: Sequence[str]) -> float:
     for name in names:
         pol = _resolve_policy(name)
         if pol.compiled:
-            compiled_hooks(pol)
+            for hook in compiled_hooks(pol):
+                hook.compile()
     return time.process_time() - t0
 
 

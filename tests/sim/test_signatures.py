@@ -126,3 +126,49 @@ def test_event_columns_have_one_type_whatever_their_source(tmp_path):
     assert b[0][3] == 41 and b[0].base is closed[0]
     for x, y in zip(parquet, a):
         assert np.shares_memory(x, y) or x.size == 0
+
+
+# --- the C wrapper only where a function is a value (kvsim.numba_cache.FIRST_CLASS) ---
+
+
+def test_seal_drops_the_c_wrapper_of_functions_that_are_never_values():
+    from kvsim.memory import fast, fifo_order
+    from kvsim.numba_cache import seal_all
+    from kvsim.sim import core, placement
+
+    seal_all()
+    assert placement._place.targetoptions.get("no_cfunc_wrapper") is True
+    assert fast.pool_check.targetoptions.get("no_cfunc_wrapper") is True
+    assert not core.run.targetoptions.get("no_cfunc_wrapper")
+    assert not fifo_order.victim.targetoptions.get("no_cfunc_wrapper")
+
+
+def test_every_builtin_hook_keeps_its_c_wrapper():
+    """Every hook of every built-in policy (lower tiers' and vLLM's order included) can be
+    a first-class value: CompiledHook refuses a dispatcher compiled without the wrapper.
+    Building the values compiles nothing (they compile when first called)."""
+    from kvsim.memory import fifo_order
+    from kvsim.memory.hooks import compiled_hooks
+    from kvsim.policy_registry import list_policies
+
+    n = 0
+    for pol in [*list_policies(), fifo_order]:
+        if not getattr(pol, "compiled", True):
+            continue
+        for hook in compiled_hooks(pol):
+            assert not hook.dispatcher.targetoptions.get("no_cfunc_wrapper"), hook
+            assert hook._cres is None  # lazy: nothing compiled yet
+            n += 1
+    assert n >= 8 * 10
+
+
+def test_a_function_without_the_wrapper_is_refused_as_a_value():
+    import pytest
+
+    from kvsim.memory.hooks import CompiledHook, hook_signatures
+    from kvsim.numba_cache import seal_all
+    from kvsim.sim import placement
+
+    seal_all()
+    with pytest.raises(RuntimeError, match="FIRST_CLASS"):
+        CompiledHook(placement._release_all, hook_signatures()[0])
