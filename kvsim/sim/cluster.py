@@ -262,6 +262,10 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
         if on_progress:
             on_progress(first)
         todo.remove(first)
+        # the replays that follow a cold compile use its processes too (one per core
+        # unless $KVSIM_COMPILE_WORKERS says otherwise): a cold first run is not
+        # left with one core idle for its last replays (results do not depend on it)
+        jobs = compile_workers(jobs)
     if jobs > 1 and len(todo) > 1:
         from kvsim.workers import process_pool
 

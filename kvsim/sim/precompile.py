@@ -14,9 +14,13 @@ while the compile lasts, :func:`compile_workers`) and runs, at the same time:
 * in the workers, the hooks of every other policy
   (:func:`kvsim.memory.hooks.compiled_hooks`, a few first-class functions each).
 
-Each worker writes what it compiled to numba's disk cache (``cache=True``); the replays
-that follow (in this process or in ``--jobs`` workers forked after it, which inherit the
-compiled core) load the hooks instead of compiling them.  A single closed-loop run
+``core.run``'s compile starts before anything else compiles: a policy's hooks
+(:class:`kvsim.memory.hooks.CompiledHook`) are typed from their signature and compile when
+first called, so the replay's state, ``run``'s argument types included, is built without
+compiling them.  Each worker writes what it compiled to numba's disk cache
+(``cache=True``); the replays that follow (in workers forked after the first replay,
+which inherit the compiled core: as many as the compile used, :func:`compile_workers`,
+whatever ``--jobs`` says) load the hooks instead of compiling them.  A single closed-loop run
 (``kvsim simulate`` of a profile or request trace, :func:`kvsim.sim.cluster.serve`) splits
 the same way around ``core.run`` (:func:`split_closed_compile`).  The results do not
 depend on the split: every replay runs the same cached code.  Measured figures:
