@@ -1,16 +1,18 @@
-"""The cold compile of every built-in policy's hooks in one process: CPU seconds and the
-size of the unoptimised LLVM IR numba hands to LLVM (docs/benchmarks.md, "Cold compile":
-the state groups' proxy, issue 17).
+"""Size of the unoptimised LLVM IR numba hands to LLVM in a cold compile, and its CPU time
+(docs/benchmarks.md, "Cold compile": the state groups' proxy, issue 17).
 
-Usage: NUMBA_CACHE_DIR=<empty> KVSIM_CACHE_DIR=<empty> python bench/hooks_compile.py
+Usage: NUMBA_CACHE_DIR=<empty> KVSIM_CACHE_DIR=<empty> python bench/ir_size.py [KVSIM ARGS]
 
-Compiles the hooks of each built-in policy with compiled hooks
+Without arguments: compiles the hooks of each built-in policy with compiled hooks
 (:func:`kvsim.sim.precompile.compile_hooks`, which is what ``kvsim compare``'s hooks worker
-runs), nothing else: the replay core is not compiled.  Prints the process CPU time of
-``compile_hooks``, the IR bytes per hook name summed over policies (each numba code
-library's module text when it is added, as ``CodeLibrary.add_ir_module`` receives it), the
-count of ``NRT_incref``/``NRT_decref`` calls in that text, and ``/proc/loadavg`` before and
-after.  With a warm cache it loads instead of compiling: IR 0 bytes.
+runs), nothing else (the replay core is not compiled), and prints the process CPU time of
+``compile_hooks`` and the IR bytes per hook name summed over policies.  With arguments:
+runs that kvsim command in this process (``compare --profile deadline_pressure ...``;
+set ``KVSIM_COMPILE_WORKERS=1`` so that nothing compiles in a worker this script does
+not see) and prints the IR bytes of the 25 largest libraries on stderr.  IR bytes are each
+numba code library's module text as ``CodeLibrary.add_ir_module`` receives it; also
+counted: ``NRT_incref``/``NRT_decref`` calls in that text, and ``/proc/loadavg`` before
+and after.  With a warm cache it loads instead of compiling: IR 0 bytes.
 """
 
 from __future__ import annotations
@@ -43,9 +45,29 @@ def _group(lib_name: str) -> str:
     return ".".join(parts[-2:])
 
 
+def _report_cli(load0: str) -> None:
+    out = sys.stderr
+    print(f"pre-opt IR: {sum(SIZES.values()) / 1e6:.2f} MB in {len(SIZES)} libraries, "
+          f"{sum(REFOPS.values())} NRT incref/decref calls; process "
+          f"{time.process_time():.2f} CPU-s", file=out)
+    for name, size in SIZES.most_common(25):
+        print(f"  {size / 1e6:7.3f} MB {REFOPS[name]:6d} refops  {name}", file=out)
+    print(f"loadavg before: {load0}", file=out)
+    print(f"loadavg after:  {Path('/proc/loadavg').read_text().strip()}", file=out)
+
+
 def main() -> None:
     _CLS.add_ir_module = _add_ir_module
     load0 = Path("/proc/loadavg").read_text().strip()
+    if len(sys.argv) > 1:
+        import atexit
+
+        from kvsim.cli import main as kvsim_main
+
+        atexit.register(_report_cli, load0)
+        sys.argv = ["kvsim"] + sys.argv[1:]
+        kvsim_main()
+        return
     from kvsim.policy_registry import list_policies
     from kvsim.sim.precompile import compile_hooks
 
