@@ -127,6 +127,16 @@ def test_iteration_and_slices_are_refused_with_a_clear_error(body):
         f(hooks.state_ref(_state()))
 
 
+def test_unpacking_a_group_whole_is_refused():
+    @njit
+    def unpack(state):
+        a, b, c, d = state.i8
+        return a.shape[0]
+
+    with pytest.raises(errors.TypingError, match=r"failed to unpack StateRef.i8\[4 x "):
+        unpack(hooks.state_ref(_state()))
+
+
 def test_no_reference_leaks():
     """Each access increfs the structref once and the array once, and releases both: the
     arrays' Python reference counts are the same after many calls."""
