@@ -120,9 +120,15 @@ def _element_ptr(context, builder, grp_t: StateGroup, grp, idx):
 
 
 def _load(context, builder, grp_t: StateGroup, ptr):
+    """The array at ``ptr``, as a new reference.  An array's data and value
+    representations are the same LLVM struct: one aggregate load (numba's
+    ``StructModel.load_from_data_pointer`` loads and reassembles it member by member)."""
     model = context.data_model_manager[grp_t.dtype]
-    return impl_ret_borrowed(context, builder, grp_t.dtype,
-                             model.load_from_data_pointer(builder, ptr))
+    if model.get_data_type() == model.get_value_type():
+        value = builder.load(ptr)
+    else:
+        value = model.load_from_data_pointer(builder, ptr)
+    return impl_ret_borrowed(context, builder, grp_t.dtype, value)
 
 
 # ---- typing ---------------------------------------------------------------------------
