@@ -5,7 +5,7 @@ whole field: a tuple of 24 arrays, loaded (24 x 7 members) and reference-counted
 increfs, then 24 decrefs when the tuple dies), before ``[k]`` takes one of them.  LLVM
 prunes most of it afterwards, but numba's lowering, LLVM's parsing and its optimisation
 passes pay for all of it: the hooks of the built-in policies were 30.3 MB of unoptimised
-LLVM IR before this module, 14.3 MB with it, and the same optimised code
+LLVM IR before this module, 13.4 MB with it, and the same optimised code
 (docs/benchmarks.md, "Cold compile": the policy state's groups as a proxy).
 
 Here ``state.<group>`` is typed as a :class:`StateGroup`: a proxy holding only the
