@@ -47,7 +47,8 @@ from types import ModuleType
 
 #: Modules whose source reaches the compiled replay (code or constants), in a fixed order.
 SOURCES = ("kvsim.schema", "kvsim.policy_api", "kvsim.policy_structs", "kvsim.memory.fast",
-           "kvsim.memory.fifo_order", "kvsim.memory.hooks", "kvsim.memory.pool_ops",
+           "kvsim.memory.fifo_order", "kvsim.memory.state_access", "kvsim.memory.hooks",
+           "kvsim.memory.pool_ops",
            "kvsim.sim.layout", "kvsim.sim.tiers", "kvsim.sim.bookkeeping", "kvsim.sim.tier_ops",
            "kvsim.sim.spill", "kvsim.sim.placement", "kvsim.sim.core",
            "kvsim.sim.schedule_state", "kvsim.sim.sched_blocks", "kvsim.sim.scheduler",

@@ -34,6 +34,7 @@ from numba import njit, typeof, types
 from numba.core.types import WrapperAddressProtocol
 from numba.experimental import structref
 
+from kvsim.memory.state_access import register_group_proxy
 from kvsim.numba_cache import seal, seal_all
 from kvsim.policy_api import PolicyState, new_block_view, policy_state
 
@@ -67,10 +68,15 @@ class StateRef(structref.StructRefProxy):
     instead of 35 arrays.  Measured: a cold compile of the core took 160 CPU-s with the
     state passed as the flat tuple and its hooks' indirect calls cost 70-110 ns; as a
     structref, see docs/benchmarks.md ("One core").  The arrays are the PolicyState's own
-    (not copied), so Python code reading the PolicyState sees what the hooks wrote."""
+    (not copied), so Python code reading the PolicyState sees what the hooks wrote.
+
+    In compiled code ``state.i64`` is a proxy and ``state.i64[k]`` loads that one array
+    from the struct, not the tuple of 24 (:mod:`kvsim.memory.state_access`; the cold
+    compile of the hooks, docs/benchmarks.md "Cold compile")."""
 
 
 structref.define_boxing(StateRefType, StateRef)
+register_group_proxy(StateRefType, PolicyState._fields)  # after structref.register
 
 
 @lru_cache(maxsize=1)
