@@ -50,12 +50,12 @@ PR_DECODE_CRITICAL = 3
 # (tests/sim/test_compiled_reference.py checks them against the reference).
 
 @njit(cache=True, no_cfunc_wrapper=True)
-def _find(hk, hv, h):
+def _find(hk, h):
     """Slot of content ``h`` in a tier's hash table, or -1 (:func:`kvsim.sim.tiers.tier_find`
-    on the table's two arrays: small enough for LLVM to inline, so not reference counted)."""
+    on the table's array: small enough for LLVM to inline, so not reference counted)."""
     i = tr.hash_slot(hk, h)
     if hk[i] == h:
-        return hv[i]
+        return hk[i + 1]
     return -1
 
 
@@ -70,11 +70,11 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
     for the whole range (see the note above)."""
     # each tier's members, read once for the whole range (the tier step below is written
     # out per tier on these locals: see "Per-call cost" above)
-    L1_i, L1_free, L1_hk, L1_hv = T1.L_i, T1.L_free, T1.L_hk, T1.L_hv
+    L1_i, L1_free, L1_h = T1.L_i, T1.L_free, T1.L_h
     L1_view, L1m = T1.L_view, T1.Lm
-    L2_i, L2_free, L2_hk, L2_hv = T2.L_i, T2.L_free, T2.L_hk, T2.L_hv
+    L2_i, L2_free, L2_h = T2.L_i, T2.L_free, T2.L_h
     L2_view, L2m = T2.L_view, T2.Lm
-    L3_i, L3_free, L3_hk, L3_hv = T3.L_i, T3.L_free, T3.L_hk, T3.L_hv
+    L3_i, L3_free, L3_h = T3.L_i, T3.L_free, T3.L_h
     L3_view, L3m = T3.L_view, T3.Lm
     L1_st, L1_hooks = T1.L_ps
     L2_st, L2_hooks = T2.L_ps
@@ -92,8 +92,8 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
             continue
         b = out.blocks[e]
         h = out.evicted_hash[e]
-        backed = (_find(L1_hk, L1_hv, h) >= 0 or _find(L2_hk, L2_hv, h) >= 0
-                  or _find(L3_hk, L3_hv, h) >= 0)  # _below
+        backed = (_find(L1_h, h) >= 0 or _find(L2_h, h) >= 0
+                  or _find(L3_h, h) >= 0)  # _below
         dest = first if (not backed and write_back) else 0
         if log_on:
             row = tr.log_row(G, C, step, now_us, A_DEMOTE if dest > 0 else A_EVICT, h,
@@ -131,7 +131,7 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
                         raise ValueError("lower-tier policy: victim() named a block that is "
                                          "not resident")
                     L1_hooks[H_REMOVE](L1_st, L1_view, x)
-                    tr.hash_del(L1_hk, L1_hv, L1_view.content_hash[x])
+                    tr.hash_del(L1_h, L1_view.content_hash[x])
                     L1_i[x, LI_STATE] = 0
                     L1m[LM_USED] -= 1
                     vo[0] = 1
@@ -168,7 +168,7 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
             L1_i[slot, LI_BI] = bi
             L1_i[slot, LI_TOKENS] = tok
             L1_i[slot, LI_STATE] = 1
-            tr.hash_put(L1_hk, L1_hv, L1_view.content_hash[slot], slot)
+            tr.hash_put(L1_h, L1_view.content_hash[slot], slot)
             L1m[LM_USED] += 1
             L1_hooks[H_INSERT](L1_st, L1_view, slot, now_us)
             C[M_BYTES_DOWN + t] += v.size_bytes[vs]
@@ -199,7 +199,7 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
                         raise ValueError("lower-tier policy: victim() named a block that is "
                                          "not resident")
                     L2_hooks[H_REMOVE](L2_st, L2_view, x)
-                    tr.hash_del(L2_hk, L2_hv, L2_view.content_hash[x])
+                    tr.hash_del(L2_h, L2_view.content_hash[x])
                     L2_i[x, LI_STATE] = 0
                     L2m[LM_USED] -= 1
                     vo[0] = 1
@@ -236,7 +236,7 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
             L2_i[slot, LI_BI] = bi
             L2_i[slot, LI_TOKENS] = tok
             L2_i[slot, LI_STATE] = 1
-            tr.hash_put(L2_hk, L2_hv, L2_view.content_hash[slot], slot)
+            tr.hash_put(L2_h, L2_view.content_hash[slot], slot)
             L2m[LM_USED] += 1
             L2_hooks[H_INSERT](L2_st, L2_view, slot, now_us)
             C[M_BYTES_DOWN + t] += v.size_bytes[vs]
@@ -267,7 +267,7 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
                         raise ValueError("lower-tier policy: victim() named a block that is "
                                          "not resident")
                     L3_hooks[H_REMOVE](L3_st, L3_view, x)
-                    tr.hash_del(L3_hk, L3_hv, L3_view.content_hash[x])
+                    tr.hash_del(L3_h, L3_view.content_hash[x])
                     L3_i[x, LI_STATE] = 0
                     L3m[LM_USED] -= 1
                     vo[0] = 1
@@ -304,7 +304,7 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
             L3_i[slot, LI_BI] = bi
             L3_i[slot, LI_TOKENS] = tok
             L3_i[slot, LI_STATE] = 1
-            tr.hash_put(L3_hk, L3_hv, L3_view.content_hash[slot], slot)
+            tr.hash_put(L3_h, L3_view.content_hash[slot], slot)
             L3m[LM_USED] += 1
             L3_hooks[H_INSERT](L3_st, L3_view, slot, now_us)
             C[M_BYTES_DOWN + t] += v.size_bytes[vs]
