@@ -145,11 +145,11 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
             moved = 0
             if vo[0] == 1:
                 x = vo[1]
-                tr.copy_view(TMP, 1, L1_view, x)
-                TMP_i[1, 0] = L1_i[x, 0]
-                TMP_i[1, 1] = L1_i[x, 1]
-                TMP_i[1, 2] = L1_i[x, 2]
-                if below2 > 0:
+                if below2 > 0:  # the victim goes on down: kept in TMP[1] until then
+                    tr.copy_view(TMP, 1, L1_view, x)
+                    TMP_i[1, 0] = L1_i[x, 0]
+                    TMP_i[1, 1] = L1_i[x, 1]
+                    TMP_i[1, 2] = L1_i[x, 2]
                     C[M_DEMOTE + t] += 1
                     moved = 1
                 else:
@@ -213,11 +213,11 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
             moved = 0
             if vo[0] == 1:
                 x = vo[1]
-                tr.copy_view(TMP, 2, L2_view, x)
-                TMP_i[2, 0] = L2_i[x, 0]
-                TMP_i[2, 1] = L2_i[x, 1]
-                TMP_i[2, 2] = L2_i[x, 2]
-                if below3 > 0:
+                if below3 > 0:  # the victim goes on down: kept in TMP[2] until then
+                    tr.copy_view(TMP, 2, L2_view, x)
+                    TMP_i[2, 0] = L2_i[x, 0]
+                    TMP_i[2, 1] = L2_i[x, 1]
+                    TMP_i[2, 2] = L2_i[x, 2]
                     C[M_DEMOTE + t] += 1
                     moved = 1
                 else:
@@ -278,23 +278,13 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
             if slot < 0:
                 C[M_EVICT + t] += 1  # no room and no victim: the block is dropped
                 continue
-            moved = 0
             if vo[0] == 1:
                 x = vo[1]
-                tr.copy_view(TMP, 3, L3_view, x)
-                TMP_i[3, 0] = L3_i[x, 0]
-                TMP_i[3, 1] = L3_i[x, 1]
-                TMP_i[3, 2] = L3_i[x, 2]
-                if np.int64(0) > 0:
-                    C[M_DEMOTE + t] += 1
-                    moved = 1
-                else:
-                    C[M_EVICT + t] += 1
+                C[M_EVICT + t] += 1  # the last tier: its victim is dropped
                 if log_on:
-                    row = tr.log_row(G, C, step, now_us, A_DEMOTE if moved else A_EVICT,
+                    row = tr.log_row(G, C, step, now_us, A_EVICT,
                                      L3_view.content_hash[x], L3_i[x, 0], L3_i[x, 1], t,
-                                     np.int64(0) if moved else -1,
-                                     L3_view.size_bytes[x] if moved else 0, 0.0,
+                                     -1, 0, 0.0,
                                      L3_view.priority[x] == PR_DECODE_CRITICAL, vo[2], -1)
                     tr.log_candidates(G, row, L3_view, L3_i, alt_b, alt_s, vo[3])
             tr.copy_view(L3_view, slot, v, vs)

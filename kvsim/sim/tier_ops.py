@@ -82,11 +82,11 @@ def spill_step(T, src, s, ow, bi, tok, below, k, TMP, TMP_i, K, C, G, step, now_
     moved = 0
     if vo[0] == 1:
         v = vo[1]
-        copy_view(TMP, k, L_view, v)
-        TMP_i[k, 0] = L_i[v, 0]
-        TMP_i[k, 1] = L_i[v, 1]
-        TMP_i[k, 2] = L_i[v, 2]
-        if below > 0:
+        if below > 0:  # the victim goes on down: kept in TMP[k] until then
+            copy_view(TMP, k, L_view, v)
+            TMP_i[k, 0] = L_i[v, 0]
+            TMP_i[k, 1] = L_i[v, 1]
+            TMP_i[k, 2] = L_i[v, 2]
             C[M_DEMOTE + t] += 1
             moved = 1
             act = A_DEMOTE

@@ -65,9 +65,11 @@ class Tier(NamedTuple):
 
 @njit(cache=True, no_cfunc_wrapper=True)
 def copy_view(dst, d, src, s):
-    """Copy every BlockView field of slot ``s`` of ``src`` into slot ``d`` of ``dst``."""
-    dst.last_access_us[d] = src.last_access_us[s]
-    dst.insert_us[d] = src.insert_us[s]
+    """Copy the BlockView fields of slot ``s`` of ``src`` into slot ``d`` of ``dst``, all
+    but the two timestamps (``insert_us``, ``last_access_us``): every caller is a tier fill
+    (or the cascade's copy of a victim into ``TMP`` on its way to the next tier's fill),
+    and a fill sets both to the time of the move.  12 of the 14 arrays, each a random
+    cache line at 16-token blocks (the NVMe tier's views are 14 x 15 MB)."""
     dst.access_count[d] = src.access_count[s]
     dst.phase[d] = src.phase[s]
     dst.priority[d] = src.priority[s]
