@@ -15,6 +15,7 @@ from kvsim.sim import tier_ops
 from kvsim.sim import tiers as tr
 from kvsim.sim.bookkeeping import _below, _first_lower
 from kvsim.memory.hooks import H_INSERT, H_REMOVE, H_VICTIM
+from kvsim.sim.prefetch import prefetch
 from kvsim.sim.layout import (C_PEAK, C_USED, HI_BI, HI_HITS, HI_OWNER, HI_TOKENS, K_LOG,
                               K_WRITE_POLICY, LI_BI, LI_OWNER, LI_STATE, LI_TOKENS, LM_CAP,
                               LM_FREE_TOP, LM_USED, M_BYTES_DOWN, M_DEMOTE, M_EVICT,
@@ -25,6 +26,12 @@ from kvsim.sim.layout import (C_PEAK, C_USED, HI_BI, HI_HITS, HI_OWNER, HI_TOKEN
 A_EVICT, A_DEMOTE, A_WRITE_THROUGH = 0, 1, 5
 W_WT, W_WTS, W_BACKED = 4, 5, 15
 PR_DECODE_CRITICAL = 3
+
+#: How many evicted blocks ahead :func:`_hbm_evicted_range` prefetches the tiers' hash
+#: table entries of (the home position of each evicted hash in each table: its lower-copy
+#: test is three random probes into tables of up to 4 M entries).  Measured on the
+#: Mooncake 16-token import: docs/benchmarks.md, "Speed: tiered replay of 16-token traces".
+PREFETCH_AHEAD = 4
 
 
 # ---------------------------------------------------------------------------------------
@@ -87,7 +94,16 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
     below2 = np.int64(2) if cap2 else below3
     write_back = K[K_WRITE_POLICY] == WP_WRITE_BACK
     log_on = K[K_LOG] != 0
+    m1 = (L1_h.shape[0] >> 1) - 1  # entries - 1 of each table (kvsim.sim.tiers.hash_slot)
+    m2 = (L2_h.shape[0] >> 1) - 1
+    m3 = (L3_h.shape[0] >> 1) - 1
     for e in range(lo, hi):
+        f = e + PREFETCH_AHEAD  # the lower-copy test's probes of a later block, requested now
+        if f < hi and out.kind[f] == KIND_EVICTED:
+            home = (out.evicted_hash[f] * tr._FIB) >> 32  # as hash_slot
+            prefetch(L1_h, 2 * (home & m1))
+            prefetch(L2_h, 2 * (home & m2))
+            prefetch(L3_h, 2 * (home & m3))
         if out.kind[e] != KIND_EVICTED:
             continue
         b = out.blocks[e]
