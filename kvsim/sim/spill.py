@@ -29,7 +29,9 @@ PR_DECODE_CRITICAL = 3
 
 #: How many evicted blocks ahead :func:`_hbm_evicted_range` prefetches the tiers' hash
 #: table entries of (the home position of each evicted hash in each table: its lower-copy
-#: test is three random probes into tables of up to 4 M entries).  Measured on the
+#: test is three random probes into tables of up to 4 M entries).  A tier's victim has
+#: its entries in its own table (removal) and in the next tier's (the fill there)
+#: prefetched as soon as it is named, before its policy's ``on_remove``.  Measured on the
 #: Mooncake 16-token import: docs/benchmarks.md, "Speed: tiered replay of 16-token traces".
 PREFETCH_AHEAD = 4
 
@@ -146,8 +148,14 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
                     if L1_i[x, LI_STATE] != 1:
                         raise ValueError("lower-tier policy: victim() named a block that is "
                                          "not resident")
+                    hx = L1_view.content_hash[x]
+                    hhome = (hx * tr._FIB) >> 32  # its table entries, wanted below
+                    prefetch(L1_h, 2 * (hhome & m1))
+                    if below2 > 0:  # at the next tier's fill
+                        prefetch(L2_h if below2 == 2 else L3_h,
+                                 2 * (hhome & (m2 if below2 == 2 else m3)))
                     L1_hooks[H_REMOVE](L1_st, L1_view, x)
-                    tr.hash_del(L1_h, L1_view.content_hash[x])
+                    tr.hash_del(L1_h, hx)
                     L1_i[x, LI_STATE] = 0
                     L1m[LM_USED] -= 1
                     vo[0] = 1
@@ -214,8 +222,13 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
                     if L2_i[x, LI_STATE] != 1:
                         raise ValueError("lower-tier policy: victim() named a block that is "
                                          "not resident")
+                    hx = L2_view.content_hash[x]
+                    hhome = (hx * tr._FIB) >> 32  # its table entries, wanted below
+                    prefetch(L2_h, 2 * (hhome & m2))
+                    if below3 > 0:  # at the NVMe tier's fill
+                        prefetch(L3_h, 2 * (hhome & m3))
                     L2_hooks[H_REMOVE](L2_st, L2_view, x)
-                    tr.hash_del(L2_h, L2_view.content_hash[x])
+                    tr.hash_del(L2_h, hx)
                     L2_i[x, LI_STATE] = 0
                     L2m[LM_USED] -= 1
                     vo[0] = 1
@@ -282,8 +295,10 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
                     if L3_i[x, LI_STATE] != 1:
                         raise ValueError("lower-tier policy: victim() named a block that is "
                                          "not resident")
+                    hx = L3_view.content_hash[x]
+                    prefetch(L3_h, 2 * (((hx * tr._FIB) >> 32) & m3))  # for hash_del
                     L3_hooks[H_REMOVE](L3_st, L3_view, x)
-                    tr.hash_del(L3_h, L3_view.content_hash[x])
+                    tr.hash_del(L3_h, hx)
                     L3_i[x, LI_STATE] = 0
                     L3m[LM_USED] -= 1
                     vo[0] = 1
