@@ -29,10 +29,13 @@ PR_DECODE_CRITICAL = 3
 
 #: How many evicted blocks ahead :func:`_hbm_evicted_range` prefetches the tiers' hash
 #: table entries of (the home position of each evicted hash in each table: its lower-copy
-#: test is three random probes into tables of up to 4 M entries).  A tier's victim has
-#: its entries in its own table (removal) and in the next tier's (the fill there)
-#: prefetched as soon as it is named, before its policy's ``on_remove``.  Measured on the
-#: Mooncake 16-token import: docs/benchmarks.md, "Speed: tiered replay of 16-token traces".
+#: test is three random probes into tables of up to 4 M entries, one cache miss each at
+#: 16-token blocks).  A tier's victim has its entries in its own table (the removal) and
+#: in the next tier's (the fill there) prefetched as soon as it is named, before its
+#: policy's ``on_remove``.  Prefetches change no result (kvsim.sim.prefetch).  4 was
+#: chosen, not tuned (no other distance was measured); the effect of both prefetches on
+#: the Mooncake 16-token import: docs/benchmarks.md, "Speed: tiered replay of 16-token
+#: traces".
 PREFETCH_AHEAD = 4
 
 
