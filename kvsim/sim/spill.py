@@ -157,6 +157,7 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
                     if below2 > 0:  # at the next tier's fill
                         prefetch(L2_h if below2 == 2 else L3_h,
                                  2 * (hhome & (m2 if below2 == 2 else m3)))
+                    tr.prefetch_view(L1_view, x)  # copied below (content_hash: read)
                     L1_hooks[H_REMOVE](L1_st, L1_view, x)
                     tr.hash_del(L1_h, hx)
                     L1_i[x, LI_STATE] = 0
@@ -230,6 +231,7 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
                     prefetch(L2_h, 2 * (hhome & m2))
                     if below3 > 0:  # at the NVMe tier's fill
                         prefetch(L3_h, 2 * (hhome & m3))
+                    tr.prefetch_view(L2_view, x)  # copied below (content_hash: read)
                     L2_hooks[H_REMOVE](L2_st, L2_view, x)
                     tr.hash_del(L2_h, hx)
                     L2_i[x, LI_STATE] = 0
@@ -300,6 +302,7 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
                                          "not resident")
                     hx = L3_view.content_hash[x]
                     prefetch(L3_h, 2 * (((hx * tr._FIB) >> 32) & m3))  # for hash_del
+                    tr.prefetch_view(L3_view, x)  # copied below (content_hash: read)
                     L3_hooks[H_REMOVE](L3_st, L3_view, x)
                     tr.hash_del(L3_h, hx)
                     L3_i[x, LI_STATE] = 0

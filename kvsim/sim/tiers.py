@@ -42,6 +42,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from kvsim.sim.prefetch import prefetch
+
 from kvsim.sim.layout import (C_LOG_SEQ, C_NLOG, CF_LAST, CF_RECOMP, CF_SCORE, CI_BI, CI_COUNT,
                               CI_DEADLINE, CI_HASH, CI_NEXT, CI_PHASE, CI_PINNED, CI_PRIO,
                               CI_REQ, CI_RPRIO,
@@ -82,6 +84,27 @@ def copy_view(dst, d, src, s):
     dst.pinned[d] = src.pinned[s]
     dst.next_use[d] = src.next_use[s]
     dst.content_hash[d] = src.content_hash[s]
+
+
+@njit(cache=True, no_cfunc_wrapper=True)
+def prefetch_view(v, s):
+    """Ask for the cache lines of slot ``s`` of ``v`` that a tier step reads or writes
+    next (a no-op in plain Python; kvsim.sim.prefetch): a tier's victim is copied (the
+    fields of :func:`copy_view`) and its slot filled (the timestamps too) just after its
+    removal, whose own misses (policy links, table entry) then overlap these."""
+    prefetch(v.last_access_us, s)
+    prefetch(v.insert_us, s)
+    prefetch(v.access_count, s)
+    prefetch(v.phase, s)
+    prefetch(v.priority, s)
+    prefetch(v.request_priority, s)
+    prefetch(v.deadline_us, s)
+    prefetch(v.slack_us, s)
+    prefetch(v.target_decode_step, s)
+    prefetch(v.recompute_cost_us, s)
+    prefetch(v.size_bytes, s)
+    prefetch(v.pinned, s)
+    prefetch(v.next_use, s)
 
 
 # ---------------------------------------------------------------------------------------
