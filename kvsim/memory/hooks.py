@@ -301,22 +301,22 @@ def hooks_are_cached(policy) -> bool:
 # ---------------------------------------------------------------------------------------
 
 #: The fields of a lower tier (kvsim.sim.tiers: ``Tier``), in order.
-TIER_FIELDS = ("L_i", "L_free", "L_hk", "L_view", "L_ps", "Lm", "L_hv")
+TIER_FIELDS = ("L_i", "L_free", "L_h", "L_view", "L_ps", "Lm")
 
 
 @structref.register
 class TierRefType(types.StructRef):
     """The numba type of :class:`TierRef`: one pointer to a struct holding a lower tier's
-    seven members (:data:`TIER_FIELDS`, the fields of :class:`kvsim.sim.tiers.Tier`)."""
+    six members (:data:`TIER_FIELDS`, the fields of :class:`kvsim.sim.tiers.Tier`)."""
 
     def preprocess_fields(self, fields):
         return tuple((name, types.unliteral(t)) for name, t in fields)
 
 
 class TierRef(structref.StructRefProxy):
-    """A lower tier as the compiled core passes it: ONE pointer instead of a tuple of 7
+    """A lower tier as the compiled core passes it: ONE pointer instead of a tuple of 6
     members (numba reference-counts each array and structref a compiled function receives,
-    on entry and exit: a tuple costs 7 counts per call, this one; docs/benchmarks.md,
+    on entry and exit: a tuple costs 6 counts per call, this one; docs/benchmarks.md,
     "Speed: tiered replay of 16-token traces").  The members are the tier's own arrays,
     not copies.  Python code keeps the :class:`kvsim.sim.tiers.Tier` it was made from."""
 
@@ -333,20 +333,19 @@ def policy_value_type():
 
 _A1 = types.Array(types.int64, 1, "C")
 TIER_REF = TierRefType([("L_i", types.Array(types.int64, 2, "C")), ("L_free", _A1),
-                        ("L_hk", _A1), ("L_view", VIEW_REF), ("L_ps", policy_value_type()),
-                        ("Lm", _A1), ("L_hv", _A1)])
+                        ("L_h", _A1), ("L_view", VIEW_REF), ("L_ps", policy_value_type()),
+                        ("Lm", _A1)])
 
 
 @njit(cache=True)
-def _new_tier_ref(L_i, L_free, L_hk, L_view, L_ps, Lm, L_hv):
+def _new_tier_ref(L_i, L_free, L_h, L_view, L_ps, Lm):
     r = structref.new(TIER_REF)
     r.L_i = L_i
     r.L_free = L_free
-    r.L_hk = L_hk
+    r.L_h = L_h
     r.L_view = L_view
     r.L_ps = L_ps
     r.Lm = Lm
-    r.L_hv = L_hv
     return r
 
 

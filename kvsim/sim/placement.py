@@ -19,6 +19,7 @@ from kvsim.memory import pool_ops as ops
 from kvsim.sim import spill as lower
 from kvsim.sim import tier_ops
 from kvsim.sim import tiers as tr
+from kvsim.sim.prefetch import prefetch
 from kvsim.sim.bookkeeping import _peak, _pick_victim, _run_remove, _set_view_from_record
 from kvsim.sim.layout import (AI_FULL_HASH, AI_HASH, AI_PFOK, AI_SEEN, AI_SIZE, AI_TOKENS,
                               C_HBM_USED, C_STEP, C_STEP_EXTRA_US, C_STEP_STALL_US,
@@ -154,15 +155,25 @@ def _place(r, e0, nb, mode, K, X, C, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr
         n_hbm = mem.pool_lookup(st, hbuf, nb, num_tokens, out.blocks)
         limit = min(nb, (num_tokens - 1) // bs) if num_tokens > 0 else 0
         k = n_hbm
+        L1h, L2h, L3h = T1.L_h, T2.L_h, T3.L_h
+        m1 = (L1h.shape[0] >> 1) - 1  # entries - 1 of each table (tiers.hash_slot)
+        m2 = (L2h.shape[0] >> 1) - 1
+        m3 = (L3h.shape[0] >> 1) - 1
         while k < limit and hbuf[k] != 0:
+            f = k + lower.PREFETCH_AHEAD  # a later block's probes, requested now
+            if f < limit:
+                home = (hbuf[f] * tr._FIB) >> 32  # as tiers.hash_slot
+                prefetch(L1h, 2 * (home & m1))
+                prefetch(L2h, 2 * (home & m2))
+                prefetch(L3h, 2 * (home & m3))
             h = hbuf[k]
-            s = tr.tier_find(T1, h)
+            s = lower._find(L1h, h)  # tiers.tier_find on the tables read once
             t = 1
             if s < 0:
-                s = tr.tier_find(T2, h)
+                s = lower._find(L2h, h)
                 t = 2
             if s < 0:
-                s = tr.tier_find(T3, h)
+                s = lower._find(L3h, h)
                 t = 3
             if s < 0:
                 break

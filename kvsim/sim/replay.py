@@ -78,12 +78,12 @@ def _lower_tier(tier: int, cap: int, policy, params: dict, max_blocks: int):
     L_i = np.zeros((slots, L.NLI), dtype=np.int64)
     L_free = np.arange(slots - 1, -1, -1, dtype=np.int64)
     table = 1 << max(1, int(2 * slots - 1).bit_length())  # power of two >= 2 x slots
-    L_hk = np.zeros(table, dtype=np.int64)
-    L_hv = np.full(table, -1, dtype=np.int64)
+    L_h = np.zeros(2 * table, dtype=np.int64)  # keys (0 = empty) and slots interleaved
+    L_h[1::2] = -1
     L_view = new_block_view(slots)
     L_ps = policy.init(max(cap, 1), slots, dict(params))
     Lm = np.array([tier, cap, cap, 0], dtype=np.int64)
-    return Tier(L_i, L_free, L_hk, L_view, L_ps, Lm, L_hv)
+    return Tier(L_i, L_free, L_h, L_view, L_ps, Lm)
 
 
 def _resolve_policy(policy):

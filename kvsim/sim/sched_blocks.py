@@ -175,7 +175,8 @@ def _cached_prefix(hb, nb, prompt_c, B, rk, phk, phv, t1k, t2k, t3k):
     will find them when it places the request (kvsim.sim.core ``_place``): the chain in
     HBM (the pool's prefix index ``phk``/``phv``, as :func:`kvsim.memory.fast.pool_lookup`,
     plus blocks admitted earlier in this step, ``rk``), then continued in DRAM, CXL, NVMe
-    (the tiers' hash tables, :func:`kvsim.sim.tiers.tier_find`).  At most
+    (the tiers' hash tables ``t1k``..``t3k``, keys and values interleaved:
+    :func:`kvsim.sim.tiers.hash_slot` returns a key's position).  At most
     ``(prompt - 1) // B`` blocks: the last token is always computed (vLLM)."""
     limit = min(nb, (prompt_c - 1) // B)
     k = 0

@@ -15,6 +15,7 @@ from kvsim.sim import tier_ops
 from kvsim.sim import tiers as tr
 from kvsim.sim.bookkeeping import _below, _first_lower
 from kvsim.memory.hooks import H_INSERT, H_REMOVE, H_VICTIM
+from kvsim.sim.prefetch import prefetch
 from kvsim.sim.layout import (C_PEAK, C_USED, HI_BI, HI_HITS, HI_OWNER, HI_TOKENS, K_LOG,
                               K_WRITE_POLICY, LI_BI, LI_OWNER, LI_STATE, LI_TOKENS, LM_CAP,
                               LM_FREE_TOP, LM_USED, M_BYTES_DOWN, M_DEMOTE, M_EVICT,
@@ -25,6 +26,17 @@ from kvsim.sim.layout import (C_PEAK, C_USED, HI_BI, HI_HITS, HI_OWNER, HI_TOKEN
 A_EVICT, A_DEMOTE, A_WRITE_THROUGH = 0, 1, 5
 W_WT, W_WTS, W_BACKED = 4, 5, 15
 PR_DECODE_CRITICAL = 3
+
+#: How many evicted blocks ahead :func:`_hbm_evicted_range` prefetches the tiers' hash
+#: table entries of (the home position of each evicted hash in each table: its lower-copy
+#: test is three random probes into tables of up to 4 M entries, one cache miss each at
+#: 16-token blocks).  A tier's victim has its entries in its own table (the removal) and
+#: in the next tier's (the fill there) prefetched as soon as it is named, before its
+#: policy's ``on_remove``.  Prefetches change no result (kvsim.sim.prefetch).  4 was
+#: chosen, not tuned (no other distance was measured); the effect of both prefetches on
+#: the Mooncake 16-token import: docs/benchmarks.md, "Speed: tiered replay of 16-token
+#: traces".
+PREFETCH_AHEAD = 4
 
 
 # ---------------------------------------------------------------------------------------
@@ -50,12 +62,12 @@ PR_DECODE_CRITICAL = 3
 # (tests/sim/test_compiled_reference.py checks them against the reference).
 
 @njit(cache=True, no_cfunc_wrapper=True)
-def _find(hk, hv, h):
+def _find(hk, h):
     """Slot of content ``h`` in a tier's hash table, or -1 (:func:`kvsim.sim.tiers.tier_find`
-    on the table's two arrays: small enough for LLVM to inline, so not reference counted)."""
+    on the table's array: small enough for LLVM to inline, so not reference counted)."""
     i = tr.hash_slot(hk, h)
     if hk[i] == h:
-        return hv[i]
+        return hk[i + 1]
     return -1
 
 
@@ -70,11 +82,11 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
     for the whole range (see the note above)."""
     # each tier's members, read once for the whole range (the tier step below is written
     # out per tier on these locals: see "Per-call cost" above)
-    L1_i, L1_free, L1_hk, L1_hv = T1.L_i, T1.L_free, T1.L_hk, T1.L_hv
+    L1_i, L1_free, L1_h = T1.L_i, T1.L_free, T1.L_h
     L1_view, L1m = T1.L_view, T1.Lm
-    L2_i, L2_free, L2_hk, L2_hv = T2.L_i, T2.L_free, T2.L_hk, T2.L_hv
+    L2_i, L2_free, L2_h = T2.L_i, T2.L_free, T2.L_h
     L2_view, L2m = T2.L_view, T2.Lm
-    L3_i, L3_free, L3_hk, L3_hv = T3.L_i, T3.L_free, T3.L_hk, T3.L_hv
+    L3_i, L3_free, L3_h = T3.L_i, T3.L_free, T3.L_h
     L3_view, L3m = T3.L_view, T3.Lm
     L1_st, L1_hooks = T1.L_ps
     L2_st, L2_hooks = T2.L_ps
@@ -87,13 +99,22 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
     below2 = np.int64(2) if cap2 else below3
     write_back = K[K_WRITE_POLICY] == WP_WRITE_BACK
     log_on = K[K_LOG] != 0
+    m1 = (L1_h.shape[0] >> 1) - 1  # entries - 1 of each table (kvsim.sim.tiers.hash_slot)
+    m2 = (L2_h.shape[0] >> 1) - 1
+    m3 = (L3_h.shape[0] >> 1) - 1
     for e in range(lo, hi):
+        f = e + PREFETCH_AHEAD  # the lower-copy test's probes of a later block, requested now
+        if f < hi and out.kind[f] == KIND_EVICTED:
+            home = (out.evicted_hash[f] * tr._FIB) >> 32  # as hash_slot
+            prefetch(L1_h, 2 * (home & m1))
+            prefetch(L2_h, 2 * (home & m2))
+            prefetch(L3_h, 2 * (home & m3))
         if out.kind[e] != KIND_EVICTED:
             continue
         b = out.blocks[e]
         h = out.evicted_hash[e]
-        backed = (_find(L1_hk, L1_hv, h) >= 0 or _find(L2_hk, L2_hv, h) >= 0
-                  or _find(L3_hk, L3_hv, h) >= 0)  # _below
+        backed = (_find(L1_h, h) >= 0 or _find(L2_h, h) >= 0
+                  or _find(L3_h, h) >= 0)  # _below
         dest = first if (not backed and write_back) else 0
         if log_on:
             row = tr.log_row(G, C, step, now_us, A_DEMOTE if dest > 0 else A_EVICT, h,
@@ -130,8 +151,15 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
                     if L1_i[x, LI_STATE] != 1:
                         raise ValueError("lower-tier policy: victim() named a block that is "
                                          "not resident")
+                    hx = L1_view.content_hash[x]
+                    hhome = (hx * tr._FIB) >> 32  # its table entries, wanted below
+                    prefetch(L1_h, 2 * (hhome & m1))
+                    if below2 > 0:  # at the next tier's fill
+                        prefetch(L2_h if below2 == 2 else L3_h,
+                                 2 * (hhome & (m2 if below2 == 2 else m3)))
+                    tr.prefetch_view(L1_view, x)  # copied below (content_hash: read)
                     L1_hooks[H_REMOVE](L1_st, L1_view, x)
-                    tr.hash_del(L1_hk, L1_hv, L1_view.content_hash[x])
+                    tr.hash_del(L1_h, hx)
                     L1_i[x, LI_STATE] = 0
                     L1m[LM_USED] -= 1
                     vo[0] = 1
@@ -145,11 +173,11 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
             moved = 0
             if vo[0] == 1:
                 x = vo[1]
-                tr.copy_view(TMP, 1, L1_view, x)
-                TMP_i[1, 0] = L1_i[x, 0]
-                TMP_i[1, 1] = L1_i[x, 1]
-                TMP_i[1, 2] = L1_i[x, 2]
-                if below2 > 0:
+                if below2 > 0:  # the victim goes on down: kept in TMP[1] until then
+                    tr.copy_view(TMP, 1, L1_view, x)
+                    TMP_i[1, 0] = L1_i[x, 0]
+                    TMP_i[1, 1] = L1_i[x, 1]
+                    TMP_i[1, 2] = L1_i[x, 2]
                     C[M_DEMOTE + t] += 1
                     moved = 1
                 else:
@@ -168,7 +196,7 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
             L1_i[slot, LI_BI] = bi
             L1_i[slot, LI_TOKENS] = tok
             L1_i[slot, LI_STATE] = 1
-            tr.hash_put(L1_hk, L1_hv, L1_view.content_hash[slot], slot)
+            tr.hash_put(L1_h, L1_view.content_hash[slot], slot)
             L1m[LM_USED] += 1
             L1_hooks[H_INSERT](L1_st, L1_view, slot, now_us)
             C[M_BYTES_DOWN + t] += v.size_bytes[vs]
@@ -198,8 +226,14 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
                     if L2_i[x, LI_STATE] != 1:
                         raise ValueError("lower-tier policy: victim() named a block that is "
                                          "not resident")
+                    hx = L2_view.content_hash[x]
+                    hhome = (hx * tr._FIB) >> 32  # its table entries, wanted below
+                    prefetch(L2_h, 2 * (hhome & m2))
+                    if below3 > 0:  # at the NVMe tier's fill
+                        prefetch(L3_h, 2 * (hhome & m3))
+                    tr.prefetch_view(L2_view, x)  # copied below (content_hash: read)
                     L2_hooks[H_REMOVE](L2_st, L2_view, x)
-                    tr.hash_del(L2_hk, L2_hv, L2_view.content_hash[x])
+                    tr.hash_del(L2_h, hx)
                     L2_i[x, LI_STATE] = 0
                     L2m[LM_USED] -= 1
                     vo[0] = 1
@@ -213,11 +247,11 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
             moved = 0
             if vo[0] == 1:
                 x = vo[1]
-                tr.copy_view(TMP, 2, L2_view, x)
-                TMP_i[2, 0] = L2_i[x, 0]
-                TMP_i[2, 1] = L2_i[x, 1]
-                TMP_i[2, 2] = L2_i[x, 2]
-                if below3 > 0:
+                if below3 > 0:  # the victim goes on down: kept in TMP[2] until then
+                    tr.copy_view(TMP, 2, L2_view, x)
+                    TMP_i[2, 0] = L2_i[x, 0]
+                    TMP_i[2, 1] = L2_i[x, 1]
+                    TMP_i[2, 2] = L2_i[x, 2]
                     C[M_DEMOTE + t] += 1
                     moved = 1
                 else:
@@ -236,7 +270,7 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
             L2_i[slot, LI_BI] = bi
             L2_i[slot, LI_TOKENS] = tok
             L2_i[slot, LI_STATE] = 1
-            tr.hash_put(L2_hk, L2_hv, L2_view.content_hash[slot], slot)
+            tr.hash_put(L2_h, L2_view.content_hash[slot], slot)
             L2m[LM_USED] += 1
             L2_hooks[H_INSERT](L2_st, L2_view, slot, now_us)
             C[M_BYTES_DOWN + t] += v.size_bytes[vs]
@@ -266,8 +300,11 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
                     if L3_i[x, LI_STATE] != 1:
                         raise ValueError("lower-tier policy: victim() named a block that is "
                                          "not resident")
+                    hx = L3_view.content_hash[x]
+                    prefetch(L3_h, 2 * (((hx * tr._FIB) >> 32) & m3))  # for hash_del
+                    tr.prefetch_view(L3_view, x)  # copied below (content_hash: read)
                     L3_hooks[H_REMOVE](L3_st, L3_view, x)
-                    tr.hash_del(L3_hk, L3_hv, L3_view.content_hash[x])
+                    tr.hash_del(L3_h, hx)
                     L3_i[x, LI_STATE] = 0
                     L3m[LM_USED] -= 1
                     vo[0] = 1
@@ -278,23 +315,13 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
             if slot < 0:
                 C[M_EVICT + t] += 1  # no room and no victim: the block is dropped
                 continue
-            moved = 0
             if vo[0] == 1:
                 x = vo[1]
-                tr.copy_view(TMP, 3, L3_view, x)
-                TMP_i[3, 0] = L3_i[x, 0]
-                TMP_i[3, 1] = L3_i[x, 1]
-                TMP_i[3, 2] = L3_i[x, 2]
-                if np.int64(0) > 0:
-                    C[M_DEMOTE + t] += 1
-                    moved = 1
-                else:
-                    C[M_EVICT + t] += 1
+                C[M_EVICT + t] += 1  # the last tier: its victim is dropped
                 if log_on:
-                    row = tr.log_row(G, C, step, now_us, A_DEMOTE if moved else A_EVICT,
+                    row = tr.log_row(G, C, step, now_us, A_EVICT,
                                      L3_view.content_hash[x], L3_i[x, 0], L3_i[x, 1], t,
-                                     np.int64(0) if moved else -1,
-                                     L3_view.size_bytes[x] if moved else 0, 0.0,
+                                     -1, 0, 0.0,
                                      L3_view.priority[x] == PR_DECODE_CRITICAL, vo[2], -1)
                     tr.log_candidates(G, row, L3_view, L3_i, alt_b, alt_s, vo[3])
             tr.copy_view(L3_view, slot, v, vs)
@@ -304,7 +331,7 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
             L3_i[slot, LI_BI] = bi
             L3_i[slot, LI_TOKENS] = tok
             L3_i[slot, LI_STATE] = 1
-            tr.hash_put(L3_hk, L3_hv, L3_view.content_hash[slot], slot)
+            tr.hash_put(L3_h, L3_view.content_hash[slot], slot)
             L3m[LM_USED] += 1
             L3_hooks[H_INSERT](L3_st, L3_view, slot, now_us)
             C[M_BYTES_DOWN + t] += v.size_bytes[vs]

@@ -48,8 +48,7 @@ def spill_step(T, src, s, ow, bi, tok, below, k, TMP, TMP_i, K, C, G, step, now_
     kvsim.sim.spill, "Per-call cost")."""
     L_i = T.L_i
     L_view = T.L_view
-    L_hk = T.L_hk
-    L_hv = T.L_hv
+    L_h = T.L_h
     Lm = T.Lm
     L_st, L_hooks = T.L_ps
     t = Lm[0]
@@ -69,7 +68,7 @@ def spill_step(T, src, s, ow, bi, tok, below, k, TMP, TMP_i, K, C, G, step, now_
                     raise ValueError("lower-tier policy: victim() named a block that is not "
                                      "resident")
                 L_hooks[H_REMOVE](L_st, L_view, v)
-                hash_del(L_hk, L_hv, L_view.content_hash[v])
+                hash_del(L_h, L_view.content_hash[v])
                 L_i[v, LI_STATE] = 0
                 Lm[LM_USED] -= 1
                 vo[0] = 1
@@ -83,11 +82,11 @@ def spill_step(T, src, s, ow, bi, tok, below, k, TMP, TMP_i, K, C, G, step, now_
     moved = 0
     if vo[0] == 1:
         v = vo[1]
-        copy_view(TMP, k, L_view, v)
-        TMP_i[k, 0] = L_i[v, 0]
-        TMP_i[k, 1] = L_i[v, 1]
-        TMP_i[k, 2] = L_i[v, 2]
-        if below > 0:
+        if below > 0:  # the victim goes on down: kept in TMP[k] until then
+            copy_view(TMP, k, L_view, v)
+            TMP_i[k, 0] = L_i[v, 0]
+            TMP_i[k, 1] = L_i[v, 1]
+            TMP_i[k, 2] = L_i[v, 2]
             C[M_DEMOTE + t] += 1
             moved = 1
             act = A_DEMOTE
@@ -109,7 +108,7 @@ def spill_step(T, src, s, ow, bi, tok, below, k, TMP, TMP_i, K, C, G, step, now_
     L_i[slot, LI_BI] = bi
     L_i[slot, LI_TOKENS] = tok
     L_i[slot, LI_STATE] = 1
-    hash_put(L_hk, L_hv, L_view.content_hash[slot], slot)
+    hash_put(L_h, L_view.content_hash[slot], slot)
     Lm[LM_USED] += 1
     L_hooks[H_INSERT](L_st, L_view, slot, now_us)
     C[M_BYTES_DOWN + t] += src.size_bytes[s]

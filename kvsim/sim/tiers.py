@@ -10,15 +10,18 @@ It is *inclusive*: promoting a block to HBM copies it and the lower copy stays (
 HiCache keeps the host copy of a loaded node), so a later HBM eviction of that block
 costs no write.
 
-One tier is the named tuple :class:`Tier` ``(L_i, L_free, L_hk, L_view, L_ps, Lm, L_hv)``:
+One tier is the named tuple :class:`Tier` ``(L_i, L_free, L_h, L_view, L_ps, Lm)``:
 ``L_i[slot, LI_*]`` (owner request, block index, tokens, state), ``L_free`` (stack of free
-slots), ``L_hk``/``L_hv`` (an open-addressing hash table content hash -> slot, linear
-probing, key 0 = empty, capacity a power of two >= 2 x slots: the same scheme as the HBM
-prefix index in kvsim.memory.fast, and much cheaper to compile than a typed Dict),
+slots), ``L_h`` (an open-addressing hash table content hash -> slot, linear probing, key 0
+= empty, capacity a power of two >= 2 x slots: the same scheme as the HBM prefix index in
+kvsim.memory.fast, and much cheaper to compile than a typed Dict; keys and values
+interleaved in one array, ``L_h[2i]`` the key of entry ``i`` and ``L_h[2i + 1]`` its slot,
+so a probe that finds its key has the value in the same cache line: at 16-token blocks the
+NVMe tier's table has 4 M entries and every probe is a cache miss),
 ``L_view`` (BlockView), ``L_ps`` (the policy as ``(state, hooks)``, kvsim.memory.hooks), ``Lm`` (int64 scalars
 ``LM_*``: tier id, capacity, free top, used).  Compiled code receives each tier as ONE
 value, a :class:`kvsim.memory.hooks.TierRef` (a structref with the same field names, made
-by :func:`kvsim.memory.hooks.tier_ref`), and reads its members by name (``T.L_hk``), as
+by :func:`kvsim.memory.hooks.tier_ref`), and reads its members by name (``T.L_h``), as
 the interpreted twin does on the named tuple.
 
 Invariants: ``Lm[LM_USED] + Lm[LM_FREE_TOP] == Lm[LM_CAP]``; a slot is resident iff its
@@ -39,6 +42,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from kvsim.sim.prefetch import prefetch
+
 from kvsim.sim.layout import (C_LOG_SEQ, C_NLOG, CF_LAST, CF_RECOMP, CF_SCORE, CI_BI, CI_COUNT,
                               CI_DEADLINE, CI_HASH, CI_NEXT, CI_PHASE, CI_PINNED, CI_PRIO,
                               CI_REQ, CI_RPRIO,
@@ -54,18 +59,19 @@ class Tier(NamedTuple):
 
     L_i: np.ndarray
     L_free: np.ndarray
-    L_hk: np.ndarray
+    L_h: np.ndarray
     L_view: object
     L_ps: object
     Lm: np.ndarray
-    L_hv: np.ndarray
 
 
 @njit(cache=True, no_cfunc_wrapper=True)
 def copy_view(dst, d, src, s):
-    """Copy every BlockView field of slot ``s`` of ``src`` into slot ``d`` of ``dst``."""
-    dst.last_access_us[d] = src.last_access_us[s]
-    dst.insert_us[d] = src.insert_us[s]
+    """Copy the BlockView fields of slot ``s`` of ``src`` into slot ``d`` of ``dst``, all
+    but the two timestamps (``insert_us``, ``last_access_us``): every caller is a tier fill
+    (or the cascade's copy of a victim into ``TMP`` on its way to the next tier's fill),
+    and a fill sets both to the time of the move.  12 of the 14 arrays, each a random
+    cache line at 16-token blocks (the NVMe tier's views are 14 x 15 MB)."""
     dst.access_count[d] = src.access_count[s]
     dst.phase[d] = src.phase[s]
     dst.priority[d] = src.priority[s]
@@ -78,6 +84,27 @@ def copy_view(dst, d, src, s):
     dst.pinned[d] = src.pinned[s]
     dst.next_use[d] = src.next_use[s]
     dst.content_hash[d] = src.content_hash[s]
+
+
+@njit(cache=True, no_cfunc_wrapper=True)
+def prefetch_view(v, s):
+    """Ask for the cache lines of slot ``s`` of ``v`` that a tier step reads or writes
+    next (a no-op in plain Python; kvsim.sim.prefetch): a tier's victim is copied (the
+    fields of :func:`copy_view`) and its slot filled (the timestamps too) just after its
+    removal, whose own misses (policy links, table entry) then overlap these."""
+    prefetch(v.last_access_us, s)
+    prefetch(v.insert_us, s)
+    prefetch(v.access_count, s)
+    prefetch(v.phase, s)
+    prefetch(v.priority, s)
+    prefetch(v.request_priority, s)
+    prefetch(v.deadline_us, s)
+    prefetch(v.slack_us, s)
+    prefetch(v.target_decode_step, s)
+    prefetch(v.recompute_cost_us, s)
+    prefetch(v.size_bytes, s)
+    prefetch(v.pinned, s)
+    prefetch(v.next_use, s)
 
 
 # ---------------------------------------------------------------------------------------
@@ -145,32 +172,34 @@ _FIB = -7046029254386353131
 
 @njit(cache=True, no_cfunc_wrapper=True)
 def hash_slot(hk, h):
-    """Table position of key ``h``, or of the empty position where it would go."""
-    mask = hk.shape[0] - 1
+    """Position of key ``h`` in the interleaved table ``hk`` (keys at even positions, each
+    value right after its key: ``hk[i + 1]``), or of the empty key position where it would
+    go.  Callers that only ask whether ``h`` is present test ``hk[hash_slot(hk, h)] == h``."""
+    mask = (hk.shape[0] >> 1) - 1
     i = ((h * _FIB) >> 32) & mask
     while True:
-        k = hk[i]
+        k = hk[2 * i]
         if k == h or k == 0:
-            return i
+            return 2 * i
         i = (i + 1) & mask
 
 
 @njit(cache=True, no_cfunc_wrapper=True)
-def hash_put(hk, hv, h, v):
+def hash_put(hk, h, v):
     i = hash_slot(hk, h)
     hk[i] = h
-    hv[i] = v
+    hk[i + 1] = v
 
 
 @njit(cache=True, no_cfunc_wrapper=True)
-def hash_del(hk, hv, h):
+def hash_del(hk, h):
     """Remove key ``h`` (present), shifting later entries of its probe run back."""
-    mask = hk.shape[0] - 1
-    i = hash_slot(hk, h)
+    mask = (hk.shape[0] >> 1) - 1
+    i = hash_slot(hk, h) >> 1
     j = i
     while True:
         j = (j + 1) & mask
-        k = hk[j]
+        k = hk[2 * j]
         if k == 0:
             break
         home = ((k * _FIB) >> 32) & mask
@@ -179,20 +208,20 @@ def hash_del(hk, hv, h):
         else:
             stays = home > i or home <= j
         if not stays:
-            hk[i] = k
-            hv[i] = hv[j]
+            hk[2 * i] = k
+            hk[2 * i + 1] = hk[2 * j + 1]
             i = j
-    hk[i] = 0
-    hv[i] = -1
+    hk[2 * i] = 0
+    hk[2 * i + 1] = -1
 
 
 @njit(cache=True, no_cfunc_wrapper=True)
 def tier_find(T, h):
     """Slot holding content ``h`` in tier T, or -1 (also -1 for a disabled tier)."""
-    hk = T.L_hk
+    hk = T.L_h
     i = hash_slot(hk, h)
     if hk[i] == h:
-        return T.L_hv[i]
+        return hk[i + 1]
     return -1
 
 
@@ -203,7 +232,8 @@ def tier_used(T):
 
 def check_tier(T) -> None:
     """Raise AssertionError if a lower tier's invariants do not hold (tests, debugging)."""
-    L_i, L_free, L_hk, L_view, L_ps, Lm, L_hv = T
+    L_i, L_free, L_h, L_view, L_ps, Lm = T
+    L_hk, L_hv = L_h[0::2], L_h[1::2]
     cap = int(Lm[LM_CAP])
     used = int(Lm[LM_USED])
     resident = np.flatnonzero(L_i[:cap, LI_STATE] == 1)
@@ -215,6 +245,7 @@ def check_tier(T) -> None:
         slot = int(L_hv[i])
         assert L_i[slot, LI_STATE] == 1 and L_view.content_hash[slot] == L_hk[i], \
             "table mismatch"
-        assert int(L_hv[hash_slot(L_hk, L_hk[i])]) == slot, "a key is not reachable by probing"
+        assert int(L_h[hash_slot(L_h, L_hk[i]) + 1]) == slot, \
+            "a key is not reachable by probing"
     free = set(int(x) for x in L_free[: int(Lm[LM_FREE_TOP])])
     assert not free.intersection(int(x) for x in resident), "a resident slot is free"
