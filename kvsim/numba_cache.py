@@ -49,7 +49,7 @@ from types import ModuleType
 SOURCES = ("kvsim.schema", "kvsim.policy_api", "kvsim.policy_structs", "kvsim.memory.fast",
            "kvsim.memory.fifo_order", "kvsim.memory.state_access", "kvsim.memory.hooks",
            "kvsim.memory.pool_ops",
-           "kvsim.sim.layout", "kvsim.sim.tiers", "kvsim.sim.bookkeeping", "kvsim.sim.tier_ops",
+           "kvsim.sim.prefetch", "kvsim.sim.layout", "kvsim.sim.tiers", "kvsim.sim.bookkeeping", "kvsim.sim.tier_ops",
            "kvsim.sim.spill", "kvsim.sim.placement", "kvsim.sim.core",
            "kvsim.sim.schedule_state", "kvsim.sim.sched_blocks", "kvsim.sim.scheduler",
            "kvsim.sim.closed_step", "kvsim.sim.cachesim")

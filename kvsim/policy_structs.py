@@ -12,10 +12,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-# Every structure operation is compiled without a C wrapper (``no_cfunc_wrapper``): only
-# hooks are passed as first-class function values (kvsim.memory.hooks), and a wrapper is
-# compiled code too (docs/benchmarks.md, "Cold compile").  The CPython wrapper stays: an
-# interpreted policy's Python hooks call these compiled functions.
+# Every structure operation is compiled without a C wrapper (``no_cfunc_wrapper``, set by
+# kvsim.numba_cache.seal for every function not listed in its FIRST_CLASS): only hooks are
+# passed as first-class function values (kvsim.memory.hooks), and a wrapper is compiled
+# code too.  The CPython wrapper stays: an interpreted policy's Python hooks call these
+# compiled functions.
 
 #: ``prev``/``next`` value of a block that is in no list.
 OUT = -2
@@ -40,13 +41,13 @@ def dll_ends() -> np.ndarray:
     return np.array([NIL, NIL, 0], np.int64)
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def dll_contains(prev, b):
     """True if ``b`` is in some list sharing these links."""
     return prev[b] != OUT
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def dll_push_tail(prev, nxt, ends, b):
     """Append ``b`` (in no list) at the tail.  Invariant: ``ends[2]`` counts the nodes."""
     tail = ends[1]
@@ -60,7 +61,7 @@ def dll_push_tail(prev, nxt, ends, b):
     ends[2] += 1
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def dll_push_head(prev, nxt, ends, b):
     """Insert ``b`` (in no list) at the head (it becomes the next to evict)."""
     head = ends[0]
@@ -74,7 +75,7 @@ def dll_push_head(prev, nxt, ends, b):
     ends[2] += 1
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def dll_remove(prev, nxt, ends, b):
     """Unlink ``b`` from the list described by ``ends`` (it must be in that list)."""
     p = prev[b]
@@ -92,7 +93,7 @@ def dll_remove(prev, nxt, ends, b):
     ends[2] -= 1
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def dll_move_to_tail(prev, nxt, ends, b):
     """Move ``b`` (in this list) to the tail: the LRU "touch"."""
     if ends[1] != b:
@@ -100,7 +101,7 @@ def dll_move_to_tail(prev, nxt, ends, b):
         dll_push_tail(prev, nxt, ends, b)
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def dll_pop_head(prev, nxt, ends):
     """Remove and return the head, or NIL if the list is empty."""
     b = ends[0]
@@ -138,12 +139,12 @@ def heap_slots(h) -> tuple[tuple, tuple]:
     return (h[0],), tuple(h[1:])
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def _heap_less(key, tie, a, b):
     return key[a] < key[b] or (key[a] == key[b] and tie[a] < tie[b])
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def _heap_sift_up(key, tie, heap, pos, i):
     b = heap[i]
     while i > 0:
@@ -159,7 +160,7 @@ def _heap_sift_up(key, tie, heap, pos, i):
     pos[b] = i
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def _heap_sift_down(key, tie, heap, pos, n, i):
     b = heap[i]
     while True:
@@ -179,17 +180,17 @@ def _heap_sift_down(key, tie, heap, pos, n, i):
     pos[b] = i
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def heap_contains(h, b):
     return h[3][b] != NIL
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def heap_size(h):
     return h[4][0]
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def heap_push(h, b, k, t):
     """Add block ``b`` (not in the heap) with key ``(k, t)``."""
     key, tie, heap, pos, meta = h
@@ -202,7 +203,7 @@ def heap_push(h, b, k, t):
     _heap_sift_up(key, tie, heap, pos, n)
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def heap_remove(h, b):
     """Remove block ``b`` (in the heap)."""
     key, tie, heap, pos, meta = h
@@ -223,7 +224,7 @@ def heap_remove(h, b):
         _heap_sift_down(key, tie, heap, pos, n, i)
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def heap_update(h, b, k, t):
     """Change the key of block ``b`` (in the heap) to ``(k, t)``."""
     key, tie, heap, pos, meta = h
@@ -237,7 +238,7 @@ def heap_update(h, b, k, t):
         _heap_sift_down(key, tie, heap, pos, meta[0], pos[b])
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def heap_peek(h):
     """The block with the smallest key, or NIL if empty."""
     if h[4][0] == 0:
@@ -245,7 +246,7 @@ def heap_peek(h):
     return h[2][0]
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def heap_smallest(h, out_blocks, out_keys):
     """Write the ``len(out_blocks)`` smallest entries in order; return how many.
 
@@ -279,7 +280,7 @@ def heap_smallest(h, out_blocks, out_keys):
     return written
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def list_walk(prev, nxt, ends, out_blocks, out_scores, scores):
     """Write up to ``len(out_blocks)`` blocks from the head of a list, with
     ``scores[b]`` as their score; return how many (runners-up of list policies)."""
@@ -327,7 +328,7 @@ def _g_home(h, mask):
     return (h ^ (h >> 17) ^ (h >> 31) ^ (h >> 47)) & mask
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def _g_slot(keys, h):
     mask = keys.shape[0] - 1
     i = _g_home(h, mask)
@@ -338,7 +339,7 @@ def _g_slot(keys, h):
         i = (i + 1) & mask
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def ghost_find(g, h):
     """The node holding hash ``h``, or NIL (``h == 0`` is never a ghost)."""
     if h == 0:
@@ -348,7 +349,7 @@ def ghost_find(g, h):
     return g[1][i] if keys[i] == h else NIL
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def ghost_push_tail(g, ends, h):
     """Append hash ``h`` (not a ghost yet, non-zero) to the list ``ends``; False when the
     pool is full (the caller drops its oldest ghost first)."""
@@ -365,7 +366,7 @@ def ghost_push_tail(g, ends, h):
     return True
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def ghost_remove(g, ends, node):
     """Drop ghost ``node`` (in the list ``ends``)."""
     keys, vals, node_hash, prev, nxt, free, meta = g
@@ -394,7 +395,7 @@ def ghost_remove(g, ends, node):
     meta[0] += 1
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def ghost_pop_head(g, ends):
     """Drop the oldest ghost of the list ``ends`` (no-op if empty)."""
     node = ends[0]

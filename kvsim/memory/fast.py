@@ -298,7 +298,7 @@ def _index_add(st, b, h):
     index_add(st.block_hash, st.hkeys, st.hvals, st.h_next, st.h_prev, b, h)
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def index_add(block_hash, hkeys, hvals, h_next, h_prev, b, h):
     """:func:`_index_add` on the index's arrays: a loop that binds them once calls this
     per block without reference-counting the whole state tuple (an inlined helper taking
@@ -326,7 +326,7 @@ def _index_remove(st, b):
     return index_remove(st.block_hash, st.hkeys, st.hvals, st.h_next, st.h_prev, b)
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def index_remove(block_hash, hkeys, hvals, h_next, h_prev, b):
     """:func:`_index_remove` on the index's arrays (see :func:`index_add`)."""
     h = block_hash[b]
@@ -346,7 +346,7 @@ def index_remove(block_hash, hkeys, hvals, h_next, h_prev, b):
     return h
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def seq_open(st, tenant):
     """Take a free seq slot (lowest id first); -1 if none.  The table starts empty."""
     top = st.sc[S_SEQ_TOP]
@@ -363,7 +363,7 @@ def seq_open(st, tenant):
     return seq
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def seq_close(st, seq):
     """Return a slot whose table is empty (free it first)."""
     if not st.seq_is_open[seq] or st.seq_len[seq] != 0:
@@ -373,7 +373,7 @@ def seq_close(st, seq):
     st.sc[S_SEQ_TOP] += 1
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def pool_lookup(st, hashes, n, num_tokens, out_blocks):
     """Longest cached prefix of ``hashes[:n]``: stop at the first miss, at most
     ``(num_tokens - 1) // block_size`` blocks (the last token is always recomputed).
@@ -397,7 +397,7 @@ def pool_lookup(st, hashes, n, num_tokens, out_blocks):
     return k
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def pool_cache_block(st, seq, index, h):
     """Block ``index`` of ``seq`` became full: register it under hash ``h`` (vLLM
     cache_full_blocks).  No-op if caching is off, ``h`` is 0 or the block has a hash."""
@@ -408,7 +408,7 @@ def pool_cache_block(st, seq, index, h):
         _index_add(st, b, h)
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def pool_fork(st, parent, child):
     """Copy-on-write fork: ``child`` (open, empty) shares every block of ``parent``."""
     if st.seq_len[child] != 0 or not st.seq_is_open[child]:
@@ -424,7 +424,7 @@ def pool_fork(st, parent, child):
         _assert_ok(st)
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def pick_preemption_victim(running, n_running, request_priority, arrival, by_priority):
     """Index in ``running[:n_running]`` of the request to preempt (vLLM v1 Scheduler):
     the last running one; under priority scheduling the lowest ``request_priority``
@@ -444,7 +444,7 @@ def pick_preemption_victim(running, n_running, request_priority, arrival, by_pri
     return best
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def pool_check(st):
     """0 if every invariant holds, else the code of the first broken one (INVARIANTS)."""
     n = st.cfg[F_NUM_BLOCKS]
@@ -510,7 +510,7 @@ def pool_check(st):
     return 0
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def _assert_ok(st):
     code = pool_check(st)
     if code != 0:

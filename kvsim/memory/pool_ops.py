@@ -71,7 +71,7 @@ def _take_block(st, pst, view, now_us, out, i):
     return _evict_one(st, pst, view, now_us, out, i)
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
     """Append ``n`` blocks to ``seq``'s table (see kvsim.memory).  Returns the number of
     leading prefix-hit blocks, or -1 if the blocks do not fit (then nothing changed)."""
@@ -282,7 +282,7 @@ def _release(st, pst, view, seq, first, now_us):
     st.seq_len[seq] = first
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def admit(st, pst, view, out, first, n, now_us):
     """New content entered HBM: ``on_insert`` + ``on_hold`` for every hashed block of
     ``out.blocks[first:n]`` that :func:`allocate` did not find (it is held by its request).
@@ -298,7 +298,7 @@ def admit(st, pst, view, out, first, n, now_us):
             pst[1][H_HOLD](pst[0], view, b)
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def free(st, pst, view, seq, now_us):
     """Release every block of ``seq`` tail-first; the slot stays open, empty."""
     _release(st, pst, view, seq, 0, now_us)
@@ -306,7 +306,7 @@ def free(st, pst, view, seq, now_us):
         _assert_ok(st)
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def free_tail(st, pst, view, seq, n, now_us):
     """Release the last ``n`` blocks of ``seq`` (block-level FREE, draft rollback)."""
     m = st.seq_len[seq]
@@ -317,7 +317,7 @@ def free_tail(st, pst, view, seq, n, now_us):
         _assert_ok(st)
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def write_last(st, pst, view, seq, now_us, out):
     """A write into seq's last block.  If another seq shares it (ref > 1), copy it to a
     new private block first (copy-on-write): returns 1 and out.blocks[0] = the copy.
@@ -344,7 +344,7 @@ def write_last(st, pst, view, seq, now_us, out):
     return 1
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def preempt(st, pst, view, seq, mode, now_us):
     """Preempt ``seq``: release its blocks tail-first (recompute: vLLM v1; swap: the blocks
     are counted as moved to the next tier first).  Its next admission is a rerun."""
@@ -362,7 +362,7 @@ def preempt(st, pst, view, seq, mode, now_us):
     return m
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def cache_block(st, pst, view, seq, index, h, now_us):
     """Block ``index`` of ``seq`` became full and gets hash ``h`` (vLLM
     cache_full_blocks): its content enters the policy held (``on_insert`` + ``on_hold``)."""

@@ -18,13 +18,13 @@ NEVER = np.iinfo(np.int64).max
 PR_DECODE_CRITICAL = 3
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def _peak(C, tier, used):
     if used > C[C_PEAK + tier]:
         C[C_PEAK + tier] = used
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def _set_view_from_record(view, b, A_i, A_f, a, now_us):
     """The block's intent fields as the serving layer last stated them (its record)."""
     view.phase[b] = A_i[a, AI_PHASE]
@@ -40,7 +40,7 @@ def _set_view_from_record(view, b, A_i, A_f, a, now_us):
     view.last_access_us[b] = now_us
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def _run_remove(running, C, r):
     n = int(C[C_NRUN])
     j = 0
@@ -53,13 +53,13 @@ def _run_remove(running, C, r):
     C[C_NRUN] = n - 1
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def _run_add(running, C, r):
     running[int(C[C_NRUN])] = r
     C[C_NRUN] += 1
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def _pick_victim(running, C, R_i, exclude, by_priority):
     """vLLM v1: the last running request; under priority scheduling vLLM's
     ``max(running, key=(priority, arrival_time))``: the lowest request_priority, ties to
@@ -84,7 +84,7 @@ def _pick_victim(running, C, R_i, exclude, by_priority):
     return best
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def _first_lower(T1, T2, T3):
     if T1.Lm[LM_CAP] > 0:
         return 1
@@ -95,12 +95,12 @@ def _first_lower(T1, T2, T3):
     return 0
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def _below(T1, T2, T3, h):
     return tr.tier_find(T1, h) >= 0 or tr.tier_find(T2, h) >= 0 or tr.tier_find(T3, h) >= 0
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def _finalize_step(C, R_i, R_f, S, P, sc=None):
     """Close the current step: latency, clock, the tokens its requests produced, and each
     tier's occupancy as the step ends (``S_USED + t``, ``S_HBM_CACHED``).
@@ -155,7 +155,7 @@ def _finalize_step(C, R_i, R_f, S, P, sc=None):
     C[C_NPEND] = 0
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def _grow_records(r, R_i, A_i, A_f, C):
     """Request ``r``'s block records are full: relocate them to the arena top with twice
     the room.  The record itself is written by :func:`kvsim.sim.core.run` (an ALLOCATE

@@ -61,7 +61,7 @@ PREFETCH_AHEAD = 4
 # which keeps a counted copy of every argument) +3 %.  The rules are unchanged
 # (tests/sim/test_compiled_reference.py checks them against the reference).
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def _find(hk, h):
     """Slot of content ``h`` in a tier's hash table, or -1 (:func:`kvsim.sim.tiers.tier_find`
     on the table's array: small enough for LLVM to inline, so not reference counted)."""
@@ -71,7 +71,7 @@ def _find(hk, h):
     return -1
 
 
-@njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
+@njit(cache=True, no_cpython_wrapper=True)
 def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, G, step,
                        now_us, alt_b, alt_s, vo):
     """Every block ``out.blocks[e]``, ``lo <= e < hi``, that the HBM pool evicted from the
@@ -341,7 +341,7 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
                 C[C_PEAK + t] = used
 
 
-@njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
+@njit(cache=True, no_cpython_wrapper=True)
 def _spill(src, s, ow, bi, tok, dest, T1, T2, T3, TMP, TMP_i, K, C, G, step, now_us, alt_b, alt_s, vo):
     """Write a block into tier ``dest`` (1..3) or the first enabled tier below it; victims
     cascade down (DRAM -> CXL -> NVMe -> dropped)."""
@@ -371,7 +371,7 @@ def _spill(src, s, ow, bi, tok, dest, T1, T2, T3, TMP, TMP_i, K, C, G, step, now
                             K, C, G, step, now_us, alt_b, alt_s, vo)
 
 
-@njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
+@njit(cache=True, no_cpython_wrapper=True)
 def _write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_us, alt_b,
                    alt_s, vo):
     """HiCache write_through(_selective): back block ``b`` up once its hit count reaches

@@ -65,7 +65,7 @@ class Tier(NamedTuple):
     Lm: np.ndarray
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def copy_view(dst, d, src, s):
     """Copy the BlockView fields of slot ``s`` of ``src`` into slot ``d`` of ``dst``, all
     but the two timestamps (``insert_us``, ``last_access_us``): every caller is a tier fill
@@ -86,7 +86,7 @@ def copy_view(dst, d, src, s):
     dst.content_hash[d] = src.content_hash[s]
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def prefetch_view(v, s):
     """Ask for the cache lines of slot ``s`` of ``v`` that a tier step reads or writes
     next (a no-op in plain Python; kvsim.sim.prefetch): a tier's victim is copied (the
@@ -111,7 +111,7 @@ def prefetch_view(v, s):
 # decision-log buffer
 # ---------------------------------------------------------------------------------------
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def log_row(G, C, step, now_us, action, h, req, bi, frm, to, nbytes, cost_us, dc, reason,
             why):
     """Append one row; returns its index in the buffer (the caller may add candidates)."""
@@ -137,7 +137,7 @@ def log_row(G, C, step, now_us, action, h, req, bi, frm, to, nbytes, cost_us, dc
     return k
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def log_candidates(G, k, view, owner, alt_b, alt_s, n_alt):
     """Snapshot the victim and runners-up (``alt_b[:n_alt]``) of a tier into row ``k``.
     ``owner`` is the tier's side table (column 0 owner request, column 1 block index)."""
@@ -170,7 +170,7 @@ def log_candidates(G, k, view, owner, alt_b, alt_s, n_alt):
 _FIB = -7046029254386353131
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def hash_slot(hk, h):
     """Position of key ``h`` in the interleaved table ``hk`` (keys at even positions, each
     value right after its key: ``hk[i + 1]``), or of the empty key position where it would
@@ -184,14 +184,14 @@ def hash_slot(hk, h):
         i = (i + 1) & mask
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def hash_put(hk, h, v):
     i = hash_slot(hk, h)
     hk[i] = h
     hk[i + 1] = v
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def hash_del(hk, h):
     """Remove key ``h`` (present), shifting later entries of its probe run back."""
     mask = (hk.shape[0] >> 1) - 1
@@ -215,7 +215,7 @@ def hash_del(hk, h):
     hk[2 * i + 1] = -1
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def tier_find(T, h):
     """Slot holding content ``h`` in tier T, or -1 (also -1 for a disabled tier)."""
     hk = T.L_h
@@ -225,7 +225,7 @@ def tier_find(T, h):
     return -1
 
 
-@njit(cache=True, no_cfunc_wrapper=True)
+@njit(cache=True)
 def tier_used(T):
     return T.Lm[LM_USED]
 
