@@ -44,7 +44,6 @@ from kvsim.ingest.requests import RequestTable
 from kvsim.sim import layout as L
 from kvsim.sim import closed_step as CS
 from kvsim.sim import scheduler as S
-from kvsim.sim.closed_facts import block_facts
 from kvsim.sim.config import SimConfig
 from kvsim.sim.cost_model import hbm_kv_capacity_bytes
 from kvsim.sim.schedule_state import new_schedule
@@ -125,7 +124,9 @@ class Engine:
         self.run.K[L.K_WARMUP_STEP] = -1
         T1, T2, T3 = self.run.T
         sc.lookup = (self.run.st.hkeys, self.run.st.hvals, T1[2], T2[2], T3[2])
-        self.pb_off, self.pb_next, self.pb_seen = facts_pb
+        self.pb_off = self.pb_next = self.pb_seen = None
+        if facts_pb is not None:
+            self.set_block_facts(facts_pb)
         self.rprio = np.asarray(df["request_priority"].to_numpy(), dtype=np.int8)
         self.tenant = np.asarray(df["tenant"].to_numpy(), dtype=np.int32)
         self.block_bytes = block_bytes
@@ -137,6 +138,16 @@ class Engine:
         self.step_mod = closed_for(self.run.core)
         self._args = None
         self._core_run = None  # core.run as advance() takes it (types fixed per run)
+        # typed now: a cold compile split over processes starts core.run's compile here
+        # (kvsim.sim.precompile), before the block facts and advance compile
+        self._core_args()
+
+    def set_block_facts(self, facts_pb) -> None:
+        """The prompt-block facts :func:`prepare`'s caller computed with
+        :func:`kvsim.sim.closed_facts.block_facts` (``(offsets, next_use, seen)``): needed
+        from the first :meth:`advance` on; computed after the engines are built, so that a
+        cold compile of ``core.run`` starts first."""
+        self.pb_off, self.pb_next, self.pb_seen = facts_pb
 
     # -- state the router reads ------------------------------------------------------------
     @property
@@ -297,8 +308,9 @@ def hbm_pool_blocks(config: SimConfig, cost) -> int:
 
 
 def prepare(table: RequestTable, config: SimConfig, opts: EngineOptions):
-    """(cost model, HBM blocks, tier costs, block bytes, CSR block ids, prompt-block
-    facts, the table without never-admissible requests, dropped count)."""
+    """(cost model, HBM blocks, tier costs, block bytes, CSR block ids, the table without
+    never-admissible requests, dropped count).  The prompt-block facts are the caller's
+    (:func:`kvsim.sim.closed_facts.block_facts`, :meth:`Engine.set_block_facts`)."""
     from kvsim.hardware import load_hardware
     from kvsim.ingest.lower import _drop_unadmittable
     from kvsim.sim.cost_model import GB, tier_costs
@@ -321,5 +333,4 @@ def prepare(table: RequestTable, config: SimConfig, opts: EngineOptions):
         caps[f"{name}_bytes"] = None if gb is None else int(gb * GB)
     costs = tier_costs(hw.with_capacities(**caps), cost.block_bytes, hbm_blocks)
     off, ids = table.flat_block_ids()
-    facts_pb = block_facts(table, off, ids, opts.block_size_tokens)
-    return cost, hbm_blocks, costs, cost.block_bytes, off, ids, facts_pb, table, dropped
+    return cost, hbm_blocks, costs, cost.block_bytes, off, ids, table, dropped

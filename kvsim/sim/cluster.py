@@ -106,7 +106,7 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
         raise KvsimInputError(f"expected --router {' | '.join(ROUTERS)}, got {router!r}",
                               None, None, "--router")
     pol = _resolve_policy(policy)
-    cost, hbm_blocks, costs, block_bytes, off, ids, facts_pb, table, dropped = \
+    cost, hbm_blocks, costs, block_bytes, off, ids, table, dropped = \
         prepare(table, config, opts)
     cfg_dict = _describe(config, costs, block_bytes)
     cfg_dict.update(schedule="closed", replicas=replicas, router=router,
@@ -117,15 +117,15 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
     with split_closed_compile(closed_engine(config, pol, _events(table,
                                                                  opts.block_size_tokens))):
         return _serve(table, pol, config, replicas, router, opts, decision_log, cost,
-                      hbm_blocks, costs, block_bytes, off, ids, facts_pb, dropped, cfg_dict,
+                      hbm_blocks, costs, block_bytes, off, ids, dropped, cfg_dict,
                       on_progress)
 
 
 def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_blocks, costs,
-           block_bytes, off, ids, facts_pb, dropped, cfg_dict, on_progress):
+           block_bytes, off, ids, dropped, cfg_dict, on_progress):
     """:func:`serve` after its set-up: build the engines, run them, summarise."""
     from kvsim.results.decision_log import DecisionLogWriter
-    from kvsim.sim.closed_facts import prompt_block_hashes
+    from kvsim.sim.closed_facts import block_facts, prompt_block_hashes
     from kvsim.sim.replay import SimResult, _resolve_policy
     from kvsim.sim.serving_metrics import cluster_summary
 
@@ -153,8 +153,12 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
         # (which starts at the first measured arrival); else every row preloaded
         routed = replicas > 1 or warmup > 0
         order = np.zeros(max(N, 1), dtype=np.int64) if routed else None
-        engines.append(Engine(table, off, ids, facts_pb, pol, config, opts, cost, hbm_blocks,
+        engines.append(Engine(table, off, ids, None, pol, config, opts, cost, hbm_blocks,
                               costs, block_bytes, writer, order=order, replica=w))
+    # after the engines: building one typed core.run, so a cold compile of it has started
+    facts_pb = block_facts(table, off, ids, opts.block_size_tokens)
+    for e in engines:
+        e.set_block_facts(facts_pb)
     try:
         if not routed:
             e = engines[0]
