@@ -30,8 +30,8 @@ No C wrapper where nothing takes the function as a value (:data:`FIRST_CLASS`): 
 builds, beside every compiled function, a C-callable wrapper that only a first-class
 function value uses (:class:`kvsim.memory.hooks.CompiledHook`: the policies' hooks and
 ``core.run`` as ``closed_step.advance`` calls it).  :func:`seal` turns it off for every
-other function of the replay's modules (``no_cfunc_wrapper``, a numba target option):
-~4 of the README job's ~58 compile CPU-seconds (docs/benchmarks.md, "Cold compile").
+other function of the replay's modules (``no_cfunc_wrapper``, a numba target option), one
+rule in place of a flag on each decorator (a new function is covered without one).
 Policy modules keep it (their hooks are values).  The stamp carries the setting
 (:data:`WRAPPERS`), so an entry compiled with the other setting never loads.
 """
@@ -48,9 +48,9 @@ from types import ModuleType
 #: Modules whose source reaches the compiled replay (code or constants), in a fixed order.
 SOURCES = ("kvsim.schema", "kvsim.policy_api", "kvsim.policy_structs", "kvsim.memory.fast",
            "kvsim.memory.fifo_order", "kvsim.memory.state_access", "kvsim.memory.hooks",
-           "kvsim.memory.pool_ops",
-           "kvsim.sim.prefetch", "kvsim.sim.layout", "kvsim.sim.tiers", "kvsim.sim.bookkeeping", "kvsim.sim.tier_ops",
-           "kvsim.sim.spill", "kvsim.sim.placement", "kvsim.sim.core",
+           "kvsim.memory.pool_ops", "kvsim.sim.prefetch", "kvsim.sim.layout",
+           "kvsim.sim.tiers", "kvsim.sim.bookkeeping", "kvsim.sim.tier_ops", "kvsim.sim.spill",
+           "kvsim.sim.placement", "kvsim.sim.core",
            "kvsim.sim.schedule_state", "kvsim.sim.sched_blocks", "kvsim.sim.scheduler",
            "kvsim.sim.closed_step", "kvsim.sim.cachesim")
 #: The single-tier loops (``kvsim.sim.cachesim``'s dedicated loops) are their own group:

@@ -78,7 +78,7 @@ class Engine:
     """One serving engine of the closed loop: a scheduler and a replay (``_Run``) sharing
     the memory state.  :meth:`advance` decides and replays engine steps."""
 
-    def __init__(self, table: RequestTable, off, ids, facts_pb, policy, config: SimConfig,
+    def __init__(self, table: RequestTable, off, ids, policy, config: SimConfig,
                  opts: EngineOptions, cost, hbm_blocks: int, costs, block_bytes: int,
                  log_writer=None, order: np.ndarray | None = None, replica: int = 0):
         from kvsim.sim.replay import TraceFacts, _Run
@@ -124,9 +124,7 @@ class Engine:
         self.run.K[L.K_WARMUP_STEP] = -1
         T1, T2, T3 = self.run.T
         sc.lookup = (self.run.st.hkeys, self.run.st.hvals, T1[2], T2[2], T3[2])
-        self.pb_off = self.pb_next = self.pb_seen = None
-        if facts_pb is not None:
-            self.set_block_facts(facts_pb)
+        self.pb_off = self.pb_next = self.pb_seen = None  # set_block_facts, before advance
         self.rprio = np.asarray(df["request_priority"].to_numpy(), dtype=np.int8)
         self.tenant = np.asarray(df["tenant"].to_numpy(), dtype=np.int32)
         self.block_bytes = block_bytes

@@ -153,8 +153,8 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
         # (which starts at the first measured arrival); else every row preloaded
         routed = replicas > 1 or warmup > 0
         order = np.zeros(max(N, 1), dtype=np.int64) if routed else None
-        engines.append(Engine(table, off, ids, None, pol, config, opts, cost, hbm_blocks,
-                              costs, block_bytes, writer, order=order, replica=w))
+        engines.append(Engine(table, off, ids, pol, config, opts, cost, hbm_blocks, costs,
+                              block_bytes, writer, order=order, replica=w))
     # after the engines: building one typed core.run, so a cold compile of it has started
     facts_pb = block_facts(table, off, ids, opts.block_size_tokens)
     for e in engines:
@@ -266,9 +266,7 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
         if on_progress:
             on_progress(first)
         todo.remove(first)
-        # the replays that follow a cold compile use its processes too (one per core
-        # unless $KVSIM_COMPILE_WORKERS says otherwise): a cold first run is not
-        # left with one core idle for its last replays (results do not depend on it)
+        # the replays after a cold compile use its processes (compile_workers)
         jobs = compile_workers(jobs)
     if jobs > 1 and len(todo) > 1:
         from kvsim.workers import process_pool

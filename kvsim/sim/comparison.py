@@ -106,9 +106,7 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
             if on_progress:
                 on_progress(first)
             todo.remove(first)
-            # the replays that follow a cold compile use its processes too (one per core
-            # unless $KVSIM_COMPILE_WORKERS says otherwise): a cold first run is not
-            # left with one core idle for its last replays (results do not depend on it)
+            # the replays after a cold compile use its processes (compile_workers)
             jobs = compile_workers(jobs)
         if jobs > 1 and len(todo) > 1:
             from kvsim.workers import process_pool

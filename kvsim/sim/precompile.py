@@ -20,9 +20,9 @@ first called, so the replay's state, ``run``'s argument types included, is built
 compiling them.  Each worker writes what it compiled to numba's disk cache
 (``cache=True``); the replays that follow (in workers forked after the first replay,
 which inherit the compiled core: as many as the compile used, :func:`compile_workers`,
-whatever ``--jobs`` says) load the hooks instead of compiling them.  A single closed-loop run
-(``kvsim simulate`` of a profile or request trace, :func:`kvsim.sim.cluster.serve`) splits
-the same way around ``core.run`` (:func:`split_closed_compile`).  The results do not
+whatever ``--jobs`` says) load the hooks instead of compiling them.  A single closed-loop
+run (``kvsim simulate`` of a profile or request trace, :func:`kvsim.sim.cluster.serve`)
+splits the same way around ``core.run`` (:func:`split_closed_compile`).  The results do not
 depend on the split: every replay runs the same cached code.  Measured figures:
 docs/benchmarks.md, "Cold compile".
 """
@@ -92,7 +92,10 @@ def cold_hooks(names: Sequence[str], skip: Sequence[str] = ()) -> list[str]:
 def compile_workers(jobs: int) -> int:
     """Worker processes for a cold compile: ``jobs``, and at least the machine's cores
     (``os.cpu_count()``), or exactly ``$KVSIM_COMPILE_WORKERS`` when set (``1``: compile
-    in one process, as kvsim did before; for profiling or a memory-tight machine)."""
+    in one process, as kvsim did before; for profiling or a memory-tight machine).
+    ``compare`` runs the replays that follow a cold compile in as many processes, so a
+    cold first run is not left with one core idle for its last replays (the results do
+    not depend on it)."""
     env = os.environ.get("KVSIM_COMPILE_WORKERS", "").strip()
     if env:
         try:
