@@ -34,6 +34,20 @@ other function of the replay's modules (``no_cfunc_wrapper``, a numba target opt
 rule in place of a flag on each decorator (a new function is covered without one).
 Policy modules keep it (their hooks are values).  The stamp carries the setting
 (:data:`WRAPPERS`), so an entry compiled with the other setting never loads.
+
+No CPython wrapper where Python does not call (:data:`PYTHON_CALLED`): numba also builds,
+beside every compiled function, a wrapper that unboxes each argument from Python objects,
+compiled whether or not Python ever calls the function (a callee is compiled through its
+dispatcher like any function).  In the README job these were 14.5 of the 62 MB of LLVM IR
+(the pool and tier operations ~0.5 MB each, most of them compiled in ``core.run``'s
+compile, the replay's critical path).  :func:`seal` compiles every function of the sealed
+modules without it, except the replay's own Python entry points (``PYTHON_CALLED``), and
+policy modules too (:mod:`kvsim.memory.hooks` seals them).  A call from Python of such a
+function still works: it builds (or loads from the disk cache) a jitted trampoline with
+the wrapper, :func:`python_entry`, and puts it in the dispatcher's C-level table, so later
+calls with the same types are as fast as numba's own wrapper.  Tests,
+:class:`kvsim.memory.pool_handle.FastPool` and an interpreted policy's calls of the
+compiled helpers of :mod:`kvsim.policy_structs` take that path.
 """
 
 from __future__ import annotations
@@ -41,6 +55,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import sys
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
@@ -75,10 +90,23 @@ FIRST_CLASS = {
     "kvsim.sim.core": ("run",),
     "kvsim.policy_api": ("noop_hook",),
     "kvsim.memory.fifo_order": ("on_insert", "on_hit", "on_hold", "on_release", "on_remove",
-                                "victim", "on_miss"),
+                                "victim"),
 }
-#: Marks the no-wrapper setting in the cache stamp (bump it when FIRST_CLASS's rule changes).
-WRAPPERS = "cfunc=first-class"
+#: The functions of the ``COMPILED`` modules that kvsim's Python code calls on a replay's
+#: path, by module: they keep numba's CPython wrapper (the code that unboxes each argument
+#: from Python).  Every other sealed function is compiled without it, and a call from Python
+#: goes through :func:`python_entry` (module docstring).  ``core.run``: the open loop calls
+#: it (the closed loop calls it as a value only).
+PYTHON_CALLED = {
+    "kvsim.sim.core": ("run",),
+    "kvsim.sim.closed_step": ("advance",),
+    "kvsim.sim.scheduler": ("run_steps",),
+    "kvsim.sim.sched_blocks": ("_cached_prefix",),
+    "kvsim.memory.hooks": ("_new_ref", "_new_view_ref", "_new_tier_ref"),
+    "kvsim.sim.cachesim": ("_remap_direct", "_first_seen_order", "next_use_of", "_replay"),
+}
+#: Marks the no-wrapper settings in the cache stamp (bump it when a rule changes).
+WRAPPERS = "cfunc=first-class;cpython=python-called"
 
 
 @lru_cache(maxsize=4)
@@ -144,19 +172,127 @@ def plain_calls(dispatcher) -> None:
     dispatcher._kvsim_plain_calls = True
 
 
+def _mark(sources: tuple[str, ...]) -> str:
+    return f"{digest(sources)};{codegen_settings()}"
+
+
+def _stamp(dispatcher, mark: str) -> None:
+    """Extend ``dispatcher``'s cache stamp with ``mark`` (once)."""
+    cache_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
+    if cache_file is None:
+        return
+    stamp = cache_file._source_stamp
+    if isinstance(stamp, tuple) and len(stamp) == 3 and stamp[0] == "kvsim":
+        return
+    cache_file._source_stamp = ("kvsim", stamp, mark)
+
+
+def _entry_params(py_func) -> tuple[str, ...] | None:
+    """The positional parameter names of ``py_func``, or None where a plain positional
+    trampoline cannot forward its calls (``*args``, ``**kws``, keyword-only parameters)."""
+    import inspect
+
+    params = inspect.signature(py_func).parameters.values()
+    if any(p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params):
+        return None
+    return tuple(p.name for p in params)
+
+
+def python_entry(dispatcher, caller: str = "?"):
+    """The function a call from Python of ``dispatcher`` (compiled without numba's CPython
+    wrapper: :func:`seal`) runs: a jitted trampoline that calls it, with the wrapper,
+    built on the first such call in a process and cached on disk like the target (tests,
+    :class:`kvsim.memory.pool_handle.FastPool` and an interpreted policy's calls of the
+    compiled helpers take this path; the replay's own Python callers are in
+    ``PYTHON_CALLED``, so the core's compile builds no wrapper it does not use).  ``KVSIM_ENTRY_LOG=1`` prints each one built, to stderr (another
+    value: a file the lines are appended to)."""
+    entry = dispatcher.__dict__.get("_kvsim_entry")
+    if entry is not None:
+        return entry
+    import os
+
+    from numba import njit
+
+    py_func = dispatcher.py_func
+    names = _entry_params(py_func)
+    defaults = {}
+    params = []
+    for p in __import__("inspect").signature(py_func).parameters.values():
+        if p.default is p.empty:
+            params.append(p.name)
+        else:
+            defaults[f"_default_{p.name}"] = p.default
+            params.append(f"{p.name}=_default_{p.name}")
+    name = "python_entry__" + f"{py_func.__module__}.{py_func.__qualname__}".replace(".", "_")
+    src = (f"def {name}({', '.join(params)}):\n"
+           f"    return _target({', '.join(names)})\n")
+    namespace = {"__name__": __name__, "_target": dispatcher, **defaults}
+    # Compiled as if defined in this file (numba's cache needs a source file; the cache
+    # entry is named by the function's name).  Its stamp is this file's extended with
+    # the target's (sealed: its file's, the digest of SOURCES, the settings), so an edit
+    # of the target's sources makes the entry stale with it.
+    exec(compile(src, __file__, "exec"), namespace)
+    entry = njit(cache=True)(namespace[name])
+    target_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
+    _stamp(entry, f"entry of {getattr(target_file, '_source_stamp', None)!r}")
+    dispatcher._kvsim_entry = entry
+    log = os.environ.get("KVSIM_ENTRY_LOG")
+    if log:
+        line = (f"kvsim: python entry built for {py_func.__module__}.{py_func.__qualname__}"
+                f" (called from {caller})")
+        if log == "1":
+            print(line, file=sys.stderr)
+        else:
+            with open(log, "a") as f:
+                f.write(line + "\n")
+    return entry
+
+
+def _without_cpython_wrapper(dispatcher) -> None:
+    """Compile ``dispatcher`` without numba's CPython wrapper and route calls from Python
+    to :func:`python_entry`: its overloads are kept out of the dispatcher's C-level table
+    (whose entries would be a null wrapper), so a call from Python finds none and asks
+    ``_compile_for_args``, whose result (the trampoline) the dispatcher then calls with the
+    same arguments."""
+    dispatcher.targetoptions["no_cpython_wrapper"] = True
+
+    def add_overload(cres):
+        dispatcher.overloads[tuple(cres.signature.args)] = cres
+
+    def compile_for_args(*args, **kws):
+        caller = sys._getframe(1)
+        entry = python_entry(dispatcher, f"{caller.f_code.co_filename}:{caller.f_lineno}")
+        if not kws:
+            # The entry's compiled wrapper takes the same arguments: put it in this
+            # dispatcher's C-level table for these argument types, so the next call from
+            # Python runs it directly, as fast as numba's own wrapper.
+            argtypes = tuple(dispatcher.typeof_pyval(a) for a in args)
+            try:
+                entry_point = entry.compile(argtypes)
+            except Exception:  # a typing error: calling the entry raises numba's message
+                return entry
+            dispatcher._insert([t._code for t in argtypes], entry_point, False)
+        return entry
+
+    dispatcher.add_overload = add_overload
+    dispatcher._compile_for_args = compile_for_args
+
+
 def seal(module: ModuleType, sources: tuple[str, ...] = SOURCES, plain: bool = True,
-         values_only: tuple[str, ...] | None = None) -> None:
+         values_only: tuple[str, ...] | None = None,
+         python_called: tuple[str, ...] | None = None) -> None:
     """Extend the cache stamp of each ``njit(cache=True)`` function defined in ``module``
     with :func:`digest` of ``sources`` and :func:`codegen_settings`, and (``plain``) make
     its calls from compiled code compile one signature (:func:`plain_calls`) (idempotent).
     ``values_only`` (a tuple of names): compile every other function of ``module`` without
     numba's C wrapper (only a first-class function value uses it; module docstring).
-    Must run before the function is first compiled or loaded in this process to take
-    effect for it."""
+    ``python_called`` (a tuple of names): compile every other function without numba's
+    CPython wrapper; a call from Python then runs :func:`python_entry`.  Must run before
+    the function is first compiled or loaded in this process to take effect for it."""
     from numba.core.dispatcher import Dispatcher
 
-    mark = f"{digest(sources)};{codegen_settings()}"
-    if values_only is not None:
+    mark = _mark(sources)
+    if values_only is not None or python_called is not None:
         mark += f";{WRAPPERS}"
     for name, value in vars(module).items():
         if not isinstance(value, Dispatcher) or value.py_func.__module__ != module.__name__:
@@ -165,13 +301,10 @@ def seal(module: ModuleType, sources: tuple[str, ...] = SOURCES, plain: bool = T
             plain_calls(value)
         if values_only is not None and name not in values_only and not value.overloads:
             value.targetoptions["no_cfunc_wrapper"] = True
-        cache_file = getattr(getattr(value, "_cache", None), "_cache_file", None)
-        if cache_file is None:
-            continue
-        stamp = cache_file._source_stamp
-        if isinstance(stamp, tuple) and len(stamp) == 3 and stamp[0] == "kvsim":
-            continue
-        cache_file._source_stamp = ("kvsim", stamp, mark)
+        if (python_called is not None and name not in python_called and not value.overloads
+                and _entry_params(value.py_func) is not None):
+            _without_cpython_wrapper(value)
+        _stamp(value, mark)
 
 
 _SEALED = False
@@ -183,5 +316,6 @@ def seal_all() -> None:
     if _SEALED:
         return
     for name in COMPILED:
-        seal(importlib.import_module(name), values_only=FIRST_CLASS.get(name, ()))
+        seal(importlib.import_module(name), values_only=FIRST_CLASS.get(name, ()),
+             python_called=PYTHON_CALLED.get(name, ()))
     _SEALED = True

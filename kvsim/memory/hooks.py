@@ -252,7 +252,7 @@ def compiled_hooks(policy) -> tuple:
     if key not in _COMPILED:
         seal_all()
         for module in {id(f): inspect.getmodule(f.py_func) for f in _functions(policy)}.values():
-            seal(module)
+            seal(module, python_called=())
         _COMPILED[key] = tuple(CompiledHook(f, sig)
                                for f, sig in zip(_functions(policy), hook_signatures()))
     return _COMPILED[key]
@@ -285,7 +285,7 @@ def hooks_are_cached(policy) -> bool:
 
     seal_all()
     for f in _functions(policy):
-        seal(inspect.getmodule(f.py_func))
+        seal(inspect.getmodule(f.py_func), python_called=())
     seen = set()
     for d in _functions(policy):
         if id(d) in seen:

@@ -39,7 +39,7 @@ def _rslot(rk, h):
         i = (i + 1) & mask
 
 
-@njit(cache=True, no_cpython_wrapper=True)
+@njit(cache=True)
 def _rdel(rk, rv, i):
     """Empty position ``i``, shifting later entries of its probe run back."""
     mask = rk.shape[0] - 1
@@ -81,7 +81,7 @@ def _prompt_hashes(c, nb, B, T, prompt, hashed, off, ids, root, hb):
         hb[b] = h
 
 
-@njit(cache=True, no_cpython_wrapper=True)
+@njit(cache=True)
 def _walk(hb, nb, prompt_c, B, rk):
     """``(shared, keyed)`` for a prompt of ``prompt_c`` tokens whose block hashes are
     ``hb[:nb]``: ``shared`` leading blocks are already held by running sequences (the
@@ -103,7 +103,7 @@ def _walk(hb, nb, prompt_c, B, rk):
     return s, k
 
 
-@njit(cache=True, no_cpython_wrapper=True)
+@njit(cache=True)
 def _acquire(hb, s, k, rk, rv):
     """Reference keys ``hb[:k]`` (the first ``s`` already present)."""
     for b in range(k):
@@ -114,7 +114,7 @@ def _acquire(hb, s, k, rk, rv):
         rv[i] += 1
 
 
-@njit(cache=True, no_cpython_wrapper=True)
+@njit(cache=True)
 def _release(c, q, nkey, priv, B, T, prompt, hashed, off, ids, root, hb2, rk, rv, st):
     """Drop sequence ``c``'s blocks from the held count (``q`` owns its prompt).
     Idempotent: a released sequence holds nothing."""
@@ -133,7 +133,7 @@ def _release(c, q, nkey, priv, B, T, prompt, hashed, off, ids, root, hb2, rk, rv
     priv[c] = 0
 
 
-@njit(cache=True, no_cpython_wrapper=True)
+@njit(cache=True)
 def _load_head(c, st, B, T, prompt, hashed, off, ids, root, hb):
     """Prompt blocks of waiting request ``c``, its hashes cached in ``hb``."""
     nb = (prompt[c] + B - 1) // B
@@ -156,7 +156,7 @@ def _uniform(seed, slot, gen, j):
     return float(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
 
 
-@njit(cache=True, no_cpython_wrapper=True)
+@njit(cache=True)
 def _token_deadline(arr, ttft, tpot, first_us, g):
     """Absolute deadline of output token g (1-based): TTFT deadline + (g-1) TPOT, or the
     actual first-token time + (g-1) TPOT when only TPOT is set; -1 when none."""

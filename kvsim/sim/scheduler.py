@@ -85,7 +85,7 @@ PR_COLD, PR_WARM, PR_HOT, PR_CRIT = range(4)
 ST_WAIT, ST_RUN, ST_DONE, ST_PRUNED = 0, 1, 2, 3
 
 
-@njit(cache=True, no_cpython_wrapper=True)
+@njit(cache=True)
 def _ensure(I, F, n, need):
     """Buffers with room for ``need`` more rows after ``n`` (doubling).  The copy is an
     element loop: a slice assignment (``I2[:, :n] = I[:, :n]``) pulls in numba's
@@ -107,7 +107,7 @@ def _ensure(I, F, n, need):
 
 
 # _ensure and _row are called from compiled code only: no CPython or C wrapper to build
-@njit(cache=True, no_cpython_wrapper=True)
+@njit(cache=True)
 def _row(I, F, n, step, t, kind, rid, bidx, h, parent, ntok, phase, prio, deadline, slack,
          target, pin, rc):
     I[C_STEP, n] = step
