@@ -420,8 +420,6 @@ def pool_fork(st, parent, child):
         st.ref_cnt[b] += 1
     st.seq_len[child] = m
     st.counters[C_FORKS] += 1
-    if st.cfg[F_DEBUG] != 0:
-        _assert_ok(st)
 
 
 @njit(cache=True)
@@ -510,8 +508,3 @@ def pool_check(st):
     return 0
 
 
-@njit(cache=True)
-def _assert_ok(st):
-    code = pool_check(st)
-    if code != 0:
-        raise AssertionError("kvsim.memory invariant broken (see fast.INVARIANTS)")

@@ -62,8 +62,8 @@ class FastPool:
         """Append ``len(hashes)`` blocks (0 = unhashed/partial); None if it does not fit."""
         h = np.asarray(hashes, dtype=np.int64)
         n = len(h)
-        k = self.ops.allocate(self.st, self.pol, self.view_c, seq, h, n, num_tokens,
-                              float(now_us), self.out)
+        k = self._checked(self.ops.allocate(self.st, self.pol, self.view_c, seq, h, n,
+                                            num_tokens, float(now_us), self.out))
         if k < 0:
             return None
         o = self.out
@@ -74,28 +74,30 @@ class FastPool:
                 self.view.insert_us[b] = now_us
                 self.view.last_access_us[b] = now_us
                 self.view.access_count[b] = 1
-        self.ops.admit(self.st, self.pol, self.view_c, o, k, n, float(now_us))
+        self._checked(self.ops.admit(self.st, self.pol, self.view_c, o, k, n, float(now_us)))
         return AllocResult(int(k), [int(x) for x in o.blocks[:n]],
                            [int(x) for x in o.kind[:n]], [int(x) for x in o.evicted_hash[:n]])
 
     def cache_block(self, seq: int, index: int, h: int, now_us: float = 0.0) -> None:
-        self.ops.cache_block(self.st, self.pol, self.view_c, seq, index, int(h), float(now_us))
+        self._checked(self.ops.cache_block(self.st, self.pol, self.view_c, seq, index, int(h),
+                                           float(now_us)))
 
     def fork(self, parent: int, child: int) -> None:
-        pool_fork(self.st, parent, child)
+        self._checked(pool_fork(self.st, parent, child))
 
     def write_last(self, seq: int, now_us: float = 0.0) -> int:
-        return int(self.ops.write_last(self.st, self.pol, self.view_c, seq, float(now_us),
-                                       self.out))
+        return int(self._checked(self.ops.write_last(self.st, self.pol, self.view_c, seq,
+                                                     float(now_us), self.out)))
 
     def free(self, seq: int, now_us: float = 0.0) -> None:
-        self.ops.free(self.st, self.pol, self.view_c, seq, float(now_us))
+        self._checked(self.ops.free(self.st, self.pol, self.view_c, seq, float(now_us)))
 
     def free_tail(self, seq: int, n: int, now_us: float = 0.0) -> None:
-        self.ops.free_tail(self.st, self.pol, self.view_c, seq, n, float(now_us))
+        self._checked(self.ops.free_tail(self.st, self.pol, self.view_c, seq, n, float(now_us)))
 
     def preempt(self, seq: int, mode: int = PREEMPT_RECOMPUTE, now_us: float = 0.0) -> int:
-        return int(self.ops.preempt(self.st, self.pol, self.view_c, seq, mode, float(now_us)))
+        return int(self._checked(self.ops.preempt(self.st, self.pol, self.view_c, seq, mode,
+                                                  float(now_us))))
 
     # -- inspection ---------------------------------------------------------------------
     def table(self, seq: int) -> list[int]:
@@ -133,3 +135,10 @@ class FastPool:
         code = int(pool_check(self.st))
         if code:
             raise AssertionError(f"invariant {code} broken: {INVARIANTS[code]}")
+
+    def _checked(self, value):
+        """``value``, after :meth:`check_invariants` when ``config.debug`` (after every
+        operation that changes the pool; the compiled operations do not check)."""
+        if self.config.debug:
+            self.check_invariants()
+        return value

@@ -20,7 +20,10 @@ hooks' plain-Python functions.
 
 Semantics, arguments and return values: see :mod:`kvsim.memory` and
 ``docs/memory-model.md``.  Invariants (``fast.INVARIANTS``) hold after every function
-here; with ``PoolConfig(debug=True)`` each checks them before returning.
+here; with ``PoolConfig(debug=True)``, :class:`kvsim.memory.pool_handle.FastPool` checks
+them after each call (the check is not compiled into these functions: the replay core,
+which calls them ~10 M times a trace, never runs it, and it was ~1 MB of the LLVM IR a
+cold compile of the core optimised and machine-compiled again in every operation).
 """
 
 from numba import njit
@@ -30,8 +33,8 @@ from kvsim.memory.fast import (
     C_HIT_BLOCKS, C_HIT_TOKENS, C_NEW_BLOCKS, C_PREEMPT_RECOMPUTE, C_PREEMPT_SWAP,
     C_QUERY_TOKENS, C_RELEASED_BLOCKS, C_RERUN_ADMISSIONS, C_RERUN_HIT_TOKENS,
     C_RERUN_QUERY_TOKENS, C_REVIVED_BLOCKS, C_SWAP_OUT_BLOCKS, C_SWAP_OUT_BYTES,
-    F_BLOCK_BYTES, F_BLOCK_SIZE, F_CACHING, F_DEBUG, F_NUM_BLOCKS, KIND_EVICTED, KIND_HIT,
-    KIND_NEW, KIND_REVIVED, PREEMPT_SWAP, S_N_CAND, S_N_EMPTY, S_N_HELD, _assert_ok,
+    F_BLOCK_BYTES, F_BLOCK_SIZE, F_CACHING, F_NUM_BLOCKS, KIND_EVICTED, KIND_HIT,
+    KIND_NEW, KIND_REVIVED, PREEMPT_SWAP, S_N_CAND, S_N_EMPTY, S_N_HELD,
     _empty_push_back, _empty_push_front, _empty_unlink, _home, _index_remove, index_add,
     pool_cache_block, pool_lookup,
 )
@@ -233,8 +236,6 @@ def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
             st.tenant_hit_tokens[t] += hit_tokens
         st.seq_query_tokens[seq] += num_tokens
         st.seq_hit_tokens[seq] += hit_tokens
-    if st.cfg[F_DEBUG] != 0:
-        _assert_ok(st)
     return n_hit
 
 
@@ -302,8 +303,6 @@ def admit(st, pst, view, out, first, n, now_us):
 def free(st, pst, view, seq, now_us):
     """Release every block of ``seq`` tail-first; the slot stays open, empty."""
     _release(st, pst, view, seq, 0, now_us)
-    if st.cfg[F_DEBUG] != 0:
-        _assert_ok(st)
 
 
 @njit(cache=True)
@@ -313,8 +312,6 @@ def free_tail(st, pst, view, seq, n, now_us):
     if n > m:
         raise ValueError("free_tail: more blocks than the table holds")
     _release(st, pst, view, seq, m - n, now_us)
-    if st.cfg[F_DEBUG] != 0:
-        _assert_ok(st)
 
 
 @njit(cache=True)
@@ -339,8 +336,6 @@ def write_last(st, pst, view, seq, now_us, out):
     st.tables[seq, m - 1] = b
     st.counters[C_COW_COPIES] += 1
     st.counters[C_COW_BYTES] += st.cfg[F_BLOCK_BYTES]
-    if st.cfg[F_DEBUG] != 0:
-        _assert_ok(st)
     return 1
 
 
@@ -357,8 +352,6 @@ def preempt(st, pst, view, seq, mode, now_us):
         st.counters[C_PREEMPT_RECOMPUTE] += 1
     _release(st, pst, view, seq, 0, now_us)
     st.seq_rerun[seq] = True
-    if st.cfg[F_DEBUG] != 0:
-        _assert_ok(st)
     return m
 
 

@@ -3,6 +3,8 @@ decode blocks becoming full -- exact block ids and ref counts on both implementa
 
 from __future__ import annotations
 
+import pytest
+
 from kvsim.memory.fast import KIND_EVICTED, KIND_NEW, KIND_REVIVED
 from kvsim.memory.hashing import request_hashes
 
@@ -140,3 +142,23 @@ def test_bad_pool_sizes_are_input_errors():
         PoolConfig(1, 16)
     with pytest.raises(KvsimInputError, match="block_size_tokens"):
         PoolConfig(8, 0)
+
+
+def test_debug_pool_catches_a_broken_invariant_after_an_operation():
+    """``PoolConfig(debug=True)``: FastPool checks the invariants after each operation
+    (the compiled operations themselves do not), so corrupting the state is caught by
+    the next call, naming the invariant; without debug the same call returns."""
+    from kvsim.memory.fast import PoolConfig
+    from kvsim.memory.pool_handle import FastPool
+
+    for debug in (True, False):
+        pool = FastPool(PoolConfig(9, BS, max_seqs=4, max_blocks_per_seq=16, debug=debug))
+        a = pool.open_seq()
+        pool.allocate(a, request_hashes(toks(1, 2), BS), 2 * BS)
+        pool.st.ref_cnt[1] += 1  # a held count no table accounts for
+        b = pool.open_seq()
+        if debug:
+            with pytest.raises(AssertionError, match=r"^invariant \d+ broken: "):
+                pool.allocate(b, request_hashes(toks(3), BS), BS)
+        else:
+            assert pool.allocate(b, request_hashes(toks(3), BS), BS).blocks == [3]
