@@ -151,3 +151,49 @@ def test_the_replays_python_callers_are_listed():
             mod = importlib.import_module(module)
             for name in names:
                 assert hasattr(getattr(mod, name), "py_func"), (module, name)
+
+
+CHILD_LINKED = textwrap.dedent('''
+    import importlib, json, sys
+    import numpy as np
+    from numba.core.caching import NullCache
+    from kvsim import numba_cache
+    sys.path.insert(0, sys.argv[1])
+    mod = importlib.import_module("toy_entry_e")
+    numba_cache.seal(mod, sources=(), values_only=(), python_called=("pub",))
+    value = float(mod.pub(np.arange(5.0)))
+    out = {"value": value, "pub_hits": len(mod.pub.stats.cache_hits),
+           "inner_compiled": len(mod.inner.overloads),
+           "inner_not_cached": isinstance(mod.inner._cache, NullCache)}
+    if mod.inner.overloads:
+        (cres,) = mod.inner.overloads.values()
+        lib = cres.library
+        out["linked_only"] = bool(getattr(lib, "_kvsim_linked_only", False))
+        # never added to numba's JIT engine: none of its symbols has an address
+        out["machine_code"] = any(lib.get_pointer_to_function(f.name) != 0
+                                  for f in lib._final_module.functions
+                                  if not f.is_declaration)
+    out["python_call"] = float(mod.inner(np.arange(5.0), 4))  # through its trampoline
+    print(json.dumps(out))
+''')
+
+
+def test_a_function_only_compiled_code_calls_is_linked_only(tmp_path):
+    """Neither wrapper (``values_only=()``, not in ``python_called``): its library is
+    linked into its callers, never machine-compiled or cached on its own; the caller's
+    cached code runs it in the next process with nothing compiled."""
+    (tmp_path / "toy_entry_e.py").write_text(TOY)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+
+    def child():
+        out = subprocess.run([sys.executable, "-c", CHILD_LINKED, str(tmp_path)], env=env,
+                             capture_output=True, text=True, check=True)
+        return json.loads(out.stdout)
+
+    first = child()
+    assert first == {"value": 0.0, "pub_hits": 0, "inner_compiled": 1,
+                     "inner_not_cached": True, "linked_only": True,
+                     "machine_code": False, "python_call": 8.0}
+    # pub and inner's trampoline load from the cache: inner does not compile at all
+    assert child() == {"value": 0.0, "pub_hits": 1, "inner_compiled": 0,
+                       "inner_not_cached": True, "python_call": 8.0}
