@@ -105,12 +105,13 @@ FIRST_CLASS = {
 #: path, by module: they keep numba's CPython wrapper (the code that unboxes each argument
 #: from Python).  Every other sealed function is compiled without it, and a call from Python
 #: goes through :func:`python_entry` (module docstring).  ``core.run``: the open loop calls
-#: it (the closed loop calls it as a value only).
+#: it (the closed loop calls it as a value only).  Not listed although Python calls them:
+#: ``scheduler.run_steps`` (the lowering of a request trace, :mod:`kvsim.ingest.lower`)
+#: and ``sched_blocks._cached_prefix`` (a cluster's router): the closed loop links them
+#: into ``advance``, and their trampolines cost those paths what the wrapper did.
 PYTHON_CALLED = {
     "kvsim.sim.core": ("run",),
     "kvsim.sim.closed_step": ("advance",),
-    "kvsim.sim.scheduler": ("run_steps",),
-    "kvsim.sim.sched_blocks": ("_cached_prefix",),
     "kvsim.memory.hooks": ("_new_ref", "_new_view_ref", "_new_tier_ref"),
     "kvsim.sim.cachesim": ("_remap_direct", "_first_seen_order", "next_use_of", "_replay"),
 }
