@@ -72,7 +72,7 @@ from types import ModuleType
 #: Modules whose source reaches the compiled replay (code or constants), in a fixed order.
 SOURCES = ("kvsim.schema", "kvsim.policy_api", "kvsim.policy_structs", "kvsim.memory.fast",
            "kvsim.memory.fifo_order", "kvsim.memory.state_access", "kvsim.memory.hooks",
-           "kvsim.memory.pool_ops", "kvsim.sim.prefetch", "kvsim.sim.layout",
+           "kvsim.memory.pool_ref", "kvsim.memory.pool_ops", "kvsim.sim.prefetch", "kvsim.sim.layout",
            "kvsim.sim.tiers", "kvsim.sim.bookkeeping", "kvsim.sim.tier_ops", "kvsim.sim.spill",
            "kvsim.sim.placement", "kvsim.sim.core",
            "kvsim.sim.schedule_state", "kvsim.sim.sched_blocks", "kvsim.sim.scheduler",
@@ -85,7 +85,8 @@ SINGLE_TIER = ("kvsim.sim.prefetch", "kvsim.sim.cachesim_fast", "kvsim.sim.cache
 #: The modules among SOURCES whose jitted functions are sealed, in an order they can be
 #: imported in (``scheduler`` imports ``sched_blocks`` at its end, not the other way).
 COMPILED = ("kvsim.policy_api", "kvsim.policy_structs", "kvsim.memory.fast",
-            "kvsim.memory.fifo_order", "kvsim.memory.hooks", "kvsim.memory.pool_ops",
+            "kvsim.memory.fifo_order", "kvsim.memory.hooks", "kvsim.memory.pool_ref",
+            "kvsim.memory.pool_ops",
             "kvsim.sim.tiers", "kvsim.sim.bookkeeping", "kvsim.sim.tier_ops", "kvsim.sim.spill",
             "kvsim.sim.placement", "kvsim.sim.core", "kvsim.sim.scheduler",
             "kvsim.sim.sched_blocks", "kvsim.sim.closed_step", "kvsim.sim.cachesim")
@@ -113,6 +114,7 @@ PYTHON_CALLED = {
     "kvsim.sim.core": ("run",),
     "kvsim.sim.closed_step": ("advance",),
     "kvsim.memory.hooks": ("_new_ref", "_new_view_ref", "_new_tier_ref"),
+    "kvsim.memory.pool_ref": ("_new_pool_ref",),
     "kvsim.sim.cachesim": ("_remap_direct", "_first_seen_order", "next_use_of", "_replay"),
 }
 #: Functions with neither wrapper are linked-only (:func:`_linked_only`); set

@@ -11,6 +11,7 @@ from kvsim.memory import fifo_order
 from kvsim.memory.fast import (COUNTER_NAMES, INVARIANTS, PREEMPT_RECOMPUTE, S_N_CAND,
                                S_N_EMPTY, AllocResult, PoolConfig, new_out, new_state,
                                pool_check, pool_fork, pool_lookup, seq_close, seq_open)
+from kvsim.memory.pool_ref import pool_ref
 from kvsim.policy_api import new_block_view
 
 
@@ -20,8 +21,11 @@ class FastPool:
     ``order`` is a module following :mod:`kvsim.policy_api` (``init``, ``on_insert``,
     ``on_hit``, ``on_remove``, ``victim`` as njit functions), or None for
     :mod:`kvsim.memory.fifo_order` (vLLM's exact order).  ``self.ops`` is
-    :mod:`kvsim.memory.pool_ops` (compiled once for every order); ``self.pst`` the order
-    as the value those functions take, ``self.pol = (self.pst, hooks)`` (:mod:`kvsim.memory.hooks`).
+    :mod:`kvsim.memory.pool_ops` (compiled once for every order); ``self.st`` the pool's
+    arrays (:class:`kvsim.memory.fast.PoolState`), ``self.st_c`` the same arrays as the
+    value the compiled functions take (:class:`kvsim.memory.pool_ref.PoolRef`);
+    ``self.pst`` the order as the value those functions take, ``self.pol = (self.pst,
+    hooks)`` (:mod:`kvsim.memory.hooks`).
     """
 
     def __init__(self, config: PoolConfig, order=None, params: dict | None = None):
@@ -32,6 +36,7 @@ class FastPool:
         self.order = order if order is not None else fifo_order
         self.ops = pool_ops
         self.st = new_state(config)
+        self.st_c = pool_ref(self.st)  # what the compiled functions take (same arrays)
         self.view = new_block_view(config.num_blocks)
         self.pst = self.order.init(config.num_blocks - 1, config.num_blocks, params or {})
         self.pol = policy_value(self.order, self.pst, True)
@@ -43,18 +48,18 @@ class FastPool:
         if not 0 <= tenant < self.config.max_tenants:
             raise ValueError(f"tenant must be in 0..{self.config.max_tenants - 1}, "
                              f"got {tenant}")
-        seq = int(seq_open(self.st, tenant))
+        seq = int(seq_open(self.st_c, tenant))
         if seq < 0:
             raise RuntimeError("no free seq slot (raise PoolConfig.max_seqs)")
         return seq
 
     def close_seq(self, seq: int) -> None:
-        seq_close(self.st, seq)
+        seq_close(self.st_c, seq)
 
     # -- operations ---------------------------------------------------------------------
     def lookup(self, hashes, num_tokens: int) -> list[int]:
         h = np.asarray(hashes, dtype=np.int64)
-        k = pool_lookup(self.st, h, len(h), num_tokens, self.out.blocks)
+        k = pool_lookup(self.st_c, h, len(h), num_tokens, self.out.blocks)
         return [int(x) for x in self.out.blocks[:k]]
 
     def allocate(self, seq: int, hashes, num_tokens: int = 0,
@@ -62,7 +67,7 @@ class FastPool:
         """Append ``len(hashes)`` blocks (0 = unhashed/partial); None if it does not fit."""
         h = np.asarray(hashes, dtype=np.int64)
         n = len(h)
-        k = self._checked(self.ops.allocate(self.st, self.pol, self.view_c, seq, h, n,
+        k = self._checked(self.ops.allocate(self.st_c, self.pol, self.view_c, seq, h, n,
                                             num_tokens, float(now_us), self.out))
         if k < 0:
             return None
@@ -74,29 +79,30 @@ class FastPool:
                 self.view.insert_us[b] = now_us
                 self.view.last_access_us[b] = now_us
                 self.view.access_count[b] = 1
-        self._checked(self.ops.admit(self.st, self.pol, self.view_c, o, k, n, float(now_us)))
+        self._checked(self.ops.admit(self.st_c, self.pol, self.view_c, o, k, n, float(now_us)))
         return AllocResult(int(k), [int(x) for x in o.blocks[:n]],
                            [int(x) for x in o.kind[:n]], [int(x) for x in o.evicted_hash[:n]])
 
     def cache_block(self, seq: int, index: int, h: int, now_us: float = 0.0) -> None:
-        self._checked(self.ops.cache_block(self.st, self.pol, self.view_c, seq, index, int(h),
+        self._checked(self.ops.cache_block(self.st_c, self.pol, self.view_c, seq, index, int(h),
                                            float(now_us)))
 
     def fork(self, parent: int, child: int) -> None:
-        self._checked(pool_fork(self.st, parent, child))
+        self._checked(pool_fork(self.st_c, parent, child))
 
     def write_last(self, seq: int, now_us: float = 0.0) -> int:
-        return int(self._checked(self.ops.write_last(self.st, self.pol, self.view_c, seq,
+        return int(self._checked(self.ops.write_last(self.st_c, self.pol, self.view_c, seq,
                                                      float(now_us), self.out)))
 
     def free(self, seq: int, now_us: float = 0.0) -> None:
-        self._checked(self.ops.free(self.st, self.pol, self.view_c, seq, float(now_us)))
+        self._checked(self.ops.free(self.st_c, self.pol, self.view_c, seq, float(now_us)))
 
     def free_tail(self, seq: int, n: int, now_us: float = 0.0) -> None:
-        self._checked(self.ops.free_tail(self.st, self.pol, self.view_c, seq, n, float(now_us)))
+        self._checked(self.ops.free_tail(self.st_c, self.pol, self.view_c, seq, n,
+                                         float(now_us)))
 
     def preempt(self, seq: int, mode: int = PREEMPT_RECOMPUTE, now_us: float = 0.0) -> int:
-        return int(self._checked(self.ops.preempt(self.st, self.pol, self.view_c, seq, mode,
+        return int(self._checked(self.ops.preempt(self.st_c, self.pol, self.view_c, seq, mode,
                                                   float(now_us))))
 
     # -- inspection ---------------------------------------------------------------------
@@ -132,7 +138,7 @@ class FastPool:
         return {name: int(self.st.counters[i]) for i, name in enumerate(COUNTER_NAMES)}
 
     def check_invariants(self) -> None:
-        code = int(pool_check(self.st))
+        code = int(pool_check(self.st_c))
         if code:
             raise AssertionError(f"invariant {code} broken: {INVARIANTS[code]}")
 

@@ -123,11 +123,11 @@ def measure(num_requests: int = 200_000, num_blocks: int = 4096, block_size: int
                           max_blocks_per_seq=hashes.shape[1])
     drive = make_driver(pool_ops)
     warm = FastPool(cfg)
-    drive(warm.st, warm.pol, warm.view_c, warm.out, hashes[:10], lengths[:10], block_size,
+    drive(warm.st_c, warm.pol, warm.view_c, warm.out, hashes[:10], lengths[:10], block_size,
           max_running)  # compile
     pool = FastPool(cfg)
     t0 = time.process_time()
-    block_ops = drive(pool.st, pool.pol, pool.view_c, pool.out, hashes, lengths, block_size,
+    block_ops = drive(pool.st_c, pool.pol, pool.view_c, pool.out, hashes, lengths, block_size,
                       max_running)
     fast_s = time.process_time() - t0
     ref = KVCacheManager(num_blocks, block_size)

@@ -238,7 +238,7 @@ class Engine:
     def _core_args(self) -> tuple:
         run = self.run
         args = (run.K, run.X, run.C, run.Cw, run.R_i, run.R_f, run.A_i, run.A_f, run.H_i,
-                run.st, run.out, run.hbuf, run.scr, run.pst, run.view, *run._args_tail(),
+                run.st_core, run.out, run.hbuf, run.scr, run.pst, run.view, *run._args_tail(),
                 self.nu, self.seen, run.alt_b, run.alt_s, run.vo)
         if self._core_run is None:  # buffers grow, their types do not: typed once
             self._core_run = core_run_value(run.core, (self.cols, np.int64(0), np.int64(0),

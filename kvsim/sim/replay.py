@@ -31,6 +31,7 @@ from kvsim.policy_api import new_block_view
 from kvsim.sim import core, layout as L
 from kvsim.sim.config import LOWER_TIERS, SimConfig, resolve_engine
 from kvsim.memory.hooks import is_uniform, tier_ref, view_ref
+from kvsim.memory.pool_ref import pool_arg
 from kvsim.sim.variants import (compiled_is_cached, core_for, interpreted, is_compiled,
                                    policy_value, run_cols)
 from kvsim.sim.prepass import (SeenSet, TraceFacts, _open, full_hashes, offline_next_use,
@@ -177,6 +178,8 @@ class _Run:
                   for T, pol in zip(tiers, lower)]
         # compiled code takes each tier as one pointer (kvsim.memory.hooks.TierRef)
         self.T_core = [tier_ref(T) for T in self.T] if is_compiled(core_mod) else self.T
+        # and the HBM pool as one pointer (kvsim.memory.pool_ref.PoolRef, same arrays)
+        self.st_core = pool_arg(self.st, is_compiled(core_mod))
         K = np.zeros(L.NK, dtype=np.int64)
         K[L.K_WRITE_POLICY] = {"write_back": L.WP_WRITE_BACK,
                                "write_through": L.WP_WRITE_THROUGH,
@@ -309,7 +312,7 @@ class _Run:
             with np.errstate(over="ignore"):  # hash mixing wraps by design (interpreted)
                 status, i = self.core.run(
                     batch, i, n, self.K, self.X, self.C, self.Cw, self.R_i, self.R_f,
-                    self.A_i, self.A_f, self.H_i, self.st, self.out, self.hbuf, self.scr,
+                    self.A_i, self.A_f, self.H_i, self.st_core, self.out, self.hbuf, self.scr,
                     self.pst, self.view, *self._args_tail(), next_use, seen, self.alt_b,
                     self.alt_s, self.vo)
             if status == core.ST_DONE:
@@ -338,7 +341,7 @@ class _Run:
             with np.errstate(over="ignore"):  # run(i0=-1): end of trace (core.run)
                 self.core.run(
                     self.last_batch, -1, 0, self.K, self.X, self.C, self.Cw, self.R_i,
-                    self.R_f, self.A_i, self.A_f, self.H_i, self.st, self.out, self.hbuf,
+                    self.R_f, self.A_i, self.A_f, self.H_i, self.st_core, self.out, self.hbuf,
                     self.scr, self.pst, self.view, *self._args_tail(), self.no_next,
                     self.no_seen, self.alt_b, self.alt_s, self.vo)
         self._flush_steps()
@@ -349,7 +352,7 @@ class _Run:
         lower tier's (kvsim.sim.tiers.check_tier), and no tier above its capacity."""
         from kvsim.sim.tiers import check_tier
 
-        code = int(self.core.mem.pool_check(self.st))
+        code = int(self.core.mem.pool_check(self.st_core))
         out = {"pool_check": code, "pool_ok": code == 0}
         for T, v in zip(self.T, self.views[1:]):
             check_tier(T[:3] + (v, 0) + T[5:])  # the BlockView; the policy value (T[4]) is
