@@ -325,6 +325,29 @@ def _linked_only(dispatcher) -> None:
     _LINKED_ONLY.add((dispatcher.py_func.__module__, dispatcher.py_func.__qualname__))
 
 
+def _declared_first(dispatcher, argtypes: tuple) -> None:
+    """A function that can be a policy hook (it keeps the C wrapper a function value
+    needs), called from Python with a hook's argument types: compile it for that hook's
+    declared signature first (:func:`kvsim.memory.hooks.hook_signatures`), so the call
+    uses that overload.  Otherwise numba types the return value of the Python call itself
+    (``Tuple(int64, Literal[int](0), int64)`` for a ``victim`` returning ``b, 0, n``), and
+    the hook's value, which needs the declared ``UniTuple(int64 x 3)``, could then never be
+    compiled in that process ("mismatch of return type")."""
+    if argtypes in dispatcher.overloads:
+        return
+    from numba.core.errors import TypingError
+
+    from kvsim.memory.hooks import hook_signatures
+
+    for sig in hook_signatures():
+        if tuple(sig.args) == argtypes:
+            try:
+                dispatcher.compile(sig)
+            except TypingError:  # not this hook after all: numba types the call
+                pass
+            return
+
+
 def _without_cpython_wrapper(dispatcher) -> None:
     """Compile ``dispatcher`` without numba's CPython wrapper and route calls from Python
     to :func:`python_entry`: its overloads are kept out of the dispatcher's C-level table
@@ -340,10 +363,12 @@ def _without_cpython_wrapper(dispatcher) -> None:
         caller = sys._getframe(1)
         entry = python_entry(dispatcher, f"{caller.f_code.co_filename}:{caller.f_lineno}")
         if not kws:
+            argtypes = tuple(dispatcher.typeof_pyval(a) for a in args)
+            if not dispatcher.targetoptions.get("no_cfunc_wrapper"):
+                _declared_first(dispatcher, argtypes)
             # The entry's compiled wrapper takes the same arguments: put it in this
             # dispatcher's C-level table for these argument types, so the next call from
             # Python runs it directly, as fast as numba's own wrapper.
-            argtypes = tuple(dispatcher.typeof_pyval(a) for a in args)
             try:
                 entry_point = entry.compile(argtypes)
             except Exception:  # a typing error: calling the entry raises numba's message

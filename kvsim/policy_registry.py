@@ -137,6 +137,12 @@ def policy_from_module(module: ModuleType, source: str) -> Policy:
         mixed = ", ".join(sorted(h for h, c in compiled_flags.items() if not c))
         raise bad(mixed, "all hooks numba-compiled or all plain Python, not a mix")
     noop = policy_api.noop_hook if compiled else _python_noop
+    if compiled:
+        # sealed now, before anything can call a hook: a call from Python then compiles
+        # it for its declared signature (kvsim.numba_cache), as the replay's value needs
+        from kvsim.numba_cache import seal
+
+        seal(module, python_called=())
     on_miss = hooks.get("on_miss", noop)
     held = "on_hold" in hooks
     return Policy(name=name, description=description, offline=offline, reasons=reasons,

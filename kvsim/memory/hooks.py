@@ -210,6 +210,11 @@ class CompiledHook(WrapperAddressProtocol):
         return self.sig
 
     def __call__(self, *args):
+        """Run the hook from Python: compiled for its signature first, so the call uses
+        that overload (a first call from Python would type the return value itself, e.g.
+        ``Tuple(int64, Literal[int](0), int64)`` for ``return b, 0, n``, and the value's
+        signature could then not be compiled: "mismatch of return type")."""
+        self.compile()
         return self.dispatcher(*args)
 
     def __repr__(self) -> str:

@@ -45,11 +45,12 @@ Python API: :func:`simulate_live` ``(trace_path, policy, config) -> SimResult`` 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
 from kvsim.errors import KvsimInputError
-from kvsim.memory.hooks import is_uniform, policy_value, view_ref
+from kvsim.memory.hooks import HOOK_NAMES, hooks_for, is_uniform, policy_value, view_ref
 from kvsim.policy_api import NEVER, new_block_view
 from kvsim.schema import EventKind, Phase, Priority
 from kvsim.sim import live_moves
@@ -103,7 +104,11 @@ class LiveReplay:
         self.hook_view = view_ref(self.view) if pol.compiled else self.view
         self.pols = (LivePolicy(pol, C, self.num_slots, seed),
                      LivePolicy(pol, C, self.num_slots, seed))
-        self.hooks = pol
+        # the hooks as the policy's values: compiled, each CompiledHook compiles for its
+        # declared signature before Python calls it (a direct call of the njit function
+        # would compile it for an inferred return type, which the compiled core's typed
+        # value then refuses: "mismatch of return type")
+        self.hooks = SimpleNamespace(**dict(zip(HOOK_NAMES, hooks_for(pol, pol.compiled))))
         self.offline = bool(pol.offline)
         self.next_access = next_access  # kvsim.sim.live_optimum.NextUse (offline only)
         self.ordinal = 0  # row ordinal being replayed

@@ -118,3 +118,33 @@ def test_single_tier_loops_are_sealed_with_their_group_digest():
                 assert not getattr(value, "_kvsim_plain_calls", False)
                 n += 1
     assert n >= 10
+
+
+HOOK_CALLED_FIRST = '''
+import numpy as np
+from kvsim.memory.hooks import compiled_hooks, state_ref, view_ref
+from kvsim.policy_api import new_block_view
+from kvsim.policy_registry import get_policy
+p = get_policy("lru")
+sr = state_ref(p.init(8, 8, {"seed": 0}))
+v = view_ref(new_block_view(8))
+print(p.victim(sr, v, 0.0, np.zeros(8, np.int64), np.zeros(8, np.float64)))
+print(compiled_hooks(p)[5].compile())
+'''
+
+
+def test_a_hook_called_from_python_first_still_compiles_as_a_value(tmp_path):
+    """A policy's njit hook called directly from Python before the replay takes it as a
+    value (live offload did; tests do): the call compiles the hook for its declared
+    signature, so the value compiles in the same process (before: numba typed the call's
+    return value itself, Tuple(int64, Literal[int](0), int64), and the value then failed
+    with "mismatch of return type")."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"),
+           "KVSIM_CACHE_DIR": str(tmp_path / "kvsim")}
+    out = subprocess.run([sys.executable, "-c", HOOK_CALLED_FIRST], env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["(-1, 0, 0)", "CompiledHook(kvsim.policies.lru.victim)"]
