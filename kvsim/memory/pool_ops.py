@@ -134,8 +134,7 @@ def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
     in_cand = st.in_cand
     counters = st.counters
     block_hash = st.block_hash
-    hkeys = st.hkeys
-    hvals = st.hvals
+    hidx = st.hidx  # keys and values interleaved (kvsim.memory.fast)
     h_next = st.h_next
     h_prev = st.h_prev
     pol = pst[0]
@@ -171,16 +170,16 @@ def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
             # probe loops inlined, cost 6 reference-count updates per evicted block:
             # ~12 % of the 16-token replay's samples; docs/benchmarks.md)
             h = block_hash[b]
-            mask = hkeys.shape[0] - 1
-            j = _home(h, mask)  # _hslot
-            while hkeys[j] != h and hkeys[j] != 0:
+            mask = (hidx.shape[0] >> 1) - 1
+            j = _home(h, mask)  # _hslot (entry j: key at 2j, value at 2j + 1)
+            while hidx[2 * j] != h and hidx[2 * j] != 0:
                 j = (j + 1) & mask
             nx = h_next[b]
-            if nx == b:  # b was the only block with this hash: _hdel(hkeys, hvals, j)
+            if nx == b:  # b was the only block with this hash: _hdel(hidx, 2 * j)
                 k = j
                 while True:
                     k = (k + 1) & mask
-                    kk = hkeys[k]
+                    kk = hidx[2 * k]
                     if kk == 0:
                         break
                     home = _home(kk, mask)
@@ -189,17 +188,17 @@ def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
                     else:
                         stays = home > j or home <= k
                     if not stays:
-                        hkeys[j] = kk
-                        hvals[j] = hvals[k]
+                        hidx[2 * j] = kk
+                        hidx[2 * j + 1] = hidx[2 * k + 1]
                         j = k
-                hkeys[j] = 0
-                hvals[j] = -1
+                hidx[2 * j] = 0
+                hidx[2 * j + 1] = -1
             else:
                 p = h_prev[b]
                 h_next[p] = nx
                 h_prev[nx] = p
-                if hvals[j] == b:
-                    hvals[j] = nx
+                if hidx[2 * j + 1] == b:
+                    hidx[2 * j + 1] = nx
             h_next[b] = -1
             h_prev[b] = -1
             block_hash[b] = 0
@@ -215,7 +214,7 @@ def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
     if caching:
         for i in range(n_hit, n):
             if hashes[i] != 0:
-                index_add(block_hash, hkeys, hvals, h_next, h_prev, ob[i], hashes[i])
+                index_add(block_hash, hidx, h_next, h_prev, ob[i], hashes[i])
     st.seq_len[seq] = start + n
     if admission:
         hit_tokens = n_hit * st.cfg[F_BLOCK_SIZE]
