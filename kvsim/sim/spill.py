@@ -15,7 +15,7 @@ from kvsim.sim import tier_ops
 from kvsim.sim import tiers as tr
 from kvsim.sim.bookkeeping import _below, _first_lower
 from kvsim.memory.hooks import H_INSERT, H_REMOVE, H_VICTIM
-from kvsim.sim.prefetch import prefetch
+from kvsim.sim.prefetch import prefetch, prefetch_row
 from kvsim.sim.layout import (C_PEAK, C_USED, HI_BI, HI_HITS, HI_OWNER, HI_TOKENS, K_LOG,
                               K_WRITE_POLICY, LI_BI, LI_OWNER, LI_STATE, LI_TOKENS, LM_CAP,
                               LM_FREE_TOP, LM_USED, M_BYTES_DOWN, M_DEMOTE, M_EVICT,
@@ -30,7 +30,9 @@ PR_DECODE_CRITICAL = 3
 #: How many evicted blocks ahead :func:`_hbm_evicted_range` prefetches the tiers' hash
 #: table entries of (the home position of each evicted hash in each table: its lower-copy
 #: test is three random probes into tables of up to 4 M entries, one cache miss each at
-#: 16-token blocks).  A tier's victim has its entries in its own table (the removal) and
+#: 16-token blocks), with the block's ``H_i`` row and view row (read when it is demoted);
+#: the first blocks of a range are requested before the first is handled.  A tier's victim
+#: has its entries in its own table (the removal) and
 #: in the next tier's (the fill there) prefetched as soon as it is named, before its
 #: policy's ``on_remove``.  Prefetches change no result (kvsim.sim.prefetch).  4 was
 #: chosen, not tuned (no other distance was measured); the effect of both prefetches on
@@ -119,14 +121,19 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
     pend1 = np.int64(0)
     pend2 = np.int64(0)
     pend3 = np.int64(0)
-    for e in range(lo, hi):
-        f = e + PREFETCH_AHEAD  # the lower-copy test's probes of a later block, requested now
-        if f < hi and out.kind[f] == KIND_EVICTED:
-            home = (out.evicted_hash[f] * tr._FIB) >> 32  # as hash_slot
+    for g in range(lo, hi + PREFETCH_AHEAD):
+        # block g's lines are requested PREFETCH_AHEAD blocks before it is handled (the
+        # first ones before the first is): its lower-copy test's probes, its HBM row and,
+        # for a demotion, its view's row (copied into the first tier)
+        if g < hi and out.kind[g] == KIND_EVICTED:
+            home = (out.evicted_hash[g] * tr._FIB) >> 32  # as hash_slot
             prefetch(L1_h, 2 * (home & m1))
             prefetch(L2_h, 2 * (home & m2))
             prefetch(L3_h, 2 * (home & m3))
-        if out.kind[e] != KIND_EVICTED:
+            prefetch_row(H_i, out.blocks[g])
+            tr.prefetch_view(view, out.blocks[g])
+        e = g - PREFETCH_AHEAD
+        if e < lo or out.kind[e] != KIND_EVICTED:
             continue
         b = out.blocks[e]
         h = out.evicted_hash[e]
