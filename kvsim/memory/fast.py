@@ -168,7 +168,7 @@ def new_state(config: PoolConfig) -> PoolState:
         cfg=cfg, sc=sc, counters=np.zeros(len(COUNTER_NAMES), dtype=np.int64),
         ref_cnt=np.zeros(n, dtype=np.int64), block_hash=np.zeros(n, dtype=np.int64),
         in_empty=in_empty, in_cand=np.zeros(n, dtype=np.bool_), e_next=e_next,
-        e_prev=e_prev, hidx=_new_index(cap),
+        e_prev=e_prev, hidx=new_index(cap),
         h_next=np.full(n, -1, dtype=np.int64), h_prev=np.full(n, -1, dtype=np.int64),
         tables=np.zeros((config.max_seqs, config.max_blocks_per_seq), dtype=np.int32),
         seq_len=np.zeros(config.max_seqs, dtype=np.int64),
@@ -248,7 +248,7 @@ def _home(h, mask):
     return (h ^ (h >> 17) ^ (h >> 31) ^ (h >> 47)) & mask
 
 
-def _new_index(entries: int) -> np.ndarray:
+def new_index(entries: int) -> np.ndarray:
     """An empty prefix index of ``entries`` entries (a power of two): keys 0, values -1,
     interleaved (``hidx[2i]``, ``hidx[2i + 1]``)."""
     hidx = np.zeros(2 * entries, dtype=np.int64)
