@@ -80,7 +80,7 @@ def _lower_tier(tier: int, cap: int, policy, params: dict, max_blocks: int):
     table = 1 << max(1, int(2 * slots - 1).bit_length())  # power of two >= 2 x slots
     L_h = np.zeros(2 * table, dtype=np.int64)  # keys (0 = empty) and slots interleaved
     L_h[1::2] = -1
-    L_view = new_record_view(slots)  # one row per slot (kvsim.sim.tiers)
+    L_view = new_record_view(slots, initialise=False)  # a row per slot, written at fill
     L_ps = policy.init(max(cap, 1), slots, dict(params))
     Lm = np.array([tier, cap, cap, 0], dtype=np.int64)
     return Tier(L_i, L_free, L_h, L_view, L_ps, Lm)

@@ -107,7 +107,7 @@ ROW_WORDS = 11
 ROW_BYTES = 8 * ROW_WORDS
 
 
-def new_record_view(num_slots: int):
+def new_record_view(num_slots: int, initialise: bool = True):
     """A :class:`kvsim.policy_api.BlockView` in a record layout: one 88-byte row per slot
     (:data:`ROW_OFFSET_BYTES`) in one 64-byte-aligned buffer, each field a strided view of
     it (stride 88 bytes), initialised as :func:`kvsim.policy_api.new_block_view`
@@ -118,7 +118,14 @@ def new_record_view(num_slots: int):
     1.8 M slots).  Numba types every view's fields as arrays of any layout
     (:data:`kvsim.memory.hooks.VIEW_REF`), this one and the contiguous arrays of
     :func:`~kvsim.policy_api.new_block_view` alike, so a policy's hooks compile once.
-    Measured: docs/benchmarks.md, "Speed: tiered replay of 16-token traces"."""
+    Measured: docs/benchmarks.md, "Speed: tiered replay of 16-token traces".
+
+    ``initialise=False`` leaves every field 0 and the buffer untouched, so its pages are
+    only mapped as slots fill (a lower tier's memory grows with what it holds): a tier
+    slot's 14 fields are all written by its fill (:func:`copy_view`'s 12 and the two
+    timestamps) before it becomes resident, and only resident slots are read (hooks see
+    their candidates, the decision log a tier's victims).  The HBM view is initialised
+    (its blocks are small in number and filled from the records)."""
     from kvsim.policy_api import BLOCK_VIEW_FIELDS, BlockView, new_block_view
 
     n = max(int(num_slots), 0)
@@ -130,7 +137,7 @@ def new_record_view(num_slots: int):
     for name in BLOCK_VIEW_FIELDS:
         dt = initial[name].dtype
         a = rows.view(dt)[:, ROW_OFFSET_BYTES[name] // dt.itemsize]
-        if initial[name][0] != 0:
+        if initialise and initial[name][0] != 0:
             a[:] = initial[name][0]
         fields[name] = a
     return BlockView(**fields)

@@ -106,3 +106,19 @@ def test_copy_view_between_layouts_exact():
     copy_view.py_func(rec, 4, rec, 3)  # the interpreted twin on the same layout
     for name in COPIED:
         assert getattr(rec, name)[4] == getattr(soa, name)[1], name
+
+
+def test_a_tier_fill_writes_every_field():
+    """Lower tiers' views are not initialised (new_record_view(n, initialise=False)):
+    sound because a fill writes all 14 fields, copy_view's 12 and the two timestamps the
+    fill sets (kvsim.sim.spill, kvsim.sim.tier_ops)."""
+    assert set(COPIED) | {"insert_us", "last_access_us"} == set(BLOCK_VIEW_FIELDS)
+    src = new_block_view(2)
+    for name in BLOCK_VIEW_FIELDS:
+        getattr(src, name)[1] = 7 if name != "pinned" else True
+    dst = new_record_view(3, initialise=False)
+    assert all((getattr(dst, n) == 0).all() for n in BLOCK_VIEW_FIELDS)
+    copy_view(view_ref(dst), 2, view_ref(src), 1)
+    for name in COPIED:
+        assert getattr(dst, name)[2] == getattr(src, name)[1] != 0, name  # copied
+        assert getattr(dst, name)[1] == 0  # the other rows untouched
