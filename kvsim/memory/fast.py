@@ -12,8 +12,10 @@ State (one :class:`PoolState`, all arrays indexed by block id or seq slot):
   deque ``e_next/e_prev``, sentinel ``N``), **cached** (ref 0, hashed; a candidate of the
   order policy, ``in_cand``);
 * ``block_hash[b] != 0`` iff ``b`` is registered in the prefix index: an open-addressing
-  table ``hkeys/hvals`` (linear probing, key 0 = empty slot, load <= 1/2) maps a hash to
-  the first block registered with it; further blocks with the same hash (vLLM does not
+  table ``hidx`` (linear probing, key 0 = empty slot, load <= 1/2; keys and values
+  interleaved in one array, ``hidx[2i]`` the key of entry ``i`` and ``hidx[2i + 1]`` the
+  first block registered with it, so a probe that finds its key has the block in the same
+  cache line) maps a hash to the first block registered with it; further blocks with the same hash (vLLM does not
   de-duplicate) follow in the circular list ``h_next/h_prev`` in registration order.  (A
   numba typed Dict worked too but was slower and much slower to compile);
 * ``tables[seq, :seq_len[seq]]`` is a seq's block table; ``ref_cnt[b]`` equals the number
@@ -99,7 +101,7 @@ INVARIANTS = {
 PoolState = namedtuple("PoolState", [
     "cfg", "sc", "counters",
     "ref_cnt", "block_hash", "in_empty", "in_cand", "e_next", "e_prev",
-    "hkeys", "hvals", "h_next", "h_prev",
+    "hidx", "h_next", "h_prev",
     "tables", "seq_len", "seq_is_open", "seq_tenant", "seq_rerun", "seq_free",
     "seq_query_tokens", "seq_hit_tokens", "tenant_query_tokens", "tenant_hit_tokens",
     "block_hits",
@@ -166,8 +168,7 @@ def new_state(config: PoolConfig) -> PoolState:
         cfg=cfg, sc=sc, counters=np.zeros(len(COUNTER_NAMES), dtype=np.int64),
         ref_cnt=np.zeros(n, dtype=np.int64), block_hash=np.zeros(n, dtype=np.int64),
         in_empty=in_empty, in_cand=np.zeros(n, dtype=np.bool_), e_next=e_next,
-        e_prev=e_prev, hkeys=np.zeros(cap, dtype=np.int64),
-        hvals=np.full(cap, -1, dtype=np.int64),
+        e_prev=e_prev, hidx=new_index(cap),
         h_next=np.full(n, -1, dtype=np.int64), h_prev=np.full(n, -1, dtype=np.int64),
         tables=np.zeros((config.max_seqs, config.max_blocks_per_seq), dtype=np.int32),
         seq_len=np.zeros(config.max_seqs, dtype=np.int64),
@@ -247,27 +248,45 @@ def _home(h, mask):
     return (h ^ (h >> 17) ^ (h >> 31) ^ (h >> 47)) & mask
 
 
+def new_index(entries: int) -> np.ndarray:
+    """An empty prefix index of ``entries`` entries (a power of two): keys 0, values -1,
+    interleaved (``hidx[2i]``, ``hidx[2i + 1]``)."""
+    hidx = np.zeros(2 * entries, dtype=np.int64)
+    hidx[1::2] = -1
+    return hidx
+
+
+def index_keys_values(hidx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The index's keys and values as two strided views of ``hidx`` (entry ``i`` at
+    position ``i`` of each, as :func:`kvsim.sim.sched_blocks._cached_prefix` probes them:
+    the closed loop's scheduler reads the replay's index through these)."""
+    return hidx[0::2], hidx[1::2]
+
+
 @njit(cache=True, inline="always")
-def _hslot(hkeys, h):
-    """Slot of key h in the open-addressing table, or of the empty slot (key 0) where it
-    would go.  Linear probing; the load factor stays <= 1/2 (capacity >= 2 * blocks)."""
-    mask = hkeys.shape[0] - 1
+def _hslot(hidx, h):
+    """Position in ``hidx`` of key h (even: its value follows it), or of the empty key
+    (0) where it would go.  Linear probing over the entries; the load factor stays <= 1/2
+    (entries >= 2 * blocks)."""
+    mask = (hidx.shape[0] >> 1) - 1
     i = _home(h, mask)
     while True:
-        k = hkeys[i]
+        k = hidx[2 * i]
         if k == h or k == 0:
-            return i
+            return 2 * i
         i = (i + 1) & mask
 
 
 @njit(cache=True, inline="always")
-def _hdel(hkeys, hvals, i):
-    """Empty slot i, shifting later entries of the probe run back (no tombstones)."""
-    mask = hkeys.shape[0] - 1
+def _hdel(hidx, p):
+    """Empty the entry at position p (even), shifting later entries of the probe run back
+    (no tombstones)."""
+    mask = (hidx.shape[0] >> 1) - 1
+    i = p >> 1
     j = i
     while True:
         j = (j + 1) & mask
-        k = hkeys[j]
+        k = hidx[2 * j]
         if k == 0:
             break
         home = _home(k, mask)
@@ -277,45 +296,45 @@ def _hdel(hkeys, hvals, i):
         else:
             stays = home > i or home <= j
         if not stays:
-            hkeys[i] = k
-            hvals[i] = hvals[j]
+            hidx[2 * i] = k
+            hidx[2 * i + 1] = hidx[2 * j + 1]
             i = j
-    hkeys[i] = 0
-    hvals[i] = -1
+    hidx[2 * i] = 0
+    hidx[2 * i + 1] = -1
 
 
 @njit(cache=True, inline="always")
 def _index_get(st, h):
     """First block registered under hash h, or -1."""
-    hkeys = st.hkeys
-    i = _hslot(hkeys, h)
-    return st.hvals[i] if hkeys[i] == h else -1
+    hidx = st.hidx
+    i = _hslot(hidx, h)
+    return hidx[i + 1] if hidx[i] == h else -1
 
 
 @njit(cache=True, inline="always")
 def _index_add(st, b, h):
     """Register held block b under hash h (after the blocks already registered with h)."""
-    index_add(st.block_hash, st.hkeys, st.hvals, st.h_next, st.h_prev, b, h)
+    index_add(st.block_hash, st.hidx, st.h_next, st.h_prev, b, h)
 
 
 @njit(cache=True)
-def index_add(block_hash, hkeys, hvals, h_next, h_prev, b, h):
+def index_add(block_hash, hidx, h_next, h_prev, b, h):
     """:func:`_index_add` on the index's arrays: a loop that binds them once calls this
     per block without reference-counting the whole state tuple (an inlined helper taking
     ``st`` copies its ~20 arrays, a refcount pair each; kvsim.sim.spill, "Per-call
     cost")."""
     block_hash[b] = h
-    i = _hslot(hkeys, h)
-    if hkeys[i] == h:
-        first = hvals[i]
+    i = _hslot(hidx, h)
+    if hidx[i] == h:
+        first = hidx[i + 1]
         last = h_prev[first]
         h_next[last] = b
         h_prev[b] = last
         h_next[b] = first
         h_prev[first] = b
     else:
-        hkeys[i] = h
-        hvals[i] = b
+        hidx[i] = h
+        hidx[i + 1] = b
         h_next[b] = b
         h_prev[b] = b
 
@@ -323,23 +342,23 @@ def index_add(block_hash, hkeys, hvals, h_next, h_prev, b, h):
 @njit(cache=True, inline="always")
 def _index_remove(st, b):
     """Drop b from the prefix index (vLLM _maybe_evict_cached_block); returns its hash."""
-    return index_remove(st.block_hash, st.hkeys, st.hvals, st.h_next, st.h_prev, b)
+    return index_remove(st.block_hash, st.hidx, st.h_next, st.h_prev, b)
 
 
 @njit(cache=True)
-def index_remove(block_hash, hkeys, hvals, h_next, h_prev, b):
+def index_remove(block_hash, hidx, h_next, h_prev, b):
     """:func:`_index_remove` on the index's arrays (see :func:`index_add`)."""
     h = block_hash[b]
-    i = _hslot(hkeys, h)
+    i = _hslot(hidx, h)
     nx = h_next[b]
     if nx == b:
-        _hdel(hkeys, hvals, i)
+        _hdel(hidx, i)
     else:
         p = h_prev[b]
         h_next[p] = nx
         h_prev[nx] = p
-        if hvals[i] == b:
-            hvals[i] = nx
+        if hidx[i + 1] == b:
+            hidx[i + 1] = nx
     h_next[b] = -1
     h_prev[b] = -1
     block_hash[b] = 0
@@ -488,13 +507,13 @@ def pool_check(st):
     if n_held + n_empty + n_cand != n - 1 or n_held != st.sc[S_N_HELD]:
         return 7
     total = 0
-    for i in range(st.hkeys.shape[0]):
-        h = st.hkeys[i]
+    for i in range(0, st.hidx.shape[0], 2):
+        h = st.hidx[i]
         if h == 0:
             continue
-        if _hslot(st.hkeys, h) != i:  # unreachable by probing from its home slot
+        if _hslot(st.hidx, h) != i:  # unreachable by probing from its home slot
             return 8
-        first = st.hvals[i]
+        first = st.hidx[i + 1]
         cur = first
         while True:
             if st.block_hash[cur] != h:

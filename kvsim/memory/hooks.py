@@ -126,7 +126,13 @@ class ViewRef(structref.StructRefProxy):
 
 structref.define_boxing(ViewRefType, ViewRef)
 _V = view_tuple_type()
-VIEW_REF = ViewRefType([(name, t) for name, t in zip(_V.fields, _V.types)])
+#: Every field is typed as an array of any layout ('A'): the replay's views (HBM and lower
+#: tiers) are a record layout, each field a strided view of one row per slot
+#: (:func:`kvsim.sim.tiers.new_record_view`); :func:`kvsim.policy_api.new_block_view`'s
+#: contiguous arrays (the single-tier simulator, live offload, tests) have the same numba
+#: type here, so a policy's hooks compile once for both (docs/benchmarks.md, "Speed:
+#: tiered replay of 16-token traces").
+VIEW_REF = ViewRefType([(name, t.copy(layout="A")) for name, t in zip(_V.fields, _V.types)])
 
 
 @njit(cache=True)

@@ -26,6 +26,7 @@ which calls them ~10 M times a trace, never runs it, and it was ~1 MB of the LLV
 cold compile of the core optimised and machine-compiled again in every operation).
 """
 
+import numpy as np
 from numba import njit
 
 from kvsim.memory.fast import (
@@ -36,10 +37,11 @@ from kvsim.memory.fast import (
     F_BLOCK_BYTES, F_BLOCK_SIZE, F_CACHING, F_NUM_BLOCKS, KIND_EVICTED, KIND_HIT,
     KIND_NEW, KIND_REVIVED, PREEMPT_SWAP, S_N_CAND, S_N_EMPTY, S_N_HELD,
     _empty_push_back, _empty_push_front, _empty_unlink, _home, _index_remove, index_add,
-    pool_cache_block, pool_lookup,
+    index_remove, pool_cache_block, pool_lookup,
 )
 from kvsim.memory.hooks import (H_HIT, H_HIT_HELD, H_HOLD, H_INSERT, H_MISS, H_RELEASE,
                                 H_REMOVE, H_VICTIM)
+from kvsim.sim.prefetch import prefetch
 
 @njit(cache=True, inline="always")
 def _evict_one(st, pst, view, now_us, out, i):
@@ -137,14 +139,20 @@ def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
     in_cand = st.in_cand
     counters = st.counters
     block_hash = st.block_hash
-    hkeys = st.hkeys
-    hvals = st.hvals
+    hidx = st.hidx  # keys and values interleaved (kvsim.memory.fast)
     h_next = st.h_next
     h_prev = st.h_prev
     pol = pst[0]
     hooks = pst[1]
     alt_blocks = out.alt_blocks
     alt_scores = out.alt_scores
+    mask = (hidx.shape[0] >> 1) - 1  # entries - 1 of the prefix index
+    # an evicted block leaves the prefix index when the next one is evicted (or after the
+    # loop): its entry, prefetched when the block is named, then has the next victim()
+    # and on_remove calls to arrive; nothing in between reads the index, and the removals
+    # keep their order, so the index is exactly as before (docs/benchmarks.md)
+    pb = -1  # the block whose removal is pending, and its hash
+    ph = np.int64(0)
     for i in range(n_hit, n):
         if caching and hashes[i] != 0:
             hooks[H_MISS](pol, view, hashes[i], now_us)
@@ -170,55 +178,63 @@ def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
             in_cand[b] = False
             sc[S_N_CAND] -= 1
             okind[i] = KIND_EVICTED
-            # fast.index_remove written out on the bound arrays (a call, even with its
-            # probe loops inlined, cost 6 reference-count updates per evicted block:
-            # ~12 % of the 16-token replay's samples; docs/benchmarks.md)
             h = block_hash[b]
-            mask = hkeys.shape[0] - 1
-            j = _home(h, mask)  # _hslot
-            while hkeys[j] != h and hkeys[j] != 0:
-                j = (j + 1) & mask
-            nx = h_next[b]
-            if nx == b:  # b was the only block with this hash: _hdel(hkeys, hvals, j)
-                k = j
-                while True:
-                    k = (k + 1) & mask
-                    kk = hkeys[k]
-                    if kk == 0:
-                        break
-                    home = _home(kk, mask)
-                    if j <= k:
-                        stays = j < home <= k
-                    else:
-                        stays = home > j or home <= k
-                    if not stays:
-                        hkeys[j] = kk
-                        hvals[j] = hvals[k]
-                        j = k
-                hkeys[j] = 0
-                hvals[j] = -1
-            else:
-                p = h_prev[b]
-                h_next[p] = nx
-                h_prev[nx] = p
-                if hvals[j] == b:
-                    hvals[j] = nx
-            h_next[b] = -1
-            h_prev[b] = -1
-            block_hash[b] = 0
+            prefetch(hidx, 2 * _home(h, mask))  # its index entry: removed at the next eviction
             oev[i] = h
             oreason[i] = reason
             onalt[i] = n_alt
             counters[C_EVICTED_BLOCKS] += 1
+            if pb >= 0:
+                # the pending removal of block rb (hash rh): fast.index_remove written out
+                # on the bound arrays (a call, even with its probe loops inlined, cost 6
+                # reference-count updates per evicted block: ~12 % of the 16-token
+                # replay's samples; docs/benchmarks.md)
+                rb = pb
+                rh = ph
+                j = _home(rh, mask)  # _hslot (entry j: key at 2j, value at 2j + 1)
+                while hidx[2 * j] != rh and hidx[2 * j] != 0:
+                    j = (j + 1) & mask
+                nx = h_next[rb]
+                if nx == rb:  # rb was the only block with this hash: _hdel(hidx, 2 * j)
+                    k = j
+                    while True:
+                        k = (k + 1) & mask
+                        kk = hidx[2 * k]
+                        if kk == 0:
+                            break
+                        home = _home(kk, mask)
+                        if j <= k:
+                            stays = j < home <= k
+                        else:
+                            stays = home > j or home <= k
+                        if not stays:
+                            hidx[2 * j] = kk
+                            hidx[2 * j + 1] = hidx[2 * k + 1]
+                            j = k
+                    hidx[2 * j] = 0
+                    hidx[2 * j + 1] = -1
+                else:
+                    p = h_prev[rb]
+                    h_next[p] = nx
+                    h_prev[nx] = p
+                    if hidx[2 * j + 1] == rb:
+                        hidx[2 * j + 1] = nx
+                h_next[rb] = -1
+                h_prev[rb] = -1
+                block_hash[rb] = 0
+            pb = b
+            ph = h
         ref_cnt[b] = 1
         ob[i] = b
         row[start + i] = b
+    if pb >= 0:  # the last pending removal, before the new blocks are indexed
+        index_remove(block_hash, hidx, h_next, h_prev, pb)
     sc[S_N_HELD] += n - n_hit
     st.counters[C_NEW_BLOCKS] += n_from_empty
     if caching:
         for i in range(n_hit, n):
             if hashes[i] != 0:
-                index_add(block_hash, hkeys, hvals, h_next, h_prev, ob[i], hashes[i])
+                index_add(block_hash, hidx, h_next, h_prev, ob[i], hashes[i])
     st.seq_len[seq] = start + n
     if admission:
         hit_tokens = n_hit * st.cfg[F_BLOCK_SIZE]

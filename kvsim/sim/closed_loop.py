@@ -39,6 +39,7 @@ from typing import Callable
 import numpy as np
 
 from kvsim.errors import KvsimInputError
+from kvsim.memory.fast import index_keys_values
 from kvsim.ingest.engine import EngineConfig, build_cost_model
 from kvsim.ingest.requests import RequestTable
 from kvsim.sim import layout as L
@@ -123,7 +124,8 @@ class Engine:
         self.run = _Run(policy, nowarm, header, facts, costs, block_bytes, log_writer)
         self.run.K[L.K_WARMUP_STEP] = -1
         T1, T2, T3 = self.run.T
-        sc.lookup = (self.run.st.hkeys, self.run.st.hvals, T1[2], T2[2], T3[2])
+        # the pool's prefix index as keys and values (strided views of its one array)
+        sc.lookup = (*index_keys_values(self.run.st.hidx), T1[2], T2[2], T3[2])
         self.pb_off = self.pb_next = self.pb_seen = None  # set_block_facts, before advance
         self.rprio = np.asarray(df["request_priority"].to_numpy(), dtype=np.int8)
         self.tenant = np.asarray(df["tenant"].to_numpy(), dtype=np.int32)

@@ -48,3 +48,35 @@ def _prefetch_overload(a, i):
     if isinstance(a, types.Array) and isinstance(i, types.Integer):
         return lambda a, i: _prefetch(a, i)
     return None
+
+
+def prefetch_row(a, i) -> None:
+    """Prefetch the line holding ``a[i, 0]``, the start of row ``i`` of a 2-D array (a
+    no-op in plain Python)."""
+
+
+@intrinsic
+def _prefetch_row(typingctx, arr, idx):
+    sig = types.void(arr, idx)
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        zero = context.get_constant(signature.args[1], 0)
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1], zero],
+                                       wraparound=False)
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@overload(prefetch_row, inline="always")
+def _prefetch_row_overload(a, i):
+    if isinstance(a, types.Array) and a.ndim == 2 and isinstance(i, types.Integer):
+        return lambda a, i: _prefetch_row(a, i)
+    return None

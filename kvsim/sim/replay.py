@@ -36,7 +36,7 @@ from kvsim.sim.variants import (compiled_is_cached, core_for, interpreted, is_co
                                    policy_value, run_cols)
 from kvsim.sim.prepass import (SeenSet, TraceFacts, _open, full_hashes, offline_next_use,
                                 release_read_buffers, scan_trace)
-from kvsim.sim.tiers import Tier
+from kvsim.sim.tiers import Tier, new_record_view
 from kvsim.sim.cost_model import GB, TierCosts, cost_array, hbm_kv_capacity_bytes, tier_costs
 from kvsim.sim.metrics import request_table, step_table, summarize
 
@@ -81,7 +81,7 @@ def _lower_tier(tier: int, cap: int, policy, params: dict, max_blocks: int):
     table = 1 << max(1, int(2 * slots - 1).bit_length())  # power of two >= 2 x slots
     L_h = np.zeros(2 * table, dtype=np.int64)  # keys (0 = empty) and slots interleaved
     L_h[1::2] = -1
-    L_view = new_block_view(slots)
+    L_view = new_record_view(slots, initialise=False)  # a row per slot, written at fill
     L_ps = policy.init(max(cap, 1), slots, dict(params))
     Lm = np.array([tier, cap, cap, 0], dtype=np.int64)
     return Tier(L_i, L_free, L_h, L_view, L_ps, Lm)
@@ -153,7 +153,7 @@ class _Run:
                               max_seqs=facts.max_concurrent_requests + 8,
                               max_blocks_per_seq=max_blocks, block_bytes=block_bytes)
         self.st = mem.new_state(pcfg)
-        self.view = new_block_view(hbm_blocks + 1)
+        self.view = new_record_view(hbm_blocks + 1)  # one row per block (kvsim.sim.tiers)
         hbm_state = policy.init(hbm_blocks, hbm_blocks + 1, dict(params))
         tiers = [_lower_tier(t + 1, costs[t + 1].capacity_blocks, lower[t], params,
                              facts.num_allocs)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvsim.memory.fast import index_keys_values, new_index
 from kvsim.sim import scheduler as S
 
 
@@ -45,7 +46,10 @@ class Schedule:
 
 
 _NO_TABLE = np.zeros(2, dtype=np.int64)
-_NO_LOOKUP = (_NO_TABLE, np.full(2, -1, dtype=np.int64), _NO_TABLE, _NO_TABLE, _NO_TABLE)
+# no pool: an empty prefix index, as keys and values views of one interleaved array like
+# the closed loop's (kvsim.memory.fast.index_keys_values), so the scheduler's step compiles
+# for one signature whichever it gets
+_NO_LOOKUP = (*index_keys_values(new_index(2)), _NO_TABLE, _NO_TABLE, _NO_TABLE)
 
 
 def new_schedule(df, off: np.ndarray, ids: np.ndarray, trace_block_tokens: int, cfg,

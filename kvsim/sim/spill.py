@@ -15,7 +15,7 @@ from kvsim.sim import tier_ops
 from kvsim.sim import tiers as tr
 from kvsim.sim.bookkeeping import _below, _first_lower
 from kvsim.memory.hooks import H_INSERT, H_REMOVE, H_VICTIM
-from kvsim.sim.prefetch import prefetch
+from kvsim.sim.prefetch import prefetch, prefetch_row
 from kvsim.sim.layout import (C_PEAK, C_USED, HI_BI, HI_HITS, HI_OWNER, HI_TOKENS, K_LOG,
                               K_WRITE_POLICY, LI_BI, LI_OWNER, LI_STATE, LI_TOKENS, LM_CAP,
                               LM_FREE_TOP, LM_USED, M_BYTES_DOWN, M_DEMOTE, M_EVICT,
@@ -30,7 +30,9 @@ PR_DECODE_CRITICAL = 3
 #: How many evicted blocks ahead :func:`_hbm_evicted_range` prefetches the tiers' hash
 #: table entries of (the home position of each evicted hash in each table: its lower-copy
 #: test is three random probes into tables of up to 4 M entries, one cache miss each at
-#: 16-token blocks).  A tier's victim has its entries in its own table (the removal) and
+#: 16-token blocks), with the block's ``H_i`` row and view row (read when it is demoted);
+#: the first blocks of a range are requested before the first is handled.  A tier's victim
+#: has its entries in its own table (the removal) and
 #: in the next tier's (the fill there) prefetched as soon as it is named, before its
 #: policy's ``on_remove``.  Prefetches change no result (kvsim.sim.prefetch).  4 was
 #: chosen, not tuned (no other distance was measured); the effect of both prefetches on
@@ -60,6 +62,18 @@ PREFETCH_AHEAD = 4
 # here instead costs +12.5 % of the core's CPU, inlining it (numba ``inline="always"``,
 # which keeps a counted copy of every argument) +3 %.  The rules are unchanged
 # (tests/sim/test_compiled_reference.py checks them against the reference).
+
+# Deferred table removals.  A tier's victim leaves its hash table when the tier names the
+# NEXT victim (or when the range ends), not at once: its entry is a random line of a table
+# of up to 4 M entries, and its address is known only once the victim's hash has been read
+# (victim -> its row -> its table entry: two dependent misses), so a removal done at once
+# waits for a line whose prefetch was just issued (perf at the record-layout commit: the
+# three removals' probes were ~11 % of the replay's samples).  Deferred, the prefetched
+# line has the rest of the block's cascade to arrive.  The tables answer as before: until
+# it goes, a pending key counts as absent in the lower-copy test, and a fill of the same
+# content (which distinct contents never are) removes it first; a table's positions may
+# differ from an immediate removal's, never its keys or slots (positions reach no output).
+# tests/sim/test_compiled_reference.py checks the rules against the reference.
 
 @njit(cache=True)
 def _find(hk, h):
@@ -102,19 +116,29 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
     m1 = (L1_h.shape[0] >> 1) - 1  # entries - 1 of each table (kvsim.sim.tiers.hash_slot)
     m2 = (L2_h.shape[0] >> 1) - 1
     m3 = (L3_h.shape[0] >> 1) - 1
-    for e in range(lo, hi):
-        f = e + PREFETCH_AHEAD  # the lower-copy test's probes of a later block, requested now
-        if f < hi and out.kind[f] == KIND_EVICTED:
-            home = (out.evicted_hash[f] * tr._FIB) >> 32  # as hash_slot
+    # deferred removals (see "Deferred table removals" above): the hash of the last victim
+    # each tier named whose table entry is still there (0 = none)
+    pend1 = np.int64(0)
+    pend2 = np.int64(0)
+    pend3 = np.int64(0)
+    for g in range(lo, hi + PREFETCH_AHEAD):
+        # block g's lines are requested PREFETCH_AHEAD blocks before it is handled (the
+        # first ones before the first is): its lower-copy test's probes, its HBM row and,
+        # for a demotion, its view's row (copied into the first tier)
+        if g < hi and out.kind[g] == KIND_EVICTED:
+            home = (out.evicted_hash[g] * tr._FIB) >> 32  # as hash_slot
             prefetch(L1_h, 2 * (home & m1))
             prefetch(L2_h, 2 * (home & m2))
             prefetch(L3_h, 2 * (home & m3))
-        if out.kind[e] != KIND_EVICTED:
+            prefetch_row(H_i, out.blocks[g])
+            tr.prefetch_view(view, out.blocks[g])
+        e = g - PREFETCH_AHEAD
+        if e < lo or out.kind[e] != KIND_EVICTED:
             continue
         b = out.blocks[e]
         h = out.evicted_hash[e]
-        backed = (_find(L1_h, h) >= 0 or _find(L2_h, h) >= 0
-                  or _find(L3_h, h) >= 0)  # _below
+        backed = ((_find(L1_h, h) >= 0 and h != pend1) or (_find(L2_h, h) >= 0 and h != pend2)
+                  or (_find(L3_h, h) >= 0 and h != pend3))  # _below (a pending key: gone)
         dest = first if (not backed and write_back) else 0
         if log_on:
             row = tr.log_row(G, C, step, now_us, A_DEMOTE if dest > 0 else A_EVICT, h,
@@ -159,7 +183,9 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
                                  2 * (hhome & (m2 if below2 == 2 else m3)))
                     tr.prefetch_view(L1_view, x)  # copied below (content_hash: read)
                     L1_hooks[H_REMOVE](L1_st, L1_view, x)
-                    tr.hash_del(L1_h, hx)
+                    if pend1 != 0:  # the previous victim's entry goes now
+                        tr.hash_del(L1_h, pend1)
+                    pend1 = hx  # and this one's later
                     L1_i[x, LI_STATE] = 0
                     L1m[LM_USED] -= 1
                     vo[0] = 1
@@ -196,7 +222,11 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
             L1_i[slot, LI_BI] = bi
             L1_i[slot, LI_TOKENS] = tok
             L1_i[slot, LI_STATE] = 1
-            tr.hash_put(L1_h, L1_view.content_hash[slot], slot)
+            hin = L1_view.content_hash[slot]
+            if hin == pend1:  # never for distinct contents; kept exact all the same
+                tr.hash_del(L1_h, pend1)
+                pend1 = 0
+            tr.hash_put(L1_h, hin, slot)
             L1m[LM_USED] += 1
             L1_hooks[H_INSERT](L1_st, L1_view, slot, now_us)
             C[M_BYTES_DOWN + t] += v.size_bytes[vs]
@@ -233,7 +263,9 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
                         prefetch(L3_h, 2 * (hhome & m3))
                     tr.prefetch_view(L2_view, x)  # copied below (content_hash: read)
                     L2_hooks[H_REMOVE](L2_st, L2_view, x)
-                    tr.hash_del(L2_h, hx)
+                    if pend2 != 0:
+                        tr.hash_del(L2_h, pend2)
+                    pend2 = hx
                     L2_i[x, LI_STATE] = 0
                     L2m[LM_USED] -= 1
                     vo[0] = 1
@@ -270,7 +302,11 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
             L2_i[slot, LI_BI] = bi
             L2_i[slot, LI_TOKENS] = tok
             L2_i[slot, LI_STATE] = 1
-            tr.hash_put(L2_h, L2_view.content_hash[slot], slot)
+            hin = L2_view.content_hash[slot]
+            if hin == pend2:
+                tr.hash_del(L2_h, pend2)
+                pend2 = 0
+            tr.hash_put(L2_h, hin, slot)
             L2m[LM_USED] += 1
             L2_hooks[H_INSERT](L2_st, L2_view, slot, now_us)
             C[M_BYTES_DOWN + t] += v.size_bytes[vs]
@@ -304,7 +340,9 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
                     prefetch(L3_h, 2 * (((hx * tr._FIB) >> 32) & m3))  # for hash_del
                     tr.prefetch_view(L3_view, x)  # copied below (content_hash: read)
                     L3_hooks[H_REMOVE](L3_st, L3_view, x)
-                    tr.hash_del(L3_h, hx)
+                    if pend3 != 0:
+                        tr.hash_del(L3_h, pend3)
+                    pend3 = hx
                     L3_i[x, LI_STATE] = 0
                     L3m[LM_USED] -= 1
                     vo[0] = 1
@@ -331,7 +369,11 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
             L3_i[slot, LI_BI] = bi
             L3_i[slot, LI_TOKENS] = tok
             L3_i[slot, LI_STATE] = 1
-            tr.hash_put(L3_h, L3_view.content_hash[slot], slot)
+            hin = L3_view.content_hash[slot]
+            if hin == pend3:
+                tr.hash_del(L3_h, pend3)
+                pend3 = 0
+            tr.hash_put(L3_h, hin, slot)
             L3m[LM_USED] += 1
             L3_hooks[H_INSERT](L3_st, L3_view, slot, now_us)
             C[M_BYTES_DOWN + t] += v.size_bytes[vs]
@@ -339,6 +381,12 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
             C[C_USED + t] = used
             if used > C[C_PEAK + t]:
                 C[C_PEAK + t] = used
+    if pend1 != 0:  # the tables are exact again when the range is done
+        tr.hash_del(L1_h, pend1)
+    if pend2 != 0:
+        tr.hash_del(L2_h, pend2)
+    if pend3 != 0:
+        tr.hash_del(L3_h, pend3)
 
 
 @njit(cache=True, no_cpython_wrapper=True)

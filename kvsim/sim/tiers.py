@@ -18,7 +18,7 @@ kvsim.memory.fast, and much cheaper to compile than a typed Dict; keys and value
 interleaved in one array, ``L_h[2i]`` the key of entry ``i`` and ``L_h[2i + 1]`` its slot,
 so a probe that finds its key has the value in the same cache line: at 16-token blocks the
 NVMe tier's table has 4 M entries and every probe is a cache miss),
-``L_view`` (BlockView), ``L_ps`` (the policy as ``(state, hooks)``, kvsim.memory.hooks), ``Lm`` (int64 scalars
+``L_view`` (BlockView, one 88-byte row per slot: :func:`new_record_view`), ``L_ps`` (the policy as ``(state, hooks)``, kvsim.memory.hooks), ``Lm`` (int64 scalars
 ``LM_*``: tier id, capacity, free top, used).  Compiled code receives each tier as ONE
 value, a :class:`kvsim.memory.hooks.TierRef` (a structref with the same field names, made
 by :func:`kvsim.memory.hooks.tier_ref`), and reads its members by name (``T.L_h``), as
@@ -70,8 +70,9 @@ def copy_view(dst, d, src, s):
     """Copy the BlockView fields of slot ``s`` of ``src`` into slot ``d`` of ``dst``, all
     but the two timestamps (``insert_us``, ``last_access_us``): every caller is a tier fill
     (or the cascade's copy of a victim into ``TMP`` on its way to the next tier's fill),
-    and a fill sets both to the time of the move.  12 of the 14 arrays, each a random
-    cache line at 16-token blocks (the NVMe tier's views are 14 x 15 MB)."""
+    and a fill sets both to the time of the move.  12 of the 14 fields; in the record
+    layout of the replay's views (:func:`new_record_view`) they lie in 2-3 cache lines of
+    one row on each side."""
     dst.access_count[d] = src.access_count[s]
     dst.phase[d] = src.phase[s]
     dst.priority[d] = src.priority[s]
@@ -86,25 +87,73 @@ def copy_view(dst, d, src, s):
     dst.content_hash[d] = src.content_hash[s]
 
 
+# ---------------------------------------------------------------------------------------
+# the replay's views: one row per slot
+# ---------------------------------------------------------------------------------------
+
+#: Byte offset of each :class:`kvsim.policy_api.BlockView` field in a row of
+#: :func:`new_record_view`: the ten 8-byte fields first, then the four 1-byte ones
+#: (``phase``, ``priority``, ``request_priority``, ``pinned``) in one word.  84 bytes used.
+ROW_OFFSET_BYTES = {
+    "last_access_us": 0, "insert_us": 8, "access_count": 16, "deadline_us": 24,
+    "slack_us": 32, "target_decode_step": 40, "recompute_cost_us": 48, "size_bytes": 56,
+    "next_use": 64, "content_hash": 72,
+    "phase": 80, "priority": 81, "request_priority": 82, "pinned": 83,
+}
+#: 8-byte words per row: 88 bytes, so a row spans 2 cache lines, or 3 when it straddles
+#: two line boundaries (rows starting 48 or 56 bytes into a line: 2 of every 8 rows; 2.25
+#: lines per row on average); row 0 starts on a 64-byte boundary.
+ROW_WORDS = 11
+ROW_BYTES = 8 * ROW_WORDS
+
+
+def new_record_view(num_slots: int, initialise: bool = True):
+    """A :class:`kvsim.policy_api.BlockView` in a record layout: one 88-byte row per slot
+    (:data:`ROW_OFFSET_BYTES`) in one 64-byte-aligned buffer, each field a strided view of
+    it (stride 88 bytes), initialised as :func:`kvsim.policy_api.new_block_view`
+    initialises its arrays.  The replay's views (the HBM pool's and each lower tier's,
+    :mod:`kvsim.sim.replay`) use it: writing one block's fields (a tier fill copies 12 and
+    sets 2; an HBM allocation sets 11) touches 2-3 cache lines, against one line per field
+    with one array per field, and at 16-token blocks each is a miss (the NVMe tier holds
+    1.8 M slots).  Numba types every view's fields as arrays of any layout
+    (:data:`kvsim.memory.hooks.VIEW_REF`), this one and the contiguous arrays of
+    :func:`~kvsim.policy_api.new_block_view` alike, so a policy's hooks compile once.
+    Measured: docs/benchmarks.md, "Speed: tiered replay of 16-token traces".
+
+    ``initialise=False`` leaves every field 0 and the buffer untouched, so its pages are
+    only mapped as slots fill (a lower tier's memory grows with what it holds): a tier
+    slot's 14 fields are all written by its fill (:func:`copy_view`'s 12 and the two
+    timestamps) before it becomes resident, and only resident slots are read (hooks see
+    their candidates, the decision log a tier's victims).  The HBM view is initialised
+    (its blocks are small in number and filled from the records)."""
+    from kvsim.policy_api import BLOCK_VIEW_FIELDS, BlockView, new_block_view
+
+    n = max(int(num_slots), 0)
+    raw = np.zeros(n * ROW_WORDS + 8, dtype=np.int64)
+    skip = (-raw.ctypes.data % 64) // 8  # whole words to a 64-byte boundary
+    rows = raw[skip: skip + n * ROW_WORDS].reshape(n, ROW_WORDS)
+    initial = new_block_view(1)._asdict()  # one slot as new_block_view sets it
+    fields = {}
+    for name in BLOCK_VIEW_FIELDS:
+        dt = initial[name].dtype
+        a = rows.view(dt)[:, ROW_OFFSET_BYTES[name] // dt.itemsize]
+        if initialise and initial[name][0] != 0:
+            a[:] = initial[name][0]
+        fields[name] = a
+    return BlockView(**fields)
+
+
 @njit(cache=True)
 def prefetch_view(v, s):
-    """Ask for the cache lines of slot ``s`` of ``v`` that a tier step reads or writes
-    next (a no-op in plain Python; kvsim.sim.prefetch): a tier's victim is copied (the
-    fields of :func:`copy_view`) and its slot filled (the timestamps too) just after its
-    removal, whose own misses (policy links, table entry) then overlap these."""
+    """Ask for the cache lines of slot ``s`` of ``v``, a lower tier's view
+    (:func:`new_record_view`), that a tier step reads or writes next (a no-op in plain
+    Python; kvsim.sim.prefetch): a tier's victim is copied (the fields of
+    :func:`copy_view`) and its slot filled (the timestamps too) just after its removal,
+    whose own misses (policy links, table entry) then overlap these.  Bytes 0, 40 and 83
+    of the row: every line an 88-byte row can touch holds one of them."""
     prefetch(v.last_access_us, s)
-    prefetch(v.insert_us, s)
-    prefetch(v.access_count, s)
-    prefetch(v.phase, s)
-    prefetch(v.priority, s)
-    prefetch(v.request_priority, s)
-    prefetch(v.deadline_us, s)
-    prefetch(v.slack_us, s)
     prefetch(v.target_decode_step, s)
-    prefetch(v.recompute_cost_us, s)
-    prefetch(v.size_bytes, s)
     prefetch(v.pinned, s)
-    prefetch(v.next_use, s)
 
 
 # ---------------------------------------------------------------------------------------
