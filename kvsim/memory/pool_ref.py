@@ -1,12 +1,13 @@
 """The HBM pool's state as one value in compiled code: :class:`PoolRef`.
 
-:class:`kvsim.memory.fast.PoolState` is a named tuple of 24 arrays, and every compiled
+:class:`kvsim.memory.fast.PoolState` is a named tuple of 23 arrays, and every compiled
 pool operation takes it (``pool_ops.allocate(st, ...)``, and the replay core, which passes
-it on).  numba passes a tuple as its members: each call spells a 24-array aggregate in the
+it on).  numba passes a tuple as its members: each call spells a 23-array aggregate in the
 LLVM IR and counts a reference for each array on entry and exit.  In the README job those
 aggregates were 4.6 of the 50 MB of IR the compile lowers and parses (``core.run`` 0.8 MB,
 ``advance`` 0.6, the pool operations the rest), and at 16-token blocks the reference
-counts are paid on every allocation.  A :class:`PoolRef` is one pointer to a struct
+counts are paid on every allocation (24 arrays before the prefix index's keys and
+values became one array).  A :class:`PoolRef` is one pointer to a struct
 holding the same arrays (a numba structref, as :class:`kvsim.memory.hooks.TierRef` is for
 a lower tier): the compiled code reads ``st.ref_cnt`` as before, one reference count per
 call.  Python code keeps the named tuple it was made from (same arrays, not copies); the
@@ -65,8 +66,7 @@ def _new_pool_ref(st):
     r.in_cand = st.in_cand
     r.e_next = st.e_next
     r.e_prev = st.e_prev
-    r.hkeys = st.hkeys
-    r.hvals = st.hvals
+    r.hidx = st.hidx
     r.h_next = st.h_next
     r.h_prev = st.h_prev
     r.tables = st.tables
