@@ -59,12 +59,11 @@ MODE_APPEND = 2
 
 
 # Functions only the compiled loop calls are compiled without the CPython and C-callable
-# wrappers numba builds by default (``no_cpython_wrapper``, ``no_cfunc_wrapper``): their
-# argument lists are dozens of arrays, and boxing code for them was ~17 % of the compile
-# (cProfile of a cold compile: 39 + 9 of 279 s).  The C-callable wrapper is dropped for
-# every function of the core, pool and tier modules but ``core.run`` (which
-# ``closed_step.advance`` calls as a value) by one rule: kvsim.numba_cache.seal and its
-# FIRST_CLASS list.
+# wrappers numba builds by default: their argument lists are dozens of arrays, and boxing
+# code for them was ~17 % of the compile (cProfile of a cold compile: 39 + 9 of 279 s).
+# One rule drops them for every function of the core, pool and tier modules but the
+# replay's entry points, and compiles those functions linked-only: kvsim.numba_cache.seal
+# and its PYTHON_CALLED and FIRST_CLASS lists.
 #
 # Constant arguments are passed as ``np.int64(...)`` (and ``not cap3`` for False): numba
 # specialises a callee on the literal value of a constant argument, so ``_place(r, 0, ...,
@@ -80,7 +79,7 @@ MODE_APPEND = 2
 # HBM: allocation with preemption, placement of a request's blocks
 # ---------------------------------------------------------------------------------------
 
-@njit(cache=True, no_cpython_wrapper=True)
+@njit(cache=True)
 def _preempt(v, K, X, C, R_i, A_i, st, pst, view, running, G, step, now_us):
     seq = R_i[v, RI_SEQ]
     for e in range(st.seq_len[seq]):  # per-request recency: its blocks were in use until now
@@ -108,7 +107,7 @@ def _preempt(v, K, X, C, R_i, A_i, st, pst, view, running, G, step, now_us):
     return n
 
 
-@njit(cache=True, no_cpython_wrapper=True)
+@njit(cache=True)
 def _allocate(r, n, num_tokens, hbuf, K, X, C, R_i, A_i, st, out, pst, view, running, G, step, now_us):
     """pool_allocate, preempting other running requests until it fits.  -1: it cannot fit
     even alone (HBM smaller than the request)."""
@@ -126,7 +125,7 @@ def _allocate(r, n, num_tokens, hbuf, K, X, C, R_i, A_i, st, out, pst, view, run
                  now_us)
 
 
-@njit(cache=True, no_cpython_wrapper=True)
+@njit(cache=True)
 def _place(r, e0, nb, mode, K, X, C, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, pst, view,
            T1, T2, T3, TMP, TMP_i, G, running, alt_b, alt_s, vo):
     """Put blocks ``e0 .. e0+nb-1`` of request ``r`` (its records) into HBM.
@@ -326,7 +325,7 @@ def _place(r, e0, nb, mode, K, X, C, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr
     return n_hit
 
 
-@njit(cache=True, no_cpython_wrapper=True)
+@njit(cache=True)
 def _release_all(r, K, C, R_i, H_i, st, pst, view, G, step, now_us):
     """Request-level FREE: stamp the per-request recency on its blocks, free tail-first."""
     seq = R_i[r, RI_SEQ]
@@ -346,7 +345,7 @@ def _release_all(r, K, C, R_i, H_i, st, pst, view, G, step, now_us):
     C[C_HBM_USED] = st.sc[mem.S_N_HELD]
 
 
-@njit(cache=True, no_cpython_wrapper=True)
+@njit(cache=True)
 def _fill_last(r, e, K, C, R_i, A_i, H_i, st, pst, view, T1, T2, T3, TMP, TMP_i, G, step,
                now_us, alt_b, alt_s, vo):
     """Request ``r`` appends block ``e``: its block ``e - 1`` is full now.  If that block was

@@ -85,7 +85,7 @@ def _find(hk, h):
     return -1
 
 
-@njit(cache=True, no_cpython_wrapper=True)
+@njit(cache=True)
 def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, G, step,
                        now_us, alt_b, alt_s, vo):
     """Every block ``out.blocks[e]``, ``lo <= e < hi``, that the HBM pool evicted from the
@@ -389,7 +389,7 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
         tr.hash_del(L3_h, pend3)
 
 
-@njit(cache=True, no_cpython_wrapper=True)
+@njit(cache=True)
 def _spill(src, s, ow, bi, tok, dest, T1, T2, T3, TMP, TMP_i, K, C, G, step, now_us, alt_b, alt_s, vo):
     """Write a block into tier ``dest`` (1..3) or the first enabled tier below it; victims
     cascade down (DRAM -> CXL -> NVMe -> dropped)."""
@@ -419,7 +419,7 @@ def _spill(src, s, ow, bi, tok, dest, T1, T2, T3, TMP, TMP_i, K, C, G, step, now
                             K, C, G, step, now_us, alt_b, alt_s, vo)
 
 
-@njit(cache=True, no_cpython_wrapper=True)
+@njit(cache=True)
 def _write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_us, alt_b,
                    alt_s, vo):
     """HiCache write_through(_selective): back block ``b`` up once its hit count reaches

@@ -29,7 +29,7 @@ def touch(T, slot, now_us):
     L_hooks[H_HIT](L_st, L_view, slot, now_us)
 
 
-@njit(cache=True, no_cpython_wrapper=True)
+@njit(cache=True)
 def spill_step(T, src, s, ow, bi, tok, below, k, TMP, TMP_i, K, C, G, step, now_us, alt_b,
                alt_s, vo):
     """Write block ``src[s]`` (owner ``ow``, block index ``bi``, ``tok`` tokens) into tier
