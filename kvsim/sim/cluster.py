@@ -262,10 +262,11 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
         from kvsim.sim.precompile import compile_workers, first_then_hooks
 
         results[first] = first_then_hooks(_serve_summary, (first, *args), cold,
-                                          compile_workers(jobs), closed=True)
-        if on_progress:
-            on_progress(first)
-        todo.remove(first)
+                                          compile_workers(jobs), closed=True, done=results)
+        for n in [first, *(n for n in todo if n in results and n != first)]:
+            if on_progress:
+                on_progress(n)
+            todo.remove(n)
         # the replays after a cold compile use its processes (compile_workers)
         jobs = compile_workers(jobs)
     if jobs > 1 and len(todo) > 1:

@@ -102,10 +102,12 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
             # below inherit the core and load the hooks from numba's disk cache
             from kvsim.sim.precompile import compile_workers, first_then_hooks
 
-            results[first] = first_then_hooks(_one, (first,), cold, compile_workers(jobs))
-            if on_progress:
-                on_progress(first)
-            todo.remove(first)
+            results[first] = first_then_hooks(_one, (first,), cold, compile_workers(jobs),
+                                              done=results)
+            for n in [first, *(n for n in todo if n in results and n != first)]:
+                if on_progress:
+                    on_progress(n)
+                todo.remove(n)
             # the replays after a cold compile use its processes (compile_workers)
             jobs = compile_workers(jobs)
         if jobs > 1 and len(todo) > 1:

@@ -12,7 +12,10 @@ while the compile lasts, :func:`compile_workers`) and runs, at the same time:
   first-class function value, typed from its signature alone:
   :class:`kvsim.sim.variants.RunValue`), and this process loads it from the cache;
 * in the workers, the hooks of every other policy
-  (:func:`kvsim.memory.hooks.compiled_hooks`, a few first-class functions each).
+  (:func:`kvsim.memory.hooks.compiled_hooks`, a few first-class functions each);
+* then, in this process, while the workers still compile: the replays of the policies
+  whose hooks a worker has compiled, else of those no worker has started (compiling
+  their hooks here, from the end of the list), instead of waiting with a core idle.
 
 ``core.run``'s compile starts before anything else compiles: a policy's hooks
 (:class:`kvsim.memory.hooks.CompiledHook`) are typed from their signature and compile when
@@ -53,23 +56,44 @@ _T0 = time.monotonic()
 HOOKS_NICE = 10
 
 
-def compile_hooks(names: Sequence[str]) -> float:
+#: While :func:`first_then_hooks` runs: one byte per cold policy, set by the process that
+#: compiles its hooks (shared memory, inherited by the forked workers), so that this
+#: process, once its first replay is done, takes the policies no worker has started.
+_CLAIMS = None
+
+
+def _claim(i: int) -> bool:
+    """Claim cold policy ``i`` (True when nobody had)."""
+    with _CLAIMS.get_lock():
+        if _CLAIMS[i]:
+            return False
+        _CLAIMS[i] = 1
+        return True
+
+
+def compile_hooks(names: Sequence[str], indices: Sequence[int] | None = None) -> float:
     """Compile (or load from numba's disk cache) the hooks of each named policy; returns
     the CPU seconds it took.  Runs in a worker process of :func:`first_then_hooks`, at a
     lower priority (:data:`HOOKS_NICE`): the hooks are not on the critical path, the core
     (``core.run`` in its worker, ``advance`` or the first replay in the kvsim process) is,
-    and with more compiling processes than cores they would otherwise share its cores."""
+    and with more compiling processes than cores they would otherwise share its cores.
+    ``indices``: each name's place among the claims (:data:`_CLAIMS`); a policy another
+    process claimed first is skipped."""
     from kvsim.memory.hooks import compiled_hooks
     from kvsim.sim.replay import _resolve_policy
 
     with contextlib.suppress(OSError, AttributeError):
         os.nice(HOOKS_NICE)
     t0 = time.process_time()
-    for name in names:
+    for k, name in enumerate(names):
+        if indices is not None and _CLAIMS is not None and not _claim(indices[k]):
+            continue
         pol = _resolve_policy(name)
         if pol.compiled:
             for hook in compiled_hooks(pol):
                 hook.compile()
+        if indices is not None and _CLAIMS is not None:
+            _CLAIMS[indices[k]] = 2  # in the disk cache: the kvsim process may replay it
     return time.process_time() - t0
 
 
@@ -150,39 +174,76 @@ def needs_split(engine: str, closed: bool, names: Sequence[str]) -> tuple[bool, 
 
 
 def first_then_hooks(first: Callable[..., dict], first_args: tuple, hook_names: Sequence[str],
-                     workers: int, *, closed: bool = False) -> dict:
+                     workers: int, *, closed: bool = False,
+                     done: dict[str, dict] | None = None) -> dict:
     """Run ``first(*first_args)`` (a replay that compiles the core) in this process while
     up to ``workers - 1`` forked workers compile the hooks of ``hook_names``; returns
     ``first``'s result once every worker has finished (so numba's disk cache then holds the
     core and every hook).  The workers are forked before this process compiles anything.
     ``closed`` (a closed-loop replay whose core is cold): one more worker compiles
     ``core.run`` while this process compiles ``closed_step.advance``
-    (:data:`kvsim.sim.variants.BACKGROUND`)."""
+    (:data:`kvsim.sim.variants.BACKGROUND`).
+
+    ``done`` (a dict): once the first replay is done, this process does not wait idle for
+    the workers: it takes the policies of ``hook_names`` that no worker has started, from
+    the end of the list (the workers start from its front), and replays each with
+    ``first`` (compiling its hooks), into ``done[name]``; the caller replays the others."""
+    global _CLAIMS
+    import multiprocessing as mp
+
     from kvsim.sim import variants
     from kvsim.workers import process_pool
 
     others = min(workers - 1, len(hook_names))
-    chunks = [list(hook_names[i::others]) for i in range(others)] if others > 0 else []
+    order = list(range(len(hook_names)))
+    chunks = [order[i::others] for i in range(others)] if others > 0 else []
     size = len(chunks) + (1 if closed and workers > 1 and variants.BACKGROUND is None else 0)
     if size < 1:
         return first(*first_args)
-    with process_pool(size) as ex:
-        futures = [ex.submit(compile_hooks, c) for c in chunks]
-        for c, f in zip(chunks, futures):
-            f.add_done_callback(lambda f, c=c: f.exception() is None and log(
-                f"worker: hooks of {len(c)} policies compiled, {f.result():.1f} CPU-s"))
-        if size > len(chunks):
-            variants.BACKGROUND = ex
-        try:
-            result = first(*first_args)
-            log(f"this process: first replay ({first_args[0] if first_args else ''}) done")
-        finally:
+    _CLAIMS = mp.get_context("fork").Array("b", max(len(hook_names), 1))
+    try:
+        with process_pool(size) as ex:  # forks its workers at the first submit: after this
+            futures = [ex.submit(compile_hooks, [hook_names[i] for i in c], c)
+                       for c in chunks]
+            for f in futures:
+                f.add_done_callback(lambda f: f.exception() is None and log(
+                    f"worker: hooks compiled, {f.result():.1f} CPU-s"))
             if size > len(chunks):
-                variants.BACKGROUND = None
-        for f in futures:
-            f.result()
+                variants.BACKGROUND = ex
+            try:
+                result = first(*first_args)
+                log(f"this process: first replay ({first_args[0] if first_args else ''}) "
+                    "done")
+            finally:
+                if size > len(chunks):
+                    variants.BACKGROUND = None
+            if done is not None:
+                _help(first, first_args[1:], hook_names, futures, done)
+            for f in futures:
+                f.result()
+    finally:
+        _CLAIMS = None
     log("every worker done")
     return result
+
+
+def _help(replay: Callable[..., dict], args: tuple, names: Sequence[str], futures: list,
+          done: dict[str, dict]) -> None:
+    """This process, its first replay done, while the hooks workers run: replay a policy
+    whose hooks a worker has compiled, else one no worker has started, from the end of
+    ``names`` (compiling its hooks), else wait for one (:func:`first_then_hooks`)."""
+    import concurrent.futures as cf
+
+    while not all(f.done() for f in futures):
+        i = next((i for i in range(len(names))
+                  if _CLAIMS[i] == 2 and names[i] not in done), None)
+        if i is None:
+            i = next((i for i in reversed(range(len(names))) if _claim(i)), None)
+        if i is None:
+            cf.wait(futures, timeout=0.05, return_when=cf.FIRST_COMPLETED)
+            continue
+        done[names[i]] = replay(names[i], *args)
+        log(f"this process: {names[i]} replayed")
 
 
 @contextlib.contextmanager

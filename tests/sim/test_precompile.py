@@ -52,6 +52,53 @@ def test_first_then_hooks_compiles_the_other_hooks_in_a_worker(tmp_path):
                    "cached_after": True, "after": []}
 
 
+SHARED = """
+import json
+from kvsim.memory.hooks import compiled_hooks, hooks_are_cached
+from kvsim.policy_registry import get_policy
+from kvsim.sim import precompile
+
+names = ["fifo", "lru", "sieve", "s3fifo", "lfu"]
+before = precompile.cold_hooks(names)
+calls = []
+
+
+def replay(x):
+    if isinstance(x, str):  # a policy this process takes: its hooks compile here
+        for h in compiled_hooks(get_policy(x)):
+            h.compile()
+    calls.append(x)
+    return {"row": x}
+
+
+done = {}
+out = precompile.first_then_hooks(replay, (7,), before, workers=2, done=done)
+print(json.dumps({"before": before, "out": out, "calls": calls, "done": done,
+                  "cached_after": [hooks_are_cached(get_policy(n)) for n in names]}))
+"""
+
+
+@pytest.mark.slow  # a fresh process compiles five policies' hooks from an empty cache
+def test_first_then_hooks_shares_the_hooks_with_this_process(tmp_path):
+    """``done``: once its first replay is done, this process replays policies too (those
+    no worker started, or whose hooks a worker compiled) instead of waiting: each policy
+    is replayed here at most once, its result in ``done``, and every hook is in numba's
+    disk cache at the end.  Which ones this process takes depends on timing."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    res = subprocess.run([sys.executable, "-c", SHARED], capture_output=True, text=True,
+                         env=env, check=True)
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["before"] == ["fifo", "lru", "sieve", "s3fifo", "lfu"]
+    assert got["out"] == {"row": 7} and got["calls"][0] == 7
+    here = got["calls"][1:]
+    # the stand-in first replay returns at once, before the forked worker has even
+    # imported kvsim: this process takes the last policy at least
+    assert "lfu" in here
+    assert len(here) == len(set(here)) and set(here) <= set(got["before"])
+    assert got["done"] == {n: {"row": n} for n in here}
+    assert got["cached_after"] == [True] * 5
+
+
 def test_first_then_hooks_with_one_worker_runs_first_alone():
     calls = []
     assert precompile.first_then_hooks(lambda: calls.append(1) or {"a": 1}, (), ["lru"],
