@@ -23,6 +23,17 @@ def prefetch(a, i) -> None:
     prefetch, but the loops only pass valid indices).  A no-op in plain Python."""
 
 
+def _emit_prefetch(context, builder, ptr):
+    """Emit ``llvm.prefetch`` of the line holding ``ptr``: a read (rw 0), kept in all cache
+    levels (locality 3), into the data cache (1)."""
+    i8p = ir.IntType(8).as_pointer()
+    i32 = ir.IntType(32)
+    fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+    builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+    return context.get_dummy_value()
+
+
 @intrinsic
 def _prefetch(typingctx, arr, idx):
     sig = types.void(arr, idx)
@@ -32,13 +43,7 @@ def _prefetch(typingctx, arr, idx):
         ary = context.make_array(aryty)(context, builder, args[0])
         ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]],
                                        wraparound=False)
-        i8p = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-        # (address, rw = 0: read, locality = 3: keep in all cache levels, 1: data cache)
-        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
-        return context.get_dummy_value()
+        return _emit_prefetch(context, builder, ptr)
 
     return sig, codegen
 
@@ -65,12 +70,7 @@ def _prefetch_row(typingctx, arr, idx):
         zero = context.get_constant(signature.args[1], 0)
         ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1], zero],
                                        wraparound=False)
-        i8p = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
-        return context.get_dummy_value()
+        return _emit_prefetch(context, builder, ptr)
 
     return sig, codegen
 

@@ -56,6 +56,14 @@ def _toy(tmp_path, name):
     return mod
 
 
+def _child(script: str, tmp_path) -> dict:
+    """Run ``script`` in a fresh process with its numba cache under ``tmp_path``; its JSON."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env,
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
 def _has_cpython_wrapper(dispatcher) -> bool:
     (cres,) = dispatcher.overloads.values()
     return cres.library.get_pointer_to_function(cres.fndesc.llvm_cpython_wrapper_name) != 0
@@ -130,12 +138,9 @@ def test_the_trampoline_is_cached_and_goes_stale_with_its_target(tmp_path):
     """Second process: the trampoline loads from the disk cache and the target does not
     compile; after an edit of the target's source file it compiles again."""
     (tmp_path / "toy_entry_d.py").write_text(TOY)
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
 
     def child():
-        out = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], env=env,
-                             capture_output=True, text=True, check=True)
-        return json.loads(out.stdout)
+        return _child(CHILD, tmp_path)
 
     assert child() == {"value": 8.0, "hits": 0, "misses": 1, "target_compiled": 1}
     assert child() == {"value": 8.0, "hits": 1, "misses": 0, "target_compiled": 0}
@@ -183,12 +188,9 @@ def test_a_function_only_compiled_code_calls_is_linked_only(tmp_path):
     linked into its callers, never machine-compiled or cached on its own; the caller's
     cached code runs it in the next process with nothing compiled."""
     (tmp_path / "toy_entry_e.py").write_text(TOY)
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
 
     def child():
-        out = subprocess.run([sys.executable, "-c", CHILD_LINKED, str(tmp_path)], env=env,
-                             capture_output=True, text=True, check=True)
-        return json.loads(out.stdout)
+        return _child(CHILD_LINKED, tmp_path)
 
     first = child()
     assert first == {"value": 0.0, "pub_hits": 0, "inner_compiled": 1,
