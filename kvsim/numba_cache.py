@@ -121,7 +121,7 @@ PYTHON_CALLED = {
 #: ``KVSIM_LINKED_ONLY=0`` to compile them as numba does (their own machine code and cache).
 LINKED_ONLY = os.environ.get("KVSIM_LINKED_ONLY", "1") != "0"
 #: Marks the no-wrapper settings in the cache stamp (bump it when a rule changes).
-WRAPPERS = "cfunc=first-class;cpython=python-called"
+WRAPPERS = "cfunc=first-class;cpython=python-called;policy-helpers=linked"
 
 
 @lru_cache(maxsize=4)

@@ -140,9 +140,9 @@ def policy_from_module(module: ModuleType, source: str) -> Policy:
     if compiled:
         # sealed now, before anything can call a hook: a call from Python then compiles
         # it for its declared signature (kvsim.numba_cache), as the replay's value needs
-        from kvsim.numba_cache import seal
+        from kvsim.memory.hooks import seal_policy_module
 
-        seal(module, python_called=())
+        seal_policy_module(module)
     on_miss = hooks.get("on_miss", noop)
     held = "on_hold" in hooks
     return Policy(name=name, description=description, offline=offline, reasons=reasons,

@@ -35,7 +35,7 @@ from numba.core.types import WrapperAddressProtocol
 from numba.experimental import structref
 
 from kvsim.memory.state_access import register_group_proxy
-from kvsim.numba_cache import seal, seal_all
+from kvsim.numba_cache import FIRST_CLASS, seal, seal_all
 from kvsim.policy_api import PolicyState, new_block_view, policy_state
 
 #: The order of a hook tuple; ``on_hold`` / ``on_release`` / ``on_hit_held`` are bound as
@@ -255,6 +255,16 @@ def _functions(policy) -> tuple:
     return tuple(out)
 
 
+def seal_policy_module(module) -> None:
+    """:func:`kvsim.numba_cache.seal` a policy's module: no CPython wrapper (a call from
+    Python goes through a trampoline), and the C wrapper a function value needs only on
+    the functions a policy can bind as hooks (:data:`HOOK_NAMES`, the registry binds hooks
+    by these names only; plus the module's own first-class functions): its helpers are
+    linked into the hooks that call them, not compiled on their own."""
+    values = HOOK_NAMES + FIRST_CLASS.get(module.__name__, ())
+    seal(module, python_called=(), values_only=values)
+
+
 def compiled_hooks(policy) -> tuple:
     """The eight hooks of ``policy`` (a :class:`kvsim.policy_registry.Policy` or a policy
     module, with njit hooks) as :class:`CompiledHook` values, each compiled (or loaded from
@@ -263,7 +273,7 @@ def compiled_hooks(policy) -> tuple:
     if key not in _COMPILED:
         seal_all()
         for module in {id(f): inspect.getmodule(f.py_func) for f in _functions(policy)}.values():
-            seal(module, python_called=())
+            seal_policy_module(module)
         _COMPILED[key] = tuple(CompiledHook(f, sig)
                                for f, sig in zip(_functions(policy), hook_signatures()))
     return _COMPILED[key]
@@ -296,7 +306,7 @@ def hooks_are_cached(policy) -> bool:
 
     seal_all()
     for f in _functions(policy):
-        seal(inspect.getmodule(f.py_func), python_called=())
+        seal_policy_module(inspect.getmodule(f.py_func))
     seen = set()
     for d in _functions(policy):
         if id(d) in seen:
