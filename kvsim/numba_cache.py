@@ -219,19 +219,21 @@ def python_entry(dispatcher, caller: str = "?"):
     built on the first such call in a process and cached on disk like the target (tests,
     :class:`kvsim.memory.pool_handle.FastPool` and an interpreted policy's calls of the
     compiled helpers take this path; the replay's own Python callers are in
-    ``PYTHON_CALLED``, so the core's compile builds no wrapper it does not use).  ``KVSIM_ENTRY_LOG=1`` prints each one built, to stderr (another
-    value: a file the lines are appended to)."""
+    ``PYTHON_CALLED``, so the core's compile builds no wrapper it does not use).
+    ``KVSIM_ENTRY_LOG=1`` prints each one built, to stderr (another value: a file the
+    lines are appended to)."""
     entry = dispatcher.__dict__.get("_kvsim_entry")
     if entry is not None:
         return entry
 
     from numba import njit
 
+    import inspect
+
     py_func = dispatcher.py_func
-    names = _entry_params(py_func)
-    defaults = {}
-    params = []
-    for p in __import__("inspect").signature(py_func).parameters.values():
+    names, params, defaults = [], [], {}
+    for p in inspect.signature(py_func).parameters.values():  # positional only (seal)
+        names.append(p.name)
         if p.default is p.empty:
             params.append(p.name)
         else:

@@ -16,8 +16,6 @@ interpreted engine runs the same source on the named tuple.
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 from numba import njit, typeof, types
 from numba.experimental import structref
 
@@ -41,15 +39,14 @@ class PoolRef(structref.StructRefProxy):
 structref.define_boxing(PoolRefType, PoolRef)
 
 
-@lru_cache(maxsize=1)
-def pool_ref_type() -> PoolRefType:
+def _pool_ref_type() -> PoolRefType:
     """The one numba type of every :class:`PoolRef` (field types from a tiny pool: the
     dtypes and dimensions do not depend on the pool's size)."""
     st = new_state(PoolConfig(2, 1, max_seqs=1, max_blocks_per_seq=1))
     return PoolRefType([(name, typeof(getattr(st, name))) for name in PoolState._fields])
 
 
-POOL_REF = pool_ref_type()
+POOL_REF = _pool_ref_type()
 
 
 @njit(cache=True)

@@ -23,27 +23,24 @@ def prefetch(a, i) -> None:
     prefetch, but the loops only pass valid indices).  A no-op in plain Python."""
 
 
-def _emit_prefetch(context, builder, ptr):
-    """Emit ``llvm.prefetch`` of the line holding ``ptr``: a read (rw 0), kept in all cache
-    levels (locality 3), into the data cache (1)."""
-    i8p = ir.IntType(8).as_pointer()
-    i32 = ir.IntType(32)
-    fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
-    fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-    builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
-    return context.get_dummy_value()
-
-
 @intrinsic
 def _prefetch(typingctx, arr, idx):
+    """``llvm.prefetch`` of the line holding ``arr[idx]`` (``arr[idx, 0, ...]`` for an
+    array of more dimensions: the start of that row): a read (rw 0), kept in all cache
+    levels (locality 3), into the data cache (1)."""
     sig = types.void(arr, idx)
 
     def codegen(context, builder, signature, args):
-        aryty = signature.args[0]
+        aryty, idxty = signature.args
         ary = context.make_array(aryty)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]],
-                                       wraparound=False)
-        return _emit_prefetch(context, builder, ptr)
+        index = [args[1]] + [context.get_constant(idxty, 0)] * (aryty.ndim - 1)
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, index, wraparound=False)
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
 
     return sig, codegen
 
@@ -60,23 +57,8 @@ def prefetch_row(a, i) -> None:
     no-op in plain Python)."""
 
 
-@intrinsic
-def _prefetch_row(typingctx, arr, idx):
-    sig = types.void(arr, idx)
-
-    def codegen(context, builder, signature, args):
-        aryty = signature.args[0]
-        ary = context.make_array(aryty)(context, builder, args[0])
-        zero = context.get_constant(signature.args[1], 0)
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1], zero],
-                                       wraparound=False)
-        return _emit_prefetch(context, builder, ptr)
-
-    return sig, codegen
-
-
 @overload(prefetch_row, inline="always")
 def _prefetch_row_overload(a, i):
     if isinstance(a, types.Array) and a.ndim == 2 and isinstance(i, types.Integer):
-        return lambda a, i: _prefetch_row(a, i)
+        return lambda a, i: _prefetch(a, i)
     return None
