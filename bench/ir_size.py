@@ -62,7 +62,7 @@ def main() -> None:
     if len(sys.argv) > 1:
         import atexit
 
-        from kvsim.cli import main as kvsim_main
+        from kvsim.cli import app as kvsim_main
 
         atexit.register(_report_cli, load0)
         sys.argv = ["kvsim"] + sys.argv[1:]

@@ -112,7 +112,7 @@ event.register("numba:run_pass", Ev())
 
 def main() -> None:
     sys.argv = ["kvsim"] + sys.argv[1:]
-    from kvsim.cli import main as cli
+    from kvsim.cli import app as cli  # app, not main: main ends the process
 
     c0, w0 = time.process_time(), time.time()
     try:

@@ -185,3 +185,40 @@ def test_directory_and_file_parent_targets_name_the_target(tmp_path: Path) -> No
         msg = str(info.value)
         assert str(target) in msg and fragment in msg and ".tmp" not in msg
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "afile"]
+
+
+_MAIN = ("import atexit, sys\n"
+         "from pathlib import Path\n"
+         "flag = Path(sys.argv.pop(1))\n"
+         "atexit.register(lambda: flag.write_text('ran'))\n"
+         "from kvsim.cli import main\n"
+         "main()\n")
+
+
+@pytest.mark.parametrize("args, code", [(["--version"], 0), (["simulate", "--bogus"], 2),
+                                        (["inspect", "/nonexistent/trace.parquet"], 2)])
+def test_main_ends_fast_but_keeps_code_output_and_exit_handlers(tmp_path: Path, args,
+                                                                code) -> None:
+    """``kvsim.cli.main`` skips the interpreter's teardown (os._exit) after the command:
+    the exit code, everything written to stdout / stderr (pipes, block-buffered) and the
+    atexit handlers registered before it are kept."""
+    flag = tmp_path / "atexit_ran"
+    res = subprocess.run([sys.executable, "-c", _MAIN, str(flag), *args], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == code, res.stderr
+    assert flag.read_text() == "ran"
+    if code == 0:
+        from kvsim import __version__
+        assert res.stdout == f"kvsim {__version__}\n"
+    else:
+        assert res.stderr.strip(), "the error is on stderr"
+        assert "Traceback" not in res.stderr
+
+
+def test_main_passes_a_big_output_through_a_pipe(tmp_path: Path) -> None:
+    """A JSON report far larger than a pipe's buffer arrives whole before the fast exit."""
+    res = subprocess.run([sys.executable, "-m", "kvsim", "inspect", str(SAMPLE), "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    import json
+    assert json.loads(res.stdout)  # complete: it parses
