@@ -395,6 +395,9 @@ def seal(module: ModuleType, sources: tuple[str, ...] = SOURCES, plain: bool = T
     the function is first compiled or loaded in this process to take effect for it."""
     from numba.core.dispatcher import Dispatcher
 
+    from kvsim import numba_speed
+
+    numba_speed.install()
     mark = _mark(sources)
     if values_only is not None or python_called is not None:
         mark += f";{WRAPPERS}"
