@@ -3,6 +3,7 @@ numba's own gives (same keys, order, values), so overload caches key as before."
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -53,3 +54,78 @@ def test_opt_out_leaves_numba_alone() -> None:
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+_TYPINGS = r'''
+import json, sys
+import numpy as np
+from numba import njit
+
+@njit
+def busy(a, k, f, t):
+    s = 0
+    for i in range(a.shape[0]):
+        s += a[i] * k + max(i, k) - min(i, 3)
+        if a[i] > k and i % 2 == 0:
+            s -= abs(a[i]) // 2
+    b = np.empty(a.shape[0], dtype=np.float64)
+    for i in range(b.shape[0]):
+        b[i] = f * a[i] + float(t[0]) / (i + 1)
+    x, y = t
+    return s, b.sum() + x + y, np.int64(s) << 2, len(a), np.argmax(a)
+
+@njit
+def callers(a):
+    return busy(a, 3, 1.5, (1, 2)), busy(a, np.int64(7), 2, (3.0, 4))
+
+if sys.argv[1] == "1":
+    from kvsim import numba_speed
+    numba_speed.install()
+a = np.arange(10, dtype=np.int64)
+r = callers(a)
+out = {"result": repr(r)}
+for d in (busy, callers):
+    for sig, cres in d.overloads.items():
+        out[f"{d.__name__}{sig}"] = {
+            "typemap": sorted((k, str(v)) for k, v in cres.type_annotation.typemap.items()),
+            "calltypes": sorted(str(v) for v in cres.type_annotation.calltypes.values()),
+        }
+print(json.dumps(out, sort_keys=True))
+'''
+
+
+def test_memoised_call_typing_types_everything_as_numba_does() -> None:
+    """The same functions typed with and without kvsim's patches: every variable's type
+    and every call's signature are the same (and the results), and the memo was used."""
+    outs = []
+    for patched in ("0", "1"):
+        res = subprocess.run([sys.executable, "-c", _TYPINGS, patched], capture_output=True,
+                             text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+        outs.append(re.sub(r"0x[0-9a-f]+", "0x?", res.stdout))  # objects' addresses
+    assert outs[0] == outs[1]
+    assert '"calltypes"' in outs[0] and "busy(" in outs[0]
+
+
+def test_memo_holds_only_successful_resolutions() -> None:
+    import operator
+
+    import pytest
+    from numba import njit, types
+    from numba.core import errors
+
+    numba_speed.install()
+
+    @njit
+    def add(a, b):
+        return a + b
+
+    assert add(2, 3) == 5
+    from numba.core.registry import cpu_target
+
+    fnty = cpu_target.typing_context.resolve_value_type(operator.add)
+    memo = fnty.__dict__.get("_kvsim_calls")
+    assert memo and any(k[2] == (types.int64, types.int64) for k in memo)
+    with pytest.raises(errors.TypingError):
+        add(2, "x")
+    assert not any(types.unicode_type in k[2] for k in memo)
