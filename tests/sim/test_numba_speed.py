@@ -129,3 +129,53 @@ def test_memo_holds_only_successful_resolutions() -> None:
     with pytest.raises(errors.TypingError):
         add(2, "x")
     assert not any(types.unicode_type in k[2] for k in memo)
+
+
+def test_pruned_meminfo_walk_finds_numbas_pointers_in_numbas_order() -> None:
+    """For values of many types (arrays, tuples of arrays and scalars, structrefs, named
+    tuples, optionals, lists): the patched walk returns the same (type, pointer) list as
+    numba's own, as LLVM values extracted along the same paths."""
+    import numpy as np
+    from llvmlite import ir
+    from numba import typeof, types
+    from numba.core.registry import cpu_target
+    from numba.core.runtime.context import NRTContext
+
+    numba_speed.install()
+    pruned = NRTContext.get_meminfos
+    original = pruned.__wrapped__
+    ctx = cpu_target.target_context
+    arr1 = typeof(np.zeros(3))
+    arr2 = typeof(np.zeros((2, 2), np.int64))
+    samples = [arr1, arr2, types.int64, types.UniTuple(types.int64, 3),
+               types.Tuple((types.int64, arr1, types.float64, arr2)),
+               types.UniTuple(arr1, 4), types.Tuple((types.UniTuple(arr1, 2), types.int8)),
+               types.ListType(types.int64),
+               types.NamedTuple((arr1, types.int64), __import__("collections").namedtuple(
+                   "P", "a b")), types.Optional(arr1)]
+    for ty in samples:
+        mod = ir.Module()
+        fn = ir.Function(mod, ir.FunctionType(ir.VoidType(),
+                                              [ctx.get_value_type(ty)]), "f")
+        builder = ir.IRBuilder(fn.append_basic_block())
+        want = original(ctx.nrt, builder, ty, fn.args[0])
+        got = pruned(ctx.nrt, builder, ty, fn.args[0])
+        assert [t for t, _ in got] == [t for t, _ in want], ty
+        assert [_path(v, fn.args[0]) for _, v in got] == [_path(v, fn.args[0])
+                                                          for _, v in want], ty
+    assert len(want) == 1 and "select" in _path(want[0][1], fn.args[0])  # the last: Optional
+
+
+def _path(value, root) -> tuple:
+    """How ``value`` was read out of the argument ``root``: the chain of extractvalue
+    indices (and selects), so two walks compare whatever LLVM named their values."""
+    from llvmlite import ir
+
+    if value is root:
+        return ()
+    if isinstance(value, ir.instructions.ExtractValue):
+        return _path(value.aggregate, root) + tuple(value.indices)
+    if value.opname == "select":
+        return ("select",) + tuple(_path(op, root) if isinstance(op, ir.Instruction)
+                                   or op is root else str(op) for op in value.operands)
+    return (str(value),)
