@@ -39,6 +39,13 @@ whose type holds no memory-info pointer at all (a per-type memo of
 ``DataModel.traverse``'s types, conservative where a model cannot be walked without a
 builder): the same pointers, in the same order, one ``extractvalue`` per array.
 
+numba's analyses (use-defs, liveness, SSA, dead-variable insertion after each pass)
+list the variables of every IR statement again and again (``ir.Inst.list_vars``, a
+recursive walk of the statement's attributes: 3.4 million calls of
+``Inst._rec_list_vars`` in the README job).  :func:`install` replaces the walk with one
+that appends into one list and skips the common leaves (strings, numbers, source
+locations) without a call: the same variables in the same order.
+
 Installed once per process by :func:`kvsim.numba_cache.seal` (every compiled path of kvsim
 goes through it).  ``KVSIM_NUMBA_PATCHES=0`` leaves numba as it is (for comparison).
 """
@@ -127,6 +134,47 @@ def _pruned_meminfos(get_meminfos):
     return get_meminfos_pruned
 
 
+def _list_vars_walk():
+    from numba.core import ir
+
+    Var, Inst = ir.Var, ir.Inst
+    leaves = frozenset((str, int, float, bool, type(None), ir.Loc))
+
+    def walk(val, out: list) -> None:
+        t = type(val)
+        if t is Var:
+            out.append(val)
+        elif t is dict:
+            items(val.values(), out)
+        elif t is list or t is tuple:
+            items(val, out)
+        elif t in leaves:
+            pass
+        elif isinstance(val, Var):
+            out.append(val)
+        elif isinstance(val, Inst):
+            out.extend(val.list_vars())
+        elif isinstance(val, (list, tuple)):
+            items(val, out)
+        elif isinstance(val, dict):
+            items(val.values(), out)
+
+    def items(values, out: list) -> None:
+        for v in values:
+            t = type(v)
+            if t is Var:
+                out.append(v)
+            elif t not in leaves:
+                walk(v, out)
+
+    def _rec_list_vars(self, val):
+        out: list = []
+        walk(val, out)
+        return out
+
+    return _rec_list_vars
+
+
 def install() -> None:
     """Patch numba (once per process; no-op with ``KVSIM_NUMBA_PATCHES=0`` or on a numba
     whose ``TargetConfig`` does not have the layout the patch assumes)."""
@@ -148,6 +196,12 @@ def install() -> None:
 
     if "traverse" in NRTContext.get_meminfos.__code__.co_names:  # the layout assumed
         NRTContext.get_meminfos = _pruned_meminfos(NRTContext.get_meminfos)
+    from numba.core import ir
+
+    if "_rec_list_vars" in vars(ir.Inst):  # the layout assumed
+        fast = _list_vars_walk()
+        fast.__wrapped__ = ir.Inst._rec_list_vars
+        ir.Inst._rec_list_vars = fast
     _INSTALLED = True
 
 

@@ -179,3 +179,28 @@ def _path(value, root) -> tuple:
         return ("select",) + tuple(_path(op, root) if isinstance(op, ir.Instruction)
                                    or op is root else str(op) for op in value.operands)
     return (str(value),)
+
+
+def test_list_vars_walk_lists_numbas_variables_in_numbas_order() -> None:
+    """Every statement and expression of the IR of kvsim's scheduler and core (untyped
+    front end, then as numba's passes leave it): the patched walk returns the same
+    variables, in the same order, as numba's own."""
+    from numba.core import ir
+    from numba.core.compiler import run_frontend
+
+    from kvsim.sim import closed_step, core, scheduler
+
+    numba_speed.install()
+    fast = ir.Inst._rec_list_vars
+    slow = fast.__wrapped__
+    checked = 0
+    for fn in (scheduler.run_steps, core.run, closed_step.advance):
+        func_ir = run_frontend(getattr(fn, "py_func", fn))
+        for block in func_ir.blocks.values():
+            for stmt in block.body:
+                for inst in [stmt, *[v for v in vars(stmt).values() if isinstance(v, ir.Inst)]]:
+                    want = slow(inst, inst.__dict__)
+                    assert fast(inst, inst.__dict__) == want
+                    assert [v.name for v in fast(inst, inst.__dict__)] == [v.name for v in want]
+                    checked += 1
+    assert checked > 2000
