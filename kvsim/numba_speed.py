@@ -25,7 +25,10 @@ the argument types (literal values included), the keyword argument types and the
 flags.  A resolution that fails is not memoised (it raises as before, every time).  The
 templates' own side effects (the implementation key a resolution records for lowering,
 ``_impl_keys[args]``, and an ``@overload``'s compiled implementation) happened at the
-first resolution and persist on the same objects; a function type that gains templates
+first resolution and persist on the same objects, except the implementation key, which
+numba keeps per argument types only (an ``@overload`` resolved under other flags, e.g. one
+compiled without NRT, replaces it): a memo hit puts back the key of its own resolution.
+A function type that gains templates
 (a new ``@overload`` registered) is a new type object with an empty memo.  Measured, the
 same way: 35.9 -> 32.3 CPU-s on top of the flags patch, the same JSON.
 
@@ -84,13 +87,19 @@ def _memoised(get_call_type):
         try:
             key = (context, get_local_target(context), tuple(args), tuple(kws.items()),
                    flags)
-            sig = memo.get(key)
+            hit = memo.get(key)
         except TypeError:  # an unhashable argument type: resolve as numba does
             return get_call_type(self, context, args, kws)
-        if sig is None:
-            sig = get_call_type(self, context, args, kws)
-            if sig is not None:  # keyed on a copy: the compile's own flags may change
-                memo[key[:4] + (None if flags is None else flags.copy(),)] = sig
+        if hit is not None:
+            sig, impl_key = hit
+            # what the resolution records for lowering, per argument types only: another
+            # set of flags (an @overload compiled without NRT, say) may have replaced it
+            self._impl_keys[sig.args] = impl_key
+            return sig
+        sig = get_call_type(self, context, args, kws)
+        if sig is not None:  # keyed on a copy: the compile's own flags may change
+            memo[key[:4] + (None if flags is None else flags.copy(),)] = (
+                sig, self._impl_keys[sig.args])
         return sig
 
     get_call_type_memoised.__wrapped__ = get_call_type
