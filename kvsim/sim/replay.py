@@ -32,6 +32,7 @@ from kvsim.sim import core, layout as L
 from kvsim.sim.config import LOWER_TIERS, SimConfig, resolve_engine
 from kvsim.memory.hooks import is_uniform, tier_ref, view_ref
 from kvsim.memory.pool_ref import pool_arg
+from kvsim.sim.core_ref import CoreState, core_arg
 from kvsim.sim.variants import (compiled_is_cached, core_for, interpreted, is_compiled,
                                    policy_value, run_cols)
 from kvsim.sim.prepass import (SeenSet, TraceFacts, _open, full_hashes, offline_next_use,
@@ -286,9 +287,24 @@ class _Run:
         self.R_i, self.R_f = ri, rf
 
     # -- the loop -------------------------------------------------------------------------
-    def _args_tail(self):
+    def core_state(self, next_use: np.ndarray, seen: np.ndarray) -> CoreState:
+        """The core's state as it is now (:class:`kvsim.sim.core_ref.CoreState`: this
+        run's current arrays, not copies), with the batch's ``next_use`` and ``seen``."""
         T1, T2, T3 = self.T_core
-        return (T1, T2, T3, self.TMP, self.TMP_i, self.G, self.S, self.P, self.running)
+        return CoreState(K=self.K, X=self.X, C=self.C, Cw=self.Cw, R_i=self.R_i, R_f=self.R_f,
+                         A_i=self.A_i, A_f=self.A_f, H_i=self.H_i, st=self.st_core,
+                         out=self.out, hbuf=self.hbuf, scr=self.scr, pst=self.pst,
+                         H_view=self.view, T1=T1, T2=T2, T3=T3, TMP=self.TMP, TMP_i=self.TMP_i,
+                         G=self.G, S=self.S, P=self.P, running=self.running,
+                         next_use=next_use, seen=seen, alt_b=self.alt_b, alt_s=self.alt_s,
+                         vo=self.vo)
+
+    def core_value(self, next_use: np.ndarray, seen: np.ndarray):
+        """What ``core.run`` takes as its state: :meth:`core_state` as one
+        :class:`kvsim.sim.core_ref.CoreRef` (compiled) or as it is (interpreted).  Made
+        again after any buffer is grown or replaced (the core reads the members anew on
+        each call)."""
+        return core_arg(self.core_state(next_use, seen), is_compiled(self.core))
 
     def feed(self, cols: dict) -> None:
         batch = run_cols(tuple(cols[name] for name in core.COLS))  # one type of run
@@ -309,12 +325,9 @@ class _Run:
         self.C[L.C_ALLOC_ORD] = 0
         i = 0
         while True:
+            cr = self.core_value(next_use, seen)  # again after a buffer was grown
             with np.errstate(over="ignore"):  # hash mixing wraps by design (interpreted)
-                status, i = self.core.run(
-                    batch, i, n, self.K, self.X, self.C, self.Cw, self.R_i, self.R_f,
-                    self.A_i, self.A_f, self.H_i, self.st_core, self.out, self.hbuf, self.scr,
-                    self.pst, self.view, *self._args_tail(), next_use, seen, self.alt_b,
-                    self.alt_s, self.vo)
+                status, i = self.core.run(batch, i, n, cr)
             if status == core.ST_DONE:
                 if int(self.C[L.C_ALLOC_ORD]) != m:
                     raise RuntimeError(f"the core replayed {int(self.C[L.C_ALLOC_ORD])} "
@@ -339,11 +352,8 @@ class _Run:
         self._flush_log()
         if self.last_batch is not None:  # else no row was replayed: nothing to close
             with np.errstate(over="ignore"):  # run(i0=-1): end of trace (core.run)
-                self.core.run(
-                    self.last_batch, -1, 0, self.K, self.X, self.C, self.Cw, self.R_i,
-                    self.R_f, self.A_i, self.A_f, self.H_i, self.st_core, self.out, self.hbuf,
-                    self.scr, self.pst, self.view, *self._args_tail(), self.no_next,
-                    self.no_seen, self.alt_b, self.alt_s, self.vo)
+                self.core.run(self.last_batch, -1, 0,
+                              self.core_value(self.no_next, self.no_seen))
         self._flush_steps()
         self._flush_log()
 

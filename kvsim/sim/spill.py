@@ -86,14 +86,35 @@ def _find(hk, h):
 
 
 @njit(cache=True)
-def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, G, step,
-                       now_us, alt_b, alt_s, vo):
+def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
     """Every block ``out.blocks[e]``, ``lo <= e < hi``, that the HBM pool evicted from the
     cache for a new block (``out.kind[e] == KIND_EVICTED``), in order: each is
     demoted under write_back unless a lower copy exists (then it is written to the first
     enabled lower tier, and victims cascade DRAM -> CXL -> NVMe -> dropped as in
     :func:`_spill`), else dropped; its view is still intact.  The tiers are unpacked once
-    for the whole range (see the note above)."""
+    for the whole range (see the note above), as are the core's (``cr``,
+    :class:`kvsim.sim.core_ref.CoreRef`), once a block of the range was evicted."""
+    out = cr.out
+    kind = out.kind
+    first_ev = lo
+    while first_ev < hi and kind[first_ev] != KIND_EVICTED:
+        first_ev += 1
+    if first_ev == hi:  # nothing evicted (most allocations find a free block)
+        return
+    lo = first_ev  # the blocks before it were not evicted: nothing to do for them
+    K = cr.K
+    C = cr.C
+    H_i = cr.H_i
+    view = cr.H_view
+    G = cr.G
+    T1 = cr.T1
+    T2 = cr.T2
+    T3 = cr.T3
+    TMP = cr.TMP
+    TMP_i = cr.TMP_i
+    alt_b = cr.alt_b
+    alt_s = cr.alt_s
+    vo = cr.vo
     # each tier's members, read once for the whole range (the tier step below is written
     # out per tier on these locals: see "Per-call cost" above)
     L1_i, L1_free, L1_h = T1.L_i, T1.L_free, T1.L_h
@@ -390,9 +411,14 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
 
 
 @njit(cache=True)
-def _spill(src, s, ow, bi, tok, dest, T1, T2, T3, TMP, TMP_i, K, C, G, step, now_us, alt_b, alt_s, vo):
+def _spill(src, s, ow, bi, tok, dest, cr, step, now_us):
     """Write a block into tier ``dest`` (1..3) or the first enabled tier below it; victims
     cascade down (DRAM -> CXL -> NVMe -> dropped)."""
+    T1 = cr.T1
+    T2 = cr.T2
+    T3 = cr.T3
+    TMP = cr.TMP
+    TMP_i = cr.TMP_i
     cap2 = T2.Lm[LM_CAP] > 0
     cap3 = T3.Lm[LM_CAP] > 0
     # the next enabled tier below each tier (0 = none: its victims are dropped)
@@ -401,27 +427,26 @@ def _spill(src, s, ow, bi, tok, dest, T1, T2, T3, TMP, TMP_i, K, C, G, step, now
     v = src
     vs = s
     if dest <= 1 and T1.Lm[LM_CAP] > 0:
-        if tier_ops.spill_step(T1, v, vs, ow, bi, tok, below2, np.int64(1), TMP, TMP_i,
-                               K, C, G, step, now_us, alt_b, alt_s, vo) == 0:
+        if tier_ops.spill_step(T1, v, vs, ow, bi, tok, below2, np.int64(1), cr, step,
+                               now_us) == 0:
             return
         v = TMP
         vs = 1
         ow, bi, tok = TMP_i[1, 0], TMP_i[1, 1], TMP_i[1, 2]
     if dest <= 2 and cap2:
-        if tier_ops.spill_step(T2, v, vs, ow, bi, tok, below3, np.int64(2), TMP, TMP_i,
-                               K, C, G, step, now_us, alt_b, alt_s, vo) == 0:
+        if tier_ops.spill_step(T2, v, vs, ow, bi, tok, below3, np.int64(2), cr, step,
+                               now_us) == 0:
             return
         v = TMP
         vs = 2
         ow, bi, tok = TMP_i[2, 0], TMP_i[2, 1], TMP_i[2, 2]
     if cap3:
-        tier_ops.spill_step(T3, v, vs, ow, bi, tok, np.int64(0), np.int64(3), TMP, TMP_i,
-                            K, C, G, step, now_us, alt_b, alt_s, vo)
+        tier_ops.spill_step(T3, v, vs, ow, bi, tok, np.int64(0), np.int64(3), cr, step,
+                            now_us)
 
 
 @njit(cache=True)
-def _write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_us, alt_b,
-                   alt_s, vo):
+def _write_through(b, r, cr, step, now_us):
     """HiCache write_through(_selective): back block ``b`` up once its hit count reaches
     the threshold (1, or 2 for selective), unless a lower copy exists.
 
@@ -430,6 +455,13 @@ def _write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_u
     that test (numba ``inline="always"``), but numba keeps a counted copy of each of an
     inlined function's 17 arguments: the Mooncake 16-token replay's core took 6.3 % more
     CPU (paired runs, docs/benchmarks.md)."""
+    K = cr.K
+    C = cr.C
+    H_i = cr.H_i
+    view = cr.H_view
+    T1 = cr.T1
+    T2 = cr.T2
+    T3 = cr.T3
     wp = K[K_WRITE_POLICY]
     thr = 1 if wp == WP_WRITE_THROUGH else 2
     h = view.content_hash[b]
@@ -440,9 +472,8 @@ def _write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_u
         return
     C[M_WRITE_THROUGH] += 1
     if K[K_LOG] != 0:
-        tr.log_row(G, C, step, now_us, A_WRITE_THROUGH, h, r, H_i[b, HI_BI], 0, dest,
+        tr.log_row(cr.G, C, step, now_us, A_WRITE_THROUGH, h, r, H_i[b, HI_BI], 0, dest,
                    view.size_bytes[b], 0.0, view.priority[b] == PR_DECODE_CRITICAL, -1,
                    W_WT if thr == 1 else W_WTS)
-    _spill(view, b, H_i[b, HI_OWNER], H_i[b, HI_BI], H_i[b, HI_TOKENS], dest, T1, T2, T3,
-           TMP, TMP_i, K, C, G, step, now_us,
-           alt_b, alt_s, vo)
+    _spill(view, b, H_i[b, HI_OWNER], H_i[b, HI_BI], H_i[b, HI_TOKENS], dest, cr, step,
+           now_us)
