@@ -22,7 +22,7 @@ cached constructor; the core never keeps a member across calls of ``run``).
 
 Members are read one per statement (``view = cr.H_view``), never several in one
 tuple-unpacking statement: ``st, out, hbuf, scr, pst, view, G = cr.st, ..., cr.G`` in
-:func:`kvsim.sim.placement._place` compiled (numba 0.61) to code whose stores into the HBM
+:func:`kvsim.sim.placement._place` compiled (numba 0.68) to code whose stores into the HBM
 view's arrays were lost (a store, then a load of the same element, read the old value;
 with ``NUMBA_OPT=0`` too), and the replay diverged from the reference
 (tests/sim/test_compiled_reference.py).  Not reduced further; one read per line is what
