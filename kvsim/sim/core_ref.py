@@ -42,7 +42,8 @@ from kvsim.numba_cache import seal_all
 #: the HBM view is ``H_view``: numba rejects an attribute named ``view`` on a non-array).
 CORE_FIELDS = ("K", "X", "C", "Cw", "R_i", "R_f", "A_i", "A_f", "H_i", "st", "out", "hbuf",
                "scr", "pst", "H_view", "T1", "T2", "T3", "TMP", "TMP_i", "G", "S", "P",
-               "running", "next_use", "seen", "alt_b", "alt_s", "vo")
+               "running", "next_use", "seen", "alt_b", "alt_s", "vo", "H_rows", "TMP_rows",
+               "L1_rows", "L2_rows", "L3_rows")
 
 
 @structref.register
@@ -78,7 +79,9 @@ def _core_ref_type() -> CoreRefType:
              "pst": policy_value_type(), "H_view": VIEW_REF, "T1": TIER_REF, "T2": TIER_REF,
              "T3": TIER_REF, "TMP": VIEW_REF, "TMP_i": a(i8, 2), "G": G, "S": a(f8, 2),
              "P": a(i8, 2), "running": a(i8, 1), "next_use": a(i8, 1),
-             "seen": a(types.int8, 1), "alt_b": a(i8, 1), "alt_s": a(f8, 1), "vo": a(i8, 1)}
+             "seen": a(types.int8, 1), "alt_b": a(i8, 1), "alt_s": a(f8, 1), "vo": a(i8, 1),
+             "H_rows": a(i8, 2), "TMP_rows": a(i8, 2), "L1_rows": a(i8, 2),
+             "L2_rows": a(i8, 2), "L3_rows": a(i8, 2)}
     assert tuple(kinds) == CORE_FIELDS
     return CoreRefType(list(kinds.items()))
 
@@ -88,7 +91,8 @@ CORE_REF = _core_ref_type()
 
 @njit(cache=True)
 def _new_core_ref(K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, pst, H_view, T1,
-                  T2, T3, TMP, TMP_i, G, S, P, running, next_use, seen, alt_b, alt_s, vo):
+                  T2, T3, TMP, TMP_i, G, S, P, running, next_use, seen, alt_b, alt_s, vo,
+                  H_rows, TMP_rows, L1_rows, L2_rows, L3_rows):
     """Every member, one by one (tests/sim/test_core_ref.py checks that this sets every
     field of CORE_FIELDS to the argument's own array)."""
     r = structref.new(CORE_REF)
@@ -121,6 +125,11 @@ def _new_core_ref(K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, pst,
     r.alt_b = alt_b
     r.alt_s = alt_s
     r.vo = vo
+    r.H_rows = H_rows
+    r.TMP_rows = TMP_rows
+    r.L1_rows = L1_rows
+    r.L2_rows = L2_rows
+    r.L3_rows = L3_rows
     return r
 
 

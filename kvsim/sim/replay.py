@@ -27,7 +27,6 @@ import pandas as pd
 
 from kvsim.errors import KvsimInputError
 from kvsim.memory import fast as mem
-from kvsim.policy_api import new_block_view
 from kvsim.sim import core, layout as L
 from kvsim.sim.config import LOWER_TIERS, SimConfig, resolve_engine
 from kvsim.memory.hooks import is_uniform, tier_ref, view_ref
@@ -37,7 +36,7 @@ from kvsim.sim.variants import (compiled_is_cached, core_for, interpreted, is_co
                                    policy_value, run_cols)
 from kvsim.sim.prepass import (SeenSet, TraceFacts, _open, full_hashes, offline_next_use,
                                 release_read_buffers, scan_trace)
-from kvsim.sim.tiers import Tier, new_record_view
+from kvsim.sim.tiers import Tier, new_record_view, record_rows
 from kvsim.sim.cost_model import GB, TierCosts, cost_array, hbm_kv_capacity_bytes, tier_costs
 from kvsim.sim.metrics import request_table, step_table, summarize
 
@@ -207,7 +206,10 @@ class _Run:
         self.H_i = np.zeros((hbm_blocks + 1, L.NHI), dtype=np.int64)
         self.hbuf = np.zeros(max_blocks, dtype=np.int64)
         self.scr = np.zeros((2, max_blocks), dtype=np.int64)
-        self.TMP = vr(new_block_view(4))
+        # the cascade's scratch rows: a record view too, so a victim is copied into it by
+        # rows (kvsim.sim.tiers.copy_row)
+        self.TMP_view = new_record_view(4)
+        self.TMP = vr(self.TMP_view)
         self.TMP_i = np.zeros((4, 3), dtype=np.int64)
         kc = config.log_candidates if log_writer is not None else 0
         cap = (1 << 16) if log_writer is not None else 1
@@ -297,7 +299,16 @@ class _Run:
                          H_view=self.view, T1=T1, T2=T2, T3=T3, TMP=self.TMP, TMP_i=self.TMP_i,
                          G=self.G, S=self.S, P=self.P, running=self.running,
                          next_use=next_use, seen=seen, alt_b=self.alt_b, alt_s=self.alt_s,
-                         vo=self.vo)
+                         vo=self.vo, **self._rows)
+
+    @property
+    def _rows(self) -> dict:
+        """The views' rows (kvsim.sim.tiers.record_rows: same memory), made once."""
+        if getattr(self, "_rows_cache", None) is None:
+            h, l1, l2, l3 = (record_rows(v) for v in self.views)
+            self._rows_cache = {"H_rows": h, "TMP_rows": record_rows(self.TMP_view),
+                                "L1_rows": l1, "L2_rows": l2, "L3_rows": l3}
+        return self._rows_cache
 
     def core_value(self, next_use: np.ndarray, seen: np.ndarray):
         """What ``core.run`` takes as its state: :meth:`core_state` as one

@@ -110,11 +110,16 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
     T1 = cr.T1
     T2 = cr.T2
     T3 = cr.T3
-    TMP = cr.TMP
     TMP_i = cr.TMP_i
     alt_b = cr.alt_b
     alt_s = cr.alt_s
     vo = cr.vo
+    # the views' rows (tiers.record_rows): a fill copies a row, not 12 fields
+    H_rows = cr.H_rows
+    TMP_rows = cr.TMP_rows
+    L1_rows = cr.L1_rows
+    L2_rows = cr.L2_rows
+    L3_rows = cr.L3_rows
     # each tier's members, read once for the whole range (the tier step below is written
     # out per tier on these locals: see "Per-call cost" above)
     L1_i, L1_free, L1_h = T1.L_i, T1.L_free, T1.L_h
@@ -177,7 +182,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
         ow = H_i[b, HI_OWNER]
         bi = H_i[b, HI_BI]
         tok = H_i[b, HI_TOKENS]
-        v = view
+        v = H_rows  # the block's row (copied by rows: tiers.copy_row)
         vs = b
         if dest <= 1 and cap1:
             # tier 1: tier_ops.spill_step written out (no counted argument copies)
@@ -221,7 +226,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
             if vo[0] == 1:
                 x = vo[1]
                 if below2 > 0:  # the victim goes on down: kept in TMP[1] until then
-                    tr.copy_view(TMP, 1, L1_view, x)
+                    tr.copy_row(TMP_rows, 1, L1_rows, x)
                     TMP_i[1, 0] = L1_i[x, 0]
                     TMP_i[1, 1] = L1_i[x, 1]
                     TMP_i[1, 2] = L1_i[x, 2]
@@ -236,7 +241,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                                      L1_view.size_bytes[x] if moved else 0, 0.0,
                                      L1_view.priority[x] == PR_DECODE_CRITICAL, vo[2], -1)
                     tr.log_candidates(G, row, L1_view, L1_i, alt_b, alt_s, vo[3])
-            tr.copy_view(L1_view, slot, v, vs)
+            tr.copy_row(L1_rows, slot, v, vs)
             L1_view.insert_us[slot] = now_us
             L1_view.last_access_us[slot] = now_us
             L1_i[slot, LI_OWNER] = ow
@@ -250,14 +255,14 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
             tr.hash_put(L1_h, hin, slot)
             L1m[LM_USED] += 1
             L1_hooks[H_INSERT](L1_st, L1_view, slot, now_us)
-            C[M_BYTES_DOWN + t] += v.size_bytes[vs]
+            C[M_BYTES_DOWN + t] += L1_view.size_bytes[slot]  # as copied
             used = L1m[LM_USED]
             C[C_USED + t] = used
             if used > C[C_PEAK + t]:
                 C[C_PEAK + t] = used
             if moved == 0:
                 continue
-            v = TMP
+            v = TMP_rows
             vs = np.int64(1)
             ow, bi, tok = TMP_i[1, 0], TMP_i[1, 1], TMP_i[1, 2]
         if dest <= 2 and cap2:
@@ -301,7 +306,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
             if vo[0] == 1:
                 x = vo[1]
                 if below3 > 0:  # the victim goes on down: kept in TMP[2] until then
-                    tr.copy_view(TMP, 2, L2_view, x)
+                    tr.copy_row(TMP_rows, 2, L2_rows, x)
                     TMP_i[2, 0] = L2_i[x, 0]
                     TMP_i[2, 1] = L2_i[x, 1]
                     TMP_i[2, 2] = L2_i[x, 2]
@@ -316,7 +321,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                                      L2_view.size_bytes[x] if moved else 0, 0.0,
                                      L2_view.priority[x] == PR_DECODE_CRITICAL, vo[2], -1)
                     tr.log_candidates(G, row, L2_view, L2_i, alt_b, alt_s, vo[3])
-            tr.copy_view(L2_view, slot, v, vs)
+            tr.copy_row(L2_rows, slot, v, vs)
             L2_view.insert_us[slot] = now_us
             L2_view.last_access_us[slot] = now_us
             L2_i[slot, LI_OWNER] = ow
@@ -330,14 +335,14 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
             tr.hash_put(L2_h, hin, slot)
             L2m[LM_USED] += 1
             L2_hooks[H_INSERT](L2_st, L2_view, slot, now_us)
-            C[M_BYTES_DOWN + t] += v.size_bytes[vs]
+            C[M_BYTES_DOWN + t] += L2_view.size_bytes[slot]  # as copied
             used = L2m[LM_USED]
             C[C_USED + t] = used
             if used > C[C_PEAK + t]:
                 C[C_PEAK + t] = used
             if moved == 0:
                 continue
-            v = TMP
+            v = TMP_rows
             vs = np.int64(2)
             ow, bi, tok = TMP_i[2, 0], TMP_i[2, 1], TMP_i[2, 2]
         if cap3:
@@ -383,7 +388,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                                      -1, 0, 0.0,
                                      L3_view.priority[x] == PR_DECODE_CRITICAL, vo[2], -1)
                     tr.log_candidates(G, row, L3_view, L3_i, alt_b, alt_s, vo[3])
-            tr.copy_view(L3_view, slot, v, vs)
+            tr.copy_row(L3_rows, slot, v, vs)
             L3_view.insert_us[slot] = now_us
             L3_view.last_access_us[slot] = now_us
             L3_i[slot, LI_OWNER] = ow
@@ -397,7 +402,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
             tr.hash_put(L3_h, hin, slot)
             L3m[LM_USED] += 1
             L3_hooks[H_INSERT](L3_st, L3_view, slot, now_us)
-            C[M_BYTES_DOWN + t] += v.size_bytes[vs]
+            C[M_BYTES_DOWN + t] += L3_view.size_bytes[slot]  # as copied
             used = L3m[LM_USED]
             C[C_USED + t] = used
             if used > C[C_PEAK + t]:

@@ -70,7 +70,7 @@ def test_every_member_is_the_drivers_own_array(replay):
     r = core_ref(cs)
     arrays = [name for name in CORE_FIELDS
               if isinstance(getattr(cs, name), np.ndarray)]
-    assert len(arrays) == 20  # all but st, out, pst, H_view, T1-T3, TMP (structs), G
+    assert len(arrays) == 25  # all but st, out, pst, H_view, T1-T3, TMP (structs), G
     for name in arrays:
         got = _getter(name)(r)
         mine = getattr(cs, name)
@@ -87,6 +87,11 @@ def test_every_member_is_the_drivers_own_array(replay):
     hbm_hash, tmp_hash = _view_hash(r)
     assert np.shares_memory(hbm_hash, replay.views[0].content_hash)
     assert hbm_hash.shape == (11,)  # hbm_blocks + 1 rows
+    # the rows are the views' own memory: H_rows over the HBM view, L*_rows the tiers'
+    assert cs.H_rows.shape == (11, 11)
+    for rows, v in zip((cs.H_rows, cs.L1_rows, cs.L2_rows, cs.L3_rows), replay.views):
+        assert np.shares_memory(rows, v.content_hash) and rows.shape[0] == len(v.next_use)
+    assert np.shares_memory(cs.TMP_rows, replay.TMP_view.pinned)
 
 
 def test_writes_go_through_and_a_replaced_buffer_is_seen(replay):
@@ -119,3 +124,26 @@ def test_interpreted_takes_the_plain_state_and_every_member_is_required(replay):
         CoreState(**members)
     with pytest.raises(TypeError, match=r"unknown \['extra'\]"):
         CoreState(**dict(zip(CORE_FIELDS, cs.members())), extra=1)
+
+
+def test_copy_row_is_copy_view():
+    """A row copy (kvsim.sim.tiers.copy_row on record_rows) writes exactly what copy_view
+    writes: the 12 fields, not the two timestamps; any other layout is refused."""
+    from kvsim.policy_api import BLOCK_VIEW_FIELDS, new_block_view
+    from kvsim.sim.tiers import copy_row, copy_view, new_record_view, record_rows
+
+    rng = np.random.default_rng(3)
+    src = new_record_view(5)
+    for name in BLOCK_VIEW_FIELDS:
+        a = getattr(src, name)
+        a[:] = rng.integers(0, 2 if a.dtype == np.bool_ else 100, size=5).astype(a.dtype)
+    a, b = new_record_view(4), new_record_view(4)
+    a.last_access_us[2] = b.last_access_us[2] = 7.0
+    copy_view(a, 2, src, 3)
+    copy_row.py_func(record_rows(b), 2, record_rows(src), 3)  # plain Python, as interpreted
+    for name in BLOCK_VIEW_FIELDS:
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    assert a.last_access_us[2] == 7.0 and a.insert_us[2] == 0.0  # timestamps not copied
+    assert a.content_hash[2] == src.content_hash[3] and a.pinned[2] == src.pinned[3]
+    with pytest.raises(ValueError, match="not a record view"):
+        record_rows(new_block_view(4))
