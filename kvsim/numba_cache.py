@@ -74,7 +74,7 @@ SOURCES = ("kvsim.schema", "kvsim.policy_api", "kvsim.policy_structs", "kvsim.me
            "kvsim.memory.fifo_order", "kvsim.memory.state_access", "kvsim.memory.hooks",
            "kvsim.memory.pool_ref", "kvsim.memory.pool_ops", "kvsim.sim.prefetch", "kvsim.sim.layout",
            "kvsim.sim.tiers", "kvsim.sim.bookkeeping", "kvsim.sim.tier_ops", "kvsim.sim.spill",
-           "kvsim.sim.placement", "kvsim.sim.core",
+           "kvsim.sim.placement", "kvsim.sim.core", "kvsim.sim.core_ref",
            "kvsim.sim.schedule_state", "kvsim.sim.sched_blocks", "kvsim.sim.scheduler",
            "kvsim.sim.closed_step", "kvsim.sim.cachesim")
 #: The single-tier loops (``kvsim.sim.cachesim``'s dedicated loops) are their own group:
@@ -88,7 +88,7 @@ COMPILED = ("kvsim.policy_api", "kvsim.policy_structs", "kvsim.memory.fast",
             "kvsim.memory.fifo_order", "kvsim.memory.hooks", "kvsim.memory.pool_ref",
             "kvsim.memory.pool_ops",
             "kvsim.sim.tiers", "kvsim.sim.bookkeeping", "kvsim.sim.tier_ops", "kvsim.sim.spill",
-            "kvsim.sim.placement", "kvsim.sim.core", "kvsim.sim.scheduler",
+            "kvsim.sim.placement", "kvsim.sim.core", "kvsim.sim.core_ref", "kvsim.sim.scheduler",
             "kvsim.sim.sched_blocks", "kvsim.sim.closed_step", "kvsim.sim.cachesim")
 
 
@@ -115,6 +115,7 @@ PYTHON_CALLED = {
     "kvsim.sim.closed_step": ("advance",),
     "kvsim.memory.hooks": ("_new_ref", "_new_view_ref", "_new_tier_ref"),
     "kvsim.memory.pool_ref": ("_new_pool_ref",),
+    "kvsim.sim.core_ref": ("_new_core_ref",),
     "kvsim.sim.cachesim": ("_remap_direct", "_first_seen_order", "next_use_of", "_replay"),
 }
 #: Functions with neither wrapper are linked-only (:func:`_linked_only`); set

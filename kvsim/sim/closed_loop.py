@@ -238,14 +238,14 @@ class Engine:
                 raise RuntimeError(f"closed loop: unexpected code {code}")
 
     def _core_args(self) -> tuple:
+        """The core's state (made again on each call: after a buffer was grown or replaced)
+        and ``core.run`` as ``advance`` takes them."""
         run = self.run
-        args = (run.K, run.X, run.C, run.Cw, run.R_i, run.R_f, run.A_i, run.A_f, run.H_i,
-                run.st_core, run.out, run.hbuf, run.scr, run.pst, run.view, *run._args_tail(),
-                self.nu, self.seen, run.alt_b, run.alt_s, run.vo)
+        cr = run.core_value(self.nu, self.seen)
         if self._core_run is None:  # buffers grow, their types do not: typed once
             self._core_run = core_run_value(run.core, (self.cols, np.int64(0), np.int64(0),
-                                                       *args))
-        return (*args, self._core_run)
+                                                       cr))
+        return (cr, self._core_run)
 
     def start_measuring(self) -> None:
         """The warm-up ends now: the core snapshots its counters at the next step (the

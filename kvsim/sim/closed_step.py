@@ -107,19 +107,23 @@ def advance(limit_us, max_steps, aux, insys,
             first_us, dsteps, forked, blast, cow, run, run2, fin, nkey, priv, stall, hb, hb2,
             rk, rv, order, phk, phv, t1k, t2k, t3k, hitk, adm, I, F,
             cols, rprio_tab, tenant_tab, block_bytes, pb_off, pb_next, pb_seen,
-            K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, pool, pout, hbuf, scr, pst, view,
-            T1, T2, T3, TMP, TMP_i, G, Sb, P, running, nu, seen, alt_b, alt_s, vo,
-            core_run):
+            cr, core_run):
     """Run steps (module docstring).  Returns ``(code, I, F)``: ``R_*`` or a core
     ``ST_NEED_*`` code, and the scheduler's row buffers (it may have grown them).
     ``core_run``: :func:`kvsim.sim.core.run` as a first-class function value
     (:func:`kvsim.sim.variants.core_run_value`), so compiling this function calls ``run``
-    indirectly (once per engine step) instead of linking and re-optimising all of it."""
+    indirectly (once per engine step) instead of linking and re-optimising all of it.
+    ``cr``: the core's state (:class:`kvsim.sim.core_ref.CoreRef`; the members read here,
+    once per call: the counters, request tables, arena, pending buffer, next_use, seen)."""
+    C = cr.C
+    R_i = cr.R_i
+    P = cr.P
+    A_i = cr.A_i
+    nu = cr.next_use
+    seen = cr.seen
     N = ip[S.P_N]
     if max_steps < 0:  # end of the run: close the last step (core.run with i0 = -1)
-        core_run(cols, -1, 0, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, pool, pout, hbuf,
-                 scr, pst, view, T1, T2, T3, TMP, TMP_i, G, Sb, P, running, nu, seen,
-                 alt_b, alt_s, vo)
+        core_run(cols, -1, 0, cr)
         return R_IDLE, I, F
     steps = 0
     while True:
@@ -162,9 +166,7 @@ def advance(limit_us, max_steps, aux, insys,
                                   nu, seen, pb_off, pb_next, pb_seen)
             C[L.C_ALLOC_ORD] = 0
             aux[X_RESUME] = 0
-        code, i = core_run(cols, aux[X_RESUME], n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i,
-                           pool, pout, hbuf, scr, pst, view, T1, T2, T3, TMP, TMP_i, G,
-                           Sb, P, running, nu, seen, alt_b, alt_s, vo)
+        code, i = core_run(cols, aux[X_RESUME], n, cr)
         if code != core_mod.ST_DONE:
             aux[X_RESUME] = i
             return code, I, F

@@ -110,21 +110,40 @@ NEVER = np.iinfo(np.int64).max
 # ---------------------------------------------------------------------------------------
 
 @njit(cache=True)  # its C-callable wrapper: closed_step.advance calls it as a value
-def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, pst, view,
-        T1, T2, T3, TMP, TMP_i, G, S, P, running, next_use, seen, alt_b, alt_s, vo):
-    """Replay rows ``i0 .. n-1`` of one batch.  Returns ``(status, row)``.
+def run(cols, i0, n, cr):
+    """Replay rows ``i0 .. n-1`` of one batch on the core's state ``cr`` (a
+    :class:`kvsim.sim.core_ref.CoreRef`; interpreted, its :class:`CoreState`).  Returns
+    ``(status, row)``.
 
     ``i0 < 0``: end of trace instead (place a gathered admission, close the last step;
     ``cols`` is any batch of the trace, only its types matter).  One entry point rather
     than a second jitted ``finish``: that one re-optimised and re-linked all of
     :func:`_place` (~9 CPU-s of every policy's compile)."""
+    # the members this loop uses, read once (each read of a member is a counted reference;
+    # the driver replaces a grown buffer between calls, never during one)
+    K = cr.K
+    C = cr.C
+    Cw = cr.Cw
+    R_i = cr.R_i
+    R_f = cr.R_f
+    A_i = cr.A_i
+    A_f = cr.A_f
+    H_i = cr.H_i
+    st = cr.st
+    out = cr.out
+    pst = cr.pst
+    view = cr.H_view
+    G = cr.G
+    S = cr.S
+    P = cr.P
+    running = cr.running
+    next_use = cr.next_use
+    seen = cr.seen
     if i0 < 0:
         pa = int(C[C_PEND_ADMIT])
         if pa >= 0:
             C[C_PEND_ADMIT] = -1
-            _place(pa, np.int64(0), R_i[pa, RI_BT_LEN], np.int64(MODE_ADMIT), K, X, C, R_i,
-                   R_f, A_i, A_f, H_i, st, out, hbuf, scr, pst, view, T1, T2, T3, TMP,
-                   TMP_i, G, running, alt_b, alt_s, vo)
+            _place(pa, np.int64(0), R_i[pa, RI_BT_LEN], np.int64(MODE_ADMIT), cr)
         if C[C_IN_STEP] != 0:
             _finalize_step(C, R_i, R_f, S, P, st.sc)
             C[C_IN_STEP] = 0
@@ -161,9 +180,7 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
         pa = int(C[C_PEND_ADMIT])
         if pa >= 0 and not (kind == EV_ALLOCATE and r == pa):
             C[C_PEND_ADMIT] = -1
-            _place(pa, np.int64(0), R_i[pa, RI_BT_LEN], np.int64(MODE_ADMIT), K, X, C, R_i, R_f, A_i, A_f, H_i,
-                   st, out, hbuf, scr, pst, view, T1, T2, T3, TMP, TMP_i, G, running,
-                   alt_b, alt_s, vo)
+            _place(pa, np.int64(0), R_i[pa, RI_BT_LEN], np.int64(MODE_ADMIT), cr)
             R_i[pa, RI_PHASE] = 1
             continue  # re-check room: placing may have logged rows
         now_us = C[C_STEP_START_US]
@@ -198,9 +215,7 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
                 R_i[r, RI_STATE] = RS_RUNNING
                 _run_add(running, C, r)
                 R_i[r, RI_LATMASK] = 0
-                _place(r, np.int64(0), R_i[r, RI_BT_LEN], np.int64(MODE_RERUN), K, X, C, R_i, R_f, A_i, A_f,
-                       H_i, st, out, hbuf, scr, pst, view, T1, T2, T3, TMP, TMP_i, G,
-                       running, alt_b, alt_s, vo)
+                _place(r, np.int64(0), R_i[r, RI_BT_LEN], np.int64(MODE_RERUN), cr)
                 state = RS_RUNNING
             if state != RS_RUNNING:  # admission starts
                 seq = mem.seq_open(st, 0)
@@ -232,8 +247,7 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
                 gather = R_i[r, RI_PHASE] == 0 and bi >= e  # a prompt block at admission
                 cow = not gather and bi < e  # a write into an existing (shared) block
                 if not gather and not cow:  # appended after admission: e - 1 is full now
-                    _fill_last(r, e, K, C, R_i, A_i, H_i, st, pst, view, T1, T2, T3, TMP,
-                               TMP_i, G, step, now_us, alt_b, alt_s, vo)
+                    _fill_last(r, e, cr, step, now_us)
                 # the row's block record, written out here on the unpacked columns (a
                 # call passing the 20-column batch cost 27 counted arguments per ALLOCATE
                 # row; docs/benchmarks.md)
@@ -276,14 +290,13 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
                             v = _pick_victim(running, C, R_i, r, K[K_PRIO_SCHED] != 0)
                             if v < 0:
                                 break
-                            _preempt(v, K, X, C, R_i, A_i, st, pst, view, running, G, step, now_us)
+                            _preempt(v, cr, step, now_us)
                             res = ops.write_last(st, pst, view, seq,
                                                       now_us, out)
                         if res == 1:
                             b = out.blocks[0]
-                            lower._hbm_evicted_range(np.int64(0), np.int64(1), r, K, C, H_i,
-                                                     view, out, T1, T2, T3, TMP, TMP_i, G,
-                                                     step, now_us, alt_b, alt_s, vo)
+                            lower._hbm_evicted_range(np.int64(0), np.int64(1), r, cr,
+                                                     step, now_us)
                             _set_view_from_record(view, b, A_i, A_f, a, now_us)
                             view.content_hash[b] = 0
                             view.insert_us[b] = now_us
@@ -298,9 +311,7 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
                                 tr.log_row(G, C, step, now_us, A_ALLOCATE, 0, r, bi, 0,
                                            0, c_size[i], 0.0, False, -1, W_COW)
                 else:
-                    _place(r, e, np.int64(1), np.int64(MODE_APPEND), K, X, C, R_i, R_f, A_i,
-                           A_f, H_i, st, out, hbuf, scr, pst, view, T1, T2, T3, TMP, TMP_i,
-                           G, running, alt_b, alt_s, vo)
+                    _place(r, e, np.int64(1), np.int64(MODE_APPEND), cr)
             elif kind == EV_FORK:
                 # child r shares every block of parent p (copy-on-write)
                 if p >= 0 and R_i[p, RI_STATE] == RS_RUNNING and R_i[r, RI_BT_LEN] == 0:
@@ -395,8 +406,7 @@ def run(cols, i0, n, K, X, C, Cw, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, p
             state = R_i[r, RI_STATE]
             if c_bi[i] < 0:  # the request is done
                 if state == RS_RUNNING:
-                    _release_all(r, K, C, R_i, H_i, st, pst, view, G, step,
-                                 now_us)
+                    _release_all(r, cr, step, now_us)
                     _run_remove(running, C, r)
                 if state == RS_RUNNING or state == RS_PREEMPTED:
                     mem.seq_close(st, R_i[r, RI_SEQ])

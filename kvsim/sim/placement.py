@@ -80,7 +80,17 @@ MODE_APPEND = 2
 # ---------------------------------------------------------------------------------------
 
 @njit(cache=True)
-def _preempt(v, K, X, C, R_i, A_i, st, pst, view, running, G, step, now_us):
+def _preempt(v, cr, step, now_us):
+    K = cr.K
+    X = cr.X
+    C = cr.C
+    R_i = cr.R_i
+    A_i = cr.A_i
+    st = cr.st
+    pst = cr.pst
+    view = cr.H_view
+    running = cr.running
+    G = cr.G
     seq = R_i[v, RI_SEQ]
     for e in range(st.seq_len[seq]):  # per-request recency: its blocks were in use until now
         view.last_access_us[st.tables[seq, e]] = now_us
@@ -108,9 +118,16 @@ def _preempt(v, K, X, C, R_i, A_i, st, pst, view, running, G, step, now_us):
 
 
 @njit(cache=True)
-def _allocate(r, n, num_tokens, hbuf, K, X, C, R_i, A_i, st, out, pst, view, running, G, step, now_us):
+def _allocate(r, n, num_tokens, cr, step, now_us):
     """pool_allocate, preempting other running requests until it fits.  -1: it cannot fit
     even alone (HBM smaller than the request)."""
+    C = cr.C
+    R_i = cr.R_i
+    st = cr.st
+    pst = cr.pst
+    view = cr.H_view
+    out = cr.out
+    hbuf = cr.hbuf
     seq = R_i[r, RI_SEQ]
     while True:
         k = ops.allocate(st, pst, view, seq, hbuf, n, num_tokens, now_us, out)
@@ -118,21 +135,35 @@ def _allocate(r, n, num_tokens, hbuf, K, X, C, R_i, A_i, st, out, pst, view, run
             C[C_HBM_USED] = st.sc[mem.S_N_HELD]
             _peak(C, 0, C[C_HBM_USED])
             return k
-        v = _pick_victim(running, C, R_i, r, K[K_PRIO_SCHED] != 0)
+        v = _pick_victim(cr.running, C, R_i, r, cr.K[K_PRIO_SCHED] != 0)
         if v < 0:
             return -1
-        _preempt(v, K, X, C, R_i, A_i, st, pst, view, running, G, step,
-                 now_us)
+        _preempt(v, cr, step, now_us)
 
 
 @njit(cache=True)
-def _place(r, e0, nb, mode, K, X, C, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr, pst, view,
-           T1, T2, T3, TMP, TMP_i, G, running, alt_b, alt_s, vo):
+def _place(r, e0, nb, mode, cr):
     """Put blocks ``e0 .. e0+nb-1`` of request ``r`` (its records) into HBM.
 
     MODE_ADMIT: the prompt at admission (prefix lookup in HBM, then the chain continued in
     the lower tiers, then compute).  MODE_RERUN: a preempted request resumes (its whole
-    table).  MODE_APPEND: one new block (decode) with no lookup."""
+    table).  MODE_APPEND: one new block (decode) with no lookup.  ``cr``: the core's state
+    (:class:`kvsim.sim.core_ref.CoreRef`), its members read once here."""
+    K = cr.K
+    X = cr.X
+    C = cr.C
+    R_i = cr.R_i
+    R_f = cr.R_f
+    A_i = cr.A_i
+    A_f = cr.A_f
+    H_i = cr.H_i
+    st = cr.st
+    out = cr.out
+    hbuf = cr.hbuf
+    scr = cr.scr
+    pst = cr.pst
+    view = cr.H_view
+    G = cr.G
     step = int(C[C_STEP])
     now_us = C[C_STEP_START_US]
     bs = K[K_BLOCK_TOKENS]
@@ -154,7 +185,7 @@ def _place(r, e0, nb, mode, K, X, C, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr
         n_hbm = mem.pool_lookup(st, hbuf, nb, num_tokens, out.blocks)
         limit = min(nb, (num_tokens - 1) // bs) if num_tokens > 0 else 0
         k = n_hbm
-        L1h, L2h, L3h = T1.L_h, T2.L_h, T3.L_h
+        L1h, L2h, L3h = cr.T1.L_h, cr.T2.L_h, cr.T3.L_h
         m1 = (L1h.shape[0] >> 1) - 1  # entries - 1 of each table (tiers.hash_slot)
         m2 = (L2h.shape[0] >> 1) - 1
         m3 = (L3h.shape[0] >> 1) - 1
@@ -180,25 +211,24 @@ def _place(r, e0, nb, mode, K, X, C, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr
             scr[1, k] = s
             k += 1
     # 2. room in HBM (preempting others if needed)
-    n_hit = _allocate(r, nb, num_tokens, hbuf, K, X, C, R_i, A_i, st, out, pst, view,
-                      running, G, step, now_us)
+    n_hit = _allocate(r, nb, num_tokens, cr, step, now_us)
     if n_hit < 0:
         C[M_OVERFLOW] += nb
         return -1
     if k < n_hit:
         k = n_hit  # preemption released more of the chain into the HBM cache
     # 3a. promotions touch their lower copies before any spill can evict them
-    for e in range(n_hit, k):
-        t = scr[0, e]
-        if t == 1:
-            tier_ops.touch(T1, scr[1, e], now_us)
-        elif t == 2:
-            tier_ops.touch(T2, scr[1, e], now_us)
-        else:
-            tier_ops.touch(T3, scr[1, e], now_us)
+    if n_hit < k:
+        for e in range(n_hit, k):
+            t = scr[0, e]
+            if t == 1:
+                tier_ops.touch(cr.T1, scr[1, e], now_us)
+            elif t == 2:
+                tier_ops.touch(cr.T2, scr[1, e], now_us)
+            else:
+                tier_ops.touch(cr.T3, scr[1, e], now_us)
     # 3b. cached blocks the policy evicted for the new ones (views still intact)
-    lower._hbm_evicted_range(n_hit, nb, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, G,
-                             step, now_us, alt_b, alt_s, vo)  # one call, not one per block
+    lower._hbm_evicted_range(n_hit, nb, r, cr, step, now_us)  # one call, not one per block
     # 3c. accounting, views, decisions
     log_on = K[K_LOG] != 0
     life = log_on and K[K_LOG_LIFECYCLE] != 0
@@ -225,8 +255,7 @@ def _place(r, e0, nb, mode, K, X, C, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr
                            0, 0, 0, 0.0, False, -1,
                            W_REVIVE if out.kind[e] == mem.KIND_REVIVED else W_HIT)
             if K[K_WRITE_POLICY] != WP_WRITE_BACK:  # not a call under write_back
-                lower._write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G,
-                                     step, now_us, alt_b, alt_s, vo)
+                lower._write_through(b, r, cr, step, now_us)
             continue
         # a new HBM block: its identity
         _set_view_from_record(view, b, A_i, A_f, a, now_us)
@@ -315,8 +344,7 @@ def _place(r, e0, nb, mode, K, X, C, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr
             else:
                 C[M_FIRST_TOK] += tok
         if K[K_WRITE_POLICY] != WP_WRITE_BACK:  # not a call under write_back
-            lower._write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step,
-                                 now_us, alt_b, alt_s, vo)
+            lower._write_through(b, r, cr, step, now_us)
     ops.admit(st, pst, view, out, n_hit, nb, now_us)  # new content enters the HBM policy
     if mode == MODE_ADMIT:
         C[M_LOOKUP_TOK] += num_tokens
@@ -326,9 +354,14 @@ def _place(r, e0, nb, mode, K, X, C, R_i, R_f, A_i, A_f, H_i, st, out, hbuf, scr
 
 
 @njit(cache=True)
-def _release_all(r, K, C, R_i, H_i, st, pst, view, G, step, now_us):
+def _release_all(r, cr, step, now_us):
     """Request-level FREE: stamp the per-request recency on its blocks, free tail-first."""
-    seq = R_i[r, RI_SEQ]
+    K = cr.K
+    C = cr.C
+    st = cr.st
+    pst = cr.pst
+    view = cr.H_view
+    seq = cr.R_i[r, RI_SEQ]
     m = st.seq_len[seq]
     for e in range(m):
         view.last_access_us[st.tables[seq, e]] = now_us
@@ -339,37 +372,43 @@ def _release_all(r, K, C, R_i, H_i, st, pst, view, G, step, now_us):
             b = st.tables[seq, e]
             if st.ref_cnt[b] == 0:
                 cached = st.in_cand[b]
-                tr.log_row(G, C, step, now_us, A_RELEASE if cached else A_FREE,
+                tr.log_row(cr.G, C, step, now_us, A_RELEASE if cached else A_FREE,
                            view.content_hash[b] if cached else 0, r, e, 0, 0, 0, 0.0, False,
                            -1, W_RELEASE if cached else W_FREE)
     C[C_HBM_USED] = st.sc[mem.S_N_HELD]
 
 
 @njit(cache=True)
-def _fill_last(r, e, K, C, R_i, A_i, H_i, st, pst, view, T1, T2, T3, TMP, TMP_i, G, step,
-               now_us, alt_b, alt_s, vo):
+def _fill_last(r, e, cr, step, now_us):
     """Request ``r`` appends block ``e``: its block ``e - 1`` is full now.  If that block was
     allocated partial (a decode block, or a prompt's partial last block) and its ALLOCATE
     row named the hash of its full content, it gets that hash now and enters the prefix
     cache, as vLLM's ``cache_full_blocks`` does once a block's last slot is written (one
     step earlier there; nothing in between can look it up but the request itself)."""
-    if e < 1 or R_i[r, RI_STATE] != RS_RUNNING:
+    if e < 1:
+        return
+    R_i = cr.R_i
+    if R_i[r, RI_STATE] != RS_RUNNING:
         return
     seq = R_i[r, RI_SEQ]
+    st = cr.st
     if st.seq_len[seq] != e:
         return
     a = R_i[r, RI_BT_START] + e - 1
+    A_i = cr.A_i
     h = A_i[a, AI_FULL_HASH]
     if A_i[a, AI_HASH] != 0 or h == 0:
         return
+    K = cr.K
+    view = cr.H_view
+    H_i = cr.H_i
     A_i[a, AI_HASH] = h
     A_i[a, AI_TOKENS] = K[K_BLOCK_TOKENS]
     b = np.int64(st.tables[seq, e - 1])  # int32 table: one signature of _write_through
-    ops.cache_block(st, pst, view, seq, e - 1, h, now_us)
+    ops.cache_block(st, cr.pst, view, seq, e - 1, h, now_us)
     if view.content_hash[b] != h:  # caching off, or the pool did not take it
         return
     H_i[b, HI_TOKENS] = K[K_BLOCK_TOKENS]
     H_i[b, HI_HITS] = 1
     if K[K_WRITE_POLICY] != WP_WRITE_BACK:  # not a call under write_back
-        lower._write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_us,
-                             alt_b, alt_s, vo)
+        lower._write_through(b, r, cr, step, now_us)

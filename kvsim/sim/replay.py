@@ -27,16 +27,16 @@ import pandas as pd
 
 from kvsim.errors import KvsimInputError
 from kvsim.memory import fast as mem
-from kvsim.policy_api import new_block_view
 from kvsim.sim import core, layout as L
 from kvsim.sim.config import LOWER_TIERS, SimConfig, resolve_engine
 from kvsim.memory.hooks import is_uniform, tier_ref, view_ref
 from kvsim.memory.pool_ref import pool_arg
+from kvsim.sim.core_ref import CoreState, core_arg
 from kvsim.sim.variants import (compiled_is_cached, core_for, interpreted, is_compiled,
                                    policy_value, run_cols)
 from kvsim.sim.prepass import (SeenSet, TraceFacts, _open, full_hashes, offline_next_use,
                                 release_read_buffers, scan_trace)
-from kvsim.sim.tiers import Tier, new_record_view
+from kvsim.sim.tiers import Tier, new_record_view, record_rows
 from kvsim.sim.cost_model import GB, TierCosts, cost_array, hbm_kv_capacity_bytes, tier_costs
 from kvsim.sim.metrics import request_table, step_table, summarize
 
@@ -206,7 +206,10 @@ class _Run:
         self.H_i = np.zeros((hbm_blocks + 1, L.NHI), dtype=np.int64)
         self.hbuf = np.zeros(max_blocks, dtype=np.int64)
         self.scr = np.zeros((2, max_blocks), dtype=np.int64)
-        self.TMP = vr(new_block_view(4))
+        # the cascade's scratch rows: a record view too, so a victim is copied into it by
+        # rows (kvsim.sim.tiers.copy_row)
+        self.TMP_view = new_record_view(4)
+        self.TMP = vr(self.TMP_view)
         self.TMP_i = np.zeros((4, 3), dtype=np.int64)
         kc = config.log_candidates if log_writer is not None else 0
         cap = (1 << 16) if log_writer is not None else 1
@@ -286,9 +289,33 @@ class _Run:
         self.R_i, self.R_f = ri, rf
 
     # -- the loop -------------------------------------------------------------------------
-    def _args_tail(self):
+    def core_state(self, next_use: np.ndarray, seen: np.ndarray) -> CoreState:
+        """The core's state as it is now (:class:`kvsim.sim.core_ref.CoreState`: this
+        run's current arrays, not copies), with the batch's ``next_use`` and ``seen``."""
         T1, T2, T3 = self.T_core
-        return (T1, T2, T3, self.TMP, self.TMP_i, self.G, self.S, self.P, self.running)
+        return CoreState(K=self.K, X=self.X, C=self.C, Cw=self.Cw, R_i=self.R_i, R_f=self.R_f,
+                         A_i=self.A_i, A_f=self.A_f, H_i=self.H_i, st=self.st_core,
+                         out=self.out, hbuf=self.hbuf, scr=self.scr, pst=self.pst,
+                         H_view=self.view, T1=T1, T2=T2, T3=T3, TMP=self.TMP, TMP_i=self.TMP_i,
+                         G=self.G, S=self.S, P=self.P, running=self.running,
+                         next_use=next_use, seen=seen, alt_b=self.alt_b, alt_s=self.alt_s,
+                         vo=self.vo, **self._rows)
+
+    @property
+    def _rows(self) -> dict:
+        """The views' rows (kvsim.sim.tiers.record_rows: same memory), made once."""
+        if getattr(self, "_rows_cache", None) is None:
+            h, l1, l2, l3 = (record_rows(v) for v in self.views)
+            self._rows_cache = {"H_rows": h, "TMP_rows": record_rows(self.TMP_view),
+                                "L1_rows": l1, "L2_rows": l2, "L3_rows": l3}
+        return self._rows_cache
+
+    def core_value(self, next_use: np.ndarray, seen: np.ndarray):
+        """What ``core.run`` takes as its state: :meth:`core_state` as one
+        :class:`kvsim.sim.core_ref.CoreRef` (compiled) or as it is (interpreted).  Made
+        again after any buffer is grown or replaced (the core reads the members anew on
+        each call)."""
+        return core_arg(self.core_state(next_use, seen), is_compiled(self.core))
 
     def feed(self, cols: dict) -> None:
         batch = run_cols(tuple(cols[name] for name in core.COLS))  # one type of run
@@ -309,12 +336,9 @@ class _Run:
         self.C[L.C_ALLOC_ORD] = 0
         i = 0
         while True:
+            cr = self.core_value(next_use, seen)  # again after a buffer was grown
             with np.errstate(over="ignore"):  # hash mixing wraps by design (interpreted)
-                status, i = self.core.run(
-                    batch, i, n, self.K, self.X, self.C, self.Cw, self.R_i, self.R_f,
-                    self.A_i, self.A_f, self.H_i, self.st_core, self.out, self.hbuf, self.scr,
-                    self.pst, self.view, *self._args_tail(), next_use, seen, self.alt_b,
-                    self.alt_s, self.vo)
+                status, i = self.core.run(batch, i, n, cr)
             if status == core.ST_DONE:
                 if int(self.C[L.C_ALLOC_ORD]) != m:
                     raise RuntimeError(f"the core replayed {int(self.C[L.C_ALLOC_ORD])} "
@@ -339,11 +363,8 @@ class _Run:
         self._flush_log()
         if self.last_batch is not None:  # else no row was replayed: nothing to close
             with np.errstate(over="ignore"):  # run(i0=-1): end of trace (core.run)
-                self.core.run(
-                    self.last_batch, -1, 0, self.K, self.X, self.C, self.Cw, self.R_i,
-                    self.R_f, self.A_i, self.A_f, self.H_i, self.st_core, self.out, self.hbuf,
-                    self.scr, self.pst, self.view, *self._args_tail(), self.no_next,
-                    self.no_seen, self.alt_b, self.alt_s, self.vo)
+                self.core.run(self.last_batch, -1, 0,
+                              self.core_value(self.no_next, self.no_seen))
         self._flush_steps()
         self._flush_log()
 

@@ -86,14 +86,40 @@ def _find(hk, h):
 
 
 @njit(cache=True)
-def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, G, step,
-                       now_us, alt_b, alt_s, vo):
+def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
     """Every block ``out.blocks[e]``, ``lo <= e < hi``, that the HBM pool evicted from the
     cache for a new block (``out.kind[e] == KIND_EVICTED``), in order: each is
     demoted under write_back unless a lower copy exists (then it is written to the first
     enabled lower tier, and victims cascade DRAM -> CXL -> NVMe -> dropped as in
     :func:`_spill`), else dropped; its view is still intact.  The tiers are unpacked once
-    for the whole range (see the note above)."""
+    for the whole range (see the note above), as are the core's (``cr``,
+    :class:`kvsim.sim.core_ref.CoreRef`), once a block of the range was evicted."""
+    out = cr.out
+    kind = out.kind
+    first_ev = lo
+    while first_ev < hi and kind[first_ev] != KIND_EVICTED:
+        first_ev += 1
+    if first_ev == hi:  # nothing evicted (most allocations find a free block)
+        return
+    lo = first_ev  # the blocks before it were not evicted: nothing to do for them
+    K = cr.K
+    C = cr.C
+    H_i = cr.H_i
+    view = cr.H_view
+    G = cr.G
+    T1 = cr.T1
+    T2 = cr.T2
+    T3 = cr.T3
+    TMP_i = cr.TMP_i
+    alt_b = cr.alt_b
+    alt_s = cr.alt_s
+    vo = cr.vo
+    # the views' rows (tiers.record_rows): a fill copies a row, not 12 fields
+    H_rows = cr.H_rows
+    TMP_rows = cr.TMP_rows
+    L1_rows = cr.L1_rows
+    L2_rows = cr.L2_rows
+    L3_rows = cr.L3_rows
     # each tier's members, read once for the whole range (the tier step below is written
     # out per tier on these locals: see "Per-call cost" above)
     L1_i, L1_free, L1_h = T1.L_i, T1.L_free, T1.L_h
@@ -156,7 +182,7 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
         ow = H_i[b, HI_OWNER]
         bi = H_i[b, HI_BI]
         tok = H_i[b, HI_TOKENS]
-        v = view
+        v = H_rows  # the block's row (copied by rows: tiers.copy_row)
         vs = b
         if dest <= 1 and cap1:
             # tier 1: tier_ops.spill_step written out (no counted argument copies)
@@ -200,7 +226,7 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
             if vo[0] == 1:
                 x = vo[1]
                 if below2 > 0:  # the victim goes on down: kept in TMP[1] until then
-                    tr.copy_view(TMP, 1, L1_view, x)
+                    tr.copy_row(TMP_rows, 1, L1_rows, x)
                     TMP_i[1, 0] = L1_i[x, 0]
                     TMP_i[1, 1] = L1_i[x, 1]
                     TMP_i[1, 2] = L1_i[x, 2]
@@ -215,7 +241,7 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
                                      L1_view.size_bytes[x] if moved else 0, 0.0,
                                      L1_view.priority[x] == PR_DECODE_CRITICAL, vo[2], -1)
                     tr.log_candidates(G, row, L1_view, L1_i, alt_b, alt_s, vo[3])
-            tr.copy_view(L1_view, slot, v, vs)
+            tr.copy_row(L1_rows, slot, v, vs)
             L1_view.insert_us[slot] = now_us
             L1_view.last_access_us[slot] = now_us
             L1_i[slot, LI_OWNER] = ow
@@ -229,14 +255,14 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
             tr.hash_put(L1_h, hin, slot)
             L1m[LM_USED] += 1
             L1_hooks[H_INSERT](L1_st, L1_view, slot, now_us)
-            C[M_BYTES_DOWN + t] += v.size_bytes[vs]
+            C[M_BYTES_DOWN + t] += L1_view.size_bytes[slot]  # as copied
             used = L1m[LM_USED]
             C[C_USED + t] = used
             if used > C[C_PEAK + t]:
                 C[C_PEAK + t] = used
             if moved == 0:
                 continue
-            v = TMP
+            v = TMP_rows
             vs = np.int64(1)
             ow, bi, tok = TMP_i[1, 0], TMP_i[1, 1], TMP_i[1, 2]
         if dest <= 2 and cap2:
@@ -280,7 +306,7 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
             if vo[0] == 1:
                 x = vo[1]
                 if below3 > 0:  # the victim goes on down: kept in TMP[2] until then
-                    tr.copy_view(TMP, 2, L2_view, x)
+                    tr.copy_row(TMP_rows, 2, L2_rows, x)
                     TMP_i[2, 0] = L2_i[x, 0]
                     TMP_i[2, 1] = L2_i[x, 1]
                     TMP_i[2, 2] = L2_i[x, 2]
@@ -295,7 +321,7 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
                                      L2_view.size_bytes[x] if moved else 0, 0.0,
                                      L2_view.priority[x] == PR_DECODE_CRITICAL, vo[2], -1)
                     tr.log_candidates(G, row, L2_view, L2_i, alt_b, alt_s, vo[3])
-            tr.copy_view(L2_view, slot, v, vs)
+            tr.copy_row(L2_rows, slot, v, vs)
             L2_view.insert_us[slot] = now_us
             L2_view.last_access_us[slot] = now_us
             L2_i[slot, LI_OWNER] = ow
@@ -309,14 +335,14 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
             tr.hash_put(L2_h, hin, slot)
             L2m[LM_USED] += 1
             L2_hooks[H_INSERT](L2_st, L2_view, slot, now_us)
-            C[M_BYTES_DOWN + t] += v.size_bytes[vs]
+            C[M_BYTES_DOWN + t] += L2_view.size_bytes[slot]  # as copied
             used = L2m[LM_USED]
             C[C_USED + t] = used
             if used > C[C_PEAK + t]:
                 C[C_PEAK + t] = used
             if moved == 0:
                 continue
-            v = TMP
+            v = TMP_rows
             vs = np.int64(2)
             ow, bi, tok = TMP_i[2, 0], TMP_i[2, 1], TMP_i[2, 2]
         if cap3:
@@ -362,7 +388,7 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
                                      -1, 0, 0.0,
                                      L3_view.priority[x] == PR_DECODE_CRITICAL, vo[2], -1)
                     tr.log_candidates(G, row, L3_view, L3_i, alt_b, alt_s, vo[3])
-            tr.copy_view(L3_view, slot, v, vs)
+            tr.copy_row(L3_rows, slot, v, vs)
             L3_view.insert_us[slot] = now_us
             L3_view.last_access_us[slot] = now_us
             L3_i[slot, LI_OWNER] = ow
@@ -376,7 +402,7 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
             tr.hash_put(L3_h, hin, slot)
             L3m[LM_USED] += 1
             L3_hooks[H_INSERT](L3_st, L3_view, slot, now_us)
-            C[M_BYTES_DOWN + t] += v.size_bytes[vs]
+            C[M_BYTES_DOWN + t] += L3_view.size_bytes[slot]  # as copied
             used = L3m[LM_USED]
             C[C_USED + t] = used
             if used > C[C_PEAK + t]:
@@ -390,9 +416,14 @@ def _hbm_evicted_range(lo, hi, r, K, C, H_i, view, out, T1, T2, T3, TMP, TMP_i, 
 
 
 @njit(cache=True)
-def _spill(src, s, ow, bi, tok, dest, T1, T2, T3, TMP, TMP_i, K, C, G, step, now_us, alt_b, alt_s, vo):
+def _spill(src, s, ow, bi, tok, dest, cr, step, now_us):
     """Write a block into tier ``dest`` (1..3) or the first enabled tier below it; victims
     cascade down (DRAM -> CXL -> NVMe -> dropped)."""
+    T1 = cr.T1
+    T2 = cr.T2
+    T3 = cr.T3
+    TMP = cr.TMP
+    TMP_i = cr.TMP_i
     cap2 = T2.Lm[LM_CAP] > 0
     cap3 = T3.Lm[LM_CAP] > 0
     # the next enabled tier below each tier (0 = none: its victims are dropped)
@@ -401,27 +432,26 @@ def _spill(src, s, ow, bi, tok, dest, T1, T2, T3, TMP, TMP_i, K, C, G, step, now
     v = src
     vs = s
     if dest <= 1 and T1.Lm[LM_CAP] > 0:
-        if tier_ops.spill_step(T1, v, vs, ow, bi, tok, below2, np.int64(1), TMP, TMP_i,
-                               K, C, G, step, now_us, alt_b, alt_s, vo) == 0:
+        if tier_ops.spill_step(T1, v, vs, ow, bi, tok, below2, np.int64(1), cr, step,
+                               now_us) == 0:
             return
         v = TMP
         vs = 1
         ow, bi, tok = TMP_i[1, 0], TMP_i[1, 1], TMP_i[1, 2]
     if dest <= 2 and cap2:
-        if tier_ops.spill_step(T2, v, vs, ow, bi, tok, below3, np.int64(2), TMP, TMP_i,
-                               K, C, G, step, now_us, alt_b, alt_s, vo) == 0:
+        if tier_ops.spill_step(T2, v, vs, ow, bi, tok, below3, np.int64(2), cr, step,
+                               now_us) == 0:
             return
         v = TMP
         vs = 2
         ow, bi, tok = TMP_i[2, 0], TMP_i[2, 1], TMP_i[2, 2]
     if cap3:
-        tier_ops.spill_step(T3, v, vs, ow, bi, tok, np.int64(0), np.int64(3), TMP, TMP_i,
-                            K, C, G, step, now_us, alt_b, alt_s, vo)
+        tier_ops.spill_step(T3, v, vs, ow, bi, tok, np.int64(0), np.int64(3), cr, step,
+                            now_us)
 
 
 @njit(cache=True)
-def _write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_us, alt_b,
-                   alt_s, vo):
+def _write_through(b, r, cr, step, now_us):
     """HiCache write_through(_selective): back block ``b`` up once its hit count reaches
     the threshold (1, or 2 for selective), unless a lower copy exists.
 
@@ -430,6 +460,13 @@ def _write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_u
     that test (numba ``inline="always"``), but numba keeps a counted copy of each of an
     inlined function's 17 arguments: the Mooncake 16-token replay's core took 6.3 % more
     CPU (paired runs, docs/benchmarks.md)."""
+    K = cr.K
+    C = cr.C
+    H_i = cr.H_i
+    view = cr.H_view
+    T1 = cr.T1
+    T2 = cr.T2
+    T3 = cr.T3
     wp = K[K_WRITE_POLICY]
     thr = 1 if wp == WP_WRITE_THROUGH else 2
     h = view.content_hash[b]
@@ -440,9 +477,8 @@ def _write_through(b, r, K, C, H_i, view, T1, T2, T3, TMP, TMP_i, G, step, now_u
         return
     C[M_WRITE_THROUGH] += 1
     if K[K_LOG] != 0:
-        tr.log_row(G, C, step, now_us, A_WRITE_THROUGH, h, r, H_i[b, HI_BI], 0, dest,
+        tr.log_row(cr.G, C, step, now_us, A_WRITE_THROUGH, h, r, H_i[b, HI_BI], 0, dest,
                    view.size_bytes[b], 0.0, view.priority[b] == PR_DECODE_CRITICAL, -1,
                    W_WT if thr == 1 else W_WTS)
-    _spill(view, b, H_i[b, HI_OWNER], H_i[b, HI_BI], H_i[b, HI_TOKENS], dest, T1, T2, T3,
-           TMP, TMP_i, K, C, G, step, now_us,
-           alt_b, alt_s, vo)
+    _spill(view, b, H_i[b, HI_OWNER], H_i[b, HI_BI], H_i[b, HI_TOKENS], dest, cr, step,
+           now_us)

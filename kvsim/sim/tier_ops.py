@@ -30,8 +30,7 @@ def touch(T, slot, now_us):
 
 
 @njit(cache=True)
-def spill_step(T, src, s, ow, bi, tok, below, k, TMP, TMP_i, K, C, G, step, now_us, alt_b,
-               alt_s, vo):
+def spill_step(T, src, s, ow, bi, tok, below, k, cr, step, now_us):
     """Write block ``src[s]`` (owner ``ow``, block index ``bi``, ``tok`` tokens) into tier
     ``T``.  A slot is a free one, else the policy's victim, removed from the map and the
     candidate set and copied into ``TMP[k]`` / ``TMP_i[k]`` (logged as DEMOTE to tier
@@ -45,7 +44,16 @@ def spill_step(T, src, s, ow, bi, tok, below, k, TMP, TMP_i, K, C, G, step, now_
     (per-step occupancy).  Called by :func:`kvsim.sim.spill._spill` (write-through); the
     HBM demotions run the same statements written out per tier
     (:func:`kvsim.sim.spill._hbm_evicted_range`: an edit here must be made there too;
-    kvsim.sim.spill, "Per-call cost")."""
+    kvsim.sim.spill, "Per-call cost").  ``cr``: the core's state
+    (:class:`kvsim.sim.core_ref.CoreRef`: its scratch rows, counters and log)."""
+    TMP = cr.TMP
+    TMP_i = cr.TMP_i
+    K = cr.K
+    C = cr.C
+    G = cr.G
+    alt_b = cr.alt_b
+    alt_s = cr.alt_s
+    vo = cr.vo
     L_i = T.L_i
     L_view = T.L_view
     L_h = T.L_h
