@@ -108,18 +108,20 @@ def _memoised(get_call_type):
 
 def _counted(dmm, ty, memo: dict) -> bool:
     """Whether a value of ``ty`` holds any memory-info pointer that
-    ``NRTContext.get_meminfos`` would return (memoised per type; True where unsure)."""
-    hit = memo.get(ty)
+    ``NRTContext.get_meminfos`` would return (memoised per data model manager and type,
+    so each target keeps its own answers; True where unsure)."""
+    key = (id(dmm), ty)
+    hit = memo.get(key)
     if hit is not None:
         return hit
-    memo[ty] = True  # conservative while the walk below is in progress
+    memo[key] = True  # conservative while the walk below is in progress
     try:
         model = dmm[ty]
         found = model.has_nrt_meminfo() or any(_counted(dmm, mty, memo)
                                                for mty, _ in model.traverse(None))
-    except Exception:  # a model whose walk needs a builder: walk it as numba does
+    except Exception:  # any model whose walk needs a builder: walked as numba does
         found = True
-    memo[ty] = found
+    memo[key] = found
     return found
 
 
@@ -185,33 +187,28 @@ def _list_vars_walk():
 
 
 def install() -> None:
-    """Patch numba (once per process; no-op with ``KVSIM_NUMBA_PATCHES=0`` or on a numba
-    whose ``TargetConfig`` does not have the layout the patch assumes)."""
+    """Patch numba (once per process; no-op with ``KVSIM_NUMBA_PATCHES=0``).  Each patch
+    checks that numba has the layout it assumes and leaves numba alone where not."""
     global _INSTALLED, ORIGINAL_VALUES
     if _INSTALLED or os.environ.get("KVSIM_NUMBA_PATCHES", "1") == "0":
         return
-    from numba.core import targetconfig
-
-    cls = targetconfig.TargetConfig
-    if "_values" not in getattr(cls, "__slots__", ()) or not hasattr(cls, "options"):
-        return  # another numba layout: leave it alone
-    ORIGINAL_VALUES = cls.values
-    cls.values = _values
+    _INSTALLED = True
+    from numba.core import ir, targetconfig
+    from numba.core.runtime.context import NRTContext
     from numba.core.types.functions import BaseFunction
 
-    if "_impl_keys" in BaseFunction.__init__.__code__.co_names:  # the layout assumed
+    cls = targetconfig.TargetConfig
+    if "_values" in getattr(cls, "__slots__", ()) and hasattr(cls, "options"):
+        ORIGINAL_VALUES = cls.values
+        cls.values = _values
+    if "_impl_keys" in BaseFunction.__init__.__code__.co_names:
         BaseFunction.get_call_type = _memoised(BaseFunction.get_call_type)
-    from numba.core.runtime.context import NRTContext
-
-    if "traverse" in NRTContext.get_meminfos.__code__.co_names:  # the layout assumed
+    if "traverse" in NRTContext.get_meminfos.__code__.co_names:
         NRTContext.get_meminfos = _pruned_meminfos(NRTContext.get_meminfos)
-    from numba.core import ir
-
-    if "_rec_list_vars" in vars(ir.Inst):  # the layout assumed
+    if "_rec_list_vars" in vars(ir.Inst):
         fast = _list_vars_walk()
         fast.__wrapped__ = ir.Inst._rec_list_vars
         ir.Inst._rec_list_vars = fast
-    _INSTALLED = True
 
 
 __all__ = ["install"]
