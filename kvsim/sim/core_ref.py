@@ -162,9 +162,9 @@ class CoreState:
 
 
 def core_ref(cs: CoreState) -> CoreRef:
-    """``cs`` as a :class:`CoreRef` (the same arrays): what the compiled core takes.  The
-    batch's ``seen`` flags are passed as int8 and ``next_use`` as int64 (their types in
-    the struct)."""
+    """``cs`` as a :class:`CoreRef` (the same arrays): what the compiled core takes.  Its
+    members must have the types of :data:`CORE_REF` (the batch's ``seen`` flags int8,
+    ``next_use`` int64): nothing is converted."""
     seal_all()
     return _new_core_ref(*cs.members())
 

@@ -210,6 +210,10 @@ class _Run:
         # rows (kvsim.sim.tiers.copy_row)
         self.TMP_view = new_record_view(4)
         self.TMP = vr(self.TMP_view)
+        # the views' rows (kvsim.sim.tiers.record_rows: the same memory, never regrown)
+        h_rows, l1_rows, l2_rows, l3_rows = (record_rows(v) for v in self.views)
+        self.rows = {"H_rows": h_rows, "TMP_rows": record_rows(self.TMP_view),
+                     "L1_rows": l1_rows, "L2_rows": l2_rows, "L3_rows": l3_rows}
         self.TMP_i = np.zeros((4, 3), dtype=np.int64)
         kc = config.log_candidates if log_writer is not None else 0
         cap = (1 << 16) if log_writer is not None else 1
@@ -299,16 +303,7 @@ class _Run:
                          H_view=self.view, T1=T1, T2=T2, T3=T3, TMP=self.TMP, TMP_i=self.TMP_i,
                          G=self.G, S=self.S, P=self.P, running=self.running,
                          next_use=next_use, seen=seen, alt_b=self.alt_b, alt_s=self.alt_s,
-                         vo=self.vo, **self._rows)
-
-    @property
-    def _rows(self) -> dict:
-        """The views' rows (kvsim.sim.tiers.record_rows: same memory), made once."""
-        if getattr(self, "_rows_cache", None) is None:
-            h, l1, l2, l3 = (record_rows(v) for v in self.views)
-            self._rows_cache = {"H_rows": h, "TMP_rows": record_rows(self.TMP_view),
-                                "L1_rows": l1, "L2_rows": l2, "L3_rows": l3}
-        return self._rows_cache
+                         vo=self.vo, **self.rows)
 
     def core_value(self, next_use: np.ndarray, seen: np.ndarray):
         """What ``core.run`` takes as its state: :meth:`core_state` as one
