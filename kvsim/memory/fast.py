@@ -185,11 +185,18 @@ def new_state(config: PoolConfig) -> PoolState:
     )
 
 
-def new_out(config: PoolConfig) -> AllocOut:
+def new_out(config: PoolConfig, n_alt: int = MAX_ALT) -> AllocOut:
+    """Scratch arrays of one allocation.  ``n_alt`` (0..``MAX_ALT``) is how many runners-up
+    each HBM ``victim()`` call may report: the replay passes the decision log's candidate
+    count, 0 without a log, because a list policy walks its list for every runner-up it
+    writes (8 random reads per eviction, ~11 % of an lru replay of the Mooncake 16-token
+    import: docs/benchmarks.md), and nothing reads them without a log."""
+    if not 0 <= n_alt <= MAX_ALT:
+        raise ValueError(f"n_alt: expected 0..{MAX_ALT}, got {n_alt}")
     m = config.max_blocks_per_seq
     return AllocOut(np.zeros(m, np.int64), np.zeros(m, np.int64), np.zeros(m, np.int64),
                     np.zeros(m, np.int64), np.zeros(m, np.int64),
-                    np.zeros((m, MAX_ALT), np.int64), np.zeros((m, MAX_ALT), np.float64))
+                    np.zeros((m, n_alt), np.int64), np.zeros((m, n_alt), np.float64))
 
 
 # ======================================================================================

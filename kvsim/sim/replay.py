@@ -167,7 +167,9 @@ class _Run:
                               "(docs/policies.md, 'Compiled policies')", stacklevel=2)
                 core_mod = interpreted()
         self.core = core_mod
-        self.out = self.core.mem.new_out(pcfg)
+        # runners-up of HBM victims: only the decision log reads them (fast.new_out)
+        self.out = self.core.mem.new_out(
+            pcfg, config.log_candidates if log_writer is not None else 0)
         self.pst = policy_value(policy, hbm_state, core_mod)
         # compiled code takes each view as one pointer (kvsim.memory.hooks.ViewRef, same
         # arrays); Python code (check(), the interpreted twin) keeps the BlockViews

@@ -79,8 +79,9 @@ def test_every_member_is_the_drivers_own_array(replay):
     assert cs.next_use is nu and cs.seen is seen
     for got, mine in zip(_getter("G")(r), replay.G):
         assert np.shares_memory(got, mine)
-    for got, mine in zip(_getter("out")(r), replay.out):
-        assert np.shares_memory(got, mine)
+    for got, mine in zip(_getter("out")(r), replay.out):  # runners-up: (rows, 0) unlogged
+        assert got.shape == mine.shape and (got.size == 0 or np.shares_memory(got, mine))
+    assert replay.out.alt_blocks.shape[1] == 0
     assert np.shares_memory(_pool_ref_cnt(r), replay.st.ref_cnt)
     for got, T in zip(_tier_slots(r), replay.T):
         assert np.shares_memory(got, T[0])
