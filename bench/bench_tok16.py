@@ -1,25 +1,28 @@
-"""Tiered replay speed at 16-token blocks (issue 17): events per CPU-second and peak RSS of
-``simulate`` on event traces, and where the time of one replay goes.
+"""Tiered replay speed at 16-token blocks (issue 17): events per second (wall) and per
+CPU-second, and peak RSS, of ``simulate`` on event traces, and where the time goes.
 
     python bench/bench_tok16.py --trace mc512.parquet --trace mc16.parquet [--out J]
 
 For each ``--trace`` (made with ``kvsim import-request-trace --requests
 ../shared/traces/mooncake/conversation_trace.jsonl [--block-size 512] --out T``):
 
-* **end to end** (a fresh child process, like ``kvsim simulate --engine compiled``): CPU
-  seconds of ``simulate(trace, policy, SimConfig(engine="compiled"))`` (user + sys of the
-  child, ``RUSAGE_CHILDREN``; imports and start-up included), wall, and the child's peak
-  resident set (``ru_maxrss``).  The compiled core is loaded from numba's disk cache: a
-  warm-up child runs first and its figures are reported apart (a cold compile is not a
-  replay cost).
+* **end to end** (a fresh child process, like ``kvsim simulate --engine compiled``): wall
+  and CPU seconds of ``simulate(trace, policy, SimConfig(engine="compiled"))`` (CPU = user
+  + sys of the child, ``RUSAGE_CHILDREN``; imports and start-up included), and the
+  child's peak resident set (``ru_maxrss``).  The compiled core is loaded from numba's
+  disk cache: a warm-up child runs first and its figures are reported apart (a cold
+  compile is not a replay cost).
 * **in process, replay only** (the figure of ``bench/replay_cpu_rate.py``): one
-  ``simulate`` call timed with ``time.process_time`` after a warm-up call in the same
-  process (imports and loading the core excluded), best of ``--repeat``.
-* **where that time goes** (the timed call, split with ``time.process_time`` around each
-  phase): the Parquet reads of the pre-pass (``scan_trace``: reading, Arrow -> numpy and
-  validation, then the pre-pass's own work), the replay's reads (a second pass over the
-  file), the compiled core (``core.run`` calls), and the driver's per-batch work and the
-  output tables (the rest).
+  ``simulate`` call timed (wall, and ``time.process_time``: every thread) after a warm-up
+  call in the same process (imports and loading the core excluded), best CPU of
+  ``--repeat``.
+* **where the CPU goes** (the timed call, each phase timed with ``time.thread_time`` in
+  the thread that runs it): the Parquet reads (reading, Arrow -> numpy and validation) of
+  the pre-pass and of the replay (a second pass over the file), both in the reader thread
+  (kvsim.events.read_ahead), beside the main thread's pre-pass work, the compiled core
+  (``core.run`` calls), and the driver's per-batch work and the output tables (the rest
+  of the main thread).  On two cores the reads overlap the main thread's work, so the
+  wall is below the CPU total.
 
 ``/proc/loadavg`` is recorded at the start and the end: the machine is shared, so CPU
 seconds are the comparable figures.  Results go to ``--out`` as JSON.
@@ -61,59 +64,74 @@ def end_to_end(trace: str, policy: str) -> dict:
     res = json.loads(out.stdout.strip().splitlines()[-1])
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     res.update(cpu_s=cpu, process_wall_s=wall, events_per_cpu_s=res["events"] / cpu,
-               peak_rss_bytes=after.ru_maxrss * 1024)
+               events_per_wall_s=res["events"] / wall, peak_rss_bytes=after.ru_maxrss * 1024)
     return res
 
 
 def in_process(trace: str, policy: str, repeat: int) -> dict:
-    """Replay-only CPU seconds (best of ``repeat``) and the phase split of the best run."""
+    """Replay-only CPU seconds and wall (best CPU of ``repeat``) and the phase split of
+    the best run.  The reads run in the reader thread (kvsim.events.read_ahead) beside the
+    pre-pass and the core: each phase is timed with ``time.thread_time`` in the thread that
+    runs it, the total with ``time.process_time`` (every thread)."""
+    from kvsim.events.read_ahead import ReadAhead
     from kvsim.sim import SimConfig, prepass, replay, simulate
 
     cfg = SimConfig(engine="compiled")
     simulate(trace, policy, cfg)  # warm-up: loads the compiled core
     best = None
     for _ in range(repeat):
-        acc = {"prepass_read": 0.0, "replay_read": 0.0, "core": 0.0}
+        acc = {"prepass_read": 0.0, "replay_read": 0.0, "core": 0.0, "prepass_work": 0.0}
         orig_open, orig_scan, orig_feed = prepass._open, replay.scan_trace, replay._Run.feed
         phase = {"name": "replay_read"}
+
+        def timed(it, name):
+            """The reader's batches, the CPU of each read added to ``acc[name]`` (in the
+            thread that reads: the reader thread under read-ahead)."""
+            while True:
+                c = time.thread_time()
+                try:
+                    cols = next(it)
+                except StopIteration:
+                    acc[name] += time.thread_time() - c
+                    return
+                acc[name] += time.thread_time() - c
+                yield cols
 
         class _TimedReader:
             def __init__(self, reader):
                 self.reader = reader
+                self.ahead = []
 
             def __enter__(self):
                 self.reader.__enter__()
                 return self
 
             def __exit__(self, *exc):
+                for a in self.ahead:
+                    a.close()
                 return self.reader.__exit__(*exc)
 
             @property
             def header(self):
                 return self.reader.header
 
-            def batches(self, n):
-                it = self.reader.batches(n)
-                while True:
-                    c = time.process_time()
-                    try:
-                        cols = next(it)
-                    except StopIteration:
-                        acc[phase["name"]] += time.process_time() - c
-                        return
-                    acc[phase["name"]] += time.process_time() - c
-                    yield cols
+            def batches(self, n, read_ahead=False):
+                it = timed(self.reader.batches(n), phase["name"])
+                if read_ahead:
+                    it = ReadAhead(it)
+                    self.ahead.append(it)
+                return it
 
         def timed_open(path):
             return _TimedReader(orig_open(path))
 
         def timed_scan(*a, **k):
             phase["name"] = "prepass_read"
-            c = time.process_time()
+            c = time.thread_time()
             try:
                 return orig_scan(*a, **k)
             finally:
-                acc["prepass_total"] = time.process_time() - c
+                acc["prepass_work"] = time.thread_time() - c
                 phase["name"] = "replay_read"
 
         def timed_feed(self, cols):
@@ -129,34 +147,37 @@ def in_process(trace: str, policy: str, repeat: int) -> dict:
 
                     @staticmethod
                     def run(*args):
-                        c = time.process_time()
+                        c = time.thread_time()
                         try:
                             return run(*args)
                         finally:
-                            acc["core"] += time.process_time() - c
+                            acc["core"] += time.thread_time() - c
                 self.core = _Core()
             return orig_feed(self, cols)
 
         prepass._open, replay._open = timed_open, timed_open
         replay.scan_trace, replay._Run.feed = timed_scan, timed_feed
         try:
-            c0 = time.process_time()
+            c0, t0, w0 = time.process_time(), time.thread_time(), time.perf_counter()
             r = simulate(trace, policy, cfg)
             total = time.process_time() - c0
+            main_thread = time.thread_time() - t0
+            wall = time.perf_counter() - w0
         finally:
             prepass._open, replay._open = orig_open, orig_open
             replay.scan_trace, replay._Run.feed = orig_scan, orig_feed
         if best is None or total < best["cpu_s"]:
             n = r.summary["events"]
-            best = {"cpu_s": total, "events": n, "events_per_cpu_s": n / total,
+            best = {"cpu_s": total, "wall_s": wall, "events": n,
+                    "events_per_cpu_s": n / total, "events_per_wall_s": n / wall,
                     "hbm_hit_rate": r.summary["hbm_hit_rate"],
                     "split_cpu_s": {
                         "prepass_read": acc["prepass_read"],
-                        "prepass_work": acc["prepass_total"] - acc["prepass_read"],
+                        "prepass_work": acc["prepass_work"],
                         "replay_read": acc["replay_read"],
                         "core": acc["core"],
-                        "driver_and_outputs": total - acc["prepass_total"]
-                        - acc["replay_read"] - acc["core"]},
+                        "driver_and_outputs": main_thread - acc["prepass_work"]
+                        - acc["core"]},
                     "core_ns_per_event": acc["core"] / n * 1e9}
     return best
 
@@ -179,10 +200,13 @@ def main(argv: list[str] | None = None) -> int:
                                 "in_process": inproc}
         s = inproc["split_cpu_s"]
         print(f"{trace} ({args.policy}, {e2e['events']:,} events): end to end "
-              f"{e2e['cpu_s']:.2f} CPU-s = {e2e['events_per_cpu_s'] / 1e6:.3f} M events per "
-              f"CPU-s, peak RSS {e2e['peak_rss_bytes'] / 2**30:.3f} GiB; in process "
+              f"{e2e['process_wall_s']:.2f} s wall = {e2e['events_per_wall_s'] / 1e6:.3f} M "
+              f"events/s, {e2e['cpu_s']:.2f} CPU-s = {e2e['events_per_cpu_s'] / 1e6:.3f} M "
+              f"events per CPU-s, peak RSS {e2e['peak_rss_bytes'] / 2**30:.3f} GiB; in "
+              f"process {inproc['wall_s']:.2f} s wall = "
+              f"{inproc['events_per_wall_s'] / 1e6:.3f} M events/s, "
               f"{inproc['cpu_s']:.2f} CPU-s = {inproc['events_per_cpu_s'] / 1e6:.3f} M events "
-              f"per CPU-s (pre-pass reads {s['prepass_read']:.2f}, pre-pass work "
+              f"per CPU-s (CPU: pre-pass reads {s['prepass_read']:.2f}, pre-pass work "
               f"{s['prepass_work']:.2f}, replay reads {s['replay_read']:.2f}, core "
               f"{s['core']:.2f} = {inproc['core_ns_per_event']:.0f} ns per event, driver "
               f"and outputs {s['driver_and_outputs']:.2f}); hbm_hit_rate "

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from kvsim.errors import KvsimInputError, bad_value
 from kvsim.schema import (COLUMN_NAMES, COLUMNS, DEFAULTS, HEADER_METADATA_KEY, SCHEMA_VERSION,
                           EventHeader, EventKind)
+from kvsim.events.read_ahead import ReadAhead
 from kvsim.events.columns import (JSONL_HEADER_KEY, DTYPES, REQUIRED_JSONL_FIELDS,
                                   BLOCK_LEVEL_KINDS, _INT, _FLOAT, _BOOL, _ENUM, _COLUMN_INDEX,
                                   _ENUM_BY_NAME, _ENUM_BY_VALUE, _FIELD_CLASS, event_format,
@@ -71,6 +72,7 @@ class EventReader:
         self.format = event_format(self.path)
         self.num_rows: int | None = None
         self._pf: pq.ParquetFile | None = None
+        self._ahead: list[ReadAhead] = []
         if self.format == "parquet":
             self.header = self._open_parquet()
         else:
@@ -84,23 +86,35 @@ class EventReader:
         return False
 
     def close(self) -> None:
+        for ahead in self._ahead:  # before the file: no read is left running
+            ahead.close()
+        self._ahead.clear()
         if self._pf is not None:
             self._pf.close()
             self._pf = None
 
-    def batches(self, batch_rows: int = 1 << 20) -> Iterator[dict[str, np.ndarray]]:
+    def batches(self, batch_rows: int = 1 << 20, *,
+                read_ahead: bool = False) -> Iterator[dict[str, np.ndarray]]:
         """Yield validated batches of at most ``batch_rows`` rows as numpy columns.
 
         Every batch has all columns of :data:`kvsim.schema.COLUMNS` with the dtypes of
         :data:`DTYPES`, C-contiguous.  Arrays may be read-only (Parquet columns are
         zero-copy views of Arrow buffers): copy before mutating.  Memory is bounded by one
-        Parquet row group or ``batch_rows`` lines.
+        Parquet row group or ``batch_rows`` lines.  ``read_ahead``: the next batch is read
+        in a thread while the caller works on this one (:mod:`kvsim.events.read_ahead`;
+        one batch more in memory); :meth:`close` stops that thread.
         """
         if batch_rows <= 0:
             raise ValueError("batch_rows must be positive")
         if self.format == "parquet":
-            return self._parquet_batches(batch_rows)
-        return self._jsonl_batches(batch_rows)
+            it = self._parquet_batches(batch_rows)
+        else:
+            it = self._jsonl_batches(batch_rows)
+        if not read_ahead:
+            return it
+        ahead = ReadAhead(it)
+        self._ahead.append(ahead)
+        return ahead
 
     # -- Parquet -----------------------------------------------------------------------
     def _open_parquet(self) -> EventHeader:
@@ -154,18 +168,24 @@ class EventReader:
         prev_step = -1
         row0 = 0
         for rg in range(pf.num_row_groups):
-            try:
-                table = pf.read_row_group(rg, columns=list(COLUMN_NAMES))
-            except (pa.ArrowException, OSError) as exc:
-                raise KvsimInputError(f"corrupt or truncated Parquet data ({_short(exc)})",
-                                      self.path, f"row group {rg} (from row {row0})") from None
-            for start in range(0, table.num_rows, batch_rows):
-                part = table.slice(start, batch_rows)
-                cols = self._arrow_to_numpy(part, row0 + start)
-                _validate_columns(cols, prev_step, self._row_error(row0 + start))
+            # decoded batch_rows rows at a time, not the whole row group (memory)
+            parts = pf.iter_batches(batch_size=batch_rows, row_groups=[rg],
+                                    columns=list(COLUMN_NAMES), use_threads=False)
+            start = row0
+            while True:
+                try:
+                    part = next(parts, None)
+                except (pa.ArrowException, OSError) as exc:
+                    raise KvsimInputError(f"corrupt or truncated Parquet data ({_short(exc)})",
+                                          self.path, f"row group {rg} (from row {row0})") from None
+                if part is None:
+                    break
+                cols = self._arrow_to_numpy(pa.Table.from_batches([part]), start)
+                _validate_columns(cols, prev_step, self._row_error(start))
                 prev_step = int(cols["step"][-1]) if len(cols["step"]) else prev_step
+                start += part.num_rows
                 yield cols
-            row0 += table.num_rows
+            row0 = start
 
     def _row_error(self, offset: int) -> _ErrorFactory:
         path = self.path

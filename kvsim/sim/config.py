@@ -110,7 +110,7 @@ class SimConfig:
         "trace has at least AUTO_COMPILE_MIN_ROWS events, else interpreted), compiled (numba, cached on disk; the first run of a policy pays its "
         "compile) or interpreted (the same code run by Python: no compile time, ~100x "
         "slower per event; plain-Python policies always use it)"))
-    batch_rows: int = field(default=1 << 20, metadata=_h("event rows per streamed batch"))
+    batch_rows: int = field(default=1 << 18, metadata=_h("event rows per streamed batch"))
     check_invariants: bool = field(default=False, metadata=_h(
         "after the replay, check the pool and tier invariants (SimResult.checks)"))
 

@@ -109,7 +109,7 @@ NEVER = np.iinfo(np.int64).max
 # the loop
 # ---------------------------------------------------------------------------------------
 
-@njit(cache=True)  # its C-callable wrapper: closed_step.advance calls it as a value
+@njit(cache=True, nogil=True)  # its C-callable wrapper: closed_step.advance calls it as a value
 def run(cols, i0, n, cr):
     """Replay rows ``i0 .. n-1`` of one batch on the core's state ``cr`` (a
     :class:`kvsim.sim.core_ref.CoreRef`; interpreted, its :class:`CoreState`).  Returns

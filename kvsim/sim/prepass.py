@@ -152,7 +152,7 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
     seen_set = SeenSet()
     seen_bits = np.zeros(1 << 12, np.uint8)
     with _open(trace_path) as reader:
-        for cols in reader.batches(batch_rows):
+        for cols in reader.batches(batch_rows, read_ahead=True):
             n = len(cols["kind"])
             if n == 0:
                 continue
@@ -380,7 +380,7 @@ def offline_next_use(trace_path: str | Path, block_size_tokens: int, num_allocs:
     n_used = 0
     base = 0
     with _open(trace_path) as reader:
-        for cols in reader.batches(batch_rows):
+        for cols in reader.batches(batch_rows, read_ahead=True):
             h = full_hashes(cols, block_size_tokens)
             if base + h.shape[0] > num_allocs:
                 raise ValueError("the trace changed since its pre-pass (more ALLOCATE rows)")

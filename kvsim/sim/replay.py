@@ -477,12 +477,13 @@ def execute(trace_path: str | Path, pol, config: SimConfig,
         if writer is not None:
             writer.__enter__()
         with _open(trace_path) as reader:
-            for cols in reader.batches(config.batch_rows):
+            # the next batch is read while the core (no GIL) replays this one
+            for cols in reader.batches(config.batch_rows, read_ahead=True):
                 run.feed(cols)
-                release_read_buffers()  # decoded row groups already replayed (prepass.py)
                 done += len(cols["kind"])
                 if on_progress is not None:
                     on_progress(done, facts.num_rows)
+        release_read_buffers()  # the pass's decoded batches, before the outputs (prepass.py)
         run.finish()
         run.seen = None  # the outputs do not need it (when kept): freed before they are built
     except BaseException as exc:
