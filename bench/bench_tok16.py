@@ -73,7 +73,6 @@ def in_process(trace: str, policy: str, repeat: int) -> dict:
     the best run.  The reads run in the reader thread (kvsim.events.read_ahead) beside the
     pre-pass and the core: each phase is timed with ``time.thread_time`` in the thread that
     runs it, the total with ``time.process_time`` (every thread)."""
-    from kvsim.events.read_ahead import ReadAhead
     from kvsim.sim import SimConfig, prepass, replay, simulate
 
     cfg = SimConfig(engine="compiled")
@@ -118,6 +117,8 @@ def in_process(trace: str, policy: str, repeat: int) -> dict:
             def batches(self, n, read_ahead=False):
                 it = timed(self.reader.batches(n), phase["name"])
                 if read_ahead:
+                    from kvsim.events.read_ahead import ReadAhead
+
                     it = ReadAhead(it)
                     self.ahead.append(it)
                 return it
