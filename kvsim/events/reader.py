@@ -99,8 +99,9 @@ class EventReader:
 
         Every batch has all columns of :data:`kvsim.schema.COLUMNS` with the dtypes of
         :data:`DTYPES`, C-contiguous.  Arrays may be read-only (Parquet columns are
-        zero-copy views of Arrow buffers): copy before mutating.  Memory is bounded by one
-        Parquet row group or ``batch_rows`` lines.  ``read_ahead``: the next batch is read
+        zero-copy views of Arrow buffers): copy before mutating.  Memory is bounded by
+        ``batch_rows`` decoded rows (a Parquet row group is decoded as it is read, not
+        whole) or ``batch_rows`` JSONL lines.  ``read_ahead``: the next batch is read
         in a thread while the caller works on this one (:mod:`kvsim.events.read_ahead`;
         one batch more in memory); :meth:`close` stops that thread.
         """
@@ -169,11 +170,13 @@ class EventReader:
         row0 = 0
         for rg in range(pf.num_row_groups):
             # decoded batch_rows rows at a time, not the whole row group (memory)
-            parts = pf.iter_batches(batch_size=batch_rows, row_groups=[rg],
-                                    columns=list(COLUMN_NAMES), use_threads=False)
+            parts = None
             start = row0
             while True:
                 try:
+                    if parts is None:
+                        parts = pf.iter_batches(batch_size=batch_rows, row_groups=[rg],
+                                                columns=list(COLUMN_NAMES), use_threads=False)
                     part = next(parts, None)
                 except (pa.ArrowException, OSError) as exc:
                     raise KvsimInputError(f"corrupt or truncated Parquet data ({_short(exc)})",
