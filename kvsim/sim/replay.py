@@ -167,9 +167,9 @@ class _Run:
                               "(docs/policies.md, 'Compiled policies')", stacklevel=2)
                 core_mod = interpreted()
         self.core = core_mod
-        # runners-up of HBM victims: only the decision log reads them (fast.new_out)
-        self.out = self.core.mem.new_out(
-            pcfg, config.log_candidates if log_writer is not None else 0)
+        # runners-up per eviction: only the decision log reads them (fast.new_out)
+        kc = config.log_candidates if log_writer is not None else 0
+        self.out = self.core.mem.new_out(pcfg, kc)
         self.pst = policy_value(policy, hbm_state, core_mod)
         # compiled code takes each view as one pointer (kvsim.memory.hooks.ViewRef, same
         # arrays); Python code (check(), the interpreted twin) keeps the BlockViews
@@ -217,7 +217,6 @@ class _Run:
         self.rows = {"H_rows": h_rows, "TMP_rows": record_rows(self.TMP_view),
                      "L1_rows": l1_rows, "L2_rows": l2_rows, "L3_rows": l3_rows}
         self.TMP_i = np.zeros((4, 3), dtype=np.int64)
-        kc = config.log_candidates if log_writer is not None else 0
         cap = (1 << 16) if log_writer is not None else 1
         self.G = (np.zeros((cap, L.NGI), dtype=np.int64), np.zeros((cap, L.NGF)),
                   np.zeros((cap, max(kc, 1), L.NCI), dtype=np.int64),

@@ -1,6 +1,7 @@
 """An HBM ``victim()`` call gets room for runners-up only when a decision log records them
 (kvsim.memory.fast.new_out): list policies walk their list once per runner-up they write,
-which was ~11 % of an lru replay of the Mooncake 16-token import with no log at all."""
+which put ``lru.victim`` at 4.7 % of an lru replay of the Mooncake 16-token import with no
+log at all (1.2 % without the walk)."""
 
 from __future__ import annotations
 
