@@ -16,6 +16,10 @@ For each ``--trace`` (made with ``kvsim import-request-trace --requests
   ``simulate`` call timed (wall, and ``time.process_time``: every thread) after a warm-up
   call in the same process (imports and loading the core excluded), best CPU of
   ``--repeat``.
+* **by depth of the hierarchy** (``--hierarchies``): the in-process figure again with the
+  lower tiers switched off one by one (``dram_gb`` / ``cxl_gb`` / ``nvme_gb`` = 0), and
+  the spills into each tier: at 16-token blocks nearly every HBM eviction cascades through
+  every lower tier, so the replay's cost grows with the number of tiers.
 * **where the CPU goes** (the timed call, each phase timed with ``time.thread_time`` in
   the thread that runs it): the Parquet reads (reading, Arrow -> numpy and validation) of
   the pre-pass and of the replay (a second pass over the file), both in the reader thread
@@ -68,14 +72,25 @@ def end_to_end(trace: str, policy: str) -> dict:
     return res
 
 
-def in_process(trace: str, policy: str, repeat: int) -> dict:
+#: ``--hierarchies``: the tiers below HBM switched off (capacity 0) in each row, the last
+#: row being the default four-tier hierarchy of the other figures.
+HIERARCHIES = {
+    "hbm": {"dram_gb": 0, "cxl_gb": 0, "nvme_gb": 0},
+    "hbm+dram": {"cxl_gb": 0, "nvme_gb": 0},
+    "hbm+dram+cxl": {"nvme_gb": 0},
+    "hbm+dram+nvme": {"cxl_gb": 0},
+    "hbm+dram+cxl+nvme": {},
+}
+
+
+def in_process(trace: str, policy: str, repeat: int, tiers: dict | None = None) -> dict:
     """Replay-only CPU seconds and wall (best CPU of ``repeat``) and the phase split of
     the best run.  The reads run in the reader thread (kvsim.events.read_ahead) beside the
     pre-pass and the core: each phase is timed with ``time.thread_time`` in the thread that
     runs it, the total with ``time.process_time`` (every thread)."""
     from kvsim.sim import SimConfig, prepass, replay, simulate
 
-    cfg = SimConfig(engine="compiled")
+    cfg = SimConfig(engine="compiled", **(tiers or {}))
     simulate(trace, policy, cfg)  # warm-up: loads the compiled core
     best = None
     for _ in range(repeat):
@@ -172,6 +187,8 @@ def in_process(trace: str, policy: str, repeat: int) -> dict:
             best = {"cpu_s": total, "wall_s": wall, "events": n,
                     "events_per_cpu_s": n / total, "events_per_wall_s": n / wall,
                     "hbm_hit_rate": r.summary["hbm_hit_rate"],
+                    "spills": {k: int(r.summary[k]) for k in
+                               ("spills_hbm", "spills_dram", "spills_cxl", "evictions")},
                     "split_cpu_s": {
                         "prepass_read": acc["prepass_read"],
                         "prepass_work": acc["prepass_work"],
@@ -188,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", action="append", required=True, help="event trace (repeat)")
     ap.add_argument("--policy", default="lru")
     ap.add_argument("--repeat", type=int, default=1, help="in-process timed runs (best of)")
+    ap.add_argument("--hierarchies", action="store_true",
+                    help="also time the in-process replay with fewer lower tiers")
     ap.add_argument("--out", type=Path, default=None, help="JSON results")
     args = ap.parse_args(argv)
     res = {"command": " ".join(["python", "bench/bench_tok16.py"] + (argv or sys.argv[1:])),
@@ -212,6 +231,16 @@ def main(argv: list[str] | None = None) -> int:
               f"{s['core']:.2f} = {inproc['core_ns_per_event']:.0f} ns per event, driver "
               f"and outputs {s['driver_and_outputs']:.2f}); hbm_hit_rate "
               f"{e2e['hbm_hit_rate']:.6f}", flush=True)
+        if args.hierarchies:
+            res["traces"][trace]["by_hierarchy"] = by = {}
+            for name, tiers in HIERARCHIES.items():
+                by[name] = h = in_process(trace, args.policy, args.repeat, tiers)
+                print(f"  {name:18s} in process {h['wall_s']:.2f} s wall = "
+                      f"{h['events_per_wall_s'] / 1e6:.3f} M events/s, core "
+                      f"{h['split_cpu_s']['core']:.2f} CPU-s, spills from hbm / dram / "
+                      f"cxl {h['spills']['spills_hbm']:,} / {h['spills']['spills_dram']:,} "
+                      f"/ {h['spills']['spills_cxl']:,}, hbm_hit_rate "
+                      f"{h['hbm_hit_rate']:.6f}", flush=True)
     res["load_average_at_end"] = _load()
     print("load average", res["load_average_at_start"], "->", res["load_average_at_end"])
     if args.out is not None:
