@@ -97,7 +97,7 @@ def _first_lower(T1, T2, T3):
 
 @njit(cache=True)
 def _below(T1, T2, T3, h):
-    return tr.tier_find(T1, h) >= 0 or tr.tier_find(T2, h) >= 0 or tr.tier_find(T3, h) >= 0
+    return tr.lower_find(T1.L_h, h) >= 0  # the tiers' shared table: in any of them
 
 
 @njit(cache=True)

@@ -123,9 +123,9 @@ class Engine:
                                      engine=closed_engine(config, policy, facts.num_rows))
         self.run = _Run(policy, nowarm, header, facts, costs, block_bytes, log_writer)
         self.run.K[L.K_WARMUP_STEP] = -1
-        T1, T2, T3 = self.run.T
-        # the pool's prefix index as keys and values (strided views of its one array)
-        sc.lookup = (*index_keys_values(self.run.st.hidx), T1[2], T2[2], T3[2])
+        # the pool's prefix index as keys and values (strided views of its one array),
+        # and the lower tiers' shared table (kvsim.sim.tiers)
+        sc.lookup = (*index_keys_values(self.run.st.hidx), self.run.T[0].L_h)
         self.pb_off = self.pb_next = self.pb_seen = None  # set_block_facts, before advance
         self.rprio = np.asarray(df["request_priority"].to_numpy(), dtype=np.int8)
         self.tenant = np.asarray(df["tenant"].to_numpy(), dtype=np.int32)

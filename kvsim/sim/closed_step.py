@@ -105,7 +105,7 @@ def advance(limit_us, max_steps, aux, insys,
             ip, fp, st, stf, arr, prompt, out, ttft, tpot, nsamp, beam, rprio, cont, gap,
             shared, spk, spp, hashed, off, ids, src, par, computed, gen, nblk, lasth, status,
             first_us, dsteps, forked, blast, cow, run, run2, fin, nkey, priv, stall, hb, hb2,
-            rk, rv, order, phk, phv, t1k, t2k, t3k, hitk, adm, I, F,
+            rk, rv, order, phk, phv, tk, hitk, adm, I, F,
             cols, rprio_tab, tenant_tab, block_bytes, pb_off, pb_next, pb_seen,
             cr, core_run):
     """Run steps (module docstring).  Returns ``(code, I, F)``: ``R_*`` or a core
@@ -141,8 +141,7 @@ def advance(limit_us, max_steps, aux, insys,
                                   rprio, cont, gap, shared, spk, spp, hashed, off, ids, src,
                                   par, computed, gen, nblk, lasth, status, first_us, dsteps,
                                   forked, blast, cow, run, run2, fin, nkey, priv, stall, hb,
-                                  hb2, rk, rv, order, phk, phv, t1k, t2k, t3k, hitk, adm, I,
-                                  F, 0)
+                                  hb2, rk, rv, order, phk, phv, tk, hitk, adm, I, F, 0)
             if n == 0:
                 return R_IDLE, I, F
             insys[aux[X_NINSYS]] = st[S.S_ARRIVE] - done_before

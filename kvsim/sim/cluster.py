@@ -69,9 +69,8 @@ def _route(router: str, i: int, engines: list[Engine], hb: np.ndarray, nb: int,
     best, best_key = 0, None
     for w, e in enumerate(engines):
         sc = e.sched
-        phk, phv, t1k, t2k, t3k = sc.lookup
-        cached = _cached_prefix(hb, nb, prompt_tokens, B, sc.slot_args[20], phk, phv,
-                                  t1k, t2k, t3k)
+        phk, phv, tk = sc.lookup
+        cached = _cached_prefix(hb, nb, prompt_tokens, B, sc.slot_args[20], phk, phv, tk)
         active = int(sc.st[S.S_HELD]) + waiting_blocks[w]
         key = (PREFIX_OVERLAP_WEIGHT * (nb - cached) + active, load[w], w)
         if best_key is None or key < best_key:

@@ -185,28 +185,17 @@ def _place(r, e0, nb, mode, cr):
         n_hbm = mem.pool_lookup(st, hbuf, nb, num_tokens, out.blocks)
         limit = min(nb, (num_tokens - 1) // bs) if num_tokens > 0 else 0
         k = n_hbm
-        L1h, L2h, L3h = cr.T1.L_h, cr.T2.L_h, cr.T3.L_h
-        m1 = (L1h.shape[0] >> 1) - 1  # entries - 1 of each table (tiers.hash_slot)
-        m2 = (L2h.shape[0] >> 1) - 1
-        m3 = (L3h.shape[0] >> 1) - 1
+        LH = cr.T1.L_h  # the lower tiers' shared table (kvsim.sim.tiers)
+        m = (LH.shape[0] >> 1) - 1  # entries - 1 (tiers.hash_slot)
         while k < limit and hbuf[k] != 0:
-            f = k + lower.PREFETCH_AHEAD  # a later block's probes, requested now
+            f = k + lower.PREFETCH_AHEAD  # a later block's probe, requested now
             if f < limit:
-                home = (hbuf[f] * tr._FIB) >> 32  # as tiers.hash_slot
-                prefetch(L1h, 2 * (home & m1))
-                prefetch(L2h, 2 * (home & m2))
-                prefetch(L3h, 2 * (home & m3))
-            h = hbuf[k]
-            s = lower._find(L1h, h)  # tiers.tier_find on the tables read once
-            t = 1
-            if s < 0:
-                s = lower._find(L2h, h)
-                t = 2
-            if s < 0:
-                s = lower._find(L3h, h)
-                t = 3
-            if s < 0:
+                prefetch(LH, 2 * (((hbuf[f] * tr._FIB) >> 32) & m))  # as tiers.hash_slot
+            v = lower._find(LH, hbuf[k])  # tiers.lower_find: slot * 4 + tier, or -1
+            if v < 0:
                 break
+            t = v & 3
+            s = v >> 2
             scr[0, k] = t
             scr[1, k] = s
             k += 1

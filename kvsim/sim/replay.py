@@ -69,18 +69,30 @@ def choose_engine(engine: str, num_rows: int, policy, lower_policies) -> str:
     return chosen
 
 
-def _lower_tier(tier: int, cap: int, policy, params: dict, max_blocks: int):
-    """Arrays of one lower tier.  A lower tier holds hashed blocks only, at most one slot per
-    distinct hash, so it never needs more slots than the trace has ALLOCATE rows
-    (``max_blocks``): a capacity above that can never bind, and sizing the arrays by it
-    would cost gigabytes for a multi-TB NVMe tier of small blocks."""
+def _lower_slots(cap: int, max_blocks: int) -> int:
+    """Slots of a lower tier of ``cap`` blocks.  A lower tier holds hashed blocks only, at
+    most one slot per distinct hash, so it never needs more slots than the trace has
+    ALLOCATE rows (``max_blocks``): a capacity above that can never bind, and sizing the
+    arrays by it would cost gigabytes for a multi-TB NVMe tier of small blocks."""
+    return max(min(cap, max(max_blocks, 1)), 1)
+
+
+def _lower_table(slots: int) -> np.ndarray:
+    """The lower tiers' shared hash table (kvsim.sim.tiers) for ``slots`` slots in all:
+    a power of two >= 2 x slots of entries, keys (0 = empty) and values interleaved."""
+    table = 1 << max(1, int(2 * slots - 1).bit_length())
+    L_h = np.zeros(2 * table, dtype=np.int64)
+    L_h[1::2] = -1
+    return L_h
+
+
+def _lower_tier(tier: int, cap: int, policy, params: dict, max_blocks: int,
+                L_h: np.ndarray):
+    """Arrays of one lower tier (``L_h``: the table the three tiers share)."""
     cap = min(cap, max(max_blocks, 1))
-    slots = max(cap, 1)
+    slots = _lower_slots(cap, max_blocks)
     L_i = np.zeros((slots, L.NLI), dtype=np.int64)
     L_free = np.arange(slots - 1, -1, -1, dtype=np.int64)
-    table = 1 << max(1, int(2 * slots - 1).bit_length())  # power of two >= 2 x slots
-    L_h = np.zeros(2 * table, dtype=np.int64)  # keys (0 = empty) and slots interleaved
-    L_h[1::2] = -1
     L_view = new_record_view(slots, initialise=False)  # a row per slot, written at fill
     L_ps = policy.init(max(cap, 1), slots, dict(params))
     Lm = np.array([tier, cap, cap, 0], dtype=np.int64)
@@ -155,8 +167,9 @@ class _Run:
         self.st = mem.new_state(pcfg)
         self.view = new_record_view(hbm_blocks + 1)  # one row per block (kvsim.sim.tiers)
         hbm_state = policy.init(hbm_blocks, hbm_blocks + 1, dict(params))
-        tiers = [_lower_tier(t + 1, costs[t + 1].capacity_blocks, lower[t], params,
-                             facts.num_allocs)
+        caps = [costs[t + 1].capacity_blocks for t in range(3)]
+        table = _lower_table(sum(_lower_slots(c, facts.num_allocs) for c in caps))
+        tiers = [_lower_tier(t + 1, caps[t], lower[t], params, facts.num_allocs, table)
                  for t in range(3)]
         if is_compiled(core_mod):
             odd = [p for p, s in zip([policy, *lower], [hbm_state] + [T[4] for T in tiers])

@@ -170,13 +170,14 @@ def _token_deadline(arr, ttft, tpot, first_us, g):
 
 
 @njit(cache=True)
-def _cached_prefix(hb, nb, prompt_c, B, rk, phk, phv, t1k, t2k, t3k):
+def _cached_prefix(hb, nb, prompt_c, B, rk, phk, phv, tk):
     """Closed loop: leading prompt blocks whose KV is cached somewhere, as the replay
     will find them when it places the request (kvsim.sim.core ``_place``): the chain in
     HBM (the pool's prefix index ``phk``/``phv``, as :func:`kvsim.memory.fast.pool_lookup`,
     plus blocks admitted earlier in this step, ``rk``), then continued in DRAM, CXL, NVMe
-    (the tiers' hash tables ``t1k``..``t3k``, keys and values interleaved:
-    :func:`kvsim.sim.tiers.hash_slot` returns a key's position).  At most
+    (the lower tiers' shared hash table ``tk``, keys and values interleaved:
+    :func:`kvsim.sim.tiers.hash_slot` returns a key's position; a content is in at most
+    one lower tier).  At most
     ``(prompt - 1) // B`` blocks: the last token is always computed (vLLM)."""
     limit = min(nb, (prompt_c - 1) // B)
     k = 0
@@ -188,8 +189,7 @@ def _cached_prefix(hb, nb, prompt_c, B, rk, phk, phv, t1k, t2k, t3k):
         k += 1
     while k < limit and hb[k] != 0:
         h = hb[k]
-        if (t1k[hash_slot(t1k, h)] != h and t2k[hash_slot(t2k, h)] != h
-                and t3k[hash_slot(t3k, h)] != h):
+        if tk[hash_slot(tk, h)] != h:
             break
         k += 1
     return k

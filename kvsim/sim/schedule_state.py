@@ -28,7 +28,7 @@ class Schedule:
     req_args: tuple
     slot_args: tuple
     order: np.ndarray
-    lookup: tuple  # (phk, phv, t1k, t2k, t3k): the replay's hash tables (closed loop)
+    lookup: tuple  # (phk, phv, tk): the replay's hash tables (closed loop)
     hitk: np.ndarray
     adm: np.ndarray
     I: np.ndarray
@@ -49,7 +49,7 @@ _NO_TABLE = np.zeros(2, dtype=np.int64)
 # no pool: an empty prefix index, as keys and values views of one interleaved array like
 # the closed loop's (kvsim.memory.fast.index_keys_values), so the scheduler's step compiles
 # for one signature whichever it gets
-_NO_LOOKUP = (*index_keys_values(new_index(2)), _NO_TABLE, _NO_TABLE, _NO_TABLE)
+_NO_LOOKUP = (*index_keys_values(new_index(2)), _NO_TABLE)
 
 
 def new_schedule(df, off: np.ndarray, ids: np.ndarray, trace_block_tokens: int, cfg,

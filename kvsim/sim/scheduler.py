@@ -150,7 +150,7 @@ def run_steps(ip, fp, st, stf,
               hashed, off, ids,
               src, par, computed, gen, nblk, lasth, status, first_us, dsteps, forked, blast,
               cow, run, run2, fin, nkey, priv, stall, hb, hb2, rk, rv,
-              order, phk, phv, t1k, t2k, t3k, hitk, adm, I, F, n):
+              order, phk, phv, tk, hitk, adm, I, F, n):
     """Run steps until ``n >= flush_rows`` at a step boundary or the trace is done.
 
     Returns ``(I, F, n)``; ``st[S_FINISHED] == 1`` once every request has finished.
@@ -440,8 +440,7 @@ def run_steps(ip, fp, st, stf,
                 st[S_BLOCKED] += 1  # head-of-line: nobody behind it is admitted either
                 break
             if closed:  # before this request's own blocks join rk
-                hitk[c] = B * _cached_prefix(hb, nb, prompt[c], B, rk, phk, phv, t1k, t2k,
-                                             t3k)
+                hitk[c] = B * _cached_prefix(hb, nb, prompt[c], B, rk, phk, phv, tk)
                 adm[st[S_NADM]] = c
                 st[S_NADM] += 1
                 st[S_HIT_TOK] += hitk[c]

@@ -27,14 +27,13 @@ A_EVICT, A_DEMOTE, A_WRITE_THROUGH = 0, 1, 5
 W_WT, W_WTS, W_BACKED = 4, 5, 15
 PR_DECODE_CRITICAL = 3
 
-#: How many evicted blocks ahead :func:`_hbm_evicted_range` prefetches the tiers' hash
-#: table entries of (the home position of each evicted hash in each table: its lower-copy
-#: test is three random probes into tables of up to 4 M entries, one cache miss each at
-#: 16-token blocks), with the block's ``H_i`` row and view row (read when it is demoted);
-#: the first blocks of a range are requested before the first is handled.  A tier's victim
-#: has its entries in its own table (the removal) and
-#: in the next tier's (the fill there) prefetched as soon as it is named, before its
-#: policy's ``on_remove``.  Prefetches change no result (kvsim.sim.prefetch).  4 was
+#: How many evicted blocks ahead :func:`_hbm_evicted_range` prefetches the lower tiers'
+#: shared table entry of (the home position of each evicted hash: its lower-copy test is
+#: one random probe into a table of up to 4 M entries, a cache miss at 16-token blocks),
+#: with the block's ``H_i`` row and view row (read when it is demoted); the first blocks of
+#: a range are requested before the first is handled.  A tier's victim has its entry
+#: (rewritten where it lands below, or removed) prefetched as soon as it is named, before
+#: its policy's ``on_remove``.  Prefetches change no result (kvsim.sim.prefetch).  4 was
 #: chosen, not tuned (no other distance was measured); the effect of both prefetches on
 #: the Mooncake 16-token import: docs/benchmarks.md, "Speed: tiered replay of 16-token
 #: traces".
@@ -63,26 +62,48 @@ PREFETCH_AHEAD = 4
 # which keeps a counted copy of every argument) +3 %.  The rules are unchanged
 # (tests/sim/test_compiled_reference.py checks them against the reference).
 
-# Deferred table removals.  A tier's victim leaves its hash table when the tier names the
-# NEXT victim (or when the range ends), not at once: its entry is a random line of a table
-# of up to 4 M entries, and its address is known only once the victim's hash has been read
-# (victim -> its row -> its table entry: two dependent misses), so a removal done at once
-# waits for a line whose prefetch was just issued (perf at the record-layout commit: the
-# three removals' probes were ~11 % of the replay's samples).  Deferred, the prefetched
-# line has the rest of the block's cascade to arrive.  The tables answer as before: until
-# it goes, a pending key counts as absent in the lower-copy test, and a fill of the same
-# content (which distinct contents never are) removes it first; a table's positions may
-# differ from an immediate removal's, never its keys or slots (positions reach no output).
-# tests/sim/test_compiled_reference.py checks the rules against the reference.
+# One table, entries moved in place.  The three tiers share one hash table
+# (kvsim.sim.tiers): a victim carried from one tier into the next keeps its entry, whose
+# value is rewritten at the fill below (``slot * 4 + tier``), so a demotion through the
+# three tiers costs one insertion (the HBM block's), two rewrites and one removal (the
+# block dropped at the bottom) where three tables cost three insertions and three
+# removals; paired runs on the Mooncake 16-token import: docs/benchmarks.md, "Speed:
+# tiered replay of 16-token traces".  Until its fill below, a carried victim's entry still
+# names its old slot, which the block entering that tier already holds: nothing reads the
+# table in between (policy hooks do not).
+#
+# Deferred table removals.  A block dropped from the lower tiers leaves the table when the
+# next one is dropped (or when the range ends), not at once: its entry is a random line of
+# a table of up to 4 M entries, and its address is known only once the victim's hash has
+# been read (victim -> its row -> its table entry: two dependent misses), so a removal done
+# at once waits for a line whose prefetch was just issued (perf at the record-layout
+# commit: the three removals' probes were ~11 % of the replay's samples).  Deferred, the
+# prefetched line has the rest of the block's cascade to arrive.  The table answers as
+# before: until it goes, the pending key counts as absent in the lower-copy test, and a
+# fill of the same content (an HBM block whose lower copy was just dropped) removes it
+# first; the table's positions may differ from an immediate removal's, never its keys or
+# values (positions reach no output).  tests/sim/test_compiled_reference.py checks the
+# rules against the reference.
 
 @njit(cache=True)
 def _find(hk, h):
-    """Slot of content ``h`` in a tier's hash table, or -1 (:func:`kvsim.sim.tiers.tier_find`
-    on the table's array: small enough for LLVM to inline, so not reference counted)."""
+    """Value of content ``h`` in the lower tiers' shared table (``slot * 4 + tier``), or -1
+    (:func:`kvsim.sim.tiers.lower_find` on the table's array: small enough for LLVM to
+    inline, so not reference counted)."""
     i = tr.hash_slot(hk, h)
     if hk[i] == h:
         return hk[i + 1]
     return -1
+
+
+@njit(cache=True)
+def _drop(hk, pend, h):
+    """A block with hash ``h`` left the lower tiers: its entry goes when the next one does
+    (or when the range ends), the pending one's now (see "Deferred table removals").
+    Returns the new pending hash."""
+    if pend != 0:
+        tr.hash_del(hk, pend)
+    return h
 
 
 @njit(cache=True)
@@ -122,11 +143,12 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
     L3_rows = cr.L3_rows
     # each tier's members, read once for the whole range (the tier step below is written
     # out per tier on these locals: see "Per-call cost" above)
-    L1_i, L1_free, L1_h = T1.L_i, T1.L_free, T1.L_h
+    LH = T1.L_h  # the three tiers' shared table (kvsim.sim.tiers)
+    L1_i, L1_free = T1.L_i, T1.L_free
     L1_view, L1m = T1.L_view, T1.Lm
-    L2_i, L2_free, L2_h = T2.L_i, T2.L_free, T2.L_h
+    L2_i, L2_free = T2.L_i, T2.L_free
     L2_view, L2m = T2.L_view, T2.Lm
-    L3_i, L3_free, L3_h = T3.L_i, T3.L_free, T3.L_h
+    L3_i, L3_free = T3.L_i, T3.L_free
     L3_view, L3m = T3.L_view, T3.Lm
     L1_st, L1_hooks = T1.L_ps
     L2_st, L2_hooks = T2.L_ps
@@ -139,23 +161,16 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
     below2 = np.int64(2) if cap2 else below3
     write_back = K[K_WRITE_POLICY] == WP_WRITE_BACK
     log_on = K[K_LOG] != 0
-    m1 = (L1_h.shape[0] >> 1) - 1  # entries - 1 of each table (kvsim.sim.tiers.hash_slot)
-    m2 = (L2_h.shape[0] >> 1) - 1
-    m3 = (L3_h.shape[0] >> 1) - 1
-    # deferred removals (see "Deferred table removals" above): the hash of the last victim
-    # each tier named whose table entry is still there (0 = none)
-    pend1 = np.int64(0)
-    pend2 = np.int64(0)
-    pend3 = np.int64(0)
+    m = (LH.shape[0] >> 1) - 1  # entries - 1 of the table (kvsim.sim.tiers.hash_slot)
+    # the deferred removal (see "Deferred table removals" above): the hash of the last
+    # block dropped from the tiers whose table entry is still there (0 = none)
+    pend = np.int64(0)
     for g in range(lo, hi + PREFETCH_AHEAD):
         # block g's lines are requested PREFETCH_AHEAD blocks before it is handled (the
         # first ones before the first is): its lower-copy test's probes, its HBM row and,
         # for a demotion, its view's row (copied into the first tier)
         if g < hi and out.kind[g] == KIND_EVICTED:
-            home = (out.evicted_hash[g] * tr._FIB) >> 32  # as hash_slot
-            prefetch(L1_h, 2 * (home & m1))
-            prefetch(L2_h, 2 * (home & m2))
-            prefetch(L3_h, 2 * (home & m3))
+            prefetch(LH, 2 * (((out.evicted_hash[g] * tr._FIB) >> 32) & m))  # as hash_slot
             prefetch_row(H_i, out.blocks[g])
             tr.prefetch_view(view, out.blocks[g])
         e = g - PREFETCH_AHEAD
@@ -163,8 +178,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
             continue
         b = out.blocks[e]
         h = out.evicted_hash[e]
-        backed = ((_find(L1_h, h) >= 0 and h != pend1) or (_find(L2_h, h) >= 0 and h != pend2)
-                  or (_find(L3_h, h) >= 0 and h != pend3))  # _below (a pending key: gone)
+        backed = _find(LH, h) >= 0 and h != pend  # _below (the pending key: gone)
         dest = first if (not backed and write_back) else 0
         if log_on:
             row = tr.log_row(G, C, step, now_us, A_DEMOTE if dest > 0 else A_EVICT, h,
@@ -184,6 +198,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
         tok = H_i[b, HI_TOKENS]
         v = H_rows  # the block's row (copied by rows: tiers.copy_row)
         vs = b
+        hcar = np.int64(0)  # the hash of the block carried down from a tier above, if any
         if dest <= 1 and cap1:
             # tier 1: tier_ops.spill_step written out (no counted argument copies)
             t = L1m[0]
@@ -202,16 +217,10 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                         raise ValueError("lower-tier policy: victim() named a block that is "
                                          "not resident")
                     hx = L1_view.content_hash[x]
-                    hhome = (hx * tr._FIB) >> 32  # its table entries, wanted below
-                    prefetch(L1_h, 2 * (hhome & m1))
-                    if below2 > 0:  # at the next tier's fill
-                        prefetch(L2_h if below2 == 2 else L3_h,
-                                 2 * (hhome & (m2 if below2 == 2 else m3)))
+                    # its entry: rewritten at the next tier's fill, or removed (dropped)
+                    prefetch(LH, 2 * (((hx * tr._FIB) >> 32) & m))
                     tr.prefetch_view(L1_view, x)  # copied below (content_hash: read)
                     L1_hooks[H_REMOVE](L1_st, L1_view, x)
-                    if pend1 != 0:  # the previous victim's entry goes now
-                        tr.hash_del(L1_h, pend1)
-                    pend1 = hx  # and this one's later
                     L1_i[x, LI_STATE] = 0
                     L1m[LM_USED] -= 1
                     vo[0] = 1
@@ -221,6 +230,8 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                     slot = x
             if slot < 0:
                 C[M_EVICT + t] += 1  # no room and no victim: the block is dropped
+                if hcar != 0:  # carried from above: its entry goes (deferred)
+                    pend = _drop(LH, pend, hcar)
                 continue
             moved = 0
             if vo[0] == 1:
@@ -234,6 +245,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                     moved = 1
                 else:
                     C[M_EVICT + t] += 1
+                    pend = _drop(LH, pend, hx)
                 if log_on:
                     row = tr.log_row(G, C, step, now_us, A_DEMOTE if moved else A_EVICT,
                                      L1_view.content_hash[x], L1_i[x, 0], L1_i[x, 1], t,
@@ -249,10 +261,10 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
             L1_i[slot, LI_TOKENS] = tok
             L1_i[slot, LI_STATE] = 1
             hin = L1_view.content_hash[slot]
-            if hin == pend1:  # never for distinct contents; kept exact all the same
-                tr.hash_del(L1_h, pend1)
-                pend1 = 0
-            tr.hash_put(L1_h, hin, slot)
+            if hin == pend:  # its lower copy was dropped just before: the entry goes first
+                tr.hash_del(LH, pend)
+                pend = 0
+            tr.hash_put(LH, hin, slot * 4 + 1)  # tiers.tier_value; a carried block's in place
             L1m[LM_USED] += 1
             L1_hooks[H_INSERT](L1_st, L1_view, slot, now_us)
             C[M_BYTES_DOWN + t] += L1_view.size_bytes[slot]  # as copied
@@ -265,6 +277,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
             v = TMP_rows
             vs = np.int64(1)
             ow, bi, tok = TMP_i[1, 0], TMP_i[1, 1], TMP_i[1, 2]
+            hcar = hx
         if dest <= 2 and cap2:
             # tier 2: tier_ops.spill_step written out (no counted argument copies)
             t = L2m[0]
@@ -283,15 +296,10 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                         raise ValueError("lower-tier policy: victim() named a block that is "
                                          "not resident")
                     hx = L2_view.content_hash[x]
-                    hhome = (hx * tr._FIB) >> 32  # its table entries, wanted below
-                    prefetch(L2_h, 2 * (hhome & m2))
-                    if below3 > 0:  # at the NVMe tier's fill
-                        prefetch(L3_h, 2 * (hhome & m3))
+                    # its entry: rewritten at the NVMe tier's fill, or removed (dropped)
+                    prefetch(LH, 2 * (((hx * tr._FIB) >> 32) & m))
                     tr.prefetch_view(L2_view, x)  # copied below (content_hash: read)
                     L2_hooks[H_REMOVE](L2_st, L2_view, x)
-                    if pend2 != 0:
-                        tr.hash_del(L2_h, pend2)
-                    pend2 = hx
                     L2_i[x, LI_STATE] = 0
                     L2m[LM_USED] -= 1
                     vo[0] = 1
@@ -301,6 +309,8 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                     slot = x
             if slot < 0:
                 C[M_EVICT + t] += 1  # no room and no victim: the block is dropped
+                if hcar != 0:  # carried from above: its entry goes (deferred)
+                    pend = _drop(LH, pend, hcar)
                 continue
             moved = 0
             if vo[0] == 1:
@@ -314,6 +324,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                     moved = 1
                 else:
                     C[M_EVICT + t] += 1
+                    pend = _drop(LH, pend, hx)
                 if log_on:
                     row = tr.log_row(G, C, step, now_us, A_DEMOTE if moved else A_EVICT,
                                      L2_view.content_hash[x], L2_i[x, 0], L2_i[x, 1], t,
@@ -329,10 +340,10 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
             L2_i[slot, LI_TOKENS] = tok
             L2_i[slot, LI_STATE] = 1
             hin = L2_view.content_hash[slot]
-            if hin == pend2:
-                tr.hash_del(L2_h, pend2)
-                pend2 = 0
-            tr.hash_put(L2_h, hin, slot)
+            if hin == pend:  # its lower copy was dropped just before: the entry goes first
+                tr.hash_del(LH, pend)
+                pend = 0
+            tr.hash_put(LH, hin, slot * 4 + 2)  # tiers.tier_value; a carried block's in place
             L2m[LM_USED] += 1
             L2_hooks[H_INSERT](L2_st, L2_view, slot, now_us)
             C[M_BYTES_DOWN + t] += L2_view.size_bytes[slot]  # as copied
@@ -345,6 +356,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
             v = TMP_rows
             vs = np.int64(2)
             ow, bi, tok = TMP_i[2, 0], TMP_i[2, 1], TMP_i[2, 2]
+            hcar = hx
         if cap3:
             # tier 3: tier_ops.spill_step written out (no counted argument copies)
             t = L3m[0]
@@ -363,12 +375,9 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                         raise ValueError("lower-tier policy: victim() named a block that is "
                                          "not resident")
                     hx = L3_view.content_hash[x]
-                    prefetch(L3_h, 2 * (((hx * tr._FIB) >> 32) & m3))  # for hash_del
+                    prefetch(LH, 2 * (((hx * tr._FIB) >> 32) & m))  # for its removal
                     tr.prefetch_view(L3_view, x)  # copied below (content_hash: read)
                     L3_hooks[H_REMOVE](L3_st, L3_view, x)
-                    if pend3 != 0:
-                        tr.hash_del(L3_h, pend3)
-                    pend3 = hx
                     L3_i[x, LI_STATE] = 0
                     L3m[LM_USED] -= 1
                     vo[0] = 1
@@ -378,10 +387,13 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                     slot = x
             if slot < 0:
                 C[M_EVICT + t] += 1  # no room and no victim: the block is dropped
+                if hcar != 0:  # carried from above: its entry goes (deferred)
+                    pend = _drop(LH, pend, hcar)
                 continue
             if vo[0] == 1:
                 x = vo[1]
                 C[M_EVICT + t] += 1  # the last tier: its victim is dropped
+                pend = _drop(LH, pend, hx)
                 if log_on:
                     row = tr.log_row(G, C, step, now_us, A_EVICT,
                                      L3_view.content_hash[x], L3_i[x, 0], L3_i[x, 1], t,
@@ -396,10 +408,10 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
             L3_i[slot, LI_TOKENS] = tok
             L3_i[slot, LI_STATE] = 1
             hin = L3_view.content_hash[slot]
-            if hin == pend3:
-                tr.hash_del(L3_h, pend3)
-                pend3 = 0
-            tr.hash_put(L3_h, hin, slot)
+            if hin == pend:  # its lower copy was dropped just before: the entry goes first
+                tr.hash_del(LH, pend)
+                pend = 0
+            tr.hash_put(LH, hin, slot * 4 + 3)  # tiers.tier_value; a carried block's in place
             L3m[LM_USED] += 1
             L3_hooks[H_INSERT](L3_st, L3_view, slot, now_us)
             C[M_BYTES_DOWN + t] += L3_view.size_bytes[slot]  # as copied
@@ -407,12 +419,8 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
             C[C_USED + t] = used
             if used > C[C_PEAK + t]:
                 C[C_PEAK + t] = used
-    if pend1 != 0:  # the tables are exact again when the range is done
-        tr.hash_del(L1_h, pend1)
-    if pend2 != 0:
-        tr.hash_del(L2_h, pend2)
-    if pend3 != 0:
-        tr.hash_del(L3_h, pend3)
+    if pend != 0:  # the table is exact again when the range is done
+        tr.hash_del(LH, pend)
 
 
 @njit(cache=True)

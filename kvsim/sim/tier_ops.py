@@ -11,7 +11,8 @@ from numba import njit
 
 from kvsim.sim.layout import (C_PEAK, C_USED, LI_BI, LI_OWNER, LI_STATE, LI_TOKENS, LM_CAP,
                               K_LOG, LM_FREE_TOP, LM_USED, M_BYTES_DOWN, M_DEMOTE, M_EVICT)
-from kvsim.sim.tiers import copy_view, hash_del, hash_put, log_candidates, log_row
+from kvsim.sim.tiers import (copy_view, hash_del, hash_put, log_candidates, log_row,
+                             tier_value)
 from kvsim.memory.hooks import H_HIT, H_INSERT, H_REMOVE, H_VICTIM
 
 A_EVICT = 0
@@ -116,7 +117,7 @@ def spill_step(T, src, s, ow, bi, tok, below, k, cr, step, now_us):
     L_i[slot, LI_BI] = bi
     L_i[slot, LI_TOKENS] = tok
     L_i[slot, LI_STATE] = 1
-    hash_put(L_h, L_view.content_hash[slot], slot)
+    hash_put(L_h, L_view.content_hash[slot], tier_value(slot, t))  # the shared table
     Lm[LM_USED] += 1
     L_hooks[H_INSERT](L_st, L_view, slot, now_us)
     C[M_BYTES_DOWN + t] += src.size_bytes[s]

@@ -12,12 +12,19 @@ costs no write.
 
 One tier is the named tuple :class:`Tier` ``(L_i, L_free, L_h, L_view, L_ps, Lm)``:
 ``L_i[slot, LI_*]`` (owner request, block index, tokens, state), ``L_free`` (stack of free
-slots), ``L_h`` (an open-addressing hash table content hash -> slot, linear probing, key 0
-= empty, capacity a power of two >= 2 x slots: the same scheme as the HBM prefix index in
-kvsim.memory.fast, and much cheaper to compile than a typed Dict; keys and values
-interleaved in one array, ``L_h[2i]`` the key of entry ``i`` and ``L_h[2i + 1]`` its slot,
-so a probe that finds its key has the value in the same cache line: at 16-token blocks the
-NVMe tier's table has 4 M entries and every probe is a cache miss),
+slots), ``L_h`` (an open-addressing hash table content hash -> tier and slot, linear
+probing, key 0 = empty: the same scheme as the HBM prefix index in kvsim.memory.fast, and
+much cheaper to compile than a typed Dict; keys and values interleaved in one array,
+``L_h[2i]`` the key of entry ``i`` and ``L_h[2i + 1]`` its value ``slot * 4 + tier``
+(:func:`tier_value`), so a probe that finds its key has the value in the same cache line:
+at 16-token blocks the table has 4 M entries and every probe is a cache miss).  **The
+three tiers share ONE table** (each tier's ``L_h`` is the same array, capacity a power of
+two >= 2 x the tiers' slots together): a content is in at most one lower tier (a block is
+written down only when no lower copy exists, :func:`kvsim.sim.bookkeeping._below`, and a
+victim leaves its tier before it enters the next), so a demotion from one tier into the
+next rewrites its entry's value in place instead of a removal from one table and an
+insertion into another, and "is it below, and where?" is one probe, not three
+(docs/benchmarks.md, "Speed: tiered replay of 16-token traces").
 ``L_view`` (BlockView, one 88-byte row per slot: :func:`new_record_view`), ``L_ps`` (the policy as ``(state, hooks)``, kvsim.memory.hooks), ``Lm`` (int64 scalars
 ``LM_*``: tier id, capacity, free top, used).  Compiled code receives each tier as ONE
 value, a :class:`kvsim.memory.hooks.TierRef` (a structref with the same field names, made
@@ -25,7 +32,7 @@ by :func:`kvsim.memory.hooks.tier_ref`), and reads its members by name (``T.L_h`
 the interpreted twin does on the named tuple.
 
 Invariants: ``Lm[LM_USED] + Lm[LM_FREE_TOP] == Lm[LM_CAP]``; a slot is resident iff its
-hash is in the table iff ``L_i[slot, LI_STATE] == 1`` iff it is a candidate of the tier's
+hash is in the table with the tier's tag iff ``L_i[slot, LI_STATE] == 1`` iff it is a candidate of the tier's
 policy; ``C[C_USED + tier] == Lm[LM_USED]`` after every operation (only
 ``tier_ops.spill_step`` changes the count, and it copies it into the counters so the step
 close, which does not see the tiers, can record per-step occupancy).
@@ -293,12 +300,27 @@ def hash_del(hk, h):
 
 
 @njit(cache=True)
-def tier_find(T, h):
-    """Slot holding content ``h`` in tier T, or -1 (also -1 for a disabled tier)."""
-    hk = T.L_h
+def tier_value(slot, tier):
+    """The shared table's value for ``slot`` of tier ``tier`` (1..3)."""
+    return slot * 4 + tier
+
+
+@njit(cache=True)
+def lower_find(hk, h):
+    """Value of content ``h`` in the lower tiers' shared table (``slot * 4 + tier``), or -1
+    when it is in no lower tier."""
     i = hash_slot(hk, h)
     if hk[i] == h:
         return hk[i + 1]
+    return -1
+
+
+@njit(cache=True)
+def tier_find(T, h):
+    """Slot holding content ``h`` in tier T, or -1 (also -1 for a disabled tier)."""
+    v = lower_find(T.L_h, h)
+    if v >= 0 and (v & 3) == T.Lm[0]:
+        return v >> 2
     return -1
 
 
@@ -316,13 +338,14 @@ def check_tier(T) -> None:
     resident = np.flatnonzero(L_i[:cap, LI_STATE] == 1)
     assert used + int(Lm[LM_FREE_TOP]) == cap, "used + free != capacity"
     assert len(resident) == used, "resident slots != used count"
-    keys = np.flatnonzero(L_hk != 0)
+    tier = int(Lm[0])
+    keys = np.flatnonzero((L_hk != 0) & (L_hv & 3 == tier))  # the shared table: this tier's
     assert len(keys) == used, "table size != used count"
     for i in keys:
-        slot = int(L_hv[i])
+        slot = int(L_hv[i]) >> 2
         assert L_i[slot, LI_STATE] == 1 and L_view.content_hash[slot] == L_hk[i], \
             "table mismatch"
-        assert int(L_h[hash_slot(L_h, L_hk[i]) + 1]) == slot, \
+        assert int(L_h[hash_slot(L_h, L_hk[i]) + 1]) == int(L_hv[i]), \
             "a key is not reachable by probing"
     free = set(int(x) for x in L_free[: int(Lm[LM_FREE_TOP])])
     assert not free.intersection(int(x) for x in resident), "a resident slot is free"

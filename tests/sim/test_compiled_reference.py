@@ -102,6 +102,21 @@ CASES = [
         req(family=0, shared=2, own=0, tail=1, decode=2, gap=1),
     ], 2, cfg(hbm_blocks=4, dram=2, nvme=3, tier_policy="sieve", prefetch=False,
               log_candidates=0)),
+    # The write_back cascade through all three lower tiers (DRAM -> CXL -> NVMe ->
+    # dropped) with tiers of 2 blocks: blocks demoted from HBM push victims down two tiers
+    # and out of NVMe, and later requests of the same families find their prefixes in
+    # each tier (the tiers share one hash table whose entries move in place:
+    # kvsim.sim.spill, "One table, entries moved in place").
+    ("cascade_three_tiers", [
+        req(family=0, shared=3, own=1, tail=1, decode=2),
+        req(family=1, shared=3, own=1, tail=1, decode=2, gap=1),
+        req(family=2, shared=3, own=0, tail=2, decode=2, gap=1),
+        req(family=0, shared=3, own=1, tail=0, decode=1, gap=1),
+        req(family=3, shared=2, own=2, tail=1, decode=2, gap=0),
+        req(family=1, shared=3, own=0, tail=1, decode=2, gap=1),
+        req(family=2, shared=2, own=1, tail=0, decode=1, gap=0),
+        req(family=0, shared=3, own=0, tail=1, decode=1, gap=1),
+    ], 2, cfg(hbm_blocks=5, dram=2, cxl=2, nvme=2)),
 ]
 
 
@@ -120,8 +135,8 @@ def test_compiled_replay_matches_reference(policy, hw_pair, tmp_path):  # noqa: 
 
 
 def test_cases_exercise_what_they_claim(hw_pair, tmp_path):  # noqa: F811
-    """The fixed cases really evict to lower tiers, promote, prefetch, preempt (both
-    modes), fork and write through (counted on lru by the reference itself), so the
+    """The fixed cases really evict to lower tiers (and on down DRAM -> CXL -> NVMe ->
+    dropped), promote, prefetch, preempt (both modes), fork and write through (counted on lru by the reference itself), so the
     comparison above is not vacuous."""
     from tests.reference import reference_replay
 
@@ -131,8 +146,9 @@ def test_cases_exercise_what_they_claim(hw_pair, tmp_path):  # noqa: F811
         trace = tb.write(tmp_path / f"{name}.jsonl")
         n_requests = len({r["request_id"] for r in tb.rows if r["request_id"] >= 0})
         s, rows = reference_replay(trace, "lru", config_from(c, hw_pair, n_requests))
-        for k in ("spills_hbm", "promotions", "prefetches", "preemptions",
-                  "swap_out_bytes", "preempt_recompute_tokens", "hit_tokens"):
+        for k in ("spills_hbm", "spills_dram", "spills_cxl", "evictions_nvme",
+                  "promotions", "prefetches", "preemptions", "swap_out_bytes",
+                  "preempt_recompute_tokens", "hit_tokens"):
             totals[k] = totals.get(k, 0) + int(s[k])
         totals["rows"] = totals.get("rows", 0) + len(rows)
     assert all(v > 0 for v in totals.values()), totals

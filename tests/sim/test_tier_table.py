@@ -1,10 +1,14 @@
-"""The lower tiers' hash table (kvsim.sim.tiers: keys and slots interleaved in one array,
+"""The lower tiers' hash table (kvsim.sim.tiers: keys and values interleaved in one array,
 linear probing, backward-shift deletion) against a Python dict, brute force over random
-operations on a small table where probe runs collide and wrap around."""
+operations on a small table where probe runs collide and wrap around; and the values of
+the table the three tiers share (``slot * 4 + tier``)."""
+
+from types import SimpleNamespace
 
 import numpy as np
 
-from kvsim.sim.tiers import _FIB, hash_del, hash_put, hash_slot
+from kvsim.sim.tiers import (_FIB, hash_del, hash_put, hash_slot, lower_find, tier_find,
+                             tier_value)
 
 
 def _home(h, entries):
@@ -60,3 +64,20 @@ def test_matches_dict_under_collisions():
                     assert t[p] == 0
             assert np.count_nonzero(t[0::2]) == len(ref)
             assert (t[1::2][t[0::2] == 0] == -1).all()
+
+
+def test_shared_table_names_tier_and_slot():
+    """One table for DRAM, CXL and NVMe: a key's value names its tier and slot; each tier
+    finds only its own keys; a key moved to another tier is rewritten in place."""
+    t = _table(16)
+    hash_put(t, 11, tier_value(5, 1))
+    hash_put(t, 22, tier_value(0, 3))
+    tiers = {k: SimpleNamespace(L_h=t, Lm=np.array([k, 4, 0, 0], dtype=np.int64))
+             for k in (1, 2, 3)}
+    assert lower_find(t, 11) == 21 and lower_find(t, 22) == 3 and lower_find(t, 33) == -1
+    assert [tier_find.py_func(tiers[k], 11) for k in (1, 2, 3)] == [5, -1, -1]
+    assert [tier_find.py_func(tiers[k], 22) for k in (1, 2, 3)] == [-1, -1, 0]
+    pos = hash_slot(t, 11)
+    hash_put(t, 11, tier_value(7, 2))  # demoted DRAM slot 5 -> CXL slot 7
+    assert hash_slot(t, 11) == pos and np.count_nonzero(t[0::2]) == 2
+    assert [tier_find.py_func(tiers[k], 11) for k in (1, 2, 3)] == [-1, 7, -1]
