@@ -28,8 +28,12 @@ from numba import njit
 
 from kvsim.policy_api import NEVER
 from kvsim.schema import EventKind
+from kvsim.sim.prefetch import prefetch
 
 _EMPTY = 0  # content hash 0 = NO_HASH: never a key, so it marks an empty slot
+EV_ARRIVE, EV_ALLOCATE, EV_ACCESS, EV_FORK, EV_FREE = (
+    int(EventKind.ARRIVE), int(EventKind.ALLOCATE), int(EventKind.ACCESS), int(EventKind.FORK),
+    int(EventKind.FREE))
 _MULT = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing (Knuth, TAOCP vol. 3, 6.4)
 
 
@@ -151,6 +155,7 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
     first_step_l: list[np.ndarray] = []
     seen_set = SeenSet()
     seen_bits = np.zeros(1 << 12, np.uint8)
+    acc = np.zeros(5, np.int64)  # _scan_rows' running values
     with _open(trace_path) as reader:
         for cols in reader.batches(batch_rows, read_ahead=True):
             n = len(cols["kind"])
@@ -176,44 +181,19 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
                 grown = np.zeros(len(started), dtype=np.bool_)
                 grown[: len(known)] = known
                 known = grown
-            # arrival: a request's ARRIVE row, else its first ALLOCATE/ACCESS/FORK row
-            # (ARRIVE precedes the others of its request in a valid trace)
-            enters = np.flatnonzero((kind == EventKind.ARRIVE) | (kind == EventKind.ALLOCATE)
-                                    | (kind == EventKind.ACCESS) | (kind == EventKind.FORK))
-            if len(enters):
-                uniq, first = np.unique(req[enters], return_index=True)
-                new = ~known[uniq]
-                rows = enters[first[new]]
-                known[uniq] = True
-                first_req.append(req[rows].astype(np.int64))
-                first_time.append(cols["time_us"][rows].astype(np.int64))
-                first_step_l.append(cols["step"][rows].astype(np.int64))
-            alloc = kind == EventKind.ALLOCATE
-            k = int(np.count_nonzero(alloc))
-            if k:
-                num_allocs += k
-                max_blocks = max(max_blocks, int(cols["block_index"][alloc].max()) + 1)
-                max_size = max(max_size, int(cols["size_bytes"][alloc].max()))
-            # concurrency: +1 at a request's first ALLOCATE/ACCESS/FORK, -1 at its FREE
-            opens = (kind == EventKind.ALLOCATE) | (kind == EventKind.ACCESS) | \
-                (kind == EventKind.FORK)
-            frees = (kind == EventKind.FREE) & (cols["block_index"] < 0)
-            idx = np.flatnonzero(opens | frees)
-            if len(idx):
-                delta = np.zeros(len(idx), dtype=np.int64)
-                r = req[idx]
-                is_open = opens[idx]
-                # first occurrence of each request in this batch among open rows
-                o_idx = np.flatnonzero(is_open)
-                if len(o_idx):
-                    uniq, first = np.unique(r[o_idx], return_index=True)
-                    new = ~started[uniq]
-                    delta[o_idx[first[new]]] = 1
-                    started[uniq] = True
-                delta[~is_open] = -1
-                run = live + np.cumsum(delta)
-                max_live = max(max_live, int(run.max()))
-                live = int(run[-1])
+            # arrivals, ALLOCATE maxima and concurrency in one compiled pass over the rows
+            fr = np.empty(n, np.int64)
+            ft = np.empty(n, np.int64)
+            fs = np.empty(n, np.int64)
+            acc[:] = (live, max_live, 0, max_blocks, max_size)
+            m = _scan_rows(kind, req, cols["block_index"], cols["size_bytes"],
+                           cols["time_us"], cols["step"], known, started, acc, fr, ft, fs)
+            if m:
+                first_req.append(fr[:m].copy())
+                first_time.append(ft[:m].copy())
+                first_step_l.append(fs[:m].copy())
+            live, max_live, k, max_blocks, max_size = (int(x) for x in acc)
+            num_allocs += k
     del seen_set  # ~11-21 bytes per distinct hash, freed before the replay starts
     seen_bits = seen_bits[: (num_allocs + 7) // 8].copy()
     release_read_buffers()
@@ -228,6 +208,55 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
     return TraceFacts(num_rows, max(first_step, 0), max(last_step, 0), max_req,
                       max_blocks, max(max_live, 1), max_size, num_allocs, None,
                       arrival_order, arrival_step, seen_bits)
+
+
+@njit(cache=True)
+def _scan_rows(kind, req, bi, size, time_us, step, known, started, acc, fr, ft, fs):
+    """One batch of :func:`scan_trace`, row by row.  ``acc``: (live requests, their
+    maximum, this batch's ALLOCATE rows, max ALLOCATE block index + 1, max ALLOCATE size),
+    updated.  A request's arrival is its ARRIVE row, else its first ALLOCATE / ACCESS /
+    FORK row (ARRIVE precedes the others of its request in a valid trace): the first
+    of a request not ``known`` yet goes to ``fr`` / ``ft`` / ``fs`` (id, time, step).
+    Concurrency: +1 at a request's first ALLOCATE / ACCESS / FORK row (``started``),
+    -1 at its FREE row (``block_index`` < 0).  Returns how many arrivals were recorded."""
+    live = acc[0]
+    max_live = acc[1]
+    allocs = 0
+    max_blocks = acc[3]
+    max_size = acc[4]
+    m = 0
+    for i in range(kind.shape[0]):
+        k = kind[i]
+        r = req[i]
+        opens = k == EV_ALLOCATE or k == EV_ACCESS or k == EV_FORK
+        if (opens or k == EV_ARRIVE) and not known[r]:
+            known[r] = True
+            fr[m] = r
+            ft[m] = time_us[i]
+            fs[m] = step[i]
+            m += 1
+        if k == EV_ALLOCATE:
+            allocs += 1
+            if bi[i] + 1 > max_blocks:
+                max_blocks = bi[i] + 1
+            if size[i] > max_size:
+                max_size = size[i]
+        if opens:
+            if not started[r]:
+                started[r] = True
+                live += 1
+        elif k == EV_FREE and bi[i] < 0:
+            live -= 1
+        else:
+            continue
+        if live > max_live:
+            max_live = live
+    acc[0] = live
+    acc[1] = max_live
+    acc[2] = allocs
+    acc[3] = max_blocks
+    acc[4] = max_size
+    return m
 
 
 @njit(cache=True)
@@ -257,11 +286,22 @@ def _slot(keys, h):
     return i
 
 
+#: How many hashes ahead :func:`_mark` prefetches the home slot of (a set of 5.6 M keys at
+#: 16-token blocks is 64-128 MiB: every probe's first line is a cache miss).  Chosen, not
+#: tuned; docs/benchmarks.md, "Speed: tiered replay of 16-token traces".
+MARK_AHEAD = 16
+
+
 @njit(cache=True)
 def _mark(hashes, keys, n_used, seen):
     """``seen[k] = 1`` if ``hashes[k]`` (non-zero) is in the set or earlier in ``hashes``;
     inserts them.  Returns the new number of keys."""
-    for k in range(hashes.shape[0]):
+    mask = keys.shape[0] - 1
+    n = hashes.shape[0]
+    for k in range(n):
+        if k + MARK_AHEAD < n:  # a later hash's home slot, requested now (as _slot)
+            prefetch(keys, np.int64((np.uint64(hashes[k + MARK_AHEAD]) * _MULT)
+                                    >> np.uint64(40)) & mask)
         h = hashes[k]
         if h == _EMPTY:
             seen[k] = 0
