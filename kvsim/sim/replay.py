@@ -69,6 +69,12 @@ def choose_engine(engine: str, num_rows: int, policy, lower_policies) -> str:
     return chosen
 
 
+#: Rows of the block-record arena at the start, and the least room a compaction leaves
+#: above twice the live records (it grows by doubling: :meth:`_Run._compact_arena`).
+ARENA_ROWS = 1 << 16
+ARENA_SLACK_ROWS = 1 << 12
+
+
 def _lower_slots(cap: int, max_blocks: int) -> int:
     """Slots of a lower tier of ``cap`` blocks.  A lower tier holds hashed blocks only, at
     most one slot per distinct hash, so it never needs more slots than the trace has
@@ -216,8 +222,8 @@ class _Run:
         self.C[L.C_STEP] = -1
         self.Cw = np.zeros(L.NC, dtype=np.float64)
         self.R_i, self.R_f = L.new_request_tables(max(facts.max_request_id + 1, 1))
-        self.A_i = np.zeros((1 << 16, L.NAI), dtype=np.int64)
-        self.A_f = np.zeros(1 << 16, dtype=np.float64)
+        self.A_i = np.zeros((ARENA_ROWS, L.NAI), dtype=np.int64)
+        self.A_f = np.zeros(ARENA_ROWS, dtype=np.float64)
         self.H_i = np.zeros((hbm_blocks + 1, L.NHI), dtype=np.int64)
         self.hbuf = np.zeros(max_blocks, dtype=np.int64)
         self.scr = np.zeros((2, max_blocks), dtype=np.int64)
@@ -275,7 +281,13 @@ class _Run:
             self.running = L.grow_rows(self.running, 2 * self.running.shape[0])
 
     def _compact_arena(self) -> None:
-        """Pack the block records of live requests at the arena start; grow if needed."""
+        """Pack the block records of live requests at the arena start; grow if needed.
+
+        In place when the arena is big enough (every compaction of the Mooncake 16-token
+        import: 131 of them), into new arrays only when it grows: a fresh arena of 262,144
+        rows is 31 MiB of new pages for the core to fault in, ~4 GiB over that replay.
+        The rows above the packed ones are left as they are: the core writes every field
+        of a record before it reads it (the ALLOCATE row, a fork's copy, _grow_records)."""
         R_i = self.R_i
         live = np.flatnonzero((R_i[:, L.RI_STATE] == L.RS_RUNNING) |
                               (R_i[:, L.RI_STATE] == L.RS_PREEMPTED))
@@ -284,14 +296,18 @@ class _Run:
         used = int(caps.sum())
         size = self.A_i.shape[0]
         need = int(self.C[L.C_ARENA_NEED])  # what the core asked room for
-        while size < max(2 * used + 4 * int(caps.max(initial=0)) + (1 << 12), used + need):
+        while size < max(2 * used + 4 * int(caps.max(initial=0)) + ARENA_SLACK_ROWS,
+                         used + need):
             size *= 2
-        new_i = np.zeros((size, L.NAI), dtype=np.int64)
-        new_f = np.zeros(size, dtype=np.float64)
+        if size == self.A_i.shape[0]:
+            new_i, new_f = self.A_i, self.A_f
+        else:
+            new_i = np.zeros((size, L.NAI), dtype=np.int64)
+            new_f = np.zeros(size, dtype=np.float64)
         starts = np.concatenate(([0], np.cumsum(caps)[:-1])) if len(live) else caps
         if len(live):
             src = np.repeat(R_i[live, L.RI_BT_START] - starts, caps) + np.arange(used)
-            new_i[:used] = self.A_i[src]
+            new_i[:used] = self.A_i[src]  # the right side is a copy: safe in place too
             new_f[:used] = self.A_f[src]
             R_i[live, L.RI_BT_START] = starts
         self.A_i, self.A_f = new_i, new_f

@@ -29,7 +29,7 @@ from kvsim.sim import SimConfig, simulate
 from kvsim.sim.metrics import SUMMARY_KEYS
 from tests.reference import reference_replay
 
-from tests.sim.conftest import TINY_PROFILE, TraceBuilder
+from tests.sim.conftest import TINY_PROFILE, TraceBuilder, random_trace
 
 POLICIES = sorted(p.name for p in list_policies())
 ONLINE = [p.name for p in list_policies() if not p.offline]
@@ -464,3 +464,27 @@ def test_admission_of_a_huge_prompt_grows_the_record_arena(tiny_hw, tmp_path):
     tb.FREE(1)
     for s in lru_and_reference(tb, tiny_hw, tmp_path):
         assert s["hit_tokens"] == 4 and s["lookup_tokens"] == 280_000 + 9
+
+
+def test_arena_compacted_in_place_changes_nothing(tiny_hw, tmp_path, monkeypatch):
+    """With an arena of 64 rows at the start and no slack, a random trace of 200 requests
+    compacts the block records many times, in place and growing; the replay still
+    matches the reference."""
+    from kvsim.sim import replay
+
+    calls = {"in_place": 0, "grown": 0}
+    compact = replay._Run._compact_arena
+
+    def counted(self):
+        before = self.A_i
+        compact(self)
+        calls["in_place" if self.A_i is before else "grown"] += 1
+
+    monkeypatch.setattr(replay, "ARENA_ROWS", 64)
+    monkeypatch.setattr(replay, "ARENA_SLACK_ROWS", 0)
+    monkeypatch.setattr(replay._Run, "_compact_arena", counted)
+    tb = random_trace(TraceBuilder, 7, n_requests=200)
+    trace = tb.write(tmp_path / "t.parquet")
+    cfg = SimConfig(hardware=tiny_hw, hbm_blocks=12)
+    check(trace, "lru", cfg, tmp_path)
+    assert calls["in_place"] > 10 and calls["grown"] >= 1, calls
