@@ -11,7 +11,6 @@ import numpy as np
 from numba import njit
 
 from kvsim.memory.fast import S_N_CAND, S_N_HELD  # the HBM pool's scalars (st.sc)
-from kvsim.sim import tiers as tr
 from kvsim.sim.layout import *  # noqa: F401,F403  (column names of the state arrays)
 
 NEVER = np.iinfo(np.int64).max
@@ -93,11 +92,6 @@ def _first_lower(T1, T2, T3):
     if T3.Lm[LM_CAP] > 0:
         return 3
     return 0
-
-
-@njit(cache=True)
-def _below(T1, T2, T3, h):
-    return tr.lower_find(T1.L_h, h) >= 0  # the tiers' shared table: in any of them
 
 
 @njit(cache=True)

@@ -13,7 +13,7 @@ from numba import njit
 from kvsim.memory.fast import KIND_EVICTED
 from kvsim.sim import tier_ops
 from kvsim.sim import tiers as tr
-from kvsim.sim.bookkeeping import _below, _first_lower
+from kvsim.sim.bookkeeping import _first_lower
 from kvsim.memory.hooks import H_INSERT, H_REMOVE, H_VICTIM
 from kvsim.sim.prefetch import prefetch, prefetch_row
 from kvsim.sim.layout import (C_PEAK, C_USED, HI_BI, HI_HITS, HI_OWNER, HI_TOKENS, K_LOG,
@@ -178,7 +178,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
             continue
         b = out.blocks[e]
         h = out.evicted_hash[e]
-        backed = _find(LH, h) >= 0 and h != pend  # _below (the pending key: gone)
+        backed = _find(LH, h) >= 0 and h != pend  # a lower copy (the pending key: gone)
         dest = first if (not backed and write_back) else 0
         if log_on:
             row = tr.log_row(G, C, step, now_us, A_DEMOTE if dest > 0 else A_EVICT, h,
@@ -478,7 +478,7 @@ def _write_through(b, r, cr, step, now_us):
     wp = K[K_WRITE_POLICY]
     thr = 1 if wp == WP_WRITE_THROUGH else 2
     h = view.content_hash[b]
-    if h == 0 or H_i[b, HI_HITS] != thr or _below(T1, T2, T3, h):
+    if h == 0 or H_i[b, HI_HITS] != thr or tr.lower_find(T1.L_h, h) >= 0:  # a lower copy
         return
     dest = _first_lower(T1, T2, T3)
     if dest == 0:

@@ -20,8 +20,9 @@ much cheaper to compile than a typed Dict; keys and values interleaved in one ar
 at 16-token blocks the table has 4 M entries and every probe is a cache miss).  **The
 three tiers share ONE table** (each tier's ``L_h`` is the same array, capacity a power of
 two >= 2 x the tiers' slots together): a content is in at most one lower tier (a block is
-written down only when no lower copy exists, :func:`kvsim.sim.bookkeeping._below`, and a
-victim leaves its tier before it enters the next), so a demotion from one tier into the
+written down only when no lower copy exists, :func:`kvsim.sim.spill._write_through` and
+:func:`kvsim.sim.spill._hbm_evicted_range`, and a victim leaves its tier before it enters
+the next), so a demotion from one tier into the
 next rewrites its entry's value in place instead of a removal from one table and an
 insertion into another, and "is it below, and where?" is one probe, not three
 (docs/benchmarks.md, "Speed: tiered replay of 16-token traces").
