@@ -191,7 +191,7 @@ def _place(r, e0, nb, mode, cr):
             f = k + lower.PREFETCH_AHEAD  # a later block's probe, requested now
             if f < limit:
                 prefetch(LH, 2 * (((hbuf[f] * tr._FIB) >> 32) & m))  # as tiers.hash_slot
-            v = lower._find(LH, hbuf[k])  # tiers.lower_find: slot * 4 + tier, or -1
+            v = tr.lower_find(LH, hbuf[k])  # slot * 4 + tier, or -1
             if v < 0:
                 break
             t = v & 3

@@ -86,17 +86,6 @@ PREFETCH_AHEAD = 4
 # rules against the reference.
 
 @njit(cache=True)
-def _find(hk, h):
-    """Value of content ``h`` in the lower tiers' shared table (``slot * 4 + tier``), or -1
-    (:func:`kvsim.sim.tiers.lower_find` on the table's array: small enough for LLVM to
-    inline, so not reference counted)."""
-    i = tr.hash_slot(hk, h)
-    if hk[i] == h:
-        return hk[i + 1]
-    return -1
-
-
-@njit(cache=True)
 def _drop(hk, pend, h):
     """A block with hash ``h`` left the lower tiers: its entry goes when the next one does
     (or when the range ends), the pending one's now (see "Deferred table removals").
@@ -178,7 +167,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
             continue
         b = out.blocks[e]
         h = out.evicted_hash[e]
-        backed = _find(LH, h) >= 0 and h != pend  # a lower copy (the pending key: gone)
+        backed = tr.lower_find(LH, h) >= 0 and h != pend  # a lower copy (pending: gone)
         dest = first if (not backed and write_back) else 0
         if log_on:
             row = tr.log_row(G, C, step, now_us, A_DEMOTE if dest > 0 else A_EVICT, h,
@@ -264,7 +253,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
             if hin == pend:  # its lower copy was dropped just before: the entry goes first
                 tr.hash_del(LH, pend)
                 pend = 0
-            tr.hash_put(LH, hin, slot * 4 + 1)  # tiers.tier_value; a carried block's in place
+            tr.hash_put(LH, hin, tr.tier_value(slot, 1))  # a carried block's: in place
             L1m[LM_USED] += 1
             L1_hooks[H_INSERT](L1_st, L1_view, slot, now_us)
             C[M_BYTES_DOWN + t] += L1_view.size_bytes[slot]  # as copied
@@ -343,7 +332,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
             if hin == pend:  # its lower copy was dropped just before: the entry goes first
                 tr.hash_del(LH, pend)
                 pend = 0
-            tr.hash_put(LH, hin, slot * 4 + 2)  # tiers.tier_value; a carried block's in place
+            tr.hash_put(LH, hin, tr.tier_value(slot, 2))  # a carried block's: in place
             L2m[LM_USED] += 1
             L2_hooks[H_INSERT](L2_st, L2_view, slot, now_us)
             C[M_BYTES_DOWN + t] += L2_view.size_bytes[slot]  # as copied
@@ -411,7 +400,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
             if hin == pend:  # its lower copy was dropped just before: the entry goes first
                 tr.hash_del(LH, pend)
                 pend = 0
-            tr.hash_put(LH, hin, slot * 4 + 3)  # tiers.tier_value; a carried block's in place
+            tr.hash_put(LH, hin, tr.tier_value(slot, 3))  # a carried block's: in place
             L3m[LM_USED] += 1
             L3_hooks[H_INSERT](L3_st, L3_view, slot, now_us)
             C[M_BYTES_DOWN + t] += L3_view.size_bytes[slot]  # as copied

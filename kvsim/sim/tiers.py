@@ -309,7 +309,8 @@ def tier_value(slot, tier):
 @njit(cache=True)
 def lower_find(hk, h):
     """Value of content ``h`` in the lower tiers' shared table (``slot * 4 + tier``), or -1
-    when it is in no lower tier."""
+    when it is in no lower tier.  Small enough for LLVM to inline into the replay's loops,
+    so the table passed to it is not reference counted there."""
     i = hash_slot(hk, h)
     if hk[i] == h:
         return hk[i + 1]
