@@ -38,9 +38,9 @@ def main() -> None:
     a = ap.parse_args()
 
     from kvsim.ingest import read_requests
-    from kvsim.sim.closed_loop import EngineOptions
-    from kvsim.sim.cluster import serve
-    from kvsim.sim.config import SimConfig
+    from kvsim.modes.closed.closed_loop import EngineOptions
+    from kvsim.modes.closed.cluster import serve
+    from kvsim.spec.sim_config import SimConfig
 
     table = read_requests(a.request_trace, a.format)
     opts = EngineOptions(block_size_tokens=a.block_size)

@@ -2,7 +2,7 @@
 
 For each policy: the first replay (numba compile of the specialised core if it is not in
 the on-disk cache, plus the replay) and a second replay in the same process (replay only)
-are timed; events/s = event rows / second-replay seconds.  Then `kvsim.sim.compare` of all
+are timed; events/s = event rows / second-replay seconds.  Then `kvsim.api.compare` of all
 the policies is timed end to end (pre-pass, every replay, belady) as `kvsim compare` runs
 it, with ``--jobs`` worker processes.  Results go to stdout and, with ``--out``, to JSON.
 
@@ -51,8 +51,10 @@ def main() -> int:
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
     args = ap.parse_args()
 
-    from kvsim.sim import SimConfig, compare, simulate
-    from kvsim.sim.replay import default_policies, scan_trace
+    from kvsim.spec.sim_config import SimConfig
+    from kvsim.modes.comparison import compare
+    from kvsim.replay.driver import simulate
+    from kvsim.replay.driver import default_policies, scan_trace
 
     tmp = tempfile.TemporaryDirectory(prefix="kvsim-bench-")
     trace = args.trace

@@ -17,7 +17,7 @@ Workloads:
 For each workload it first prints the trace's block needs (:func:`step_needs`: the peak
 of live blocks and the largest single step's need, between which an HBM size
 oversubscribes without making one step's batch alone exceed HBM); then for each HBM size
-(``=HBM,HBM`` list per workload) it runs :func:`kvsim.sim.simulate` with
+(``=HBM,HBM`` list per workload) it runs :func:`kvsim.api.simulate` with
 ``SimConfig(live_offload=True)`` for each policy and prints decode stalls,
 decode-critical stalls, stall time, TPOT p99, deadline misses, spills, blocks fetched,
 prefetches (issued / useful / wasted) and the run's CPU seconds; ``--out`` appends the
@@ -49,7 +49,7 @@ def step_needs(trace: Path) -> dict:
     by two requests of the step counted twice: an upper bound on the step's distinct
     need).  Below the step need one batch alone exceeds HBM and every policy streams it."""
     from kvsim.events import read_events
-    from kvsim.schema import EventKind
+    from kvsim.core.schema import EventKind
 
     _, df = read_events(trace)
     kind, rid, idx, step = (df[c].to_numpy() for c in ("kind", "request_id",
@@ -115,9 +115,10 @@ def main() -> int:
     ap.add_argument("--no-optimal", action="store_true",
                     help="leave out the bound (re-measuring changed online policies only)")
     args = ap.parse_args()
-    from kvsim.sim import SimConfig, simulate
+    from kvsim.spec.sim_config import SimConfig
+    from kvsim.replay.driver import simulate
 
-    from kvsim.sim.comparison import default_policies
+    from kvsim.modes.comparison import default_policies
 
     names = args.policies.split(",") if args.policies else \
         [p for p in default_policies() if p != "belady"]  # belady = optimal in this mode

@@ -1,7 +1,7 @@
 """The single-tier loops with and without their prefetch, on key ranges around the rule.
 
 ``simulate_cache`` prefetches a key's table entry ``AHEAD`` accesses early only when the
-table has at least ``PREFETCH_MIN_SPAN`` entries (kvsim/sim/cachesim_fast.py).  This
+table has at least ``PREFETCH_MIN_SPAN`` entries (kvsim/cachesim/fast_loops.py).  This
 script times ``simulate_cache(keys, capacity, policy)`` (end to end, raw keys) with the
 prefetch forced off and forced on, interleaved, on Zipf streams over several key ranges
 and on the Mooncake block stream (when ../shared/traces has it), and checks that both
@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_cachesim import MOONCAKE, machine, mooncake_stream, zipf_stream  # noqa: E402
 
-from kvsim.fsutil import atomic_output  # noqa: E402
-from kvsim.sim import cachesim_fast  # noqa: E402
-from kvsim.sim.cachesim import simulate_cache  # noqa: E402
+from kvsim.core.fsutil import atomic_output  # noqa: E402
+from kvsim.cachesim import fast_loops as cachesim_fast  # noqa: E402
+from kvsim.cachesim.simulator import simulate_cache  # noqa: E402
 
 POLICIES = ["lru", "fifo", "lfu", "sieve", "s3fifo", "arc", "belady"]
 

@@ -5,7 +5,7 @@ trace length or with what is resident?
     python bench/bench_stream_memory.py --events 10000000 --trace /tmp/synth10m.parquet
 
 Step 1 writes the trace, streamed to Parquet wave by wave (the generator holds one wave).
-Step 2 runs ``kvsim.sim.simulate`` (lru, compiled engine) on it in a child process and
+Step 2 runs ``kvsim.api.simulate`` (lru, compiled engine) on it in a child process and
 reads the child's peak resident set (``ru_maxrss`` of ``RUSAGE_CHILDREN``), its CPU
 seconds and wall time; ``/proc/loadavg`` is recorded before and after.  The compile is
 excluded by a warm-up run on a small trace first (same policies, same column types, so the
@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.events import EventWriter
-from kvsim.fsutil import atomic_output
-from kvsim.schema import COLUMN_NAMES, DEFAULTS, EventHeader, EventKind, Phase
+from kvsim.core.fsutil import atomic_output
+from kvsim.core.schema import COLUMN_NAMES, DEFAULTS, EventHeader, EventKind, Phase
 
 BLOCK_TOKENS = 16
 PROMPT_BLOCKS = 64
@@ -165,7 +165,7 @@ def write_trace(path: Path, events: int, wave: int, n_docs: int, seed: int) -> d
 
 CHILD = """
 import json, sys, time, resource
-from kvsim.sim import SimConfig, simulate
+from kvsim.api import SimConfig, simulate
 trace, policy, hbm, dram = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 cfg = SimConfig(hbm_blocks=hbm, dram_gb=dram, cxl_gb=0, nvme_gb=0, engine="compiled")
 t0, c0 = time.perf_counter(), time.process_time()

@@ -46,7 +46,7 @@ from pathlib import Path
 CHILD = """
 import json, sys, time, resource
 t0, c0 = time.perf_counter(), time.process_time()
-from kvsim.sim import SimConfig, simulate
+from kvsim.api import SimConfig, simulate
 r = simulate(sys.argv[1], sys.argv[2], SimConfig(engine="compiled"))
 print(json.dumps({"wall_s": time.perf_counter() - t0, "cpu_s_self": time.process_time() - c0,
                   "events": r.summary["events"], "hbm_hit_rate": r.summary["hbm_hit_rate"]}))
@@ -88,7 +88,9 @@ def in_process(trace: str, policy: str, repeat: int, tiers: dict | None = None) 
     the best run.  The reads run in the reader thread (kvsim.events.read_ahead) beside the
     pre-pass and the core: each phase is timed with ``time.thread_time`` in the thread that
     runs it, the total with ``time.process_time`` (every thread)."""
-    from kvsim.sim import SimConfig, prepass, replay, simulate
+    from kvsim.spec.sim_config import SimConfig
+    from kvsim.replay import prepass, driver as replay
+    from kvsim.replay.driver import simulate
 
     cfg = SimConfig(engine="compiled", **(tiers or {}))
     simulate(trace, policy, cfg)  # warm-up: loads the compiled core
@@ -244,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     res["load_average_at_end"] = _load()
     print("load average", res["load_average_at_start"], "->", res["load_average_at_end"])
     if args.out is not None:
-        from kvsim.fsutil import atomic_output
+        from kvsim.core.fsutil import atomic_output
 
         with atomic_output(args.out) as tmp:
             tmp.write_text(json.dumps(res, indent=2) + "\n")

@@ -4,7 +4,7 @@
 Usage: NUMBA_CACHE_DIR=<empty> KVSIM_CACHE_DIR=<empty> python bench/ir_size.py [KVSIM ARGS]
 
 Without arguments: compiles the hooks of each built-in policy with compiled hooks
-(:func:`kvsim.sim.precompile.compile_hooks`, which is what ``kvsim compare``'s hooks worker
+(:func:`kvsim.replay.precompile.compile_hooks`, which is what ``kvsim compare``'s hooks worker
 runs), nothing else (the replay core is not compiled), and prints the process CPU time of
 ``compile_hooks`` and the IR bytes per hook name summed over policies.  With arguments:
 runs that kvsim command in this process (``compare --profile deadline_pressure ...``;
@@ -68,8 +68,8 @@ def main() -> None:
         sys.argv = ["kvsim"] + sys.argv[1:]
         kvsim_main()
         return
-    from kvsim.policy_registry import list_policies
-    from kvsim.sim.precompile import compile_hooks
+    from kvsim.policy.registry import list_policies
+    from kvsim.replay.precompile import compile_hooks
 
     names = [p.name for p in list_policies() if p.compiled]
     t0, w0 = time.process_time(), time.perf_counter()

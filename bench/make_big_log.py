@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvsim.fsutil import atomic_output
+from kvsim.core.fsutil import atomic_output
 from kvsim.results.log_schema import (CANDIDATE_TYPE, LOG_METADATA_KEY, LOG_SCHEMA_VERSION,
                                       Action, log_schema)
 

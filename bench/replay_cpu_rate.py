@@ -3,7 +3,8 @@ time.process_time, best of 3 after a warm-up run in the same process (docs/bench
 "One core").  Usage: python bench/replay_cpu_rate.py TRACE.parquet [POLICY]"""
 import sys, time
 import kvsim
-from kvsim.sim import SimConfig, simulate
+from kvsim.spec.sim_config import SimConfig
+from kvsim.replay.driver import simulate
 trace = sys.argv[1]
 pol = sys.argv[2] if len(sys.argv) > 2 else "lru"
 cfg = SimConfig(engine="compiled")

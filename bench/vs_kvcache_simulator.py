@@ -5,10 +5,10 @@
 """
 import sys, time
 from kvsim.ingest import read_requests
-from kvsim.ingest.serial import stream_from_requests
-from kvsim.sim import SimConfig
-from kvsim.sim.cache_mode import simulate_cache
-from kvsim.sim.optimum import optimum_summary
+from kvsim.engine.serial_lowering import stream_from_requests
+from kvsim.spec.sim_config import SimConfig
+from kvsim.modes.cache import simulate_cache
+from kvsim.bounds.optimal import optimum_summary
 from kvcache_sim.trace import parse_trace_file
 from kvcache_sim.plan import build_execution_plan
 from kvcache_sim.policies import simulate_policy

@@ -1,7 +1,7 @@
 """kvsim: an offline, trace-driven simulator and policy lab for LLM KV-cache memory.
 
 The data flow is: request trace -> canonical Request table -> MemoryIntent block events
-(:mod:`kvsim.schema`) -> replay through tiered, paged, prefix-shared KV memory under a
+(:mod:`kvsim.core.schema`) -> replay through tiered, paged, prefix-shared KV memory under a
 placement policy -> metrics and a decision log.  Every CLI command is a thin shell over a
 function in this package; see ``docs/architecture.md``.
 """
@@ -17,7 +17,7 @@ def _numba_defaults() -> None:
     ``simulate_cache`` run as fast (within 2-5 %, this box's noise) with identical outputs.
     Set in ``os.environ``, so it holds for every numba compile in this process (numba
     re-reads its environment at each compile); numba's disk cache is kept apart per
-    setting by ``kvsim.numba_cache`` (stamp), so no code compiled at another level loads.
+    setting by ``kvsim.jit.disk_cache`` (stamp), so no code compiled at another level loads.
     """
     import os
     import sys

@@ -25,10 +25,9 @@ content, so a slot reused at once for new content is not mistaken for a ghost hi
 import numpy as np
 from numba import njit
 
-from kvsim.policy_api import (NIL, dll_contains, dll_ends, dll_links, dll_move_to_tail,
-                              dll_push_tail, dll_remove, ghost_find, ghost_new,
-                              ghost_pop_head, ghost_push_tail, ghost_remove, njit_hook,
-                              policy_state)
+from kvsim.policy.api import (NIL, dll_contains, dll_ends, dll_links, dll_move_to_tail,
+    dll_push_tail, dll_remove, ghost_find, ghost_new, ghost_pop_head, ghost_push_tail,
+    ghost_remove, njit_hook, policy_state)
 
 NAME = "arc"
 DESCRIPTION = "Adaptive Replacement Cache: recency vs frequency lists with ghost-tuned split."
@@ -39,7 +38,7 @@ REASONS = ("ARC: least recently used of T1 (seen once), T1 above its adaptive ta
 T1, T2, B1, B2, PEND = 1, 2, 3, 4, 5
 # ints: [c, hit_in_b1, hit_in_b2, pending_victim, pending_ghost (0 none, B1, B2),
 #        drop_b1_lru, drop_b2_lru, |T1| resident, |T2| resident]
-# state (kvsim.policy_api.PolicyState, see init): i64 = prev, nxt, t1, t2, ints, g0..g6 (ghost
+# state (kvsim.policy.api.PolicyState, see init): i64 = prev, nxt, t1, t2, ints, g0..g6 (ghost
 # pool), b1, b2, pend; f64 = p; i8 = where, glist
 
 

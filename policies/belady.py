@@ -13,7 +13,7 @@ Ties exist only among never-used-again blocks and do not change miss counts.  Ma
 libCacheSim ``Belady`` miss for miss.  Score: ``-next_use`` (sooner = higher = keep).
 
 These hooks are what the tiered replay runs.  The single-tier cache simulator runs a twin
-of them, ``kvsim.sim.cachesim._replay_belady`` (same heap, same sift comparisons, keys
+of them, ``kvsim.cachesim.simulator._replay_belady`` (same heap, same sift comparisons, keys
 stored beside the blocks, no view): a change to the heap discipline here must be made
 there too, or tests/sim/test_cachesim_belady_fast.py (victim sequences of both) fails.
 """
@@ -21,7 +21,7 @@ there too, or tests/sim/test_cachesim_belady_fast.py (victim sequences of both) 
 import numpy as np
 from numba import njit
 
-from kvsim.policy_api import NEVER, policy_state
+from kvsim.policy.api import NEVER, policy_state
 
 NAME = "belady"
 DESCRIPTION = "Belady's MIN (offline bound): evict the candidate used farthest in the future."

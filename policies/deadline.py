@@ -77,8 +77,8 @@ per entry).  O(log n) per hook.  Approximation: intent fields are read at
 import numpy as np
 from numba import njit
 
-from kvsim.policy_api import (heap_in, heap_new, heap_peek, heap_push, heap_remove,
-                              heap_size, heap_slots, heap_smallest, policy_state)
+from kvsim.policy.api import (heap_in, heap_new, heap_peek, heap_push, heap_remove, heap_size,
+    heap_slots, heap_smallest, policy_state)
 
 NAME = "deadline"
 DESCRIPTION = ("Deadline-aware: time to the next expected use, then class, slack, chain-aware "
@@ -97,7 +97,7 @@ SLACK_WEIGHT = 0.5  # slack counts half as much as time to deadline
 RECOMPUTE_WEIGHT = 1.0  # one us of prefill cost = one us of urgency (sign: docstring)
 REQUEST_PRIORITY_WEIGHT_US = 1e4  # 100 request-priority points = one class
 
-# Live offload (``params["live_offload"]``, kvsim/sim/live_offload.py): a running request's
+# Live offload (``params["live_offload"]``, kvsim/modes/live/live_offload.py): a running request's
 # unit is needed at its ``target_decode_step`` (kvsim's lowering writes step + 1 on a
 # decode ACCESS: a request already served in this step is needed one step later than one
 # still to be served).  Units are ranked by that step (latest spilled first), then by
@@ -108,7 +108,7 @@ REQUEST_PRIORITY_WEIGHT_US = 1e4  # 100 request-priority points = one class
 LIVE_STEP_US = 1e10  # one step outweighs any slack
 LIVE_SLACK_CAP_US = 4e9  # slack counted up to here (over an hour)
 
-PH_ROLLBACK = 4  # kvsim.schema.Phase: PREFILL 0, DECODE 1, VERIFY 2, DRAFT 3 are live
+PH_ROLLBACK = 4  # kvsim.core.schema.Phase: PREFILL 0, DECODE 1, VERIFY 2, DRAFT 3 are live
 PH_IDLE = 5
 # Heaps (5 arrays each; heap g is heap_in(state, g, 4 * g)) in the state: 0 = unpinned with deadline, 1 = unpinned
 # without, 2 = pinned with deadline, 3 = pinned without, 4 = expiry (finished blocks of
@@ -358,7 +358,7 @@ def explain(row, now_us):
 
 
 def prefetch_rank(view, b, now_us):
-    """Live offload (kvsim/sim/live_prefetch.py): when the spilled blocks of unit ``b`` are
+    """Live offload (kvsim/modes/live/live_prefetch.py): when the spilled blocks of unit ``b`` are
     expected to be needed, smaller = sooner: the deadline minus its slack (``slack =
     deadline - expected completion``), a higher class one class weight earlier.  Only a
     deadline still ahead says when the next need is; a passed deadline (stale intent),

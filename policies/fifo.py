@@ -12,8 +12,8 @@ newer = keep).
 import numpy as np
 from numba import njit
 
-from kvsim.policy_api import (heap_in, heap_new, heap_peek, heap_push, heap_remove,
-                              heap_slots, heap_smallest, policy_state)
+from kvsim.policy.api import (heap_in, heap_new, heap_peek, heap_push, heap_remove, heap_slots,
+    heap_smallest, policy_state)
 
 NAME = "fifo"
 DESCRIPTION = "First in, first out: evict the candidate that entered the tier first."

@@ -11,8 +11,8 @@ all hooks O(1).  Score: 1 for hot, 0 for cold.
 import numpy as np
 from numba import njit
 
-from kvsim.policy_api import (NIL, Priority, dll_ends, dll_links, dll_push_tail,
-                              dll_remove, policy_state)
+from kvsim.policy.api import (NIL, Priority, dll_ends, dll_links, dll_push_tail, dll_remove,
+    policy_state)
 
 NAME = "hotcold"
 DESCRIPTION = "Hot/cold: blocks with priority >= HOT or reuse are hot; cold evicted first, LRU."

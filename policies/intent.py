@@ -24,8 +24,8 @@ O(log n) per hook.  Score: the rank.
 import numpy as np
 from numba import njit
 
-from kvsim.policy_api import (heap_in, heap_new, heap_peek, heap_push, heap_remove,
-                              heap_slots, heap_smallest, heap_update, policy_state)
+from kvsim.policy.api import (heap_in, heap_new, heap_peek, heap_push, heap_remove, heap_slots,
+    heap_smallest, heap_update, policy_state)
 
 NAME = "intent"
 DESCRIPTION = "Intent-aware: lowest priority, then least useful phase, then least recently used."
@@ -87,7 +87,7 @@ def explain(row, now_us):
 
 
 def prefetch_rank(view, b, now_us):
-    """Live offload (kvsim/sim/live_prefetch.py): among units whose request states a
+    """Live offload (kvsim/modes/live/live_prefetch.py): among units whose request states a
     deadline still ahead (the only statement of *when* it runs next), fetch back first the
     one the serving layer ranks highest (priority, then phase), then the earliest
     deadline; live phases only (PREFILL, DECODE, VERIFY).  Otherwise ``inf`` (never)."""

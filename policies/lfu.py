@@ -20,14 +20,14 @@ O(1) unless the lowest counts belong to held blocks only.  Score: the count.
 import numpy as np
 from numba import njit
 
-from kvsim.policy_api import NIL, OUT, dll_contains, dll_push_tail, dll_remove, policy_state
+from kvsim.policy.api import NIL, OUT, dll_contains, dll_push_tail, dll_remove, policy_state
 
 NAME = "lfu"
 DESCRIPTION = "Least frequently used since entering the tier; least recently used among ties."
 OFFLINE = False
 REASONS = ("least frequently used since it entered the tier (oldest access among ties)",)
 
-# state (kvsim.policy_api.PolicyState): i64 = bprev, bnext, freq, node_of, nfreq, nprev, nnext,
+# state (kvsim.policy.api.PolicyState): i64 = bprev, bnext, freq, node_of, nfreq, nprev, nnext,
 # nres, free, meta; i64_2d = nends
 # meta = [free_top, lowest node]
 

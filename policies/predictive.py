@@ -27,8 +27,8 @@ last hook, so they go least recently used first among the never-blocks).  Score:
 import numpy as np
 from numba import njit
 
-from kvsim.policy_api import (heap_in, heap_new, heap_peek, heap_push, heap_remove,
-                              heap_slots, heap_smallest, heap_update, policy_state)
+from kvsim.policy.api import (heap_in, heap_new, heap_peek, heap_push, heap_remove, heap_slots,
+    heap_smallest, heap_update, policy_state)
 
 NAME = "predictive"
 DESCRIPTION = "Predictive: evict the block whose predicted next use (deadline/step/rate) is farthest."

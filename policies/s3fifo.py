@@ -26,9 +26,8 @@ freq >= 2 still moves to MAIN: that is a promotion, not an eviction).  ``on_hold
 import numpy as np
 from numba import njit
 
-from kvsim.policy_api import (NIL, dll_ends, dll_links, dll_push_tail, dll_remove,
-                              ghost_find, ghost_new, ghost_pop_head, ghost_push_tail,
-                              ghost_remove, njit_hook, policy_state)
+from kvsim.policy.api import (NIL, dll_ends, dll_links, dll_push_tail, dll_remove, ghost_find,
+    ghost_new, ghost_pop_head, ghost_push_tail, ghost_remove, njit_hook, policy_state)
 
 NAME = "s3fifo"
 DESCRIPTION = "S3-FIFO: small probationary FIFO, main FIFO with 2-bit clock, ghost FIFO."
@@ -41,7 +40,7 @@ SMALL_SIZE_RATIO = 0.10  # libCacheSim S3FIFO default (DEFAULT_CACHE_PARAMS)
 GHOST_SIZE_RATIO = 0.90  # libCacheSim S3FIFO default
 MOVE_TO_MAIN_THRESHOLD = 2  # libCacheSim S3FIFO default
 # ints: [small_cap, main_cap, ghost_cap, held blocks, has_evicted, pending, pending_queue]
-# state (kvsim.policy_api.PolicyState): i64 = prev, nxt, small, main, freq, ints, g0..g6
+# state (kvsim.policy.api.PolicyState): i64 = prev, nxt, small, main, freq, ints, g0..g6
 # (ghost pool), ghost, pend; i8 = where, glist, held
 
 

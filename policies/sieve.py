@@ -17,8 +17,8 @@ Amortised O(1) per eviction, plus the held blocks the hand passes.  Score: the v
 
 import numpy as np
 
-from kvsim.policy_api import (NIL, dll_ends, dll_links, dll_push_tail, dll_remove,
-                              njit_hook, policy_state)
+from kvsim.policy.api import (NIL, dll_ends, dll_links, dll_push_tail, dll_remove, njit_hook,
+    policy_state)
 
 NAME = "sieve"
 DESCRIPTION = "SIEVE: FIFO with a visited bit; a hand sweeps and spares visited blocks once."

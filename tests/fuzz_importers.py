@@ -13,7 +13,7 @@ in ``../shared/traces/``) are mutated at random (seeded):
 Each mutated file is read by the importer's API (``read_requests``; kvmi:
 ``convert_kvmi``; event files: ``summarize_trace``) and, for one input in
 ``lower_every``, also lowered to an event file.  Outcome per input: ``ok`` (read),
-``error`` (a :class:`~kvsim.errors.KvsimInputError`: the contract), ``traceback`` (any
+``error`` (a :class:`~kvsim.core.errors.KvsimInputError`: the contract), ``traceback`` (any
 other exception: a bug) or ``hang`` (over the per-input timeout, SIGALRM).
 
 Run the full campaign (docs/cli.md gives the command and the result)::
@@ -229,7 +229,7 @@ def run_importer(importer: str, path: Path, out_dir: Path, lower: bool) -> None:
     from kvsim.ingest import lower_requests, read_requests
 
     if importer == "events":
-        from kvsim.trace_summary import summarize_trace
+        from kvsim.analysis.trace_summary import summarize_trace
 
         summarize_trace(path)
         return
@@ -261,7 +261,7 @@ def fuzz(per_importer: int, seed: int = 0, timeout_s: float = 10.0, lower_every:
     """Run ``per_importer`` mutated inputs through each importer; return the outcomes."""
     import warnings
 
-    from kvsim.errors import KvsimInputError, KvsimWarning
+    from kvsim.core.errors import KvsimInputError, KvsimWarning
 
     warnings.simplefilter("ignore", KvsimWarning)
     all_seeds = seeds()

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from typing import Any
 
-from kvsim.errors import EXIT_BAD_INPUT
+from kvsim.core.errors import EXIT_BAD_INPUT
 
 
 def _parts(result: Any) -> tuple[int, str, str]:

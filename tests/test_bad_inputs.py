@@ -22,10 +22,10 @@ import pytest
 from typer.testing import CliRunner
 
 from kvsim.cli import app
-from kvsim.errors import KvsimInputError
+from kvsim.core.errors import KvsimInputError
 from kvsim.events import EventWriter, write_events
-from kvsim.schema import EventHeader
-from kvsim.trace_summary import summarize_trace
+from kvsim.core.schema import EventHeader
+from kvsim.analysis.trace_summary import summarize_trace
 from tests.helpers import assert_one_line_error, run_kvsim
 
 CORPUS = Path(__file__).resolve().parent / "bad_inputs"

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from kvsim.cli import app
 from kvsim.events import open_events
-from kvsim.models import list_models
+from kvsim.spec.models import list_models
 from kvsim.workload import list_profiles
 
 ROOT = Path(__file__).resolve().parents[1]

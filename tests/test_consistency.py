@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from kvsim.trace_summary import PrefixReuse, summarize_trace
+from kvsim.analysis.trace_summary import PrefixReuse, summarize_trace
 from kvsim.workload import generate
 
 import numpy as np
 
 
 def test_generate_and_inspect_report_the_same_prefix_reuse(tmp_path):
-    """One definition (kvsim.trace_summary.PrefixReuse): a multi-turn chat's prompt re-uses
+    """One definition (kvsim.analysis.trace_summary.PrefixReuse): a multi-turn chat's prompt re-uses
     the previous answer's decode blocks, which the importers once left out."""
     out = tmp_path / "chat.parquet"
     made = generate("multi_turn_chat", 48, 7, out)

@@ -11,11 +11,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from kvsim.errors import KvsimInputError
+from kvsim.core.errors import KvsimInputError
 from kvsim.events import (DTYPES, EventWriter, event_format, open_events, read_events,
                           write_events)
-from kvsim.schema import (COLUMN_NAMES, DEFAULTS, HEADER_METADATA_KEY, EventHeader, EventKind,
-                          Phase, Priority, event_schema)
+from kvsim.core.schema import (COLUMN_NAMES, DEFAULTS, HEADER_METADATA_KEY, EventHeader,
+    EventKind, Phase, Priority, event_schema)
 
 HEADER = EventHeader(block_size_tokens=16, kv_bytes_per_token=131072, model="llama-3.1-8b",
                      source={"generator": "test", "seed": 0})
@@ -221,7 +221,7 @@ def test_write_outside_with_block_is_an_error(tmp_path: Path) -> None:
 
 
 def test_trace_format_doc_names_every_column_and_enum_value() -> None:
-    from kvsim.schema import ENUM_COLUMNS
+    from kvsim.core.schema import ENUM_COLUMNS
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "trace-format.md").read_text()
     for name in COLUMN_NAMES:

@@ -1,4 +1,4 @@
-"""`kvsim inspect` and kvsim.trace_summary: exact counts on hand-built traces, format
+"""`kvsim inspect` and kvsim.analysis.trace_summary: exact counts on hand-built traces, format
 independence, batch-boundary independence, the sample traces, and the infinite-cache
 prefix-reuse fraction of the real Mooncake traces."""
 
@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from kvsim.cli import app
 from kvsim.events import read_events, write_events
-from kvsim.schema import EventHeader, EventKind, Phase
-from kvsim.trace_summary import head_events, summarize_trace
+from kvsim.core.schema import EventHeader, EventKind, Phase
+from kvsim.analysis.trace_summary import head_events, summarize_trace
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO / "traces"

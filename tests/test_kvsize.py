@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.errors import KvsimInputError
-from kvsim.kvsize import (block_bytes, default_kv_dtype, estimate_kv, kv_bytes_for_tokens,
-                          kv_bytes_per_layer_token, kv_bytes_per_layer_token_per_gpu,
-                          kv_bytes_per_token, mha_equivalent_bytes_per_token)
-from kvsim.models import estimate_num_params, list_models, load_model
+from kvsim.core.errors import KvsimInputError
+from kvsim.spec.kvsize import (block_bytes, default_kv_dtype, estimate_kv, kv_bytes_for_tokens,
+    kv_bytes_per_layer_token, kv_bytes_per_layer_token_per_gpu, kv_bytes_per_token,
+    mha_equivalent_bytes_per_token)
+from kvsim.spec.models import estimate_num_params, list_models, load_model
 
 # name -> fp16 bytes per token, as layers * (K and V = 2) * kv_heads * head_dim * 2 bytes
 # (MLA: layers * (kv_lora_rank + qk_rope_head_dim) * 2 bytes: one latent, no K/V pair).

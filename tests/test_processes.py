@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kvsim.errors import KvsimInputError
-from kvsim.fsutil import atomic_output, remove_stale_temporaries
+from kvsim.core.errors import KvsimInputError
+from kvsim.core.fsutil import atomic_output, remove_stale_temporaries
 from tests.helpers import assert_one_line_error
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,7 +114,7 @@ def test_sigterm_removes_the_temporary_and_exits_143(tmp_path: Path) -> None:
         "import kvsim.ingest as ing\n"
         "real = ing.lower_requests\n"
         "def slow(table, out_path, **kw):\n"
-        "    from kvsim.fsutil import atomic_output\n"
+        "    from kvsim.core.fsutil import atomic_output\n"
         "    with atomic_output(out_path) as tmp:\n"
         "        tmp.write_bytes(b'partial')\n"
         "        print('writing', flush=True)\n"
@@ -141,8 +141,8 @@ def test_sigterm_removes_the_temporary_and_exits_143(tmp_path: Path) -> None:
 def test_sweep_refuses_a_foreign_folder(tmp_path: Path) -> None:
     from functools import partial
 
-    from kvsim.fsutil import claim_output_dir
-    from kvsim.sweep import SWEEP_MARKER
+    from kvsim.core.fsutil import claim_output_dir
+    from kvsim.analysis.sweep import SWEEP_MARKER
 
     claim_sweep_dir = partial(claim_output_dir, marker=SWEEP_MARKER,
                               what="kvsim sweep folder", legacy="cells")

@@ -12,10 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from kvsim.errors import KvsimInputError
+from kvsim.core.errors import KvsimInputError
 from kvsim.events import EventWriter, open_events
 from kvsim.events.read_ahead import ReadAhead
-from kvsim.schema import EventHeader
+from kvsim.core.schema import EventHeader
 
 HEADER = EventHeader(block_size_tokens=16, kv_bytes_per_token=131072, model="m")
 

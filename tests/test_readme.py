@@ -61,7 +61,7 @@ def test_readme_blocks_are_what_the_tests_run():
     ci = (ROOT / ".ci" / "run").read_text()
     assert setup[1] in ci  # CI runs exactly the README's test command
     assert all(c.startswith("kvsim ") for c in _commands(TOUR))
-    assert "kvsim.sim.compare" in SNIPPET
+    assert "kvsim.api.compare" in SNIPPET
 
 
 @pytest.mark.slow

@@ -26,7 +26,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvsim.cli import app
-from kvsim.sim.validate import validate
+from kvsim.analysis.validate import validate
 from tests.helpers import assert_one_line_error
 
 runner = CliRunner()
@@ -220,7 +220,7 @@ def test_round_trip_random_workload(tmp_path):
     import random
 
     from kvsim.memory.hashing import NONE_HASH, hash_block
-    from kvsim.sim.validate import LoggedRequest, kvsim_stream
+    from kvsim.analysis.validate import LoggedRequest, kvsim_stream
 
     rng = random.Random(7)
     bs = 4

@@ -6,7 +6,7 @@ Writes (deterministically: same bytes on every run, seed 0):
   32 requests: 8 chat sessions of 3 turns each (each turn's prompt = the previous turn's
   prompt + its answer + a new user message, behind a system prompt shared by the
   session's tenant) and 8 one-shot requests, through a continuous-batching engine with
-  chunked prefill.  Lowered by the rules of :mod:`kvsim.schema`.
+  chunked prefill.  Lowered by the rules of :mod:`kvsim.core.schema`.
 - ``sample_fork.jsonl``: a tiny hand-readable trace (two requests, one FORK for parallel
   sampling, block-level FREE of a pruned branch) used by docs/trace-format.md.
 
@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.events import EventWriter
-from kvsim.schema import NO_HASH, EventHeader, EventKind, Phase, Priority
+from kvsim.core.schema import NO_HASH, EventHeader, EventKind, Phase, Priority
 
 HERE = Path(__file__).resolve().parent
 SEED = 0
@@ -44,7 +44,7 @@ FLOPS_PER_S = 989.4e12 * 0.5  # H100 SXM dense BF16 (datasheet) x achievable (as
 HBM_BYTES_PER_S = 3.35e12 * 0.8  # H100 SXM HBM3 (datasheet) x achievable (assumption)
 WEIGHTS_READ_US = PARAMS * 2 / HBM_BYTES_PER_S * 1e6  # BF16 weights read once per step
 PREFILL_US_PER_TOKEN = 2 * PARAMS / FLOPS_PER_S * 1e6  # Kaplan et al. 2020: 2N FLOPs/token
-STEP_OVERHEAD_US = 500.0  # assumption, same as kvsim.ingest.engine.DEFAULT_STEP_OVERHEAD_US
+STEP_OVERHEAD_US = 500.0  # assumption, same as kvsim.engine.engine_model.DEFAULT_STEP_OVERHEAD_US
 MAX_NUM_SEQS = 8  # small on purpose: the sample should queue a little
 MAX_BATCHED_TOKENS = 512  # chunked-prefill token budget per step
 TTFT_SLO_US = 2_000_000  # sample SLOs: 2 s to first token, 100 ms per output token

@@ -18,7 +18,7 @@ from pathlib import Path
 from kvsim.backends.base import (CALIBRATION_LAYOUT, BlockLayout, DeviceInfo,  # noqa: F401
                                  KvBackend)
 from kvsim.backends.detection import detect, refuse_unmeasurable  # noqa: F401
-from kvsim.errors import KvsimInputError
+from kvsim.core.errors import KvsimInputError
 
 #: Backend names accepted by ``--backend``.
 BACKEND_NAMES = ("cpu", "cuda")

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from kvsim.errors import KvsimInputError
+from kvsim.core.errors import KvsimInputError
 
 #: Bytes per element of each KV dtype (fp8 = e4m3/e5m2, 1 byte).
 DTYPE_BYTES: dict[str, int] = {"fp8": 1, "fp16": 2, "bf16": 2, "fp32": 4}

@@ -27,7 +27,7 @@ from kvsim.backends import kernels
 from kvsim.backends.base import (BlockLayout, DeviceInfo, KvBackend, aligned_empty, check_ids,
                                  fill_random)
 from kvsim.backends.disk import DiskTier
-from kvsim.errors import KvsimInputError
+from kvsim.core.errors import KvsimInputError
 
 #: Memory-copy timers: name -> (clock returning ns, description).
 CPU_TIMERS = {

@@ -49,7 +49,7 @@ def refuse_unmeasurable(backend: str) -> None:
     ``cpu`` always can.  ``cuda`` needs a real GPU: the numba CUDA simulator runs the same
     kernels (good for checking bytes) but its timings are not hardware measurements, so
     calibration and placement replay refuse them."""
-    from kvsim.errors import KvsimInputError
+    from kvsim.core.errors import KvsimInputError
 
     if backend != "cuda":
         return

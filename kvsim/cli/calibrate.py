@@ -1,6 +1,6 @@
 """``kvsim calibrate`` and ``kvsim replay``: measure transfer costs on this machine
-(API: :mod:`kvsim.calibrate`) and replay a decision log's data movements on a real pool
-(API: :mod:`kvsim.placement_replay`).  Docs: docs/calibration.md."""
+(API: :mod:`kvsim.analysis.calibrate`) and replay a decision log's data movements on a real pool
+(API: :mod:`kvsim.analysis.placement_replay`).  Docs: docs/calibration.md."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from kvsim.backends.base import CALIBRATION_LAYOUT, DTYPE_BYTES, BlockLayout
 from kvsim.cli import app
 from kvsim.cli.common import (JsonOption, check_outputs, emit_json, out_console, progress,
                               quiet_progress)
-from kvsim.errors import KvsimInputError
+from kvsim.core.errors import KvsimInputError
 
 _BACKEND_HELP = ("cpu: numpy pool in RAM, numba copies, file I/O (host memcpy stands in for "
                  "the DRAM link; PCIe is not measured).  cuda: numba-cuda kernels on a real "
@@ -82,7 +82,7 @@ def calibrate_command(
     transfers of 64 KiB..64 MiB, fit latency + bytes/bandwidth to each, and write a hardware
     profile whose dram and nvme tiers carry the measured numbers (with provenance).  Use
     it with [bold]kvsim simulate/compare --hardware FILE[/bold]."""
-    from kvsim.calibrate import MIB, CalibrationSettings, calibrate, write_calibration
+    from kvsim.analysis.calibrate import MIB, CalibrationSettings, calibrate, write_calibration
 
     check_outputs(("--out", out, "toml"))
     layout = BlockLayout(layers, block_tokens, kv_heads, head_dim, dtype)
@@ -194,7 +194,7 @@ def replay_command(
     decision log on a real KV pool, batch by batch, and compare the measured time with the
     simulator's cost_us per action type and tier path: the cost model's error on this
     machine.  relative_error = (predicted - measured) / measured."""
-    from kvsim.placement_replay import MIB, ReplaySettings, replay_decision_log
+    from kvsim.analysis.placement_replay import MIB, ReplaySettings, replay_decision_log
 
     settings = ReplaySettings(backend=_check_backend(backend), block_bytes=block_bytes,
                               num_layers=layers, pool_bytes=max(1, int(pool_mib * MIB)),

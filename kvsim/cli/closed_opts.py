@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from kvsim.errors import KvsimInputError
+from kvsim.core.errors import KvsimInputError
 
 SCHEDULES = ("closed", "recorded")
 
@@ -44,7 +44,7 @@ MaxTokensOpt = Annotated[Optional[int], typer.Option(
     "--max-num-batched-tokens", min=1, show_default=False,
     help="Token budget of one engine step (vLLM; default 8192).  Not with --trace.")]
 
-#: Engine options' defaults: those of :class:`kvsim.sim.closed_loop.EngineOptions` (where
+#: Engine options' defaults: those of :class:`kvsim.modes.closed.closed_loop.EngineOptions` (where
 #: their sources are).
 ENGINE_DEFAULTS = {"--block-size": 16, "--max-num-seqs": 256, "--max-num-batched-tokens": 8192}
 
@@ -68,7 +68,7 @@ def resolve_schedule(schedule: str | None, has_table: bool, mode: str = "engine"
                      live_offload: bool = False) -> str:
     """The schedule to use: ``closed`` by default for a Request table, ``recorded`` for an
     event file (the only one possible there), in ``--mode cache`` (no engine steps) and
-    with ``--live-offload`` (it replays recorded steps: kvsim.sim.live_offload)."""
+    with ``--live-offload`` (it replays recorded steps: kvsim.modes.live.live_offload)."""
     if schedule is not None and schedule not in SCHEDULES:
         raise KvsimInputError(f"expected closed | recorded, got {schedule!r}", None, None,
                               "--schedule")
@@ -98,7 +98,7 @@ def load_table(profile: str | None, num_requests: int, seed: int,
     """The Request table of ``--profile`` (generated) or ``--request-trace`` (read)."""
     if profile is not None:
         from kvsim.workload.generator import build_workload
-        from kvsim.workload.profile import load_profile
+        from kvsim.spec.workload_profile import load_profile
 
         return build_workload(load_profile(profile), num_requests, seed)
     from kvsim.ingest import read_requests

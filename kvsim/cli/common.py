@@ -2,13 +2,13 @@
 
 - Results go to stdout (a rich table, or JSON with ``--json``); progress and logs go to
   stderr, so ``kvsim ... --json | jq`` always works.
-- A :class:`kvsim.errors.KvsimError` raised anywhere under a command becomes ONE line on
+- A :class:`kvsim.core.errors.KvsimError` raised anywhere under a command becomes ONE line on
   stderr (``error: <file>: <line>: field '<f>': expected ...``) and its exit code (2 for bad
   input), never a traceback.  Exit codes are documented in docs/cli.md.
 - Option errors (typer/click usage errors) are ONE line too (:meth:`KvsimGroup.main`), not
   a usage box; every option value passes :func:`check_option_value` first (floats finite,
   integers within int64, ``--seed`` >= 0), for every command, centrally.
-- A Python warning (:class:`kvsim.errors.KvsimWarning`) is one ``warning:`` line on stderr.
+- A Python warning (:class:`kvsim.core.errors.KvsimWarning`) is one ``warning:`` line on stderr.
 - SIGTERM is turned into an exception like Ctrl-C, so ``atomic_output`` removes the
   run's temporary file before the process exits (exit 143; Ctrl-C: 130).
 """
@@ -31,7 +31,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 from typer.core import TyperGroup
 
-from kvsim.errors import EXIT_BAD_INPUT, KvsimError, KvsimInputError
+from kvsim.core.errors import EXIT_BAD_INPUT, KvsimError, KvsimInputError
 
 #: Exit codes of a run stopped by a signal (128 + signal number, the shell convention).
 EXIT_SIGINT = 130
@@ -82,9 +82,9 @@ def check_finite(option: str, value: float | None, minimum: float | None = None,
 
 
 def check_limit(option: str, value: int | None, limit: str) -> int | None:
-    """Reusable: ``value`` of ``option`` must not exceed the :mod:`kvsim.limits` limit
+    """Reusable: ``value`` of ``option`` must not exceed the :mod:`kvsim.core.limits` limit
     ``limit`` (e.g. ``"max_prompt_tokens"``); the error says how to raise it."""
-    from kvsim.limits import get_limits
+    from kvsim.core.limits import get_limits
 
     top = getattr(get_limits(), limit)
     if value is not None and value > top:
@@ -187,7 +187,7 @@ class KvsimGroup(TyperGroup):
         if not standalone_mode:
             return super().main(args=args, prog_name=prog_name, complete_var=complete_var,
                                 standalone_mode=False, **extra)
-        from kvsim.errors import KvsimWarning
+        from kvsim.core.errors import KvsimWarning
 
         install_signal_handlers()
         guard = warnings.catch_warnings()
@@ -232,9 +232,9 @@ class KvsimGroup(TyperGroup):
 def check_outputs(*specs: tuple[str, Any, str]) -> None:
     """Check every output of a command before any work (reusable by every command):
     ``(option, path or None, kind)`` with kind a key of
-    :data:`kvsim.fsutil.OUTPUT_SUFFIXES` (the name must end as the format written) or
+    :data:`kvsim.core.fsutil.OUTPUT_SUFFIXES` (the name must end as the format written) or
     ``"dir"``.  Raises a one-line :class:`KvsimInputError` naming the option and target."""
-    from kvsim.fsutil import check_output_dir, check_output_path, check_output_suffix
+    from kvsim.core.fsutil import check_output_dir, check_output_path, check_output_suffix
 
     for option, path, kind in specs:
         if path is None:

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from kvsim.errors import KvsimInputError
+from kvsim.core.errors import KvsimInputError
 
 #: kvmi's MB is a mebibyte: ``value * 1024 * 1024`` bytes
 #: (kv_deadline_scheduler src/kv_memory_intent/cli.py, ``_mb_to_bytes``); kvsim's GB is 1e9.
@@ -95,7 +95,7 @@ def spec_from_geometry(fields: dict):
     """A model from kvmi's geometry options (``--num-layers --hidden-size
     --num-attention-heads --num-kv-heads --head-dim``), parsed as a config.json with those
     fields (parameter count unknown: no fit beside weights)."""
-    from kvsim.models.catalog import spec_from_config
+    from kvsim.spec.models.catalog import spec_from_config
 
     for need in ("num_hidden_layers", "num_attention_heads"):
         if need not in fields:

@@ -1,4 +1,4 @@
-"""``kvsim estimate-kv``: KV-cache footprint of a model, paged vs naive (API: kvsim.kvsize)."""
+"""``kvsim estimate-kv``: KV-cache footprint of a model, paged vs naive (API: kvsim.spec.kvsize)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from rich.table import Table
 
 from kvsim.cli import app
 from kvsim.cli.common import JsonOption, check_limit, emit_json, out_console
-from kvsim.errors import KvsimInputError
-from kvsim.hardware import list_hardware
-from kvsim.kvsize import (BYTES_PER_GB, BYTES_PER_MIB, DEFAULT_MEMORY_UTILIZATION, KV_DTYPES,
-                          KvEstimate, estimate_kv)
-from kvsim.models import WEIGHT_DTYPE_BYTES, list_models, load_model
+from kvsim.core.errors import KvsimInputError
+from kvsim.spec.hardware import list_hardware
+from kvsim.spec.kvsize import (BYTES_PER_GB, BYTES_PER_MIB, DEFAULT_MEMORY_UTILIZATION, KV_DTYPES,
+    KvEstimate, estimate_kv)
+from kvsim.spec.models import WEIGHT_DTYPE_BYTES, list_models, load_model
 
 _KV_DTYPE_HELP = ("KV-cache element type: auto (the model's activation dtype, as vLLM "
                   "--kv-cache-dtype auto), " + ", ".join(KV_DTYPES) +

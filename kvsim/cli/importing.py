@@ -166,7 +166,7 @@ def import_request_trace_command(
                                             or max_blocks_per_request is not None):
         map_ = "kvmi"  # kvmi's own flags: its import reads kvmi request traces only
     map_ = compat.KVMI_REQUEST_MAP if map_ == "kvmi" else map_
-    from kvsim.limits import set_limit_overrides
+    from kvsim.core.limits import set_limit_overrides
 
     set_limit_overrides(limit)
     summary = run_with_progress(

@@ -1,4 +1,4 @@
-"""``kvsim inspect``: summarize an event file (API: :func:`kvsim.trace_summary.summarize_trace`)."""
+"""``kvsim inspect``: summarize an event file (API: :func:`kvsim.analysis.trace_summary.summarize_trace`)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from rich.table import Table
 
 from kvsim.cli import app
 from kvsim.cli.common import JsonOption, emit_json, out_console, progress
-from kvsim.errors import KvsimInputError
-from kvsim.schema import DEFAULTS, ENUM_COLUMNS
-from kvsim.trace_summary import TraceSummary, head_events, summarize_trace
+from kvsim.core.errors import KvsimInputError
+from kvsim.core.schema import DEFAULTS, ENUM_COLUMNS
+from kvsim.analysis.trace_summary import TraceSummary, head_events, summarize_trace
 
 
 @app.command("inspect", short_help="Validate an event file and summarize it: requests, blocks, "

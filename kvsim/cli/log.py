@@ -17,7 +17,7 @@ from rich.table import Table
 
 from kvsim.cli import app
 from kvsim.cli.common import JsonOption, emit_json, out_console
-from kvsim.errors import KvsimInputError
+from kvsim.core.errors import KvsimInputError
 from kvsim.results.log_diff import LogDiff, diff
 from kvsim.results.log_explain import Explanation, explain
 from kvsim.results.log_query import parse_step_range, show, tiers_visited, timeline

@@ -1,6 +1,6 @@
 """Rendering of result tables for a terminal (no computation of results here).
 
-The functions that compute results (:func:`kvsim.sim.compare`, :func:`kvsim.sim.simulate`)
+The functions that compute results (:func:`kvsim.api.compare`, :func:`kvsim.api.simulate`)
 return DataFrames whose columns are the stable ``--json`` keys; this module only turns such
 a frame into something a person reads at the terminal's width (120 columns by default):
 
@@ -27,7 +27,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from kvsim.errors import KvsimInputError
+from kvsim.core.errors import KvsimInputError
 from kvsim.results.compare_view import (  # noqa: F401 - bound_row, verdict re-exported
     _num, bound_name, bound_row, group_identical, verdict, with_derived)
 
@@ -141,7 +141,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("peak_blocks", "peak HBM/DRAM/\nCXL/NVMe blocks", lambda v: v),
     Column("p99_vs_lru", "step p99\nvs lru", lambda v: v),
     Column("decode_critical_vs_lru", "decode-crit\nvs lru", lambda v: v),
-    # --live-offload (kvsim.sim.live_metrics.LIVE_KEYS)
+    # --live-offload (kvsim.modes.live.live_metrics.LIVE_KEYS)
     Column("decode_stalls", "decode\nstalls", _int, "min"),
     Column("decode_critical_stalls", "decode-crit\nstalls", _int, "min"),
     Column("stall_us", "stall\nms", _ms, "min"),

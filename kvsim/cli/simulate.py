@@ -1,5 +1,5 @@
-"""``kvsim simulate`` and ``kvsim compare`` (API: :func:`kvsim.sim.simulate`,
-:func:`kvsim.sim.compare`).  How to read the output: docs/simulate.md."""
+"""``kvsim simulate`` and ``kvsim compare`` (API: :func:`kvsim.api.simulate`,
+:func:`kvsim.api.compare`).  How to read the output: docs/simulate.md."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from kvsim.cli.closed_opts import (BlockSizeOpt, FormatOpt, MaxSeqsOpt, MaxToken
                                    engine_options, load_table, resolve_schedule)
 from kvsim.cli.common import (JsonOption, check_outputs, emit_json, err_console,
                               progress, quiet_progress)
-from kvsim.errors import KvsimInputError
-from kvsim.fsutil import atomic_output
+from kvsim.core.errors import KvsimInputError
+from kvsim.core.fsutil import atomic_output
 
 TraceOpt = Annotated[Path | None, typer.Option(
     "--trace", metavar="EVENTS",
@@ -127,8 +127,8 @@ def _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model, tier_
             write_policy, preemption, priority_scheduling, no_prefetch, warmup, log_lifecycle,
             seed, engine, warmup_requests=None, mode="engine", cache_variant="prefix",
             mb=(None, None, None, None), live_offload=False):
-    from kvsim.sim import SimConfig
-    from kvsim.sim.config import parse_tier_policies
+    from kvsim.spec.sim_config import SimConfig
+    from kvsim.spec.sim_config import parse_tier_policies
 
     hbm_gb, dram_gb, cxl_gb, nvme_gb = (
         compat.capacity_gb(gb, m, tier) for gb, m, tier in
@@ -144,7 +144,7 @@ def _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model, tier_
 
 
 def _load_policy_files(files) -> None:
-    from kvsim.policy_registry import load_policy_file
+    from kvsim.policy.registry import load_policy_file
 
     for f in files or ():
         load_policy_file(f)
@@ -215,16 +215,16 @@ def _source_label(trace, profile, requests, seed, request_trace) -> str:
 def _policies_to_run(names: list[str] | None, config, sched: str = "recorded") -> list[str]:
     """What compare replays: the policies asked for (default: every installed one) plus
     the offline references it adds (the progress bar's real total): on a recorded
-    schedule ``optimal`` always and ``belady`` in engine mode (kvsim.sim.comparison); closed
-    loop, ``belady`` (kvsim.sim.cluster.compare_requests)."""
-    from kvsim.policy_registry import list_policies
-    from kvsim.sim.replay import default_policies
+    schedule ``optimal`` always and ``belady`` in engine mode (kvsim.modes.comparison); closed
+    loop, ``belady`` (kvsim.modes.closed.cluster.compare_requests)."""
+    from kvsim.policy.registry import list_policies
+    from kvsim.replay.driver import default_policies
 
     run = list(names) if names else list(default_policies())
     if sched != "closed" and "optimal" not in run:
         run.append("optimal")
     if getattr(config, "live_offload", False):
-        return run  # its bound is optimal (kvsim.sim.live_optimum)
+        return run  # its bound is optimal (kvsim.bounds.live_optimal)
     if (sched == "closed" or config.mode != "cache") and "belady" not in run \
             and any(p.name == "belady" for p in list_policies()):
         run.append("belady")
@@ -315,7 +315,7 @@ def simulate_command(
     TTFT/TPOT, deadline and decode-critical misses, hit rates per tier, bytes per link,
     recomputation, evictions, spills, prefetches and peak use.  Metrics: docs/simulate.md;
     formulas: docs/cost-model.md."""
-    from kvsim.sim import simulate
+    from kvsim.replay.driver import simulate
 
     if (trace is not None) + (profile is not None) + (request_trace is not None) != 1:
         raise KvsimInputError("expected exactly one of --trace EVENTS, --profile NAME or "
@@ -341,7 +341,7 @@ def simulate_command(
                                          block_size, max_num_seqs, max_num_batched_tokens,
                                          config, sched)
             if sched == "closed":
-                from kvsim.sim.cluster import serve
+                from kvsim.modes.closed.cluster import serve
 
                 result = serve(table, policy, config, replicas=replicas, router=router,
                                engine=opts, decision_log=decision_log)
@@ -391,7 +391,7 @@ def _live_verdict(df: pd.DataFrame) -> str:
 
 def print_replicas(rows: list[dict]) -> None:
     """One row per replica, the columns a reader compares (every key of
-    kvsim.sim.serving_metrics.REPLICA_KEYS is in --json), fitted to the terminal."""
+    kvsim.modes.closed.serving_metrics.REPLICA_KEYS is in --json), fitted to the terminal."""
     from rich import box
 
     from kvsim.cli.render import print_view
@@ -423,7 +423,7 @@ def _lower_for(table, config, opts, tmpdir: Path) -> Path:
     """Lower ``table`` for this replay (``--schedule recorded`` of a Request table): the
     scheduler's KV budget is the replayed HBM pool (``SimConfig.lowering_options``; with
     ``--live-offload`` the whole GPU's, so the recorded batches oversubscribe the HBM)."""
-    from kvsim.ingest.lower import lower_requests
+    from kvsim.engine.lowering import lower_requests
 
     path = tmpdir / "lowered.parquet"
     lowering = config.lowering_options(opts.block_size_tokens, opts.model)
@@ -443,7 +443,7 @@ def _request_table(profile, requests, seed, request_trace, fmt, model, block_siz
                    max_num_seqs, max_num_batched_tokens, config, sched):
     """The Request table a profile or request trace gives, and the engine options it is
     served with; says on stderr what is served how (a log line, not progress)."""
-    from kvsim.sim.closed_loop import EngineOptions
+    from kvsim.modes.closed.closed_loop import EngineOptions
 
     table = load_table(profile, requests, seed, request_trace, fmt)
     opts = EngineOptions(block_size_tokens=block_size, max_num_seqs=max_num_seqs,
@@ -525,7 +525,7 @@ def compare_command(
     per link, recompute tokens, evictions, spills, prefetches, peak use, and each policy's
     gap to belady (the offline bound, labelled).  The best online value per column is
     highlighted.  How to read it: docs/simulate.md."""
-    from kvsim.sim import compare
+    from kvsim.modes.comparison import compare
 
     if (trace is not None) + (profile is not None) + (request_trace is not None) != 1:
         raise KvsimInputError("expected exactly one of --trace EVENTS, --profile NAME or "
@@ -569,7 +569,7 @@ def compare_command(
                     else "policies"))
 
             if sched == "closed":
-                from kvsim.sim.cluster import compare_requests
+                from kvsim.modes.closed.cluster import compare_requests
 
                 if decision_log_dir is not None:
                     raise KvsimInputError("expected kvsim simulate --decision-log for a "
@@ -585,7 +585,7 @@ def compare_command(
     label = _source_label(trace, profile, requests, seed, request_trace)
     label += (f", {replicas} replicas ({router})" if replicas > 1 else "")
     if html is not None:
-        from kvsim.report_compare import build_compare_report
+        from kvsim.analysis.report_compare import build_compare_report
 
         build_compare_report(df, html, title=label)
     if json_:

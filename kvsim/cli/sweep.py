@@ -1,5 +1,5 @@
-"""``kvsim sweep`` (API: :func:`kvsim.sweep.run_sweep`) and ``kvsim report``
-(API: :func:`kvsim.report.build_report`)."""
+"""``kvsim sweep`` (API: :func:`kvsim.analysis.sweep.run_sweep`) and ``kvsim report``
+(API: :func:`kvsim.analysis.report.build_report`)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from rich.table import Table
 from kvsim.cli import app
 from kvsim.cli.common import (JsonOption, check_finite, check_outputs, emit_json, err_console,
                               out_console, progress, quiet_progress)
-from kvsim.errors import KvsimInputError
-from kvsim.sim.config import SimConfig, parse_tier_policies
+from kvsim.core.errors import KvsimInputError
+from kvsim.spec.sim_config import SimConfig, parse_tier_policies
 
 
 def _floats(text: str, option: str, allow_default: bool = False) -> tuple:
@@ -120,7 +120,7 @@ def sweep_command(
     policy per capacity).  Finished cells are cached under --out by a content hash of the
     trace bytes, the config, the policy and the code, so an interrupted sweep resumes where
     it stopped.  Progress on stderr; the table (or --json) on stdout."""
-    from kvsim.sweep import SweepSpec, run_sweep
+    from kvsim.analysis.sweep import SweepSpec, run_sweep
 
     check_outputs(("--out", out, "dir"))
     base = SimConfig(hardware=hardware, tier_policies=parse_tier_policies(tier_policy),
@@ -219,8 +219,8 @@ def report_command(
     CDFs, p99 step latency by policy with the belady bound, bytes moved per link, peak tier
     occupancy, and tier occupancy over time for one capacity cell (one panel per tier, a
     line per policy); --png writes the same figures as PNG files."""
-    from kvsim.report import build_report
-    from kvsim.report_compare import build_compare_report, is_compare_table
+    from kvsim.analysis.report import build_report
+    from kvsim.analysis.report_compare import build_compare_report, is_compare_table
 
     check_outputs(("--out", out, "html"), ("--png", png, "dir"))
     if is_compare_table(results):  # a compare's --parquet: the compare report

@@ -1,5 +1,5 @@
 """``kvsim validate``: kvsim's pool against a real engine's KV events
-(API: :func:`kvsim.sim.validate.validate`, returns :class:`ValidationResult`)."""
+(API: :func:`kvsim.analysis.validate.validate`, returns :class:`ValidationResult`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from rich.table import Table
 
 from kvsim.cli import app
 from kvsim.cli.common import JsonOption, emit_json, out_console
-from kvsim.sim.validate import ValidationResult, validate
+from kvsim.analysis.validate import ValidationResult, validate
 
 
 @app.command("validate", short_help="Check kvsim's block pool against a vLLM KV-event "

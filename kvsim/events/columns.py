@@ -9,8 +9,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import pyarrow as pa
 
-from kvsim.fsutil import strip_compression_suffix
-from kvsim.schema import COLUMN_NAMES, COLUMNS, ENUM_COLUMNS, EventKind
+from kvsim.core.fsutil import strip_compression_suffix
+from kvsim.core.schema import COLUMN_NAMES, COLUMNS, ENUM_COLUMNS, EventKind
 
 #: Key of the first JSONL line's object whose value is the schema version.
 JSONL_HEADER_KEY = "kvsim_events"
@@ -20,7 +20,7 @@ DTYPES: dict[str, np.dtype] = {name: np.dtype(typ.to_pandas_dtype()) for name, t
 
 #: Fields every JSONL event line must carry.  Besides these, ``request_id`` is required on
 #: every line whose kind is not ``STEP`` and ``block_index`` on ``ALLOCATE`` and ``COMMIT``
-#: lines.  Every other field defaults to :data:`kvsim.schema.DEFAULTS`.
+#: lines.  Every other field defaults to :data:`kvsim.core.schema.DEFAULTS`.
 REQUIRED_JSONL_FIELDS: tuple[str, ...] = ("step", "kind")
 
 #: Kinds that always name one block (``block_index >= 0``).

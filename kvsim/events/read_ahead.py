@@ -8,7 +8,7 @@ work on the batch before: the compiled replay core runs without the GIL
 (docs/benchmarks.md, "Speed: tiered replay of 16-token traces").
 
 Nothing else changes: the batches are the same objects in the same order, and an error
-the source raises (a :class:`kvsim.errors.KvsimInputError` naming the file, row and
+the source raises (a :class:`kvsim.core.errors.KvsimInputError` naming the file, row and
 field) is raised to the consumer at the batch where it occurred, after every batch
 before it.  Memory: ``depth`` batches more than reading in line.  :meth:`ReadAhead.close`
 (also on ``with`` exit, and from :meth:`EventReader.close`) stops the thread and closes

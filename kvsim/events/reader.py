@@ -18,9 +18,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvsim.errors import KvsimInputError, bad_value
-from kvsim.schema import (COLUMN_NAMES, COLUMNS, DEFAULTS, HEADER_METADATA_KEY, SCHEMA_VERSION,
-                          EventHeader, EventKind)
+from kvsim.core.errors import KvsimInputError, bad_value
+from kvsim.core.schema import (COLUMN_NAMES, COLUMNS, DEFAULTS, HEADER_METADATA_KEY,
+    SCHEMA_VERSION, EventHeader, EventKind)
 from kvsim.events.read_ahead import ReadAhead
 from kvsim.events.columns import (JSONL_HEADER_KEY, DTYPES, REQUIRED_JSONL_FIELDS,
                                   BLOCK_LEVEL_KINDS, _INT, _FLOAT, _BOOL, _ENUM, _COLUMN_INDEX,
@@ -97,7 +97,7 @@ class EventReader:
                 read_ahead: bool = False) -> Iterator[dict[str, np.ndarray]]:
         """Yield validated batches of at most ``batch_rows`` rows as numpy columns.
 
-        Every batch has all columns of :data:`kvsim.schema.COLUMNS` with the dtypes of
+        Every batch has all columns of :data:`kvsim.core.schema.COLUMNS` with the dtypes of
         :data:`DTYPES`, C-contiguous.  Arrays may be read-only (Parquet columns are
         zero-copy views of Arrow buffers): copy before mutating.  Memory is bounded by
         ``batch_rows`` decoded rows (a Parquet row group is decoded as it is read, not

@@ -1,5 +1,5 @@
 """Event writer: :class:`EventWriter` writes Parquet or JSONL through
-:func:`kvsim.fsutil.atomic_output`; :func:`write_events` writes a whole table.  See
+:func:`kvsim.core.fsutil.atomic_output`; :func:`write_events` writes a whole table.  See
 :mod:`kvsim.events`."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvsim.fsutil import atomic_output
-from kvsim.schema import (COLUMN_NAMES, COLUMNS, DEFAULTS, ENUM_COLUMNS, SCHEMA_VERSION,
-                          EventHeader, EventKind, event_schema)
+from kvsim.core.fsutil import atomic_output
+from kvsim.core.schema import (COLUMN_NAMES, COLUMNS, DEFAULTS, ENUM_COLUMNS, SCHEMA_VERSION,
+    EventHeader, EventKind, event_schema)
 from kvsim.events.columns import (JSONL_HEADER_KEY, DTYPES, _COLUMN_INDEX, _ENUM_BY_NAME,
                                   _ENUM_BY_VALUE, event_format, _ErrorFactory,
                                   _validate_columns)
@@ -102,7 +102,7 @@ class EventWriter:
     """Write an event file batch by batch; a context manager.
 
     ``path`` ending in ``.jsonl`` (also ``.jsonl.gz`` / ``.jsonl.zst``) gives JSONL, any
-    other name Parquet.  Output goes through :func:`kvsim.fsutil.atomic_output`: if the
+    other name Parquet.  Output goes through :func:`kvsim.core.fsutil.atomic_output`: if the
     ``with`` body raises, no file appears at ``path`` (an existing one is untouched).
     ``rows_written`` counts the rows accepted so far.
     """
@@ -198,7 +198,7 @@ class EventWriter:
     def write(self, columns: Mapping[str, np.ndarray | Sequence]) -> None:
         """Append a batch of rows given as columns.
 
-        Columns not given are filled from :data:`kvsim.schema.DEFAULTS`; scalars broadcast;
+        Columns not given are filled from :data:`kvsim.core.schema.DEFAULTS`; scalars broadcast;
         enum columns accept ints, enum members or names.  Raises ``ValueError`` for unknown
         column names, lossy conversions or rows that break the file invariants (row numbers
         in the message are 0-based over the whole file).

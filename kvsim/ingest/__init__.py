@@ -5,7 +5,7 @@ Public API (the CLI ``kvsim import-request-trace`` is a thin shell over it):
 * :func:`read_requests` - any supported trace -> :class:`RequestTable`
   (``kvsim.ingest.requests`` documents the table);
 * :func:`lower_requests` - a Request table -> event file through the engine model
-  (``kvsim.ingest.engine``, ``kvsim.sim.scheduler``), returns :class:`ImportSummary`;
+  (``kvsim.engine.engine_model``, ``kvsim.engine.scheduler``), returns :class:`ImportSummary`;
 * :func:`import_request_trace` - both in one call (kvmi files are translated directly).
 
 Readers: ``mooncake``, ``azure``, ``openai``, ``agentic``, ``kvmi`` (events), ``generic``
@@ -18,9 +18,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from kvsim.errors import KvsimInputError, bad_value
+from kvsim.core.errors import KvsimInputError, bad_value
 from kvsim.ingest.detect import FORMATS, detect_format
-from kvsim.ingest.lower import ImportSummary, lower_requests
+from kvsim.engine.lowering import ImportSummary, lower_requests
 from kvsim.ingest.requests import REQUEST_COLUMNS, RequestTable, build_request_table
 
 __all__ = ["FORMATS", "ImportSummary", "REQUEST_COLUMNS", "RequestTable", "build_request_table",
@@ -39,7 +39,7 @@ def read_requests(path: str | Path, format: str | None = None,
     conversations; ``trace_block_tokens`` is the block size of ``generic`` block ids.
     ``kvmi`` files are events, not requests: use :func:`import_request_trace`.
     ``strict``: refuse what is otherwise read with a warning (Mooncake ids that do not
-    form a prefix tree).  Sizes are bounded by :func:`kvsim.limits.get_limits`.
+    form a prefix tree).  Sizes are bounded by :func:`kvsim.core.limits.get_limits`.
     """
     fmt = format or ("generic" if mapping else detect_format(path))
     if fmt not in FORMATS:
@@ -94,7 +94,7 @@ def import_request_trace(path: str | Path, out_path: str | Path, *, format: str 
     when the name ends in .jsonl).  Same inputs and arguments -> byte-identical output.
     ``num_gpu_blocks`` / ``gpu_memory_utilization``: the scheduler's KV block budget
     (:func:`lower_requests`); kvmi files are translated, not scheduled, and ignore them."""
-    from kvsim.fsutil import check_output_path, check_output_suffix
+    from kvsim.core.fsutil import check_output_path, check_output_suffix
 
     check_output_suffix(check_output_path(out_path, "--out"), "events", "--out")
     fmt = format or ("generic" if mapping else detect_format(path))

@@ -23,8 +23,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvsim.errors import KvsimInputError
-from kvsim.fsutil import open_text, strip_compression_suffix
+from kvsim.core.errors import KvsimInputError
+from kvsim.core.fsutil import open_text, strip_compression_suffix
 
 FORMATS = ("mooncake", "azure", "openai", "agentic", "kvmi", "generic", "ragpulse", "bailian",
            "burstgpt", "vllm-kv-events")

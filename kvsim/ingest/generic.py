@@ -23,12 +23,12 @@ import csv
 from pathlib import Path
 from typing import Any, Iterator
 
-from kvsim.errors import KvsimInputError, bad_value
-from kvsim.fsutil import open_text, strip_compression_suffix
+from kvsim.core.errors import KvsimInputError, bad_value
+from kvsim.core.fsutil import open_text, strip_compression_suffix
 from kvsim.ingest.requests import RequestTable, build_request_table
 from kvsim.ingest.tracefile import (INT64_MAX, BadRows, as_float, as_int, as_time_us,
                                     csv_rows, get_path, json_lines, parse_json)
-from kvsim.limits import get_limits
+from kvsim.core.limits import get_limits
 
 CANONICAL_FIELDS = ("arrival_us", "arrival_ms", "arrival_s", "prompt_tokens", "output_tokens",
                     "block_ids", "hashed_tokens", "session", "tenant", "request_priority",

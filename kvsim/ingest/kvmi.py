@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from kvsim.errors import KvsimInputError, bad_value
+from kvsim.core.errors import KvsimInputError, bad_value
 from kvsim.ingest.tracefile import BadRows, as_float, as_int, json_lines, parse_json
-from kvsim.schema import DEFAULTS, EventHeader, EventKind, Phase, Priority
+from kvsim.core.schema import DEFAULTS, EventHeader, EventKind, Phase, Priority
 
 #: Engine-step length given to kvmi steps (assumption: kvmi records no time; 1 ms is the
 #: order of one decode step of a 7-8B model on one datacenter GPU).
@@ -110,9 +110,9 @@ class _Converter:
         et = rec["event_type"]
         if et not in KVMI_EVENT_TYPES:
             raise bad_value(self.path, loc, "event_type", "a kvmi event type", et)
-        from kvsim.limits import get_limits
+        from kvsim.core.limits import get_limits
 
-        # step x step_us is the event time: bounded like any trace time (kvsim.limits)
+        # step x step_us is the event time: bounded like any trace time (kvsim.core.limits)
         step = as_int(rec.get("step"), self.path, loc, "step", 0,
                       get_limits().max_time_us // max(int(self.step_us), 1))
         if not isinstance(rec["intent"], dict) or "request_id" not in rec["intent"]:
@@ -233,7 +233,7 @@ def convert_kvmi(path: str | Path, out_path: str | Path, *, block_size_tokens: i
                  step_us: int = KVMI_STEP_US, skip_bad_rows: bool = False):
     """Translate a kvmi JSONL file into a kvsim event file; returns an ImportSummary."""
     from kvsim.events import EventWriter
-    from kvsim.ingest.lower import ImportSummary
+    from kvsim.engine.lowering import ImportSummary
 
     if block_size_tokens < 1:
         raise bad_value(None, None, "--block-size", "an integer >= 1", block_size_tokens)

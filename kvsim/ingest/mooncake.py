@@ -25,8 +25,8 @@ from pathlib import Path
 
 import warnings
 
-from kvsim.errors import KvsimInputError, KvsimWarning
-from kvsim.limits import get_limits
+from kvsim.core.errors import KvsimInputError, KvsimWarning
+from kvsim.core.limits import get_limits
 from kvsim.ingest.requests import RequestTable, build_request_table
 from kvsim.ingest.tracefile import (BadRows, as_int, as_int_list, as_time_us, json_lines,
                                     parse_json)
@@ -38,7 +38,7 @@ MOONCAKE_BLOCK_TOKENS = 512
 def read_mooncake(path: str | Path, *, skip_bad_rows: bool = False,
                   strict: bool = False) -> RequestTable:
     """Read a Mooncake JSONL trace into the canonical Request table.  Ids that do not form
-    a prefix tree: a :class:`~kvsim.errors.KvsimWarning` (``strict``: an error)."""
+    a prefix tree: a :class:`~kvsim.core.errors.KvsimWarning` (``strict``: an error)."""
     bad = BadRows(skip_bad_rows)
     lim = get_limits()
     arrival, prompt, output, ids = [], [], [], []

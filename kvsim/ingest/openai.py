@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from kvsim.errors import KvsimInputError, bad_value
+from kvsim.core.errors import KvsimInputError, bad_value
 from kvsim.ingest.hashing import name_hash, token_block_ids
 from kvsim.ingest.requests import RequestTable, build_request_table
 from kvsim.ingest.tracefile import (BadRows, as_float, as_int, get_path, json_lines,
@@ -86,7 +86,7 @@ def _time_us(value: Any, path, loc: str, key: str) -> int:
             if dt.tzinfo is None:
                 return int(round((dt - datetime(1970, 1, 1)).total_seconds() * 1e6))
             return int(round(dt.timestamp() * 1e6))
-    from kvsim.limits import get_limits
+    from kvsim.core.limits import get_limits
 
     # epoch seconds, or milliseconds above 1e11: either way at most max_epoch_us
     t = as_float(value, path, loc, key, 0.0, get_limits().max_epoch_us / 1e3)
@@ -175,7 +175,7 @@ def _row(rec: dict, path, loc: str, sessions: dict, tenants: dict) -> dict[str, 
         raise KvsimInputError("missing required field", path, loc, "usage.prompt_tokens")
     if okey is None:
         raise KvsimInputError("missing required field", path, loc, "usage.completion_tokens")
-    from kvsim.limits import get_limits
+    from kvsim.core.limits import get_limits
 
     lim = get_limits()
     prompt = as_int(pval, path, loc, pkey, 1, lim.max_prompt_tokens)

@@ -48,7 +48,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from kvsim.errors import KvsimInputError
+from kvsim.core.errors import KvsimInputError
 
 #: (name, numpy dtype or "list"/"string", default) of every column, in order.
 REQUEST_COLUMNS: tuple[tuple[str, str, Any], ...] = (
@@ -179,7 +179,7 @@ def _check(mask: np.ndarray, df: pd.DataFrame, path: str, field_name: str, expec
 
 
 def _validate(df: pd.DataFrame, path: str, block_size_tokens: int) -> None:
-    from kvsim.limits import get_limits
+    from kvsim.core.limits import get_limits
 
     lim = get_limits()
     note = " (kvsim limit, KVSIM_LIMIT_{} / --limit; docs/cli.md)"

@@ -2,7 +2,7 @@
 
 Every reader walks its file through :func:`json_lines` (or pandas for CSV/Parquet) and
 turns each record into request fields with the typed getters below, which raise
-:class:`~kvsim.errors.KvsimInputError` naming file, line and field.  A :class:`BadRows`
+:class:`~kvsim.core.errors.KvsimInputError` naming file, line and field.  A :class:`BadRows`
 decides what happens to such an error: re-raise it (default) or count it and skip the row
 (``--skip-bad-rows``).
 """
@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-from kvsim.errors import KvsimInputError, bad_value
-from kvsim.fsutil import open_text
+from kvsim.core.errors import KvsimInputError, bad_value
+from kvsim.core.fsutil import open_text
 
 
 class BadRows:
@@ -160,9 +160,9 @@ def as_float(value: Any, path, loc: str, field: str, minimum: float | None = Non
 def as_time_us(value: Any, scale_us: float, path, loc: str, field: str,
                minimum: float | None = 0.0) -> int:
     """A timestamp in units of ``scale_us`` microseconds (1e3 = milliseconds) as integer
-    microseconds; refused beyond :attr:`kvsim.limits.Limits.max_epoch_us` (1e300 ms, a
+    microseconds; refused beyond :attr:`kvsim.core.limits.Limits.max_epoch_us` (1e300 ms, a
     unit error, would not fit int64)."""
-    from kvsim.limits import get_limits
+    from kvsim.core.limits import get_limits
 
     top = get_limits().max_epoch_us / scale_us
     t = as_float(value, path, loc, field, minimum, top)

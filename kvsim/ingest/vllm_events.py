@@ -35,7 +35,7 @@ Only events for the GPU pool are kept (``medium`` None or ``"GPU"``, ``group_idx
 :func:`read_vllm_events_requests` reconstructs requests from the stored blocks' token ids
 (one request per ``BlockStored`` event: the tokens of its block chain, from the root to
 its last block) for ``kvsim import-request-trace``; ``kvsim validate``
-(:mod:`kvsim.sim.validate`) replays them or a request log through kvsim's pool.
+(:mod:`kvsim.analysis.validate`) replays them or a request log through kvsim's pool.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Union
 
-from kvsim.errors import KvsimInputError, bad_value
-from kvsim.fsutil import strip_compression_suffix
+from kvsim.core.errors import KvsimInputError, bad_value
+from kvsim.core.fsutil import strip_compression_suffix
 from kvsim.ingest.detect import MSGPACK_SUFFIXES
 from kvsim.ingest.requests import RequestTable, build_request_table
 from kvsim.ingest.tracefile import as_int_list, json_lines, parse_json

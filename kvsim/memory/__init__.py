@@ -9,7 +9,7 @@ Two implementations of one model (vLLM v1 prefix caching, see ``docs/memory-mode
   functions the replay calls from inside its own compiled loop.
 
 plus :mod:`kvsim.memory.pool_ops` (the operations that consult the eviction order),
-:mod:`kvsim.memory.hooks` (a policy as one value, ``(state, hooks)``, for the compiled code),
+:mod:`kvsim.policy.hooks` (a policy as one value, ``(state, hooks)``, for the compiled code),
 :mod:`kvsim.memory.fifo_order` (the default order of cached free blocks: vLLM's),
 :mod:`kvsim.memory.radix` (SGLang RadixCache-style alternative, plain Python),
 :mod:`kvsim.memory.compare` (``compare_schemes``: hash chain vs radix on one stream),
@@ -22,7 +22,7 @@ Vocabulary
 handed out.  *seq*: a slot ``0 .. max_seqs-1`` naming one block table (a request, or one
 branch of a fork).  *empty block*: ref count 0, no hash (never used, or freed unhashed).
 *cached block*: ref count 0 with a hash, kept for reuse; the set of cached blocks is the
-eviction-candidate set of :mod:`kvsim.policy_api`, ordered by a policy.  vLLM's free queue
+eviction-candidate set of :mod:`kvsim.policy.api`, ordered by a policy.  vLLM's free queue
 is exactly ``[empty blocks] + [cached blocks in release order]``, so vLLM's behaviour is
 "empties first, then the FIFO-of-release order" (:mod:`kvsim.memory.fifo_order`).
 
@@ -38,10 +38,10 @@ Python side::
                                           # None = FIFO of release (vLLM's exact order)
     pool.st      # PoolState namedtuple of numpy arrays (prefix index: an open-addressing
                  # table hash -> first block); pass it to the njit functions below
-    pool.pst     # the order policy's state (kvsim.policy_api.PolicyState, from its init())
+    pool.pst     # the order policy's state (kvsim.policy.api.PolicyState, from its init())
     pool.pol     # (state, hooks): the order as the value the pool_ops functions take
-    pool.view    # kvsim.policy_api.BlockView indexed by block id; the CALLER fills fields
-    pool.view_c  # the same arrays as a ViewRef (kvsim.memory.hooks): what ops take
+    pool.view    # kvsim.policy.api.BlockView indexed by block id; the CALLER fills fields
+    pool.view_c  # the same arrays as a ViewRef (kvsim.policy.hooks): what ops take
     pool.ops     # kvsim.memory.pool_ops (compiled once for every order)
     pool.out     # AllocOut namedtuple of scratch arrays (blocks, kind, evicted_hash,
                  # reason, n_alt: length max_blocks_per_seq; alt_blocks, alt_scores:
@@ -61,7 +61,7 @@ Python side::
 
 Why ``ops`` and ``pol``: the operations that consult the order live in
 :mod:`kvsim.memory.pool_ops` and take the order as a value, ``pol = (state, hooks)``
-(:mod:`kvsim.memory.hooks`: the state as one pointer, the hooks as numba first-class
+(:mod:`kvsim.policy.hooks`: the state as one pointer, the hooks as numba first-class
 functions of one signature), so they are compiled once for every order and cached on disk;
 each order compiles only its own hooks.
 

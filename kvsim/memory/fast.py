@@ -1,6 +1,6 @@
 """The compiled block pool: vLLM v1 prefix caching in numpy arrays and ``@njit`` functions.
 
-This is the HBM pool of the replay (``kvsim.sim``); the API is documented in
+This is the HBM pool of the replay (``kvsim.replay``); the API is documented in
 :mod:`kvsim.memory` and its semantics in ``docs/memory-model.md``.  The plain-Python twin
 :mod:`kvsim.memory.reference` is the oracle: tests/memory/test_differential.py checks that
 both agree on every block id and counter.
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
-from kvsim.errors import bad_value
+from kvsim.core.errors import bad_value
 
 # ---- allocation result kinds (out.kind) ----------------------------------------------
 KIND_HIT = 0  # prefix hit on a block another seq holds: shared, ref + 1
@@ -266,7 +266,7 @@ def new_index(entries: int) -> np.ndarray:
 
 def index_keys_values(hidx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The index's keys and values as two strided views of ``hidx`` (entry ``i`` at
-    position ``i`` of each, as :func:`kvsim.sim.sched_blocks._cached_prefix` probes them:
+    position ``i`` of each, as :func:`kvsim.engine.scheduler_blocks._cached_prefix` probes them:
     the closed loop's scheduler reads the replay's index through these)."""
     return hidx[0::2], hidx[1::2]
 
@@ -329,7 +329,7 @@ def _index_add(st, b, h):
 def index_add(block_hash, hidx, h_next, h_prev, b, h):
     """:func:`_index_add` on the index's arrays: a loop that binds them once calls this
     per block without reference-counting the whole state tuple (an inlined helper taking
-    ``st`` copies its ~20 arrays, a refcount pair each; kvsim.sim.spill, "Per-call
+    ``st`` copies its ~20 arrays, a refcount pair each; kvsim.replay.kernel.spill, "Per-call
     cost")."""
     block_hash[b] = h
     i = _hslot(hidx, h)

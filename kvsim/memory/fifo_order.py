@@ -4,10 +4,10 @@ vLLM v1 appends a hashed block to the TAIL of its free queue when its last holde
 and pops new blocks from the HEAD, so among cached blocks the one released longest ago is
 reused first (FIFO of release; a hit removes the block from the queue, and its next
 release re-appends it, which is why people call it LRU).  This module is that order as a
-:mod:`kvsim.policy_api` policy, compiled, so :class:`kvsim.memory.pool_handle.FastPool` with this
+:mod:`kvsim.policy.api` policy, compiled, so :class:`kvsim.memory.pool_handle.FastPool` with this
 order reproduces vLLM's block ids exactly (tests/memory/test_vllm_golden.py).
 
-Contract (kvsim.policy_api): ``on_insert`` (new content) and ``on_release`` append to the
+Contract (kvsim.policy.api): ``on_insert`` (new content) and ``on_release`` append to the
 tail, ``on_hold`` and ``on_remove`` unlink; a new HBM block is inserted and held at once,
 so only releases order the queue, as in vLLM.
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from kvsim.policy_api import policy_state
+from kvsim.policy.api import policy_state
 
 NAME = "fifo-release"
 DESCRIPTION = "vLLM v1's free-queue order: the cached block released longest ago goes first"

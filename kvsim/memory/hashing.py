@@ -8,7 +8,7 @@ chains through the first, the whole chain is namespaced.  We do the same with a 
 64-bit BLAKE2b (vLLM uses sha256 or its builtin hash; the function does not matter, only
 that equal (prefix, tokens, extra) give equal hashes and anything else does not).
 
-Hashes are non-zero signed int64 (0 is ``kvsim.schema.NO_HASH``).
+Hashes are non-zero signed int64 (0 is ``kvsim.core.schema.NO_HASH``).
 """
 
 from __future__ import annotations

@@ -12,25 +12,25 @@ from kvsim.memory.fast import (COUNTER_NAMES, INVARIANTS, PREEMPT_RECOMPUTE, S_N
                                S_N_EMPTY, AllocResult, PoolConfig, new_out, new_state,
                                pool_check, pool_fork, pool_lookup, seq_close, seq_open)
 from kvsim.memory.pool_ref import pool_ref
-from kvsim.policy_api import new_block_view
+from kvsim.policy.api import new_block_view
 
 
 class FastPool:
     """A compiled pool plus its order policy; Python methods wrap the njit functions.
 
-    ``order`` is a module following :mod:`kvsim.policy_api` (``init``, ``on_insert``,
+    ``order`` is a module following :mod:`kvsim.policy.api` (``init``, ``on_insert``,
     ``on_hit``, ``on_remove``, ``victim`` as njit functions), or None for
     :mod:`kvsim.memory.fifo_order` (vLLM's exact order).  ``self.ops`` is
     :mod:`kvsim.memory.pool_ops` (compiled once for every order); ``self.st`` the pool's
     arrays (:class:`kvsim.memory.fast.PoolState`), ``self.st_c`` the same arrays as the
     value the compiled functions take (:class:`kvsim.memory.pool_ref.PoolRef`);
     ``self.pst`` the order as the value those functions take, ``self.pol = (self.pst,
-    hooks)`` (:mod:`kvsim.memory.hooks`).
+    hooks)`` (:mod:`kvsim.policy.hooks`).
     """
 
     def __init__(self, config: PoolConfig, order=None, params: dict | None = None):
         from kvsim.memory import pool_ops
-        from kvsim.memory.hooks import policy_value, view_ref
+        from kvsim.policy.hooks import policy_value, view_ref
 
         self.config = config
         self.order = order if order is not None else fifo_order

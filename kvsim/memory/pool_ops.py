@@ -1,6 +1,6 @@
 """Block-pool operations that call the eviction-order hooks (passed in as the policy value).
 
-These functions are the part of the pool that asks the order policy (kvsim.policy_api
+These functions are the part of the pool that asks the order policy (kvsim.policy.api
 hooks) for decisions.  The policy sees every block with a content hash from the moment its
 content enters HBM until it is evicted (block history survives reuse):
 
@@ -13,7 +13,7 @@ content enters HBM until it is evicted (block history survives reuse):
 - release: a hashed block whose last holder lets go ``on_release`` (a candidate again);
 - copy-on-write and preemption (a release).
 
-``pst`` is the policy as one value, ``(state, hooks)`` (:mod:`kvsim.memory.hooks`): the
+``pst`` is the policy as one value, ``(state, hooks)`` (:mod:`kvsim.policy.hooks`): the
 hooks are first-class functions, so these functions are compiled ONCE for every policy
 (and cached on disk by numba); the interpreted engine runs the same source with the
 hooks' plain-Python functions.
@@ -39,9 +39,9 @@ from kvsim.memory.fast import (
     _empty_push_back, _empty_push_front, _empty_unlink, _home, _index_remove, index_add,
     index_remove, pool_cache_block, pool_lookup,
 )
-from kvsim.memory.hooks import (H_HIT, H_HIT_HELD, H_HOLD, H_INSERT, H_MISS, H_RELEASE,
-                                H_REMOVE, H_VICTIM)
-from kvsim.sim.prefetch import prefetch
+from kvsim.policy.hooks import (H_HIT, H_HIT_HELD, H_HOLD, H_INSERT, H_MISS, H_RELEASE, H_REMOVE,
+    H_VICTIM)
+from kvsim.jit.prefetch import prefetch
 
 @njit(cache=True, inline="always")
 def _evict_one(st, pst, view, now_us, out, i):

@@ -8,7 +8,7 @@ aggregates were 4.6 of the 50 MB of IR the compile lowers and parses (``core.run
 ``advance`` 0.6, the pool operations the rest), and at 16-token blocks the reference
 counts are paid on every allocation (24 arrays before the prefix index's keys and
 values became one array).  A :class:`PoolRef` is one pointer to a struct
-holding the same arrays (a numba structref, as :class:`kvsim.memory.hooks.TierRef` is for
+holding the same arrays (a numba structref, as :class:`kvsim.policy.hooks.TierRef` is for
 a lower tier): the compiled code reads ``st.ref_cnt`` as before, one reference count per
 call.  Python code keeps the named tuple it was made from (same arrays, not copies); the
 interpreted engine runs the same source on the named tuple.
@@ -20,7 +20,7 @@ from numba import njit, typeof, types
 from numba.experimental import structref
 
 from kvsim.memory.fast import PoolConfig, PoolState, new_state
-from kvsim.numba_cache import seal_all
+from kvsim.jit.disk_cache import seal_all
 
 
 @structref.register

@@ -1,7 +1,7 @@
 """Reading a comparison's results (rows = policies, columns = the ``--json`` keys of
-:func:`kvsim.sim.compare`): which rows are identical, which row is the offline bound,
+:func:`kvsim.api.compare`): which rows are identical, which row is the offline bound,
 derived metrics, and the one-line verdict.  Pure functions on DataFrames: the CLI table
-(:mod:`kvsim.cli.render`) and the HTML report (:mod:`kvsim.report_compare`) share them.
+(:mod:`kvsim.cli.render`) and the HTML report (:mod:`kvsim.analysis.report_compare`) share them.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.dataset as ds
 
-from kvsim.errors import KvsimInputError
+from kvsim.core.errors import KvsimInputError
 from kvsim.results.log_explain import key_of, next_uses
 from kvsim.results.log_ledger import build_ledger
 from kvsim.results.log_query import rows_frame

@@ -6,7 +6,7 @@ explanation holds:
 - the decision itself (action, block, the request on whose behalf, tiers, reason);
 - every candidate the policy logged (victim first), each with its logged intent snapshot,
   its logged score and its **score terms**: the policy's ``explain(row, now_us)`` (via
-  :func:`kvsim.policy_registry.get_policy`) applied to the candidate's snapshot when the
+  :func:`kvsim.policy.registry.get_policy`) applied to the candidate's snapshot when the
   policy provides it, else the single term ``score`` as logged;
 - what happened next (one forward scan from the decision, filtered to the candidates'
   identities): each candidate's next use (any ``USING`` row) and the victim's next *need*
@@ -27,13 +27,13 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from kvsim.errors import KvsimInputError
+from kvsim.core.errors import KvsimInputError
 from kvsim.results.log_reader import (EVICTING, NEEDING, USING, BlockKey, DecisionLog,
                                       action_name, blocks_filter, format_block,
                                       identity_columns, tier_name)
 from kvsim.results.log_schema import CANDIDATE_TYPE, DECISIONS, Action
 
-#: ``next_use`` of a block never used again (kvsim.policy_api.NEVER, int64 max): shown as
+#: ``next_use`` of a block never used again (kvsim.policy.api.NEVER, int64 max): shown as
 #: null in JSON, never as 9223372036854775807.  A score at or beyond +-2**62 is that
 #: sentinel turned into a score (belady's ``-next_use``): null too.
 _NEVER = (1 << 63) - 1
@@ -57,7 +57,7 @@ def policy_explainer(name: str) -> Callable[[dict, float], dict[str, float]] | N
     """The ``explain`` of the registered policy ``name``, or None (unknown policy, no
     registry, or a policy without ``explain``): callers then fall back to logged scores."""
     try:
-        from kvsim.policy_registry import get_policy
+        from kvsim.policy.registry import get_policy
 
         return getattr(get_policy(name), "explain", None)
     except Exception:  # noqa: BLE001 - any failure means "no explain available"

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from kvsim.errors import KvsimInputError
+from kvsim.core.errors import KvsimInputError
 from kvsim.results.log_reader import (BlockKey, DecisionLog, action_name, block_filter,
                                       format_block, tier_name)
 from kvsim.results.log_schema import Action

@@ -15,7 +15,7 @@ Invariants the readers rely on (checked where they are used):
   hash (``"1234"``) or ``"<request>:<index>"`` (:func:`format_block` / :func:`parse_block`).
 
 Any problem with the file (not Parquet, truncated, wrong schema version, missing or
-mistyped column, corrupt page) raises :class:`kvsim.errors.KvsimInputError` in one line.
+mistyped column, corrupt page) raises :class:`kvsim.core.errors.KvsimInputError` in one line.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from kvsim.errors import KvsimInputError
+from kvsim.core.errors import KvsimInputError
 from kvsim.results.log_schema import (LOG_COLUMNS, LOG_METADATA_KEY,
                                       LOG_SCHEMA_VERSION, REQUIRED_CANDIDATE_FIELDS, Action)
-from kvsim.schema import Tier
+from kvsim.core.schema import Tier
 
 #: Rows per streamed batch: large enough to amortise per-batch numpy/pandas overhead,
 #: small enough that the two or three batches in flight (~30 MB each with the candidates

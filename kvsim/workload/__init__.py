@@ -6,7 +6,7 @@ API: :func:`generate` (profile -> event file, returns :class:`kvsim.ingest.Impor
 """
 
 from kvsim.workload.generator import build_workload, generate
-from kvsim.workload.profile import RequestClass, WorkloadProfile, list_profiles, load_profile
+from kvsim.spec.workload_profile import RequestClass, WorkloadProfile, list_profiles, load_profile
 
 __all__ = ["RequestClass", "WorkloadProfile", "build_workload", "generate", "list_profiles",
            "load_profile"]

@@ -30,11 +30,11 @@ from typing import Any, Callable
 import numpy as np
 from numba import njit
 
-from kvsim.errors import bad_value
+from kvsim.core.errors import bad_value
 from kvsim.ingest.hashing import finish63, mix64, name_hash
-from kvsim.ingest.lower import ImportSummary, lower_requests
+from kvsim.engine.lowering import ImportSummary, lower_requests
 from kvsim.ingest.requests import RequestTable, build_request_table
-from kvsim.workload.profile import RequestClass, WorkloadProfile, load_profile
+from kvsim.spec.workload_profile import RequestClass, WorkloadProfile, load_profile
 
 #: Native block size of generated content ids (vLLM's default block size).
 GEN_BLOCK_TOKENS = 16

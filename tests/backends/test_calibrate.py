@@ -11,11 +11,11 @@ import pytest
 from typer.testing import CliRunner
 
 from kvsim.backends import CALIBRATION_LAYOUT, BlockLayout
-from kvsim.calibrate import (KIB, MIB, OPERATIONS, CalibrationSettings, LinearFit, calibrate,
-                             calibrated_profile, write_calibration)
+from kvsim.analysis.calibrate import (KIB, MIB, OPERATIONS, CalibrationSettings, LinearFit,
+    calibrate, calibrated_profile, write_calibration)
 from kvsim.cli import app
-from kvsim.errors import KvsimInputError
-from kvsim.hardware import load_hardware
+from kvsim.core.errors import KvsimInputError
+from kvsim.spec.hardware import load_hardware
 
 NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
 
@@ -132,7 +132,7 @@ def _scaled(fit: LinearFit, factor: float) -> LinearFit:
 def test_slower_measured_bandwidth_makes_transfers_slower(quick):
     """The profile moves simulated latencies in the direction its numbers say: the same
     measurement with half the bandwidth gives slower promotions and spills, through the
-    cost model's own formula when kvsim.sim.cost_model is present."""
+    cost model's own formula when kvsim.engine.cost_model is present."""
     base = load_hardware("h100-sxm")
     fits = dict(FITS)
     slow_fits = {op: _scaled(f, 0.5) for op, f in fits.items()}
@@ -143,7 +143,7 @@ def test_slower_measured_bandwidth_makes_transfers_slower(quick):
         for to_gpu in (True, False):
             assert slow.tiers[tier].transfer_us(block, to_gpu) > \
                 fast.tiers[tier].transfer_us(block, to_gpu)
-    cost_model = pytest.importorskip("kvsim.sim.cost_model")
+    cost_model = pytest.importorskip("kvsim.engine.cost_model")
     promote = {name: {c.name: c for c in cost_model.tier_costs(p, block, 100)}
                for name, p in (("fast", fast), ("slow", slow), ("base", base))}
     for tier in ("dram", "nvme"):

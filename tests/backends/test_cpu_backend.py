@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kvsim.backends import BlockLayout, open_backend
-from kvsim.errors import KvsimInputError
+from kvsim.core.errors import KvsimInputError
 
 
 def test_cpu_backend_moves_exact_bytes(backend_checks, tmp_path):
@@ -50,7 +50,7 @@ def test_unknown_backend_is_input_error():
 
 def test_import_and_cpu_use_import_nothing_cuda_and_detect_never_raises(run_python):
     code = ("import json, sys, numpy as np, tempfile\n"
-            "import kvsim.backends as kb, kvsim.calibrate, kvsim.placement_replay\n"
+            "import kvsim.backends as kb, kvsim.analysis.calibrate, kvsim.analysis.placement_replay\n"
             "import kvsim.cli\n"
             "with tempfile.TemporaryDirectory() as d:\n"
             "    with kb.open_backend('cpu', kb.BlockLayout(1, 1, 1, 8), device_blocks=2,\n"

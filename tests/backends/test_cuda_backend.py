@@ -57,7 +57,7 @@ def test_real_gpu_moves_exact_bytes_and_calibrates(backend_checks, tmp_path):
         pytest.skip("no CUDA GPU here (kvsim.backends.detect() != 'gpu'); this test runs the "
                     "kernels and a quick calibration on a real GPU")
     assert backend_checks.run_checks("cuda", str(tmp_path))[-1] == "closed"
-    from kvsim.calibrate import CalibrationSettings, calibrate
+    from kvsim.analysis.calibrate import CalibrationSettings, calibrate
 
     result = calibrate(CalibrationSettings.quick(backend="cuda", disk_dir=str(tmp_path)))
     assert result.device.backend == "cuda" and not result.device.simulated

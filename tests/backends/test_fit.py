@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvsim.calibrate import KIB, MIB, fit_latency_bandwidth
-from kvsim.errors import KvsimError
+from kvsim.analysis.calibrate import KIB, MIB, fit_latency_bandwidth
+from kvsim.core.errors import KvsimError
 
 SIZES = np.array([64 * KIB * 2**k for k in range(11)])  # 64 KiB .. 64 MiB
 

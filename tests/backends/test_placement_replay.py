@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from kvsim.cli import app
-from kvsim.errors import KvsimInputError
-from kvsim.placement_replay import (ReplaySettings, SlotRing, operations_for,
-                                    replay_decision_log)
+from kvsim.core.errors import KvsimInputError
+from kvsim.analysis.placement_replay import (ReplaySettings, SlotRing, operations_for,
+    replay_decision_log)
 from kvsim.results.log_schema import Action
 
 BLOCK = 8192

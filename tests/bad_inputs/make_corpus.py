@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvsim.schema import COLUMNS, DEFAULTS, HEADER_METADATA_KEY, EventHeader
+from kvsim.core.schema import COLUMNS, DEFAULTS, HEADER_METADATA_KEY, EventHeader
 
 HERE = Path(__file__).resolve().parent
 HEADER = json.dumps({"kvsim_events": 1, "header": {"block_size_tokens": 16,

@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvsim.ingest.engine import build_cost_model
-from kvsim.ingest.lower import lower_requests
+from kvsim.engine.engine_model import build_cost_model
+from kvsim.engine.lowering import lower_requests
 from kvsim.ingest.requests import build_request_table
-from kvsim.sim import simulate
-from kvsim.sim.cluster import serve
-from kvsim.sim.config import SimConfig
+from kvsim.replay.driver import simulate
+from kvsim.modes.closed.cluster import serve
+from kvsim.spec.sim_config import SimConfig
 
 B = 16
 CONFIG = SimConfig(engine="interpreted")

@@ -10,11 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 from kvsim.cli import app
-from kvsim.errors import KvsimInputError
+from kvsim.core.errors import KvsimInputError
 from kvsim.ingest.requests import build_request_table
-from kvsim.sim.closed_loop import EngineOptions
-from kvsim.sim.cluster import serve
-from kvsim.sim.config import SimConfig
+from kvsim.modes.closed.closed_loop import EngineOptions
+from kvsim.modes.closed.cluster import serve
+from kvsim.spec.sim_config import SimConfig
 
 B = 16
 CONFIG = SimConfig(engine="interpreted")

@@ -15,8 +15,8 @@ import pytest
 
 from kvsim.events import read_events
 from kvsim.ingest import build_request_table, lower_requests
-from kvsim.ingest.engine import EngineConfig, build_cost_model, default_num_gpu_blocks
-from kvsim.schema import EventKind as K, Phase
+from kvsim.engine.engine_model import EngineConfig, build_cost_model, default_num_gpu_blocks
+from kvsim.core.schema import EventKind as K, Phase
 from tests.ingest.test_lowering import check_rules
 
 B = 16
@@ -50,7 +50,8 @@ def decode_steps(df, rid) -> list[int]:
 def replay_held(path, hbm_blocks):
     """The replay's own pool, sized exactly at the budget: (held blocks per step end,
     preemptions)."""
-    from kvsim.sim import SimConfig, simulate
+    from kvsim.spec.sim_config import SimConfig
+    from kvsim.replay.driver import simulate
 
     r = simulate(path, "lru", SimConfig(hbm_blocks=hbm_blocks, dram_gb=0, cxl_gb=0,
                                         nvme_gb=0, engine="interpreted"))
@@ -171,8 +172,8 @@ def test_beam_and_speculative_fit_a_tight_budget(tmp_path):
 
 
 def test_default_budget_is_the_replays_default_hbm_pool(tmp_path):
-    from kvsim.sim import SimConfig
-    from kvsim.sim.replay import resolve_tiers, scan_trace
+    from kvsim.spec.sim_config import SimConfig
+    from kvsim.replay.driver import resolve_tiers, scan_trace
 
     t = table(prompt_tokens=[40], output_tokens=[2])
     s, header, _ = lower(tmp_path, t)
@@ -193,7 +194,7 @@ def test_default_budget_is_the_replays_default_hbm_pool(tmp_path):
 
 
 def test_bad_budget_options(tmp_path):
-    from kvsim.errors import KvsimInputError
+    from kvsim.core.errors import KvsimInputError
 
     for kw in ({"num_gpu_blocks": 0}, {"gpu_memory_utilization": 1.5},
                {"gpu_memory_utilization": 0.1}):  # 0.1 x 85.5 GB < 16 GB of weights
@@ -270,8 +271,8 @@ def test_random_shared_workload_never_overflows_the_replay_pool(tmp_path):
 
 
 def test_lowering_options_size_the_scheduler_to_the_replay_pool():
-    from kvsim.errors import KvsimInputError
-    from kvsim.sim import SimConfig
+    from kvsim.core.errors import KvsimInputError
+    from kvsim.spec.sim_config import SimConfig
 
     # llama-3-8b: 131,072 bytes per token, 2,097,152 per 16-token block
     assert SimConfig(hbm_gb=4.0).lowering_options()["num_gpu_blocks"] == 1_907

@@ -1,5 +1,5 @@
 """Lowering: exact event sequences for hand-derived cases, the roofline, block-size mapping,
-intent rules, and the lowering rules of kvsim.schema checked on every row."""
+intent rules, and the lowering rules of kvsim.core.schema checked on every row."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 from kvsim.events import read_events
 from kvsim.ingest import build_request_table, import_request_trace, lower_requests
-from kvsim.ingest.engine import build_cost_model
-from kvsim.schema import EventKind as K, Phase, Priority
+from kvsim.engine.engine_model import build_cost_model
+from kvsim.core.schema import EventKind as K, Phase, Priority
 
 DATA = Path(__file__).parent / "data"
 B = 16
@@ -218,7 +218,7 @@ def test_jsonl_and_parquet_hold_the_same_events(tmp_path):
 
 
 def test_bad_engine_options(tmp_path):
-    from kvsim.errors import KvsimInputError
+    from kvsim.core.errors import KvsimInputError
 
     with pytest.raises(KvsimInputError):
         lower_requests(table(prompt_tokens=[4]), tmp_path / "x.parquet", model="no-such-model")

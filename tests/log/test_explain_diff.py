@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 
-from kvsim.errors import KvsimInputError
+from kvsim.core.errors import KvsimInputError
 from kvsim.results.log_diff import diff
 from kvsim.results.log_explain import explain
 from kvsim.results.log_reader import DecisionLog, parse_block

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvsim.errors import KvsimInputError
+from kvsim.core.errors import KvsimInputError
 from kvsim.results.log_query import parse_step_range, show, timeline, tiers_visited
 from kvsim.results.log_reader import DecisionLog, parse_block
 from kvsim.results.log_schema import Action
-from kvsim.schema import Tier
+from kvsim.core.schema import Tier
 
 LRU = "least recently used: idle for the longest time"
 

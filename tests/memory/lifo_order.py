@@ -4,7 +4,7 @@ Used to prove the candidate order is pluggable (tests/memory/test_order_plugin.p
 import numpy as np
 from numba import njit
 
-from kvsim.policy_api import policy_state
+from kvsim.policy.api import policy_state
 
 NAME = "test-lifo"
 DESCRIPTION = "most recently released cached block first"

@@ -135,7 +135,7 @@ def test_decode_block_becomes_full_then_shared(make_pool):
 def test_bad_pool_sizes_are_input_errors():
     import pytest
 
-    from kvsim.errors import KvsimInputError
+    from kvsim.core.errors import KvsimInputError
     from kvsim.memory.fast import PoolConfig
 
     with pytest.raises(KvsimInputError, match="num_blocks.*>= 2.*null block.*got 1"):

@@ -1,6 +1,6 @@
-"""A policy as one value for the compiled core: the uniform state (kvsim.policy_api
+"""A policy as one value for the compiled core: the uniform state (kvsim.policy.api
 .PolicyState), the hooks as first-class functions of one type for every policy
-(kvsim.memory.hooks), and the cache seal (kvsim.numba_cache)."""
+(kvsim.policy.hooks), and the cache seal (kvsim.jit.disk_cache)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from numba import typeof
 
-from kvsim import numba_cache
-from kvsim.memory import hooks
-from kvsim.policy_api import (STATE_F64, STATE_I8, STATE_I64, STATE_I64_2D, PolicyState,
-                              new_block_view, policy_state)
-from kvsim.policy_registry import get_policy, list_policies
+from kvsim.jit import disk_cache as numba_cache
+from kvsim.policy import hooks
+from kvsim.policy.api import (STATE_F64, STATE_I8, STATE_I64, STATE_I64_2D, PolicyState,
+    new_block_view, policy_state)
+from kvsim.policy.registry import get_policy, list_policies
 
 
 def test_policy_state_pads_to_fixed_widths_and_keeps_the_arrays():
@@ -104,7 +104,7 @@ def test_single_tier_loops_are_sealed_with_their_group_digest():
     recompiles every loop (numba alone would keep a loop whose own file did not change)."""
     from numba.core.dispatcher import Dispatcher
 
-    from kvsim.sim import cachesim_fast, cachesim_ghost
+    from kvsim.cachesim import fast_loops as cachesim_fast, ghost_loops as cachesim_ghost
 
     mark = (f"{numba_cache.digest(numba_cache.SINGLE_TIER)};"
             f"{numba_cache.codegen_settings()}")
@@ -122,9 +122,9 @@ def test_single_tier_loops_are_sealed_with_their_group_digest():
 
 HOOK_CALLED_FIRST = '''
 import numpy as np
-from kvsim.memory.hooks import compiled_hooks, state_ref, view_ref
-from kvsim.policy_api import new_block_view
-from kvsim.policy_registry import get_policy
+from kvsim.policy.hooks import compiled_hooks, state_ref, view_ref
+from kvsim.policy.api import new_block_view
+from kvsim.policy.registry import get_policy
 p = get_policy("lru")
 sr = state_ref(p.init(8, 8, {"seed": 0}))
 v = view_ref(new_block_view(8))

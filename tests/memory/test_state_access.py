@@ -1,4 +1,4 @@
-"""``state.<group>[k]`` on a compiled StateRef (kvsim.memory.state_access): one array loaded
+"""``state.<group>[k]`` on a compiled StateRef (kvsim.policy.state_access): one array loaded
 from the struct, the PolicyState's own; indices checked as for a tuple; unsupported uses
 refused with a typing error that says what to do."""
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from numba import errors, njit
 
-from kvsim.memory import hooks
-from kvsim.memory.state_access import StateGroup
-from kvsim.policy_api import STATE_F64, STATE_I8, STATE_I64, STATE_I64_2D, policy_state
+from kvsim.policy import hooks
+from kvsim.policy.state_access import StateGroup
+from kvsim.policy.api import STATE_F64, STATE_I8, STATE_I64, STATE_I64_2D, policy_state
 
 
 def _state():
@@ -25,7 +25,7 @@ def _state():
 @njit
 def _read_write(state, k):
     a = state.i64[2]  # constant index
-    b = state.i64[k + 2]  # computed index (as kvsim.policy_structs.heap_in)
+    b = state.i64[k + 2]  # computed index (as kvsim.policy.structs.heap_in)
     flags = state.i8[-1]  # constant, from the end: i8[3], an unused (empty) slot
     first = state.i8[1]
     table = state.i64_2d[0]

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from kvsim.policy_api import new_block_view
-from kvsim.policy_registry import list_policies, load_policy_file
+from kvsim.policy.api import new_block_view
+from kvsim.policy.registry import list_policies, load_policy_file
 
 DATA = Path(__file__).parent / "data"
 USER_POLICY_FILE = DATA / "my_mru.py"

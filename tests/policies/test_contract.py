@@ -1,4 +1,4 @@
-"""The contract every registered policy must honour (kvsim.policy_api), as one contract-test
+"""The contract every registered policy must honour (kvsim.policy.api), as one contract-test
 mixin (cachetools-style) instantiated for every registered policy and the example user
 file, so a new policy file is covered automatically.  Driven hook by hook (the Driver
 checks every answer) and through the simulator."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvsim.policy_api import NEVER
-from kvsim.sim.cachesim import simulate_cache
+from kvsim.policy.api import NEVER
+from kvsim.cachesim.simulator import simulate_cache
 from tests.policies.harness import Driver, all_policies
 
 POLICIES = all_policies()
@@ -161,8 +161,8 @@ def test_every_builtin_keeps_history_except_the_scored_defaults():
 def test_hold_hooks_come_as_a_pair():
     import types
 
-    from kvsim.errors import KvsimInputError
-    from kvsim.policy_registry import policy_from_module
+    from kvsim.core.errors import KvsimInputError
+    from kvsim.policy.registry import policy_from_module
 
     mod = types.ModuleType("half")
     mod.NAME, mod.DESCRIPTION, mod.REASONS = "half", "on_hold without on_release", ("x",)
@@ -179,7 +179,7 @@ def test_hold_hooks_come_as_a_pair():
 def test_simulator_rejects_a_policy_naming_a_non_candidate():
     import types
 
-    from kvsim.policy_registry import policy_from_module
+    from kvsim.policy.registry import policy_from_module
 
     mod = types.ModuleType("liar")
     mod.NAME, mod.DESCRIPTION, mod.REASONS = "liar", "names a block that is not cached", ("x",)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvsim.policy_api import Phase, Priority
-from kvsim.policy_registry import get_policy
+from kvsim.policy.api import Phase, Priority
+from kvsim.policy.registry import get_policy
 from tests.policies.harness import Driver
 
 HOT = int(Priority.HOT)

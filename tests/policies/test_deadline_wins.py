@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvsim.sim import SimConfig, compare
+from kvsim.spec.sim_config import SimConfig
+from kvsim.modes.comparison import compare
 from kvsim.workload import generate
 
 

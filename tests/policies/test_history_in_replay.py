@@ -1,4 +1,4 @@
-"""Block history across reuse in the tiered replay itself (kvsim.sim.simulate, the
+"""Block history across reuse in the tiered replay itself (kvsim.api.simulate, the
 interpreted engine: same source as the compiled core), read from the decision log, and
 the candidates' ``phase`` / ``pinned`` fields.
 
@@ -13,8 +13,9 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
-from kvsim.schema import Phase
-from kvsim.sim import SimConfig, simulate
+from kvsim.core.schema import Phase
+from kvsim.spec.sim_config import SimConfig
+from kvsim.replay.driver import simulate
 from tests.sim.conftest import TINY_PROFILE, TraceBuilder
 
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from numba import njit
 
-from kvsim.policy_api import dll_ends, dll_links, dll_move_to_tail, dll_push_tail, dll_remove
-from kvsim.policy_api import njit_hook
-from kvsim.policy_registry import get_policy, policy_from_module
-from kvsim.sim.cachesim import simulate_cache
+from kvsim.policy.api import dll_ends, dll_links, dll_move_to_tail, dll_push_tail, dll_remove
+from kvsim.policy.api import njit_hook
+from kvsim.policy.registry import get_policy, policy_from_module
+from kvsim.cachesim.simulator import simulate_cache
 
 
 def _lru_module(decorate, name):

@@ -1,4 +1,4 @@
-"""The guard around user policies (kvsim.policy_guard): read-only views of the core's own
+"""The guard around user policies (kvsim.policy.guard): read-only views of the core's own
 buffers, checked returns, one-line errors naming the file and the hook; and a
 well-behaved policy gives exactly the results it gives unguarded."""
 
@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvsim.errors import KvsimInputError
-from kvsim.policy_api import new_block_view
-from kvsim.policy_guard import _Guard
-from kvsim.policy_registry import get_policy, load_policy_file
-from kvsim.sim.cachesim import simulate_cache
+from kvsim.core.errors import KvsimInputError
+from kvsim.policy.api import new_block_view
+from kvsim.policy.guard import _Guard
+from kvsim.policy.registry import get_policy, load_policy_file
+from kvsim.cachesim.simulator import simulate_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "traces" / "sample_chat.jsonl"
@@ -62,7 +62,8 @@ def test_guarded_copy_of_a_builtin_gives_its_exact_victims(tmp_path: Path, built
 def test_guarded_hold_hooks_in_the_tiered_replay(tmp_path: Path) -> None:
     """lru's source as a user file (on_hold / on_release included) through the tiered
     replay: the same metrics as the built-in, both interpreted."""
-    from kvsim.sim import SimConfig, simulate
+    from kvsim.spec.sim_config import SimConfig
+    from kvsim.replay.driver import simulate
 
     pol = load_policy_file(_user_copy(tmp_path, "lru", "guarded_lru_replay"))
     cfg = SimConfig(hbm_gb=0.05, engine="interpreted")
@@ -73,7 +74,8 @@ def test_guarded_hold_hooks_in_the_tiered_replay(tmp_path: Path) -> None:
 
 
 def test_view_write_in_the_replay_names_file_and_hook() -> None:
-    from kvsim.sim import SimConfig, simulate
+    from kvsim.spec.sim_config import SimConfig
+    from kvsim.replay.driver import simulate
 
     pol = load_policy_file(CORPUS / "pol_writes_view.py")
     with pytest.raises(KvsimInputError) as info:

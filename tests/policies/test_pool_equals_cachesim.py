@@ -1,7 +1,7 @@
 """The HBM pool (compiled pool_ops, the replay's allocation/release code) fed one-block
 requests that are held and released at once makes the same decisions as the single-tier
 simulator: same hits, same victims, for every online built-in policy.  This is the hook
-contract's promise (kvsim.policy_api): ``on_hit, on_hold, on_release`` for a hit and
+contract's promise (kvsim.policy.api): ``on_hit, on_hold, on_release`` for a hit and
 ``on_miss, victims, on_insert, on_hold, on_release`` for a miss leave a policy's order as
 a single-tier hit / miss would.  (Offline policies read ``next_use``, which only the
 replay fills in; the cache-mode reduction test covers them.)"""
@@ -13,8 +13,8 @@ import pytest
 
 from kvsim.memory.fast import PoolConfig
 from kvsim.memory.pool_handle import FastPool
-from kvsim.policy_registry import list_policies
-from kvsim.sim.cachesim import simulate_cache
+from kvsim.policy.registry import list_policies
+from kvsim.cachesim.simulator import simulate_cache
 
 ONLINE = [p for p in list_policies() if not p.offline and p.source == "builtin"]
 

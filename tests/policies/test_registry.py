@@ -1,5 +1,5 @@
 """Registry: discovery, validation with one-line errors, duplicates, user files, and the
-import boundary (a policy imports only kvsim.policy_api, numpy and numba)."""
+import boundary (a policy imports only kvsim.policy.api, numpy and numba)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import kvsim.policies
-from kvsim.errors import KvsimInputError
-from kvsim.policy_registry import get_policy, list_policies, load_policy_file
-from kvsim.sim.cachesim import simulate_cache
+from kvsim.core.errors import KvsimInputError
+from kvsim.policy.registry import get_policy, list_policies, load_policy_file
+from kvsim.cachesim.simulator import simulate_cache
 from tests.policies.harness import USER_POLICY_FILE
 
 BUILTINS = {"arc", "belady", "deadline", "fifo", "hotcold", "intent", "lfu", "lru",
@@ -98,7 +98,7 @@ def test_unimportable_file_is_an_input_error(tmp_path):
 
 
 def test_policies_import_only_the_policy_api():
-    allowed = {"numpy", "numba", "kvsim.policy_api"}
+    allowed = {"numpy", "numba", "kvsim.policy.api"}
     files = sorted(Path(kvsim.policies.__file__).parent.glob("*.py")) + [USER_POLICY_FILE]
     for path in files:
         for node in ast.walk(ast.parse(path.read_text())):
@@ -118,7 +118,7 @@ def test_entry_point_policies_are_discovered(monkeypatch, tmp_path):
     import importlib.metadata as md
     import sys
 
-    import kvsim.policy_registry as reg
+    import kvsim.policy.registry as reg
 
     pkg = tmp_path / "thirdparty_policy_pkg.py"
     pkg.write_text(GOOD.format(name="thirdparty_fifo"))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvsim.sim.cachesim import next_use_of, remap_keys, simulate_cache
+from kvsim.cachesim.simulator import next_use_of, remap_keys, simulate_cache
 
 lcs = pytest.importorskip("libcachesim", reason="libcachesim (test extra) is not installed")
 

@@ -1,11 +1,11 @@
-"""An independent reference of the tiered replay (``kvsim.sim.simulate``), a test witness.
+"""An independent reference of the tiered replay (``kvsim.api.simulate``), a test witness.
 
 Written from the documentation (docs/simulate.md, docs/memory-model.md, docs/cost-model.md,
 docs/trace-format.md, docs/decision-log.md, DESIGN.md §3) in plain Python: lists, dicts and
-dataclasses, one event row at a time, no numba, nothing imported from ``kvsim.sim`` or
+dataclasses, one event row at a time, no numba, nothing imported from ``kvsim.replay`` or
 ``kvsim.memory`` but the documented reason sentences.  It shares with the replay only what
 is not under test here: the event reader, the hardware-profile parser and the policies
-(called through kvsim.policy_api's hook contract).
+(called through kvsim.policy.api's hook contract).
 
 ``reference_replay(trace, policy, config)`` returns the summary (the keys of
 ``SimResult.summary``) and the decision-log rows (dicts with the columns of
@@ -18,8 +18,8 @@ spill cascade), :mod:`.replay` (events, placement, costs, preemption, steps, met
 from __future__ import annotations
 
 from kvsim.events import read_events
-from kvsim.hardware import load_hardware
-from kvsim.policy_registry import get_policy
+from kvsim.spec.hardware import load_hardware
+from kvsim.policy.registry import get_policy
 
 from .replay import Reference, Tiering
 

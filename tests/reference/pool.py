@@ -1,7 +1,7 @@
 """HBM as vLLM v1's block pool, written from docs/memory-model.md in plain Python.
 
-Lists and dicts, no arrays except the :class:`kvsim.policy_api.BlockView` the eviction
-policy reads (the contract of kvsim/policy_api.py).  vLLM's one free queue is kept as the
+Lists and dicts, no arrays except the :class:`kvsim.policy.api.BlockView` the eviction
+policy reads (the contract of kvsim/policy/api.py).  vLLM's one free queue is kept as the
 docs draw it: ``empties`` (head = reused first) and the policy-ordered candidate set.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvsim.policy_api import new_block_view
+from kvsim.policy.api import new_block_view
 
 MAX_ALT = 8  # runners-up array a pool victim() call receives (kvsim.memory.fast.MAX_ALT)
 
@@ -28,7 +28,7 @@ class Taken:
 class Hooks:
     """A policy's hooks as plain Python (a built-in's njit hooks run their ``py_func``; the
     helpers they call stay whatever the policy made them), with the defaults of
-    kvsim/policy_api.py resolved from the module itself: no ``on_hold``/``on_release``
+    kvsim/policy/api.py resolved from the module itself: no ``on_hold``/``on_release``
     pair -> ``on_remove``/``on_insert``, and no ``on_hit`` for held blocks; no ``on_miss``
     -> nothing."""
 

@@ -1,10 +1,10 @@
 """The tiered replay as an executable specification: docs/simulate.md, docs/cost-model.md,
 docs/trace-format.md and docs/decision-log.md, one event row at a time, in plain Python.
 
-Written apart from kvsim/sim (no import from it): per-request state in a dataclass, block
+Written apart from kvsim/replay (no import from it): per-request state in a dataclass, block
 records as dicts, HBM in :mod:`tests.reference.pool`, the lower tiers in
 :mod:`tests.reference.tiers`.  The policies are shared (their hooks are called through
-kvsim.policy_api's contract): they are under test with the replay's use of them.
+kvsim.policy.api's contract): they are under test with the replay's use of them.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from kvsim.policy_api import NEVER, Phase, Priority
-from kvsim.schema import EventKind as EV
+from kvsim.policy.api import NEVER, Phase, Priority
+from kvsim.core.schema import EventKind as EV
 
 from .pool import Pool
 from .tiers import DC, LowerTiers, candidate, view_row
 
 # The replay's own reason sentences (docs/decision-log.md, column ``reason``), by the
-# situation they describe; text: the documented list kvsim.sim.core.WHY, by position.
+# situation they describe; text: the documented list kvsim.replay.kernel.core.WHY, by position.
 WHY_INDEX = {"promote": 0, "prefetch": 1, "recompute": 2, "recompute_rerun": 3,
              "write_through": 4, "write_through_selective": 5, "preempt_last": 6,
              "preempt_priority": 7, "swap_in": 8, "allocate": 9, "hit": 10, "release": 11,
@@ -111,7 +111,7 @@ class Reference:
         self.tg = tiering
         self.offline = bool(policy.offline)
         params = {"seed": config.seed}
-        from kvsim.sim.core import WHY  # the documented sentences (text only)
+        from kvsim.replay.kernel.core import WHY  # the documented sentences (text only)
 
         self.rec = Recorder(log, config.log_lifecycle,
                             [policy.reasons] + [p.reasons for p in lower_policies], WHY,

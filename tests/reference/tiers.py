@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvsim.policy_api import BLOCK_VIEW_FIELDS, Priority, new_block_view
+from kvsim.policy.api import BLOCK_VIEW_FIELDS, Priority, new_block_view
 
 from .pool import Hooks
 

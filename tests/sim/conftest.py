@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from kvsim.events import write_events
-from kvsim.schema import COLUMN_NAMES, DEFAULTS, EventHeader, EventKind, Phase
+from kvsim.core.schema import COLUMN_NAMES, DEFAULTS, EventHeader, EventKind, Phase
 
 TINY_PROFILE = """\
 name = "tiny"

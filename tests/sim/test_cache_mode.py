@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kvsim.ingest.serial import CacheStream, stream_from_events
-from kvsim.policy_registry import list_policies
-from kvsim.schema import EventHeader, Phase
-from kvsim.sim import SimConfig, simulate
-from kvsim.sim.cachesim import simulate_cache
-from kvsim.sim.cache_mode import simulate_cache as replay_cache
+from kvsim.engine.serial_lowering import CacheStream, stream_from_events
+from kvsim.policy.registry import list_policies
+from kvsim.core.schema import EventHeader, Phase
+from kvsim.spec.sim_config import SimConfig
+from kvsim.replay.driver import simulate
+from kvsim.cachesim.simulator import simulate_cache
+from kvsim.modes.cache import simulate_cache as replay_cache
 
 
 def cfg(hw, **kw) -> SimConfig:
@@ -197,7 +198,7 @@ def test_block_variant_equals_single_tier_hypothesis_lru(seed, n, cap, tiny_hw):
 
 
 def test_compare_in_cache_mode_reports_gap_to_optimal(builder, tiny_hw, tmp_path):
-    from kvsim.sim import compare
+    from kvsim.modes.comparison import compare
 
     trace = four_requests(builder).write(tmp_path / "t.parquet")
     df = compare(trace, ["lru", "fifo", "optimal"],
@@ -230,7 +231,7 @@ def test_block_variant_equals_single_tier_on_mooncake(name, shared_traces, tiny_
     if not path.is_file():
         pytest.skip(f"{path} not found")
     from kvsim.ingest import read_requests
-    from kvsim.ingest.serial import stream_from_requests
+    from kvsim.engine.serial_lowering import stream_from_requests
 
     stream = _head(stream_from_requests(read_requests(path, "mooncake"), 512, 1), 1500)
     _assert_reduction(stream, 2000, name, tiny_hw)
@@ -238,8 +239,8 @@ def test_block_variant_equals_single_tier_on_mooncake(name, shared_traces, tiny_
 
 @pytest.mark.slow
 def test_sweep_in_cache_mode_runs_optimal_and_gaps(builder, tiny_hw, tmp_path):
-    from kvsim.report import build_report
-    from kvsim.sweep import SweepSpec, run_sweep
+    from kvsim.analysis.report import build_report
+    from kvsim.analysis.sweep import SweepSpec, run_sweep
 
     trace = four_requests(builder).write(tmp_path / "t.parquet")
     base = SimConfig(hardware=tiny_hw, mode="cache", engine="interpreted", dram_gb=0)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvsim.sim import cachesim
-from kvsim.sim.cachesim import next_use_of, remap_keys, simulate_cache
+from kvsim.cachesim import simulator as cachesim
+from kvsim.cachesim.simulator import next_use_of, remap_keys, simulate_cache
 
 
 def _streams():
@@ -78,7 +78,7 @@ def test_next_use_pass_int32_and_int64_agree_with_next_use_of(ahead):
     """The fused next-use pass writes int32 (NEVER = int32 max) when the stream is short
     enough, int64 (NEVER = int64 max) otherwise: same next uses, and the Belady loop
     evicts the same blocks with either."""
-    from kvsim.sim import cachesim_fast as f
+    from kvsim.cachesim import fast_loops as f
 
     keys = _streams()[1] + 1000  # keys 1000..3999, many never used again
     lo, span = int(keys.min()), int(keys.max() - keys.min()) + 1

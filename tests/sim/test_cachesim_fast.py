@@ -1,9 +1,9 @@
-"""The dedicated single-tier loops (kvsim.sim.cachesim_fast) evict exactly what the hooks of
+"""The dedicated single-tier loops (kvsim.cachesim.fast_loops) evict exactly what the hooks of
 ``policies/<name>.py`` evict through the generic loop: same blocks, same order.
 
 The hook path runs interpreted here (the same hook source, executed by Python, with the
 generic loop's interpreted twin), so no per-policy loop is compiled; the hooks' own
-compiled helpers (the list and heap operations of kvsim.policy_api) stay compiled."""
+compiled helpers (the list and heap operations of kvsim.policy.api) stay compiled."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from kvsim.policy_registry import get_policy
-from kvsim.sim import cachesim
-from kvsim.sim.cachesim import simulate_cache
+from kvsim.policy.registry import get_policy
+from kvsim.cachesim import simulator as cachesim
+from kvsim.cachesim.simulator import simulate_cache
 
 FAST = ["lru", "fifo", "lfu", "sieve", "s3fifo", "arc"]
 
@@ -112,7 +112,7 @@ def test_capacity_above_stream_length_and_empty_stream(policy):
     assert (e.hits, e.misses, e.unique_keys) == (0, 0, 0)
 
 
-# --- the key domain's edges: prefetching loops (kvsim.sim.prefetch), wide and extreme keys
+# --- the key domain's edges: prefetching loops (kvsim.jit.prefetch), wide and extreme keys
 
 
 _I64 = np.iinfo(np.int64)
@@ -203,7 +203,7 @@ def test_arc_with_full_ghost_lists_matches_a_plain_reference(capacity):
 
 
 def test_prefetch_rule_follows_the_table_size():
-    from kvsim.sim import cachesim_fast as f
+    from kvsim.cachesim import fast_loops as f
 
     assert f.prefetch_distance(f.PREFETCH_MIN_SPAN - 1) == 0
     assert f.prefetch_distance(f.PREFETCH_MIN_SPAN) == f.AHEAD > 0
@@ -214,7 +214,7 @@ def test_prefetching_loops_evict_what_the_hooks_evict(policy, monkeypatch):
     """The test streams' tables are small (no prefetch by the rule); with the threshold
     at 1 the same loops prefetch, including in the last AHEAD accesses, and must give
     the same victims as the hook path."""
-    from kvsim.sim import cachesim_fast as f
+    from kvsim.cachesim import fast_loops as f
 
     monkeypatch.setattr(f, "PREFETCH_MIN_SPAN", 1)
     seen = []

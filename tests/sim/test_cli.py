@@ -9,7 +9,7 @@ import pandas as pd
 from typer.testing import CliRunner
 
 from kvsim.cli import app
-from kvsim.schema import Phase
+from kvsim.core.schema import Phase
 
 runner = CliRunner()
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kvsim.sim import SimConfig, simulate
+from kvsim.spec.sim_config import SimConfig
+from kvsim.replay.driver import simulate
 
 _spec = importlib.util.spec_from_file_location("kvsim_tests_sim_conftest_c",
                                                Path(__file__).with_name("conftest.py"))
@@ -24,7 +25,7 @@ _spec.loader.exec_module(_helpers)
 
 
 def _builtins():
-    from kvsim.policy_registry import list_policies
+    from kvsim.policy.registry import list_policies
 
     return [p.name for p in list_policies()]
 
@@ -57,17 +58,18 @@ def test_one_compilation_per_core_function(tiny_hw, tmp_path):
     """Every jitted function of the core modules (core, spill, pool ops, tier ops,
     placement, bookkeeping, tiers, the scheduler and the closed loop's step) is compiled
     for ONE signature, for every policy and for the open and the closed loop in one
-    process: the policies' hooks are values of one type (kvsim.memory.hooks).  A constant
+    process: the policies' hooks are values of one type (kvsim.policy.hooks).  A constant
     argument at a call site (``f(x, 0)``) would make numba specialise the callee on the
-    literal (unless ``kvsim.numba_cache.plain_calls`` types it plain): a second full
+    literal (unless ``kvsim.jit.disk_cache.plain_calls`` types it plain): a second full
     compilation of it, and of everything that calls it (``_place`` was compiled three
     times per policy); read-only and writable event columns would be two types of
     ``core.run``."""
     from kvsim.memory import pool_ops
-    from kvsim.sim import (bookkeeping, closed_step, core, placement, sched_blocks, scheduler,
-                           spill, tier_ops, tiers)
+    from kvsim.replay.kernel import bookkeeping, core, placement, spill, tier_ops, tiers
+    from kvsim.modes.closed import closed_step
+    from kvsim.engine import scheduler_blocks as sched_blocks, scheduler
 
-    from kvsim.ingest.lower import lower_requests
+    from kvsim.engine.lowering import lower_requests
     from kvsim.ingest.requests import build_request_table
 
     t = build_request_table({"arrival_us": [0, 10, 20], "prompt_tokens": [40, 60, 40],
@@ -87,9 +89,9 @@ def test_one_compilation_per_core_function(tiny_hw, tmp_path):
                         tier_policies=(("dram", policy),))
         simulate(trace, policy, cfg, decision_log=tmp_path / f"log{policy}.parquet")
     # the closed loop in the same process: its writable event columns reach core.run
-    # typed as the Parquet trace's (kvsim.sim.variants.run_cols), its scheduler and log
-    # calls pass constants (kvsim.numba_cache.plain_calls): still one signature each
-    from kvsim.sim.cluster import serve
+    # typed as the Parquet trace's (kvsim.replay.variants.run_cols), its scheduler and log
+    # calls pass constants (kvsim.jit.disk_cache.plain_calls): still one signature each
+    from kvsim.modes.closed.cluster import serve
 
     serve(t, "lru", SimConfig(hbm_gb=0.1, dram_gb=0.034, cxl_gb=0.0, nvme_gb=0.0,
                               engine="compiled"), decision_log=tmp_path / "closed.parquet")
@@ -117,7 +119,7 @@ def test_closed_loop_compiled_equals_interpreted(tmp_path, policy, preemption):
     import pandas as pd
 
     from kvsim.ingest.requests import build_request_table
-    from kvsim.sim.cluster import serve
+    from kvsim.modes.closed.cluster import serve
 
     rng = np.random.default_rng(7)
     n, B = 40, 16

@@ -1,4 +1,4 @@
-"""The COMPILED replay (numba: the one open-loop core, ``kvsim.sim.core.run``, every policy's
+"""The COMPILED replay (numba: the one open-loop core, ``kvsim.replay.kernel.core.run``, every policy's
 hooks passed to it as first-class functions) against the independent plain-Python
 reference (tests/reference/), in the default test run (issue 17).
 
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from kvsim.schema import Priority
-from kvsim.sim.config import SimConfig
+from kvsim.core.schema import Priority
+from kvsim.spec.sim_config import SimConfig
 from tests.sim.test_reference_diff import (POLICIES, build_trace, check, config_from,
                                            hw_pair)  # noqa: F401  (hw_pair: a fixture)
 
@@ -106,7 +106,7 @@ CASES = [
     # dropped) with tiers of 2 blocks: blocks demoted from HBM push victims down two tiers
     # and out of NVMe, and later requests of the same families find their prefixes in
     # each tier (the tiers share one hash table whose entries move in place:
-    # kvsim.sim.spill, "One table, entries moved in place").
+    # kvsim.replay.kernel.spill, "One table, entries moved in place").
     ("cascade_three_tiers", [
         req(family=0, shared=3, own=1, tail=1, decode=2),
         req(family=1, shared=3, own=1, tail=1, decode=2, gap=1),

@@ -1,4 +1,4 @@
-"""The replay core's state as one value in compiled code (kvsim.sim.core_ref.CoreRef): every
+"""The replay core's state as one value in compiled code (kvsim.replay.kernel.core_ref.CoreRef): every
 member is the driver's own array, writes go through, a replaced buffer is what the core
 sees on its next call, and the interpreted engine takes the plain CoreState."""
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from numba import njit
 
-from kvsim.sim import SimConfig
-from kvsim.sim.core_ref import CORE_FIELDS, CORE_REF, CoreState, core_arg, core_ref
+from kvsim.spec.sim_config import SimConfig
+from kvsim.replay.kernel.core_ref import CORE_FIELDS, CORE_REF, CoreState, core_arg, core_ref
 
 _spec = importlib.util.spec_from_file_location("kvsim_tests_sim_conftest_cr",
                                                Path(__file__).with_name("conftest.py"))
@@ -51,9 +51,9 @@ def _write(r):
 
 @pytest.fixture
 def replay(tiny_hw, tmp_path):
-    """A finished compiled replay of a small trace (its driver, kvsim.sim.replay._Run)."""
-    from kvsim.policy_registry import get_policy
-    from kvsim.sim.replay import execute
+    """A finished compiled replay of a small trace (its driver, kvsim.replay.driver._Run)."""
+    from kvsim.policy.registry import get_policy
+    from kvsim.replay.driver import execute
 
     trace = _helpers.random_trace(_helpers.TraceBuilder, 5).write(tmp_path / "r.parquet")
     cfg = SimConfig(hardware=tiny_hw, hbm_blocks=10, engine="compiled")
@@ -128,10 +128,10 @@ def test_interpreted_takes_the_plain_state_and_every_member_is_required(replay):
 
 
 def test_copy_row_is_copy_view():
-    """A row copy (kvsim.sim.tiers.copy_row on record_rows) writes exactly what copy_view
+    """A row copy (kvsim.replay.kernel.tiers.copy_row on record_rows) writes exactly what copy_view
     writes: the 12 fields, not the two timestamps; any other layout is refused."""
-    from kvsim.policy_api import BLOCK_VIEW_FIELDS, new_block_view
-    from kvsim.sim.tiers import copy_row, copy_view, new_record_view, record_rows
+    from kvsim.policy.api import BLOCK_VIEW_FIELDS, new_block_view
+    from kvsim.replay.kernel.tiers import copy_row, copy_view, new_record_view, record_rows
 
     rng = np.random.default_rng(3)
     src = new_record_view(5)

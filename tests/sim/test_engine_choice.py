@@ -1,5 +1,5 @@
 """``engine=auto``: compiled when the trace is big enough to pay for a compile, or when the
-compiled core is already in numba's disk cache (kvsim.sim.variants.dispatcher_is_cached).
+compiled core is already in numba's disk cache (kvsim.replay.variants.dispatcher_is_cached).
 
 The cache check is tested on a small generated module (a real numba cache, written by one
 process and read by another), so no replay core is compiled here."""
@@ -15,10 +15,10 @@ import time
 
 import pytest
 
-from kvsim.policy_registry import get_policy
-from kvsim.sim import replay
-from kvsim.sim.config import AUTO_COMPILE_MIN_ROWS
-from kvsim.sim.variants import compiled_is_cached, dispatcher_is_cached
+from kvsim.policy.registry import get_policy
+from kvsim.replay import driver as replay
+from kvsim.spec.sim_config import AUTO_COMPILE_MIN_ROWS
+from kvsim.replay.variants import compiled_is_cached, dispatcher_is_cached
 
 SRC = textwrap.dedent("""
     from numba import njit
@@ -42,7 +42,7 @@ def _load(path, name):
 
 
 CHECK = ("import importlib.util, sys\n"
-         "from kvsim.sim.variants import dispatcher_is_cached\n"
+         "from kvsim.replay.variants import dispatcher_is_cached\n"
          "spec = importlib.util.spec_from_file_location('warmmod', sys.argv[1])\n"
          "m = importlib.util.module_from_spec(spec); sys.modules['warmmod'] = m\n"
          "spec.loader.exec_module(m)\n"
@@ -74,7 +74,8 @@ def test_cache_check_follows_numba_cache_across_processes(tmp_path):
 def test_compiled_is_cached_needs_the_core_and_every_hook(monkeypatch):
     """Warm = the one core's entry point AND each policy's hooks are in numba's cache (the
     check itself is tested on a real cache above)."""
-    from kvsim.sim import core, variants
+    from kvsim.replay.kernel import core
+    from kvsim.replay import variants
 
     lru, fifo = get_policy("lru"), get_policy("fifo")
     lower = [lru] * 3
@@ -126,9 +127,10 @@ def test_compiled_hooks_over_an_old_tuple_state_run_interpreted_with_a_warning(t
     import numpy as np
     from numba import njit
 
-    from kvsim.policy_api import dll_ends, dll_links, dll_push_tail, dll_remove, list_walk
-    from kvsim.policy_registry import policy_from_module
-    from kvsim.sim import SimConfig, simulate
+    from kvsim.policy.api import dll_ends, dll_links, dll_push_tail, dll_remove, list_walk
+    from kvsim.policy.registry import policy_from_module
+    from kvsim.spec.sim_config import SimConfig
+    from kvsim.replay.driver import simulate
 
     spec = importlib.util.spec_from_file_location(
         "kvsim_tests_sim_conftest_ec", os.path.join(os.path.dirname(__file__), "conftest.py"))
@@ -166,7 +168,7 @@ def test_compiled_hooks_over_an_old_tuple_state_run_interpreted_with_a_warning(t
     old = policy_from_module(mod, "test")
     assert old.compiled
     trace = helpers.random_trace(helpers.TraceBuilder, 5).write(tmp_path / "r.parquet")
-    with pytest.warns(UserWarning, match="does not return a kvsim.policy_api.PolicyState"):
+    with pytest.warns(UserWarning, match="does not return a kvsim.policy.api.PolicyState"):
         got = simulate(trace, old, SimConfig(hardware=tiny_hw, hbm_blocks=10,
                                              engine="compiled"))
     want = simulate(trace, "lru", SimConfig(hardware=tiny_hw, hbm_blocks=10,
@@ -177,8 +179,8 @@ def test_compiled_hooks_over_an_old_tuple_state_run_interpreted_with_a_warning(t
 
 
 SEALED_CHECK = ("import importlib.util, sys\n"
-                "from kvsim.numba_cache import seal\n"
-                "from kvsim.sim.variants import dispatcher_is_cached\n"
+                "from kvsim.jit.disk_cache import seal\n"
+                "from kvsim.replay.variants import dispatcher_is_cached\n"
                 "spec = importlib.util.spec_from_file_location('sealmod', sys.argv[1])\n"
                 "m = importlib.util.module_from_spec(spec); sys.modules['sealmod'] = m\n"
                 "spec.loader.exec_module(m); seal(m)\n"
@@ -189,7 +191,7 @@ SEALED_CHECK = ("import importlib.util, sys\n"
 def test_sealed_cache_never_mixes_numba_optimisation_settings(tmp_path):
     """numba's own cache key leaves out NUMBA_OPT and the vectorizer switches, so code
     compiled at one level would load under another; kvsim's seal puts them in the stamp
-    (kvsim.numba_cache.codegen_settings): code compiled under another setting is stale.
+    (kvsim.jit.disk_cache.codegen_settings): code compiled under another setting is stale.
     numba keeps one stamp per index file, so switching back compiles again."""
     path = tmp_path / "sealmod.py"
     path.write_text(SRC.format(k=1))
@@ -215,7 +217,7 @@ OPT_CHECK = ("import sys\n"
              "if sys.argv[1] == 'numba-first': import numba\n"
              "import kvsim\n"
              "from numba.core import config\n"
-             "from kvsim.numba_cache import codegen_settings\n"
+             "from kvsim.jit.disk_cache import codegen_settings\n"
              "print(int(config.OPT), codegen_settings())\n")
 
 
@@ -234,7 +236,7 @@ def test_kvsim_defaults_numba_opt_to_1_unless_the_user_set_it(order):
 def test_codegen_settings_read_numbas_config(monkeypatch):
     from numba.core import config
 
-    from kvsim.numba_cache import codegen_settings
+    from kvsim.jit.disk_cache import codegen_settings
 
     monkeypatch.setattr(config, "OPT", 2)
     monkeypatch.setattr(config, "LOOP_VECTORIZE", 0)

@@ -1,4 +1,4 @@
-"""The live-offload bound (``optimal`` with ``--live-offload``, kvsim/sim/live_optimum.py)
+"""The live-offload bound (``optimal`` with ``--live-offload``, kvsim/bounds/live_optimal.py)
 where running requests share prefix blocks: its loads equal a brute force's minimum over
 every spill / drop choice, and no built-in policy loads fewer.
 
@@ -24,9 +24,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvsim.errors import KvsimInputError
-from kvsim.schema import EventKind, Phase
-from kvsim.sim import SimConfig, simulate
+from kvsim.core.errors import KvsimInputError
+from kvsim.core.schema import EventKind, Phase
+from kvsim.spec.sim_config import SimConfig
+from kvsim.replay.driver import simulate
 
 _spec = importlib.util.spec_from_file_location("kvsim_tests_sim_conftest_bound",
                                                Path(__file__).with_name("conftest.py"))
@@ -42,7 +43,7 @@ def live(hw, hbm, **kw) -> SimConfig:
 
 
 def _builtins() -> list[str]:
-    from kvsim.policy_registry import list_policies
+    from kvsim.policy.registry import list_policies
 
     return [p.name for p in list_policies()]
 

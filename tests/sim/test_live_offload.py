@@ -1,4 +1,4 @@
-"""Live KV offload (``SimConfig(live_offload=True)``, kvsim/sim/live_offload.py): exact
+"""Live KV offload (``SimConfig(live_offload=True)``, kvsim/modes/live/live_offload.py): exact
 stalls, spills and prefetch counts on hand-made traces.
 
 Tiny profile (tests/sim/conftest.py): blocks of 100 bytes; DRAM: up latency 1 + 4 = 5 us,
@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvsim.errors import KvsimInputError
-from kvsim.schema import Phase, Priority
-from kvsim.sim import SimConfig, simulate
+from kvsim.core.errors import KvsimInputError
+from kvsim.core.schema import Phase, Priority
+from kvsim.spec.sim_config import SimConfig
+from kvsim.replay.driver import simulate
 
 _spec = importlib.util.spec_from_file_location("kvsim_tests_sim_conftest_live",
                                                Path(__file__).with_name("conftest.py"))
@@ -157,7 +158,7 @@ def test_mode_off_is_todays_replay_bit_for_bit(tmp_path, tiny_hw):
 
 
 def _policies():
-    from kvsim.policy_registry import list_policies
+    from kvsim.policy.registry import list_policies
 
     return [p.name for p in list_policies()]
 
@@ -208,7 +209,7 @@ def brute_force_loads(trace: Path, capacity: int) -> int:
     or fetched) only into a free slot or the slot of a resident block of another
     request)."""
     from kvsim.events import read_events
-    from kvsim.schema import EventKind
+    from kvsim.core.schema import EventKind
 
     _, df = read_events(trace)
     ops = [(int(r.kind), int(r.request_id)) for r in df.itertuples()
@@ -418,8 +419,8 @@ def test_intent_on_a_shared_block_recounts_its_owners_unit(tmp_path, tiny_hw, mo
     """B's per-block INTENT on the prefix block A owns changes the block's priority (and,
     for DECODE_CRITICAL, its class) inside A's unit: the unit's counts follow it (they
     drifted when only the owner's intents were re-counted)."""
-    from kvsim.schema import EventKind
-    from kvsim.sim import live_offload
+    from kvsim.core.schema import EventKind
+    from kvsim.modes.live import live_offload
 
     calls = []
     orig = live_offload.LiveReplay.intent

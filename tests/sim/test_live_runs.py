@@ -1,4 +1,4 @@
-"""The live-offload replay's run moves (kvsim/sim/live_moves.py ``spill_run`` /
+"""The live-offload replay's run moves (kvsim/modes/live/live_moves.py ``spill_run`` /
 ``fetch_run``, the default) give the same results bit for bit as the block-by-block
 reference (``spill_many`` / ``fetch_many``, ``SimConfig(engine="interpreted")``): every
 summary key, the per-step table and the per-request table, for every built-in policy and
@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvsim.schema import EventKind, Phase, Priority
-from kvsim.sim import SimConfig, simulate
+from kvsim.core.schema import EventKind, Phase, Priority
+from kvsim.spec.sim_config import SimConfig
+from kvsim.replay.driver import simulate
 
 _here = Path(__file__).parent
 
@@ -36,7 +37,7 @@ DRAM_GB = 1e-5  # 10,000 bytes = 100 tiny blocks: room for every spilled block
 
 
 def _policies() -> list[str]:
-    from kvsim.policy_registry import list_policies
+    from kvsim.policy.registry import list_policies
 
     return [p.name for p in list_policies()] + ["optimal"]
 
@@ -45,7 +46,7 @@ def _policies() -> list[str]:
 def runs_of_every_length(monkeypatch):
     """Move every run as a run, even of one block (by default runs shorter than
     ``live_moves.RUN_MIN_BLOCKS`` move block by block: the reference's code)."""
-    from kvsim.sim import live_moves
+    from kvsim.modes.live import live_moves
 
     monkeypatch.setattr(live_moves, "RUN_MIN_BLOCKS", 0)
 
@@ -162,7 +163,7 @@ def test_rich_trace_moves_shared_and_pinned_blocks(tmp_path, tiny_hw):
 
 def test_shared_prefix_trace_terminates(tmp_path, tiny_hw):
     """24 requests sharing 4 prefix chains in a 12-block HBM: on main before the
-    ``own_fetched`` rule (kvsim/sim/live_moves.py) optimal never finished (a shared block
+    ``own_fetched`` rule (kvsim/modes/live/live_moves.py) optimal never finished (a shared block
     fetched for one request was spilled from its owner's unit to make room for that
     request's next missing block, and fetched again)."""
     trace = _conf.random_trace(TraceBuilder, 3, n_requests=24).write(tmp_path / "s.parquet")
@@ -175,8 +176,8 @@ def test_shared_prefix_trace_terminates(tmp_path, tiny_hw):
 def test_long_context_extreme_states_slos():
     """The profile's SLOs (MLPerf Inference server constraints, cited in its TOML): long
     document QA 6 s TTFT / 175 ms TPOT, chat 2 s / 100 ms; chat's 100 ms TPOT is within
-    the lowering's DECODE_CRITICAL threshold (kvsim.ingest.engine.CRITICAL_TPOT_US)."""
-    from kvsim.ingest.engine import CRITICAL_TPOT_US
+    the lowering's DECODE_CRITICAL threshold (kvsim.engine.engine_model.CRITICAL_TPOT_US)."""
+    from kvsim.engine.engine_model import CRITICAL_TPOT_US
     from kvsim.workload import build_workload, load_profile
 
     df = build_workload(load_profile("long_context_extreme"), 40, 0).df

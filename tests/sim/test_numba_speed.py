@@ -1,4 +1,4 @@
-"""kvsim.numba_speed: numba's TargetConfig.values() patched for speed gives exactly what
+"""kvsim.jit.compile_speed: numba's TargetConfig.values() patched for speed gives exactly what
 numba's own gives (same keys, order, values), so overload caches key as before."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 from numba.core import targetconfig
 from numba.core.compiler import Flags
 
-from kvsim import numba_speed
+from kvsim.jit import compile_speed as numba_speed
 
 
 def _flag_sets() -> list[Flags]:
@@ -47,7 +47,7 @@ def test_equality_and_hash_unchanged() -> None:
 
 
 def test_opt_out_leaves_numba_alone() -> None:
-    code = ("import kvsim.numba_speed as s; from numba.core import targetconfig as t; "
+    code = ("import kvsim.jit.compile_speed as s; from numba.core import targetconfig as t; "
             "s.install(); print(t.TargetConfig.values is s._values)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={"KVSIM_NUMBA_PATCHES": "0", "PATH": "/usr/bin:/bin"},
@@ -79,7 +79,7 @@ def callers(a):
     return busy(a, 3, 1.5, (1, 2)), busy(a, np.int64(7), 2, (3.0, 4))
 
 if sys.argv[1] == "1":
-    from kvsim import numba_speed
+    from kvsim.jit import compile_speed as numba_speed
     numba_speed.install()
 a = np.arange(10, dtype=np.int64)
 r = callers(a)
@@ -193,7 +193,9 @@ def test_list_vars_walk_lists_numbas_variables_in_numbas_order() -> None:
     from numba.core import ir
     from numba.core.compiler import run_frontend
 
-    from kvsim.sim import closed_step, core, scheduler
+    from kvsim.modes.closed import closed_step
+    from kvsim.replay.kernel import core
+    from kvsim.engine import scheduler
 
     numba_speed.install()
     fast = ir.Inst._rec_list_vars

@@ -15,9 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvsim.schema import Phase
-from kvsim.sim import SimConfig, core, layout as L, simulate
-from kvsim.sim.metrics import OCCUPANCY_COLUMNS, step_table
+from kvsim.core.schema import Phase
+from kvsim.spec.sim_config import SimConfig
+from kvsim.replay.kernel import core
+from kvsim.replay import layout as L
+from kvsim.replay.driver import simulate
+from kvsim.replay.metrics import OCCUPANCY_COLUMNS, step_table
 
 _spec = importlib.util.spec_from_file_location("kvsim_tests_sim_conftest_occ",
                                                Path(__file__).with_name("conftest.py"))
@@ -37,7 +40,7 @@ def cfg(hw, **kw) -> SimConfig:
 
 
 def _core_passes_pool_scalars() -> bool:
-    """True once kvsim.sim.core hands ``st.sc`` to ``_finalize_step`` (both call sites)."""
+    """True once kvsim.replay.kernel.core hands ``st.sc`` to ``_finalize_step`` (both call sites)."""
     src = inspect.getsource(core)
     return src.count("_finalize_step(C, R_i, R_f, S, P, st.sc)") == 2
 
@@ -46,11 +49,11 @@ def _core_passes_pool_scalars() -> bool:
 def pool_scalars(monkeypatch):
     """``enable(policy)``: the interpreted replay of ``policy`` (lower tiers lru) with
     ``_finalize_step`` given the pool's scalars ``st.sc`` -- the change requested in
-    kvsim.sim.core (pass ``st.sc`` at its two call sites).  Until the core does it, the
+    kvsim.replay.kernel.core (pass ``st.sc`` at its two call sites).  Until the core does it, the
     call is wrapped here: the caller's frame (``run`` or ``finish`` of the interpreted
     twin) holds ``st``."""
-    from kvsim.sim.replay import _resolve_policy
-    from kvsim.sim.variants import interpreted
+    from kvsim.replay.driver import _resolve_policy
+    from kvsim.replay.variants import interpreted
 
     def enable(policy: str = "lru") -> None:
         if _core_passes_pool_scalars():
@@ -143,7 +146,7 @@ def test_cached_column_left_out_when_not_recorded():
 
 def test_finalize_step_copies_counters_and_pool_scalars():
     from kvsim.memory import fast
-    from kvsim.sim.bookkeeping import _finalize_step
+    from kvsim.replay.kernel.bookkeeping import _finalize_step
 
     fin = getattr(_finalize_step, "py_func", _finalize_step)
     C = np.zeros(L.NC)

@@ -1,4 +1,4 @@
-"""``optimal`` (kvsim.sim.optimum) against brute force, and never beaten by a built-in.
+"""``optimal`` (kvsim.bounds.optimal) against brute force, and never beaten by a built-in.
 
 Brute force: after each request's lookup the cache may become ANY subset of (what it held)
 + (the request's blocks) of at most ``capacity`` blocks (every eviction and bypass
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kvsim.sim.optimum import cache_optimum, optimum_summary
+from kvsim.bounds.optimal import cache_optimum, optimum_summary
 from tests.sim.test_cache_mode import _stream, _tree_chains, cfg
 
 
@@ -77,8 +77,8 @@ def test_equals_brute_force_with_production_entries(seed, n, cap, data):
 @pytest.mark.parametrize("seed,cap", [(0, 3), (1, 5), (2, 8), (3, 12)])
 def test_no_builtin_beats_optimal_in_cache_mode(seed, cap, tiny_hw):
     """Every registered online policy (prefix variant): hit blocks <= optimal's."""
-    from kvsim.policy_registry import list_policies
-    from kvsim.sim.cache_mode import simulate_cache
+    from kvsim.policy.registry import list_policies
+    from kvsim.modes.cache import simulate_cache
 
     stream = _stream(_tree_chains(seed, 60))
     bound = optimum_summary(stream, cap)["hit_blocks"]
@@ -95,7 +95,8 @@ def test_no_builtin_beats_the_engine_bound(seed, hbm, builder, tiny_hw, tmp_path
     """Engine mode on the suite's random traces (conftest.random_trace): every registered
     policy's HBM hit rate <= optimal's HBM bound, its any-tier hit rate <= the bound at
     the total capacity (HBM + the tiny profile's 20 DRAM blocks)."""
-    from kvsim.sim import SimConfig, compare
+    from kvsim.spec.sim_config import SimConfig
+    from kvsim.modes.comparison import compare
     from tests.sim.conftest import random_trace
 
     trace = random_trace(builder, seed).write(tmp_path / "t.parquet")

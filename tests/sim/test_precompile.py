@@ -1,4 +1,4 @@
-"""A cold compile split over worker processes (kvsim.sim.precompile) and ``auto`` for a
+"""A cold compile split over worker processes (kvsim.replay.precompile) and ``auto`` for a
 compare (one engine for every policy, the compile paid once).
 
 No replay core is compiled here: the split is checked with a user policy written to a
@@ -15,15 +15,15 @@ import sys
 
 import pytest
 
-from kvsim.policy_registry import get_policy
-from kvsim.sim import precompile, variants
-from kvsim.sim.config import AUTO_COMPILE_MIN_ROWS
+from kvsim.policy.registry import get_policy
+from kvsim.replay import precompile, variants
+from kvsim.spec.sim_config import AUTO_COMPILE_MIN_ROWS
 
 SPLIT = """
 import json
-from kvsim.memory.hooks import HOOK_NAMES, hooks_are_cached
-from kvsim.policy_registry import get_policy
-from kvsim.sim import precompile
+from kvsim.policy.hooks import HOOK_NAMES, hooks_are_cached
+from kvsim.policy.registry import get_policy
+from kvsim.replay import precompile
 
 fifo = get_policy("fifo")
 before = precompile.cold_hooks(["optimal", "fifo", "lru"], skip=["lru"])
@@ -54,9 +54,9 @@ def test_first_then_hooks_compiles_the_other_hooks_in_a_worker(tmp_path):
 
 SHARED = """
 import json
-from kvsim.memory.hooks import compiled_hooks, hooks_are_cached
-from kvsim.policy_registry import get_policy
-from kvsim.sim import precompile
+from kvsim.policy.hooks import compiled_hooks, hooks_are_cached
+from kvsim.policy.registry import get_policy
+from kvsim.replay import precompile
 
 names = ["fifo", "lru", "sieve", "s3fifo", "lfu"]
 before = precompile.cold_hooks(names)
@@ -129,9 +129,10 @@ def test_compare_engine_auto(monkeypatch):
 def test_closed_loop_cache_check_needs_the_step_driver(monkeypatch):
     """The closed loop runs ``closed_step.advance`` besides ``core.run``: auto counts it
     as cached only when both are (and every hook)."""
-    from kvsim.sim import closed_step, core
-    from kvsim.sim.closed_loop import closed_engine
-    from kvsim.sim.config import SimConfig
+    from kvsim.modes.closed import closed_step
+    from kvsim.replay.kernel import core
+    from kvsim.modes.closed.closed_loop import closed_engine
+    from kvsim.spec.sim_config import SimConfig
 
     lru = get_policy("lru")
     monkeypatch.setattr(variants, "dispatcher_is_cached", lambda d: d is not closed_step.advance)
@@ -213,7 +214,7 @@ def test_compile_workers_at_least_the_cores(monkeypatch, jobs):
 
 @pytest.mark.parametrize("bad", ["0", "two", "-3"])
 def test_compile_workers_env_must_be_a_positive_integer(monkeypatch, bad):
-    from kvsim.errors import KvsimInputError
+    from kvsim.core.errors import KvsimInputError
 
     monkeypatch.setenv("KVSIM_COMPILE_WORKERS", bad)
     with pytest.raises(KvsimInputError, match="KVSIM_COMPILE_WORKERS = an integer >= 1"):
@@ -221,18 +222,18 @@ def test_compile_workers_env_must_be_a_positive_integer(monkeypatch, bad):
 
 
 def test_every_compiled_replay_module_is_sealed():
-    """numba keys a cached function on its own file only; kvsim.numba_cache adds a digest
+    """numba keys a cached function on its own file only; kvsim.jit.disk_cache adds a digest
     of every replay source, so an edit of any of them recompiles.  Every jitted function
     the compiled replay modules reach (those they import included, such as
-    kvsim.sim.placement split from core) is defined in a module that is sealed and
+    kvsim.replay.kernel.placement split from core) is defined in a module that is sealed and
     digested."""
     import importlib
 
     from numba.core.dispatcher import Dispatcher
 
-    from kvsim import numba_cache
+    from kvsim.jit import disk_cache as numba_cache
 
-    seen, todo = set(), ["kvsim.sim.core", "kvsim.sim.closed_step"]
+    seen, todo = set(), ["kvsim.replay.kernel.core", "kvsim.modes.closed.closed_step"]
     while todo:
         name = todo.pop()
         if name in seen:
@@ -241,6 +242,6 @@ def test_every_compiled_replay_module_is_sealed():
         for value in vars(importlib.import_module(name)).values():
             if isinstance(value, Dispatcher) and value.py_func.__module__.startswith("kvsim."):
                 todo.append(value.py_func.__module__)
-    assert "kvsim.sim.placement" in seen
+    assert "kvsim.replay.kernel.placement" in seen
     assert seen <= set(numba_cache.COMPILED)
     assert set(numba_cache.COMPILED) <= set(numba_cache.SOURCES)

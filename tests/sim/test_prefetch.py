@@ -1,4 +1,4 @@
-"""kvsim.sim.prefetch: a prefetch hint that compiles to LLVM's prefetch intrinsic and
+"""kvsim.jit.prefetch: a prefetch hint that compiles to LLVM's prefetch intrinsic and
 changes nothing else (the loops that use it are checked for exact victims in
 tests/sim/test_cachesim_fast.py)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from kvsim.sim.prefetch import prefetch, prefetch_row
+from kvsim.jit.prefetch import prefetch, prefetch_row
 
 
 @njit

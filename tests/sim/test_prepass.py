@@ -1,4 +1,4 @@
-"""The streaming pre-pass (kvsim.sim.prepass): ``seen`` and ``next_use`` per ALLOCATE row
+"""The streaming pre-pass (kvsim.replay.prepass): ``seen`` and ``next_use`` per ALLOCATE row
 computed batch by batch equal their brute-force definitions, and a replay gives identical
 results whatever the batch size (the core runs on batch-local ordinals)."""
 
@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from kvsim.events import read_events
-from kvsim.policy_api import NEVER
-from kvsim.schema import EventKind
-from kvsim.sim import SimConfig, simulate
-from kvsim.sim.prepass import SeenSet, offline_next_use, scan_trace
+from kvsim.policy.api import NEVER
+from kvsim.core.schema import EventKind
+from kvsim.spec.sim_config import SimConfig
+from kvsim.replay.driver import simulate
+from kvsim.replay.prepass import SeenSet, offline_next_use, scan_trace
 
 _CONFTEST = Path(__file__).with_name("conftest.py")
 _spec = importlib.util.spec_from_file_location("kvsim_tests_sim_conftest_pp", _CONFTEST)

@@ -3,9 +3,9 @@
 numba builds, beside every compiled function, a CPython wrapper that unboxes each argument
 from Python objects; in the README job these were 14.5 of the 62 MB of LLVM IR compiled,
 most of them for pool and tier operations only compiled code calls.
-:func:`kvsim.numba_cache.seal` (``python_called``) compiles every other function without
+:func:`kvsim.jit.disk_cache.seal` (``python_called``) compiles every other function without
 it; a call from Python then builds (or loads from numba's disk cache) a jitted trampoline
-with the wrapper, :func:`kvsim.numba_cache.python_entry`, and puts it in the dispatcher's
+with the wrapper, :func:`kvsim.jit.disk_cache.python_entry`, and puts it in the dispatcher's
 C-level table so later calls run it directly.
 
 The functions here are tiny (a toy module written to a temporary folder, so that numba can
@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from numba.core.errors import TypingError
 
-from kvsim import numba_cache
+from kvsim.jit import disk_cache as numba_cache
 
 TOY = textwrap.dedent('''
     import numpy as np
@@ -122,7 +122,7 @@ def test_seal_leaves_an_already_compiled_function_alone(tmp_path, monkeypatch):
 CHILD = textwrap.dedent('''
     import importlib, json, sys
     import numpy as np
-    from kvsim import numba_cache
+    from kvsim.jit import disk_cache as numba_cache
     sys.path.insert(0, sys.argv[1])
     mod = importlib.import_module("toy_entry_d")
     numba_cache.seal(mod, sources=(), python_called=())
@@ -162,7 +162,7 @@ CHILD_LINKED = textwrap.dedent('''
     import importlib, json, sys
     import numpy as np
     from numba.core.caching import NullCache
-    from kvsim import numba_cache
+    from kvsim.jit import disk_cache as numba_cache
     sys.path.insert(0, sys.argv[1])
     mod = importlib.import_module("toy_entry_e")
     numba_cache.seal(mod, sources=(), values_only=(), python_called=("pub",))

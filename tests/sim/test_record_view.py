@@ -1,4 +1,4 @@
-"""The replay's views in a record layout (kvsim.sim.tiers.new_record_view: one 88-byte row
+"""The replay's views in a record layout (kvsim.replay.kernel.tiers.new_record_view: one 88-byte row
 per slot, each BlockView field a strided view of it): exact byte positions, initial values
 as new_block_view's, the cache lines a row touches, and that compiled code (copy_view, the
 hooks' view type) treats it as the contiguous view."""
@@ -6,9 +6,9 @@ hooks' view type) treats it as the contiguous view."""
 import numpy as np
 from numba import typeof
 
-from kvsim.memory.hooks import VIEW_REF, view_ref
-from kvsim.policy_api import BLOCK_VIEW_FIELDS, NEVER, new_block_view
-from kvsim.sim.tiers import ROW_BYTES, ROW_OFFSET_BYTES, copy_view, new_record_view
+from kvsim.policy.hooks import VIEW_REF, view_ref
+from kvsim.policy.api import BLOCK_VIEW_FIELDS, NEVER, new_block_view
+from kvsim.replay.kernel.tiers import ROW_BYTES, ROW_OFFSET_BYTES, copy_view, new_record_view
 
 COPIED = [f for f in BLOCK_VIEW_FIELDS if f not in ("insert_us", "last_access_us")]
 
@@ -111,7 +111,7 @@ def test_copy_view_between_layouts_exact():
 def test_a_tier_fill_writes_every_field():
     """Lower tiers' views are not initialised (new_record_view(n, initialise=False)):
     sound because a fill writes all 14 fields, copy_view's 12 and the two timestamps the
-    fill sets (kvsim.sim.spill, kvsim.sim.tier_ops)."""
+    fill sets (kvsim.replay.kernel.spill, kvsim.replay.kernel.tier_ops)."""
     assert set(COPIED) | {"insert_us", "last_access_us"} == set(BLOCK_VIEW_FIELDS)
     src = new_block_view(2)
     for name in BLOCK_VIEW_FIELDS:

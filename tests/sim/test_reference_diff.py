@@ -1,6 +1,6 @@
 """The whole tiered replay against an independent reference (tests/reference/).
 
-``kvsim.sim.simulate`` (interpreted engine: the same source as the compiled one) and the
+``kvsim.api.simulate`` (interpreted engine: the same source as the compiled one) and the
 plain-Python reference written from the docs replay the same small traces under the same
 configurations; their summaries (every key of ``SimResult.summary``) and decision logs
 (row by row, every column, candidates included) must be identical.  Hypothesis draws the
@@ -23,10 +23,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvsim.policy_registry import list_policies
-from kvsim.schema import Phase, Priority
-from kvsim.sim import SimConfig, simulate
-from kvsim.sim.metrics import SUMMARY_KEYS
+from kvsim.policy.registry import list_policies
+from kvsim.core.schema import Phase, Priority
+from kvsim.spec.sim_config import SimConfig
+from kvsim.replay.driver import simulate
+from kvsim.replay.metrics import SUMMARY_KEYS
 from tests.reference import reference_replay
 
 from tests.sim.conftest import TINY_PROFILE, TraceBuilder, random_trace
@@ -470,7 +471,7 @@ def test_arena_compacted_in_place_changes_nothing(tiny_hw, tmp_path, monkeypatch
     """With an arena of 64 rows at the start and no slack, a random trace of 200 requests
     compacts the block records many times, in place and growing; the replay still
     matches the reference."""
-    from kvsim.sim import replay
+    from kvsim.replay import driver as replay
 
     calls = {"in_place": 0, "grown": 0}
     compact = replay._Run._compact_arena

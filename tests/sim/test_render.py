@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvsim.cli import app, render
-from kvsim.errors import KvsimInputError
+from kvsim.core.errors import KvsimInputError
 from tests.sim.test_cli import _trace
 
 runner = CliRunner()
@@ -116,13 +116,13 @@ def test_compare_cli_fits_120_columns_and_files_keep_every_metric(builder, tiny_
 def test_progress_has_a_real_total_and_is_silent_under_json_to_a_pipe(monkeypatch):
     from kvsim.cli import common
     from kvsim.cli.simulate import _policies_to_run
-    from kvsim.sim.replay import default_policies
+    from kvsim.replay.driver import default_policies
 
-    from kvsim.sim import SimConfig
+    from kvsim.spec.sim_config import SimConfig
 
     engine, cache = SimConfig(), SimConfig(mode="cache")
     # compare adds the offline references it measures gaps to: optimal always, belady in
-    # engine mode (kvsim.sim.comparison)
+    # engine mode (kvsim.modes.comparison)
     assert _policies_to_run(["lru", "deadline"], engine) == ["lru", "deadline", "optimal",
                                                              "belady"]
     assert _policies_to_run(["belady", "lru"], engine) == ["belady", "lru", "optimal"]

@@ -11,8 +11,9 @@ import pandas as pd
 import pytest
 
 from kvsim.results.log_schema import Action
-from kvsim.schema import Phase
-from kvsim.sim import SimConfig, simulate
+from kvsim.core.schema import Phase
+from kvsim.spec.sim_config import SimConfig
+from kvsim.replay.driver import simulate
 
 
 def cfg(hw, **kw) -> SimConfig:

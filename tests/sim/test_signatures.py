@@ -4,11 +4,11 @@ Two sources of a second, full compile of the same function were found and remove
 
 * a constant argument at a call site from compiled code is typed as a literal, and numba
   compiled the callee once per distinct set of constants (``scheduler._row`` 17 times,
-  ``tiers.log_row`` 13 in the README job): :func:`kvsim.numba_cache.plain_calls`, applied
+  ``tiers.log_row`` 13 in the README job): :func:`kvsim.jit.disk_cache.plain_calls`, applied
   by ``seal`` to every sealed dispatcher, types such calls with the plain types;
 * ``core.run``'s event columns came read-only (Parquet columns read without a copy) or
   writable (the boolean columns, JSONL traces, the closed loop), two numba types:
-  :func:`kvsim.sim.variants.run_cols` passes them read-only always.
+  :func:`kvsim.replay.variants.run_cols` passes them read-only always.
 
 The functions here are tiny and compile in well under a second; nothing of the replay
 core compiles (the end-to-end check, every core function with one signature after an
@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, typeof
 
-from kvsim.numba_cache import plain_calls
+from kvsim.jit.disk_cache import plain_calls
 
 
 def _callees():
@@ -92,8 +92,9 @@ def test_a_function_that_needs_the_literal_still_gets_it():
 def test_sealed_replay_functions_take_plain_calls():
     """Every jitted function of the replay's modules is set up by ``seal_all`` (the
     scheduler's ``_row`` and the log's ``log_row`` were the worst cases)."""
-    from kvsim.numba_cache import seal_all
-    from kvsim.sim import scheduler, tiers
+    from kvsim.jit.disk_cache import seal_all
+    from kvsim.engine import scheduler
+    from kvsim.replay.kernel import tiers
 
     seal_all()
     for fn in (scheduler._row, scheduler._ensure, tiers.log_row, tiers.copy_view):
@@ -104,10 +105,10 @@ def test_event_columns_have_one_type_whatever_their_source(tmp_path):
     """The columns of a Parquet trace as the replay reads them (read-only, but the
     boolean ones writable) and the closed loop's writable columns type the same once
     through ``run_cols``: one signature of ``core.run`` for both."""
-    from kvsim.sim import core
-    from kvsim.sim.closed_loop import _new_cols
-    from kvsim.sim.prepass import _open
-    from kvsim.sim.variants import run_cols
+    from kvsim.replay.kernel import core
+    from kvsim.modes.closed.closed_loop import _new_cols
+    from kvsim.replay.prepass import _open
+    from kvsim.replay.variants import run_cols
     from tests.sim.conftest import TraceBuilder, random_trace
 
     path = random_trace(TraceBuilder, 3).write(tmp_path / "r.parquet")
@@ -128,13 +129,13 @@ def test_event_columns_have_one_type_whatever_their_source(tmp_path):
         assert np.shares_memory(x, y) or x.size == 0
 
 
-# --- the C wrapper only where a function is a value (kvsim.numba_cache.FIRST_CLASS) ---
+# --- the C wrapper only where a function is a value (kvsim.jit.disk_cache.FIRST_CLASS) ---
 
 
 def test_seal_drops_the_c_wrapper_of_functions_that_are_never_values():
     from kvsim.memory import fast, fifo_order
-    from kvsim.numba_cache import seal_all
-    from kvsim.sim import core, placement
+    from kvsim.jit.disk_cache import seal_all
+    from kvsim.replay.kernel import core, placement
 
     seal_all()
     assert placement._place.targetoptions.get("no_cfunc_wrapper") is True
@@ -148,8 +149,8 @@ def test_every_builtin_hook_keeps_its_c_wrapper():
     a first-class value: CompiledHook refuses a dispatcher compiled without the wrapper.
     Building the values compiles nothing (they compile when first called)."""
     from kvsim.memory import fifo_order
-    from kvsim.memory.hooks import CompiledHook, compiled_hooks
-    from kvsim.policy_registry import list_policies
+    from kvsim.policy.hooks import CompiledHook, compiled_hooks
+    from kvsim.policy.registry import list_policies
 
     n = 0
     for pol in [*list_policies(), fifo_order]:
@@ -167,9 +168,9 @@ def test_every_builtin_hook_keeps_its_c_wrapper():
 def test_a_function_without_the_wrapper_is_refused_as_a_value():
     import pytest
 
-    from kvsim.memory.hooks import CompiledHook, hook_signatures
-    from kvsim.numba_cache import seal_all
-    from kvsim.sim import placement
+    from kvsim.policy.hooks import CompiledHook, hook_signatures
+    from kvsim.jit.disk_cache import seal_all
+    from kvsim.replay.kernel import placement
 
     seal_all()
     with pytest.raises(RuntimeError, match="FIRST_CLASS"):

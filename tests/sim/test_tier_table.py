@@ -1,4 +1,4 @@
-"""The lower tiers' hash table (kvsim.sim.tiers: keys and values interleaved in one array,
+"""The lower tiers' hash table (kvsim.replay.kernel.tiers: keys and values interleaved in one array,
 linear probing, backward-shift deletion) against a Python dict, brute force over random
 operations on a small table where probe runs collide and wrap around; and the values of
 the table the three tiers share (``slot * 4 + tier``)."""
@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from kvsim.sim.tiers import (_FIB, hash_del, hash_put, hash_slot, lower_find, tier_find,
-                             tier_value)
+from kvsim.replay.kernel.tiers import (_FIB, hash_del, hash_put, hash_slot, lower_find, tier_find,
+    tier_value)
 
 
 def _home(h, entries):

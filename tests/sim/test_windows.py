@@ -11,9 +11,10 @@ import math
 
 import pytest
 
-from kvsim.errors import KvsimInputError
-from kvsim.schema import Phase
-from kvsim.sim import SimConfig, simulate
+from kvsim.core.errors import KvsimInputError
+from kvsim.core.schema import Phase
+from kvsim.spec.sim_config import SimConfig
+from kvsim.replay.driver import simulate
 
 
 def cfg(hw, **kw) -> SimConfig:

@@ -1,4 +1,4 @@
-"""One-pass hit-rate curves (kvsim.mrc): exact equality with per-capacity simulation."""
+"""One-pass hit-rate curves (kvsim.cachesim.curves): exact equality with per-capacity simulation."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvsim.errors import KvsimInputError
-from kvsim.mrc import (block_stream, distance_histogram, hit_curve, mooncake_block_stream,
-                       shards_mask, stack_distances)
-from kvsim.sim.cachesim import simulate_cache
+from kvsim.core.errors import KvsimInputError
+from kvsim.cachesim.curves import (block_stream, distance_histogram, hit_curve,
+    mooncake_block_stream, shards_mask, stack_distances)
+from kvsim.cachesim.simulator import simulate_cache
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""kvsim.sweep: grid, cache/resume, executors give identical results, results table."""
+"""kvsim.analysis.sweep: grid, cache/resume, executors give identical results, results table."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvsim.errors import KvsimInputError
-from kvsim.mrc import block_stream, hit_curve
-from kvsim.sim.config import SimConfig
-from kvsim.sim.replay import simulate
-from kvsim.sweep import (LATENCY_QUANTILES, SweepSpec, cell_key, code_fingerprint,
-                         load_occupancy, occupancy_series, results_columns, run_sweep)
+from kvsim.core.errors import KvsimInputError
+from kvsim.cachesim.curves import block_stream, hit_curve
+from kvsim.spec.sim_config import SimConfig
+from kvsim.replay.driver import simulate
+from kvsim.analysis.sweep import (LATENCY_QUANTILES, SweepSpec, cell_key, code_fingerprint,
+    load_occupancy, occupancy_series, results_columns, run_sweep)
 
 from .conftest import BASE, HBM_GB, SAMPLE, small_spec
 

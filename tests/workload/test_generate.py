@@ -9,9 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from kvsim.cli import app
-from kvsim.errors import KvsimInputError
+from kvsim.core.errors import KvsimInputError
 from kvsim.events import read_events
-from kvsim.schema import EventKind as K, Phase, Priority
+from kvsim.core.schema import EventKind as K, Phase, Priority
 from kvsim.workload import build_workload, generate, list_profiles, load_profile
 from tests.helpers import assert_one_line_error
 

@@ -1,0 +1,1 @@
+"""Studies built on the replay: sweeps, reports, trace summaries, calibration, validation, placement replay."""

@@ -1,0 +1,1 @@
+"""Foundations every layer may import: the event schema, errors, limits, file helpers, worker processes."""

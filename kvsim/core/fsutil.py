@@ -1,0 +1,294 @@
+"""File helpers shared by every reader and writer: atomic output and checked text input.
+
+Output (:func:`atomic_output`): a file is written under a temporary name
+``.<name>.<pid>.<random>.tmp`` beside the target and renamed onto it only when complete.
+A failure, Ctrl-C or SIGTERM (the CLI turns it into an exception) removes the temporary
+file; one left by a SIGKILLed run (its pid is no longer alive) is removed by the next run
+writing the same target.  Errors about the target (a directory, a parent that is a file,
+a read-only folder) name the target, never the temporary file.
+
+Input (:func:`open_text`): UTF-8 text, a leading byte-order mark skipped (Windows tools
+write one), ``.gz`` / ``.zst`` decompressed transparently.  Undecodable bytes, a corrupt or
+truncated compressed stream and an empty file become one-line
+:class:`~kvsim.core.errors.KvsimInputError`\\ s naming the file and the line reached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import gzip
+import io
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import IO, Iterator
+
+from kvsim.core.errors import KvsimInputError
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True
+
+
+def remove_stale_temporaries(path: str | Path) -> list[Path]:
+    """Remove ``.<name>.<pid>.*.tmp`` files beside ``path`` whose writer process is gone
+    (a SIGKILLed run); returns what was removed.  Files of live processes are kept."""
+    path = Path(path)
+    removed = []
+    pattern = re.compile(r"^\." + re.escape(path.name) + r"\.(\d+)\.[^/]*\.tmp$")
+    try:
+        entries = list(path.parent.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        m = pattern.match(entry.name)
+        if m and not _pid_alive(int(m.group(1))):
+            with contextlib.suppress(OSError):
+                entry.unlink()
+                removed.append(entry)
+    return removed
+
+
+def check_output_path(path: str | Path, option: str | None = None) -> Path:
+    """Fail early (before any work) when ``path`` cannot be written: it is a directory,
+    its parent is a regular file, or its folder is not writable.  The error names the
+    target (and ``option`` when given) in one line."""
+    path = Path(path)
+    field = option
+    if path.is_dir():
+        raise KvsimInputError("expected a file path to write, got a directory", path, None,
+                              field)
+    parent = path.parent
+    for ancestor in [parent, *parent.parents]:
+        if ancestor.exists():
+            if not ancestor.is_dir():
+                raise KvsimInputError(f"cannot create the output: {ancestor} is a regular "
+                                      "file, not a folder", path, None, field)
+            if not os.access(ancestor, os.W_OK | os.X_OK):
+                raise KvsimInputError(f"cannot write the output: folder {ancestor} is not "
+                                      "writable", path, None, field)
+            break
+    return path
+
+
+#: Output formats by file name ending (docs/cli.md, "Output names").
+OUTPUT_SUFFIXES = {
+    "parquet": (".parquet",),
+    "events": (".parquet", ".jsonl", ".jsonl.gz", ".jsonl.zst"),
+    "csv": (".csv",),
+    "json": (".json",),
+    "html": (".html", ".htm"),
+    "png": (".png",),
+    "toml": (".toml",),
+}
+
+
+def check_output_dir(path: str | Path, option: str | None = None) -> Path:
+    """Fail early when folder ``path`` cannot be created or written (it is a regular
+    file, a parent is a regular file, or the nearest existing folder is read-only)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise KvsimInputError("expected a folder, got a regular file", path, None, option)
+    for ancestor in [path, *path.parents]:
+        if ancestor.exists():
+            if not ancestor.is_dir():
+                raise KvsimInputError(f"cannot create the folder: {ancestor} is a regular "
+                                      "file", path, None, option)
+            if not os.access(ancestor, os.W_OK | os.X_OK):
+                raise KvsimInputError(f"cannot write into folder {ancestor} (not "
+                                      "writable)", path, None, option)
+            break
+    return path
+
+
+def check_output_suffix(path: str | Path, kind: str, option: str | None = None) -> Path:
+    """Refuse an output name whose ending does not match the format written (``--out
+    x.csv`` for a Parquet file): kvsim never writes one format under another's name."""
+    path = Path(path)
+    allowed = OUTPUT_SUFFIXES[kind]
+    if not path.name.lower().endswith(allowed):
+        raise KvsimInputError(f"expected a name ending in {' or '.join(allowed)} (the format "
+                              f"written), got {path.name!r}", path, None, option)
+    return path
+
+
+def claim_output_dir(out_dir: str | Path, marker: str, what: str, force: bool = False,
+                     legacy: str | None = None, option: str = "--out") -> Path:
+    """Make ``out_dir`` a folder owned by kvsim (``what``, e.g. "kvsim sweep folder"):
+    new or empty folders get the ``marker`` file; a folder holding ``marker`` (or the
+    ``legacy`` entry of folders written before markers) is accepted; any other non-empty
+    folder is refused in one line (the user's own files would be replaced) unless
+    ``force``."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise KvsimInputError("expected a folder, got a regular file", out_dir, None, option)
+    if out_dir.is_dir() and not force:
+        entries = sorted(p.name for p in out_dir.iterdir())
+        ours = marker in entries or (legacy is not None and (out_dir / legacy).is_dir())
+        if entries and not ours:
+            shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+            raise KvsimInputError(f"expected an empty folder or a {what}, got a folder "
+                                  f"holding {len(entries)} other entries ({shown}); give "
+                                  "--force to write there anyway", out_dir, None, option)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if not (out_dir / marker).exists():
+            (out_dir / marker).write_text(f"{what}\n", encoding="utf-8")
+    except OSError as exc:
+        raise KvsimInputError(f"cannot write the folder ({exc.strerror})", out_dir, None,
+                              option) from None
+    return out_dir
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; rename it onto ``path`` only on success.
+
+    If the body raises (or the run is interrupted: KeyboardInterrupt, the CLI's SIGTERM
+    exception), the temporary file is removed and ``path`` is left untouched, so a failed
+    command never leaves a partial output file behind.  Stale temporaries of ``path``
+    from dead processes are removed first.
+    """
+    path = Path(path)
+    check_output_path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KvsimInputError(f"cannot create the output folder ({exc.strerror})", path) \
+            from None
+    remove_stale_temporaries(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp",
+                                   dir=path.parent)
+    except OSError as exc:
+        raise KvsimInputError(f"cannot write the output ({exc.strerror})", path) from None
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        if tmp_path.exists():  # mkstemp creates 0600; give the file the umask's usual mode
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp_path, 0o666 & ~umask)
+        try:
+            os.replace(tmp_path, path)
+        except OSError as exc:
+            raise KvsimInputError(f"cannot write the output ({exc.strerror})", path) \
+                from None
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp_path.unlink()
+        raise
+
+
+class CheckedText(io.TextIOBase):
+    """A read-only text stream whose decoding and decompression errors are one-line
+    :class:`KvsimInputError` s naming the file and the last line read, and which refuses a
+    file with no content (0 bytes, or an empty compressed stream) as ``empty file``."""
+
+    def __init__(self, raw: IO[str], path: Path, kind: str) -> None:
+        self._raw = raw
+        self._path = path
+        self._kind = kind  # "gzip", "zstandard" or ""
+        self._lines = 0
+        self._chars = 0
+
+    def _fail(self, exc: BaseException) -> KvsimInputError:
+        where = f"after line {self._lines}" if self._lines else "line 1"
+        if isinstance(exc, UnicodeDecodeError):
+            return KvsimInputError(f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x})",
+                                   self._path, f"line {self._lines + 1}")
+        if self._kind:
+            return KvsimInputError(f"not a readable {self._kind} stream (corrupt or "
+                                   f"truncated: {type(exc).__name__}: {exc})",
+                                   self._path, where)
+        return KvsimInputError(f"cannot read the file ({exc})", self._path, where)
+
+    def _checked(self, fn, *args):
+        try:
+            out = fn(*args)
+        except KvsimInputError:
+            raise
+        except (UnicodeDecodeError, EOFError, OSError, ValueError) as exc:
+            raise self._fail(exc) from None
+        except Exception as exc:  # zstandard.ZstdError and friends
+            if type(exc).__module__.startswith(("zstandard", "gzip", "zlib")):
+                raise self._fail(exc) from None
+            raise
+        if out:
+            self._chars += len(out)
+            self._lines += out.count("\n") if isinstance(out, str) else 0
+        elif not self._chars:
+            raise KvsimInputError("empty file (no content)" + (
+                f" after {self._kind} decompression" if self._kind else ""), self._path,
+                "line 1")
+        return out
+
+    def readline(self, size: int = -1) -> str:  # type: ignore[override]
+        return self._checked(self._raw.readline, size)
+
+    def read(self, size: int | None = -1) -> str:  # type: ignore[override]
+        return self._checked(self._raw.read, size)
+
+    def __iter__(self) -> Iterator[str]:
+        while True:
+            line = self.readline()
+            if not line:
+                return
+            yield line
+
+    def __next__(self) -> str:
+        line = self.readline()
+        if not line:
+            raise StopIteration
+        return line
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._raw.close()
+        super().close()
+
+
+def open_text(path: str | Path) -> IO[str]:
+    """Open a text file for reading: UTF-8 (a leading byte-order mark is skipped),
+    ``.gz`` and ``.zst`` decompressed transparently, errors as one-line
+    :class:`KvsimInputError` (see :class:`CheckedText`)."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "Is a directory (expected a file)", str(path))
+    if path.suffix == ".gz":
+        raw: IO[str] = io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig")
+        kind = "gzip"
+    elif path.suffix == ".zst":
+        import zstandard
+
+        fh = open(path, "rb")
+        reader = zstandard.ZstdDecompressor().stream_reader(fh, closefd=True)
+        raw = io.TextIOWrapper(reader, encoding="utf-8-sig")
+        kind = "zstandard"
+    else:
+        raw = open(path, encoding="utf-8-sig")
+        kind = ""
+    return CheckedText(raw, path, kind)
+
+
+def strip_compression_suffix(path: str | Path) -> str:
+    """``trace.jsonl.gz`` -> ``trace.jsonl`` (for format detection by name)."""
+    name = Path(path).name
+    for suffix in (".gz", ".zst"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name

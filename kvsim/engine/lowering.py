@@ -1,0 +1,239 @@
+"""Lowering: a Request table becomes a MemoryIntent event file (streamed, deterministic).
+
+:func:`lower_requests` prepares flat numpy arrays from the Request table, drives the
+compiled step loop (:mod:`kvsim.engine.scheduler`) chunk by chunk and streams each chunk to
+:class:`kvsim.events.EventWriter`.  Peak memory is the Request table plus one chunk of
+rows plus the hashes needed for the reuse figure, never the whole event table.
+
+Block-size mapping (trace block ``T`` tokens -> kvsim block ``B`` tokens): kvsim block
+``k`` covers tokens ``[kB, (k+1)B)``; its hash chains the previous block's hash with the
+content ids of every native block it overlaps and its start offset inside the first one
+(:func:`kvsim.ingest.hashing.chain_hash`).  So a 512-token Mooncake block ``j`` becomes
+``512/B`` blocks hashed from (parent, id ``j``, sub-offset); with ``B = 512`` each hash id
+maps to exactly one ``ALLOCATE`` row.  A block is hashed only while every token it holds is
+identified (``hashed_tokens``): Mooncake's partial last block keeps the hash its id gives
+(schema rule 4: the replay never shares it, ``kvsim inspect`` counts it); an agentic
+prompt's tail beyond its last full 64-token block has no hash.
+
+KV block budget: ``num_gpu_blocks`` (default: the replay's default HBM pool for the same
+model and hardware, :func:`kvsim.engine.engine_model.default_num_gpu_blocks`).  A request whose
+prompt alone needs more than ``num_gpu_blocks - watermark`` blocks could never be admitted:
+it is dropped before lowering (vLLM v0's ``AllocStatus.NEVER``: the scheduler ignores it
+with a warning) and counted in ``dropped_requests`` with its reason; the remaining requests
+keep dense ids in arrival order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from kvsim.core.errors import KvsimInputError
+from kvsim.engine import scheduler as S
+from kvsim.engine.engine_model import (DEFAULT_STEP_OVERHEAD_US, EngineConfig, build_cost_model,
+    resolve_num_gpu_blocks)
+from kvsim.ingest.requests import RequestTable
+from kvsim.core.schema import EventHeader, EventKind, Phase
+from kvsim.analysis.trace_summary import PrefixReuse
+from kvsim.engine.scheduler_state import new_schedule
+
+#: Rows buffered before a chunk is handed to the writer (and Parquet row-group size).
+FLUSH_ROWS = 1 << 20
+#: ``dropped_requests_by_reason`` key of a request whose prompt can never fit the budget.
+DROP_PROMPT_EXCEEDS_KV = "prompt_exceeds_kv_blocks"
+
+
+@dataclass
+class ImportSummary:
+    """What an import or generation produced (``--json`` keys, docs/cli.md)."""
+
+    out_path: str
+    format: str
+    num_requests: int
+    skipped_rows: int
+    num_events: int
+    num_steps: int
+    num_forks: int
+    block_size_tokens: int
+    model: str
+    hardware: str
+    kv_bytes_per_token: int
+    block_bytes: int
+    total_prompt_tokens: int
+    total_output_tokens: int
+    prompt_blocks: int
+    hashed_prompt_blocks: int
+    #: share of PREFILL ALLOCATE rows whose non-zero hash appeared earlier (infinite cache)
+    prefix_reuse_fraction: float
+    makespan_us: int
+    dropped_events: int = 0
+    dropped_by_type: dict[str, int] = field(default_factory=dict)
+    #: KV block budget of the scheduler and the admission watermark (0 when not lowered)
+    num_gpu_blocks: int = 0
+    watermark_blocks: int = 0
+    #: most blocks held at once by running sequences (shared full prompt blocks once)
+    max_held_blocks: int = 0
+    #: most sequences running in one step (forks included)
+    max_running_seqs: int = 0
+    #: decode sequence-steps skipped because no KV block was free
+    decode_stalls: int = 0
+    #: steps whose admissions stopped because the head request's blocks did not fit
+    admission_blocked_steps: int = 0
+    #: steps in which the oldest waiting decode was forced over the budget because no
+    #: sequence could advance (a deadlock; vLLM would preempt, and so does the replay)
+    forced_decodes: int = 0
+    #: requests never lowered, by reason (``prompt_exceeds_kv_blocks``)
+    dropped_requests: int = 0
+    dropped_requests_by_reason: dict[str, int] = field(default_factory=dict)
+
+
+def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str = "llama-3-8b",
+                   hardware: str = "h100-sxm", block_size_tokens: int = 16,
+                   max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
+                   step_overhead_us: float | None = None, kv_dtype: str | None = None,
+                   seed: int = 0, num_gpu_blocks: int | None = None,
+                   gpu_memory_utilization: float | None = None,
+                   source: dict[str, Any] | None = None,
+                   progress: Callable[[int, int], None] | None = None,
+                   flush_rows: int = FLUSH_ROWS) -> ImportSummary:
+    """Lower ``requests`` through the engine model into the event file ``out_path``.
+
+    Parquet unless ``out_path`` ends in ``.jsonl`` (``.jsonl.gz``).  ``progress(done,
+    total)`` is called after each chunk with finished requests.  Deterministic: the same
+    table and arguments give a byte-identical file.  Raises :class:`KvsimInputError` for
+    bad options (unknown model or hardware, block size not >= 1, ...).
+
+    ``num_gpu_blocks`` None = derived (``gpu_memory_utilization``, default vLLM's 0.9),
+    exactly as ``kvsim simulate`` sizes its default HBM pool.
+    """
+    from kvsim.events import EventWriter
+    from kvsim.core.fsutil import check_output_path, check_output_suffix
+
+    check_output_suffix(check_output_path(out_path, "--out"), "events", "--out")
+    extra = {} if gpu_memory_utilization is None else {
+        "gpu_memory_utilization": gpu_memory_utilization}
+    cfg = EngineConfig(block_size_tokens=block_size_tokens, max_num_seqs=max_num_seqs,
+                       max_num_batched_tokens=max_num_batched_tokens,
+                       step_overhead_us=(DEFAULT_STEP_OVERHEAD_US if step_overhead_us is None
+                                         else float(step_overhead_us)), seed=seed,
+                       num_gpu_blocks=num_gpu_blocks, **extra)
+    cost = build_cost_model(model, hardware, kv_dtype, cfg.step_overhead_us,
+                            cfg.block_size_tokens)
+    ngpu = resolve_num_gpu_blocks(cfg, cost)
+    wmark = cfg.watermark_blocks(ngpu)
+    total_requests = len(requests)
+    requests, dropped = _drop_unadmittable(requests, cfg.block_size_tokens, ngpu - wmark)
+    df = requests.df
+    N = len(df)
+    if N == 0 and total_requests:
+        raise KvsimInputError(
+            f"every one of the {total_requests:,} requests has a prompt longer than the "
+            f"scheduler's KV budget ({ngpu - wmark:,} blocks of {cfg.block_size_tokens} "
+            "tokens after the watermark), so the trace would be empty; expected a larger "
+            "--num-gpu-blocks / GPU, or shorter prompts", None, None, "num_gpu_blocks")
+    spk = df["spec_draft_tokens"].to_numpy(np.int64)
+    if N and int(spk.max()) + 1 > cfg.max_num_batched_tokens:
+        raise KvsimInputError("expected spec_draft_tokens + 1 <= --max-num-batched-tokens",
+                              None, None, "spec_draft_tokens")
+    block_bytes = cost.kv_bytes_per_token * cfg.block_size_tokens
+    header = EventHeader(block_size_tokens=cfg.block_size_tokens,
+                         kv_bytes_per_token=cost.kv_bytes_per_token, model=cost.model,
+                         hardware=cost.hardware,
+                         source={**(source or requests.source),
+                                 "engine": {"max_num_seqs": cfg.max_num_seqs,
+                                            "max_num_batched_tokens": cfg.max_num_batched_tokens,
+                                            "step_overhead_us": cfg.step_overhead_us,
+                                            "seed": cfg.seed,
+                                            "num_gpu_blocks": ngpu,
+                                            "num_gpu_blocks_given": cfg.num_gpu_blocks is not None,
+                                            "gpu_memory_utilization": cfg.gpu_memory_utilization,
+                                            "watermark_blocks": wmark,
+                                            "dropped_requests": dropped}})
+    off, ids = requests.flat_block_ids()
+    sched = new_schedule(df, off, ids, requests.block_size_tokens, cfg, cost, ngpu, wmark,
+                         flush_rows)
+    st, stf, src = sched.st, sched.stf, sched.src
+    prompt = sched.req_args[1]
+    out = sched.req_args[2]
+    # per-row lookups filled in numpy: owner table row of every sequence slot
+    rprio_tab = np.asarray(df["request_priority"].to_numpy(), dtype=np.int8)
+    tenant_tab = np.asarray(df["tenant"].to_numpy(), dtype=np.int32)
+    reuse_count = PrefixReuse()  # the one definition, shared with `kvsim inspect`
+    prompt_rows = hashed_rows = num_events = num_forks = 0
+    with EventWriter(out_path, header, row_group_rows=flush_rows) as writer:
+        while st[S.S_FINISHED] == 0:
+            n = sched.step()
+            if n == 0:
+                break
+            cols = _columns(sched.I, sched.F, n, src, N, rprio_tab, tenant_tab, block_bytes)
+            alloc = cols["kind"] == EventKind.ALLOCATE
+            is_prompt = cols["phase"][alloc] == Phase.PREFILL
+            h = cols["content_hash"][alloc]
+            prompt_rows += int(is_prompt.sum())
+            hashed_rows += int(np.count_nonzero(h[is_prompt] != 0))
+            reuse_count.add(h, is_prompt)
+            num_forks += int((cols["kind"] == EventKind.FORK).sum())
+            writer.write(cols)
+            num_events += n
+            if progress is not None:
+                progress(int(st[S.S_DONE]), N)
+    reuse = reuse_count.fraction
+    return ImportSummary(
+        out_path=str(out_path), format=str((source or requests.source).get("format", "")),
+        num_requests=N, skipped_rows=requests.skipped, num_events=num_events,
+        num_steps=int(st[S.S_STEP]), num_forks=num_forks,
+        block_size_tokens=cfg.block_size_tokens, model=cost.model, hardware=cost.hardware,
+        kv_bytes_per_token=cost.kv_bytes_per_token, block_bytes=block_bytes,
+        total_prompt_tokens=int(prompt.sum()), total_output_tokens=int(out.sum()),
+        prompt_blocks=prompt_rows, hashed_prompt_blocks=hashed_rows,
+        prefix_reuse_fraction=reuse, makespan_us=int(stf[0]),
+        num_gpu_blocks=ngpu, watermark_blocks=wmark, max_held_blocks=int(st[S.S_MAXHELD]),
+        max_running_seqs=int(st[S.S_MAXRUN]), decode_stalls=int(st[S.S_STALLS]),
+        admission_blocked_steps=int(st[S.S_BLOCKED]), forced_decodes=int(st[S.S_FORCED]),
+        dropped_requests=dropped,
+        dropped_requests_by_reason={DROP_PROMPT_EXCEEDS_KV: dropped} if dropped else {})
+
+
+def _drop_unadmittable(requests: RequestTable, block_size_tokens: int, max_prompt_blocks: int,
+                       ) -> tuple[RequestTable, int]:
+    """``requests`` without the rows whose prompt needs more than ``max_prompt_blocks``
+    blocks (never admissible), re-numbered densely in arrival order; and how many went."""
+    df = requests.df
+    nb = (df["prompt_tokens"].to_numpy(np.int64) + block_size_tokens - 1) // block_size_tokens
+    keep = nb <= max_prompt_blocks
+    dropped = int((~keep).sum())
+    if not dropped:
+        return requests, 0
+    kept = df[keep].reset_index(drop=True)
+    kept["request_id"] = np.arange(len(kept), dtype=kept["request_id"].dtype)
+    return RequestTable(df=kept, block_size_tokens=requests.block_size_tokens,
+                        skipped=requests.skipped, source=requests.source), dropped
+
+
+def _columns(I: np.ndarray, F: np.ndarray, n: int, src: np.ndarray, N: int,
+             rprio_tab: np.ndarray, tenant_tab: np.ndarray, block_bytes: int,
+             ) -> dict[str, np.ndarray]:
+    """Event columns of the first ``n`` buffered rows (dtypes of kvsim.core.schema)."""
+    cols: dict[str, np.ndarray] = {}
+    dtypes = {"step": np.int64, "time_us": np.int64, "kind": np.int8, "request_id": np.int64,
+              "block_index": np.int32, "content_hash": np.int64, "parent_request_id": np.int64,
+              "num_tokens": np.int32, "phase": np.int8, "priority": np.int8,
+              "deadline_us": np.int64, "slack_us": np.int64, "target_decode_step": np.int64}
+    for i, name in enumerate(S.INT_COLUMN_NAMES):
+        if name == "pin_requested":
+            cols[name] = I[i, :n] != 0
+        else:
+            cols[name] = I[i, :n].astype(dtypes[name])
+    cols["duration_us"] = F[S.F_DUR, :n].copy()
+    cols["recompute_cost_us"] = F[S.F_RC, :n].copy()
+    rid = cols["request_id"]
+    owner = np.where(rid >= N, src[np.clip(rid, 0, None)], rid)
+    has = owner >= 0
+    safe = np.where(has, owner, 0)
+    cols["request_priority"] = np.where(has, rprio_tab[safe] if N else 50, 50).astype(np.int8)
+    cols["tenant"] = np.where(has, tenant_tab[safe] if N else 0, 0).astype(np.int32)
+    cols["size_bytes"] = np.where(cols["block_index"] >= 0, block_bytes, 0).astype(np.int64)
+    return cols

@@ -1,0 +1,1 @@
+"""numba plumbing: the on-disk compile cache and compile-time helpers (imports no domain code)."""

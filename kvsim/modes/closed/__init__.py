@@ -1,0 +1,1 @@
+"""The closed loop: the engine's scheduler inside the replay, one engine or a routed cluster."""

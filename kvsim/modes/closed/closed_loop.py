@@ -1,0 +1,336 @@
+"""The closed loop: the engine's scheduler runs inside the replay, step by step.
+
+:func:`serve` takes a Request table (arrivals, prompts as block hashes, output lengths,
+SLOs), not an event file.  Each engine step is decided by the continuous-batching
+scheduler of :mod:`kvsim.engine.scheduler` (the same code the lowering runs) *on the replay's
+memory state*, then replayed by the policy's core (:mod:`kvsim.replay.kernel.core`, unchanged) before
+the next step is decided:
+
+1. the scheduler admits a waiting request only when its blocks fit the KV budget (the HBM
+   pool), and starts it with its cached prefix computed: the longest chain of its prompt
+   blocks in the replay's HBM prefix index (:func:`kvsim.memory.fast.pool_lookup`'s rule),
+   continued in DRAM, CXL and NVMe (vLLM v1's ``get_computed_blocks`` before
+   ``allocate_slots``; LMCache / HiCache lookups below HBM).  Only the rest is prefill work,
+   so the step's roofline time (``StepCostModel``, kvsim.engine.engine_model) counts only tokens
+   actually computed;
+2. the core places the step's rows (hits, promotions, evictions, preemptions, decision
+   log exactly as in the open-loop replay).  A promotion adds its transfer time to the
+   step (not overlapped with compute unless the transfer was hidden behind the request's
+   queueing time: docs/cost-model.md, "What overlaps what"); a block the scheduler counted
+   as cached but another admission of the same step evicted before the core placed it is
+   recomputed in that step (its prefill time is added to the step);
+3. the step's actual end (roofline + stalls + swap / preemption recompute) is the
+   scheduler's clock for the next step, so shorter steps drain the queue faster.
+
+With ``replicas > 1`` (:mod:`kvsim.modes.closed.cluster`) several such engines, each with its own
+pool and lower tiers, serve one table behind a router.
+
+Outputs say which schedule produced them: ``summary["schedule"] == "closed"`` here,
+``"recorded"`` for an event file replayed open loop (:func:`kvsim.replay.driver.simulate`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Callable
+
+import numpy as np
+
+from kvsim.core.errors import KvsimInputError
+from kvsim.memory.fast import index_keys_values
+from kvsim.engine.engine_model import EngineConfig, build_cost_model
+from kvsim.ingest.requests import RequestTable
+from kvsim.replay import layout as L
+from kvsim.modes.closed import closed_step as CS
+from kvsim.engine import scheduler as S
+from kvsim.spec.sim_config import SimConfig
+from kvsim.engine.cost_model import hbm_kv_capacity_bytes
+from kvsim.engine.scheduler_state import new_schedule
+from kvsim.replay.variants import closed_for, core_run_value
+
+NEVER = np.iinfo(np.int64).max
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """The serving engine of the closed loop (vLLM's scheduler limits)."""
+
+    block_size_tokens: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    step_overhead_us: float | None = None
+    model: str = "llama-3-8b"
+
+    def engine_config(self, num_gpu_blocks: int, seed: int) -> EngineConfig:
+        from kvsim.engine.engine_model import DEFAULT_STEP_OVERHEAD_US
+
+        return EngineConfig(block_size_tokens=self.block_size_tokens,
+                            max_num_seqs=self.max_num_seqs,
+                            max_num_batched_tokens=self.max_num_batched_tokens,
+                            step_overhead_us=(DEFAULT_STEP_OVERHEAD_US
+                                              if self.step_overhead_us is None
+                                              else float(self.step_overhead_us)),
+                            seed=seed, num_gpu_blocks=num_gpu_blocks)
+
+
+class Engine:
+    """One serving engine of the closed loop: a scheduler and a replay (``_Run``) sharing
+    the memory state.  :meth:`advance` decides and replays engine steps."""
+
+    def __init__(self, table: RequestTable, off, ids, policy, config: SimConfig,
+                 opts: EngineOptions, cost, hbm_blocks: int, costs, block_bytes: int,
+                 log_writer=None, order: np.ndarray | None = None, replica: int = 0):
+        from kvsim.replay.driver import TraceFacts, _Run
+
+        df = table.df
+        N = len(df)
+        cfg = opts.engine_config(hbm_blocks, config.seed)
+        self.cost = cost
+        self.N = N
+        wmark = cfg.watermark_blocks(hbm_blocks)
+        self.sched = new_schedule(df, off, ids, table.block_size_tokens, cfg, cost,
+                                  hbm_blocks, wmark, 1, closed=True,
+                                  priority_scheduling=config.priority_scheduling,
+                                  order=order)
+        sc = self.sched
+        B = opts.block_size_tokens
+        prompt, out = sc.req_args[1], sc.req_args[2]
+        spk = sc.req_args[11]
+        slots = len(sc.src)
+        max_blocks = int(((prompt + out + spk) // B + 2).max()) if N else 2
+        # ALLOCATE ordinals of one step (the core indexes next_use / seen by ordinal; the
+        # closed loop restarts the ordinal at every step and refills these per step)
+        # sized by every block the run can allocate: the replay bounds a lower tier's
+        # slots by this length (kvsim.replay.driver._lower_tier)
+        bound = int(((prompt + out + spk) // B + 2).sum()) + 2 * (slots - N) * max_blocks
+        self.nu = np.full(max(bound, 1 << 14), NEVER, dtype=np.int64)
+        self.seen = np.zeros(len(self.nu), dtype=np.int8)
+        self.cols = _new_cols(1 << 14)
+        self.aux = np.zeros(CS.NUM_AUX, dtype=np.int64)
+        self.insys = np.zeros(1 << 16, dtype=np.int64)
+        facts = TraceFacts(num_rows=int(prompt.sum() // B + out.sum()), first_step=0,
+                           last_step=0, max_request_id=slots - 1,
+                           max_blocks_per_request=max_blocks,
+                           max_concurrent_requests=2 * opts.max_num_seqs + 64,
+                           max_size_bytes=block_bytes, num_allocs=len(self.nu),
+                           next_use=self.nu)
+        header = SimpleNamespace(block_size_tokens=B, kv_bytes_per_token=cost.kv_bytes_per_token,
+                                 model=cost.model)
+        # the warm-up is the cluster driver's (start_measuring), not the trace pre-pass's
+        nowarm = dataclasses.replace(config, warmup_fraction=0.0, warmup_requests=None,
+                                     engine=closed_engine(config, policy, facts.num_rows))
+        self.run = _Run(policy, nowarm, header, facts, costs, block_bytes, log_writer)
+        self.run.K[L.K_WARMUP_STEP] = -1
+        # the pool's prefix index as keys and values (strided views of its one array),
+        # and the lower tiers' shared table (kvsim.replay.kernel.tiers)
+        sc.lookup = (*index_keys_values(self.run.st.hidx), self.run.T[0].L_h)
+        self.pb_off = self.pb_next = self.pb_seen = None  # set_block_facts, before advance
+        self.rprio = np.asarray(df["request_priority"].to_numpy(), dtype=np.int8)
+        self.tenant = np.asarray(df["tenant"].to_numpy(), dtype=np.int32)
+        self.block_bytes = block_bytes
+        self.replica = replica
+        # pending first tokens per step <= running sequences: never grown mid-step
+        need = 4 * (opts.max_num_seqs + 64) + 4096
+        if self.run.P.shape[0] < need:
+            self.run.P = L.grow_rows(self.run.P, need)
+        self.step_mod = closed_for(self.run.core)
+        self._args = None
+        self._core_run = None  # core.run as advance() takes it (types fixed per run)
+        # typed now: a cold compile split over processes starts core.run's compile here
+        # (kvsim.replay.precompile), before the block facts and advance compile
+        self._core_args()
+
+    def set_block_facts(self, facts_pb) -> None:
+        """The prompt-block facts :func:`prepare`'s caller computed with
+        :func:`kvsim.modes.closed.closed_facts.block_facts` (``(offsets, next_use, seen)``): needed
+        from the first :meth:`advance` on; computed after the engines are built, so that a
+        cold compile of ``core.run`` starts first."""
+        self.pb_off, self.pb_next, self.pb_seen = facts_pb
+
+    # -- state the router reads ------------------------------------------------------------
+    @property
+    def clock_us(self) -> float:
+        return float(self.sched.stf[0])
+
+    def has_work(self) -> bool:
+        st = self.sched.st
+        return st[S.S_NRUN] > 0 or st[S.S_ADMIT] < st[S.S_QN]
+
+    def outstanding(self) -> int:
+        """Requests routed here and not finished (waiting + running)."""
+        st = self.sched.st
+        return int(st[S.S_QN] - st[S.S_DONE])
+
+    def enqueue(self, r: int) -> None:
+        st = self.sched.st
+        self.sched.order[st[S.S_QN]] = r
+        st[S.S_QN] += 1
+        st[S.S_FINISHED] = 0
+
+    # -- running steps -----------------------------------------------------------------------
+    @property
+    def steps(self) -> int:
+        return int(self.aux[CS.X_NINSYS])
+
+    @property
+    def rows(self) -> int:
+        return int(self.aux[CS.X_ROWS])
+
+    @property
+    def lost_hit_tokens(self) -> int:
+        return int(self.aux[CS.X_LOST])
+
+    @property
+    def in_system(self) -> np.ndarray:
+        return self.insys[:self.steps]
+
+    def advance(self, limit_us: float = -1.0, max_steps: int = 1 << 16,
+                on_yield: Callable[[], None] | None = None) -> None:
+        """Run steps until the clock reaches ``limit_us`` (-1: until idle)."""
+        from kvsim.replay.kernel import core
+
+        run, sc = self.run, self.sched
+        while True:
+            args = self._args
+            if args is None:  # rebuilt only after a buffer changed (cheap calls per arrival)
+                args = self._args = (
+                    self.aux, self.insys, sc.ip, sc.fp, sc.st, sc.stf, *sc.req_args,
+                    *sc.slot_args, sc.order, *sc.lookup, sc.hitk, sc.adm, sc.I, sc.F,
+                    self.cols, self.rprio, self.tenant, self.block_bytes, self.pb_off,
+                    self.pb_next, self.pb_seen, *self._core_args())
+            with np.errstate(over="ignore"):  # hash mixing wraps by design (interpreted)
+                code, I, F = self.step_mod.advance(float(limit_us), max_steps, *args)
+            if I is not sc.I or F is not sc.F:
+                sc.I, sc.F = I, F
+                self._args = None
+            if code in (CS.R_LIMIT, CS.R_IDLE):
+                return
+            self._args = None
+            if code == CS.R_YIELD:
+                if self.aux[CS.X_NINSYS] >= len(self.insys):
+                    self.insys = np.concatenate([self.insys, np.zeros_like(self.insys)])
+                if on_yield is not None:
+                    on_yield()
+            elif code == CS.R_NEED_COLS:
+                cap = 2 * max(len(self.cols[0]), int(self.aux[CS.X_PENDING]))
+                self.cols = _new_cols(cap)
+                self.nu = np.full(cap, NEVER, dtype=np.int64)
+                self.seen = np.zeros(cap, dtype=np.int8)
+            elif code == CS.R_NEED_ARENA:
+                run._compact_arena()
+                need = int(self.aux[CS.X_ARENA])
+                while run.A_i.shape[0] - int(run.C[L.C_ARENA_TOP]) < need:
+                    run.A_i = L.grow_rows(run.A_i, 2 * run.A_i.shape[0])
+                    run.A_f = L.grow_rows(run.A_f, 2 * run.A_f.shape[0])
+            elif code == core.ST_NEED_REQ:
+                run._grow_requests(2 * run.R_i.shape[0])
+            elif code == core.ST_NEED_ARENA:
+                run._compact_arena()
+            elif code == core.ST_NEED_LOG:
+                run._flush_log()
+            elif code == core.ST_NEED_STEP:
+                run._flush_steps()
+            elif code == core.ST_NEED_PEND:
+                run._grow_pending()
+            else:
+                raise RuntimeError(f"closed loop: unexpected code {code}")
+
+    def _core_args(self) -> tuple:
+        """The core's state (made again on each call: after a buffer was grown or replaced)
+        and ``core.run`` as ``advance`` takes them."""
+        run = self.run
+        cr = run.core_value(self.nu, self.seen)
+        if self._core_run is None:  # buffers grow, their types do not: typed once
+            self._core_run = core_run_value(run.core, (self.cols, np.int64(0), np.int64(0),
+                                                       cr))
+        return (cr, self._core_run)
+
+    def start_measuring(self) -> None:
+        """The warm-up ends now: the core snapshots its counters at the next step (the
+        first one that can hold the first measured request), as the open-loop replay does
+        at ``K_WARMUP_STEP``."""
+        self.run.K[L.K_WARMUP_STEP] = int(self.sched.st[S.S_STEP])
+
+    def finish(self) -> None:
+        """Close the last step and flush the buffers (as ``_Run.finish``)."""
+        run, sc = self.run, self.sched
+        if run.C[L.C_NSTEP_BUF] >= run.S.shape[0]:
+            run._flush_steps()
+        run._flush_log()
+        if self.steps:
+            with np.errstate(over="ignore"):
+                self.step_mod.advance(
+                    -1.0, -1, self.aux, self.insys, sc.ip, sc.fp, sc.st, sc.stf,
+                    *sc.req_args, *sc.slot_args, sc.order, *sc.lookup, sc.hitk, sc.adm,
+                    sc.I, sc.F, self.cols, self.rprio, self.tenant, self.block_bytes,
+                    self.pb_off, self.pb_next, self.pb_seen, *self._core_args())
+        run._flush_steps()
+        run._flush_log()
+
+
+def closed_engine(config: SimConfig, policy, num_rows: int) -> str:
+    """The engine of a closed-loop run (:func:`kvsim.replay.variants.auto_engine` with the
+    closed loop's step driver counted in the cache check)."""
+    from kvsim.spec.sim_config import LOWER_TIERS
+    from kvsim.replay.driver import _resolve_policy
+    from kvsim.replay.variants import auto_engine
+
+    if config.engine != "auto":
+        return config.engine
+    lower = [_resolve_policy(config.tier_policy(t)) for t in LOWER_TIERS]
+    return auto_engine("auto", num_rows, _resolve_policy(policy), lower, closed=True)
+
+
+#: dtypes of the core's event columns (kvsim.replay.kernel.core.COLS order; kvsim.core.schema types)
+_COL_DTYPES = (np.int64, np.int64, np.int8, np.int64, np.int32, np.int64, np.int64, np.int32,
+               np.float64, np.int8, np.int8, np.int8, np.int64, np.int64, np.float64, np.int64,
+               np.bool_, np.bool_, np.int64, np.int32)
+
+
+def _new_cols(cap: int) -> tuple:
+    return tuple(np.zeros(cap, dtype=d) for d in _COL_DTYPES)
+
+
+def hbm_pool_blocks(config: SimConfig, cost) -> int:
+    """The HBM pool (and scheduler KV budget) in blocks, as the open-loop replay sizes it
+    (:func:`kvsim.replay.driver.resolve_tiers`)."""
+    blocks = config.explicit_hbm_blocks(cost.block_bytes)
+    if blocks is None:
+        blocks = hbm_kv_capacity_bytes(cost.gpu_memory_bytes, int(cost.weight_bytes),
+                                       config.gpu_memory_utilization) // cost.block_bytes
+    if blocks < 1:
+        raise KvsimInputError(f"HBM holds no KV block ({cost.block_bytes} bytes each) after "
+                              "the model weights; expected a larger GPU or --hbm-gb", None,
+                              None, "hbm")
+    return int(blocks)
+
+
+def prepare(table: RequestTable, config: SimConfig, opts: EngineOptions):
+    """(cost model, HBM blocks, tier costs, block bytes, CSR block ids, the table without
+    never-admissible requests, dropped count).  The prompt-block facts are the caller's
+    (:func:`kvsim.modes.closed.closed_facts.block_facts`, :meth:`Engine.set_block_facts`)."""
+    from kvsim.spec.hardware import load_hardware
+    from kvsim.engine.lowering import _drop_unadmittable
+    from kvsim.engine.cost_model import GB, tier_costs
+    from kvsim.spec.sim_config import LOWER_TIERS
+
+    if config.mode != "engine":
+        raise KvsimInputError("expected --mode engine with the closed-loop schedule", None,
+                              None, "--mode")
+    cost = build_cost_model(config.model or opts.model, config.hardware,
+                            step_overhead_us=opts.engine_config(1, 0).step_overhead_us,
+                            block_size_tokens=opts.block_size_tokens)
+    hbm_blocks = hbm_pool_blocks(config, cost)
+    cfg = opts.engine_config(hbm_blocks, config.seed)
+    table, dropped = _drop_unadmittable(table, opts.block_size_tokens,
+                                        hbm_blocks - cfg.watermark_blocks(hbm_blocks))
+    hw = load_hardware(config.hardware)
+    caps = {}
+    for name in LOWER_TIERS:
+        gb = getattr(config, f"{name}_gb")
+        caps[f"{name}_bytes"] = None if gb is None else int(gb * GB)
+    costs = tier_costs(hw.with_capacities(**caps), cost.block_bytes, hbm_blocks)
+    off, ids = table.flat_block_ids()
+    return cost, hbm_blocks, costs, cost.block_bytes, off, ids, table, dropped

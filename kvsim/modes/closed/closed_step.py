@@ -1,0 +1,198 @@
+"""The compiled alternation of the closed loop: scheduler step, then the core, per step.
+
+:func:`advance` runs engine steps of one replica until its clock reaches ``limit_us`` (the
+next arrival the router must place; -1 = no limit), it has no work, ``max_steps`` steps
+ran, or the core asks for a buffer (``ST_NEED_*`` of :mod:`kvsim.replay.kernel.core`: the driver,
+:class:`kvsim.modes.closed.closed_loop.Engine`, grows or flushes it and calls again, and the step
+in flight resumes at the row it stopped at).  Per step:
+
+1. :func:`kvsim.engine.scheduler.run_steps` decides one step on the replay's memory state
+   (closed-loop mode) and writes its rows to ``I``/``F``;
+2. the rows are copied into the typed event columns the core reads (``cols``, the order of
+   ``kvsim.replay.kernel.core.COLS``), with ``next_use`` / ``seen`` of each ALLOCATE row from the
+   arrival-order facts (:mod:`kvsim.modes.closed.closed_facts`);
+3. the core replays them (``core_mod.run``: placement, hits, promotions, evictions,
+   preemptions, decision log);
+4. each request admitted in the step has its cached prefix counted as prefilled; cached
+   tokens that the core did not find after all (evicted by an earlier placement of the
+   same step) are computed in this step (their prefill time is added);
+5. the step's actual end (roofline + stalls + swap / recompute) becomes the scheduler's
+   clock.
+
+Compiled once for every policy, like :mod:`kvsim.replay.kernel.core` (policies are values it passes
+through: ``pst`` and each lower tier's ``L_ps``), and cached on disk; the interpreted twin
+runs the same source (:func:`kvsim.replay.variants.closed_for`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from kvsim.replay.kernel import core as core_mod
+from kvsim.replay import layout as L
+from kvsim.engine import scheduler as S
+
+# aux (int64): step rows in flight (0 = none), row to resume at, steps recorded in insys,
+# ALLOCATE rows of the step, lost cached tokens (recomputed), event rows replayed, arena
+# rows the step's admissions need
+X_PENDING, X_RESUME, X_NINSYS, X_NALLOC, X_LOST, X_ROWS, X_ARENA = range(7)
+NUM_AUX = 7
+#: advance() results besides the core's ST_NEED_* codes (1..5)
+R_LIMIT, R_IDLE, R_YIELD, R_NEED_COLS, R_NEED_ARENA = 10, 11, 12, 13, 14
+NEVER = np.iinfo(np.int64).max
+
+
+@njit(cache=True)
+def _fill(I, F, n, cols, src, N, rprio_tab, tenant_tab, block_bytes, nu, seen, pb_off,
+          pb_next, pb_seen):
+    """Copy the step's rows into the core's typed columns; next_use / seen per ALLOCATE."""
+    (c_step, c_time, c_kind, c_req, c_bi, c_hash, c_parent, c_ntok, c_dur, c_phase, c_prio,
+     c_rprio, c_dl, c_slack, c_rcost, c_tds, c_pin, c_pfok, c_size, c_tenant) = cols
+    k = 0
+    for r in range(n):
+        rid = I[S.C_RID, r]
+        c_step[r] = I[S.C_STEP, r]
+        c_time[r] = I[S.C_TIME, r]
+        c_kind[r] = I[S.C_KIND, r]
+        c_req[r] = rid
+        c_bi[r] = I[S.C_BIDX, r]
+        c_hash[r] = I[S.C_HASH, r]
+        c_parent[r] = I[S.C_PARENT, r]
+        c_ntok[r] = I[S.C_NTOK, r]
+        c_dur[r] = F[S.F_DUR, r]
+        c_phase[r] = I[S.C_PHASE, r]
+        c_prio[r] = I[S.C_PRIO, r]
+        owner = rid
+        if rid >= N:
+            owner = src[rid]
+        if owner >= 0:
+            c_rprio[r] = rprio_tab[owner]
+            c_tenant[r] = tenant_tab[owner]
+        else:
+            c_rprio[r] = 50
+            c_tenant[r] = 0
+        c_dl[r] = I[S.C_DEADLINE, r]
+        c_slack[r] = I[S.C_SLACK, r]
+        c_rcost[r] = F[S.F_RC, r]
+        c_tds[r] = I[S.C_TARGET, r]
+        c_pin[r] = I[S.C_PIN, r] != 0
+        c_pfok[r] = True
+        c_size[r] = block_bytes if I[S.C_BIDX, r] >= 0 else 0
+        if I[S.C_KIND, r] == S.K_ALLOCATE:
+            pos = pb_off[rid] + I[S.C_BIDX, r] if 0 <= rid < N else -1
+            if pos >= 0 and pos < pb_off[rid + 1]:  # a prompt or decode block (closed_facts)
+                nu[k] = pb_next[pos]
+                seen[k] = pb_seen[pos]
+            else:
+                nu[k] = NEVER
+                seen[k] = 0
+            k += 1
+    return k
+
+
+@njit(cache=True)
+def _alloc_rows(I, n):
+    k = 0
+    for r in range(n):
+        if I[S.C_KIND, r] == S.K_ALLOCATE:
+            k += 1
+    return k
+
+
+@njit(cache=True)
+def advance(limit_us, max_steps, aux, insys,
+            ip, fp, st, stf, arr, prompt, out, ttft, tpot, nsamp, beam, rprio, cont, gap,
+            shared, spk, spp, hashed, off, ids, src, par, computed, gen, nblk, lasth, status,
+            first_us, dsteps, forked, blast, cow, run, run2, fin, nkey, priv, stall, hb, hb2,
+            rk, rv, order, phk, phv, tk, hitk, adm, I, F,
+            cols, rprio_tab, tenant_tab, block_bytes, pb_off, pb_next, pb_seen,
+            cr, core_run):
+    """Run steps (module docstring).  Returns ``(code, I, F)``: ``R_*`` or a core
+    ``ST_NEED_*`` code, and the scheduler's row buffers (it may have grown them).
+    ``core_run``: :func:`kvsim.replay.kernel.core.run` as a first-class function value
+    (:func:`kvsim.replay.variants.core_run_value`), so compiling this function calls ``run``
+    indirectly (once per engine step) instead of linking and re-optimising all of it.
+    ``cr``: the core's state (:class:`kvsim.replay.kernel.core_ref.CoreRef`; the members read here,
+    once per call: the counters, request tables, arena, pending buffer, next_use, seen)."""
+    C = cr.C
+    R_i = cr.R_i
+    P = cr.P
+    A_i = cr.A_i
+    nu = cr.next_use
+    seen = cr.seen
+    N = ip[S.P_N]
+    if max_steps < 0:  # end of the run: close the last step (core.run with i0 = -1)
+        core_run(cols, -1, 0, cr)
+        return R_IDLE, I, F
+    steps = 0
+    while True:
+        if aux[X_PENDING] == 0:
+            if limit_us >= 0 and stf[0] >= limit_us:
+                return R_LIMIT, I, F
+            if st[S.S_NRUN] == 0 and st[S.S_ADMIT] >= st[S.S_QN]:
+                return R_IDLE, I, F
+            if steps >= max_steps:
+                return R_YIELD, I, F
+            if aux[X_NINSYS] >= insys.shape[0]:
+                return R_YIELD, I, F
+            done_before = st[S.S_DONE]
+            I, F, n = S.run_steps(ip, fp, st, stf, arr, prompt, out, ttft, tpot, nsamp, beam,
+                                  rprio, cont, gap, shared, spk, spp, hashed, off, ids, src,
+                                  par, computed, gen, nblk, lasth, status, first_us, dsteps,
+                                  forked, blast, cow, run, run2, fin, nkey, priv, stall, hb,
+                                  hb2, rk, rv, order, phk, phv, tk, hitk, adm, I, F, 0)
+            if n == 0:
+                return R_IDLE, I, F
+            insys[aux[X_NINSYS]] = st[S.S_ARRIVE] - done_before
+            aux[X_NINSYS] += 1
+            aux[X_PENDING] = n
+            aux[X_RESUME] = -1  # columns not filled yet
+        n = aux[X_PENDING]
+        if aux[X_RESUME] < 0:
+            if n > cols[0].shape[0] or _alloc_rows(I, n) > nu.shape[0]:
+                return R_NEED_COLS, I, F
+            # the core's per-row room check counts a request's block-record capacity only
+            # once it has one; an admission takes max(4, prompt // B + 2) rows at once, so
+            # the whole step's admissions must fit before its rows are replayed
+            need = 64
+            for j in range(st[S.S_NADM]):
+                need += max(4, prompt[adm[j]] // ip[S.P_B] + 2) + 16
+            if C[L.C_ARENA_TOP] + need > A_i.shape[0]:
+                aux[X_ARENA] = need
+                return R_NEED_ARENA, I, F
+            aux[X_NALLOC] = _fill(I, F, n, cols, src, N, rprio_tab, tenant_tab, block_bytes,
+                                  nu, seen, pb_off, pb_next, pb_seen)
+            C[L.C_ALLOC_ORD] = 0
+            aux[X_RESUME] = 0
+        code, i = core_run(cols, aux[X_RESUME], n, cr)
+        if code != core_mod.ST_DONE:
+            aux[X_RESUME] = i
+            return code, I, F
+        # admitted this step: cached prefix counts as prefilled (step 4 of the docstring)
+        for j in range(st[S.S_NADM]):
+            c = adm[j]
+            assumed = hitk[c]
+            if assumed == 0:
+                continue
+            actual = (R_i[c, L.RI_HIT_TOK] + R_i[c, L.RI_HIT_TOK + 1]
+                      + R_i[c, L.RI_HIT_TOK + 2] + R_i[c, L.RI_HIT_TOK + 3])
+            R_i[c, L.RI_PREFILLED] += assumed
+            if actual < assumed:
+                C[L.C_STEP_EXTRA_US] += S._prefill_us(fp, actual, assumed - actual)
+                aux[X_LOST] += assumed - actual
+            if (R_i[c, L.RI_PREFILLED] >= R_i[c, L.RI_PROMPT] and R_i[c, L.RI_NOUT] == 0
+                    and R_i[c, L.RI_FT_PENDING] == 0):
+                q = int(C[L.C_NPEND])
+                P[q, 0] = c
+                P[q, 1] = 1
+                P[q, 2] = -1
+                C[L.C_NPEND] = q + 1
+                R_i[c, L.RI_FT_PENDING] = 1
+        # the scheduler already left cached tokens out of the step: no credit on top
+        C[L.C_STEP_SAVED_US] = 0.0
+        stf[0] = (C[L.C_STEP_START_US] + C[L.C_STEP_DUR_US] + C[L.C_STEP_STALL_US]
+                  + C[L.C_STEP_EXTRA_US])
+        aux[X_ROWS] += n
+        aux[X_PENDING] = 0
+        steps += 1

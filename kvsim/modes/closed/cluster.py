@@ -1,0 +1,305 @@
+"""Serve a Request table on one or more closed-loop engines behind a router.
+
+:func:`serve` is the Python API under ``kvsim simulate --requests`` / ``kvsim compare
+--profile`` (closed loop, the default wherever the input is a Request table).  Each
+replica is an :class:`kvsim.modes.closed.closed_loop.Engine` with its own HBM pool and lower
+tiers.  Time advances as a discrete-event simulation: the replica whose next step starts
+first runs it, unless a request arrives before that; an arriving request is routed at its
+arrival time, on the replicas' state at that moment.
+
+Routers (``router=``):
+
+``round_robin``
+    request ``i`` (arrival order) goes to replica ``i mod N``.
+``least_loaded``
+    the replica with the fewest outstanding requests (routed, not finished); ties: lowest
+    index.
+``session``
+    sticky sessions: the first request of a session goes to the least-loaded replica,
+    later ones to the same replica; requests without a session are least-loaded.
+``prefix``
+    KV-aware (NVIDIA Dynamo's KV router, docs/design_docs/router_design.md of
+    ai-dynamo/dynamo, with ``--kv-overlap-score-weight 1`` and ``--router-temperature 0``,
+    its defaults): for every replica ``w``,
+    ``cost_w = overlap_weight x (prompt_blocks - cached_prefix_blocks_w) + active_blocks_w``
+    where ``cached_prefix_blocks_w`` is the longest chain of the prompt's blocks cached on
+    ``w`` (HBM, then DRAM / CXL / NVMe: the admission lookup of the closed loop) and
+    ``active_blocks_w`` the blocks held by ``w``'s running sequences plus the prompt blocks
+    of requests waiting there (Dynamo's "potential active blocks" without the new request's
+    own blocks, which are the same on every replica).  The lowest cost wins; ties: fewest
+    outstanding requests, then lowest index (Dynamo samples ties at temperature 0 by
+    order).  llm-d's precise prefix-cache scorer scores the same longest consecutive
+    prefix; its load scorers play the role of ``active_blocks_w``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from kvsim.core.errors import KvsimInputError
+from kvsim.ingest.requests import RequestTable
+from kvsim.engine import scheduler as S
+from kvsim.modes.closed.closed_loop import Engine, EngineOptions, prepare
+from kvsim.spec.sim_config import SimConfig
+from kvsim.engine.scheduler_blocks import _cached_prefix
+
+ROUTERS = ("round_robin", "least_loaded", "session", "prefix")
+#: Dynamo's default ``--kv-overlap-score-weight`` (docs/router/kv_cache_routing.md).
+PREFIX_OVERLAP_WEIGHT = 1.0
+
+
+def _route(router: str, i: int, engines: list[Engine], hb: np.ndarray, nb: int,
+           prompt_tokens: int, B: int, session: int, sticky: dict, waiting_blocks) -> int:
+    n = len(engines)
+    if router == "round_robin":
+        return i % n
+    load = [e.outstanding() for e in engines]
+    if router == "session" and session >= 0 and session in sticky:
+        return sticky[session]
+    if router in ("least_loaded", "session"):
+        w = int(np.argmin(load))
+        if session >= 0:
+            sticky[session] = w
+        return w
+    best, best_key = 0, None
+    for w, e in enumerate(engines):
+        sc = e.sched
+        phk, phv, tk = sc.lookup
+        cached = _cached_prefix(hb, nb, prompt_tokens, B, sc.slot_args[20], phk, phv, tk)
+        active = int(sc.st[S.S_HELD]) + waiting_blocks[w]
+        key = (PREFIX_OVERLAP_WEIGHT * (nb - cached) + active, load[w], w)
+        if best_key is None or key < best_key:
+            best, best_key = w, key
+    return best
+
+
+def _events(table: RequestTable, block_size_tokens: int) -> int:
+    """About how many event rows the closed loop replays for ``table`` (prompt blocks plus
+    one per output token), as the engine counts them for ``auto``."""
+    df = table.df
+    return int(df["prompt_tokens"].sum() // block_size_tokens + df["output_tokens"].sum())
+
+
+def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
+          replicas: int = 1, router: str = "round_robin",
+          engine: EngineOptions | None = None, decision_log: str | Path | None = None,
+          on_progress: Callable[[int, int], None] | None = None):
+    """Serve ``table`` closed loop on ``replicas`` engines behind ``router``; returns a
+    :class:`kvsim.replay.driver.SimResult` whose ``summary`` has the cluster-wide keys of
+    docs/simulate.md and ``summary["replicas_detail"]`` one row per replica."""
+    from kvsim.modes.closed.closed_loop import closed_engine
+    from kvsim.replay.precompile import split_closed_compile
+    from kvsim.replay.driver import _describe, _resolve_policy
+
+    config = config or SimConfig()
+    opts = engine or EngineOptions()
+    if replicas < 1:
+        raise KvsimInputError(f"expected --replicas >= 1, got {replicas}", None, None,
+                              "--replicas")
+    if router not in ROUTERS:
+        raise KvsimInputError(f"expected --router {' | '.join(ROUTERS)}, got {router!r}",
+                              None, None, "--router")
+    pol = _resolve_policy(policy)
+    cost, hbm_blocks, costs, block_bytes, off, ids, table, dropped = \
+        prepare(table, config, opts)
+    cfg_dict = _describe(config, costs, block_bytes)
+    cfg_dict.update(schedule="closed", replicas=replicas, router=router,
+                    max_num_seqs=opts.max_num_seqs,
+                    max_num_batched_tokens=opts.max_num_batched_tokens,
+                    block_size_tokens=opts.block_size_tokens)
+    # a cold compiled closed loop: core.run compiles in a worker meanwhile (2+ cores)
+    with split_closed_compile(closed_engine(config, pol, _events(table,
+                                                                 opts.block_size_tokens))):
+        return _serve(table, pol, config, replicas, router, opts, decision_log, cost,
+                      hbm_blocks, costs, block_bytes, off, ids, dropped, cfg_dict,
+                      on_progress)
+
+
+def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_blocks, costs,
+           block_bytes, off, ids, dropped, cfg_dict, on_progress):
+    """:func:`serve` after its set-up: build the engines, run them, summarise."""
+    from kvsim.results.decision_log import DecisionLogWriter
+    from kvsim.modes.closed.closed_facts import block_facts, prompt_block_hashes
+    from kvsim.replay.driver import SimResult, _resolve_policy
+    from kvsim.modes.closed.serving_metrics import cluster_summary
+
+    N = len(table)
+    warmup = config.warmup_count(N)
+    writers = []
+    engines = []
+    for w in range(replicas):
+        writer = None
+        if decision_log is not None:
+            from kvsim.replay.kernel import core
+            from kvsim.spec.sim_config import LOWER_TIERS
+
+            path = Path(decision_log)
+            if replicas > 1:
+                path = path.with_name(f"{path.stem}.replica{w}{path.suffix}")
+            reasons = [pol.reasons] + [_resolve_policy(config.tier_policy(t)).reasons
+                                       for t in LOWER_TIERS]
+            writer = DecisionLogWriter(path, policy=pol.name, trace="requests",
+                                       config={**cfg_dict, "replica": w},
+                                       reasons_by_tier=reasons, why=core.WHY)
+            writer.__enter__()
+            writers.append(writer)
+        # a router's queue (arrivals appended as they come) with replicas or a warm-up
+        # (which starts at the first measured arrival); else every row preloaded
+        routed = replicas > 1 or warmup > 0
+        order = np.zeros(max(N, 1), dtype=np.int64) if routed else None
+        engines.append(Engine(table, off, ids, pol, config, opts, cost, hbm_blocks, costs,
+                              block_bytes, writer, order=order, replica=w))
+    # after the engines: building one typed core.run, so a cold compile of it has started
+    facts_pb = block_facts(table, off, ids, opts.block_size_tokens)
+    for e in engines:
+        e.set_block_facts(facts_pb)
+    try:
+        if not routed:
+            e = engines[0]
+            tick = None if on_progress is None else (
+                lambda: on_progress(int(e.sched.st[S.S_DONE]), N))
+            e.advance(-1.0, on_yield=tick)
+        else:
+            _run_cluster(table, engines, router, opts.block_size_tokens,
+                         prompt_block_hashes(table, off, ids, opts.block_size_tokens),
+                         warmup)
+        for e in engines:
+            e.finish()
+    except BaseException as exc:
+        for wr in writers:
+            wr.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    for wr in writers:
+        wr.__exit__(None, None, None)
+    start_us = float(table.df["arrival_us"].iat[warmup]) if warmup > 0 else 0.0
+    summary, requests, steps = cluster_summary(pol, engines, costs, N, router, dropped,
+                                               warmup, start_us)
+    return SimResult(pol.name, bool(pol.offline), summary, requests, steps, cfg_dict,
+                     "requests", costs, {})
+
+
+def _run_cluster(table: RequestTable, engines: list[Engine], router: str, B: int,
+                 pb: tuple[np.ndarray, np.ndarray], warmup: int = 0) -> None:
+    """Route each request at its arrival time.  Replicas interact only through the router,
+    so between two arrivals each one runs its own steps independently: before routing
+    request ``i`` every replica runs the steps that start before ``arrival_i``."""
+    df = table.df
+    arr = df["arrival_us"].to_numpy(np.int64)
+    prompt = df["prompt_tokens"].to_numpy(np.int64)
+    session = df["session"].to_numpy(np.int64)
+    pb_off, pb_hash = pb
+    N = len(df)
+    sticky: dict = {}
+    waiting_blocks = [0] * len(engines)
+    admitted = [0] * len(engines)
+    nb_all = (prompt + B - 1) // B
+    for i in range(N):
+        t = float(arr[i])
+        for w, e in enumerate(engines):
+            if e.has_work() and e.clock_us < t:
+                e.advance(t)
+            st = e.sched.st
+            for j in range(admitted[w], int(st[S.S_ADMIT])):
+                waiting_blocks[w] -= int(nb_all[e.sched.order[j]])
+            admitted[w] = int(st[S.S_ADMIT])
+        if i == warmup and warmup > 0:
+            for e in engines:
+                e.start_measuring()
+        hb = pb_hash[pb_off[i]:pb_off[i + 1]]
+        w = _route(router, i, engines, hb, int(nb_all[i]), int(prompt[i]), B,
+                   int(session[i]), sticky, waiting_blocks)
+        e = engines[w]
+        if not e.has_work() and e.clock_us < t:
+            e.sched.stf[0] = t  # an idle engine waits for its next request
+        e.enqueue(i)
+        waiting_blocks[w] += int(nb_all[i])
+    for e in engines:
+        e.advance(-1.0)
+
+
+def compare_requests(table: RequestTable, policies=None, config: SimConfig | None = None, *,
+                     replicas: int = 1, router: str = "round_robin",
+                     engine: EngineOptions | None = None, jobs: int = 1,
+                     on_progress: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """:func:`serve` under each policy (belady added as the offline bound when
+    available); one row per policy with the summary keys, plus
+    ``gap_hbm_hit_rate_to_belady``, ``gap_ttft_p99_us_to_belady`` and, when lru is listed,
+    ``ttft_p50_us_vs_lru`` / ``ttft_p99_us_vs_lru`` (this policy's minus lru's)."""
+    from kvsim.replay.driver import _resolve_policy, default_policies
+
+    names = list(policies) if policies else default_policies()
+    for n in names:
+        _resolve_policy(n)
+    run_names = list(names)
+    bound = "belady"
+    if bound not in run_names:
+        try:
+            _resolve_policy(bound)
+            run_names.append(bound)
+        except KvsimInputError:
+            bound = None
+    config = config or SimConfig()
+    opts = engine or EngineOptions()
+    from kvsim.replay.precompile import compare_engine, needs_split
+
+    # auto: one engine for every policy (kvsim.replay.precompile.compare_engine), closed loop
+    rows = _events(table, opts.block_size_tokens)
+    config = dataclasses.replace(config, engine=compare_engine(config.engine, rows,
+                                                               len(run_names), closed=True))
+    split, first, cold = needs_split(config.engine, True, run_names)
+    args = (table, config, replicas, router, engine)
+    results: dict[str, dict] = {}
+    todo = list(run_names)
+    if split:
+        # a cold compile: the core compiles here (first policy) while forked workers
+        # compile the other policies' hooks (kvsim.replay.precompile)
+        from kvsim.replay.precompile import compile_workers, first_then_hooks
+
+        results[first] = first_then_hooks(_serve_summary, (first, *args), cold,
+                                          compile_workers(jobs), closed=True, done=results)
+        for n in [first, *(n for n in todo if n in results and n != first)]:
+            if on_progress:
+                on_progress(n)
+            todo.remove(n)
+        # the replays after a cold compile use its processes (compile_workers)
+        jobs = compile_workers(jobs)
+    if jobs > 1 and len(todo) > 1:
+        from kvsim.core.workers import process_pool
+
+        with process_pool(jobs) as ex:  # workers die with this process (kvsim.core.workers)
+            futures = {n: ex.submit(_serve_summary, n, *args) for n in todo}
+            for n in todo:
+                results[n] = futures[n].result()
+                if on_progress:
+                    on_progress(n)
+    else:
+        for n in todo:
+            results[n] = _serve_summary(n, *args)
+            if on_progress:
+                on_progress(n)
+    ref = results.get(bound) if bound else None
+    base = results.get("lru")
+    nan = float("nan")
+    rows = []
+    for n in names:
+        row = dict(results[n])
+        row["ttft_p50_us_vs_lru"] = row["ttft_p50_us"] - base["ttft_p50_us"] if base else nan
+        row["ttft_p99_us_vs_lru"] = row["ttft_p99_us"] - base["ttft_p99_us"] if base else nan
+        row["gap_hbm_hit_rate_to_belady"] = (ref["hbm_hit_rate"] - row["hbm_hit_rate"]
+                                             if ref else nan)
+        row["gap_ttft_p99_us_to_belady"] = (row["ttft_p99_us"] - ref["ttft_p99_us"]
+                                            if ref else nan)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _serve_summary(name, table, config, replicas, router, engine) -> dict:
+    s = dict(serve(table, name, config, replicas=replicas, router=router,
+                   engine=engine).summary)
+    s.pop("replica_rows", None)
+    return s

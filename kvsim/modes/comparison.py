@@ -1,0 +1,180 @@
+"""``compare``: the same trace replayed under many policies, one row per policy (the
+Python API under ``kvsim compare``), with each policy's gap to the offline references
+(belady, optimal) and, in engine mode, its difference from lru.  Split from
+:mod:`kvsim.replay.driver` (one module per responsibility, each under ~600 lines)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Callable, Sequence
+
+import pandas as pd
+
+from kvsim.core.errors import KvsimInputError
+from kvsim.spec.sim_config import SimConfig
+from kvsim.replay.driver import _open, _resolve_policy, scan_trace, simulate
+
+
+_SHARED: dict = {}
+
+
+def _one(name: str) -> dict:
+    trace, config, facts = _SHARED["args"]
+    log_dir = _SHARED.get("log_dir")
+    log = None if log_dir is None or name == "optimal" else Path(log_dir) / f"{name}.parquet"
+    res = simulate(trace, name, config, decision_log=log, facts=facts,
+                   lowering=_SHARED.get("lowering"))
+    from kvsim.analysis.sweep import latency_quantiles
+
+    return {**res.summary, **latency_quantiles(res)}  # the quantiles: compare's HTML CDFs
+
+
+def default_policies() -> list[str]:
+    """Every installed policy (built-ins and entry points), sorted by name."""
+    from kvsim.policy.registry import list_policies
+
+    return [p.name for p in list_policies()]
+
+
+#: The policy the ``*_vs_lru`` columns of :func:`compare` are measured against.
+BASELINE = "lru"
+
+
+def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
+            config: SimConfig | None = None, decision_log_dir: str | Path | None = None,
+            jobs: int = 1, on_progress: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """Replay the same trace under each policy; one row per policy (columns = the stable
+    ``--json`` keys), in the order given, plus each policy's gap to the offline reference
+    (run even when not listed): in engine mode belady (``gap_*_to_belady``), in cache mode
+    ``optimal``, the exact optimum (``gap_{hbm,prefix,block}_hit_rate_to_optimal``,
+    :mod:`kvsim.bounds.optimal`); and, in engine mode, when lru is among the
+    policies, its difference from lru (``p99_step_us_vs_lru``, ``p99_step_pct_vs_lru``,
+    ``decode_critical_misses_vs_lru``: this policy's minus lru's; negative = better)."""
+    import tempfile
+
+    config = config or SimConfig()
+    cache = config.mode == "cache"
+    live = config.live_offload  # bound: optimal = Belady over live units (live_optimum)
+    names = list(policies) if policies else default_policies()
+    for n in names:
+        if n != "optimal":
+            _resolve_policy(n)  # fail fast on unknown names
+    run_names = list(names)
+    if not cache and "optimal" not in run_names:
+        run_names.append("optimal")  # the prefix-cache bound on this schedule
+    # the offline reference: cache mode's exact optimum, else belady (forced-admission MIN)
+    bound = "optimal" if (cache or live) else "belady"
+    if bound not in run_names:
+        try:
+            if not cache:
+                _resolve_policy(bound)
+            run_names.append(bound)
+        except KvsimInputError:
+            bound = None
+    tmpdir = tempfile.TemporaryDirectory(prefix="kvsim-compare-")
+    facts = None
+    if cache:
+        from kvsim.modes.cache import lower_for_cache
+
+        _SHARED["lowering"] = lower_for_cache(trace_path, config.cache_variant, tmpdir.name)
+    else:
+        with _open(trace_path) as reader:
+            bs = int(reader.header.block_size_tokens)
+        facts = scan_trace(trace_path, bs, config.batch_rows)
+    split, first, cold = False, None, []
+    if not cache and not live and facts is not None:
+        from kvsim.replay.precompile import compare_engine, needs_split
+
+        runs = sum(1 for n in run_names if n != "optimal")
+        config = dataclasses.replace(config, engine=compare_engine(config.engine,
+                                                                   facts.num_rows, runs))
+        split, first, cold = needs_split(config.engine, False, run_names)
+    _SHARED["args"] = (str(trace_path), config, facts)
+    _SHARED["log_dir"] = decision_log_dir
+    results: dict[str, dict] = {}
+    try:
+        todo = list(run_names)
+        if split:
+            # a cold compile: the core compiles here (first policy) while forked workers
+            # compile the other policies' hooks (kvsim.replay.precompile); workers forked
+            # below inherit the core and load the hooks from numba's disk cache
+            from kvsim.replay.precompile import compile_workers, first_then_hooks
+
+            results[first] = first_then_hooks(_one, (first,), cold, compile_workers(jobs),
+                                              done=results)
+            for n in [first, *(n for n in todo if n in results and n != first)]:
+                if on_progress:
+                    on_progress(n)
+                todo.remove(n)
+            # the replays after a cold compile use its processes (compile_workers)
+            jobs = compile_workers(jobs)
+        if jobs > 1 and len(todo) > 1:
+            from kvsim.core.workers import process_pool
+
+            with process_pool(jobs) as ex:  # workers die with this process (kvsim.core.workers)
+                futures = {n: ex.submit(_one, n) for n in todo}
+                for n in todo:
+                    results[n] = futures[n].result()
+                    if on_progress:
+                        on_progress(n)
+        else:
+            for n in todo:
+                results[n] = _one(n)
+                if on_progress:
+                    on_progress(n)
+    finally:
+        _SHARED.clear()
+        tmpdir.cleanup()
+    rows = []
+    ref = results.get(bound) if bound else None
+    opt = results.get("optimal")
+    base = results.get(BASELINE)
+    nan = float("nan")
+    for n in names:
+        row = dict(results[n])
+        if live:
+            row["gap_blocks_fetched_to_optimal"] = row["blocks_fetched"] + row[
+                "prefetches"] - ref["blocks_fetched"] - ref["prefetches"]
+            row["decode_critical_stalls_vs_lru"] = (
+                row["decode_critical_stalls"] - base["decode_critical_stalls"]) \
+                if base is not None else nan
+            row["tpot_p99_us_vs_lru"] = (row["tpot_p99_us"] - base["tpot_p99_us"]) \
+                if base is not None else nan
+        if cache:
+            for key in ("hbm_hit_rate", "prefix_hit_rate", "block_hit_rate"):
+                row[f"gap_{key}_to_optimal"] = (ref[key] - row[key]) if ref is not None \
+                    else nan
+            rows.append(row)
+            continue
+        if base is not None:  # the baseline every serving engine starts from
+            d = row["p99_step_us"] - base["p99_step_us"]
+            row["p99_step_us_vs_lru"] = d
+            row["p99_step_pct_vs_lru"] = 100.0 * d / base["p99_step_us"] \
+                if base["p99_step_us"] > 0 else nan
+            row["decode_critical_misses_vs_lru"] = (row["decode_critical_misses"]
+                                                   - base["decode_critical_misses"])
+        else:
+            row["p99_step_us_vs_lru"] = nan
+            row["p99_step_pct_vs_lru"] = nan
+            row["decode_critical_misses_vs_lru"] = nan
+        for key in ("hbm_hit_rate", "prefix_hit_rate"):
+            row[f"gap_{key}_to_optimal"] = (opt[key] - row[key]) if opt is not None else nan
+        if ref is not None:
+            row["gap_hbm_hit_rate_to_belady"] = ref["hbm_hit_rate"] - row["hbm_hit_rate"]
+            row["gap_prefix_hit_rate_to_belady"] = ref["prefix_hit_rate"] - row["prefix_hit_rate"]
+            row["gap_p99_step_us_to_belady"] = row["p99_step_us"] - ref["p99_step_us"]
+        else:
+            row["gap_hbm_hit_rate_to_belady"] = float("nan")
+            row["gap_prefix_hit_rate_to_belady"] = float("nan")
+            row["gap_p99_step_us_to_belady"] = float("nan")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def cpu_count() -> int:
+    return os.cpu_count() or 1
+
+
+__all__ = ["BASELINE", "compare", "cpu_count", "default_policies"]

@@ -1,0 +1,1 @@
+"""Live offload: running requests' KV spilled to lower tiers and brought back before use."""

@@ -1,0 +1,224 @@
+"""``state.i64[k]`` on a compiled :class:`kvsim.policy.hooks.StateRef` loads ONE array.
+
+Without this module numba lowers ``state.i64`` as the structref's generic ``getattr`` of the
+whole field: a tuple of 24 arrays, loaded (24 x 7 members) and reference-counted (24
+increfs, then 24 decrefs when the tuple dies), before ``[k]`` takes one of them.  LLVM
+prunes most of it afterwards, but numba's lowering, LLVM's parsing and its optimisation
+passes pay for all of it: the hooks of the built-in policies were 30.3 MB of unoptimised
+LLVM IR before this module, 13.4 MB with it, and the same optimised code
+(docs/benchmarks.md, "Cold compile": the policy state's groups as a proxy).
+
+Here ``state.<group>`` is typed as a :class:`StateGroup`: a proxy holding only the
+structref's meminfo pointer (so NRT counts it like the StateRef itself: one incref, one
+decref), and ``group[k]`` computes the address of element ``k`` inside the structref's
+payload and loads that one array (borrowed, then incref'd, as numba's tuple ``getitem``
+returns it).  Supported on a group: ``g[k]`` with a constant ``k`` (checked when the
+function compiles, negative counts from the end) or any integer ``k`` (checked at run time:
+``IndexError: tuple index out of range``, as for a tuple), ``len(g)``, and passing ``g``
+to another jitted function.  Refused with a typing error that says so: iteration,
+unpacking and slices.  Setting a field (``r.i64 = arrays`` in ``hooks._new_ref``) still
+takes numba's generic structref ``setattr``, with the field's tuple type.
+
+How the proxy wins over numba's generic structref attribute: numba tries the attribute
+templates of a type ordered by target specificity (``BaseContext.
+find_matching_getattr_template``); this one is registered for the ``"cpu"`` target, more
+specific than the structref's ``"generic"`` one, so it answers ``getattr`` first.
+``resolve_setattr`` takes the templates in registration order instead, where structref's
+own (registered with the type) comes first and gives the field's tuple type.
+"""
+
+from __future__ import annotations
+
+import operator
+
+from llvmlite import ir
+from numba.core import cgutils, errors, types
+from numba.core.datamodel import models
+from numba.core.extending import lower_builtin, lower_getattr, register_model
+from numba.core.imputils import impl_ret_borrowed, impl_ret_untracked
+from numba.core.typing.templates import (AbstractTemplate, AttributeTemplate, infer,
+                                         infer_getattr, infer_global, signature)
+
+
+class StateGroup(types.Type):
+    """The numba type of ``state.<group>`` on a compiled StateRef: the structref's meminfo,
+    standing for its field ``group`` (a ``UniTuple`` of arrays) without loading it."""
+
+    def __init__(self, ref_type: types.StructRef, group: str):
+        self.ref_type = ref_type
+        self.group = group
+        self.tuple_type = ref_type.field_dict[group]
+        self.dtype = self.tuple_type.dtype
+        self.count = self.tuple_type.count
+        super().__init__(name=f"StateRef.{group}[{self.count} x {self.dtype}]")
+
+    @property
+    def key(self):
+        return self.ref_type, self.group
+
+
+@register_model(StateGroup)
+class StateGroupModel(models.StructModel):
+    """Same layout as numba's ``StructRefModel``: one NRT meminfo pointer."""
+
+    def __init__(self, dmm, fe_type):
+        members = [("meminfo", types.MemInfoPointer(fe_type.ref_type.get_data_type()))]
+        super().__init__(dmm, fe_type, members)
+
+
+def _is_group(ref_type, attr: str) -> bool:
+    t = ref_type.field_dict.get(attr)
+    return isinstance(t, types.UniTuple) and isinstance(t.dtype, types.Array)
+
+
+def register_group_proxy(struct_typeclass, fields) -> None:
+    """Type and lower ``ref.<field>`` as a :class:`StateGroup` for each name of ``fields``
+    that is a ``UniTuple`` of arrays in a ``struct_typeclass`` instance (call once, after
+    ``structref.register(struct_typeclass)``: see the module docstring for why the order
+    matters)."""
+    fields = tuple(fields)
+
+    @infer_getattr
+    class GroupAttribute(AttributeTemplate):
+        key = struct_typeclass
+        metadata = {"target": "cpu"}  # more specific than structref's: tried first
+
+        def generic_resolve(self, typ, attr):
+            if attr in fields and _is_group(typ, attr):
+                return StateGroup(typ, attr)
+            return None
+
+    for attr in fields:
+        lower_getattr(struct_typeclass, attr)(_group_getattr(attr))
+
+
+def _group_getattr(attr: str):
+    """The lowering of ``ref.<attr>``: the proxy shares the structref's meminfo (one
+    incref)."""
+
+    def lower(context, builder, typ, val):
+        resty = StateGroup(typ, attr)
+        src = cgutils.create_struct_proxy(typ)(context, builder, value=val)
+        out = cgutils.create_struct_proxy(resty)(context, builder)
+        out.meminfo = src.meminfo
+        return impl_ret_borrowed(context, builder, resty, out._getvalue())
+
+    return lower
+
+
+def _element_ptr(context, builder, grp_t: StateGroup, grp, idx):
+    """Pointer to element ``idx`` (an ``intp`` value, in range) of the group's field
+    inside the structref's payload."""
+    proxy = cgutils.create_struct_proxy(grp_t)(context, builder, value=grp)
+    data_t = grp_t.ref_type.get_data_type()
+    alloc_t = context.data_model_manager[data_t].get_value_type()
+    data_ptr = builder.bitcast(context.nrt.meminfo_data(builder, proxy.meminfo),
+                               alloc_t.as_pointer())
+    payload = cgutils.create_struct_proxy(data_t)(context, builder, ref=data_ptr)
+    field_ptr = payload._get_ptr_by_name(grp_t.group)  # -> [count x array data]
+    return builder.gep(field_ptr, [ir.Constant(ir.IntType(32), 0), idx], inbounds=True)
+
+
+def _load(context, builder, grp_t: StateGroup, ptr):
+    """The array at ``ptr``, as a new reference.  An array's data and value
+    representations are the same LLVM struct: one aggregate load (numba's
+    ``StructModel.load_from_data_pointer`` loads and reassembles it member by member)."""
+    model = context.data_model_manager[grp_t.dtype]
+    if model.get_data_type() == model.get_value_type():
+        value = builder.load(ptr)
+    else:
+        value = model.load_from_data_pointer(builder, ptr)
+    return impl_ret_borrowed(context, builder, grp_t.dtype, value)
+
+
+# ---- typing ---------------------------------------------------------------------------
+
+def _refuse(what: str, grp: StateGroup):
+    raise errors.TypingError(
+        f"{what} of {grp.name} is not supported in compiled code: index it "
+        f"(state.{grp.group}[k], k a constant or an integer) or pass it whole to a "
+        f"jitted function")
+
+
+@infer
+class StaticGetItemGroup(AbstractTemplate):
+    """``group[3]``, ``group[-1]``: the index is checked when the function compiles."""
+    key = "static_getitem"
+
+    def generic(self, args, kws):
+        grp, idx = args
+        if not isinstance(grp, StateGroup):
+            return None
+        if isinstance(idx, slice):
+            _refuse("a slice", grp)
+        if isinstance(idx, int):
+            if not -grp.count <= idx < grp.count:
+                raise errors.NumbaIndexError(
+                    f"state.{grp.group}[{idx}]: index out of range (the group holds "
+                    f"{grp.count} arrays, kvsim.policy.api.STATE_*)")
+            return signature(grp.dtype, *args)
+        return None
+
+
+@infer_global(operator.getitem)
+class GetItemGroup(AbstractTemplate):
+    """``group[i + 1]``: any integer index, checked at run time."""
+
+    def generic(self, args, kws):
+        if len(args) != 2 or not isinstance(args[0], StateGroup):
+            return None
+        grp, idx = args
+        if isinstance(idx, types.Integer):
+            return signature(grp.dtype, grp, types.intp)
+        if isinstance(idx, (types.SliceType, types.SliceLiteral)):
+            _refuse("a slice", grp)
+        return None
+
+
+@infer
+class GetIterGroup(AbstractTemplate):
+    """Iterating a group is refused (with a message, instead of numba's generic one)."""
+    key = "getiter"
+
+    def generic(self, args, kws):
+        if len(args) == 1 and isinstance(args[0], StateGroup):
+            _refuse("iteration", args[0])
+        return None
+
+
+@infer_global(len)
+class LenGroup(AbstractTemplate):
+    def generic(self, args, kws):
+        if len(args) == 1 and isinstance(args[0], StateGroup):
+            return signature(types.intp, args[0])
+        return None
+
+
+# ---- lowering -------------------------------------------------------------------------
+
+@lower_builtin("static_getitem", StateGroup, types.IntegerLiteral)
+def _static_getitem(context, builder, sig, args):
+    grp_t = sig.args[0]
+    grp, idx = args
+    idx = idx + grp_t.count if idx < 0 else idx
+    ptr = _element_ptr(context, builder, grp_t, grp, context.get_constant(types.intp, idx))
+    return _load(context, builder, grp_t, ptr)
+
+
+@lower_builtin(operator.getitem, StateGroup, types.intp)
+def _getitem(context, builder, sig, args):
+    grp_t = sig.args[0]
+    grp, idx = args
+    n = context.get_constant(types.intp, grp_t.count)
+    idx = builder.select(builder.icmp_signed("<", idx, idx.type(0)), builder.add(idx, n), idx)
+    out_of_range = builder.or_(builder.icmp_signed("<", idx, idx.type(0)),
+                               builder.icmp_signed(">=", idx, n))
+    with builder.if_then(out_of_range, likely=False):
+        context.call_conv.return_user_exc(builder, IndexError, ("tuple index out of range",))
+    return _load(context, builder, grp_t, _element_ptr(context, builder, grp_t, grp, idx))
+
+
+@lower_builtin(len, StateGroup)
+def _len(context, builder, sig, args):
+    return impl_ret_untracked(context, builder, sig.return_type,
+                              context.get_constant(types.intp, sig.args[0].count))

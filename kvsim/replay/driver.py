@@ -1,0 +1,544 @@
+"""The replay driver: ``simulate`` (one policy) and ``compare`` (many), the Python API
+under ``kvsim simulate`` and ``kvsim compare``.
+
+It opens the event file, sizes the tiers from the hardware profile, builds the state of
+the compiled core (:mod:`kvsim.replay.kernel.core`), streams the trace through it batch by batch
+(growing or flushing buffers when the core asks), and turns the counters into metrics
+(:mod:`kvsim.replay.metrics`).
+
+Streaming: memory grows with resident blocks and live requests, and per-request and
+per-step results (the outputs themselves).  Per row, the pre-pass
+(:func:`kvsim.replay.prepass.scan_trace`) keeps one bit per ALLOCATE row (the recompute
+metric's ``seen`` flag; the set of distinct content hashes it needs lives only during the
+pre-pass).  One documented exception: an offline policy (Belady) reads ``next_use``, 8
+bytes per ALLOCATE row for the whole trace (:func:`kvsim.replay.prepass.offline_next_use`).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from kvsim.core.errors import KvsimInputError
+from kvsim.memory import fast as mem
+from kvsim.replay.kernel import core
+from kvsim.replay import layout as L
+from kvsim.spec.sim_config import LOWER_TIERS, SimConfig, resolve_engine
+from kvsim.policy.hooks import is_uniform, tier_ref, view_ref
+from kvsim.memory.pool_ref import pool_arg
+from kvsim.replay.kernel.core_ref import CoreState, core_arg
+from kvsim.replay.variants import (compiled_is_cached, core_for, interpreted, is_compiled,
+    policy_value, run_cols)
+from kvsim.replay.prepass import (SeenSet, TraceFacts, _open, full_hashes, offline_next_use,
+    release_read_buffers, scan_trace)
+from kvsim.replay.kernel.tiers import Tier, new_record_view, record_rows
+from kvsim.engine.cost_model import GB, TierCosts, cost_array, hbm_kv_capacity_bytes, tier_costs
+from kvsim.replay.metrics import request_table, step_table, summarize
+
+
+@dataclass
+class SimResult:
+    """The outcome of one replay.  ``summary`` has the stable keys of docs/simulate.md."""
+
+    policy: str
+    offline: bool
+    summary: dict
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    config: dict
+    trace: str
+    tiers: list[TierCosts] = field(default_factory=list)
+    checks: dict = field(default_factory=dict)  # with SimConfig(check_invariants=True)
+
+
+def choose_engine(engine: str, num_rows: int, policy, lower_policies) -> str:
+    """The engine a replay runs on.  ``auto``: ``compiled`` when the trace is big enough to
+    pay for a compile (:func:`kvsim.spec.sim_config.resolve_engine`, at least
+    ``AUTO_COMPILE_MIN_ROWS`` events) or when the compiled core for these policies is
+    already in the disk cache (:func:`kvsim.replay.variants.compiled_is_cached`: then it costs
+    no compile and runs ~100x faster per event), else ``interpreted``."""
+    chosen = resolve_engine(engine, num_rows)
+    if engine == "auto" and chosen != "compiled" and compiled_is_cached(policy,
+                                                                        lower_policies):
+        return "compiled"
+    return chosen
+
+
+#: Rows of the block-record arena at the start, and the least room a compaction leaves
+#: above twice the live records (it grows by doubling: :meth:`_Run._compact_arena`).
+ARENA_ROWS = 1 << 16
+ARENA_SLACK_ROWS = 1 << 12
+
+
+def _lower_slots(cap: int, max_blocks: int) -> int:
+    """Slots of a lower tier of ``cap`` blocks.  A lower tier holds hashed blocks only, at
+    most one slot per distinct hash, so it never needs more slots than the trace has
+    ALLOCATE rows (``max_blocks``): a capacity above that can never bind, and sizing the
+    arrays by it would cost gigabytes for a multi-TB NVMe tier of small blocks."""
+    return max(min(cap, max(max_blocks, 1)), 1)
+
+
+def _lower_table(slots: int) -> np.ndarray:
+    """The lower tiers' shared hash table (kvsim.replay.kernel.tiers) for ``slots`` slots in all:
+    a power of two >= 2 x slots of entries, keys (0 = empty) and values interleaved."""
+    table = 1 << max(1, int(2 * slots - 1).bit_length())
+    L_h = np.zeros(2 * table, dtype=np.int64)
+    L_h[1::2] = -1
+    return L_h
+
+
+def _lower_tier(tier: int, cap: int, policy, params: dict, max_blocks: int,
+                L_h: np.ndarray):
+    """Arrays of one lower tier (``L_h``: the table the three tiers share)."""
+    cap = min(cap, max(max_blocks, 1))
+    slots = _lower_slots(cap, max_blocks)
+    L_i = np.zeros((slots, L.NLI), dtype=np.int64)
+    L_free = np.arange(slots - 1, -1, -1, dtype=np.int64)
+    L_view = new_record_view(slots, initialise=False)  # a row per slot, written at fill
+    L_ps = policy.init(max(cap, 1), slots, dict(params))
+    Lm = np.array([tier, cap, cap, 0], dtype=np.int64)
+    return Tier(L_i, L_free, L_h, L_view, L_ps, Lm)
+
+
+def _resolve_policy(policy):
+    from kvsim.policy.registry import Policy, get_policy, load_policy_file
+
+    if isinstance(policy, Policy):
+        return policy
+    text = str(policy)
+    if text.endswith(".py"):
+        return load_policy_file(text)
+    return get_policy(text)
+
+
+def resolve_tiers(config: SimConfig, header, facts: TraceFacts) -> tuple[int, list[TierCosts]]:
+    """(block bytes, per-tier costs) from the config, the header and the hardware."""
+    from kvsim.spec.hardware import load_hardware
+
+    hw = load_hardware(config.hardware)
+    block_bytes = int(header.kv_bytes_per_token) * int(header.block_size_tokens)
+    if block_bytes <= 0:
+        block_bytes = facts.max_size_bytes
+    if block_bytes <= 0:
+        raise KvsimInputError("expected the header's kv_bytes_per_token or size_bytes on "
+                              "ALLOCATE rows to size blocks", None, None, "size_bytes")
+    hbm_blocks = config.explicit_hbm_blocks(block_bytes)
+    if hbm_blocks is None:
+        model_name = config.model or header.model
+        if not model_name:
+            raise KvsimInputError("the trace header names no model, so the HBM KV capacity "
+                                  "(GPU memory - weights) is unknown; expected --model, "
+                                  "--hbm-gb or --hbm-blocks", None, None, "model")
+        from kvsim.spec.models import load_model
+
+        weights = load_model(model_name).weights_bytes
+        hbm_blocks = hbm_kv_capacity_bytes(hw.gpu_memory_bytes, weights,
+                                           config.gpu_memory_utilization) // block_bytes
+    if hbm_blocks < 1:
+        raise KvsimInputError(f"HBM holds no KV block ({block_bytes} bytes each) after the "
+                              "model weights; expected a larger GPU or --hbm-gb", None, None,
+                              "hbm")
+    caps = {}
+    for name in LOWER_TIERS:
+        gb = getattr(config, f"{name}_gb")
+        caps[f"{name}_bytes"] = None if gb is None else int(gb * GB)
+    hw = hw.with_capacities(**caps)
+    return block_bytes, tier_costs(hw, block_bytes, hbm_blocks)
+
+
+class _Run:
+    """All state of one replay (arrays for the compiled core) plus the buffer plumbing."""
+
+    def __init__(self, policy, config: SimConfig, header, facts: TraceFacts,
+                 costs: list[TierCosts], block_bytes: int, log_writer):
+        self.policy = policy
+        self.config = config
+        self.facts = facts
+        bs = int(header.block_size_tokens)
+        params = {"seed": config.seed}
+        lower = [_resolve_policy(config.tier_policy(t)) for t in LOWER_TIERS]
+        self.lower_policies = lower
+        core_mod = core_for(policy, lower, choose_engine(config.engine, facts.num_rows,
+                                                         policy, lower))
+        hbm_blocks = costs[0].capacity_blocks
+        max_blocks = max(facts.max_blocks_per_request, 1) + 1
+        pcfg = mem.PoolConfig(num_blocks=hbm_blocks + 1, block_size_tokens=bs,
+                              max_seqs=facts.max_concurrent_requests + 8,
+                              max_blocks_per_seq=max_blocks, block_bytes=block_bytes)
+        self.st = mem.new_state(pcfg)
+        self.view = new_record_view(hbm_blocks + 1)  # one row per block (kvsim.replay.kernel.tiers)
+        hbm_state = policy.init(hbm_blocks, hbm_blocks + 1, dict(params))
+        caps = [costs[t + 1].capacity_blocks for t in range(3)]
+        table = _lower_table(sum(_lower_slots(c, facts.num_allocs) for c in caps))
+        tiers = [_lower_tier(t + 1, caps[t], lower[t], params, facts.num_allocs, table)
+                 for t in range(3)]
+        if is_compiled(core_mod):
+            odd = [p for p, s in zip([policy, *lower], [hbm_state] + [T[4] for T in tiers])
+                   if not is_uniform(s)]
+            if odd:  # njit hooks over a state of the old tuple form: run it interpreted
+                warnings.warn(f"policy {odd[0].name!r}: init() does not return a "
+                              "kvsim.policy.api.PolicyState, so the replay runs interpreted "
+                              "(docs/policies.md, 'Compiled policies')", stacklevel=2)
+                core_mod = interpreted()
+        self.core = core_mod
+        # runners-up per eviction: only the decision log reads them (fast.new_out)
+        kc = config.log_candidates if log_writer is not None else 0
+        self.out = self.core.mem.new_out(pcfg, kc)
+        self.pst = policy_value(policy, hbm_state, core_mod)
+        # compiled code takes each view as one pointer (kvsim.policy.hooks.ViewRef, same
+        # arrays); Python code (check(), the interpreted twin) keeps the BlockViews
+        vr = view_ref if is_compiled(core_mod) else (lambda v: v)
+        self.views = (self.view,) + tuple(T[3] for T in tiers)  # BlockViews, for Python
+        self.view = vr(self.view)
+        self.T = [T._replace(L_view=vr(T.L_view), L_ps=policy_value(pol, T.L_ps, core_mod))
+                  for T, pol in zip(tiers, lower)]
+        # compiled code takes each tier as one pointer (kvsim.policy.hooks.TierRef)
+        self.T_core = [tier_ref(T) for T in self.T] if is_compiled(core_mod) else self.T
+        # and the HBM pool as one pointer (kvsim.memory.pool_ref.PoolRef, same arrays)
+        self.st_core = pool_arg(self.st, is_compiled(core_mod))
+        K = np.zeros(L.NK, dtype=np.int64)
+        K[L.K_WRITE_POLICY] = {"write_back": L.WP_WRITE_BACK,
+                               "write_through": L.WP_WRITE_THROUGH,
+                               "write_through_selective": L.WP_WRITE_THROUGH_SELECTIVE}[
+            config.write_policy]
+        K[L.K_PREEMPT_SWAP] = int(config.preemption == "swap")
+        K[L.K_PRIO_SCHED] = int(config.priority_scheduling)
+        K[L.K_LOG] = int(log_writer is not None)
+        K[L.K_PREFETCH] = int(config.prefetch)
+        K[L.K_BLOCK_TOKENS] = bs
+        K[L.K_OFFLINE] = int(policy.offline)
+        # the window starts at the step the first measured request arrives in
+        K[L.K_WARMUP_STEP] = facts.warmup_step(config.warmup_count(facts.num_requests))
+        K[L.K_LOG_LIFECYCLE] = int(config.log_lifecycle)
+        self.K = K
+        self.X = cost_array(costs)
+        self.C = np.zeros(L.NC, dtype=np.float64)
+        self.C[L.C_PEND_ADMIT] = -1
+        self.C[L.C_STEP] = -1
+        self.Cw = np.zeros(L.NC, dtype=np.float64)
+        self.R_i, self.R_f = L.new_request_tables(max(facts.max_request_id + 1, 1))
+        self.A_i = np.zeros((ARENA_ROWS, L.NAI), dtype=np.int64)
+        self.A_f = np.zeros(ARENA_ROWS, dtype=np.float64)
+        self.H_i = np.zeros((hbm_blocks + 1, L.NHI), dtype=np.int64)
+        self.hbuf = np.zeros(max_blocks, dtype=np.int64)
+        self.scr = np.zeros((2, max_blocks), dtype=np.int64)
+        # the cascade's scratch rows: a record view too, so a victim is copied into it by
+        # rows (kvsim.replay.kernel.tiers.copy_row)
+        self.TMP_view = new_record_view(4)
+        self.TMP = vr(self.TMP_view)
+        # the views' rows (kvsim.replay.kernel.tiers.record_rows: the same memory, never regrown)
+        h_rows, l1_rows, l2_rows, l3_rows = (record_rows(v) for v in self.views)
+        self.rows = {"H_rows": h_rows, "TMP_rows": record_rows(self.TMP_view),
+                     "L1_rows": l1_rows, "L2_rows": l2_rows, "L3_rows": l3_rows}
+        self.TMP_i = np.zeros((4, 3), dtype=np.int64)
+        cap = (1 << 16) if log_writer is not None else 1
+        self.G = (np.zeros((cap, L.NGI), dtype=np.int64), np.zeros((cap, L.NGF)),
+                  np.zeros((cap, max(kc, 1), L.NCI), dtype=np.int64),
+                  np.zeros((cap, max(kc, 1), L.NCF)))
+        self.S = np.zeros((1 << 15, L.NS), dtype=np.float64)
+        self.P = np.zeros((4096, 3), dtype=np.int64)
+        self.running = np.zeros(facts.max_concurrent_requests + 64, dtype=np.int64)
+        self.alt_b = np.zeros(kc, dtype=np.int64)
+        self.alt_s = np.zeros(kc, dtype=np.float64)
+        self.vo = np.zeros(4, dtype=np.int64)
+        self.log_writer = log_writer
+        self.step_chunks: list[np.ndarray] = []
+        self.last_batch: tuple | None = None
+        self.block_tokens = bs
+        # seen flags: 1 bit per ALLOCATE row from the pre-pass, else a set kept here
+        self.seen = SeenSet() if facts.seen_bits is None else None
+        self.alloc_base = 0  # ALLOCATE rows replayed before the current batch
+        self.no_next = np.zeros(0, dtype=np.int64)
+        self.no_seen = np.zeros(0, dtype=np.int8)
+
+    # -- buffer plumbing ------------------------------------------------------------------
+    def _flush_steps(self) -> None:
+        k = int(self.C[L.C_NSTEP_BUF])
+        if k:
+            self.step_chunks.append(self.S[:k].copy())
+            self.C[L.C_NSTEP_BUF] = 0
+
+    def _flush_log(self) -> None:
+        k = int(self.C[L.C_NLOG])
+        if k and self.log_writer is not None:
+            self.log_writer.write_buffer(self.G, k)
+        self.C[L.C_NLOG] = 0
+        need = int(16 * self.C[L.C_MAX_BT] + 8192)
+        if self.G[0].shape[0] < need:
+            kc = self.G[2].shape[1]
+            self.G = (np.zeros((need, L.NGI), dtype=np.int64), np.zeros((need, L.NGF)),
+                      np.zeros((need, kc, L.NCI), dtype=np.int64), np.zeros((need, kc, L.NCF)))
+
+    def _grow_pending(self) -> None:
+        if self.C[L.C_NPEND] >= self.P.shape[0]:
+            self.P = L.grow_rows(self.P, 2 * self.P.shape[0])
+        if self.C[L.C_NRUN] >= self.running.shape[0] - 1:
+            self.running = L.grow_rows(self.running, 2 * self.running.shape[0])
+
+    def _compact_arena(self) -> None:
+        """Pack the block records of live requests at the arena start; grow if needed.
+
+        In place when the arena is big enough (every compaction of the Mooncake 16-token
+        import: 131 of them), into new arrays only when it grows: a fresh arena of 262,144
+        rows is 31 MiB of new pages for the core to fault in, ~4 GiB over that replay.
+        The rows above the packed ones are left as they are: the core writes every field
+        of a record before it reads it (the ALLOCATE row, a fork's copy, _grow_records)."""
+        R_i = self.R_i
+        live = np.flatnonzero((R_i[:, L.RI_STATE] == L.RS_RUNNING) |
+                              (R_i[:, L.RI_STATE] == L.RS_PREEMPTED))
+        live = live[np.argsort(R_i[live, L.RI_BT_START], kind="stable")]
+        caps = R_i[live, L.RI_BT_CAP]
+        used = int(caps.sum())
+        size = self.A_i.shape[0]
+        need = int(self.C[L.C_ARENA_NEED])  # what the core asked room for
+        while size < max(2 * used + 4 * int(caps.max(initial=0)) + ARENA_SLACK_ROWS,
+                         used + need):
+            size *= 2
+        if size == self.A_i.shape[0]:
+            new_i, new_f = self.A_i, self.A_f
+        else:
+            new_i = np.zeros((size, L.NAI), dtype=np.int64)
+            new_f = np.zeros(size, dtype=np.float64)
+        starts = np.concatenate(([0], np.cumsum(caps)[:-1])) if len(live) else caps
+        if len(live):
+            src = np.repeat(R_i[live, L.RI_BT_START] - starts, caps) + np.arange(used)
+            new_i[:used] = self.A_i[src]  # the right side is a copy: safe in place too
+            new_f[:used] = self.A_f[src]
+            R_i[live, L.RI_BT_START] = starts
+        self.A_i, self.A_f = new_i, new_f
+        self.C[L.C_ARENA_TOP] = used
+
+    def _grow_requests(self, top: int) -> None:
+        if top < self.R_i.shape[0]:
+            return
+        n = max(top + 1, 2 * self.R_i.shape[0])
+        ri, rf = L.new_request_tables(n)
+        ri[: self.R_i.shape[0]] = self.R_i
+        rf[: self.R_f.shape[0]] = self.R_f
+        self.R_i, self.R_f = ri, rf
+
+    # -- the loop -------------------------------------------------------------------------
+    def core_state(self, next_use: np.ndarray, seen: np.ndarray) -> CoreState:
+        """The core's state as it is now (:class:`kvsim.replay.kernel.core_ref.CoreState`: this
+        run's current arrays, not copies), with the batch's ``next_use`` and ``seen``."""
+        T1, T2, T3 = self.T_core
+        return CoreState(K=self.K, X=self.X, C=self.C, Cw=self.Cw, R_i=self.R_i, R_f=self.R_f,
+                         A_i=self.A_i, A_f=self.A_f, H_i=self.H_i, st=self.st_core,
+                         out=self.out, hbuf=self.hbuf, scr=self.scr, pst=self.pst,
+                         H_view=self.view, T1=T1, T2=T2, T3=T3, TMP=self.TMP, TMP_i=self.TMP_i,
+                         G=self.G, S=self.S, P=self.P, running=self.running,
+                         next_use=next_use, seen=seen, alt_b=self.alt_b, alt_s=self.alt_s,
+                         vo=self.vo, **self.rows)
+
+    def core_value(self, next_use: np.ndarray, seen: np.ndarray):
+        """What ``core.run`` takes as its state: :meth:`core_state` as one
+        :class:`kvsim.replay.kernel.core_ref.CoreRef` (compiled) or as it is (interpreted).  Made
+        again after any buffer is grown or replaced (the core reads the members anew on
+        each call)."""
+        return core_arg(self.core_state(next_use, seen), is_compiled(self.core))
+
+    def feed(self, cols: dict) -> None:
+        batch = run_cols(tuple(cols[name] for name in core.COLS))  # one type of run
+        n = len(batch[0])
+        if n == 0:
+            return
+        self.last_batch = batch  # finish() passes it again: same types, same compiled run
+        self._grow_requests(int(max(cols["request_id"].max(), cols["parent_request_id"].max())))
+        # The core reads seen[o] and next_use[o] at ALLOCATE ordinal o = C[C_ALLOC_ORD]; it is
+        # run with batch-local arrays and ordinals (C_ALLOC_ORD counts from 0 in each batch),
+        # so no whole-trace array is needed.  next_use values stay global ordinals.
+        hashes = full_hashes(cols, self.block_tokens)
+        m = hashes.shape[0]
+        base = self.alloc_base
+        seen = self.seen.mark(hashes) if self.seen is not None else \
+            self.facts.seen_at(base, m)
+        next_use = self.facts.next_use[base:base + m] if self.policy.offline else self.no_next
+        self.C[L.C_ALLOC_ORD] = 0
+        i = 0
+        while True:
+            cr = self.core_value(next_use, seen)  # again after a buffer was grown
+            with np.errstate(over="ignore"):  # hash mixing wraps by design (interpreted)
+                status, i = self.core.run(batch, i, n, cr)
+            if status == core.ST_DONE:
+                if int(self.C[L.C_ALLOC_ORD]) != m:
+                    raise RuntimeError(f"the core replayed {int(self.C[L.C_ALLOC_ORD])} "
+                                       f"ALLOCATE rows of a batch holding {m}")
+                self.alloc_base = base + m
+                self.C[L.C_ALLOC_ORD] = self.alloc_base
+                return
+            if status == core.ST_NEED_REQ:
+                self._grow_requests(int(max(batch[3][i], batch[6][i])))
+            elif status == core.ST_NEED_ARENA:
+                self._compact_arena()
+            elif status == core.ST_NEED_LOG:
+                self._flush_log()
+            elif status == core.ST_NEED_STEP:
+                self._flush_steps()
+            elif status == core.ST_NEED_PEND:
+                self._grow_pending()
+
+    def finish(self) -> None:
+        if self.C[L.C_NSTEP_BUF] >= self.S.shape[0]:
+            self._flush_steps()
+        self._flush_log()
+        if self.last_batch is not None:  # else no row was replayed: nothing to close
+            with np.errstate(over="ignore"):  # run(i0=-1): end of trace (core.run)
+                self.core.run(self.last_batch, -1, 0,
+                              self.core_value(self.no_next, self.no_seen))
+        self._flush_steps()
+        self._flush_log()
+
+    def check(self) -> dict:
+        """Invariants after the replay: the HBM pool's (kvsim.memory.fast.pool_check), each
+        lower tier's (kvsim.replay.kernel.tiers.check_tier), and no tier above its capacity."""
+        from kvsim.replay.kernel.tiers import check_tier
+
+        code = int(self.core.mem.pool_check(self.st_core))
+        out = {"pool_check": code, "pool_ok": code == 0}
+        for T, v in zip(self.T, self.views[1:]):
+            check_tier(T[:3] + (v, 0) + T[5:])  # the BlockView; the policy value (T[4]) is
+            # not checked here, and the interpreted engine's (Python functions) has no type
+        cap = [self.st.cfg[mem.F_NUM_BLOCKS] - 1] + [int(T[5][L.LM_CAP]) for T in self.T]
+        out["peak_within_capacity"] = all(self.C[L.C_PEAK + t] <= cap[t] for t in range(4))
+        out["held_blocks"] = int(self.st.sc[mem.S_N_HELD])
+        out["running"] = int(self.C[L.C_NRUN])
+        return out
+
+    def steps(self) -> np.ndarray:
+        if not self.step_chunks:
+            return np.zeros((0, L.NS))
+        return np.concatenate(self.step_chunks)
+
+
+def _describe(config: SimConfig, costs: list[TierCosts], block_bytes: int) -> dict:
+    d = config.to_dict()
+    d["block_bytes"] = block_bytes
+    for c in costs:
+        d[f"{c.name}_capacity_blocks"] = c.capacity_blocks
+    return d
+
+
+def simulate(trace_path: str | Path, policy, config: SimConfig | None = None,
+             decision_log: str | Path | None = None, *, facts: TraceFacts | None = None,
+             on_progress: Callable[[int, int], None] | None = None,
+             lowering=None) -> SimResult:
+    """Replay ``trace_path`` under HBM policy ``policy`` (a name, a ``.py`` file or a
+    :class:`kvsim.policy.registry.Policy`).  Writes the decision log to ``decision_log``
+    (Parquet) when given.  Same inputs => identical result.
+
+    ``config.mode == "cache"``: the requests of the trace are replayed one at a time in
+    arrival order (:func:`kvsim.modes.cache.simulate_cache`; ``lowering`` is a
+    :class:`kvsim.engine.serial_lowering.CacheLowering` made once for many policies)."""
+    config = config or SimConfig()
+    if config.mode == "cache":
+        from kvsim.modes.cache import simulate_cache
+
+        return simulate_cache(trace_path, policy, config, decision_log, lowering=lowering,
+                              on_progress=on_progress)
+    if config.live_offload:  # running requests' blocks may be spilled (kvsim.modes.live.live_offload)
+        from kvsim.modes.live.live_offload import simulate_live
+
+        return simulate_live(trace_path, policy, config, decision_log, facts)
+    if policy == "optimal":  # the offline bound on this schedule (kvsim.bounds.optimal)
+        from kvsim.bounds.optimal import engine_bound
+
+        return engine_bound(trace_path, config, facts)
+    pol = _resolve_policy(policy)
+    ex = execute(trace_path, pol, config, decision_log, facts, on_progress)
+    facts = ex.facts
+    warm = ex.run.C[L.C_WARM_DONE] != 0
+    warmup = config.warmup_count(facts.num_requests)
+    measured = facts.measured_requests(warmup) if warmup > 0 else None
+    summary = summarize(pol.name, pol.offline, ex.run.C, ex.run.Cw if warm else None,
+                        measured, int(ex.run.K[L.K_WARMUP_STEP]), ex.steps, ex.requests,
+                        ex.costs, facts.num_rows, block_size_tokens=ex.block_size_tokens,
+                        mode=config.mode, warmup_requests=warmup)
+    summary["schedule"] = "recorded"  # the event file's steps, replayed open loop
+    return SimResult(pol.name, bool(pol.offline), summary, ex.requests, ex.steps,
+                     ex.config, str(trace_path), ex.costs, ex.checks)
+
+
+@dataclass
+class Execution:
+    """A finished replay before its summary: the core's state and the tables."""
+
+    run: _Run
+    facts: TraceFacts
+    steps: pd.DataFrame
+    requests: pd.DataFrame
+    costs: list[TierCosts]
+    config: dict
+    block_size_tokens: int
+    checks: dict
+
+
+def execute(trace_path: str | Path, pol, config: SimConfig,
+            decision_log: str | Path | None = None, facts: TraceFacts | None = None,
+            on_progress: Callable[[int, int], None] | None = None) -> Execution:
+    """Stream ``trace_path`` through the replay core under policy ``pol`` (resolved)."""
+    from kvsim.results.decision_log import DecisionLogWriter
+
+    with _open(trace_path) as reader:
+        header = reader.header
+    bs = int(header.block_size_tokens)
+    if facts is None:
+        facts = scan_trace(trace_path, bs, config.batch_rows)
+    if pol.offline and facts.next_use is None:  # kept on facts: later policies reuse it
+        facts.next_use = offline_next_use(trace_path, bs, facts.num_allocs, config.batch_rows)
+    block_bytes, costs = resolve_tiers(config, header, facts)
+    cfg_dict = _describe(config, costs, block_bytes)
+    writer = None
+    if decision_log is not None:
+        reasons = [pol.reasons] + [_resolve_policy(config.tier_policy(t)).reasons
+                                   for t in LOWER_TIERS]
+        writer = DecisionLogWriter(decision_log, policy=pol.name, trace=str(trace_path),
+                                   config=cfg_dict, reasons_by_tier=reasons,
+                                   why=core.WHY)
+    run = _Run(pol, config, header, facts, costs, block_bytes, writer)
+    done = 0
+    try:
+        if writer is not None:
+            writer.__enter__()
+        with _open(trace_path) as reader:
+            # the next batch is read while the core (no GIL) replays this one
+            for cols in reader.batches(config.batch_rows, read_ahead=True):
+                run.feed(cols)
+                done += len(cols["kind"])
+                if on_progress is not None:
+                    on_progress(done, facts.num_rows)
+        release_read_buffers()  # the pass's decoded batches, before the outputs (prepass.py)
+        run.finish()
+        run.seen = None  # the outputs do not need it (when kept): freed before they are built
+    except BaseException as exc:
+        if writer is not None:
+            writer.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    if writer is not None:
+        writer.__exit__(None, None, None)
+    checks = run.check() if config.check_invariants else {}
+    steps = step_table(run.steps(), block_bytes)
+    requests = request_table(run.R_i, run.R_f, facts.max_request_id + 1)
+    return Execution(run, facts, steps, requests, costs, cfg_dict, bs, checks)
+
+
+def compare(*args, **kwargs) -> pd.DataFrame:
+    """:func:`kvsim.modes.comparison.compare` (kept here for callers of this module)."""
+    from kvsim.modes.comparison import compare as _compare
+
+    return _compare(*args, **kwargs)
+
+
+def default_policies() -> list[str]:
+    """:func:`kvsim.modes.comparison.default_policies`."""
+    from kvsim.modes.comparison import default_policies as _default
+
+    return _default()
+
+
+__all__ = ["SimResult", "TraceFacts", "compare", "scan_trace", "simulate", "default_policies"]

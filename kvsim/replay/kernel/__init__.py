@@ -1,0 +1,1 @@
+"""The compiled replay core: tier state, placement, spills and bookkeeping (numba code only)."""

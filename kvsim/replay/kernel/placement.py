@@ -1,0 +1,399 @@
+"""Placement of a request's blocks in HBM: the prefix lookup (HBM, then the chain continued
+in the lower tiers), allocation with preemption, promotions, recomputation, write-through,
+release at FREE and the caching of a block once it is full.
+
+Called by the replay loop, :func:`kvsim.replay.kernel.core.run` (split from :mod:`kvsim.replay.kernel.core`
+to keep each module under ~600 lines; compiled with it, once for every policy, and run by
+its interpreted twin the same way: :func:`kvsim.replay.variants.interpreted`).  The rules are
+written out in docs/simulate.md and docs/cost-model.md.  The reason codes ``W_*`` index
+:data:`kvsim.replay.kernel.core.WHY`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from kvsim.memory import fast as mem
+from kvsim.memory import pool_ops as ops
+from kvsim.replay.kernel import spill as lower
+from kvsim.replay.kernel import tier_ops
+from kvsim.replay.kernel import tiers as tr
+from kvsim.jit.prefetch import prefetch
+from kvsim.replay.kernel.bookkeeping import _peak, _pick_victim, _run_remove, _set_view_from_record
+from kvsim.replay.layout import (AI_FULL_HASH, AI_HASH, AI_PFOK, AI_SEEN, AI_SIZE, AI_TOKENS,
+    C_HBM_USED, C_STEP, C_STEP_EXTRA_US, C_STEP_STALL_US, C_STEP_START_US, HI_BI, HI_HITS,
+    HI_OWNER, HI_TOKENS, K_BLOCK_TOKENS, K_LOG, K_LOG_LIFECYCLE, K_PREEMPT_SWAP, K_PREFETCH,
+    K_PRIO_SCHED, K_WRITE_POLICY, M_ALLOC_BLK, M_BYTES_UP, M_DC_MISS, M_FIRST_TOK, M_HIT_BLK,
+    M_HIT_TOK, M_LOOKUP_BLK, M_LOOKUP_TOK, M_OVERFLOW, M_PREEMPT_RECOMP_TOK, M_PREEMPTIONS,
+    M_PREFETCH, M_PREFETCH_USEFUL, M_PROMOTE, M_RECOMP_TOK, M_STALL_US, M_SWAP_IN_BYTES,
+    M_SWAP_OUT_BYTES, RF_CREDIT_US, RF_PF_BUDGET_US, RF_STALL_US, RI_BOUND, RI_BT_LEN,
+    RI_BT_START, RI_DC_MISS, RI_HIT_TOK, RI_LATMASK, RI_LOOKUP_TOK, RI_PREEMPTS, RI_PROMPT,
+    RI_RECOMP_TOK, RI_SEQ, RI_STATE, RS_PREEMPTED, RS_RUNNING, WP_WRITE_BACK, X_DOWN_BYTES_PER_US,
+    X_DOWN_LAT_US, X_UP_BYTES_PER_US, X_UP_LAT_US)
+
+# Phase / Priority values used here (kvsim.core.schema)
+PH_PREFILL, PH_DECODE, PH_VERIFY = 0, 1, 2
+PR_DECODE_CRITICAL = 3
+# Action values (kvsim.results.log_schema.Action)
+A_EVICT, A_DEMOTE, A_PROMOTE, A_PREFETCH, A_RECOMPUTE, A_WRITE_THROUGH, A_PREEMPT = range(7)
+A_ALLOCATE, A_HIT, A_RELEASE, A_REVIVE, A_FREE = 10, 11, 12, 13, 14
+
+W_PROMOTE, W_PREFETCH, W_RECOMP, W_RECOMP_RERUN, W_WT, W_WTS, W_PRE_LAST, W_PRE_PRIO = range(8)
+W_SWAP_IN, W_ALLOC, W_HIT, W_RELEASE, W_REVIVE, W_FREE, W_PROMOTE_RERUN, W_BACKED = range(8, 16)
+W_COW = 16
+assert (lower.A_EVICT, lower.A_DEMOTE, lower.A_WRITE_THROUGH, lower.W_WT, lower.W_WTS,
+        lower.W_BACKED, lower.PR_DECODE_CRITICAL) == (A_EVICT, A_DEMOTE, A_WRITE_THROUGH, W_WT,
+                                                      W_WTS, W_BACKED, PR_DECODE_CRITICAL)
+
+NEVER = np.iinfo(np.int64).max
+
+MODE_ADMIT = 0
+MODE_RERUN = 1
+MODE_APPEND = 2
+
+
+
+# Functions only the compiled loop calls are compiled without the CPython and C-callable
+# wrappers numba builds by default: their argument lists are dozens of arrays, and boxing
+# code for them was ~17 % of the compile (cProfile of a cold compile: 39 + 9 of 279 s).
+# One rule drops them for every function of the core, pool and tier modules but the
+# replay's entry points, and compiles those functions linked-only: kvsim.jit.disk_cache.seal
+# and its PYTHON_CALLED and FIRST_CLASS lists.
+#
+# Constant arguments are passed as ``np.int64(...)`` (and ``not cap3`` for False): numba
+# specialises a callee on the literal value of a constant argument, so ``_place(r, 0, ...,
+# MODE_ADMIT)`` and ``_place(r, e, 1, MODE_APPEND)`` were three separate compilations of
+# the biggest function after ``run`` (and two of ``_allocate``, ``pool_ops.allocate``,
+# ``spill._hbm_evicted``, three of ``spill_into``): ~25 of ~120 CPU-s per policy.
+#
+# Array copies are element loops: a row or slice assignment (``Cw[:] = C[:]``) pulls in
+# numba's shape-mismatch error path (string-formatting overloads that numba never caches
+# on disk, ~4 CPU-s in every process that compiles a new core).
+
+# ---------------------------------------------------------------------------------------
+# HBM: allocation with preemption, placement of a request's blocks
+# ---------------------------------------------------------------------------------------
+
+@njit(cache=True)
+def _preempt(v, cr, step, now_us):
+    K = cr.K
+    X = cr.X
+    C = cr.C
+    R_i = cr.R_i
+    A_i = cr.A_i
+    st = cr.st
+    pst = cr.pst
+    view = cr.H_view
+    running = cr.running
+    G = cr.G
+    seq = R_i[v, RI_SEQ]
+    for e in range(st.seq_len[seq]):  # per-request recency: its blocks were in use until now
+        view.last_access_us[st.tables[seq, e]] = now_us
+    n = ops.preempt(st, pst, view, seq, K[K_PREEMPT_SWAP], now_us)
+    start = R_i[v, RI_BT_START]
+    nbytes = 0
+    for e in range(R_i[v, RI_BT_LEN]):
+        nbytes += A_i[start + e, AI_SIZE]
+    C[C_HBM_USED] = st.sc[mem.S_N_HELD]
+    cost = 0.0
+    if K[K_PREEMPT_SWAP] != 0:
+        C[M_SWAP_OUT_BYTES] += nbytes
+        cost = X[1, X_DOWN_LAT_US] + nbytes / X[1, X_DOWN_BYTES_PER_US]
+        C[C_STEP_EXTRA_US] += cost
+    _run_remove(running, C, v)
+    R_i[v, RI_STATE] = RS_PREEMPTED
+    R_i[v, RI_PREEMPTS] += 1
+    C[M_PREEMPTIONS] += 1
+    if K[K_LOG] != 0:
+        tr.log_row(G, C, step, now_us, A_PREEMPT, 0, v, -1, 0,
+                   1 if K[K_PREEMPT_SWAP] != 0 else -1,
+                   nbytes if K[K_PREEMPT_SWAP] != 0 else 0, cost, R_i[v, RI_BOUND] != 0, -1,
+                   W_PRE_PRIO if K[K_PRIO_SCHED] != 0 else W_PRE_LAST)
+    return n
+
+
+@njit(cache=True)
+def _allocate(r, n, num_tokens, cr, step, now_us):
+    """pool_allocate, preempting other running requests until it fits.  -1: it cannot fit
+    even alone (HBM smaller than the request)."""
+    C = cr.C
+    R_i = cr.R_i
+    st = cr.st
+    pst = cr.pst
+    view = cr.H_view
+    out = cr.out
+    hbuf = cr.hbuf
+    seq = R_i[r, RI_SEQ]
+    while True:
+        k = ops.allocate(st, pst, view, seq, hbuf, n, num_tokens, now_us, out)
+        if k >= 0:
+            C[C_HBM_USED] = st.sc[mem.S_N_HELD]
+            _peak(C, 0, C[C_HBM_USED])
+            return k
+        v = _pick_victim(cr.running, C, R_i, r, cr.K[K_PRIO_SCHED] != 0)
+        if v < 0:
+            return -1
+        _preempt(v, cr, step, now_us)
+
+
+@njit(cache=True)
+def _place(r, e0, nb, mode, cr):
+    """Put blocks ``e0 .. e0+nb-1`` of request ``r`` (its records) into HBM.
+
+    MODE_ADMIT: the prompt at admission (prefix lookup in HBM, then the chain continued in
+    the lower tiers, then compute).  MODE_RERUN: a preempted request resumes (its whole
+    table).  MODE_APPEND: one new block (decode) with no lookup.  ``cr``: the core's state
+    (:class:`kvsim.replay.kernel.core_ref.CoreRef`), its members read once here."""
+    K = cr.K
+    X = cr.X
+    C = cr.C
+    R_i = cr.R_i
+    R_f = cr.R_f
+    A_i = cr.A_i
+    A_f = cr.A_f
+    H_i = cr.H_i
+    st = cr.st
+    out = cr.out
+    hbuf = cr.hbuf
+    scr = cr.scr
+    pst = cr.pst
+    view = cr.H_view
+    G = cr.G
+    step = int(C[C_STEP])
+    now_us = C[C_STEP_START_US]
+    bs = K[K_BLOCK_TOKENS]
+    base = R_i[r, RI_BT_START] + e0
+    ntok_total = 0
+    for e in range(nb):
+        hbuf[e] = A_i[base + e, AI_HASH]
+        ntok_total += A_i[base + e, AI_TOKENS]
+    if mode == MODE_ADMIT:
+        num_tokens = R_i[r, RI_PROMPT]
+    elif mode == MODE_RERUN:
+        num_tokens = ntok_total + 1  # every full block may hit
+    else:
+        num_tokens = 0
+    # 1. the chain in HBM, then continued below (not for appended blocks)
+    n_hbm = 0
+    k = 0
+    if mode != MODE_APPEND:
+        n_hbm = mem.pool_lookup(st, hbuf, nb, num_tokens, out.blocks)
+        limit = min(nb, (num_tokens - 1) // bs) if num_tokens > 0 else 0
+        k = n_hbm
+        LH = cr.T1.L_h  # the lower tiers' shared table (kvsim.replay.kernel.tiers)
+        m = (LH.shape[0] >> 1) - 1  # entries - 1 (tiers.hash_slot)
+        while k < limit and hbuf[k] != 0:
+            f = k + lower.PREFETCH_AHEAD  # a later block's probe, requested now
+            if f < limit:
+                prefetch(LH, 2 * (((hbuf[f] * tr._FIB) >> 32) & m))  # as tiers.hash_slot
+            v = tr.lower_find(LH, hbuf[k])  # slot * 4 + tier, or -1
+            if v < 0:
+                break
+            t = v & 3
+            s = v >> 2
+            scr[0, k] = t
+            scr[1, k] = s
+            k += 1
+    # 2. room in HBM (preempting others if needed)
+    n_hit = _allocate(r, nb, num_tokens, cr, step, now_us)
+    if n_hit < 0:
+        C[M_OVERFLOW] += nb
+        return -1
+    if k < n_hit:
+        k = n_hit  # preemption released more of the chain into the HBM cache
+    # 3a. promotions touch their lower copies before any spill can evict them
+    if n_hit < k:
+        for e in range(n_hit, k):
+            t = scr[0, e]
+            if t == 1:
+                tier_ops.touch(cr.T1, scr[1, e], now_us)
+            elif t == 2:
+                tier_ops.touch(cr.T2, scr[1, e], now_us)
+            else:
+                tier_ops.touch(cr.T3, scr[1, e], now_us)
+    # 3b. cached blocks the policy evicted for the new ones (views still intact)
+    lower._hbm_evicted_range(n_hit, nb, r, cr, step, now_us)  # one call, not one per block
+    # 3c. accounting, views, decisions
+    log_on = K[K_LOG] != 0
+    life = log_on and K[K_LOG_LIFECYCLE] != 0
+    bound = R_i[r, RI_BOUND] != 0
+    for e in range(nb):
+        a = base + e
+        b = out.blocks[e]
+        tok = A_i[a, AI_TOKENS]
+        size = A_i[a, AI_SIZE]
+        h = A_i[a, AI_HASH]
+        bi = e0 + e
+        if e < n_hit:  # HBM prefix hit
+            _set_view_from_record(view, b, A_i, A_f, a, now_us)
+            view.access_count[b] += 1
+            H_i[b, HI_HITS] += 1
+            if mode == MODE_ADMIT:
+                C[M_HIT_TOK] += tok
+                C[M_HIT_BLK] += 1
+                R_i[r, RI_HIT_TOK] += tok
+                R_f[r, RF_CREDIT_US] += A_f[a]
+            if life:
+                tr.log_row(G, C, step, now_us,
+                           A_REVIVE if out.kind[e] == mem.KIND_REVIVED else A_HIT, h, r, bi,
+                           0, 0, 0, 0.0, False, -1,
+                           W_REVIVE if out.kind[e] == mem.KIND_REVIVED else W_HIT)
+            if K[K_WRITE_POLICY] != WP_WRITE_BACK:  # not a call under write_back
+                lower._write_through(b, r, cr, step, now_us)
+            continue
+        # a new HBM block: its identity
+        _set_view_from_record(view, b, A_i, A_f, a, now_us)
+        view.insert_us[b] = now_us
+        view.access_count[b] = 1
+        view.content_hash[b] = h
+        H_i[b, HI_OWNER] = r
+        H_i[b, HI_BI] = bi
+        H_i[b, HI_TOKENS] = tok
+        H_i[b, HI_HITS] = 1 if h != 0 else 0
+        C[M_ALLOC_BLK] += 1
+        if life:
+            tr.log_row(G, C, step, now_us, A_ALLOCATE, h, r, bi, -1, 0, 0, 0.0, False, -1,
+                       W_ALLOC)
+        if e < k:  # found in a lower tier: transfer it up
+            t = scr[0, e]
+            lat = 0.0
+            if (R_i[r, RI_LATMASK] >> t) & 1 == 0:
+                lat = X[t, X_UP_LAT_US]
+                R_i[r, RI_LATMASK] |= 1 << t
+            xfer = lat + size / X[t, X_UP_BYTES_PER_US]
+            hidden = 0.0
+            if K[K_PREFETCH] != 0 and A_i[a, AI_PFOK] != 0 and mode == MODE_ADMIT:
+                hidden = min(xfer, R_f[r, RF_PF_BUDGET_US])
+                R_f[r, RF_PF_BUDGET_US] -= hidden
+            stall = xfer - hidden
+            C[C_STEP_STALL_US] += stall
+            C[M_STALL_US] += stall
+            R_f[r, RF_STALL_US] += stall
+            C[M_BYTES_UP + t] += size
+            if hidden > 0.0:
+                C[M_PREFETCH] += 1
+                if stall == 0.0:
+                    C[M_PREFETCH_USEFUL] += 1
+            else:
+                C[M_PROMOTE] += 1
+            if mode == MODE_ADMIT:
+                C[M_HIT_TOK + t] += tok
+                C[M_HIT_BLK + t] += 1
+                R_i[r, RI_HIT_TOK + t] += tok
+                R_f[r, RF_CREDIT_US] += A_f[a]
+            if bound:
+                C[M_DC_MISS] += 1
+                R_i[r, RI_DC_MISS] += 1
+            if log_on:
+                if mode == MODE_RERUN:
+                    why = W_PROMOTE_RERUN
+                elif hidden > 0.0:
+                    why = W_PREFETCH
+                else:
+                    why = W_PROMOTE
+                tr.log_row(G, C, step, now_us, A_PREFETCH if hidden > 0.0 else A_PROMOTE, h,
+                           r, bi, t, 0, size, stall, bound, -1, why)
+        elif mode == MODE_RERUN:
+            if K[K_PREEMPT_SWAP] != 0:  # swapped out: bring it back
+                lat = 0.0
+                if (R_i[r, RI_LATMASK] >> 1) & 1 == 0:
+                    lat = X[1, X_UP_LAT_US]
+                    R_i[r, RI_LATMASK] |= 2
+                cost = lat + size / X[1, X_UP_BYTES_PER_US]
+                C[C_STEP_EXTRA_US] += cost
+                C[M_SWAP_IN_BYTES] += size
+                if log_on:
+                    tr.log_row(G, C, step, now_us, A_PROMOTE, h, r, bi, 1, 0, size, cost,
+                               bound, -1, W_SWAP_IN)
+            else:
+                C[C_STEP_EXTRA_US] += A_f[a]
+                C[M_PREEMPT_RECOMP_TOK] += tok
+                R_i[r, RI_RECOMP_TOK] += tok
+                if log_on:
+                    tr.log_row(G, C, step, now_us, A_RECOMPUTE, h, r, bi, -1, 0, 0, A_f[a],
+                               bound, -1, W_RECOMP_RERUN)
+            if bound:
+                C[M_DC_MISS] += 1
+                R_i[r, RI_DC_MISS] += 1
+        elif mode == MODE_ADMIT and h != 0:
+            if A_i[a, AI_SEEN] != 0:  # computed before, resident nowhere now
+                C[M_RECOMP_TOK] += tok
+                R_i[r, RI_RECOMP_TOK] += tok
+                if bound:
+                    C[M_DC_MISS] += 1
+                    R_i[r, RI_DC_MISS] += 1
+                if log_on:
+                    tr.log_row(G, C, step, now_us, A_RECOMPUTE, h, r, bi, -1, 0, 0, A_f[a],
+                               bound, -1, W_RECOMP)
+            else:
+                C[M_FIRST_TOK] += tok
+        if K[K_WRITE_POLICY] != WP_WRITE_BACK:  # not a call under write_back
+            lower._write_through(b, r, cr, step, now_us)
+    ops.admit(st, pst, view, out, n_hit, nb, now_us)  # new content enters the HBM policy
+    if mode == MODE_ADMIT:
+        C[M_LOOKUP_TOK] += num_tokens
+        C[M_LOOKUP_BLK] += nb
+        R_i[r, RI_LOOKUP_TOK] += num_tokens
+    return n_hit
+
+
+@njit(cache=True)
+def _release_all(r, cr, step, now_us):
+    """Request-level FREE: stamp the per-request recency on its blocks, free tail-first."""
+    K = cr.K
+    C = cr.C
+    st = cr.st
+    pst = cr.pst
+    view = cr.H_view
+    seq = cr.R_i[r, RI_SEQ]
+    m = st.seq_len[seq]
+    for e in range(m):
+        view.last_access_us[st.tables[seq, e]] = now_us
+    life = K[K_LOG] != 0 and K[K_LOG_LIFECYCLE] != 0
+    ops.free_tail(st, pst, view, seq, m, now_us)  # = ops.free; one pool op compiled, not two
+    if life:
+        for e in range(m - 1, -1, -1):
+            b = st.tables[seq, e]
+            if st.ref_cnt[b] == 0:
+                cached = st.in_cand[b]
+                tr.log_row(cr.G, C, step, now_us, A_RELEASE if cached else A_FREE,
+                           view.content_hash[b] if cached else 0, r, e, 0, 0, 0, 0.0, False,
+                           -1, W_RELEASE if cached else W_FREE)
+    C[C_HBM_USED] = st.sc[mem.S_N_HELD]
+
+
+@njit(cache=True)
+def _fill_last(r, e, cr, step, now_us):
+    """Request ``r`` appends block ``e``: its block ``e - 1`` is full now.  If that block was
+    allocated partial (a decode block, or a prompt's partial last block) and its ALLOCATE
+    row named the hash of its full content, it gets that hash now and enters the prefix
+    cache, as vLLM's ``cache_full_blocks`` does once a block's last slot is written (one
+    step earlier there; nothing in between can look it up but the request itself)."""
+    if e < 1:
+        return
+    R_i = cr.R_i
+    if R_i[r, RI_STATE] != RS_RUNNING:
+        return
+    seq = R_i[r, RI_SEQ]
+    st = cr.st
+    if st.seq_len[seq] != e:
+        return
+    a = R_i[r, RI_BT_START] + e - 1
+    A_i = cr.A_i
+    h = A_i[a, AI_FULL_HASH]
+    if A_i[a, AI_HASH] != 0 or h == 0:
+        return
+    K = cr.K
+    view = cr.H_view
+    H_i = cr.H_i
+    A_i[a, AI_HASH] = h
+    A_i[a, AI_TOKENS] = K[K_BLOCK_TOKENS]
+    b = np.int64(st.tables[seq, e - 1])  # int32 table: one signature of _write_through
+    ops.cache_block(st, cr.pst, view, seq, e - 1, h, now_us)
+    if view.content_hash[b] != h:  # caching off, or the pool did not take it
+        return
+    H_i[b, HI_TOKENS] = K[K_BLOCK_TOKENS]
+    H_i[b, HI_HITS] = 1
+    if K[K_WRITE_POLICY] != WP_WRITE_BACK:  # not a call under write_back
+        lower._write_through(b, r, cr, step, now_us)

@@ -1,0 +1,433 @@
+"""The replay's pre-pass and the two per-ALLOCATE facts it used to hold for a whole trace.
+
+:func:`scan_trace` streams the event file once for the sizes of the core's buffers
+(:class:`TraceFacts`) and, per ALLOCATE row, one bit: ``seen`` (was the same full, hashed
+content allocated before?  The recompute metric needs it), from a :class:`SeenSet` of the
+content hashes met so far that lives only while the pass runs (11 to 21 bytes per distinct
+hash, open addressing at load <= 3/4) and is freed before the replay starts.  The replay
+then holds 1 bit per ALLOCATE row (1.2 MB for the 9.3 M ALLOCATE rows of the Mooncake
+16-token import) instead of the set (64 MiB there).  The other per-ALLOCATE input of the
+core is produced batch by batch:
+
+* ``next_use`` (ordinal of the next ALLOCATE of the same content: Belady's offline bound
+  reads the future) by :func:`offline_next_use`, one more streaming pass, only when an
+  offline policy runs.  It is the one whole-trace array left: 8 bytes per ALLOCATE row
+  (plus a hash map of the distinct hashes while it is built), the documented exception.
+
+Before this split the pre-pass held every ALLOCATE row's hash, then sorted them
+(~59 bytes per ALLOCATE row at its peak, for every policy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from numba import njit
+
+from kvsim.policy.api import NEVER
+from kvsim.core.schema import EventKind
+from kvsim.jit.prefetch import prefetch
+
+_EMPTY = 0  # content hash 0 = NO_HASH: never a key, so it marks an empty slot
+EV_ARRIVE, EV_ALLOCATE, EV_ACCESS, EV_FORK, EV_FREE = (
+    int(EventKind.ARRIVE), int(EventKind.ALLOCATE), int(EventKind.ACCESS), int(EventKind.FORK),
+    int(EventKind.FREE))
+_MULT = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing (Knuth, TAOCP vol. 3, 6.4)
+
+
+@dataclass
+class TraceFacts:
+    """What one pre-pass over the event file learns (shared by every policy of a compare)."""
+
+    num_rows: int
+    first_step: int
+    last_step: int
+    max_request_id: int
+    max_blocks_per_request: int
+    max_concurrent_requests: int
+    max_size_bytes: int
+    num_allocs: int  # ALLOCATE rows in the trace
+    #: int64 per ALLOCATE ordinal: ordinal of the next ALLOCATE of the same (full, hashed)
+    #: content, NEVER if none.  None until an offline policy needs it
+    #: (:func:`offline_next_use`, filled in by :func:`kvsim.replay.driver.simulate`).
+    next_use: np.ndarray | None = None
+    #: request ids in arrival order: by the time of the request's ARRIVE row (or, without
+    #: one, of its first ALLOCATE / ACCESS / FORK row), ties by request id
+    arrival_order: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: step of that row, per entry of ``arrival_order``
+    arrival_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: the ``seen`` flag of each ALLOCATE ordinal (was the same full, hashed content
+    #: allocated before?) as packed bits (bit ``o & 7`` of byte ``o >> 3``): 1 bit per
+    #: ALLOCATE row, filled by :func:`scan_trace`; None when the facts were made elsewhere
+    #: (the replay then keeps a :class:`SeenSet` itself)
+    seen_bits: np.ndarray | None = None
+
+    def seen_at(self, base: int, m: int) -> np.ndarray:
+        """The ``seen`` flags (int8) of ALLOCATE ordinals ``base .. base + m - 1``."""
+        out = np.zeros(m, np.int8)
+        _get_bits(self.seen_bits, base, out)
+        return out
+
+    @property
+    def num_requests(self) -> int:
+        return int(len(self.arrival_order))
+
+    def warmup_step(self, warmup: int) -> int:
+        """The step the measurement window starts at: the arrival step of request number
+        ``warmup`` in arrival order (-1 = no warm-up)."""
+        if warmup <= 0 or warmup >= len(self.arrival_order):
+            return -1
+        return int(self.arrival_step[warmup])
+
+    def measured_requests(self, warmup: int) -> np.ndarray:
+        """Ids of the requests measured after ``warmup`` warm-up requests."""
+        return self.arrival_order[max(int(warmup), 0):]
+
+
+def _open(path):
+    from kvsim.events import open_events
+
+    return open_events(path)
+
+
+def release_read_buffers() -> None:
+    """Give the decoded row groups of a finished pass (or batch) back to the OS.  Arrow's
+    allocator (mimalloc) keeps freed blocks for reuse, and so does glibc's malloc for the
+    numpy temporaries of the batch checks: after the pre-pass over the Mooncake 16-token
+    import the process held ~250 MiB (Arrow) + ~70 MiB (malloc) of freed memory that the
+    replay's own arrays could not reuse (docs/benchmarks.md, "Memory: streaming replay").
+    Costs a few milliseconds."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _glibc():
+    """glibc's ``malloc_trim`` (returns free heap pages to the OS), or None elsewhere."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+_LIBC = _glibc()
+
+
+def full_hashes(cols: dict, block_size_tokens: int) -> np.ndarray:
+    """The content hash of each ALLOCATE row of a batch, in row order: the hash of the
+    block's *full* content, also on a row that allocates the block partial (a decode
+    block), because the replay caches such a block under that hash once its request
+    appends the next block (docs/simulate.md).  A partial block whose request finishes
+    before it fills is never cached, yet counts here as an allocation of its content (so a
+    later full block of that content is ``seen``: the one approximation, documented).
+    ``block_size_tokens`` is kept for callers; every row's hash is used."""
+    alloc = cols["kind"] == EventKind.ALLOCATE
+    return cols["content_hash"][alloc].astype(np.int64)
+
+
+def scan_trace(trace_path: str | Path, block_size_tokens: int,
+               batch_rows: int = 1 << 20) -> TraceFacts:
+    """One streaming pass for the sizes of the core's buffers, the requests' arrival
+    order and the ALLOCATE rows' ``seen`` flags.  Memory: one batch, per request id two
+    flags and its arrival (24 bytes), 1 bit per ALLOCATE row (``seen_bits``) and, while the
+    pass runs, a :class:`SeenSet` of the distinct content hashes (freed at its end)."""
+    num_rows = 0
+    num_allocs = 0
+    first_step = -1
+    last_step = -1
+    max_req = -1
+    max_blocks = 0
+    max_size = 0
+    live = 0
+    max_live = 0
+    started = np.zeros(0, dtype=np.bool_)
+    known = np.zeros(0, dtype=np.bool_)
+    first_req: list[np.ndarray] = []
+    first_time: list[np.ndarray] = []
+    first_step_l: list[np.ndarray] = []
+    seen_set = SeenSet()
+    seen_bits = np.zeros(1 << 12, np.uint8)
+    acc = np.zeros(5, np.int64)  # _scan_rows' running values
+    with _open(trace_path) as reader:
+        for cols in reader.batches(batch_rows, read_ahead=True):
+            n = len(cols["kind"])
+            if n == 0:
+                continue
+            hashes = full_hashes(cols, block_size_tokens)
+            if (num_allocs + len(hashes) + 7) // 8 > len(seen_bits):
+                seen_bits = np.concatenate([seen_bits, np.zeros(max(
+                    len(seen_bits), (len(hashes) + 7) // 8), np.uint8)])
+            _put_bits(seen_set.mark(hashes), seen_bits, num_allocs)
+            num_rows += n
+            kind = cols["kind"]
+            req = cols["request_id"]
+            if first_step < 0:
+                first_step = int(cols["step"][0])
+            last_step = int(cols["step"][-1])
+            top = int(max(req.max(), cols["parent_request_id"].max()))
+            max_req = max(max_req, top)
+            if top >= len(started):
+                grown = np.zeros(max(top + 1, 2 * len(started)), dtype=np.bool_)
+                grown[: len(started)] = started
+                started = grown
+                grown = np.zeros(len(started), dtype=np.bool_)
+                grown[: len(known)] = known
+                known = grown
+            # arrivals, ALLOCATE maxima and concurrency in one compiled pass over the rows
+            fr = np.empty(n, np.int64)
+            ft = np.empty(n, np.int64)
+            fs = np.empty(n, np.int64)
+            acc[:] = (live, max_live, 0, max_blocks, max_size)
+            m = _scan_rows(kind, req, cols["block_index"], cols["size_bytes"],
+                           cols["time_us"], cols["step"], known, started, acc, fr, ft, fs)
+            if m:
+                first_req.append(fr[:m].copy())
+                first_time.append(ft[:m].copy())
+                first_step_l.append(fs[:m].copy())
+            live, max_live, k, max_blocks, max_size = (int(x) for x in acc)
+            num_allocs += k
+    del seen_set  # ~11-21 bytes per distinct hash, freed before the replay starts
+    seen_bits = seen_bits[: (num_allocs + 7) // 8].copy()
+    release_read_buffers()
+    if first_req:
+        fr = np.concatenate(first_req)
+        ft = np.concatenate(first_time)
+        fs = np.concatenate(first_step_l)
+        order = np.lexsort((fr, ft))
+        arrival_order, arrival_step = fr[order], fs[order]
+    else:
+        arrival_order = arrival_step = np.zeros(0, np.int64)
+    return TraceFacts(num_rows, max(first_step, 0), max(last_step, 0), max_req,
+                      max_blocks, max(max_live, 1), max_size, num_allocs, None,
+                      arrival_order, arrival_step, seen_bits)
+
+
+@njit(cache=True)
+def _scan_rows(kind, req, bi, size, time_us, step, known, started, acc, fr, ft, fs):
+    """One batch of :func:`scan_trace`, row by row.  ``acc``: (live requests, their
+    maximum, this batch's ALLOCATE rows, max ALLOCATE block index + 1, max ALLOCATE size),
+    updated.  A request's arrival is its ARRIVE row, else its first ALLOCATE / ACCESS /
+    FORK row (ARRIVE precedes the others of its request in a valid trace): the first
+    of a request not ``known`` yet goes to ``fr`` / ``ft`` / ``fs`` (id, time, step).
+    Concurrency: +1 at a request's first ALLOCATE / ACCESS / FORK row (``started``),
+    -1 at its FREE row (``block_index`` < 0).  Returns how many arrivals were recorded."""
+    live = acc[0]
+    max_live = acc[1]
+    allocs = 0
+    max_blocks = acc[3]
+    max_size = acc[4]
+    m = 0
+    for i in range(kind.shape[0]):
+        k = kind[i]
+        r = req[i]
+        opens = k == EV_ALLOCATE or k == EV_ACCESS or k == EV_FORK
+        if (opens or k == EV_ARRIVE) and not known[r]:
+            known[r] = True
+            fr[m] = r
+            ft[m] = time_us[i]
+            fs[m] = step[i]
+            m += 1
+        if k == EV_ALLOCATE:
+            allocs += 1
+            if bi[i] + 1 > max_blocks:
+                max_blocks = bi[i] + 1
+            if size[i] > max_size:
+                max_size = size[i]
+        if opens:
+            if not started[r]:
+                started[r] = True
+                live += 1
+        elif k == EV_FREE and bi[i] < 0:
+            live -= 1
+        else:
+            continue
+        if live > max_live:
+            max_live = live
+    acc[0] = live
+    acc[1] = max_live
+    acc[2] = allocs
+    acc[3] = max_blocks
+    acc[4] = max_size
+    return m
+
+
+@njit(cache=True)
+def _put_bits(flags, bits, base):
+    """Bit ``base + k`` of ``bits`` = ``flags[k]`` (bits beyond the old end are 0)."""
+    for k in range(flags.shape[0]):
+        if flags[k]:
+            o = base + k
+            bits[o >> 3] |= np.uint8(1 << (o & 7))
+
+
+@njit(cache=True)
+def _get_bits(bits, base, out):
+    for k in range(out.shape[0]):
+        o = base + k
+        out[k] = (bits[o >> 3] >> (o & 7)) & 1
+
+
+@njit(cache=True)
+def _slot(keys, h):
+    """Slot of ``h`` in the open-addressing table ``keys`` (linear probing), or of the
+    empty slot where it would go."""
+    mask = keys.shape[0] - 1
+    i = np.int64((np.uint64(h) * _MULT) >> np.uint64(40)) & mask
+    while keys[i] != _EMPTY and keys[i] != h:
+        i = (i + 1) & mask
+    return i
+
+
+#: How many hashes ahead :func:`_mark` prefetches the home slot of (a set of 5.6 M keys at
+#: 16-token blocks is 64-128 MiB: every probe's first line is a cache miss).  Chosen, not
+#: tuned; docs/benchmarks.md, "Speed: tiered replay of 16-token traces".
+MARK_AHEAD = 16
+
+
+@njit(cache=True)
+def _mark(hashes, keys, n_used, seen):
+    """``seen[k] = 1`` if ``hashes[k]`` (non-zero) is in the set or earlier in ``hashes``;
+    inserts them.  Returns the new number of keys."""
+    mask = keys.shape[0] - 1
+    n = hashes.shape[0]
+    for k in range(n):
+        if k + MARK_AHEAD < n:  # a later hash's home slot, requested now (as _slot)
+            prefetch(keys, np.int64((np.uint64(hashes[k + MARK_AHEAD]) * _MULT)
+                                    >> np.uint64(40)) & mask)
+        h = hashes[k]
+        if h == _EMPTY:
+            seen[k] = 0
+            continue
+        i = _slot(keys, h)
+        if keys[i] == h:
+            seen[k] = 1
+        else:
+            keys[i] = h
+            n_used += 1
+            seen[k] = 0
+    return n_used
+
+
+@njit(cache=True)
+def _rehash(old_keys, new_keys, old_vals, new_vals):
+    """Move every key (and its value, when ``old_vals`` is not empty) to the new table."""
+    with_vals = old_vals.shape[0] > 0
+    for j in range(old_keys.shape[0]):
+        h = old_keys[j]
+        if h != _EMPTY:
+            i = _slot(new_keys, h)
+            new_keys[i] = h
+            if with_vals:
+                new_vals[i] = old_vals[j]
+
+
+def _grown(keys: np.ndarray, vals: np.ndarray, need: int,
+           load: tuple[int, int] = (1, 2)) -> tuple[np.ndarray, np.ndarray]:
+    """Tables with room for ``need`` keys at load <= ``load[0] / load[1]`` (the same ones
+    if they have it).  ``vals`` is empty for a set, else as long as ``keys``."""
+    size = keys.shape[0]
+    num, den = load
+    if den * need <= num * size:
+        return keys, vals
+    while den * need > num * size:
+        size *= 2
+    new_keys = np.zeros(size, np.int64)
+    new_vals = np.zeros(size if vals.shape[0] else 0, np.int64)
+    _rehash(keys, new_keys, vals, new_vals)
+    return new_keys, new_vals
+
+
+class SeenSet:
+    """The content hashes allocated so far; ``mark(hashes)`` gives each ALLOCATE row's
+    ``seen`` flag (int8) in stream order and remembers the hashes.
+
+    Load <= 3/4 (linear probing: ~8.5 probes per absent key, in one or two cache lines,
+    against 2.5 at 1/2): 11 to 21 bytes per distinct hash (load 3/4 down to 3/8 after a
+    doubling) instead of 16 to 32, and 1.5x less at each doubling, when the old and new
+    tables coexist.  It is the one structure of the
+    replay that grows with the trace's distinct contents (5.6 M at 16-token blocks on the
+    Mooncake conversation trace)."""
+
+    LOAD = (3, 4)
+
+    def __init__(self, initial_slots: int = 1 << 12) -> None:
+        self.keys = np.zeros(initial_slots, np.int64)
+        self.vals = np.zeros(0, np.int64)
+        self.n = 0
+
+    def mark(self, hashes: np.ndarray) -> np.ndarray:
+        self.keys, self.vals = _grown(self.keys, self.vals, self.n + hashes.shape[0],
+                                      self.LOAD)
+        seen = np.zeros(hashes.shape[0], np.int8)
+        self.n = int(_mark(np.ascontiguousarray(hashes, np.int64), self.keys, self.n, seen))
+        return seen
+
+
+def alloc_full(cols: dict, block_size_tokens: int) -> np.ndarray:
+    """Per ALLOCATE row of a batch (row order): is the block full at allocation?  Only a
+    full block is looked up, so only a full row can hit (be a *use* for Belady)."""
+    alloc = cols["kind"] == EventKind.ALLOCATE
+    return (cols["num_tokens"][alloc] == block_size_tokens).astype(np.int8)
+
+
+@njit(cache=True)
+def _link(hashes, full, base, keys, vals, n_used, next_use):
+    """Every row with a non-zero hash (ALLOCATE ordinal ``base + k``) waits for the next
+    *full* row of that hash (a lookup hits only full blocks): that row's ordinal becomes
+    its ``next_use``.  A partial row (a decode block, cached once full) waits too.  The
+    waiting rows of a hash form a list headed by ``vals``: each holds ``-2 - previous``
+    in ``next_use`` (-1 ends the list); :func:`offline_next_use` turns what is still
+    waiting at the end into NEVER.  Returns the new key count."""
+    for k in range(hashes.shape[0]):
+        h = hashes[k]
+        if h == _EMPTY:
+            continue
+        o = base + k
+        i = _slot(keys, h)
+        if keys[i] != h:
+            keys[i] = h
+            vals[i] = -1
+            n_used += 1
+        elif full[k] != 0:  # a use: every row waiting on this content gets it
+            w = vals[i]
+            while w >= 0:
+                prev = -2 - next_use[w]
+                next_use[w] = o
+                w = prev
+            vals[i] = -1
+        next_use[o] = -2 - vals[i]
+        vals[i] = o
+    return n_used
+
+
+def offline_next_use(trace_path: str | Path, block_size_tokens: int, num_allocs: int,
+                     batch_rows: int = 1 << 20) -> np.ndarray:
+    """``next_use`` per ALLOCATE ordinal (see :class:`TraceFacts`), in one streaming pass:
+    the array itself (8 bytes per ALLOCATE row) and a map of the distinct hashes.  The
+    next use of a row is the next *full* ALLOCATE row of the same content (see
+    :func:`_link`)."""
+    next_use = np.full(num_allocs, NEVER, dtype=np.int64)
+    keys = np.zeros(1 << 12, np.int64)
+    vals = np.zeros(1 << 12, np.int64)
+    n_used = 0
+    base = 0
+    with _open(trace_path) as reader:
+        for cols in reader.batches(batch_rows, read_ahead=True):
+            h = full_hashes(cols, block_size_tokens)
+            if base + h.shape[0] > num_allocs:
+                raise ValueError("the trace changed since its pre-pass (more ALLOCATE rows)")
+            keys, vals = _grown(keys, vals, n_used + h.shape[0])
+            n_used = int(_link(h, alloc_full(cols, block_size_tokens), base, keys, vals,
+                               n_used, next_use))
+            base += h.shape[0]
+    next_use[next_use < 0] = NEVER  # still waiting: no later full row of that content
+    release_read_buffers()
+    return next_use

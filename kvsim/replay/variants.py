@@ -1,0 +1,336 @@
+"""Which replay core runs: the one compiled core, or its interpreted twin.
+
+Compiled: :mod:`kvsim.replay.kernel.core` (with :mod:`kvsim.memory.pool_ops`,
+:mod:`kvsim.replay.kernel.tier_ops`, :mod:`kvsim.replay.kernel.spill` and the closed loop's
+:mod:`kvsim.modes.closed.closed_step`) is compiled ONCE for every policy and cached on disk by
+numba: a policy reaches it as a value, ``(state, hooks)`` (:mod:`kvsim.policy.hooks`),
+whose hooks are first-class functions compiled per policy for one fixed signature.  So the
+first run compiles the core (once per kvsim version and machine), each new policy only
+its own hooks, and later processes load everything from numba's cache.
+
+Interpreted (a plain-Python policy, a policy whose state is not a
+:class:`kvsim.policy.api.PolicyState`, or ``engine="interpreted"``): the same modules
+re-executed with ``numba.njit`` replaced by the identity decorator (:func:`interpreted`),
+the hooks' plain-Python functions passed as the same tuple.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numba
+import numba.experimental.function_type  # numba's typeof of first-class function values
+from numba.core.types import WrapperAddressProtocol
+
+_LOADED: dict[str, ModuleType] = {}
+
+
+def core_for(hbm_policy, lower_policies, engine: str = "compiled") -> ModuleType:
+    """The core module to run: :mod:`kvsim.replay.kernel.core` itself when ``engine`` is
+    ``compiled`` and every policy has compiled hooks, else the interpreted twin."""
+    if engine == "interpreted" or not (hbm_policy.compiled and
+                                       all(p.compiled for p in lower_policies)):
+        return interpreted()
+    from kvsim.replay.kernel import core
+
+    return core
+
+
+def is_compiled(core_module: ModuleType) -> bool:
+    """True for the compiled core (hooks must then be :class:`kvsim.policy.hooks.CompiledHook`)."""
+    return not getattr(core_module, "INTERPRETED", False)
+
+
+def policy_value(policy, state, core_module: ModuleType) -> tuple:
+    """``(state, hooks)``: ``policy`` as the value the core takes (see
+    :mod:`kvsim.policy.hooks`)."""
+    from kvsim.policy import hooks
+
+    return hooks.policy_value(policy, state, is_compiled(core_module))
+
+
+def dispatcher_is_cached(dispatcher) -> bool:
+    """True when numba's on-disk cache holds code of ``dispatcher`` (an ``njit(cache=True)``
+    function) that this process can load instead of compiling: its index file
+    (``<module>.<function>-<line>.py3XX.nbi``, in the ``__pycache__`` folder beside the
+    module or under ``$NUMBA_CACHE_DIR``) exists, was written by this numba version for the
+    module file's current stamp (modification time and size), and has an entry for this
+    machine (numba's codegen "magic tuple": CPU name and features) and this function's
+    bytecode.  Reads one small pickle; compiles nothing.  (Uses numba's cache object, the
+    same code numba runs to decide whether to load; any error reads as "not cached".)"""
+    cache = getattr(dispatcher, "_cache", None)
+    cache_file = getattr(cache, "_cache_file", None)
+    if cache_file is None:  # NullCache: cache=False
+        return False
+    try:
+        want = cache._index_key(None, dispatcher.targetctx.codegen())[1:]
+        return any(tuple(key[1:]) == want for key in cache_file._load_index())
+    except Exception:  # noqa: BLE001 - an unreadable index means "compile"
+        return False
+
+
+def compiled_is_cached(hbm_policy, lower_policies, closed: bool = False) -> bool:
+    """True when the compiled engine would start without compiling: the core's entry point
+    (with ``closed``, the closed loop's step driver ``closed_step.advance`` too) and every
+    hook of these policies are in numba's disk cache (see :func:`dispatcher_is_cached`).
+    False at once when a policy is plain Python."""
+    from kvsim.policy.hooks import hooks_are_cached
+    from kvsim.jit.disk_cache import seal_all
+    from kvsim.modes.closed import closed_step
+    from kvsim.replay.kernel import core
+
+    if not (hbm_policy.compiled and all(p.compiled for p in lower_policies)):
+        return False
+    seal_all()
+    if not dispatcher_is_cached(core.run):
+        return False
+    if closed and not dispatcher_is_cached(closed_step.advance):
+        return False
+    return all(hooks_are_cached(p) for p in [hbm_policy, *lower_policies])
+
+
+def core_is_cold(closed: bool = False) -> bool:
+    """True when numba's disk cache lacks the compiled core's entry point (``core.run``;
+    with ``closed``, or the closed loop's ``closed_step.advance``): a compiled run would
+    compile it (~40-80 CPU-s, docs/benchmarks.md "Cold compile")."""
+    from kvsim.jit.disk_cache import seal_all
+    from kvsim.modes.closed import closed_step
+    from kvsim.replay.kernel import core
+
+    seal_all()
+    return not dispatcher_is_cached(core.run) or (
+        closed and not dispatcher_is_cached(closed_step.advance))
+
+
+def auto_engine(engine: str, num_rows: int, hbm_policy, lower_policies, *, closed: bool = False,
+                runs: int = 1) -> str:
+    """The engine ``engine`` stands for on ``runs`` replays of ``num_rows`` events each
+    (``compare`` replays one trace under ``runs`` policies; the compile is paid once for
+    all of them).  ``auto``: ``compiled`` when ``runs * num_rows`` reaches
+    :data:`kvsim.spec.sim_config.AUTO_COMPILE_MIN_ROWS` (enough events to pay for a cold
+    compile) or when the compiled engine for these policies is already cached
+    (:func:`compiled_is_cached`: it then costs no compile), else ``interpreted``.  An
+    explicit ``compiled`` / ``interpreted`` is returned as given."""
+    from kvsim.spec.sim_config import resolve_engine
+
+    if engine != "auto":
+        return engine
+    if resolve_engine("auto", num_rows * max(runs, 1)) == "compiled":
+        return "compiled"
+    return "compiled" if compiled_is_cached(hbm_policy, lower_policies, closed) else \
+        "interpreted"
+
+
+def _import_file(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _identity_njit(*args, **kwargs):
+    if len(args) == 1 and callable(args[0]) and not kwargs:
+        return args[0]
+    return lambda func: func
+
+
+def _twin(module: ModuleType, suffix: str) -> ModuleType:
+    """``module`` re-executed with njit = identity (a fresh, independent module)."""
+    name = f"{module.__name__}__interpreted_{suffix}"
+    saved = numba.njit
+    numba.njit = _identity_njit
+    try:
+        return _import_file(name, Path(inspect.getfile(module)))
+    finally:
+        numba.njit = saved
+
+
+def _py(func):
+    return getattr(func, "py_func", func)
+
+
+def _rebind(module: ModuleType, twins: dict[str, ModuleType]) -> None:
+    """Point every compiled function ``module`` imported from a twinned module at its
+    interpreted twin (so no compiled code receives Python objects)."""
+    for attr, value in list(vars(module).items()):
+        py = getattr(value, "py_func", None)
+        if py is not None and py.__module__ in twins:
+            setattr(module, attr, getattr(twins[py.__module__], py.__name__))
+
+
+def interpreted() -> ModuleType:
+    """The interpreted twin of :mod:`kvsim.replay.kernel.core` (one per process, every policy): the
+    memory pool, tier and core modules all run as Python (plain dicts for hash maps); a
+    policy's hooks arrive as values (:func:`policy_value`), and only a policy's own
+    compiled helpers stay compiled."""
+    from kvsim.memory import fast, pool_ops
+    from kvsim.replay.kernel import bookkeeping, core, placement, spill, tier_ops, tiers
+
+    cached = _LOADED.get("twin")
+    if cached is not None:
+        return cached
+    key = "py"
+    tw_fast = _twin(fast, key)
+    tw_tiers = _twin(tiers, key)
+    tw_book = _twin(bookkeeping, key)
+    twins = {fast.__name__: tw_fast, tiers.__name__: tw_tiers, bookkeeping.__name__: tw_book}
+    _rebind(tw_fast, twins)
+    _rebind(tw_tiers, twins)
+    _rebind(tw_book, twins)
+    tw_book.tr = tw_tiers
+    ops = _twin(pool_ops, key)
+    _rebind(ops, twins)
+    t_ops = _twin(tier_ops, key)
+    _rebind(t_ops, twins)
+    tw_spill = _twin(spill, key)
+    _rebind(tw_spill, twins)
+    tw_spill.tr = tw_tiers
+    tw_spill.tier_ops = t_ops
+    tw_place = _twin(placement, key)
+    _rebind(tw_place, twins)
+    tw_place.mem = tw_fast
+    tw_place.tr = tw_tiers
+    tw_place.ops = ops
+    tw_place.lower = tw_spill
+    tw_place.tier_ops = t_ops
+    tw = _twin(core, key)
+    _rebind(tw, {**twins, placement.__name__: tw_place})
+    tw.mem = tw_fast
+    tw.tr = tw_tiers
+    tw.ops = ops
+    tw.lower = tw_spill
+    tw.INTERPRETED = True
+    _LOADED["twin"] = tw
+    return tw
+
+
+_RUN_VALUES: dict[tuple, object] = {}
+#: While a cold compile is split over processes (:mod:`kvsim.replay.precompile`): an executor
+#: with a worker free to compile ``core.run`` while this process compiles the closed loop.
+BACKGROUND = None
+#: ``core.run``'s return type: ``(status, row)``.
+RUN_RESULT = numba.types.UniTuple(numba.types.int64, 2)
+
+
+def run_cols(batch: tuple) -> tuple:
+    """The event columns ``batch`` (``kvsim.replay.kernel.core.COLS`` order) as :func:`kvsim.replay.kernel.core.run`
+    takes them: every column a read-only array (a read-only view of a writable one; no
+    copy).  numba types a read-only array apart from a writable one, and the columns came
+    both ways: Parquet columns read without a copy are read-only, the boolean ones and
+    every column of a JSONL trace or of the closed loop (:mod:`kvsim.modes.closed.closed_step` fills
+    them) writable, so ``run`` (~40 CPU-s) compiled once per mix: twice in a process that
+    replays a trace file and runs the closed loop.  ``run`` only reads them."""
+    out = []
+    for a in batch:
+        if a.flags.writeable:
+            a = a.view()
+            a.flags.writeable = False
+        out.append(a)
+    return tuple(out)
+
+
+def _compile_run(arg_types: tuple) -> float:
+    """Compile ``core.run`` for ``arg_types`` into numba's disk cache (a worker's task);
+    returns the CPU seconds it took."""
+    import time
+
+    from kvsim.jit.disk_cache import seal_all
+    from kvsim.replay.kernel import core
+    from kvsim.replay.precompile import log
+
+    t0 = time.process_time()
+    seal_all()
+    core.run.compile(arg_types)
+    cpu = time.process_time() - t0
+    log(f"worker: core.run compiled, {cpu:.1f} CPU-s")
+    return cpu
+
+
+class RunValue(WrapperAddressProtocol):
+    """``core.run`` for one signature as a first-class function value whose machine code is
+    needed only when it is first called (numba types the value from its signature alone):
+    so ``closed_step.advance`` can compile while ``run`` compiles in another process
+    (``future``, then loaded from the disk cache here) or, without one, before ``run``."""
+
+    def __init__(self, run, arg_types: tuple, future=None):
+        self.run = run
+        self.arg_types = arg_types
+        self.future = future
+        self._hook = None
+
+    def signature(self):
+        return RUN_RESULT(*self.arg_types)
+
+    def compiled(self):
+        """The :class:`kvsim.policy.hooks.CompiledHook` of ``run`` (compiles or loads)."""
+        if self._hook is None:
+            from kvsim.policy.hooks import CompiledHook
+
+            if self.future is not None:
+                import time
+
+                from kvsim.replay.precompile import log
+
+                t0 = time.monotonic()
+                log("this process: advance compiled, needs core.run")
+                self.future.result()  # the worker wrote it to the disk cache
+                log(f"this process: waited {time.monotonic() - t0:.1f} s for core.run")
+                self.future = None
+            self.run.compile(self.arg_types)
+            sig = self.run.overloads[self.arg_types].signature
+            if sig.return_type != RUN_RESULT:
+                raise RuntimeError(f"core.run returns {sig.return_type}, expected {RUN_RESULT}")
+            self._hook = CompiledHook(self.run, sig)
+        return self._hook
+
+    def __wrapper_address__(self) -> int:
+        return self.compiled().__wrapper_address__()
+
+    def __call__(self, *args):
+        return self.compiled()(*args)
+
+
+
+def core_run_value(core_module: ModuleType, run_args: tuple):
+    """``core_module.run`` as the closed loop's step driver takes it (its last argument):
+    the interpreted twin's Python function, or, compiled, a first-class function value of
+    ``run``'s one signature (the types of ``run_args``; :class:`RunValue`, its C wrapper
+    once called), so :func:`kvsim.modes.closed.closed_step.advance` calls ``run`` indirectly (once
+    per engine step) and its compile does not link and re-optimise all of ``run``;
+    memoised per signature.  During a split cold compile (``BACKGROUND``) ``run`` compiles
+    in a worker process while this one compiles ``advance``."""
+    if not is_compiled(core_module):
+        return core_module.run
+    from numba import typeof
+
+    # the columns typed read-only (run_cols), as the open-loop replay passes them: one
+    # signature of run for both (advance passes its writable columns: numba converts)
+    arg_types = (typeof(run_cols(run_args[0])), *(typeof(a) for a in run_args[1:]))
+    if arg_types not in _RUN_VALUES:
+        future = None
+        if BACKGROUND is not None and arg_types not in core_module.run.overloads \
+                and not dispatcher_is_cached(core_module.run):
+            future = BACKGROUND.submit(_compile_run, arg_types)
+        _RUN_VALUES[arg_types] = RunValue(core_module.run, arg_types, future)
+    return _RUN_VALUES[arg_types]
+
+
+def closed_for(core_module: ModuleType) -> ModuleType:
+    """The closed loop's step driver for ``core_module`` (what :func:`core_for` returned):
+    :mod:`kvsim.modes.closed.closed_step` itself for the compiled core (compiled once, cached), or
+    its interpreted twin calling the interpreted core."""
+    from kvsim.modes.closed import closed_step
+
+    if not is_compiled(core_module):
+        key = "closed_twin"
+        if key not in _LOADED:
+            tw = _twin(closed_step, "py")
+            tw.core_mod = core_module
+            _LOADED[key] = tw
+        return _LOADED[key]
+    return closed_step

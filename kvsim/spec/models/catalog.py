@@ -1,0 +1,429 @@
+"""The model catalog: :class:`ModelSpec`, read from Hugging Face ``config.json`` fields.
+
+Every model kvsim knows is DATA in ``catalog.toml`` beside this module: the fields of its
+published ``config.json`` (same keys, same values) plus kvsim's own keys (source, parameter
+counts, serving dtype).  A user's own ``config.json`` (``--config FILE``) goes through the
+very same parser, :func:`spec_from_config`, so a catalog entry and the config it was copied
+from always give the same :class:`ModelSpec`.
+
+Invariants of a :class:`ModelSpec`:
+
+- ``len(layer_types) == num_layers``; each entry is ``"full"`` or ``"sliding"``; a
+  ``"sliding"`` layer exists only when ``sliding_window`` is a positive int.
+- ``attention`` is ``"mla"`` iff ``kv_lora_rank > 0`` (then ``qk_rope_head_dim > 0``);
+  otherwise ``"mqa"`` iff ``num_kv_heads == 1``, ``"mha"`` iff ``num_kv_heads ==
+  num_attention_heads``, else ``"gqa"``.  ``kv_lora_rank`` and ``qk_rope_head_dim`` are 0
+  for non-MLA models.
+- ``num_params == 0`` means "unknown" (a config kvsim cannot count); ``num_active_params
+  <= num_params``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from kvsim.core.errors import KvsimInputError, bad_value
+
+#: dtype names kvsim accepts for weights, and their bytes per parameter.
+WEIGHT_DTYPE_BYTES: dict[str, float] = {
+    "fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5,
+    # OCP Microscaling MXFP4 (OCP MX spec v1.0): blocks of 32 fp4 (e2m1) values share one
+    # 8-bit (e8m0) scale = (32 x 4 + 8) / 32 = 4.25 bits per parameter.
+    "mxfp4": 4.25 / 8,
+}
+
+#: Fields a published config.json may leave out because transformers fills them from its
+#: config class's defaults (the Gemma-3 configs are sparse: google/gemma-3-27b-it's
+#: text_config has no vocab_size, sliding_window_pattern, ...).  Source: transformers
+#: ``Gemma3TextConfig.__init__`` defaults (v4.50+): vocab_size 262208,
+#: max_position_embeddings 131072, sliding_window 4096, sliding_window_pattern 6 (every 6th
+#: layer global), tie_word_embeddings True, head_dim 256.
+_CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {"vocab_size": 262_208, "max_position_embeddings": 131_072,
+                    "sliding_window": 4096, "sliding_window_pattern": 6,
+                    "tie_word_embeddings": True, "head_dim": 256},
+}
+
+
+def _text_config(cfg: dict) -> dict:
+    """The decoder's fields: a multimodal config's ``text_config`` (Gemma-3) flattened, plus
+    the defaults of :data:`_CONFIG_DEFAULTS` for fields the config leaves out."""
+    if cfg.get("num_hidden_layers") is None and isinstance(cfg.get("text_config"), dict):
+        top = {k: cfg[k] for k in ("torch_dtype", "dtype", "quantization_config") if k in cfg}
+        cfg = {**top, **cfg["text_config"], "model_type": cfg["text_config"].get(
+            "model_type", cfg.get("model_type"))}
+    defaults = _CONFIG_DEFAULTS.get(str(cfg.get("model_type")), {})
+    return {**defaults, **cfg} if defaults else cfg
+
+#: Hugging Face ``torch_dtype`` -> the dtype vLLM serves it in with ``--dtype auto``.
+#: fp32 checkpoints are served in fp16 (vLLM ``ModelConfig`` dtype resolution), except
+#: model types that do not support fp16 (vLLM ``_FLOAT16_NOT_SUPPORTED_MODELS``: gemma2,
+#: gemma3), which are served in bf16.
+_TORCH_DTYPE_SERVED = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp16"}
+_FP16_UNSUPPORTED = frozenset({"gemma2", "gemma3", "gemma3_text"})
+
+#: ``layer_types`` values of transformers configs -> kvsim's two kinds.
+_LAYER_TYPE_NAMES = {
+    "full_attention": "full", "full": "full", "global": "full", "global_attention": "full",
+    "sliding_attention": "sliding", "sliding": "sliding", "local": "sliding",
+    "local_sliding": "sliding", "sliding_window": "sliding",
+}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What kvsim needs to know about a model: KV geometry, parameter counts, provenance."""
+
+    name: str
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int  # per-head query/key dim (MLA: qk_nope_head_dim + qk_rope_head_dim)
+    hidden_size: int
+    attention: str  # "mha" | "gqa" | "mqa" | "mla"
+    sliding_window: int | None  # tokens a "sliding" layer keeps; None = no sliding layer
+    layer_types: tuple[str, ...]  # per layer: "full" | "sliding"
+    kv_lora_rank: int  # MLA compressed-latent width; 0 = not MLA
+    qk_rope_head_dim: int  # MLA decoupled RoPE key width; 0 = not MLA
+    num_params: int  # total parameters; 0 = unknown
+    num_active_params: int  # parameters touched per token (MoE < total)
+    weights_dtype: str  # key of WEIGHT_DTYPE_BYTES: dtype the weights are served in
+    source: str  # the config.json this spec was read from (URL or file path)
+    v_head_dim: int = 0  # value head dim (MLA); = head_dim otherwise
+    intermediate_size: int = 0  # dense MLP width (0 = not given)
+    vocab_size: int = 0
+    max_position_embeddings: int = 0  # context length of the config (0 = not given)
+    num_experts: int = 0  # routed experts per MoE layer (0 = dense)
+    num_experts_per_tok: int = 0
+    notes: str = ""
+    config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def num_sliding_layers(self) -> int:
+        return sum(1 for t in self.layer_types if t == "sliding")
+
+    @property
+    def num_full_layers(self) -> int:
+        return self.num_layers - self.num_sliding_layers
+
+    @property
+    def weights_bytes(self) -> int:
+        """Bytes of the weights in :attr:`weights_dtype` (quantization scales not counted)."""
+        return int(self.num_params * WEIGHT_DTYPE_BYTES[self.weights_dtype])
+
+
+# --------------------------------------------------------------------------- config parsing
+
+def _first(cfg: dict, keys: tuple[str, ...]) -> Any:
+    for key in keys:
+        if cfg.get(key) is not None:
+            return cfg[key]
+    return None
+
+
+def _positive_int(value: Any, path: str, fieldname: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise bad_value(path, None, fieldname, "a positive integer", value)
+    return value
+
+
+def _required(cfg: dict, keys: tuple[str, ...], path: str) -> int:
+    value = _first(cfg, keys)
+    if value is None:
+        also = f" (or {', '.join(keys[1:])})" if len(keys) > 1 else ""
+        raise KvsimInputError(f"missing required field{also}; expected a positive integer",
+                              path, None, keys[0])
+    return _positive_int(value, path, keys[0])
+
+
+def _layer_types(cfg: dict, num_layers: int, window: int | None, path: str) -> tuple[str, ...]:
+    """Per-layer attention kind, following transformers' semantics for each config style."""
+    model_type = str(cfg.get("model_type", ""))
+    if cfg.get("layer_types") is not None:
+        raw = cfg["layer_types"]
+        if not isinstance(raw, list) or len(raw) != num_layers:
+            raise bad_value(path, None, "layer_types",
+                            f"a list of {num_layers} attention types", raw)
+        kinds = []
+        for i, name in enumerate(raw):
+            if name not in _LAYER_TYPE_NAMES:
+                raise KvsimInputError(
+                    f"entry {i}: expected one of {sorted(set(_LAYER_TYPE_NAMES))}, got {name!r}",
+                    path, None, "layer_types")
+            kinds.append(_LAYER_TYPE_NAMES[name])
+        types = tuple(kinds)
+    elif window is None:
+        types = ("full",) * num_layers
+    elif "use_sliding_window" in cfg:
+        # Qwen2 style: a window only if use_sliding_window; then layers >= max_window_layers
+        # slide (transformers Qwen2Config.layer_types).
+        first = int(cfg.get("max_window_layers") or 0)
+        types = tuple("sliding" if cfg["use_sliding_window"] and i >= first else "full"
+                      for i in range(num_layers))
+    elif cfg.get("sliding_window_pattern") is not None:
+        # Gemma-3 style: every pattern-th layer is global (transformers Gemma3TextConfig).
+        pattern = _positive_int(cfg["sliding_window_pattern"], path, "sliding_window_pattern")
+        types = tuple("full" if (i + 1) % pattern == 0 else "sliding" for i in range(num_layers))
+    elif model_type == "gemma2":
+        # Gemma-2: even layers slide, odd layers are global (transformers Gemma2, vLLM).
+        types = tuple("sliding" if i % 2 == 0 else "full" for i in range(num_layers))
+    else:
+        # Mistral style: sliding_window applies to every layer.
+        types = ("sliding",) * num_layers
+    if "sliding" in types and window is None:
+        raise KvsimInputError("layer_types names sliding layers; expected a positive integer "
+                              "sliding_window", path, None, "sliding_window")
+    return types
+
+
+def _weights_dtype(cfg: dict) -> str:
+    quant = cfg.get("quantization_config") or {}
+    method = str(quant.get("quant_method", "")).lower()
+    if method == "fp8":
+        return "fp8"
+    if method == "mxfp4":
+        return "mxfp4"
+    bits = quant.get("bits") or quant.get("w_bit")
+    if bits in (4, 8):
+        return "int4" if bits == 4 else "int8"
+    torch_dtype = str(_first(cfg, ("torch_dtype", "dtype")) or "float32")
+    served = _TORCH_DTYPE_SERVED.get(torch_dtype, "fp16")
+    if torch_dtype == "float32" and cfg.get("model_type") in _FP16_UNSUPPORTED:
+        served = "bf16"
+    return served
+
+
+def spec_from_config(cfg: dict, *, name: str, source: str, extra: dict | None = None) -> ModelSpec:
+    """Build a :class:`ModelSpec` from ``config.json`` fields (``extra``: catalog keys).
+
+    Raises :class:`KvsimInputError` naming the missing or bad field.
+    """
+    extra = extra or {}
+    path = source
+    cfg = _text_config(cfg)
+    num_layers = _required(cfg, ("num_hidden_layers", "n_layer", "num_layers"), path)
+    heads = _required(cfg, ("num_attention_heads", "n_head"), path)
+    hidden = _required(cfg, ("hidden_size", "n_embd", "d_model"), path)
+    if cfg.get("multi_query") is True:
+        kv_heads = 1
+    else:
+        kv = _first(cfg, ("num_key_value_heads", "num_kv_heads", "n_head_kv",
+                          "multi_query_group_num"))
+        kv_heads = heads if kv is None else _positive_int(kv, path, "num_key_value_heads")
+    if heads % kv_heads:
+        raise bad_value(path, None, "num_key_value_heads",
+                        f"a divisor of num_attention_heads ({heads})", kv_heads)
+
+    kv_lora_rank = cfg.get("kv_lora_rank") or 0
+    if kv_lora_rank:
+        kv_lora_rank = _positive_int(kv_lora_rank, path, "kv_lora_rank")
+        rope = _required(cfg, ("qk_rope_head_dim",), path)
+        nope = cfg.get("qk_nope_head_dim") or 0
+        head_dim = nope + rope if nope else (cfg.get("head_dim") or hidden // heads)
+        v_head_dim = int(cfg.get("v_head_dim") or head_dim)
+        attention = "mla"
+    else:
+        rope = 0
+        if cfg.get("head_dim") is not None:
+            head_dim = _positive_int(cfg["head_dim"], path, "head_dim")
+        elif hidden % heads == 0:
+            head_dim = hidden // heads
+        else:
+            raise KvsimInputError(f"missing; hidden_size ({hidden}) is not a multiple of "
+                                  f"num_attention_heads ({heads}), so head_dim must be given",
+                                  path, None, "head_dim")
+        v_head_dim = head_dim
+        attention = "mha" if kv_heads == heads else "mqa" if kv_heads == 1 else "gqa"
+
+    window = cfg.get("sliding_window")
+    if window is not None:
+        window = _positive_int(window, path, "sliding_window")
+    if cfg.get("use_sliding_window") is False and cfg.get("layer_types") is None:
+        window = None  # Qwen2: the field is present but disabled
+    types = _layer_types(cfg, num_layers, window, path)
+    if "sliding" not in types:
+        window = None
+
+    counted = estimate_num_params(cfg)
+    num_params = int(extra.get("num_params", cfg.get("num_params", counted[0] if counted else 0)))
+    num_active = int(extra.get("num_active_params",
+                               cfg.get("num_active_params",
+                                       counted[1] if counted else num_params)))
+    weights_dtype = str(extra.get("weights_dtype") or _weights_dtype(cfg))
+    if weights_dtype not in WEIGHT_DTYPE_BYTES:
+        raise bad_value(path, None, "weights_dtype", f"one of {list(WEIGHT_DTYPE_BYTES)}",
+                        weights_dtype)
+    return ModelSpec(
+        name=name,
+        num_layers=num_layers,
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=int(head_dim),
+        hidden_size=hidden,
+        attention=attention,
+        sliding_window=window,
+        layer_types=types,
+        kv_lora_rank=int(kv_lora_rank),
+        qk_rope_head_dim=int(rope),
+        num_params=num_params,
+        num_active_params=num_active,
+        weights_dtype=weights_dtype,
+        source=str(extra.get("source", source)),
+        v_head_dim=int(v_head_dim),
+        intermediate_size=int(_first(cfg, ("intermediate_size", "ffn_dim", "n_inner")) or 0),
+        vocab_size=int(cfg.get("vocab_size") or 0),
+        max_position_embeddings=int(_first(cfg, ("max_position_embeddings", "n_positions"))
+                                    or 0),
+        num_experts=int(_first(cfg, ("num_local_experts", "n_routed_experts", "num_experts"))
+                        or 0),
+        num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0),
+        notes=str(extra.get("notes", "")),
+        config=dict(cfg),
+    )
+
+
+# --------------------------------------------------------------------------- parameter count
+
+#: Per-layer norm weight vectors of llama-style decoders (Gemma-2 and Gemma-3 add
+#: post-attention and pre/post-feed-forward norms: transformers Gemma2DecoderLayer,
+#: Gemma3DecoderLayer).
+_NORMS_PER_LAYER = {"gemma2": 4, "gemma3_text": 4}
+_LLAMA_STYLE = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe",
+                          "gemma", "gemma2", "gemma3_text", "gpt_oss"})
+#: Models with a per-head RMSNorm on queries and keys (q_norm, k_norm: head_dim weights each;
+#: transformers Qwen3Attention, Gemma3Attention).
+_QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3_text"})
+#: Tied input/output embeddings unless the config says otherwise (transformers defaults).
+_TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3_text"})
+
+
+def estimate_num_params(cfg: dict) -> tuple[int, int] | None:
+    """(total, active) parameters counted from a config's tensor shapes, or None.
+
+    Exact for the layouts it knows (GPT-2, OPT, and llama-style decoders: llama, mistral,
+    mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, gpt_oss); None for any
+    other ``model_type`` (DeepSeek's MLA + MoE layout is not counted: the catalog carries
+    its published figures).  Gemma-3's config nests the text model in ``text_config``: its
+    vision tower is not counted.
+    """
+    cfg = _text_config(cfg)
+    mt = cfg.get("model_type")
+    g = cfg.get
+    if mt == "gpt2":
+        h, layers, vocab, pos = g("n_embd"), g("n_layer"), g("vocab_size"), g("n_positions")
+        inner = g("n_inner") or 4 * h
+        per_layer = (2 * h + 3 * h * h + 3 * h + h * h + h + 2 * h
+                     + h * inner + inner + inner * h + h)
+        total = vocab * h + pos * h + layers * per_layer + 2 * h  # lm_head tied to wte
+        return total, total
+    if mt == "opt":
+        h, layers, ffn = g("hidden_size"), g("num_hidden_layers"), g("ffn_dim")
+        if g("word_embed_proj_dim", h) != h:
+            return None
+        per_layer = 4 * (h * h + h) + h * ffn + ffn + ffn * h + h + 4 * h
+        # learned positions have 2 extra rows (OPTLearnedPositionalEmbedding offset)
+        total = g("vocab_size") * h + (g("max_position_embeddings") + 2) * h \
+            + layers * per_layer + 2 * h
+        return total, total
+    if mt not in _LLAMA_STYLE:
+        return None
+    h, layers, heads = g("hidden_size"), g("num_hidden_layers"), g("num_attention_heads")
+    kv = g("num_key_value_heads") or heads
+    hd = g("head_dim") or h // heads
+    inter, vocab = g("intermediate_size"), g("vocab_size")
+    if None in (h, layers, heads, inter, vocab):
+        return None
+    attn = h * heads * hd + 2 * h * kv * hd + heads * hd * h
+    if mt == "qwen2" or g("attention_bias"):
+        attn += heads * hd + 2 * kv * hd  # q/k/v biases (Qwen2 always has them)
+    if mt == "gpt_oss" and g("attention_bias"):
+        attn += h + heads  # o_proj bias; one attention-sink logit per head (GptOssAttention)
+    if mt in _QK_NORM:
+        attn += 2 * hd
+    norms = _NORMS_PER_LAYER.get(mt, 2) * h
+    experts = g("num_local_experts") or g("num_experts") or 0
+    if mt == "gpt_oss":
+        # GptOssExperts: gate_up (h x 2*inter) and down (inter x h) with biases; the router
+        # is a Linear with bias (GptOssTopKRouter).
+        mlp = h * 2 * inter + 2 * inter + inter * h + h
+        router = h * experts + experts
+    else:
+        mlp = 3 * h * (g("moe_intermediate_size") or inter if experts else inter)
+        router = h * experts
+    if experts:
+        per_token = g("num_experts_per_tok")
+        layer_total = attn + norms + experts * mlp + router
+        layer_active = attn + norms + per_token * mlp + router
+    else:
+        layer_total = layer_active = attn + norms + mlp
+    tied = g("tie_word_embeddings", mt in _TIED_BY_DEFAULT)
+    embed = vocab * h * (1 if tied else 2)
+    return embed + layers * layer_total + h, embed + layers * layer_active + h
+
+
+# --------------------------------------------------------------------------- catalog access
+
+@functools.lru_cache(maxsize=1)
+def _catalog_text() -> str:
+    return resources.files("kvsim.spec.models").joinpath("catalog.toml").read_text(encoding="utf-8")
+
+
+def _catalog() -> dict[str, dict]:
+    """The parsed catalog (a fresh dict each call: callers may not mutate a shared one)."""
+    return tomllib.loads(_catalog_text())
+
+
+def list_models() -> list[str]:
+    """Names of the bundled catalog entries, sorted."""
+    return sorted(_catalog())
+
+
+def load_model(name_or_config_path: str) -> ModelSpec:
+    """A catalog entry by name, or a Hugging Face ``config.json`` by path.
+
+    An argument naming an existing file (or ending in ``.json``), or a folder holding a
+    ``config.json`` (a downloaded model snapshot), is read as a config;
+    anything else is a catalog name.  Unknown names raise :class:`KvsimInputError` listing
+    the closest catalog names (difflib).
+    """
+    arg = str(name_or_config_path)
+    path = Path(arg)
+    if path.is_dir() and (path / "config.json").is_file():  # a downloaded HF snapshot
+        return load_config(path / "config.json")
+    if path.is_file() or arg.endswith(".json"):
+        return load_config(path)
+    catalog = _catalog()
+    if arg not in catalog:
+        pool = sorted(list(catalog))
+        close = [n for n in pool if n.startswith(arg)]  # 'h100' -> 'h100-sxm' first
+        close += [n for n in difflib.get_close_matches(arg, pool, n=3, cutoff=0.5)
+                  if n not in close]
+        close = close[:3]
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise KvsimInputError(f"unknown model {arg!r}{hint} (known: {', '.join(sorted(catalog))};"
+                              " or pass a config.json with --config)", None, None, "model")
+    entry = catalog[arg]
+    return spec_from_config(entry["config"], name=arg, source=entry["source"], extra=entry)
+
+
+def load_config(path: str | Path) -> ModelSpec:
+    """Read a Hugging Face ``config.json``; the spec is named after its folder or file."""
+    path = Path(path)
+    if not path.is_file():
+        raise KvsimInputError("no such file; expected a Hugging Face config.json", path)
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise KvsimInputError(f"not valid JSON: {exc.msg}", path, f"line {exc.lineno}") from None
+    if not isinstance(cfg, dict):
+        raise bad_value(path, None, None, "a JSON object", type(cfg).__name__)
+    name = cfg.get("_name_or_path") or (path.parent.name if path.name == "config.json"
+                                        else path.stem)
+    return spec_from_config(cfg, name=str(name), source=str(path))
