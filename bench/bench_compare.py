@@ -53,8 +53,9 @@ def main() -> int:
 
     from kvsim.spec.sim_config import SimConfig
     from kvsim.modes.comparison import compare
-    from kvsim.replay.driver import simulate
-    from kvsim.replay.driver import default_policies, scan_trace
+    from kvsim.api import simulate
+    from kvsim.replay.driver import scan_trace
+    from kvsim.modes.comparison import default_policies
 
     tmp = tempfile.TemporaryDirectory(prefix="kvsim-bench-")
     trace = args.trace

@@ -84,7 +84,7 @@ def _kvmi_trace(peer: str, profile: str, n: int, work: Path) -> Path:
     sys.path.insert(0, peer)
     from kv_memory_intent.simulator import generate_synthetic_kv_workload
 
-    from kvsim.ingest import import_request_trace
+    from kvsim.engine.lowering import import_request_trace
 
     events = generate_synthetic_kv_workload(n, 16, 16384, n * 8, profile=profile)
     src = work / f"kvmi_{profile}_{n}.jsonl"
@@ -116,7 +116,7 @@ def main() -> int:
                     help="leave out the bound (re-measuring changed online policies only)")
     args = ap.parse_args()
     from kvsim.spec.sim_config import SimConfig
-    from kvsim.replay.driver import simulate
+    from kvsim.api import simulate
 
     from kvsim.modes.comparison import default_policies
 

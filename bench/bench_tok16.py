@@ -90,7 +90,7 @@ def in_process(trace: str, policy: str, repeat: int, tiers: dict | None = None) 
     runs it, the total with ``time.process_time`` (every thread)."""
     from kvsim.spec.sim_config import SimConfig
     from kvsim.replay import prepass, driver as replay
-    from kvsim.replay.driver import simulate
+    from kvsim.api import simulate
 
     cfg = SimConfig(engine="compiled", **(tiers or {}))
     simulate(trace, policy, cfg)  # warm-up: loads the compiled core

@@ -4,7 +4,7 @@ time.process_time, best of 3 after a warm-up run in the same process (docs/bench
 import sys, time
 import kvsim
 from kvsim.spec.sim_config import SimConfig
-from kvsim.replay.driver import simulate
+from kvsim.api import simulate
 trace = sys.argv[1]
 pol = sys.argv[2] if len(sys.argv) > 2 else "lru"
 cfg = SimConfig(engine="compiled")

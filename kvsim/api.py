@@ -13,8 +13,10 @@
 
 from __future__ import annotations
 
+from kvsim.engine.lowering import import_request_trace
 from kvsim.modes.comparison import compare
-from kvsim.replay.driver import SimResult, scan_trace, simulate
+from kvsim.replay.driver import SimResult, scan_trace
+from kvsim.modes.dispatch import simulate
 from kvsim.spec.sim_config import SimConfig
 
-__all__ = ["SimConfig", "SimResult", "compare", "scan_trace", "simulate"]
+__all__ = ["SimConfig", "SimResult", "compare", "import_request_trace", "scan_trace", "simulate"]

@@ -226,7 +226,8 @@ def _alarm(signum, frame):
 
 def run_importer(importer: str, path: Path, out_dir: Path, lower: bool) -> None:
     """Read ``path`` with ``importer``'s API (and lower it when ``lower``)."""
-    from kvsim.ingest import lower_requests, read_requests
+    from kvsim.engine.lowering import lower_requests
+    from kvsim.ingest import read_requests
 
     if importer == "events":
         from kvsim.analysis.trace_summary import summarize_trace

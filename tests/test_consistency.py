@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from kvsim.analysis.trace_summary import PrefixReuse, summarize_trace
+from kvsim.analysis.trace_summary import summarize_trace
+from kvsim.events.prefix_reuse import PrefixReuse
 from kvsim.workload import generate
 
 import numpy as np

@@ -111,7 +111,7 @@ def test_sigterm_removes_the_temporary_and_exits_143(tmp_path: Path) -> None:
     code = (
         "import sys, time\n"
         "from kvsim.cli import app\n"
-        "import kvsim.ingest as ing\n"
+        "import kvsim.engine.lowering as ing\n"
         "real = ing.lower_requests\n"
         "def slow(table, out_path, **kw):\n"
         "    from kvsim.core.fsutil import atomic_output\n"

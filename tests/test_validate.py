@@ -219,7 +219,7 @@ def test_round_trip_random_workload(tmp_path):
     self-consistency check; the independent check is the golden recording above.)"""
     import random
 
-    from kvsim.memory.hashing import NONE_HASH, hash_block
+    from kvsim.ingest.vllm_hashing import NONE_HASH, hash_block
     from kvsim.analysis.validate import LoggedRequest, kvsim_stream
 
     rng = random.Random(7)

@@ -389,7 +389,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, jobs: int | None = None,
     jobs = int(jobs) if jobs else (os.cpu_count() or 1)
     if jobs < 1:
         raise bad_value(None, None, "jobs", "an integer >= 1", jobs)
-    from kvsim.replay.driver import _resolve_policy
+    from kvsim.policy.registry import resolve_policy
 
     trace = str(spec.trace)
     if not Path(trace).is_file():
@@ -397,7 +397,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, jobs: int | None = None,
                               trace, None, "trace")
     for name in spec.run_policies():
         if name != OPTIMAL_POLICY:  # optimal is the solver, not a registered policy
-            _resolve_policy(name)  # unknown names fail before any work
+            resolve_policy(name)  # unknown names fail before any work
     out_dir = Path(out_dir)
     claim_output_dir(out_dir, SWEEP_MARKER, "kvsim sweep folder", force, legacy="cells")
     trace_sha = file_sha256(trace)

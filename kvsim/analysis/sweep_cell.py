@@ -78,7 +78,7 @@ def _run_cell_full(trace: str, policy: str, config: SimConfig, facts=None
                    ) -> tuple[dict, pd.DataFrame]:
     """Replay one cell: its row (summary + quantiles; no key or coordinates) and its
     occupancy series (:func:`occupancy_series`)."""
-    from kvsim.replay.driver import simulate
+    from kvsim.modes.dispatch import simulate
 
     res = simulate(trace, policy, config, facts=facts)
     row = {**res.summary, **latency_quantiles(res)}

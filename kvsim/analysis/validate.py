@@ -58,7 +58,7 @@ from kvsim.ingest.vllm_events import (AllBlocksCleared, BlockRemoved, BlockStore
                                       KvEventRecording, hash_label, read_kv_events,
                                       reconstruct_requests)
 from kvsim.memory.fast import KIND_EVICTED
-from kvsim.memory.hashing import NONE_HASH, hash_block
+from kvsim.ingest.vllm_hashing import NONE_HASH, hash_block
 from kvsim.memory.reference import KVCacheManager
 
 __all__ = ["Divergence", "LoggedRequest", "StreamEvent", "ValidationResult",

@@ -1,6 +1,6 @@
 """``kvsim generate``: a synthetic workload profile -> MemoryIntent events.
 
-API: :func:`kvsim.workload.generate` (returns :class:`kvsim.ingest.ImportSummary`).
+API: :func:`kvsim.workload.generate` (returns :class:`kvsim.events.import_summary.ImportSummary`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``kvsim import-request-trace``: a real trace -> MemoryIntent events.
 
-API: :func:`kvsim.ingest.import_request_trace` (returns :class:`kvsim.ingest.ImportSummary`).
+API: :func:`kvsim.engine.lowering.import_request_trace` (returns :class:`kvsim.events.import_summary.ImportSummary`).
 Shared with ``kvsim generate``: :func:`render_summary` and the engine options.
 """
 
@@ -14,7 +14,9 @@ from rich.table import Table
 
 from kvsim.cli import app, compat
 from kvsim.cli.common import JsonOption, emit_json, out_console, progress, quiet_progress
-from kvsim.ingest import FORMATS, ImportSummary, import_request_trace
+from kvsim.engine.lowering import import_request_trace
+from kvsim.events.import_summary import ImportSummary
+from kvsim.ingest import FORMATS
 
 ModelOption = Annotated[str, typer.Option(
     "--model", help="Model from the catalog (`kvsim estimate-kv --list-models`) or a "

@@ -218,7 +218,7 @@ def _policies_to_run(names: list[str] | None, config, sched: str = "recorded") -
     schedule ``optimal`` always and ``belady`` in engine mode (kvsim.modes.comparison); closed
     loop, ``belady`` (kvsim.modes.closed.cluster.compare_requests)."""
     from kvsim.policy.registry import list_policies
-    from kvsim.replay.driver import default_policies
+    from kvsim.modes.comparison import default_policies
 
     run = list(names) if names else list(default_policies())
     if sched != "closed" and "optimal" not in run:
@@ -315,7 +315,7 @@ def simulate_command(
     TTFT/TPOT, deadline and decode-critical misses, hit rates per tier, bytes per link,
     recomputation, evictions, spills, prefetches and peak use.  Metrics: docs/simulate.md;
     formulas: docs/cost-model.md."""
-    from kvsim.replay.driver import simulate
+    from kvsim.api import simulate
 
     if (trace is not None) + (profile is not None) + (request_trace is not None) != 1:
         raise KvsimInputError("expected exactly one of --trace EVENTS, --profile NAME or "

@@ -25,7 +25,6 @@ keep dense ids in arrival order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,57 +36,14 @@ from kvsim.engine.engine_model import (DEFAULT_STEP_OVERHEAD_US, EngineConfig, b
     resolve_num_gpu_blocks)
 from kvsim.ingest.requests import RequestTable
 from kvsim.core.schema import EventHeader, EventKind, Phase
-from kvsim.analysis.trace_summary import PrefixReuse
+from kvsim.events.import_summary import ImportSummary
+from kvsim.events.prefix_reuse import PrefixReuse
 from kvsim.engine.scheduler_state import new_schedule
 
 #: Rows buffered before a chunk is handed to the writer (and Parquet row-group size).
 FLUSH_ROWS = 1 << 20
 #: ``dropped_requests_by_reason`` key of a request whose prompt can never fit the budget.
 DROP_PROMPT_EXCEEDS_KV = "prompt_exceeds_kv_blocks"
-
-
-@dataclass
-class ImportSummary:
-    """What an import or generation produced (``--json`` keys, docs/cli.md)."""
-
-    out_path: str
-    format: str
-    num_requests: int
-    skipped_rows: int
-    num_events: int
-    num_steps: int
-    num_forks: int
-    block_size_tokens: int
-    model: str
-    hardware: str
-    kv_bytes_per_token: int
-    block_bytes: int
-    total_prompt_tokens: int
-    total_output_tokens: int
-    prompt_blocks: int
-    hashed_prompt_blocks: int
-    #: share of PREFILL ALLOCATE rows whose non-zero hash appeared earlier (infinite cache)
-    prefix_reuse_fraction: float
-    makespan_us: int
-    dropped_events: int = 0
-    dropped_by_type: dict[str, int] = field(default_factory=dict)
-    #: KV block budget of the scheduler and the admission watermark (0 when not lowered)
-    num_gpu_blocks: int = 0
-    watermark_blocks: int = 0
-    #: most blocks held at once by running sequences (shared full prompt blocks once)
-    max_held_blocks: int = 0
-    #: most sequences running in one step (forks included)
-    max_running_seqs: int = 0
-    #: decode sequence-steps skipped because no KV block was free
-    decode_stalls: int = 0
-    #: steps whose admissions stopped because the head request's blocks did not fit
-    admission_blocked_steps: int = 0
-    #: steps in which the oldest waiting decode was forced over the budget because no
-    #: sequence could advance (a deadlock; vLLM would preempt, and so does the replay)
-    forced_decodes: int = 0
-    #: requests never lowered, by reason (``prompt_exceeds_kv_blocks``)
-    dropped_requests: int = 0
-    dropped_requests_by_reason: dict[str, int] = field(default_factory=dict)
 
 
 def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str = "llama-3-8b",
@@ -237,3 +193,39 @@ def _columns(I: np.ndarray, F: np.ndarray, n: int, src: np.ndarray, N: int,
     cols["tenant"] = np.where(has, tenant_tab[safe] if N else 0, 0).astype(np.int32)
     cols["size_bytes"] = np.where(cols["block_index"] >= 0, block_bytes, 0).astype(np.int64)
     return cols
+
+
+def import_request_trace(path: str | Path, out_path: str | Path, *, format: str | None = None,
+                         mapping: str | dict[str, str] | None = None,
+                         skip_bad_rows: bool = False, model: str = "llama-3-8b",
+                         hardware: str = "h100-sxm", block_size_tokens: int = 16,
+                         max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
+                         arrival_rate: float | None = None, concurrency: int | None = None,
+                         seed: int = 0, trace_block_tokens: int = 16,
+                         kvmi_step_us: int | None = None,
+                         num_gpu_blocks: int | None = None,
+                         gpu_memory_utilization: float | None = None,
+                         progress: Callable[[int, int], None] | None = None,
+                         strict: bool = False) -> ImportSummary:
+    """Read ``path`` and write its MemoryIntent events to ``out_path`` (Parquet, or JSONL
+    when the name ends in .jsonl).  Same inputs and arguments -> byte-identical output.
+    ``num_gpu_blocks`` / ``gpu_memory_utilization``: the scheduler's KV block budget
+    (:func:`lower_requests`); kvmi files are translated, not scheduled, and ignore them."""
+    from kvsim.core.fsutil import check_output_path, check_output_suffix
+    from kvsim.ingest import read_requests
+    from kvsim.ingest.detect import detect_format
+
+    check_output_suffix(check_output_path(out_path, "--out"), "events", "--out")
+    fmt = format or ("generic" if mapping else detect_format(path))
+    if fmt == "kvmi":
+        from kvsim.ingest.kvmi import KVMI_STEP_US, convert_kvmi
+        return convert_kvmi(path, out_path, block_size_tokens=block_size_tokens,
+                            step_us=kvmi_step_us or KVMI_STEP_US, skip_bad_rows=skip_bad_rows)
+    table = read_requests(path, fmt, mapping, skip_bad_rows, arrival_rate=arrival_rate,
+                          concurrency=concurrency, seed=seed,
+                          trace_block_tokens=trace_block_tokens, strict=strict)
+    return lower_requests(table, out_path, model=model, hardware=hardware,
+                          block_size_tokens=block_size_tokens, max_num_seqs=max_num_seqs,
+                          max_num_batched_tokens=max_num_batched_tokens, seed=seed,
+                          num_gpu_blocks=num_gpu_blocks,
+                          gpu_memory_utilization=gpu_memory_utilization, progress=progress)

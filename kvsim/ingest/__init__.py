@@ -1,12 +1,11 @@
-"""Ingest: trace readers -> canonical Request table -> MemoryIntent events (lowering).
-
-Public API (the CLI ``kvsim import-request-trace`` is a thin shell over it):
+"""Ingest: trace readers -> the canonical Request table.
 
 * :func:`read_requests` - any supported trace -> :class:`RequestTable`
-  (``kvsim.ingest.requests`` documents the table);
-* :func:`lower_requests` - a Request table -> event file through the engine model
-  (``kvsim.engine.engine_model``, ``kvsim.engine.scheduler``), returns :class:`ImportSummary`;
-* :func:`import_request_trace` - both in one call (kvmi files are translated directly).
+  (``kvsim.ingest.requests`` documents the table).
+
+The lowering of a Request table to MemoryIntent events is the engine's
+(:func:`kvsim.engine.lowering.lower_requests`); reading and lowering in one call, the API of
+``kvsim import-request-trace``, is :func:`kvsim.engine.lowering.import_request_trace`.
 
 Readers: ``mooncake``, ``azure``, ``openai``, ``agentic``, ``kvmi`` (events), ``generic``
 (column mapping), ``ragpulse``, ``bailian``, ``burstgpt``, ``vllm-kv-events`` (requests
@@ -20,11 +19,10 @@ from typing import Callable
 
 from kvsim.core.errors import KvsimInputError, bad_value
 from kvsim.ingest.detect import FORMATS, detect_format
-from kvsim.engine.lowering import ImportSummary, lower_requests
 from kvsim.ingest.requests import REQUEST_COLUMNS, RequestTable, build_request_table
 
-__all__ = ["FORMATS", "ImportSummary", "REQUEST_COLUMNS", "RequestTable", "build_request_table",
-           "detect_format", "import_request_trace", "lower_requests", "read_requests"]
+__all__ = ["FORMATS", "REQUEST_COLUMNS", "RequestTable", "build_request_table",
+           "detect_format", "read_requests"]
 
 
 def read_requests(path: str | Path, format: str | None = None,
@@ -76,37 +74,3 @@ def read_requests(path: str | Path, format: str | None = None,
     raise KvsimInputError("kvmi files hold events, not requests: import them with "
                           "import_request_trace / kvsim import-request-trace", path, None,
                           "--format")
-
-
-def import_request_trace(path: str | Path, out_path: str | Path, *, format: str | None = None,
-                         mapping: str | dict[str, str] | None = None,
-                         skip_bad_rows: bool = False, model: str = "llama-3-8b",
-                         hardware: str = "h100-sxm", block_size_tokens: int = 16,
-                         max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
-                         arrival_rate: float | None = None, concurrency: int | None = None,
-                         seed: int = 0, trace_block_tokens: int = 16,
-                         kvmi_step_us: int | None = None,
-                         num_gpu_blocks: int | None = None,
-                         gpu_memory_utilization: float | None = None,
-                         progress: Callable[[int, int], None] | None = None,
-                         strict: bool = False) -> ImportSummary:
-    """Read ``path`` and write its MemoryIntent events to ``out_path`` (Parquet, or JSONL
-    when the name ends in .jsonl).  Same inputs and arguments -> byte-identical output.
-    ``num_gpu_blocks`` / ``gpu_memory_utilization``: the scheduler's KV block budget
-    (:func:`lower_requests`); kvmi files are translated, not scheduled, and ignore them."""
-    from kvsim.core.fsutil import check_output_path, check_output_suffix
-
-    check_output_suffix(check_output_path(out_path, "--out"), "events", "--out")
-    fmt = format or ("generic" if mapping else detect_format(path))
-    if fmt == "kvmi":
-        from kvsim.ingest.kvmi import KVMI_STEP_US, convert_kvmi
-        return convert_kvmi(path, out_path, block_size_tokens=block_size_tokens,
-                            step_us=kvmi_step_us or KVMI_STEP_US, skip_bad_rows=skip_bad_rows)
-    table = read_requests(path, fmt, mapping, skip_bad_rows, arrival_rate=arrival_rate,
-                          concurrency=concurrency, seed=seed,
-                          trace_block_tokens=trace_block_tokens, strict=strict)
-    return lower_requests(table, out_path, model=model, hardware=hardware,
-                          block_size_tokens=block_size_tokens, max_num_seqs=max_num_seqs,
-                          max_num_batched_tokens=max_num_batched_tokens, seed=seed,
-                          num_gpu_blocks=num_gpu_blocks,
-                          gpu_memory_utilization=gpu_memory_utilization, progress=progress)

@@ -233,7 +233,7 @@ def convert_kvmi(path: str | Path, out_path: str | Path, *, block_size_tokens: i
                  step_us: int = KVMI_STEP_US, skip_bad_rows: bool = False):
     """Translate a kvmi JSONL file into a kvsim event file; returns an ImportSummary."""
     from kvsim.events import EventWriter
-    from kvsim.engine.lowering import ImportSummary
+    from kvsim.events.import_summary import ImportSummary
 
     if block_size_tokens < 1:
         raise bad_value(None, None, "--block-size", "an integer >= 1", block_size_tokens)

@@ -346,7 +346,7 @@ def read_vllm_events_requests(path: str | Path, data_parallel_rank: int | None =
     """Requests reconstructed from a recording (:func:`reconstruct_requests`) as a Request
     table: native block = the engine's block size, block ids = content chain hashes of the
     token ids, arrival = the batch's ``ts`` relative to the first batch, one output token."""
-    from kvsim.memory.hashing import block_hashes
+    from kvsim.ingest.vllm_hashing import block_hashes
 
     rec = read_kv_events(path, data_parallel_rank)
     reqs = reconstruct_requests(rec)

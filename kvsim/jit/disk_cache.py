@@ -72,7 +72,7 @@ from types import ModuleType
 #: Modules whose source reaches the compiled replay (code or constants), in a fixed order.
 SOURCES = ("kvsim.core.schema", "kvsim.policy.api", "kvsim.policy.structs", "kvsim.memory.fast",
            "kvsim.memory.fifo_order", "kvsim.policy.state_access", "kvsim.policy.hooks",
-           "kvsim.memory.pool_ref", "kvsim.memory.pool_ops", "kvsim.jit.prefetch", "kvsim.replay.layout",
+           "kvsim.memory.pool_ref", "kvsim.memory.pool_ops", "kvsim.jit.prefetch", "kvsim.core.layout",
            "kvsim.replay.kernel.tiers", "kvsim.replay.kernel.bookkeeping", "kvsim.replay.kernel.tier_ops", "kvsim.replay.kernel.spill",
            "kvsim.replay.kernel.placement", "kvsim.replay.kernel.core", "kvsim.replay.kernel.core_ref",
            "kvsim.engine.scheduler_state", "kvsim.engine.scheduler_blocks", "kvsim.engine.scheduler",

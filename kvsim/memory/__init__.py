@@ -13,7 +13,7 @@ plus :mod:`kvsim.memory.pool_ops` (the operations that consult the eviction orde
 :mod:`kvsim.memory.fifo_order` (the default order of cached free blocks: vLLM's),
 :mod:`kvsim.memory.radix` (SGLang RadixCache-style alternative, plain Python),
 :mod:`kvsim.memory.compare` (``compare_schemes``: hash chain vs radix on one stream),
-:mod:`kvsim.memory.hashing` (prefix-chain block hashes) and
+:mod:`kvsim.ingest.vllm_hashing` (prefix-chain block hashes) and
 :mod:`kvsim.memory.throughput` (``python -m kvsim.memory.throughput``).
 
 Vocabulary

@@ -2,7 +2,7 @@
 one stream of prompts, same pool size, same admission order.
 
 The stream is a sequence of requests, each given by its block hashes (``0`` for a partial
-or unidentified block, see :func:`kvsim.memory.hashing.request_hashes`) and its prompt
+or unidentified block, see :func:`kvsim.ingest.vllm_hashing.request_hashes`) and its prompt
 length in tokens.  At most ``max_running`` requests are resident; when a new one arrives
 and the limit is reached, the oldest finishes first (FCFS).  A request whose blocks do not
 fit is refused (counted) and dropped.  Both schemes run in plain Python (the hash chain

@@ -7,7 +7,7 @@ same plain way.  There is ONE free queue, as in vLLM -- the compiled core
 (:mod:`kvsim.memory.fast`) splits it in two, and tests/memory/test_differential.py checks
 that both give the same block ids and counters.  Semantics: docs/memory-model.md.
 
-Block hashes are given by the caller (``kvsim.memory.hashing`` or the event file); 0 means
+Block hashes are given by the caller (``kvsim.ingest.vllm_hashing`` or the event file); 0 means
 "no hash" (a partial block, or unknown content).
 """
 

@@ -19,7 +19,7 @@ import pandas as pd
 
 from kvsim.engine.serial_lowering import (CacheLowering, CacheStream, stream_from_events,
     write_cache_events)
-from kvsim.replay import layout as L
+from kvsim.core import layout as L
 from kvsim.spec.sim_config import SimConfig
 from kvsim.replay.metrics import summarize
 
@@ -113,11 +113,12 @@ def simulate_cache(source, policy, config: SimConfig, decision_log=None, *,
     """Replay ``source`` (an event file or a :class:`CacheStream`) in cache mode under
     ``policy``.  Returns a :class:`kvsim.replay.driver.SimResult` whose summary has the keys
     of :func:`kvsim.replay.metrics.summary_keys` ``("cache")``."""
-    from kvsim.replay.driver import SimResult, _resolve_policy, execute
+    from kvsim.replay.driver import SimResult, execute
+    from kvsim.policy.registry import resolve_policy
 
     if policy == OPTIMAL:
         return _optimal_result(source, config, lowering)
-    pol = _resolve_policy(policy)
+    pol = resolve_policy(policy)
     with tempfile.TemporaryDirectory(prefix="kvsim-cache-") as tmp:
         low = lowering or lower_for_cache(source, config.cache_variant, tmp)
         n = low.stream.num_requests

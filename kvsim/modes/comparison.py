@@ -14,7 +14,9 @@ import pandas as pd
 
 from kvsim.core.errors import KvsimInputError
 from kvsim.spec.sim_config import SimConfig
-from kvsim.replay.driver import _open, _resolve_policy, scan_trace, simulate
+from kvsim.replay.driver import _open, scan_trace
+from kvsim.policy.registry import resolve_policy
+from kvsim.modes.dispatch import simulate
 
 
 _SHARED: dict = {}
@@ -60,7 +62,7 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
     names = list(policies) if policies else default_policies()
     for n in names:
         if n != "optimal":
-            _resolve_policy(n)  # fail fast on unknown names
+            resolve_policy(n)  # fail fast on unknown names
     run_names = list(names)
     if not cache and "optimal" not in run_names:
         run_names.append("optimal")  # the prefix-cache bound on this schedule
@@ -69,7 +71,7 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
     if bound not in run_names:
         try:
             if not cache:
-                _resolve_policy(bound)
+                resolve_policy(bound)
             run_names.append(bound)
         except KvsimInputError:
             bound = None

@@ -43,6 +43,11 @@ import numpy as np
 from kvsim.core.errors import KvsimInputError
 from kvsim.policy.api import BlockView
 
+#: Hook name -> number of positional parameters (see kvsim.policy.api).
+HOOK_ARITY = {"on_insert": 4, "on_hit": 4, "on_remove": 3, "victim": 5}
+#: Optional hooks and their arity.
+OPTIONAL_HOOK_ARITY = {"on_miss": 4, "on_hold": 3, "on_release": 4}
+
 #: Hooks whose contract is "returns nothing".
 VOID_HOOKS = ("on_insert", "on_hit", "on_remove", "on_miss", "on_hold", "on_release",
               "on_hit_held")
@@ -185,8 +190,6 @@ def _wrap_init(guard: _Guard, func: Callable) -> Callable:
 def guard_policy(policy):
     """``policy`` (a :class:`kvsim.policy.registry.Policy`) with every hook and ``init``
     wrapped by the guard; ``compiled`` becomes False (the guarded hooks are Python)."""
-    from kvsim.policy.registry import HOOK_ARITY, OPTIONAL_HOOK_ARITY
-
     guard = _Guard(policy)
     names = {f.name for f in fields(policy)}
     changes: dict[str, Any] = {"init": _wrap_init(guard, policy.init), "compiled": False}

@@ -35,11 +35,8 @@ from typing import Any, Callable
 
 from kvsim.core.errors import KvsimInputError
 from kvsim.policy import api as policy_api
+from kvsim.policy.guard import HOOK_ARITY, OPTIONAL_HOOK_ARITY, guard_policy
 
-#: Hook name -> number of positional parameters (see kvsim.policy.api).
-HOOK_ARITY = {"on_insert": 4, "on_hit": 4, "on_remove": 3, "victim": 5}
-#: Optional hooks and their arity.
-OPTIONAL_HOOK_ARITY = {"on_miss": 4, "on_hold": 3, "on_release": 4}
 ENTRY_POINT_GROUP = "kvsim.policies"
 
 
@@ -216,7 +213,6 @@ def load_policy_file(path: str | Path) -> Policy:
         sys.modules.pop(mod_name, None)
         raise KvsimInputError(f"could not import policy file: {type(exc).__name__}: {exc}",
                               path, None, None) from exc
-    from kvsim.policy.guard import guard_policy
 
     # user code runs behind the guard (read-only view, checked returns; kvsim.policy.guard)
     return _register(guard_policy(policy_from_module(module, resolved)))
@@ -242,3 +238,14 @@ def list_policies(include_policy_files: bool = False) -> list[Policy]:
     return [_REGISTRY[n] for n in sorted(_REGISTRY)
             if include_policy_files or _REGISTRY[n].source == "builtin"
             or _REGISTRY[n].source.startswith("entry point ")]
+
+
+def resolve_policy(policy) -> Policy:
+    """``policy`` as a :class:`Policy`: a :class:`Policy` itself, a ``.py`` file (a user
+    policy, :func:`load_policy_file`) or a registered name (:func:`get_policy`)."""
+    if isinstance(policy, Policy):
+        return policy
+    text = str(policy)
+    if text.endswith(".py"):
+        return load_policy_file(text)
+    return get_policy(text)

@@ -28,11 +28,12 @@ import pandas as pd
 from kvsim.core.errors import KvsimInputError
 from kvsim.memory import fast as mem
 from kvsim.replay.kernel import core
-from kvsim.replay import layout as L
+from kvsim.core import layout as L
 from kvsim.spec.sim_config import LOWER_TIERS, SimConfig, resolve_engine
 from kvsim.policy.hooks import is_uniform, tier_ref, view_ref
 from kvsim.memory.pool_ref import pool_arg
 from kvsim.replay.kernel.core_ref import CoreState, core_arg
+from kvsim.policy.registry import resolve_policy
 from kvsim.replay.variants import (compiled_is_cached, core_for, interpreted, is_compiled,
     policy_value, run_cols)
 from kvsim.replay.prepass import (SeenSet, TraceFacts, _open, full_hashes, offline_next_use,
@@ -106,17 +107,6 @@ def _lower_tier(tier: int, cap: int, policy, params: dict, max_blocks: int,
     return Tier(L_i, L_free, L_h, L_view, L_ps, Lm)
 
 
-def _resolve_policy(policy):
-    from kvsim.policy.registry import Policy, get_policy, load_policy_file
-
-    if isinstance(policy, Policy):
-        return policy
-    text = str(policy)
-    if text.endswith(".py"):
-        return load_policy_file(text)
-    return get_policy(text)
-
-
 def resolve_tiers(config: SimConfig, header, facts: TraceFacts) -> tuple[int, list[TierCosts]]:
     """(block bytes, per-tier costs) from the config, the header and the hardware."""
     from kvsim.spec.hardware import load_hardware
@@ -162,7 +152,7 @@ class _Run:
         self.facts = facts
         bs = int(header.block_size_tokens)
         params = {"seed": config.seed}
-        lower = [_resolve_policy(config.tier_policy(t)) for t in LOWER_TIERS]
+        lower = [resolve_policy(config.tier_policy(t)) for t in LOWER_TIERS]
         self.lower_policies = lower
         core_mod = core_for(policy, lower, choose_engine(config.engine, facts.num_rows,
                                                          policy, lower))
@@ -424,32 +414,15 @@ def _describe(config: SimConfig, costs: list[TierCosts], block_bytes: int) -> di
     return d
 
 
-def simulate(trace_path: str | Path, policy, config: SimConfig | None = None,
-             decision_log: str | Path | None = None, *, facts: TraceFacts | None = None,
-             on_progress: Callable[[int, int], None] | None = None,
-             lowering=None) -> SimResult:
-    """Replay ``trace_path`` under HBM policy ``policy`` (a name, a ``.py`` file or a
-    :class:`kvsim.policy.registry.Policy`).  Writes the decision log to ``decision_log``
-    (Parquet) when given.  Same inputs => identical result.
-
-    ``config.mode == "cache"``: the requests of the trace are replayed one at a time in
-    arrival order (:func:`kvsim.modes.cache.simulate_cache`; ``lowering`` is a
-    :class:`kvsim.engine.serial_lowering.CacheLowering` made once for many policies)."""
-    config = config or SimConfig()
-    if config.mode == "cache":
-        from kvsim.modes.cache import simulate_cache
-
-        return simulate_cache(trace_path, policy, config, decision_log, lowering=lowering,
-                              on_progress=on_progress)
-    if config.live_offload:  # running requests' blocks may be spilled (kvsim.modes.live.live_offload)
-        from kvsim.modes.live.live_offload import simulate_live
-
-        return simulate_live(trace_path, policy, config, decision_log, facts)
-    if policy == "optimal":  # the offline bound on this schedule (kvsim.bounds.optimal)
-        from kvsim.bounds.optimal import engine_bound
-
-        return engine_bound(trace_path, config, facts)
-    pol = _resolve_policy(policy)
+def replay(trace_path: str | Path, policy, config: SimConfig,
+           decision_log: str | Path | None = None, *, facts: TraceFacts | None = None,
+           on_progress: Callable[[int, int], None] | None = None) -> SimResult:
+    """Replay the event file ``trace_path`` as recorded (its steps, open loop) under HBM
+    policy ``policy`` (a name, a ``.py`` file or a :class:`kvsim.policy.registry.Policy`).
+    Writes the decision log to ``decision_log`` (Parquet) when given.  Same inputs =>
+    identical result.  Which run a :class:`SimConfig` asks for (cache mode, live offload,
+    the offline bound, this replay) is decided by :func:`kvsim.modes.dispatch.simulate`."""
+    pol = resolve_policy(policy)
     ex = execute(trace_path, pol, config, decision_log, facts, on_progress)
     facts = ex.facts
     warm = ex.run.C[L.C_WARM_DONE] != 0
@@ -495,7 +468,7 @@ def execute(trace_path: str | Path, pol, config: SimConfig,
     cfg_dict = _describe(config, costs, block_bytes)
     writer = None
     if decision_log is not None:
-        reasons = [pol.reasons] + [_resolve_policy(config.tier_policy(t)).reasons
+        reasons = [pol.reasons] + [resolve_policy(config.tier_policy(t)).reasons
                                    for t in LOWER_TIERS]
         writer = DecisionLogWriter(decision_log, policy=pol.name, trace=str(trace_path),
                                    config=cfg_dict, reasons_by_tier=reasons,
@@ -527,18 +500,4 @@ def execute(trace_path: str | Path, pol, config: SimConfig,
     return Execution(run, facts, steps, requests, costs, cfg_dict, bs, checks)
 
 
-def compare(*args, **kwargs) -> pd.DataFrame:
-    """:func:`kvsim.modes.comparison.compare` (kept here for callers of this module)."""
-    from kvsim.modes.comparison import compare as _compare
-
-    return _compare(*args, **kwargs)
-
-
-def default_policies() -> list[str]:
-    """:func:`kvsim.modes.comparison.default_policies`."""
-    from kvsim.modes.comparison import default_policies as _default
-
-    return _default()
-
-
-__all__ = ["SimResult", "TraceFacts", "compare", "scan_trace", "simulate", "default_policies"]
+__all__ = ["SimResult", "TraceFacts", "execute", "replay", "resolve_tiers", "scan_trace"]

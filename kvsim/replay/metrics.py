@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from kvsim.replay import layout as L
+from kvsim.core import layout as L
 
 #: The stable keys of a summary, in display order (docs/simulate.md explains each).
 SUMMARY_KEYS = (

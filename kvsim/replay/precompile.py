@@ -80,7 +80,7 @@ def compile_hooks(names: Sequence[str], indices: Sequence[int] | None = None) ->
     ``indices``: each name's place among the claims (:data:`_CLAIMS`); a policy another
     process claimed first is skipped."""
     from kvsim.policy.hooks import compiled_hooks
-    from kvsim.replay.driver import _resolve_policy
+    from kvsim.policy.registry import resolve_policy
 
     with contextlib.suppress(OSError, AttributeError):
         os.nice(HOOKS_NICE)
@@ -88,7 +88,7 @@ def compile_hooks(names: Sequence[str], indices: Sequence[int] | None = None) ->
     for k, name in enumerate(names):
         if indices is not None and _CLAIMS is not None and not _claim(indices[k]):
             continue
-        pol = _resolve_policy(name)
+        pol = resolve_policy(name)
         if pol.compiled:
             for hook in compiled_hooks(pol):
                 hook.compile()
@@ -101,13 +101,13 @@ def cold_hooks(names: Sequence[str], skip: Sequence[str] = ()) -> list[str]:
     """The policies among ``names`` (minus ``skip`` and ``optimal``, which has no hooks)
     with compiled hooks that numba's disk cache does not hold yet, in the order given."""
     from kvsim.policy.hooks import hooks_are_cached
-    from kvsim.replay.driver import _resolve_policy
+    from kvsim.policy.registry import resolve_policy
 
     out = []
     for name in names:
         if name == "optimal" or name in skip or name in out:
             continue
-        pol = _resolve_policy(name)
+        pol = resolve_policy(name)
         if pol.compiled and not hooks_are_cached(pol):
             out.append(name)
     return out
@@ -162,11 +162,11 @@ def needs_split(engine: str, closed: bool, names: Sequence[str]) -> tuple[bool, 
 
     if engine != "compiled":
         return False, None, []
-    from kvsim.replay.driver import _resolve_policy
+    from kvsim.policy.registry import resolve_policy
 
     # the first policy that runs compiled (optimal has no hooks, a plain-Python one runs
     # interpreted): its replay compiles the core
-    first = next((n for n in names if n != "optimal" and _resolve_policy(n).compiled), None)
+    first = next((n for n in names if n != "optimal" and resolve_policy(n).compiled), None)
     if first is None:
         return False, None, []
     hooks = cold_hooks(names, skip=[first])

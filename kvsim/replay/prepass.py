@@ -51,7 +51,7 @@ class TraceFacts:
     num_allocs: int  # ALLOCATE rows in the trace
     #: int64 per ALLOCATE ordinal: ordinal of the next ALLOCATE of the same (full, hashed)
     #: content, NEVER if none.  None until an offline policy needs it
-    #: (:func:`offline_next_use`, filled in by :func:`kvsim.replay.driver.simulate`).
+    #: (:func:`offline_next_use`, filled in by :func:`kvsim.replay.driver.execute`).
     next_use: np.ndarray | None = None
     #: request ids in arrival order: by the time of the request's ARRIVE row (or, without
     #: one, of its first ALLOCATE / ACCESS / FORK row), ties by request id

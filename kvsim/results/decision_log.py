@@ -1,6 +1,6 @@
 """Decision-log writer: the replay's decision buffers -> Parquet (schema in log_schema.py).
 
-The compiled core fills preallocated numpy buffers (layout ``kvsim.replay.layout.GI_*`` etc.);
+The compiled core fills preallocated numpy buffers (layout ``kvsim.core.layout.GI_*`` etc.);
 :class:`DecisionLogWriter` turns each full buffer into one or more Parquet row groups.  The
 file is written atomically (:func:`kvsim.core.fsutil.atomic_output`): a failed replay leaves no
 partial log.  Rows are in decision order (``seq`` = 0, 1, 2, ...); the same replay gives a
@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from kvsim.core.fsutil import atomic_output
 from kvsim.results.log_schema import (CANDIDATE_TYPE, LOG_METADATA_KEY, LOG_SCHEMA_VERSION,
                                       log_schema)
-from kvsim.replay.layout import (CF_LAST, CF_RECOMP, CF_SCORE, CI_BI, CI_COUNT, CI_DEADLINE,
+from kvsim.core.layout import (CF_LAST, CF_RECOMP, CF_SCORE, CI_BI, CI_COUNT, CI_DEADLINE,
     CI_HASH, CI_NEXT, CI_PHASE, CI_PINNED, CI_PRIO, CI_REQ, CI_RPRIO, CI_SLACK, GF_COST, GF_TIME,
     GI_ACTION, GI_BI, GI_BYTES, GI_DC, GI_FROM, GI_HASH, GI_NCAND, GI_REASON, GI_REQ, GI_SEQ,
     GI_STEP, GI_TO, GI_WHY)

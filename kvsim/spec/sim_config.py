@@ -195,7 +195,7 @@ class SimConfig:
         if self.hbm_blocks is not None:
             n, option = int(self.hbm_blocks), "--hbm-blocks"
         elif self.hbm_gb is not None:
-            from kvsim.engine.cost_model import GB
+            from kvsim.core.units import GB
 
             n, option = int(self.hbm_gb * GB) // int(block_bytes), "--hbm-gb"
         else:
@@ -212,7 +212,7 @@ class SimConfig:
     def lowering_options(self, block_size_tokens: int = 16,
                          default_model: str = "llama-3-8b") -> dict:
         """Keyword arguments for :func:`kvsim.workload.generate` (or
-        :func:`kvsim.ingest.import_request_trace`) that lower a workload *for this replay*:
+        :func:`kvsim.engine.lowering.import_request_trace`) that lower a workload *for this replay*:
         same hardware and model, and a scheduler KV budget (``num_gpu_blocks``) equal to
         the HBM pool this config replays into.
 

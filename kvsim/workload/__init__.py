@@ -1,6 +1,6 @@
 """Synthetic workloads from TOML profiles (``profiles/workloads``; docs/profiles.md).
 
-API: :func:`generate` (profile -> event file, returns :class:`kvsim.ingest.ImportSummary`),
+API: :func:`generate` (profile -> event file, returns :class:`kvsim.events.import_summary.ImportSummary`),
 :func:`build_workload` (profile -> Request table), :func:`load_profile`,
 :func:`list_profiles`.
 """

@@ -32,7 +32,8 @@ from numba import njit
 
 from kvsim.core.errors import bad_value
 from kvsim.ingest.hashing import finish63, mix64, name_hash
-from kvsim.engine.lowering import ImportSummary, lower_requests
+from kvsim.engine.lowering import lower_requests
+from kvsim.events.import_summary import ImportSummary
 from kvsim.ingest.requests import RequestTable, build_request_table
 from kvsim.spec.workload_profile import RequestClass, WorkloadProfile, load_profile
 

@@ -12,7 +12,7 @@ import pytest
 from kvsim.engine.engine_model import build_cost_model
 from kvsim.engine.lowering import lower_requests
 from kvsim.ingest.requests import build_request_table
-from kvsim.replay.driver import simulate
+from kvsim.api import simulate
 from kvsim.modes.closed.cluster import serve
 from kvsim.spec.sim_config import SimConfig
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from kvsim.events import read_events
-from kvsim.ingest import build_request_table, lower_requests
+from kvsim.engine.lowering import lower_requests
+from kvsim.ingest import build_request_table
 from kvsim.engine.engine_model import EngineConfig, build_cost_model, default_num_gpu_blocks
 from kvsim.core.schema import EventKind as K, Phase
 from tests.ingest.test_lowering import check_rules
@@ -51,7 +52,7 @@ def replay_held(path, hbm_blocks):
     """The replay's own pool, sized exactly at the budget: (held blocks per step end,
     preemptions)."""
     from kvsim.spec.sim_config import SimConfig
-    from kvsim.replay.driver import simulate
+    from kvsim.api import simulate
 
     r = simulate(path, "lru", SimConfig(hbm_blocks=hbm_blocks, dram_gb=0, cxl_gb=0,
                                         nvme_gb=0, engine="interpreted"))

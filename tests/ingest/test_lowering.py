@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from kvsim.events import read_events
-from kvsim.ingest import build_request_table, import_request_trace, lower_requests
+from kvsim.engine.lowering import import_request_trace, lower_requests
+from kvsim.ingest import build_request_table
 from kvsim.engine.engine_model import build_cost_model
 from kvsim.core.schema import EventKind as K, Phase, Priority
 

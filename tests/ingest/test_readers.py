@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from kvsim.cli import app
 from kvsim.core.errors import KvsimInputError
-from kvsim.ingest import detect_format, import_request_trace, read_requests
+from kvsim.engine.lowering import import_request_trace
+from kvsim.ingest import detect_format, read_requests
 from kvsim.ingest.requests import REQUEST_COLUMN_NAMES
 from tests.helpers import assert_one_line_error
 

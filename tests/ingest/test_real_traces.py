@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from kvsim.ingest import import_request_trace, read_requests
+from kvsim.engine.lowering import import_request_trace
+from kvsim.ingest import read_requests
 
 
 def _head(src, dst, n):

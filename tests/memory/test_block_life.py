@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvsim.memory.fast import KIND_EVICTED, KIND_NEW, KIND_REVIVED
-from kvsim.memory.hashing import request_hashes
+from kvsim.ingest.vllm_hashing import request_hashes
 
 from .conftest import counters
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvsim.memory.fast import PREEMPT_RECOMPUTE, PREEMPT_SWAP, pick_preemption_victim
-from kvsim.memory.hashing import request_hashes
+from kvsim.ingest.vllm_hashing import request_hashes
 
 from .conftest import counters
 

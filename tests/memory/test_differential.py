@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from kvsim.memory.fast import PoolConfig
 from kvsim.memory.pool_handle import FastPool
-from kvsim.memory.hashing import block_hashes, request_hashes
+from kvsim.ingest.vllm_hashing import block_hashes, request_hashes
 from kvsim.memory.reference import KVCacheManager
 
 BS = 2

@@ -30,7 +30,7 @@ def test_every_field_of_the_pool_state_is_the_same_array():
 
 
 def test_the_compiled_pool_writes_through_to_the_named_tuple():
-    from kvsim.memory.hashing import request_hashes
+    from kvsim.ingest.vllm_hashing import request_hashes
     from kvsim.memory.pool_handle import FastPool
 
     pool = FastPool(PoolConfig(9, 4, max_seqs=4, max_blocks_per_seq=8))

@@ -4,7 +4,7 @@ on both implementations: block ids, hits, free-queue order and eviction order ex
 from __future__ import annotations
 
 from kvsim.memory.fast import KIND_EVICTED, KIND_HIT, KIND_NEW, KIND_REVIVED
-from kvsim.memory.hashing import request_hashes
+from kvsim.ingest.vllm_hashing import request_hashes
 
 from .conftest import counters
 

@@ -15,7 +15,7 @@ import pytest
 
 from kvsim.core.schema import Phase
 from kvsim.spec.sim_config import SimConfig
-from kvsim.replay.driver import simulate
+from kvsim.api import simulate
 from tests.sim.conftest import TINY_PROFILE, TraceBuilder
 
 

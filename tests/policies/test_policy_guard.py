@@ -63,7 +63,7 @@ def test_guarded_hold_hooks_in_the_tiered_replay(tmp_path: Path) -> None:
     """lru's source as a user file (on_hold / on_release included) through the tiered
     replay: the same metrics as the built-in, both interpreted."""
     from kvsim.spec.sim_config import SimConfig
-    from kvsim.replay.driver import simulate
+    from kvsim.api import simulate
 
     pol = load_policy_file(_user_copy(tmp_path, "lru", "guarded_lru_replay"))
     cfg = SimConfig(hbm_gb=0.05, engine="interpreted")
@@ -75,7 +75,7 @@ def test_guarded_hold_hooks_in_the_tiered_replay(tmp_path: Path) -> None:
 
 def test_view_write_in_the_replay_names_file_and_hook() -> None:
     from kvsim.spec.sim_config import SimConfig
-    from kvsim.replay.driver import simulate
+    from kvsim.api import simulate
 
     pol = load_policy_file(CORPUS / "pol_writes_view.py")
     with pytest.raises(KvsimInputError) as info:

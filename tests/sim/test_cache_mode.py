@@ -16,7 +16,7 @@ from kvsim.engine.serial_lowering import CacheStream, stream_from_events
 from kvsim.policy.registry import list_policies
 from kvsim.core.schema import EventHeader, Phase
 from kvsim.spec.sim_config import SimConfig
-from kvsim.replay.driver import simulate
+from kvsim.api import simulate
 from kvsim.cachesim.simulator import simulate_cache
 from kvsim.modes.cache import simulate_cache as replay_cache
 

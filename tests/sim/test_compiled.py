@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kvsim.spec.sim_config import SimConfig
-from kvsim.replay.driver import simulate
+from kvsim.api import simulate
 
 _spec = importlib.util.spec_from_file_location("kvsim_tests_sim_conftest_c",
                                                Path(__file__).with_name("conftest.py"))

@@ -13,7 +13,7 @@ import pytest
 
 from kvsim.policy.registry import list_policies
 from kvsim.spec.sim_config import SimConfig
-from kvsim.replay.driver import simulate
+from kvsim.api import simulate
 
 _CONFTEST = Path(__file__).with_name("conftest.py")
 _spec = importlib.util.spec_from_file_location("kvsim_tests_sim_conftest", _CONFTEST)

@@ -130,7 +130,7 @@ def test_compiled_hooks_over_an_old_tuple_state_run_interpreted_with_a_warning(t
     from kvsim.policy.api import dll_ends, dll_links, dll_push_tail, dll_remove, list_walk
     from kvsim.policy.registry import policy_from_module
     from kvsim.spec.sim_config import SimConfig
-    from kvsim.replay.driver import simulate
+    from kvsim.api import simulate
 
     spec = importlib.util.spec_from_file_location(
         "kvsim_tests_sim_conftest_ec", os.path.join(os.path.dirname(__file__), "conftest.py"))

@@ -27,7 +27,7 @@ import pytest
 from kvsim.core.errors import KvsimInputError
 from kvsim.core.schema import EventKind, Phase
 from kvsim.spec.sim_config import SimConfig
-from kvsim.replay.driver import simulate
+from kvsim.api import simulate
 
 _spec = importlib.util.spec_from_file_location("kvsim_tests_sim_conftest_bound",
                                                Path(__file__).with_name("conftest.py"))

@@ -17,7 +17,7 @@ import pytest
 
 from kvsim.core.schema import EventKind, Phase, Priority
 from kvsim.spec.sim_config import SimConfig
-from kvsim.replay.driver import simulate
+from kvsim.api import simulate
 
 _here = Path(__file__).parent
 

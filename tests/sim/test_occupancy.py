@@ -18,8 +18,8 @@ import pytest
 from kvsim.core.schema import Phase
 from kvsim.spec.sim_config import SimConfig
 from kvsim.replay.kernel import core
-from kvsim.replay import layout as L
-from kvsim.replay.driver import simulate
+from kvsim.core import layout as L
+from kvsim.api import simulate
 from kvsim.replay.metrics import OCCUPANCY_COLUMNS, step_table
 
 _spec = importlib.util.spec_from_file_location("kvsim_tests_sim_conftest_occ",
@@ -52,14 +52,14 @@ def pool_scalars(monkeypatch):
     kvsim.replay.kernel.core (pass ``st.sc`` at its two call sites).  Until the core does it, the
     call is wrapped here: the caller's frame (``run`` or ``finish`` of the interpreted
     twin) holds ``st``."""
-    from kvsim.replay.driver import _resolve_policy
+    from kvsim.policy.registry import resolve_policy
     from kvsim.replay.variants import interpreted
 
     def enable(policy: str = "lru") -> None:
         if _core_passes_pool_scalars():
             return
-        lru = _resolve_policy("lru")
-        tw = interpreted(_resolve_policy(policy), [lru, lru, lru])
+        lru = resolve_policy("lru")
+        tw = interpreted(resolve_policy(policy), [lru, lru, lru])
         inner = tw._finalize_step
 
         def with_scalars(C, R_i, R_f, S, P, sc=None):

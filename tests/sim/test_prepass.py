@@ -14,7 +14,7 @@ from kvsim.events import read_events
 from kvsim.policy.api import NEVER
 from kvsim.core.schema import EventKind
 from kvsim.spec.sim_config import SimConfig
-from kvsim.replay.driver import simulate
+from kvsim.api import simulate
 from kvsim.replay.prepass import SeenSet, offline_next_use, scan_trace
 
 _CONFTEST = Path(__file__).with_name("conftest.py")

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from kvsim.policy.registry import list_policies
 from kvsim.core.schema import Phase, Priority
 from kvsim.spec.sim_config import SimConfig
-from kvsim.replay.driver import simulate
+from kvsim.api import simulate
 from kvsim.replay.metrics import SUMMARY_KEYS
 from tests.reference import reference_replay
 

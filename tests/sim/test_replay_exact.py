@@ -13,7 +13,7 @@ import pytest
 from kvsim.results.log_schema import Action
 from kvsim.core.schema import Phase
 from kvsim.spec.sim_config import SimConfig
-from kvsim.replay.driver import simulate
+from kvsim.api import simulate
 
 
 def cfg(hw, **kw) -> SimConfig:

@@ -14,7 +14,7 @@ import pytest
 from kvsim.core.errors import KvsimInputError
 from kvsim.core.schema import Phase
 from kvsim.spec.sim_config import SimConfig
-from kvsim.replay.driver import simulate
+from kvsim.api import simulate
 
 
 def cfg(hw, **kw) -> SimConfig:

@@ -12,7 +12,7 @@ import pytest
 from kvsim.core.errors import KvsimInputError
 from kvsim.cachesim.curves import block_stream, hit_curve
 from kvsim.spec.sim_config import SimConfig
-from kvsim.replay.driver import simulate
+from kvsim.api import simulate
 from kvsim.analysis.sweep import (LATENCY_QUANTILES, SweepSpec, cell_key, code_fingerprint,
     load_occupancy, occupancy_series, results_columns, run_sweep)
 

@@ -26,7 +26,7 @@ With ``replicas > 1`` (:mod:`kvsim.modes.closed.cluster`) several such engines, 
 pool and lower tiers, serve one table behind a router.
 
 Outputs say which schedule produced them: ``summary["schedule"] == "closed"`` here,
-``"recorded"`` for an event file replayed open loop (:func:`kvsim.replay.driver.simulate`).
+``"recorded"`` for an event file replayed open loop (:func:`kvsim.replay.driver.replay`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from kvsim.core.errors import KvsimInputError
 from kvsim.memory.fast import index_keys_values
 from kvsim.engine.engine_model import EngineConfig, build_cost_model
 from kvsim.ingest.requests import RequestTable
-from kvsim.replay import layout as L
+from kvsim.core import layout as L
 from kvsim.modes.closed import closed_step as CS
 from kvsim.engine import scheduler as S
 from kvsim.spec.sim_config import SimConfig
@@ -274,13 +274,13 @@ def closed_engine(config: SimConfig, policy, num_rows: int) -> str:
     """The engine of a closed-loop run (:func:`kvsim.replay.variants.auto_engine` with the
     closed loop's step driver counted in the cache check)."""
     from kvsim.spec.sim_config import LOWER_TIERS
-    from kvsim.replay.driver import _resolve_policy
+    from kvsim.policy.registry import resolve_policy
     from kvsim.replay.variants import auto_engine
 
     if config.engine != "auto":
         return config.engine
-    lower = [_resolve_policy(config.tier_policy(t)) for t in LOWER_TIERS]
-    return auto_engine("auto", num_rows, _resolve_policy(policy), lower, closed=True)
+    lower = [resolve_policy(config.tier_policy(t)) for t in LOWER_TIERS]
+    return auto_engine("auto", num_rows, resolve_policy(policy), lower, closed=True)
 
 
 #: dtypes of the core's event columns (kvsim.replay.kernel.core.COLS order; kvsim.core.schema types)

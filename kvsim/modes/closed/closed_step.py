@@ -30,7 +30,7 @@ import numpy as np
 from numba import njit
 
 from kvsim.replay.kernel import core as core_mod
-from kvsim.replay import layout as L
+from kvsim.core import layout as L
 from kvsim.engine import scheduler as S
 
 # aux (int64): step rows in flight (0 = none), row to resume at, steps recorded in insys,

@@ -94,7 +94,8 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
     docs/simulate.md and ``summary["replicas_detail"]`` one row per replica."""
     from kvsim.modes.closed.closed_loop import closed_engine
     from kvsim.replay.precompile import split_closed_compile
-    from kvsim.replay.driver import _describe, _resolve_policy
+    from kvsim.replay.driver import _describe
+    from kvsim.policy.registry import resolve_policy
 
     config = config or SimConfig()
     opts = engine or EngineOptions()
@@ -104,7 +105,7 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
     if router not in ROUTERS:
         raise KvsimInputError(f"expected --router {' | '.join(ROUTERS)}, got {router!r}",
                               None, None, "--router")
-    pol = _resolve_policy(policy)
+    pol = resolve_policy(policy)
     cost, hbm_blocks, costs, block_bytes, off, ids, table, dropped = \
         prepare(table, config, opts)
     cfg_dict = _describe(config, costs, block_bytes)
@@ -125,7 +126,8 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
     """:func:`serve` after its set-up: build the engines, run them, summarise."""
     from kvsim.results.decision_log import DecisionLogWriter
     from kvsim.modes.closed.closed_facts import block_facts, prompt_block_hashes
-    from kvsim.replay.driver import SimResult, _resolve_policy
+    from kvsim.replay.driver import SimResult
+    from kvsim.policy.registry import resolve_policy
     from kvsim.modes.closed.serving_metrics import cluster_summary
 
     N = len(table)
@@ -141,7 +143,7 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
             path = Path(decision_log)
             if replicas > 1:
                 path = path.with_name(f"{path.stem}.replica{w}{path.suffix}")
-            reasons = [pol.reasons] + [_resolve_policy(config.tier_policy(t)).reasons
+            reasons = [pol.reasons] + [resolve_policy(config.tier_policy(t)).reasons
                                        for t in LOWER_TIERS]
             writer = DecisionLogWriter(path, policy=pol.name, trace="requests",
                                        config={**cfg_dict, "replica": w},
@@ -230,16 +232,17 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
     available); one row per policy with the summary keys, plus
     ``gap_hbm_hit_rate_to_belady``, ``gap_ttft_p99_us_to_belady`` and, when lru is listed,
     ``ttft_p50_us_vs_lru`` / ``ttft_p99_us_vs_lru`` (this policy's minus lru's)."""
-    from kvsim.replay.driver import _resolve_policy, default_policies
+    from kvsim.policy.registry import resolve_policy
+    from kvsim.modes.comparison import default_policies
 
     names = list(policies) if policies else default_policies()
     for n in names:
-        _resolve_policy(n)
+        resolve_policy(n)
     run_names = list(names)
     bound = "belady"
     if bound not in run_names:
         try:
-            _resolve_policy(bound)
+            resolve_policy(bound)
             run_names.append(bound)
         except KvsimInputError:
             bound = None

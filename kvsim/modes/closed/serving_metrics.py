@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from kvsim.replay import layout as L
+from kvsim.core import layout as L
 from kvsim.engine import scheduler as S
 from kvsim.replay.metrics import _pct, request_table, step_table, summarize
 

@@ -129,9 +129,10 @@ def _intent(cols: dict, i: int) -> tuple:
 
 
 def run_live(trace_path, policy, config, decision_log=None, facts=None):
-    """:func:`kvsim.modes.live.live_offload.simulate_live`."""
+    """:func:`kvsim.modes.live.live_metrics.simulate_live`."""
     from kvsim.replay.prepass import _open, scan_trace
-    from kvsim.replay.driver import SimResult, _describe, _resolve_policy, resolve_tiers
+    from kvsim.replay.driver import SimResult, _describe, resolve_tiers
+    from kvsim.policy.registry import resolve_policy
 
     if decision_log is not None:
         raise KvsimInputError("--live-offload writes no decision log yet; expected no "
@@ -139,7 +140,7 @@ def run_live(trace_path, policy, config, decision_log=None, facts=None):
     offline_name = None
     if policy == "optimal":
         offline_name, policy = "optimal", "belady"
-    pol = _resolve_policy(policy)
+    pol = resolve_policy(policy)
     with _open(trace_path) as reader:
         header = reader.header
     bs = int(header.block_size_tokens)
@@ -231,4 +232,13 @@ def _summary(name, offline, rep, steps, requests, facts, costs) -> dict:
     return s
 
 
-__all__ = ["LIVE_KEYS", "run_live", "replay_rows"]
+def simulate_live(trace_path: str | Path, policy, config, decision_log=None, facts=None):
+    """Replay ``trace_path`` in the live-offload mode under HBM policy ``policy`` (a name,
+    a ``.py`` file or a :class:`~kvsim.policy.registry.Policy`; ``"optimal"`` is the
+    offline bound of :mod:`kvsim.bounds.live_optimal`).  Returns a
+    :class:`kvsim.replay.driver.SimResult` whose summary has the keys of docs/simulate.md
+    ("Live offload") with ``live_offload = True``.  Same inputs => identical result."""
+    return run_live(trace_path, policy, config, decision_log, facts)
+
+
+__all__ = ["LIVE_KEYS", "replay_rows", "run_live", "simulate_live"]

@@ -38,7 +38,7 @@ Rules (docs/cost-model.md, "Live offload", gives each with its source):
   admission, stop at the first miss); a finished request's hashed blocks stay in HBM as
   cached units, dropped (not spilled: the tiered replay's model) when chosen.
 
-Python API: :func:`simulate_live` ``(trace_path, policy, config) -> SimResult`` (what
+Python API: :func:`kvsim.modes.live.live_metrics.simulate_live` ``(trace_path, policy, config) -> SimResult`` (what
 ``kvsim.api.simulate`` runs when ``config.live_offload`` is set).
 """
 
@@ -587,15 +587,4 @@ COUNTERS = ("live_spills", "pinned_spills", "blocks_fetched", "stalls", "decode_
             "ttft_deadline_misses")
 
 
-def simulate_live(trace_path: str | Path, policy, config, decision_log=None, facts=None):
-    """Replay ``trace_path`` in the live-offload mode under HBM policy ``policy`` (a name,
-    a ``.py`` file or a :class:`~kvsim.policy.registry.Policy`; ``"optimal"`` is the
-    offline bound of :mod:`kvsim.bounds.live_optimal`).  Returns a
-    :class:`kvsim.replay.driver.SimResult` whose summary has the keys of docs/simulate.md
-    ("Live offload") with ``live_offload = True``.  Same inputs => identical result."""
-    from kvsim.modes.live.live_metrics import run_live
-
-    return run_live(trace_path, policy, config, decision_log, facts)
-
-
-__all__ = ["LiveReplay", "simulate_live", "COUNTERS"]
+__all__ = ["LiveReplay", "COUNTERS"]

@@ -2,7 +2,7 @@
 
 These functions never call a policy hook: the replay core (:mod:`kvsim.replay.kernel.core`) calls
 them, and numba compiles and caches them once, as it does the core (docs/architecture.md,
-"One compiled core for every policy").  State layout: :mod:`kvsim.replay.layout`.
+"One compiled core for every policy").  State layout: :mod:`kvsim.core.layout`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit
 
 from kvsim.memory.fast import S_N_CAND, S_N_HELD  # the HBM pool's scalars (st.sc)
-from kvsim.replay.layout import *  # noqa: F401,F403  (column names of the state arrays)
+from kvsim.core.layout import *  # noqa: F401,F403  (column names of the state arrays)
 
 NEVER = np.iinfo(np.int64).max
 PR_DECODE_CRITICAL = 3

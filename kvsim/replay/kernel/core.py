@@ -40,7 +40,7 @@ from kvsim.replay.kernel import spill as lower
 from kvsim.replay.kernel import tiers as tr
 from kvsim.replay.kernel.bookkeeping import (_finalize_step, _grow_records, _peak, _pick_victim,
     _run_add, _run_remove, _set_view_from_record)
-from kvsim.replay.layout import (AI_DEADLINE, AI_FULL_HASH, AI_HASH, AI_NEXT, AI_PFOK, AI_PHASE,
+from kvsim.core.layout import (AI_DEADLINE, AI_FULL_HASH, AI_HASH, AI_NEXT, AI_PFOK, AI_PHASE,
     AI_PIN, AI_PRIO, AI_RPRIO, AI_SEEN, AI_SIZE, AI_SLACK, AI_TDS, AI_TOKENS, C_ALLOC_ORD,
     C_ARENA_NEED, C_ARENA_TOP, C_CLOCK_US, C_HBM_USED, C_IN_STEP, C_MAX_BT, C_NLOG, C_NPEND,
     C_NRUN, C_NSTEP_BUF, C_PEND_ADMIT, C_STEP, C_STEP_DUR_US, C_STEP_EXTRA_US, C_STEP_SAVED_US,

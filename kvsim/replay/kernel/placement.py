@@ -21,7 +21,7 @@ from kvsim.replay.kernel import tier_ops
 from kvsim.replay.kernel import tiers as tr
 from kvsim.jit.prefetch import prefetch
 from kvsim.replay.kernel.bookkeeping import _peak, _pick_victim, _run_remove, _set_view_from_record
-from kvsim.replay.layout import (AI_FULL_HASH, AI_HASH, AI_PFOK, AI_SEEN, AI_SIZE, AI_TOKENS,
+from kvsim.core.layout import (AI_FULL_HASH, AI_HASH, AI_PFOK, AI_SEEN, AI_SIZE, AI_TOKENS,
     C_HBM_USED, C_STEP, C_STEP_EXTRA_US, C_STEP_STALL_US, C_STEP_START_US, HI_BI, HI_HITS,
     HI_OWNER, HI_TOKENS, K_BLOCK_TOKENS, K_LOG, K_LOG_LIFECYCLE, K_PREEMPT_SWAP, K_PREFETCH,
     K_PRIO_SCHED, K_WRITE_POLICY, M_ALLOC_BLK, M_BYTES_UP, M_DC_MISS, M_FIRST_TOK, M_HIT_BLK,

@@ -16,7 +16,7 @@ from kvsim.replay.kernel import tiers as tr
 from kvsim.replay.kernel.bookkeeping import _first_lower
 from kvsim.policy.hooks import H_INSERT, H_REMOVE, H_VICTIM
 from kvsim.jit.prefetch import prefetch, prefetch_row
-from kvsim.replay.layout import (C_PEAK, C_USED, HI_BI, HI_HITS, HI_OWNER, HI_TOKENS, K_LOG,
+from kvsim.core.layout import (C_PEAK, C_USED, HI_BI, HI_HITS, HI_OWNER, HI_TOKENS, K_LOG,
     K_WRITE_POLICY, LI_BI, LI_OWNER, LI_STATE, LI_TOKENS, LM_CAP, LM_FREE_TOP, LM_USED,
     M_BYTES_DOWN, M_DEMOTE, M_EVICT, M_WRITE_THROUGH, WP_WRITE_BACK, WP_WRITE_THROUGH)
 

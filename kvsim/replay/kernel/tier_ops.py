@@ -9,7 +9,7 @@ invariants: :mod:`kvsim.replay.kernel.tiers`.
 
 from numba import njit
 
-from kvsim.replay.layout import (C_PEAK, C_USED, LI_BI, LI_OWNER, LI_STATE, LI_TOKENS, LM_CAP,
+from kvsim.core.layout import (C_PEAK, C_USED, LI_BI, LI_OWNER, LI_STATE, LI_TOKENS, LM_CAP,
     K_LOG, LM_FREE_TOP, LM_USED, M_BYTES_DOWN, M_DEMOTE, M_EVICT)
 from kvsim.replay.kernel.tiers import (copy_view, hash_del, hash_put, log_candidates, log_row,
     tier_value)

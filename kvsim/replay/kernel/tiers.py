@@ -52,7 +52,7 @@ from numba import njit
 
 from kvsim.jit.prefetch import prefetch
 
-from kvsim.replay.layout import (C_LOG_SEQ, C_NLOG, CF_LAST, CF_RECOMP, CF_SCORE, CI_BI, CI_COUNT,
+from kvsim.core.layout import (C_LOG_SEQ, C_NLOG, CF_LAST, CF_RECOMP, CF_SCORE, CI_BI, CI_COUNT,
     CI_DEADLINE, CI_HASH, CI_NEXT, CI_PHASE, CI_PINNED, CI_PRIO, CI_REQ, CI_RPRIO, CI_SLACK,
     GF_COST, GF_TIME, GI_ACTION, GI_BI, GI_BYTES, GI_DC, GI_FROM, GI_HASH, GI_NCAND, GI_REASON,
     GI_REQ, GI_SEQ, GI_STEP, GI_TO, GI_WHY, LI_BI, LI_OWNER, LI_STATE, LI_TOKENS, LM_CAP,
