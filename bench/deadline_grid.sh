@@ -4,7 +4,7 @@
 # (`compare --profile`).  One line per (set-up, GB, seed, policy):
 #   setup GB seed policy p99_step_us p999_step_us ttft_p99_ms tpot_p99_ms
 #   decode_critical_misses hbm_hit_rate recompute_tokens stall_us deadline_misses
-# Results and reading: docs/benchmarks.md ("deadline vs lru, lowered for the replayed HBM").
+# Results and reading: docs/benchmarks.md ("deadline vs lru on deadline_pressure").
 set -euo pipefail
 for extra in "" "--no-prefetch" "--dram-gb 0 --cxl-gb 0 --nvme-gb 0"; do
   for h in 4 8 16; do

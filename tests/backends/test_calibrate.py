@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvsim.backends import CALIBRATION_LAYOUT, BlockLayout
+from kvsim.engine import cost_model
 from kvsim.analysis.calibrate import (KIB, MIB, OPERATIONS, CalibrationSettings, LinearFit,
     calibrate, calibrated_profile, write_calibration)
 from kvsim.cli import app
@@ -132,7 +133,7 @@ def _scaled(fit: LinearFit, factor: float) -> LinearFit:
 def test_slower_measured_bandwidth_makes_transfers_slower(quick):
     """The profile moves simulated latencies in the direction its numbers say: the same
     measurement with half the bandwidth gives slower promotions and spills, through the
-    cost model's own formula when kvsim.engine.cost_model is present."""
+    cost model's own formula (kvsim.engine.cost_model)."""
     base = load_hardware("h100-sxm")
     fits = dict(FITS)
     slow_fits = {op: _scaled(f, 0.5) for op, f in fits.items()}
@@ -143,7 +144,6 @@ def test_slower_measured_bandwidth_makes_transfers_slower(quick):
         for to_gpu in (True, False):
             assert slow.tiers[tier].transfer_us(block, to_gpu) > \
                 fast.tiers[tier].transfer_us(block, to_gpu)
-    cost_model = pytest.importorskip("kvsim.engine.cost_model")
     promote = {name: {c.name: c for c in cost_model.tier_costs(p, block, 100)}
                for name, p in (("fast", fast), ("slow", slow), ("base", base))}
     for tier in ("dram", "nvme"):
