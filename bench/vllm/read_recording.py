@@ -111,12 +111,65 @@ def check(rec) -> dict:
     cached: dict = {}         # hash id -> number of cached blocks with it
     t = {"steps": 0, "preemptions": 0, "stored_blocks": 0, "stored_events": 0,
          "removed_blocks": 0, "cleared": 0, "new_hit_tokens": 0, "resumed_hit_tokens": 0,
-         "scheduled_tokens": 0}
+         "scheduled_tokens": 0, "duplicate_stores": 0}
     pc = [0] * 6
     finished = set()
+    usable = h["kv_cache"]["num_gpu_blocks"] - 1
+    clk = h["clock"]
+    held: dict = {}           # request -> its block table (block ids)
+    computed: dict = {}       # request -> computed tokens after the step
+    arrival: dict = {i: r["arrival_ms"] for i, r in enumerate(reqs) if "arrival_ms" in r}
+    if clk.get("ignore_timestamps"):
+        arrival = {i: 0.0 for i in arrival}
+    T = last_T = 0.0
     for s in steps:
         assert s["step"] == t["steps"], s["step"]
         t["steps"] += 1
+        if "arrived" in s:
+            # the clock only jumps forward (to the next arrival, when idle)
+            assert s["t_ms"] >= T - 1e-3, f"step {s['step']}: clock went back"
+            T = s["t_ms"]
+            for i in s["arrived"]:
+                assert arrival[i] <= T + 1e-3, f"step {s['step']}: {i} arrived early"
+                assert s["step"] == 0 or arrival[i] > last_T - 1e-3, \
+                    f"step {s['step']}: {i} arrived late"
+        # block tables: preempted requests drop theirs, admissions bring a whole one
+        for i in s.get("preempted", ()):
+            held.pop(i, None)
+            computed[i] = 0
+        n_sched = dict((i, n) for i, n in s["sched"])
+        admitted = {i: hit for i, hit in s.get("new", []) + s.get("resumed", [])}
+        for i, ids in s.get("blocks", ()):
+            if i in admitted:
+                held[i] = unruns(ids)
+            else:
+                held.setdefault(i, []).extend(unruns(ids))
+        for i, n in n_sched.items():
+            computed[i] = (admitted[i] if i in admitted else computed.get(i, 0)) + n
+            if h["block_ids"]:
+                assert len(held.get(i, ())) == -(-computed[i] // bs), \
+                    f"step {s['step']}: request {i} holds {len(held.get(i, ()))} blocks " \
+                    f"for {computed[i]} tokens"
+        if h["block_ids"]:
+            in_use = set()
+            for ids in held.values():
+                in_use.update(ids)
+            assert 0 not in in_use and max(in_use, default=1) <= usable
+            assert s.get("free_sched", s["free"]) == usable - len(in_use), \
+                f"step {s['step']}: free after schedule"
+        for i in s.get("finished", ()):
+            held.pop(i, None)
+            for j, r in enumerate(reqs):
+                if r.get("after", {}).get("req") == i:
+                    arrival[j] = T + clk["step_base_ms"] + clk["per_token_ms"] * \
+                        sum(n_sched.values()) + r["after"].get("delay_ms", 0.0)
+        if h["block_ids"]:
+            in_use = set()
+            for ids in held.values():
+                in_use.update(ids)
+            assert s["free"] == usable - len(in_use), f"step {s['step']}: free"
+        last_T = T
+        T += clk["step_base_ms"] + clk["per_token_ms"] * sum(n_sched.values())
         start_cached = {k for k, v in cached.items() if v > 0}
         stored_here = set()
         for e in s.get("ev", ()):
@@ -136,6 +189,8 @@ def check(rec) -> dict:
                 for j, hid in enumerate(ids):
                     key = (parent, tuple(toks[j * bs:(j + 1) * bs]),
                            salt if b + j == 0 else None)
+                    if cached.get(hid, 0) > 0:
+                        t["duplicate_stores"] += 1
                     old = content.setdefault(key, hid)
                     assert old == hid, f"step {s['step']}: same content, other hash"
                     chain[(r, b + j)] = hid
@@ -183,6 +238,7 @@ def check(rec) -> dict:
             vp["preempted_queries"], vp["preempted_hits"]] == pc
     assert vp["hits"] == t["new_hit_tokens"]
     assert vp["preempted_hits"] == t["resumed_hit_tokens"]
+    assert abs(T - summ["end_ms"]) < 1e-2, f"end of clock {T} != {summ['end_ms']}"
     return t
 
 

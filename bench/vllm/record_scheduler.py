@@ -35,6 +35,7 @@ import gzip
 import hashlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -361,13 +362,21 @@ def case_multiturn() -> dict:
         {"after": {"req": 3, "delay_ms": 50.0},
          "prompt": [{"prompt_of": 3}, {"output_of": 3}, {"blk": [5, 64, 4, 20]}],
          "output_len": 4},
+        # the same block-aligned 64-token prompt twice: the hit stops at 48 tokens (at
+        # most num_tokens - 1, whole blocks), so block 3 is computed again and stored
+        # under a hash that is already cached (vLLM does not deduplicate)
+        {"arrival_ms": 0.0, "prompt": [{"blk": [5, 64, 9, 64]}], "output_len": 3},
+        {"after": {"req": 5, "delay_ms": 10.0}, "prompt": [{"prompt_of": 5}],
+         "output_len": 3},
     ]
     return {
         "name": "multiturn_output_reuse",
         "description": "Multi-turn chats whose next prompt is the previous prompt + the "
                        "previous output + new user tokens: the output tokens' KV (hashed "
                        "as decode fills blocks) is reused; turn 2 of the first chat hits "
-                       "48 tokens (the last sampled token is never computed).",
+                       "48 tokens (the last sampled token is never computed).  Also one "
+                       "block-aligned 64-token prompt sent twice: the repeat hits 48 "
+                       "tokens and stores block 3 again under a hash already cached.",
         "engine": _engine(num_gpu_blocks=201, max_num_seqs=8, max_num_batched_tokens=512,
                           max_model_len=1024),
         "clock": _clock(),
@@ -429,17 +438,6 @@ def runs(ids: list[int]) -> list:
     return out
 
 
-def unruns(enc: list) -> list[int]:
-    out: list[int] = []
-    for x in enc:
-        if isinstance(x, list):
-            a, b = x
-            out.extend(range(a, b + 1) if b >= a else range(a, b - 1, -1))
-        else:
-            out.append(x)
-    return out
-
-
 # ---------------------------------------------------------------------------
 # The recorder
 # ---------------------------------------------------------------------------
@@ -456,15 +454,19 @@ class _CapturePublisher:
         pass
 
 
+TINY_MODEL = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+    "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
+    "num_key_value_heads": 2, "num_hidden_layers": 1, "vocab_size": 32000,
+    "max_position_embeddings": 1 << 20, "torch_dtype": "float16",
+    "rms_norm_eps": 1e-6,
+}
+
+
 def _tiny_model_dir() -> str:
+    """A local model folder holding only a config.json: no weights, no tokenizer."""
     d = tempfile.mkdtemp(prefix="kvsim-vllm-model-")
-    cfg = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2,
-        "num_key_value_heads": 2, "num_hidden_layers": 1, "vocab_size": 32000,
-        "max_position_embeddings": 1 << 20, "torch_dtype": "float16",
-        "rms_norm_eps": 1e-6,
-    }
+    cfg = TINY_MODEL
     with open(os.path.join(d, "config.json"), "w") as fh:
         json.dump(cfg, fh)
     return d
@@ -523,8 +525,8 @@ def record(spec: dict, out_path: str, traces_dir: str, check_every: int = 1,
     from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import get_hash_fn_by_name
-    from vllm.v1.core.kv_cache_utils import (get_request_block_hasher, init_none_hash,
-                                             maybe_convert_block_hash)
+    from vllm.v1.core.kv_cache_utils import (get_none_hash_seed, get_request_block_hasher,
+                                             init_none_hash, maybe_convert_block_hash)
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,
                                             KVCacheGroupSpec)
@@ -533,8 +535,12 @@ def record(spec: dict, out_path: str, traces_dir: str, check_every: int = 1,
     from vllm.v1.structured_output import StructuredOutputManager
     import torch
 
-    model_config = ModelConfig(model=_tiny_model_dir(), skip_tokenizer_init=True,
-                               dtype="float16", max_model_len=max_model_len, seed=0)
+    model_dir = _tiny_model_dir()
+    try:
+        model_config = ModelConfig(model=model_dir, skip_tokenizer_init=True,
+                                   dtype="float16", max_model_len=max_model_len, seed=0)
+    finally:
+        shutil.rmtree(model_dir, ignore_errors=True)
     sched_config = SchedulerConfig(
         max_num_seqs=eng["max_num_seqs"],
         max_num_batched_tokens=eng["max_num_batched_tokens"],
@@ -649,17 +655,23 @@ def record(spec: dict, out_path: str, traces_dir: str, check_every: int = 1,
         "case": spec["name"], "description": spec.get("description", ""),
         "vllm_version": vllm.__version__,
         "scheduler": "vllm.v1.core.sched.scheduler.Scheduler (synchronous)",
+        "torch_version": torch.__version__, "device": "cpu",
+        "model_config": {**TINY_MODEL, "note": "config.json only; no weights are "
+                         "loaded and no model runs (a fake runner samples tokens)"},
         "engine": eng,
         "kv_cache": {"num_gpu_blocks": num_blocks, "usable_blocks": num_blocks - 1,
                      "null_block": 0, "hash_algo": hash_algo,
                      "event_hashes": "interned ids of vLLM's published int64 hashes "
                                      "(VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1)",
+                     "none_hash_seed": get_none_hash_seed(),
                      "medium": "GPU", "group_idx": 0},
         "clock": {**clock, "definition":
-                  "T_0 = 0; before step k's schedule() every request with arrival_ms <= "
+                  "T_0 = 0; t_ms is written on the steps where requests arrive; "
+                  "before step k's schedule() every request with arrival_ms <= "
                   "T_k is added (by arrival_ms, then index); T_{k+1} = T_k + step_base_ms "
-                  "+ per_token_ms * tokens scheduled in step k; with nothing unfinished "
-                  "the clock jumps to the next arrival; an 'after' request arrives at "
+                  "+ per_token_ms * tokens scheduled in step k; when the scheduler holds no "
+                  "request, or a step schedules nothing, T moves on to the next arrival "
+                  "(idle time is not a step); an 'after' request arrives at "
                   "T_{k+1} + delay_ms where k is the step its predecessor finished in; "
                   "ignore_timestamps puts every timed arrival at 0"},
         "token_mapping": {
@@ -673,6 +685,7 @@ def record(spec: dict, out_path: str, traces_dir: str, check_every: int = 1,
                        "blk [10, 64, index, in % 64]",
         },
         "stored_tokens": "inline" if inline_tokens else "by reference",
+        "block_ids": True,
         "source": spec.get("source"),
         "actions": spec["actions"],
         "num_requests": len(reqs),
@@ -700,10 +713,11 @@ def record(spec: dict, out_path: str, traces_dir: str, check_every: int = 1,
               "vllm_prefix_cache": {"requests": 0, "queries": 0, "hits": 0,
                                     "preempted_requests": 0, "preempted_queries": 0,
                                     "preempted_hits": 0},
-              "resets": []}
+              "resets": [], "duplicate_stores": 0}
     arrival_step: dict[int, int] = {}
     finish_step: dict[int, int] = {}
     live_cached = 0        # stored - removed since the last clear (for the self-check)
+    live_count: dict = {}  # hash -> cached blocks with it (duplicates are possible)
     step_records: list[str] = []
 
     def run_actions(acts, rec):
@@ -724,7 +738,6 @@ def record(spec: dict, out_path: str, traces_dir: str, check_every: int = 1,
                 T = pending[pi][0]
             elif pi >= len(pending):
                 raise RuntimeError("no unfinished request and nothing left to arrive")
-        rec["t_ms"] = round(T, 3)
         arrived = []
         preempt_order.clear()
         while pi < len(pending) and pending[pi][0] <= T:
@@ -739,6 +752,7 @@ def record(spec: dict, out_path: str, traces_dir: str, check_every: int = 1,
             arrived.append(i)
         if arrived:
             rec["arrived"] = arrived
+            rec["t_ms"] = round(T, 3)     # written on arrival steps only
         if step in actions_by_step:
             run_actions(actions_by_step.pop(step), rec)
         reset_preempted = [id_to_idx[x] for x in preempt_order]
@@ -754,6 +768,15 @@ def record(spec: dict, out_path: str, traces_dir: str, check_every: int = 1,
         for rid, n in nst.items():
             sched_list.append([id_to_idx[rid], n])
         rec["sched"] = sched_list
+        blocks = []
+        for nr in so.scheduled_new_reqs:        # new and resumed: the whole block table
+            blocks.append([id_to_idx[nr.req_id], runs(list(nr.block_ids[0]))])
+        cr = so.scheduled_cached_reqs
+        for rid, nb in zip(cr.req_ids, cr.new_block_ids):
+            if nb is not None and nb[0]:        # running: the blocks appended this step
+                blocks.append([id_to_idx[rid], runs(list(nb[0]))])
+        if blocks:
+            rec["blocks"] = blocks
         admitted = {r.req_id for r in so.scheduled_new_reqs}
         admitted.update(so.scheduled_cached_reqs.resumed_req_ids)
         resumed_ids = admitted & was_preempted
@@ -817,6 +840,8 @@ def record(spec: dict, out_path: str, traces_dir: str, check_every: int = 1,
                                "preempted_queries", "preempted_hits"), vals):
                 totals["vllm_prefix_cache"][key] += v
         rec["free"] = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+        if rec["free_sched"] == rec["free"]:
+            del rec["free_sched"]
 
         # KV events published this step
         evs = []
@@ -831,6 +856,10 @@ def record(spec: dict, out_path: str, traces_dir: str, check_every: int = 1,
                     toks = vreqs[i].all_token_ids[k * bs:(k + len(hs)) * bs]
                     if list(toks) != list(ev.token_ids):
                         raise RuntimeError("BlockStored tokens differ from the request's")
+                    for h in hs:
+                        if live_count.get(h, 0) > 0:
+                            totals["duplicate_stores"] += 1
+                        live_count[h] = live_count.get(h, 0) + 1
                     e = {"S": runs([hid(h) for h in hs]),
                          "p": None if ev.parent_block_hash is None
                          else hid(ev.parent_block_hash),
@@ -846,6 +875,8 @@ def record(spec: dict, out_path: str, traces_dir: str, check_every: int = 1,
                     live_cached += len(hs)
                 elif isinstance(ev, BlockRemoved):
                     ids = [hid(h) for h in ev.block_hashes]
+                    for h in ev.block_hashes:
+                        live_count[h] -= 1
                     totals["removed_blocks"] += len(ids)
                     live_cached -= len(ids)
                     if evs and "R" in evs[-1]:
@@ -854,6 +885,7 @@ def record(spec: dict, out_path: str, traces_dir: str, check_every: int = 1,
                         evs.append({"R": None, "_r": ids})
                 elif isinstance(ev, AllBlocksCleared):
                     evs.append({"C": 1})
+                    live_count.clear()
                     totals["cleared"] += 1
                     live_cached = 0
                 else:
@@ -867,7 +899,8 @@ def record(spec: dict, out_path: str, traces_dir: str, check_every: int = 1,
 
         if check_every and step % check_every == 0:
             pool = sched.kv_cache_manager.block_pool
-            n_cached = len(pool.cached_block_hash_to_block)
+            n_cached = sum(1 if not isinstance(v, dict) else len(v)
+                           for v in pool.cached_block_hash_to_block._cache.values())
             if n_cached != live_cached:
                 raise RuntimeError(f"step {step}: events say {live_cached} cached blocks,"
                                    f" the pool has {n_cached}")
@@ -908,7 +941,6 @@ def record(spec: dict, out_path: str, traces_dir: str, check_every: int = 1,
         "num_preemptions": [vreqs[i].num_preemptions for i in range(n_total)],
     }
     totals["distinct_hashes"] = len(hash_values)
-    totals["record_seconds"] = round(time.time() - t_start, 1)
     lines_out.extend(step_records)
     # vLLM's own hash values (the int64 form its KV events carry), interned id -> value;
     # left out of by-reference recordings, where they would dominate the file.
@@ -926,6 +958,7 @@ def record(spec: dict, out_path: str, traces_dir: str, check_every: int = 1,
     else:
         with open(out_path, "wb") as fh:
             fh.write(data)
+    totals["record_seconds"] = round(time.time() - t_start, 1)
     return totals
 
 
