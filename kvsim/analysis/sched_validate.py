@@ -58,6 +58,7 @@ class SchedValidation:
     num_requests: int
     steps_vllm: int
     steps_kvsim: int
+    pool: str = "fast"
     agree: dict[str, int] = field(default_factory=dict)   # field -> steps equal
     preemptions: dict[str, int] = field(default_factory=dict)
     hit_tokens: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -177,14 +178,14 @@ def build_requests(rec: SchedRecording) -> list[SimRequest]:
 
 
 def validate_sched(path: str | Path, engine_overrides: dict[str, Any] | None = None,
-                   max_extra_steps: int = 100_000) -> SchedValidation:
+                   pool: str = "fast", max_extra_steps: int = 100_000) -> SchedValidation:
     """Run kvsim's step function over a recording and compare every step.
 
     ``engine_overrides`` replaces engine settings of the recording (what-if: the
     comparison then shows where vLLM with the recorded settings differs)."""
     rec = load_sched_recording(path)
     cfg = EngineConfig.from_recording({**rec.engine, **(engine_overrides or {})})
-    sched = VllmScheduler(cfg)
+    sched = VllmScheduler(cfg, pool=pool, max_seqs=len(rec.requests) + 1)
     reqs = build_requests(rec)
     hashes = {r.idx: r.hashes for r in reqs}
     actions = rec.header.get("actions") or []
@@ -201,7 +202,7 @@ def validate_sched(path: str | Path, engine_overrides: dict[str, Any] | None = N
     result = SchedValidation(
         path=str(path), case=str(rec.header.get("case", "")),
         vllm_version=str(rec.header.get("vllm_version", "")), num_requests=len(reqs),
-        steps_vllm=len(rec.steps), steps_kvsim=0)
+        steps_vllm=len(rec.steps), steps_kvsim=0, pool=pool)
     agree = dict.fromkeys(FIELDS, 0)
     differ = dict.fromkeys(FIELDS, 0)
     content: dict[int, int] = {}

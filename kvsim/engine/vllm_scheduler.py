@@ -1,9 +1,11 @@
 """vLLM v1's scheduler, step by step: a faithful port of ``Scheduler.schedule()`` /
 ``update_from_output()`` and ``KVCacheManager.allocate_slots()`` (vLLM 0.33.0, one
 full-attention KV-cache group, synchronous scheduling, no speculative decoding, no
-connector) over kvsim's plain-Python block pool :class:`kvsim.memory.reference.BlockPool`
-(vLLM's ``BlockPool``: one free queue, tail-first release, unhashed blocks reused first;
-differential-tested against the compiled pool :mod:`kvsim.memory.fast`).
+connector) whose state is one of kvsim's block pools: the compiled pool of the replay
+(:mod:`kvsim.memory.fast` + :mod:`kvsim.memory.pool_ops` through
+:class:`kvsim.memory.pool_handle.FastPool` with vLLM's FIFO order, ``pool="fast"``, the
+default) or its plain-Python twin :class:`kvsim.memory.reference.BlockPool` (vLLM's
+``BlockPool`` class for class, ``pool="reference"``).  Both give the same block ids.
 
 What it models, as vLLM does (docs/simulate.md "Fidelity to vLLM"):
 
@@ -37,7 +39,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from kvsim.ingest.vllm_hashing import NONE_HASH, hash_block
-from kvsim.memory.reference import BlockPool, KVCacheBlock
+from kvsim.memory.reference import BlockPool
 
 WAITING, RUNNING, PREEMPTED, FINISHED = "waiting", "running", "preempted", "finished"
 
@@ -97,8 +99,9 @@ class SimRequest:
     num_computed: int = 0
     num_output: int = 0
     num_preemptions: int = 0
-    blocks: list[KVCacheBlock] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)     # block table (block ids)
     num_cached_blocks: int | None = None     # vLLM num_cached_block (None: not admitted)
+    seq: int = -1                            # the pool's seq slot while it holds blocks
 
     @property
     def num_tokens(self) -> int:
@@ -125,6 +128,105 @@ class StepResult:
     reset_ok: list[bool] = field(default_factory=list)
 
 
+class _ReferencePool:
+    """kvsim.memory.reference.BlockPool (vLLM's classes) behind the step function."""
+
+    def __init__(self, cfg: EngineConfig, max_seqs: int):
+        self.pool = BlockPool(cfg.num_gpu_blocks, cfg.enable_prefix_caching)
+        self.bs = cfg.block_size
+
+    def lookup(self, hashes: list[int], num_tokens: int) -> list[int]:
+        out = []
+        for h in hashes[:max(0, (num_tokens - 1) // self.bs)]:
+            block = self.pool.get_cached_block(h)
+            if block is None:
+                break
+            out.append(block.block_id)
+        return out
+
+    def ref_cnt(self, b: int) -> int:
+        return self.pool.blocks[b].ref_cnt
+
+    def num_free_blocks(self) -> int:
+        return self.pool.get_num_free_blocks()
+
+    def allocate(self, r: SimRequest, hits: list[int], n_new: int,
+                 num_tokens: int) -> list[tuple[int, int]]:
+        if hits:
+            self.pool.touch([self.pool.blocks[b] for b in hits])
+        return [(b.block_id, ev) for b, ev in self.pool.get_new_blocks(n_new)]
+
+    def cache_blocks(self, r: SimRequest, first: int, hashes: list[int]) -> None:
+        for k, h in enumerate(hashes):
+            block = self.pool.blocks[r.blocks[first + k]]
+            if block.block_hash != h:
+                if block.block_hash:
+                    raise AssertionError("a full block already holds another hash")
+                self.pool.cache_block(block, h)
+
+    def free(self, r: SimRequest) -> None:
+        self.pool.free_blocks([self.pool.blocks[b] for b in reversed(r.blocks)])
+
+    def clear_cache(self) -> bool:
+        pool = self.pool
+        if len(pool.blocks) - pool.get_num_free_blocks() != 1:
+            return False
+        pool.cached.clear()
+        for block in pool.blocks:
+            block.block_hash = 0
+        return True
+
+
+class _FastPool:
+    """The replay's compiled pool (FastPool, FIFO order = vLLM's free queue)."""
+
+    def __init__(self, cfg: EngineConfig, max_seqs: int):
+        from kvsim.memory.fast import PoolConfig
+        from kvsim.memory.pool_handle import FastPool
+        per_seq = _cdiv(min(cfg.max_model_len, 1 << 24), cfg.block_size) + 1
+        self.pool = FastPool(PoolConfig(num_blocks=cfg.num_gpu_blocks,
+                                        block_size_tokens=cfg.block_size,
+                                        enable_caching=cfg.enable_prefix_caching,
+                                        max_seqs=max_seqs, max_blocks_per_seq=per_seq))
+
+    def lookup(self, hashes: list[int], num_tokens: int) -> list[int]:
+        return self.pool.lookup(hashes, num_tokens) if hashes else []
+
+    def ref_cnt(self, b: int) -> int:
+        return self.pool.ref_cnt(b)
+
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks()
+
+    def allocate(self, r: SimRequest, hits: list[int], n_new: int,
+                 num_tokens: int) -> list[tuple[int, int]]:
+        first = r.seq < 0
+        if first:
+            r.seq = self.pool.open_seq()
+        if not hits and n_new == 0:
+            return []
+        hashes = (r.hashes[:len(hits)] if first else []) + [0] * n_new
+        res = self.pool.allocate(r.seq, hashes, num_tokens if first else 0)
+        if res is None or res.n_hit != len(hits) or res.blocks[:len(hits)] != hits:
+            raise AssertionError("the compiled pool disagrees with its own lookup")
+        return list(zip(res.blocks[len(hits):], res.evicted_hashes[len(hits):]))
+
+    def cache_blocks(self, r: SimRequest, first: int, hashes: list[int]) -> None:
+        self.pool.cache_blocks(r.seq, first, hashes)
+
+    def free(self, r: SimRequest) -> None:
+        if r.seq >= 0:
+            self.pool.free(r.seq)
+            self.pool.close_seq(r.seq)
+            r.seq = -1
+
+    def clear_cache(self) -> bool:
+        return self.pool.clear_cache()
+
+
+POOLS = {"fast": _FastPool, "reference": _ReferencePool}
+
+
 class VllmScheduler:
     """vLLM 0.33's v1 scheduler over kvsim's reference block pool, one step at a time.
 
@@ -132,12 +234,15 @@ class VllmScheduler:
     ``schedule()`` plus ``update_from_output()`` and returns a :class:`StepResult`.
     """
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, pool: str = "fast", max_seqs: int = 4096):
         if config.policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be fcfs or priority, got {config.policy!r}")
+        if pool not in POOLS:
+            raise ValueError(f"pool must be one of {sorted(POOLS)}, got {pool!r}")
         self.cfg = config
         self.bs = config.block_size
-        self.pool = BlockPool(config.num_gpu_blocks, config.enable_prefix_caching)
+        #: seq slots: a slot is open while its request holds blocks (running ones)
+        self.pool = POOLS[pool](config, max(max_seqs, config.max_num_seqs + 1))
         self.running: list[SimRequest] = []
         self._fcfs: deque[SimRequest] = deque()
         self._heap: list = []
@@ -181,17 +286,9 @@ class VllmScheduler:
         return bool(self.running) or self._num_waiting() > 0
 
     def num_free_blocks(self) -> int:
-        return self.pool.get_num_free_blocks()
+        return self.pool.num_free_blocks()
 
     # -- pool operations (vLLM BlockPool / KVCacheManager) --------------------------------
-    def _get_new_blocks(self, n: int) -> list[KVCacheBlock]:
-        out = []
-        for block, evicted in self.pool.get_new_blocks(n):
-            if evicted:
-                self._events.append(("R", evicted))
-            out.append(block)
-        return out
-
     def _cache_blocks(self, r: SimRequest, num_tokens: int) -> None:
         """vLLM cache_blocks -> BlockPool.cache_full_blocks, one BlockStored event."""
         if not self.cfg.enable_prefix_caching:
@@ -200,37 +297,24 @@ class VllmScheduler:
         num_full = min(num_tokens, (r.num_tokens // self.bs) * self.bs) // self.bs
         if num_cached >= num_full:
             return
-        new = []
-        for i in range(num_cached, num_full):
-            block, h = r.blocks[i], r.hashes[i]
-            if block.block_hash != h:
-                if block.block_hash:
-                    raise AssertionError("a full block already holds another hash")
-                self.pool.cache_block(block, h)
-            new.append(h)
+        self.pool.cache_blocks(r, num_cached, r.hashes[num_cached:num_full])
         parent = r.hashes[num_cached - 1] if num_cached else None
-        self._events.append(("S", parent, tuple(new), r.idx, num_cached))
+        self._events.append(("S", parent, tuple(r.hashes[num_cached:num_full]), r.idx,
+                             num_cached))
         r.num_cached_blocks = num_full
 
     def _free_blocks(self, r: SimRequest) -> None:
-        self.pool.free_blocks(list(reversed(r.blocks)))
+        self.pool.free(r)
         r.blocks = []
         r.num_cached_blocks = None
 
-    def _lookup(self, r: SimRequest) -> list[KVCacheBlock]:
+    def _lookup(self, r: SimRequest) -> list[int]:
         """vLLM get_computed_blocks: longest cached prefix, at most num_tokens - 1."""
         if not self.cfg.enable_prefix_caching:
             return []
-        out = []
-        for h in r.hashes[:(r.num_tokens - 1) // self.bs]:
-            block = self.pool.get_cached_block(h)
-            if block is None:
-                break
-            out.append(block)
-        return out
+        return self.pool.lookup(r.hashes, r.num_tokens)
 
-    def _allocate_slots(self, r: SimRequest, num_new: int,
-                        hits: list[KVCacheBlock] | None = None,
+    def _allocate_slots(self, r: SimRequest, num_new: int, hits: list[int] | None = None,
                         full_sequence_must_fit: bool = False,
                         has_scheduled_reqs: bool = True) -> list[int] | None:
         """vLLM KVCacheManager.allocate_slots: new block ids, or None (nothing changed)."""
@@ -241,33 +325,38 @@ class VllmScheduler:
         watermark = 0
         if has_scheduled_reqs and r.status in (WAITING, PREEMPTED):
             watermark = self.watermark_blocks
-        evictable = sum(1 for b in hits if b.ref_cnt == 0)
+        evictable = sum(1 for b in hits if self.pool.ref_cnt(b) == 0)
         have = len(r.blocks)
-        free = self.pool.get_num_free_blocks()
+        free = self.pool.num_free_blocks()
+        running = r.num_cached_blocks is not None
         if full_sequence_must_fit:
             full = min(r.num_tokens, self.cfg.max_model_len)
-            if r.num_cached_blocks is not None:
+            if running:
                 need_full = max(_cdiv(full, self.bs) - have, 0)
             else:
                 need_full = max(_cdiv(full, self.bs) - (len(hits) + have), 0) + evictable
             if need_full + watermark > free:
                 return None
         need = min(total_computed + num_new, self.cfg.max_model_len)
-        if r.num_cached_blocks is not None:
+        if running:
             n_alloc = max(_cdiv(need, self.bs) - have, 0)
         else:
             n_alloc = max(_cdiv(need, self.bs) - (len(hits) + have), 0) + evictable
         if n_alloc + watermark > free:
             return None
-        if r.num_cached_blocks is None:         # first allocation: adopt the hits
-            self.pool.touch(hits)
+        n_new = max(_cdiv(need, self.bs) - len(hits) - have, 0)
+        got = self.pool.allocate(r, [] if running else hits, n_new, r.num_tokens)
+        if not running:                      # first allocation: the hits are adopted
             r.blocks.extend(hits)
             r.num_cached_blocks = len(r.blocks)
-        n_new = _cdiv(need, self.bs) - len(r.blocks)
-        new = self._get_new_blocks(n_new) if n_new > 0 else []
+        new = []
+        for b, evicted in got:
+            if evicted:
+                self._events.append(("R", evicted))
+            new.append(b)
         r.blocks.extend(new)
         self._cache_blocks(r, min(total_computed + num_new, r.num_tokens))
-        return [b.block_id for b in new]
+        return new
 
     def _preempt(self, r: SimRequest, preempted: list[int]) -> None:
         self._free_blocks(r)
@@ -284,16 +373,9 @@ class VllmScheduler:
         if reset_running_requests:
             while self.running:
                 self._preempt(self.running.pop(), self._pending_preempted)
-        pool = self.pool
-        if len(pool.blocks) - pool.get_num_free_blocks() != 1:
-            ok = False
-        else:
-            pool.cached.clear()
-            for block in pool.blocks:
-                block.block_hash = 0
-            if self.cfg.enable_prefix_caching:
-                self._events.append(("C",))
-            ok = True
+        ok = self.pool.clear_cache()
+        if ok and self.cfg.enable_prefix_caching:
+            self._events.append(("C",))
         self._pending_reset.append(ok)
         return ok
 
@@ -302,9 +384,9 @@ class VllmScheduler:
         res = StepResult(preempted=self._pending_preempted, reset_ok=self._pending_reset)
         self._pending_preempted, self._pending_reset = [], []
         self._schedule(res)
-        res.free_sched = self.pool.get_num_free_blocks()
+        res.free_sched = self.pool.num_free_blocks()
         self._update_from_output(res)
-        res.free = self.pool.get_num_free_blocks()
+        res.free = self.pool.num_free_blocks()
         res.events, self._events = self._events, []
         return res
 
@@ -394,7 +476,7 @@ class VllmScheduler:
         for resumed in (False, True):
             for r, _, was_preempted in admitted:
                 if was_preempted == resumed:
-                    res.blocks.append((r.idx, [b.block_id for b in r.blocks]))
+                    res.blocks.append((r.idx, list(r.blocks)))
         for i in order:
             if i in new_blocks and new_blocks[i]:
                 res.blocks.append((i, new_blocks[i]))

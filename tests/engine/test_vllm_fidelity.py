@@ -22,7 +22,9 @@ from kvsim.ingest.vllm_sched import load_sched_recording
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_sched"
 FAST = ["agentic_0505", "overload", "chunked_prefill", "priority", "salted_tenants", "reset",
-        "multiturn_output_reuse", "preempt_heavy"]
+        "multiturn_output_reuse", "preempt_heavy",
+        # overload with scheduler_reserve_full_isl false / watermark 0.05 (specs/)
+        "overload_noreserve", "overload_watermark"]
 
 
 def _summary(name: str) -> dict:
@@ -34,8 +36,8 @@ def _summary(name: str) -> dict:
     raise AssertionError("no summary")
 
 
-def _check_full_agreement(name: str) -> None:
-    r = validate_sched(FIXTURES / f"{name}.jsonl.gz")
+def _check_full_agreement(name: str, pool: str = "fast") -> None:
+    r = validate_sched(FIXTURES / f"{name}.jsonl.gz", pool=pool)
     s = _summary(name)
     assert r.first_divergence is None, r.first_divergence.describe()
     assert r.steps_vllm == r.steps_kvsim == s["steps"]
@@ -50,16 +52,19 @@ def _check_full_agreement(name: str) -> None:
     assert r.events["cleared"]["kvsim"] == s["cleared"]
 
 
+@pytest.mark.parametrize("pool", ["fast", "reference"])
 @pytest.mark.parametrize("name", FAST)
-def test_fixture_agrees_step_by_step(name):
-    _check_full_agreement(name)
+def test_fixture_agrees_step_by_step(name, pool):
+    """The compiled pool of the replay and its plain-Python twin, each as the state."""
+    _check_full_agreement(name, pool)
 
 
 @pytest.mark.slow
-def test_mooncake200_agrees_and_preempts_7_times():
+@pytest.mark.parametrize("pool", ["fast", "reference"])
+def test_mooncake200_agrees_and_preempts_7_times(pool):
     """8,326 steps, 7 preemptions (the closed loop's scheduler reports 0), 101,888 hit
     tokens at first admission and 57,008 at resume: all equal, every step."""
-    _check_full_agreement("mooncake200")
+    _check_full_agreement("mooncake200", pool)
 
 
 # ---- the divergences of issue #32, each pinned on a fixture --------------------------
