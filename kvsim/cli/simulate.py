@@ -81,9 +81,10 @@ ModeOpt = Annotated[str, typer.Option(
          "the hit-rate semantics of the Mooncake paper and kvcache-simulator).")]
 CacheVariantOpt = Annotated[str, typer.Option(
     "--cache-variant", metavar="VARIANT",
-    help="--mode cache only: prefix (a lookup stops at the first missing block, as vLLM "
-         "and kvcache-simulator count hits) or block (every resident block of the prompt "
-         "counts, each block one access).")]
+    help="--mode cache only: prefix (a lookup stops at the first missing block, as "
+         "kvcache-simulator counts hits), vllm (prefix with vLLM's rules: at most prompt - 1 "
+         "tokens hit, an identified partial last block is never shared) or block (every "
+         "resident block of the prompt counts, each block one access).")]
 PolicyFileOpt = Annotated[list[Path] | None, typer.Option(
     "--policy-file", metavar="FILE.py",
     help="Load a user policy module (one Python file, see docs/policies.md); repeatable. "

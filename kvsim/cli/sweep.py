@@ -79,7 +79,7 @@ def sweep_command(
         "lookup then insert, no timing; docs/simulate.md).")] = "engine",
     cache_variant: Annotated[str, typer.Option(
         "--cache-variant", metavar="VARIANT",
-        help="--mode cache only: prefix or block lookups.")] = "prefix",
+        help="--mode cache only: prefix, vllm or block lookups.")] = "prefix",
     seed: Annotated[int, typer.Option("--seed", help="Seed passed to randomised "
                                       "policies.")] = 0,
     engine: Annotated[str, typer.Option(

@@ -1,5 +1,7 @@
 """``kvsim validate``: kvsim's pool against a real engine's KV events
-(API: :func:`kvsim.analysis.validate.validate`, returns :class:`ValidationResult`)."""
+(API: :func:`kvsim.analysis.validate.validate`, returns :class:`ValidationResult`), or
+kvsim's engine step function against a vLLM scheduler recording, step by step
+(``--sched-recording``; API: :func:`kvsim.analysis.sched_validate.validate_sched`)."""
 
 from __future__ import annotations
 
@@ -11,15 +13,25 @@ from rich.table import Table
 
 from kvsim.cli import app
 from kvsim.cli.common import JsonOption, emit_json, out_console
+from kvsim.analysis.sched_validate import FIELDS, SchedValidation, validate_sched
 from kvsim.analysis.validate import ValidationResult, validate
+from kvsim.core.errors import KvsimInputError
 
 
-@app.command("validate", short_help="Check kvsim's block pool against a vLLM KV-event "
-             "recording: stored/removed blocks, order, resident set, hit rate.")
+@app.command("validate", short_help="Check kvsim against vLLM: its block pool against a "
+             "KV-event recording, or its scheduler step by step against a scheduler "
+             "recording.")
 def validate_command(
-    events: Annotated[Path, typer.Option(
+    events: Annotated[Optional[Path], typer.Option(
         "--events", help="vLLM KV-event recording: msgpack payloads back to back (*.msgpack) "
-        "or JSONL, one KVEventBatch a line (.gz/.zst read too).", show_default=False)],
+        "or JSONL, one KVEventBatch a line (.gz/.zst read too).",
+        show_default=False)] = None,
+    sched_recording: Annotated[Optional[Path], typer.Option(
+        "--sched-recording", help="vLLM scheduler recording (kvsim-vllm-sched, "
+        "docs/vllm-recordings.md): replay its requests through kvsim's vLLM step function "
+        "with the recorded engine config and arrivals, and compare every step (scheduled "
+        "set and tokens, preemptions, hits, block ids, free blocks, KV events).",
+        show_default=False)] = None,
     requests: Annotated[Optional[Path], typer.Option(
         "--requests", help="Request log of the same run (JSONL: prompt_token_ids, optional "
         "output_token_ids, start_step, finish_step; docs/cli.md).  Default: reconstruct the "
@@ -36,7 +48,26 @@ def validate_command(
     """Replay the requests of a recorded vLLM run through kvsim's vLLM-faithful block pool
     and compare, event by event, with what the engine published: stored blocks, removed
     blocks and their order, the resident set after each batch, the block hit rate.  Prints
-    the agreement (0 to 1) and the first divergence with its context."""
+    the agreement (0 to 1) and the first divergence with its context.
+
+    With ``--sched-recording``: run kvsim's engine step function (vLLM 0.33's
+    ``schedule()``) over a recording of vLLM's own scheduler and report, per compared
+    field, the fraction of steps that agree, and the first divergence (step, field,
+    requests, both values)."""
+    if (events is None) == (sched_recording is None):
+        raise KvsimInputError("give exactly one of --events (KV-event recording) and "
+                              "--sched-recording (scheduler recording)", field="--events")
+    if sched_recording is not None:
+        if requests is not None or num_gpu_blocks is not None or dp_rank is not None:
+            raise KvsimInputError("--requests, --num-gpu-blocks and --dp-rank go with "
+                                  "--events; a scheduler recording holds its own requests "
+                                  "and engine config", field="--sched-recording")
+        sres = validate_sched(sched_recording)
+        if json_:
+            emit_json(sres.to_json_dict())
+        else:
+            _render_sched(sres)
+        return
     result = validate(events, requests, num_gpu_blocks=num_gpu_blocks, data_parallel_rank=dp_rank)
     if json_:
         emit_json(result.to_json_dict())
@@ -79,3 +110,34 @@ def _render(r: ValidationResult) -> None:
         out_console.print(f"first divergence at per-block event {d.index} ({where}):\n"
                           f"  expected (kvsim): {d.expected}\n  found (engine):   {d.found}",
                           markup=False, highlight=False)
+
+
+def _render_sched(r: SchedValidation) -> None:
+    table = Table(title=f"{r.path} (vLLM {r.vllm_version}) vs kvsim", show_header=False)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    rows = [("case / requests", f"{r.case} / {r.num_requests:,}"),
+            ("steps vLLM / kvsim", f"{r.steps_vllm:,} / {r.steps_kvsim:,}")]
+    names = {"sched": "step agreement (scheduled set + tokens)",
+             "preempted": "preemption agreement", "events": "KV-event agreement",
+             "hits": "prefix-hit agreement", "blocks": "block-id agreement",
+             "finished": "finished agreement", "free": "free-block agreement",
+             "reset": "reset agreement"}
+    for f in FIELDS:
+        rows.append((names[f], f"{r.agreement(f):.4f}"))
+    rows += [("preemptions vLLM / kvsim", f"{r.preemptions['vllm']:,} / "
+              f"{r.preemptions['kvsim']:,}"),
+             ("hit tokens (new) vLLM / kvsim", f"{r.hit_tokens['new']['vllm']:,} / "
+              f"{r.hit_tokens['new']['kvsim']:,}"),
+             ("hit tokens (resumed) vLLM / kvsim", f"{r.hit_tokens['resumed']['vllm']:,} / "
+              f"{r.hit_tokens['resumed']['kvsim']:,}")]
+    for k, v in r.events.items():
+        rows.append((f"{k.replace('_', ' ')} vLLM / kvsim", f"{v['vllm']:,} / {v['kvsim']:,}"))
+    for k, v in rows:
+        table.add_row(k, v)
+    out_console.print(table)
+    d = r.first_divergence
+    if d is None:
+        out_console.print("no divergence: kvsim's scheduler made vLLM's every step")
+    else:
+        out_console.print("first divergence: " + d.describe(), markup=False, highlight=False)

@@ -15,6 +15,12 @@ that is what happens:
   (:attr:`CacheStream.tail_tokens`).  Engine mode (vLLM) never shares a partial block;
 * ``prefix`` variant: one request = one lookup of the whole chain, which the pool stops at
   the first missing block (vLLM, kvcache-simulator);
+* ``vllm`` variant: the ``prefix`` lookup with vLLM's two rules (what the engine mode and
+  vLLM itself hit, docs/simulate.md "Fidelity to vLLM"): the ``ARRIVE`` row carries the
+  real prompt tokens, so the lookup serves at most ``(prompt - 1) // block`` blocks (the
+  last token is recomputed for its logits: an exact repeat of a block-aligned prompt hits
+  all but its last block), and an identified partial last block is allocated without a
+  hash (never shared, as vLLM hashes only full blocks);
 * ``block`` variant: every block of the chain is its own one-block request (a *pseudo
   request*) in its own step, at time = its access ordinal, so every resident block hits,
   each block one access: the pool then sees the same key stream, on the same virtual
@@ -40,7 +46,7 @@ import numpy as np
 from kvsim.core.errors import KvsimInputError
 from kvsim.core.schema import EventHeader, EventKind, Phase
 
-VARIANTS = ("prefix", "block")
+VARIANTS = ("prefix", "block", "vllm")
 
 
 @dataclass
@@ -233,7 +239,9 @@ def write_cache_events(stream: CacheStream, out_path: str | Path,
     lengths = np.diff(stream.offsets)
     size = max(int(stream.block_bytes), 1)
     step, time_us, kind, req, bi, h, ntok, nbytes = ([] for _ in range(8))
-    if variant == "prefix":
+    if variant in ("prefix", "vllm"):
+        vllm = variant == "vllm"
+        tails = stream.tails()
         orig_of = stream.request_id.copy()
         first_pseudo = np.arange(n, dtype=np.int64)
         for k in range(n):
@@ -245,9 +253,16 @@ def write_cache_events(stream: CacheStream, out_path: str | Path,
                                  + [EventKind.FREE]))
             req.append(np.array([-1] + [r] * (m + 2)))
             bi.append(np.concatenate(([-1, -1], np.arange(m), [-1])))
-            h.append(np.concatenate(([0, 0], stream.chain[stream.offsets[k]:stream.offsets[k + 1]],
-                                     [0])))
-            ntok.append(np.array([0, m * bs + 1] + [bs] * m + [0]))
+            chain_k = stream.chain[stream.offsets[k]:stream.offsets[k + 1]].copy()
+            toks = [bs] * m
+            arrive = m * bs + 1
+            if vllm:
+                arrive = int(stream.prompt_tokens[k])
+                if m and tails[k] > 0:  # the identified partial last block: no hash
+                    chain_k[m - 1] = 0
+                    toks[m - 1] = int(tails[k])
+            h.append(np.concatenate(([0, 0], chain_k, [0])))
+            ntok.append(np.array([0, arrive] + toks + [0]))
             nbytes.append(np.array([0, 0] + [size] * m + [0]))
     else:
         total = int(lengths.sum())

@@ -87,6 +87,12 @@ class FastPool:
         self._checked(self.ops.cache_block(self.st_c, self.pol, self.view_c, seq, index, int(h),
                                            float(now_us)))
 
+    def cache_blocks(self, seq: int, first: int, hashes, now_us: float = 0.0) -> None:
+        """:meth:`cache_block` for blocks ``first ..`` of ``seq`` (one compiled call)."""
+        h = np.asarray(hashes, dtype=np.int64)
+        self._checked(self.ops.cache_blocks(self.st_c, self.pol, self.view_c, seq, first, h,
+                                            float(now_us)))
+
     def fork(self, parent: int, child: int) -> None:
         self._checked(pool_fork(self.st_c, parent, child))
 
@@ -104,6 +110,11 @@ class FastPool:
     def preempt(self, seq: int, mode: int = PREEMPT_RECOMPUTE, now_us: float = 0.0) -> int:
         return int(self._checked(self.ops.preempt(self.st_c, self.pol, self.view_c, seq, mode,
                                                   float(now_us))))
+
+    def clear_cache(self, now_us: float = 0.0) -> bool:
+        """vLLM reset_prefix_cache: drop every hash when no block is held (else False)."""
+        return bool(self._checked(self.ops.clear_cache(self.st_c, self.pol, self.view_c,
+                                                       float(now_us), self.out)))
 
     # -- inspection ---------------------------------------------------------------------
     def table(self, seq: int) -> list[int]:

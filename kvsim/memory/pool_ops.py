@@ -382,3 +382,39 @@ def cache_block(st, pst, view, seq, index, h, now_us):
         view.content_hash[b] = h
         pst[1][H_INSERT](pst[0], view, b, now_us)
         pst[1][H_HOLD](pst[0], view, b)
+
+
+@njit(cache=True)
+def clear_cache(st, pst, view, now_us, out):
+    """vLLM ``BlockPool.reset_prefix_cache``: only when no block is held (returns 0 and
+    changes nothing otherwise), every cached block loses its hash and becomes empty, in
+    the order the policy would evict them, after the empties already there (vLLM keeps
+    its one free queue as it is and drops the hashes).  Returns 1."""
+    if st.sc[S_N_HELD] != 0:
+        return 0
+    while st.sc[S_N_CAND] > 0:
+        b, reason, n_alt = pst[1][H_VICTIM](pst[0], view, now_us, out.alt_blocks[0],
+                                           out.alt_scores[0])
+        if b < 1 or b >= st.cfg[F_NUM_BLOCKS] or not st.in_cand[b]:
+            raise ValueError("order policy: victim() named a block that is not a candidate")
+        pst[1][H_REMOVE](pst[0], view, b)
+        st.in_cand[b] = False
+        st.sc[S_N_CAND] -= 1
+        _index_remove(st, b)
+        _empty_push_back(st, b)
+    return 1
+
+
+@njit(cache=True)
+def cache_blocks(st, pst, view, seq, first, hashes, now_us):
+    """:func:`cache_block` for blocks ``first .. first + len(hashes) - 1`` of ``seq``, in
+    order (vLLM ``cache_full_blocks`` of one request in one call)."""
+    for k in range(hashes.shape[0]):
+        b = st.tables[seq, first + k]
+        h = hashes[k]
+        had = st.block_hash[b] != 0
+        pool_cache_block(st, seq, first + k, h)
+        if not had and st.block_hash[b] != 0:
+            view.content_hash[b] = h
+            pst[1][H_INSERT](pst[0], view, b, now_us)
+            pst[1][H_HOLD](pst[0], view, b)

@@ -21,7 +21,7 @@ ENGINES = ("auto", "compiled", "interpreted")
 MODES = ("engine", "cache")
 #: Cache-mode lookups: ``prefix`` stops at the first missing block (vLLM, kvcache-simulator);
 #: ``block`` counts every resident block of the prompt, each block one access.
-CACHE_VARIANTS = ("prefix", "block")
+CACHE_VARIANTS = ("prefix", "block", "vllm")
 
 #: ``engine="auto"`` compiles the replay only for traces of at least this many events
 #: (``compare``: for all its replays together, the core being compiled once for all).
@@ -94,8 +94,10 @@ class SimConfig:
         "engine (the scheduled replay: batching, latencies) or cache (requests one at a "
         "time in arrival order, lookup then insert, no timing)"))
     cache_variant: str = field(default="prefix", metadata=_h(
-        "cache mode only: prefix (a lookup stops at the first missing block) or block "
-        "(every resident block of the prompt counts, each block one access)"))
+        "cache mode only: prefix (a lookup stops at the first missing block), vllm (prefix "
+        "with vLLM's rules: at most prompt - 1 tokens hit, a partial last block is never "
+        "shared) or block (every resident block of the prompt counts, each block one "
+        "access)"))
     live_offload: bool = field(default=False, metadata=_h(
         "live KV offload (engine mode, recorded schedule): running requests' blocks may be "
         "spilled to the lower tiers and fetched back before the step that reads them "

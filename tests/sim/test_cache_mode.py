@@ -77,6 +77,28 @@ def test_identified_partial_tail_is_cached_with_its_tokens(builder, tiny_hw, tmp
     assert e["hit_tokens"] == 8
 
 
+def test_vllm_variant_never_shares_the_partial_tail_and_caps_at_prompt_minus_one(
+        builder, tiny_hw, tmp_path):
+    """--cache-variant vllm: the identified partial last block is not shared (as engine
+    mode and vLLM), and an exact repeat of a block-aligned prompt hits all but its last
+    block (vLLM's num_tokens - 1 rule); prefix hits everything in both."""
+    tb = builder()
+    for r in range(2):
+        tb.STEP(1000 * r, 1); tb.ARRIVE(r, 9); tb.prompt(r, [1, 2, 7], last_tokens=1)
+        tb.ACCESS(r, 9); tb.FREE(r)
+    for r in (2, 3):  # block-aligned 8-token prompt, sent twice
+        tb.STEP(1000 * r, 1); tb.ARRIVE(r, 8); tb.prompt(r, [3, 4]); tb.ACCESS(r, 8)
+        tb.FREE(r)
+    trace = tb.write(tmp_path / "t.parquet")
+    v = simulate(trace, "lru", cfg(tiny_hw, hbm_blocks=8, cache_variant="vllm")).summary
+    p = simulate(trace, "lru", cfg(tiny_hw, hbm_blocks=8, cache_variant="prefix")).summary
+    assert p["hit_tokens"] == 9 + 8
+    assert v["hit_tokens"] == 8 + 4
+    assert v["lookup_tokens"] == p["lookup_tokens"] == 34
+    e = simulate(trace, "lru", cfg(tiny_hw, hbm_blocks=8, mode="engine")).summary
+    assert e["hit_tokens"] == v["hit_tokens"]
+
+
 def test_prefix_variant_exact_lru(builder, tiny_hw, tmp_path):
     trace = four_requests(builder).write(tmp_path / "t.parquet")
     s = simulate(trace, "lru", cfg(tiny_hw, hbm_blocks=4)).summary
