@@ -13,6 +13,7 @@ first token's step ends after it.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
