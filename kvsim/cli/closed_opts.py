@@ -26,10 +26,16 @@ RequestTraceOpt = Annotated[Optional[Path], typer.Option(
          "Azure CSV, agentic, generic) served closed loop.", show_default=False)]
 FormatOpt = Annotated[Optional[str], typer.Option(
     "--format", help="Reader of --request-trace (default: detected).", show_default=False)]
-ReplicasOpt = Annotated[int, typer.Option(
-    "--replicas", min=1, help="Identical engines serving the trace, each with its own HBM "
-                              "and lower tiers (closed loop).")]
-RouterOpt = Annotated[str, typer.Option(
+ReplicasOpt = Annotated[str, typer.Option(
+    "--replicas", metavar="N|auto",
+    help="Identical engines serving the trace, each with its own HBM and lower tiers "
+         "(closed loop; --profile / --request-trace only).  auto: the fewest that keep "
+         "each below 70% busy under the step-time model even with a perfect prefix cache "
+         "(kvsim.analysis.sizing; docs/simulate.md, 'Sizing').")]
+DropOverContextOpt = Annotated[bool, typer.Option(
+    "--drop-over-context", help="Drop the requests whose prompt + output exceed the "
+    "model's context (max_position_embeddings) instead of refusing the trace.")]
+RouterOpt = Annotated[Optional[str], typer.Option(
     "--router", metavar="round_robin|least_loaded|session|prefix",
     help="How requests are sent to replicas (docs/simulate.md, \"Routers\").")]
 BlockSizeOpt = Annotated[Optional[int], typer.Option(
@@ -104,3 +110,50 @@ def load_table(profile: str | None, num_requests: int, seed: int,
     from kvsim.ingest import read_requests
 
     return read_requests(request_trace, fmt, seed=seed)
+
+
+def parse_replicas(value: str | int) -> int | str:
+    """``--replicas``: a positive integer or ``auto``."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return "auto"
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise KvsimInputError(f"expected a positive integer or auto, got {value!r}", None, None,
+                          "--replicas")
+
+
+def check_event_file_options(trace, replicas, router) -> None:
+    """An event file is one engine's recorded schedule: it cannot be re-routed or split
+    over replicas (a one-line error pointing to ``--request-trace``)."""
+    if trace is None:
+        return
+    if str(replicas) != "1" or router is not None:
+        what = "--replicas" if str(replicas) != "1" else "--router"
+        raise KvsimInputError(f"expected no {what} with --trace: an event file is one "
+                              "engine's recorded schedule and cannot be re-routed or split "
+                              "over replicas; serve the request trace instead (--request-trace "
+                              "FILE --replicas N --router NAME)", None, None, what)
+
+
+def check_is_event_file(trace) -> None:
+    """``--trace`` given a request trace (Mooncake JSONL, agentic JSON, Azure CSV, ...):
+    say so and point to ``--request-trace`` instead of a header error."""
+    if trace is None:
+        return
+    from kvsim.events import open_events
+
+    try:
+        with open_events(trace) as reader:
+            reader.header  # noqa: B018 - reading it is the check
+        return
+    except KvsimInputError as err:
+        try:
+            from kvsim.ingest.detect import detect_format
+
+            fmt = detect_format(trace)
+        except Exception:  # noqa: BLE001 - not a request trace either: the original error
+            raise err from None
+        raise KvsimInputError(f"expected an event file, got a request trace ({fmt}): serve "
+                              f"it with --request-trace {trace} (or convert it with `kvsim "
+                              "import-request-trace`)", None, None, "--trace") from None

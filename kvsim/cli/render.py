@@ -29,7 +29,7 @@ from rich.table import Table
 
 from kvsim.core.errors import KvsimInputError
 from kvsim.results.compare_view import (  # noqa: F401 - bound_row, verdict re-exported
-    _num, bound_name, bound_row, group_identical, verdict, with_derived)
+    _num, bound_name, bound_row, group_identical, offline_label, verdict, with_derived)
 
 def _pct(v) -> str:
     f = _num(v)
@@ -236,7 +236,7 @@ def metric_table(df: pd.DataFrame, title: str | None, columns: list[Column],
             header = f"gap to\n{bound}"
         table.add_column(header, justify="right", no_wrap=True)
     for names, r in groups:
-        label = ", ".join(names) + (" (bound)" if r.get("offline") else "")
+        label = ", ".join(names) + offline_label(r)
         cells = [label]
         for c in columns:
             text = _cell(c, r)

@@ -12,9 +12,11 @@ import typer
 from rich.table import Table
 
 from kvsim.cli import app, compat
-from kvsim.cli.closed_opts import (BlockSizeOpt, FormatOpt, MaxSeqsOpt, MaxTokensOpt,
-                                   ReplicasOpt, RequestTraceOpt, RouterOpt, ScheduleOpt,
-                                   engine_options, load_table, resolve_schedule)
+from kvsim.cli.closed_opts import (BlockSizeOpt, DropOverContextOpt, FormatOpt, MaxSeqsOpt,
+                                   MaxTokensOpt, ReplicasOpt, RequestTraceOpt, RouterOpt,
+                                   ScheduleOpt, check_event_file_options, check_is_event_file,
+                                   engine_options, load_table, parse_replicas,
+                                   resolve_schedule)
 from kvsim.cli.common import (JsonOption, check_outputs, emit_json, err_console,
                               progress, quiet_progress)
 from kvsim.core.errors import KvsimInputError
@@ -304,8 +306,9 @@ def simulate_command(
     request_trace: RequestTraceOpt = None,
     fmt: FormatOpt = None,
     schedule: ScheduleOpt = None,
-    replicas: ReplicasOpt = 1,
-    router: RouterOpt = "round_robin",
+    replicas: ReplicasOpt = "1",
+    router: RouterOpt = None,
+    drop_over_context: DropOverContextOpt = False,
     block_size: BlockSizeOpt = None,
     max_num_seqs: MaxSeqsOpt = None,
     max_num_batched_tokens: MaxTokensOpt = None,
@@ -332,8 +335,13 @@ def simulate_command(
                      warmup_fraction, log_lifecycle, seed, engine, warmup_requests, mode,
                      cache_variant, (hbm_mb, dram_mb, cxl_mb, nvme_mb), live_offload)
     sched = resolve_schedule(schedule, trace is None, config.mode, config.live_offload)
+    check_event_file_options(trace, replicas, router)
+    check_is_event_file(trace)
+    replicas = parse_replicas(replicas)
     label = _source_label(trace, profile, requests, seed, request_trace)
     quiet = quiet_progress(json_)
+    warnings: list[dict] = []
+    span_us = None
     with progress(quiet=quiet) as bar, \
             tempfile.TemporaryDirectory(prefix="kvsim-simulate-") as tmpdir:
         task = bar.add_task(f"replay {policy}", total=None)
@@ -341,6 +349,10 @@ def simulate_command(
             table, opts = _request_table(profile, requests, seed, request_trace, fmt, model,
                                          block_size, max_num_seqs, max_num_batched_tokens,
                                          config, sched)
+            table, replicas, span_us = _size(table, opts, config, replicas, sched,
+                                             drop_over_context, warnings,
+                                             strict=request_trace is not None)
+            router = router or "round_robin"
             if sched == "closed":
                 from kvsim.modes.closed.cluster import serve
 
@@ -355,13 +367,15 @@ def simulate_command(
                                   task, completed=done, total=total))
     replica_rows = result.summary.pop("replica_rows", None)
     df = pd.DataFrame([result.summary])
+    warnings += _result_warnings(df, trace, span_us)
+    _print_warnings(warnings)
     _write_rows(df, csv, parquet)
     if requests_out is not None:
         with atomic_output(requests_out) as tmp:
             result.requests.to_parquet(tmp, index=False)
     if json_:
         out = {"policies": [result.summary], "trace": label, "mode": config.mode,
-               "config": result.config}
+               "config": result.config, "warnings": warnings}
         if replica_rows is not None:
             out["replicas"] = replica_rows
         emit_json(out)
@@ -434,6 +448,74 @@ def _lower_for(table, config, opts, tmpdir: Path) -> Path:
     return path
 
 
+def _size(table, opts, config, replicas, sched, drop: bool, warnings: list,
+          strict: bool = True) -> tuple:
+    """Sizing before a replay (kvsim.analysis.sizing): refuse a table with requests over
+    the model's context (one line, exit 2) unless ``drop``; warn when the offered load
+    overloads ``replicas`` and propose a count; resolve ``--replicas auto``.  Returns the
+    table, the replica count and the trace's span in us."""
+    from kvsim.analysis import sizing
+
+    ctx = sizing.context_check(table, opts.model)
+    if ctx.over and not strict and not drop:  # a generated profile: warn, serve as is
+        warnings.append({"code": "over_context", "message": (
+            f"{ctx.over:,} of {ctx.requests:,} generated requests exceed {ctx.model}'s "
+            f"context of {ctx.context_tokens:,} tokens (a real engine would reject them)")})
+    elif ctx.over:
+        if not drop:
+            raise KvsimInputError(
+                f"{ctx.over:,} of {ctx.requests:,} requests exceed {ctx.model}'s context of "
+                f"{ctx.context_tokens:,} tokens (prompt + output; longest "
+                f"{ctx.longest_tokens:,}): choose a longer-context --model (e.g. llama-3.1-8b, "
+                "131,072) or pass --drop-over-context", None, None, "--model")
+        table = sizing.drop_over_context(table, ctx.context_tokens)
+        warnings.append({"code": "over_context", "message": (
+            f"dropped {ctx.over:,} of {ctx.requests:,} requests over {ctx.model}'s context "
+            f"of {ctx.context_tokens:,} tokens (--drop-over-context)")})
+        if len(table) == 0:
+            raise KvsimInputError(f"every request exceeds {ctx.model}'s context of "
+                                  f"{ctx.context_tokens:,} tokens: nothing to serve", None,
+                                  None, "--model")
+    load = sizing.estimate_load(table, opts.model, config.hardware, opts.max_num_seqs,
+                                opts.max_num_batched_tokens)
+    if replicas == "auto":
+        replicas = load.replicas if sched == "closed" else 1
+        err_console.print(f"--replicas auto: {replicas} (one replica would be "
+                          f"{100 * load.utilisation:.0f}% busy even with a perfect prefix "
+                          f"cache; target {100 * sizing.TARGET_UTILISATION:.0f}%)")
+    elif load.utilisation / replicas > sizing.OVERLOAD_UTILISATION:
+        warnings.append({"code": "overload_predicted", "message": (
+            f"this trace overloads {replicas} replica(s) of {opts.model} on "
+            f"{config.hardware}: one replica would be {100 * load.utilisation:.0f}% busy "
+            f"even with a perfect prefix cache (step-time model, {load.busy_s:,.0f} s of work "
+            f"in {load.span_s:,.0f} s); TTFT will measure the queue.  Proposed: --replicas "
+            f"{load.replicas} (or --replicas auto)")})
+    span = load.span_s * 1e6
+    return table, replicas, span
+
+
+def _result_warnings(df, trace, span_us) -> list[dict]:
+    """Warnings about the result rows (kvsim.results.warnings)."""
+    from kvsim.results.warnings import result_warnings
+
+    budget = None
+    if trace is not None:
+        try:
+            from kvsim.events import open_events
+
+            with open_events(trace) as reader:
+                budget = (reader.header.source or {}).get("engine", {}).get("num_gpu_blocks")
+        except Exception:  # noqa: BLE001 - the header was read once already; best effort
+            budget = None
+    return result_warnings(df.to_dict(orient="records"), span_us=span_us,
+                           schedule_budget_blocks=budget)
+
+
+def _print_warnings(warnings: list[dict]) -> None:
+    for w in warnings:
+        err_console.print(f"warning: {w['message']}", markup=False)
+
+
 def _single_replica(replicas: int) -> None:
     if replicas != 1:
         raise KvsimInputError("expected --replicas 1 with --schedule recorded (an event "
@@ -467,8 +549,11 @@ def compare_command(
     requests: RequestsOpt = 1024,
     policies: Annotated[str | None, typer.Option(
         "--policies", metavar="A,B,...",
-        help="Policies to compare (default: every registered one).  belady runs anyway as "
-             "the offline bound for the gap columns.", show_default=False)] = None,
+        help="Policies to compare (default: every registered one).  The offline "
+             "references are added and always shown: optimal (the bound: cache mode, and "
+             "a recorded schedule without preemptions) and belady (engine mode and closed "
+             "loop; an offline heuristic, not a bound).  docs/simulate.md, 'Bounds'.",
+        show_default=False)] = None,
     hardware: HardwareOpt = "h100-sxm",
     hbm_gb: HbmGbOpt = None,
     hbm_blocks: HbmBlocksOpt = None,
@@ -513,8 +598,9 @@ def compare_command(
     request_trace: RequestTraceOpt = None,
     fmt: FormatOpt = None,
     schedule: ScheduleOpt = None,
-    replicas: ReplicasOpt = 1,
-    router: RouterOpt = "round_robin",
+    replicas: ReplicasOpt = "1",
+    router: RouterOpt = None,
+    drop_over_context: DropOverContextOpt = False,
     block_size: BlockSizeOpt = None,
     max_num_seqs: MaxSeqsOpt = None,
     max_num_batched_tokens: MaxTokensOpt = None,
@@ -542,7 +628,12 @@ def compare_command(
                      cache_variant, (hbm_mb, dram_mb, cxl_mb, nvme_mb), live_offload)
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
     sched = resolve_schedule(schedule, trace is None, config.mode, config.live_offload)
+    check_event_file_options(trace, replicas, router)
+    check_is_event_file(trace)
+    replicas = parse_replicas(replicas)
     quiet = quiet_progress(json_)
+    warnings: list[dict] = []
+    span_us = None
     with tempfile.TemporaryDirectory(prefix="kvsim-compare-") as tmpdir:
         source = trace
         table = None
@@ -550,6 +641,10 @@ def compare_command(
             table, opts = _request_table(profile, requests, seed, request_trace, fmt, model,
                                          block_size, max_num_seqs, max_num_batched_tokens,
                                          config, sched)
+            table, replicas, span_us = _size(table, opts, config, replicas, sched,
+                                             drop_over_context, warnings,
+                                             strict=request_trace is not None)
+            router = router or "round_robin"
             if sched == "recorded":
                 _single_replica(replicas)
                 source = _lower_for(table, config, opts, Path(tmpdir))
@@ -583,6 +678,8 @@ def compare_command(
                 df = compare(source, names, config, decision_log_dir=decision_log_dir,
                              jobs=jobs, on_progress=on_policy)
     _write_rows(df, csv, parquet)
+    warnings += _result_warnings(df, trace, span_us)
+    _print_warnings(warnings)
     label = _source_label(trace, profile, requests, seed, request_trace)
     label += (f", {replicas} replicas ({router})" if replicas > 1 else "")
     if html is not None:
@@ -590,8 +687,11 @@ def compare_command(
 
         build_compare_report(df, html, title=label)
     if json_:
+        from kvsim.results.compare_view import verdict_info
+
         emit_json({"policies": df.to_dict(orient="records"), "trace": label,
-                   "mode": config.mode, "config": config.to_dict()})
+                   "mode": config.mode, "config": config.to_dict(),
+                   "verdict": verdict_info(df), "warnings": warnings})
         return
     title = _title(label, df.iloc[0].to_dict() if len(df) else None, config, sched)
     render_results(df, title, columns, wide, sort, with_verdict=True)

@@ -319,7 +319,13 @@ def bound_stream_from_events(path: str | Path, batch_rows: int = 1 << 20) -> Bou
       as the replay's pool);
     * every later ALLOCATE row of a full block that continues the request's chain (decode,
       a later prefill chunk) is a **production** entry: the chain up to that block, no
-      lookup, offered for insertion at that row.
+      lookup, offered for insertion at that row;
+    * a block allocated partial (a prompt's partial last block, a decode block) whose
+      ALLOCATE row names the hash of its full content is a **production** entry at the row
+      of the request's next appended block, when the replay caches it
+      (:func:`kvsim.replay.kernel.placement._fill_last`).  (Before this rule the bound
+      left out every block completed by decode, so it fell below belady's replay on
+      multi-turn traces.)
 
     Every block the replay can hold was produced by one of these entries, at or before the
     row at which the replay produces it, which is what makes the optimum over these
@@ -353,6 +359,7 @@ def bound_stream_from_events(path: str | Path, batch_rows: int = 1 << 20) -> Bou
     chain: dict[int, list[int]] = {}  # request -> its chain so far
     n_prompt: dict[int, int] = {}  # request -> blocks of its chain that are prompt blocks
     broken: set[int] = set()
+    partial: dict[int, int] = {}  # request -> hash of its partial last block
     entries: list[tuple[int, int, bool, list[int], int]] = []  # row, req, admission, path, look
     pending_prompt: dict[int, list[int]] = {}
     gather: dict[int, int] = {}  # request -> row of its last gathered ALLOCATE (-2: done)
@@ -375,10 +382,22 @@ def bound_stream_from_events(path: str | Path, batch_rows: int = 1 << 20) -> Bou
         gathered = gather[r] >= -1 and row == gather[r] + 1
         gather[r] = row if gathered else -2
         bi, h, nt = int(c["bi"][i]), int(c["hash"][i]), int(c["ntok"][i])
+        if r in partial and bi == len(chain[r]):
+            continue  # a write into the partial block itself (copy-on-write)
+        if r in partial and not gathered and bi == len(chain[r]) + 1:
+            # the replay caches a block allocated partial (a decode block, a prompt's
+            # partial last block) under the hash its ALLOCATE row named once the request
+            # appends the next block (kvsim.replay.kernel.placement._fill_last): a
+            # production entry at this row
+            chain[r].append(partial.pop(r))
+            entries.append((row, r, False, list(chain[r]), 0))
         if r in broken or bi != len(chain[r]):
             if bi <= len(chain[r]) - 1:
                 continue  # a rerun or copy-on-write of a block it already has
             broken.add(r)
+            continue
+        if nt != bs and h != 0:
+            partial[r] = h  # full later: cached when the next block is appended
             continue
         if nt != bs or h == 0:
             broken.add(r)

@@ -48,8 +48,10 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
             config: SimConfig | None = None, decision_log_dir: str | Path | None = None,
             jobs: int = 1, on_progress: Callable[[str], None] | None = None) -> pd.DataFrame:
     """Replay the same trace under each policy; one row per policy (columns = the stable
-    ``--json`` keys), in the order given, plus each policy's gap to the offline reference
-    (run even when not listed): in engine mode belady (``gap_*_to_belady``), in cache mode
+    ``--json`` keys), in the order given, then the offline references compare adds (their
+    rows are always in the result; ``bound_claim`` says which is a proven bound,
+    :func:`kvsim.results.compare_view.label_bounds`), plus each policy's gap to the offline
+    reference: in engine mode belady (``gap_*_to_belady``), in cache mode
     ``optimal``, the exact optimum (``gap_{hbm,prefix,block}_hit_rate_to_optimal``,
     :mod:`kvsim.bounds.optimal`); and, in engine mode, when lru is among the
     policies, its difference from lru (``p99_step_us_vs_lru``, ``p99_step_pct_vs_lru``,
@@ -134,7 +136,9 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
     opt = results.get("optimal")
     base = results.get(BASELINE)
     nan = float("nan")
-    for n in names:
+    # the references compare added are rows too: a bound the gaps are measured to is
+    # shown, never silently dropped because --policies did not list it
+    for n in names + [n for n in run_names if n not in names]:
         row = dict(results[n])
         if live:
             row["gap_blocks_fetched_to_optimal"] = row["blocks_fetched"] + row[
@@ -172,7 +176,10 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
             row["gap_prefix_hit_rate_to_belady"] = float("nan")
             row["gap_p99_step_us_to_belady"] = float("nan")
         rows.append(row)
-    return pd.DataFrame(rows)
+    from kvsim.results.compare_view import label_bounds
+
+    return label_bounds(pd.DataFrame(rows), "cache" if cache else "live" if live
+                        else "engine")
 
 
 def cpu_count() -> int:

@@ -11,7 +11,95 @@ import math
 import pandas as pd
 
 #: metrics that do not take part in "are these two policies' results identical?"
-_NOT_A_RESULT = ("policy", "offline")
+_NOT_A_RESULT = ("policy", "offline", "bound_claim", "bound_note")
+
+#: What each offline row is, per kind of comparison (docs/simulate.md, "Bounds").
+#: ``bound``: a proven upper bound on every online policy's HBM hit rate in that table;
+#: ``heuristic``: an offline policy that reads the future, reported for reference, with
+#: no bound claim (an online policy may beat it).
+#:
+#: * cache: ``optimal`` is Belady with bypass over unit-size blocks, the exact optimum of
+#:   the model (kvsim.bounds.optimal); ``belady`` (forced admission, no bypass) is one of
+#:   the schedules it maximises over, so it is never above it, but prefix lookups make it
+#:   no bound on the online policies;
+#: * engine (a recorded schedule): ``optimal`` is the optimum over the schedule's block
+#:   productions (kvsim.bounds.optimal.engine_bound), a bound while no replay preempts
+#:   (a preempted rerun re-produces blocks it does not model); ``belady`` is forced
+#:   admission with pinned running blocks: a heuristic;
+#: * live offload: ``optimal`` is kvsim.bounds.live_optimal (a bound on blocks fetched);
+#: * closed loop: no bound exists (hits change the schedule); ``belady`` is a heuristic.
+BOUND_RULES = {
+    "cache": {"optimal": "bound", "belady": "heuristic"},
+    "engine": {"optimal": "bound", "belady": "heuristic"},
+    "live": {"optimal": "bound", "belady": "heuristic"},
+    "closed": {"optimal": "heuristic", "belady": "heuristic"},
+}
+
+#: Slack for float noise when checking that a claimed bound is not beaten.
+_BOUND_EPS = 1e-9
+
+
+def label_bounds(df: pd.DataFrame, kind: str) -> pd.DataFrame:
+    """``df`` (a comparison's rows) with ``bound_claim`` (``"bound"``, ``"heuristic"``, or
+    None for an online policy) and ``bound_note`` (why a row is not claimed as a bound)
+    set by :data:`BOUND_RULES` for ``kind`` (cache | engine | live | closed), then checked:
+    a row claimed as a bound that any online row beats (HBM hit rate; live: blocks
+    fetched) is demoted to ``heuristic`` with the reason, so the table never calls a number
+    a bound that its own rows contradict."""
+    out = df.copy()
+    rules = BOUND_RULES.get(kind, {})
+    rows = out.to_dict(orient="records")
+    online = [r for r in rows if not bool(r.get("offline"))]
+    preempting = [str(r["policy"]) for r in online if (_num(r.get("preemptions")) or 0) > 0]
+    claims, notes = [], []
+    for r in rows:
+        if not bool(r.get("offline")):
+            claims.append(None)
+            notes.append(None)
+            continue
+        name = str(r["policy"])
+        claim = rules.get(name, "heuristic")
+        note = None
+        if claim == "heuristic":
+            note = ("no bound exists in the closed loop (hits change the schedule)"
+                    if kind == "closed" else "offline heuristic, not a bound in this mode")
+        elif kind == "engine" and preempting:
+            claim = "heuristic"
+            note = (f"not a bound here: {', '.join(preempting[:3])} preempted, and a "
+                    "preempted rerun re-produces blocks the bound does not model")
+        if claim == "bound":
+            if kind == "live":
+                mine = (_num(r.get("blocks_fetched")) or 0) + (_num(r.get("prefetches")) or 0)
+                beaten = [(str(o["policy"]), mine - (_num(o.get("blocks_fetched")) or 0)
+                           - (_num(o.get("prefetches")) or 0)) for o in online]
+                beaten = [(n, d) for n, d in beaten if d > _BOUND_EPS]
+                what = "blocks"
+            else:
+                mine = _num(r.get("hbm_hit_rate"))
+                beaten = [(str(o["policy"]), (_num(o.get("hbm_hit_rate")) or 0) - mine)
+                          for o in online if mine is not None]
+                beaten = [(n, 100 * d) for n, d in beaten if d > _BOUND_EPS]
+                what = "pp"
+            if beaten:
+                n, d = max(beaten, key=lambda t: t[1])
+                claim = "heuristic"
+                note = (f"not a bound here: {n} beats it by {d:.3g} {what} "
+                        "(please report this trace)")
+        claims.append(claim)
+        notes.append(note)
+    out["bound_claim"] = claims
+    out["bound_note"] = notes
+    return out
+
+
+def offline_label(row: dict) -> str:
+    """The table's suffix for an offline row: ``(bound)`` only where it is claimed as one."""
+    if not bool(row.get("offline")):
+        return ""
+    claim = row.get("bound_claim")
+    if claim is None or (isinstance(claim, float) and math.isnan(claim)):
+        return " (bound)"  # a frame from before bound_claim existed (kvsim report)
+    return " (bound)" if claim == "bound" else " (offline heuristic)"
 
 
 def _num(v) -> float | None:
@@ -41,6 +129,8 @@ def bound_row(df: pd.DataFrame) -> dict | None:
     if "offline" not in df.columns or not len(df):
         return None
     off = [r for r in df.to_dict(orient="records") if bool(r.get("offline"))]
+    if "bound_claim" in df.columns:  # only a row claimed as a bound is one
+        off = [r for r in off if r.get("bound_claim") == "bound"]
     if not off:
         return None
     return max(off, key=lambda r: _num(r.get("hbm_hit_rate")) or 0.0)
@@ -66,6 +156,8 @@ def with_derived(df: pd.DataFrame) -> pd.DataFrame:
 def bound_gap_column(df: pd.DataFrame) -> str | None:
     """When the bound ran but its row is not among the results (compare lists only the
     policies asked for), the gap computed against it: ``gap_hbm_hit_rate_to_<bound>``."""
+    if "bound_claim" in df.columns:  # labelled: bound_row alone says where a bound is
+        return None
     cols = [c for c in df.columns if c.startswith("gap_hbm_hit_rate_to_")
             and df[c].notna().any()]
     return cols[0] if cols else None
@@ -111,37 +203,107 @@ def _rank(row: dict) -> tuple:
             _num(row.get("ttft_p99_us")) or 0.0)
 
 
-def verdict(df: pd.DataFrame, baseline: str = "lru") -> str:
-    """One line: the best online policy (with the policies tied with it), its HBM-hit and
-    decode-critical margins over ``baseline`` and its distance to the offline bound."""
+#: Differences in HBM hit rate below this many percentage points are reported as "no
+#: meaningful difference" (never as a winner).  Why 0.5 pp: on the bundled profiles the
+#: same two policies' HBM-hit difference moves by up to about this much from one workload
+#: seed to the next at the same size (docs/simulate.md, "Verdict": the measurement), so a
+#: smaller margin says nothing about which policy is better on the user's traffic.
+NO_DIFFERENCE_PP = 0.5
+
+
+def identical_reason(rows: list[dict]) -> str | None:
+    """Why policies gave identical results, where the reason is known from the rows (a
+    metric missing from a row proves nothing)."""
+    def every(key, test) -> bool:
+        vals = [_num(r.get(key)) for r in rows]
+        return bool(vals) and all(v is not None and test(v) for v in vals)
+
+    if every("requests", lambda v: v == 0):
+        return "no request was served"
+    if every("lookup_tokens", lambda v: v == 0):
+        return "no prompt content to look up (no prompt tokens, so no hit is possible)"
+    if every("hit_tokens", lambda v: v == 0) and every("evictions_hbm", lambda v: v == 0):
+        return "no prompt content is shared between requests (no hit is possible)"
+    if every("evictions_hbm", lambda v: v == 0):
+        return "everything fits in HBM (no eviction, so the policy never chooses)"
+    return None
+
+
+def verdict_info(df: pd.DataFrame, baseline: str = "lru",
+                 threshold_pp: float = NO_DIFFERENCE_PP) -> dict:
+    """The verdict as data (the ``verdict`` object of ``compare --json``; keys in
+    docs/simulate.md, "Verdict"): ``text`` (the line under the table), ``best`` (the best
+    online policy and those identical to it), ``meaningful`` (false when every online
+    policy's HBM hit rate lies within ``threshold_pp``), ``tied`` (policies within
+    ``threshold_pp`` of the best, not identical to it), ``spread_pp`` (best minus worst
+    online HBM hit), ``threshold_pp``, ``margin_vs_baseline_pp``, ``baseline``,
+    ``bound`` (name, claim, gap_pp of the best to it; null without a claimed bound) and
+    ``identical`` (groups of identical policies with the reason when known)."""
     groups = [g for g in group_identical(df) if not g[1].get("offline")]
+    info: dict = {"text": "no online policy in the results", "best": [], "meaningful": False,
+                  "tied": [], "spread_pp": None, "threshold_pp": threshold_pp,
+                  "margin_vs_baseline_pp": None, "baseline": baseline, "bound": None,
+                  "identical": []}
+    for names, r in group_identical(df):
+        if len(names) > 1:
+            members = [x for x in df.to_dict(orient="records") if str(x["policy"]) in names]
+            info["identical"].append({"policies": names, "reason": identical_reason(members)})
     if not groups:
-        return "no online policy in the results"
-    if len(groups) == 1:
-        names, r = groups[0]
-        head = (f"all {len(names)} online policies give identical results"
-                if len(names) > 1 else f"{names[0]}")
-    else:
-        names, r = min(groups, key=lambda g: _rank(g[1]))
-        head = f"best online: {names[0]}" + (f" (= {', '.join(names[1:])})" if len(names) > 1
-                                             else "")
-    margins = []
+        return info
+    hit = {tuple(g[0]): (_num(g[1].get("hbm_hit_rate")) or 0.0) for g in groups}
+    names, r = min(groups, key=lambda g: _rank(g[1]))
+    best_hit = hit[tuple(names)]
+    spread = 100 * (max(hit.values()) - min(hit.values()))
+    tied = [n for g in groups if tuple(g[0]) != tuple(names)
+            and 100 * abs(best_hit - hit[tuple(g[0])]) < threshold_pp for n in g[0]]
+    info.update(best=list(names), tied=tied, spread_pp=spread,
+                meaningful=len(groups) > 1 and spread >= threshold_pp)
     base = next((g[1] for g in groups if baseline in g[0]), None)
     if base is not None and baseline not in names:
-        dh = (_num(r.get("hbm_hit_rate")) or 0) - (_num(base.get("hbm_hit_rate")) or 0)
-        margins.append(f"{100 * dh:+.2f} pp vs {baseline}")
-    gap = _num(with_derived(pd.DataFrame([r] + [b for b in [bound_row(df)] if b]))
-               ["gap_to_bound"].iloc[0])
-    if gap is not None:
-        margins.append(f"{-100 * gap + 0.0:+.2f} pp vs {bound_name(df)}")
-    text = f"{head}: HBM hit {_pct(r.get('hbm_hit_rate'))}"
-    if margins:
-        text += f" ({', '.join(margins)})"
-    if base is not None and baseline not in names:
-        dc = _num(r.get("decode_critical_misses")) or 0
-        bc = _num(base.get("decode_critical_misses")) or 0
-        pct = f", {100 * (dc - bc) / bc:+.0f}%" if bc else ""
-        text += f", decode-crit misses {int(dc):,} ({baseline} {int(bc):,}{pct})"
-    return text
+        info["margin_vs_baseline_pp"] = 100 * (best_hit - (_num(base.get("hbm_hit_rate"))
+                                                          or 0.0))
+    b = bound_row(df)
+    if b is not None:
+        gap = (_num(b.get("hbm_hit_rate")) or 0.0) - best_hit
+        info["bound"] = {"policy": str(b["policy"]), "claim": "bound", "gap_pp": 100 * gap}
+    if len(groups) == 1:
+        why = identical_reason([x for x in df.to_dict(orient="records")
+                                if not x.get("offline")])
+        head = (f"all {len(names)} online policies give identical results"
+                + (f" ({why})" if why else "") if len(names) > 1 else f"{names[0]}")
+        text = f"{head}: HBM hit {_pct(r.get('hbm_hit_rate'))}"
+    elif not info["meaningful"]:
+        every = [n for g in groups for n in g[0]]
+        lo, hi = min(hit.values()), max(hit.values())
+        text = (f"no meaningful difference between {', '.join(every)}: HBM hit "
+                f"{_pct(lo)} to {_pct(hi)}, within {spread:.2f} pp (< {threshold_pp:g} pp, "
+                "the seed-to-seed spread; docs/simulate.md, 'Verdict')")
+    else:
+        text = f"best online: {names[0]}" + (f" (= {', '.join(names[1:])})"
+                                             if len(names) > 1 else "")
+        margins = []
+        if info["margin_vs_baseline_pp"] is not None:
+            margins.append(f"{info['margin_vs_baseline_pp']:+.2f} pp vs {baseline}")
+        if info["bound"] is not None:
+            margins.append(f"{-info['bound']['gap_pp'] + 0.0:+.2f} pp vs "
+                           f"{info['bound']['policy']} (bound)")
+        text += f": HBM hit {_pct(r.get('hbm_hit_rate'))}"
+        if margins:
+            text += f" ({', '.join(margins)})"
+        if base is not None and baseline not in names:
+            dc = _num(r.get("decode_critical_misses")) or 0
+            bc = _num(base.get("decode_critical_misses")) or 0
+            pct = f", {100 * (dc - bc) / bc:+.0f}%" if bc else ""
+            text += f", decode-crit misses {int(dc):,} ({baseline} {int(bc):,}{pct})"
+        if tied:
+            text += f"; tied within {threshold_pp:g} pp: {', '.join(tied)}"
+    info["text"] = text
+    return info
 
 
+def verdict(df: pd.DataFrame, baseline: str = "lru") -> str:
+    """One line: the best online policy (with the policies tied with it), its HBM-hit and
+    decode-critical margins over ``baseline`` and its distance to the offline bound; or
+    "no meaningful difference" when every online policy lies within
+    :data:`NO_DIFFERENCE_PP` (:func:`verdict_info`)."""
+    return verdict_info(df, baseline)["text"]

@@ -49,7 +49,12 @@ def test_compare_json_keys_and_table(builder, tiny_hw, tmp_path):
     res = runner.invoke(app, args + ["--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
-    assert [p["policy"] for p in doc["policies"]] == ["lru", "fifo"]
+    # the offline references compare adds are always shown, labelled (issue #33)
+    assert [p["policy"] for p in doc["policies"]] == ["lru", "fifo", "optimal", "belady"]
+    assert [p["bound_claim"] for p in doc["policies"]][2:] in (["bound", "heuristic"],
+                                                              ["heuristic", "heuristic"])
+    assert set(doc["verdict"]) >= {"text", "best", "meaningful", "tied", "threshold_pp"}
+    assert isinstance(doc["warnings"], list)
     for key in ("policy", "p50_step_us", "p99_step_us", "hbm_hit_rate", "prefix_hit_rate",
                 "block_hit_rate", "deadline_misses", "decode_critical_misses", "bytes_moved",
                 "recompute_tokens", "gap_hbm_hit_rate_to_belady", "gap_p99_step_us_to_belady",

@@ -56,7 +56,7 @@ def test_identical_policies_are_one_row_and_bound_last():
 def test_verdict_names_best_online_with_margins_over_lru_and_to_bound():
     assert render.verdict(_frame()) == (
         "best online: deadline (= intent): HBM hit 50.00% (+5.00 pp vs lru, -2.00 pp vs "
-        "belady), decode-crit misses 40 (lru 80, -50%)")
+        "belady (bound)), decode-crit misses 40 (lru 80, -50%)")
     one = pd.DataFrame([_row("lru", 0.4, 1), _row("fifo", 0.4, 1)])
     assert render.verdict(one) == "all 2 online policies give identical results: HBM hit " \
         "40.00%"

@@ -289,7 +289,7 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
     base = results.get("lru")
     nan = float("nan")
     rows = []
-    for n in names:
+    for n in names + [n for n in run_names if n not in names]:  # belady's row shown too
         row = dict(results[n])
         row["ttft_p50_us_vs_lru"] = row["ttft_p50_us"] - base["ttft_p50_us"] if base else nan
         row["ttft_p99_us_vs_lru"] = row["ttft_p99_us"] - base["ttft_p99_us"] if base else nan
@@ -298,7 +298,9 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
         row["gap_ttft_p99_us_to_belady"] = (row["ttft_p99_us"] - ref["ttft_p99_us"]
                                             if ref else nan)
         rows.append(row)
-    return pd.DataFrame(rows)
+    from kvsim.results.compare_view import label_bounds
+
+    return label_bounds(pd.DataFrame(rows), "closed")  # no bound in the closed loop
 
 
 def _serve_summary(name, table, config, replicas, router, engine) -> dict:

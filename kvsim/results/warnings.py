@@ -1,0 +1,82 @@
+"""Warnings about results a user should not trust as they are: never silent nonsense.
+
+:func:`result_warnings` reads the result rows of ``simulate`` / ``compare`` (the ``--json``
+keys) and returns a list of ``{"code", "message"}`` dicts; the CLI prints each as one
+``warning:`` line on stderr and puts the list under ``warnings`` in ``--json``
+(docs/simulate.md, "Warnings").  Codes:
+
+* ``no_requests``: a run served 0 requests (every cell would be "-");
+* ``preemption_storm``: more preemptions than requests (HBM far too small for the batch the
+  scheduler runs: hit rates and latencies measure thrashing, not the policy);
+* ``overload``: the run's makespan is more than :data:`OVERLOAD_FACTOR` x the trace's span
+  (the deployment cannot keep up: TTFT measures the queue; add replicas);
+* ``hbm_below_budget``: the replayed HBM holds under half the blocks the recorded schedule
+  was made for (its batches no longer fit: preemptions and overflow, not caching);
+* ``request_larger_than_hbm``: a request needs more blocks than HBM holds.
+
+Sizing warnings made before a replay (context, offered load) come from
+:mod:`kvsim.analysis.sizing` with codes ``over_context`` and ``overload_predicted``.
+"""
+
+from __future__ import annotations
+
+import math
+
+#: Makespan / trace span above which a run is reported as overloaded.
+OVERLOAD_FACTOR = 2.0
+#: HBM blocks / the recorded schedule's budget below which the replay is warned about.
+BUDGET_FRACTION = 0.5
+
+
+def _num(v) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def result_warnings(rows: list[dict], *, span_us: float | None = None,
+                    schedule_budget_blocks: int | None = None,
+                    largest_request_blocks: int | None = None) -> list[dict]:
+    """Warnings for the online rows of a result (module docstring)."""
+    out: list[dict] = []
+    online = [r for r in rows if not bool(r.get("offline"))]
+
+    def add(code: str, message: str) -> None:
+        out.append({"code": code, "message": message})
+
+    empty = [str(r["policy"]) for r in online if (_num(r.get("requests")) or 0) == 0]
+    if empty:
+        add("no_requests", f"0 requests served ({', '.join(empty)}): every metric is empty; "
+            "check the trace, the model's context and --warmup-*")
+    storm = [(str(r["policy"]), _num(r.get("preemptions")) or 0, _num(r.get("requests")) or 0)
+             for r in online]
+    storm = [s for s in storm if s[2] > 0 and s[1] > s[2]]
+    if storm:
+        p, n, req = max(storm, key=lambda s: s[1])
+        add("preemption_storm", f"preemption storm: {int(n):,} preemptions for {int(req):,} "
+            f"requests ({p}); HBM is far too small for the batches the scheduler runs, so "
+            "hit rates and latencies measure thrashing (raise --hbm-gb, or add --replicas)")
+    if span_us and span_us > 0:
+        late = [(str(r["policy"]), _num(r.get("makespan_us")) or 0) for r in online]
+        late = [x for x in late if x[1] > OVERLOAD_FACTOR * span_us]
+        if late:
+            p, m = max(late, key=lambda x: x[1])
+            add("overload", f"overloaded: the run took {m / 1e6:,.0f} s to serve a trace "
+                f"spanning {span_us / 1e6:,.0f} s ({p}); TTFT measures the queue, not the "
+                "cache (add replicas: --replicas auto)")
+    for r in online[:1]:
+        cap = _num(r.get("hbm_capacity_blocks"))
+        if cap and schedule_budget_blocks and cap < BUDGET_FRACTION * schedule_budget_blocks:
+            add("hbm_below_budget", f"HBM holds {int(cap):,} blocks but the recorded schedule "
+                f"was made for {int(schedule_budget_blocks):,}: its batches no longer fit "
+                "(preemptions and overflow, not caching); regenerate the events for this "
+                "HBM or serve the request trace closed loop")
+        if cap and largest_request_blocks and largest_request_blocks > cap:
+            add("request_larger_than_hbm", f"a request needs {largest_request_blocks:,} "
+                f"blocks but HBM holds {int(cap):,}: it can never be resident at once")
+    return out
+
+
+__all__ = ["BUDGET_FRACTION", "OVERLOAD_FACTOR", "result_warnings"]
