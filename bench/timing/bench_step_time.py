@@ -6,7 +6,7 @@ grid in bench/timing/cells.py (prefill: batch 1-64 x prompts 1k-32k; decode: bat
 context 1k-32k; mixed: chunked prefill of 1k-32k prompts in 512-8192-token chunks beside
 1-256 decodes; AIConfigurator's TPOT and TTFT), evaluates kvsim/engine/timing/measured.py
 on the same cell, and prints both with the error.  MAPE (mean and worst |model/aic - 1|) is
-over the prefill, decode and mixed step cells; TPOT/TTFT rows are printed apart, with the
+over the prefill (cold and after a prefix-cache hit), decode and mixed step cells; TPOT/TTFT rows are printed apart, with the
 issue's reference numbers.  Runs in the AIConfigurator venv:
 
     /work/venvs/aic/bin/python bench/timing/bench_step_time.py                       # H100 SXM + H200
@@ -43,7 +43,7 @@ def load_measured():
 
 def aic_ms(cfg: aq.Config, c: cl.Cell) -> float:
     if c.kind in ("prefill", "ttft"):
-        return aq.prefill_ms(cfg, c.batch, c.prompt_tokens)
+        return aq.prefill_ms(cfg, c.batch, c.prompt_tokens, c.context_tokens)
     if c.kind == "decode":
         return aq.decode_ms(cfg, c.batch, c.context_tokens)
     if c.kind == "mixed":
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
         print(f"\n## the issue's reference points ({g}, {mo}, TP {tp})")
         print(f"{'point':40s} {'issue':>8s} {'aic':>9s} {'kvsim':>9s} {'vs issue':>9s}")
         for kind, b, s, ref in cl.REFERENCE:
-            c = cl.Cell(kind, b, s, s if kind == "ttft" else 0, s, cl.TPOT_OSL if kind == "tpot" else 0)
+            c = cl.reference_cell(kind, b, s)
             a, k = aic_ms(cfg, c), cl.model_ms(m, c)
             print(f"{c.label():40s} {ref:8.1f} {a:9.2f} {k:9.2f} {k / ref - 1:+9.1%}")
         for b, ctx in ((16, 8000), (64, 4000), (128, 2000)):

@@ -3,7 +3,8 @@ and how the measured model answers each cell.  Pure stdlib: no AIConfigurator, n
 
 Kinds of cell (one engine, all TP ranks; ms):
 
-  prefill  ``batch`` prompts of ``prompt_tokens`` each in one step (no cache hits)
+  prefill  ``batch`` prompts of ``prompt_tokens`` each in one step: ``chunk_tokens`` new ones
+           after ``context_tokens`` already cached (0 for a cold prompt)
   decode   ``batch`` sequences of ``context_tokens`` each, one token each
   mixed    vLLM chunked prefill as AIConfigurator's mixed step defines it: a ``prompt_tokens``
            prompt prefilled in chunks of ``chunk_tokens`` (one chunk per step) beside
@@ -24,7 +25,11 @@ from dataclasses import dataclass
 # the comparison also measures interpolation.
 PREFILL_BATCH = (1, 2, 3, 4, 8, 12, 16, 32, 64)
 PROMPTS = (1000, 2048, 3000, 6000, 8192, 12000, 20000, 32768)
-MAX_PREFILL_TOKENS = 65536  # prefill cells keep batch * prompt at or under this
+MAX_PREFILL_TOKENS = 65536  # prefill cells keep batch * new tokens at or under this
+# prefills after a prefix-cache hit: batch x new tokens x cached tokens
+CACHED_BATCH = (1, 4, 16, 64)
+CACHED_NEW = (128, 512, 2048, 8192)
+CACHED_BEFORE = (1000, 8192, 30000)
 DECODE_BATCH = (1, 3, 8, 16, 24, 64, 100, 128, 200, 256)
 CONTEXTS = (1000, 2048, 3000, 6000, 8192, 12000, 20000, 32768)
 # (prompt, chunk) of the mixed cells: each prompt a whole number of chunks
@@ -63,7 +68,8 @@ class Cell:
 
     def label(self) -> str:
         if self.kind == "prefill":
-            return f"prefill b={self.batch} prompt={self.prompt_tokens}"
+            cached = f" ({self.context_tokens} cached)" if self.context_tokens else ""
+            return f"prefill b={self.batch} prompt={self.prompt_tokens}{cached}"
         if self.kind == "decode":
             return f"decode b={self.batch} ctx={self.context_tokens}"
         if self.kind == "mixed":
@@ -74,12 +80,24 @@ class Cell:
         return f"ttft prompt={self.prompt_tokens}"
 
 
+def reference_cell(kind: str, batch: int, prompt_tokens: int) -> Cell:
+    """The cell of one of REFERENCE's points."""
+    if kind == "ttft":
+        return Cell("ttft", batch, prompt_tokens, prompt_tokens, 0)
+    return Cell("tpot", batch, prompt_tokens, 0, prompt_tokens, TPOT_OSL)
+
+
 def grid() -> list[Cell]:
     cells = []
     for s in PROMPTS:
         for b in PREFILL_BATCH:
             if b * s <= MAX_PREFILL_TOKENS:
                 cells.append(Cell("prefill", b, s, s, 0))
+    for p in CACHED_BEFORE:
+        for n in CACHED_NEW:
+            for b in CACHED_BATCH:
+                if b * n <= MAX_PREFILL_TOKENS:
+                    cells.append(Cell("prefill", b, n + p, n, p))
     for c in CONTEXTS:
         for b in DECODE_BATCH:
             cells.append(Cell("decode", b, 0, 0, c))
@@ -88,9 +106,9 @@ def grid() -> list[Cell]:
             for osl in (2, 2 * s):  # decoding sequences at context s+2 or 2s+1
                 cells.append(Cell("mixed", b, s, ch, s + osl // 2 + 1, osl))
     for b, s in TPOT:
-        cells.append(Cell("tpot", b, s, 0, s, TPOT_OSL))
+        cells.append(reference_cell("tpot", b, s))
     for s in TTFT_PROMPTS:
-        cells.append(Cell("ttft", 1, s, s, 0))
+        cells.append(reference_cell("ttft", 1, s))
     return cells
 
 
@@ -98,7 +116,7 @@ def model_ms(m, cell: Cell) -> float:
     """The measured model's answer for one cell (``m`` a MeasuredStepTime)."""
     k = cell.kind
     if k in ("prefill", "ttft"):
-        return m.prefill_ms(cell.prompt_tokens, cell.batch)
+        return m.prefill_ms(cell.chunk_tokens, cell.batch, cell.context_tokens)
     if k == "decode":
         return m.decode_ms(cell.batch, cell.context_tokens)
     if k == "mixed":

@@ -9,7 +9,7 @@ AIConfigurator's compiled engine (bench/timing/aic_query.py says which call give
   prefill_nonattn  ms of every context-phase op but attention, for N scheduled tokens
   decode_nonattn   ms of every generation-phase op but attention, for a decode batch B
   prefill_attn     ms of one prefill chunk's attention by (chunk tokens, context before)
-                   + batch_shared_ms, fitted on AIConfigurator's batched prefills
+                   and its marginal cost in a batch of chunks (slope over batch 1-16)
   decode_attn      ms of a decode batch's attention by (batch, context tokens)
 
 then checks the tables, as measured.py interpolates them, against AIConfigurator at random
@@ -25,7 +25,6 @@ import argparse
 import datetime as dt
 import importlib.util
 import random
-import statistics
 import sys
 from pathlib import Path
 
@@ -52,17 +51,10 @@ def token_grid(cfg, top: int) -> list[int]:
 
 ATTN_BATCH = [2**k for k in range(12)]  # 1 .. 2048
 ATTN_CONTEXT = [2**k for k in range(4, 18)]  # 16 .. 131072
-CHUNK = [2**k for k in range(4, 17)]  # 16 .. 65536
+CHUNK = [2**k for k in range(0, 17)]  # 1 .. 65536
 CONTEXT_BEFORE = [0] + [2**k for k in range(8, 18)]  # 0, 256 .. 131072
 CONTEXT_OFFSET = 256  # prefill_attn's context axis is log2(context_before + 256): 0 -> 8
-# batched prefills batch_shared_ms is fitted on: b prompts of s tokens, p cached
-SHARE_FIT = [
-    (b, s, p)
-    for b in (2, 4, 8, 16, 32, 64)
-    for s in (128, 256, 512, 1024, 2048, 4096)
-    for p in (0, s // 2)
-    if b * s <= 65536
-]
+MARGINAL_BATCH = (1, 2, 4, 8, 16)  # prefill_attn's marginal_ms: slope over these batch sizes
 CHECK_POINTS = 200  # random off-grid points per table for the [check] section
 
 
@@ -106,14 +98,21 @@ def sample(cfg: aq.Config) -> dict:
     t["decode_nonattn"] = (dn, dsil / sum(dn))
     t["prefill_attn"] = [[aq.prefill_parts(cfg, 1, c + p, p)[1] for p in CONTEXT_BEFORE] for c in CHUNK]
     t["decode_attn"] = [[aq.decode_parts(cfg, b, c)[1] for c in ATTN_CONTEXT] for b in ATTN_BATCH]
-    shares = []
-    for b, s, p in SHARE_FIT:
-        at_b = aq.prefill_parts(cfg, b, s, p)[1]
-        at_1 = aq.prefill_parts(cfg, 1, s, p)[1]
-        shares.append((b * at_1 - at_b) / (b - 1))
-    t["batch_shared_ms"] = statistics.median(shares)
-    t["batch_shared_spread"] = (min(shares), max(shares))
+    t["prefill_attn_marginal"] = [[marginal_ms(cfg, c, p) for p in CONTEXT_BEFORE] for c in CHUNK]
     return t
+
+
+def marginal_ms(cfg: aq.Config, chunk: int, before: int) -> float:
+    """Least-squares slope of AIConfigurator's attention of b equal chunks over b in
+    MARGINAL_BATCH: what one more such chunk adds to a step's prefill attention."""
+    xs = MARGINAL_BATCH
+    ys = [aq.prefill_parts(cfg, b, chunk + before, before)[1] for b in xs]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    if slope <= 0:
+        raise ValueError(f"{cfg.key}: attention of {chunk}-token chunks after {before} does not grow "
+                         f"with batch ({ys}); the table needs positive values")
+    return slope
 
 
 def render(cfg: aq.Config, t: dict, check: dict | None, today: str) -> str:
@@ -177,11 +176,10 @@ def render(cfg: aq.Config, t: dict, check: dict | None, today: str) -> str:
         f"context_before_tokens = {arr(CONTEXT_BEFORE)}",
         f"context_offset_tokens = {CONTEXT_OFFSET}",
         f"ms = {arr2(t['prefill_attn'])}",
-        "# several chunks in one step: sum of their ms minus batch_shared_ms per chunk after the first;",
-        "# median over AIConfigurator's batched prefills (b prompts of s tokens, p cached) of",
-        "# (b * attn(1, s, p) - attn(b, s, p)) / (b - 1), for b in 2..64, s in 128..4096, p in {0, s/2}, b*s <= 65536",
-        f"batch_shared_ms = {g(t['batch_shared_ms'])}",
-        f"batch_shared_ms_range = {arr(list(t['batch_shared_spread']))}",
+        "# several chunks in one step share the kernel's fixed cost: each adds its marginal_ms (same axes):",
+        "# the least-squares slope over b = 1, 2, 4, 8, 16 of context_attention of run_static_per_op(batch_size=b,",
+        "# isl=c+p, prefix=p); a step costs sum(marginal) + max(ms - marginal) over its chunks (one chunk: ms).",
+        f"marginal_ms = {arr2(t['prefill_attn_marginal'])}",
         "",
         "[decode_attn]",
         "# attention of a decode batch of B sequences at context c: generation_attention of",
@@ -229,6 +227,13 @@ def check_tables(cfg: aq.Config, path: Path) -> dict:
         p = 0 if rnd.random() < 0.3 else rnd.randint(1, 131072 - c)
         e.append(m.chunk_attn_ms(c, p) / aq.prefill_parts(cfg, 1, c + p, p)[1] - 1)
     out["prefill_attn"] = stat(e)
+    e = []
+    for _ in range(CHECK_POINTS):
+        b = rnd.randint(2, 64)
+        c = rnd.randint(16, max(16, 65536 // b))
+        p = 0 if rnd.random() < 0.3 else rnd.randint(1, 32768)
+        e.append(m.prefill_attn_ms([(c, p)] * b) / aq.prefill_parts(cfg, b, c + p, p)[1] - 1)
+    out["prefill_attn_batched"] = stat(e)
     e = []
     for _ in range(CHECK_POINTS):
         b = rnd.randint(1, 2048)

@@ -13,10 +13,12 @@ on real GPUs under vLLM:
   is flat while weight-bound and linear once compute-bound; the table holds the knee).
   A step with any prefill uses the prefill table at prefill tokens + decode batch (as
   AIConfigurator's mixed step does); a decode-only step uses the decode table at its batch.
-* ``prefill_attn_ms`` sums a 2-D table ``h(chunk_tokens, context_before)`` over the chunks,
-  bilinear in (log2 chunk, log2(context_before + offset)) on log(ms), minus
-  ``batch_shared_ms`` for every chunk after the first (the per-layer launch cost the
-  chunks of one varlen kernel share; fitted on AIConfigurator's batched prefills).
+* ``prefill_attn_ms``: one chunk alone costs ``h(chunk_tokens, context_before)``, a 2-D
+  table bilinear in (log2 chunk, log2(context_before + offset)) on log(ms).  Chunks batched
+  into one step share the kernel's fixed cost: each costs its marginal ``g(chunk, context)``
+  (a second table: the slope of AIConfigurator's attention of b such chunks over b = 1..16),
+  plus the largest ``h - g`` among them once, so a lone chunk costs exactly ``h`` and b
+  equal chunks ``h + (b - 1) g``.
 * ``decode_attn_ms`` is a 2-D table over (batch, mean context tokens), bilinear in
   (log2 batch, log2 context) on log(ms).  Attention over a batch reads every sequence's
   KV, so batch and total context (batch x mean) are what sets its time.
@@ -170,7 +172,13 @@ class MeasuredStepTime:
             0.0,
             float(_need(pa, "context_offset_tokens", where)),
         )
-        self._batch_shared_ms = float(_need(pa, "batch_shared_ms", where))
+        self._prefill_attn_marginal_ms = _LogBilinear(
+            pa["chunk_tokens"],
+            pa["context_before_tokens"],
+            _need(pa, "marginal_ms", where),
+            0.0,
+            float(pa["context_offset_tokens"]),
+        )
         self._decode_attn_ms = _LogBilinear(
             _need(da, "batch", where), _need(da, "context_tokens", where), _need(da, "ms", where)
         )
@@ -211,6 +219,41 @@ class MeasuredStepTime:
         c = chunk_tokens if chunk_tokens > self._min_chunk else self._min_chunk
         return self._prefill_attn_ms(c, context_before_tokens if context_before_tokens > 0 else 0.0)
 
+    def prefill_attn_ms(self, prefill_chunks: Iterable[tuple[float, float]]) -> float:
+        """Prefill attention of the chunks of one step (chunk_tokens, context_before_tokens)."""
+        return self._prefill(prefill_chunks)[1]
+
+    def _prefill(self, prefill_chunks):
+        """(prefill tokens, attention ms) of a step's chunks."""
+        tokens = 0.0
+        marginal = 0.0
+        best = -math.inf
+        n = 0
+        for chunk, before in prefill_chunks:
+            if chunk <= 0:
+                continue
+            tokens += chunk
+            c = chunk if chunk > self._min_chunk else self._min_chunk
+            p = before if before > 0 else 0.0
+            if n == 0:
+                first = (c, p)
+            else:
+                if n == 1:  # a second chunk: the first one's marginal too
+                    h0 = self._prefill_attn_ms(*first)
+                    g0 = self._prefill_attn_marginal_ms(*first)
+                    marginal, best = g0, h0 - g0
+                h = self._prefill_attn_ms(c, p)
+                g = self._prefill_attn_marginal_ms(c, p)
+                marginal += g
+                if h - g > best:
+                    best = h - g
+            n += 1
+        if n == 0:
+            return 0.0, 0.0
+        if n == 1:
+            return tokens, self._prefill_attn_ms(*first)
+        return tokens, marginal + best
+
     def decode_attn_ms(self, batch: int, mean_context_tokens: float) -> float:
         if batch <= 0:
             return 0.0
@@ -225,22 +268,8 @@ class MeasuredStepTime:
         decode_context_tokens_sum: float,
     ) -> float:
         """``step_ms`` for a caller that keeps the decode batch's size and context sum."""
-        tokens = 0.0
-        attn = 0.0
-        largest = 0.0
-        n = 0
-        for chunk, before in prefill_chunks:
-            if chunk <= 0:
-                continue
-            tokens += chunk
-            a = self.chunk_attn_ms(chunk, before)
-            attn += a
-            if a > largest:
-                largest = a
-            n += 1
-        if n:
-            if n > 1:  # one varlen kernel per layer: the chunks share its fixed cost
-                attn = max(attn - (n - 1) * self._batch_shared_ms, largest)
+        tokens, attn = self._prefill(prefill_chunks)
+        if tokens > 0:
             ms = self._prefill_nonattn_ms(tokens + decode_batch) + attn
         elif decode_batch > 0:
             ms = self._decode_nonattn_ms(decode_batch)
@@ -264,7 +293,15 @@ class MeasuredStepTime:
 
     def prefill_ms(self, prompt_tokens: int, batch: int = 1, context_before_tokens: int = 0) -> float:
         """A prefill-only step of ``batch`` prompts of ``prompt_tokens`` new tokens each."""
-        return self.step_ms_sums([(prompt_tokens, context_before_tokens)] * int(batch), 0, 0.0)
+        b = int(batch)
+        if b <= 0 or prompt_tokens <= 0:
+            return 0.0
+        c = prompt_tokens if prompt_tokens > self._min_chunk else self._min_chunk
+        p = context_before_tokens if context_before_tokens > 0 else 0.0
+        attn = self._prefill_attn_ms(c, p)
+        if b > 1:
+            attn += (b - 1) * self._prefill_attn_marginal_ms(c, p)
+        return self._prefill_nonattn_ms(float(prompt_tokens) * b) + attn
 
     def decode_ms(self, batch: int, context_tokens: float) -> float:
         """A decode-only step of ``batch`` sequences of ``context_tokens`` each."""
