@@ -150,16 +150,19 @@ def measured_token_points(cfg: Config) -> list[int]:
 
 
 def _split(ops, attn_name):
-    """(non-attention ms, attention ms, ms whose source is 'silicon' i.e. measured)."""
+    """(non-attention ms, attention ms, non-attention ms whose source AIConfigurator tags
+    'silicon', i.e. looked up in its measured tables, attention's source tag)."""
     na = at = silicon = 0.0
+    attn_source = ""
     for name, ms, _energy, source, *_ in ops:
         if name == attn_name:
             at += ms
+            attn_source = source
         else:
             na += ms
-        if source == "silicon":
-            silicon += ms
-    return na, at, silicon
+            if source == "silicon":
+                silicon += ms
+    return na, at, silicon, attn_source
 
 
 def prefill_parts(cfg: Config, batch: int, isl: int, prefix: int = 0):
@@ -184,6 +187,17 @@ def decode_ms(cfg: Config, batch: int, ctx: int) -> float:
 
 def mixed_ms(cfg: Config, chunk: int, decode_batch: int, prompt: int, osl: int) -> float:
     return handle(cfg).mixed_step_breakdown(chunk, decode_batch, prompt, osl)[0]
+
+
+def mixed_via_prefix_path(cfg: Config, chunk: int, decode_batch: int, prompt: int, osl: int) -> float:
+    """AIConfigurator's mixed step with its context attention replaced by the mean, over the
+    chunk positions, of its own estimate of that chunk after its cached prefix
+    (run_static_per_op(isl=p+chunk, prefix=p) context_attention): what the step would be
+    if its two conventions for a chunk's attention agreed."""
+    total, _shared, ctx_attn, _dec = handle(cfg).mixed_step_breakdown(chunk, decode_batch, prompt, osl)
+    starts = range(0, prompt, chunk)
+    via = sum(prefill_parts(cfg, 1, p + min(chunk, prompt - p), p)[1] for p in starts) / len(starts)
+    return total - ctx_attn + via
 
 
 def mixed_decode_context(prompt: int, osl: int) -> int:

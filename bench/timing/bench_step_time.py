@@ -75,6 +75,7 @@ def main(argv=None) -> int:
     by_cfg = {}
     eval_s = 0.0
     n_eval = 0
+    worst_cells = []
     for cfg in cfgs:
         m = mm.MeasuredStepTime.bundled(cfg.gpu, cfg.model, cfg.tp, directory=args.profiles)
         errs = defaultdict(list)
@@ -92,6 +93,7 @@ def main(argv=None) -> int:
             errs[c.kind].append(e)
             if c.kind in cl.STEP_KINDS:
                 step_err.append(e)
+                worst_cells.append((abs(e), e, cfg.key, c.label(), a, k, c))
                 by_kind[c.kind].append(e)
             rows.append((c.kind, cfg.gpu, cfg.model, cfg.tp, c.batch, c.prompt_tokens, c.chunk_tokens,
                          c.context_tokens, c.osl, f"{a:.6g}"))
@@ -113,6 +115,15 @@ def main(argv=None) -> int:
     mean, worst = cl.summarize(step_err)
     print(f"{'ALL STEP CELLS':34s} {len(step_err):5d} cells: mean {mean:.2%}, worst {worst:.2%} "
           f"(target: mean <= 10 %, worst <= 20 %)")
+
+    print("worst step cells (mixed ones also against AIConfigurator's mixed step with its chunk attention\n"
+          "taken from its own prefix-cached prefill estimate, aic_mixed_via_prefix_path):")
+    for _a, e, key, label, a, k, c in sorted(worst_cells, key=lambda r: r[0], reverse=True)[:6]:
+        line = f"  {key:32s} {label:58s} aic {a:9.3f} kvsim {k:9.3f} {e:+7.1%}"
+        if c.kind == "mixed":
+            v = aq.mixed_via_prefix_path(aq.config(key), c.chunk_tokens, c.batch, c.prompt_tokens, c.osl)
+            line += f"   via prefix path {v:9.3f} (kvsim {k / v - 1:+.1%})"
+        print(line)
 
     g, mo, tp = cl.REFERENCE_CONFIG
     if any((c.gpu, c.model, c.tp) == (g, mo, tp) for c in cfgs):

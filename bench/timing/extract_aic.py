@@ -76,6 +76,10 @@ def arr(xs) -> str:
     return "[" + ", ".join(str(x) if isinstance(x, int) else g(x) for x in xs) + "]"
 
 
+def strs(xs) -> str:
+    return "[" + ", ".join(f'"{x}"' for x in xs) + "]"
+
+
 def arr2(rows, indent="  ") -> str:
     return "[\n" + "".join(f"{indent}{arr(r)},\n" for r in rows) + "]"
 
@@ -86,18 +90,22 @@ def sample(cfg: aq.Config) -> dict:
     t["batch"] = batches = token_grid(cfg, MAX_DECODE_BATCH)
     pn, psil = [], 0.0
     for n in tokens:
-        na, _at, sil = aq.prefill_parts(cfg, 1, n)
+        na, _at, sil, _src = aq.prefill_parts(cfg, 1, n)
         pn.append(na)
-        psil += min(sil, na)
+        psil += sil
     t["prefill_nonattn"] = (pn, psil / sum(pn))
     dn, dsil = [], 0.0
     for b in batches:
-        na, _at, sil = aq.decode_parts(cfg, b, 1024)
+        na, _at, sil, _src = aq.decode_parts(cfg, b, 1024)
         dn.append(na)
-        dsil += min(sil, na)
+        dsil += sil
     t["decode_nonattn"] = (dn, dsil / sum(dn))
-    t["prefill_attn"] = [[aq.prefill_parts(cfg, 1, c + p, p)[1] for p in CONTEXT_BEFORE] for c in CHUNK]
-    t["decode_attn"] = [[aq.decode_parts(cfg, b, c)[1] for c in ATTN_CONTEXT] for b in ATTN_BATCH]
+    pa = [[aq.prefill_parts(cfg, 1, c + p, p) for p in CONTEXT_BEFORE] for c in CHUNK]
+    da = [[aq.decode_parts(cfg, b, c) for c in ATTN_CONTEXT] for b in ATTN_BATCH]
+    t["prefill_attn"] = [[x[1] for x in r] for r in pa]
+    t["decode_attn"] = [[x[1] for x in r] for r in da]
+    t["prefill_attn_sources"] = sorted({x[3] for r in pa for x in r})
+    t["decode_attn_sources"] = sorted({x[3] for r in da for x in r})
     t["prefill_attn_marginal"] = [[marginal_ms(cfg, c, p) for p in CONTEXT_BEFORE] for c in CHUNK]
     return t
 
@@ -156,7 +164,7 @@ def render(cfg: aq.Config, t: dict, check: dict | None, today: str) -> str:
         "# every context-phase op but attention (embedding, norms, QKV/O/FFN or MoE GEMMs, activation,",
         "# all-reduce, logits) for N scheduled tokens: run_static_per_op(batch_size=1, isl=N, osl=2,",
         "# mode='static_ctx') minus context_attention.  Linear in N between points.",
-        f"measured_share = {psil:.3f}  # share of these ms from ops AIConfigurator tags 'silicon' (measured); the rest 'empirical'",
+        f"measured_share = {psil:.3f}  # share of these ms from ops AIConfigurator tags 'silicon' (its measured tables); the rest 'empirical' (its formulas)",
         f"tokens = {arr(t['tokens'])}",
         f"ms = {arr(pn)}",
         "",
@@ -172,6 +180,7 @@ def render(cfg: aq.Config, t: dict, check: dict | None, today: str) -> str:
         "# run_static_per_op(batch_size=1, isl=c+p, prefix=p, mode='static_ctx').  ms[i][j] is chunk_tokens[i]",
         "# at context_before_tokens[j]; bilinear in (log2 c, log2(p + context_offset_tokens)) on log(ms).",
         "# AIConfigurator's context-attention table is measured up to isl 16384; longer is its extrapolation.",
+        f"sources = {strs(t['prefill_attn_sources'])}  # AIConfigurator's tags on these values ('silicon': its measured table; 'mixed': a sum of measured and modelled parts)",
         f"chunk_tokens = {arr(CHUNK)}",
         f"context_before_tokens = {arr(CONTEXT_BEFORE)}",
         f"context_offset_tokens = {CONTEXT_OFFSET}",
@@ -185,6 +194,7 @@ def render(cfg: aq.Config, t: dict, check: dict | None, today: str) -> str:
         "# attention of a decode batch of B sequences at context c: generation_attention of",
         "# decode_step_per_op(B, isl=c-2, osl=2).  ms[i][j] is batch[i] at context_tokens[j]; bilinear in",
         "# (log2 B, log2 c) on log(ms).  A mixed batch is looked up at its mean context.",
+        f"sources = {strs(t['decode_attn_sources'])}",
         f"batch = {arr(ATTN_BATCH)}",
         f"context_tokens = {arr(ATTN_CONTEXT)}",
         f"ms = {arr2(t['decode_attn'])}",

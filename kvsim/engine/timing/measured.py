@@ -26,7 +26,7 @@ on real GPUs under vLLM:
 Every number comes from a profile file (``profiles/timing/<gpu>__<model>__tp<N>.toml``)
 written by ``bench/timing/extract_aic.py`` with its source, AIConfigurator version,
 database version and date beside the tables.  Pure stdlib: no kvsim import, no numpy
-needed, about a microsecond or two per table look-up.
+needed; a step costs a few microseconds (bench/timing/bench_step_time.py times it).
 """
 
 from __future__ import annotations
@@ -224,37 +224,30 @@ class MeasuredStepTime:
         return self._prefill(prefill_chunks)[1]
 
     def _prefill(self, prefill_chunks):
-        """(prefill tokens, attention ms) of a step's chunks."""
-        tokens = 0.0
+        """(prefill tokens, attention ms) of a step's chunks: a lone chunk costs h; several
+        cost the sum of their marginals g plus the largest h - g among them once."""
+        lo = self._min_chunk
+        chunks = [(c, p) for c, p in prefill_chunks if c > 0]
+        if not chunks:
+            return 0.0, 0.0
+        tokens = float(sum(c for c, _ in chunks))
+        if len(chunks) == 1:
+            c, p = chunks[0]
+            return tokens, self._prefill_attn_ms(c if c > lo else lo, p if p > 0 else 0.0)
         marginal = 0.0
         best = -math.inf
-        n = 0
-        for chunk, before in prefill_chunks:
-            if chunk <= 0:
-                continue
-            tokens += chunk
-            c = chunk if chunk > self._min_chunk else self._min_chunk
-            p = before if before > 0 else 0.0
-            if n == 0:
-                first = (c, p)
-            else:
-                if n == 1:  # a second chunk: the first one's marginal too
-                    h0 = self._prefill_attn_ms(*first)
-                    g0 = self._prefill_attn_marginal_ms(*first)
-                    marginal, best = g0, h0 - g0
-                h = self._prefill_attn_ms(c, p)
-                g = self._prefill_attn_marginal_ms(c, p)
-                marginal += g
-                if h - g > best:
-                    best = h - g
-            n += 1
-        if n == 0:
-            return 0.0, 0.0
-        if n == 1:
-            return tokens, self._prefill_attn_ms(*first)
+        for c, p in chunks:
+            c = c if c > lo else lo
+            p = p if p > 0 else 0.0
+            g = self._prefill_attn_marginal_ms(c, p)
+            marginal += g
+            extra = self._prefill_attn_ms(c, p) - g
+            if extra > best:
+                best = extra
         return tokens, marginal + best
 
     def decode_attn_ms(self, batch: int, mean_context_tokens: float) -> float:
+        """Decode attention of ``batch`` sequences whose contexts average ``mean_context_tokens``."""
         if batch <= 0:
             return 0.0
         c = mean_context_tokens if mean_context_tokens > self._min_ctx else self._min_ctx
