@@ -69,6 +69,11 @@ class ImportSummary:
     #: share of PREFILL ALLOCATE rows whose non-zero hash appeared earlier (infinite cache)
     prefix_reuse_fraction: float
     makespan_us: int
+    #: the step-time model of the engine steps (kvsim.engine.timing.select: "roofline",
+    #: "measured:aiconfigurator-0.12.0/vllm-0.24.0", ...) and its profile; "" when the
+    #: file was translated, not scheduled (kvmi)
+    timing_model: str = ""
+    timing_profile: str | None = None
     dropped_events: int = 0
     dropped_by_type: dict[str, int] = field(default_factory=dict)
     #: KV block budget of the scheduler and the admission watermark (0 when not lowered)
@@ -98,7 +103,7 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
                    gpu_memory_utilization: float | None = None,
                    source: dict[str, Any] | None = None,
                    progress: Callable[[int, int], None] | None = None,
-                   flush_rows: int = FLUSH_ROWS) -> ImportSummary:
+                   flush_rows: int = FLUSH_ROWS, timing: str | None = "auto") -> ImportSummary:
     """Lower ``requests`` through the engine model into the event file ``out_path``.
 
     Parquet unless ``out_path`` ends in ``.jsonl`` (``.jsonl.gz``).  ``progress(done,
@@ -107,7 +112,9 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
     bad options (unknown model or hardware, block size not >= 1, ...).
 
     ``num_gpu_blocks`` None = derived (``gpu_memory_utilization``, default vLLM's 0.9),
-    exactly as ``kvsim simulate`` sizes its default HBM pool.
+    exactly as ``kvsim simulate`` sizes its default HBM pool.  ``timing``: the step-time
+    model (``auto``: measured tables where bundled for the pair, else the roofline;
+    :mod:`kvsim.engine.timing.select`), recorded in the header's ``source.engine``.
     """
     from kvsim.events import EventWriter
     from kvsim.core.fsutil import check_output_path, check_output_suffix
@@ -121,7 +128,7 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
                                          else float(step_overhead_us)), seed=seed,
                        num_gpu_blocks=num_gpu_blocks, **extra)
     cost = build_cost_model(model, hardware, kv_dtype, cfg.step_overhead_us,
-                            cfg.block_size_tokens)
+                            cfg.block_size_tokens, timing=timing)
     ngpu = resolve_num_gpu_blocks(cfg, cost)
     wmark = cfg.watermark_blocks(ngpu)
     total_requests = len(requests)
@@ -146,6 +153,8 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
                                  "engine": {"max_num_seqs": cfg.max_num_seqs,
                                             "max_num_batched_tokens": cfg.max_num_batched_tokens,
                                             "step_overhead_us": cfg.step_overhead_us,
+                                            "timing_model": cost.timing_model,
+                                            "timing_profile": cost.timing.profile,
                                             "seed": cfg.seed,
                                             "num_gpu_blocks": ngpu,
                                             "num_gpu_blocks_given": cfg.num_gpu_blocks is not None,
@@ -190,6 +199,7 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
         total_prompt_tokens=int(prompt.sum()), total_output_tokens=int(out.sum()),
         prompt_blocks=prompt_rows, hashed_prompt_blocks=hashed_rows,
         prefix_reuse_fraction=reuse, makespan_us=int(stf[0]),
+        timing_model=cost.timing_model, timing_profile=cost.timing.profile,
         num_gpu_blocks=ngpu, watermark_blocks=wmark, max_held_blocks=int(st[S.S_MAXHELD]),
         max_running_seqs=int(st[S.S_MAXRUN]), decode_stalls=int(st[S.S_STALLS]),
         admission_blocked_steps=int(st[S.S_BLOCKED]), forced_decodes=int(st[S.S_FORCED]),

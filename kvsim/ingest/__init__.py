@@ -89,11 +89,13 @@ def import_request_trace(path: str | Path, out_path: str | Path, *, format: str 
                          num_gpu_blocks: int | None = None,
                          gpu_memory_utilization: float | None = None,
                          progress: Callable[[int, int], None] | None = None,
-                         strict: bool = False) -> ImportSummary:
+                         strict: bool = False, timing: str | None = "auto") -> ImportSummary:
     """Read ``path`` and write its MemoryIntent events to ``out_path`` (Parquet, or JSONL
     when the name ends in .jsonl).  Same inputs and arguments -> byte-identical output.
     ``num_gpu_blocks`` / ``gpu_memory_utilization``: the scheduler's KV block budget
-    (:func:`lower_requests`); kvmi files are translated, not scheduled, and ignore them."""
+    (:func:`lower_requests`); kvmi files are translated, not scheduled, and ignore them.
+    ``timing``: the step-time model (``auto``, ``roofline``, ``measured`` or a timing
+    profile path; :mod:`kvsim.engine.timing.select`)."""
     from kvsim.core.fsutil import check_output_path, check_output_suffix
 
     check_output_suffix(check_output_path(out_path, "--out"), "events", "--out")
@@ -109,4 +111,5 @@ def import_request_trace(path: str | Path, out_path: str | Path, *, format: str 
                           block_size_tokens=block_size_tokens, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens, seed=seed,
                           num_gpu_blocks=num_gpu_blocks,
-                          gpu_memory_utilization=gpu_memory_utilization, progress=progress)
+                          gpu_memory_utilization=gpu_memory_utilization, progress=progress,
+                          timing=timing)
