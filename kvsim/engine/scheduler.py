@@ -50,6 +50,9 @@ import numpy as np
 from numba import njit
 
 from kvsim.ingest.hashing import chain_hash, root_hash
+# step durations and prefill costs (roofline or measured, chosen by fp)
+from kvsim.engine.timing.step_time import (NUM_ACC, acc_chunk, acc_decode, acc_reset,
+                                           prefill_cost_us, step_duration_us)
 
 # integer columns of I (rows are I[:, r])
 C_STEP, C_TIME, C_KIND, C_RID, C_BIDX, C_HASH, C_PARENT, C_NTOK = 0, 1, 2, 3, 4, 5, 6, 7
@@ -133,18 +136,14 @@ def _row(I, F, n, step, t, kind, rid, bidx, h, parent, ntok, phase, prio, deadli
 
 @njit(cache=True, inline="always")
 def _prefill_us(fp, start, m):
-    """Compute time of m prefill tokens at positions [start, start+m) (engine.py)."""
-    mf = float(m)
-    att = mf * start + mf * (mf + 1.0) / 2.0
-    return (2.0 * fp[Q_ACTIVE] * mf + 4.0 * fp[Q_LH] * att) / fp[Q_FLOPS]
+    """Compute time of m prefill tokens at positions [start, start+m): the timing model's
+    (kvsim.engine.timing.step_time.prefill_cost_us; the roofline's is engine_model's)."""
+    return prefill_cost_us(fp, start, m)
 
 
 from kvsim.engine.scheduler_blocks import (_acquire, _cached_prefix, _decode_blocks, _load_head,
     _prompt_hashes, _release, _rslot, _token_deadline, _uniform, _walk)
 from kvsim.engine import scheduler_blocks as _sb  # noqa: E402
-# the step duration (roofline or measured, chosen by fp): kvsim.engine.timing.step_time
-from kvsim.engine.timing.step_time import (NUM_ACC, acc_chunk, acc_decode,  # noqa: E402
-    acc_reset, step_duration_us)
 assert (_sb.S_HELD, _sb.S_HEADC) == (S_HELD, S_HEADC)
 
 

@@ -71,6 +71,24 @@ def test_compiled_roofline_equals_the_formula():
         assert math.isclose(got, want, rel_tol=1e-12)
 
 
+def test_prefill_cost_roofline_unchanged_and_measured_marginal():
+    """A block's recompute cost: the roofline's prefill compute (StepCostModel.prefill_us)
+    or, measured, the non-attention table's compute-bound slope per token plus the chunk's
+    marginal attention g."""
+    roof = build_cost_model("llama-3-8b", "h100-sxm", timing="roofline")
+    meas = build_cost_model("llama-3-8b", "h100-sxm", timing="measured")
+    m = MeasuredStepTime.bundled("h100-sxm", "llama-3.1-8b", 1)
+    xs, ys = m._prefill_nonattn_ms.xs, m._prefill_nonattn_ms.ys
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    assert 0.019 < slope < 0.022  # ms per token: ~20 us, compute-bound GEMMs of 8B on H100
+    fr, fm = roof.as_array(), meas.as_array()
+    for start, n in ((0, 16), (4096, 16), (0, 1), (100_000, 512), (7, 3)):
+        assert T.prefill_cost_us(fr, start, n) == roof.prefill_us(start, n)
+        want = 1000 * (slope * n + m._prefill_attn_marginal_ms(max(n, 1), start))
+        assert math.isclose(T.prefill_cost_us(fm, start, n), want, rel_tol=1e-12)
+    assert T.prefill_cost_us(fm, 0, 0) == 0.0
+
+
 def test_reference_points_on_the_default_timing():
     """Issue #39's points (AIConfigurator 0.12.0, h100-sxm, Llama-3.1-8B TP 1) on kvsim's
     default path: the catalog's default model llama-3-8b (same architecture) with

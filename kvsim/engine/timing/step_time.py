@@ -39,8 +39,8 @@ T0 = 8
 # header fields (relative to T0): point counts and absolute offsets into fp
 (H_PN_N, H_PN_X, H_PN_Y, H_DN_N, H_DN_X, H_DN_Y,
  H_PA_NU, H_PA_NV, H_PA_U, H_PA_V, H_PA_H, H_PA_G, H_PA_YO,
- H_DA_NU, H_DA_NV, H_DA_U, H_DA_V, H_DA_Z, H_MIN_CHUNK, H_MIN_CTX) = range(20)
-NUM_HEADER = 20
+ H_DA_NU, H_DA_NV, H_DA_U, H_DA_V, H_DA_Z, H_MIN_CHUNK, H_MIN_CTX, H_PN_SLOPE) = range(21)
+NUM_HEADER = 21
 
 # per-step aggregates (acc): prefill tokens, prefill chunks, sum of the chunks' marginal
 # attention g, the largest h - g, the lone chunk's h, decoding sequences, decode tokens
@@ -89,6 +89,7 @@ def pack_measured(m) -> np.ndarray:
     header[H_DA_Z] = put(z for row in da.lz for z in row)
     header[H_MIN_CHUNK] = m._min_chunk
     header[H_MIN_CTX] = m._min_ctx
+    header[H_PN_SLOPE] = (pn.ys[-1] - pn.ys[-2]) / (pn.xs[-1] - pn.xs[-2])
     return np.array(header + [v for p in parts for v in p], dtype=np.float64)
 
 
@@ -206,6 +207,30 @@ def measured_step_ms(fp, acc):
                             np.int64(fp[T0 + H_DA_U]), np.int64(fp[T0 + H_DA_V]),
                             np.int64(fp[T0 + H_DA_Z]), nseq, ctx, 0.0)
     return ms
+
+
+@njit(cache=True)
+def prefill_cost_us(fp, start, m):
+    """Compute time of ``m`` prefill tokens at positions [start, start + m): a block's
+    ``recompute_cost_us``, a lost hit's recompute in the closed loop, the slack estimates.
+    A marginal cost (what these tokens add to a step), not a step:
+
+    * roofline: ``(2 P m + 4 L d (m start + m (m + 1) / 2)) / FLOP/s`` (engine_model);
+    * measured: ``m`` x the per-token slope of the non-attention table's last segment (its
+      compute-bound regime, 20.3 us a token for Llama-3.1-8B on H100) plus the chunk's
+      marginal attention ``g(m, start)`` (the prefill-attention cost it adds to a batch).
+    """
+    mf = float(m)
+    if fp[Q_KIND] == KIND_MEASURED:
+        if mf <= 0:
+            return 0.0
+        lo = fp[T0 + H_MIN_CHUNK]
+        c = mf if mf > lo else lo
+        p = float(start)
+        p = p if p > 0 else 0.0
+        return 1000.0 * (fp[T0 + H_PN_SLOPE] * mf + _prefill_attn(fp, H_PA_G, c, p))
+    att = mf * start + mf * (mf + 1.0) / 2.0
+    return (2.0 * fp[5] * mf + 4.0 * fp[6] * att) / fp[4]
 
 
 @njit(cache=True)
