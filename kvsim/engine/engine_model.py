@@ -149,9 +149,10 @@ class StepCostModel:
         """Packed for the compiled scheduler (order fixed by ``scheduler.Q_*``), then the
         timing model's kind and tables (kvsim.engine.timing.step_time: ``Q_KIND``,
         ``T0``)."""
-        from kvsim.engine.timing.step_time import KIND_MEASURED, KIND_ROOFLINE
+        from kvsim.engine.timing.step_time import KIND_FITTED, KIND_MEASURED, KIND_ROOFLINE
 
-        kind = KIND_ROOFLINE if self.timing.kind == "roofline" else KIND_MEASURED
+        kind = {"roofline": KIND_ROOFLINE, "measured": KIND_MEASURED,
+                "fitted": KIND_FITTED}[self.timing.kind]
         head = np.array([self.step_overhead_us, self.weight_bytes, float(self.kv_bytes_per_token),
                          self.hbm_bytes_per_us, self.flops_per_us, self.active_params,
                          self.layers_x_hidden, kind], dtype=np.float64)

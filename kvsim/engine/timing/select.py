@@ -8,8 +8,10 @@
 * ``measured``: the bundled AIConfigurator-derived tables
   (:mod:`kvsim.engine.timing.measured`); a one-line error when there are none for the
   pair;
-* a ``.toml`` path: a timing profile file (``kvsim.timing.measured/1``, e.g. one written by
-  ``bench/timing/extract_aic.py``).
+* a ``.toml`` path: a timing profile file: measured tables (``kvsim.timing.measured/1``,
+  written by ``bench/timing/extract_aic.py``) or fitted coefficients
+  (``kvsim.timing.fitted/1``, written by ``kvsim calibrate --from-vllm-bench``), named
+  ``fitted:<file stem>``.
 
 Catalog models that share their architecture (layers, heads, KV heads, hidden and FFN
 sizes, vocabulary) with a profiled one use its profile (:data:`SAME_ARCHITECTURE`;
@@ -107,6 +109,16 @@ def resolve_timing(timing: str | None, model: str, gpu: str, tp: int = DEFAULT_T
             raise KvsimInputError("expected a timing profile file, found none", p, None,
                                   "--timing")
         try:
+            import tomllib
+
+            from kvsim.engine.timing import fitted
+
+            with open(p, "rb") as f:
+                schema = tomllib.load(f).get("schema")
+            if schema == fitted.SCHEMA:
+                coef, _doc = fitted.read_profile(p)
+                return Timing(name=f"fitted:{p.name.removesuffix('.toml')}",
+                              profile=p.name.removesuffix(".toml"), tables=coef)
             return _from_measured(MeasuredStepTime.from_file(p))
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise KvsimInputError(f"not a timing profile: {str(e).splitlines()[0]}", p,

@@ -10,6 +10,8 @@ model prices the step is in the packed parameters ``fp``
 
 * ``fp[Q_KIND] == 0``: ``roofline`` (kvsim.engine.engine_model's docstring):
   ``max(memory_us, compute_us) + step_overhead_us``, unchanged;
+* ``fp[Q_KIND] == 2``: ``fitted`` (:mod:`kvsim.engine.timing.fitted`):
+  ``a + b * prefill_tokens + c * decode_batch + d * decode_context_sum`` ms;
 * ``fp[Q_KIND] == 1``: ``measured``: the tables of one
   :class:`kvsim.engine.timing.measured.MeasuredStepTime` profile, flattened by
   :func:`pack_measured` after the roofline constants, evaluated exactly as
@@ -33,7 +35,9 @@ from numba import njit
 
 # the roofline constants occupy fp[0:7] (kvsim.engine.scheduler.Q_*); then the model kind
 Q_KIND = 7
-KIND_ROOFLINE, KIND_MEASURED = 0.0, 1.0
+KIND_ROOFLINE, KIND_MEASURED, KIND_FITTED = 0.0, 1.0, 2.0
+#: fitted (kvsim.engine.timing.fitted): fp[T0:T0+4] = a, b, c, d (ms)
+F_A, F_B, F_C, F_D = range(4)
 #: first index of the measured model's header in fp
 T0 = 8
 # header fields (relative to T0): point counts and absolute offsets into fp
@@ -221,6 +225,8 @@ def prefill_cost_us(fp, start, m):
       marginal attention ``g(m, start)`` (the prefill-attention cost it adds to a batch).
     """
     mf = float(m)
+    if fp[Q_KIND] == KIND_FITTED:
+        return 1000.0 * fp[T0 + F_B] * mf
     if fp[Q_KIND] == KIND_MEASURED:
         if mf <= 0:
             return 0.0
@@ -239,6 +245,9 @@ def step_duration_us(fp, acc, tokens, attended, kv_read):
     positions, KV tokens read), or the measured model of ``acc`` (module docstring)."""
     if fp[Q_KIND] == KIND_MEASURED:
         return 1000.0 * measured_step_ms(fp, acc)
+    if fp[Q_KIND] == KIND_FITTED:
+        return 1000.0 * (fp[T0 + F_A] + fp[T0 + F_B] * acc[A_PTOK] + fp[T0 + F_C] * acc[A_DSEQ]
+                         + fp[T0 + F_D] * acc[A_DCTX])
     # roofline (fp[0:7]: kvsim.engine.scheduler.Q_OVER, Q_WBYTES, Q_KVBPT, Q_BW, Q_FLOPS,
     # Q_ACTIVE, Q_LH)
     mem = (fp[1] + fp[2] * kv_read) / fp[3]
