@@ -168,3 +168,46 @@ def tomllib_config(name):
     root = Path(__file__).resolve().parents[2]
     cat = tomllib.loads((root / "kvsim" / "spec" / "models" / "catalog.toml").read_text())
     return cat[name]["config"]
+
+
+def test_cli_generate_names_the_timing_model_and_refuses_bad_ones(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+    from kvsim.events import read_events
+
+    runner = CliRunner()
+    base = ["generate", "--profile", "deadline_pressure", "--requests", "4", "--json"]
+    r = runner.invoke(app, base + ["--out", str(tmp_path / "a.parquet")])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["timing_model"] == "measured:aiconfigurator-0.12.0/vllm-0.24.0"
+    assert doc["timing_profile"] == "h100-sxm__llama-3.1-8b__tp1"
+    header, _ = read_events(tmp_path / "a.parquet")
+    assert header.source["engine"]["timing_model"] == doc["timing_model"]
+    r = runner.invoke(app, base + ["--out", str(tmp_path / "b.parquet"), "--timing", "roofline"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["timing_model"] == "roofline"
+    assert json.loads(r.stdout)["makespan_us"] != doc["makespan_us"]
+    r = runner.invoke(app, base + ["--out", str(tmp_path / "c.parquet"), "--model", "gpt2",
+                                   "--timing", "measured"])
+    assert r.exit_code == 2 and not (tmp_path / "c.parquet").exists()
+    err = r.stderr if r.stderr_bytes is not None else r.output
+    assert len(err.strip().splitlines()) == 1 and "no measured step-time data" in err
+    r = runner.invoke(app, ["simulate", "--trace", str(tmp_path / "a.parquet"), "--timing",
+                            "roofline"])
+    assert r.exit_code == 2 and "expected no --timing with --trace" in (r.stderr or r.output)
+
+
+def test_recorded_replay_names_the_lowering_timing(tmp_path):
+    from kvsim.replay.driver import simulate
+    from kvsim.spec.sim_config import SimConfig
+    from kvsim.workload import generate
+
+    for timing in ("roofline", "auto"):
+        trace = tmp_path / f"{timing}.parquet"
+        s = generate("deadline_pressure", 4, 0, trace, timing=timing)
+        res = simulate(trace, "lru", SimConfig(engine="interpreted"))
+        assert res.summary["timing_model"] == s.timing_model
+        assert res.config["timing_model"] == s.timing_model
