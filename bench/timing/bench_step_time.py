@@ -83,9 +83,6 @@ def compiled_ms(fp, c: cl.Cell) -> float:
     import numpy as np
     from kvsim.engine.timing.step_time import one_step_us
 
-    i64 = lambda *x: np.array(x, dtype=np.int64)  # noqa: E731
-    none = i64()
-
     def step(chunks, b, ctx):
         ch = np.array([x for x, _ in chunks], dtype=np.int64)
         pb = np.array([y for _, y in chunks], dtype=np.int64)
@@ -103,7 +100,6 @@ def compiled_ms(fp, c: cl.Cell) -> float:
     if k == "tpot":
         steps = range(1, c.osl)
         return sum(step((), c.batch, c.prompt_tokens + i) for i in steps) / len(steps)
-    del none
     raise ValueError(k)
 
 

@@ -168,7 +168,7 @@ def import_request_trace_command(
     """Read a request trace (Mooncake, Azure, OpenAI proxy log, agentic conversations,
     kvmi events, RAGPulse, Bailian, BurstGPT, a vLLM KV-event recording, or any
     JSONL/CSV/Parquet with --map) and lower it through the engine model
-    (continuous batching, chunked prefill, roofline step times) to MemoryIntent block
+    (continuous batching, chunked prefill, step times of --timing) to MemoryIntent block
     events.  Prints a summary (requests, events, prefix reuse, skipped rows)."""
     compat.kvmi_only("--logical-block-mb", logical_block_mb)
     compat.kvmi_only("--max-blocks-per-request", max_blocks_per_request)

@@ -1,5 +1,10 @@
 """The engine model: scheduler limits and the roofline step-time model of the lowering.
 
+The roofline is one of the step-time models ``--timing`` chooses from (the default,
+``auto``, uses AIConfigurator-measured tables where bundled for the model and GPU):
+:mod:`kvsim.engine.timing.select`, :mod:`kvsim.engine.timing.step_time`,
+docs/cost-model.md "Step time".
+
 A step's compute time (``STEP.duration_us``, every scheduled token computed, no prefix
 caching; schema rule 5) is a roofline (Williams, Waterman, Patterson, CACM 2009)::
 

@@ -23,7 +23,8 @@ its own check (the MAPE printed per metric).
 
 Steps from timestamps: request ``i``'s tokens are emitted at ``start_i + ttft_i`` and then
 after each of its ITLs.  A running engine emits one token per running sequence per step,
-so the union of the emission times (merged within ``tol``) are the step ends.  A step's
+so the union of the emission times are the step ends: times closer than a quarter of the
+median ITL are one step, which ends at their mean (client timestamps jitter).  A step's
 prefill tokens are the prompts whose first token ends it; its decode batch the requests
 with a later token ending it, each at context ``input_len + j`` for its ``j``-th output
 token (KV length including the token computed, as kvsim's scheduler counts it); it starts
@@ -205,10 +206,10 @@ def reconstruct(reqs: list, serial: bool, tol_ms: float | None = None) -> Steps:
     end = np.array(ends)
     prev = np.concatenate([[-np.inf], end[:-1]])
     start = np.maximum(prev, latest_arrival)
-    ok = np.isfinite(start)
+    # every step has a finite start: the first one prefills (the earliest emission is a
+    # first token), later ones follow a previous end
     X = np.stack([np.ones(nsteps), P, B, K], axis=1)
-    return Steps(X[ok], (end - start)[ok], start[ok], end[ok], arr, first, toks) if ok.all() \
-        else Steps(X, np.where(ok, end - start, np.nan), start, end, arr, first, toks)
+    return Steps(X, end - start, start, end, arr, first, toks)
 
 
 def _lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
