@@ -273,11 +273,9 @@ def _calibrate_timing(result: Path, out: Path, as_json: bool) -> None:
     out_console.print(f"[bold]calibrate --from-vllm-bench[/bold] {result}: {fit.requests:,} "
                       f"requests ({fit.skipped:,} skipped), {len(fit.steps.ms):,} engine steps "
                       f"rebuilt ({fit.source['reconstruction']})")
-    out_console.print("step_ms = " + " + ".join(
-        f"{v:.6g}" + ("" if k == "a_ms" else " x " + {"b_ms_per_prefill_token": "prefill_tokens",
-                                                      "c_ms_per_decode_seq": "decode_batch",
-                                                      "d_ms_per_context_token": "decode_context"}[k])
-        for k, v in coef.items()))
+    a, b, c, d = coef.values()
+    out_console.print(f"step_ms = {a:.6g} + {b:.6g} x prefill_tokens + {c:.6g} x decode_batch "
+                      f"+ {d:.6g} x decode_context")
     table = Table(show_header=True, header_style="bold")
     for col in ("metric", "MAPE mean", "worst", "count"):
         table.add_column(col, justify="left" if col == "metric" else "right")

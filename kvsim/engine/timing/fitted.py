@@ -299,7 +299,8 @@ def write_profile(fit: Fit, out: str | Path, model: str | None = None,
     s = fit.source
     lines = [
         "# Step-time coefficients fitted by `kvsim calibrate --from-vllm-bench` to a",
-        "# `vllm bench serve --save-result --save-detailed` result (kvsim/engine/timing/fitted.py).",
+        "# `vllm bench serve --save-result --save-detailed` result",
+        "# (kvsim/engine/timing/fitted.py).",
         "# step_ms = a + b * prefill_tokens + c * decode_batch + d * decode_context_sum",
         f'schema = "{SCHEMA}"',
         f'model = "{model or s.get("model_id", "")}"',
