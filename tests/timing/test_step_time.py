@@ -89,11 +89,12 @@ def test_prefill_cost_roofline_unchanged_and_measured_marginal():
     assert T.prefill_cost_us(fm, 0, 0) == 0.0
 
 
-def test_reference_points_on_the_default_timing():
+@pytest.mark.parametrize("model", ["llama-3-8b", "llama-3.1-8b"])
+def test_reference_points_on_the_default_timing(model):
     """Issue #39's points (AIConfigurator 0.12.0, h100-sxm, Llama-3.1-8B TP 1) on kvsim's
-    default path: the catalog's default model llama-3-8b (same architecture) with
-    --timing auto."""
-    cost = build_cost_model("llama-3-8b", "h100-sxm")
+    default path (--timing auto): llama-3.1-8b, and the catalog's default model llama-3-8b
+    (same architecture, same profile)."""
+    cost = build_cost_model(model, "h100-sxm")
     assert cost.timing_model == "measured:aiconfigurator-0.12.0/vllm-0.24.0"
     assert cost.timing.profile == "h100-sxm__llama-3.1-8b__tp1"
     fp = cost.as_array()
