@@ -76,15 +76,28 @@ def calibrate_command(
     samples: Annotated[bool, typer.Option("--samples", help="Also print the median time of "
                                           "every (operation, size) and its fit residual.")]
     = False,
+    from_vllm_bench: Annotated[Optional[Path], typer.Option(
+        "--from-vllm-bench", metavar="RESULT.json",
+        help="Fit engine step times instead: read a `vllm bench serve --save-result "
+        "--save-detailed` result (per-request input/output lengths, TTFT, ITL, start "
+        "times), fit step_ms = a + b x prefill tokens + c x decode batch + d x decode "
+        "context, print the fit's MAPE per metric and write a timing profile to --out "
+        "(use it with --timing FILE).  docs/cost-model.md, \"Step time\".",
+        show_default=False)] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Time gather, scatter, spill, promote, disk write and disk read on a real KV pool for
     transfers of 64 KiB..64 MiB, fit latency + bytes/bandwidth to each, and write a hardware
     profile whose dram and nvme tiers carry the measured numbers (with provenance).  Use
-    it with [bold]kvsim simulate/compare --hardware FILE[/bold]."""
+    it with [bold]kvsim simulate/compare --hardware FILE[/bold].  With --from-vllm-bench:
+    fit engine step times to a vLLM benchmark result instead (a timing profile for
+    [bold]--timing FILE[/bold])."""
     from kvsim.analysis.calibrate import MIB, CalibrationSettings, calibrate, write_calibration
 
     check_outputs(("--out", out, "toml"))
+    if from_vllm_bench is not None:
+        _calibrate_timing(from_vllm_bench, out, as_json)
+        return
     layout = BlockLayout(layers, block_tokens, kv_heads, head_dim, dtype)
     overrides: dict = {"backend": _check_backend(backend), "layout": layout, "base": base,
                        "name": name or "", "seed": seed, "min_bytes": min_kib * 1024,
@@ -235,3 +248,38 @@ def replay_command(
     out_console.print(table)
     for reason, count in result.skipped.items():
         out_console.print(f"skipped {count:,} rows: {reason}")
+
+
+def _calibrate_timing(result: Path, out: Path, as_json: bool) -> None:
+    """``kvsim calibrate --from-vllm-bench``: fit, print the MAPE per metric, write the
+    timing profile (nothing written when the file cannot be fitted: one-line error, exit
+    2)."""
+    from kvsim.engine.timing.fitted import TERMS, BenchFileError, fit_bench, write_profile
+
+    try:
+        fit = fit_bench(result)
+    except BenchFileError as e:
+        raise KvsimInputError(str(e).split(": ", 1)[-1], result, None,
+                              "--from-vllm-bench") from None
+    write_profile(fit, out)
+    coef = {k: float(v) for k, v in zip(TERMS, fit.coef)}
+    mape = {k: {"mean": m, "worst": w, "count": n} for k, (m, w, n) in fit.mape.items()}
+    if as_json:
+        emit_json({"profile_path": str(out), "timing_model": f"fitted:{out.stem}",
+                   "coefficients": coef, "mape": mape, "requests": fit.requests,
+                   "skipped_requests": fit.skipped, "steps": int(len(fit.steps.ms)),
+                   "source": fit.source})
+        return
+    out_console.print(f"[bold]calibrate --from-vllm-bench[/bold] {result}: {fit.requests:,} "
+                      f"requests ({fit.skipped:,} skipped), {len(fit.steps.ms):,} engine steps "
+                      f"rebuilt ({fit.source['reconstruction']})")
+    a, b, c, d = coef.values()
+    out_console.print(f"step_ms = {a:.6g} + {b:.6g} x prefill_tokens + {c:.6g} x decode_batch "
+                      f"+ {d:.6g} x decode_context")
+    table = Table(show_header=True, header_style="bold")
+    for col in ("metric", "MAPE mean", "worst", "count"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for k, m in mape.items():
+        table.add_row(k, f"{m['mean']:.2%}", f"{m['worst']:.2%}", f"{m['count']:,}")
+    out_console.print(table)
+    out_console.print(f"wrote {out} (use it with --timing {out})")

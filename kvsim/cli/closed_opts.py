@@ -50,6 +50,35 @@ MaxTokensOpt = Annotated[Optional[int], typer.Option(
     "--max-num-batched-tokens", min=1, show_default=False,
     help="Token budget of one engine step (vLLM; default 8192).  Not with --trace.")]
 
+TimingOpt = Annotated[Optional[str], typer.Option(
+    "--timing", metavar="auto|roofline|measured|FILE.toml",
+    help="Step-time model of the engine serving --profile / --request-trace: measured "
+         "(AIConfigurator's measured kernel tables, bundled for h100-sxm, h200, b200, "
+         "a100-80g x llama-3(.1)-8b, llama-3(.1)-70b, qwen3-30b-a3b), roofline (datasheet "
+         "FLOP/s and bandwidth), a timing profile file, or auto (default: measured where "
+         "bundled, else roofline).  docs/cost-model.md, \"Step time\".",
+    show_default=False)]
+
+
+def check_timing(trace, timing) -> None:
+    """``--timing`` is for a Request table: an event file's step times are fixed."""
+    if trace is not None and timing is not None:
+        raise KvsimInputError("expected no --timing with --trace: an event file's step "
+                              "times are fixed when it is written (set it on `kvsim "
+                              "generate` or `kvsim import-request-trace`)", None, None,
+                              "--timing")
+
+
+def timing_name(opts, config) -> str:
+    """The name of the step-time model ``opts`` (EngineOptions) resolves to on
+    ``config``'s hardware; a one-line error (exit 2) when it cannot be had."""
+    from kvsim.engine.engine_model import build_cost_model
+
+    return build_cost_model(config.model or opts.model, config.hardware,
+                            block_size_tokens=opts.block_size_tokens,
+                            timing=opts.timing).timing_model
+
+
 #: Engine options' defaults: those of :class:`kvsim.modes.closed.closed_loop.EngineOptions` (where
 #: their sources are).
 ENGINE_DEFAULTS = {"--block-size": 16, "--max-num-seqs": 256, "--max-num-batched-tokens": 8192}

@@ -15,7 +15,8 @@ from kvsim.cli.common import (JsonOption, check_limit, check_outputs, emit_json,
                               quiet_progress)
 from kvsim.cli.importing import (BlockSizeOption, GpuMemUtilOption, HardwareOption,
                                  MaxSeqsOption, MaxTokensOption, ModelOption,
-                                 NumGpuBlocksOption, render_summary, run_with_progress)
+                                 NumGpuBlocksOption, TimingOption, render_summary,
+                                 run_with_progress)
 from kvsim.workload import generate, list_profiles, load_profile
 
 
@@ -47,6 +48,7 @@ def generate_command(
         "file.")] = 0,
     model: ModelOption = "llama-3-8b",
     hardware: HardwareOption = "h100-sxm",
+    timing: TimingOption = "auto",
     block_size: BlockSizeOption = 16,
     max_num_seqs: MaxSeqsOption = 256,
     max_num_batched_tokens: MaxTokensOption = 8192,
@@ -73,7 +75,8 @@ def generate_command(
         num_requests=requests, seed=seed,
         out_path=out, model=model, hardware=hardware, block_size_tokens=block_size,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-        num_gpu_blocks=num_gpu_blocks, gpu_memory_utilization=gpu_memory_utilization)
+        num_gpu_blocks=num_gpu_blocks, gpu_memory_utilization=gpu_memory_utilization,
+        timing=timing)
     if json_:
         emit_json(summary)
     else:

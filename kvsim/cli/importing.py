@@ -24,6 +24,12 @@ ModelOption = Annotated[str, typer.Option(
 HardwareOption = Annotated[str, typer.Option(
     "--hardware", help="Hardware profile name (profiles/hardware) or a .toml path: peak "
     "FLOP/s and HBM bandwidth of the step-time roofline.")]
+TimingOption = Annotated[str, typer.Option(
+    "--timing", metavar="auto|roofline|measured|FILE.toml",
+    help="Step-time model of the engine steps: measured (AIConfigurator's measured kernel "
+    "tables, bundled for h100-sxm, h200, b200, a100-80g x llama-3(.1)-8b, llama-3(.1)-70b, "
+    "qwen3-30b-a3b), roofline (--hardware's FLOP/s and bandwidth), a timing profile file, "
+    "or auto: measured where bundled, else roofline.  docs/cost-model.md.")]
 BlockSizeOption = Annotated[int, typer.Option(
     "--block-size", min=1, help="Tokens per KV block of the lowered events (vLLM: 16).")]
 MaxSeqsOption = Annotated[int, typer.Option(
@@ -68,6 +74,9 @@ def render_summary(s: ImportSummary) -> None:
         ("engine steps", f"{s.num_steps:,}"),
         ("forks", f"{s.num_forks:,}"),
         ("model / hardware", f"{s.model or '-'} / {s.hardware or '-'}"),
+        ("step-time model", (s.timing_model or "-").split(":", 1)[0]),
+        *((("step-time data", s.timing_model.split(":", 1)[1]),)
+          if ":" in s.timing_model else ()),
         ("block size (tokens)", f"{s.block_size_tokens:,}"),
         ("block bytes", f"{s.block_bytes:,}"),
         ("prompt / output tokens", f"{s.total_prompt_tokens:,} / {s.total_output_tokens:,}"),
@@ -116,6 +125,7 @@ def import_request_trace_command(
         "from the name and first line (docs/importers.md).", show_default=False)] = None,
     model: ModelOption = "llama-3-8b",
     hardware: HardwareOption = "h100-sxm",
+    timing: TimingOption = "auto",
     block_size: BlockSizeOption = 16,
     max_num_seqs: MaxSeqsOption = 256,
     max_num_batched_tokens: MaxTokensOption = 8192,
@@ -160,7 +170,7 @@ def import_request_trace_command(
     """Read a request trace (Mooncake, Azure, OpenAI proxy log, agentic conversations,
     kvmi events, RAGPulse, Bailian, BurstGPT, a vLLM KV-event recording, or any
     JSONL/CSV/Parquet with --map) and lower it through the engine model
-    (continuous batching, chunked prefill, roofline step times) to MemoryIntent block
+    (continuous batching, chunked prefill, step times of --timing) to MemoryIntent block
     events.  Prints a summary (requests, events, prefix reuse, skipped rows)."""
     compat.kvmi_only("--logical-block-mb", logical_block_mb)
     compat.kvmi_only("--max-blocks-per-request", max_blocks_per_request)
@@ -179,7 +189,7 @@ def import_request_trace_command(
         max_num_batched_tokens=max_num_batched_tokens, arrival_rate=arrival_rate,
         concurrency=concurrency, seed=seed, trace_block_tokens=trace_block_size,
         kvmi_step_us=kvmi_step_us, num_gpu_blocks=num_gpu_blocks,
-        gpu_memory_utilization=gpu_memory_utilization)
+        gpu_memory_utilization=gpu_memory_utilization, timing=timing)
     if json_:
         emit_json(summary)
     else:

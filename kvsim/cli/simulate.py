@@ -14,9 +14,9 @@ from rich.table import Table
 from kvsim.cli import app, compat
 from kvsim.cli.closed_opts import (BlockSizeOpt, DropOverContextOpt, FormatOpt, MaxSeqsOpt,
                                    MaxTokensOpt, ReplicasOpt, RequestTraceOpt, RouterOpt,
-                                   ScheduleOpt, check_event_file_options, check_is_event_file,
-                                   engine_options, load_table, parse_replicas,
-                                   resolve_schedule)
+                                   ScheduleOpt, TimingOpt, check_event_file_options,
+                                   check_is_event_file, check_timing, engine_options,
+                                   load_table, parse_replicas, resolve_schedule, timing_name)
 from kvsim.cli.common import (JsonOption, check_outputs, emit_json, err_console,
                               progress, quiet_progress)
 from kvsim.core.errors import KvsimInputError
@@ -312,6 +312,7 @@ def simulate_command(
     block_size: BlockSizeOpt = None,
     max_num_seqs: MaxSeqsOpt = None,
     max_num_batched_tokens: MaxTokensOpt = None,
+    timing: TimingOpt = None,
     json_: JsonOption = False,
 ) -> None:
     """Replay TRACE through HBM (vLLM-exact prefix caching) and the DRAM/CXL/NVMe tiers of
@@ -326,6 +327,7 @@ def simulate_command(
                               "--request-trace FILE", None, None, "--trace")
     block_size, max_num_seqs, max_num_batched_tokens = engine_options(
         trace, block_size, max_num_seqs, max_num_batched_tokens)
+    check_timing(trace, timing)
     check_outputs(("--decision-log", decision_log, "parquet"),
                   ("--requests-out", requests_out, "parquet"), ("--csv", csv, "csv"),
                   ("--parquet", parquet, "parquet"))
@@ -342,13 +344,14 @@ def simulate_command(
     quiet = quiet_progress(json_)
     warnings: list[dict] = []
     span_us = None
+    table = None
     with progress(quiet=quiet) as bar, \
             tempfile.TemporaryDirectory(prefix="kvsim-simulate-") as tmpdir:
         task = bar.add_task(f"replay {policy}", total=None)
         if trace is None:  # a Request table: served closed loop, or lowered first
             table, opts = _request_table(profile, requests, seed, request_trace, fmt, model,
                                          block_size, max_num_seqs, max_num_batched_tokens,
-                                         config, sched)
+                                         config, sched, timing)
             table, replicas, span_us = _size(table, opts, config, replicas, sched,
                                              drop_over_context, warnings,
                                              strict=request_trace is not None)
@@ -375,7 +378,9 @@ def simulate_command(
             result.requests.to_parquet(tmp, index=False)
     if json_:
         out = {"policies": [result.summary], "trace": label, "mode": config.mode,
-               "config": result.config, "warnings": warnings}
+               "config": result.config,
+               "timing_model": None if table is None else timing_name(opts, config),
+               "warnings": warnings}
         if replica_rows is not None:
             out["replicas"] = replica_rows
         emit_json(out)
@@ -444,7 +449,7 @@ def _lower_for(table, config, opts, tmpdir: Path) -> Path:
     lowering = config.lowering_options(opts.block_size_tokens, opts.model)
     lower_requests(table, path, max_num_seqs=opts.max_num_seqs,
                    max_num_batched_tokens=opts.max_num_batched_tokens, seed=config.seed,
-                   **lowering)
+                   timing=opts.timing, **lowering)
     return path
 
 
@@ -523,7 +528,7 @@ def _single_replica(replicas: int) -> None:
 
 
 def _request_table(profile, requests, seed, request_trace, fmt, model, block_size,
-                   max_num_seqs, max_num_batched_tokens, config, sched):
+                   max_num_seqs, max_num_batched_tokens, config, sched, timing=None):
     """The Request table a profile or request trace gives, and the engine options it is
     served with; says on stderr what is served how (a log line, not progress)."""
     from kvsim.modes.closed.closed_loop import EngineOptions
@@ -531,11 +536,13 @@ def _request_table(profile, requests, seed, request_trace, fmt, model, block_siz
     table = load_table(profile, requests, seed, request_trace, fmt)
     opts = EngineOptions(block_size_tokens=block_size, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens,
-                         model=model or "llama-3-8b")
+                         model=model or "llama-3-8b", timing=timing or "auto")
+    opts_timing = timing_name(opts, config)  # before any work: --timing measured w/o data
     budget = config.lowering_options(block_size, opts.model).get("num_gpu_blocks")
     err_console.print(f"{len(table):,} requests "
                       + (f"from profile {profile} (seed {seed})" if profile else
                          f"from {request_trace}") + f", {sched} schedule"
+                      + f", timing {opts_timing}"
                       + (f", scheduler budget {budget:,} blocks = the HBM pool"
                          if budget else ""))
     return table, opts
@@ -604,6 +611,7 @@ def compare_command(
     block_size: BlockSizeOpt = None,
     max_num_seqs: MaxSeqsOpt = None,
     max_num_batched_tokens: MaxTokensOpt = None,
+    timing: TimingOpt = None,
     json_: JsonOption = False,
 ) -> None:
     """Replay one trace under several HBM placement policies (same tiers, same cost model)
@@ -619,6 +627,7 @@ def compare_command(
                               "--request-trace FILE", None, None, "--trace")
     block_size, max_num_seqs, max_num_batched_tokens = engine_options(
         trace, block_size, max_num_seqs, max_num_batched_tokens)
+    check_timing(trace, timing)
     check_outputs(("--decision-log-dir", decision_log_dir, "dir"), ("--csv", csv, "csv"),
                   ("--parquet", parquet, "parquet"))
     _load_policy_files(policy_file)
@@ -640,7 +649,7 @@ def compare_command(
         if trace is None:
             table, opts = _request_table(profile, requests, seed, request_trace, fmt, model,
                                          block_size, max_num_seqs, max_num_batched_tokens,
-                                         config, sched)
+                                         config, sched, timing)
             table, replicas, span_us = _size(table, opts, config, replicas, sched,
                                              drop_over_context, warnings,
                                              strict=request_trace is not None)
@@ -691,6 +700,7 @@ def compare_command(
 
         emit_json({"policies": df.to_dict(orient="records"), "trace": label,
                    "mode": config.mode, "config": config.to_dict(),
+                   "timing_model": None if table is None else timing_name(opts, config),
                    "verdict": verdict_info(df), "warnings": warnings})
         return
     title = _title(label, df.iloc[0].to_dict() if len(df) else None, config, sched)

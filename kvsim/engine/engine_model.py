@@ -1,5 +1,10 @@
 """The engine model: scheduler limits and the roofline step-time model of the lowering.
 
+The roofline is one of the step-time models ``--timing`` chooses from (the default,
+``auto``, uses AIConfigurator-measured tables where bundled for the model and GPU):
+:mod:`kvsim.engine.timing.select`, :mod:`kvsim.engine.timing.step_time`,
+docs/cost-model.md "Step time".
+
 A step's compute time (``STEP.duration_us``, every scheduled token computed, no prefix
 caching; schema rule 5) is a roofline (Williams, Waterman, Patterson, CACM 2009)::
 
@@ -43,6 +48,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvsim.core.errors import KvsimInputError, bad_value
+from kvsim.engine.timing.select import ROOFLINE, Timing
 from kvsim.spec.sim_config import VLLM_GPU_MEMORY_UTILIZATION
 
 #: Per-step overhead (assumption, see the module docstring).
@@ -131,16 +137,31 @@ class StepCostModel:
     step_overhead_us: float
     gpu_memory_bytes: int = 0
     block_size_tokens: int = 16
+    #: the step-time model the scheduler uses (kvsim.engine.timing.select): the roofline
+    #: above, or measured tables packed after these constants
+    timing: Timing = ROOFLINE
+
+    @property
+    def timing_model(self) -> str:
+        """The step-time model's name in outputs (``roofline``, ``measured:...``)."""
+        return self.timing.name
 
     @property
     def block_bytes(self) -> int:
         return self.kv_bytes_per_token * self.block_size_tokens
 
     def as_array(self) -> np.ndarray:
-        """Packed for the compiled scheduler (order fixed by ``scheduler.P_*``)."""
-        return np.array([self.step_overhead_us, self.weight_bytes, float(self.kv_bytes_per_token),
+        """Packed for the compiled scheduler (order fixed by ``scheduler.Q_*``), then the
+        timing model's kind and tables (kvsim.engine.timing.step_time: ``Q_KIND``,
+        ``T0``)."""
+        from kvsim.engine.timing.step_time import KIND_FITTED, KIND_MEASURED, KIND_ROOFLINE
+
+        kind = {"roofline": KIND_ROOFLINE, "measured": KIND_MEASURED,
+                "fitted": KIND_FITTED}[self.timing.kind]
+        head = np.array([self.step_overhead_us, self.weight_bytes, float(self.kv_bytes_per_token),
                          self.hbm_bytes_per_us, self.flops_per_us, self.active_params,
-                         self.layers_x_hidden], dtype=np.float64)
+                         self.layers_x_hidden, kind], dtype=np.float64)
+        return np.concatenate([head, np.asarray(self.timing.tables, dtype=np.float64)])
 
     def step_us(self, batched_tokens: int, attended_positions: float,
                 kv_read_tokens: float) -> float:
@@ -188,12 +209,16 @@ def resolve_num_gpu_blocks(cfg: EngineConfig, cost: StepCostModel) -> int:
 
 def build_cost_model(model: str, hardware: str, kv_dtype: str | None = None,
                      step_overhead_us: float = DEFAULT_STEP_OVERHEAD_US,
-                     block_size_tokens: int = 16) -> StepCostModel:
+                     block_size_tokens: int = 16, timing: str | None = "auto") -> StepCostModel:
     """Load ``model`` (catalog name or config.json) and ``hardware`` (profile name or TOML).
 
     ``kv_dtype`` defaults to the model's serving dtype (bf16/fp16 KV, as vLLM's
-    ``--kv-cache-dtype auto``).
+    ``--kv-cache-dtype auto``).  ``timing``: ``auto`` (measured tables where bundled for
+    the pair, else the roofline), ``roofline``, ``measured`` or a timing profile path
+    (:func:`kvsim.engine.timing.select.resolve_timing`).
     """
+    from kvsim.engine.timing.select import resolve_timing
+
     from kvsim.spec.hardware import load_hardware
     from kvsim.spec.kvsize import kv_bytes_per_token, load_model
 
@@ -215,4 +240,5 @@ def build_cost_model(model: str, hardware: str, kv_dtype: str | None = None,
         step_overhead_us=float(step_overhead_us),
         gpu_memory_bytes=int(hw.gpu_memory_bytes),
         block_size_tokens=int(block_size_tokens),
+        timing=resolve_timing(timing, spec.name, hw.name),
     )

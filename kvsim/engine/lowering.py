@@ -54,7 +54,7 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
                    gpu_memory_utilization: float | None = None,
                    source: dict[str, Any] | None = None,
                    progress: Callable[[int, int], None] | None = None,
-                   flush_rows: int = FLUSH_ROWS) -> ImportSummary:
+                   flush_rows: int = FLUSH_ROWS, timing: str | None = "auto") -> ImportSummary:
     """Lower ``requests`` through the engine model into the event file ``out_path``.
 
     Parquet unless ``out_path`` ends in ``.jsonl`` (``.jsonl.gz``).  ``progress(done,
@@ -63,7 +63,9 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
     bad options (unknown model or hardware, block size not >= 1, ...).
 
     ``num_gpu_blocks`` None = derived (``gpu_memory_utilization``, default vLLM's 0.9),
-    exactly as ``kvsim simulate`` sizes its default HBM pool.
+    exactly as ``kvsim simulate`` sizes its default HBM pool.  ``timing``: the step-time
+    model (``auto``: measured tables where bundled for the pair, else the roofline;
+    :mod:`kvsim.engine.timing.select`), recorded in the header's ``source.engine``.
     """
     from kvsim.events import EventWriter
     from kvsim.core.fsutil import check_output_path, check_output_suffix
@@ -77,7 +79,7 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
                                          else float(step_overhead_us)), seed=seed,
                        num_gpu_blocks=num_gpu_blocks, **extra)
     cost = build_cost_model(model, hardware, kv_dtype, cfg.step_overhead_us,
-                            cfg.block_size_tokens)
+                            cfg.block_size_tokens, timing=timing)
     ngpu = resolve_num_gpu_blocks(cfg, cost)
     wmark = cfg.watermark_blocks(ngpu)
     total_requests = len(requests)
@@ -102,6 +104,8 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
                                  "engine": {"max_num_seqs": cfg.max_num_seqs,
                                             "max_num_batched_tokens": cfg.max_num_batched_tokens,
                                             "step_overhead_us": cfg.step_overhead_us,
+                                            "timing_model": cost.timing_model,
+                                            "timing_profile": cost.timing.profile,
                                             "seed": cfg.seed,
                                             "num_gpu_blocks": ngpu,
                                             "num_gpu_blocks_given": cfg.num_gpu_blocks is not None,
@@ -146,6 +150,7 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
         total_prompt_tokens=int(prompt.sum()), total_output_tokens=int(out.sum()),
         prompt_blocks=prompt_rows, hashed_prompt_blocks=hashed_rows,
         prefix_reuse_fraction=reuse, makespan_us=int(stf[0]),
+        timing_model=cost.timing_model, timing_profile=cost.timing.profile,
         num_gpu_blocks=ngpu, watermark_blocks=wmark, max_held_blocks=int(st[S.S_MAXHELD]),
         max_running_seqs=int(st[S.S_MAXRUN]), decode_stalls=int(st[S.S_STALLS]),
         admission_blocked_steps=int(st[S.S_BLOCKED]), forced_decodes=int(st[S.S_FORCED]),
@@ -206,11 +211,13 @@ def import_request_trace(path: str | Path, out_path: str | Path, *, format: str 
                          num_gpu_blocks: int | None = None,
                          gpu_memory_utilization: float | None = None,
                          progress: Callable[[int, int], None] | None = None,
-                         strict: bool = False) -> ImportSummary:
+                         strict: bool = False, timing: str | None = "auto") -> ImportSummary:
     """Read ``path`` and write its MemoryIntent events to ``out_path`` (Parquet, or JSONL
     when the name ends in .jsonl).  Same inputs and arguments -> byte-identical output.
     ``num_gpu_blocks`` / ``gpu_memory_utilization``: the scheduler's KV block budget
-    (:func:`lower_requests`); kvmi files are translated, not scheduled, and ignore them."""
+    (:func:`lower_requests`); kvmi files are translated, not scheduled, and ignore them.
+    ``timing``: the step-time model (``auto``, ``roofline``, ``measured`` or a timing
+    profile path; :mod:`kvsim.engine.timing.select`)."""
     from kvsim.core.fsutil import check_output_path, check_output_suffix
     from kvsim.ingest import read_requests
     from kvsim.ingest.detect import detect_format
@@ -228,4 +235,5 @@ def import_request_trace(path: str | Path, out_path: str | Path, *, format: str 
                           block_size_tokens=block_size_tokens, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens, seed=seed,
                           num_gpu_blocks=num_gpu_blocks,
-                          gpu_memory_utilization=gpu_memory_utilization, progress=progress)
+                          gpu_memory_utilization=gpu_memory_utilization, progress=progress,
+                          timing=timing)

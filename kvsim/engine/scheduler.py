@@ -40,7 +40,8 @@ never deadlocks; the replay then preempts, as vLLM would have.
 
 Sequence slots: ``0..N-1`` are the Request-table rows (request id = row); forks (n > 1,
 beams) take slots from ``N`` upward in creation order.  Clock: a step starts at ``now``
-and lasts its roofline time; when nothing runs or waits, ``now`` jumps to the next arrival.
+and lasts its step time (:func:`kvsim.engine.timing.step_time.step_duration_us`:
+the roofline or the measured tables); when nothing runs or waits, ``now`` jumps to the next arrival.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ import numpy as np
 from numba import njit
 
 from kvsim.ingest.hashing import chain_hash, root_hash
+# step durations and prefill costs (roofline or measured, chosen by fp)
+from kvsim.engine.timing.step_time import (NUM_ACC, acc_chunk, acc_decode, acc_reset,
+                                           prefill_cost_us, step_duration_us)
 
 # integer columns of I (rows are I[:, r])
 C_STEP, C_TIME, C_KIND, C_RID, C_BIDX, C_HASH, C_PARENT, C_NTOK = 0, 1, 2, 3, 4, 5, 6, 7
@@ -65,7 +69,8 @@ FLOAT_COLUMN_NAMES = ("duration_us", "recompute_cost_us")
 (P_B, P_T, P_MAXSEQ, P_MAXTOK, P_FLUSH, P_CRITPRIO, P_CRITTPOT, P_BEAMINT, P_SEED, P_N,
  P_NGPU, P_WMARK, P_CLOSED, P_PRIOSCHED) = range(14)
 NUM_INT_PARAMS = 14
-# float parameters (fp): see StepCostModel.as_array
+# float parameters (fp): see StepCostModel.as_array; fp[7] is the timing model's kind and
+# fp[8:] its tables (kvsim.engine.timing.step_time.Q_KIND, T0)
 Q_OVER, Q_WBYTES, Q_KVBPT, Q_BW, Q_FLOPS, Q_ACTIVE, Q_LH = range(7)
 # loop state (st): step, arrive pointer, admit pointer, running count, next free slot,
 # finished table requests, all done flag; KV accounting: held blocks, peak held, peak
@@ -131,10 +136,9 @@ def _row(I, F, n, step, t, kind, rid, bidx, h, parent, ntok, phase, prio, deadli
 
 @njit(cache=True, inline="always")
 def _prefill_us(fp, start, m):
-    """Compute time of m prefill tokens at positions [start, start+m) (engine.py)."""
-    mf = float(m)
-    att = mf * start + mf * (mf + 1.0) / 2.0
-    return (2.0 * fp[Q_ACTIVE] * mf + 4.0 * fp[Q_LH] * att) / fp[Q_FLOPS]
+    """Compute time of m prefill tokens at positions [start, start+m): the timing model's
+    (kvsim.engine.timing.step_time.prefill_cost_us; the roofline's is engine_model's)."""
+    return prefill_cost_us(fp, start, m)
 
 
 from kvsim.engine.scheduler_blocks import (_acquire, _cached_prefix, _decode_blocks, _load_head,
@@ -173,6 +177,7 @@ def run_steps(ip, fp, st, stf,
     wmark = ip[P_WMARK]
     root = root_hash(0)
     closed = ip[P_CLOSED] != 0
+    acc = np.empty(NUM_ACC, dtype=np.float64)  # the step's aggregates for its duration
     while st[S_FINISHED] == 0:
         now = stf[0]
         nrun = st[S_NRUN]
@@ -319,6 +324,7 @@ def run_steps(ip, fp, st, stf,
         tokens = 0
         attended = 0.0
         kv_read = 0.0
+        acc_reset(acc)
         pf0 = nfin  # fin[pf0:] collects finishers; prefill completers tracked via gen
         # ---- 3. decode sequences
         for r in range(m2):
@@ -382,6 +388,7 @@ def run_steps(ip, fp, st, stf,
             tokens += need
             attended += need * (L + hi + 2) / 2.0
             kv_read += hi + 1
+            acc_decode(acc, need, hi + 1)
             budget -= need
             adv = 1
             if k > 0:
@@ -421,6 +428,7 @@ def run_steps(ip, fp, st, stf,
             tokens += chunk
             attended += chunk * float(computed[c]) + chunk * (chunk + 1.0) / 2.0
             kv_read += computed[c] + chunk
+            acc_chunk(fp, acc, chunk, computed[c])
             budget -= chunk
             computed[c] += chunk
             if computed[c] == prompt[c]:
@@ -472,6 +480,7 @@ def run_steps(ip, fp, st, stf,
             tokens += chunk
             attended += chunk * float(hit) + chunk * (chunk + 1.0) / 2.0
             kv_read += hit + chunk
+            acc_chunk(fp, acc, chunk, hit)
             budget -= chunk
             computed[c] = hit + chunk
             if computed[c] == prompt[c]:
@@ -485,10 +494,8 @@ def run_steps(ip, fp, st, stf,
             st[S_MAXHELD] = st[S_HELD]
         if m2 > st[S_MAXRUN]:
             st[S_MAXRUN] = m2
-        # ---- step time (roofline), patch STEP row and decode slacks
-        mem = (fp[Q_WBYTES] + fp[Q_KVBPT] * kv_read) / fp[Q_BW]
-        comp = (2.0 * fp[Q_ACTIVE] * tokens + 4.0 * fp[Q_LH] * attended) / fp[Q_FLOPS]
-        dur = max(mem, comp) + fp[Q_OVER]
+        # ---- step time (kvsim.engine.timing.step_time), patch STEP row and decode slacks
+        dur = step_duration_us(fp, acc, tokens, attended, kv_read)
         end = now + dur
         end_us = np.int64(end)
         I[C_NTOK, step_row] = tokens

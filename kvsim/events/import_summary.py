@@ -29,6 +29,11 @@ class ImportSummary:
     #: share of PREFILL ALLOCATE rows whose non-zero hash appeared earlier (infinite cache)
     prefix_reuse_fraction: float
     makespan_us: int
+    #: the step-time model of the engine steps (kvsim.engine.timing.select: "roofline",
+    #: "measured:aiconfigurator-0.12.0/vllm-0.24.0", ...) and its profile; "" when the
+    #: file was translated, not scheduled (kvmi)
+    timing_model: str = ""
+    timing_profile: str | None = None
     dropped_events: int = 0
     dropped_by_type: dict[str, int] = field(default_factory=dict)
     #: KV block budget of the scheduler and the admission watermark (0 when not lowered)

@@ -75,7 +75,8 @@ SOURCES = ("kvsim.core.schema", "kvsim.policy.api", "kvsim.policy.structs", "kvs
            "kvsim.memory.pool_ref", "kvsim.memory.pool_ops", "kvsim.jit.prefetch", "kvsim.core.layout",
            "kvsim.replay.kernel.tiers", "kvsim.replay.kernel.bookkeeping", "kvsim.replay.kernel.tier_ops", "kvsim.replay.kernel.spill",
            "kvsim.replay.kernel.placement", "kvsim.replay.kernel.core", "kvsim.replay.kernel.core_ref",
-           "kvsim.engine.scheduler_state", "kvsim.engine.scheduler_blocks", "kvsim.engine.scheduler",
+           "kvsim.engine.scheduler_state", "kvsim.engine.scheduler_blocks",
+           "kvsim.engine.timing.step_time", "kvsim.engine.scheduler",
            "kvsim.modes.closed.closed_step", "kvsim.cachesim.simulator")
 #: The single-tier loops (``kvsim.cachesim.simulator``'s dedicated loops) are their own group:
 #: they inline ``prefetch``'s intrinsic and share ``cachesim_fast``'s constants, so an edit
@@ -88,7 +89,8 @@ COMPILED = ("kvsim.policy.api", "kvsim.policy.structs", "kvsim.memory.fast",
             "kvsim.memory.fifo_order", "kvsim.policy.hooks", "kvsim.memory.pool_ref",
             "kvsim.memory.pool_ops",
             "kvsim.replay.kernel.tiers", "kvsim.replay.kernel.bookkeeping", "kvsim.replay.kernel.tier_ops", "kvsim.replay.kernel.spill",
-            "kvsim.replay.kernel.placement", "kvsim.replay.kernel.core", "kvsim.replay.kernel.core_ref", "kvsim.engine.scheduler",
+            "kvsim.replay.kernel.placement", "kvsim.replay.kernel.core", "kvsim.replay.kernel.core_ref",
+            "kvsim.engine.timing.step_time", "kvsim.engine.scheduler",
             "kvsim.engine.scheduler_blocks", "kvsim.modes.closed.closed_step", "kvsim.cachesim.simulator")
 
 

@@ -433,8 +433,20 @@ def replay(trace_path: str | Path, policy, config: SimConfig,
                         ex.costs, facts.num_rows, block_size_tokens=ex.block_size_tokens,
                         mode=config.mode, warmup_requests=warmup)
     summary["schedule"] = "recorded"  # the event file's steps, replayed open loop
+    summary["timing_model"] = ex.config.get("timing_model")  # who timed those steps
     return SimResult(pol.name, bool(pol.offline), summary, ex.requests, ex.steps,
                      ex.config, str(trace_path), ex.costs, ex.checks)
+
+
+def recorded_timing_model(header) -> str | None:
+    """The step-time model that timed an event file's STEP rows: its header's
+    ``source.engine.timing_model`` (kvsim.engine.lowering); ``roofline`` for a file
+    lowered by kvsim before the model was recorded (the only one then); None when kvsim's
+    engine did not lower it (a translated kvmi file, a recording)."""
+    engine = (getattr(header, "source", None) or {}).get("engine")
+    if not isinstance(engine, dict):
+        return None
+    return str(engine.get("timing_model", "roofline"))
 
 
 @dataclass
@@ -466,6 +478,7 @@ def execute(trace_path: str | Path, pol, config: SimConfig,
         facts.next_use = offline_next_use(trace_path, bs, facts.num_allocs, config.batch_rows)
     block_bytes, costs = resolve_tiers(config, header, facts)
     cfg_dict = _describe(config, costs, block_bytes)
+    cfg_dict["timing_model"] = recorded_timing_model(header)
     writer = None
     if decision_log is not None:
         reasons = [pol.reasons] + [resolve_policy(config.tier_policy(t)).reasons

@@ -161,8 +161,10 @@ def generate(profile: str | Path | WorkloadProfile, num_requests: int, seed: int
              block_size_tokens: int = 16, max_num_seqs: int = 256,
              max_num_batched_tokens: int = 8192, num_gpu_blocks: int | None = None,
              gpu_memory_utilization: float | None = None,
-             progress: Callable[[int, int], None] | None = None) -> ImportSummary:
-    """Generate ``num_requests`` requests from ``profile`` and lower them to ``out_path``.
+             progress: Callable[[int, int], None] | None = None,
+             timing: str | None = "auto") -> ImportSummary:
+    """Generate ``num_requests`` requests from ``profile`` and lower them to ``out_path``
+    (``timing``: the step-time model, :mod:`kvsim.engine.timing.select`).
 
     Same (profile, num_requests, seed, options) -> byte-identical event file.
     """
@@ -174,4 +176,4 @@ def generate(profile: str | Path | WorkloadProfile, num_requests: int, seed: int
                           max_num_batched_tokens=max_num_batched_tokens, seed=seed,
                           num_gpu_blocks=num_gpu_blocks,
                           gpu_memory_utilization=gpu_memory_utilization, source=source,
-                          progress=progress)
+                          progress=progress, timing=timing)

@@ -13,12 +13,14 @@ from kvsim.engine.engine_model import build_cost_model
 from kvsim.engine.lowering import lower_requests
 from kvsim.ingest.requests import build_request_table
 from kvsim.api import simulate
+from kvsim.modes.closed.closed_loop import EngineOptions
 from kvsim.modes.closed.cluster import serve
 from kvsim.spec.sim_config import SimConfig
 
 B = 16
 CONFIG = SimConfig(engine="interpreted")
-COST = build_cost_model("llama-3-8b", "h100-sxm", block_size_tokens=B)
+COST = build_cost_model("llama-3-8b", "h100-sxm", block_size_tokens=B, timing="roofline")
+ROOFLINE = EngineOptions(timing="roofline")
 
 
 def table(arrival, prompt, output, ids=None, **cols):
@@ -47,23 +49,47 @@ def test_one_request_at_a_time_ttft_is_the_roofline_prefill():
     prompts = [1000, 17, 4096, 8192]
     # 1 s apart: each request runs alone; no content ids: nothing is ever cached
     t = table([i * 1_000_000 for i in range(4)], prompts, [1] * 4)
-    res = serve(t, "lru", CONFIG)
-    assert res.summary["schedule"] == "closed"
+    res = serve(t, "lru", CONFIG, engine=ROOFLINE)
+    assert res.summary["schedule"] == "closed" and res.summary["timing_model"] == "roofline"
     got = res.requests.sort_values("request_id")["ttft_us"].to_numpy()
     want = [COST.step_us(p, p * (p + 1) / 2.0, p) for p in prompts]
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
     assert res.summary["prefill_tokens_saved"] == 0
 
 
+def test_one_request_at_a_time_ttft_is_the_measured_prefill():
+    """The default timing (auto -> measured for llama-3-8b on h100-sxm): a lone prompt's
+    TTFT is MeasuredStepTime's prefill step."""
+    from kvsim.engine.timing.measured import MeasuredStepTime
+
+    m = MeasuredStepTime.bundled("h100-sxm", "llama-3.1-8b", 1)
+    prompts = [1000, 17, 4096, 8192]
+    t = table([i * 1_000_000 for i in range(4)], prompts, [1] * 4)
+    res = serve(t, "lru", CONFIG)
+    assert res.summary["timing_model"] == "measured:aiconfigurator-0.12.0/vllm-0.24.0"
+    got = res.requests.sort_values("request_id")["ttft_us"].to_numpy()
+    # 8192 = the step budget: one chunk; the 1000-token one is the issue's 21.6 ms
+    want = [1000 * m.prefill_ms(p) for p in prompts]
+    np.testing.assert_allclose(got, want, rtol=1e-9)
+    assert abs(got[0] / 21_600 - 1) < 0.01
+
+
 def test_repeated_prompt_second_ttft_is_the_single_token_step():
     p = 40 * B + 1  # 40 full blocks cached, the last token always computed (vLLM)
     ids = [list(range(1, 43))] * 2
     t = table([0, 1_000_000], [p, p], [1, 1], ids)
-    res = serve(t, "lru", CONFIG)
+    res = serve(t, "lru", CONFIG, engine=ROOFLINE)
     ttft = res.requests.sort_values("request_id")["ttft_us"].to_numpy()
     assert ttft[0] == pytest.approx(COST.step_us(p, p * (p + 1) / 2.0, p), abs=1e-6)
     # one token at position p-1: attends p positions, reads p tokens of KV
     assert ttft[1] == pytest.approx(COST.step_us(1, float(p), p), abs=1e-6)
+    # measured: a 1-token chunk after 640 cached tokens
+    from kvsim.engine.timing.measured import MeasuredStepTime
+
+    m = MeasuredStepTime.bundled("h100-sxm", "llama-3.1-8b", 1)
+    ttft = serve(t, "lru", CONFIG).requests.sort_values("request_id")["ttft_us"].to_numpy()
+    assert ttft.tolist() == pytest.approx([1000 * m.step_ms([(p, 0)]),
+                                           1000 * m.step_ms([(1, p - 1)])], rel=1e-9)
     assert res.summary["prefill_tokens_saved"] == 40 * B
     assert res.summary["hbm_hit_rate"] == pytest.approx(40 * B / (2 * p))
 

@@ -57,7 +57,7 @@ def check_rules(df: pd.DataFrame) -> None:
 
 def test_single_request_exact(tmp_path):
     t = table(prompt_tokens=[40], output_tokens=[3])
-    s, df = lower(tmp_path, t)
+    s, df = lower(tmp_path, t, timing="roofline")  # the roofline's formula, hand-derived
     rows = [(int(r.step), K(r.kind).name, int(r.block_index), int(r.num_tokens))
             for r in df.itertuples()]
     assert rows == [
@@ -65,7 +65,8 @@ def test_single_request_exact(tmp_path):
         (0, "ALLOCATE", 1, 16), (0, "ALLOCATE", 2, 8), (0, "ACCESS", -1, 40),
         (1, "STEP", -1, 1), (1, "INTENT", -1, 0), (1, "ACCESS", -1, 1),
         (2, "STEP", -1, 1), (2, "ACCESS", -1, 1), (2, "INTENT", -1, 0), (2, "FREE", -1, 0)]
-    cost = build_cost_model("llama-3-8b", "h100-sxm")
+    cost = build_cost_model("llama-3-8b", "h100-sxm", timing="roofline")
+    assert s.timing_model == "roofline"
     d0 = cost.step_us(40, 40 * 41 / 2, 40)
     d1 = cost.step_us(1, 41, 41)  # decode at position 40 attends 41 positions
     steps = df[df.kind == K.STEP]
@@ -156,6 +157,20 @@ def test_speculative_accept_commits(tmp_path):
     commits = df[df.kind == K.COMMIT]
     assert commits[["step", "block_index"]].values.tolist() == [[1, 1]]
     assert (df.kind == K.ACCESS).sum() == 2  # prefill + one verify step makes 4 tokens
+
+
+def test_single_request_measured_by_default(tmp_path):
+    """The default timing (auto) on a bundled pair: the measured tables' step times, as
+    MeasuredStepTime gives them (prefill of 40 tokens, then decodes at KV 41 and 42)."""
+    from kvsim.engine.timing.measured import MeasuredStepTime
+
+    s, df = lower(tmp_path, table(prompt_tokens=[40], output_tokens=[3]))
+    assert s.timing_model == "measured:aiconfigurator-0.12.0/vllm-0.24.0"
+    assert s.timing_profile == "h100-sxm__llama-3.1-8b__tp1"
+    m = MeasuredStepTime.bundled("h100-sxm", "llama-3.1-8b", 1)
+    want = [1000 * m.step_ms([(40, 0)]), 1000 * m.step_ms((), [41]), 1000 * m.step_ms((), [42])]
+    steps = df[df.kind == K.STEP]
+    assert steps.duration_us.tolist() == pytest.approx(want, rel=1e-9)
 
 
 def test_intent_rules(tmp_path):

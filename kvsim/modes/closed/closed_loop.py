@@ -62,6 +62,8 @@ class EngineOptions:
     max_num_batched_tokens: int = 8192
     step_overhead_us: float | None = None
     model: str = "llama-3-8b"
+    #: the step-time model (kvsim.engine.timing.select): auto, roofline, measured, a path
+    timing: str | None = "auto"
 
     def engine_config(self, num_gpu_blocks: int, seed: int) -> EngineConfig:
         from kvsim.engine.engine_model import DEFAULT_STEP_OVERHEAD_US
@@ -321,7 +323,7 @@ def prepare(table: RequestTable, config: SimConfig, opts: EngineOptions):
                               None, "--mode")
     cost = build_cost_model(config.model or opts.model, config.hardware,
                             step_overhead_us=opts.engine_config(1, 0).step_overhead_us,
-                            block_size_tokens=opts.block_size_tokens)
+                            block_size_tokens=opts.block_size_tokens, timing=opts.timing)
     hbm_blocks = hbm_pool_blocks(config, cost)
     cfg = opts.engine_config(hbm_blocks, config.seed)
     table, dropped = _drop_unadmittable(table, opts.block_size_tokens,

@@ -112,7 +112,8 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
     cfg_dict.update(schedule="closed", replicas=replicas, router=router,
                     max_num_seqs=opts.max_num_seqs,
                     max_num_batched_tokens=opts.max_num_batched_tokens,
-                    block_size_tokens=opts.block_size_tokens)
+                    block_size_tokens=opts.block_size_tokens,
+                    timing_model=cost.timing_model, timing_profile=cost.timing.profile)
     # a cold compiled closed loop: core.run compiles in a worker meanwhile (2+ cores)
     with split_closed_compile(closed_engine(config, pol, _events(table,
                                                                  opts.block_size_tokens))):
@@ -181,6 +182,7 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
     start_us = float(table.df["arrival_us"].iat[warmup]) if warmup > 0 else 0.0
     summary, requests, steps = cluster_summary(pol, engines, costs, N, router, dropped,
                                                warmup, start_us)
+    summary["timing_model"] = cost.timing_model  # which step-time model timed the steps
     return SimResult(pol.name, bool(pol.offline), summary, requests, steps, cfg_dict,
                      "requests", costs, {})
 

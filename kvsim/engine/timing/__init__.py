@@ -1,0 +1,1 @@
+"""Engine step-time models (``--timing``): the roofline, AIConfigurator-measured tables, fitted coefficients."""
