@@ -46,7 +46,7 @@ and lasts its roofline time; when nothing runs or waits, ``now`` jumps to the ne
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from kvsim.jit.decorators import njit
 
 from kvsim.ingest.hashing import chain_hash, root_hash
 

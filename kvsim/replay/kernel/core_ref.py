@@ -38,7 +38,9 @@ the core does.
 
 from __future__ import annotations
 
-from numba import njit, typeof, types
+from numba import typeof, types
+
+from kvsim.jit.decorators import njit
 from numba.experimental import structref
 
 from kvsim.policy.hooks import TIER_REF, VIEW_REF, policy_value_type
