@@ -16,17 +16,17 @@ def _numba_defaults() -> None:
     only), while the warm README job, the Mooncake 512 lru replay and single-tier
     ``simulate_cache`` run as fast (within 2-5 %, this box's noise) with identical outputs.
     Set in ``os.environ``, so it holds for every numba compile in this process (numba
-    re-reads its environment at each compile); numba's disk cache is kept apart per
-    setting by ``kvsim.jit.disk_cache`` (stamp), so no code compiled at another level loads.
+    re-reads its environment at each compile).  Then numba's disk cache is pointed at a
+    directory keyed on kvsim's compiled sources and these settings
+    (:func:`kvsim.jit.cache_key.configure`, ``NUMBA_CACHE_DIR``), so no code compiled from
+    other sources or at another level loads.  Both before any compiled module is imported.
     """
     import os
-    import sys
+
+    from kvsim.jit.cache_key import configure
 
     os.environ.setdefault("NUMBA_OPT", "1")
-    if "numba" in sys.modules:  # imported before kvsim: make its config see the default now
-        from numba.core import config
-
-        config.reload_config()
+    configure()  # reloads numba's config when numba was imported before kvsim
 
 
 _numba_defaults()

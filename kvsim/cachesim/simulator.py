@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from numba import njit
+from kvsim.jit.decorators import njit
 
 from kvsim.core.errors import KvsimInputError
 from kvsim.policy.hooks import (H_HIT, H_INSERT, H_MISS, H_REMOVE, H_VICTIM, is_uniform,

@@ -47,7 +47,7 @@ the roofline or the measured tables); when nothing runs or waits, ``now`` jumps 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from kvsim.jit.decorators import njit
 
 from kvsim.ingest.hashing import chain_hash, root_hash
 # step durations and prefill costs (roofline or measured, chosen by fp)

@@ -6,7 +6,7 @@ like it."""
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from kvsim.jit.decorators import njit
 
 from kvsim.ingest.hashing import chain_hash, mix64
 from kvsim.replay.kernel.tiers import hash_slot

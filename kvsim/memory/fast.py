@@ -33,7 +33,7 @@ from collections import namedtuple
 from dataclasses import dataclass, field
 
 import numpy as np
-from numba import njit
+from kvsim.jit.decorators import njit
 
 from kvsim.core.errors import bad_value
 

@@ -18,7 +18,7 @@ sentinel at index ``num_slots``.  Invariant: a block is linked iff it is a candi
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from kvsim.jit.decorators import njit
 
 from kvsim.policy.api import policy_state
 

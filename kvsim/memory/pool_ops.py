@@ -27,7 +27,7 @@ cold compile of the core optimised and machine-compiled again in every operation
 """
 
 import numpy as np
-from numba import njit
+from kvsim.jit.decorators import njit
 
 from kvsim.memory.fast import (
     C_ALLOC_FAILURES, C_ADMISSIONS, C_COW_BYTES, C_COW_COPIES, C_EVICTED_BLOCKS,

@@ -16,7 +16,9 @@ interpreted engine runs the same source on the named tuple.
 
 from __future__ import annotations
 
-from numba import njit, typeof, types
+from numba import typeof, types
+
+from kvsim.jit.decorators import njit
 from numba.experimental import structref
 
 from kvsim.memory.fast import PoolConfig, PoolState, new_state

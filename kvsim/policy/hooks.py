@@ -30,7 +30,9 @@ import warnings
 from functools import lru_cache
 
 from numba import errors as numba_errors
-from numba import njit, typeof, types
+from numba import typeof, types
+
+from kvsim.jit.decorators import njit
 from numba.core.types import WrapperAddressProtocol
 from numba.experimental import structref
 
@@ -189,7 +191,7 @@ class CompiledHook(WrapperAddressProtocol):
         if dispatcher.targetoptions.get("no_cfunc_wrapper"):
             raise RuntimeError(f"{dispatcher.py_func.__module__}.{dispatcher.__name__} is "
                                "compiled without the C wrapper a function value needs: list it "
-                               "in kvsim.jit.disk_cache.FIRST_CLASS")
+                               "in kvsim.jit.decorators.FIRST_CLASS")
         self.dispatcher = dispatcher
         self.sig = signature
         self._cres = None
@@ -201,7 +203,20 @@ class CompiledHook(WrapperAddressProtocol):
         value compiles nothing, and a cold compile starts ``core.run``'s compile (which
         needs the values' types only) before the hooks' (:mod:`kvsim.replay.precompile`)."""
         if self._cres is None:
-            self._cres = self.dispatcher.get_compile_result(self.sig)
+            try:
+                self._cres = self.dispatcher.get_compile_result(self.sig)
+            except numba_errors.TypingError as e:
+                if "mismatch of return type" not in str(e):
+                    raise
+                # Python called the hook first, and numba typed that call's return value
+                # itself (``Tuple(int64, Literal[int](0), int64)`` for ``return b, 0, n``):
+                # numba keeps one overload per argument types, so the declared signature
+                # compiles in a dispatcher of its own (not cached on disk; rare: a hook
+                # called from Python before any replay took it as a value).
+                from numba import njit as numba_njit
+
+                self.dispatcher = numba_njit(cache=False)(self.dispatcher.py_func)
+                self._cres = self.dispatcher.get_compile_result(self.sig)
         return self._cres
 
     def compile(self) -> "CompiledHook":
@@ -256,11 +271,8 @@ def _functions(policy) -> tuple:
 
 
 def seal_policy_module(module) -> None:
-    """:func:`kvsim.jit.disk_cache.seal` a policy's module: no CPython wrapper (a call from
-    Python goes through a trampoline), and the C wrapper a function value needs only on
-    the functions a policy can bind as hooks (:data:`HOOK_NAMES`, the registry binds hooks
-    by these names only; plus the module's own first-class functions): its helpers are
-    linked into the hooks that call them, not compiled on their own."""
+    """Formerly patched a policy module's compile (no wrappers, linked-only helpers); a
+    no-op since #31 (kvsim no longer writes into numba: docs/jit.md), kept for callers."""
     values = HOOK_NAMES + FIRST_CLASS.get(module.__name__, ())
     seal(module, python_called=(), values_only=values)
 

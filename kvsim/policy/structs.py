@@ -10,10 +10,10 @@ policies' order tests."""
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from kvsim.jit.decorators import njit
 
 # Every structure operation is compiled without a C wrapper (``no_cfunc_wrapper``, set by
-# kvsim.jit.disk_cache.seal for every function not listed in its FIRST_CLASS): only hooks are
+# kvsim.jit.decorators.njit for every function not listed in its FIRST_CLASS): only hooks are
 # passed as first-class function values (kvsim.policy.hooks), and a wrapper is compiled
 # code too.  The CPython wrapper stays: an interpreted policy's Python hooks call these
 # compiled functions.

@@ -10,7 +10,8 @@ its own hooks, and later processes load everything from numba's cache.
 
 Interpreted (a plain-Python policy, a policy whose state is not a
 :class:`kvsim.policy.api.PolicyState`, or ``engine="interpreted"``): the same modules
-re-executed with ``numba.njit`` replaced by the identity decorator (:func:`interpreted`),
+re-executed with kvsim's ``njit`` switched to the identity (:func:`interpreted`,
+:func:`kvsim.jit.decorators.interpreting`),
 the hooks' plain-Python functions passed as the same tuple.
 """
 
@@ -133,21 +134,15 @@ def _import_file(name: str, path: Path) -> ModuleType:
     return module
 
 
-def _identity_njit(*args, **kwargs):
-    if len(args) == 1 and callable(args[0]) and not kwargs:
-        return args[0]
-    return lambda func: func
-
-
 def _twin(module: ModuleType, suffix: str) -> ModuleType:
-    """``module`` re-executed with njit = identity (a fresh, independent module)."""
+    """``module`` re-executed from its source file as a fresh, independent module whose
+    ``njit`` (:func:`kvsim.jit.decorators.njit`, which every twinned module imports)
+    leaves its functions as Python: kvsim's own switch, numba is not touched."""
+    from kvsim.jit.decorators import interpreting
+
     name = f"{module.__name__}__interpreted_{suffix}"
-    saved = numba.njit
-    numba.njit = _identity_njit
-    try:
+    with interpreting():
         return _import_file(name, Path(inspect.getfile(module)))
-    finally:
-        numba.njit = saved
 
 
 def _py(func):

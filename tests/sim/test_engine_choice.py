@@ -178,21 +178,21 @@ def test_compiled_hooks_over_an_old_tuple_state_run_interpreted_with_a_warning(t
         {k: v for k, v in want.summary.items() if k not in drop}
 
 
-SEALED_CHECK = ("import importlib.util, sys\n"
-                "from kvsim.jit.disk_cache import seal\n"
+CACHED_CHECK = ("import importlib.util, sys\n"
+                "import kvsim\n"
                 "from kvsim.replay.variants import dispatcher_is_cached\n"
                 "spec = importlib.util.spec_from_file_location('sealmod', sys.argv[1])\n"
                 "m = importlib.util.module_from_spec(spec); sys.modules['sealmod'] = m\n"
-                "spec.loader.exec_module(m); seal(m)\n"
+                "spec.loader.exec_module(m)\n"
                 "before = dispatcher_is_cached(m.f)\n"
                 "print(before, m.f(2), dispatcher_is_cached(m.f))\n")
 
 
-def test_sealed_cache_never_mixes_numba_optimisation_settings(tmp_path):
+def test_cache_never_mixes_numba_optimisation_settings(tmp_path):
     """numba's own cache key leaves out NUMBA_OPT and the vectorizer switches, so code
-    compiled at one level would load under another; kvsim's seal puts them in the stamp
-    (kvsim.jit.disk_cache.codegen_settings): code compiled under another setting is stale.
-    numba keeps one stamp per index file, so switching back compiles again."""
+    compiled at one level would load under another; kvsim keys numba's cache directory on
+    them (kvsim.jit.cache_key): code compiled under another setting is never seen, and
+    each setting keeps its own entries."""
     path = tmp_path / "sealmod.py"
     path.write_text(SRC.format(k=1))
     base = {k: v for k, v in os.environ.items()
@@ -200,7 +200,7 @@ def test_sealed_cache_never_mixes_numba_optimisation_settings(tmp_path):
     base["NUMBA_CACHE_DIR"] = str(tmp_path / "numba")
 
     def run(**env):
-        return subprocess.run([sys.executable, "-c", SEALED_CHECK, str(path)],
+        return subprocess.run([sys.executable, "-c", CACHED_CHECK, str(path)],
                               capture_output=True, text=True, check=True,
                               env={**base, **env}).stdout.split()
 
@@ -210,15 +210,18 @@ def test_sealed_cache_never_mixes_numba_optimisation_settings(tmp_path):
     assert run(NUMBA_OPT="3") == ["False", "7", "True"]  # not opt 1's code
     assert run(NUMBA_LOOP_VECTORIZE="0") == ["False", "7", "True"]
     assert run(NUMBA_LOOP_VECTORIZE="0") == ["True", "7", "True"]
-    assert run(NUMBA_OPT="3") == ["False", "7", "True"]  # the index was re-stamped
+    assert run(NUMBA_OPT="3") == ["True", "7", "True"]  # opt 3's directory was kept
+    assert run() == ["True", "7", "True"]
+    keyed = sorted(p.name for p in (tmp_path / "numba").iterdir())
+    assert len(keyed) == 3 and all(k.startswith("kvsim-") for k in keyed)
 
 
-OPT_CHECK = ("import sys\n"
+OPT_CHECK = ("import sys, os\n"
              "if sys.argv[1] == 'numba-first': import numba\n"
              "import kvsim\n"
              "from numba.core import config\n"
-             "from kvsim.jit.disk_cache import codegen_settings\n"
-             "print(int(config.OPT), codegen_settings())\n")
+             "from kvsim.jit.cache_key import cache_dir\n"
+             "print(int(config.OPT), config.CACHE_DIR == cache_dir())\n")
 
 
 @pytest.mark.parametrize("order", ["kvsim-first", "numba-first"])
@@ -229,16 +232,18 @@ def test_kvsim_defaults_numba_opt_to_1_unless_the_user_set_it(order):
         return subprocess.run([sys.executable, "-c", OPT_CHECK, order], capture_output=True,
                               text=True, check=True, env={**env, **extra}).stdout.split()
 
-    assert run() == ["1", "opt=1,loopvec=1,slpvec=0"]
-    assert run(NUMBA_OPT="3") == ["3", "opt=3,loopvec=1,slpvec=0"]
+    assert run() == ["1", "True"]
+    assert run(NUMBA_OPT="3") == ["3", "True"]
 
 
-def test_codegen_settings_read_numbas_config(monkeypatch):
-    from numba.core import config
+def test_cache_key_follows_the_codegen_settings(monkeypatch):
+    from kvsim.jit.cache_key import key
 
-    from kvsim.jit.disk_cache import codegen_settings
-
-    monkeypatch.setattr(config, "OPT", 2)
-    monkeypatch.setattr(config, "LOOP_VECTORIZE", 0)
-    monkeypatch.setattr(config, "SLP_VECTORIZE", 1)
-    assert codegen_settings() == "opt=2,loopvec=0,slpvec=1"
+    monkeypatch.setenv("NUMBA_OPT", "1")
+    k1 = key()
+    monkeypatch.setenv("NUMBA_OPT", "3")
+    assert key() != k1
+    monkeypatch.setenv("NUMBA_OPT", "1")
+    assert key() == k1
+    monkeypatch.setenv("NUMBA_SLP_VECTORIZE", "1")
+    assert key() != k1

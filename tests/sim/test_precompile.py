@@ -222,11 +222,11 @@ def test_compile_workers_env_must_be_a_positive_integer(monkeypatch, bad):
 
 
 def test_every_compiled_replay_module_is_sealed():
-    """numba keys a cached function on its own file only; kvsim.jit.disk_cache adds a digest
-    of every replay source, so an edit of any of them recompiles.  Every jitted function
-    the compiled replay modules reach (those they import included, such as
-    kvsim.replay.kernel.placement split from core) is defined in a module that is sealed and
-    digested."""
+    """numba keys a cached function on its own file only; kvsim keys numba's cache
+    directory on every replay source (kvsim.jit.cache_key), so an edit of any of them
+    recompiles.  Every jitted function the compiled replay modules reach (those they import
+    included, such as kvsim.replay.kernel.placement split from core) is defined in a module
+    that is listed and digested."""
     import importlib
 
     from numba.core.dispatcher import Dispatcher

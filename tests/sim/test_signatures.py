@@ -1,19 +1,16 @@
-"""One compiled signature per function (issue 17: duplicate compiles).
+"""One compiled signature per function where kvsim can have it without patching numba.
 
-Two sources of a second, full compile of the same function were found and removed:
-
-* a constant argument at a call site from compiled code is typed as a literal, and numba
-  compiled the callee once per distinct set of constants (``scheduler._row`` 17 times,
-  ``tiers.log_row`` 13 in the README job): :func:`kvsim.jit.disk_cache.plain_calls`, applied
-  by ``seal`` to every sealed dispatcher, types such calls with the plain types;
 * ``core.run``'s event columns came read-only (Parquet columns read without a copy) or
   writable (the boolean columns, JSONL traces, the closed loop), two numba types:
   :func:`kvsim.replay.variants.run_cols` passes them read-only always.
+* A constant argument at a call site from compiled code is typed as a literal, and numba
+  compiles the callee once per distinct set of constants (``scheduler._row`` 17 times,
+  ``tiers.log_row`` 13 in the README job).  kvsim used to retype such calls by replacing
+  each dispatcher's ``get_call_template`` (``plain_calls``); since #31 it writes nothing
+  into numba, and numba's own behaviour (the control below) holds: docs/jit.md.
 
 The functions here are tiny and compile in well under a second; nothing of the replay
-core compiles (the end-to-end check, every core function with one signature after an
-open-loop and a closed-loop run in one process, is
-tests/sim/test_compiled.py::test_one_compilation_per_core_function, slow step).
+core compiles.
 """
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, typeof
 
-from kvsim.jit.disk_cache import plain_calls
 
 
 def _callees():
@@ -49,56 +45,13 @@ def _callees():
     return add, pick, callers, picker
 
 
-def test_constants_at_call_sites_compile_one_signature():
-    add, _, callers, _ = _callees()
-    plain_calls(add)
-    plain_calls(add)  # idempotent
-    assert callers(3) == 3 + 4 + 9
-    assert [str(s) for s in add.signatures] == ["(int64, int64)"]
-
-
-def test_without_plain_calls_each_constant_is_a_signature():
-    """The control: numba's own behaviour, one compile per literal (so the test above
-    can fail)."""
+def test_each_constant_at_a_call_site_is_a_signature():
+    """numba's own behaviour, which kvsim no longer changes: one compile per literal."""
     add, _, callers, _ = _callees()
     assert callers(3) == 16
     assert len(add.signatures) == 3
     assert sorted(str(s) for s in add.signatures) == [
         "(int64, Literal[int](0))", "(int64, Literal[int](1))", "(int64, int64)"]
-
-
-def test_narrow_integers_are_passed_as_int64():
-    """An int32 column value, an int8 state element and an int64 counter: one signature."""
-    add, _, _, _ = _callees()
-
-    @njit
-    def mixed(a32, a8, x):
-        return add(x, a32[0]) + add(x, a8[0]) + add(x, x)
-
-    plain_calls(add)
-    assert mixed(np.array([5], np.int32), np.array([-3], np.int8), 2) == 7 + -1 + 4
-    assert [str(s) for s in add.signatures] == ["(int64, int64)"]
-
-
-def test_a_function_that_needs_the_literal_still_gets_it():
-    """Indexing a heterogeneous tuple needs the index's value at typing: the plain type
-    fails to type, and the literal is used as numba would."""
-    _, pick, _, picker = _callees()
-    plain_calls(pick)
-    assert picker(7) == 2.5
-    assert [str(s) for s in pick.signatures] == ["(Tuple((int64, float64)), Literal[int](1))"]
-
-
-def test_sealed_replay_functions_take_plain_calls():
-    """Every jitted function of the replay's modules is set up by ``seal_all`` (the
-    scheduler's ``_row`` and the log's ``log_row`` were the worst cases)."""
-    from kvsim.jit.disk_cache import seal_all
-    from kvsim.engine import scheduler
-    from kvsim.replay.kernel import tiers
-
-    seal_all()
-    for fn in (scheduler._row, scheduler._ensure, tiers.log_row, tiers.copy_view):
-        assert fn._kvsim_plain_calls is True
 
 
 def test_event_columns_have_one_type_whatever_their_source(tmp_path):
@@ -129,15 +82,13 @@ def test_event_columns_have_one_type_whatever_their_source(tmp_path):
         assert np.shares_memory(x, y) or x.size == 0
 
 
-# --- the C wrapper only where a function is a value (kvsim.jit.disk_cache.FIRST_CLASS) ---
+# --- the C wrapper only where a function is a value (kvsim.jit.decorators.FIRST_CLASS) ---
 
 
-def test_seal_drops_the_c_wrapper_of_functions_that_are_never_values():
+def test_the_decorator_drops_the_c_wrapper_of_functions_that_are_never_values():
     from kvsim.memory import fast, fifo_order
-    from kvsim.jit.disk_cache import seal_all
     from kvsim.replay.kernel import core, placement
 
-    seal_all()
     assert placement._place.targetoptions.get("no_cfunc_wrapper") is True
     assert fast.pool_check.targetoptions.get("no_cfunc_wrapper") is True
     assert not core.run.targetoptions.get("no_cfunc_wrapper")
@@ -169,9 +120,7 @@ def test_a_function_without_the_wrapper_is_refused_as_a_value():
     import pytest
 
     from kvsim.policy.hooks import CompiledHook, hook_signatures
-    from kvsim.jit.disk_cache import seal_all
     from kvsim.replay.kernel import placement
 
-    seal_all()
     with pytest.raises(RuntimeError, match="FIRST_CLASS"):
         CompiledHook(placement._release_all, hook_signatures()[0])

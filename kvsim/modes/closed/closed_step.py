@@ -27,7 +27,7 @@ runs the same source (:func:`kvsim.replay.variants.closed_for`).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from kvsim.jit.decorators import njit
 
 from kvsim.replay.kernel import core as core_mod
 from kvsim.core import layout as L

@@ -8,7 +8,7 @@ them, and numba compiles and caches them once, as it does the core (docs/archite
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from kvsim.jit.decorators import njit
 
 from kvsim.memory.fast import S_N_CAND, S_N_HELD  # the HBM pool's scalars (st.sc)
 from kvsim.core.layout import *  # noqa: F401,F403  (column names of the state arrays)

@@ -32,7 +32,7 @@ re-executes this module with ``njit`` as the identity.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from kvsim.jit.decorators import njit
 
 from kvsim.memory import fast as mem
 from kvsim.memory import pool_ops as ops

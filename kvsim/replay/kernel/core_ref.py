@@ -29,16 +29,21 @@ core call); it carries the record views' rows (``H_rows``, ``TMP_rows``, ``L1_ro
 
 Members are read one per statement (``view = cr.H_view``), never several in one
 tuple-unpacking statement: ``st, out, hbuf, scr, pst, view, G = cr.st, ..., cr.G`` in
-:func:`kvsim.replay.kernel.placement._place` compiled (numba 0.68) to code whose stores into the HBM
-view's arrays were lost (a store, then a load of the same element, read the old value;
-with ``NUMBA_OPT=0`` too), and the replay diverged from the reference
-(tests/sim/test_compiled_reference.py).  Not reduced further; one read per line is what
-the core does.
+:func:`kvsim.replay.kernel.placement._place` compiled (numba 0.68.1, llvmlite 0.50.0) to
+code whose stores into the HBM view's arrays were lost (a store, then a load of the same
+element, read the old value), and the replay diverged from the reference
+(tests/sim/test_compiled_reference.py).  Traced with every patch of numba gone (#31): it
+still reproduces, at ``NUMBA_OPT`` 0, 1 and 3 and without numba's reference-count pruning
+pass, so kvsim's patches were not its cause; not yet reduced to a standalone numba
+reproducer.  kvsim's one workaround: one read per line.  Reproducer:
+bench/numba_repro/core_ref_unpack.sh; findings: docs/jit.md, "The one workaround".
 """
 
 from __future__ import annotations
 
-from numba import njit, typeof, types
+from numba import typeof, types
+
+from kvsim.jit.decorators import njit
 from numba.experimental import structref
 
 from kvsim.policy.hooks import TIER_REF, VIEW_REF, policy_value_type

@@ -12,7 +12,7 @@ written out in docs/simulate.md and docs/cost-model.md.  The reason codes ``W_*`
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from kvsim.jit.decorators import njit
 
 from kvsim.memory import fast as mem
 from kvsim.memory import pool_ops as ops
@@ -54,12 +54,10 @@ MODE_APPEND = 2
 
 
 
-# Functions only the compiled loop calls are compiled without the CPython and C-callable
-# wrappers numba builds by default: their argument lists are dozens of arrays, and boxing
-# code for them was ~17 % of the compile (cProfile of a cold compile: 39 + 9 of 279 s).
-# One rule drops them for every function of the core, pool and tier modules but the
-# replay's entry points, and compiles those functions linked-only: kvsim.jit.disk_cache.seal
-# and its PYTHON_CALLED and FIRST_CLASS lists.
+# Functions that compiled code never takes as a value are compiled without numba's
+# C-callable wrapper (kvsim.jit.decorators: decided at decoration time, FIRST_CLASS lists
+# the exceptions).  numba's CPython wrapper is kept (since #31 kvsim no longer patches
+# numba to drop it: docs/jit.md).
 #
 # Constant arguments are passed as ``np.int64(...)`` (and ``not cap3`` for False): numba
 # specialises a callee on the literal value of a constant argument, so ``_place(r, 0, ...,

@@ -8,7 +8,7 @@ Rules: docs/simulate.md (demotion, write-through) and docs/cost-model.md.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from kvsim.jit.decorators import njit
 
 from kvsim.memory.fast import KIND_EVICTED
 from kvsim.replay.kernel import tier_ops

@@ -7,7 +7,7 @@ every tier (the three lower tiers have one numba type).  State layout and
 invariants: :mod:`kvsim.replay.kernel.tiers`.
 """
 
-from numba import njit
+from kvsim.jit.decorators import njit
 
 from kvsim.core.layout import (C_PEAK, C_USED, LI_BI, LI_OWNER, LI_STATE, LI_TOKENS, LM_CAP,
     K_LOG, LM_FREE_TOP, LM_USED, M_BYTES_DOWN, M_DEMOTE, M_EVICT)

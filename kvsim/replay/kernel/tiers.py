@@ -48,7 +48,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
+from kvsim.jit.decorators import njit
 
 from kvsim.jit.prefetch import prefetch
 

@@ -1,0 +1,103 @@
+"""Where numba caches kvsim's compiled code: a directory keyed on kvsim's compiled sources.
+
+numba keys a cached function on its own source file (numba 0.68: a hash of the file; older
+releases: its modification time and size), not on the functions it calls: after an edit
+of ``kvsim/memory/fast.py`` the cached ``kvsim.replay.kernel.core.run``, which has
+``fast``'s code compiled into it, would still load and run the old code.  Its index key
+also leaves out the code-generation settings (``NUMBA_OPT``, the vectorizers,
+``NUMBA_BOUNDSCHECK``), so code compiled at one optimisation level would load under
+another.
+
+kvsim therefore points numba's cache at a directory named by :func:`key`, a hash of every
+source file whose code or constants the compiled replay contains (:data:`SOURCES`) and of
+those settings: ``$NUMBA_CACHE_DIR/kvsim-<key>``, or ``~/.cache/kvsim/numba/kvsim-<key>``
+(``$XDG_CACHE_HOME`` honoured) when ``NUMBA_CACHE_DIR`` is not set.  Any edit of one of
+those files, or another setting, is another directory: numba compiles afresh there and
+never sees the old entries.  This uses ``NUMBA_CACHE_DIR`` only, numba's documented
+cache-location setting (every numba release in kvsim's pinned range reads it); it is set
+in ``os.environ`` by :func:`configure`, which ``kvsim/__init__.py`` runs before any of
+kvsim's compiled modules is imported (numba picks a function's cache directory when the
+function is decorated).  It holds for every numba function of the process, the user's
+too (they are cached in the same keyed directory).
+
+This module imports nothing of numba (kvsim's package import runs it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+
+#: Modules whose source reaches compiled code (code or constants), in a fixed order:
+#: the replay core and what it links, the single-tier loops, and the decorator that decides
+#: the compile options.  A module that is missing (moved) hashes as ``?``.
+SOURCES = ("kvsim.core.schema", "kvsim.policy.api", "kvsim.policy.structs", "kvsim.memory.fast",
+           "kvsim.memory.fifo_order", "kvsim.policy.state_access", "kvsim.policy.hooks",
+           "kvsim.memory.pool_ref", "kvsim.memory.pool_ops", "kvsim.jit.prefetch",
+           "kvsim.core.layout", "kvsim.engine.timing.step_time", "kvsim.ingest.hashing",
+           "kvsim.replay.kernel.tiers", "kvsim.replay.kernel.bookkeeping",
+           "kvsim.replay.kernel.tier_ops", "kvsim.replay.kernel.spill",
+           "kvsim.replay.kernel.placement", "kvsim.replay.kernel.core",
+           "kvsim.replay.kernel.core_ref", "kvsim.engine.scheduler_state",
+           "kvsim.engine.scheduler_blocks", "kvsim.engine.scheduler",
+           "kvsim.modes.closed.closed_step", "kvsim.cachesim.simulator",
+           "kvsim.cachesim.fast_loops", "kvsim.cachesim.ghost_loops", "kvsim.jit.decorators")
+#: numba's code-generation settings that its cache index does not key on.
+SETTINGS = ("NUMBA_OPT", "NUMBA_LOOP_VECTORIZE", "NUMBA_SLP_VECTORIZE", "NUMBA_BOUNDSCHECK")
+_KEYED = re.compile(r"kvsim-[0-9a-f]{16}")
+_PACKAGE = Path(__file__).resolve().parent.parent
+
+
+def _source_path(module: str) -> Path | None:
+    parts = module.split(".")
+    if parts[0] != "kvsim":
+        return None
+    base = _PACKAGE.joinpath(*parts[1:])
+    for p in (base.with_suffix(".py"), base / "__init__.py"):
+        if p.is_file():
+            return p
+    return None
+
+
+def key(sources: tuple[str, ...] = SOURCES) -> str:
+    """sha256 (16 hex digits) of the text of every module of ``sources`` and of the
+    ``SETTINGS`` in this process's environment."""
+    h = hashlib.sha256()
+    for name in sources:
+        path = _source_path(name)
+        h.update(name.encode())
+        h.update(path.read_bytes() if path is not None else b"?")
+    for name in SETTINGS:
+        h.update(f"{name}={os.environ.get(name, '')};".encode())
+    return h.hexdigest()[:16]
+
+
+def _default_base() -> Path:
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "kvsim" / "numba"
+
+
+def cache_dir(environ=os.environ) -> str:
+    """The directory numba caches in for this process: ``kvsim-<key>`` under the user's
+    ``NUMBA_CACHE_DIR`` (or under kvsim's default).  A ``NUMBA_CACHE_DIR`` that already
+    names a keyed directory (a worker process inherits its parent's) is replaced by this
+    key's directory beside it."""
+    base = environ.get("NUMBA_CACHE_DIR", "")
+    if base and _KEYED.fullmatch(Path(base).name):
+        base = str(Path(base).parent)
+    root = Path(base) if base else _default_base()
+    return str(root / f"kvsim-{key()}")
+
+
+def configure() -> None:
+    """Point numba's disk cache at :func:`cache_dir` (``os.environ``; and numba's config,
+    when numba was imported before kvsim)."""
+    import sys
+
+    os.environ["NUMBA_CACHE_DIR"] = cache_dir()
+    if "numba" in sys.modules:  # imported before kvsim: make its config see it now
+        from numba.core import config
+
+        config.reload_config()
