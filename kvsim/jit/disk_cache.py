@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import time
 from types import ModuleType
 
 from kvsim.jit.cache_key import SOURCES, cache_dir, key
@@ -34,7 +35,7 @@ COMPILED = ("kvsim.policy.api", "kvsim.policy.structs", "kvsim.memory.fast",
             "kvsim.replay.kernel.spill", "kvsim.replay.kernel.placement",
             "kvsim.replay.kernel.core", "kvsim.replay.kernel.core_ref",
             "kvsim.engine.timing.step_time", "kvsim.engine.scheduler",
-            "kvsim.engine.scheduler_blocks", "kvsim.modes.closed.closed_step",
+            "kvsim.engine.scheduler_blocks", "kvsim.replay.kernel.closed_step",
             "kvsim.cachesim.simulator")
 
 
@@ -66,6 +67,42 @@ def seal_all() -> None:
     for name in COMPILED:
         importlib.import_module(name)
     _SEALED = True
+
+
+def dispatcher_is_cached(dispatcher) -> bool:
+    """True when numba's on-disk cache holds code of ``dispatcher`` (an ``njit(cache=True)``
+    function) that this process can load instead of compiling: its index file
+    (``<module>.<function>-<line>.py3XX.nbi``, in the ``__pycache__`` folder beside the
+    module or under ``$NUMBA_CACHE_DIR``) exists, was written by this numba version for the
+    module file's current stamp (modification time and size), and has an entry for this
+    machine (numba's codegen "magic tuple": CPU name and features) and this function's
+    bytecode.  Reads one small pickle; compiles nothing.  (Uses numba's cache object, the
+    same code numba runs to decide whether to load; any error reads as "not cached".)"""
+    cache = getattr(dispatcher, "_cache", None)
+    cache_file = getattr(cache, "_cache_file", None)
+    if cache_file is None:  # NullCache: cache=False
+        return False
+    try:
+        want = cache._index_key(None, dispatcher.targetctx.codegen())[1:]
+        return any(tuple(key[1:]) == want for key in cache_file._load_index())
+    except Exception:  # noqa: BLE001 - an unreadable index means "compile"
+        return False
+
+
+def compile_log(msg: str) -> None:
+    """One line on stderr when ``$KVSIM_COMPILE_LOG`` is set: the split's timeline (when
+    each worker finished, how long this process waited for one), seconds since the
+    process started; for bench/ and profiling, silent otherwise."""
+    if os.environ.get("KVSIM_COMPILE_LOG"):
+        import sys
+
+        sys.stderr.write(f"[kvsim compile {time.monotonic() - _T0:7.1f} s, pid {os.getpid()}] "
+                         f"{msg}\n")
+
+
+
+
+_T0 = time.monotonic()
 
 
 __all__ = ["COMPILED", "FIRST_CLASS", "SINGLE_TIER", "SOURCES", "check_cache_dir", "key",

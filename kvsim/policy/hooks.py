@@ -314,7 +314,7 @@ def policy_value(policy, state, compiled: bool) -> tuple:
 def hooks_are_cached(policy) -> bool:
     """True when every hook of ``policy`` can be loaded from numba's disk cache (compiles
     nothing)."""
-    from kvsim.replay.variants import dispatcher_is_cached
+    from kvsim.jit.disk_cache import dispatcher_is_cached
 
     seal_all()
     for f in _functions(policy):

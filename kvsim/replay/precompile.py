@@ -38,18 +38,7 @@ import time
 from typing import Callable, Iterator, Sequence
 
 
-def log(msg: str) -> None:
-    """One line on stderr when ``$KVSIM_COMPILE_LOG`` is set: the split's timeline (when
-    each worker finished, how long this process waited for one), seconds since the
-    process started; for bench/ and profiling, silent otherwise."""
-    if os.environ.get("KVSIM_COMPILE_LOG"):
-        import sys
-
-        sys.stderr.write(f"[kvsim compile {time.monotonic() - _T0:7.1f} s, pid {os.getpid()}] "
-                         f"{msg}\n")
-
-
-_T0 = time.monotonic()
+from kvsim.jit.disk_cache import compile_log as log  # noqa: E402  (the split's timeline)
 #: How much a hooks worker lowers its priority (``os.nice``; CFS weight 1024 -> 110): the
 #: core's compile gets a whole core while the hooks use what it leaves (docs/benchmarks.md,
 #: "Cold compile": the README job's timeline with ``KVSIM_COMPILE_LOG=1``).

@@ -2,7 +2,7 @@
 
 Compiled: :mod:`kvsim.replay.kernel.core` (with :mod:`kvsim.memory.pool_ops`,
 :mod:`kvsim.replay.kernel.tier_ops`, :mod:`kvsim.replay.kernel.spill` and the closed loop's
-:mod:`kvsim.modes.closed.closed_step`) is compiled ONCE for every policy and cached on disk by
+:mod:`kvsim.replay.kernel.closed_step`) is compiled ONCE for every policy and cached on disk by
 numba: a policy reaches it as a value, ``(state, hooks)`` (:mod:`kvsim.policy.hooks`),
 whose hooks are first-class functions compiled per policy for one fixed signature.  So the
 first run compiles the core (once per kvsim version and machine), each new policy only
@@ -26,6 +26,8 @@ from types import ModuleType
 import numba
 import numba.experimental.function_type  # numba's typeof of first-class function values
 from numba.core.types import WrapperAddressProtocol
+
+from kvsim.jit.disk_cache import dispatcher_is_cached
 
 _LOADED: dict[str, ModuleType] = {}
 
@@ -54,26 +56,6 @@ def policy_value(policy, state, core_module: ModuleType) -> tuple:
     return hooks.policy_value(policy, state, is_compiled(core_module))
 
 
-def dispatcher_is_cached(dispatcher) -> bool:
-    """True when numba's on-disk cache holds code of ``dispatcher`` (an ``njit(cache=True)``
-    function) that this process can load instead of compiling: its index file
-    (``<module>.<function>-<line>.py3XX.nbi``, in the ``__pycache__`` folder beside the
-    module or under ``$NUMBA_CACHE_DIR``) exists, was written by this numba version for the
-    module file's current stamp (modification time and size), and has an entry for this
-    machine (numba's codegen "magic tuple": CPU name and features) and this function's
-    bytecode.  Reads one small pickle; compiles nothing.  (Uses numba's cache object, the
-    same code numba runs to decide whether to load; any error reads as "not cached".)"""
-    cache = getattr(dispatcher, "_cache", None)
-    cache_file = getattr(cache, "_cache_file", None)
-    if cache_file is None:  # NullCache: cache=False
-        return False
-    try:
-        want = cache._index_key(None, dispatcher.targetctx.codegen())[1:]
-        return any(tuple(key[1:]) == want for key in cache_file._load_index())
-    except Exception:  # noqa: BLE001 - an unreadable index means "compile"
-        return False
-
-
 def compiled_is_cached(hbm_policy, lower_policies, closed: bool = False) -> bool:
     """True when the compiled engine would start without compiling: the core's entry point
     (with ``closed``, the closed loop's step driver ``closed_step.advance`` too) and every
@@ -81,7 +63,7 @@ def compiled_is_cached(hbm_policy, lower_policies, closed: bool = False) -> bool
     False at once when a policy is plain Python."""
     from kvsim.policy.hooks import hooks_are_cached
     from kvsim.jit.disk_cache import seal_all
-    from kvsim.modes.closed import closed_step
+    from kvsim.replay.kernel import closed_step
     from kvsim.replay.kernel import core
 
     if not (hbm_policy.compiled and all(p.compiled for p in lower_policies)):
@@ -99,7 +81,7 @@ def core_is_cold(closed: bool = False) -> bool:
     with ``closed``, or the closed loop's ``closed_step.advance``): a compiled run would
     compile it (~40-80 CPU-s, docs/benchmarks.md "Cold compile")."""
     from kvsim.jit.disk_cache import seal_all
-    from kvsim.modes.closed import closed_step
+    from kvsim.replay.kernel import closed_step
     from kvsim.replay.kernel import core
 
     seal_all()
@@ -217,7 +199,7 @@ def run_cols(batch: tuple) -> tuple:
     takes them: every column a read-only array (a read-only view of a writable one; no
     copy).  numba types a read-only array apart from a writable one, and the columns came
     both ways: Parquet columns read without a copy are read-only, the boolean ones and
-    every column of a JSONL trace or of the closed loop (:mod:`kvsim.modes.closed.closed_step` fills
+    every column of a JSONL trace or of the closed loop (:mod:`kvsim.replay.kernel.closed_step` fills
     them) writable, so ``run`` (~40 CPU-s) compiled once per mix: twice in a process that
     replays a trace file and runs the closed loop.  ``run`` only reads them."""
     out = []
@@ -236,7 +218,7 @@ def _compile_run(arg_types: tuple) -> float:
 
     from kvsim.jit.disk_cache import seal_all
     from kvsim.replay.kernel import core
-    from kvsim.replay.precompile import log
+    from kvsim.jit.disk_cache import compile_log as log
 
     t0 = time.process_time()
     seal_all()
@@ -269,7 +251,7 @@ class RunValue(WrapperAddressProtocol):
             if self.future is not None:
                 import time
 
-                from kvsim.replay.precompile import log
+                from kvsim.jit.disk_cache import compile_log as log
 
                 t0 = time.monotonic()
                 log("this process: advance compiled, needs core.run")
@@ -295,7 +277,7 @@ def core_run_value(core_module: ModuleType, run_args: tuple):
     """``core_module.run`` as the closed loop's step driver takes it (its last argument):
     the interpreted twin's Python function, or, compiled, a first-class function value of
     ``run``'s one signature (the types of ``run_args``; :class:`RunValue`, its C wrapper
-    once called), so :func:`kvsim.modes.closed.closed_step.advance` calls ``run`` indirectly (once
+    once called), so :func:`kvsim.replay.kernel.closed_step.advance` calls ``run`` indirectly (once
     per engine step) and its compile does not link and re-optimise all of ``run``;
     memoised per signature.  During a split cold compile (``BACKGROUND``) ``run`` compiles
     in a worker process while this one compiles ``advance``."""
@@ -317,9 +299,9 @@ def core_run_value(core_module: ModuleType, run_args: tuple):
 
 def closed_for(core_module: ModuleType) -> ModuleType:
     """The closed loop's step driver for ``core_module`` (what :func:`core_for` returned):
-    :mod:`kvsim.modes.closed.closed_step` itself for the compiled core (compiled once, cached), or
+    :mod:`kvsim.replay.kernel.closed_step` itself for the compiled core (compiled once, cached), or
     its interpreted twin calling the interpreted core."""
-    from kvsim.modes.closed import closed_step
+    from kvsim.replay.kernel import closed_step
 
     if not is_compiled(core_module):
         key = "closed_twin"

@@ -62,7 +62,7 @@ def test_one_compilation_per_core_function(tiny_hw, tmp_path):
     sites, ``f(x, 0)``, are specialised by numba on the literal; kvsim no longer retypes
     those calls since #31 (it patched numba's dispatchers): docs/jit.md.)"""
     from kvsim.replay.kernel import core
-    from kvsim.modes.closed import closed_step
+    from kvsim.replay.kernel import closed_step
 
     from kvsim.engine.lowering import lower_requests
     from kvsim.ingest.requests import build_request_table

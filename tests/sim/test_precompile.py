@@ -129,7 +129,7 @@ def test_compare_engine_auto(monkeypatch):
 def test_closed_loop_cache_check_needs_the_step_driver(monkeypatch):
     """The closed loop runs ``closed_step.advance`` besides ``core.run``: auto counts it
     as cached only when both are (and every hook)."""
-    from kvsim.modes.closed import closed_step
+    from kvsim.replay.kernel import closed_step
     from kvsim.replay.kernel import core
     from kvsim.modes.closed.closed_loop import closed_engine
     from kvsim.spec.sim_config import SimConfig
@@ -233,7 +233,7 @@ def test_every_compiled_replay_module_is_sealed():
 
     from kvsim.jit import disk_cache as numba_cache
 
-    seen, todo = set(), ["kvsim.replay.kernel.core", "kvsim.modes.closed.closed_step"]
+    seen, todo = set(), ["kvsim.replay.kernel.core", "kvsim.replay.kernel.closed_step"]
     while todo:
         name = todo.pop()
         if name in seen:

@@ -43,7 +43,7 @@ from kvsim.memory.fast import index_keys_values
 from kvsim.engine.engine_model import EngineConfig, build_cost_model
 from kvsim.ingest.requests import RequestTable
 from kvsim.core import layout as L
-from kvsim.modes.closed import closed_step as CS
+from kvsim.replay.kernel import closed_step as CS
 from kvsim.engine import scheduler as S
 from kvsim.spec.sim_config import SimConfig
 from kvsim.engine.cost_model import hbm_kv_capacity_bytes

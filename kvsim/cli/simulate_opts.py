@@ -1,0 +1,128 @@
+"""Options of ``kvsim simulate`` and ``kvsim compare``: the replay's configuration, its
+outputs and the table's rendering, each with its help text (the closed loop's own options
+are in :mod:`kvsim.cli.closed_opts`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvsim.cli import compat
+
+TraceOpt = Annotated[Path | None, typer.Option(
+    "--trace", metavar="EVENTS",
+    help="Event file to replay (Parquet, or JSONL when named *.jsonl[.gz|.zst]); made by "
+         "`kvsim import-request-trace` or `kvsim generate`.", show_default=False)]
+HardwareOpt = Annotated[str, typer.Option(
+    "--hardware", metavar="NAME|FILE.toml",
+    help="Hardware profile: a bundled name (h100-sxm, h200, a100-80g, gh200, l40s, ...) or "
+         "a profile TOML (e.g. a calibrated one).")]
+HbmGbOpt = Annotated[float | None, typer.Option(
+    "--hbm-gb", min=0, metavar="GB",
+    help="HBM capacity for KV blocks in GB (1e9 bytes).  Default: GPU memory x 0.9 (vLLM's "
+         "gpu_memory_utilization) - model weights.", show_default=False)]
+HbmBlocksOpt = Annotated[int | None, typer.Option(
+    "--hbm-blocks", min=1, metavar="N",
+    help="Exact number of HBM KV blocks (overrides --hbm-gb).", show_default=False)]
+DramOpt = Annotated[float | None, typer.Option(
+    "--dram-gb", min=0, metavar="GB", help="DRAM tier capacity in GB; 0 disables the tier. "
+    "Default: the hardware profile's.", show_default=False)]
+CxlOpt = Annotated[float | None, typer.Option(
+    "--cxl-gb", min=0, metavar="GB", help="CXL tier capacity in GB; 0 disables the tier. "
+    "Default: the hardware profile's.", show_default=False)]
+NvmeOpt = Annotated[float | None, typer.Option(
+    "--nvme-gb", min=0, metavar="GB", help="NVMe tier capacity in GB; 0 disables the tier. "
+    "Default: the hardware profile's.", show_default=False)]
+ModelOpt = Annotated[str | None, typer.Option(
+    "--model", metavar="NAME", help="Model whose weights are subtracted from GPU memory "
+    "(default: the trace header's model).", show_default=False)]
+TierPolicyOpt = Annotated[str | None, typer.Option(
+    "--tier-policy", metavar="TIER=POLICY[,...]",
+    help="Eviction policy of each lower tier, e.g. 'dram=lru,cxl=s3fifo,nvme=fifo' "
+         "(default lru everywhere).", show_default=False)]
+WritePolicyOpt = Annotated[str, typer.Option(
+    "--write-policy", metavar="POLICY",
+    help="Host-write policy (SGLang HiCache): write_back (copy down when evicted from HBM), "
+         "write_through (copy down on first use), write_through_selective (on second use).")]
+PreemptionOpt = Annotated[str, typer.Option(
+    "--preemption", metavar="MODE",
+    help="When HBM is full of blocks in use: recompute (vLLM v1: the victim's tokens are "
+         "recomputed when it resumes) or swap (its blocks go to host memory and back).")]
+PrioritySchedOpt = Annotated[bool, typer.Option(
+    "--priority-scheduling", help="Preempt the lowest request_priority running request "
+    "instead of the last admitted one (vLLM priority scheduling).")]
+NoPrefetchOpt = Annotated[bool, typer.Option(
+    "--no-prefetch", help="Never hide lower-tier promotions behind queueing time (every "
+    "promotion stalls the step).")]
+WarmupOpt = Annotated[float, typer.Option(
+    "--warmup-fraction", min=0.0, max=0.99, metavar="F",
+    help="Warm-up: exclude the first floor(F x requests) requests, counted in arrival "
+         "order, from the metrics (step counters from the step the first measured request "
+         "arrives in).")]
+WarmupRequestsOpt = Annotated[int | None, typer.Option(
+    "--warmup-requests", min=0, metavar="N",
+    help="Warm-up as an absolute count: the first N requests in arrival order (instead of "
+         "--warmup-fraction).", show_default=False)]
+ModeOpt = Annotated[str, typer.Option(
+    "--mode", metavar="MODE",
+    help="engine (default: the scheduled replay, continuous batching and latencies) or "
+         "cache (requests one at a time in arrival order, lookup then insert, no timing: "
+         "the hit-rate semantics of the Mooncake paper and kvcache-simulator).")]
+CacheVariantOpt = Annotated[str, typer.Option(
+    "--cache-variant", metavar="VARIANT",
+    help="--mode cache only: prefix (a lookup stops at the first missing block, as "
+         "kvcache-simulator counts hits), vllm (prefix with vLLM's rules: at most prompt - 1 "
+         "tokens hit, an identified partial last block is never shared) or block (every "
+         "resident block of the prompt counts, each block one access).")]
+PolicyFileOpt = Annotated[list[Path] | None, typer.Option(
+    "--policy-file", metavar="FILE.py",
+    help="Load a user policy module (one Python file, see docs/policies.md); repeatable. "
+         "Its NAME then works with --policy / --policies.", show_default=False)]
+CsvOpt = Annotated[Path | None, typer.Option(
+    "--csv", metavar="PATH", help="Also write the result rows as CSV.", show_default=False)]
+ParquetOpt = Annotated[Path | None, typer.Option(
+    "--parquet", metavar="PATH", help="Also write the result rows as Parquet.",
+    show_default=False)]
+LifecycleOpt = Annotated[bool, typer.Option(
+    "--log-lifecycle", help="The decision log also records ALLOCATE / HIT / REVIVE / "
+    "RELEASE / FREE rows (much larger).")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for policies that randomise.")]
+ProfileOpt = Annotated[str | None, typer.Option(
+    "--profile", metavar="NAME|FILE.toml",
+    help="Generate a synthetic workload from this profile first (instead of --trace); "
+         "see `kvsim generate`.  It is lowered for this replay: same --hardware and "
+         "--model, and the scheduler's KV budget is the HBM pool (--hbm-gb / "
+         "--hbm-blocks), so a smaller HBM admits fewer requests at once as a real "
+         "engine would.", show_default=False)]
+RequestsOpt = Annotated[int, typer.Option(
+    "--requests", min=1, metavar="N", help="Requests to generate with --profile.")]
+HbmMbOpt = compat.mb_option("hbm")
+DramMbOpt = compat.mb_option("dram")
+CxlMbOpt = compat.mb_option("cxl")
+NvmeMbOpt = compat.mb_option("nvme")
+LiveOffloadOpt = Annotated[bool, typer.Option(
+    "--live-offload", help="Live KV offload: HBM may hold fewer blocks than the running "
+    "requests' contexts; their blocks are spilled to DRAM/CXL/NVMe and fetched back before "
+    "the step that reads them (stalls, prefetch by the policy).  Recorded schedule only; "
+    "docs/memory-model.md, 'Live offload'.")]
+EngineOpt = Annotated[str, typer.Option(
+    "--engine", metavar="ENGINE",
+    help="auto (default: compiled when already compiled for these policies, cached on "
+         "disk, or for traces of >= 1,000,000 events; else interpreted), "
+         "compiled (numba; the first run per policy compiles, then it is cached on disk) or "
+         "interpreted (same code run by Python: no compile, ~100x slower per event).")]
+
+
+ColumnsOpt = Annotated[str | None, typer.Option(
+    "--columns", metavar="A,B,...",
+    help="Table columns, by --json key (e.g. hbm_hit_rate,ttft_p99_us,evictions), or "
+         "'+a,+b' to add to the default set.  Derived: lower_tier_hit_rate, gap_to_bound, "
+         "prefetch_detail, peak_blocks, p99_vs_lru, decode_critical_vs_lru.  The files "
+         "(--json/--csv/--parquet) keep every metric.", show_default=False)]
+WideOpt = Annotated[bool, typer.Option(
+    "--wide", help="Every column, at the table's natural width (scroll, or `less -S`).")]
+SortOpt = Annotated[str | None, typer.Option(
+    "--sort", metavar="COLUMN",
+    help="Sort rows by this column, best first ('-COLUMN' reverses).", show_default=False)]
