@@ -336,8 +336,9 @@ from numba import njit  # noqa: E402  (kept below the contract part on purpose)
 
 from kvsim.policy.structs import (NIL, OUT, dll_contains, dll_ends, dll_links, dll_move_to_tail,
     dll_pop_head, dll_push_head, dll_push_tail, dll_remove, ghost_find, ghost_in, ghost_new,
-    ghost_pop_head, ghost_push_tail, ghost_remove, heap_contains, heap_in, heap_new, heap_peek,
-    heap_push, heap_remove, heap_size, heap_slots, heap_smallest, heap_update, list_walk)
+    ghost_pop_head, ghost_push_tail, ghost_remove, heap_contains, heap_in, heap_new, heap_of,
+    heap_peek, heap_push, heap_remove, heap_size, heap_slots, heap_smallest, heap_update,
+    list_walk)
 
 
 def njit_hook(fn):

@@ -348,6 +348,9 @@ def register_named_state(ref_typeclass, spec_class) -> None:
         if isinstance(ref, types.BaseNamedTuple) and ref.fields == _GROUPS \
                 and spec.layout in _SPECS:  # a PolicyState itself (tests call hooks so)
             return _tuple_view(_SPECS[spec.layout])
+        if isinstance(ref, types.BaseNamedTuple) and spec.layout in _SPECS \
+                and ref.fields == _SPECS[spec.layout]._cls._fields:  # already that view:
+            return lambda spec, ref: ref  # a hook passing its view to another hook
         return None
 
     @infer_getattr
