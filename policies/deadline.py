@@ -77,8 +77,8 @@ per entry).  O(log n) per hook.  Approximation: intent fields are read at
 import numpy as np
 from numba import njit
 
-from kvsim.policy.api import (heap_new, heap_peek, heap_push, heap_remove, heap_size,
-    heap_smallest, StateSpec)
+from kvsim.policy.api import (Phase, Priority, heap_new, heap_peek, heap_push, heap_remove,
+    heap_size, heap_smallest, StateSpec)
 
 NAME = "deadline"
 DESCRIPTION = ("Deadline-aware: time to the next expected use, then class, slack, chain-aware "
@@ -108,8 +108,8 @@ REQUEST_PRIORITY_WEIGHT_US = 1e4  # 100 request-priority points = one class
 LIVE_STEP_US = 1e10  # one step outweighs any slack
 LIVE_SLACK_CAP_US = 4e9  # slack counted up to here (over an hour)
 
-PH_ROLLBACK = 4  # kvsim.core.schema.Phase: PREFILL 0, DECODE 1, VERIFY 2, DRAFT 3 are live
-PH_IDLE = 5
+PH_ROLLBACK = int(Phase.ROLLBACK)  # phases below it (PREFILL, DECODE, VERIFY, DRAFT) are live
+PH_IDLE = int(Phase.IDLE)
 # Heaps, by group g: 0 = unpinned with deadline, 1 = unpinned without, 2 = pinned with
 # deadline, 3 = pinned without, 4 = expiry (finished blocks of group 0 keyed by deadline).
 # In the live-offload mode (``live[0] == 1``) heaps 0 and 2 hold running requests' units by
@@ -325,7 +325,8 @@ def explain(row, now_us):
     prio = int(row.get("priority", 0))
     inferred = row.get("phase") is None
     if inferred:
-        phase = 6 if prio == 0 else (PH_IDLE if prio == 2 else 1)
+        phase = (int(Phase.DONE) if prio == Priority.COLD else
+                 PH_IDLE if prio == Priority.HOT else int(Phase.DECODE))
     else:
         phase = int(row["phase"])
     live = phase < PH_ROLLBACK

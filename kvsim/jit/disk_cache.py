@@ -70,7 +70,7 @@ from pathlib import Path
 from types import ModuleType
 
 #: Modules whose source reaches the compiled replay (code or constants), in a fixed order.
-SOURCES = ("kvsim.core.schema", "kvsim.policy.api", "kvsim.policy.structs", "kvsim.memory.fast",
+SOURCES = ("kvsim.core.schema", "kvsim.core.codes", "kvsim.policy.api", "kvsim.policy.structs", "kvsim.memory.fast",
            "kvsim.memory.fifo_order", "kvsim.policy.state_access", "kvsim.policy.hooks",
            "kvsim.memory.pool_ref", "kvsim.memory.pool_ops", "kvsim.jit.prefetch", "kvsim.replay.layout",
            "kvsim.replay.kernel.tiers", "kvsim.replay.kernel.bookkeeping", "kvsim.replay.kernel.tier_ops", "kvsim.replay.kernel.spill",
