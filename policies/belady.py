@@ -21,7 +21,7 @@ there too, or tests/sim/test_cachesim_belady_fast.py (victim sequences of both) 
 import numpy as np
 from numba import njit
 
-from kvsim.policy.api import NEVER, policy_state
+from kvsim.policy.api import NEVER, StateSpec
 
 NAME = "belady"
 DESCRIPTION = "Belady's MIN (offline bound): evict the candidate used farthest in the future."
@@ -29,16 +29,21 @@ OFFLINE = True
 REASONS = ("offline MIN: its next use is the farthest in the future",
            "offline MIN: it is never used again")
 
+STATE = StateSpec(i64=("key",  # per block: its next use when filed
+                        "heap",  # position -> block
+                        "pos",  # block -> position
+                        "meta"))  # [size]
+
 
 def init(capacity_blocks, num_slots, params):
-    # i64: key, heap, pos, meta=[size]
-    return policy_state(i64=(np.zeros(num_slots, np.int64), np.full(num_slots, -1, np.int64),
-                              np.full(num_slots, -1, np.int64), np.zeros(1, np.int64)))
+    return STATE.new(key=np.zeros(num_slots, np.int64), heap=np.full(num_slots, -1, np.int64),
+                     pos=np.full(num_slots, -1, np.int64), meta=np.zeros(1, np.int64))
 
 
 @njit(cache=True)
 def on_insert(state, view, b, now_us):
-    key, heap, pos, meta = (state.i64[0], state.i64[1], state.i64[2], state.i64[3])
+    state = STATE.of(state)
+    key, heap, pos, meta = state.key, state.heap, state.pos, state.meta
     k = view.next_use[b]
     key[b] = k
     i = meta[0]
@@ -57,7 +62,8 @@ def on_insert(state, view, b, now_us):
 
 @njit(cache=True)
 def on_hit(state, view, b, now_us):
-    key, heap, pos, meta = (state.i64[0], state.i64[1], state.i64[2], state.i64[3])
+    state = STATE.of(state)
+    key, heap, pos, meta = state.key, state.heap, state.pos, state.meta
     k = view.next_use[b]
     key[b] = k  # the next use only moves later: sift up
     i = pos[b]
@@ -75,7 +81,8 @@ def on_hit(state, view, b, now_us):
 
 @njit(cache=True)
 def on_remove(state, view, b):
-    key, heap, pos, meta = (state.i64[0], state.i64[1], state.i64[2], state.i64[3])
+    state = STATE.of(state)
+    key, heap, pos, meta = state.key, state.heap, state.pos, state.meta
     i = pos[b]
     n = meta[0] - 1
     meta[0] = n
@@ -137,7 +144,8 @@ def _top(key, heap, n, out_blocks, out_scores):
 
 @njit(cache=True)
 def victim(state, view, now_us, alt_blocks, alt_scores):
-    key, heap, pos, meta = (state.i64[0], state.i64[1], state.i64[2], state.i64[3])
+    state = STATE.of(state)
+    key, heap, pos, meta = state.key, state.heap, state.pos, state.meta
     if meta[0] == 0:
         return -1, 0, 0
     b = heap[0]

@@ -77,8 +77,8 @@ per entry).  O(log n) per hook.  Approximation: intent fields are read at
 import numpy as np
 from numba import njit
 
-from kvsim.policy.api import (heap_in, heap_new, heap_peek, heap_push, heap_remove, heap_size,
-    heap_slots, heap_smallest, policy_state)
+from kvsim.policy.api import (Phase, Priority, heap_new, heap_peek, heap_push, heap_remove,
+    heap_size, heap_smallest, StateSpec)
 
 NAME = "deadline"
 DESCRIPTION = ("Deadline-aware: time to the next expected use, then class, slack, chain-aware "
@@ -108,40 +108,33 @@ REQUEST_PRIORITY_WEIGHT_US = 1e4  # 100 request-priority points = one class
 LIVE_STEP_US = 1e10  # one step outweighs any slack
 LIVE_SLACK_CAP_US = 4e9  # slack counted up to here (over an hour)
 
-PH_ROLLBACK = 4  # kvsim.core.schema.Phase: PREFILL 0, DECODE 1, VERIFY 2, DRAFT 3 are live
-PH_IDLE = 5
-# Heaps (5 arrays each; heap g is heap_in(state, g, 4 * g)) in the state: 0 = unpinned with deadline, 1 = unpinned
-# without, 2 = pinned with deadline, 3 = pinned without, 4 = expiry (finished blocks of
-# group 0 keyed by deadline); then ``where`` (``state.i8[0]``: group per block, -1 = none)
-# and ``seq`` (``state.i64[20]``), ``live`` (``state.i64[21][0]``: 1 in the live-offload
-# mode, where heaps 0 and 2 hold running requests' units by target step instead; finished
-# blocks there carry no deadline, so heap 4 stays empty).
+PH_ROLLBACK = int(Phase.ROLLBACK)  # phases below it (PREFILL, DECODE, VERIFY, DRAFT) are live
+PH_IDLE = int(Phase.IDLE)
+# Heaps, by group g: 0 = unpinned with deadline, 1 = unpinned without, 2 = pinned with
+# deadline, 3 = pinned without, 4 = expiry (finished blocks of group 0 keyed by deadline).
+# In the live-offload mode (``live[0] == 1``) heaps 0 and 2 hold running requests' units by
+# target step instead; finished blocks there carry no deadline, so heap 4 stays empty.
 G_EXPIRY = 4
+STATE = StateSpec(
+    i64=(("tie", 5), ("order", 5), ("pos", 5), ("meta", 5),  # heap g's arrays (heap_new)
+         "seq",  # [hooks so far]: the heaps' tie-break
+         "live"),  # [1 in the live-offload mode]
+    f64=(("key", 5),),  # heap g's keys
+    i8=("group",))  # per block: the heap holding it, -1 = none
 
 
 def init(capacity_blocks, num_slots, params):
-    # heap g: heap_in(state, g, 4 * g) (g = 0..4); i8[0]: group of each block; i64[20]: seq
-    f64, i64 = (), ()
-    for _ in range(5):
-        f, i = heap_slots(heap_new(num_slots))
-        f64 += f
-        i64 += i
+    heaps = [heap_new(num_slots) for _ in range(5)]  # (key, tie, order, pos, meta) each
+    key, tie, order, pos, meta = zip(*heaps)
     live = np.array([1 if params.get("live_offload") else 0], np.int64)
-    return policy_state(i64=i64 + (np.zeros(1, np.int64), live), f64=f64,
-                        i8=(np.full(num_slots, -1, np.int8),))
+    return STATE.new(tie=tie, order=order, pos=pos, meta=meta, seq=np.zeros(1, np.int64),
+                     live=live, key=key, group=np.full(num_slots, -1, np.int8))
 
 
 @njit(cache=True)
 def _heap(state, g):
-    if g == 0:
-        return heap_in(state, 0, 0)
-    if g == 1:
-        return heap_in(state, 1, 4)
-    if g == 2:
-        return heap_in(state, 2, 8)
-    if g == 3:
-        return heap_in(state, 3, 12)
-    return heap_in(state, 4, 16)
+    """Heap ``g`` (kvsim.policy.structs' heap tuple)."""
+    return state.key[g], state.tie[g], state.order[g], state.pos[g], state.meta[g]
 
 
 @njit(cache=True)
@@ -161,10 +154,10 @@ def _no_deadline_key(view, b, base):
 def _file(state, view, b, now_us):
     """Push ``b`` into its group's heap (and the expiry heap); the key is the keep score
     minus ``sign * now_us``, fixed until the next hook (or the deadline's expiry)."""
-    seq = state.i64[20]
+    seq = state.seq
     seq[0] += 1
     live = view.phase[b] < PH_ROLLBACK
-    if live and state.i64[21][0] == 1:
+    if live and state.live[0] == 1:
         _file_live(state, view, b, seq[0])
         return
     base = (CLASS_WEIGHT_US * view.priority[b] - RECOMPUTE_WEIGHT * view.recompute_cost_us[b]
@@ -183,7 +176,7 @@ def _file(state, view, b, now_us):
     else:
         g = pin + 1
         heap_push(_heap(state, g), b, _no_deadline_key(view, b, base), seq[0])
-    state.i8[0][b] = g
+    state.group[b] = g
 
 
 @njit(cache=True)
@@ -205,7 +198,7 @@ def _file_live(state, view, b, seq):
     pin = 2 if view.pinned[b] else 0
     if view.target_decode_step[b] >= 0:
         heap_push(_heap(state, pin), b, _live_key(view, b), -seq)  # last served first
-        state.i8[0][b] = pin
+        state.group[b] = pin
         return
     base = (LIVE_NEED_US + CLASS_WEIGHT_US * view.priority[b]
             - RECOMPUTE_WEIGHT * view.recompute_cost_us[b]
@@ -216,7 +209,7 @@ def _file_live(state, view, b, seq):
     else:
         key = _no_deadline_key(view, b, base)
     heap_push(_heap(state, pin + 1), b, key, seq)
-    state.i8[0][b] = pin + 1
+    state.group[b] = pin + 1
 
 
 @njit(cache=True)
@@ -230,37 +223,41 @@ def _expire(state, view, now_us):
         base = (CLASS_WEIGHT_US * view.priority[b]
                 - RECOMPUTE_WEIGHT * view.recompute_cost_us[b]
                 + REQUEST_PRIORITY_WEIGHT_US * view.request_priority[b])
-        seq = state.i64[20]
+        seq = state.seq
         seq[0] += 1
         heap_push(_heap(state, 1), b, _no_deadline_key(view, b, base), seq[0])
-        state.i8[0][b] = 1
+        state.group[b] = 1
         b = heap_peek(he)
 
 
 @njit(cache=True)
 def on_insert(state, view, b, now_us):
+    state = STATE.of(state)
     _file(state, view, b, now_us)
 
 
 @njit(cache=True)
 def on_remove(state, view, b):
-    g = state.i8[0][b]
+    state = STATE.of(state)
+    g = state.group[b]
     heap_remove(_heap(state, g), b)
     if g == 0:
         he = _heap(state, G_EXPIRY)
         if he[3][b] >= 0:
             heap_remove(he, b)
-    state.i8[0][b] = -1
+    state.group[b] = -1
 
 
 @njit(cache=True)
 def on_hit(state, view, b, now_us):
+    state = STATE.of(state)
     on_remove(state, view, b)  # the group or pin may have changed: re-file the block
     _file(state, view, b, now_us)
 
 
 @njit(cache=True)
 def victim(state, view, now_us, alt_blocks, alt_scores):
+    state = STATE.of(state)
     _expire(state, view, now_us)
     code = 0
     g = 0
@@ -274,7 +271,7 @@ def victim(state, view, now_us, alt_blocks, alt_scores):
     if bd < 0 and bn < 0:
         return -1, 0, 0
     k = alt_blocks.shape[0]
-    if k == 0 and state.i64[21][0] == 1:  # live offload: finished blocks, then by step
+    if k == 0 and state.live[0] == 1:  # live offload: finished blocks, then by step
         if bn >= 0 and (bd < 0 or view.phase[bn] >= PH_ROLLBACK):
             return bn, code, 0
         return bd, code, 0
@@ -328,7 +325,8 @@ def explain(row, now_us):
     prio = int(row.get("priority", 0))
     inferred = row.get("phase") is None
     if inferred:
-        phase = 6 if prio == 0 else (PH_IDLE if prio == 2 else 1)
+        phase = (int(Phase.DONE) if prio == Priority.COLD else
+                 PH_IDLE if prio == Priority.HOT else int(Phase.DECODE))
     else:
         phase = int(row["phase"])
     live = phase < PH_ROLLBACK

@@ -12,8 +12,8 @@ newer = keep).
 import numpy as np
 from numba import njit
 
-from kvsim.policy.api import (heap_in, heap_new, heap_peek, heap_push, heap_remove, heap_slots,
-    heap_smallest, policy_state)
+from kvsim.policy.api import (heap_new, heap_of, heap_peek, heap_push, heap_remove, heap_smallest,
+    StateSpec)
 
 NAME = "fifo"
 DESCRIPTION = "First in, first out: evict the candidate that entered the tier first."
@@ -21,23 +21,25 @@ OFFLINE = False
 REASONS = ("first in, first out: entered the tier before every other candidate",)
 
 
-# state slots: the candidates' heap (key f64[KEY], tie..meta i64[HEAP..HEAP+3]), each
-# block's admission ordinal, the ordinal counter
-KEY = 0
-HEAP, SEQ, COUNTER = 0, 4, 5
+STATE = StateSpec(i64=(("heap", 4),  # the candidates' heap: tie, heap, pos, meta
+                        "seq",  # each block's admission ordinal
+                        "counter"),  # [the last ordinal given]
+                   f64=("key",))  # the heap's keys (the ordinals)
 
 
 def init(capacity_blocks, num_slots, params):
-    f, i = heap_slots(heap_new(num_slots))
-    return policy_state(i64=i + (np.zeros(num_slots, np.int64), np.zeros(1, np.int64)), f64=f)
+    key, tie, heap, pos, meta = heap_new(num_slots)
+    return STATE.new(heap=(tie, heap, pos, meta), seq=np.zeros(num_slots, np.int64),
+                     counter=np.zeros(1, np.int64), key=key)
 
 
 @njit(cache=True)
 def on_insert(state, view, b, now_us):
-    counter = state.i64[COUNTER]
+    state = STATE.of(state)
+    counter = state.counter
     counter[0] += 1
-    state.i64[SEQ][b] = counter[0]
-    heap_push(heap_in(state, KEY, HEAP), b, float(counter[0]), counter[0])
+    state.seq[b] = counter[0]
+    heap_push(heap_of(state.key, state.heap), b, float(counter[0]), counter[0])
 
 
 @njit(cache=True)
@@ -47,23 +49,28 @@ def on_hit(state, view, b, now_us):
 
 @njit(cache=True)
 def on_hold(state, view, b):
-    heap_remove(heap_in(state, KEY, HEAP), b)
+    state = STATE.of(state)
+    heap_remove(heap_of(state.key, state.heap), b)
 
 
 @njit(cache=True)
 def on_release(state, view, b, now_us):
-    seq = state.i64[SEQ][b]
-    heap_push(heap_in(state, KEY, HEAP), b, float(seq), seq)
+    state = STATE.of(state)
+    seq = state.seq[b]
+    heap_push(heap_of(state.key, state.heap), b, float(seq), seq)
 
 
 @njit(cache=True)
 def on_remove(state, view, b):
-    heap_remove(heap_in(state, KEY, HEAP), b)
+    state = STATE.of(state)
+    heap_remove(heap_of(state.key, state.heap), b)
 
 
 @njit(cache=True)  # heap_smallest allocates its frontier
 def victim(state, view, now_us, alt_blocks, alt_scores):
-    b = heap_peek(heap_in(state, KEY, HEAP))
+    state = STATE.of(state)
+    h = heap_of(state.key, state.heap)
+    b = heap_peek(h)
     if b < 0:
         return -1, 0, 0
-    return b, 0, heap_smallest(heap_in(state, KEY, HEAP), alt_blocks, alt_scores)
+    return b, 0, heap_smallest(h, alt_blocks, alt_scores)

@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit
 
 from kvsim.policy.api import (NIL, Priority, dll_ends, dll_links, dll_push_tail, dll_remove,
-    policy_state)
+    StateSpec)
 
 NAME = "hotcold"
 DESCRIPTION = "Hot/cold: blocks with priority >= HOT or reuse are hot; cold evicted first, LRU."
@@ -22,12 +22,15 @@ REASONS = ("cold (priority below HOT, not reused) and least recently used among 
 
 HOT_PRIORITY = int(Priority.HOT)
 
+STATE = StateSpec(i64=("prev", "nxt",  # links shared by the two lists
+                        "cold", "hot"),  # [head, tail, size] of each class's list, head = LRU
+                   i8=("cls",))  # per block: 1 hot, 0 cold
+
 
 def init(capacity_blocks, num_slots, params):
     prev, nxt = dll_links(num_slots)
-    # i64: prev, nxt, cold ends, hot ends; i8: class
-    return policy_state(i64=(prev, nxt, dll_ends(), dll_ends()),
-                        i8=(np.zeros(num_slots, np.int8),))
+    return STATE.new(prev=prev, nxt=nxt, cold=dll_ends(), hot=dll_ends(),
+                     cls=np.zeros(num_slots, np.int8))
 
 
 @njit(cache=True)
@@ -37,7 +40,8 @@ def _is_hot(view, b):
 
 @njit(cache=True)
 def on_insert(state, view, b, now_us):
-    prev, nxt, cold, hot, cls = (state.i64[0], state.i64[1], state.i64[2], state.i64[3], state.i8[0])
+    state = STATE.of(state)
+    prev, nxt, cold, hot, cls = state.prev, state.nxt, state.cold, state.hot, state.cls
     if _is_hot(view, b):
         dll_push_tail(prev, nxt, hot, b)
         cls[b] = 1
@@ -48,7 +52,8 @@ def on_insert(state, view, b, now_us):
 
 @njit(cache=True)
 def on_remove(state, view, b):
-    prev, nxt, cold, hot, cls = (state.i64[0], state.i64[1], state.i64[2], state.i64[3], state.i8[0])
+    state = STATE.of(state)
+    prev, nxt, cold, hot, cls = state.prev, state.nxt, state.cold, state.hot, state.cls
     dll_remove(prev, nxt, hot if cls[b] == 1 else cold, b)
 
 
@@ -60,7 +65,8 @@ def on_hit(state, view, b, now_us):
 
 @njit(cache=True)
 def victim(state, view, now_us, alt_blocks, alt_scores):
-    prev, nxt, cold, hot, cls = (state.i64[0], state.i64[1], state.i64[2], state.i64[3], state.i8[0])
+    state = STATE.of(state)
+    prev, nxt, cold, hot, cls = state.prev, state.nxt, state.cold, state.hot, state.cls
     b = cold[0] if cold[2] > 0 else hot[0]
     if b == NIL:
         return NIL, 0, 0

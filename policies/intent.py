@@ -24,8 +24,8 @@ O(log n) per hook.  Score: the rank.
 import numpy as np
 from numba import njit
 
-from kvsim.policy.api import (heap_in, heap_new, heap_peek, heap_push, heap_remove, heap_slots,
-    heap_smallest, heap_update, policy_state)
+from kvsim.policy.api import (heap_new, heap_of, heap_peek, heap_push, heap_remove, heap_smallest,
+    heap_update, StateSpec)
 
 NAME = "intent"
 DESCRIPTION = "Intent-aware: lowest priority, then least useful phase, then least recently used."
@@ -37,9 +37,14 @@ PHASE_RANK = np.array([4, 6, 5, 2, 0, 3, 1], np.int64)
 PHASE_LEVELS = 8  # > max(PHASE_RANK): one priority step outranks every phase
 
 
+STATE = StateSpec(i64=(("heap", 4),  # the candidates' heap: tie, heap, pos, meta
+                        "counter"),  # [hooks so far]: the LRU tie-break
+                   f64=("key",))  # the heap's keys (the ranks)
+
+
 def init(capacity_blocks, num_slots, params):
-    f, i = heap_slots(heap_new(num_slots))  # heap_in(state, 0, 0); i64[4]: counter
-    return policy_state(i64=i + (np.zeros(1, np.int64),), f64=f)
+    key, tie, heap, pos, meta = heap_new(num_slots)
+    return STATE.new(heap=(tie, heap, pos, meta), counter=np.zeros(1, np.int64), key=key)
 
 
 @njit(cache=True)
@@ -51,27 +56,34 @@ def _rank(view, b):
 
 @njit(cache=True)
 def on_insert(state, view, b, now_us):
-    state.i64[4][0] += 1
-    heap_push(heap_in(state, 0, 0), b, _rank(view, b), state.i64[4][0])
+    state = STATE.of(state)
+    counter = state.counter
+    counter[0] += 1
+    heap_push(heap_of(state.key, state.heap), b, _rank(view, b), counter[0])
 
 
 @njit(cache=True)
 def on_hit(state, view, b, now_us):
-    state.i64[4][0] += 1
-    heap_update(heap_in(state, 0, 0), b, _rank(view, b), state.i64[4][0])
+    state = STATE.of(state)
+    counter = state.counter
+    counter[0] += 1
+    heap_update(heap_of(state.key, state.heap), b, _rank(view, b), counter[0])
 
 
 @njit(cache=True)
 def on_remove(state, view, b):
-    heap_remove(heap_in(state, 0, 0), b)
+    state = STATE.of(state)
+    heap_remove(heap_of(state.key, state.heap), b)
 
 
 @njit(cache=True)
 def victim(state, view, now_us, alt_blocks, alt_scores):
-    b = heap_peek(heap_in(state, 0, 0))
+    state = STATE.of(state)
+    h = heap_of(state.key, state.heap)
+    b = heap_peek(h)
     if b < 0:
         return -1, 0, 0
-    return b, 0, heap_smallest(heap_in(state, 0, 0), alt_blocks, alt_scores)
+    return b, 0, heap_smallest(h, alt_blocks, alt_scores)
 
 
 def explain(row, now_us):

@@ -20,48 +20,54 @@ O(1) unless the lowest counts belong to held blocks only.  Score: the count.
 import numpy as np
 from numba import njit
 
-from kvsim.policy.api import NIL, OUT, dll_contains, dll_push_tail, dll_remove, policy_state
+from kvsim.policy.api import NIL, OUT, dll_contains, dll_push_tail, dll_remove, StateSpec
 
 NAME = "lfu"
 DESCRIPTION = "Least frequently used since entering the tier; least recently used among ties."
 OFFLINE = False
 REASONS = ("least frequently used since it entered the tier (oldest access among ties)",)
 
-# state (kvsim.policy.api.PolicyState): i64 = bprev, bnext, freq, node_of, nfreq, nprev, nnext,
-# nres, free, meta; i64_2d = nends
-# meta = [free_top, lowest node]
+FREE_TOP, LOWEST = 0, 1  # ``meta``: free-list top, the node of the lowest count (NIL: none)
+
+STATE = StateSpec(i64=("bprev", "bnext",  # links of the blocks in their node's list
+                        "freq",  # per block: its count
+                        "node_of",  # per block: its node
+                        "nfreq", "nprev", "nnext",  # per node: count, sorted node links
+                        "nres",  # per node: its resident blocks (held ones included)
+                        "free",  # stack of free nodes
+                        "meta"),  # see FREE_TOP, LOWEST
+                   i64_2d=("nends",))  # per node: [head, tail, size] of its candidate list
 
 
 def init(capacity_blocks, num_slots, params):
     m = num_slots + 2  # live nodes <= resident blocks, +1 while a hit moves a block
     nends = np.zeros((m, 3), np.int64)
     nends[:, :2] = NIL
-    # i64: bprev, bnext, freq, node_of, nfreq, nprev, nnext, nres, free, meta; i64_2d: nends
-    return policy_state(i64=(np.full(num_slots, OUT, np.int64), np.full(num_slots, OUT, np.int64),
-                              np.zeros(num_slots, np.int64), np.full(num_slots, NIL, np.int64),
-                              np.zeros(m, np.int64), np.full(m, NIL, np.int64),
-                              np.full(m, NIL, np.int64), np.zeros(m, np.int64),
-                              np.arange(m - 1, -1, -1, dtype=np.int64),
-                              np.array([m, NIL], np.int64)),
-                        i64_2d=(nends,))
+    return STATE.new(bprev=np.full(num_slots, OUT, np.int64),
+                     bnext=np.full(num_slots, OUT, np.int64), freq=np.zeros(num_slots, np.int64),
+                     node_of=np.full(num_slots, NIL, np.int64), nfreq=np.zeros(m, np.int64),
+                     nprev=np.full(m, NIL, np.int64), nnext=np.full(m, NIL, np.int64),
+                     nres=np.zeros(m, np.int64), free=np.arange(m - 1, -1, -1, dtype=np.int64),
+                     meta=np.array([m, NIL], np.int64), nends=nends)
 
 
 @njit(cache=True)
 def _node_new(state, f, after):
     """A node of count ``f`` linked after node ``after`` (NIL: as the lowest)."""
-    nfreq, nprev, nnext, nres, nends, free, meta = (state.i64[4], state.i64[5], state.i64[6], state.i64[7], state.i64_2d[0], state.i64[8], state.i64[9])
-    meta[0] -= 1
-    node = free[meta[0]]
+    nfreq, nprev, nnext, nres = state.nfreq, state.nprev, state.nnext, state.nres
+    nends, free, meta = state.nends, state.free, state.meta
+    meta[FREE_TOP] -= 1
+    node = free[meta[FREE_TOP]]
     nfreq[node] = f
     nres[node] = 0
     nends[node, 0] = NIL
     nends[node, 1] = NIL
     nends[node, 2] = 0
-    nxt = meta[1] if after == NIL else nnext[after]
+    nxt = meta[LOWEST] if after == NIL else nnext[after]
     nprev[node] = after
     nnext[node] = nxt
     if after == NIL:
-        meta[1] = node
+        meta[LOWEST] = node
     else:
         nnext[after] = node
     if nxt != NIL:
@@ -72,24 +78,25 @@ def _node_new(state, f, after):
 @njit(cache=True)
 def _node_drop(state, node):
     """Unlink and free a node with no resident block."""
-    nprev, nnext, free, meta = state.i64[5], state.i64[6], state.i64[8], state.i64[9]
+    nprev, nnext, free, meta = state.nprev, state.nnext, state.free, state.meta
     p = nprev[node]
     n = nnext[node]
     if p == NIL:
-        meta[1] = n
+        meta[LOWEST] = n
     else:
         nnext[p] = n
     if n != NIL:
         nprev[n] = p
-    free[meta[0]] = node
-    meta[0] += 1
+    free[meta[FREE_TOP]] = node
+    meta[FREE_TOP] += 1
 
 
 @njit(cache=True)
 def on_insert(state, view, b, now_us):
-    bprev, bnext, freq, node_of, nfreq, nres, nends, meta = (
-        state.i64[0], state.i64[1], state.i64[2], state.i64[3], state.i64[4], state.i64[7], state.i64_2d[0], state.i64[9])
-    node = meta[1]
+    state = STATE.of(state)
+    bprev, bnext, freq, node_of = state.bprev, state.bnext, state.freq, state.node_of
+    nfreq, nres, nends, meta = state.nfreq, state.nres, state.nends, state.meta
+    node = meta[LOWEST]
     if node == NIL or nfreq[node] != 1:
         node = _node_new(state, 1, NIL)
     freq[b] = 1
@@ -100,8 +107,9 @@ def on_insert(state, view, b, now_us):
 
 @njit(cache=True)
 def on_hit(state, view, b, now_us):
-    bprev, bnext, freq, node_of, nfreq, nnext, nres, nends = (
-        state.i64[0], state.i64[1], state.i64[2], state.i64[3], state.i64[4], state.i64[6], state.i64[7], state.i64_2d[0])
+    state = STATE.of(state)
+    bprev, bnext, freq, node_of = state.bprev, state.bnext, state.freq, state.node_of
+    nfreq, nnext, nres, nends = state.nfreq, state.nnext, state.nres, state.nends
     node = node_of[b]
     f = freq[b] + 1
     target = nnext[node]
@@ -120,18 +128,21 @@ def on_hit(state, view, b, now_us):
 
 @njit(cache=True)
 def on_hold(state, view, b):
-    dll_remove(state.i64[0], state.i64[1], state.i64_2d[0][state.i64[3][b]], b)
+    state = STATE.of(state)
+    dll_remove(state.bprev, state.bnext, state.nends[state.node_of[b]], b)
 
 
 @njit(cache=True)
 def on_release(state, view, b, now_us):
-    dll_push_tail(state.i64[0], state.i64[1], state.i64_2d[0][state.i64[3][b]], b)
+    state = STATE.of(state)
+    dll_push_tail(state.bprev, state.bnext, state.nends[state.node_of[b]], b)
 
 
 @njit(cache=True)
 def on_remove(state, view, b):
-    bprev, bnext, freq, node_of, nres, nends = (state.i64[0], state.i64[1], state.i64[2], state.i64[3],
-                                                state.i64[7], state.i64_2d[0])
+    state = STATE.of(state)
+    bprev, bnext, freq, node_of = state.bprev, state.bnext, state.freq, state.node_of
+    nres, nends = state.nres, state.nends
     node = node_of[b]
     if dll_contains(bprev, b):
         dll_remove(bprev, bnext, nends[node], b)
@@ -144,8 +155,9 @@ def on_remove(state, view, b):
 
 @njit(cache=True)
 def victim(state, view, now_us, alt_blocks, alt_scores):
-    bnext, freq, nnext, nends, meta = state.i64[1], state.i64[2], state.i64[6], state.i64_2d[0], state.i64[9]
-    node = meta[1]
+    state = STATE.of(state)
+    bnext, freq, nnext, nends = state.bnext, state.freq, state.nnext, state.nends
+    node = state.meta[LOWEST]
     while node != NIL and nends[node, 2] == 0:
         node = nnext[node]
     if node == NIL:

@@ -12,53 +12,59 @@ Score in the decision log: ``last_access_us`` (higher = used more recently = kee
 from numba import njit
 
 from kvsim.policy.api import (dll_contains, dll_ends, dll_links, dll_move_to_tail, dll_push_tail,
-    dll_remove, list_walk, policy_state)
+    dll_remove, list_walk, StateSpec)
 
 NAME = "lru"
 DESCRIPTION = "Least recently used: evict the candidate idle for the longest time."
 OFFLINE = False
 REASONS = ("least recently used: idle for the longest time",)
 
-# state.i64 slots: list links and the list's [head, tail, size]
-PREV, NEXT, ENDS = 0, 1, 2
+STATE = StateSpec(i64=("prev", "nxt",  # list links
+                        "lru"))  # the list's [head, tail, size], head = least recent
 
 
 def init(capacity_blocks, num_slots, params):
     prev, nxt = dll_links(num_slots)
-    return policy_state(i64=(prev, nxt, dll_ends()))
+    return STATE.new(prev=prev, nxt=nxt, lru=dll_ends())
 
 
 @njit(cache=True)
 def on_insert(state, view, b, now_us):
-    dll_push_tail(state.i64[PREV], state.i64[NEXT], state.i64[ENDS], b)
+    state = STATE.of(state)
+    dll_push_tail(state.prev, state.nxt, state.lru, b)
 
 
 @njit(cache=True)
 def on_hit(state, view, b, now_us):
-    if dll_contains(state.i64[PREV], b):  # a held block is reordered at its release
-        dll_move_to_tail(state.i64[PREV], state.i64[NEXT], state.i64[ENDS], b)
+    state = STATE.of(state)
+    if dll_contains(state.prev, b):  # a held block is reordered at its release
+        dll_move_to_tail(state.prev, state.nxt, state.lru, b)
 
 
 @njit(cache=True)
 def on_hold(state, view, b):
-    dll_remove(state.i64[PREV], state.i64[NEXT], state.i64[ENDS], b)
+    state = STATE.of(state)
+    dll_remove(state.prev, state.nxt, state.lru, b)
 
 
 @njit(cache=True)
 def on_release(state, view, b, now_us):
-    dll_push_tail(state.i64[PREV], state.i64[NEXT], state.i64[ENDS], b)
+    state = STATE.of(state)
+    dll_push_tail(state.prev, state.nxt, state.lru, b)
 
 
 @njit(cache=True)
 def on_remove(state, view, b):
-    dll_remove(state.i64[PREV], state.i64[NEXT], state.i64[ENDS], b)
+    state = STATE.of(state)
+    dll_remove(state.prev, state.nxt, state.lru, b)
 
 
 @njit(cache=True)
 def victim(state, view, now_us, alt_blocks, alt_scores):
-    b = state.i64[ENDS][0]
+    state = STATE.of(state)
+    b = state.lru[0]
     if b < 0:
         return -1, 0, 0
-    n_alt = list_walk(state.i64[PREV], state.i64[NEXT], state.i64[ENDS], alt_blocks, alt_scores,
+    n_alt = list_walk(state.prev, state.nxt, state.lru, alt_blocks, alt_scores,
                       view.last_access_us)
     return b, 0, n_alt

@@ -27,8 +27,8 @@ last hook, so they go least recently used first among the never-blocks).  Score:
 import numpy as np
 from numba import njit
 
-from kvsim.policy.api import (heap_in, heap_new, heap_peek, heap_push, heap_remove, heap_slots,
-    heap_smallest, heap_update, policy_state)
+from kvsim.policy.api import (heap_new, heap_of, heap_peek, heap_push, heap_remove, heap_smallest,
+    heap_update, StateSpec)
 
 NAME = "predictive"
 DESCRIPTION = "Predictive: evict the block whose predicted next use (deadline/step/rate) is farthest."
@@ -45,13 +45,20 @@ REASONS = ("predicted next use (from its deadline) is the farthest away",
 STEP_TIME_US = 20_000.0
 
 
+STATE = StateSpec(i64=(("heap", 4),  # blocks keyed by -predicted (tie, heap, pos, meta)
+                        "counter",  # [hooks so far]: the tie-break
+                        ("expiry", 4)),  # finite predictions keyed by their time
+                   f64=("key",  # the keys of heap
+                        "step_us",  # [step time, us]
+                        "expiry_key"))  # the keys of expiry
+
+
 def init(capacity_blocks, num_slots, params):
     step_us = np.array([float(params.get("step_time_us", STEP_TIME_US))], np.float64)
-    # heap_in(state, 0, 0): blocks keyed by -predicted; i64[4]: hook counter; f64[1]: step
-    # time; heap_in(state, 2, 5): finite predictions keyed by their time (the expiry heap)
-    f1, i1 = heap_slots(heap_new(num_slots))
-    f2, i2 = heap_slots(heap_new(num_slots))
-    return policy_state(i64=i1 + (np.zeros(1, np.int64),) + i2, f64=f1 + (step_us,) + f2)
+    key, *heap = heap_new(num_slots)
+    ekey, *expiry = heap_new(num_slots)
+    return STATE.new(heap=heap, counter=np.zeros(1, np.int64), expiry=expiry, key=key,
+                     step_us=step_us, expiry_key=ekey)
 
 
 @njit(cache=True)
@@ -71,41 +78,47 @@ def _predict(view, b, step_time_us):
 @njit(cache=True)
 def _file_expiry(state, b, t):
     """Track ``b``'s finite prediction ``t`` in the expiry heap (or drop it there)."""
-    he = heap_in(state, 2, 5)
+    he = heap_of(state.expiry_key, state.expiry)
     if he[3][b] >= 0:
         heap_remove(he, b)
     if t < np.inf:
-        heap_push(he, b, t, state.i64[4][0])
+        heap_push(he, b, t, state.counter[0])
 
 
 @njit(cache=True)
 def on_insert(state, view, b, now_us):
-    state.i64[4][0] += 1
-    t, _ = _predict(view, b, state.f64[1][0])
-    heap_push(heap_in(state, 0, 0), b, -t, state.i64[4][0])
+    state = STATE.of(state)
+    counter = state.counter
+    counter[0] += 1
+    t, _ = _predict(view, b, state.step_us[0])
+    heap_push(heap_of(state.key, state.heap), b, -t, counter[0])
     _file_expiry(state, b, t)
 
 
 @njit(cache=True)
 def on_hit(state, view, b, now_us):
-    state.i64[4][0] += 1
-    t, _ = _predict(view, b, state.f64[1][0])
-    heap_update(heap_in(state, 0, 0), b, -t, state.i64[4][0])
+    state = STATE.of(state)
+    counter = state.counter
+    counter[0] += 1
+    t, _ = _predict(view, b, state.step_us[0])
+    heap_update(heap_of(state.key, state.heap), b, -t, counter[0])
     _file_expiry(state, b, t)
 
 
 @njit(cache=True)
 def on_remove(state, view, b):
-    heap_remove(heap_in(state, 0, 0), b)
-    he = heap_in(state, 2, 5)
+    state = STATE.of(state)
+    heap_remove(heap_of(state.key, state.heap), b)
+    he = heap_of(state.expiry_key, state.expiry)
     if he[3][b] >= 0:
         heap_remove(he, b)
 
 
 @njit(cache=True)
 def victim(state, view, now_us, alt_blocks, alt_scores):
-    he = heap_in(state, 2, 5)
-    h = heap_in(state, 0, 0)
+    state = STATE.of(state)
+    he = heap_of(state.expiry_key, state.expiry)
+    h = heap_of(state.key, state.heap)
     e = heap_peek(he)
     while e >= 0 and he[0][e] < now_us:  # passed unused: no evidence any more
         heap_remove(he, e)
@@ -116,7 +129,7 @@ def victim(state, view, now_us, alt_blocks, alt_scores):
         return -1, 0, 0
     code = 3
     if h[0][b] > -np.inf:
-        _, code = _predict(view, b, state.f64[1][0])
+        _, code = _predict(view, b, state.step_us[0])
     return b, code, heap_smallest(h, alt_blocks, alt_scores)
 
 

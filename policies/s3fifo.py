@@ -27,7 +27,7 @@ import numpy as np
 from numba import njit
 
 from kvsim.policy.api import (NIL, dll_ends, dll_links, dll_push_tail, dll_remove, ghost_find,
-    ghost_new, ghost_pop_head, ghost_push_tail, ghost_remove, njit_hook, policy_state)
+    ghost_new, ghost_pop_head, ghost_push_tail, ghost_remove, njit_hook, StateSpec)
 
 NAME = "s3fifo"
 DESCRIPTION = "S3-FIFO: small probationary FIFO, main FIFO with 2-bit clock, ghost FIFO."
@@ -39,9 +39,20 @@ SMALL, MAIN, GHOST, PEND = 1, 2, 3, 4
 SMALL_SIZE_RATIO = 0.10  # libCacheSim S3FIFO default (DEFAULT_CACHE_PARAMS)
 GHOST_SIZE_RATIO = 0.90  # libCacheSim S3FIFO default
 MOVE_TO_MAIN_THRESHOLD = 2  # libCacheSim S3FIFO default
-# ints: [small_cap, main_cap, ghost_cap, held blocks, has_evicted, pending, pending_queue]
-# state (kvsim.policy.api.PolicyState): i64 = prev, nxt, small, main, freq, ints, g0..g6
-# (ghost pool), ghost, pend; i8 = where, glist, held
+#: ``state.ints``: the three capacities, the number of held blocks, whether anything was
+#: evicted yet, and the decision in progress between ``victim`` and ``on_remove``.
+SMALL_CAP, MAIN_CAP, GHOST_CAP, N_HELD, HAS_EVICTED, PENDING_VICTIM, PENDING_QUEUE = range(7)
+
+STATE = StateSpec(
+    i64=("prev", "nxt",  # the links of small and main (one block is in at most one)
+         "small", "main",  # [head, tail, size] of the queues, head = oldest
+         "freq",  # per block
+         "ints",  # see SMALL_CAP, ..., PENDING_QUEUE
+         ("ghosts", 7),  # the ghost pool (kvsim.policy.structs.ghost_new)
+         "ghost", "pend"),  # ghost lists: GHOST, and ghosts hit by on_miss
+    i8=("where",  # per block: SMALL or MAIN (0 = not resident)
+        "glist",  # per ghost node: GHOST or PEND (0 = free)
+        "held"))  # per block: 1 while held
 
 
 def init(capacity_blocks, num_slots, params):
@@ -52,24 +63,17 @@ def init(capacity_blocks, num_slots, params):
     prev, nxt = dll_links(num_slots)
     ints = np.array([small_cap, capacity_blocks - small_cap, ghost_cap, 0, 0, NIL, 0], np.int64)
     n_ghosts = ghost_cap + capacity_blocks + 2  # + the pending ghost hits of one allocation
-    # i64: prev, nxt, small, main, freq, ints, ghost pool (6..12), ghost, pend;
-    # i8: where, glist, held
-    return policy_state(i64=(prev, nxt, dll_ends(), dll_ends(), np.zeros(num_slots, np.int64),
-                              ints) + ghost_new(n_ghosts) + (dll_ends(), dll_ends()),
-                        i8=(np.zeros(num_slots, np.int8), np.zeros(n_ghosts, np.int8),
-                            np.zeros(num_slots, np.int8)))
-
-
-@njit(cache=True)
-def _ghosts(state):
-    return state.i64[6], state.i64[7], state.i64[8], state.i64[9], state.i64[10], state.i64[11], state.i64[12]
+    return STATE.new(prev=prev, nxt=nxt, small=dll_ends(), main=dll_ends(),
+                     freq=np.zeros(num_slots, np.int64), ints=ints, ghosts=ghost_new(n_ghosts),
+                     ghost=dll_ends(), pend=dll_ends(), where=np.zeros(num_slots, np.int8),
+                     glist=np.zeros(n_ghosts, np.int8), held=np.zeros(num_slots, np.int8))
 
 
 @njit(cache=True)
 def _take_ghost(state, h):
     """Content ``h`` in GHOST: park it as a pending ghost hit."""
-    glist, ghost, pend = state.i8[1], state.i64[13], state.i64[14]
-    g = _ghosts(state)
+    glist, ghost, pend = state.glist, state.ghost, state.pend
+    g = state.ghosts
     node = ghost_find(g, h)
     if node != NIL and glist[node] == GHOST:
         dll_remove(g[3], g[4], ghost, node)
@@ -79,57 +83,65 @@ def _take_ghost(state, h):
 
 @njit(cache=True)
 def on_miss(state, view, h, now_us):
+    state = STATE.of(state)
     _take_ghost(state, h)
 
 
 @njit(cache=True)
 def on_insert(state, view, b, now_us):
-    prev, nxt, small, main, where, freq, ints = (state.i64[0], state.i64[1], state.i64[2], state.i64[3], state.i8[0], state.i64[4], state.i64[5])
+    state = STATE.of(state)
+    prev, nxt, small, main = state.prev, state.nxt, state.small, state.main
+    where, freq, ints = state.where, state.freq, state.ints
     h = view.content_hash[b]
     _take_ghost(state, h)  # no-op when on_miss already took it
-    g = _ghosts(state)
+    g = state.ghosts
     node = ghost_find(g, h)
     if node != NIL:
-        ghost_remove(g, state.i64[14], node)
-        state.i8[1][node] = 0
+        ghost_remove(g, state.pend, node)
+        state.glist[node] = 0
         q = MAIN
-    elif ints[4] == 0 and small[2] >= ints[0]:
+    elif ints[HAS_EVICTED] == 0 and small[2] >= ints[SMALL_CAP]:
         q = MAIN
     else:
         q = SMALL
     dll_push_tail(prev, nxt, main if q == MAIN else small, b)
     where[b] = q
     freq[b] = 0
-    state.i8[2][b] = 0
+    state.held[b] = 0
 
 
 @njit_hook
 def on_hit(state, view, b, now_us):
-    state.i64[4][b] += 1
+    state = STATE.of(state)
+    state.freq[b] += 1
 
 
 @njit_hook
 def on_hold(state, view, b):
-    state.i8[2][b] = 1
-    state.i64[5][3] += 1
+    state = STATE.of(state)
+    state.held[b] = 1
+    state.ints[N_HELD] += 1
 
 
 @njit_hook
 def on_release(state, view, b, now_us):
-    state.i8[2][b] = 0
-    state.i64[5][3] -= 1
+    state = STATE.of(state)
+    state.held[b] = 0
+    state.ints[N_HELD] -= 1
 
 
 @njit_hook
 def victim(state, view, now_us, alt_blocks, alt_scores):
-    prev, nxt, small, main, where, freq, ints = (state.i64[0], state.i64[1], state.i64[2], state.i64[3], state.i8[0], state.i64[4], state.i64[5])
-    held = state.i8[2]
-    if small[2] + main[2] - ints[3] <= 0:
+    state = STATE.of(state)
+    prev, nxt, small, main = state.prev, state.nxt, state.small, state.main
+    where, freq, ints = state.where, state.freq, state.ints
+    held = state.held
+    if small[2] + main[2] - ints[N_HELD] <= 0:
         return -1, 0, 0
-    ints[4] = 1
+    ints[HAS_EVICTED] = 1
     b = NIL
     queue = 0
-    if not (main[2] > ints[1] or small[2] == 0):
+    if not (main[2] > ints[MAIN_CAP] or small[2] == 0):
         c = small[0]
         while c != NIL:
             nx = nxt[c]
@@ -160,8 +172,8 @@ def victim(state, view, now_us, alt_blocks, alt_scores):
                 b = c
                 queue = MAIN
                 break
-    ints[5] = b
-    ints[6] = queue
+    ints[PENDING_VICTIM] = b
+    ints[PENDING_QUEUE] = queue
     n_alt = 0
     if alt_blocks.shape[0] > 0:
         alt_blocks[0] = b
@@ -172,23 +184,25 @@ def victim(state, view, now_us, alt_blocks, alt_scores):
 
 @njit(cache=True)
 def on_remove(state, view, b):
-    prev, nxt, small, main, where, freq, ints = (state.i64[0], state.i64[1], state.i64[2], state.i64[3], state.i8[0], state.i64[4], state.i64[5])
-    glist, ghost = state.i8[1], state.i64[13]
+    state = STATE.of(state)
+    prev, nxt, small, main = state.prev, state.nxt, state.small, state.main
+    where, freq, ints = state.where, state.freq, state.ints
+    glist, ghost = state.glist, state.ghost
     if where[b] == SMALL:
         dll_remove(prev, nxt, small, b)
     else:
         dll_remove(prev, nxt, main, b)
     where[b] = 0
     freq[b] = 0
-    if ints[5] != b:
+    if ints[PENDING_VICTIM] != b:
         return
-    ints[5] = NIL
+    ints[PENDING_VICTIM] = NIL
     h = view.content_hash[b]
-    if ints[6] == SMALL and ints[2] > 0 and h != 0:
-        g = _ghosts(state)
+    if ints[PENDING_QUEUE] == SMALL and ints[GHOST_CAP] > 0 and h != 0:
+        g = state.ghosts
         if ghost_find(g, h) != NIL:
             return
-        while ghost[2] >= ints[2]:
+        while ghost[2] >= ints[GHOST_CAP]:
             glist[ghost[0]] = 0
             ghost_pop_head(g, ghost)
         if ghost_push_tail(g, ghost, h):

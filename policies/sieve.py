@@ -18,62 +18,73 @@ Amortised O(1) per eviction, plus the held blocks the hand passes.  Score: the v
 import numpy as np
 
 from kvsim.policy.api import (NIL, dll_ends, dll_links, dll_push_tail, dll_remove, njit_hook,
-    policy_state)
+    StateSpec)
 
 NAME = "sieve"
 DESCRIPTION = "SIEVE: FIFO with a visited bit; a hand sweeps and spares visited blocks once."
 OFFLINE = False
 REASONS = ("SIEVE: the hand reached it and it was not visited since the last sweep",)
 
+HAND, N_HELD = 0, 1  # ``ints``: the hand's block (NIL: the oldest), the number of held blocks
+
+STATE = StateSpec(i64=("prev", "nxt", "queue",  # the queue, head = oldest
+                        "ints"),  # see HAND, N_HELD
+                   i8=("visited", "held"))  # per block
+
 
 def init(capacity_blocks, num_slots, params):
     prev, nxt = dll_links(num_slots)
-    visited = np.zeros(num_slots, np.int8)
-    held = np.zeros(num_slots, np.int8)
-    ints = np.array([NIL, 0], np.int64)  # [hand, number of held blocks]
-    # i64: prev, nxt, ends, ints; i8: visited, held
-    return policy_state(i64=(prev, nxt, dll_ends(), ints), i8=(visited, held))
+    return STATE.new(prev=prev, nxt=nxt, queue=dll_ends(), ints=np.array([NIL, 0], np.int64),
+                     visited=np.zeros(num_slots, np.int8), held=np.zeros(num_slots, np.int8))
 
 
 @njit_hook
 def on_insert(state, view, b, now_us):
-    dll_push_tail(state.i64[0], state.i64[1], state.i64[2], b)
-    state.i8[0][b] = 0
-    state.i8[1][b] = 0
+    state = STATE.of(state)
+    dll_push_tail(state.prev, state.nxt, state.queue, b)
+    state.visited[b] = 0
+    state.held[b] = 0
 
 
 @njit_hook
 def on_hit(state, view, b, now_us):
-    state.i8[0][b] = 1
+    state = STATE.of(state)
+    state.visited[b] = 1
 
 
 @njit_hook
 def on_hold(state, view, b):
-    state.i8[1][b] = 1
-    state.i64[3][1] += 1
+    state = STATE.of(state)
+    state.held[b] = 1
+    state.ints[N_HELD] += 1
 
 
 @njit_hook
 def on_release(state, view, b, now_us):
-    state.i8[1][b] = 0
-    state.i64[3][1] -= 1
+    state = STATE.of(state)
+    state.held[b] = 0
+    state.ints[N_HELD] -= 1
 
 
 @njit_hook
 def on_remove(state, view, b):
-    prev, nxt, ends, visited, ints, held = (state.i64[0], state.i64[1], state.i64[2], state.i8[0], state.i64[3], state.i8[1])
-    if ints[0] == b:
-        ints[0] = nxt[b]
+    state = STATE.of(state)
+    prev, nxt, ends, visited, ints, held = (state.prev, state.nxt, state.queue, state.visited,
+                                            state.ints, state.held)
+    if ints[HAND] == b:
+        ints[HAND] = nxt[b]
     dll_remove(prev, nxt, ends, b)
     visited[b] = 0
 
 
 @njit_hook
 def victim(state, view, now_us, alt_blocks, alt_scores):
-    prev, nxt, ends, visited, ints, held = (state.i64[0], state.i64[1], state.i64[2], state.i8[0], state.i64[3], state.i8[1])
-    if ends[2] - ints[1] <= 0:
+    state = STATE.of(state)
+    prev, nxt, ends, visited, ints, held = (state.prev, state.nxt, state.queue, state.visited,
+                                            state.ints, state.held)
+    if ends[2] - ints[N_HELD] <= 0:
         return -1, 0, 0
-    b = ints[0]
+    b = ints[HAND]
     if b == NIL:
         b = ends[0]
     while held[b] != 0 or visited[b] != 0:
@@ -82,7 +93,7 @@ def victim(state, view, now_us, alt_blocks, alt_scores):
         b = nxt[b]
         if b == NIL:
             b = ends[0]
-    ints[0] = b  # on_remove moves it to the newer neighbour
+    ints[HAND] = b  # on_remove moves it to the newer neighbour
     n_alt = 0
     c = b
     while c != NIL and n_alt < alt_blocks.shape[0]:

@@ -17,7 +17,7 @@ Score: ``last_access_us``.
 from numba import njit
 
 from kvsim.policy.api import (dll_contains, dll_ends, dll_links, dll_move_to_tail, dll_push_head,
-    dll_push_tail, dll_remove, list_walk, policy_state)
+    dll_push_tail, dll_remove, list_walk, StateSpec)
 
 NAME = "vllm"
 DESCRIPTION = "vLLM v1 free queue: evict in order of release (unhashed blocks first)."
@@ -25,29 +25,35 @@ OFFLINE = False
 REASONS = ("vLLM free queue: released before every other cached block",
            "vLLM free queue: no content hash, so it was queued at the head")
 
+STATE = StateSpec(i64=("prev", "nxt",  # queue links
+                        "queue"))  # the free queue's [head, tail, size], head = next out
+
 
 def init(capacity_blocks, num_slots, params):
     prev, nxt = dll_links(num_slots)
-    return policy_state(i64=(prev, nxt, dll_ends()))
+    return STATE.new(prev=prev, nxt=nxt, queue=dll_ends())
 
 
 @njit(cache=True)
 def on_insert(state, view, b, now_us):
+    state = STATE.of(state)
     if view.content_hash[b] == 0:
-        dll_push_head(state.i64[0], state.i64[1], state.i64[2], b)
+        dll_push_head(state.prev, state.nxt, state.queue, b)
     else:
-        dll_push_tail(state.i64[0], state.i64[1], state.i64[2], b)
+        dll_push_tail(state.prev, state.nxt, state.queue, b)
 
 
 @njit(cache=True)
 def on_hit(state, view, b, now_us):
-    if dll_contains(state.i64[0], b):
-        dll_move_to_tail(state.i64[0], state.i64[1], state.i64[2], b)
+    state = STATE.of(state)
+    if dll_contains(state.prev, b):
+        dll_move_to_tail(state.prev, state.nxt, state.queue, b)
 
 
 @njit(cache=True)
 def on_hold(state, view, b):
-    dll_remove(state.i64[0], state.i64[1], state.i64[2], b)
+    state = STATE.of(state)
+    dll_remove(state.prev, state.nxt, state.queue, b)
 
 
 @njit(cache=True)
@@ -57,14 +63,16 @@ def on_release(state, view, b, now_us):
 
 @njit(cache=True)
 def on_remove(state, view, b):
-    dll_remove(state.i64[0], state.i64[1], state.i64[2], b)
+    state = STATE.of(state)
+    dll_remove(state.prev, state.nxt, state.queue, b)
 
 
 @njit(cache=True)
 def victim(state, view, now_us, alt_blocks, alt_scores):
-    b = state.i64[2][0]
+    state = STATE.of(state)
+    b = state.queue[0]
     if b < 0:
         return -1, 0, 0
-    n_alt = list_walk(state.i64[0], state.i64[1], state.i64[2], alt_blocks, alt_scores,
+    n_alt = list_walk(state.prev, state.nxt, state.queue, alt_blocks, alt_scores,
                       view.last_access_us)
     return b, (1 if view.content_hash[b] == 0 else 0), n_alt

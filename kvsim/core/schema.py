@@ -62,48 +62,9 @@ NO_HASH = 0
 UNSET = -1
 
 
-class Phase(enum.IntEnum):
-    """What the request owning a block is doing (the serving layer knows this exactly)."""
-
-    PREFILL = 0  # prompt tokens being computed (possibly in chunks)
-    DECODE = 1  # one token per step
-    VERIFY = 2  # speculative decoding: target model verifying draft tokens
-    DRAFT = 3  # speculative decoding: draft tokens not yet accepted
-    ROLLBACK = 4  # speculative decoding: rejected drafts being released
-    IDLE = 5  # request finished its turn; its blocks are cached for a possible next turn
-    DONE = 6  # request finished for good
-
-
-class Priority(enum.IntEnum):
-    """How badly the next step needs a block in HBM (higher = keep)."""
-
-    COLD = 0  # not expected to be used soon
-    WARM = 1  # expected to be used, not on the critical path
-    HOT = 2  # on the next steps' path (prefix of an active or returning session)
-    DECODE_CRITICAL = 3  # read by the very next decode step of a deadline-bound request; pinned
-
-
-class Tier(enum.IntEnum):
-    """Memory tiers, fastest first.  ``NONE`` means resident nowhere (must be recomputed)."""
-
-    NONE = -1
-    HBM = 0
-    DRAM = 1
-    CXL = 2
-    NVME = 3
-
-
-class EventKind(enum.IntEnum):
-    """Event kinds.  "request-level" events have ``block_index == -1``."""
-
-    STEP = 0  # an engine step starts: time_us, duration_us (compute), num_tokens (batched)
-    ARRIVE = 1  # request-level: a request arrives; num_tokens = prompt tokens; TTFT deadline
-    ALLOCATE = 2  # block-level: block appended to the request's table at block_index
-    ACCESS = 3  # request-level: the request is in this step's batch and reads all its blocks
-    INTENT = 4  # block- or request-level: new intent (phase, priority, deadline, ...)
-    COMMIT = 5  # block-level: a DRAFT block's tokens were accepted
-    FORK = 6  # request-level: request_id is a copy-on-write child of parent_request_id
-    FREE = 7  # request-level: release every block tail-first; block-level: release one block
+# The enums live in kvsim.core.codes (with the plain-int constants compiled code uses);
+# re-exported here, where the schema names them.
+from kvsim.core.codes import EventKind, Phase, Priority, Tier  # noqa: E402,F401
 
 
 #: Every column of an event file: (name, Arrow type, meaning).  Parquet stores exactly these

@@ -81,10 +81,10 @@ Q_OVER, Q_WBYTES, Q_KVBPT, Q_BW, Q_FLOPS, Q_ACTIVE, Q_LH = range(7)
  S_MAXRUN, S_STALLS, S_BLOCKED, S_FORCED, S_HEADC, S_QN, S_NADM, S_HIT_TOK) = range(17)
 NUM_STATE = 17
 
-# enum values (kvsim.core.schema), repeated here as compile-time constants
-K_STEP, K_ARRIVE, K_ALLOCATE, K_ACCESS, K_INTENT, K_COMMIT, K_FORK, K_FREE = range(8)
-PH_PREFILL, PH_DECODE, PH_VERIFY, PH_DRAFT, PH_ROLLBACK, PH_IDLE, PH_DONE = range(7)
-PR_COLD, PR_WARM, PR_HOT, PR_CRIT = range(4)
+# enum values as compile-time constants (kvsim.core.codes)
+from kvsim.core.codes import (EK_ACCESS, EK_ALLOCATE, EK_ARRIVE, EK_COMMIT, EK_FORK,  # noqa: E402
+    EK_FREE, EK_INTENT, EK_STEP, PH_DECODE, PH_DONE, PH_DRAFT, PH_IDLE, PH_PREFILL, PH_ROLLBACK,
+    PH_VERIFY, PR_COLD, PR_DECODE_CRITICAL, PR_HOT, PR_WARM)
 
 # slot status
 ST_WAIT, ST_RUN, ST_DONE, ST_PRUNED = 0, 1, 2, 3
@@ -198,14 +198,14 @@ def run_steps(ip, fp, st, stf,
             a1 += 1
         I, F = _ensure(I, F, n, 1 + (a1 - a0))
         step_row = n
-        n = _row(I, F, n, step, t_us, K_STEP, -1, -1, 0, -1, 0, PH_PREFILL, PR_WARM, -1, 0,
+        n = _row(I, F, n, step, t_us, EK_STEP, -1, -1, 0, -1, 0, PH_PREFILL, PR_WARM, -1, 0,
                  -1, 0, 0.0)
         for j in range(a0, a1):
             i = order[j]
             dl = arr[i] + ttft[i] if ttft[i] > 0 else -1
             est = _prefill_us(fp, 0, prompt[i]) + ((prompt[i] + max_tok - 1) // max_tok) * fp[Q_OVER]
             sl = dl - np.int64(now + est) if dl >= 0 else 0
-            n = _row(I, F, n, step, arr[i] if closed else t_us, K_ARRIVE, i, -1, 0, -1,
+            n = _row(I, F, n, step, arr[i] if closed else t_us, EK_ARRIVE, i, -1, 0, -1,
                      prompt[i], PH_PREFILL, PR_WARM, dl, sl, -1, 0, 0.0)
             if ip[P_PRIOSCHED] != 0:  # waiting queue by priority, then arrival (vLLM)
                 x = j
@@ -307,7 +307,7 @@ def run_steps(ip, fp, st, stf,
                 I, F = _ensure(I, F, n, 1)
                 dl = arr[c] + ttft[c] if ttft[c] > 0 else -1
                 # a fork computes no prompt: its ARRIVE carries num_tokens 0
-                n = _row(I, F, n, step, t_us, K_ARRIVE, c2, -1, 0, -1, 0, PH_DECODE,
+                n = _row(I, F, n, step, t_us, EK_ARRIVE, c2, -1, 0, -1, 0, PH_DECODE,
                          PR_WARM, dl, 0, -1, 0, 0.0)
         # drop pruned beams that appear after their replacement was appended
         m3 = 0
@@ -335,13 +335,13 @@ def run_steps(ip, fp, st, stf,
             k = spk[q]
             need = 1 + k
             crit = rprio[q] >= ip[P_CRITPRIO] or (tpot[q] > 0 and tpot[q] <= ip[P_CRITTPOT])
-            prio = PR_CRIT if crit else PR_WARM
+            prio = PR_DECODE_CRITICAL if crit else PR_WARM
             pin = 1 if crit else 0
             dl = _token_deadline(arr[q], ttft[q], tpot[q], first_us[c], gen[c] + 1)
             if forked[c] == 1:
                 # the replay forks here, whether or not the child decodes this step
                 I, F = _ensure(I, F, n, 1)
-                n = _row(I, F, n, step, t_us, K_FORK, c, -1, 0, par[c], 0, PH_DECODE, prio,
+                n = _row(I, F, n, step, t_us, EK_FORK, c, -1, 0, par[c], 0, PH_DECODE, prio,
                          dl, 0, step + 1, pin, 0.0)
                 forked[c] = -1
             if stall[c] == step:  # waiting to fork
@@ -358,13 +358,13 @@ def run_steps(ip, fp, st, stf,
                 continue
             I, F = _ensure(I, F, n, 5 + 2 * (nb_need - nblk[c]))
             if dsteps[c] == 0:
-                n = _row(I, F, n, step, t_us, K_INTENT, c, -1, 0, -1, 0, PH_DECODE, prio, dl,
+                n = _row(I, F, n, step, t_us, EK_INTENT, c, -1, 0, -1, 0, PH_DECODE, prio, dl,
                          0, step + 1, pin, 0.0)
             if cow[c] == 1:
                 # first write since a fork: if it lands in the shared (partial) last block,
                 # an ALLOCATE at that existing index tells the replay to copy it on write
                 if L // B < nblk[c]:
-                    n = _row(I, F, n, step, t_us, K_ALLOCATE, c, L // B, 0, -1,
+                    n = _row(I, F, n, step, t_us, EK_ALLOCATE, c, L // B, 0, -1,
                              min(hi + 1, (L // B + 1) * B) - L, PH_DECODE, prio, dl, 0,
                              step + 1, pin, _prefill_us(fp, (L // B) * B, B))
                     lasth[c] = 0  # its content diverges from the shared copy
@@ -379,11 +379,11 @@ def run_steps(ip, fp, st, stf,
                 lasth[c] = h
                 lo = max(L, b * B)
                 hi_b = min(hi + 1, (b + 1) * B)
-                n = _row(I, F, n, step, t_us, K_ALLOCATE, c, b, h, -1, hi_b - lo,
+                n = _row(I, F, n, step, t_us, EK_ALLOCATE, c, b, h, -1, hi_b - lo,
                          PH_DRAFT if k > 0 else PH_DECODE, prio, dl, 0, step + 1, pin,
                          _prefill_us(fp, b * B, B))
             nblk[c] = nb_need
-            n = _row(I, F, n, step, t_us, K_ACCESS, c, -1, 0, -1, need,
+            n = _row(I, F, n, step, t_us, EK_ACCESS, c, -1, 0, -1, need,
                      PH_VERIFY if k > 0 else PH_DECODE, prio, dl, 0, step + 1, pin, 0.0)
             tokens += need
             attended += need * (L + hi + 2) / 2.0
@@ -398,10 +398,10 @@ def run_steps(ip, fp, st, stf,
                 adv = a + 1
                 keep = (L + a) // B + 1  # blocks holding positions < L + 1 + a
                 for b in range(old_nb, min(keep, nb_need)):
-                    n = _row(I, F, n, step, t_us, K_COMMIT, c, b, 0, -1, 0, PH_DECODE, prio,
+                    n = _row(I, F, n, step, t_us, EK_COMMIT, c, b, 0, -1, 0, PH_DECODE, prio,
                              dl, 0, step + 1, pin, _prefill_us(fp, b * B, B))
                 for b in range(nb_need - 1, keep - 1, -1):
-                    n = _row(I, F, n, step, t_us, K_FREE, c, b, 0, -1, 0, PH_ROLLBACK,
+                    n = _row(I, F, n, step, t_us, EK_FREE, c, b, 0, -1, 0, PH_ROLLBACK,
                              PR_COLD, -1, 0, -1, 0, 0.0)
                 if keep < nb_need:
                     nblk[c] = keep
@@ -423,7 +423,7 @@ def run_steps(ip, fp, st, stf,
             dl = arr[c] + ttft[c] if ttft[c] > 0 else -1
             est = _prefill_us(fp, computed[c], prompt[c] - computed[c])
             sl = dl - np.int64(now + est) if dl >= 0 else 0
-            n = _row(I, F, n, step, t_us, K_ACCESS, c, -1, 0, -1, chunk, PH_PREFILL, PR_WARM,
+            n = _row(I, F, n, step, t_us, EK_ACCESS, c, -1, 0, -1, chunk, PH_PREFILL, PR_WARM,
                      dl, sl, step + (prompt[c] - computed[c] + max_tok - 1) // max_tok, 0, 0.0)
             tokens += chunk
             attended += chunk * float(computed[c]) + chunk * (chunk + 1.0) / 2.0
@@ -469,13 +469,13 @@ def run_steps(ip, fp, st, stf,
                 e = min((b + 1) * B, prompt[c])
                 h = hb[b]
                 prio = PR_HOT if e <= shared[c] else PR_WARM
-                n = _row(I, F, n, step, t_us, K_ALLOCATE, c, b, h, -1, e - b * B, PH_PREFILL,
+                n = _row(I, F, n, step, t_us, EK_ALLOCATE, c, b, h, -1, e - b * B, PH_PREFILL,
                          prio, dl, sl, target, 0, _prefill_us(fp, b * B, e - b * B))
             lasth[c] = h
             nblk[c] = nb
             hit = hitk[c] if closed else 0
             chunk = min(prompt[c] - hit, budget)
-            n = _row(I, F, n, step, t_us, K_ACCESS, c, -1, 0, -1, chunk, PH_PREFILL, PR_WARM,
+            n = _row(I, F, n, step, t_us, EK_ACCESS, c, -1, 0, -1, chunk, PH_PREFILL, PR_WARM,
                      dl, sl, target, 0, 0.0)
             tokens += chunk
             attended += chunk * float(hit) + chunk * (chunk + 1.0) / 2.0
@@ -519,15 +519,15 @@ def run_steps(ip, fp, st, stf,
             I, F = _ensure(I, F, n, 2 + nbs)
             if c < N and cont[c]:
                 dl = end_us + gap[c] + (ttft[c] if ttft[c] > 0 else 0)
-                n = _row(I, F, n, step, t_us, K_INTENT, c, -1, 0, -1, 0, PH_IDLE, PR_HOT, dl,
+                n = _row(I, F, n, step, t_us, EK_INTENT, c, -1, 0, -1, 0, PH_IDLE, PR_HOT, dl,
                          dl - end_us, -1, 0, 0.0)
             else:
-                n = _row(I, F, n, step, t_us, K_INTENT, c, -1, 0, -1, 0, PH_DONE, PR_COLD, -1,
+                n = _row(I, F, n, step, t_us, EK_INTENT, c, -1, 0, -1, 0, PH_DONE, PR_COLD, -1,
                          0, -1, 0, 0.0)
                 for b in range(nbs):
-                    n = _row(I, F, n, step, t_us, K_INTENT, c, b, 0, -1, 0, PH_IDLE, PR_HOT,
+                    n = _row(I, F, n, step, t_us, EK_INTENT, c, b, 0, -1, 0, PH_IDLE, PR_HOT,
                              -1, 0, -1, 0, _prefill_us(fp, b * B, B))
-            n = _row(I, F, n, step, t_us, K_FREE, c, -1, 0, -1, 0,
+            n = _row(I, F, n, step, t_us, EK_FREE, c, -1, 0, -1, 0,
                      PH_DONE, PR_COLD, -1, 0, -1, 0, 0.0)
             if status[c] == ST_DONE and c < N:
                 st[S_DONE] += 1

@@ -33,7 +33,7 @@ from pathlib import Path
 #: Modules whose source reaches compiled code (code or constants), in a fixed order:
 #: the replay core and what it links, the single-tier loops, and the decorator that decides
 #: the compile options.  A module that is missing (moved) hashes as ``?``.
-SOURCES = ("kvsim.core.schema", "kvsim.policy.api", "kvsim.policy.structs", "kvsim.memory.fast",
+SOURCES = ("kvsim.core.schema", "kvsim.core.codes", "kvsim.policy.api", "kvsim.policy.structs", "kvsim.memory.fast",
            "kvsim.memory.fifo_order", "kvsim.policy.state_access", "kvsim.policy.hooks",
            "kvsim.memory.pool_ref", "kvsim.memory.pool_ops", "kvsim.jit.prefetch",
            "kvsim.core.layout", "kvsim.engine.timing.step_time", "kvsim.ingest.hashing",

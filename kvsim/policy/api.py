@@ -118,6 +118,7 @@ id, maintained by the core.  A policy must not write to it.
 
 from __future__ import annotations
 
+import sys
 from collections import namedtuple
 
 import numpy as np
@@ -216,6 +217,94 @@ def policy_state(i64=(), f64=(), i8=(), i64_2d=()) -> PolicyState:
                        _group(i64_2d, STATE_I64_2D, np.int64, 2, "i64_2d"))
 
 
+
+class StateSpec:
+    """The names of a policy's state arrays, declared once at the top of the policy::
+
+        STATE = StateSpec(i64=("prev", "nxt", "t1", "t2", ("ghosts", 7)), f64=("p",),
+                          i8=("where",))
+
+    Each entry of a group is a name (one array) or ``(name, n)`` (``n`` consecutive arrays,
+    read as a tuple: a ghost pool, a heap).  ``init`` returns ``STATE.new(prev=..., ...)``
+    (a :class:`PolicyState`, every name given, in the declared order), and each hook
+    begins with ``state = STATE.of(state)``; from there ``state.t1`` is the array named
+    ``t1``.  Compiled, ``STATE.of`` reinterprets the one StateRef type every policy shares
+    (the core and the hook signatures stay the same for all policies) as a typed view of
+    the same struct, and ``state.t1`` loads exactly what ``state.i64[2]`` loads
+    (:mod:`kvsim.policy.state_access`); interpreted, it returns the PolicyState with the
+    names as properties.  ``state.i64[k]`` keeps working on both."""
+
+    GROUPS = ("i64", "f64", "i8", "i64_2d")
+    _WIDTH = {"i64": STATE_I64, "f64": STATE_F64, "i8": STATE_I8, "i64_2d": STATE_I64_2D}
+
+    def __init__(self, i64=(), f64=(), i8=(), i64_2d=()):
+        layout = []
+        for group, entries in zip(self.GROUPS, (i64, f64, i8, i64_2d)):
+            k = 0
+            for e in entries:
+                name, n = (e, 0) if isinstance(e, str) else (str(e[0]), int(e[1]))
+                if not name.isidentifier() or name in self.GROUPS or name == "of" \
+                        or name.startswith("_"):
+                    raise ValueError(f"StateSpec: bad name {name!r}")
+                if any(name == x[0] for x in layout):
+                    raise ValueError(f"StateSpec: {name!r} declared twice")
+                layout.append((name, group, k, n))
+                k += max(n, 1)
+            if k > self._WIDTH[group]:
+                raise ValueError(f"StateSpec: {k} {group} arrays, at most {self._WIDTH[group]}")
+        self.layout = tuple(layout)
+        #: the module that declared it (numba's alias analysis names ``STATE.of`` by it)
+        self.module = sys._getframe(1).f_globals.get("__name__")
+        #: interpreted hooks' view: a namedtuple of the names and the four groups (numba
+        #: types it as it is, so the policy's njit helpers compile for it too)
+        self._cls = namedtuple("NamedPolicyState", [e[0] for e in self.layout]
+                               + list(self.GROUPS))
+        self._last = (None, None)
+
+    def index(self, name: str) -> tuple[str, int]:
+        """``(group, k)``: where ``name``'s (first) array lives (``state.<group>[k]``)."""
+        for n_, group, start, _ in self.layout:
+            if n_ == name:
+                return group, start
+        raise KeyError(name)
+
+    def new(self, **arrays) -> PolicyState:
+        """The :class:`PolicyState` holding these arrays (one keyword per declared name; a
+        tuple of ``n`` arrays for an ``(name, n)`` entry)."""
+        want = {e[0] for e in self.layout}
+        if set(arrays) != want:
+            raise ValueError(f"StateSpec.new: missing {sorted(want - set(arrays))}, "
+                             f"unknown {sorted(set(arrays) - want)}")
+        groups = {g: [] for g in self.GROUPS}
+        for name, group, _, n in self.layout:
+            if n == 0:
+                groups[group].append(arrays[name])
+            else:
+                part = tuple(arrays[name])
+                if len(part) != n:
+                    raise ValueError(f"StateSpec.new: {name} takes {n} arrays, got {len(part)}")
+                groups[group].extend(part)
+        return policy_state(**groups)
+
+    def of(self, state):
+        """``state`` with the declared names as attributes: interpreted hooks get a
+        namedtuple of the same arrays (the last one built is kept, so a run of hook calls
+        builds it once); compiled hooks the typed view of :mod:`kvsim.policy.state_access`."""
+        if isinstance(state, self._cls):
+            return state
+        src, out = self._last
+        if src is state:
+            return out
+        values = [getattr(state, g)[k] if n == 0 else tuple(getattr(state, g)[k:k + n])
+                  for _, g, k, n in self.layout]
+        out = self._cls(*values, *state)
+        self._last = (state, out)
+        return out
+
+    def __repr__(self) -> str:
+        return f"StateSpec({', '.join(e[0] for e in self.layout)})"
+
+
 #: The optional pair of hold hooks and the required hook each one defaults to.
 HOLD_HOOK_DEFAULTS = {"on_hold": "on_remove", "on_release": "on_insert"}
 
@@ -247,8 +336,9 @@ from numba import njit  # noqa: E402  (kept below the contract part on purpose)
 
 from kvsim.policy.structs import (NIL, OUT, dll_contains, dll_ends, dll_links, dll_move_to_tail,
     dll_pop_head, dll_push_head, dll_push_tail, dll_remove, ghost_find, ghost_in, ghost_new,
-    ghost_pop_head, ghost_push_tail, ghost_remove, heap_contains, heap_in, heap_new, heap_peek,
-    heap_push, heap_remove, heap_size, heap_slots, heap_smallest, heap_update, list_walk)
+    ghost_pop_head, ghost_push_tail, ghost_remove, heap_contains, heap_in, heap_new, heap_of,
+    heap_peek, heap_push, heap_remove, heap_size, heap_slots, heap_smallest, heap_update,
+    list_walk)
 
 
 def njit_hook(fn):

@@ -36,9 +36,9 @@ from kvsim.jit.decorators import njit
 from numba.core.types import WrapperAddressProtocol
 from numba.experimental import structref
 
-from kvsim.policy.state_access import register_group_proxy
+from kvsim.policy.state_access import register_group_proxy, register_named_state
 from kvsim.jit.disk_cache import FIRST_CLASS, seal, seal_all
-from kvsim.policy.api import PolicyState, new_block_view, policy_state
+from kvsim.policy.api import PolicyState, StateSpec, new_block_view, policy_state
 
 #: The order of a hook tuple; ``on_hold`` / ``on_release`` / ``on_hit_held`` are bound as
 #: :func:`kvsim.policy.api.hook_bindings` says (kvsim.policy.registry.Policy resolves them).
@@ -79,6 +79,7 @@ class StateRef(structref.StructRefProxy):
 
 structref.define_boxing(StateRefType, StateRef)
 register_group_proxy(StateRefType, PolicyState._fields)  # after structref.register
+register_named_state(StateRefType, StateSpec)  # STATE.of(state).t1 (kvsim.policy.api.StateSpec)
 
 
 @lru_cache(maxsize=1)

@@ -30,6 +30,7 @@ own (registered with the type) comes first and gives the field's tuple type.
 from __future__ import annotations
 
 import operator
+import sys
 
 from llvmlite import ir
 from numba.core import cgutils, errors, types
@@ -222,3 +223,166 @@ def _getitem(context, builder, sig, args):
 def _len(context, builder, sig, args):
     return impl_ret_untracked(context, builder, sig.return_type,
                               context.get_constant(types.intp, sig.args[0].count))
+
+
+# ---- named state: ``state = SPEC.of(state)`` then ``state.t1`` --------------------------
+#
+# A policy declares the names of its arrays once (:class:`kvsim.policy.api.StateSpec`).  The
+# compiled core still passes every policy's state as the ONE StateRef type (one core, one
+# hook signature); inside a hook, ``SPEC.of(state)`` reinterprets that StateRef as a
+# :class:`NamedState` of this spec: the same meminfo pointer (one incref), typed with the
+# spec's names, so ``state.t1`` loads one array from the struct exactly as
+# ``state.i64[2]`` does (the same ``_element_ptr`` / ``_load``), and ``state.ghosts`` (a
+# name that stands for n consecutive arrays) builds the tuple of those n arrays.
+
+class StateSpecType(types.Type):
+    """The numba type of a :class:`kvsim.policy.api.StateSpec` global: a compile-time
+    constant carrying the spec's layout, no run-time data."""
+
+    def __init__(self, layout: tuple):
+        self.layout = layout
+        super().__init__(name=f"StateSpec{layout}")
+
+    @property
+    def key(self):
+        return self.layout
+
+
+class NamedState(types.Type):
+    """A StateRef seen through a spec's names: ``layout`` is a tuple of ``(name, group,
+    start, n)`` (``n == 0``: one array ``group[start]``; else the tuple of ``n`` arrays
+    ``group[start:start + n]``)."""
+
+    def __init__(self, ref_type: types.StructRef, layout: tuple):
+        self.ref_type = ref_type
+        self.layout = layout
+        self.by_name = {name: (group, start, n) for name, group, start, n in layout}
+        super().__init__(name=f"NamedState{tuple(e[0] for e in layout)}")
+
+    @property
+    def key(self):
+        return self.ref_type, self.layout
+
+
+register_model(StateSpecType)(models.OpaqueModel)
+
+
+@register_model(NamedState)
+class NamedStateModel(models.StructModel):
+    """One NRT meminfo pointer: the StateRef's own."""
+
+    def __init__(self, dmm, fe_type):
+        members = [("meminfo", types.MemInfoPointer(fe_type.ref_type.get_data_type()))]
+        super().__init__(dmm, fe_type, members)
+
+
+_GROUPS = ("i64", "f64", "i8", "i64_2d")
+_SPECS: dict = {}  # layout -> a StateSpec with it (its namedtuple class)
+
+
+def _tuple_view(spec):
+    """``STATE.of(policy_state)`` in compiled code given a PolicyState namedtuple (not a
+    StateRef): the spec's namedtuple of the same arrays, as the interpreted ``of``."""
+    parts = [f"ref.{g}[{k}]" if n == 0 else
+             "(" + "".join(f"ref.{g}[{k + j}], " for j in range(n)) + ")"
+             for _, g, k, n in spec.layout] + [f"ref.{g}" for g in _GROUPS]
+    ns = {"cls": spec._cls}
+    exec(f"def impl(spec, ref):\n    return cls({', '.join(parts)})\n", ns)
+    return ns["impl"]
+
+
+def register_named_state(ref_typeclass, spec_class) -> None:
+    """Make ``spec.of(ref)`` compile for a ``spec_class`` global and a ``ref_typeclass``
+    value, and ``named.<name>`` on the result (call once, from kvsim.policy.hooks)."""
+    from numba.core import ir_utils
+    from numba.core.extending import intrinsic, overload_method, typeof_impl
+    from numba.core.imputils import lower_constant, lower_getattr_generic
+
+    @typeof_impl.register(spec_class)
+    def _typeof_spec(val, c):
+        _declare_alias(val)
+        _SPECS.setdefault(val.layout, val)
+        return StateSpecType(val.layout)
+
+    @lower_constant(StateSpecType)
+    def _spec_constant(context, builder, ty, pyval):
+        return context.get_dummy_value()
+
+    @intrinsic
+    def _reinterpret(typingctx, ref, spec):
+        if not isinstance(ref, ref_typeclass) or not isinstance(spec, StateSpecType):
+            return None
+        resty = NamedState(ref, spec.layout)
+
+        def codegen(context, builder, sig, args):
+            src = cgutils.create_struct_proxy(sig.args[0])(context, builder, value=args[0])
+            out = cgutils.create_struct_proxy(resty)(context, builder)
+            out.meminfo = src.meminfo
+            return impl_ret_borrowed(context, builder, resty, out._getvalue())
+
+        return signature(resty, ref, spec), codegen
+
+    # numba's dead-code elimination drops a store into an array it believes is a fresh
+    # object nobody reads afterwards: ``state.glist[b] = 1`` after ``state =
+    # STATE.of(state)`` is one unless ``STATE.of``'s result is declared an alias of its
+    # argument (as a getattr of an argument is).  numba names the call by the global it
+    # is made on (``("of", "<module>.<global name>")`` before ``of`` is inlined,
+    # ``("_reinterpret", this module)`` after): declared when the spec is typed.
+    def _alias(lhs, args, alias_map, arg_aliases):
+        ir_utils._add_alias(lhs, args[0].name, alias_map, arg_aliases)
+
+    ir_utils.alias_func_extensions[("_reinterpret", __name__)] = _alias
+
+    def _declare_alias(spec):
+        module = sys.modules.get(getattr(spec, "module", None) or "")
+        for name, value in vars(module).items() if module is not None else ():
+            if value is spec:
+                ir_utils.alias_func_extensions[("of", f"{module.__name__}.{name}")] = _alias
+
+    @overload_method(StateSpecType, "of")
+    def _of(spec, ref):
+        if isinstance(ref, ref_typeclass):
+            return lambda spec, ref: _reinterpret(ref, spec)
+        if isinstance(ref, NamedState) and ref.layout == spec.layout:
+            return lambda spec, ref: ref
+        if isinstance(ref, types.BaseNamedTuple) and ref.fields == _GROUPS \
+                and spec.layout in _SPECS:  # a PolicyState itself (tests call hooks so)
+            return _tuple_view(_SPECS[spec.layout])
+        if isinstance(ref, types.BaseNamedTuple) and spec.layout in _SPECS \
+                and ref.fields == _SPECS[spec.layout]._cls._fields:  # already that view:
+            return lambda spec, ref: ref  # a hook passing its view to another hook
+        return None
+
+    @infer_getattr
+    class NamedAttribute(AttributeTemplate):
+        key = NamedState
+
+        def generic_resolve(self, typ, attr):
+            if attr in typ.by_name:
+                group, _, n = typ.by_name[attr]
+                arr = typ.ref_type.field_dict[group].dtype
+                return arr if n == 0 else types.UniTuple(arr, n)
+            if _is_group(typ.ref_type, attr):
+                return StateGroup(typ.ref_type, attr)
+            return None
+
+    @lower_getattr_generic(NamedState)
+    def _named_getattr(context, builder, typ, val, attr):
+        src = cgutils.create_struct_proxy(typ)(context, builder, value=val)
+        group = attr if attr not in typ.by_name else typ.by_name[attr][0]
+        grp_t = StateGroup(typ.ref_type, group)
+        grp = cgutils.create_struct_proxy(grp_t)(context, builder)
+        grp.meminfo = src.meminfo
+        grp = grp._getvalue()
+        if attr not in typ.by_name:  # state.i64 etc: the group proxy
+            return impl_ret_borrowed(context, builder, grp_t, grp)
+        _, start, n = typ.by_name[attr]
+
+        def one(k):
+            ptr = _element_ptr(context, builder, grp_t, grp, context.get_constant(types.intp, k))
+            return _load(context, builder, grp_t, ptr)
+
+        if n == 0:
+            return one(start)
+        tup_t = types.UniTuple(grp_t.dtype, n)
+        return context.make_tuple(builder, tup_t, [one(start + k) for k in range(n)])

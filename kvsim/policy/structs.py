@@ -133,6 +133,14 @@ def heap_in(state, f, i):
             state.i64[i + 3])
 
 
+@njit(cache=True, inline="always")
+def heap_of(key, parts):
+    """The heap whose key array is ``key`` and whose tie, heap, pos and meta arrays are the
+    4-tuple ``parts``: a policy's named state (``StateSpec(f64=("key",), i64=(("heap",
+    4),))``, ``heap_of(state.key, state.heap)``) as :func:`heap_in` reads slots."""
+    return (key, parts[0], parts[1], parts[2], parts[3])
+
+
 def heap_slots(h) -> tuple[tuple, tuple]:
     """``(f64 arrays, i64 arrays)`` of a heap from :func:`heap_new`, in the order
     :func:`heap_in` reads them back: ``([key], [tie, heap, pos, meta])``."""

@@ -59,16 +59,11 @@ class SimResult:
 
 
 def choose_engine(engine: str, num_rows: int, policy, lower_policies) -> str:
-    """The engine a replay runs on.  ``auto``: ``compiled`` when the trace is big enough to
-    pay for a compile (:func:`kvsim.spec.sim_config.resolve_engine`, at least
-    ``AUTO_COMPILE_MIN_ROWS`` events) or when the compiled core for these policies is
-    already in the disk cache (:func:`kvsim.replay.variants.compiled_is_cached`: then it costs
-    no compile and runs ~100x faster per event), else ``interpreted``."""
-    chosen = resolve_engine(engine, num_rows)
-    if engine == "auto" and chosen != "compiled" and compiled_is_cached(policy,
-                                                                        lower_policies):
-        return "compiled"
-    return chosen
+    """The engine a replay runs on: :func:`kvsim.spec.sim_config.resolve_engine`, warm when
+    the compiled core and these policies' hooks are in the disk cache
+    (:func:`kvsim.replay.variants.compiled_is_cached`)."""
+    return resolve_engine(engine, num_rows,
+                          is_warm=lambda: compiled_is_cached(policy, lower_policies))
 
 
 #: Rows of the block-record arena at the start, and the least room a compaction leaves

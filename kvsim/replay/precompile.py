@@ -125,20 +125,14 @@ def compile_workers(jobs: int) -> int:
 
 
 def compare_engine(engine: str, num_rows: int, runs: int, closed: bool = False) -> str:
-    """The engine of a ``compare`` of ``runs`` replays of ``num_rows`` events each.
-    ``auto``: ``compiled`` when the compiled core is in numba's disk cache (a policy then
-    costs its hooks' compile, ~1-3 CPU-s, against ~10 CPU-s interpreted on 100 k events),
-    or when ``runs * num_rows`` reaches :data:`kvsim.spec.sim_config.AUTO_COMPILE_MIN_ROWS`
-    (the core compiles once for every run), else ``interpreted``; an explicit engine is
-    returned as given.  (A plain-Python policy runs interpreted either way.)"""
+    """The engine of a ``compare`` of ``runs`` replays of ``num_rows`` events each:
+    :func:`kvsim.spec.sim_config.resolve_engine`, warm when the compiled core is cached (a
+    policy then costs its hooks' compile, ~1-3 CPU-s, against ~10 CPU-s interpreted on
+    100 k events)."""
     from kvsim.spec.sim_config import resolve_engine
     from kvsim.replay.variants import core_is_cold
 
-    if engine != "auto":
-        return engine
-    if resolve_engine("auto", num_rows * max(runs, 1)) == "compiled" or not core_is_cold(closed):
-        return "compiled"
-    return "interpreted"
+    return resolve_engine(engine, num_rows, runs, lambda: not core_is_cold(closed))
 
 
 def needs_split(engine: str, closed: bool, names: Sequence[str]) -> tuple[bool, str | None,

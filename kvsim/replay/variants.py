@@ -91,21 +91,12 @@ def core_is_cold(closed: bool = False) -> bool:
 
 def auto_engine(engine: str, num_rows: int, hbm_policy, lower_policies, *, closed: bool = False,
                 runs: int = 1) -> str:
-    """The engine ``engine`` stands for on ``runs`` replays of ``num_rows`` events each
-    (``compare`` replays one trace under ``runs`` policies; the compile is paid once for
-    all of them).  ``auto``: ``compiled`` when ``runs * num_rows`` reaches
-    :data:`kvsim.spec.sim_config.AUTO_COMPILE_MIN_ROWS` (enough events to pay for a cold
-    compile) or when the compiled engine for these policies is already cached
-    (:func:`compiled_is_cached`: it then costs no compile), else ``interpreted``.  An
-    explicit ``compiled`` / ``interpreted`` is returned as given."""
+    """The engine ``engine`` stands for on ``runs`` replays of ``num_rows`` events each:
+    :func:`kvsim.spec.sim_config.resolve_engine`, warm when :func:`compiled_is_cached`."""
     from kvsim.spec.sim_config import resolve_engine
 
-    if engine != "auto":
-        return engine
-    if resolve_engine("auto", num_rows * max(runs, 1)) == "compiled":
-        return "compiled"
-    return "compiled" if compiled_is_cached(hbm_policy, lower_policies, closed) else \
-        "interpreted"
+    return resolve_engine(engine, num_rows, runs, lambda: compiled_is_cached(
+        hbm_policy, lower_policies, closed))
 
 
 def _import_file(name: str, path: Path) -> ModuleType:

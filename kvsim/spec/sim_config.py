@@ -8,6 +8,7 @@ library users build one directly.  Nothing mutates a config after construction: 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 from kvsim.core.errors import KvsimInputError, bad_value
@@ -33,11 +34,25 @@ CACHE_VARIANTS = ("prefix", "block", "vllm")
 AUTO_COMPILE_MIN_ROWS = 1_000_000
 
 
-def resolve_engine(engine: str, num_rows: int) -> str:
-    """The engine ``auto`` stands for on a trace of ``num_rows`` events."""
+def resolve_engine(engine: str, num_rows: int, runs: int = 1,
+                   is_warm: Callable[[], bool] | None = None) -> str:
+    """THE engine rule; every other engine choice (``replay.driver.choose_engine``,
+    ``replay.variants.auto_engine``, ``replay.precompile.compare_engine``) calls it.
+
+    An explicit ``compiled`` / ``interpreted`` is returned as given.  ``auto`` is
+    ``compiled`` when the events replayed, ``runs * num_rows`` (``compare`` replays one
+    trace ``runs`` times and compiles the core once for all), reach
+    :data:`AUTO_COMPILE_MIN_ROWS` (enough to pay for a cold compile), or else when
+    ``is_warm()`` says the compiled code the caller needs is already in numba's disk cache
+    (then it costs no compile, or only its hooks': one replay asks for its core and hooks,
+    ``compare`` for the core, each policy's hooks costing ~1-3 CPU-s); otherwise
+    ``interpreted``.  ``is_warm`` is only called when the size alone does not decide;
+    without it, the size decides.  (A plain-Python policy runs interpreted either way.)"""
     if engine != "auto":
         return engine
-    return "compiled" if num_rows >= AUTO_COMPILE_MIN_ROWS else "interpreted"
+    if num_rows * max(runs, 1) >= AUTO_COMPILE_MIN_ROWS:
+        return "compiled"
+    return "compiled" if is_warm is not None and is_warm() else "interpreted"
 
 #: vLLM's default ``gpu_memory_utilization`` (vllm/engine/arg_utils.py, EngineArgs:
 #: ``gpu_memory_utilization: float = 0.9``): the fraction of GPU memory the engine may use

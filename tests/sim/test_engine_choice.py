@@ -247,3 +247,38 @@ def test_cache_key_follows_the_codegen_settings(monkeypatch):
     assert key() == k1
     monkeypatch.setenv("NUMBA_SLP_VECTORIZE", "1")
     assert key() != k1
+
+
+def test_one_rule_every_engine_choice_delegates_to(monkeypatch):
+    """resolve_engine is the rule (size of all runs, else the caller's warm test, asked only
+    when the size does not decide); choose_engine, auto_engine and compare_engine call it."""
+    from kvsim.replay import precompile, variants
+    from kvsim.spec import sim_config
+
+    asked = []
+
+    def warm(answer):
+        return lambda: asked.append(1) or answer
+
+    rule = sim_config.resolve_engine
+    assert rule("auto", AUTO_COMPILE_MIN_ROWS, is_warm=warm(False)) == "compiled" and not asked
+    assert rule("auto", AUTO_COMPILE_MIN_ROWS // 4, 4, warm(False)) == "compiled" and not asked
+    assert rule("auto", 10, 1, warm(False)) == "interpreted" and asked == [1]
+    assert rule("auto", 10, 1, warm(True)) == "compiled"
+    assert rule("auto", 10) == "interpreted"  # no warm test: the size decides
+    assert rule("interpreted", 10**9, is_warm=warm(True)) == "interpreted"
+    assert rule("compiled", 1) == "compiled"
+
+    calls = []
+
+    def spy(engine, num_rows, runs=1, is_warm=None):
+        calls.append((engine, num_rows, runs))
+        return "sentinel"
+
+    lru = get_policy("lru")
+    monkeypatch.setattr(replay, "resolve_engine", spy)
+    monkeypatch.setattr(sim_config, "resolve_engine", spy)
+    assert replay.choose_engine("auto", 5, lru, [lru] * 3) == "sentinel"
+    assert variants.auto_engine("auto", 6, lru, [lru] * 3, runs=2) == "sentinel"
+    assert precompile.compare_engine("auto", 7, 3) == "sentinel"
+    assert calls == [("auto", 5, 1), ("auto", 6, 2), ("auto", 7, 3)]

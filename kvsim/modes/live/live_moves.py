@@ -25,14 +25,14 @@ import numpy as np
 
 from kvsim.core.errors import KvsimInputError
 from kvsim.bounds.live_optimal import unlend
-from kvsim.core.schema import Priority
+from kvsim.core.schema import Priority, Tier
 
 #: Fewest blocks moved as a run; fewer move block by block (same effects): a run's numpy
 #: calls cost ~50-100 us, a block ~3 us (profiled on long_context_extreme, 48 requests,
 #: deadline: 40 % of spill/fetch calls moved 1-3 blocks; docs/benchmarks.md, "Live
 #: offload").  Tests set it to 0 to check runs of every length against the block loop.
 RUN_MIN_BLOCKS = 16
-HBM = 0  # LiveReplay.b_tier of a block in HBM
+HBM = int(Tier.HBM)  # LiveReplay.b_tier of a block in HBM
 UNPINNED, PINNED = 0, 1  # LiveReplay's pin class of a pinned unit
 PR_CRIT = int(Priority.DECODE_CRITICAL)
 

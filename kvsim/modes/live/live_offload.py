@@ -52,7 +52,7 @@ import numpy as np
 from kvsim.core.errors import KvsimInputError
 from kvsim.policy.hooks import HOOK_NAMES, hooks_for, is_uniform, policy_value, view_ref
 from kvsim.policy.api import NEVER, new_block_view
-from kvsim.core.schema import EventKind, Phase, Priority
+from kvsim.core.schema import EventKind, Phase, Priority, Tier
 from kvsim.modes.live import live_moves
 from kvsim.modes.live.live_moves import (fetch_many, fetch_one, fetch_run, spill_many, spill_one,
     spill_run)
@@ -66,7 +66,7 @@ PH_DECODE, PH_VERIFY, PH_DRAFT = int(Phase.DECODE), int(Phase.VERIFY), int(Phase
 PH_IDLE = int(Phase.IDLE)
 PR_CRIT = int(Priority.DECODE_CRITICAL)
 TOKEN_PHASES = (PH_DECODE, PH_VERIFY, PH_DRAFT)
-HBM = 0  # b_tier value of a block in HBM; 1, 2, 3 = DRAM, CXL, NVMe; -1 = freed
+HBM = int(Tier.HBM)  # b_tier value of a block in HBM; 1, 2, 3 = DRAM, CXL, NVMe; -1 = freed
 UNPINNED, PINNED = 0, 1
 _ALT = np.zeros(0, np.int64)
 _ALT_S = np.zeros(0, np.float64)

@@ -14,7 +14,7 @@ from kvsim.memory.fast import S_N_CAND, S_N_HELD  # the HBM pool's scalars (st.s
 from kvsim.core.layout import *  # noqa: F401,F403  (column names of the state arrays)
 
 NEVER = np.iinfo(np.int64).max
-PR_DECODE_CRITICAL = 3
+from kvsim.core.codes import PR_DECODE_CRITICAL  # noqa: E402
 
 
 @njit(cache=True)

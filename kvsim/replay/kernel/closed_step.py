@@ -79,7 +79,7 @@ def _fill(I, F, n, cols, src, N, rprio_tab, tenant_tab, block_bytes, nu, seen, p
         c_pin[r] = I[S.C_PIN, r] != 0
         c_pfok[r] = True
         c_size[r] = block_bytes if I[S.C_BIDX, r] >= 0 else 0
-        if I[S.C_KIND, r] == S.K_ALLOCATE:
+        if I[S.C_KIND, r] == S.EK_ALLOCATE:
             pos = pb_off[rid] + I[S.C_BIDX, r] if 0 <= rid < N else -1
             if pos >= 0 and pos < pb_off[rid + 1]:  # a prompt or decode block (closed_facts)
                 nu[k] = pb_next[pos]
@@ -95,7 +95,7 @@ def _fill(I, F, n, cols, src, N, rprio_tab, tenant_tab, block_bytes, nu, seen, p
 def _alloc_rows(I, n):
     k = 0
     for r in range(n):
-        if I[S.C_KIND, r] == S.K_ALLOCATE:
+        if I[S.C_KIND, r] == S.EK_ALLOCATE:
             k += 1
     return k
 

@@ -51,7 +51,7 @@ from kvsim.core.layout import (AI_DEADLINE, AI_FULL_HASH, AI_HASH, AI_NEXT, AI_P
     RI_LATMASK, RI_NOUT, RI_PHASE, RI_PREFILLED, RI_PRIO, RI_PROMPT, RI_SEQ, RI_STATE, RI_TENANT,
     RI_TTFT_DL, RS_DONE, RS_PREEMPTED, RS_RUNNING, RS_WAITING)
 from kvsim.replay.kernel.placement import (A_ALLOCATE, A_FREE, A_RELEASE, MODE_ADMIT, MODE_APPEND,
-    MODE_RERUN, PH_DECODE, PH_PREFILL, PH_VERIFY, PR_DECODE_CRITICAL, W_COW, W_FREE, W_RELEASE,
+    MODE_RERUN, W_COW, W_FREE, W_RELEASE,
     _fill_last, _place, _preempt, _release_all)
 
 #: Column order of the ``cols`` tuple :func:`run` takes (names of kvsim.core.schema.COLUMNS).
@@ -67,8 +67,8 @@ ST_NEED_LOG = 3
 ST_NEED_STEP = 4
 ST_NEED_PEND = 5
 
-# EventKind values (kvsim.core.schema)
-EV_STEP, EV_ARRIVE, EV_ALLOCATE, EV_ACCESS, EV_INTENT, EV_COMMIT, EV_FORK, EV_FREE = range(8)
+from kvsim.core.codes import (EK_ACCESS, EK_ALLOCATE, EK_ARRIVE, EK_COMMIT, EK_FORK,  # noqa: E402
+    EK_FREE, EK_INTENT, EK_STEP, PH_DECODE, PH_PREFILL, PH_VERIFY, PR_DECODE_CRITICAL)
 
 #: The replay's own reasons (column ``why`` of the log buffer; -1 = the policy's reason),
 #: indexed by the ``W_*`` codes of :mod:`kvsim.replay.kernel.placement`.
@@ -172,14 +172,14 @@ def run(cols, i0, n, cr):
             return ST_NEED_ARENA, i
         # --- a gathered admission is placed once its ALLOCATE rows end -----------------
         pa = int(C[C_PEND_ADMIT])
-        if pa >= 0 and not (kind == EV_ALLOCATE and r == pa):
+        if pa >= 0 and not (kind == EK_ALLOCATE and r == pa):
             C[C_PEND_ADMIT] = -1
             _place(pa, np.int64(0), R_i[pa, RI_BT_LEN], np.int64(MODE_ADMIT), cr)
             R_i[pa, RI_PHASE] = 1
             continue  # re-check room: placing may have logged rows
         now_us = C[C_STEP_START_US]
         step = int(C[C_STEP])
-        if kind == EV_STEP:
+        if kind == EK_STEP:
             if C[C_IN_STEP] != 0:
                 _finalize_step(C, R_i, R_f, S, P, st.sc)
             C[C_IN_STEP] = 1
@@ -194,7 +194,7 @@ def run(cols, i0, n, cr):
                     Cw[j] = C[j]
                 C[C_WARM_DONE] = 1
                 C[C_WARM_US] = C[C_STEP_START_US]
-        elif kind == EV_ARRIVE:
+        elif kind == EK_ARRIVE:
             R_i[r, RI_STATE] = RS_WAITING
             R_i[r, RI_PROMPT] = c_ntok[i]
             R_i[r, RI_ARRIVE_US] = c_time[i]
@@ -203,7 +203,7 @@ def run(cols, i0, n, cr):
             R_i[r, RI_TENANT] = c_tenant[i]
             if c_dl[i] >= 0 or c_prio[i] == PR_DECODE_CRITICAL:
                 R_i[r, RI_BOUND] = 1
-        elif kind == EV_ALLOCATE or kind == EV_ACCESS or kind == EV_FORK:
+        elif kind == EK_ALLOCATE or kind == EK_ACCESS or kind == EK_FORK:
             state = R_i[r, RI_STATE]
             if state == RS_PREEMPTED:  # resume: its whole table comes back first
                 R_i[r, RI_STATE] = RS_RUNNING
@@ -231,11 +231,11 @@ def run(cols, i0, n, cr):
                 R_i[r, RI_BT_LEN] = 0
                 R_i[r, RI_BT_CAP] = cap
                 C[C_ARENA_TOP] += cap
-                if kind == EV_FORK:
+                if kind == EK_FORK:
                     R_i[r, RI_PHASE] = 2
                 else:
                     R_i[r, RI_PHASE] = 0
-            if kind == EV_ALLOCATE:
+            if kind == EK_ALLOCATE:
                 bi = c_bi[i]
                 e = R_i[r, RI_BT_LEN]
                 gather = R_i[r, RI_PHASE] == 0 and bi >= e  # a prompt block at admission
@@ -306,7 +306,7 @@ def run(cols, i0, n, cr):
                                            0, c_size[i], 0.0, False, -1, W_COW)
                 else:
                     _place(r, e, np.int64(1), np.int64(MODE_APPEND), cr)
-            elif kind == EV_FORK:
+            elif kind == EK_FORK:
                 # child r shares every block of parent p (copy-on-write)
                 if p >= 0 and R_i[p, RI_STATE] == RS_RUNNING and R_i[r, RI_BT_LEN] == 0:
                     mem.pool_fork(st, R_i[p, RI_SEQ], R_i[r, RI_SEQ])
@@ -359,7 +359,7 @@ def run(cols, i0, n, cr):
                     C[C_NPEND] = k + 1
                     if pk == 1:
                         R_i[r, RI_FT_PENDING] = 1
-        elif kind == EV_INTENT or kind == EV_COMMIT:
+        elif kind == EK_INTENT or kind == EK_COMMIT:
             if R_i[r, RI_STATE] == RS_RUNNING or R_i[r, RI_STATE] == RS_PREEMPTED:
                 seq = R_i[r, RI_SEQ]
                 running_now = R_i[r, RI_STATE] == RS_RUNNING
@@ -396,7 +396,7 @@ def run(cols, i0, n, cr):
                         view.pinned[b] = pinned
                 if c_prio[i] == PR_DECODE_CRITICAL:
                     R_i[r, RI_BOUND] = 1
-        elif kind == EV_FREE:
+        elif kind == EK_FREE:
             state = R_i[r, RI_STATE]
             if c_bi[i] < 0:  # the request is done
                 if state == RS_RUNNING:

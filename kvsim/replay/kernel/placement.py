@@ -32,9 +32,7 @@ from kvsim.core.layout import (AI_FULL_HASH, AI_HASH, AI_PFOK, AI_SEEN, AI_SIZE,
     RI_RECOMP_TOK, RI_SEQ, RI_STATE, RS_PREEMPTED, RS_RUNNING, WP_WRITE_BACK, X_DOWN_BYTES_PER_US,
     X_DOWN_LAT_US, X_UP_BYTES_PER_US, X_UP_LAT_US)
 
-# Phase / Priority values used here (kvsim.core.schema)
-PH_PREFILL, PH_DECODE, PH_VERIFY = 0, 1, 2
-PR_DECODE_CRITICAL = 3
+from kvsim.core.codes import PH_DECODE, PH_PREFILL, PH_VERIFY, PR_DECODE_CRITICAL  # noqa: E402,F401
 # Action values (kvsim.results.log_schema.Action)
 A_EVICT, A_DEMOTE, A_PROMOTE, A_PREFETCH, A_RECOMPUTE, A_WRITE_THROUGH, A_PREEMPT = range(7)
 A_ALLOCATE, A_HIT, A_RELEASE, A_REVIVE, A_FREE = 10, 11, 12, 13, 14

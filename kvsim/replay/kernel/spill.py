@@ -21,10 +21,10 @@ from kvsim.core.layout import (C_PEAK, C_USED, HI_BI, HI_HITS, HI_OWNER, HI_TOKE
     M_BYTES_DOWN, M_DEMOTE, M_EVICT, M_WRITE_THROUGH, WP_WRITE_BACK, WP_WRITE_THROUGH)
 
 # Values shared with kvsim.replay.kernel.core (which asserts they agree): Action codes
-# (kvsim.results.log_schema.Action), the replay's own reasons (core.WHY) and Priority.
+# (kvsim.results.log_schema.Action) and the replay's own reasons (core.WHY).
 A_EVICT, A_DEMOTE, A_WRITE_THROUGH = 0, 1, 5
 W_WT, W_WTS, W_BACKED = 4, 5, 15
-PR_DECODE_CRITICAL = 3
+from kvsim.core.codes import PR_DECODE_CRITICAL  # noqa: E402
 
 #: How many evicted blocks ahead :func:`_hbm_evicted_range` prefetches the lower tiers'
 #: shared table entry of (the home position of each evicted hash: its lower-copy test is

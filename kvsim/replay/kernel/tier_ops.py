@@ -17,7 +17,7 @@ from kvsim.policy.hooks import H_HIT, H_INSERT, H_REMOVE, H_VICTIM
 
 A_EVICT = 0
 A_DEMOTE = 1
-PR_DECODE_CRITICAL = 3
+from kvsim.core.codes import PR_DECODE_CRITICAL  # noqa: E402
 
 
 @njit(cache=True)

@@ -1,0 +1,103 @@
+"""Every enum code compiled code uses, defined once.
+
+The IntEnums :class:`EventKind`, :class:`Phase`, :class:`Priority` and :class:`Tier` are
+the event schema's codes (kvsim.core.schema re-exports them: import them from either).
+Compiled code cannot use an IntEnum member; numba reads a module-level ``int`` as a
+compile-time constant, so each member also has a plain int here, derived from the member
+(never written out as a literal anywhere else: tests/test_codes.py fails on a
+module-level ``PH_IDLE = 5`` or ``K_STEP, ... = range(8)`` outside this module):
+
+- ``EK_<MEMBER>``: :class:`EventKind` (``EK_ALLOCATE``; ``EK_``, not ``K_``, because
+  kvsim/replay/layout.py's ``K_*`` name the knob slots the same compiled code reads);
+- ``PH_<MEMBER>``: :class:`Phase` (``PH_IDLE``);
+- ``PR_<MEMBER>``: :class:`Priority` (``PR_DECODE_CRITICAL``);
+- ``TIER_<MEMBER>``: :class:`Tier` (``TIER_HBM``, ``TIER_NONE``).
+
+A compiled module imports the names it uses (``from kvsim.core.codes import
+PR_DECODE_CRITICAL``): numba folds them into the code exactly as it did the literal copies
+they replace.  This module is in kvsim.jit.disk_cache.SOURCES, so an edit here recompiles
+the replay.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Phase(enum.IntEnum):
+    """What the request owning a block is doing (the serving layer knows this exactly)."""
+
+    PREFILL = 0  # prompt tokens being computed (possibly in chunks)
+    DECODE = 1  # one token per step
+    VERIFY = 2  # speculative decoding: target model verifying draft tokens
+    DRAFT = 3  # speculative decoding: draft tokens not yet accepted
+    ROLLBACK = 4  # speculative decoding: rejected drafts being released
+    IDLE = 5  # request finished its turn; its blocks are cached for a possible next turn
+    DONE = 6  # request finished for good
+
+
+class Priority(enum.IntEnum):
+    """How badly the next step needs a block in HBM (higher = keep)."""
+
+    COLD = 0  # not expected to be used soon
+    WARM = 1  # expected to be used, not on the critical path
+    HOT = 2  # on the next steps' path (prefix of an active or returning session)
+    DECODE_CRITICAL = 3  # read by the very next decode step of a deadline-bound request; pinned
+
+
+class Tier(enum.IntEnum):
+    """Memory tiers, fastest first.  ``NONE`` means resident nowhere (must be recomputed)."""
+
+    NONE = -1
+    HBM = 0
+    DRAM = 1
+    CXL = 2
+    NVME = 3
+
+
+class EventKind(enum.IntEnum):
+    """Event kinds.  "request-level" events have ``block_index == -1``."""
+
+    STEP = 0  # an engine step starts: time_us, duration_us (compute), num_tokens (batched)
+    ARRIVE = 1  # request-level: a request arrives; num_tokens = prompt tokens; TTFT deadline
+    ALLOCATE = 2  # block-level: block appended to the request's table at block_index
+    ACCESS = 3  # request-level: the request is in this step's batch and reads all its blocks
+    INTENT = 4  # block- or request-level: new intent (phase, priority, deadline, ...)
+    COMMIT = 5  # block-level: a DRAFT block's tokens were accepted
+    FORK = 6  # request-level: request_id is a copy-on-write child of parent_request_id
+    FREE = 7  # request-level: release every block tail-first; block-level: release one block
+
+
+#: The prefix of each enum's plain-int constants (tests/test_codes.py reads this).
+PREFIXES = {EventKind: "EK_", Phase: "PH_", Priority: "PR_", Tier: "TIER_"}
+
+# ---- plain ints for compiled code (written out, not generated, so that readers and
+# linters see the names; tests/test_codes.py checks each equals its member) -------------
+
+EK_STEP = int(EventKind.STEP)
+EK_ARRIVE = int(EventKind.ARRIVE)
+EK_ALLOCATE = int(EventKind.ALLOCATE)
+EK_ACCESS = int(EventKind.ACCESS)
+EK_INTENT = int(EventKind.INTENT)
+EK_COMMIT = int(EventKind.COMMIT)
+EK_FORK = int(EventKind.FORK)
+EK_FREE = int(EventKind.FREE)
+
+PH_PREFILL = int(Phase.PREFILL)
+PH_DECODE = int(Phase.DECODE)
+PH_VERIFY = int(Phase.VERIFY)
+PH_DRAFT = int(Phase.DRAFT)
+PH_ROLLBACK = int(Phase.ROLLBACK)
+PH_IDLE = int(Phase.IDLE)
+PH_DONE = int(Phase.DONE)
+
+PR_COLD = int(Priority.COLD)
+PR_WARM = int(Priority.WARM)
+PR_HOT = int(Priority.HOT)
+PR_DECODE_CRITICAL = int(Priority.DECODE_CRITICAL)
+
+TIER_NONE = int(Tier.NONE)
+TIER_HBM = int(Tier.HBM)
+TIER_DRAM = int(Tier.DRAM)
+TIER_CXL = int(Tier.CXL)
+TIER_NVME = int(Tier.NVME)
