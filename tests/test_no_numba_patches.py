@@ -172,6 +172,20 @@ def violations(source: str, filename: str = "<src>") -> list[str]:
     return out
 
 
+#: The one documented registration into numba kvsim makes: ``ir_utils.alias_func_extensions``
+#: is numba's table for extensions to declare that a call returns an alias of its argument
+#: (numba registers its own there; kvsim/policy/state_access.py explains why ``STATE.of``
+#: needs it: without it dead-code elimination drops stores through the named view).  Only
+#: these lines of that file may write it.
+ALLOWED = {("kvsim/policy/state_access.py", "ir_utils.alias_func_extensions[")}
+
+
+def _allowed(line: str) -> bool:
+    path, _, rest = line.partition(":")
+    text = rest.partition(": ")[2].partition(": ")[2]
+    return any(path.endswith(p) and text.startswith(t) for p, t in ALLOWED)
+
+
 def _modules() -> list[Path]:
     files = sorted((ROOT / "kvsim").rglob("*.py")) + sorted((ROOT / "policies").rglob("*.py"))
     return [p for p in files if "__pycache__" not in p.parts]
@@ -180,7 +194,8 @@ def _modules() -> list[Path]:
 def test_no_module_writes_into_numba() -> None:
     found = []
     for path in _modules():
-        found += violations(path.read_text(), str(path.relative_to(ROOT)))
+        found += [v for v in violations(path.read_text(), str(path.relative_to(ROOT)))
+                  if not _allowed(v)]
     assert not found, "writes into numba:\n" + "\n".join(found)
 
 

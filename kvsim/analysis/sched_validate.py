@@ -142,7 +142,7 @@ def kvsim_step(res: StepResult) -> dict[str, Any]:
         "blocks": [(i, list(ids)) for i, ids in res.blocks],
         "events": [e if e[0] != "S" else e[:3] for e in res.events],
         "finished": list(res.finished),
-        "free": (res.free_sched, res.free),
+        "free": (res.free_sched, res.free_blocks),
         "reset": list(res.reset_ok),
     }
 

@@ -122,7 +122,7 @@ class StepResult:
     preempted: list[int] = field(default_factory=list)
     finished: list[int] = field(default_factory=list)
     free_sched: int = 0
-    free: int = 0
+    free_blocks: int = 0
     #: ("S", parent, (hashes...), req, first_block) / ("R", hash) / ("C",)
     events: list[tuple] = field(default_factory=list)
     reset_ok: list[bool] = field(default_factory=list)
@@ -386,7 +386,7 @@ class VllmScheduler:
         self._schedule(res)
         res.free_sched = self.pool.num_free_blocks()
         self._update_from_output(res)
-        res.free = self.pool.num_free_blocks()
+        res.free_blocks = self.pool.num_free_blocks()
         res.events, self._events = self._events, []
         return res
 
