@@ -35,8 +35,10 @@ def test_bundled_trace_names_a_catalog_model_and_replays(trace):
                               "--json"])
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout)["policies"]
-    assert [r["policy"] for r in rows] == ["lru", "deadline"]
-    assert all(r["requests"] > 0 and r["events"] > 0 for r in rows)
+    # the offline reference rows are always shown (docs/simulate.md, "Bounds")
+    assert [r["policy"] for r in rows if not r["offline"]] == ["lru", "deadline"]
+    assert {r["policy"] for r in rows if r["offline"]} == {"optimal", "belady"}
+    assert all(r["requests"] > 0 and r["events"] > 0 for r in rows if not r["offline"])
 
 
 def test_sample_chat_compares_with_no_other_option(monkeypatch):
@@ -44,7 +46,7 @@ def test_sample_chat_compares_with_no_other_option(monkeypatch):
     monkeypatch.chdir(ROOT)
     res = runner.invoke(app, ["compare", "--trace", "traces/sample_chat.parquet"])
     assert res.exit_code == 0, res.output
-    assert "32 requests" in res.stdout and "belady (bound)" in res.stdout
+    assert "32 requests" in res.stdout and "optimal (bound)" in res.stdout
     assert max(len(line) for line in res.stdout.splitlines()) <= 120
 
 

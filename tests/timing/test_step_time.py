@@ -202,7 +202,7 @@ def test_cli_generate_names_the_timing_model_and_refuses_bad_ones(tmp_path):
 
 
 def test_recorded_replay_names_the_lowering_timing(tmp_path):
-    from kvsim.replay.driver import simulate
+    from kvsim.api import simulate
     from kvsim.spec.sim_config import SimConfig
     from kvsim.workload import generate
 
