@@ -83,13 +83,19 @@ def test_compiled_is_cached_needs_the_core_and_every_hook(monkeypatch):
     class PyPolicy:  # a plain-Python policy never runs compiled
         compiled = False
 
+    from kvsim.jit import disk_cache
+
+    def cached(test):  # the core's check (variants) and the hooks' check (jit) alike
+        monkeypatch.setattr(variants, "dispatcher_is_cached", test)
+        monkeypatch.setattr(disk_cache, "dispatcher_is_cached", test)
+
     assert compiled_is_cached(PyPolicy(), lower) is False
-    monkeypatch.setattr(variants, "dispatcher_is_cached", lambda d: True)
+    cached(lambda d: True)
     assert compiled_is_cached(fifo, lower) is True
-    monkeypatch.setattr(variants, "dispatcher_is_cached", lambda d: d is not core.run)
+    cached(lambda d: d is not core.run)
     assert compiled_is_cached(fifo, lower) is False  # the core is cold
     cold_hook = fifo.victim
-    monkeypatch.setattr(variants, "dispatcher_is_cached", lambda d: d is not cold_hook)
+    cached(lambda d: d is not cold_hook)
     assert compiled_is_cached(fifo, lower) is False  # one hook of the HBM policy is cold
     assert compiled_is_cached(lru, lower) is True  # lru's hooks are all warm
 
