@@ -76,7 +76,7 @@ SOURCES = ("kvsim.core.schema", "kvsim.policy.api", "kvsim.policy.structs", "kvs
            "kvsim.replay.kernel.tiers", "kvsim.replay.kernel.bookkeeping", "kvsim.replay.kernel.tier_ops", "kvsim.replay.kernel.spill",
            "kvsim.replay.kernel.placement", "kvsim.replay.kernel.core", "kvsim.replay.kernel.core_ref",
            "kvsim.engine.scheduler_state", "kvsim.engine.scheduler_blocks", "kvsim.engine.scheduler",
-           "kvsim.modes.closed.closed_step", "kvsim.cachesim.simulator")
+           "kvsim.modes.closed.closed_step", "kvsim.cachesim.simulator", "kvsim.ingest.hashing")
 #: The single-tier loops (``kvsim.cachesim.simulator``'s dedicated loops) are their own group:
 #: they inline ``prefetch``'s intrinsic and share ``cachesim_fast``'s constants, so an edit
 #: of one of these files must recompile all of them (numba's stamp is per file), but
@@ -251,7 +251,11 @@ def python_entry(dispatcher, caller: str = "?"):
     exec(compile(src, __file__, "exec"), namespace)
     entry = njit(cache=True)(namespace[name])
     target_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
-    _stamp(entry, f"entry of {getattr(target_file, '_source_stamp', None)!r}")
+    if target_file is not None:
+        target_stamp = repr(target_file._source_stamp)
+    else:  # linked-only (no cache file of its own): the code is the sealed sources'
+        target_stamp = f"linked-only;{_mark(SOURCES)};{WRAPPERS}"
+    _stamp(entry, f"entry of {target_stamp}")
     dispatcher._kvsim_entry = entry
     log = os.environ.get("KVSIM_ENTRY_LOG")
     if log:

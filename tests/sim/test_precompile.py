@@ -245,3 +245,18 @@ def test_every_compiled_replay_module_is_sealed():
     assert "kvsim.replay.kernel.placement" in seen
     assert seen <= set(numba_cache.COMPILED)
     assert set(numba_cache.COMPILED) <= set(numba_cache.SOURCES)
+
+
+def test_python_entry_of_a_linked_only_function_carries_the_sources_digest():
+    """A Python call of a linked-only function (no cache file of its own) runs a cached
+    trampoline with the target's code linked in: its stamp must change with the sealed
+    sources, or an edit of them leaves it loading the old code (it was "entry of None")."""
+    from kvsim.jit import disk_cache as D
+    import kvsim.engine.scheduler as S
+
+    D.seal_all()
+    if not D.LINKED_ONLY:
+        pytest.skip("KVSIM_LINKED_ONLY=0: no linked-only functions")
+    e = D.python_entry(S.run_steps, "test")
+    assert D.digest() in e._cache._cache_file._source_stamp[2]
+    assert "kvsim.ingest.hashing" in D.SOURCES  # chain_hash is compiled into the scheduler
