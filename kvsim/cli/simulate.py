@@ -14,7 +14,8 @@ from rich.table import Table
 from kvsim.cli import app, compat
 from kvsim.cli.closed_opts import (BlockSizeOpt, FormatOpt, MaxSeqsOpt, MaxTokensOpt,
                                    ReplicasOpt, RequestTraceOpt, RouterOpt, ScheduleOpt,
-                                   engine_options, load_table, resolve_schedule)
+                                   TraceBlockSizeOpt, engine_options, load_table,
+                                   resolve_schedule)
 from kvsim.cli.common import (JsonOption, check_outputs, emit_json, err_console,
                               progress, quiet_progress)
 from kvsim.core.errors import KvsimInputError
@@ -303,6 +304,7 @@ def simulate_command(
     sort: SortOpt = None,
     request_trace: RequestTraceOpt = None,
     fmt: FormatOpt = None,
+    trace_block_size: TraceBlockSizeOpt = None,
     schedule: ScheduleOpt = None,
     replicas: ReplicasOpt = 1,
     router: RouterOpt = "round_robin",
@@ -321,6 +323,9 @@ def simulate_command(
     if (trace is not None) + (profile is not None) + (request_trace is not None) != 1:
         raise KvsimInputError("expected exactly one of --trace EVENTS, --profile NAME or "
                               "--request-trace FILE", None, None, "--trace")
+    if trace_block_size is not None and request_trace is None:
+        raise KvsimInputError("expected --trace-block-size only with --request-trace (the "
+                              "block size of its block ids)", None, None, "--trace-block-size")
     block_size, max_num_seqs, max_num_batched_tokens = engine_options(
         trace, block_size, max_num_seqs, max_num_batched_tokens)
     check_outputs(("--decision-log", decision_log, "parquet"),
@@ -340,7 +345,7 @@ def simulate_command(
         if trace is None:  # a Request table: served closed loop, or lowered first
             table, opts = _request_table(profile, requests, seed, request_trace, fmt, model,
                                          block_size, max_num_seqs, max_num_batched_tokens,
-                                         config, sched)
+                                         config, sched, trace_block_size)
             if sched == "closed":
                 from kvsim.modes.closed.cluster import serve
 
@@ -441,12 +446,13 @@ def _single_replica(replicas: int) -> None:
 
 
 def _request_table(profile, requests, seed, request_trace, fmt, model, block_size,
-                   max_num_seqs, max_num_batched_tokens, config, sched):
+                   max_num_seqs, max_num_batched_tokens, config, sched,
+                   trace_block_size=None):
     """The Request table a profile or request trace gives, and the engine options it is
     served with; says on stderr what is served how (a log line, not progress)."""
     from kvsim.modes.closed.closed_loop import EngineOptions
 
-    table = load_table(profile, requests, seed, request_trace, fmt)
+    table = load_table(profile, requests, seed, request_trace, fmt, trace_block_size)
     opts = EngineOptions(block_size_tokens=block_size, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens,
                          model=model or "llama-3-8b")
@@ -512,6 +518,7 @@ def compare_command(
         "`kvsim report` draws it again from --parquet).", show_default=False)] = None,
     request_trace: RequestTraceOpt = None,
     fmt: FormatOpt = None,
+    trace_block_size: TraceBlockSizeOpt = None,
     schedule: ScheduleOpt = None,
     replicas: ReplicasOpt = 1,
     router: RouterOpt = "round_robin",
@@ -531,6 +538,9 @@ def compare_command(
     if (trace is not None) + (profile is not None) + (request_trace is not None) != 1:
         raise KvsimInputError("expected exactly one of --trace EVENTS, --profile NAME or "
                               "--request-trace FILE", None, None, "--trace")
+    if trace_block_size is not None and request_trace is None:
+        raise KvsimInputError("expected --trace-block-size only with --request-trace (the "
+                              "block size of its block ids)", None, None, "--trace-block-size")
     block_size, max_num_seqs, max_num_batched_tokens = engine_options(
         trace, block_size, max_num_seqs, max_num_batched_tokens)
     check_outputs(("--decision-log-dir", decision_log_dir, "dir"), ("--csv", csv, "csv"),
@@ -549,7 +559,7 @@ def compare_command(
         if trace is None:
             table, opts = _request_table(profile, requests, seed, request_trace, fmt, model,
                                          block_size, max_num_seqs, max_num_batched_tokens,
-                                         config, sched)
+                                         config, sched, trace_block_size)
             if sched == "recorded":
                 _single_replica(replicas)
                 source = _lower_for(table, config, opts, Path(tmpdir))
