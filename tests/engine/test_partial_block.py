@@ -67,3 +67,45 @@ def test_cache_stream_partial_tail_matches_only_the_same_partial_block():
     s = stream_from_requests(two_turns(), block_size_tokens=16)
     assert s.tails().tolist() == [10, 0]
     assert s.chain[0] == s.chain[2] and s.chain[1] != s.chain[3]
+
+
+def test_mooncake_conversation_hits_follow_vllm_rules(shared_traces, tmp_path):
+    """The Mooncake conversation trace at 512-token blocks, with a cache that never evicts:
+    engine mode's hit tokens, cache mode's ``vllm`` variant and vLLM's rules counted here
+    in plain Python (requests in arrival order; a hit is the leading FULL prompt blocks
+    already seen, at most ``(prompt - 1) // 512`` of them; partial blocks never enter,
+    decode-filled ones hold output no prompt has) are the same number.  And no partial
+    block's hash equals a full block's in the lowered file."""
+    from kvsim.core.schema import EventKind
+    from kvsim.events import read_events
+    from kvsim.ingest import read_requests
+
+    path = shared_traces / "mooncake" / "conversation_trace.jsonl"
+    if not path.is_file():
+        pytest.skip(f"{path} not found")
+    B = 512
+    table = read_requests(path)
+    s = stream_from_requests(table, block_size_tokens=B)
+    tails = s.tails()
+    seen: set[int] = set()
+    rule = 0
+    for k in range(s.num_requests):
+        ch = s.chain[s.offsets[k]:s.offsets[k + 1]]
+        full = ch[:len(ch) - 1] if tails[k] > 0 else ch
+        n, lim = 0, min((int(s.prompt_tokens[k]) - 1) // B, len(full))
+        while n < lim and int(full[n]) in seen:
+            n += 1
+        rule += n * B
+        seen.update(int(x) for x in full)
+    trace = tmp_path / "mc.parquet"
+    lower_requests(table, trace, block_size_tokens=B)
+    _, df = read_events(trace)
+    a = df[(df.kind == EventKind.ALLOCATE) & (df.content_hash != 0)]
+    partial = a.content_hash[a.num_tokens < B].to_numpy()
+    assert len(partial) > 0
+    assert not np.isin(partial, a.content_hash[a.num_tokens == B].to_numpy()).any()
+    big = dict(hbm_blocks=400_000, dram_gb=0, cxl_gb=0, nvme_gb=0)
+    engine = simulate(trace, "lru", SimConfig(**big)).summary["hit_tokens"]
+    cache = simulate(trace, "lru", SimConfig(mode="cache", cache_variant="vllm",
+                                             **big)).summary["hit_tokens"]
+    assert engine == cache == rule == 54_063_104
