@@ -16,7 +16,8 @@ payload)`` (``ZmqEventPublisher`` in ``vllm/distributed/kv_events.py``).  With a
 (msgpack objects delimit themselves); with ``.jsonl`` each payload is decoded and written
 as one JSON line (bytes hashes as hex strings).  A gap in the sequence numbers (a dropped
 message: ZeroMQ PUB/SUB drops when a subscriber is slow) is reported on stderr; such a
-recording cannot validate exactly.  Stop with Ctrl-C; the file is flushed after each
+recording cannot validate exactly.  ``kvsim validate`` also needs the run's request log
+(``--requests``, docs/cli.md): the events hold only full blocks' tokens.  Stop with Ctrl-C; the file is flushed after each
 message.  Needs ``pip install 'kvsim[vllm-events]'`` (pyzmq, msgpack).
 
 This script could not be run against a real vLLM where it was written (no GPU engine

@@ -108,8 +108,9 @@ def test_golden_full_agreement_exact_blocks(tmp_path):
 
 
 def test_golden_reconstructed_requests_agree(tmp_path):
+    """``reconstruct=True`` (API only): exact here, one request at a time, no output."""
     ev, _ = write(tmp_path, golden_batches())
-    r = validate(ev, num_gpu_blocks=11)
+    r = validate(ev, num_gpu_blocks=11, reconstruct=True)
     assert r.requests_source == "reconstructed" and r.num_requests == 2
     assert r.agreement == 1.0 and r.first_divergence is None
     # one request at a time: req3 finds [4, 5, ..., 10, 3, 2, 1] (no overlap of req0/req1)
@@ -261,3 +262,17 @@ def test_round_trip_random_workload(tmp_path):
     r = validate(ev_path, rl, num_gpu_blocks=12)
     assert r.agreement == 1.0 and r.first_divergence is None
     assert r.resident_steps_equal == r.resident_steps == len(batches)
+
+
+def test_without_request_log_refuses(tmp_path):
+    """The recording holds only full blocks' tokens: requests rebuilt from it lack their
+    partial last block (req0's 7 tokens here) and miss the evictions it causes, so
+    validate needs the request log: one line, exit 2, naming --requests."""
+    from kvsim.core.errors import KvsimInputError
+
+    ev, _ = write(tmp_path, golden_batches())
+    res = runner.invoke(app, ["validate", "--events", str(ev), "--num-gpu-blocks", "11"])
+    line = assert_one_line_error(res, "--requests", "partial last block")
+    assert "Traceback" not in line
+    with pytest.raises(KvsimInputError, match="--requests"):
+        validate(ev, num_gpu_blocks=11)

@@ -26,7 +26,8 @@ Request log (JSONL, one request a line, in the order the engine saw them)::
 ``finish_step`` (optional, any non-decreasing step counter; default the line index for
 both: one request at a time) order the replay: for each step, the requests starting then
 are allocated (file order), then those finishing then are filled and freed (file order),
-as vLLM's scheduler allocates in ``schedule()`` and frees after the step.  Without a log,
+as vLLM's scheduler allocates in ``schedule()`` and frees after the step.  Without a log
+:func:`validate` refuses (:data:`NEEDS_REQUEST_LOG`); with ``reconstruct=True`` (API only)
 every ``BlockStored`` event becomes a request (its block chain's tokens) that starts and
 finishes in its batch: the engine held those blocks longer, so eviction orders may differ
 where requests overlapped, and ``validate`` shows where.
@@ -328,15 +329,32 @@ def _resident_after(stream: list[StreamEvent], ends: list[int]) -> list[Counter]
     return out
 
 
+#: Why ``validate`` needs the request log (the one-line error without one).
+NEEDS_REQUEST_LOG = (
+    "expected --requests REQUEST_LOG with --events: a KV-event recording holds only the "
+    "token ids of full blocks, so requests rebuilt from it lack their partial last block, "
+    "their output and their overlap, and miss the evictions those cause (docs/cli.md, "
+    "\"kvsim validate\")")
+
+
 def validate(events: str | Path, requests: str | Path | None = None, *,
-             num_gpu_blocks: int | None = None, data_parallel_rank: int | None = None
-             ) -> ValidationResult:
+             num_gpu_blocks: int | None = None, data_parallel_rank: int | None = None,
+             reconstruct: bool = False) -> ValidationResult:
     """Compare the recording ``events`` with kvsim's pool replaying the same requests.
 
-    ``requests``: a request log (module docstring); None = reconstruct the requests from
-    the stored blocks' token ids.  ``num_gpu_blocks``: the engine's pool size, null block
-    included (vLLM's ``num_gpu_blocks``); None = large enough that kvsim never evicts."""
-    rec = read_kv_events(events, data_parallel_rank)
+    ``requests``: the request log of the same run (module docstring); required, because
+    the recording cannot give the requests back exactly (:data:`NEEDS_REQUEST_LOG`).
+    ``reconstruct=True`` (API only, no log): rebuild them from the stored blocks' token
+    ids anyway, one at a time: exact only for requests that ended on a block boundary,
+    produced no output block and did not overlap (an approximation, not a check).
+    ``num_gpu_blocks``: the engine's pool size, null block included (vLLM's
+    ``num_gpu_blocks``); None = large enough that kvsim never evicts."""
+    if requests is not None and reconstruct:
+        raise KvsimInputError("expected a request log or reconstruct=True, not both", None,
+                              None, "reconstruct")
+    rec = read_kv_events(events, data_parallel_rank)  # a bad recording is named first
+    if requests is None and not reconstruct:
+        raise KvsimInputError(NEEDS_REQUEST_LOG, None, None, "--requests")
     bs = rec.block_size_tokens
     if requests is not None:
         reqs = read_request_log(requests)

@@ -26,6 +26,10 @@ RequestTraceOpt = Annotated[Optional[Path], typer.Option(
          "Azure CSV, agentic, generic) served closed loop.", show_default=False)]
 FormatOpt = Annotated[Optional[str], typer.Option(
     "--format", help="Reader of --request-trace (default: detected).", show_default=False)]
+TraceBlockSizeOpt = Annotated[Optional[int], typer.Option(
+    "--trace-block-size", min=1, show_default=False,
+    help="Tokens per block of a generic --request-trace's block_ids column (default 16; "
+         "as `kvsim import-request-trace --trace-block-size`).")]
 ReplicasOpt = Annotated[str, typer.Option(
     "--replicas", metavar="N|auto",
     help="Identical engines serving the trace, each with its own HBM and lower tiers "
@@ -129,8 +133,10 @@ def resolve_schedule(schedule: str | None, has_table: bool, mode: str = "engine"
 
 
 def load_table(profile: str | None, num_requests: int, seed: int,
-               request_trace: Path | None, fmt: str | None):
-    """The Request table of ``--profile`` (generated) or ``--request-trace`` (read)."""
+               request_trace: Path | None, fmt: str | None,
+               trace_block_size: int | None = None):
+    """The Request table of ``--profile`` (generated) or ``--request-trace`` (read;
+    ``trace_block_size``: tokens per block of a generic trace's ``block_ids``)."""
     if profile is not None:
         from kvsim.workload.generator import build_workload
         from kvsim.spec.workload_profile import load_profile
@@ -138,7 +144,8 @@ def load_table(profile: str | None, num_requests: int, seed: int,
         return build_workload(load_profile(profile), num_requests, seed)
     from kvsim.ingest import read_requests
 
-    return read_requests(request_trace, fmt, seed=seed)
+    return read_requests(request_trace, fmt, seed=seed,
+                         trace_block_tokens=16 if trace_block_size is None else trace_block_size)
 
 
 def parse_replicas(value: str | int) -> int | str:

@@ -276,3 +276,49 @@ def print_view(*renderables, wide: bool = False) -> None:
     Console(file=buf, width=width, force_terminal=tty, highlight=False,
             color_system="auto" if tty else None).print(*renderables, sep="\n")
     sys.stdout.write("".join(line.rstrip() + "\n" for line in buf.getvalue().splitlines()))
+
+
+def live_verdict(df: pd.DataFrame) -> str:
+    """``--live-offload``: the online policy with the fewest decode-critical stalls (then
+    stall time), against lru and the offline bound (optimal)."""
+    on = df[~df["offline"].astype(bool)]
+    if on.empty:
+        return ""
+    best = on.sort_values(["decode_critical_stalls", "stall_us", "policy"]).iloc[0]
+    text = (f"best online: {best['policy']}: decode-crit stalls "
+            f"{int(best['decode_critical_stalls']):,}, stall {best['stall_us'] / 1e3:,.2f} ms, "
+            f"TPOT p99 {best['tpot_p99_us'] / 1e3:,.3f} ms")
+    lru = df[df["policy"] == "lru"]
+    if len(lru):
+        row = lru.iloc[0]
+        text += (f" (lru {int(row['decode_critical_stalls']):,}, "
+                 f"{row['stall_us'] / 1e3:,.2f} ms, {row['tpot_p99_us'] / 1e3:,.3f} ms)")
+    return text
+
+
+def print_replicas(rows: list[dict]) -> None:
+    """One row per replica, the columns a reader compares (every key of
+    kvsim.modes.closed.serving_metrics.REPLICA_KEYS is in --json), fitted to the terminal."""
+    from rich import box
+
+    def ms(v):
+        return "-" if v != v else f"{v / 1e3:,.1f}"
+
+    def pct(v):
+        return "-" if v != v else f"{100 * v:.2f}%"
+
+    cols = (("replica", "replica", str), ("requests", "requests", "{:,}".format),
+            ("ttft_p50_us", "TTFT p50\nms", ms), ("ttft_p99_us", "TTFT p99\nms", ms),
+            ("tpot_p99_us", "TPOT p99\nms", ms), ("hbm_hit_rate", "HBM hit", pct),
+            ("prefix_hit_rate", "prefix\nhit", pct),
+            ("prefill_tokens_saved", "prefill tok\nsaved", "{:,}".format),
+            ("preemptions", "preempt", "{:,}".format),
+            ("evictions_hbm", "HBM\nevictions", "{:,}".format))
+    cols = [c for c in cols if c[0] in rows[0]]
+    table = Table(title="replicas", title_justify="left", box=box.SIMPLE_HEAD,
+                  header_style="bold")
+    for _, header, _ in cols:
+        table.add_column(header, justify="right")
+    for r in rows:
+        table.add_row(*[fmt(r[key]) for key, _, fmt in cols])
+    print_view(table)

@@ -9,16 +9,16 @@ from typing import Annotated
 
 import pandas as pd
 import typer
-from rich.table import Table
 
 from kvsim.cli import app, compat
 from kvsim.cli.closed_opts import (BlockSizeOpt, DropOverContextOpt, FormatOpt, MaxSeqsOpt,
                                    MaxTokensOpt, ReplicasOpt, RequestTraceOpt, RouterOpt,
-                                   ScheduleOpt, TimingOpt, check_event_file_options,
+                                   ScheduleOpt, TimingOpt, TraceBlockSizeOpt, check_event_file_options,
                                    check_is_event_file, check_timing, engine_options,
                                    load_table, parse_replicas, resolve_schedule, timing_name)
 from kvsim.cli.common import (JsonOption, check_outputs, emit_json, err_console,
                               progress, quiet_progress)
+from kvsim.cli.render import live_verdict, print_replicas
 from kvsim.cli.simulate_opts import (CacheVariantOpt, ColumnsOpt, CsvOpt, CxlMbOpt, CxlOpt,
                                      DramMbOpt, DramOpt, EngineOpt, HardwareOpt, HbmBlocksOpt,
                                      HbmGbOpt, HbmMbOpt, LifecycleOpt, LiveOffloadOpt, ModeOpt,
@@ -138,7 +138,7 @@ def render_results(df: pd.DataFrame, title: str, columns: str | None, wide: bool
     table = render.metric_table(df, title, cols, sort=sort)
     items = [table]
     if with_verdict and live:
-        items.append(_live_verdict(df))
+        items.append(live_verdict(df))
     elif with_verdict:
         items.append(render.verdict(df))
     render.print_view(*items, wide=wide)
@@ -195,6 +195,7 @@ def simulate_command(
     sort: SortOpt = None,
     request_trace: RequestTraceOpt = None,
     fmt: FormatOpt = None,
+    trace_block_size: TraceBlockSizeOpt = None,
     schedule: ScheduleOpt = None,
     replicas: ReplicasOpt = "1",
     router: RouterOpt = None,
@@ -215,6 +216,9 @@ def simulate_command(
     if (trace is not None) + (profile is not None) + (request_trace is not None) != 1:
         raise KvsimInputError("expected exactly one of --trace EVENTS, --profile NAME or "
                               "--request-trace FILE", None, None, "--trace")
+    if trace_block_size is not None and request_trace is None:
+        raise KvsimInputError("expected --trace-block-size only with --request-trace (the "
+                              "block size of its block ids)", None, None, "--trace-block-size")
     block_size, max_num_seqs, max_num_batched_tokens = engine_options(
         trace, block_size, max_num_seqs, max_num_batched_tokens)
     check_timing(trace, timing)
@@ -241,7 +245,8 @@ def simulate_command(
         if trace is None:  # a Request table: served closed loop, or lowered first
             table, opts = _request_table(profile, requests, seed, request_trace, fmt, model,
                                          block_size, max_num_seqs, max_num_batched_tokens,
-                                         config, sched, timing)
+                                         config, sched, timing,
+                                         trace_block_size)
             table, replicas, span_us = _size(table, opts, config, replicas, sched,
                                              drop_over_context, warnings,
                                              strict=request_trace is not None)
@@ -279,54 +284,6 @@ def simulate_command(
                    with_verdict=False)
     if replica_rows is not None and len(replica_rows) > 1:
         print_replicas(replica_rows)
-
-
-def _live_verdict(df: pd.DataFrame) -> str:
-    """``--live-offload``: the online policy with the fewest decode-critical stalls (then
-    stall time), against lru and the offline bound (optimal)."""
-    on = df[~df["offline"].astype(bool)]
-    if on.empty:
-        return ""
-    best = on.sort_values(["decode_critical_stalls", "stall_us", "policy"]).iloc[0]
-    text = (f"best online: {best['policy']}: decode-crit stalls "
-            f"{int(best['decode_critical_stalls']):,}, stall {best['stall_us'] / 1e3:,.2f} ms, "
-            f"TPOT p99 {best['tpot_p99_us'] / 1e3:,.3f} ms")
-    lru = df[df["policy"] == "lru"]
-    if len(lru):
-        row = lru.iloc[0]
-        text += (f" (lru {int(row['decode_critical_stalls']):,}, "
-                 f"{row['stall_us'] / 1e3:,.2f} ms, {row['tpot_p99_us'] / 1e3:,.3f} ms)")
-    return text
-
-
-def print_replicas(rows: list[dict]) -> None:
-    """One row per replica, the columns a reader compares (every key of
-    kvsim.modes.closed.serving_metrics.REPLICA_KEYS is in --json), fitted to the terminal."""
-    from rich import box
-
-    from kvsim.cli.render import print_view
-
-    def ms(v):
-        return "-" if v != v else f"{v / 1e3:,.1f}"
-
-    def pct(v):
-        return "-" if v != v else f"{100 * v:.2f}%"
-
-    cols = (("replica", "replica", str), ("requests", "requests", "{:,}".format),
-            ("ttft_p50_us", "TTFT p50\nms", ms), ("ttft_p99_us", "TTFT p99\nms", ms),
-            ("tpot_p99_us", "TPOT p99\nms", ms), ("hbm_hit_rate", "HBM hit", pct),
-            ("prefix_hit_rate", "prefix\nhit", pct),
-            ("prefill_tokens_saved", "prefill tok\nsaved", "{:,}".format),
-            ("preemptions", "preempt", "{:,}".format),
-            ("evictions_hbm", "HBM\nevictions", "{:,}".format))
-    cols = [c for c in cols if c[0] in rows[0]]
-    table = Table(title="replicas", title_justify="left", box=box.SIMPLE_HEAD,
-                  header_style="bold")
-    for _, header, _ in cols:
-        table.add_column(header, justify="right")
-    for r in rows:
-        table.add_row(*[fmt(r[key]) for key, _, fmt in cols])
-    print_view(table)
 
 
 def _lower_for(table, config, opts, tmpdir: Path) -> Path:
@@ -418,12 +375,13 @@ def _single_replica(replicas: int) -> None:
 
 
 def _request_table(profile, requests, seed, request_trace, fmt, model, block_size,
-                   max_num_seqs, max_num_batched_tokens, config, sched, timing=None):
+                   max_num_seqs, max_num_batched_tokens, config, sched, timing=None,
+                   trace_block_size=None):
     """The Request table a profile or request trace gives, and the engine options it is
     served with; says on stderr what is served how (a log line, not progress)."""
     from kvsim.modes.closed.closed_loop import EngineOptions
 
-    table = load_table(profile, requests, seed, request_trace, fmt)
+    table = load_table(profile, requests, seed, request_trace, fmt, trace_block_size)
     opts = EngineOptions(block_size_tokens=block_size, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens,
                          model=model or "llama-3-8b", timing=timing or "auto")
@@ -494,6 +452,7 @@ def compare_command(
         "`kvsim report` draws it again from --parquet).", show_default=False)] = None,
     request_trace: RequestTraceOpt = None,
     fmt: FormatOpt = None,
+    trace_block_size: TraceBlockSizeOpt = None,
     schedule: ScheduleOpt = None,
     replicas: ReplicasOpt = "1",
     router: RouterOpt = None,
@@ -515,6 +474,9 @@ def compare_command(
     if (trace is not None) + (profile is not None) + (request_trace is not None) != 1:
         raise KvsimInputError("expected exactly one of --trace EVENTS, --profile NAME or "
                               "--request-trace FILE", None, None, "--trace")
+    if trace_block_size is not None and request_trace is None:
+        raise KvsimInputError("expected --trace-block-size only with --request-trace (the "
+                              "block size of its block ids)", None, None, "--trace-block-size")
     block_size, max_num_seqs, max_num_batched_tokens = engine_options(
         trace, block_size, max_num_seqs, max_num_batched_tokens)
     check_timing(trace, timing)
@@ -539,7 +501,8 @@ def compare_command(
         if trace is None:
             table, opts = _request_table(profile, requests, seed, request_trace, fmt, model,
                                          block_size, max_num_seqs, max_num_batched_tokens,
-                                         config, sched, timing)
+                                         config, sched, timing,
+                                         trace_block_size)
             table, replicas, span_us = _size(table, opts, config, replicas, sched,
                                              drop_over_context, warnings,
                                              strict=request_trace is not None)

@@ -34,8 +34,9 @@ def validate_command(
         show_default=False)] = None,
     requests: Annotated[Optional[Path], typer.Option(
         "--requests", help="Request log of the same run (JSONL: prompt_token_ids, optional "
-        "output_token_ids, start_step, finish_step; docs/cli.md).  Default: reconstruct the "
-        "requests from the stored blocks' token ids.", show_default=False)] = None,
+        "output_token_ids, start_step, finish_step; docs/cli.md).  Required with --events: "
+        "the recording holds only full blocks' token ids, so requests rebuilt from it would "
+        "lack their partial last block and output.", show_default=False)] = None,
     num_gpu_blocks: Annotated[Optional[int], typer.Option(
         "--num-gpu-blocks", min=2, help="The engine's pool size, null block included (vLLM's "
         "num_gpu_blocks).  Default: large enough that kvsim never evicts.",

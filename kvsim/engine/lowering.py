@@ -11,9 +11,10 @@ content ids of every native block it overlaps and its start offset inside the fi
 (:func:`kvsim.ingest.hashing.chain_hash`).  So a 512-token Mooncake block ``j`` becomes
 ``512/B`` blocks hashed from (parent, id ``j``, sub-offset); with ``B = 512`` each hash id
 maps to exactly one ``ALLOCATE`` row.  A block is hashed only while every token it holds is
-identified (``hashed_tokens``): Mooncake's partial last block keeps the hash its id gives
-(schema rule 4: the replay never shares it, ``kvsim inspect`` counts it); an agentic
-prompt's tail beyond its last full 64-token block has no hash.
+identified (``hashed_tokens``): Mooncake's partial last block gets its id's hash tagged
+with its token count (:func:`kvsim.ingest.hashing.partial_hash`: it matches no full block
+with that id; schema rule 4: the replay never shares it, ``kvsim inspect`` counts it); an
+agentic prompt's tail beyond its last full 64-token block has no hash.
 
 KV block budget: ``num_gpu_blocks`` (default: the replay's default HBM pool for the same
 model and hardware, :func:`kvsim.engine.engine_model.default_num_gpu_blocks`).  A request whose

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from kvsim.jit.decorators import njit
 
-from kvsim.ingest.hashing import chain_hash, mix64
+from kvsim.ingest.hashing import chain_hash, mix64, partial_hash
 from kvsim.replay.kernel.tiers import hash_slot
 
 # Every function here is called from compiled code (no C wrapper built); those only
@@ -71,14 +71,16 @@ def _prompt_hashes(c, nb, B, T, prompt, hashed, off, ids, root, hb):
         e = min((b + 1) * B, prompt[c])
         # hash by the block's full content when the trace knows it (synthetic sessions
         # know their outputs), else by the prompt part (Mooncake's identified partial
-        # block); unidentified blocks break the chain
+        # block: with its token count, kvsim.ingest.hashing.partial_hash, so it never
+        # matches a full block with the same id); unidentified blocks break the chain
         he = (b + 1) * B if (b + 1) * B <= hashed[c] else e
         if h != 0 and he <= hashed[c]:
             h = chain_hash(h, ids[off[c]:off[c + 1]], (b * B) // T, (he - 1) // T,
                            (b * B) % T)
+            hb[b] = h if he == (b + 1) * B else partial_hash(h, he - b * B)
         else:
             h = 0
-        hb[b] = h
+            hb[b] = 0
 
 
 @njit(cache=True)

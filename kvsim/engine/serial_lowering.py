@@ -11,7 +11,8 @@ that is what happens:
   (the chain of content hashes up to the first block with no identity), then ``FREE``.
   An identified *partial* last block (Mooncake's hash ids name it) is cached as
   kvcache-simulator and the Mooncake paper cache it: it is written as a full-size row
-  (so the pool shares it) and a hit on it counts its real tokens
+  (so the pool shares it with the same partial block of another request: same id, same
+  tokens, :func:`kvsim.ingest.hashing.partial_hash`) and a hit on it counts its real tokens
   (:attr:`CacheStream.tail_tokens`).  Engine mode (vLLM) never shares a partial block;
 * ``prefix`` variant: one request = one lookup of the whole chain, which the pool stops at
   the first missing block (vLLM, kvcache-simulator);

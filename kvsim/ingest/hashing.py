@@ -61,6 +61,31 @@ def chain_hash(parent, ids, first, last, offset):
     return finish63(z)
 
 
+#: salt of :func:`partial_tag` (any fixed value; ASCII "partial!")
+_PARTIAL_SALT = np.uint64(0x7061727469616C21)
+
+
+@njit(cache=True, inline="always")
+def partial_tag(num_tokens):
+    """The 63-bit tag a partial block of ``num_tokens`` identified tokens XORs into its
+    hash (:func:`partial_hash`)."""
+    return finish63(mix64(np.uint64(num_tokens) ^ _PARTIAL_SALT))
+
+
+@njit(cache=True)
+def partial_hash(h, num_tokens):
+    """The hash of a *partial* block (``num_tokens`` below the block size) whose tokens the
+    trace identifies only by the id of the full block they start (Mooncake's last hash id):
+    ``h`` (the id's chain hash) XOR a tag of the token count.  So it matches no full block
+    (vLLM hashes only full blocks; once decode fills the block its content is the prompt
+    tail plus output tokens, which no full prompt block holds), only the same partial
+    block of another request (same id, same token count)."""
+    v = np.int64(h) ^ partial_tag(num_tokens)
+    if v == 0:
+        v = np.int64(1)
+    return v
+
+
 @njit(cache=True)
 def root_hash(namespace):
     """The chain root (vLLM's NONE_HASH) of one hash space."""

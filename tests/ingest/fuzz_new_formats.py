@@ -116,7 +116,8 @@ def fuzz_new_formats(n: int, seed: int = 0, timeout_s: float = 20.0):
                         if target == "validate-log":
                             validate(ev, path, num_gpu_blocks=11)
                         elif target in ("vllm-kv-events", "vllm-msgpack"):
-                            validate(path, num_gpu_blocks=rng.choice([None, 3, 11]))
+                            validate(path, num_gpu_blocks=rng.choice([None, 3, 11]),
+                                     reconstruct=True)
                             read_requests(path, "vllm-kv-events")
                         else:
                             t = read_requests(path, target)

@@ -11,6 +11,7 @@ time).  ``seen`` feeds the recompute metric (a miss on content computed before).
 
 from __future__ import annotations
 
+
 import numpy as np
 from numba import njit
 
@@ -117,3 +118,8 @@ def block_facts(table, off, ids, B: int):
     order = elig[np.argsort(h[elig], kind="stable")]  # by hash, then position
     _facts(h, full, order, next_use, seen)
     return pb_off, next_use, seen
+
+
+# this module's compiled code has the scheduler's (``_prompt_hashes``) and the hashes'
+# (kvsim.ingest.hashing) linked in: stamp it with their digest, so an edit of either makes
+# its disk-cache entries stale (kvsim.jit.disk_cache)
