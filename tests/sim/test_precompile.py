@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from kvsim.policy.registry import get_policy
+from kvsim.jit import disk_cache
 from kvsim.replay import precompile, variants
 from kvsim.spec.sim_config import AUTO_COMPILE_MIN_ROWS
 
@@ -136,6 +137,7 @@ def test_closed_loop_cache_check_needs_the_step_driver(monkeypatch):
 
     lru = get_policy("lru")
     monkeypatch.setattr(variants, "dispatcher_is_cached", lambda d: d is not closed_step.advance)
+    monkeypatch.setattr(disk_cache, "dispatcher_is_cached", lambda d: d is not closed_step.advance)
     assert variants.compiled_is_cached(lru, [lru] * 3) is True  # open loop: warm
     assert variants.compiled_is_cached(lru, [lru] * 3, closed=True) is False
     assert variants.core_is_cold(closed=False) is False
@@ -143,8 +145,10 @@ def test_closed_loop_cache_check_needs_the_step_driver(monkeypatch):
     assert closed_engine(SimConfig(engine="auto"), "lru", 10) == "interpreted"
     assert closed_engine(SimConfig(engine="auto"), "lru", AUTO_COMPILE_MIN_ROWS) == "compiled"
     monkeypatch.setattr(variants, "dispatcher_is_cached", lambda d: True)
+    monkeypatch.setattr(disk_cache, "dispatcher_is_cached", lambda d: True)
     assert closed_engine(SimConfig(engine="auto"), "lru", 10) == "compiled"
     monkeypatch.setattr(variants, "dispatcher_is_cached", lambda d: d is not core.run)
+    monkeypatch.setattr(disk_cache, "dispatcher_is_cached", lambda d: d is not core.run)
     assert variants.core_is_cold(closed=True) is True
     assert closed_engine(SimConfig(engine="auto"), "lru", 10) == "interpreted"
     assert closed_engine(SimConfig(engine="compiled"), "lru", 10) == "compiled"
