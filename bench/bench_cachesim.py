@@ -41,9 +41,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kvsim.cachesim.simulator import PreparedKeys, prepare_keys, simulate_cache
 from kvsim.core.fsutil import atomic_output
 from kvsim.policy.registry import policy_from_module
-from kvsim.cachesim.simulator import PreparedKeys, prepare_keys, simulate_cache
 
 MOONCAKE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake" / \
     "conversation_trace.jsonl"

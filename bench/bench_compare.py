@@ -51,11 +51,10 @@ def main() -> int:
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
     args = ap.parse_args()
 
-    from kvsim.spec.sim_config import SimConfig
-    from kvsim.modes.comparison import compare
     from kvsim.api import simulate
+    from kvsim.modes.comparison import compare, default_policies
     from kvsim.replay.driver import scan_trace
-    from kvsim.modes.comparison import default_policies
+    from kvsim.spec.sim_config import SimConfig
 
     tmp = tempfile.TemporaryDirectory(prefix="kvsim-bench-")
     trace = args.trace

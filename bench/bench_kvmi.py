@@ -55,9 +55,9 @@ def _peer_run(events, n: int) -> tuple[float, dict]:
 
 
 def _kvsim_run(jsonl: Path, work: Path, n: int) -> tuple[float, float, dict]:
+    from kvsim.api import simulate
     from kvsim.engine.lowering import import_request_trace
     from kvsim.spec.sim_config import SimConfig
-    from kvsim.api import simulate
 
     events = work / f"kvmi_{n}.parquet"
     t0 = time.perf_counter()

@@ -48,8 +48,8 @@ def step_needs(trace: Path) -> dict:
     the most blocks one step's ``ACCESS`` rows read (each request's table, a block shared
     by two requests of the step counted twice: an upper bound on the step's distinct
     need).  Below the step need one batch alone exceeds HBM and every policy streams it."""
-    from kvsim.events import read_events
     from kvsim.core.schema import EventKind
+    from kvsim.events import read_events
 
     _, df = read_events(trace)
     kind, rid, idx, step = (df[c].to_numpy() for c in ("kind", "request_id",
@@ -115,10 +115,9 @@ def main() -> int:
     ap.add_argument("--no-optimal", action="store_true",
                     help="leave out the bound (re-measuring changed online policies only)")
     args = ap.parse_args()
-    from kvsim.spec.sim_config import SimConfig
     from kvsim.api import simulate
-
     from kvsim.modes.comparison import default_policies
+    from kvsim.spec.sim_config import SimConfig
 
     names = args.policies.split(",") if args.policies else \
         [p for p in default_policies() if p != "belady"]  # belady = optimal in this mode

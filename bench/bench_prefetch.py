@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_cachesim import MOONCAKE, machine, mooncake_stream, zipf_stream  # noqa: E402
 
-from kvsim.core.fsutil import atomic_output  # noqa: E402
 from kvsim.cachesim import fast_loops as cachesim_fast  # noqa: E402
 from kvsim.cachesim.simulator import simulate_cache  # noqa: E402
+from kvsim.core.fsutil import atomic_output  # noqa: E402
 
 POLICIES = ["lru", "fifo", "lfu", "sieve", "s3fifo", "arc", "belady"]
 

@@ -35,9 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
-from kvsim.events import EventWriter
 from kvsim.core.fsutil import atomic_output
 from kvsim.core.schema import COLUMN_NAMES, DEFAULTS, EventHeader, EventKind, Phase
+from kvsim.events import EventWriter
 
 BLOCK_TOKENS = 16
 PROMPT_BLOCKS = 64

@@ -88,9 +88,10 @@ def in_process(trace: str, policy: str, repeat: int, tiers: dict | None = None) 
     the best run.  The reads run in the reader thread (kvsim.events.read_ahead) beside the
     pre-pass and the core: each phase is timed with ``time.thread_time`` in the thread that
     runs it, the total with ``time.process_time`` (every thread)."""
-    from kvsim.spec.sim_config import SimConfig
-    from kvsim.replay import prepass, driver as replay
     from kvsim.api import simulate
+    from kvsim.replay import driver as replay
+    from kvsim.replay import prepass
+    from kvsim.spec.sim_config import SimConfig
 
     cfg = SimConfig(engine="compiled", **(tiers or {}))
     simulate(trace, policy, cfg)  # warm-up: loads the compiled core

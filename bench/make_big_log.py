@@ -22,8 +22,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvsim.core.fsutil import atomic_output
-from kvsim.results.log_schema import (CANDIDATE_TYPE, LOG_METADATA_KEY, LOG_SCHEMA_VERSION,
-                                      Action, log_schema)
+from kvsim.results.log_schema import (
+    CANDIDATE_TYPE,
+    LOG_METADATA_KEY,
+    LOG_SCHEMA_VERSION,
+    Action,
+    log_schema,
+)
 
 ROW_GROUP_ROWS = 262_144
 ROWS_PER_STEP = 64

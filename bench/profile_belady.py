@@ -27,8 +27,8 @@ from numba import njit
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cachesim import zipf_stream  # noqa: E402
 
-from kvsim.policy.api import new_block_view  # noqa: E402
 from kvsim.cachesim.simulator import next_use_of, prepare_keys, remap_keys, simulate_cache  # noqa: E402
+from kvsim.policy.api import new_block_view  # noqa: E402
 
 
 @njit(cache=True)

@@ -1,10 +1,13 @@
 """Replay-only CPU rate of one policy on one event trace: simulate() timed with
 time.process_time, best of 3 after a warm-up run in the same process (docs/benchmarks.md,
 "One core").  Usage: python bench/replay_cpu_rate.py TRACE.parquet [POLICY]"""
-import sys, time
+import sys
+import time
+
 import kvsim
-from kvsim.spec.sim_config import SimConfig
 from kvsim.api import simulate
+from kvsim.spec.sim_config import SimConfig
+
 trace = sys.argv[1]
 pol = sys.argv[2] if len(sys.argv) > 2 else "lru"
 cfg = SimConfig(engine="compiled")

@@ -3,15 +3,19 @@
 
     python bench/vs_kvcache_simulator.py 1000,5859,10000,20000 lru,fifo,optimal
 """
-import sys, time
-from kvsim.ingest import read_requests
-from kvsim.engine.serial_lowering import stream_from_requests
-from kvsim.spec.sim_config import SimConfig
-from kvsim.modes.cache import simulate_cache
-from kvsim.bounds.optimal import optimum_summary
-from kvcache_sim.trace import parse_trace_file
+import sys
+import time
+
 from kvcache_sim.plan import build_execution_plan
 from kvcache_sim.policies import simulate_policy
+from kvcache_sim.trace import parse_trace_file
+
+from kvsim.bounds.optimal import optimum_summary
+from kvsim.engine.serial_lowering import stream_from_requests
+from kvsim.ingest import read_requests
+from kvsim.modes.cache import simulate_cache
+from kvsim.spec.sim_config import SimConfig
+
 P = str(__import__("pathlib").Path(__file__).resolve().parents[1].parent / "shared/traces/mooncake/conversation_trace.jsonl")
 caps=[int(x) for x in sys.argv[1].split(",")]
 pols=sys.argv[2].split(",")

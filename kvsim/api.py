@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from kvsim.engine.lowering import import_request_trace
 from kvsim.modes.comparison import compare
-from kvsim.replay.driver import SimResult, scan_trace
 from kvsim.modes.dispatch import simulate
+from kvsim.replay.driver import SimResult, scan_trace
 from kvsim.spec.sim_config import SimConfig
 
 __all__ = ["SimConfig", "SimResult", "compare", "import_request_trace", "scan_trace", "simulate"]

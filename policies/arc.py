@@ -25,9 +25,22 @@ content, so a slot reused at once for new content is not mistaken for a ghost hi
 import numpy as np
 from numba import njit
 
-from kvsim.policy.api import (NIL, dll_contains, dll_ends, dll_links, dll_move_to_tail,
-    dll_push_tail, dll_remove, ghost_find, ghost_new, ghost_pop_head, ghost_push_tail,
-    ghost_remove, njit_hook, StateSpec)
+from kvsim.policy.api import (
+    NIL,
+    StateSpec,
+    dll_contains,
+    dll_ends,
+    dll_links,
+    dll_move_to_tail,
+    dll_push_tail,
+    dll_remove,
+    ghost_find,
+    ghost_new,
+    ghost_pop_head,
+    ghost_push_tail,
+    ghost_remove,
+    njit_hook,
+)
 
 NAME = "arc"
 DESCRIPTION = "Adaptive Replacement Cache: recency vs frequency lists with ghost-tuned split."

@@ -63,7 +63,7 @@ def on_insert(state, view, b, now_us):
 @njit(cache=True)
 def on_hit(state, view, b, now_us):
     state = STATE.of(state)
-    key, heap, pos, meta = state.key, state.heap, state.pos, state.meta
+    key, heap, pos = state.key, state.heap, state.pos
     k = view.next_use[b]
     key[b] = k  # the next use only moves later: sift up
     i = pos[b]
@@ -145,7 +145,7 @@ def _top(key, heap, n, out_blocks, out_scores):
 @njit(cache=True)
 def victim(state, view, now_us, alt_blocks, alt_scores):
     state = STATE.of(state)
-    key, heap, pos, meta = state.key, state.heap, state.pos, state.meta
+    key, heap, meta = state.key, state.heap, state.meta
     if meta[0] == 0:
         return -1, 0, 0
     b = heap[0]

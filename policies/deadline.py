@@ -77,8 +77,17 @@ per entry).  O(log n) per hook.  Approximation: intent fields are read at
 import numpy as np
 from numba import njit
 
-from kvsim.policy.api import (Phase, Priority, heap_new, heap_peek, heap_push, heap_remove,
-    heap_size, heap_smallest, StateSpec)
+from kvsim.policy.api import (
+    Phase,
+    Priority,
+    StateSpec,
+    heap_new,
+    heap_peek,
+    heap_push,
+    heap_remove,
+    heap_size,
+    heap_smallest,
+)
 
 NAME = "deadline"
 DESCRIPTION = ("Deadline-aware: time to the next expected use, then class, slack, chain-aware "

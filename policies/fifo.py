@@ -12,8 +12,15 @@ newer = keep).
 import numpy as np
 from numba import njit
 
-from kvsim.policy.api import (heap_new, heap_of, heap_peek, heap_push, heap_remove, heap_smallest,
-    StateSpec)
+from kvsim.policy.api import (
+    StateSpec,
+    heap_new,
+    heap_of,
+    heap_peek,
+    heap_push,
+    heap_remove,
+    heap_smallest,
+)
 
 NAME = "fifo"
 DESCRIPTION = "First in, first out: evict the candidate that entered the tier first."

@@ -11,8 +11,15 @@ all hooks O(1).  Score: 1 for hot, 0 for cold.
 import numpy as np
 from numba import njit
 
-from kvsim.policy.api import (NIL, Priority, dll_ends, dll_links, dll_push_tail, dll_remove,
-    StateSpec)
+from kvsim.policy.api import (
+    NIL,
+    Priority,
+    StateSpec,
+    dll_ends,
+    dll_links,
+    dll_push_tail,
+    dll_remove,
+)
 
 NAME = "hotcold"
 DESCRIPTION = "Hot/cold: blocks with priority >= HOT or reuse are hot; cold evicted first, LRU."
@@ -66,7 +73,7 @@ def on_hit(state, view, b, now_us):
 @njit(cache=True)
 def victim(state, view, now_us, alt_blocks, alt_scores):
     state = STATE.of(state)
-    prev, nxt, cold, hot, cls = state.prev, state.nxt, state.cold, state.hot, state.cls
+    nxt, cold, hot, cls = state.nxt, state.cold, state.hot, state.cls
     b = cold[0] if cold[2] > 0 else hot[0]
     if b == NIL:
         return NIL, 0, 0

@@ -24,8 +24,16 @@ O(log n) per hook.  Score: the rank.
 import numpy as np
 from numba import njit
 
-from kvsim.policy.api import (heap_new, heap_of, heap_peek, heap_push, heap_remove, heap_smallest,
-    heap_update, StateSpec)
+from kvsim.policy.api import (
+    StateSpec,
+    heap_new,
+    heap_of,
+    heap_peek,
+    heap_push,
+    heap_remove,
+    heap_smallest,
+    heap_update,
+)
 
 NAME = "intent"
 DESCRIPTION = "Intent-aware: lowest priority, then least useful phase, then least recently used."

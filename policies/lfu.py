@@ -20,7 +20,7 @@ O(1) unless the lowest counts belong to held blocks only.  Score: the count.
 import numpy as np
 from numba import njit
 
-from kvsim.policy.api import NIL, OUT, dll_contains, dll_push_tail, dll_remove, StateSpec
+from kvsim.policy.api import NIL, OUT, StateSpec, dll_contains, dll_push_tail, dll_remove
 
 NAME = "lfu"
 DESCRIPTION = "Least frequently used since entering the tier; least recently used among ties."

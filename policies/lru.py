@@ -11,8 +11,16 @@ Score in the decision log: ``last_access_us`` (higher = used more recently = kee
 
 from numba import njit
 
-from kvsim.policy.api import (dll_contains, dll_ends, dll_links, dll_move_to_tail, dll_push_tail,
-    dll_remove, list_walk, StateSpec)
+from kvsim.policy.api import (
+    StateSpec,
+    dll_contains,
+    dll_ends,
+    dll_links,
+    dll_move_to_tail,
+    dll_push_tail,
+    dll_remove,
+    list_walk,
+)
 
 NAME = "lru"
 DESCRIPTION = "Least recently used: evict the candidate idle for the longest time."

@@ -27,8 +27,16 @@ last hook, so they go least recently used first among the never-blocks).  Score:
 import numpy as np
 from numba import njit
 
-from kvsim.policy.api import (heap_new, heap_of, heap_peek, heap_push, heap_remove, heap_smallest,
-    heap_update, StateSpec)
+from kvsim.policy.api import (
+    StateSpec,
+    heap_new,
+    heap_of,
+    heap_peek,
+    heap_push,
+    heap_remove,
+    heap_smallest,
+    heap_update,
+)
 
 NAME = "predictive"
 DESCRIPTION = "Predictive: evict the block whose predicted next use (deadline/step/rate) is farthest."

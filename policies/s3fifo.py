@@ -26,8 +26,20 @@ freq >= 2 still moves to MAIN: that is a promotion, not an eviction).  ``on_hold
 import numpy as np
 from numba import njit
 
-from kvsim.policy.api import (NIL, dll_ends, dll_links, dll_push_tail, dll_remove, ghost_find,
-    ghost_new, ghost_pop_head, ghost_push_tail, ghost_remove, njit_hook, StateSpec)
+from kvsim.policy.api import (
+    NIL,
+    StateSpec,
+    dll_ends,
+    dll_links,
+    dll_push_tail,
+    dll_remove,
+    ghost_find,
+    ghost_new,
+    ghost_pop_head,
+    ghost_push_tail,
+    ghost_remove,
+    njit_hook,
+)
 
 NAME = "s3fifo"
 DESCRIPTION = "S3-FIFO: small probationary FIFO, main FIFO with 2-bit clock, ghost FIFO."

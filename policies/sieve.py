@@ -17,8 +17,15 @@ Amortised O(1) per eviction, plus the held blocks the hand passes.  Score: the v
 
 import numpy as np
 
-from kvsim.policy.api import (NIL, dll_ends, dll_links, dll_push_tail, dll_remove, njit_hook,
-    StateSpec)
+from kvsim.policy.api import (
+    NIL,
+    StateSpec,
+    dll_ends,
+    dll_links,
+    dll_push_tail,
+    dll_remove,
+    njit_hook,
+)
 
 NAME = "sieve"
 DESCRIPTION = "SIEVE: FIFO with a visited bit; a hand sweeps and spares visited blocks once."
@@ -69,8 +76,8 @@ def on_release(state, view, b, now_us):
 @njit_hook
 def on_remove(state, view, b):
     state = STATE.of(state)
-    prev, nxt, ends, visited, ints, held = (state.prev, state.nxt, state.queue, state.visited,
-                                            state.ints, state.held)
+    prev, nxt, ends, visited, ints = (state.prev, state.nxt, state.queue, state.visited,
+                                      state.ints)
     if ints[HAND] == b:
         ints[HAND] = nxt[b]
     dll_remove(prev, nxt, ends, b)
@@ -80,8 +87,8 @@ def on_remove(state, view, b):
 @njit_hook
 def victim(state, view, now_us, alt_blocks, alt_scores):
     state = STATE.of(state)
-    prev, nxt, ends, visited, ints, held = (state.prev, state.nxt, state.queue, state.visited,
-                                            state.ints, state.held)
+    nxt, ends, visited, ints, held = (state.nxt, state.queue, state.visited, state.ints,
+                                      state.held)
     if ends[2] - ints[N_HELD] <= 0:
         return -1, 0, 0
     b = ints[HAND]

@@ -16,8 +16,17 @@ Score: ``last_access_us``.
 
 from numba import njit
 
-from kvsim.policy.api import (dll_contains, dll_ends, dll_links, dll_move_to_tail, dll_push_head,
-    dll_push_tail, dll_remove, list_walk, StateSpec)
+from kvsim.policy.api import (
+    StateSpec,
+    dll_contains,
+    dll_ends,
+    dll_links,
+    dll_move_to_tail,
+    dll_push_head,
+    dll_push_tail,
+    dll_remove,
+    list_walk,
+)
 
 NAME = "vllm"
 DESCRIPTION = "vLLM v1 free queue: evict in order of release (unhashed blocks first)."

@@ -1,5 +1,7 @@
 #!/bin/sh
 # The whole test suite, in two steps (README, "Setup", second command; .ci/run runs it):
+#   0. the linter (ruff, pinned in the test extras; pyproject.toml [tool.ruff] says which
+#      rules and why);
 #   1. the default run: every test not marked slow (under 5 minutes on 2 cores), on
 #      KVSIM_TEST_WORKERS pytest-xdist workers (default 2; 0 runs in this process), each
 #      test file on one worker (--dist loadfile);
@@ -20,6 +22,8 @@ run_step() {
   fi
   return "$rc"
 }
+echo "== lint: ruff check ." >&2
+ruff check . || exit $?
 run_step "default tests" "${KVSIM_TEST_BUDGET_S:-900}" -n "${KVSIM_TEST_WORKERS:-2}" \
   --dist loadfile "$@" || exit $?
 run_step "slow tests" "${KVSIM_SLOW_TEST_BUDGET_S:-4200}" -m slow "$@" || exit $?

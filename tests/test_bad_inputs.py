@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from kvsim.analysis.trace_summary import summarize_trace
 from kvsim.cli import app
 from kvsim.core.errors import KvsimInputError
-from kvsim.events import EventWriter, write_events
 from kvsim.core.schema import EventHeader
-from kvsim.analysis.trace_summary import summarize_trace
+from kvsim.events import EventWriter, write_events
 from tests.helpers import assert_one_line_error, run_kvsim
 
 CORPUS = Path(__file__).resolve().parent / "bad_inputs"

@@ -4,7 +4,8 @@ argument has help text, and `--help` exits 0."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import typer

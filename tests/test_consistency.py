@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from kvsim.analysis.trace_summary import summarize_trace
 from kvsim.events.prefix_reuse import PrefixReuse
 from kvsim.workload import generate
-
-import numpy as np
 
 
 def test_generate_and_inspect_report_the_same_prefix_reuse(tmp_path):

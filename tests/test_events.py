@@ -12,10 +12,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from kvsim.core.errors import KvsimInputError
-from kvsim.events import (DTYPES, EventWriter, event_format, open_events, read_events,
-                          write_events)
-from kvsim.core.schema import (COLUMN_NAMES, DEFAULTS, HEADER_METADATA_KEY, EventHeader,
-    EventKind, Phase, Priority, event_schema)
+from kvsim.core.schema import (
+    COLUMN_NAMES,
+    DEFAULTS,
+    HEADER_METADATA_KEY,
+    EventHeader,
+    EventKind,
+    Phase,
+    Priority,
+    event_schema,
+)
+from kvsim.events import DTYPES, EventWriter, event_format, open_events, read_events, write_events
 
 HEADER = EventHeader(block_size_tokens=16, kv_bytes_per_token=131072, model="llama-3.1-8b",
                      source={"generator": "test", "seed": 0})

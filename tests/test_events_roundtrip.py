@@ -11,8 +11,8 @@ import pandas as pd
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvsim.events import DTYPES, read_events, write_events
 from kvsim.core.schema import COLUMN_NAMES, EventHeader, EventKind, Phase, Priority
+from kvsim.events import DTYPES, read_events, write_events
 
 I64 = st.integers(-(2**63), 2**63 - 1)
 NONNEG_I64 = st.integers(0, 2**63 - 1)

@@ -9,8 +9,14 @@ from importlib import resources
 import pytest
 
 from kvsim.core.errors import KvsimInputError
-from kvsim.spec.hardware import (TIER_NAMES, HardwareProfile, list_hardware, load_hardware,
-    parse_hardware, save_hardware)
+from kvsim.spec.hardware import (
+    TIER_NAMES,
+    HardwareProfile,
+    list_hardware,
+    load_hardware,
+    parse_hardware,
+    save_hardware,
+)
 
 BUNDLED = ["a100-80g", "b200", "gh200", "h100-sxm", "h200", "l40s"]
 

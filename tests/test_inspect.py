@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from kvsim.cli import app
-from kvsim.events import read_events, write_events
-from kvsim.core.schema import EventHeader, EventKind, Phase
 from kvsim.analysis.trace_summary import head_events, summarize_trace
+from kvsim.cli import app
+from kvsim.core.schema import EventHeader, EventKind, Phase
+from kvsim.events import read_events, write_events
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO / "traces"

@@ -14,9 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvsim.core.errors import KvsimInputError
-from kvsim.spec.kvsize import (block_bytes, default_kv_dtype, estimate_kv, kv_bytes_for_tokens,
-    kv_bytes_per_layer_token, kv_bytes_per_layer_token_per_gpu, kv_bytes_per_token,
-    mha_equivalent_bytes_per_token)
+from kvsim.spec.kvsize import (
+    block_bytes,
+    default_kv_dtype,
+    estimate_kv,
+    kv_bytes_for_tokens,
+    kv_bytes_per_layer_token,
+    kv_bytes_per_layer_token_per_gpu,
+    kv_bytes_per_token,
+    mha_equivalent_bytes_per_token,
+)
 from kvsim.spec.models import estimate_num_params, list_models, load_model
 
 # name -> fp16 bytes per token, as layers * (K and V = 2) * kv_heads * head_dim * 2 bytes
@@ -126,6 +133,7 @@ def test_gemma_paged_blocks_free_what_left_the_window():
                       block_size_tokens=16, kv_dtype="bf16")
     full_blocks = -(-8100 // 16)  # 507
     sliding_blocks = full_blocks - (8100 - 4096) // 16  # 507 - 250 = 257
+    assert sliding_blocks == 257
     assert est.paged_blocks == full_blocks == 507
     assert est.paged_layer_blocks == 21 * 507 + 21 * 257 == 16_044
     assert est.paged_bytes == 16_044 * 16 * 8192

@@ -41,8 +41,9 @@ MUTATORS = {"append", "insert", "extend", "update", "setdefault", "pop", "popite
 def numba_attributes() -> frozenset[str]:
     """Attribute names numba's own objects carry (class and instance attributes), less
     those every Python object or function has."""
-    import tempfile
     import importlib.util
+    import tempfile
+
     from numba.core import caching, codegen, cpu, ir, targetconfig
     from numba.core.base import BaseContext
     from numba.core.compiler import Flags

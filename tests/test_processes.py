@@ -141,8 +141,8 @@ def test_sigterm_removes_the_temporary_and_exits_143(tmp_path: Path) -> None:
 def test_sweep_refuses_a_foreign_folder(tmp_path: Path) -> None:
     from functools import partial
 
-    from kvsim.core.fsutil import claim_output_dir
     from kvsim.analysis.sweep import SWEEP_MARKER
+    from kvsim.core.fsutil import claim_output_dir
 
     claim_sweep_dir = partial(claim_output_dir, marker=SWEEP_MARKER,
                               what="kvsim sweep folder", legacy="cells")

@@ -13,9 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from kvsim.core.errors import KvsimInputError
+from kvsim.core.schema import EventHeader
 from kvsim.events import EventWriter, open_events
 from kvsim.events.read_ahead import ReadAhead
-from kvsim.core.schema import EventHeader
 
 HEADER = EventHeader(block_size_tokens=16, kv_bytes_per_token=131072, model="m")
 

@@ -25,8 +25,8 @@ import msgpack
 import pytest
 from typer.testing import CliRunner
 
-from kvsim.cli import app
 from kvsim.analysis.validate import validate
+from kvsim.cli import app
 from tests.helpers import assert_one_line_error
 
 runner = CliRunner()
@@ -220,8 +220,8 @@ def test_round_trip_random_workload(tmp_path):
     self-consistency check; the independent check is the golden recording above.)"""
     import random
 
-    from kvsim.ingest.vllm_hashing import NONE_HASH, hash_block
     from kvsim.analysis.validate import LoggedRequest, kvsim_stream
+    from kvsim.ingest.vllm_hashing import NONE_HASH, hash_block
 
     rng = random.Random(7)
     bs = 4
@@ -247,7 +247,8 @@ def test_round_trip_random_workload(tmp_path):
             parent = key
     stream, _, _, _ = kvsim_stream(reqs, bs, 12)
     assert any(e.kind == "removed" for e in stream)  # the small pool evicts
-    eng = lambda key: (key & ((1 << 64) - 1)) ^ 0xA5A5  # any injective relabelling
+    def eng(key):
+        return (key & ((1 << 64) - 1)) ^ 0xA5A5  # any injective relabelling
     batches = []
     for e in stream:
         if e.kind == "stored":

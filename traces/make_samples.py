@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kvsim.events import EventWriter
 from kvsim.core.schema import NO_HASH, EventHeader, EventKind, Phase, Priority
+from kvsim.events import EventWriter
 
 HERE = Path(__file__).resolve().parent
 SEED = 0

@@ -29,7 +29,7 @@ import hashlib
 import logging
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from importlib import metadata
 from pathlib import Path
 
@@ -91,7 +91,7 @@ def _parallel_kwargs(cfg: Config) -> dict:
     return dict(tp_size=cfg.tp, moe_tp_size=cfg.tp, moe_ep_size=1) if cfg.moe else dict(tp_size=cfg.tp)
 
 
-@lru_cache(maxsize=None)
+@cache
 def handle(cfg: Config) -> EngineHandle:
     return EngineHandle.compile(cfg.model_path, cfg.system, BACKEND, **_parallel_kwargs(cfg))
 

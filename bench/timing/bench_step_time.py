@@ -81,6 +81,7 @@ def compiled_ms(fp, c: cl.Cell) -> float:
     """kvsim's compiled step duration (step_time.one_step_us, the scheduler's own
     functions) for one cell, in ms; cells of many steps as cells.model_ms averages them."""
     import numpy as np
+
     from kvsim.engine.timing.step_time import one_step_us
 
     def step(chunks, b, ctx):

@@ -132,7 +132,7 @@ def render(cfg: aq.Config, t: dict, check: dict | None, today: str) -> str:
         "# derived from AIConfigurator's database of kernel timings measured on real GPUs.",
         "# Written by bench/timing/extract_aic.py; read by kvsim/engine/timing/measured.py",
         "# (docs/timing-measured.md).  Do not edit by hand: re-run the generator.",
-        f'schema = "kvsim.timing.measured/1"',
+        'schema = "kvsim.timing.measured/1"',
         f'gpu = "{cfg.gpu}"  # kvsim hardware profile (profiles/hardware/{cfg.gpu}.toml)',
         f'model = "{cfg.model}"  # kvsim catalog name (kvsim/models/catalog.toml)',
         f"tp = {cfg.tp}",

@@ -519,21 +519,30 @@ def record(spec: dict, out_path: str, traces_dir: str, check_every: int = 1,
         raise ValueError(f"a request needs {need} tokens > max_model_len {max_model_len}")
     eng["max_model_len"] = max_model_len
 
+    import torch
     import vllm
-    from vllm.config import (CacheConfig, DeviceConfig, KVEventsConfig, ModelConfig,
-                             SchedulerConfig, VllmConfig)
+    from vllm.config import (
+        CacheConfig,
+        DeviceConfig,
+        KVEventsConfig,
+        ModelConfig,
+        SchedulerConfig,
+        VllmConfig,
+    )
     from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import get_hash_fn_by_name
-    from vllm.v1.core.kv_cache_utils import (get_none_hash_seed, get_request_block_hasher,
-                                             init_none_hash, maybe_convert_block_hash)
+    from vllm.v1.core.kv_cache_utils import (
+        get_none_hash_seed,
+        get_request_block_hasher,
+        init_none_hash,
+        maybe_convert_block_hash,
+    )
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,
-                                            KVCacheGroupSpec)
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import Request, RequestStatus
     from vllm.v1.structured_output import StructuredOutputManager
-    import torch
 
     model_dir = _tiny_model_dir()
     try:

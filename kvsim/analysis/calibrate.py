@@ -29,15 +29,21 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
 
-from kvsim.backends import (BACKEND_NAMES, CALIBRATION_LAYOUT, BlockLayout, DeviceInfo,
-                            open_backend, refuse_unmeasurable)
+from kvsim.backends import (
+    BACKEND_NAMES,
+    CALIBRATION_LAYOUT,
+    BlockLayout,
+    DeviceInfo,
+    open_backend,
+    refuse_unmeasurable,
+)
 from kvsim.core.errors import KvsimError, KvsimInputError
 
 KIB = 1024
@@ -139,7 +145,7 @@ class CalibrationSettings:
                                   f"and {self.max_bytes} bytes", field="sizes")
 
     @classmethod
-    def quick(cls, **overrides) -> "CalibrationSettings":
+    def quick(cls, **overrides) -> CalibrationSettings:
         """64 KiB .. 1 MiB, 3 repeats, 1 warm-up: a few seconds, for tests."""
         return cls(**{"max_bytes": 1 * MIB, "repeats": 3, "warmup": 1, **overrides})
 
@@ -184,7 +190,7 @@ class Calibration:
     date: str  # UTC time of the measurement (provenance)
     settings: CalibrationSettings
     operations: tuple[OperationCalibration, ...]
-    profile: "object"  # kvsim.spec.hardware.HardwareProfile
+    profile: object  # kvsim.spec.hardware.HardwareProfile
 
     def fit(self, operation: str) -> LinearFit | None:
         """The fit of ``operation`` (None if its medians admitted none)."""
@@ -235,7 +241,7 @@ def calibrate(settings: CalibrationSettings = CalibrationSettings(),
     rng = np.random.default_rng(settings.seed)
     total = len(OPERATIONS) * len(counts)
     results: list[OperationCalibration] = []
-    date = (now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    date = (now or _dt.datetime.now(_dt.UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
     with open_backend(settings.backend, settings.layout, device_blocks=pool_blocks,
                       host_blocks=pool_blocks, staging_blocks=largest, disk_blocks=pool_blocks,
                       disk_dir=settings.disk_dir, seed=settings.seed,

@@ -42,20 +42,26 @@ overestimates this machine.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Hashable
 
 import numpy as np
 import pandas as pd
 import pyarrow.dataset as ds
 
-from kvsim.backends import (BACKEND_NAMES, BlockLayout, DeviceInfo, KvBackend, open_backend,
-                            refuse_unmeasurable)
+from kvsim.backends import (
+    BACKEND_NAMES,
+    BlockLayout,
+    DeviceInfo,
+    KvBackend,
+    open_backend,
+    refuse_unmeasurable,
+)
 from kvsim.core.errors import KvsimInputError
+from kvsim.core.schema import Tier
 from kvsim.results.log_reader import DecisionLog, action_name, tier_name
 from kvsim.results.log_schema import Action
-from kvsim.core.schema import Tier
 
 MIB = 1 << 20
 

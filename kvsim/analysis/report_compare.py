@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kvsim.analysis.report import _CSS, _LINKS, Report, _plt, _q_grid, _style, _svg
 from kvsim.core.errors import KvsimInputError
 from kvsim.core.fsutil import atomic_output
-from kvsim.analysis.report import _CSS, _LINKS, Report, _plt, _q_grid, _style, _svg
 from kvsim.results.compare_view import bound_row, group_identical, verdict
 
 FIGURES = ("policy_bars", "latency_cdf", "tier_traffic")

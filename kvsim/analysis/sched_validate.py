@@ -26,8 +26,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvsim.engine.vllm_scheduler import (EngineConfig, SimRequest, StepResult, VllmScheduler,
-                                         chain_hashes)
+from kvsim.engine.vllm_scheduler import (
+    EngineConfig,
+    SimRequest,
+    StepResult,
+    VllmScheduler,
+    chain_hashes,
+)
 from kvsim.ingest.vllm_sched import SchedRecording, load_sched_recording, unruns
 
 __all__ = ["FIELDS", "SchedDivergence", "SchedValidation", "recorded_step", "validate_sched"]

@@ -35,19 +35,24 @@ import dataclasses
 import hashlib
 import json
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
 from kvsim import __version__
+from kvsim.analysis.sweep_cell import (
+    LATENCY_QUANTILES,
+    OCCUPANCY_MAX_POINTS,
+    _run_cell_full,
+    occupancy_series,
+    run_cell,
+)
 from kvsim.core.errors import KvsimInputError, bad_value
 from kvsim.core.fsutil import atomic_output, claim_output_dir
 from kvsim.spec.sim_config import SimConfig
-from kvsim.analysis.sweep_cell import (LATENCY_QUANTILES, OCCUPANCY_MAX_POINTS, _run_cell_full,
-    latency_quantiles, occupancy_series, run_cell)
 
 #: Policy run in every capacity group as the offline bound (when ``bound=True``).
 BOUND_POLICY = "belady"
@@ -348,8 +353,8 @@ def _json_safe(obj):
 
 
 def _capacity_blocks(trace: str, hbm_gb: Sequence[float]) -> list[int]:
-    from kvsim.events import open_events
     from kvsim.engine.cost_model import GB
+    from kvsim.events import open_events
 
     with open_events(trace) as reader:
         h = reader.header

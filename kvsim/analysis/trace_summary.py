@@ -35,16 +35,17 @@ an identical summary.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from kvsim.core.schema import COLUMN_NAMES, ENUM_COLUMNS, EventKind, Phase, Priority, Tier
 from kvsim.events import DTYPES, header_dict, open_events
 from kvsim.events.prefix_reuse import PrefixReuse
-from kvsim.core.schema import COLUMN_NAMES, ENUM_COLUMNS, EventKind, Phase, Priority, Tier
 
 __all__ = ["TraceSummary", "summarize_trace", "head_events"]
 

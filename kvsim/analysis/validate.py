@@ -55,11 +55,17 @@ from typing import Any
 
 from kvsim.core.errors import KvsimInputError, bad_value
 from kvsim.ingest.tracefile import as_int, as_int_list, json_lines, parse_json
-from kvsim.ingest.vllm_events import (AllBlocksCleared, BlockRemoved, BlockStored,
-                                      KvEventRecording, hash_label, read_kv_events,
-                                      reconstruct_requests)
-from kvsim.memory.fast import KIND_EVICTED
+from kvsim.ingest.vllm_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvEventRecording,
+    hash_label,
+    read_kv_events,
+    reconstruct_requests,
+)
 from kvsim.ingest.vllm_hashing import NONE_HASH, hash_block
+from kvsim.memory.fast import KIND_EVICTED
 from kvsim.memory.reference import KVCacheManager
 
 __all__ = ["Divergence", "LoggedRequest", "StreamEvent", "ValidationResult",

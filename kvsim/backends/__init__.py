@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvsim.backends.base import (CALIBRATION_LAYOUT, BlockLayout, DeviceInfo,  # noqa: F401
-                                 KvBackend)
+from kvsim.backends.base import CALIBRATION_LAYOUT, BlockLayout, DeviceInfo, KvBackend  # noqa: F401
 from kvsim.backends.detection import detect, refuse_unmeasurable  # noqa: F401
 from kvsim.core.errors import KvsimInputError
 

@@ -100,7 +100,7 @@ class BlockLayout:
         return asdict(self) | {"block_bytes": self.block_bytes}
 
     @classmethod
-    def from_block_bytes(cls, block_bytes: int, num_layers: int = 32) -> "BlockLayout":
+    def from_block_bytes(cls, block_bytes: int, num_layers: int = 32) -> BlockLayout:
         """A layout with exactly ``block_bytes`` per block, for replaying a decision log that
         records bytes but not the model's shape.  Uses ``num_layers`` layers when it divides
         the block evenly, else the largest layer count not above it that does; one chunk is
@@ -238,7 +238,7 @@ class KvBackend(abc.ABC):
     def _host_view(self) -> np.ndarray:
         """The host tier as a numpy array (shape ``layout.blocks_shape(host_blocks)``)."""
 
-    _disk: "object"
+    _disk: object
 
     def close(self) -> None:
         """Release the disk tier's scratch file (idempotent)."""
@@ -246,7 +246,7 @@ class KvBackend(abc.ABC):
         if disk is not None:
             disk.close()
 
-    def __enter__(self) -> "KvBackend":
+    def __enter__(self) -> KvBackend:
         return self
 
     def __exit__(self, *exc) -> None:

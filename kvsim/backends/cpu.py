@@ -24,8 +24,14 @@ import numba
 import numpy as np
 
 from kvsim.backends import kernels
-from kvsim.backends.base import (BlockLayout, DeviceInfo, KvBackend, aligned_empty, check_ids,
-                                 fill_random)
+from kvsim.backends.base import (
+    BlockLayout,
+    DeviceInfo,
+    KvBackend,
+    aligned_empty,
+    check_ids,
+    fill_random,
+)
 from kvsim.backends.disk import DiskTier
 from kvsim.core.errors import KvsimInputError
 

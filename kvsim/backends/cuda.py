@@ -24,7 +24,7 @@ import numpy as np
 from numba import config as numba_config
 from numba import cuda
 
-from kvsim.backends.base import (BlockLayout, DeviceInfo, KvBackend, check_ids, fill_random)
+from kvsim.backends.base import BlockLayout, DeviceInfo, KvBackend, check_ids, fill_random
 from kvsim.backends.disk import DiskTier
 
 #: Threads per CUDA block: a multiple of the 32-thread warp; 256 is a common copy-kernel

@@ -49,8 +49,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kvsim.policy.api import NEVER
 from kvsim.core.schema import EventKind, Priority
+from kvsim.policy.api import NEVER
 
 PR_CRIT = int(Priority.DECODE_CRITICAL)
 

@@ -160,8 +160,8 @@ def engine_bound(trace_path, config, facts=None):
     import pandas as pd
 
     from kvsim.engine.serial_lowering import bound_stream_from_events
-    from kvsim.replay.metrics import SUMMARY_KEYS
     from kvsim.replay.driver import SimResult, _open, resolve_tiers, scan_trace
+    from kvsim.replay.metrics import SUMMARY_KEYS
 
     with _open(trace_path) as reader:
         header = reader.header

@@ -38,17 +38,17 @@ where the curve and the replay's HBM hit rate coincide and where they do not.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 from numba import njit
 
+from kvsim.cachesim.simulator import next_use_of, remap_keys
 from kvsim.core.errors import KvsimInputError, bad_value
 from kvsim.core.schema import NO_HASH, EventKind
-from kvsim.cachesim.simulator import next_use_of, remap_keys
 
 #: Policies with a one-pass curve (stack algorithms).
 STACK_POLICIES = ("lru", "belady")

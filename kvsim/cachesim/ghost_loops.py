@@ -20,8 +20,8 @@ import sys
 import numpy as np
 from numba import njit
 
-from kvsim.jit.disk_cache import SINGLE_TIER, seal
 from kvsim.cachesim.fast_loops import NIL
+from kvsim.jit.disk_cache import SINGLE_TIER, seal
 from kvsim.jit.prefetch import prefetch
 
 

@@ -58,15 +58,23 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from kvsim.jit.decorators import njit
 
-from kvsim.core.errors import KvsimInputError
-from kvsim.policy.hooks import (H_HIT, H_INSERT, H_MISS, H_REMOVE, H_VICTIM, is_uniform,
-    policy_value, view_ref)
-from kvsim.policy.api import NEVER, new_block_view
-from kvsim.policy.registry import Policy, get_policy
 from kvsim.cachesim import fast_loops as fast
 from kvsim.cachesim import ghost_loops as ghost
+from kvsim.core.errors import KvsimInputError
+from kvsim.jit.decorators import njit
+from kvsim.policy.api import NEVER, new_block_view
+from kvsim.policy.hooks import (
+    H_HIT,
+    H_INSERT,
+    H_MISS,
+    H_REMOVE,
+    H_VICTIM,
+    is_uniform,
+    policy_value,
+    view_ref,
+)
+from kvsim.policy.registry import Policy, get_policy
 
 #: Keys whose value range is at most this many times the stream length (plus a constant)
 #: are remapped through a direct table (O(n)); wider keys are sorted (np.unique).

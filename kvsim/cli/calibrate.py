@@ -5,15 +5,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from kvsim.backends.base import CALIBRATION_LAYOUT, DTYPE_BYTES, BlockLayout
 from kvsim.cli import app
-from kvsim.cli.common import (JsonOption, check_outputs, emit_json, out_console, progress,
-                              quiet_progress)
+from kvsim.cli.common import (
+    JsonOption,
+    check_outputs,
+    emit_json,
+    out_console,
+    progress,
+    quiet_progress,
+)
 from kvsim.core.errors import KvsimInputError
 
 _BACKEND_HELP = ("cpu: numpy pool in RAM, numba copies, file I/O (host memcpy stands in for "
@@ -41,20 +47,20 @@ def calibrate_command(
     base: Annotated[str, typer.Option("--base", help="Hardware profile (name or .toml) "
                                       "whose dram/nvme numbers the measurements replace; "
                                       "everything else is kept.")] = "h100-sxm",
-    name: Annotated[Optional[str], typer.Option(
+    name: Annotated[str | None, typer.Option(
         "--name", help="Name of the written profile (default: <base>-calibrated-<backend>).",
         show_default=False)] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Sizes 64 KiB..1 MiB, 3 repeats, 1 "
                                         "warm-up: a few seconds (smoke tests).")] = False,
-    repeats: Annotated[Optional[int], typer.Option(
+    repeats: Annotated[int | None, typer.Option(
         "--repeats", min=1, help="Timed batches per size; the median is kept (default: 9, "
         "3 with --quick).", show_default=False)] = None,
-    warmup: Annotated[Optional[int], typer.Option(
+    warmup: Annotated[int | None, typer.Option(
         "--warmup", min=0, help="Untimed batches per size before timing (default: 2, 1 "
         "with --quick).", show_default=False)] = None,
     min_kib: Annotated[int, typer.Option("--min-kib", min=1, help="Smallest transfer, KiB "
                                          "(sizes double up to --max-mib).")] = 64,
-    max_mib: Annotated[Optional[float], typer.Option(
+    max_mib: Annotated[float | None, typer.Option(
         "--max-mib", min=0.0, help="Largest transfer, MiB (default: 64, 1 with --quick).",
         show_default=False)] = None,
     layers: Annotated[int, typer.Option("--layers", min=1, help="Layers of the pool's block "
@@ -68,7 +74,7 @@ def calibrate_command(
     dtype: Annotated[str, typer.Option("--dtype", help="KV element type: " +
                                        ", ".join(DTYPE_BYTES) + " (sets the element width).")]
     = CALIBRATION_LAYOUT.dtype,
-    disk_dir: Annotated[Optional[Path], typer.Option("--disk-dir", help=_DISK_HELP,
+    disk_dir: Annotated[Path | None, typer.Option("--disk-dir", help=_DISK_HELP,
                                                      show_default=False)] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the block-id choice and the "
                                       "buffers' fill pattern.")] = 0,
@@ -76,7 +82,7 @@ def calibrate_command(
     samples: Annotated[bool, typer.Option("--samples", help="Also print the median time of "
                                           "every (operation, size) and its fit residual.")]
     = False,
-    from_vllm_bench: Annotated[Optional[Path], typer.Option(
+    from_vllm_bench: Annotated[Path | None, typer.Option(
         "--from-vllm-bench", metavar="RESULT.json",
         help="Fit engine step times instead: read a `vllm bench serve --save-result "
         "--save-detailed` result (per-request input/output lengths, TTFT, ITL, start "
@@ -185,7 +191,7 @@ def replay_command(
         "--decision-log", help="Decision log (Parquet) written by kvsim simulate "
         "--decision-log.", show_default=False)],
     backend: Annotated[str, typer.Option("--backend", help=_BACKEND_HELP)] = "cpu",
-    block_bytes: Annotated[Optional[int], typer.Option(
+    block_bytes: Annotated[int | None, typer.Option(
         "--block-bytes", min=2, help="Bytes per KV block (default: the log's first data "
         "movement's bytes).", show_default=False)] = None,
     layers: Annotated[int, typer.Option("--layers", min=1, help="Layers the block is split "
@@ -194,10 +200,10 @@ def replay_command(
     pool_mib: Annotated[float, typer.Option(
         "--pool-mib", min=0.0, help="Size of each real tier (device pool, host tier, disk "
         "file), MiB; blocks recycle slots round-robin beyond it.")] = 256.0,
-    max_rows: Annotated[Optional[int], typer.Option(
+    max_rows: Annotated[int | None, typer.Option(
         "--max-rows", min=1, help="Replay at most this many data-movement rows.",
         show_default=False)] = None,
-    disk_dir: Annotated[Optional[Path], typer.Option("--disk-dir", help=_DISK_HELP,
+    disk_dir: Annotated[Path | None, typer.Option("--disk-dir", help=_DISK_HELP,
                                                      show_default=False)] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the pool's fill pattern.")] = 0,
     cpu_timer: Annotated[str, typer.Option("--cpu-timer", help=_TIMER_HELP)] = "thread",

@@ -5,7 +5,7 @@ replicas and router, and a request trace as input (docs/simulate.md, "Closed loo
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -13,20 +13,20 @@ from kvsim.core.errors import KvsimInputError
 
 SCHEDULES = ("closed", "recorded")
 
-ScheduleOpt = Annotated[Optional[str], typer.Option(
+ScheduleOpt = Annotated[str | None, typer.Option(
     "--schedule", metavar="closed|recorded",
     help="closed: the engine's scheduler runs inside the replay, so cache hits shorten "
          "prefill and the queue (default whenever the input is a Request table: --profile "
          "or --request-trace).  recorded: replay the STEP rows of an event file open loop "
          "(the only choice with --trace; with --profile / --request-trace the table is "
          "lowered first).", show_default=False)]
-RequestTraceOpt = Annotated[Optional[Path], typer.Option(
+RequestTraceOpt = Annotated[Path | None, typer.Option(
     "--request-trace", metavar="FILE",
     help="A request trace (any format `kvsim import-request-trace` reads: Mooncake JSONL, "
          "Azure CSV, agentic, generic) served closed loop.", show_default=False)]
-FormatOpt = Annotated[Optional[str], typer.Option(
+FormatOpt = Annotated[str | None, typer.Option(
     "--format", help="Reader of --request-trace (default: detected).", show_default=False)]
-TraceBlockSizeOpt = Annotated[Optional[int], typer.Option(
+TraceBlockSizeOpt = Annotated[int | None, typer.Option(
     "--trace-block-size", min=1, show_default=False,
     help="Tokens per block of a generic --request-trace's block_ids column (default 16; "
          "as `kvsim import-request-trace --trace-block-size`).")]
@@ -39,22 +39,22 @@ ReplicasOpt = Annotated[str, typer.Option(
 DropOverContextOpt = Annotated[bool, typer.Option(
     "--drop-over-context", help="Drop the requests whose prompt + output exceed the "
     "model's context (max_position_embeddings) instead of refusing the trace.")]
-RouterOpt = Annotated[Optional[str], typer.Option(
+RouterOpt = Annotated[str | None, typer.Option(
     "--router", metavar="round_robin|least_loaded|session|prefix",
     help="How requests are sent to replicas (docs/simulate.md, \"Routers\").")]
-BlockSizeOpt = Annotated[Optional[int], typer.Option(
+BlockSizeOpt = Annotated[int | None, typer.Option(
     "--block-size", min=1, show_default=False,
     help="Tokens per KV block of the engine serving --profile / --request-trace (default 16, "
          "vLLM's; 512 for a Mooncake trace at its native block size).  An event file "
          "carries its own.")]
-MaxSeqsOpt = Annotated[Optional[int], typer.Option(
+MaxSeqsOpt = Annotated[int | None, typer.Option(
     "--max-num-seqs", min=1, show_default=False,
     help="Most sequences running in one engine step (vLLM; default 256).  Not with --trace.")]
-MaxTokensOpt = Annotated[Optional[int], typer.Option(
+MaxTokensOpt = Annotated[int | None, typer.Option(
     "--max-num-batched-tokens", min=1, show_default=False,
     help="Token budget of one engine step (vLLM; default 8192).  Not with --trace.")]
 
-TimingOpt = Annotated[Optional[str], typer.Option(
+TimingOpt = Annotated[str | None, typer.Option(
     "--timing", metavar="auto|roofline|measured|FILE.toml",
     help="Step-time model of the engine serving --profile / --request-trace: measured "
          "(AIConfigurator's measured kernel tables, bundled for h100-sxm, h200, b200, "
@@ -138,8 +138,8 @@ def load_table(profile: str | None, num_requests: int, seed: int,
     """The Request table of ``--profile`` (generated) or ``--request-trace`` (read;
     ``trace_block_size``: tokens per block of a generic trace's ``block_ids``)."""
     if profile is not None:
-        from kvsim.workload.generator import build_workload
         from kvsim.spec.workload_profile import load_profile
+        from kvsim.workload.generator import build_workload
 
         return build_workload(load_profile(profile), num_requests, seed)
     from kvsim.ingest import read_requests

@@ -27,8 +27,14 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                           TimeElapsedColumn, TimeRemainingColumn)
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from typer.core import TyperGroup
 
 from kvsim.core.errors import EXIT_BAD_INPUT, KvsimError, KvsimInputError

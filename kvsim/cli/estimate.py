@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich import box
@@ -12,8 +12,14 @@ from kvsim.cli import app
 from kvsim.cli.common import JsonOption, check_limit, emit_json, out_console
 from kvsim.core.errors import KvsimInputError
 from kvsim.spec.hardware import list_hardware
-from kvsim.spec.kvsize import (BYTES_PER_GB, BYTES_PER_MIB, DEFAULT_MEMORY_UTILIZATION, KV_DTYPES,
-    KvEstimate, estimate_kv)
+from kvsim.spec.kvsize import (
+    BYTES_PER_GB,
+    BYTES_PER_MIB,
+    DEFAULT_MEMORY_UTILIZATION,
+    KV_DTYPES,
+    KvEstimate,
+    estimate_kv,
+)
 from kvsim.spec.models import WEIGHT_DTYPE_BYTES, list_models, load_model
 
 _KV_DTYPE_HELP = ("KV-cache element type: auto (the model's activation dtype, as vLLM "
@@ -89,13 +95,13 @@ _GEOMETRY_HELP = ("kv_deadline_scheduler's geometry option (instead of a MODEL):
 
 @app.command("estimate-kv")
 def estimate_kv_command(
-    model: Annotated[Optional[str], typer.Argument(
+    model: Annotated[str | None, typer.Argument(
         help="Catalog model name: " + ", ".join(list_models()) + ".", show_default=False)]
     = None,
-    model_opt: Annotated[Optional[str], typer.Option(
+    model_opt: Annotated[str | None, typer.Option(
         "--model", metavar="NAME", help="The catalog model, as an option (kv_deadline_"
         "scheduler's spelling; same as the MODEL argument).", show_default=False)] = None,
-    config: Annotated[Optional[str], typer.Option(
+    config: Annotated[str | None, typer.Option(
         "--config", help="A Hugging Face config.json (or a model folder holding one) to "
         "read instead of a catalog name.",
         show_default=False)] = None,
@@ -108,19 +114,19 @@ def estimate_kv_command(
     concurrency: Annotated[int, typer.Option(
         "--concurrency", min=1, help="Requests resident at once (totals multiply by it; "
         "no prefix sharing assumed).")] = 1,
-    max_seq_len: Annotated[Optional[int], typer.Option(
+    max_seq_len: Annotated[int | None, typer.Option(
         "--max-seq-len", min=1, help="Tokens a naive allocator reserves per request "
         "(default: the model's max_position_embeddings, or the request if longer).",
         show_default=False)] = None,
     kv_dtype: Annotated[str, typer.Option("--kv-dtype", help=_KV_DTYPE_HELP)] = "auto",
-    gpu: Annotated[Optional[str], typer.Option(
+    gpu: Annotated[str | None, typer.Option(
         "--gpu", help="Hardware profile name (" + ", ".join(list_hardware()) + ") or a "
         "profile .toml path; reports how many sequences fit beside the weights, using the "
         "profile's gpu_memory_bytes.", show_default=False)] = None,
-    gpu_mem_gb: Annotated[Optional[float], typer.Option(
+    gpu_mem_gb: Annotated[float | None, typer.Option(
         "--gpu-mem-gb", help="GPU memory in GB (10^9 bytes), instead of --gpu.",
         show_default=False)] = None,
-    weights_dtype: Annotated[Optional[str], typer.Option(
+    weights_dtype: Annotated[str | None, typer.Option(
         "--weights-dtype", help="dtype of the weights for the fit (" +
         ", ".join(WEIGHT_DTYPE_BYTES) + "; default: the dtype the model is served in, "
         "from the catalog).",
@@ -134,25 +140,25 @@ def estimate_kv_command(
         "weights + KV (vLLM --gpu-memory-utilization).")] = DEFAULT_MEMORY_UTILIZATION,
     list_models_flag: Annotated[bool, typer.Option(
         "--list-models", help="List the catalog models and exit.")] = False,
-    batch_size: Annotated[Optional[int], typer.Option(
+    batch_size: Annotated[int | None, typer.Option(
         "--batch-size", min=1, hidden=True, help="kv_deadline_scheduler's name for "
         "--concurrency.", show_default=False)] = None,
-    dtype_bytes: Annotated[Optional[int], typer.Option(
+    dtype_bytes: Annotated[int | None, typer.Option(
         "--dtype-bytes", hidden=True, help="kv_deadline_scheduler's KV width in bytes "
         "(1, 2, 4) = --kv-dtype fp8 / fp16 / fp32.", show_default=False)] = None,
-    num_layers: Annotated[Optional[int], typer.Option(
+    num_layers: Annotated[int | None, typer.Option(
         "--num-layers", min=1, hidden=True, show_default=False,
         help=_GEOMETRY_HELP + "num_hidden_layers.")] = None,
-    hidden_size: Annotated[Optional[int], typer.Option(
+    hidden_size: Annotated[int | None, typer.Option(
         "--hidden-size", min=1, hidden=True, show_default=False,
         help=_GEOMETRY_HELP + "hidden_size.")] = None,
-    num_attention_heads: Annotated[Optional[int], typer.Option(
+    num_attention_heads: Annotated[int | None, typer.Option(
         "--num-attention-heads", min=1, hidden=True, show_default=False,
         help=_GEOMETRY_HELP + "num_attention_heads.")] = None,
-    num_kv_heads: Annotated[Optional[int], typer.Option(
+    num_kv_heads: Annotated[int | None, typer.Option(
         "--num-kv-heads", min=1, hidden=True, show_default=False,
         help=_GEOMETRY_HELP + "num_key_value_heads.")] = None,
-    head_dim: Annotated[Optional[int], typer.Option(
+    head_dim: Annotated[int | None, typer.Option(
         "--head-dim", min=1, hidden=True, show_default=False,
         help=_GEOMETRY_HELP + "head_dim.")] = None,
     as_json: JsonOption = False,

@@ -11,12 +11,26 @@ from typing import Annotated
 import typer
 
 from kvsim.cli import app, compat
-from kvsim.cli.common import (JsonOption, check_limit, check_outputs, emit_json, out_console,
-                              quiet_progress)
-from kvsim.cli.importing import (BlockSizeOption, GpuMemUtilOption, HardwareOption,
-                                 MaxSeqsOption, MaxTokensOption, ModelOption,
-                                 NumGpuBlocksOption, TimingOption, render_summary,
-                                 run_with_progress)
+from kvsim.cli.common import (
+    JsonOption,
+    check_limit,
+    check_outputs,
+    emit_json,
+    out_console,
+    quiet_progress,
+)
+from kvsim.cli.importing import (
+    BlockSizeOption,
+    GpuMemUtilOption,
+    HardwareOption,
+    MaxSeqsOption,
+    MaxTokensOption,
+    ModelOption,
+    NumGpuBlocksOption,
+    TimingOption,
+    render_summary,
+    run_with_progress,
+)
 from kvsim.workload import generate, list_profiles, load_profile
 
 

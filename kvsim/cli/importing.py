@@ -7,7 +7,7 @@ Shared with ``kvsim generate``: :func:`render_summary` and the engine options.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -38,12 +38,12 @@ MaxSeqsOption = Annotated[int, typer.Option(
 MaxTokensOption = Annotated[int, typer.Option(
     "--max-num-batched-tokens", min=1, help="Token budget of one engine step; prompts "
     "longer than what is left are prefilled in chunks (vLLM max_num_batched_tokens).")]
-NumGpuBlocksOption = Annotated[Optional[int], typer.Option(
+NumGpuBlocksOption = Annotated[int | None, typer.Option(
     "--num-gpu-blocks", min=1, help="KV block budget of the scheduler (vLLM "
     "num_gpu_blocks): a request is admitted only while its new prompt blocks fit, "
     "keeping a 1% watermark free.  Default: the replay's default HBM pool, (GPU memory x "
     "--gpu-memory-utilization - weights) / block bytes.", show_default=False)]
-GpuMemUtilOption = Annotated[Optional[float], typer.Option(
+GpuMemUtilOption = Annotated[float | None, typer.Option(
     "--gpu-memory-utilization", min=0.0, max=1.0, help="Fraction of GPU memory for "
     "weights + KV when --num-gpu-blocks is derived (vLLM's default 0.9, the same as "
     "kvsim simulate's option).", show_default=False)]
@@ -120,7 +120,7 @@ def import_request_trace_command(
     out: Annotated[Path, typer.Option(
         "--out", help="Event file to write: Parquet, or JSONL when the name ends in "
         ".jsonl (.jsonl.gz).  Written atomically.", show_default=False)],
-    format: Annotated[Optional[str], typer.Option(
+    format: Annotated[str | None, typer.Option(
         "--format", help="Force the reader: " + ", ".join(FORMATS) + ".  Default: detected "
         "from the name and first line (docs/importers.md).", show_default=False)] = None,
     model: ModelOption = "llama-3-8b",
@@ -131,7 +131,7 @@ def import_request_trace_command(
     max_num_batched_tokens: MaxTokensOption = 8192,
     num_gpu_blocks: NumGpuBlocksOption = None,
     gpu_memory_utilization: GpuMemUtilOption = None,
-    map_: Annotated[Optional[str], typer.Option(
+    map_: Annotated[str | None, typer.Option(
         "--map", help="Column mapping for the generic reader, e.g. "
         "'arrival_ms=ts,prompt_tokens=in,output_tokens=out' (implies --format generic); "
         "'kvmi' reads kv_deadline_scheduler's request traces (generated_tokens, "
@@ -143,10 +143,10 @@ def import_request_trace_command(
     skip_bad_rows: Annotated[bool, typer.Option(
         "--skip-bad-rows", help="Skip malformed rows and count them in the summary "
         "instead of failing on the first one.")] = False,
-    arrival_rate: Annotated[Optional[float], typer.Option(
+    arrival_rate: Annotated[float | None, typer.Option(
         "--arrival-rate", help="Agentic: conversations start as a Poisson process of this "
         "many conversations per second (seeded by --seed).", show_default=False)] = None,
-    concurrency: Annotated[Optional[int], typer.Option(
+    concurrency: Annotated[int | None, typer.Option(
         "--concurrency", min=1, help="Agentic: K conversations in flight; the next starts "
         "when one ends (default 8 when --arrival-rate is not given).",
         show_default=False)] = None,
@@ -159,7 +159,7 @@ def import_request_trace_command(
     strict: Annotated[bool, typer.Option(
         "--strict", help="Refuse input that is otherwise read with a warning (Mooncake "
         "hash_ids that do not form a prefix tree).")] = False,
-    limit: Annotated[Optional[list[str]], typer.Option(
+    limit: Annotated[list[str] | None, typer.Option(
         "--limit", metavar="NAME=VALUE", help="Raise or lower a size limit (repeatable): "
         "max_prompt_tokens, max_output_tokens, max_fanout, max_time_us, max_epoch_us, "
         "max_total_tokens (defaults in docs/cli.md).", show_default=False)] = None,

@@ -8,11 +8,11 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from kvsim.analysis.trace_summary import TraceSummary, head_events, summarize_trace
 from kvsim.cli import app
 from kvsim.cli.common import JsonOption, emit_json, out_console, progress
 from kvsim.core.errors import KvsimInputError
 from kvsim.core.schema import DEFAULTS, ENUM_COLUMNS
-from kvsim.analysis.trace_summary import TraceSummary, head_events, summarize_trace
 
 
 @app.command("inspect", short_help="Validate an event file and summarize it: requests, blocks, "

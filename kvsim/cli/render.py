@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import pandas as pd
 from rich import box
@@ -29,7 +29,15 @@ from rich.table import Table
 
 from kvsim.core.errors import KvsimInputError
 from kvsim.results.compare_view import (  # noqa: F401 - bound_row, verdict re-exported
-    _num, bound_name, bound_row, group_identical, offline_label, verdict, with_derived)
+    _num,
+    bound_name,
+    bound_row,
+    group_identical,
+    offline_label,
+    verdict,
+    with_derived,
+)
+
 
 def _pct(v) -> str:
     f = _num(v)

@@ -11,30 +11,80 @@ import pandas as pd
 import typer
 
 from kvsim.cli import app, compat
-from kvsim.cli.closed_opts import (BlockSizeOpt, DropOverContextOpt, FormatOpt, MaxSeqsOpt,
-                                   MaxTokensOpt, ReplicasOpt, RequestTraceOpt, RouterOpt,
-                                   ScheduleOpt, TimingOpt, TraceBlockSizeOpt, check_event_file_options,
-                                   check_is_event_file, check_timing, engine_options,
-                                   load_table, parse_replicas, resolve_schedule, timing_name)
-from kvsim.cli.common import (JsonOption, check_outputs, emit_json, err_console,
-                              progress, quiet_progress)
+from kvsim.cli.closed_opts import (
+    BlockSizeOpt,
+    DropOverContextOpt,
+    FormatOpt,
+    MaxSeqsOpt,
+    MaxTokensOpt,
+    ReplicasOpt,
+    RequestTraceOpt,
+    RouterOpt,
+    ScheduleOpt,
+    TimingOpt,
+    TraceBlockSizeOpt,
+    check_event_file_options,
+    check_is_event_file,
+    check_timing,
+    engine_options,
+    load_table,
+    parse_replicas,
+    resolve_schedule,
+    timing_name,
+)
+from kvsim.cli.common import (
+    JsonOption,
+    check_outputs,
+    emit_json,
+    err_console,
+    progress,
+    quiet_progress,
+)
 from kvsim.cli.render import live_verdict, print_replicas
-from kvsim.cli.simulate_opts import (CacheVariantOpt, ColumnsOpt, CsvOpt, CxlMbOpt, CxlOpt,
-                                     DramMbOpt, DramOpt, EngineOpt, HardwareOpt, HbmBlocksOpt,
-                                     HbmGbOpt, HbmMbOpt, LifecycleOpt, LiveOffloadOpt, ModeOpt,
-                                     ModelOpt, NoPrefetchOpt, NvmeMbOpt, NvmeOpt, ParquetOpt,
-                                     PolicyFileOpt, PreemptionOpt, PrioritySchedOpt, ProfileOpt,
-                                     RequestsOpt, SeedOpt, SortOpt, TierPolicyOpt, TraceOpt,
-                                     WarmupOpt, WarmupRequestsOpt, WideOpt, WritePolicyOpt)
+from kvsim.cli.simulate_opts import (
+    CacheVariantOpt,
+    ColumnsOpt,
+    CsvOpt,
+    CxlMbOpt,
+    CxlOpt,
+    DramMbOpt,
+    DramOpt,
+    EngineOpt,
+    HardwareOpt,
+    HbmBlocksOpt,
+    HbmGbOpt,
+    HbmMbOpt,
+    LifecycleOpt,
+    LiveOffloadOpt,
+    ModelOpt,
+    ModeOpt,
+    NoPrefetchOpt,
+    NvmeMbOpt,
+    NvmeOpt,
+    ParquetOpt,
+    PolicyFileOpt,
+    PreemptionOpt,
+    PrioritySchedOpt,
+    ProfileOpt,
+    RequestsOpt,
+    SeedOpt,
+    SortOpt,
+    TierPolicyOpt,
+    TraceOpt,
+    WarmupOpt,
+    WarmupRequestsOpt,
+    WideOpt,
+    WritePolicyOpt,
+)
 from kvsim.core.errors import KvsimInputError
 from kvsim.core.fsutil import atomic_output
+
 
 def _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model, tier_policy,
             write_policy, preemption, priority_scheduling, no_prefetch, warmup, log_lifecycle,
             seed, engine, warmup_requests=None, mode="engine", cache_variant="prefix",
             mb=(None, None, None, None), live_offload=False):
-    from kvsim.spec.sim_config import SimConfig
-    from kvsim.spec.sim_config import parse_tier_policies
+    from kvsim.spec.sim_config import SimConfig, parse_tier_policies
 
     hbm_gb, dram_gb, cxl_gb, nvme_gb = (
         compat.capacity_gb(gb, m, tier) for gb, m, tier in
@@ -110,8 +160,8 @@ def _policies_to_run(names: list[str] | None, config, sched: str = "recorded") -
     the offline references it adds (the progress bar's real total): on a recorded
     schedule ``optimal`` always and ``belady`` in engine mode (kvsim.modes.comparison); closed
     loop, ``belady`` (kvsim.modes.closed.cluster.compare_requests)."""
-    from kvsim.policy.registry import list_policies
     from kvsim.modes.comparison import default_policies
+    from kvsim.policy.registry import list_policies
 
     run = list(names) if names else list(default_policies())
     if sched != "closed" and "optimal" not in run:

@@ -12,8 +12,16 @@ import typer
 from rich.table import Table
 
 from kvsim.cli import app
-from kvsim.cli.common import (JsonOption, check_finite, check_outputs, emit_json, err_console,
-                              out_console, progress, quiet_progress)
+from kvsim.cli.common import (
+    JsonOption,
+    check_finite,
+    check_outputs,
+    emit_json,
+    err_console,
+    out_console,
+    progress,
+    quiet_progress,
+)
 from kvsim.core.errors import KvsimInputError
 from kvsim.spec.sim_config import SimConfig, parse_tier_policies
 
@@ -84,7 +92,8 @@ def sweep_command(
                                       "policies.")] = 0,
     engine: Annotated[str, typer.Option(
         "--engine", help="Replay engine: auto (compiled when cached on disk for the "
-        "policies or for traces of >= 1,000,000 events, else interpreted), compiled (numba, compiled once per policy and cached on disk) "
+        "policies or for traces of >= 1,000,000 events, else interpreted), compiled "
+        "(numba, compiled once per policy and cached on disk) "
         "or interpreted (no compile, ~100x slower per event).",
         metavar="NAME")] = "auto",
     jobs: Annotated[int | None, typer.Option(

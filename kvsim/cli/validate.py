@@ -6,15 +6,15 @@ kvsim's engine step function against a vLLM scheduler recording, step by step
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from kvsim.cli import app
-from kvsim.cli.common import JsonOption, emit_json, out_console
 from kvsim.analysis.sched_validate import FIELDS, SchedValidation, validate_sched
 from kvsim.analysis.validate import ValidationResult, validate
+from kvsim.cli import app
+from kvsim.cli.common import JsonOption, emit_json, out_console
 from kvsim.core.errors import KvsimInputError
 
 
@@ -22,26 +22,26 @@ from kvsim.core.errors import KvsimInputError
              "KV-event recording, or its scheduler step by step against a scheduler "
              "recording.")
 def validate_command(
-    events: Annotated[Optional[Path], typer.Option(
+    events: Annotated[Path | None, typer.Option(
         "--events", help="vLLM KV-event recording: msgpack payloads back to back (*.msgpack) "
         "or JSONL, one KVEventBatch a line (.gz/.zst read too).",
         show_default=False)] = None,
-    sched_recording: Annotated[Optional[Path], typer.Option(
+    sched_recording: Annotated[Path | None, typer.Option(
         "--sched-recording", help="vLLM scheduler recording (kvsim-vllm-sched, "
         "docs/vllm-recordings.md): replay its requests through kvsim's vLLM step function "
         "with the recorded engine config and arrivals, and compare every step (scheduled "
         "set and tokens, preemptions, hits, block ids, free blocks, KV events).",
         show_default=False)] = None,
-    requests: Annotated[Optional[Path], typer.Option(
+    requests: Annotated[Path | None, typer.Option(
         "--requests", help="Request log of the same run (JSONL: prompt_token_ids, optional "
         "output_token_ids, start_step, finish_step; docs/cli.md).  Required with --events: "
         "the recording holds only full blocks' token ids, so requests rebuilt from it would "
         "lack their partial last block and output.", show_default=False)] = None,
-    num_gpu_blocks: Annotated[Optional[int], typer.Option(
+    num_gpu_blocks: Annotated[int | None, typer.Option(
         "--num-gpu-blocks", min=2, help="The engine's pool size, null block included (vLLM's "
         "num_gpu_blocks).  Default: large enough that kvsim never evicts.",
         show_default=False)] = None,
-    dp_rank: Annotated[Optional[int], typer.Option(
+    dp_rank: Annotated[int | None, typer.Option(
         "--dp-rank", min=0, help="Data-parallel rank to check when the recording holds "
         "several.", show_default=False)] = None,
     json_: JsonOption = False,

@@ -22,8 +22,9 @@ import io
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
 
 from kvsim.core.errors import KvsimInputError
 

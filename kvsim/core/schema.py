@@ -66,7 +66,6 @@ UNSET = -1
 # re-exported here, where the schema names them.
 from kvsim.core.codes import EventKind, Phase, Priority, Tier  # noqa: E402,F401
 
-
 #: Every column of an event file: (name, Arrow type, meaning).  Parquet stores exactly these
 #: types; JSONL stores enum columns by name and the rest as JSON numbers / booleans.
 COLUMNS: tuple[tuple[str, pa.DataType, str], ...] = (
@@ -134,7 +133,7 @@ COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _, _ in COLUMNS)
 HEADER_METADATA_KEY = b"kvsim.header"
 
 
-def event_schema(header: "EventHeader | None" = None) -> pa.Schema:
+def event_schema(header: EventHeader | None = None) -> pa.Schema:
     """The Arrow schema of an event file, with the header in its metadata when given."""
     schema = pa.schema([pa.field(name, typ, nullable=False) for name, typ, _ in COLUMNS])
     if header is not None:
@@ -164,6 +163,6 @@ class EventHeader:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "EventHeader":
+    def from_dict(cls, data: dict[str, Any]) -> EventHeader:
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})

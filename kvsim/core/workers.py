@@ -23,7 +23,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 #: linux/prctl.h
 PR_SET_PDEATHSIG = 1

@@ -25,9 +25,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvsim.core.errors import KvsimInputError
-from kvsim.core.layout import (NX, TIER_NAMES, X_DOWN_BYTES_PER_US, X_DOWN_LAT_US,
-    X_UP_BYTES_PER_US, X_UP_LAT_US)
-
+from kvsim.core.layout import (
+    NX,
+    TIER_NAMES,
+    X_DOWN_BYTES_PER_US,
+    X_DOWN_LAT_US,
+    X_UP_BYTES_PER_US,
+    X_UP_LAT_US,
+)
 from kvsim.core.units import GB  # noqa: E402,F401  (re-exported: callers import it from here)
 
 

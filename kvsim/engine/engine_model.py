@@ -218,7 +218,6 @@ def build_cost_model(model: str, hardware: str, kv_dtype: str | None = None,
     (:func:`kvsim.engine.timing.select.resolve_timing`).
     """
     from kvsim.engine.timing.select import resolve_timing
-
     from kvsim.spec.hardware import load_hardware
     from kvsim.spec.kvsize import kv_bytes_per_token, load_model
 

@@ -26,20 +26,25 @@ keep dense ids in arrival order.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from kvsim.core.errors import KvsimInputError
-from kvsim.engine import scheduler as S
-from kvsim.engine.engine_model import (DEFAULT_STEP_OVERHEAD_US, EngineConfig, build_cost_model,
-    resolve_num_gpu_blocks)
-from kvsim.ingest.requests import RequestTable
 from kvsim.core.schema import EventHeader, EventKind, Phase
+from kvsim.engine import scheduler as S
+from kvsim.engine.engine_model import (
+    DEFAULT_STEP_OVERHEAD_US,
+    EngineConfig,
+    build_cost_model,
+    resolve_num_gpu_blocks,
+)
+from kvsim.engine.scheduler_state import new_schedule
 from kvsim.events.import_summary import ImportSummary
 from kvsim.events.prefix_reuse import PrefixReuse
-from kvsim.engine.scheduler_state import new_schedule
+from kvsim.ingest.requests import RequestTable
 
 #: Rows buffered before a chunk is handed to the writer (and Parquet row-group size).
 FLUSH_ROWS = 1 << 20
@@ -68,8 +73,8 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
     model (``auto``: measured tables where bundled for the pair, else the roofline;
     :mod:`kvsim.engine.timing.select`), recorded in the header's ``source.engine``.
     """
-    from kvsim.events import EventWriter
     from kvsim.core.fsutil import check_output_path, check_output_suffix
+    from kvsim.events import EventWriter
 
     check_output_suffix(check_output_path(out_path, "--out"), "events", "--out")
     extra = {} if gpu_memory_utilization is None else {

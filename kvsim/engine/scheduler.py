@@ -47,12 +47,18 @@ the roofline or the measured tables); when nothing runs or waits, ``now`` jumps 
 from __future__ import annotations
 
 import numpy as np
-from kvsim.jit.decorators import njit
 
-from kvsim.ingest.hashing import chain_hash, root_hash
 # step durations and prefill costs (roofline or measured, chosen by fp)
-from kvsim.engine.timing.step_time import (NUM_ACC, acc_chunk, acc_decode, acc_reset,
-                                           prefill_cost_us, step_duration_us)
+from kvsim.engine.timing.step_time import (
+    NUM_ACC,
+    acc_chunk,
+    acc_decode,
+    acc_reset,
+    prefill_cost_us,
+    step_duration_us,
+)
+from kvsim.ingest.hashing import chain_hash, root_hash
+from kvsim.jit.decorators import njit
 
 # integer columns of I (rows are I[:, r])
 C_STEP, C_TIME, C_KIND, C_RID, C_BIDX, C_HASH, C_PARENT, C_NTOK = 0, 1, 2, 3, 4, 5, 6, 7
@@ -82,9 +88,27 @@ Q_OVER, Q_WBYTES, Q_KVBPT, Q_BW, Q_FLOPS, Q_ACTIVE, Q_LH = range(7)
 NUM_STATE = 17
 
 # enum values as compile-time constants (kvsim.core.codes)
-from kvsim.core.codes import (EK_ACCESS, EK_ALLOCATE, EK_ARRIVE, EK_COMMIT, EK_FORK,  # noqa: E402
-    EK_FREE, EK_INTENT, EK_STEP, PH_DECODE, PH_DONE, PH_DRAFT, PH_IDLE, PH_PREFILL, PH_ROLLBACK,
-    PH_VERIFY, PR_COLD, PR_DECODE_CRITICAL, PR_HOT, PR_WARM)
+from kvsim.core.codes import (  # noqa: E402
+    EK_ACCESS,
+    EK_ALLOCATE,
+    EK_ARRIVE,
+    EK_COMMIT,
+    EK_FORK,
+    EK_FREE,
+    EK_INTENT,
+    EK_STEP,
+    PH_DECODE,
+    PH_DONE,
+    PH_DRAFT,
+    PH_IDLE,
+    PH_PREFILL,
+    PH_ROLLBACK,
+    PH_VERIFY,
+    PR_COLD,
+    PR_DECODE_CRITICAL,
+    PR_HOT,
+    PR_WARM,
+)
 
 # slot status
 ST_WAIT, ST_RUN, ST_DONE, ST_PRUNED = 0, 1, 2, 3
@@ -141,9 +165,20 @@ def _prefill_us(fp, start, m):
     return prefill_cost_us(fp, start, m)
 
 
-from kvsim.engine.scheduler_blocks import (_acquire, _cached_prefix, _decode_blocks, _load_head,
-    _prompt_hashes, _release, _rslot, _token_deadline, _uniform, _walk)
 from kvsim.engine import scheduler_blocks as _sb  # noqa: E402
+from kvsim.engine.scheduler_blocks import (  # noqa: E402
+    _acquire,
+    _cached_prefix,
+    _decode_blocks,
+    _load_head,
+    _prompt_hashes,
+    _release,
+    _rslot,
+    _token_deadline,
+    _uniform,
+    _walk,
+)
+
 assert (_sb.S_HELD, _sb.S_HEADC) == (S_HELD, S_HEADC)
 
 
@@ -325,7 +360,6 @@ def run_steps(ip, fp, st, stf,
         attended = 0.0
         kv_read = 0.0
         acc_reset(acc)
-        pf0 = nfin  # fin[pf0:] collects finishers; prefill completers tracked via gen
         # ---- 3. decode sequences
         for r in range(m2):
             c = run2[r]

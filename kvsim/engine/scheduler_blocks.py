@@ -6,9 +6,9 @@ like it."""
 from __future__ import annotations
 
 import numpy as np
-from kvsim.jit.decorators import njit
 
 from kvsim.ingest.hashing import chain_hash, mix64, partial_hash
+from kvsim.jit.decorators import njit
 from kvsim.replay.kernel.tiers import hash_slot
 
 # Every function here is called from compiled code (no C wrapper built); those only

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvsim.memory.fast import index_keys_values, new_index
 from kvsim.engine import scheduler as S
+from kvsim.memory.fast import index_keys_values, new_index
 
 
 @dataclass

@@ -174,8 +174,8 @@ def stream_from_requests(table, block_size_tokens: int = 16, kv_bytes_per_token:
                          model: str = "") -> CacheStream:
     """The cache-mode requests of a :class:`kvsim.ingest.RequestTable`, hashed as the
     engine lowering hashes them (:func:`kvsim.engine.scheduler_blocks._prompt_hashes`)."""
-    from kvsim.ingest.hashing import root_hash
     from kvsim.engine.scheduler_blocks import _prompt_hashes
+    from kvsim.ingest.hashing import root_hash
 
     df = table.df
     B = int(block_size_tokens)
@@ -358,7 +358,6 @@ def bound_stream_from_events(path: str | Path, batch_rows: int = 1 << 20) -> Bou
     prompt: dict[int, int] = {}
     admitted: dict[int, int] = {}  # request -> row of its admission
     chain: dict[int, list[int]] = {}  # request -> its chain so far
-    n_prompt: dict[int, int] = {}  # request -> blocks of its chain that are prompt blocks
     broken: set[int] = set()
     partial: dict[int, int] = {}  # request -> hash of its partial last block
     entries: list[tuple[int, int, bool, list[int], int]] = []  # row, req, admission, path, look

@@ -77,7 +77,7 @@ class EngineConfig:
     max_model_len: int = 1 << 30
 
     @classmethod
-    def from_recording(cls, engine: dict) -> "EngineConfig":
+    def from_recording(cls, engine: dict) -> EngineConfig:
         kw = {k: engine[k] for k in cls.__dataclass_fields__ if engine.get(k) is not None}
         return cls(**kw)
 

@@ -32,8 +32,7 @@ The writer raises ``ValueError`` (a programming error in the producer) where the
 raises ``KvsimInputError`` (bad input from a user).
 """
 
-from kvsim.events.columns import (DTYPES, JSONL_HEADER_KEY, REQUIRED_JSONL_FIELDS,
-                                  event_format)
+from kvsim.events.columns import DTYPES, JSONL_HEADER_KEY, REQUIRED_JSONL_FIELDS, event_format
 from kvsim.events.reader import EventReader, header_dict, open_events, read_events
 from kvsim.events.writer import EventWriter, write_events
 

@@ -3,8 +3,9 @@ and the writer share (vectorised over a batch).  See :mod:`kvsim.events`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 import pyarrow as pa

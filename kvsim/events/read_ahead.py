@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 _ITEM, _END, _ERROR = 0, 1, 2
 #: How often a producer blocked on a full queue checks for :meth:`ReadAhead.close` (s).
@@ -63,7 +64,7 @@ class ReadAhead:
         return False
 
     # -- consumer ---------------------------------------------------------------------------
-    def __iter__(self) -> "ReadAhead":
+    def __iter__(self) -> ReadAhead:
         return self
 
     def __next__(self) -> Any:
@@ -89,7 +90,7 @@ class ReadAhead:
                 pass
             self._thread.join(_POLL_S)
 
-    def __enter__(self) -> "ReadAhead":
+    def __enter__(self) -> ReadAhead:
         return self
 
     def __exit__(self, *exc: Any) -> bool:

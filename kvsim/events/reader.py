@@ -9,9 +9,10 @@ import io
 import itertools
 import json
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import IO, Any, Iterator, Sequence
+from typing import IO, Any
 
 import numpy as np
 import pandas as pd
@@ -19,13 +20,33 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvsim.core.errors import KvsimInputError, bad_value
-from kvsim.core.schema import (COLUMN_NAMES, COLUMNS, DEFAULTS, HEADER_METADATA_KEY,
-    SCHEMA_VERSION, EventHeader, EventKind)
+from kvsim.core.schema import (
+    COLUMN_NAMES,
+    COLUMNS,
+    DEFAULTS,
+    HEADER_METADATA_KEY,
+    SCHEMA_VERSION,
+    EventHeader,
+    EventKind,
+)
+from kvsim.events.columns import (
+    _BOOL,
+    _COLUMN_INDEX,
+    _ENUM,
+    _ENUM_BY_NAME,
+    _ENUM_BY_VALUE,
+    _FIELD_CLASS,
+    _FLOAT,
+    _INT,
+    BLOCK_LEVEL_KINDS,
+    DTYPES,
+    JSONL_HEADER_KEY,
+    REQUIRED_JSONL_FIELDS,
+    _ErrorFactory,
+    _validate_columns,
+    event_format,
+)
 from kvsim.events.read_ahead import ReadAhead
-from kvsim.events.columns import (JSONL_HEADER_KEY, DTYPES, REQUIRED_JSONL_FIELDS,
-                                  BLOCK_LEVEL_KINDS, _INT, _FLOAT, _BOOL, _ENUM, _COLUMN_INDEX,
-                                  _ENUM_BY_NAME, _ENUM_BY_VALUE, _FIELD_CLASS, event_format,
-                                  _ErrorFactory, _validate_columns)
 
 _HEADER_TYPE_WORD = {int: "an integer", str: "a string", dict: "a JSON object"}
 
@@ -78,7 +99,7 @@ class EventReader:
         else:
             self.header = self._read_jsonl_header()
 
-    def __enter__(self) -> "EventReader":
+    def __enter__(self) -> EventReader:
         return self
 
     def __exit__(self, *exc: Any) -> bool:

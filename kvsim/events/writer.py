@@ -7,8 +7,9 @@ from __future__ import annotations
 import gzip
 import io
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -16,11 +17,27 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvsim.core.fsutil import atomic_output
-from kvsim.core.schema import (COLUMN_NAMES, COLUMNS, DEFAULTS, ENUM_COLUMNS, SCHEMA_VERSION,
-    EventHeader, EventKind, event_schema)
-from kvsim.events.columns import (JSONL_HEADER_KEY, DTYPES, _COLUMN_INDEX, _ENUM_BY_NAME,
-                                  _ENUM_BY_VALUE, event_format, _ErrorFactory,
-                                  _validate_columns)
+from kvsim.core.schema import (
+    COLUMN_NAMES,
+    COLUMNS,
+    DEFAULTS,
+    ENUM_COLUMNS,
+    SCHEMA_VERSION,
+    EventHeader,
+    EventKind,
+    event_schema,
+)
+from kvsim.events.columns import (
+    _COLUMN_INDEX,
+    _ENUM_BY_NAME,
+    _ENUM_BY_VALUE,
+    DTYPES,
+    JSONL_HEADER_KEY,
+    _ErrorFactory,
+    _validate_columns,
+    event_format,
+)
+
 
 def _to_column(name: str, value: Any, n: int) -> np.ndarray:
     """Convert a caller's column to the exact dtype, raising ValueError on lossy input."""
@@ -128,7 +145,7 @@ class EventWriter:
         self._pending_rows = 0
 
     # -- context manager ---------------------------------------------------------------
-    def __enter__(self) -> "EventWriter":
+    def __enter__(self) -> EventWriter:
         self._atomic = atomic_output(self.path)
         tmp = self._atomic.__enter__()
         try:

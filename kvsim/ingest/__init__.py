@@ -15,7 +15,6 @@ reconstructed from a vLLM KV-event recording).  docs/importers.md describes ever
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
 
 from kvsim.core.errors import KvsimInputError, bad_value
 from kvsim.ingest.detect import FORMATS, detect_format

@@ -39,10 +39,10 @@ import numpy as np
 
 from kvsim.core.errors import KvsimInputError
 from kvsim.core.fsutil import open_text, strip_compression_suffix
+from kvsim.core.limits import get_limits
 from kvsim.ingest.hashing import name_hash, namespaced_ids
 from kvsim.ingest.requests import RequestTable, build_request_table
 from kvsim.ingest.tracefile import BadRows, as_float, as_int, as_int_list
-from kvsim.core.limits import get_limits
 
 #: Largest offset / duration in seconds (kvsim.core.limits: max_time_us, 10 years).
 _MAX_S = get_limits().max_time_us / 1e6

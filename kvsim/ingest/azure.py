@@ -14,9 +14,9 @@ from pathlib import Path
 
 from kvsim.core.errors import KvsimInputError, bad_value
 from kvsim.core.fsutil import open_text
+from kvsim.core.limits import get_limits
 from kvsim.ingest.requests import RequestTable, build_request_table
 from kvsim.ingest.tracefile import BadRows, as_int, csv_rows
-from kvsim.core.limits import get_limits
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 

@@ -27,10 +27,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvsim.core.errors import KvsimInputError, bad_value
-from kvsim.ingest.requests import RequestTable, build_request_table
-from kvsim.ingest.tracefile import (BadRows, as_int, as_int_list, as_time_us, json_lines,
-                                    parse_json)
 from kvsim.core.limits import get_limits
+from kvsim.ingest.requests import RequestTable, build_request_table
+from kvsim.ingest.tracefile import BadRows, as_int, as_int_list, as_time_us, json_lines, parse_json
 
 #: Tokens per hash id (README: "Group tokens into 16-token blocks"; file names *_blksz_16).
 BAILIAN_BLOCK_TOKENS = 16

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from kvsim.core.errors import KvsimInputError
 from kvsim.core.fsutil import open_text
+from kvsim.core.limits import get_limits
 from kvsim.ingest.requests import RequestTable, build_request_table
 from kvsim.ingest.tracefile import BadRows, as_int, as_time_us, csv_rows
-from kvsim.core.limits import get_limits
 
 #: The columns every BurstGPT release has (README of HPMLL/BurstGPT).
 BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens",

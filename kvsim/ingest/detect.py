@@ -12,7 +12,8 @@ Rules, first match wins (``--format`` skips them):
 4. JSONL (any other name): the first non-blank line decides: ``hash_ids`` as an object +
    ``input_length`` -> ``ragpulse``; ``chat_id`` + ``parent_chat_id`` + ``hash_ids`` ->
    ``bailian``; ``ts`` + ``events`` (or a ``[ts, [events...]]`` array) ->
-   ``vllm-kv-events``; ``hash_ids`` + ``input_length`` -> ``mooncake``; ``event_type`` + ``intent`` -> ``kvmi``; ``usage`` (top
+   ``vllm-kv-events``; ``hash_ids`` + ``input_length`` -> ``mooncake``; ``event_type`` +
+   ``intent`` -> ``kvmi``; ``usage`` (top
    level or under ``response``) -> ``openai``; otherwise ``generic``.
 
 ``.gz`` / ``.zst`` suffixes are looked through.

@@ -20,15 +20,25 @@ their own name, then take their defaults.  Canonical fields:
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from kvsim.core.errors import KvsimInputError, bad_value
 from kvsim.core.fsutil import open_text, strip_compression_suffix
-from kvsim.ingest.requests import RequestTable, build_request_table
-from kvsim.ingest.tracefile import (INT64_MAX, BadRows, as_float, as_int, as_time_us,
-                                    csv_rows, get_path, json_lines, parse_json)
 from kvsim.core.limits import get_limits
+from kvsim.ingest.requests import RequestTable, build_request_table
+from kvsim.ingest.tracefile import (
+    INT64_MAX,
+    BadRows,
+    as_float,
+    as_int,
+    as_time_us,
+    csv_rows,
+    get_path,
+    json_lines,
+    parse_json,
+)
 
 CANONICAL_FIELDS = ("arrival_us", "arrival_ms", "arrival_s", "prompt_tokens", "output_tokens",
                     "block_ids", "hashed_tokens", "session", "tenant", "request_priority",
@@ -66,9 +76,8 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
     """(location, record dict) of every row; location is ``line N`` or ``row N``."""
     name = strip_compression_suffix(path)
     if name.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
         import pyarrow as pa
+        import pyarrow.parquet as pq
 
         row = 0
         try:

@@ -25,7 +25,8 @@ Clock: kvmi steps carry no time; ``time_us = step * step_us`` (``step_us`` defau
 :data:`KVMI_STEP_US`, an assumption).  kvmi's ``deadline_us`` is a *relative* budget from
 the event (its generator writes 700, 900, 2,500, 10,000 us whatever the step; its
 simulator compares it with a per-event latency), so kvsim's absolute deadline is
-``time_us + deadline_us``; ``slack_us`` is copied (a difference already).  Content hashes are ``NO_HASH`` (kvmi has no content identity), so nothing is
+``time_us + deadline_us``; ``slack_us`` is copied (a difference already).  Content hashes
+are ``NO_HASH`` (kvmi has no content identity), so nothing is
 prefix-shared.  Rows of one step follow kvsim's order: STEP, ARRIVE, per request its
 ALLOCATE/INTENT/COMMIT rows then its ACCESS, then FREE rows.
 """
@@ -38,8 +39,8 @@ from typing import Any
 import numpy as np
 
 from kvsim.core.errors import KvsimInputError, bad_value
-from kvsim.ingest.tracefile import BadRows, as_float, as_int, json_lines, parse_json
 from kvsim.core.schema import DEFAULTS, EventHeader, EventKind, Phase, Priority
+from kvsim.ingest.tracefile import BadRows, as_float, as_int, json_lines, parse_json
 
 #: Engine-step length given to kvmi steps (assumption: kvmi records no time; 1 ms is the
 #: order of one decode step of a 7-8B model on one datacenter GPU).

@@ -21,15 +21,13 @@ prefix, so those blocks are not shared where the trace's ids alone would say the
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import warnings
+from pathlib import Path
 
 from kvsim.core.errors import KvsimInputError, KvsimWarning
 from kvsim.core.limits import get_limits
 from kvsim.ingest.requests import RequestTable, build_request_table
-from kvsim.ingest.tracefile import (BadRows, as_int, as_int_list, as_time_us, json_lines,
-                                    parse_json)
+from kvsim.ingest.tracefile import BadRows, as_int, as_int_list, as_time_us, json_lines, parse_json
 
 #: Tokens per hash id (Mooncake README / FAST'25 artifact: "block size 512").
 MOONCAKE_BLOCK_TOKENS = 512

@@ -46,8 +46,7 @@ import numpy as np
 from kvsim.core.errors import KvsimInputError, bad_value
 from kvsim.ingest.hashing import name_hash, token_block_ids
 from kvsim.ingest.requests import RequestTable, build_request_table
-from kvsim.ingest.tracefile import (BadRows, as_float, as_int, get_path, json_lines,
-                                    parse_json)
+from kvsim.ingest.tracefile import BadRows, as_float, as_int, get_path, json_lines, parse_json
 
 #: Tokens per hashed block for logs with token ids or text (vLLM's default block size).
 OPENAI_BLOCK_TOKENS = 16

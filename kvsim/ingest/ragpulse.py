@@ -41,10 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.core.errors import KvsimInputError, bad_value
-from kvsim.ingest.requests import RequestTable, build_request_table
-from kvsim.ingest.tracefile import (BadRows, as_int, as_int_list, as_time_us, json_lines,
-                                    parse_json)
 from kvsim.core.limits import get_limits
+from kvsim.ingest.requests import RequestTable, build_request_table
+from kvsim.ingest.tracefile import BadRows, as_int, as_int_list, as_time_us, json_lines, parse_json
 
 #: Components of ``hash_ids`` in prompt order, with the side file naming their chunks.
 COMPONENT_ORDER: tuple[tuple[str, str], ...] = (

@@ -10,8 +10,9 @@ decides what happens to such an error: re-raise it (default) or count it and ski
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from kvsim.core.errors import KvsimInputError, bad_value
 from kvsim.core.fsutil import open_text

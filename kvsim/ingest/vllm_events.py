@@ -42,9 +42,10 @@ from __future__ import annotations
 
 import gzip
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Union
+from typing import Any
 
 from kvsim.core.errors import KvsimInputError, bad_value
 from kvsim.core.fsutil import strip_compression_suffix
@@ -52,7 +53,7 @@ from kvsim.ingest.detect import MSGPACK_SUFFIXES
 from kvsim.ingest.requests import RequestTable, build_request_table
 from kvsim.ingest.tracefile import as_int_list, json_lines, parse_json
 
-HashKey = Union[int, bytes]
+HashKey = int | bytes
 
 #: Field order of each event in the array_like encoding (after the tag), vLLM's
 #: ``kv_events.py`` declaration order.
@@ -85,7 +86,7 @@ class AllBlocksCleared:
     pass
 
 
-KvEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]
+KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
 @dataclass(frozen=True)

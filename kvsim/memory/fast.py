@@ -33,9 +33,9 @@ from collections import namedtuple
 from dataclasses import dataclass, field
 
 import numpy as np
-from kvsim.jit.decorators import njit
 
 from kvsim.core.errors import bad_value
+from kvsim.jit.decorators import njit
 
 # ---- allocation result kinds (out.kind) ----------------------------------------------
 KIND_HIT = 0  # prefix hit on a block another seq holds: shared, ref + 1

@@ -18,8 +18,8 @@ sentinel at index ``num_slots``.  Invariant: a block is linked iff it is a candi
 from __future__ import annotations
 
 import numpy as np
-from kvsim.jit.decorators import njit
 
+from kvsim.jit.decorators import njit
 from kvsim.policy.api import policy_state
 
 NAME = "fifo-release"
@@ -85,7 +85,7 @@ def on_remove(state, view, b):
 @njit(cache=True)
 def victim(state, view, now_us, alt_blocks, alt_scores):
     """The head of the list; runners-up are the next blocks, scored by rank (0, 1, ...)."""
-    nxt, prv, linked = state.i64[NXT], state.i64[PRV], state.i8[LINKED]
+    nxt = state.i64[NXT]
     s = nxt.shape[0] - 1
     b = nxt[s]
     if b == s:

@@ -8,9 +8,22 @@ from __future__ import annotations
 import numpy as np
 
 from kvsim.memory import fifo_order
-from kvsim.memory.fast import (COUNTER_NAMES, INVARIANTS, PREEMPT_RECOMPUTE, S_N_CAND,
-                               S_N_EMPTY, AllocResult, PoolConfig, new_out, new_state,
-                               pool_check, pool_fork, pool_lookup, seq_close, seq_open)
+from kvsim.memory.fast import (
+    COUNTER_NAMES,
+    INVARIANTS,
+    PREEMPT_RECOMPUTE,
+    S_N_CAND,
+    S_N_EMPTY,
+    AllocResult,
+    PoolConfig,
+    new_out,
+    new_state,
+    pool_check,
+    pool_fork,
+    pool_lookup,
+    seq_close,
+    seq_open,
+)
 from kvsim.memory.pool_ref import pool_ref
 from kvsim.policy.api import new_block_view
 

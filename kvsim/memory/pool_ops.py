@@ -27,21 +27,61 @@ cold compile of the core optimised and machine-compiled again in every operation
 """
 
 import numpy as np
-from kvsim.jit.decorators import njit
 
-from kvsim.memory.fast import (
-    C_ALLOC_FAILURES, C_ADMISSIONS, C_COW_BYTES, C_COW_COPIES, C_EVICTED_BLOCKS,
-    C_HIT_BLOCKS, C_HIT_TOKENS, C_NEW_BLOCKS, C_PREEMPT_RECOMPUTE, C_PREEMPT_SWAP,
-    C_QUERY_TOKENS, C_RELEASED_BLOCKS, C_RERUN_ADMISSIONS, C_RERUN_HIT_TOKENS,
-    C_RERUN_QUERY_TOKENS, C_REVIVED_BLOCKS, C_SWAP_OUT_BLOCKS, C_SWAP_OUT_BYTES,
-    F_BLOCK_BYTES, F_BLOCK_SIZE, F_CACHING, F_NUM_BLOCKS, KIND_EVICTED, KIND_HIT,
-    KIND_NEW, KIND_REVIVED, PREEMPT_SWAP, S_N_CAND, S_N_EMPTY, S_N_HELD,
-    _empty_push_back, _empty_push_front, _empty_unlink, _home, _index_remove, index_add,
-    index_remove, pool_cache_block, pool_lookup,
-)
-from kvsim.policy.hooks import (H_HIT, H_HIT_HELD, H_HOLD, H_INSERT, H_MISS, H_RELEASE, H_REMOVE,
-    H_VICTIM)
+from kvsim.jit.decorators import njit
 from kvsim.jit.prefetch import prefetch
+from kvsim.memory.fast import (
+    C_ADMISSIONS,
+    C_ALLOC_FAILURES,
+    C_COW_BYTES,
+    C_COW_COPIES,
+    C_EVICTED_BLOCKS,
+    C_HIT_BLOCKS,
+    C_HIT_TOKENS,
+    C_NEW_BLOCKS,
+    C_PREEMPT_RECOMPUTE,
+    C_PREEMPT_SWAP,
+    C_QUERY_TOKENS,
+    C_RELEASED_BLOCKS,
+    C_RERUN_ADMISSIONS,
+    C_RERUN_HIT_TOKENS,
+    C_RERUN_QUERY_TOKENS,
+    C_REVIVED_BLOCKS,
+    C_SWAP_OUT_BLOCKS,
+    C_SWAP_OUT_BYTES,
+    F_BLOCK_BYTES,
+    F_BLOCK_SIZE,
+    F_CACHING,
+    F_NUM_BLOCKS,
+    KIND_EVICTED,
+    KIND_HIT,
+    KIND_NEW,
+    KIND_REVIVED,
+    PREEMPT_SWAP,
+    S_N_CAND,
+    S_N_EMPTY,
+    S_N_HELD,
+    _empty_push_back,
+    _empty_push_front,
+    _empty_unlink,
+    _home,
+    _index_remove,
+    index_add,
+    index_remove,
+    pool_cache_block,
+    pool_lookup,
+)
+from kvsim.policy.hooks import (
+    H_HIT,
+    H_HIT_HELD,
+    H_HOLD,
+    H_INSERT,
+    H_MISS,
+    H_RELEASE,
+    H_REMOVE,
+    H_VICTIM,
+)
+
 
 @njit(cache=True, inline="always")
 def _evict_one(st, pst, view, now_us, out, i):

@@ -17,12 +17,11 @@ interpreted engine runs the same source on the named tuple.
 from __future__ import annotations
 
 from numba import typeof, types
-
-from kvsim.jit.decorators import njit
 from numba.experimental import structref
 
-from kvsim.memory.fast import PoolConfig, PoolState, new_state
+from kvsim.jit.decorators import njit
 from kvsim.jit.disk_cache import seal_all
+from kvsim.memory.fast import PoolConfig, PoolState, new_state
 
 
 @structref.register

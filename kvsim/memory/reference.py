@@ -13,8 +13,15 @@ Block hashes are given by the caller (``kvsim.ingest.vllm_hashing`` or the event
 
 from __future__ import annotations
 
-from kvsim.memory.fast import COUNTER_NAMES, KIND_EVICTED, KIND_HIT, KIND_NEW, \
-    KIND_REVIVED, PREEMPT_SWAP, AllocResult
+from kvsim.memory.fast import (
+    COUNTER_NAMES,
+    KIND_EVICTED,
+    KIND_HIT,
+    KIND_NEW,
+    KIND_REVIVED,
+    PREEMPT_SWAP,
+    AllocResult,
+)
 
 
 class KVCacheBlock:

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from kvsim.memory import fast
-from kvsim.memory import pool_ops
+from kvsim.memory import fast, pool_ops
 from kvsim.memory.pool_handle import FastPool
 
 

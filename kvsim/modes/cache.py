@@ -17,11 +17,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvsim.engine.serial_lowering import (CacheLowering, CacheStream, stream_from_events,
-    write_cache_events)
 from kvsim.core import layout as L
-from kvsim.spec.sim_config import SimConfig
+from kvsim.engine.serial_lowering import (
+    CacheLowering,
+    CacheStream,
+    stream_from_events,
+    write_cache_events,
+)
 from kvsim.replay.metrics import summarize
+from kvsim.spec.sim_config import SimConfig
 
 _HIT_COLUMNS = ("hbm_hit_tokens", "dram_hit_tokens", "cxl_hit_tokens", "nvme_hit_tokens",
                 "recompute_tokens", "preemptions")
@@ -33,9 +37,9 @@ OPTIMAL = "optimal"
 
 def _optimal_result(source, config: SimConfig, lowering: CacheLowering | None):
     """``optimal`` in cache mode: the exact solver, HBM only (capacity = the HBM pool)."""
-    from kvsim.replay.metrics import summary_keys
     from kvsim.bounds.optimal import optimum_summary
     from kvsim.replay.driver import SimResult, resolve_tiers, scan_trace
+    from kvsim.replay.metrics import summary_keys
 
     stream = lowering.stream if lowering is not None else (
         source if isinstance(source, CacheStream) else stream_from_events(source))
@@ -113,8 +117,8 @@ def simulate_cache(source, policy, config: SimConfig, decision_log=None, *,
     """Replay ``source`` (an event file or a :class:`CacheStream`) in cache mode under
     ``policy``.  Returns a :class:`kvsim.replay.driver.SimResult` whose summary has the keys
     of :func:`kvsim.replay.metrics.summary_keys` ``("cache")``."""
-    from kvsim.replay.driver import SimResult, execute
     from kvsim.policy.registry import resolve_policy
+    from kvsim.replay.driver import SimResult, execute
 
     if policy == OPTIMAL:
         return _optimal_result(source, config, lowering)

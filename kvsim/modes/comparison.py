@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import pandas as pd
 
 from kvsim.core.errors import KvsimInputError
-from kvsim.spec.sim_config import SimConfig
-from kvsim.replay.driver import _open, scan_trace
-from kvsim.policy.registry import resolve_policy
 from kvsim.modes.dispatch import simulate
-
+from kvsim.policy.registry import resolve_policy
+from kvsim.replay.driver import _open, scan_trace
+from kvsim.spec.sim_config import SimConfig
 
 _SHARED: dict = {}
 

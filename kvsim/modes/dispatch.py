@@ -18,8 +18,8 @@ so that comparisons and sweeps, which call it once per row or cell, import downw
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from kvsim.replay.driver import SimResult, TraceFacts, replay
 from kvsim.spec.sim_config import SimConfig

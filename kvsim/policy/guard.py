@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import functools
 import numbers
+from collections.abc import Callable
 from dataclasses import fields, replace
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

@@ -31,14 +31,13 @@ from functools import lru_cache
 
 from numba import errors as numba_errors
 from numba import typeof, types
-
-from kvsim.jit.decorators import njit
 from numba.core.types import WrapperAddressProtocol
 from numba.experimental import structref
 
-from kvsim.policy.state_access import register_group_proxy, register_named_state
+from kvsim.jit.decorators import njit
 from kvsim.jit.disk_cache import FIRST_CLASS, seal, seal_all
 from kvsim.policy.api import PolicyState, StateSpec, new_block_view, policy_state
+from kvsim.policy.state_access import register_group_proxy, register_named_state
 
 #: The order of a hook tuple; ``on_hold`` / ``on_release`` / ``on_hit_held`` are bound as
 #: :func:`kvsim.policy.api.hook_bindings` says (kvsim.policy.registry.Policy resolves them).
@@ -220,7 +219,7 @@ class CompiledHook(WrapperAddressProtocol):
                 self._cres = self.dispatcher.get_compile_result(self.sig)
         return self._cres
 
-    def compile(self) -> "CompiledHook":
+    def compile(self) -> CompiledHook:
         """Compile (or load) now; returns self."""
         _ = self.cres
         return self

@@ -27,11 +27,12 @@ import importlib.util
 import inspect
 import pkgutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 from kvsim.core.errors import KvsimInputError
 from kvsim.policy import api as policy_api

@@ -37,8 +37,14 @@ from numba.core import cgutils, errors, types
 from numba.core.datamodel import models
 from numba.core.extending import lower_builtin, lower_getattr, register_model
 from numba.core.imputils import impl_ret_borrowed, impl_ret_untracked
-from numba.core.typing.templates import (AbstractTemplate, AttributeTemplate, infer,
-                                         infer_getattr, infer_global, signature)
+from numba.core.typing.templates import (
+    AbstractTemplate,
+    AttributeTemplate,
+    infer,
+    infer_getattr,
+    infer_global,
+    signature,
+)
 
 
 class StateGroup(types.Type):

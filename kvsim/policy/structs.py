@@ -10,6 +10,7 @@ policies' order tests."""
 from __future__ import annotations
 
 import numpy as np
+
 from kvsim.jit.decorators import njit
 
 # Every structure operation is compiled without a C wrapper (``no_cfunc_wrapper``, set by

@@ -17,30 +17,42 @@ bytes per ALLOCATE row for the whole trace (:func:`kvsim.replay.prepass.offline_
 from __future__ import annotations
 
 import warnings
-
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
 
-from kvsim.core.errors import KvsimInputError
-from kvsim.memory import fast as mem
-from kvsim.replay.kernel import core
 from kvsim.core import layout as L
-from kvsim.spec.sim_config import LOWER_TIERS, SimConfig, resolve_engine
-from kvsim.policy.hooks import is_uniform, tier_ref, view_ref
-from kvsim.memory.pool_ref import pool_arg
-from kvsim.replay.kernel.core_ref import CoreState, core_arg
-from kvsim.policy.registry import resolve_policy
-from kvsim.replay.variants import (compiled_is_cached, core_for, interpreted, is_compiled,
-    policy_value, run_cols)
-from kvsim.replay.prepass import (SeenSet, TraceFacts, _open, full_hashes, offline_next_use,
-    release_read_buffers, scan_trace)
-from kvsim.replay.kernel.tiers import Tier, new_record_view, record_rows
+from kvsim.core.errors import KvsimInputError
 from kvsim.engine.cost_model import GB, TierCosts, cost_array, hbm_kv_capacity_bytes, tier_costs
+from kvsim.memory import fast as mem
+from kvsim.memory.pool_ref import pool_arg
+from kvsim.policy.hooks import is_uniform, tier_ref, view_ref
+from kvsim.policy.registry import resolve_policy
+from kvsim.replay.kernel import core
+from kvsim.replay.kernel.core_ref import CoreState, core_arg
+from kvsim.replay.kernel.tiers import Tier, new_record_view, record_rows
 from kvsim.replay.metrics import request_table, step_table, summarize
+from kvsim.replay.prepass import (
+    SeenSet,
+    TraceFacts,
+    _open,
+    full_hashes,
+    offline_next_use,
+    release_read_buffers,
+    scan_trace,
+)
+from kvsim.replay.variants import (
+    compiled_is_cached,
+    core_for,
+    interpreted,
+    is_compiled,
+    policy_value,
+    run_cols,
+)
+from kvsim.spec.sim_config import LOWER_TIERS, SimConfig, resolve_engine
 
 
 @dataclass

@@ -35,10 +35,10 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from typing import Callable, Iterator, Sequence
-
+from collections.abc import Callable, Iterator, Sequence
 
 from kvsim.jit.disk_cache import compile_log as log  # noqa: E402  (the split's timeline)
+
 #: How much a hooks worker lowers its priority (``os.nice``; CFS weight 1024 -> 110): the
 #: core's compile gets a whole core while the hooks use what it leaves (docs/benchmarks.md,
 #: "Cold compile": the README job's timeline with ``KVSIM_COMPILE_LOG=1``).
@@ -129,8 +129,8 @@ def compare_engine(engine: str, num_rows: int, runs: int, closed: bool = False) 
     :func:`kvsim.spec.sim_config.resolve_engine`, warm when the compiled core is cached (a
     policy then costs its hooks' compile, ~1-3 CPU-s, against ~10 CPU-s interpreted on
     100 k events)."""
-    from kvsim.spec.sim_config import resolve_engine
     from kvsim.replay.variants import core_is_cold
+    from kvsim.spec.sim_config import resolve_engine
 
     return resolve_engine(engine, num_rows, runs, lambda: not core_is_cold(closed))
 
@@ -174,8 +174,8 @@ def first_then_hooks(first: Callable[..., dict], first_args: tuple, hook_names: 
     global _CLAIMS
     import multiprocessing as mp
 
-    from kvsim.replay import variants
     from kvsim.core.workers import process_pool
+    from kvsim.replay import variants
 
     others = min(workers - 1, len(hook_names))
     order = list(range(len(hook_names)))

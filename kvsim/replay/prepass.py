@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from kvsim.policy.api import NEVER
 from kvsim.core.schema import EventKind
 from kvsim.jit.prefetch import prefetch
+from kvsim.policy.api import NEVER
 
 _EMPTY = 0  # content hash 0 = NO_HASH: never a key, so it marks an empty slot
 EV_ARRIVE, EV_ALLOCATE, EV_ACCESS, EV_FORK, EV_FREE = (

@@ -61,10 +61,9 @@ def compiled_is_cached(hbm_policy, lower_policies, closed: bool = False) -> bool
     (with ``closed``, the closed loop's step driver ``closed_step.advance`` too) and every
     hook of these policies are in numba's disk cache (see :func:`dispatcher_is_cached`).
     False at once when a policy is plain Python."""
-    from kvsim.policy.hooks import hooks_are_cached
     from kvsim.jit.disk_cache import seal_all
-    from kvsim.replay.kernel import closed_step
-    from kvsim.replay.kernel import core
+    from kvsim.policy.hooks import hooks_are_cached
+    from kvsim.replay.kernel import closed_step, core
 
     if not (hbm_policy.compiled and all(p.compiled for p in lower_policies)):
         return False
@@ -81,8 +80,7 @@ def core_is_cold(closed: bool = False) -> bool:
     with ``closed``, or the closed loop's ``closed_step.advance``): a compiled run would
     compile it (~40-80 CPU-s, docs/benchmarks.md "Cold compile")."""
     from kvsim.jit.disk_cache import seal_all
-    from kvsim.replay.kernel import closed_step
-    from kvsim.replay.kernel import core
+    from kvsim.replay.kernel import closed_step, core
 
     seal_all()
     return not dispatcher_is_cached(core.run) or (
@@ -207,9 +205,9 @@ def _compile_run(arg_types: tuple) -> float:
     returns the CPU seconds it took."""
     import time
 
+    from kvsim.jit.disk_cache import compile_log as log
     from kvsim.jit.disk_cache import seal_all
     from kvsim.replay.kernel import core
-    from kvsim.jit.disk_cache import compile_log as log
 
     t0 = time.process_time()
     seal_all()

@@ -16,20 +16,51 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvsim.core.fsutil import atomic_output
-from kvsim.results.log_schema import (CANDIDATE_TYPE, LOG_METADATA_KEY, LOG_SCHEMA_VERSION,
-                                      log_schema)
-from kvsim.core.layout import (CF_LAST, CF_RECOMP, CF_SCORE, CI_BI, CI_COUNT, CI_DEADLINE,
-    CI_HASH, CI_NEXT, CI_PHASE, CI_PINNED, CI_PRIO, CI_REQ, CI_RPRIO, CI_SLACK, GF_COST, GF_TIME,
-    GI_ACTION, GI_BI, GI_BYTES, GI_DC, GI_FROM, GI_HASH, GI_NCAND, GI_REASON, GI_REQ, GI_SEQ,
-    GI_STEP, GI_TO, GI_WHY)
+from kvsim.core.layout import (
+    CF_LAST,
+    CF_RECOMP,
+    CF_SCORE,
+    CI_BI,
+    CI_COUNT,
+    CI_DEADLINE,
+    CI_HASH,
+    CI_NEXT,
+    CI_PHASE,
+    CI_PINNED,
+    CI_PRIO,
+    CI_REQ,
+    CI_RPRIO,
+    CI_SLACK,
+    GF_COST,
+    GF_TIME,
+    GI_ACTION,
+    GI_BI,
+    GI_BYTES,
+    GI_DC,
+    GI_FROM,
+    GI_HASH,
+    GI_NCAND,
+    GI_REASON,
+    GI_REQ,
+    GI_SEQ,
+    GI_STEP,
+    GI_TO,
+    GI_WHY,
+)
+from kvsim.results.log_schema import (
+    CANDIDATE_TYPE,
+    LOG_METADATA_KEY,
+    LOG_SCHEMA_VERSION,
+    log_schema,
+)
 
 #: Rows per Parquet row group (the reader pushes filters down to row groups).
 ROW_GROUP_ROWS = 1 << 16
@@ -56,7 +87,7 @@ class DecisionLogWriter:
         self._writer: pq.ParquetWriter | None = None
         self.rows = 0
 
-    def __enter__(self) -> "DecisionLogWriter":
+    def __enter__(self) -> DecisionLogWriter:
         self._stack = contextlib.ExitStack()
         tmp = self._stack.enter_context(atomic_output(self.path))
         self._writer = pq.ParquetWriter(tmp, self.schema)

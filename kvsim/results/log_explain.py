@@ -21,16 +21,26 @@ complete; a block never used again costs a scan to the end of the log (column-pr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 
 from kvsim.core.errors import KvsimInputError
-from kvsim.results.log_reader import (EVICTING, NEEDING, USING, BlockKey, DecisionLog,
-                                      action_name, blocks_filter, format_block,
-                                      identity_columns, tier_name)
+from kvsim.results.log_reader import (
+    EVICTING,
+    NEEDING,
+    USING,
+    BlockKey,
+    DecisionLog,
+    action_name,
+    blocks_filter,
+    format_block,
+    identity_columns,
+    tier_name,
+)
 from kvsim.results.log_schema import CANDIDATE_TYPE, DECISIONS, Action
 
 #: ``next_use`` of a block never used again (kvsim.policy.api.NEVER, int64 max): shown as

@@ -31,11 +31,27 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from kvsim.results.log_reader import (BATCH_ROWS, EVICTING, NEEDING, DecisionLog, check_order,
-                                      identity_columns, step_aligned)
 from kvsim.results.log_blocks import BlockTotals
-from kvsim.results.log_pending import (OUT_CAUSE, OUT_NEED, REC_ACTION, REC_FROM, REC_REASON,
-                                       REC_REQ, REC_SEQ, REC_STEP, PendingEvictions)
+from kvsim.results.log_pending import (
+    OUT_CAUSE,
+    OUT_NEED,
+    REC_ACTION,
+    REC_FROM,
+    REC_REASON,
+    REC_REQ,
+    REC_SEQ,
+    REC_STEP,
+    PendingEvictions,
+)
+from kvsim.results.log_reader import (
+    BATCH_ROWS,
+    EVICTING,
+    NEEDING,
+    DecisionLog,
+    check_order,
+    identity_columns,
+    step_aligned,
+)
 from kvsim.results.log_schema import Action
 
 #: Columns the ledger reads.

@@ -20,8 +20,14 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from kvsim.core.errors import KvsimInputError
-from kvsim.results.log_reader import (BlockKey, DecisionLog, action_name, block_filter,
-                                      format_block, tier_name)
+from kvsim.results.log_reader import (
+    BlockKey,
+    DecisionLog,
+    action_name,
+    block_filter,
+    format_block,
+    tier_name,
+)
 from kvsim.results.log_schema import Action
 
 #: Columns of :func:`show` and :func:`timeline` frames, in order.

@@ -21,8 +21,9 @@ mistyped column, corrupt page) raises :class:`kvsim.core.errors.KvsimInputError`
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -30,9 +31,14 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from kvsim.core.errors import KvsimInputError
-from kvsim.results.log_schema import (LOG_COLUMNS, LOG_METADATA_KEY,
-                                      LOG_SCHEMA_VERSION, REQUIRED_CANDIDATE_FIELDS, Action)
 from kvsim.core.schema import Tier
+from kvsim.results.log_schema import (
+    LOG_COLUMNS,
+    LOG_METADATA_KEY,
+    LOG_SCHEMA_VERSION,
+    REQUIRED_CANDIDATE_FIELDS,
+    Action,
+)
 
 #: Rows per streamed batch: large enough to amortise per-batch numpy/pandas overhead,
 #: small enough that the two or three batches in flight (~30 MB each with the candidates

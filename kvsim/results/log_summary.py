@@ -28,8 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kvsim.results.log_ledger import LEDGER_COLUMNS, build_ledger, reasons_of
-from kvsim.results.log_reader import (EVICTING, DecisionLog, action_name, format_block,
-                                      tier_name)
+from kvsim.results.log_reader import EVICTING, DecisionLog, action_name, format_block, tier_name
 from kvsim.results.log_schema import DECISIONS
 
 _DECISION_CODES = np.array(sorted(int(a) for a in DECISIONS), np.int64)

@@ -107,7 +107,7 @@ class HardwareProfile:
 
     def with_capacities(self, hbm_bytes: int | None = None, dram_bytes: int | None = None,
                         cxl_bytes: int | None = None,
-                        nvme_bytes: int | None = None) -> "HardwareProfile":
+                        nvme_bytes: int | None = None) -> HardwareProfile:
         """A copy with some tier capacities replaced (None keeps, 0 disables a tier).
 
         Raises :class:`KvsimInputError` for a negative capacity, or for enabling a tier the

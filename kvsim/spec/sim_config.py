@@ -124,7 +124,8 @@ class SimConfig:
     seed: int = field(default=0, metadata=_h("seed passed to policies that randomise"))
     engine: str = field(default="auto", metadata=_h(
         "auto (compiled when the policies' compiled core is in the disk cache or the "
-        "trace has at least AUTO_COMPILE_MIN_ROWS events, else interpreted), compiled (numba, cached on disk; the first run of a policy pays its "
+        "trace has at least AUTO_COMPILE_MIN_ROWS events, else interpreted), compiled "
+        "(numba, cached on disk; the first run of a policy pays its "
         "compile) or interpreted (the same code run by Python: no compile time, ~100x "
         "slower per event; plain-Python policies always use it)"))
     batch_rows: int = field(default=1 << 18, metadata=_h("event rows per streamed batch"))

@@ -5,8 +5,8 @@ API: :func:`generate` (profile -> event file, returns :class:`kvsim.events.impor
 :func:`list_profiles`.
 """
 
-from kvsim.workload.generator import build_workload, generate
 from kvsim.spec.workload_profile import RequestClass, WorkloadProfile, list_profiles, load_profile
+from kvsim.workload.generator import build_workload, generate
 
 __all__ = ["RequestClass", "WorkloadProfile", "build_workload", "generate", "list_profiles",
            "load_profile"]

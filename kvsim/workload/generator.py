@@ -24,16 +24,17 @@ same profile, count and seed give the same table and a byte-identical event file
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from numba import njit
 
 from kvsim.core.errors import bad_value
-from kvsim.ingest.hashing import finish63, mix64, name_hash
 from kvsim.engine.lowering import lower_requests
 from kvsim.events.import_summary import ImportSummary
+from kvsim.ingest.hashing import finish63, mix64, name_hash
 from kvsim.ingest.requests import RequestTable, build_request_table
 from kvsim.spec.workload_profile import RequestClass, WorkloadProfile, load_profile
 

@@ -115,8 +115,8 @@ def run_checks(backend_name: str, disk_dir: str) -> list[str]:
 def refusals(log_path: str) -> dict[str, str]:
     """What calibration and placement replay say when asked to time on this backend."""
     from kvsim.analysis.calibrate import CalibrationSettings, calibrate
-    from kvsim.core.errors import KvsimInputError
     from kvsim.analysis.placement_replay import ReplaySettings, replay_decision_log
+    from kvsim.core.errors import KvsimInputError
 
     out = {}
     for name, call in (

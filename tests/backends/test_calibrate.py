@@ -10,15 +10,23 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from kvsim.analysis.calibrate import (
+    KIB,
+    MIB,
+    OPERATIONS,
+    CalibrationSettings,
+    LinearFit,
+    calibrate,
+    calibrated_profile,
+    write_calibration,
+)
 from kvsim.backends import CALIBRATION_LAYOUT, BlockLayout
-from kvsim.engine import cost_model
-from kvsim.analysis.calibrate import (KIB, MIB, OPERATIONS, CalibrationSettings, LinearFit,
-    calibrate, calibrated_profile, write_calibration)
 from kvsim.cli import app
 from kvsim.core.errors import KvsimInputError
+from kvsim.engine import cost_model
 from kvsim.spec.hardware import load_hardware
 
-NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,14 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from kvsim.analysis.placement_replay import (
+    ReplaySettings,
+    SlotRing,
+    operations_for,
+    replay_decision_log,
+)
 from kvsim.cli import app
 from kvsim.core.errors import KvsimInputError
-from kvsim.analysis.placement_replay import (ReplaySettings, SlotRing, operations_for,
-    replay_decision_log)
 from kvsim.results.log_schema import Action
 
 BLOCK = 8192

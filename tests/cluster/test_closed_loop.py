@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvsim.api import simulate
 from kvsim.engine.engine_model import build_cost_model
 from kvsim.engine.lowering import lower_requests
 from kvsim.ingest.requests import build_request_table
-from kvsim.api import simulate
 from kvsim.modes.closed.closed_loop import EngineOptions
 from kvsim.modes.closed.cluster import serve
 from kvsim.spec.sim_config import SimConfig

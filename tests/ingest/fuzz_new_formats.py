@@ -45,10 +45,10 @@ def fuzz_new_formats(n: int, seed: int = 0, timeout_s: float = 20.0):
     import tests.ingest.test_ragpulse as RP
     import tests.ingest.test_vllm_kv_events as VE
     import tests.test_validate as TV
+    from kvsim.analysis.validate import validate
     from kvsim.core.errors import KvsimInputError, KvsimWarning
     from kvsim.engine.lowering import lower_requests
     from kvsim.ingest import read_requests
-    from kvsim.analysis.validate import validate
 
     warnings.simplefilter("ignore", KvsimWarning)
     seeds = {

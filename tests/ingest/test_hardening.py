@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from kvsim.analysis.trace_summary import summarize_trace
 from kvsim.core.errors import KvsimInputError, KvsimWarning
+from kvsim.core.limits import DEFAULT_LIMITS, get_limits
 from kvsim.ingest import read_requests
 from kvsim.ingest.tracefile import as_float, as_int
-from kvsim.core.limits import DEFAULT_LIMITS, get_limits
-from kvsim.analysis.trace_summary import summarize_trace
 
 DATA = Path(__file__).resolve().parent / "data"
 TRACES = Path(__file__).resolve().parents[2] / "traces"

@@ -13,11 +13,12 @@ import json
 import numpy as np
 import pytest
 
-from kvsim.events import read_events
-from kvsim.engine.lowering import lower_requests
-from kvsim.ingest import build_request_table
+from kvsim.core.schema import EventKind as K
+from kvsim.core.schema import Phase
 from kvsim.engine.engine_model import EngineConfig, build_cost_model, default_num_gpu_blocks
-from kvsim.core.schema import EventKind as K, Phase
+from kvsim.engine.lowering import lower_requests
+from kvsim.events import read_events
+from kvsim.ingest import build_request_table
 from tests.ingest.test_lowering import check_rules
 
 B = 16
@@ -51,8 +52,8 @@ def decode_steps(df, rid) -> list[int]:
 def replay_held(path, hbm_blocks):
     """The replay's own pool, sized exactly at the budget: (held blocks per step end,
     preemptions)."""
-    from kvsim.spec.sim_config import SimConfig
     from kvsim.api import simulate
+    from kvsim.spec.sim_config import SimConfig
 
     r = simulate(path, "lru", SimConfig(hbm_blocks=hbm_blocks, dram_gb=0, cxl_gb=0,
                                         nvme_gb=0, engine="interpreted"))
@@ -173,8 +174,8 @@ def test_beam_and_speculative_fit_a_tight_budget(tmp_path):
 
 
 def test_default_budget_is_the_replays_default_hbm_pool(tmp_path):
-    from kvsim.spec.sim_config import SimConfig
     from kvsim.replay.driver import resolve_tiers, scan_trace
+    from kvsim.spec.sim_config import SimConfig
 
     t = table(prompt_tokens=[40], output_tokens=[2])
     s, header, _ = lower(tmp_path, t)

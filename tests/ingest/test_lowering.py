@@ -9,11 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvsim.events import read_events
-from kvsim.engine.lowering import import_request_trace, lower_requests
-from kvsim.ingest import build_request_table
+from kvsim.core.schema import EventKind as K
+from kvsim.core.schema import Phase, Priority
 from kvsim.engine.engine_model import build_cost_model
-from kvsim.core.schema import EventKind as K, Phase, Priority
+from kvsim.engine.lowering import import_request_trace, lower_requests
+from kvsim.events import read_events
+from kvsim.ingest import build_request_table
 
 DATA = Path(__file__).parent / "data"
 B = 16

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
-import json
-
 import pytest
 from typer.testing import CliRunner
 

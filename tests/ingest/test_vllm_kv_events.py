@@ -13,8 +13,13 @@ from typer.testing import CliRunner
 
 from kvsim.cli import app
 from kvsim.ingest import detect_format, read_requests
-from kvsim.ingest.vllm_events import (AllBlocksCleared, BlockRemoved, BlockStored,
-                                      read_kv_events, reconstruct_requests)
+from kvsim.ingest.vllm_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    read_kv_events,
+    reconstruct_requests,
+)
 from kvsim.ingest.vllm_hashing import block_hashes
 from tests.helpers import assert_one_line_error
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from kvsim.core.errors import KvsimInputError
-from kvsim.results.log_query import parse_step_range, show, timeline, tiers_visited
+from kvsim.core.schema import Tier
+from kvsim.results.log_query import parse_step_range, show, tiers_visited, timeline
 from kvsim.results.log_reader import DecisionLog, parse_block
 from kvsim.results.log_schema import Action
-from kvsim.core.schema import Tier
 
 LRU = "least recently used: idle for the longest time"
 

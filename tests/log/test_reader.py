@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from kvsim.core.errors import KvsimInputError
-from kvsim.results.log_reader import (DecisionLog, format_block, parse_block, step_aligned)
+from kvsim.results.log_reader import DecisionLog, format_block, parse_block, step_aligned
 from kvsim.results.log_schema import LOG_METADATA_KEY
 
 

@@ -42,7 +42,7 @@ def on_remove(state, view, b):
 
 @njit(cache=True)
 def victim(state, view, now_us, alt_blocks, alt_scores):
-    nxt, prv = state.i64[0], state.i64[1]
+    nxt = state.i64[0]
     s = nxt.shape[0] - 1
     if nxt[s] == s:
         return -1, 0, 0

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvsim.memory.fast import KIND_EVICTED, KIND_NEW, KIND_REVIVED
 from kvsim.ingest.vllm_hashing import request_hashes
+from kvsim.memory.fast import KIND_EVICTED, KIND_NEW, KIND_REVIVED
 
 from .conftest import counters
 

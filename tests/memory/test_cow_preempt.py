@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvsim.memory.fast import PREEMPT_RECOMPUTE, PREEMPT_SWAP, pick_preemption_victim
 from kvsim.ingest.vllm_hashing import request_hashes
+from kvsim.memory.fast import PREEMPT_RECOMPUTE, PREEMPT_SWAP, pick_preemption_victim
 
 from .conftest import counters
 

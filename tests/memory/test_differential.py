@@ -8,9 +8,9 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvsim.ingest.vllm_hashing import block_hashes, request_hashes
 from kvsim.memory.fast import PoolConfig
 from kvsim.memory.pool_handle import FastPool
-from kvsim.ingest.vllm_hashing import block_hashes, request_hashes
 from kvsim.memory.reference import KVCacheManager
 
 BS = 2

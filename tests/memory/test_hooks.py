@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 
 import numpy as np
@@ -13,8 +12,15 @@ from numba import typeof
 
 from kvsim.jit import disk_cache as numba_cache
 from kvsim.policy import hooks
-from kvsim.policy.api import (STATE_F64, STATE_I8, STATE_I64, STATE_I64_2D, PolicyState,
-    new_block_view, policy_state)
+from kvsim.policy.api import (
+    STATE_F64,
+    STATE_I8,
+    STATE_I64,
+    STATE_I64_2D,
+    PolicyState,
+    new_block_view,
+    policy_state,
+)
 from kvsim.policy.registry import get_policy, list_policies
 
 

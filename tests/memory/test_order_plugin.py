@@ -7,9 +7,9 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from kvsim.ingest.vllm_hashing import request_hashes
 from kvsim.memory.fast import KIND_EVICTED, KIND_NEW, PoolConfig
 from kvsim.memory.pool_handle import FastPool
-from kvsim.ingest.vllm_hashing import request_hashes
 
 BS = 16
 COMMON = [i for i in range(3) for _ in range(BS)]

@@ -6,8 +6,15 @@ keys/values views the closed loop's scheduler reads."""
 
 import numpy as np
 
-from kvsim.memory.fast import PoolConfig, _hslot, _home, index_add, index_keys_values, \
-    index_remove, new_state
+from kvsim.memory.fast import (
+    PoolConfig,
+    _home,
+    _hslot,
+    index_add,
+    index_keys_values,
+    index_remove,
+    new_state,
+)
 
 
 def _state(num_blocks):

@@ -3,8 +3,8 @@ vLLM's hash chain."""
 
 from __future__ import annotations
 
-from kvsim.memory.fast import KIND_HIT, KIND_NEW, KIND_REVIVED
 from kvsim.ingest.vllm_hashing import request_hashes
+from kvsim.memory.fast import KIND_HIT, KIND_NEW, KIND_REVIVED
 from kvsim.memory.radix import RadixCache
 from kvsim.memory.reference import KVCacheManager
 

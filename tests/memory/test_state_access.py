@@ -11,8 +11,8 @@ import pytest
 from numba import errors, njit
 
 from kvsim.policy import hooks
-from kvsim.policy.state_access import StateGroup
 from kvsim.policy.api import STATE_F64, STATE_I8, STATE_I64, STATE_I64_2D, policy_state
+from kvsim.policy.state_access import StateGroup
 
 
 def _state():

@@ -3,8 +3,8 @@ on both implementations: block ids, hits, free-queue order and eviction order ex
 
 from __future__ import annotations
 
-from kvsim.memory.fast import KIND_EVICTED, KIND_HIT, KIND_NEW, KIND_REVIVED
 from kvsim.ingest.vllm_hashing import request_hashes
+from kvsim.memory.fast import KIND_EVICTED, KIND_HIT, KIND_NEW, KIND_REVIVED
 
 from .conftest import counters
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+
 from kvsim.policy.api import new_block_view
 from kvsim.policy.registry import list_policies, load_policy_file
 

@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvsim.policy.registry import list_policies
 from kvsim.cachesim.simulator import simulate_cache
+from kvsim.policy.registry import list_policies
 
 
 @settings(max_examples=30, deadline=None)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvsim.policy.api import NEVER
 from kvsim.cachesim.simulator import simulate_cache
+from kvsim.policy.api import NEVER
 from tests.policies.harness import Driver, all_policies
 
 POLICIES = all_policies()

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvsim.spec.sim_config import SimConfig
 from kvsim.modes.comparison import compare
+from kvsim.spec.sim_config import SimConfig
 from kvsim.workload import generate
 
 

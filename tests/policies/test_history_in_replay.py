@@ -13,9 +13,9 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
+from kvsim.api import simulate
 from kvsim.core.schema import Phase
 from kvsim.spec.sim_config import SimConfig
-from kvsim.api import simulate
 from tests.sim.conftest import TINY_PROFILE, TraceBuilder
 
 

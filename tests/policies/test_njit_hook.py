@@ -9,10 +9,16 @@ import numpy as np
 import pytest
 from numba import njit
 
-from kvsim.policy.api import dll_ends, dll_links, dll_move_to_tail, dll_push_tail, dll_remove
-from kvsim.policy.api import njit_hook
-from kvsim.policy.registry import get_policy, policy_from_module
 from kvsim.cachesim.simulator import simulate_cache
+from kvsim.policy.api import (
+    dll_ends,
+    dll_links,
+    dll_move_to_tail,
+    dll_push_tail,
+    dll_remove,
+    njit_hook,
+)
+from kvsim.policy.registry import get_policy, policy_from_module
 
 
 def _lru_module(decorate, name):

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvsim.cachesim.simulator import simulate_cache
 from kvsim.policy.api import Phase, Priority
 from kvsim.policy.registry import get_policy, load_policy_file
-from kvsim.cachesim.simulator import simulate_cache
 from tests.policies.harness import USER_POLICY_FILE, Driver
 
 

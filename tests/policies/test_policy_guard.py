@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvsim.cachesim.simulator import simulate_cache
 from kvsim.core.errors import KvsimInputError
 from kvsim.policy.api import new_block_view
 from kvsim.policy.guard import _Guard
 from kvsim.policy.registry import get_policy, load_policy_file
-from kvsim.cachesim.simulator import simulate_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "traces" / "sample_chat.jsonl"
@@ -62,8 +62,8 @@ def test_guarded_copy_of_a_builtin_gives_its_exact_victims(tmp_path: Path, built
 def test_guarded_hold_hooks_in_the_tiered_replay(tmp_path: Path) -> None:
     """lru's source as a user file (on_hold / on_release included) through the tiered
     replay: the same metrics as the built-in, both interpreted."""
-    from kvsim.spec.sim_config import SimConfig
     from kvsim.api import simulate
+    from kvsim.spec.sim_config import SimConfig
 
     pol = load_policy_file(_user_copy(tmp_path, "lru", "guarded_lru_replay"))
     cfg = SimConfig(hbm_gb=0.05, engine="interpreted")
@@ -74,8 +74,8 @@ def test_guarded_hold_hooks_in_the_tiered_replay(tmp_path: Path) -> None:
 
 
 def test_view_write_in_the_replay_names_file_and_hook() -> None:
-    from kvsim.spec.sim_config import SimConfig
     from kvsim.api import simulate
+    from kvsim.spec.sim_config import SimConfig
 
     pol = load_policy_file(CORPUS / "pol_writes_view.py")
     with pytest.raises(KvsimInputError) as info:

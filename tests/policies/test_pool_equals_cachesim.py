@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvsim.cachesim.simulator import simulate_cache
 from kvsim.memory.fast import PoolConfig
 from kvsim.memory.pool_handle import FastPool
 from kvsim.policy.registry import list_policies
-from kvsim.cachesim.simulator import simulate_cache
 
 ONLINE = [p for p in list_policies() if not p.offline and p.source == "builtin"]
 

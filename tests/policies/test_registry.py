@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import kvsim.policies
+from kvsim.cachesim.simulator import simulate_cache
 from kvsim.core.errors import KvsimInputError
 from kvsim.policy.registry import get_policy, list_policies, load_policy_file
-from kvsim.cachesim.simulator import simulate_cache
 from tests.policies.harness import USER_POLICY_FILE
 
 BUILTINS = {"arc", "belady", "deadline", "fifo", "hotcold", "intent", "lfu", "lru",

@@ -18,8 +18,8 @@ spill cascade), :mod:`.replay` (events, placement, costs, preemption, steps, met
 from __future__ import annotations
 
 from kvsim.events import read_events
-from kvsim.spec.hardware import load_hardware
 from kvsim.policy.registry import get_policy
+from kvsim.spec.hardware import load_hardware
 
 from .replay import Reference, Tiering
 

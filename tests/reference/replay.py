@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from kvsim.policy.api import NEVER, Phase, Priority
 from kvsim.core.schema import EventKind as EV
+from kvsim.policy.api import NEVER, Phase, Priority
 
 from .pool import Pool
 from .tiers import DC, LowerTiers, candidate, view_row
@@ -382,7 +382,7 @@ class Reference:
             q.lookup_tok += num_tokens
 
     # -- rows ----------------------------------------------------------------------------
-    def run(self) -> "Reference":
+    def run(self) -> Reference:
         for row in self.rows:
             p = self.pending
             if p is not None and not (row["kind"] == EV.ALLOCATE and row["request_id"] == p.rid):

@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kvsim.events import write_events
 from kvsim.core.schema import COLUMN_NAMES, DEFAULTS, EventHeader, EventKind, Phase
+from kvsim.events import write_events
 
 TINY_PROFILE = """\
 name = "tiny"

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvsim.api import simulate
 from kvsim.memory import PoolConfig
 from kvsim.memory.fast import MAX_ALT, new_out
 from kvsim.policy.registry import load_policy_file
 from kvsim.spec.sim_config import SimConfig
-from kvsim.api import simulate
 
 _CONFTEST = Path(__file__).with_name("conftest.py")
 _spec = importlib.util.spec_from_file_location("kvsim_tests_sim_conftest_alt", _CONFTEST)

@@ -6,19 +6,18 @@ Blocks are 4 tokens of 25 bytes (tests/sim/conftest.py).  Tiny traces run interp
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from kvsim.engine.serial_lowering import CacheStream, stream_from_events
-from kvsim.policy.registry import list_policies
-from kvsim.core.schema import EventHeader, Phase
-from kvsim.spec.sim_config import SimConfig
 from kvsim.api import simulate
 from kvsim.cachesim.simulator import simulate_cache
+from kvsim.core.schema import EventHeader, Phase
+from kvsim.engine.serial_lowering import CacheStream, stream_from_events
 from kvsim.modes.cache import simulate_cache as replay_cache
+from kvsim.policy.registry import list_policies
+from kvsim.spec.sim_config import SimConfig
 
 
 def cfg(hw, **kw) -> SimConfig:
@@ -252,8 +251,8 @@ def test_block_variant_equals_single_tier_on_mooncake(name, shared_traces, tiny_
     path = shared_traces / "mooncake" / "conversation_trace.jsonl"
     if not path.is_file():
         pytest.skip(f"{path} not found")
-    from kvsim.ingest import read_requests
     from kvsim.engine.serial_lowering import stream_from_requests
+    from kvsim.ingest import read_requests
 
     stream = _head(stream_from_requests(read_requests(path, "mooncake"), 512, 1), 1500)
     _assert_reduction(stream, 2000, name, tiny_hw)

@@ -12,9 +12,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from kvsim.policy.registry import get_policy
 from kvsim.cachesim import simulator as cachesim
 from kvsim.cachesim.simulator import simulate_cache
+from kvsim.policy.registry import get_policy
 
 FAST = ["lru", "fifo", "lfu", "sieve", "s3fifo", "arc"]
 

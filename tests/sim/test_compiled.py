@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kvsim.spec.sim_config import SimConfig
 from kvsim.api import simulate
+from kvsim.spec.sim_config import SimConfig
 
 _spec = importlib.util.spec_from_file_location("kvsim_tests_sim_conftest_c",
                                                Path(__file__).with_name("conftest.py"))
@@ -61,11 +61,9 @@ def test_one_compilation_per_core_function(tiny_hw, tmp_path):
     of ``core.run`` (kvsim.replay.variants.run_cols).  (Callees passed constants at call
     sites, ``f(x, 0)``, are specialised by numba on the literal; kvsim no longer retypes
     those calls since #31 (it patched numba's dispatchers): docs/jit.md.)"""
-    from kvsim.replay.kernel import core
-    from kvsim.replay.kernel import closed_step
-
     from kvsim.engine.lowering import lower_requests
     from kvsim.ingest.requests import build_request_table
+    from kvsim.replay.kernel import closed_step, core
 
     t = build_request_table({"arrival_us": [0, 10, 20], "prompt_tokens": [40, 60, 40],
                              "output_tokens": [3, 2, 4], "block_ids": [[1, 2, 3],

@@ -21,14 +21,17 @@ policy's hooks (~0.5 CPU-s each); the replays themselves are tiny.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 
 from kvsim.core.schema import Priority
-from kvsim.spec.sim_config import SimConfig
-from tests.sim.test_reference_diff import (POLICIES, build_trace, check, config_from,
-                                           hw_pair)  # noqa: F401  (hw_pair: a fixture)
+from tests.sim.test_reference_diff import (
+    POLICIES,
+    build_trace,
+    check,
+    config_from,
+    hw_pair,  # noqa: F401  (hw_pair: a fixture)
+)
 
 WARM, HOT, COLD, CRIT = (int(Priority.WARM), int(Priority.HOT), int(Priority.COLD),
                          int(Priority.DECODE_CRITICAL))

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from kvsim.api import simulate
 from kvsim.policy.registry import list_policies
 from kvsim.spec.sim_config import SimConfig
-from kvsim.api import simulate
 
 _CONFTEST = Path(__file__).with_name("conftest.py")
 _spec = importlib.util.spec_from_file_location("kvsim_tests_sim_conftest", _CONFTEST)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from numba import njit
 
-from kvsim.spec.sim_config import SimConfig
 from kvsim.replay.kernel.core_ref import CORE_FIELDS, CORE_REF, CoreState, core_arg, core_ref
+from kvsim.spec.sim_config import SimConfig
 
 _spec = importlib.util.spec_from_file_location("kvsim_tests_sim_conftest_cr",
                                                Path(__file__).with_name("conftest.py"))

@@ -17,8 +17,8 @@ import pytest
 
 from kvsim.policy.registry import get_policy
 from kvsim.replay import driver as replay
-from kvsim.spec.sim_config import AUTO_COMPILE_MIN_ROWS
 from kvsim.replay.variants import compiled_is_cached, dispatcher_is_cached
+from kvsim.spec.sim_config import AUTO_COMPILE_MIN_ROWS
 
 SRC = textwrap.dedent("""
     from numba import njit
@@ -74,8 +74,8 @@ def test_cache_check_follows_numba_cache_across_processes(tmp_path):
 def test_compiled_is_cached_needs_the_core_and_every_hook(monkeypatch):
     """Warm = the one core's entry point AND each policy's hooks are in numba's cache (the
     check itself is tested on a real cache above)."""
-    from kvsim.replay.kernel import core
     from kvsim.replay import variants
+    from kvsim.replay.kernel import core
 
     lru, fifo = get_policy("lru"), get_policy("fifo")
     lower = [lru] * 3
@@ -130,13 +130,12 @@ def test_compiled_hooks_over_an_old_tuple_state_run_interpreted_with_a_warning(t
     and runs it on the interpreted engine, with the results of an equivalent policy."""
     import types
 
-    import numpy as np
     from numba import njit
 
+    from kvsim.api import simulate
     from kvsim.policy.api import dll_ends, dll_links, dll_push_tail, dll_remove, list_walk
     from kvsim.policy.registry import policy_from_module
     from kvsim.spec.sim_config import SimConfig
-    from kvsim.api import simulate
 
     spec = importlib.util.spec_from_file_location(
         "kvsim_tests_sim_conftest_ec", os.path.join(os.path.dirname(__file__), "conftest.py"))

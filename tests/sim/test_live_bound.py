@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvsim.api import simulate
 from kvsim.core.errors import KvsimInputError
 from kvsim.core.schema import EventKind, Phase
 from kvsim.spec.sim_config import SimConfig
-from kvsim.api import simulate
 
 _spec = importlib.util.spec_from_file_location("kvsim_tests_sim_conftest_bound",
                                                Path(__file__).with_name("conftest.py"))

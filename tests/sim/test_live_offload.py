@@ -8,16 +8,15 @@ link 100 bytes/us, so fetching n blocks from DRAM in one ACCESS stalls ``5 + n``
 from __future__ import annotations
 
 import importlib.util
-import itertools
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from kvsim.api import simulate
 from kvsim.core.errors import KvsimInputError
 from kvsim.core.schema import Phase, Priority
 from kvsim.spec.sim_config import SimConfig
-from kvsim.api import simulate
 
 _spec = importlib.util.spec_from_file_location("kvsim_tests_sim_conftest_live",
                                                Path(__file__).with_name("conftest.py"))
@@ -208,8 +207,8 @@ def brute_force_loads(trace: Path, capacity: int) -> int:
     need rule alone: an ACCESS needs its request's blocks resident; a block is placed (new
     or fetched) only into a free slot or the slot of a resident block of another
     request)."""
-    from kvsim.events import read_events
     from kvsim.core.schema import EventKind
+    from kvsim.events import read_events
 
     _, df = read_events(trace)
     ops = [(int(r.kind), int(r.request_id)) for r in df.itertuples()

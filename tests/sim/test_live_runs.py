@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvsim.api import simulate
 from kvsim.core.schema import EventKind, Phase, Priority
 from kvsim.spec.sim_config import SimConfig
-from kvsim.api import simulate
 
 _here = Path(__file__).parent
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvsim.core.schema import Phase
-from kvsim.spec.sim_config import SimConfig
-from kvsim.replay.kernel import core
-from kvsim.core import layout as L
 from kvsim.api import simulate
+from kvsim.core import layout as L
+from kvsim.core.schema import Phase
+from kvsim.replay.kernel import core
 from kvsim.replay.metrics import OCCUPANCY_COLUMNS, step_table
+from kvsim.spec.sim_config import SimConfig
 
 _spec = importlib.util.spec_from_file_location("kvsim_tests_sim_conftest_occ",
                                                Path(__file__).with_name("conftest.py"))

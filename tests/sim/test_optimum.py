@@ -8,12 +8,13 @@ prefix hits.  The solver must reach exactly that number.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from itertools import combinations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvsim.bounds.optimal import cache_optimum, optimum_summary
 from tests.sim.test_cache_mode import _stream, _tree_chains, cfg
@@ -25,7 +26,7 @@ def brute_force_hits(chains, cap: int, lookups=None) -> int:
     chains = [tuple(c) for c in chains]
     lookups = [len(c) for c in chains] if lookups is None else list(lookups)
 
-    @lru_cache(maxsize=None)
+    @cache
     def best(k: int, state: frozenset) -> int:
         if k == len(chains):
             return 0
@@ -77,8 +78,8 @@ def test_equals_brute_force_with_production_entries(seed, n, cap, data):
 @pytest.mark.parametrize("seed,cap", [(0, 3), (1, 5), (2, 8), (3, 12)])
 def test_no_builtin_beats_optimal_in_cache_mode(seed, cap, tiny_hw):
     """Every registered online policy (prefix variant): hit blocks <= optimal's."""
-    from kvsim.policy.registry import list_policies
     from kvsim.modes.cache import simulate_cache
+    from kvsim.policy.registry import list_policies
 
     stream = _stream(_tree_chains(seed, 60))
     bound = optimum_summary(stream, cap)["hit_blocks"]
@@ -95,8 +96,8 @@ def test_no_builtin_beats_the_engine_bound(seed, hbm, builder, tiny_hw, tmp_path
     """Engine mode on the suite's random traces (conftest.random_trace): every registered
     policy's HBM hit rate <= optimal's HBM bound, its any-tier hit rate <= the bound at
     the total capacity (HBM + the tiny profile's 20 DRAM blocks)."""
-    from kvsim.spec.sim_config import SimConfig
     from kvsim.modes.comparison import compare
+    from kvsim.spec.sim_config import SimConfig
     from tests.sim.conftest import random_trace
 
     trace = random_trace(builder, seed).write(tmp_path / "t.parquet")

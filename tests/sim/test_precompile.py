@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
-from kvsim.policy.registry import get_policy
 from kvsim.jit import disk_cache
+from kvsim.policy.registry import get_policy
 from kvsim.replay import precompile, variants
 from kvsim.spec.sim_config import AUTO_COMPILE_MIN_ROWS
 
@@ -130,9 +130,8 @@ def test_compare_engine_auto(monkeypatch):
 def test_closed_loop_cache_check_needs_the_step_driver(monkeypatch):
     """The closed loop runs ``closed_step.advance`` besides ``core.run``: auto counts it
     as cached only when both are (and every hook)."""
-    from kvsim.replay.kernel import closed_step
-    from kvsim.replay.kernel import core
     from kvsim.modes.closed.closed_loop import closed_engine
+    from kvsim.replay.kernel import closed_step, core
     from kvsim.spec.sim_config import SimConfig
 
     lru = get_policy("lru")

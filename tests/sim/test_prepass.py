@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvsim.api import simulate
+from kvsim.core.schema import EventKind
 from kvsim.events import read_events
 from kvsim.policy.api import NEVER
-from kvsim.core.schema import EventKind
-from kvsim.spec.sim_config import SimConfig
-from kvsim.api import simulate
 from kvsim.replay.prepass import SeenSet, offline_next_use, scan_trace
+from kvsim.spec.sim_config import SimConfig
 
 _CONFTEST = Path(__file__).with_name("conftest.py")
 _spec = importlib.util.spec_from_file_location("kvsim_tests_sim_conftest_pp", _CONFTEST)

@@ -6,8 +6,8 @@ hooks' view type) treats it as the contiguous view."""
 import numpy as np
 from numba import typeof
 
-from kvsim.policy.hooks import VIEW_REF, view_ref
 from kvsim.policy.api import BLOCK_VIEW_FIELDS, NEVER, new_block_view
+from kvsim.policy.hooks import VIEW_REF, view_ref
 from kvsim.replay.kernel.tiers import ROW_BYTES, ROW_OFFSET_BYTES, copy_view, new_record_view
 
 COPIED = [f for f in BLOCK_VIEW_FIELDS if f not in ("insert_us", "last_access_us")]

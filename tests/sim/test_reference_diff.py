@@ -23,13 +23,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvsim.policy.registry import list_policies
-from kvsim.core.schema import Phase, Priority
-from kvsim.spec.sim_config import SimConfig
 from kvsim.api import simulate
+from kvsim.core.schema import Phase, Priority
+from kvsim.policy.registry import list_policies
 from kvsim.replay.metrics import SUMMARY_KEYS
+from kvsim.spec.sim_config import SimConfig
 from tests.reference import reference_replay
-
 from tests.sim.conftest import TINY_PROFILE, TraceBuilder, random_trace
 
 POLICIES = sorted(p.name for p in list_policies())

@@ -117,7 +117,6 @@ def test_progress_has_a_real_total_and_is_silent_under_json_to_a_pipe(monkeypatc
     from kvsim.cli import common
     from kvsim.cli.simulate import _policies_to_run
     from kvsim.modes.comparison import default_policies
-
     from kvsim.spec.sim_config import SimConfig
 
     engine, cache = SimConfig(), SimConfig(mode="cache")

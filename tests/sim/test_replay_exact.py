@@ -10,10 +10,10 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from kvsim.results.log_schema import Action
-from kvsim.core.schema import Phase
-from kvsim.spec.sim_config import SimConfig
 from kvsim.api import simulate
+from kvsim.core.schema import Phase
+from kvsim.results.log_schema import Action
+from kvsim.spec.sim_config import SimConfig
 
 
 def cfg(hw, **kw) -> SimConfig:

@@ -14,10 +14,10 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from kvsim.cli import app
-from kvsim.core.errors import KvsimInputError
 from kvsim.analysis.report_compare import FIGURES, build_compare_report, is_compare_table
 from kvsim.analysis.sweep import LATENCY_QUANTILES
+from kvsim.cli import app
+from kvsim.core.errors import KvsimInputError
 from tests.sim.test_cli import _trace
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -19,7 +19,6 @@ import numpy as np
 from numba import njit, typeof
 
 
-
 def _callees():
     """Fresh dispatchers (no signature compiled yet) and callers of them that pass
     constants: ``add(x, 0)``, ``add(x, 1)``, ``add(x, k)``, and ``pick(t, 1)`` on a
@@ -58,8 +57,8 @@ def test_event_columns_have_one_type_whatever_their_source(tmp_path):
     """The columns of a Parquet trace as the replay reads them (read-only, but the
     boolean ones writable) and the closed loop's writable columns type the same once
     through ``run_cols``: one signature of ``core.run`` for both."""
-    from kvsim.replay.kernel import core
     from kvsim.modes.closed.closed_loop import _new_cols
+    from kvsim.replay.kernel import core
     from kvsim.replay.prepass import _open
     from kvsim.replay.variants import run_cols
     from tests.sim.conftest import TraceBuilder, random_trace

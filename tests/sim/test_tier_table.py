@@ -7,8 +7,15 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from kvsim.replay.kernel.tiers import (_FIB, hash_del, hash_put, hash_slot, lower_find, tier_find,
-    tier_value)
+from kvsim.replay.kernel.tiers import (
+    _FIB,
+    hash_del,
+    hash_put,
+    hash_slot,
+    lower_find,
+    tier_find,
+    tier_value,
+)
 
 
 def _home(h, entries):

@@ -27,8 +27,8 @@ def mooncake(shared_traces):
     from kvcache_sim.plan import build_execution_plan
     from kvcache_sim.trace import parse_trace_file
 
-    from kvsim.ingest import read_requests
     from kvsim.engine.serial_lowering import stream_from_requests
+    from kvsim.ingest import read_requests
 
     plan = build_execution_plan(parse_trace_file(path, block_size=512), warmup_fraction=0.5)
     stream = stream_from_requests(read_requests(path, "mooncake"), block_size_tokens=512,
@@ -38,8 +38,8 @@ def mooncake(shared_traces):
 
 
 def _kvsim(stream, policy, cap):
-    from kvsim.spec.sim_config import SimConfig
     from kvsim.modes.cache import simulate_cache
+    from kvsim.spec.sim_config import SimConfig
 
     cfg = SimConfig(hbm_blocks=cap, dram_gb=0, cxl_gb=0, nvme_gb=0, warmup_fraction=0.5,
                     mode="cache")

@@ -11,10 +11,10 @@ import math
 
 import pytest
 
+from kvsim.api import simulate
 from kvsim.core.errors import KvsimInputError
 from kvsim.core.schema import Phase
 from kvsim.spec.sim_config import SimConfig
-from kvsim.api import simulate
 
 
 def cfg(hw, **kw) -> SimConfig:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kvsim.spec.sim_config import SimConfig
 from kvsim.analysis.sweep import SweepSpec, run_sweep
+from kvsim.spec.sim_config import SimConfig
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "traces" / "sample_chat.parquet"

@@ -7,10 +7,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvsim.core.errors import KvsimInputError
-from kvsim.cachesim.curves import (block_stream, distance_histogram, hit_curve,
-    mooncake_block_stream, shards_mask, stack_distances)
+from kvsim.cachesim.curves import (
+    block_stream,
+    distance_histogram,
+    hit_curve,
+    mooncake_block_stream,
+    shards_mask,
+    stack_distances,
+)
 from kvsim.cachesim.simulator import simulate_cache
+from kvsim.core.errors import KvsimInputError
 
 REPO = Path(__file__).resolve().parents[2]
 

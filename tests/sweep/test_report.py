@@ -10,9 +10,9 @@ import tempfile
 import numpy as np
 import pytest
 
-from kvsim.core.errors import KvsimInputError
 from kvsim.analysis.report import FIGURES, build_report, fig_occupancy_time
 from kvsim.analysis.sweep import load_occupancy
+from kvsim.core.errors import KvsimInputError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -9,12 +9,20 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvsim.core.errors import KvsimInputError
-from kvsim.cachesim.curves import block_stream, hit_curve
-from kvsim.spec.sim_config import SimConfig
+from kvsim.analysis.sweep import (
+    LATENCY_QUANTILES,
+    SweepSpec,
+    cell_key,
+    code_fingerprint,
+    load_occupancy,
+    occupancy_series,
+    results_columns,
+    run_sweep,
+)
 from kvsim.api import simulate
-from kvsim.analysis.sweep import (LATENCY_QUANTILES, SweepSpec, cell_key, code_fingerprint,
-    load_occupancy, occupancy_series, results_columns, run_sweep)
+from kvsim.cachesim.curves import block_stream, hit_curve
+from kvsim.core.errors import KvsimInputError
+from kvsim.spec.sim_config import SimConfig
 
 from .conftest import BASE, HBM_GB, SAMPLE, small_spec
 

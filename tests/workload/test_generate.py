@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import hashlib
 
-import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from kvsim.cli import app
 from kvsim.core.errors import KvsimInputError
+from kvsim.core.schema import EventKind as K
+from kvsim.core.schema import Phase, Priority
 from kvsim.events import read_events
-from kvsim.core.schema import EventKind as K, Phase, Priority
 from kvsim.workload import build_workload, generate, list_profiles, load_profile
 from tests.helpers import assert_one_line_error
 

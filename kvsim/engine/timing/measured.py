@@ -34,8 +34,8 @@ from __future__ import annotations
 import math
 import tomllib
 from bisect import bisect_right
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 SCHEMA = "kvsim.timing.measured/1"  # the profile format this module reads
 PROFILE_SUFFIX = ".toml"
@@ -187,7 +187,7 @@ class MeasuredStepTime:
 
     # ---- construction -------------------------------------------------------------
     @classmethod
-    def from_file(cls, path: str | Path) -> "MeasuredStepTime":
+    def from_file(cls, path: str | Path) -> MeasuredStepTime:
         p = Path(path)
         with open(p, "rb") as f:
             return cls(tomllib.load(f), str(p))
@@ -195,7 +195,7 @@ class MeasuredStepTime:
     @classmethod
     def bundled(
         cls, gpu: str, model: str, tp: int = 1, directory: str | Path | None = None
-    ) -> "MeasuredStepTime":
+    ) -> MeasuredStepTime:
         """The profile for (gpu, model, tp); ValueError naming what is missing if none."""
         d = Path(directory) if directory is not None else bundled_dir()
         p = d / _profile_name(gpu, model, tp)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
 from kvsim.jit.decorators import njit
 
 # the roofline constants occupy fp[0:7] (kvsim.engine.scheduler.Q_*); then the model kind

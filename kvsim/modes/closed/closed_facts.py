@@ -11,12 +11,11 @@ time).  ``seen`` feeds the recompute metric (a miss on content computed before).
 
 from __future__ import annotations
 
-
 import numpy as np
 from numba import njit
 
-from kvsim.ingest.hashing import chain_hash, root_hash
 from kvsim.engine.scheduler_blocks import _prompt_hashes
+from kvsim.ingest.hashing import chain_hash, root_hash
 
 NEVER = np.iinfo(np.int64).max
 

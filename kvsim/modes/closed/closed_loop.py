@@ -32,23 +32,23 @@ Outputs say which schedule produced them: ``summary["schedule"] == "closed"`` he
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Callable
 
 import numpy as np
 
-from kvsim.core.errors import KvsimInputError
-from kvsim.memory.fast import index_keys_values
-from kvsim.engine.engine_model import EngineConfig, build_cost_model
-from kvsim.ingest.requests import RequestTable
 from kvsim.core import layout as L
-from kvsim.replay.kernel import closed_step as CS
+from kvsim.core.errors import KvsimInputError
 from kvsim.engine import scheduler as S
-from kvsim.spec.sim_config import SimConfig
 from kvsim.engine.cost_model import hbm_kv_capacity_bytes
+from kvsim.engine.engine_model import EngineConfig, build_cost_model
 from kvsim.engine.scheduler_state import new_schedule
+from kvsim.ingest.requests import RequestTable
+from kvsim.memory.fast import index_keys_values
+from kvsim.replay.kernel import closed_step as CS
 from kvsim.replay.variants import closed_for, core_run_value
+from kvsim.spec.sim_config import SimConfig
 
 NEVER = np.iinfo(np.int64).max
 
@@ -275,9 +275,9 @@ class Engine:
 def closed_engine(config: SimConfig, policy, num_rows: int) -> str:
     """The engine of a closed-loop run (:func:`kvsim.replay.variants.auto_engine` with the
     closed loop's step driver counted in the cache check)."""
-    from kvsim.spec.sim_config import LOWER_TIERS
     from kvsim.policy.registry import resolve_policy
     from kvsim.replay.variants import auto_engine
+    from kvsim.spec.sim_config import LOWER_TIERS
 
     if config.engine != "auto":
         return config.engine
@@ -313,9 +313,9 @@ def prepare(table: RequestTable, config: SimConfig, opts: EngineOptions):
     """(cost model, HBM blocks, tier costs, block bytes, CSR block ids, the table without
     never-admissible requests, dropped count).  The prompt-block facts are the caller's
     (:func:`kvsim.modes.closed.closed_facts.block_facts`, :meth:`Engine.set_block_facts`)."""
-    from kvsim.spec.hardware import load_hardware
-    from kvsim.engine.lowering import _drop_unadmittable
     from kvsim.engine.cost_model import GB, tier_costs
+    from kvsim.engine.lowering import _drop_unadmittable
+    from kvsim.spec.hardware import load_hardware
     from kvsim.spec.sim_config import LOWER_TIERS
 
     if config.mode != "engine":

@@ -35,18 +35,18 @@ Routers (``router=``):
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
 
 from kvsim.core.errors import KvsimInputError
-from kvsim.ingest.requests import RequestTable
 from kvsim.engine import scheduler as S
+from kvsim.engine.scheduler_blocks import _cached_prefix
+from kvsim.ingest.requests import RequestTable
 from kvsim.modes.closed.closed_loop import Engine, EngineOptions, prepare
 from kvsim.spec.sim_config import SimConfig
-from kvsim.engine.scheduler_blocks import _cached_prefix
 
 ROUTERS = ("round_robin", "least_loaded", "session", "prefix")
 #: Dynamo's default ``--kv-overlap-score-weight`` (docs/router/kv_cache_routing.md).
@@ -93,9 +93,9 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
     :class:`kvsim.replay.driver.SimResult` whose ``summary`` has the cluster-wide keys of
     docs/simulate.md and ``summary["replicas_detail"]`` one row per replica."""
     from kvsim.modes.closed.closed_loop import closed_engine
-    from kvsim.replay.precompile import split_closed_compile
-    from kvsim.replay.driver import _describe
     from kvsim.policy.registry import resolve_policy
+    from kvsim.replay.driver import _describe
+    from kvsim.replay.precompile import split_closed_compile
 
     config = config or SimConfig()
     opts = engine or EngineOptions()
@@ -125,11 +125,11 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
 def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_blocks, costs,
            block_bytes, off, ids, dropped, cfg_dict, on_progress):
     """:func:`serve` after its set-up: build the engines, run them, summarise."""
-    from kvsim.results.decision_log import DecisionLogWriter
     from kvsim.modes.closed.closed_facts import block_facts, prompt_block_hashes
-    from kvsim.replay.driver import SimResult
-    from kvsim.policy.registry import resolve_policy
     from kvsim.modes.closed.serving_metrics import cluster_summary
+    from kvsim.policy.registry import resolve_policy
+    from kvsim.replay.driver import SimResult
+    from kvsim.results.decision_log import DecisionLogWriter
 
     N = len(table)
     warmup = config.warmup_count(N)
@@ -234,8 +234,8 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
     available); one row per policy with the summary keys, plus
     ``gap_hbm_hit_rate_to_belady``, ``gap_ttft_p99_us_to_belady`` and, when lru is listed,
     ``ttft_p50_us_vs_lru`` / ``ttft_p99_us_vs_lru`` (this policy's minus lru's)."""
-    from kvsim.policy.registry import resolve_policy
     from kvsim.modes.comparison import default_policies
+    from kvsim.policy.registry import resolve_policy
 
     names = list(policies) if policies else default_policies()
     for n in names:

@@ -19,8 +19,16 @@ import numpy as np
 import pandas as pd
 
 from kvsim.core.errors import KvsimInputError
-from kvsim.modes.live.live_offload import (K_ACCESS, K_ALLOCATE, K_ARRIVE, K_FORK, K_FREE,
-    K_INTENT, K_STEP, LiveReplay)
+from kvsim.modes.live.live_offload import (
+    K_ACCESS,
+    K_ALLOCATE,
+    K_ARRIVE,
+    K_FORK,
+    K_FREE,
+    K_INTENT,
+    K_STEP,
+    LiveReplay,
+)
 
 #: Keys a live-offload summary adds (docs/simulate.md, "Live offload").
 LIVE_KEYS = (
@@ -131,9 +139,9 @@ def _intent(cols: dict, i: int) -> tuple:
 
 def run_live(trace_path, policy, config, decision_log=None, facts=None):
     """:func:`kvsim.modes.live.live_metrics.simulate_live`."""
-    from kvsim.replay.prepass import _open, scan_trace
-    from kvsim.replay.driver import SimResult, _describe, resolve_tiers
     from kvsim.policy.registry import resolve_policy
+    from kvsim.replay.driver import SimResult, _describe, resolve_tiers
+    from kvsim.replay.prepass import _open, scan_trace
 
     if decision_log is not None:
         raise KvsimInputError("--live-offload writes no decision log yet; expected no "

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvsim.core.errors import KvsimInputError
 from kvsim.bounds.live_optimal import unlend
+from kvsim.core.errors import KvsimInputError
 from kvsim.core.schema import Priority, Tier
 
 #: Fewest blocks moved as a run; fewer move block by block (same effects): a run's numpy

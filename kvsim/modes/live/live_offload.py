@@ -44,19 +44,24 @@ Python API: :func:`kvsim.modes.live.live_metrics.simulate_live` ``(trace_path, p
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 
+from kvsim.bounds.live_optimal import cached_next, exact_top, settle, unlend
 from kvsim.core.errors import KvsimInputError
-from kvsim.policy.hooks import HOOK_NAMES, hooks_for, is_uniform, policy_value, view_ref
-from kvsim.policy.api import NEVER, new_block_view
 from kvsim.core.schema import EventKind, Phase, Priority, Tier
 from kvsim.modes.live import live_moves
-from kvsim.modes.live.live_moves import (fetch_many, fetch_one, fetch_run, spill_many, spill_one,
-    spill_run)
-from kvsim.bounds.live_optimal import cached_next, exact_top, settle, unlend
+from kvsim.modes.live.live_moves import (
+    fetch_many,
+    fetch_one,
+    fetch_run,
+    spill_many,
+    spill_one,
+    spill_run,
+)
+from kvsim.policy.api import NEVER, new_block_view
+from kvsim.policy.hooks import HOOK_NAMES, hooks_for, is_uniform, policy_value, view_ref
 
 K_STEP, K_ARRIVE, K_ALLOCATE, K_ACCESS, K_INTENT, K_COMMIT, K_FORK, K_FREE = (
     int(EventKind.STEP), int(EventKind.ARRIVE), int(EventKind.ALLOCATE),

@@ -8,10 +8,10 @@ them, and numba compiles and caches them once, as it does the core (docs/archite
 from __future__ import annotations
 
 import numpy as np
-from kvsim.jit.decorators import njit
 
-from kvsim.memory.fast import S_N_CAND, S_N_HELD  # the HBM pool's scalars (st.sc)
 from kvsim.core.layout import *  # noqa: F401,F403  (column names of the state arrays)
+from kvsim.jit.decorators import njit
+from kvsim.memory.fast import S_N_CAND, S_N_HELD  # the HBM pool's scalars (st.sc)
 
 NEVER = np.iinfo(np.int64).max
 from kvsim.core.codes import PR_DECODE_CRITICAL  # noqa: E402

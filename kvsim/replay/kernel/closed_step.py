@@ -27,11 +27,11 @@ runs the same source (:func:`kvsim.replay.variants.closed_for`).
 from __future__ import annotations
 
 import numpy as np
-from kvsim.jit.decorators import njit
 
-from kvsim.replay.kernel import core as core_mod
 from kvsim.core import layout as L
 from kvsim.engine import scheduler as S
+from kvsim.jit.decorators import njit
+from kvsim.replay.kernel import core as core_mod
 
 # aux (int64): step rows in flight (0 = none), row to resume at, steps recorded in insys,
 # ALLOCATE rows of the step, lost cached tokens (recomputed), event rows replayed, arena

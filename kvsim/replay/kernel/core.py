@@ -32,27 +32,110 @@ re-executes this module with ``njit`` as the identity.
 from __future__ import annotations
 
 import numpy as np
-from kvsim.jit.decorators import njit
 
+from kvsim.core.layout import (
+    AI_DEADLINE,
+    AI_FULL_HASH,
+    AI_HASH,
+    AI_NEXT,
+    AI_PFOK,
+    AI_PHASE,
+    AI_PIN,
+    AI_PRIO,
+    AI_RPRIO,
+    AI_SEEN,
+    AI_SIZE,
+    AI_SLACK,
+    AI_TDS,
+    AI_TOKENS,
+    C_ALLOC_ORD,
+    C_ARENA_NEED,
+    C_ARENA_TOP,
+    C_CLOCK_US,
+    C_HBM_USED,
+    C_IN_STEP,
+    C_MAX_BT,
+    C_NLOG,
+    C_NPEND,
+    C_NRUN,
+    C_NSTEP_BUF,
+    C_PEND_ADMIT,
+    C_STEP,
+    C_STEP_DUR_US,
+    C_STEP_EXTRA_US,
+    C_STEP_SAVED_US,
+    C_STEP_STALL_US,
+    C_STEP_START_US,
+    C_WARM_DONE,
+    C_WARM_US,
+    HI_BI,
+    HI_HITS,
+    HI_OWNER,
+    HI_TOKENS,
+    K_BLOCK_TOKENS,
+    K_LOG,
+    K_LOG_LIFECYCLE,
+    K_OFFLINE,
+    K_PREFETCH,
+    K_PRIO_SCHED,
+    K_WARMUP_STEP,
+    M_COW_COPIES,
+    RF_ADMIT_US,
+    RF_CREDIT_RATE,
+    RF_CREDIT_US,
+    RF_PF_BUDGET_US,
+    RI_ADMIT_STEP,
+    RI_ARRIVE_US,
+    RI_BOUND,
+    RI_BT_CAP,
+    RI_BT_LEN,
+    RI_BT_START,
+    RI_FT_PENDING,
+    RI_HIT_TOK,
+    RI_LATMASK,
+    RI_NOUT,
+    RI_PHASE,
+    RI_PREFILLED,
+    RI_PRIO,
+    RI_PROMPT,
+    RI_SEQ,
+    RI_STATE,
+    RI_TENANT,
+    RI_TTFT_DL,
+    RS_DONE,
+    RS_PREEMPTED,
+    RS_RUNNING,
+    RS_WAITING,
+)
+from kvsim.jit.decorators import njit
 from kvsim.memory import fast as mem
 from kvsim.memory import pool_ops as ops
 from kvsim.replay.kernel import spill as lower
 from kvsim.replay.kernel import tiers as tr
-from kvsim.replay.kernel.bookkeeping import (_finalize_step, _grow_records, _peak, _pick_victim,
-    _run_add, _run_remove, _set_view_from_record)
-from kvsim.core.layout import (AI_DEADLINE, AI_FULL_HASH, AI_HASH, AI_NEXT, AI_PFOK, AI_PHASE,
-    AI_PIN, AI_PRIO, AI_RPRIO, AI_SEEN, AI_SIZE, AI_SLACK, AI_TDS, AI_TOKENS, C_ALLOC_ORD,
-    C_ARENA_NEED, C_ARENA_TOP, C_CLOCK_US, C_HBM_USED, C_IN_STEP, C_MAX_BT, C_NLOG, C_NPEND,
-    C_NRUN, C_NSTEP_BUF, C_PEND_ADMIT, C_STEP, C_STEP_DUR_US, C_STEP_EXTRA_US, C_STEP_SAVED_US,
-    C_STEP_STALL_US, C_STEP_START_US, C_WARM_DONE, C_WARM_US, HI_BI, HI_HITS, HI_OWNER, HI_TOKENS,
-    K_BLOCK_TOKENS, K_LOG, K_LOG_LIFECYCLE, K_OFFLINE, K_PREFETCH, K_PRIO_SCHED, K_WARMUP_STEP,
-    M_COW_COPIES, RF_ADMIT_US, RF_CREDIT_RATE, RF_CREDIT_US, RF_PF_BUDGET_US, RI_ADMIT_STEP,
-    RI_ARRIVE_US, RI_BOUND, RI_BT_CAP, RI_BT_LEN, RI_BT_START, RI_FT_PENDING, RI_HIT_TOK,
-    RI_LATMASK, RI_NOUT, RI_PHASE, RI_PREFILLED, RI_PRIO, RI_PROMPT, RI_SEQ, RI_STATE, RI_TENANT,
-    RI_TTFT_DL, RS_DONE, RS_PREEMPTED, RS_RUNNING, RS_WAITING)
-from kvsim.replay.kernel.placement import (A_ALLOCATE, A_FREE, A_RELEASE, MODE_ADMIT, MODE_APPEND,
-    MODE_RERUN, W_COW, W_FREE, W_RELEASE,
-    _fill_last, _place, _preempt, _release_all)
+from kvsim.replay.kernel.bookkeeping import (
+    _finalize_step,
+    _grow_records,
+    _peak,
+    _pick_victim,
+    _run_add,
+    _run_remove,
+    _set_view_from_record,
+)
+from kvsim.replay.kernel.placement import (
+    A_ALLOCATE,
+    A_FREE,
+    A_RELEASE,
+    MODE_ADMIT,
+    MODE_APPEND,
+    MODE_RERUN,
+    W_COW,
+    W_FREE,
+    W_RELEASE,
+    _fill_last,
+    _place,
+    _preempt,
+    _release_all,
+)
 
 #: Column order of the ``cols`` tuple :func:`run` takes (names of kvsim.core.schema.COLUMNS).
 COLS = ("step", "time_us", "kind", "request_id", "block_index", "content_hash",
@@ -67,8 +150,20 @@ ST_NEED_LOG = 3
 ST_NEED_STEP = 4
 ST_NEED_PEND = 5
 
-from kvsim.core.codes import (EK_ACCESS, EK_ALLOCATE, EK_ARRIVE, EK_COMMIT, EK_FORK,  # noqa: E402
-    EK_FREE, EK_INTENT, EK_STEP, PH_DECODE, PH_PREFILL, PH_VERIFY, PR_DECODE_CRITICAL)
+from kvsim.core.codes import (  # noqa: E402
+    EK_ACCESS,
+    EK_ALLOCATE,
+    EK_ARRIVE,
+    EK_COMMIT,
+    EK_FORK,
+    EK_FREE,
+    EK_INTENT,
+    EK_STEP,
+    PH_DECODE,
+    PH_PREFILL,
+    PH_VERIFY,
+    PR_DECODE_CRITICAL,
+)
 
 #: The replay's own reasons (column ``why`` of the log buffer; -1 = the policy's reason),
 #: indexed by the ``W_*`` codes of :mod:`kvsim.replay.kernel.placement`.

@@ -42,13 +42,12 @@ bench/numba_repro/core_ref_unpack.sh; findings: docs/jit.md, "The one workaround
 from __future__ import annotations
 
 from numba import typeof, types
-
-from kvsim.jit.decorators import njit
 from numba.experimental import structref
 
-from kvsim.policy.hooks import TIER_REF, VIEW_REF, policy_value_type
-from kvsim.memory.pool_ref import POOL_REF
+from kvsim.jit.decorators import njit
 from kvsim.jit.disk_cache import seal_all
+from kvsim.memory.pool_ref import POOL_REF
+from kvsim.policy.hooks import TIER_REF, VIEW_REF, policy_value_type
 
 #: The members of the core's state, in order (what ``core.run`` took as arguments before;
 #: the HBM view is ``H_view``: numba rejects an attribute named ``view`` on a non-array).

@@ -12,27 +12,81 @@ written out in docs/simulate.md and docs/cost-model.md.  The reason codes ``W_*`
 from __future__ import annotations
 
 import numpy as np
-from kvsim.jit.decorators import njit
 
+from kvsim.core.codes import PH_DECODE, PH_PREFILL, PH_VERIFY, PR_DECODE_CRITICAL  # noqa: E402,F401
+from kvsim.core.layout import (
+    AI_FULL_HASH,
+    AI_HASH,
+    AI_PFOK,
+    AI_SEEN,
+    AI_SIZE,
+    AI_TOKENS,
+    C_HBM_USED,
+    C_STEP,
+    C_STEP_EXTRA_US,
+    C_STEP_STALL_US,
+    C_STEP_START_US,
+    HI_BI,
+    HI_HITS,
+    HI_OWNER,
+    HI_TOKENS,
+    K_BLOCK_TOKENS,
+    K_LOG,
+    K_LOG_LIFECYCLE,
+    K_PREEMPT_SWAP,
+    K_PREFETCH,
+    K_PRIO_SCHED,
+    K_WRITE_POLICY,
+    M_ALLOC_BLK,
+    M_BYTES_UP,
+    M_DC_MISS,
+    M_FIRST_TOK,
+    M_HIT_BLK,
+    M_HIT_TOK,
+    M_LOOKUP_BLK,
+    M_LOOKUP_TOK,
+    M_OVERFLOW,
+    M_PREEMPT_RECOMP_TOK,
+    M_PREEMPTIONS,
+    M_PREFETCH,
+    M_PREFETCH_USEFUL,
+    M_PROMOTE,
+    M_RECOMP_TOK,
+    M_STALL_US,
+    M_SWAP_IN_BYTES,
+    M_SWAP_OUT_BYTES,
+    RF_CREDIT_US,
+    RF_PF_BUDGET_US,
+    RF_STALL_US,
+    RI_BOUND,
+    RI_BT_LEN,
+    RI_BT_START,
+    RI_DC_MISS,
+    RI_HIT_TOK,
+    RI_LATMASK,
+    RI_LOOKUP_TOK,
+    RI_PREEMPTS,
+    RI_PROMPT,
+    RI_RECOMP_TOK,
+    RI_SEQ,
+    RI_STATE,
+    RS_PREEMPTED,
+    RS_RUNNING,
+    WP_WRITE_BACK,
+    X_DOWN_BYTES_PER_US,
+    X_DOWN_LAT_US,
+    X_UP_BYTES_PER_US,
+    X_UP_LAT_US,
+)
+from kvsim.jit.decorators import njit
+from kvsim.jit.prefetch import prefetch
 from kvsim.memory import fast as mem
 from kvsim.memory import pool_ops as ops
 from kvsim.replay.kernel import spill as lower
 from kvsim.replay.kernel import tier_ops
 from kvsim.replay.kernel import tiers as tr
-from kvsim.jit.prefetch import prefetch
 from kvsim.replay.kernel.bookkeeping import _peak, _pick_victim, _run_remove, _set_view_from_record
-from kvsim.core.layout import (AI_FULL_HASH, AI_HASH, AI_PFOK, AI_SEEN, AI_SIZE, AI_TOKENS,
-    C_HBM_USED, C_STEP, C_STEP_EXTRA_US, C_STEP_STALL_US, C_STEP_START_US, HI_BI, HI_HITS,
-    HI_OWNER, HI_TOKENS, K_BLOCK_TOKENS, K_LOG, K_LOG_LIFECYCLE, K_PREEMPT_SWAP, K_PREFETCH,
-    K_PRIO_SCHED, K_WRITE_POLICY, M_ALLOC_BLK, M_BYTES_UP, M_DC_MISS, M_FIRST_TOK, M_HIT_BLK,
-    M_HIT_TOK, M_LOOKUP_BLK, M_LOOKUP_TOK, M_OVERFLOW, M_PREEMPT_RECOMP_TOK, M_PREEMPTIONS,
-    M_PREFETCH, M_PREFETCH_USEFUL, M_PROMOTE, M_RECOMP_TOK, M_STALL_US, M_SWAP_IN_BYTES,
-    M_SWAP_OUT_BYTES, RF_CREDIT_US, RF_PF_BUDGET_US, RF_STALL_US, RI_BOUND, RI_BT_LEN,
-    RI_BT_START, RI_DC_MISS, RI_HIT_TOK, RI_LATMASK, RI_LOOKUP_TOK, RI_PREEMPTS, RI_PROMPT,
-    RI_RECOMP_TOK, RI_SEQ, RI_STATE, RS_PREEMPTED, RS_RUNNING, WP_WRITE_BACK, X_DOWN_BYTES_PER_US,
-    X_DOWN_LAT_US, X_UP_BYTES_PER_US, X_UP_LAT_US)
 
-from kvsim.core.codes import PH_DECODE, PH_PREFILL, PH_VERIFY, PR_DECODE_CRITICAL  # noqa: E402,F401
 # Action values (kvsim.results.log_schema.Action)
 A_EVICT, A_DEMOTE, A_PROMOTE, A_PREFETCH, A_RECOMPUTE, A_WRITE_THROUGH, A_PREEMPT = range(7)
 A_ALLOCATE, A_HIT, A_RELEASE, A_REVIVE, A_FREE = 10, 11, 12, 13, 14

@@ -8,17 +8,37 @@ Rules: docs/simulate.md (demotion, write-through) and docs/cost-model.md.
 from __future__ import annotations
 
 import numpy as np
-from kvsim.jit.decorators import njit
 
+from kvsim.core.layout import (
+    C_PEAK,
+    C_USED,
+    HI_BI,
+    HI_HITS,
+    HI_OWNER,
+    HI_TOKENS,
+    K_LOG,
+    K_WRITE_POLICY,
+    LI_BI,
+    LI_OWNER,
+    LI_STATE,
+    LI_TOKENS,
+    LM_CAP,
+    LM_FREE_TOP,
+    LM_USED,
+    M_BYTES_DOWN,
+    M_DEMOTE,
+    M_EVICT,
+    M_WRITE_THROUGH,
+    WP_WRITE_BACK,
+    WP_WRITE_THROUGH,
+)
+from kvsim.jit.decorators import njit
+from kvsim.jit.prefetch import prefetch, prefetch_row
 from kvsim.memory.fast import KIND_EVICTED
+from kvsim.policy.hooks import H_INSERT, H_REMOVE, H_VICTIM
 from kvsim.replay.kernel import tier_ops
 from kvsim.replay.kernel import tiers as tr
 from kvsim.replay.kernel.bookkeeping import _first_lower
-from kvsim.policy.hooks import H_INSERT, H_REMOVE, H_VICTIM
-from kvsim.jit.prefetch import prefetch, prefetch_row
-from kvsim.core.layout import (C_PEAK, C_USED, HI_BI, HI_HITS, HI_OWNER, HI_TOKENS, K_LOG,
-    K_WRITE_POLICY, LI_BI, LI_OWNER, LI_STATE, LI_TOKENS, LM_CAP, LM_FREE_TOP, LM_USED,
-    M_BYTES_DOWN, M_DEMOTE, M_EVICT, M_WRITE_THROUGH, WP_WRITE_BACK, WP_WRITE_THROUGH)
 
 # Values shared with kvsim.replay.kernel.core (which asserts they agree): Action codes
 # (kvsim.results.log_schema.Action) and the replay's own reasons (core.WHY).

@@ -7,13 +7,31 @@ every tier (the three lower tiers have one numba type).  State layout and
 invariants: :mod:`kvsim.replay.kernel.tiers`.
 """
 
+from kvsim.core.layout import (
+    C_PEAK,
+    C_USED,
+    K_LOG,
+    LI_BI,
+    LI_OWNER,
+    LI_STATE,
+    LI_TOKENS,
+    LM_CAP,
+    LM_FREE_TOP,
+    LM_USED,
+    M_BYTES_DOWN,
+    M_DEMOTE,
+    M_EVICT,
+)
 from kvsim.jit.decorators import njit
-
-from kvsim.core.layout import (C_PEAK, C_USED, LI_BI, LI_OWNER, LI_STATE, LI_TOKENS, LM_CAP,
-    K_LOG, LM_FREE_TOP, LM_USED, M_BYTES_DOWN, M_DEMOTE, M_EVICT)
-from kvsim.replay.kernel.tiers import (copy_view, hash_del, hash_put, log_candidates, log_row,
-    tier_value)
 from kvsim.policy.hooks import H_HIT, H_INSERT, H_REMOVE, H_VICTIM
+from kvsim.replay.kernel.tiers import (
+    copy_view,
+    hash_del,
+    hash_put,
+    log_candidates,
+    log_row,
+    tier_value,
+)
 
 A_EVICT = 0
 A_DEMOTE = 1

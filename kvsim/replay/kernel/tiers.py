@@ -26,7 +26,8 @@ the next), so a demotion from one tier into the
 next rewrites its entry's value in place instead of a removal from one table and an
 insertion into another, and "is it below, and where?" is one probe, not three
 (docs/benchmarks.md, "Speed: tiered replay of 16-token traces").
-``L_view`` (BlockView, one 88-byte row per slot: :func:`new_record_view`), ``L_ps`` (the policy as ``(state, hooks)``, kvsim.policy.hooks), ``Lm`` (int64 scalars
+``L_view`` (BlockView, one 88-byte row per slot: :func:`new_record_view`), ``L_ps`` (the
+policy as ``(state, hooks)``, kvsim.policy.hooks), ``Lm`` (int64 scalars
 ``LM_*``: tier id, capacity, free top, used).  Compiled code receives each tier as ONE
 value, a :class:`kvsim.policy.hooks.TierRef` (a structref with the same field names, made
 by :func:`kvsim.policy.hooks.tier_ref`), and reads its members by name (``T.L_h``), as
@@ -48,15 +49,46 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+
+from kvsim.core.layout import (
+    C_LOG_SEQ,
+    C_NLOG,
+    CF_LAST,
+    CF_RECOMP,
+    CF_SCORE,
+    CI_BI,
+    CI_COUNT,
+    CI_DEADLINE,
+    CI_HASH,
+    CI_NEXT,
+    CI_PHASE,
+    CI_PINNED,
+    CI_PRIO,
+    CI_REQ,
+    CI_RPRIO,
+    CI_SLACK,
+    GF_COST,
+    GF_TIME,
+    GI_ACTION,
+    GI_BI,
+    GI_BYTES,
+    GI_DC,
+    GI_FROM,
+    GI_HASH,
+    GI_NCAND,
+    GI_REASON,
+    GI_REQ,
+    GI_SEQ,
+    GI_STEP,
+    GI_TO,
+    GI_WHY,
+    LI_STATE,
+    LM_CAP,
+    LM_FREE_TOP,
+    LM_USED,
+)
 from kvsim.jit.decorators import njit
-
 from kvsim.jit.prefetch import prefetch
-
-from kvsim.core.layout import (C_LOG_SEQ, C_NLOG, CF_LAST, CF_RECOMP, CF_SCORE, CI_BI, CI_COUNT,
-    CI_DEADLINE, CI_HASH, CI_NEXT, CI_PHASE, CI_PINNED, CI_PRIO, CI_REQ, CI_RPRIO, CI_SLACK,
-    GF_COST, GF_TIME, GI_ACTION, GI_BI, GI_BYTES, GI_DC, GI_FROM, GI_HASH, GI_NCAND, GI_REASON,
-    GI_REQ, GI_SEQ, GI_STEP, GI_TO, GI_WHY, LI_BI, LI_OWNER, LI_STATE, LI_TOKENS, LM_CAP,
-    LM_FREE_TOP, LM_USED)
 
 
 class Tier(NamedTuple):
