@@ -76,6 +76,7 @@ from kvsim.cli.simulate_opts import (
     WideOpt,
     WritePolicyOpt,
 )
+from kvsim.cli.sizing import print_warnings, run_warnings, size_table
 from kvsim.core.errors import KvsimInputError
 from kvsim.core.fsutil import atomic_output
 
@@ -297,7 +298,7 @@ def simulate_command(
                                          block_size, max_num_seqs, max_num_batched_tokens,
                                          config, sched, timing,
                                          trace_block_size)
-            table, replicas, span_us = _size(table, opts, config, replicas, sched,
+            table, replicas, span_us = size_table(table, opts, config, replicas, sched,
                                              drop_over_context, warnings,
                                              strict=request_trace is not None)
             router = router or "round_robin"
@@ -315,8 +316,8 @@ def simulate_command(
                                   task, completed=done, total=total))
     replica_rows = result.summary.pop("replica_rows", None)
     df = pd.DataFrame([result.summary])
-    warnings += _result_warnings(df, trace, span_us)
-    _print_warnings(warnings)
+    warnings += run_warnings(df, trace, span_us)
+    print_warnings(warnings)
     _write_rows(df, csv, parquet)
     if requests_out is not None:
         with atomic_output(requests_out) as tmp:
@@ -348,74 +349,6 @@ def _lower_for(table, config, opts, tmpdir: Path) -> Path:
                    max_num_batched_tokens=opts.max_num_batched_tokens, seed=config.seed,
                    timing=opts.timing, **lowering)
     return path
-
-
-def _size(table, opts, config, replicas, sched, drop: bool, warnings: list,
-          strict: bool = True) -> tuple:
-    """Sizing before a replay (kvsim.analysis.sizing): refuse a table with requests over
-    the model's context (one line, exit 2) unless ``drop``; warn when the offered load
-    overloads ``replicas`` and propose a count; resolve ``--replicas auto``.  Returns the
-    table, the replica count and the trace's span in us."""
-    from kvsim.analysis import sizing
-
-    ctx = sizing.context_check(table, opts.model)
-    if ctx.over and not strict and not drop:  # a generated profile: warn, serve as is
-        warnings.append({"code": "over_context", "message": (
-            f"{ctx.over:,} of {ctx.requests:,} generated requests exceed {ctx.model}'s "
-            f"context of {ctx.context_tokens:,} tokens (a real engine would reject them)")})
-    elif ctx.over:
-        if not drop:
-            raise KvsimInputError(
-                f"{ctx.over:,} of {ctx.requests:,} requests exceed {ctx.model}'s context of "
-                f"{ctx.context_tokens:,} tokens (prompt + output; longest "
-                f"{ctx.longest_tokens:,}): choose a longer-context --model (e.g. llama-3.1-8b, "
-                "131,072) or pass --drop-over-context", None, None, "--model")
-        table = sizing.drop_over_context(table, ctx.context_tokens)
-        warnings.append({"code": "over_context", "message": (
-            f"dropped {ctx.over:,} of {ctx.requests:,} requests over {ctx.model}'s context "
-            f"of {ctx.context_tokens:,} tokens (--drop-over-context)")})
-        if len(table) == 0:
-            raise KvsimInputError(f"every request exceeds {ctx.model}'s context of "
-                                  f"{ctx.context_tokens:,} tokens: nothing to serve", None,
-                                  None, "--model")
-    load = sizing.estimate_load(table, opts.model, config.hardware, opts.max_num_seqs,
-                                opts.max_num_batched_tokens)
-    if replicas == "auto":
-        replicas = load.replicas if sched == "closed" else 1
-        err_console.print(f"--replicas auto: {replicas} (one replica would be "
-                          f"{100 * load.utilisation:.0f}% busy even with a perfect prefix "
-                          f"cache; target {100 * sizing.TARGET_UTILISATION:.0f}%)")
-    elif load.utilisation / replicas > sizing.OVERLOAD_UTILISATION:
-        warnings.append({"code": "overload_predicted", "message": (
-            f"this trace overloads {replicas} replica(s) of {opts.model} on "
-            f"{config.hardware}: one replica would be {100 * load.utilisation:.0f}% busy "
-            f"even with a perfect prefix cache (step-time model, {load.busy_s:,.0f} s of work "
-            f"in {load.span_s:,.0f} s); TTFT will measure the queue.  Proposed: --replicas "
-            f"{load.replicas} (or --replicas auto)")})
-    span = load.span_s * 1e6
-    return table, replicas, span
-
-
-def _result_warnings(df, trace, span_us) -> list[dict]:
-    """Warnings about the result rows (kvsim.results.warnings)."""
-    from kvsim.results.warnings import result_warnings
-
-    budget = None
-    if trace is not None:
-        try:
-            from kvsim.events import open_events
-
-            with open_events(trace) as reader:
-                budget = (reader.header.source or {}).get("engine", {}).get("num_gpu_blocks")
-        except Exception:  # noqa: BLE001 - the header was read once already; best effort
-            budget = None
-    return result_warnings(df.to_dict(orient="records"), span_us=span_us,
-                           schedule_budget_blocks=budget)
-
-
-def _print_warnings(warnings: list[dict]) -> None:
-    for w in warnings:
-        err_console.print(f"warning: {w['message']}", markup=False)
 
 
 def _single_replica(replicas: int) -> None:
@@ -553,7 +486,7 @@ def compare_command(
                                          block_size, max_num_seqs, max_num_batched_tokens,
                                          config, sched, timing,
                                          trace_block_size)
-            table, replicas, span_us = _size(table, opts, config, replicas, sched,
+            table, replicas, span_us = size_table(table, opts, config, replicas, sched,
                                              drop_over_context, warnings,
                                              strict=request_trace is not None)
             router = router or "round_robin"
@@ -590,8 +523,8 @@ def compare_command(
                 df = compare(source, names, config, decision_log_dir=decision_log_dir,
                              jobs=jobs, on_progress=on_policy)
     _write_rows(df, csv, parquet)
-    warnings += _result_warnings(df, trace, span_us)
-    _print_warnings(warnings)
+    warnings += run_warnings(df, trace, span_us)
+    print_warnings(warnings)
     label = _source_label(trace, profile, requests, seed, request_trace)
     label += (f", {replicas} replicas ({router})" if replicas > 1 else "")
     if html is not None:

@@ -27,7 +27,7 @@ def _one(name: str) -> dict:
     log = None if log_dir is None or name == "optimal" else Path(log_dir) / f"{name}.parquet"
     res = simulate(trace, name, config, decision_log=log, facts=facts,
                    lowering=_SHARED.get("lowering"))
-    from kvsim.analysis.sweep import latency_quantiles
+    from kvsim.analysis.sweep_cell import latency_quantiles
 
     return {**res.summary, **latency_quantiles(res)}  # the quantiles: compare's HTML CDFs
 

@@ -123,6 +123,9 @@ from collections import namedtuple
 
 import numpy as np
 
+# re-exported: policies import only this module
+from kvsim.core.schema import Phase, Priority, Tier  # noqa: F401
+
 #: "Never used again" in ``BlockView.next_use``.
 NEVER = np.iinfo(np.int64).max
 
@@ -331,6 +334,38 @@ def hook_bindings(module) -> dict[str, str]:
 # imports this module only.
 # =========================================================================================
 from numba import njit  # noqa: E402  (kept below the contract part on purpose)
+
+# the data structures a policy builds on, re-exported: policies import only this module
+from kvsim.policy.structs import (  # noqa: E402, F401
+    NIL,
+    OUT,
+    dll_contains,
+    dll_ends,
+    dll_links,
+    dll_move_to_tail,
+    dll_pop_head,
+    dll_push_head,
+    dll_push_tail,
+    dll_remove,
+    ghost_find,
+    ghost_in,
+    ghost_new,
+    ghost_pop_head,
+    ghost_push_tail,
+    ghost_remove,
+    heap_contains,
+    heap_in,
+    heap_new,
+    heap_of,
+    heap_peek,
+    heap_push,
+    heap_remove,
+    heap_size,
+    heap_slots,
+    heap_smallest,
+    heap_update,
+    list_walk,
+)
 
 
 def njit_hook(fn):

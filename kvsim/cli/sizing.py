@@ -1,0 +1,76 @@
+"""Sizing before a replay and warnings after it, as ``kvsim simulate`` / ``compare`` print
+them (the rules: :mod:`kvsim.analysis.sizing`, :mod:`kvsim.results.warnings`;
+docs/simulate.md, "Sizing" and "Warnings")."""
+
+from __future__ import annotations
+
+from kvsim.cli.common import err_console
+from kvsim.core.errors import KvsimInputError
+
+
+def size_table(table, opts, config, replicas, sched, drop: bool, warnings: list,
+          strict: bool = True) -> tuple:
+    """Sizing before a replay (kvsim.analysis.sizing): refuse a table with requests over
+    the model's context (one line, exit 2) unless ``drop``; warn when the offered load
+    overloads ``replicas`` and propose a count; resolve ``--replicas auto``.  Returns the
+    table, the replica count and the trace's span in us."""
+    from kvsim.analysis import sizing
+
+    ctx = sizing.context_check(table, opts.model)
+    if ctx.over and not strict and not drop:  # a generated profile: warn, serve as is
+        warnings.append({"code": "over_context", "message": (
+            f"{ctx.over:,} of {ctx.requests:,} generated requests exceed {ctx.model}'s "
+            f"context of {ctx.context_tokens:,} tokens (a real engine would reject them)")})
+    elif ctx.over:
+        if not drop:
+            raise KvsimInputError(
+                f"{ctx.over:,} of {ctx.requests:,} requests exceed {ctx.model}'s context of "
+                f"{ctx.context_tokens:,} tokens (prompt + output; longest "
+                f"{ctx.longest_tokens:,}): choose a longer-context --model (e.g. llama-3.1-8b, "
+                "131,072) or pass --drop-over-context", None, None, "--model")
+        table = sizing.drop_over_context(table, ctx.context_tokens)
+        warnings.append({"code": "over_context", "message": (
+            f"dropped {ctx.over:,} of {ctx.requests:,} requests over {ctx.model}'s context "
+            f"of {ctx.context_tokens:,} tokens (--drop-over-context)")})
+        if len(table) == 0:
+            raise KvsimInputError(f"every request exceeds {ctx.model}'s context of "
+                                  f"{ctx.context_tokens:,} tokens: nothing to serve", None,
+                                  None, "--model")
+    load = sizing.estimate_load(table, opts.model, config.hardware, opts.max_num_seqs,
+                                opts.max_num_batched_tokens)
+    if replicas == "auto":
+        replicas = load.replicas if sched == "closed" else 1
+        err_console.print(f"--replicas auto: {replicas} (one replica would be "
+                          f"{100 * load.utilisation:.0f}% busy even with a perfect prefix "
+                          f"cache; target {100 * sizing.TARGET_UTILISATION:.0f}%)")
+    elif load.utilisation / replicas > sizing.OVERLOAD_UTILISATION:
+        warnings.append({"code": "overload_predicted", "message": (
+            f"this trace overloads {replicas} replica(s) of {opts.model} on "
+            f"{config.hardware}: one replica would be {100 * load.utilisation:.0f}% busy "
+            f"even with a perfect prefix cache (step-time model, {load.busy_s:,.0f} s of work "
+            f"in {load.span_s:,.0f} s); TTFT will measure the queue.  Proposed: --replicas "
+            f"{load.replicas} (or --replicas auto)")})
+    span = load.span_s * 1e6
+    return table, replicas, span
+
+
+def run_warnings(df, trace, span_us) -> list[dict]:
+    """Warnings about the result rows (kvsim.results.warnings)."""
+    from kvsim.results.warnings import result_warnings
+
+    budget = None
+    if trace is not None:
+        try:
+            from kvsim.events import open_events
+
+            with open_events(trace) as reader:
+                budget = (reader.header.source or {}).get("engine", {}).get("num_gpu_blocks")
+        except Exception:  # noqa: BLE001 - the header was read once already; best effort
+            budget = None
+    return result_warnings(df.to_dict(orient="records"), span_us=span_us,
+                           schedule_budget_blocks=budget)
+
+
+def print_warnings(warnings: list[dict]) -> None:
+    for w in warnings:
+        err_console.print(f"warning: {w['message']}", markup=False)
