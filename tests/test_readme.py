@@ -69,8 +69,8 @@ def test_readme_main_job_prints_the_verdict_it_quotes(tmp_path):
     job = _commands(SETUP)[0].split(" && ", 1)[1]
     out = _kvsim(job, tmp_path).stdout
     assert max(len(line) for line in out.splitlines()) <= 120
-    quoted = re.search(r"```\n(best online: .*?)\n```", README).group(1)
-    assert quoted in out.splitlines()
+    quoted = re.search(r"```\n(best online: .*?)\n```", README, re.S).group(1)
+    assert quoted + "\n" in out  # the verdict as printed, wrapped at 120 columns
 
 
 @pytest.mark.slow
@@ -87,7 +87,7 @@ def test_readme_tour_runs_as_written(tmp_path):
     assert pd.read_parquet(tmp_path / "mooncake.parquet").shape[0] > 0
     doc = json.loads(out("kvsim inspect"))
     assert doc["requests"] == 128 and doc["prefix_reuse_fraction"] > 0.9
-    assert "belady (bound)" in out("kvsim compare") and (tmp_path / "compare.html").is_file()
+    assert "optimal (bound)" in out("kvsim compare") and (tmp_path / "compare.html").is_file()
     assert "evictions (EVICT + DEMOTE)" in out("kvsim log summary")
     explained = out("kvsim log explain")
     assert re.search(r"policy deadline: (DEMOTE|EVICT) block", explained)  # a real decision
