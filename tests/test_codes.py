@@ -18,7 +18,8 @@ DEFINERS = {ROOT / "kvsim/core/codes.py", ROOT / "kvsim/core/schema.py"}
 #: Prefixes a copy of each enum's codes has been (or might be) written under; the empty
 #: prefix catches a bare ``HBM = 0``.
 ALIASES = {codes.EventKind: ("EK_", "K_", "EV_", "KIND_"), codes.Phase: ("PH_", "PHASE_"),
-           codes.Priority: ("PR_", "PRIO_", "PRIORITY_"), codes.Tier: ("TIER_", "T_", "")}
+           codes.Priority: ("PR_", "PRIO_", "PRIORITY_"), codes.Tier: ("TIER_", "T_", ""),
+           codes.Action: ("A_", "ACT_"), codes.Reason: ("W_", "WHY_")}
 
 
 def _names_a_code(name: str) -> bool:
@@ -96,4 +97,11 @@ def test_codes_are_their_members_and_schema_reexports_the_enums():
         for member in enum:
             value = getattr(codes, prefix + member.name)
             assert type(value) is int and value == member.value
+    for enum in (codes.EventKind, codes.Phase, codes.Priority, codes.Tier):  # the event schema's
         assert getattr(schema, enum.__name__) is enum
+    from kvsim.core.layout import GI_WHY  # noqa: F401  (the log's why column: Reason)
+    from kvsim.replay.kernel.core import WHY
+    from kvsim.results.log_schema import Action
+
+    assert Action is codes.Action  # the decision log's action codes
+    assert len(WHY) == len(codes.Reason)  # a sentence per reason

@@ -69,7 +69,49 @@ class EventKind(enum.IntEnum):
 
 
 #: The prefix of each enum's plain-int constants (tests/test_codes.py reads this).
-PREFIXES = {EventKind: "EK_", Phase: "PH_", Priority: "PR_", Tier: "TIER_"}
+class Action(enum.IntEnum):
+    """What happened to a block.  The first group are policy decisions; the second,
+    lifecycle facts recorded so ``kvsim log timeline`` can tell a block's whole story."""
+
+    EVICT = 0  # dropped from a tier (no copy kept below)
+    DEMOTE = 1  # spilled from a tier to a lower one
+    PROMOTE = 2  # fetched up into HBM on demand (the requester stalled for it)
+    PREFETCH = 3  # fetched up ahead of use (hidden behind compute if early enough)
+    RECOMPUTE = 4  # needed but resident nowhere: its tokens were recomputed
+    WRITE_THROUGH = 5  # copied down to a lower tier while staying in HBM (host-write policy)
+    PREEMPT = 6  # the request was preempted (recompute or swap); block released or swapped
+    ALLOCATE = 10  # a new block was allocated in HBM for a request
+    HIT = 11  # a prefix-cache hit shared an HBM block (ref count +1)
+    RELEASE = 12  # the last holder freed the block; it stays cached as a candidate
+    REVIVE = 13  # a cached candidate (ref 0) was hit and held again
+    FREE = 14  # released with no content identity: the slot is empty again
+
+
+class Reason(enum.IntEnum):
+    """The replay's own reasons for what it did (the decision log's ``why`` column; -1 is
+    the policy's reason): each indexes a sentence of :data:`kvsim.replay.kernel.core.WHY`."""
+
+    PROMOTE = 0
+    PREFETCH = 1
+    RECOMP = 2
+    RECOMP_RERUN = 3
+    WT = 4
+    WTS = 5
+    PRE_LAST = 6
+    PRE_PRIO = 7
+    SWAP_IN = 8
+    ALLOC = 9
+    HIT = 10
+    RELEASE = 11
+    REVIVE = 12
+    FREE = 13
+    PROMOTE_RERUN = 14
+    BACKED = 15
+    COW = 16
+
+
+PREFIXES = {EventKind: "EK_", Phase: "PH_", Priority: "PR_", Tier: "TIER_", Action: "A_",
+            Reason: "W_"}
 
 # ---- plain ints for compiled code (written out, not generated, so that readers and
 # linters see the names; tests/test_codes.py checks each equals its member) -------------
@@ -101,3 +143,34 @@ TIER_HBM = int(Tier.HBM)
 TIER_DRAM = int(Tier.DRAM)
 TIER_CXL = int(Tier.CXL)
 TIER_NVME = int(Tier.NVME)
+
+A_EVICT = int(Action.EVICT)
+A_DEMOTE = int(Action.DEMOTE)
+A_PROMOTE = int(Action.PROMOTE)
+A_PREFETCH = int(Action.PREFETCH)
+A_RECOMPUTE = int(Action.RECOMPUTE)
+A_WRITE_THROUGH = int(Action.WRITE_THROUGH)
+A_PREEMPT = int(Action.PREEMPT)
+A_ALLOCATE = int(Action.ALLOCATE)
+A_HIT = int(Action.HIT)
+A_RELEASE = int(Action.RELEASE)
+A_REVIVE = int(Action.REVIVE)
+A_FREE = int(Action.FREE)
+
+W_PROMOTE = int(Reason.PROMOTE)
+W_PREFETCH = int(Reason.PREFETCH)
+W_RECOMP = int(Reason.RECOMP)
+W_RECOMP_RERUN = int(Reason.RECOMP_RERUN)
+W_WT = int(Reason.WT)
+W_WTS = int(Reason.WTS)
+W_PRE_LAST = int(Reason.PRE_LAST)
+W_PRE_PRIO = int(Reason.PRE_PRIO)
+W_SWAP_IN = int(Reason.SWAP_IN)
+W_ALLOC = int(Reason.ALLOC)
+W_HIT = int(Reason.HIT)
+W_RELEASE = int(Reason.RELEASE)
+W_REVIVE = int(Reason.REVIVE)
+W_FREE = int(Reason.FREE)
+W_PROMOTE_RERUN = int(Reason.PROMOTE_RERUN)
+W_BACKED = int(Reason.BACKED)
+W_COW = int(Reason.COW)

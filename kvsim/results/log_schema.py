@@ -12,31 +12,13 @@ that paid for a stall or a recompute, or whose allocation forced an eviction).
 
 from __future__ import annotations
 
-import enum
-
 import pyarrow as pa
+
+from kvsim.core.codes import Action  # re-exported: the log's action codes
 
 LOG_SCHEMA_VERSION = 1
 #: Parquet metadata key holding JSON: {"log_schema_version", "policy", "trace", "config"}.
 LOG_METADATA_KEY = b"kvsim.decision_log"
-
-
-class Action(enum.IntEnum):
-    """What happened to a block.  The first group are policy decisions; the second,
-    lifecycle facts recorded so ``kvsim log timeline`` can tell a block's whole story."""
-
-    EVICT = 0  # dropped from a tier (no copy kept below)
-    DEMOTE = 1  # spilled from a tier to a lower one
-    PROMOTE = 2  # fetched up into HBM on demand (the requester stalled for it)
-    PREFETCH = 3  # fetched up ahead of use (hidden behind compute if early enough)
-    RECOMPUTE = 4  # needed but resident nowhere: its tokens were recomputed
-    WRITE_THROUGH = 5  # copied down to a lower tier while staying in HBM (host-write policy)
-    PREEMPT = 6  # the request was preempted (recompute or swap); block released or swapped
-    ALLOCATE = 10  # a new block was allocated in HBM for a request
-    HIT = 11  # a prefix-cache hit shared an HBM block (ref count +1)
-    RELEASE = 12  # the last holder freed the block; it stays cached as a candidate
-    REVIVE = 13  # a cached candidate (ref 0) was hit and held again
-    FREE = 14  # released with no content identity: the slot is empty again
 
 
 #: Actions that are policy decisions (the rest are lifecycle facts).

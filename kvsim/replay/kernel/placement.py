@@ -13,7 +13,42 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvsim.core.codes import PH_DECODE, PH_PREFILL, PH_VERIFY, PR_DECODE_CRITICAL  # noqa: E402,F401
+# the decision log's action and reason codes (kvsim.core.codes: Action, Reason)
+from kvsim.core.codes import (  # noqa: E402,F401  # noqa: E402
+    A_ALLOCATE,
+    A_DEMOTE,
+    A_EVICT,
+    A_FREE,
+    A_HIT,
+    A_PREEMPT,
+    A_PREFETCH,
+    A_PROMOTE,
+    A_RECOMPUTE,
+    A_RELEASE,
+    A_REVIVE,
+    A_WRITE_THROUGH,
+    PH_DECODE,
+    PH_PREFILL,
+    PH_VERIFY,
+    PR_DECODE_CRITICAL,
+    W_ALLOC,
+    W_BACKED,
+    W_COW,
+    W_FREE,
+    W_HIT,
+    W_PRE_LAST,
+    W_PRE_PRIO,
+    W_PREFETCH,
+    W_PROMOTE,
+    W_PROMOTE_RERUN,
+    W_RECOMP,
+    W_RECOMP_RERUN,
+    W_RELEASE,
+    W_REVIVE,
+    W_SWAP_IN,
+    W_WT,
+    W_WTS,
+)
 from kvsim.core.layout import (
     AI_FULL_HASH,
     AI_HASH,
@@ -87,13 +122,6 @@ from kvsim.replay.kernel import tier_ops
 from kvsim.replay.kernel import tiers as tr
 from kvsim.replay.kernel.bookkeeping import _peak, _pick_victim, _run_remove, _set_view_from_record
 
-# Action values (kvsim.results.log_schema.Action)
-A_EVICT, A_DEMOTE, A_PROMOTE, A_PREFETCH, A_RECOMPUTE, A_WRITE_THROUGH, A_PREEMPT = range(7)
-A_ALLOCATE, A_HIT, A_RELEASE, A_REVIVE, A_FREE = 10, 11, 12, 13, 14
-
-W_PROMOTE, W_PREFETCH, W_RECOMP, W_RECOMP_RERUN, W_WT, W_WTS, W_PRE_LAST, W_PRE_PRIO = range(8)
-W_SWAP_IN, W_ALLOC, W_HIT, W_RELEASE, W_REVIVE, W_FREE, W_PROMOTE_RERUN, W_BACKED = range(8, 16)
-W_COW = 16
 assert (lower.A_EVICT, lower.A_DEMOTE, lower.A_WRITE_THROUGH, lower.W_WT, lower.W_WTS,
         lower.W_BACKED, lower.PR_DECODE_CRITICAL) == (A_EVICT, A_DEMOTE, A_WRITE_THROUGH, W_WT,
                                                       W_WTS, W_BACKED, PR_DECODE_CRITICAL)

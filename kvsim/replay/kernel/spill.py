@@ -9,6 +9,17 @@ from __future__ import annotations
 
 import numpy as np
 
+# Values shared with kvsim.replay.kernel.core (which asserts they agree): Action codes
+# (kvsim.results.log_schema.Action) and the replay's own reasons (core.WHY).
+from kvsim.core.codes import (  # noqa: E402
+    A_DEMOTE,
+    A_EVICT,
+    A_WRITE_THROUGH,
+    PR_DECODE_CRITICAL,  # noqa: E402
+    W_BACKED,
+    W_WT,
+    W_WTS,
+)
 from kvsim.core.layout import (
     C_PEAK,
     C_USED,
@@ -39,12 +50,6 @@ from kvsim.policy.hooks import H_INSERT, H_REMOVE, H_VICTIM
 from kvsim.replay.kernel import tier_ops
 from kvsim.replay.kernel import tiers as tr
 from kvsim.replay.kernel.bookkeeping import _first_lower
-
-# Values shared with kvsim.replay.kernel.core (which asserts they agree): Action codes
-# (kvsim.results.log_schema.Action) and the replay's own reasons (core.WHY).
-A_EVICT, A_DEMOTE, A_WRITE_THROUGH = 0, 1, 5
-W_WT, W_WTS, W_BACKED = 4, 5, 15
-from kvsim.core.codes import PR_DECODE_CRITICAL  # noqa: E402
 
 #: How many evicted blocks ahead :func:`_hbm_evicted_range` prefetches the lower tiers'
 #: shared table entry of (the home position of each evicted hash: its lower-copy test is

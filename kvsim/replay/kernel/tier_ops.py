@@ -7,6 +7,11 @@ every tier (the three lower tiers have one numba type).  State layout and
 invariants: :mod:`kvsim.replay.kernel.tiers`.
 """
 
+from kvsim.core.codes import (  # noqa: E402
+    A_DEMOTE,
+    A_EVICT,
+    PR_DECODE_CRITICAL,  # noqa: E402
+)
 from kvsim.core.layout import (
     C_PEAK,
     C_USED,
@@ -32,10 +37,6 @@ from kvsim.replay.kernel.tiers import (
     log_row,
     tier_value,
 )
-
-A_EVICT = 0
-A_DEMOTE = 1
-from kvsim.core.codes import PR_DECODE_CRITICAL  # noqa: E402
 
 
 @njit(cache=True)
