@@ -13,6 +13,15 @@ kernels that write/read host memory directly over the bus (zero-copy, the way LM
 multi-layer transfer kernel reaches pinned host buffers), with arbitrary host slots.
 Block-id arrays are staged through pinned buffers and copied on the same stream inside the
 timed region (a real batched operation ships its block table too).
+
+Timing excludes the host: before each timed operation a one-thread kernel holds the stream
+(:data:`HOLD_STREAM_NS`), so the start event, the copies, the kernel and the end event are
+all queued before the GPU reaches them and the events time device work only.  Without it
+the events also timed numba's Python launch path between ``start.record`` and the kernel:
+on an H200 (2026-11-28, docs/benchmarks.md "The CUDA backend on a real GPU") every
+operation then showed ~590-640 us of "latency", and the quick calibration's small transfers
+(64 KiB-1 MiB, 1-20 us of copying) fitted nothing.  The same "blocking kernel" technique is
+NVIDIA nvbench's (``nvbench/blocking_kernel.cuh``).
 """
 
 from __future__ import annotations
@@ -31,6 +40,20 @@ from kvsim.backends.disk import DiskTier
 #: choice (enough warps per SM to hide memory latency; source: CUDA C++ Best Practices
 #: Guide, "Thread and Block Heuristics").
 THREADS_PER_BLOCK = 256
+
+#: How long the hold kernel keeps the stream busy while the host queues one timed operation:
+#: longer than the host's queueing of two id copies, one kernel launch and two event records
+#: (about 0.6 ms through numba-cuda 0.30 on an H200 VM, measured 2026-11-28), with margin.
+HOLD_STREAM_NS = 5_000_000
+
+
+@cuda.jit
+def hold_stream_kernel(ns):  # pragma: no cover - device
+    """One thread sleeps about ``ns`` nanoseconds (``nanosleep`` in 1 us steps, sm_70+)."""
+    t = 0
+    while t < ns:
+        cuda.nanosleep(1000)
+        t += 1000
 
 
 @cuda.jit
@@ -130,6 +153,8 @@ class CudaBackend(KvBackend):
         self._pinned_b[:n] = dst_ids
         start, end = cuda.event(), cuda.event()
         stream = self._stream
+        if not self.simulated:
+            hold_stream_kernel[1, 1, stream](HOLD_STREAM_NS)
         start.record(stream)
         self._dev_a[:n].copy_to_device(self._pinned_a[:n], stream=stream)
         self._dev_b[:n].copy_to_device(self._pinned_b[:n], stream=stream)
@@ -138,8 +163,13 @@ class CudaBackend(KvBackend):
             src, self._dev_a[:n], dst, self._dev_b[:n])
         end.record(stream)
         end.synchronize()
+        if self.simulated:
+            # the simulator's events time nothing: numba's bundled simulator answers 0.0,
+            # numba-cuda 0.30's (simulator/api.py, Event.elapsed_time) answers -1.0; a
+            # simulated transfer takes 0 us, whichever simulator runs
+            return 0.0
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the simulator warns that its timings are bogus
+            warnings.simplefilter("ignore")
             elapsed_ms = start.elapsed_time(end)
         return float(elapsed_ms) * 1e3
 
