@@ -21,10 +21,9 @@ def rows(doc: dict, clock: MeasuredStepTime) -> list[dict]:
     for r in doc["rows"]:
         if "ms" not in r:
             continue
-        if r["kind"] == "prefill":
-            kvsim_ms = clock.step_ms(prefill_chunks=[(r["chunk"], r["context"])])
-        else:
-            kvsim_ms = clock.decode_ms(r["batch"], r["context"])
+        chunks = [(r["chunk"], r["context"])] if r["chunk"] else []
+        kvsim_ms = clock.step_ms(prefill_chunks=chunks,
+                                 decode_contexts=[r["decode_context"]] * r["batch"])
         out.append({**r, "kvsim_ms": round(kvsim_ms, 3),
                     "kvsim_error_pct": round((kvsim_ms / r["ms"] - 1.0) * 100.0, 1)})
     return out
@@ -42,11 +41,13 @@ def main(argv=None) -> int:
     clock = MeasuredStepTime.bundled(args.gpu, args.model, args.tp)
     print(f"# {doc['device']}, torch {doc['torch']}, CUDA {doc['cuda']}; kvsim clock: "
           f"{args.gpu} / {args.model} / TP {args.tp}")
-    print("| step | batch | new tokens | context | GPU ms | kvsim ms | kvsim vs GPU |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| step | prefill chunk | its context | decode batch | decode context | GPU ms "
+          "| kvsim ms | kvsim vs GPU |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows(doc, clock):
-        print(f"| {r['kind']} | {r['batch']} | {r['chunk']} | {r['context']} | {r['ms']:.2f} "
-              f"| {r['kvsim_ms']:.2f} | {r['kvsim_error_pct']:+.1f} % |")
+        print(f"| {r['kind']} | {r['chunk']} | {r['context']} | {r['batch']} "
+              f"| {r['decode_context']} | {r['ms']:.2f} | {r['kvsim_ms']:.2f} "
+              f"| {r['kvsim_error_pct']:+.1f} % |")
     return 0
 
 

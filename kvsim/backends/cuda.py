@@ -21,7 +21,7 @@ the events also timed numba's Python launch path between ``start.record`` and th
 on an H200 (2026-11-28, docs/benchmarks.md "The CUDA backend on a real GPU") every
 operation then showed ~590-640 us of "latency", and the quick calibration's small transfers
 (64 KiB-1 MiB, 1-20 us of copying) fitted nothing.  The same "blocking kernel" technique is
-NVIDIA nvbench's (``nvbench/blocking_kernel.cuh``).
+NVIDIA nvbench's (its "blocking kernel", which ``state.set_disable_blocking_kernel`` turns off).
 """
 
 from __future__ import annotations
