@@ -200,3 +200,31 @@ def test_generic_cache_salt_column(tmp_path):
     t = read_requests(_two_tenants(tmp_path, salt_col=True))
     assert ids(t, 0) == ids(t, 2) and not set(ids(t, 0)) & set(ids(t, 1))
     assert t.source["cache_salt"] is True
+
+
+# ---------------------------------------------------------------------- kvsim inspect
+@pytest.mark.parametrize("path, fmt, facts", [
+    # 3 + 2 + 4 + 1 blocks of 64; request 3 re-uses request 1's two full blocks
+    (DATA / "weka_small.jsonl", "weka",
+     {"requests": 4, "sessions": 3, "tenants": 2, "prompt_blocks": 10, "reused_blocks": 2,
+      "reused_tokens": 128, "batch_job": False, "arrival_span_s": 4.5}),
+    # 20 prompts, 440 blocks of 16; the 19 after the first re-use the 10-block template
+    (SERVEGEN / "trace_a_head20.jsonl", "servegen",
+     {"requests": 20, "sessions": 0, "tenants": 1, "prompt_blocks": 440,
+      "reused_blocks": 190, "reused_tokens": 3040, "batch_job": True}),
+    # r0: 2 blocks, r2: 1, r1: 3 (its first two are r0's)
+    (DATA / "dynamo_small.jsonl", "dynamo",
+     {"requests": 3, "sessions": 2, "prompt_blocks": 6, "reused_blocks": 2,
+      "reused_tokens": 128, "models": ["my-model"]}),
+])
+def test_inspect_request_trace_exact(path, fmt, facts):
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    res = CliRunner().invoke(app, ["inspect", str(path), "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["format"] == fmt
+    for key, value in facts.items():
+        assert out[key] == value, key
