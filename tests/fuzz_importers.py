@@ -90,6 +90,7 @@ def seeds() -> list[Seed]:
     out += [
         Seed("weka", "weka_small", (DATA / "weka_small.jsonl").read_bytes(), ".jsonl"),
         Seed("dynamo", "dynamo_small", (DATA / "dynamo_small.jsonl").read_bytes(), ".jsonl"),
+        Seed("otel", "otel_small", (DATA / "otel_small.jsonl").read_bytes(), ".jsonl"),
         Seed("azure-mm", "azure_mm_small", (DATA / "azure_mm_small.csv").read_bytes(),
              ".csv"),
         Seed("servegen", "servegen_a", _first_lines(servegen / "trace_a_head20.jsonl", 8),

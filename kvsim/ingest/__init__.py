@@ -11,7 +11,8 @@ Readers: ``mooncake``, ``azure``, ``openai``, ``agentic``, ``kvmi`` (events), ``
 (column mapping), ``ragpulse``, ``bailian``, ``burstgpt``, ``vllm-kv-events`` (requests
 reconstructed from a vLLM KV-event recording), ``weka`` (SemiAnalysis's Claude-Code traces),
 ``servegen`` (Alibaba ServeGen offline batch jobs), ``dynamo`` (Dynamo request traces),
-``azure-mm`` (Azure's 2025 multimodal trace).  docs/importers.md describes every format and rule.
+``azure-mm`` (Azure's 2025 multimodal trace), ``otel`` (OpenTelemetry GenAI spans).
+docs/importers.md describes every format and rule.
 """
 
 from __future__ import annotations
@@ -81,8 +82,11 @@ def _read(path, format, mapping, skip_bad_rows, *, arrival_rate, concurrency, se
         return read_servegen(path, skip_bad_rows=skip_bad_rows, output_tokens=output_tokens,
                              submission_rate=submission_rate)
     if fmt == "dynamo":
-        from kvsim.ingest.dynamo import read_dynamo
+        from kvsim.ingest.agent_traces import read_dynamo
         return read_dynamo(path, skip_bad_rows=skip_bad_rows)
+    if fmt == "otel":
+        from kvsim.ingest.agent_traces import read_otel
+        return read_otel(path, skip_bad_rows=skip_bad_rows)
     if fmt == "openai":
         from kvsim.ingest.openai import read_openai
         return read_openai(path, skip_bad_rows=skip_bad_rows)

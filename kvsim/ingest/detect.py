@@ -12,9 +12,10 @@ Rules, first match wins (``--format`` skips them):
    other CSV / TSV and ``*.parquet`` -> ``generic`` (needs ``--map`` unless the columns
    carry canonical names);
 4. JSONL (any other name): the first non-blank line decides: ``"schema":
-   "dynamo.request.trace.v1"`` -> ``dynamo``; a trace object with ``block_size``,
-   ``hash_id_scope`` and a ``requests`` list -> ``weka``; ``request_id`` + ``input_length``
-   without ``timestamp``, with ``hash_ids`` or ``duration`` -> ``servegen``; ``hash_ids`` as an object +
+   "dynamo.request.trace.v1"`` -> ``dynamo``; a ``resourceSpans`` list (OTLP/JSON) ->
+   ``otel``; a trace object with ``block_size``, ``hash_id_scope`` and a ``requests`` list
+   -> ``weka``; ``request_id`` + ``input_length`` without ``timestamp``, with ``hash_ids``
+   or ``duration`` -> ``servegen``; ``hash_ids`` as an object +
    ``input_length`` -> ``ragpulse``; ``chat_id`` + ``parent_chat_id`` + ``hash_ids`` ->
    ``bailian``; ``ts`` + ``events`` (or a ``[ts, [events...]]`` array) ->
    ``vllm-kv-events``; ``hash_ids`` + ``input_length`` -> ``mooncake``; ``event_type`` +
@@ -33,7 +34,7 @@ from kvsim.core.errors import KvsimInputError
 from kvsim.core.fsutil import open_text, strip_compression_suffix
 
 FORMATS = ("mooncake", "azure", "openai", "agentic", "kvmi", "generic", "ragpulse", "bailian",
-           "burstgpt", "vllm-kv-events", "weka", "servegen", "dynamo", "azure-mm")
+           "burstgpt", "vllm-kv-events", "weka", "servegen", "dynamo", "azure-mm", "otel")
 #: File names (compression suffix stripped) of msgpack KV-event recordings.
 MSGPACK_SUFFIXES = (".msgpack", ".mpk", ".msgpack.bin")
 
@@ -74,12 +75,14 @@ def detect_format(path: str | Path) -> str:
     except (json.JSONDecodeError, RecursionError, ValueError):
         raise KvsimInputError("not JSONL, CSV, Parquet or JSON: cannot detect the format "
                               "(give --format)", path, f"line {lineno}") from None
-    from kvsim.ingest.dynamo import is_dynamo_record
+    from kvsim.ingest.agent_traces import is_dynamo_record, is_otel_record
     from kvsim.ingest.servegen import is_servegen_record
     from kvsim.ingest.weka import is_weka_record
 
     if is_dynamo_record(rec):
         return "dynamo"
+    if is_otel_record(rec):
+        return "otel"
     if is_weka_record(rec):
         return "weka"
     if is_servegen_record(rec) and not isinstance(rec.get("hash_ids"), dict):

@@ -179,6 +179,9 @@ def new_formats() -> None:
         **DYN_REQ["replay"], "input_sequence_hashes": [1, 2 ** 64]}}}))
     write("dynamo_no_replay.jsonl", jl(DYN, {**DYN, "request": {"request_id": "r1",
                                                                  "output_tokens": 3}}))
+    span = {"traceId": "t", "spanId": "s", "startTimeUnixNano": "nan", "attributes": [
+        {"key": "gen_ai.usage.input_tokens", "value": {"intValue": "12"}}]}
+    write("otel_bad_start.jsonl", jl({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}))
     write("azure_mm_images.csv", "TIMESTAMP,NumImages,ContextTokens,GeneratedTokens\n"
           "2024-10-15 00:00:00.0100000,1,1200,40\n2024-10-15 00:00:01.0000000,-2,300,12\n")
 

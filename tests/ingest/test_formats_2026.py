@@ -34,6 +34,7 @@ def col(table, name: str) -> list:
 def test_detection():
     assert detect_format(DATA / "weka_small.jsonl") == "weka"
     assert detect_format(DATA / "dynamo_small.jsonl") == "dynamo"
+    assert detect_format(DATA / "otel_small.jsonl") == "otel"
     assert detect_format(DATA / "azure_mm_small.csv") == "azure-mm"
     assert detect_format(DATA / "azure_small.csv") == "azure"
     assert detect_format(SERVEGEN / "trace_a_head20.jsonl") == "servegen"
@@ -146,6 +147,25 @@ def test_dynamo_bad_row():
     msg = str(info.value)
     assert "line 2" in msg and "request.replay.input_sequence_hashes" in msg
     assert "ceil(input_length/64) = 3" in msg
+
+
+def test_otel_small_exact():
+    """Spans of one agent run (conversation c1) and one lone chat span (trace bbbb).  The
+    append-only assumption, 16-token blocks: c1's second prompt (70 >= 40 + 10) starts with
+    the first's 3 full blocks of prompt + output; its third (30 < 75) starts afresh."""
+    t = read_requests(DATA / "otel_small.jsonl")
+    assert t.block_size_tokens == 16 and t.source["skipped_spans"] == 1  # invoke_agent
+    assert col(t, "arrival_us") == [0, 2_000_000, 3_000_000, 5_000_000]
+    assert col(t, "prompt_tokens") == [40, 33, 70, 30]
+    assert col(t, "output_tokens") == [10, 1, 5, 2]
+    assert col(t, "session") == [0, 1, 0, 0]
+    assert [ids(t, i) for i in range(4)] == [[0, 1], [4, 5], [0, 1, 2, 7], [9]]
+    assert col(t, "hashed_tokens") == [32, 32, 64, 16]  # full blocks only
+    # next start minus this span's end: 3 - 1 s, 5 - 4 s
+    assert col(t, "next_turn_gap_us") == [2_000_000, -1, 1_000_000, -1]
+    with pytest.raises(KvsimInputError) as info:
+        read_requests(DATA / "otel_bad.jsonl")
+    assert "line 2" in str(info.value) and "gen_ai.usage.input_tokens" in str(info.value)
 
 
 def test_azure_mm_exact():
