@@ -13,6 +13,7 @@ import typer
 from rich.table import Table
 
 from kvsim.cli import app, compat
+from kvsim.cli.closed_opts import SaltByTenantOpt
 from kvsim.cli.common import JsonOption, emit_json, out_console, progress, quiet_progress
 from kvsim.engine.lowering import import_request_trace
 from kvsim.events.import_summary import ImportSummary
@@ -115,9 +116,6 @@ OutputTokensOpt = Annotated[int | None, typer.Option(
 SubmissionRateOpt = Annotated[float | None, typer.Option(
     "--submission-rate", metavar="R", help="ServeGen batch job: submit request k at k/R "
     "seconds (default: all queued at t = 0).", show_default=False)]
-SaltByTenantOpt = Annotated[bool, typer.Option(
-    "--salt-by-tenant", help="Salt each request's prompt hashes with its tenant (vLLM's "
-    "cache_salt per tenant): two tenants never share a KV block.")]
 
 
 # kv_deadline_scheduler's import options kvsim has no use for (kvsim.cli.compat).

@@ -17,10 +17,11 @@ from kvsim.cli.closed_opts import (
     FormatOpt,
     MaxSeqsOpt,
     MaxTokensOpt,
+    SaltByTenantOpt,
     engine_options,
 )
 from kvsim.cli.common import JsonOption, emit_json, err_console, out_console
-from kvsim.cli.importing import OutputTokensOpt, SaltByTenantOpt, SubmissionRateOpt
+from kvsim.cli.importing import OutputTokensOpt, SubmissionRateOpt
 from kvsim.cli.simulate_opts import (
     CxlOpt,
     DramOpt,

@@ -248,3 +248,22 @@ def test_inspect_request_trace_exact(path, fmt, facts):
     assert out["format"] == fmt
     for key, value in facts.items():
         assert out[key] == value, key
+
+
+def test_simulate_salt_by_tenant_closed_loop(tmp_path):
+    """Closed loop, one second apart: unsalted the 2nd and 3rd requests each hit 3 blocks
+    (48 tokens: the last position is recomputed); salted by tenant only the 3rd does."""
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    p = tmp_path / "t.csv"
+    p.write_text("arrival_ms,prompt_tokens,output_tokens,block_ids,tenant\n"
+                 "0,64,4,7 8 9 10,1\n1000,64,4,7 8 9 10,2\n2000,64,4,7 8 9 10,1\n")
+    hits = []
+    for extra in ([], ["--salt-by-tenant"]):
+        res = CliRunner().invoke(app, ["simulate", "--request-trace", str(p), "--format",
+                                       "generic", "--json", *extra])
+        assert res.exit_code == 0, res.output
+        hits.append(json.loads(res.stdout)["policies"][0]["hit_tokens"])
+    assert hits == [96, 48]
