@@ -85,6 +85,19 @@ def seeds() -> list[Seed]:
         Seed("events", "sample_fork", (ROOT / "traces" / "sample_fork.jsonl").read_bytes(),
              ".jsonl"),
     ]
+    # issue 37's formats (samples written from their documentation; ServeGen's real head)
+    servegen = ROOT / "tests" / "fixtures" / "servegen"
+    out += [
+        Seed("weka", "weka_small", (DATA / "weka_small.jsonl").read_bytes(), ".jsonl"),
+        Seed("dynamo", "dynamo_small", (DATA / "dynamo_small.jsonl").read_bytes(), ".jsonl"),
+        Seed("otel", "otel_small", (DATA / "otel_small.jsonl").read_bytes(), ".jsonl"),
+        Seed("azure-mm", "azure_mm_small", (DATA / "azure_mm_small.csv").read_bytes(),
+             ".csv"),
+        Seed("servegen", "servegen_a", _first_lines(servegen / "trace_a_head20.jsonl", 8),
+             ".jsonl"),
+        Seed("servegen", "servegen_d", (servegen / "trace_d_head10.jsonl").read_bytes(),
+             ".jsonl"),
+    ]
     for f in sorted((DATA / "agentic_small").glob("*.json")):
         out.append(Seed("agentic", f"agentic_{f.stem}", f.read_bytes(), ".json"))
     real = [("mooncake", SHARED / "mooncake" / "conversation_trace.jsonl", ".jsonl"),

@@ -55,6 +55,7 @@ _COMMAND_MODULES = (
     "calibrate",
     "sweep",
     "validate",
+    "reorder",
 )
 for _name in _COMMAND_MODULES:
     importlib.import_module(f"kvsim.cli.{_name}")

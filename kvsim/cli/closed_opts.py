@@ -39,6 +39,9 @@ ReplicasOpt = Annotated[str, typer.Option(
 DropOverContextOpt = Annotated[bool, typer.Option(
     "--drop-over-context", help="Drop the requests whose prompt + output exceed the "
     "model's context (max_position_embeddings) instead of refusing the trace.")]
+SaltByTenantOpt = Annotated[bool, typer.Option(
+    "--salt-by-tenant", help="Salt each request's prompt hashes with its tenant (vLLM's "
+    "cache_salt per tenant): two tenants never share a KV block (docs/importers.md).")]
 RouterOpt = Annotated[str | None, typer.Option(
     "--router", metavar="round_robin|least_loaded|session|prefix",
     help="How requests are sent to replicas (docs/simulate.md, \"Routers\").")]
@@ -134,18 +137,22 @@ def resolve_schedule(schedule: str | None, has_table: bool, mode: str = "engine"
 
 def load_table(profile: str | None, num_requests: int, seed: int,
                request_trace: Path | None, fmt: str | None,
-               trace_block_size: int | None = None):
+               trace_block_size: int | None = None, salt_by_tenant: bool = False):
     """The Request table of ``--profile`` (generated) or ``--request-trace`` (read;
-    ``trace_block_size``: tokens per block of a generic trace's ``block_ids``)."""
+    ``trace_block_size``: tokens per block of a generic trace's ``block_ids``;
+    ``salt_by_tenant``: tenants never share a block, :func:`kvsim.ingest.requests.salt_by_tenant`)."""
     if profile is not None:
+        from kvsim.ingest.requests import salt_by_tenant as salt
         from kvsim.spec.workload_profile import load_profile
         from kvsim.workload.generator import build_workload
 
-        return build_workload(load_profile(profile), num_requests, seed)
+        table = build_workload(load_profile(profile), num_requests, seed)
+        return salt(table) if salt_by_tenant else table
     from kvsim.ingest import read_requests
 
     return read_requests(request_trace, fmt, seed=seed,
-                         trace_block_tokens=16 if trace_block_size is None else trace_block_size)
+                         trace_block_tokens=16 if trace_block_size is None else trace_block_size,
+                         salt_by_tenant=salt_by_tenant)
 
 
 def parse_replicas(value: str | int) -> int | str:

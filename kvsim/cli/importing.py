@@ -13,6 +13,7 @@ import typer
 from rich.table import Table
 
 from kvsim.cli import app, compat
+from kvsim.cli.closed_opts import SaltByTenantOpt
 from kvsim.cli.common import JsonOption, emit_json, out_console, progress, quiet_progress
 from kvsim.engine.lowering import import_request_trace
 from kvsim.events.import_summary import ImportSummary
@@ -107,6 +108,16 @@ def render_summary(s: ImportSummary) -> None:
     out_console.print(table)
 
 
+#: Options of the 2026 formats (issue 37), shared with ``kvsim reorder``.
+OutputTokensOpt = Annotated[int | None, typer.Option(
+    "--output-tokens", min=1, metavar="N", help="ServeGen content-hash batch jobs record no "
+    "output length: generate N tokens per request (default 128, an assumption; "
+    "docs/importers.md).", show_default=False)]
+SubmissionRateOpt = Annotated[float | None, typer.Option(
+    "--submission-rate", metavar="R", help="ServeGen batch job: submit request k at k/R "
+    "seconds (default: all queued at t = 0).", show_default=False)]
+
+
 # kv_deadline_scheduler's import options kvsim has no use for (kvsim.cli.compat).
 _LogicalBlockMbOpt = compat.kvmi_only_option("--logical-block-mb", "MB")
 _MaxBlocksPerRequestOpt = compat.kvmi_only_option("--max-blocks-per-request")
@@ -163,6 +174,9 @@ def import_request_trace_command(
         "--limit", metavar="NAME=VALUE", help="Raise or lower a size limit (repeatable): "
         "max_prompt_tokens, max_output_tokens, max_fanout, max_time_us, max_epoch_us, "
         "max_total_tokens (defaults in docs/cli.md).", show_default=False)] = None,
+    output_tokens: OutputTokensOpt = None,
+    submission_rate: SubmissionRateOpt = None,
+    salt_by_tenant: SaltByTenantOpt = False,
     logical_block_mb: _LogicalBlockMbOpt = None,
     max_blocks_per_request: _MaxBlocksPerRequestOpt = None,
     json_: JsonOption = False,
@@ -189,7 +203,9 @@ def import_request_trace_command(
         max_num_batched_tokens=max_num_batched_tokens, arrival_rate=arrival_rate,
         concurrency=concurrency, seed=seed, trace_block_tokens=trace_block_size,
         kvmi_step_us=kvmi_step_us, num_gpu_blocks=num_gpu_blocks,
-        gpu_memory_utilization=gpu_memory_utilization, timing=timing)
+        gpu_memory_utilization=gpu_memory_utilization, timing=timing,
+        output_tokens=output_tokens, submission_rate=submission_rate,
+        salt_by_tenant=salt_by_tenant)
     if json_:
         emit_json(summary)
     else:

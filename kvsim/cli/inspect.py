@@ -20,7 +20,9 @@ from kvsim.core.schema import DEFAULTS, ENUM_COLUMNS
 def inspect_command(
     trace: Annotated[Path | None, typer.Argument(
         help="Event file to inspect: Parquet, or JSONL when named *.jsonl "
-             "(also *.jsonl.gz / *.jsonl.zst).  See docs/trace-format.md.",
+             "(also *.jsonl.gz / *.jsonl.zst).  See docs/trace-format.md.  A request "
+             "trace (Mooncake, Weka, ServeGen, Dynamo, ...; docs/importers.md) is read "
+             "and its requests, sessions, tenants and infinite-cache reuse reported.",
         show_default=False, metavar="TRACE")] = None,
     trace_opt: Annotated[Path | None, typer.Option(
         "--trace", metavar="TRACE", help="The event file, as an option "
@@ -40,6 +42,17 @@ def inspect_command(
         raise KvsimInputError("expected the event file once: TRACE or --trace TRACE", None,
                               None, "--trace")
     trace = trace if trace is not None else trace_opt
+    fmt = None if head is not None else _request_trace_format(trace)
+    if fmt is not None:
+        from kvsim.analysis.request_facts import request_facts
+        from kvsim.ingest import read_requests
+
+        facts = request_facts(read_requests(trace, fmt))
+        if json_:
+            emit_json(facts.to_dict())
+        else:
+            _render_requests(trace, facts)
+        return
     if head is not None:
         df = head_events(trace, head)
         if json_:
@@ -62,6 +75,44 @@ def inspect_command(
         emit_json(summary)
     else:
         _render(trace, summary)
+
+
+def _request_trace_format(trace: Path) -> str | None:
+    """The reader of ``trace`` when it is a request trace, None for an event file (or a
+    file that is neither: the event reader's error then names what is wrong)."""
+    from kvsim.events import open_events
+    from kvsim.ingest.detect import detect_format
+
+    try:
+        with open_events(trace) as reader:
+            reader.header  # noqa: B018 - reading it is the check
+        return None
+    except (KvsimInputError, OSError):
+        try:
+            fmt = detect_format(trace)
+        except (KvsimInputError, OSError):
+            return None
+        return None if fmt in ("generic", "kvmi") else fmt
+
+
+def _render_requests(trace: Path, f) -> None:
+    table = Table(title=f"{trace} (request trace, {f.format})", show_header=False)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    table.add_row("requests", f"{f.requests:,}" + (f" ({f.skipped_rows:,} bad rows skipped)"
+                                                   if f.skipped_rows else ""))
+    table.add_row("sessions", f"{f.sessions:,} ({f.requests_in_sessions:,} requests)")
+    table.add_row("tenants", f"{f.tenants:,}")
+    table.add_row("models", ", ".join(f.models) or "-")
+    table.add_row("prompt / output tokens", f"{f.prompt_tokens:,} / {f.output_tokens:,}")
+    table.add_row("arrivals", "one batch job (all at t = 0)" if f.batch_job else
+                  f"over {f.arrival_span_s:,.3f} s")
+    table.add_row("trace block size (tokens)", f"{f.block_size_tokens:,}")
+    table.add_row("identified prompt blocks", f"{f.prompt_blocks:,}")
+    table.add_row("prefix reuse (infinite cache)",
+                  f"{f.prefix_reuse_fraction:.4f} ({f.reused_blocks:,} reused, "
+                  f"{f.reused_tokens:,} tokens)")
+    out_console.print(table)
 
 
 _ALWAYS_SHOWN = ("step", "time_us", "kind", "request_id", "block_index")

@@ -20,6 +20,7 @@ from kvsim.cli.closed_opts import (
     ReplicasOpt,
     RequestTraceOpt,
     RouterOpt,
+    SaltByTenantOpt,
     ScheduleOpt,
     TimingOpt,
     TraceBlockSizeOpt,
@@ -247,6 +248,7 @@ def simulate_command(
     request_trace: RequestTraceOpt = None,
     fmt: FormatOpt = None,
     trace_block_size: TraceBlockSizeOpt = None,
+    salt_by_tenant: SaltByTenantOpt = False,
     schedule: ScheduleOpt = None,
     replicas: ReplicasOpt = "1",
     router: RouterOpt = None,
@@ -297,7 +299,7 @@ def simulate_command(
             table, opts = _request_table(profile, requests, seed, request_trace, fmt, model,
                                          block_size, max_num_seqs, max_num_batched_tokens,
                                          config, sched, timing,
-                                         trace_block_size)
+                                         trace_block_size, salt_by_tenant)
             table, replicas, span_us = size_table(table, opts, config, replicas, sched,
                                              drop_over_context, warnings,
                                              strict=request_trace is not None)
@@ -359,12 +361,13 @@ def _single_replica(replicas: int) -> None:
 
 def _request_table(profile, requests, seed, request_trace, fmt, model, block_size,
                    max_num_seqs, max_num_batched_tokens, config, sched, timing=None,
-                   trace_block_size=None):
+                   trace_block_size=None, salt_by_tenant=False):
     """The Request table a profile or request trace gives, and the engine options it is
     served with; says on stderr what is served how (a log line, not progress)."""
     from kvsim.modes.closed.closed_loop import EngineOptions
 
-    table = load_table(profile, requests, seed, request_trace, fmt, trace_block_size)
+    table = load_table(profile, requests, seed, request_trace, fmt, trace_block_size,
+                       salt_by_tenant)
     opts = EngineOptions(block_size_tokens=block_size, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens,
                          model=model or "llama-3-8b", timing=timing or "auto")
@@ -436,6 +439,7 @@ def compare_command(
     request_trace: RequestTraceOpt = None,
     fmt: FormatOpt = None,
     trace_block_size: TraceBlockSizeOpt = None,
+    salt_by_tenant: SaltByTenantOpt = False,
     schedule: ScheduleOpt = None,
     replicas: ReplicasOpt = "1",
     router: RouterOpt = None,
@@ -485,7 +489,7 @@ def compare_command(
             table, opts = _request_table(profile, requests, seed, request_trace, fmt, model,
                                          block_size, max_num_seqs, max_num_batched_tokens,
                                          config, sched, timing,
-                                         trace_block_size)
+                                         trace_block_size, salt_by_tenant)
             table, replicas, span_us = size_table(table, opts, config, replicas, sched,
                                              drop_over_context, warnings,
                                              strict=request_trace is not None)

@@ -217,13 +217,17 @@ def import_request_trace(path: str | Path, out_path: str | Path, *, format: str 
                          num_gpu_blocks: int | None = None,
                          gpu_memory_utilization: float | None = None,
                          progress: Callable[[int, int], None] | None = None,
-                         strict: bool = False, timing: str | None = "auto") -> ImportSummary:
+                         strict: bool = False, timing: str | None = "auto",
+                         output_tokens: int | None = None,
+                         submission_rate: float | None = None,
+                         salt_by_tenant: bool = False) -> ImportSummary:
     """Read ``path`` and write its MemoryIntent events to ``out_path`` (Parquet, or JSONL
     when the name ends in .jsonl).  Same inputs and arguments -> byte-identical output.
     ``num_gpu_blocks`` / ``gpu_memory_utilization``: the scheduler's KV block budget
     (:func:`lower_requests`); kvmi files are translated, not scheduled, and ignore them.
     ``timing``: the step-time model (``auto``, ``roofline``, ``measured`` or a timing
-    profile path; :mod:`kvsim.engine.timing.select`)."""
+    profile path; :mod:`kvsim.engine.timing.select`).  ``output_tokens``,
+    ``submission_rate``, ``salt_by_tenant``: :func:`kvsim.ingest.read_requests`."""
     from kvsim.core.fsutil import check_output_path, check_output_suffix
     from kvsim.ingest import read_requests
     from kvsim.ingest.detect import detect_format
@@ -236,7 +240,9 @@ def import_request_trace(path: str | Path, out_path: str | Path, *, format: str 
                             step_us=kvmi_step_us or KVMI_STEP_US, skip_bad_rows=skip_bad_rows)
     table = read_requests(path, fmt, mapping, skip_bad_rows, arrival_rate=arrival_rate,
                           concurrency=concurrency, seed=seed,
-                          trace_block_tokens=trace_block_tokens, strict=strict)
+                          trace_block_tokens=trace_block_tokens, strict=strict,
+                          output_tokens=output_tokens, submission_rate=submission_rate,
+                          salt_by_tenant=salt_by_tenant)
     return lower_requests(table, out_path, model=model, hardware=hardware,
                           block_size_tokens=block_size_tokens, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens, seed=seed,

@@ -9,7 +9,10 @@ The lowering of a Request table to MemoryIntent events is the engine's
 
 Readers: ``mooncake``, ``azure``, ``openai``, ``agentic``, ``kvmi`` (events), ``generic``
 (column mapping), ``ragpulse``, ``bailian``, ``burstgpt``, ``vllm-kv-events`` (requests
-reconstructed from a vLLM KV-event recording).  docs/importers.md describes every format and rule.
+reconstructed from a vLLM KV-event recording), ``weka`` (SemiAnalysis's Claude-Code traces),
+``servegen`` (Alibaba ServeGen offline batch jobs), ``dynamo`` (Dynamo request traces),
+``azure-mm`` (Azure's 2025 multimodal trace), ``otel`` (OpenTelemetry GenAI spans).
+docs/importers.md describes every format and rule.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ def read_requests(path: str | Path, format: str | None = None,
                   mapping: str | dict[str, str] | None = None, skip_bad_rows: bool = False, *,
                   arrival_rate: float | None = None, concurrency: int | None = None,
                   seed: int = 0, trace_block_tokens: int = 16,
-                  strict: bool = False) -> RequestTable:
+                  strict: bool = False, output_tokens: int | None = None,
+                  submission_rate: float | None = None,
+                  salt_by_tenant: bool = False) -> RequestTable:
     """Read a request trace into the canonical :class:`RequestTable`.
 
     ``format`` None = auto-detect (:func:`detect_format`; a ``mapping`` implies
@@ -37,16 +42,51 @@ def read_requests(path: str | Path, format: str | None = None,
     ``kvmi`` files are events, not requests: use :func:`import_request_trace`.
     ``strict``: refuse what is otherwise read with a warning (Mooncake ids that do not
     form a prefix tree).  Sizes are bounded by :func:`kvsim.core.limits.get_limits`.
+    ``output_tokens`` / ``submission_rate``: a ServeGen batch job's assumed output length and
+    submission rate (:mod:`kvsim.ingest.servegen`).  ``salt_by_tenant``: salt each request's
+    prompt hashes with its tenant (:func:`kvsim.ingest.requests.salt_by_tenant`: tenants
+    never share a block, as vLLM's ``cache_salt``).
     """
+    table = _read(path, format, mapping, skip_bad_rows, arrival_rate=arrival_rate,
+                  concurrency=concurrency, seed=seed, trace_block_tokens=trace_block_tokens,
+                  strict=strict, output_tokens=output_tokens, submission_rate=submission_rate)
+    if salt_by_tenant:
+        from kvsim.ingest.requests import salt_by_tenant as _salt
+
+        table = _salt(table)
+    return table
+
+
+def _read(path, format, mapping, skip_bad_rows, *, arrival_rate, concurrency, seed,
+          trace_block_tokens, strict, output_tokens, submission_rate) -> RequestTable:
     fmt = format or ("generic" if mapping else detect_format(path))
+    for option, value in (("--output-tokens", output_tokens),
+                          ("--submission-rate", submission_rate)):
+        if value is not None and fmt != "servegen":
+            raise KvsimInputError(f"expected {option} only with a ServeGen batch job "
+                                  f"(--format servegen), got a {fmt} trace", path, None, option)
     if fmt not in FORMATS:
         raise bad_value(None, None, "--format", "one of " + ", ".join(FORMATS), fmt)
     if fmt == "mooncake":
         from kvsim.ingest.mooncake import read_mooncake
         return read_mooncake(path, skip_bad_rows=skip_bad_rows, strict=strict)
-    if fmt == "azure":
+    if fmt in ("azure", "azure-mm"):
         from kvsim.ingest.azure import read_azure
-        return read_azure(path, skip_bad_rows=skip_bad_rows)
+        return read_azure(path, skip_bad_rows=skip_bad_rows, layout=fmt)
+    if fmt == "weka":
+        from kvsim.ingest.weka import read_weka
+        return read_weka(path, skip_bad_rows=skip_bad_rows, arrival_rate=arrival_rate,
+                         concurrency=concurrency, seed=seed)
+    if fmt == "servegen":
+        from kvsim.ingest.servegen import read_servegen
+        return read_servegen(path, skip_bad_rows=skip_bad_rows, output_tokens=output_tokens,
+                             submission_rate=submission_rate)
+    if fmt == "dynamo":
+        from kvsim.ingest.agent_traces import read_dynamo
+        return read_dynamo(path, skip_bad_rows=skip_bad_rows)
+    if fmt == "otel":
+        from kvsim.ingest.agent_traces import read_otel
+        return read_otel(path, skip_bad_rows=skip_bad_rows)
     if fmt == "openai":
         from kvsim.ingest.openai import read_openai
         return read_openai(path, skip_bad_rows=skip_bad_rows)

@@ -6,10 +6,16 @@ Rules, first match wins (``--format`` skips them):
    of conversation JSON files); ``*.msgpack`` / ``*.mpk`` -> ``vllm-kv-events``;
 2. ``*.json`` -> ``agentic`` (one conversation object with ``requests``);
 3. ``*.csv`` whose header names ``Timestamp``, ``Request tokens`` and ``Response tokens`` ->
-   ``burstgpt``; whose header is ``TIMESTAMP,ContextTokens,GeneratedTokens`` -> ``azure``;
+   ``burstgpt``; whose header names ``TIMESTAMP``, ``NumImages``, ``ContextTokens`` and
+   ``GeneratedTokens`` -> ``azure-mm``; ``TIMESTAMP``, ``ContextTokens`` and
+   ``GeneratedTokens`` -> ``azure``;
    other CSV / TSV and ``*.parquet`` -> ``generic`` (needs ``--map`` unless the columns
    carry canonical names);
-4. JSONL (any other name): the first non-blank line decides: ``hash_ids`` as an object +
+4. JSONL (any other name): the first non-blank line decides: ``"schema":
+   "dynamo.request.trace.v1"`` -> ``dynamo``; a ``resourceSpans`` list (OTLP/JSON) ->
+   ``otel``; a trace object with ``block_size``, ``hash_id_scope`` and a ``requests`` list
+   -> ``weka``; ``request_id`` + ``input_length`` without ``timestamp``, with ``hash_ids``
+   or ``duration`` -> ``servegen``; ``hash_ids`` as an object +
    ``input_length`` -> ``ragpulse``; ``chat_id`` + ``parent_chat_id`` + ``hash_ids`` ->
    ``bailian``; ``ts`` + ``events`` (or a ``[ts, [events...]]`` array) ->
    ``vllm-kv-events``; ``hash_ids`` + ``input_length`` -> ``mooncake``; ``event_type`` +
@@ -28,7 +34,7 @@ from kvsim.core.errors import KvsimInputError
 from kvsim.core.fsutil import open_text, strip_compression_suffix
 
 FORMATS = ("mooncake", "azure", "openai", "agentic", "kvmi", "generic", "ragpulse", "bailian",
-           "burstgpt", "vllm-kv-events")
+           "burstgpt", "vllm-kv-events", "weka", "servegen", "dynamo", "azure-mm", "otel")
 #: File names (compression suffix stripped) of msgpack KV-event recordings.
 MSGPACK_SUFFIXES = (".msgpack", ".mpk", ".msgpack.bin")
 
@@ -54,8 +60,8 @@ def detect_format(path: str | Path) -> str:
         from kvsim.ingest.burstgpt import is_burstgpt_header
         if is_burstgpt_header(header):
             return "burstgpt"
-        return "azure" if [h.strip() for h in header[:3]] == [
-            "TIMESTAMP", "ContextTokens", "GeneratedTokens"] else "generic"
+        from kvsim.ingest.azure import azure_layout
+        return azure_layout(header) or "generic"
     with open_text(path) as fh:
         first = ""
         for lineno, line in enumerate(fh, start=1):
@@ -69,6 +75,18 @@ def detect_format(path: str | Path) -> str:
     except (json.JSONDecodeError, RecursionError, ValueError):
         raise KvsimInputError("not JSONL, CSV, Parquet or JSON: cannot detect the format "
                               "(give --format)", path, f"line {lineno}") from None
+    from kvsim.ingest.agent_traces import is_dynamo_record, is_otel_record
+    from kvsim.ingest.servegen import is_servegen_record
+    from kvsim.ingest.weka import is_weka_record
+
+    if is_dynamo_record(rec):
+        return "dynamo"
+    if is_otel_record(rec):
+        return "otel"
+    if is_weka_record(rec):
+        return "weka"
+    if is_servegen_record(rec) and not isinstance(rec.get("hash_ids"), dict):
+        return "servegen"
     if isinstance(rec, dict):
         if isinstance(rec.get("hash_ids"), dict) and "input_length" in rec:
             return "ragpulse"

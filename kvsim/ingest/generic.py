@@ -14,7 +14,10 @@ their own name, then take their defaults.  Canonical fields:
   ``min(len(block_ids) * trace_block_tokens, prompt_tokens)``;
 * ``session`` (integer or name), ``tenant`` (integer), ``request_priority`` (0..100),
   ``ttft_deadline_us`` | ``ttft_deadline_ms``, ``tpot_deadline_us`` | ``tpot_deadline_ms``
-  (budgets relative to arrival), ``n``, ``beam_width``, ``model``.
+  (budgets relative to arrival), ``n``, ``beam_width``, ``model``;
+* ``cache_salt`` (a string; vLLM's request field): requests with different salts never
+  share a prompt block, as vLLM salts the first block's hash
+  (:func:`kvsim.ingest.requests.salt_block_ids`); absent or empty = no salt.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import csv
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from kvsim.core.errors import KvsimInputError, bad_value
 from kvsim.core.fsutil import open_text, strip_compression_suffix
@@ -43,7 +48,7 @@ from kvsim.ingest.tracefile import (
 CANONICAL_FIELDS = ("arrival_us", "arrival_ms", "arrival_s", "prompt_tokens", "output_tokens",
                     "block_ids", "hashed_tokens", "session", "tenant", "request_priority",
                     "ttft_deadline_us", "ttft_deadline_ms", "tpot_deadline_us",
-                    "tpot_deadline_ms", "n", "beam_width", "model")
+                    "tpot_deadline_ms", "n", "beam_width", "model", "cache_salt")
 _ARRIVAL_SCALE = {"arrival_us": 1.0, "arrival_ms": 1e3, "arrival_s": 1e6}
 
 
@@ -150,6 +155,7 @@ def read_generic(path: str | Path, mapping: str | dict[str, str] | None = None, 
         "tenant", "request_priority", "ttft_deadline_us", "tpot_deadline_us", "n",
         "beam_width", "model")}
     sessions: dict[str, int] = {}
+    salts: list[str | None] = []
 
     def get(rec: dict, field: str) -> Any:
         src = m.get(field, field)
@@ -205,15 +211,27 @@ def read_generic(path: str | Path, mapping: str | dict[str, str] | None = None, 
                     row[f"{f}_deadline_us"] = -1
             v = get(rec, "model")
             row["model"] = "" if v is None else str(v)
+            salt = get(rec, "cache_salt")
+            if salt is not None and not isinstance(salt, str):
+                raise bad_value(path, loc, label("cache_salt"), "a string", salt)
         except KvsimInputError as exc:
             bad.handle(exc)
             continue
         for k, v in row.items():
             cols[k].append(v)
+        salts.append(salt or None)
     if cols["arrival_us"]:
         t0 = min(cols["arrival_us"])
         cols["arrival_us"] = [t - t0 for t in cols["arrival_us"]]
-    return build_request_table(cols, block_size_tokens=trace_block_tokens, path=str(path),
-                               skipped=bad.count,
-                               source={"format": "generic", "file": path.name, "map": m,
-                                       "trace_block_tokens": trace_block_tokens})
+    table = build_request_table(cols, block_size_tokens=trace_block_tokens, path=str(path),
+                                skipped=bad.count,
+                                source={"format": "generic", "file": path.name, "map": m,
+                                        "trace_block_tokens": trace_block_tokens})
+    if any(salts):
+        from kvsim.ingest.requests import salt_block_ids
+
+        # build_request_table sorted the rows by arrival (stable): salts follow
+        order = np.argsort(np.asarray(cols["arrival_us"], dtype=np.int64), kind="stable")
+        table = salt_block_ids(table, [salts[i] for i in order])
+        table.source["cache_salt"] = True
+    return table

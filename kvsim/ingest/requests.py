@@ -231,3 +231,36 @@ def to_arrow(table: RequestTable) -> pa.Table:
         else:
             arrays[name] = pa.array(df[name].to_numpy())
     return pa.table(arrays)
+
+
+def salt_block_ids(table: RequestTable, salts) -> RequestTable:
+    """``table`` with each request's ``block_ids`` moved into the namespace of its salt
+    (``salts[i]``: a string, or None / "" for no salt): ``namespaced_ids(BLAKE2b("salt:" +
+    salt), ids)``.  vLLM salts only a request's first block (``cache_salt``); every later
+    hash chains through it, so salting every id gives the same sharing: requests with
+    different salts never share a block, requests with the same salt share exactly what
+    they shared before.  Rows without ids are unchanged."""
+    from kvsim.ingest.hashing import name_hash, namespaced_ids
+
+    df = table.df.copy()
+    cache: dict[str, int] = {}
+    out = []
+    for ids, salt in zip(df["block_ids"], salts):
+        if salt is None or salt == "" or len(ids) == 0:
+            out.append(ids)
+            continue
+        ns = cache.setdefault(str(salt), name_hash("salt:" + str(salt)))
+        out.append(namespaced_ids(ns, np.asarray(ids, dtype=np.int64)))
+    df["block_ids"] = out
+    source = dict(table.source)
+    return RequestTable(df=df, block_size_tokens=table.block_size_tokens,
+                        skipped=table.skipped, source=source)
+
+
+def salt_by_tenant(table: RequestTable) -> RequestTable:
+    """``table`` salted by tenant (``--salt-by-tenant``): the salt of a request is
+    ``"tenant:<id>"``, so two tenants never share a prompt block (vLLM's per-tenant
+    ``cache_salt``), and one tenant's requests share as before."""
+    out = salt_block_ids(table, [f"tenant:{t}" for t in table.df["tenant"]])
+    out.source["salt_by_tenant"] = True
+    return out

@@ -154,7 +154,40 @@ def policies() -> None:
                                           on_insert=on_insert or "pass", victim=victim))
 
 
+WEKA = {"id": "t1", "models": ["m"], "block_size": 64, "hash_id_scope": "local",
+        "requests": [{"t": 0.0, "type": "n", "model": "m", "in": 130, "out": 5,
+                      "hash_ids": [1, 2, 3]}]}
+DYN_REQ = {"request_id": "r0", "output_tokens": 4, "request_received_ms": 1777312800000,
+           "replay": {"trace_block_size": 64, "input_length": 128,
+                      "input_sequence_hashes": [14879255164371896291, 274632075616497421]}}
+DYN = {"schema": "dynamo.request.trace.v1", "event_type": "request_end", "request": DYN_REQ}
+
+
+def new_formats() -> None:
+    """Weka, ServeGen, Dynamo and Azure multimodal traces with one defect each (issue 37)."""
+    r = dict(WEKA["requests"][0], hash_ids=[1, 2], **{"in": 200})
+    write("weka_ids_count.jsonl", jl(WEKA, dict(WEKA, id="t2", requests=[r])))
+    write("weka_scope.jsonl", jl(dict(WEKA, hash_id_scope="session")))
+    write("weka_block_size_mix.jsonl", jl(WEKA, dict(WEKA, id="t2", block_size=16)))
+    sg = {"request_id": 0, "type": "text", "input_length": 40, "hash_ids": [1, 2, 3],
+          "img_ids": []}
+    write("servegen_ids_count.jsonl", jl(sg, dict(sg, request_id=1, input_length=100)))
+    write("servegen_dup_id.jsonl", jl(sg, sg))
+    write("servegen_mixed.jsonl", jl(sg, {"request_id": 1, "type": "text", "input_length": 5,
+                                          "output_length": 3, "duration": 10}))
+    write("dynamo_hash_u65.jsonl", jl(DYN, {**DYN, "request": {**DYN_REQ, "replay": {
+        **DYN_REQ["replay"], "input_sequence_hashes": [1, 2 ** 64]}}}))
+    write("dynamo_no_replay.jsonl", jl(DYN, {**DYN, "request": {"request_id": "r1",
+                                                                 "output_tokens": 3}}))
+    span = {"traceId": "t", "spanId": "s", "startTimeUnixNano": "nan", "attributes": [
+        {"key": "gen_ai.usage.input_tokens", "value": {"intValue": "12"}}]}
+    write("otel_bad_start.jsonl", jl({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}))
+    write("azure_mm_images.csv", "TIMESTAMP,NumImages,ContextTokens,GeneratedTokens\n"
+          "2024-10-15 00:00:00.0100000,1,1200,40\n2024-10-15 00:00:01.0000000,-2,300,12\n")
+
+
 if __name__ == "__main__":
     HERE.mkdir(exist_ok=True)
     importers()
+    new_formats()
     policies()
