@@ -145,6 +145,7 @@ BLOCK_VIEW_FIELDS = (
     "pinned",  # bool: pin requested (DECODE_CRITICAL implies it); policies should avoid
     "next_use",  # int64: OFFLINE ONLY: ordinal of the next access, NEVER if none
     "content_hash",  # int64: content identity (0 = none)
+    "tenant",  # int32: tenant of the request that brought the content into the tier (0 default)
 )
 
 BlockView = namedtuple("BlockView", BLOCK_VIEW_FIELDS)
@@ -164,6 +165,7 @@ _VIEW_DTYPES = {
     "pinned": np.bool_,
     "next_use": np.int64,
     "content_hash": np.int64,
+    "tenant": np.int32,
 }
 
 
