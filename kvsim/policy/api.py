@@ -113,7 +113,11 @@ policy may rank running requests' units differently there (deadline does).
 The view
 --------
 ``view`` is a :class:`BlockView`: read-only per-block arrays of the tier, indexed by block
-id, maintained by the core.  A policy must not write to it.
+id, maintained by the core.  A policy must not write to it.  ``view.tenant`` is the tenant of
+the request that brought the block's content into the tier; with per-tenant quotas
+(``SimConfig.tenant_quotas``) ``init``'s ``params`` also carry ``"tenant_quotas"`` (``{tier:
+((tenant, cap_blocks, share_blocks), ...)}``) and ``"tier"`` (the tier this instance serves);
+``policies/quota_lru.py`` uses both (docs/policies.md, "Tenant quotas").
 """
 
 from __future__ import annotations
