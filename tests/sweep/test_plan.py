@@ -201,3 +201,11 @@ def test_cli_errors_are_one_line_exit_2(tmp_path):
         err = res.stderr.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: "), (args, res.stderr)
         assert not (tmp_path / args[-1]).exists() or not any((tmp_path / args[-1]).iterdir())
+
+
+def test_process_pool_gives_identical_outputs(tmp_path):
+    one = run_plan(two_requests(), spec(prune=False), tmp_path / "a", jobs=1)
+    two = run_plan(two_requests(), spec(prune=False), tmp_path / "b", jobs=2)
+    assert (one.computed, two.computed) == (4, 4)
+    for n in ("plan.parquet", "plan.json"):
+        assert (tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes()
