@@ -46,6 +46,8 @@ NAME = "quota_lru"
 DESCRIPTION = ("LRU within per-tenant quotas: tenants over their hard cap are evicted first, "
                "tenants within their guaranteed share last (--tenant-quota).")
 OFFLINE = False
+#: not run by `kvsim compare` without --policies: without quotas it is lru
+IN_DEFAULT_LIST = False
 REASONS = ("its tenant is above its hard cap: least recently used of such tenants",
            "its tenant is above its guaranteed share: least recently used of such tenants",
            "every tenant is within its guaranteed share: least recently used")

@@ -84,6 +84,9 @@ A policy is one module (``policies/<name>.py``, or a user file given with
 ``OFFLINE: bool`` (default False)
     True for policies that read the future (``view.next_use``), such as Belady's MIN.
     Their results are labelled as bounds, never as achievable.
+``IN_DEFAULT_LIST: bool`` (default True)
+    False keeps the policy out of ``kvsim compare``'s default list (it runs when named in
+    ``--policies``): ``quota_lru``, which is ``lru`` unless tenant quotas are given.
 ``REASONS: tuple[str, ...]``
     Sentences explaining a choice, indexed by the reason code ``victim`` returns, e.g.
     ``("least recently used: idle for the longest time",)``.
