@@ -386,3 +386,26 @@ def test_hybrid_models_cap_sliding_layers_at_the_window():
     gemma = load_model("gemma-3-27b")
     assert gemma.layer_types[:6] == ("sliding",) * 5 + ("full",)
     assert gemma.config["vocab_size"] == 262_208  # transformers' default: config omits it
+
+
+def test_layer_groups_of_a_hybrid_model_exact():
+    """gpt-oss-20b: 12 full-attention and 12 sliding layers (window 128), 8 KV heads of 64,
+    bf16: 2 * 8 * 64 * 2 = 2,048 B per layer and token.  1,000 tokens in 16-token blocks:
+    63 blocks; a sliding layer keeps only the blocks overlapping tokens 872..999, blocks
+    54..62 = 9 (vLLM's SlidingWindowManager frees the 54 wholly outside the window)."""
+    from kvsim.spec.kvsize import estimate_kv
+
+    est = estimate_kv("gpt-oss-20b", prompt_tokens=1000, generated_tokens=0,
+                      kv_dtype="bf16")
+    full, window = est.groups
+    assert full == {"kind": "full_attention", "layers": 12, "window_tokens": None,
+                    "bytes_per_token": 12 * 2048, "blocks_held": 63,
+                    "exact_bytes": 12 * 2048 * 1000, "paged_bytes": 12 * 2048 * 63 * 16}
+    assert window == {"kind": "sliding_window", "layers": 12, "window_tokens": 128,
+                      "bytes_per_token": 12 * 2048, "blocks_held": 9,
+                      "exact_bytes": 12 * 2048 * 128, "paged_bytes": 12 * 2048 * 9 * 16}
+    assert full["exact_bytes"] + window["exact_bytes"] == est.exact_bytes
+    assert full["paged_bytes"] + window["paged_bytes"] == est.paged_bytes
+    dense = estimate_kv("llama-3-8b", prompt_tokens=100, generated_tokens=0)
+    assert [g["kind"] for g in dense.groups] == ["full_attention"]
+    assert dense.to_dict()["groups"][0]["paged_bytes"] == dense.paged_bytes

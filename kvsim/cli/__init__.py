@@ -54,6 +54,7 @@ _COMMAND_MODULES = (
     "log",
     "calibrate",
     "sweep",
+    "plan",
     "validate",
     "reorder",
 )

@@ -61,6 +61,13 @@ def _render(est: KvEstimate) -> None:
     _size_row(table, "request: paged", est.paged_bytes,
               f"{est.paged_blocks} blocks; fragmentation {est.fragmentation_bytes:,} B "
               f"({est.fragmentation_fraction:.2%})")
+    if len(est.groups) > 1:  # a hybrid model: its layer groups (vLLM's hybrid manager)
+        for g in est.groups:
+            what = ("full attention" if g["window_tokens"] is None
+                    else f"window {g['window_tokens']:,}")
+            _size_row(table, f"  group {what} ({g['layers']} layers)", g["paged_bytes"],
+                      f"{g['blocks_held']} blocks held per layer; exact "
+                      f"{g['exact_bytes']:,} B")
     _size_row(table, "request: naive", est.naive_bytes,
               f"max_seq_len reserved; {est.naive_waste_fraction:.2%} unused")
     _size_row(table, f"total paged (x{est.concurrency})", est.total_paged_bytes)

@@ -78,6 +78,13 @@ from kvsim.cli.simulate_opts import (
     WritePolicyOpt,
 )
 from kvsim.cli.sizing import print_warnings, run_warnings, size_table
+from kvsim.cli.tenants import (
+    TenantQuotaOpt,
+    TenantsOpt,
+    split_tenant_rows,
+    tenant_view,
+    with_tenants,
+)
 from kvsim.core.errors import KvsimInputError
 from kvsim.core.fsutil import atomic_output
 
@@ -448,6 +455,8 @@ def compare_command(
     max_num_seqs: MaxSeqsOpt = None,
     max_num_batched_tokens: MaxTokensOpt = None,
     timing: TimingOpt = None,
+    tenants: TenantsOpt = False,
+    tenant_quota: TenantQuotaOpt = None,
     json_: JsonOption = False,
 ) -> None:
     """Replay one trace under several HBM placement policies (same tiers, same cost model)
@@ -474,6 +483,7 @@ def compare_command(
                      tier_policy, write_policy, preemption, priority_scheduling, no_prefetch,
                      warmup_fraction, log_lifecycle, seed, engine, warmup_requests, mode,
                      cache_variant, (hbm_mb, dram_mb, cxl_mb, nvme_mb), live_offload)
+    config = with_tenants(config, tenants, tenant_quota)
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
     sched = resolve_schedule(schedule, trace is None, config.mode, config.live_offload)
     check_event_file_options(trace, replicas, router)
@@ -526,6 +536,7 @@ def compare_command(
             else:
                 df = compare(source, names, config, decision_log_dir=decision_log_dir,
                              jobs=jobs, on_progress=on_policy)
+    df, tenant_rows = split_tenant_rows(df)
     _write_rows(df, csv, parquet)
     warnings += run_warnings(df, trace, span_us)
     print_warnings(warnings)
@@ -538,10 +549,17 @@ def compare_command(
     if json_:
         from kvsim.results.compare_view import verdict_info
 
-        emit_json({"policies": df.to_dict(orient="records"), "trace": label,
+        records = df.to_dict(orient="records")
+        for rec, (_, trs) in zip(records, tenant_rows or []):
+            rec["tenant_rows"] = trs
+        emit_json({"policies": records, "trace": label,
                    "mode": config.mode, "config": config.to_dict(),
                    "timing_model": None if table is None else timing_name(opts, config),
                    "verdict": verdict_info(df), "warnings": warnings})
         return
     title = _title(label, df.iloc[0].to_dict() if len(df) else None, config, sched)
     render_results(df, title, columns, wide, sort, with_verdict=True)
+    if tenant_rows is not None:
+        from kvsim.cli.render import print_view
+
+        print_view(tenant_view(tenant_rows))

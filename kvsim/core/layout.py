@@ -43,7 +43,9 @@ RI_TTFT_MISS = 24  # 1 if the TTFT deadline was missed
 RI_RECOMP_TOK = 25  # tokens recomputed: seen before but resident nowhere
 RI_TENANT = 26
 RI_FT_PENDING = 27  # 1 while the first token is being produced by the current step
-NRI = 28
+RI_EV_SUFFERED = 28  # HBM blocks this request brought in that were later evicted
+RI_EV_CAUSED = 29  # HBM blocks evicted to make room for this request's blocks
+NRI = 30
 
 RS_UNSEEN = 0
 RS_WAITING = 1  # arrived, not admitted

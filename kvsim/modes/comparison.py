@@ -33,10 +33,12 @@ def _one(name: str) -> dict:
 
 
 def default_policies() -> list[str]:
-    """Every installed policy (built-ins and entry points), sorted by name."""
+    """Every installed policy (built-ins and entry points), sorted by name, except those
+    whose module sets ``IN_DEFAULT_LIST = False`` (quota_lru: lru unless quotas are given;
+    name it in ``--policies``)."""
     from kvsim.policy.registry import list_policies
 
-    return [p.name for p in list_policies()]
+    return [p.name for p in list_policies() if p.in_default_list]
 
 
 #: The policy the ``*_vs_lru`` columns of :func:`compare` are measured against.

@@ -84,6 +84,9 @@ A policy is one module (``policies/<name>.py``, or a user file given with
 ``OFFLINE: bool`` (default False)
     True for policies that read the future (``view.next_use``), such as Belady's MIN.
     Their results are labelled as bounds, never as achievable.
+``IN_DEFAULT_LIST: bool`` (default True)
+    False keeps the policy out of ``kvsim compare``'s default list (it runs when named in
+    ``--policies``): ``quota_lru``, which is ``lru`` unless tenant quotas are given.
 ``REASONS: tuple[str, ...]``
     Sentences explaining a choice, indexed by the reason code ``victim`` returns, e.g.
     ``("least recently used: idle for the longest time",)``.
@@ -113,7 +116,11 @@ policy may rank running requests' units differently there (deadline does).
 The view
 --------
 ``view`` is a :class:`BlockView`: read-only per-block arrays of the tier, indexed by block
-id, maintained by the core.  A policy must not write to it.
+id, maintained by the core.  A policy must not write to it.  ``view.tenant`` is the tenant of
+the request that brought the block's content into the tier; with per-tenant quotas
+(``SimConfig.tenant_quotas``) ``init``'s ``params`` also carry ``"tenant_quotas"`` (``{tier:
+((tenant, cap_blocks, share_blocks), ...)}``) and ``"tier"`` (the tier this instance serves);
+``policies/quota_lru.py`` uses both (docs/policies.md, "Tenant quotas").
 """
 
 from __future__ import annotations
@@ -145,6 +152,7 @@ BLOCK_VIEW_FIELDS = (
     "pinned",  # bool: pin requested (DECODE_CRITICAL implies it); policies should avoid
     "next_use",  # int64: OFFLINE ONLY: ordinal of the next access, NEVER if none
     "content_hash",  # int64: content identity (0 = none)
+    "tenant",  # int32: tenant of the request that brought the content into the tier (0 default)
 )
 
 BlockView = namedtuple("BlockView", BLOCK_VIEW_FIELDS)
@@ -164,6 +172,7 @@ _VIEW_DTYPES = {
     "pinned": np.bool_,
     "next_use": np.int64,
     "content_hash": np.int64,
+    "tenant": np.int32,
 }
 
 

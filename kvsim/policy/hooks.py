@@ -114,7 +114,7 @@ def view_tuple_type():
 
 @structref.register
 class ViewRefType(types.StructRef):
-    """The numba type of :class:`ViewRef`: one pointer to a struct holding the 14 arrays of
+    """The numba type of :class:`ViewRef`: one pointer to a struct holding the 15 arrays of
     a :class:`kvsim.policy.api.BlockView` (same field names)."""
 
     def preprocess_fields(self, fields):
@@ -122,7 +122,7 @@ class ViewRefType(types.StructRef):
 
 
 class ViewRef(structref.StructRefProxy):
-    """A block view as compiled code passes it (one pointer instead of 14 arrays; the
+    """A block view as compiled code passes it (one pointer instead of 15 arrays; the
     arrays are the BlockView's own).  Python code keeps and reads the BlockView."""
 
 
@@ -140,7 +140,7 @@ VIEW_REF = ViewRefType([(name, t.copy(layout="A")) for name, t in zip(_V.fields,
 @njit(cache=True)
 def _new_view_ref(last_access_us, insert_us, access_count, phase, priority,
                   request_priority, deadline_us, slack_us, target_decode_step,
-                  recompute_cost_us, size_bytes, pinned, next_use, content_hash):
+                  recompute_cost_us, size_bytes, pinned, next_use, content_hash, tenant):
     r = structref.new(VIEW_REF)
     r.last_access_us = last_access_us
     r.insert_us = insert_us
@@ -156,6 +156,7 @@ def _new_view_ref(last_access_us, insert_us, access_count, phase, priority,
     r.pinned = pinned
     r.next_use = next_use
     r.content_hash = content_hash
+    r.tenant = tenant
     return r
 
 

@@ -66,6 +66,9 @@ class Policy:
     compiled: bool
     module: ModuleType
     source: str  # "builtin", "entry point <ep>", or the user file's path
+    #: run by ``compare`` when no policy list is given (module attribute ``IN_DEFAULT_LIST``,
+    #: default True; quota_lru says False: without quotas it is lru)
+    in_default_list: bool = True
 
 
 def _python_noop(state, view, b, now_us):
@@ -126,6 +129,9 @@ def policy_from_module(module: ModuleType, source: str) -> Policy:
     if ("on_hold" in hooks) != ("on_release" in hooks):
         raise bad("on_hold" if "on_hold" not in hooks else "on_release",
                   "on_hold and on_release both defined, or neither")
+    in_default = getattr(module, "IN_DEFAULT_LIST", True)
+    if not isinstance(in_default, bool):
+        raise bad("IN_DEFAULT_LIST", "a bool")
     explain = getattr(module, "explain", None)
     if explain is not None and (not callable(explain) or _arity(explain) != 2):
         raise bad("explain", "a function explain(row, now_us) -> dict[str, float]")
@@ -149,7 +155,8 @@ def policy_from_module(module: ModuleType, source: str) -> Policy:
                   on_hold=hooks["on_hold"] if held else hooks["on_remove"],
                   on_release=hooks["on_release"] if held else hooks["on_insert"],
                   on_hit_held=hooks["on_hit"] if held else noop, keeps_held=held,
-                  explain=explain, compiled=compiled, module=module, source=source)
+                  explain=explain, compiled=compiled, module=module, source=source,
+                  in_default_list=in_default)
 
 
 _REGISTRY: dict[str, Policy] = {}

@@ -159,6 +159,9 @@ class _Run:
         self.facts = facts
         bs = int(header.block_size_tokens)
         params = {"seed": config.seed}
+        quotas = config.quota_params()
+        if quotas:  # per-tenant quotas (quota_lru): every tier's policy learns its tier
+            params["tenant_quotas"] = quotas
         lower = [resolve_policy(config.tier_policy(t)) for t in LOWER_TIERS]
         self.lower_policies = lower
         core_mod = core_for(policy, lower, choose_engine(config.engine, facts.num_rows,
@@ -170,10 +173,13 @@ class _Run:
                               max_blocks_per_seq=max_blocks, block_bytes=block_bytes)
         self.st = mem.new_state(pcfg)
         self.view = new_record_view(hbm_blocks + 1)  # one row per block (kvsim.replay.kernel.tiers)
-        hbm_state = policy.init(hbm_blocks, hbm_blocks + 1, dict(params))
+        hbm_state = policy.init(hbm_blocks, hbm_blocks + 1,
+                                dict(params, tier="hbm") if quotas else dict(params))
         caps = [costs[t + 1].capacity_blocks for t in range(3)]
         table = _lower_table(sum(_lower_slots(c, facts.num_allocs) for c in caps))
-        tiers = [_lower_tier(t + 1, caps[t], lower[t], params, facts.num_allocs, table)
+        tiers = [_lower_tier(t + 1, caps[t], lower[t],
+                             dict(params, tier=LOWER_TIERS[t]) if quotas else params,
+                             facts.num_allocs, table)
                  for t in range(3)]
         if is_compiled(core_mod):
             odd = [p for p, s in zip([policy, *lower], [hbm_state] + [T[4] for T in tiers])
@@ -441,6 +447,10 @@ def replay(trace_path: str | Path, policy, config: SimConfig,
                         mode=config.mode, warmup_requests=warmup)
     summary["schedule"] = "recorded"  # the event file's steps, replayed open loop
     summary["timing_model"] = ex.config.get("timing_model")  # who timed those steps
+    if config.tenant_metrics:
+        from kvsim.results.tenant_view import tenant_table
+
+        summary["tenant_rows"] = tenant_table(ex.requests, warmup).to_dict("records")
     return SimResult(pol.name, bool(pol.offline), summary, ex.requests, ex.steps,
                      ex.config, str(trace_path), ex.costs, ex.checks)
 

@@ -123,6 +123,8 @@ def request_table(R_i: np.ndarray, R_f: np.ndarray, n: int) -> pd.DataFrame:
         "deadline_bound": ri[:, L.RI_BOUND].astype(bool),
         "request_priority": ri[:, L.RI_PRIO],
         "tenant": ri[:, L.RI_TENANT],
+        "evictions_suffered": ri[:, L.RI_EV_SUFFERED],
+        "evictions_caused": ri[:, L.RI_EV_CAUSED],
     })
 
 

@@ -151,6 +151,33 @@ def _blocks_held(num_tokens: int, block_size: int, window: int | None) -> int:
     return total - (num_tokens - window) // block_size
 
 
+def layer_groups(model: ModelSpec, num_tokens: int, block_size_tokens: int,
+                 kv_dtype: str = "fp16") -> tuple[dict, ...]:
+    """One request of ``num_tokens`` tokens per layer group, as vLLM's hybrid KV-cache
+    manager splits it (one manager per attention type: ``FullAttentionManager``,
+    ``SlidingWindowManager``): ``kind`` (``full_attention`` | ``sliding_window``),
+    ``layers``, ``window_tokens`` (None for full attention), ``bytes_per_token`` (the
+    group's layers, K and V, no cap), ``blocks_held`` (per layer: every block for full
+    attention; for a window, only the blocks overlapping the last ``window`` tokens --
+    those wholly outside it are freed), ``exact_bytes`` (tokens kept x bytes) and
+    ``paged_bytes`` (blocks held x block bytes).  Groups without layers are left out; the
+    groups' ``exact_bytes`` and ``paged_bytes`` sum to the request's."""
+    per_layer = kv_bytes_per_layer_token(model, kv_dtype)
+    out = []
+    for kind, layers, window in (("full_attention", model.num_full_layers, None),
+                                 ("sliding_window", model.num_sliding_layers,
+                                  model.sliding_window)):
+        if layers == 0:
+            continue
+        kept = num_tokens if window is None else min(num_tokens, window)
+        held = _blocks_held(num_tokens, block_size_tokens, window)
+        out.append({"kind": kind, "layers": int(layers), "window_tokens": window,
+                    "bytes_per_token": int(layers * per_layer), "blocks_held": int(held),
+                    "exact_bytes": int(layers * per_layer * kept),
+                    "paged_bytes": int(layers * per_layer * held * block_size_tokens)})
+    return tuple(out)
+
+
 def kv_bytes_per_layer_token_per_gpu(model: ModelSpec, kv_dtype: str = "fp16",
                                      tensor_parallel_size: int = 1) -> int:
     """Bytes one layer stores per token on EACH GPU of a tensor-parallel group.
@@ -274,6 +301,9 @@ class KvEstimate:
     fits_sequences_naive: int | None = None
     fits_concurrency: bool | None = None
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    #: per layer group (vLLM's hybrid KV-cache manager keeps one per attention type): dicts
+    #: of :func:`layer_groups` (full attention first, then the sliding window)
+    groups: tuple[dict, ...] = field(default_factory=tuple)
 
     #: Keys present only when a GPU (name or memory) was given.
     GPU_KEYS = ("gpu", "gpu_memory_bytes", "paged_bytes_per_gpu", "memory_utilization", "weights_dtype",
@@ -284,6 +314,7 @@ class KvEstimate:
         """JSON-ready dict (stable keys, docs/estimate-kv.md); GPU keys only with a GPU."""
         data = asdict(self)
         data["warnings"] = list(self.warnings)
+        data["groups"] = [dict(g) for g in self.groups]
         if self.gpu_memory_bytes is None:
             for key in self.GPU_KEYS:
                 del data[key]
@@ -391,5 +422,6 @@ def estimate_kv(
         num_sliding_layers=model.num_sliding_layers,
         sliding_window=model.sliding_window,
         warnings=tuple(warnings),
+        groups=layer_groups(model, n, block_size_tokens, kv_dtype),
         **hw_fields,
     )

@@ -131,8 +131,33 @@ class SimConfig:
     batch_rows: int = field(default=1 << 18, metadata=_h("event rows per streamed batch"))
     check_invariants: bool = field(default=False, metadata=_h(
         "after the replay, check the pool and tier invariants (SimResult.checks)"))
+    tenant_quotas: tuple[tuple[int, str, int, int], ...] = field(default=(), metadata=_h(
+        "per-tenant quotas: (tenant, tier, cap_blocks, share_blocks) entries, passed to the "
+        "tiers' policies as params['tenant_quotas'] (the quota_lru policy enforces them; "
+        "docs/policies.md, 'Tenant quotas')"))
+    tenant_metrics: bool = field(default=False, metadata=_h(
+        "add per-tenant rows to the summary (summary['tenant_rows']: hit rate, TTFT p99, "
+        "HBM evictions suffered and caused; kvsim compare --tenants)"))
+
+    def quota_params(self) -> dict:
+        """``{tier: ((tenant, cap_blocks, share_blocks), ...)}``: what the tiers' policies
+        receive as ``params["tenant_quotas"]`` ({} without quotas)."""
+        out: dict = {}
+        for tenant, tier, cap, share in self.tenant_quotas:
+            out.setdefault(tier, []).append((int(tenant), int(cap), int(share)))
+        return {t: tuple(v) for t, v in out.items()}
 
     def __post_init__(self) -> None:
+        seen = set()
+        for q in self.tenant_quotas:
+            if len(q) != 4 or q[1] not in ("hbm", *LOWER_TIERS) or q[2] < 0 or q[3] < 0 \
+                    or q[3] > q[2]:
+                raise bad_value(None, None, "--tenant-quota", "(tenant, tier in hbm|dram|cxl|"
+                                "nvme, cap_blocks >= share_blocks >= 0)", q)
+            if (q[0], q[1]) in seen:
+                raise bad_value(None, None, "--tenant-quota", "one quota per tenant and tier",
+                                q)
+            seen.add((q[0], q[1]))
         for name in ("hbm_gb", "dram_gb", "cxl_gb", "nvme_gb"):
             value = getattr(self, name)
             if value is not None and not value >= 0:
@@ -260,6 +285,9 @@ class SimConfig:
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name in ("tenant_quotas", "tenant_metrics"):  # absent at their defaults, so
+            if not out[name]:  # every output without tenants stays as it was
+                del out[name]
         out["tier_policies"] = {t: self.tier_policy(t) for t in LOWER_TIERS}
         return out
 
@@ -276,3 +304,26 @@ def parse_tier_policies(text: str | None) -> tuple[tuple[str, str], ...]:
                                   f"{part.strip()!r}", None, None, "--tier-policy")
         pairs[tier] = policy
     return tuple((t, pairs[t]) for t in LOWER_TIERS)
+
+
+def parse_tenant_quotas(items) -> tuple[tuple[int, str, int, int], ...]:
+    """``["1:hbm:cap=100,share=20", "2:dram:cap=500"]`` -> ``((1, "hbm", 100, 20), (2,
+    "dram", 500, 0))`` (CLI syntax of ``--tenant-quota``; cap defaults to unlimited, share
+    to 0; blocks of the tier)."""
+    out = []
+    for text in items or ():
+        parts = str(text).strip().split(":")
+        try:
+            if len(parts) != 3:
+                raise ValueError
+            tenant, tier = int(parts[0]), parts[1].strip()
+            kv = dict(p.split("=", 1) for p in parts[2].split(",") if p.strip())
+            if set(kv) - {"cap", "share"} or not kv:
+                raise ValueError
+            cap = int(kv.get("cap", 2**62))
+            share = int(kv.get("share", 0))
+        except ValueError:
+            raise KvsimInputError(f"expected TENANT:TIER:cap=BLOCKS[,share=BLOCKS], got "
+                                  f"{text!r}", None, None, "--tenant-quota") from None
+        out.append((tenant, tier, cap, share))
+    return tuple(out)

@@ -155,7 +155,7 @@ def test_every_builtin_keeps_history_except_the_scored_defaults():
     # key computed from the view (they re-file at release; see docs/policies.md).
     keeps = {p.name: p.keeps_held for p in POLICIES}
     assert {n for n, k in keeps.items() if k} == {
-        "arc", "fifo", "lfu", "lru", "s3fifo", "sieve", "vllm"}
+        "arc", "fifo", "lfu", "lru", "quota_lru", "s3fifo", "sieve", "vllm"}
 
 
 def test_hold_hooks_come_as_a_pair():

@@ -16,7 +16,7 @@ from kvsim.policy.registry import get_policy, list_policies, load_policy_file
 from tests.policies.harness import USER_POLICY_FILE
 
 BUILTINS = {"arc", "belady", "deadline", "fifo", "hotcold", "intent", "lfu", "lru",
-            "predictive", "s3fifo", "sieve", "vllm"}
+            "predictive", "quota_lru", "s3fifo", "sieve", "vllm"}
 GOOD = '''
 NAME = "{name}"
 DESCRIPTION = "test policy"
@@ -133,3 +133,10 @@ def test_entry_point_policies_are_discovered(monkeypatch, tmp_path):
     assert pol.source == "entry point thirdparty_fifo = thirdparty_policy_pkg"
     assert {p.name for p in reg.list_policies()} == BUILTINS | {"thirdparty_fifo"}
     sys.modules.pop("thirdparty_policy_pkg", None)
+
+
+def test_quota_lru_is_not_in_compares_default_list():
+    from kvsim.modes.comparison import default_policies
+
+    names = default_policies()
+    assert "quota_lru" not in names and sorted(names) == sorted(BUILTINS - {"quota_lru"})

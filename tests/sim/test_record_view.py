@@ -27,12 +27,13 @@ def test_row_layout_exact():
         assert a.shape == (9,) and a.strides == (88,) and a.flags.writeable
         for s in range(9):
             assert _addr(a, s) == base + 88 * s + ROW_OFFSET_BYTES[name]
-    # fields do not overlap: 84 bytes of each row used, by exactly one field each
+    # fields do not overlap: all 88 bytes of each row used (tenant: the last 4), by
+    # exactly one field each
     used = sorted((ROW_OFFSET_BYTES[n], ROW_OFFSET_BYTES[n] + getattr(v, n).itemsize)
                   for n in BLOCK_VIEW_FIELDS)
     for (lo0, hi0), (lo1, _) in zip(used, used[1:]):
         assert hi0 <= lo1
-    assert used[-1][1] == 84
+    assert used[-1][1] == 88
 
 
 def test_initial_values_as_new_block_view():
@@ -110,7 +111,7 @@ def test_copy_view_between_layouts_exact():
 
 def test_a_tier_fill_writes_every_field():
     """Lower tiers' views are not initialised (new_record_view(n, initialise=False)):
-    sound because a fill writes all 14 fields, copy_view's 12 and the two timestamps the
+    sound because a fill writes all 15 fields, copy_view's 13 and the two timestamps the
     fill sets (kvsim.replay.kernel.spill, kvsim.replay.kernel.tier_ops)."""
     assert set(COPIED) | {"insert_us", "last_access_us"} == set(BLOCK_VIEW_FIELDS)
     src = new_block_view(2)

@@ -183,6 +183,10 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
     summary, requests, steps = cluster_summary(pol, engines, costs, N, router, dropped,
                                                warmup, start_us)
     summary["timing_model"] = cost.timing_model  # which step-time model timed the steps
+    if config.tenant_metrics:
+        from kvsim.results.tenant_view import tenant_table
+
+        summary["tenant_rows"] = tenant_table(requests, warmup).to_dict("records")
     return SimResult(pol.name, bool(pol.offline), summary, requests, steps, cfg_dict,
                      "requests", costs, {})
 

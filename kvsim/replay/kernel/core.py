@@ -389,6 +389,7 @@ def run(cols, i0, n, cr):
                             _set_view_from_record(view, b, A_i, A_f, a, now_us)
                             view.content_hash[b] = 0
                             view.insert_us[b] = now_us
+                            view.tenant[b] = R_i[r, RI_TENANT]
                             H_i[b, HI_OWNER] = r
                             H_i[b, HI_BI] = bi
                             H_i[b, HI_TOKENS] = c_ntok[i]

@@ -105,6 +105,7 @@ from kvsim.core.layout import (
     RI_RECOMP_TOK,
     RI_SEQ,
     RI_STATE,
+    RI_TENANT,
     RS_PREEMPTED,
     RS_RUNNING,
     WP_WRITE_BACK,
@@ -325,6 +326,7 @@ def _place(r, e0, nb, mode, cr):
         view.insert_us[b] = now_us
         view.access_count[b] = 1
         view.content_hash[b] = h
+        view.tenant[b] = R_i[r, RI_TENANT]
         H_i[b, HI_OWNER] = r
         H_i[b, HI_BI] = bi
         H_i[b, HI_TOKENS] = tok

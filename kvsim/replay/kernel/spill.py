@@ -40,6 +40,8 @@ from kvsim.core.layout import (
     M_DEMOTE,
     M_EVICT,
     M_WRITE_THROUGH,
+    RI_EV_CAUSED,
+    RI_EV_SUFFERED,
     WP_WRITE_BACK,
     WP_WRITE_THROUGH,
 )
@@ -139,6 +141,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
     K = cr.K
     C = cr.C
     H_i = cr.H_i
+    R_i = cr.R_i
     view = cr.H_view
     G = cr.G
     T1 = cr.T1
@@ -191,6 +194,11 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
             continue
         b = out.blocks[e]
         h = out.evicted_hash[e]
+        # per-tenant accounting: evictions suffered by the request that brought the block
+        # in, caused by the request the room is made for (kvsim.replay.metrics.tenant_table)
+        if H_i[b, HI_OWNER] >= 0:
+            R_i[H_i[b, HI_OWNER], RI_EV_SUFFERED] += 1
+        R_i[r, RI_EV_CAUSED] += 1
         backed = tr.lower_find(LH, h) >= 0 and h != pend  # a lower copy (pending: gone)
         dest = first if (not backed and write_back) else 0
         if log_on:

@@ -108,7 +108,7 @@ def copy_view(dst, d, src, s):
     """Copy the BlockView fields of slot ``s`` of ``src`` into slot ``d`` of ``dst``, all
     but the two timestamps (``insert_us``, ``last_access_us``): every caller is a tier fill
     (or the cascade's copy of a victim into ``TMP`` on its way to the next tier's fill),
-    and a fill sets both to the time of the move.  12 of the 14 fields; in the record
+    and a fill sets both to the time of the move.  13 of the 15 fields; in the record
     layout of the replay's views (:func:`new_record_view`) they lie in 2-3 cache lines of
     one row on each side."""
     dst.access_count[d] = src.access_count[s]
@@ -123,6 +123,7 @@ def copy_view(dst, d, src, s):
     dst.pinned[d] = src.pinned[s]
     dst.next_use[d] = src.next_use[s]
     dst.content_hash[d] = src.content_hash[s]
+    dst.tenant[d] = src.tenant[s]
 
 
 # ---------------------------------------------------------------------------------------
@@ -131,12 +132,13 @@ def copy_view(dst, d, src, s):
 
 #: Byte offset of each :class:`kvsim.policy.api.BlockView` field in a row of
 #: :func:`new_record_view`: the ten 8-byte fields first, then the four 1-byte ones
-#: (``phase``, ``priority``, ``request_priority``, ``pinned``) in one word.  84 bytes used.
+#: (``phase``, ``priority``, ``request_priority``, ``pinned``) and the 4-byte ``tenant``
+#: in one word.  88 bytes used.
 ROW_OFFSET_BYTES = {
     "last_access_us": 0, "insert_us": 8, "access_count": 16, "deadline_us": 24,
     "slack_us": 32, "target_decode_step": 40, "recompute_cost_us": 48, "size_bytes": 56,
     "next_use": 64, "content_hash": 72,
-    "phase": 80, "priority": 81, "request_priority": 82, "pinned": 83,
+    "phase": 80, "priority": 81, "request_priority": 82, "pinned": 83, "tenant": 84,
 }
 #: 8-byte words per row: 88 bytes, so a row spans 2 cache lines, or 3 when it straddles
 #: two line boundaries (rows starting 48 or 56 bytes into a line: 2 of every 8 rows; 2.25
@@ -160,7 +162,7 @@ def new_record_view(num_slots: int, initialise: bool = True):
 
     ``initialise=False`` leaves every field 0 and the buffer untouched, so its pages are
     only mapped as slots fill (a lower tier's memory grows with what it holds): a tier
-    slot's 14 fields are all written by its fill (:func:`copy_view`'s 12 and the two
+    slot's 15 fields are all written by its fill (:func:`copy_view`'s 13 and the two
     timestamps) before it becomes resident, and only resident slots are read (hooks see
     their candidates, the decision log a tier's victims).  The HBM view is initialised
     (its blocks are small in number and filled from the records)."""
