@@ -220,7 +220,11 @@ def cluster_memory(config, link_model: str, shared_tier_gb, shared_tier_policy: 
     """``config`` with the link model and the shared tier of the options above."""
     import dataclasses
 
-    return dataclasses.replace(config, link_model=link_model, shared_tier_gb=shared_tier_gb,
-                               shared_tier_policy=shared_tier_policy,
-                               shared_link_bytes_per_s=shared_link_gbps * 1e9 / 8,
-                               shared_link_latency_us=shared_link_latency_us)
+    from kvsim.modes.closed.shared_tier import config_for
+
+    out = dataclasses.replace(config, link_model=link_model, shared_tier_gb=shared_tier_gb,
+                              shared_tier_policy=shared_tier_policy,
+                              shared_link_bytes_per_s=shared_link_gbps * 1e9 / 8,
+                              shared_link_latency_us=shared_link_latency_us)
+    config_for(out)  # refused before any work: a shared tier beside private tiers
+    return out

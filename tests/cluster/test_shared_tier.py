@@ -79,3 +79,49 @@ def test_shared_tier_refuses_private_tiers():
     t = _table([0], [B], [1], [[1]])
     with pytest.raises(KvsimInputError, match="--dram-gb"):
         serve(t, "lru", cfg(shared_tier_gb=1.0, dram_gb=2.0), replicas=2)
+
+
+SAMPLE = ["--request-trace", "traces/sample_mooncake.jsonl", "--model", "llama-3.1-8b",
+          "--block-size", "512", "--hbm-gb", "2", "--engine", "interpreted", "--json"]
+
+
+def test_cli_shared_tier_and_link_queue():
+    import json
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    root = Path(__file__).resolve().parents[2]
+    args = ["simulate", *SAMPLE, "--replicas", "2", "--router", "tiered",
+            "--shared-tier-gb", "8", "--shared-link-gbps", "25", "--link-model", "queue"]
+    import os
+
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        res = CliRunner().invoke(app, args)
+    finally:
+        os.chdir(cwd)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    s = out["policies"][0]
+    assert out["config"]["shared_tier_gb"] == 8.0 and out["config"]["link_model"] == "queue"
+    assert out["config"]["shared_link_bytes_per_s"] == 25e9 / 8
+    assert s["shared_tier_hit_rate"] > 0 and s["network_bytes"] > 0
+    assert s["link_shared_up_transfers"] == s["link_transfers_up"] > 0
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--link-model", "fair"], "--link-model"),
+    (["--shared-tier-gb", "8", "--dram-gb", "4"], "--dram-gb"),
+])
+def test_cli_bad_cluster_memory_options(extra, fragment):
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+    from tests.helpers import assert_one_line_error
+
+    res = CliRunner().invoke(app, ["simulate", "--request-trace", "x.jsonl", *extra])
+    assert_one_line_error(res, fragment)

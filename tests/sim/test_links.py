@@ -118,3 +118,20 @@ def test_compiled_engine_agrees(builder, tiny_hw, tmp_path):
     keys = [k for k in got[0] if k.startswith("link_") or k in ("stall_us", "prefetches")]
     assert len(keys) > 10
     assert [got[1][k] for k in keys] == [got[0][k] for k in keys]
+
+
+def test_the_decision_log_records_each_queued_transfer(builder, tiny_hw, tmp_path):
+    import pandas as pd
+
+    from kvsim.results.log_schema import Action
+
+    trace = concurrent(builder, n=4, wait_us=15).write(tmp_path / "t.parquet")
+    log = tmp_path / "log.parquet"
+    simulate(trace, "lru", cfg(tiny_hw, hbm_blocks=8, link_model="queue"), decision_log=log)
+    df = pd.read_parquet(log)
+    up = df[df["to_tier"] == 0]
+    got = [(Action(a).name, h, f, b, c) for a, h, f, b, c in
+           zip(up["action"], up["content_hash"], up["from_tier"], up["bytes"], up["cost_us"])]
+    # each block's cost: what it added to the step's wait (0, 0, 18 - 15, 24 - 18)
+    assert got == [("PREFETCH", 11, 1, 100, 0.0), ("PREFETCH", 12, 1, 100, 0.0),
+                   ("PREFETCH", 13, 1, 100, 3.0), ("PROMOTE", 14, 1, 100, 6.0)]
