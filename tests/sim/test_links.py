@@ -135,3 +135,14 @@ def test_the_decision_log_records_each_queued_transfer(builder, tiny_hw, tmp_pat
     # each block's cost: what it added to the step's wait (0, 0, 18 - 15, 24 - 18)
     assert got == [("PREFETCH", 11, 1, 100, 0.0), ("PREFETCH", 12, 1, 100, 0.0),
                    ("PREFETCH", 13, 1, 100, 3.0), ("PROMOTE", 14, 1, 100, 6.0)]
+
+
+@pytest.mark.parametrize("kw, field", [({"shared_tier_gb": 1.0}, "--shared-tier-gb"),
+                                       ({"link_model": "queue", "mode": "cache"},
+                                        "--link-model")])
+def test_options_the_replay_cannot_honour_are_refused(builder, tiny_hw, tmp_path, kw, field):
+    from kvsim.core.errors import KvsimInputError
+
+    trace = concurrent(builder, n=1).write(tmp_path / "t.parquet")
+    with pytest.raises(KvsimInputError, match=field):
+        simulate(trace, "lru", cfg(tiny_hw, hbm_blocks=8, **kw))
