@@ -28,7 +28,8 @@ CONFIGS = {
 KEYS = ("hbm_hit_rate", "prefix_hit_rate", "dram_hit_rate", "ttft_p50_us", "ttft_p99_us",
         "stall_us", "bytes_dram_link", "prefetches", "prefetches_useful", "promotions",
         "link_queue_p50_us", "link_queue_p99_us", "link_shared_up_utilisation",
-        "link_dram_up_utilisation", "steps")
+        "link_dram_up_utilisation", "network_bytes_up", "network_bytes_down",
+        "link_shared_up_queue_us", "link_shared_up_transfers", "steps")
 
 
 def main() -> None:

@@ -46,6 +46,8 @@ def test_a_block_one_replica_stored_is_found_by_another():
     # there: de-duplicated), 19 read back by replica 1
     assert s["shared_tier_peak_blocks"] == 20
     assert s["network_bytes"] == (20 + 19) * block_bytes()
+    assert (s["network_bytes_down"], s["network_bytes_up"]) == (20 * block_bytes(),
+                                                                19 * block_bytes())
     # replica 1 was idle: nothing to hide the transfer behind; one batch over its network
     # link: 10 us + 19 blocks / 12.5 GB/s
     assert rq.loc[1, "stall_us"] == pytest.approx(10.0 + 19 * block_bytes() / 12.5e3)

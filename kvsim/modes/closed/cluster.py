@@ -207,7 +207,7 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
                                 names=("shared", "cxl", "nvme") if shared_tier.enabled(config)
                                 else ("dram", "cxl", "nvme")))
     if shared_tier.enabled(config):
-        summary.update(shared_tier.shared_keys(summary, engines))
+        summary.update(shared_tier.shared_keys(summary, engines, warmup))
     return SimResult(pol.name, bool(pol.offline), summary, requests, steps, cfg_dict,
                      "requests", costs, {})
 

@@ -32,7 +32,7 @@ Rules, each with its source:
 Metrics: the summary's ``dram_*`` keys are the shared tier's (its hit rate, bytes over the
 links, evictions); :func:`shared_keys` adds ``shared_tier_hit_rate``,
 ``shared_tier_capacity_blocks``, ``shared_tier_peak_blocks`` and ``network_bytes`` (all
-replicas' links together).
+replicas' links together, both directions; ``network_bytes_up`` / ``_down`` split it).
 """
 
 from __future__ import annotations
@@ -93,12 +93,22 @@ def share(engines: list) -> None:
         e._args = None  # the compiled step's arguments are made again with these
 
 
-def shared_keys(summary: dict, engines: list) -> dict:
+def shared_keys(summary: dict, engines: list, warmup: int = 0) -> dict:
     """The shared tier's keys (see the module's docstring); its peak is the store's, not
-    the sum over replicas the cluster summary adds up."""
+    the sum over replicas the cluster summary adds up.  ``network_bytes_up`` (store ->
+    HBM) and ``network_bytes_down`` (HBM -> store) split ``network_bytes``, measured like
+    it (after the warm-up snapshot when ``warmup`` > 0)."""
     peak = max(int(e.run.C[L.C_PEAK + 1]) for e in engines)
+    up = down = 0.0
+    for e in engines:
+        C = e.run.C
+        W = e.run.Cw if warmup > 0 and C[L.C_WARM_DONE] != 0 else None
+        up += C[L.M_BYTES_UP + 1] - (W[L.M_BYTES_UP + 1] if W is not None else 0.0)
+        down += C[L.M_BYTES_DOWN + 1] - (W[L.M_BYTES_DOWN + 1] if W is not None else 0.0)
     return {"shared_tier_hit_rate": summary["dram_hit_rate"],
             "shared_tier_capacity_blocks": summary["dram_capacity_blocks"],
             "shared_tier_peak_blocks": peak,
             "peak_dram_blocks": peak,
-            "network_bytes": summary["bytes_dram_link"]}
+            "network_bytes": summary["bytes_dram_link"],
+            "network_bytes_up": int(up),
+            "network_bytes_down": int(down)}
