@@ -22,6 +22,8 @@ CONFIGS = {
     "hbm-only": {"dram_gb": 0.0},
     "private-dram": {"dram_gb": 32.0},
     "shared-100g": {"shared_tier_gb": 256.0},
+    "shared-50g": {"shared_tier_gb": 256.0, "shared_link_bytes_per_s": 50e9 / 8},
+    "shared-40g": {"shared_tier_gb": 256.0, "shared_link_bytes_per_s": 40e9 / 8},
     "shared-25g": {"shared_tier_gb": 256.0, "shared_link_bytes_per_s": 25e9 / 8},
     "shared-10g": {"shared_tier_gb": 256.0, "shared_link_bytes_per_s": 10e9 / 8},
 }
