@@ -127,3 +127,11 @@ def test_cli_bad_cluster_memory_options(extra, fragment):
 
     res = CliRunner().invoke(app, ["simulate", "--request-trace", "x.jsonl", *extra])
     assert_one_line_error(res, fragment)
+
+
+def test_the_replicas_config_is_a_fixed_point():
+    from kvsim.modes.closed.shared_tier import config_for
+
+    c = config_for(cfg(shared_tier_gb=1.0, shared_tier_policy="sieve"))
+    assert (c.dram_gb, c.cxl_gb, c.nvme_gb, c.tier_policy("dram")) == (1.0, 0.0, 0.0, "sieve")
+    assert config_for(c) == c

@@ -52,6 +52,9 @@ def config_for(config):
     and policy), CXL and NVMe off."""
     if not enabled(config):
         return config
+    if (config.dram_gb == config.shared_tier_gb and config.cxl_gb == 0 and config.nvme_gb == 0
+            and config.tier_policy("dram") == config.shared_tier_policy):
+        return config  # already this function's result (idempotent)
     if config.shared_tier_gb <= 0:
         raise KvsimInputError(f"expected --shared-tier-gb > 0, got {config.shared_tier_gb}",
                               None, None, "--shared-tier-gb")
