@@ -3,6 +3,7 @@ bytes, utilisation and queueing delay.
 
 Keys added to a run's summary only when the model is on (the default's outputs are
 unchanged), for each lower tier ``t`` in ``dram``, ``cxl``, ``nvme`` with a capacity > 0
+(or whose link carried a transfer: ``--preemption swap`` uses the DRAM link)
 (or ``shared`` for the cluster's shared tier, kvsim.modes.closed.shared_tier):
 
 ``link_<t>_up_busy_us`` / ``link_<t>_down_busy_us``
@@ -39,8 +40,9 @@ def link_summary(runs, makespans_us, names=_NAMES, measured=None) -> dict:
     out: dict = {}
     n = len(runs)
     for t, name in enumerate(names, start=1):
-        if all(int(r.T[t - 1].Lm[L.LM_CAP]) == 0 for r in runs):
-            continue  # a disabled tier has no link to report
+        if all(int(r.T[t - 1].Lm[L.LM_CAP]) == 0 and r.X[t, L.X_UP_XFERS] == 0
+               and r.X[t, L.X_DOWN_XFERS] == 0 for r in runs):
+            continue  # a disabled tier's link, unused (swaps use the DRAM link regardless)
         for d, (busy, xf, qw) in (("up", (L.X_UP_BUSY_US, L.X_UP_XFERS, L.X_UP_QWAIT_US)),
                                   ("down", (L.X_DOWN_BUSY_US, L.X_DOWN_XFERS,
                                             L.X_DOWN_QWAIT_US))):

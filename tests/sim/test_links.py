@@ -146,3 +146,23 @@ def test_options_the_replay_cannot_honour_are_refused(builder, tiny_hw, tmp_path
     trace = concurrent(builder, n=1).write(tmp_path / "t.parquet")
     with pytest.raises(KvsimInputError, match=field):
         simulate(trace, "lru", cfg(tiny_hw, hbm_blocks=8, **kw))
+
+
+def test_swaps_alone_cost_what_they_cost_untimed(builder, tiny_hw, tmp_path):
+    """tests/sim/test_replay_exact.py's swap scenario: r0's swap-out (7 us) and its block
+    12 swapped back in (6 us), each on a link nobody else uses, cost the same under the
+    queue; each is one transfer on the DRAM link (down, then up)."""
+    tb = builder()
+    tb.STEP(0, 1000); tb.ARRIVE(0, 8); tb.prompt(0, [11, 12]); tb.ACCESS(0, 8)
+    tb.STEP(1000, 1000); tb.ARRIVE(1, 8); tb.prompt(1, [31, 32]); tb.ACCESS(1, 8)
+    tb.STEP(2000, 100); tb.ACCESS(1, 1, Phase.DECODE); tb.FREE(1)
+    tb.STEP(3000, 100); tb.ACCESS(0, 1, Phase.DECODE); tb.FREE(0)
+    trace = tb.write(tmp_path / "t.parquet")
+    res = simulate(trace, "lru", cfg(tiny_hw, hbm_blocks=3, dram_gb=0, preemption="swap",
+                                     link_model="queue"))
+    assert res.steps["latency_us"].tolist() == [1000.0, 1007.0, 100.0, 106.0]
+    assert res.summary["link_dram_up_busy_us"] == 6.0
+    assert res.summary["link_dram_up_transfers"] == 1
+    # and the swap-out (200 B: 5 + 2 us) is one transfer on the down link
+    assert res.summary["link_dram_down_busy_us"] == 7.0
+    assert res.summary["link_dram_down_transfers"] == 1

@@ -125,7 +125,7 @@ from kvsim.replay.kernel import spill as lower
 from kvsim.replay.kernel import tier_ops
 from kvsim.replay.kernel import tiers as tr
 from kvsim.replay.kernel.bookkeeping import _peak, _pick_victim, _run_remove, _set_view_from_record
-from kvsim.replay.kernel.links import submit_up
+from kvsim.replay.kernel.links import submit_down, submit_up
 
 assert (lower.A_EVICT, lower.A_DEMOTE, lower.A_WRITE_THROUGH, lower.W_WT, lower.W_WTS,
         lower.W_BACKED, lower.PR_DECODE_CRITICAL) == (A_EVICT, A_DEMOTE, A_WRITE_THROUGH, W_WT,
@@ -183,6 +183,10 @@ def _preempt(v, cr, step, now_us):
     if K[K_PREEMPT_SWAP] != 0:
         C[M_SWAP_OUT_BYTES] += nbytes
         cost = X[1, X_DOWN_LAT_US] + nbytes / X[1, X_DOWN_BYTES_PER_US]
+        if K[K_LINK_QUEUE] != 0:  # on the DRAM down link, behind what is queued there
+            end = submit_down(X, 1, now_us, cost) + cost
+            ready = now_us + C[C_STEP_EXTRA_US]
+            cost = end - ready if end > ready else 0.0
         C[C_STEP_EXTRA_US] += cost
     _run_remove(running, C, v)
     R_i[v, RI_STATE] = RS_PREEMPTED
