@@ -135,3 +135,11 @@ def test_the_replicas_config_is_a_fixed_point():
     c = config_for(cfg(shared_tier_gb=1.0, shared_tier_policy="sieve"))
     assert (c.dram_gb, c.cxl_gb, c.nvme_gb, c.tier_policy("dram")) == (1.0, 0.0, 0.0, "sieve")
     assert config_for(c) == c
+
+
+def test_cluster_memory_columns_by_name_only():
+    from kvsim.cli.render import parse_columns
+
+    keys = ["shared_tier_hit_rate", "network_bytes", "link_queue_p50_us", "link_queue_p99_us"]
+    assert [c.key for c in parse_columns(",".join(keys), False)] == keys
+    assert not set(keys) & {c.key for c in parse_columns(None, True)}  # --wide as before
