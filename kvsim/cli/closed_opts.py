@@ -43,7 +43,7 @@ SaltByTenantOpt = Annotated[bool, typer.Option(
     "--salt-by-tenant", help="Salt each request's prompt hashes with its tenant (vLLM's "
     "cache_salt per tenant): two tenants never share a KV block (docs/importers.md).")]
 RouterOpt = Annotated[str | None, typer.Option(
-    "--router", metavar="round_robin|least_loaded|session|prefix",
+    "--router", metavar="round_robin|least_loaded|session|prefix|tiered",
     help="How requests are sent to replicas (docs/simulate.md, \"Routers\").")]
 BlockSizeOpt = Annotated[int | None, typer.Option(
     "--block-size", min=1, show_default=False,
@@ -200,3 +200,38 @@ def check_is_event_file(trace) -> None:
         raise KvsimInputError(f"expected an event file, got a request trace ({fmt}): serve "
                               f"it with --request-trace {trace} (or convert it with `kvsim "
                               "import-request-trace`)", None, None, "--trace") from None
+
+LinkModelOpt = Annotated[str, typer.Option(
+    "--link-model", metavar="none|queue",
+    help="none (default): each transfer timed alone, latency + bytes / slowest hop.  queue: "
+         "every transfer occupies its tier's link, first in first out per direction, and "
+         "waits for those issued before it; adds link utilisation and queueing delay to "
+         "the summary (docs/cost-model.md, \"Links as queues\").")]
+SharedTierGbOpt = Annotated[float | None, typer.Option(
+    "--shared-tier-gb", min=0, metavar="GB",
+    help="Closed loop: a KV store of GB shared by every replica, each over its own "
+         "network link, in place of private DRAM/CXL/NVMe (docs/memory-model.md, "
+         "\"Shared cluster tier\").", show_default=False)]
+SharedTierPolicyOpt = Annotated[str, typer.Option(
+    "--shared-tier-policy", metavar="NAME", help="The shared tier's eviction policy.")]
+SharedLinkGbpsOpt = Annotated[float, typer.Option(
+    "--shared-link-gbps", min=0.001, metavar="GBIT/S",
+    help="Each replica's network link to the shared tier, in Gbit/s (default 100).")]
+SharedLinkLatencyOpt = Annotated[float, typer.Option(
+    "--shared-link-latency-us", min=0, metavar="US",
+    help="Latency of one transfer batch to or from the shared tier (default 10 us).")]
+
+
+def cluster_memory(config, link_model: str, shared_tier_gb, shared_tier_policy: str,
+                   shared_link_gbps: float, shared_link_latency_us: float):
+    """``config`` with the link model and the shared tier of the options above."""
+    import dataclasses
+
+    from kvsim.modes.closed.shared_tier import config_for
+
+    out = dataclasses.replace(config, link_model=link_model, shared_tier_gb=shared_tier_gb,
+                              shared_tier_policy=shared_tier_policy,
+                              shared_link_bytes_per_s=shared_link_gbps * 1e9 / 8,
+                              shared_link_latency_us=shared_link_latency_us)
+    config_for(out)  # refused before any work: a shared tier beside private tiers
+    return out

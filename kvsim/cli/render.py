@@ -163,7 +163,16 @@ COLUMNS: tuple[Column, ...] = (
 LIVE_DEFAULT_COLUMNS = ("decode_stalls", "decode_critical_stalls", "stall_us", "tpot_p99_us",
                         "deadline_misses", "live_spills", "blocks_fetched", "prefetches",
                         "prefetches_useful", "prefetches_wasted", "bytes_dram_link")
-_BY_KEY: dict[str, Column] = {c.key: c for c in COLUMNS}
+#: Columns of ``--link-model queue`` and ``--shared-tier-gb`` runs (docs/cost-model.md, "Links
+#: as queues"; docs/simulate.md): by name with ``--columns`` only (``--wide`` shows
+#: ``COLUMNS``, whose keys every run has).
+CLUSTER_MEMORY_COLUMNS: tuple[Column, ...] = (
+    Column("shared_tier_hit_rate", "shared\ntier hit", _pct, "max"),
+    Column("network_bytes", "network\nGB", _gb, "min"),
+    Column("link_queue_p50_us", "link queue\np50 ms", _ms, "min"),
+    Column("link_queue_p99_us", "link queue\np99 ms", _ms, "min"),
+)
+_BY_KEY: dict[str, Column] = {c.key: c for c in COLUMNS + CLUSTER_MEMORY_COLUMNS}
 DEFAULT_COLUMNS = tuple(c.key for c in COLUMNS if c.default)
 
 

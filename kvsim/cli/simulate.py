@@ -15,6 +15,7 @@ from kvsim.cli.closed_opts import (
     BlockSizeOpt,
     DropOverContextOpt,
     FormatOpt,
+    LinkModelOpt,
     MaxSeqsOpt,
     MaxTokensOpt,
     ReplicasOpt,
@@ -22,11 +23,16 @@ from kvsim.cli.closed_opts import (
     RouterOpt,
     SaltByTenantOpt,
     ScheduleOpt,
+    SharedLinkGbpsOpt,
+    SharedLinkLatencyOpt,
+    SharedTierGbOpt,
+    SharedTierPolicyOpt,
     TimingOpt,
     TraceBlockSizeOpt,
     check_event_file_options,
     check_is_event_file,
     check_timing,
+    cluster_memory,
     engine_options,
     load_table,
     parse_replicas,
@@ -259,6 +265,11 @@ def simulate_command(
     schedule: ScheduleOpt = None,
     replicas: ReplicasOpt = "1",
     router: RouterOpt = None,
+    link_model: LinkModelOpt = "none",
+    shared_tier_gb: SharedTierGbOpt = None,
+    shared_tier_policy: SharedTierPolicyOpt = "lru",
+    shared_link_gbps: SharedLinkGbpsOpt = 100.0,
+    shared_link_latency_us: SharedLinkLatencyOpt = 10.0,
     drop_over_context: DropOverContextOpt = False,
     block_size: BlockSizeOpt = None,
     max_num_seqs: MaxSeqsOpt = None,
@@ -290,6 +301,8 @@ def simulate_command(
                      tier_policy, write_policy, preemption, priority_scheduling, no_prefetch,
                      warmup_fraction, log_lifecycle, seed, engine, warmup_requests, mode,
                      cache_variant, (hbm_mb, dram_mb, cxl_mb, nvme_mb), live_offload)
+    config = cluster_memory(config, link_model, shared_tier_gb, shared_tier_policy,
+                            shared_link_gbps, shared_link_latency_us)
     sched = resolve_schedule(schedule, trace is None, config.mode, config.live_offload)
     check_event_file_options(trace, replicas, router)
     check_is_event_file(trace)
@@ -450,6 +463,11 @@ def compare_command(
     schedule: ScheduleOpt = None,
     replicas: ReplicasOpt = "1",
     router: RouterOpt = None,
+    link_model: LinkModelOpt = "none",
+    shared_tier_gb: SharedTierGbOpt = None,
+    shared_tier_policy: SharedTierPolicyOpt = "lru",
+    shared_link_gbps: SharedLinkGbpsOpt = 100.0,
+    shared_link_latency_us: SharedLinkLatencyOpt = 10.0,
     drop_over_context: DropOverContextOpt = False,
     block_size: BlockSizeOpt = None,
     max_num_seqs: MaxSeqsOpt = None,
@@ -484,6 +502,8 @@ def compare_command(
                      warmup_fraction, log_lifecycle, seed, engine, warmup_requests, mode,
                      cache_variant, (hbm_mb, dram_mb, cxl_mb, nvme_mb), live_offload)
     config = with_tenants(config, tenants, tenant_quota)
+    config = cluster_memory(config, link_model, shared_tier_gb, shared_tier_policy,
+                            shared_link_gbps, shared_link_latency_us)
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
     sched = resolve_schedule(schedule, trace is None, config.mode, config.live_offload)
     check_event_file_options(trace, replicas, router)

@@ -61,7 +61,9 @@ RF_CREDIT_RATE = 3  # saved microseconds per prompt token (applied to PREFILL AC
 RF_STALL_US = 4  # transfer stalls charged to this request
 RF_PF_BUDGET_US = 5  # queueing time left to hide prefetch transfers behind
 RF_ADMIT_US = 6  # engine time of admission
-NRF = 7
+RF_QWAIT_US = 7  # --link-model queue: time its transfers waited behind others on a link
+RF_XFERS = 8  # --link-model queue: its transfers (one batched DMA per tier per admission)
+NRF = 9
 
 # --- arena A_i[entry, ...]: one record per block of a request (its ALLOCATE row) ------------
 AI_HASH = 0  # content hash if the block is full and hashed, else 0 (never shared)
@@ -168,7 +170,8 @@ K_BLOCK_TOKENS = 5
 K_OFFLINE = 6  # 1 = fill next_use (offline policies)
 K_WARMUP_STEP = 7  # metrics snapshot when this step starts (-1 = none)
 K_LOG_LIFECYCLE = 8  # 1 = also record ALLOCATE/HIT/RELEASE/REVIVE/FREE rows
-NK = 9
+K_LINK_QUEUE = 9  # 1 = transfers queue on their links (kvsim.replay.kernel.links)
+NK = 10
 
 WP_WRITE_BACK = 0
 WP_WRITE_THROUGH = 1
@@ -179,7 +182,17 @@ X_UP_LAT_US = 0  # latency of a read from the tier into HBM (medium + link)
 X_UP_BYTES_PER_US = 1  # min(medium read bandwidth, link bandwidth)
 X_DOWN_LAT_US = 2
 X_DOWN_BYTES_PER_US = 3  # min(medium write bandwidth, link bandwidth)
-NX = 4
+# the links' state under --link-model queue (kvsim.replay.kernel.links), per direction:
+# when the link's FIFO queue drains, busy time, queueing delay and transfers so far
+X_UP_FREE_US = 4
+X_UP_BUSY_US = 5
+X_UP_QWAIT_US = 6
+X_UP_XFERS = 7
+X_DOWN_FREE_US = 8
+X_DOWN_BUSY_US = 9
+X_DOWN_QWAIT_US = 10
+X_DOWN_XFERS = 11
+NX = 12
 
 # --- decision-log buffer --------------------------------------------------------------------
 GI_STEP = 0

@@ -38,6 +38,7 @@ SOURCES = ("kvsim.core.schema", "kvsim.core.codes", "kvsim.policy.api", "kvsim.p
            "kvsim.memory.pool_ref", "kvsim.memory.pool_ops", "kvsim.jit.prefetch",
            "kvsim.core.layout", "kvsim.engine.timing.step_time", "kvsim.ingest.hashing",
            "kvsim.replay.kernel.tiers", "kvsim.replay.kernel.bookkeeping",
+           "kvsim.replay.kernel.links",
            "kvsim.replay.kernel.tier_ops", "kvsim.replay.kernel.spill",
            "kvsim.replay.kernel.placement", "kvsim.replay.kernel.core",
            "kvsim.replay.kernel.core_ref", "kvsim.engine.scheduler_state",

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from kvsim.core.errors import KvsimInputError
 from kvsim.replay.driver import SimResult, TraceFacts, replay
 from kvsim.spec.sim_config import SimConfig
 
@@ -37,6 +38,14 @@ def simulate(trace_path: str | Path, policy, config: SimConfig | None = None,
     arrival order (:func:`kvsim.modes.cache.simulate_cache`; ``lowering`` is a
     :class:`kvsim.engine.serial_lowering.CacheLowering` made once for many policies)."""
     config = config or SimConfig()
+    if config.shared_tier_gb is not None:  # a store shared by replicas: the closed loop's
+        raise KvsimInputError("expected --shared-tier-gb only with a Request table served "
+                              "closed loop (--request-trace / --profile), not an event file",
+                              None, None, "--shared-tier-gb")
+    if config.link_model != "none" and (config.mode == "cache" or config.live_offload):
+        raise KvsimInputError("expected --link-model queue only in the engine replay (not "
+                              "--mode cache, which has no time, nor --live-offload, which "
+                              "has its own per-step link budget)", None, None, "--link-model")
     if config.mode == "cache":
         from kvsim.modes.cache import simulate_cache
 

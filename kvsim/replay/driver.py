@@ -219,6 +219,7 @@ class _Run:
         # the window starts at the step the first measured request arrives in
         K[L.K_WARMUP_STEP] = facts.warmup_step(config.warmup_count(facts.num_requests))
         K[L.K_LOG_LIFECYCLE] = int(config.log_lifecycle)
+        K[L.K_LINK_QUEUE] = int(config.link_model == "queue")
         self.K = K
         self.X = cost_array(costs)
         self.C = np.zeros(L.NC, dtype=np.float64)
@@ -446,6 +447,9 @@ def replay(trace_path: str | Path, policy, config: SimConfig,
                         ex.costs, facts.num_rows, block_size_tokens=ex.block_size_tokens,
                         mode=config.mode, warmup_requests=warmup)
     summary["schedule"] = "recorded"  # the event file's steps, replayed open loop
+    from kvsim.replay.link_metrics import link_summary
+
+    summary.update(link_summary([ex.run], [float(ex.run.C[L.C_CLOCK_US])], measured=measured))
     summary["timing_model"] = ex.config.get("timing_model")  # who timed those steps
     if config.tenant_metrics:
         from kvsim.results.tenant_view import tenant_table

@@ -135,7 +135,7 @@ def interpreted() -> ModuleType:
     policy's hooks arrive as values (:func:`policy_value`), and only a policy's own
     compiled helpers stay compiled."""
     from kvsim.memory import fast, pool_ops
-    from kvsim.replay.kernel import bookkeeping, core, placement, spill, tier_ops, tiers
+    from kvsim.replay.kernel import bookkeeping, core, links, placement, spill, tier_ops, tiers
 
     cached = _LOADED.get("twin")
     if cached is not None:
@@ -144,7 +144,8 @@ def interpreted() -> ModuleType:
     tw_fast = _twin(fast, key)
     tw_tiers = _twin(tiers, key)
     tw_book = _twin(bookkeeping, key)
-    twins = {fast.__name__: tw_fast, tiers.__name__: tw_tiers, bookkeeping.__name__: tw_book}
+    twins = {fast.__name__: tw_fast, tiers.__name__: tw_tiers, bookkeeping.__name__: tw_book,
+             links.__name__: _twin(links, key)}
     _rebind(tw_fast, twins)
     _rebind(tw_tiers, twins)
     _rebind(tw_book, twins)

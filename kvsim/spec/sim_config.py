@@ -20,6 +20,14 @@ ENGINES = ("auto", "compiled", "interpreted")
 #: ``engine``: the scheduled replay (continuous batching, latencies); ``cache``: requests one
 #: at a time in arrival order, lookup then insert, no timing (docs/simulate.md, "Modes").
 MODES = ("engine", "cache")
+#: A replica's network link to the shared tier: 100 Gb/s (source: the line rate of a
+#: 100GbE / InfiniBand EDR NIC, one per replica; assumption: no protocol overhead).
+SHARED_LINK_BYTES_PER_S = 12.5e9
+#: One transfer batch to or from the shared tier (assumption: an RDMA read round trip of a
+#: few microseconds, ~2-3 us on ConnectX-class NICs, plus the store's lookup: 10 us).
+SHARED_LINK_LATENCY_US = 10.0
+#: how transfers are timed (kvsim.replay.kernel.links): alone, or queued on their links
+LINK_MODELS = ("none", "queue")
 #: Cache-mode lookups: ``prefix`` stops at the first missing block (vLLM, kvcache-simulator);
 #: ``block`` counts every resident block of the prompt, each block one access.
 CACHE_VARIANTS = ("prefix", "block", "vllm")
@@ -99,6 +107,19 @@ class SimConfig:
         "preempt the lowest request_priority instead of the last admitted request"))
     prefetch: bool = field(default=True, metadata=_h(
         "hide a request's lower-tier promotions behind its queueing time (prefetch_ok)"))
+    link_model: str = field(default="none", metadata=_h(
+        "none (each transfer timed alone: latency + bytes / slowest hop) or queue (every "
+        "transfer occupies its link, FIFO per direction, and waits for those before it: "
+        "kvsim.replay.kernel.links; docs/cost-model.md, 'Links as queues')"))
+    shared_tier_gb: float | None = field(default=None, metadata=_h(
+        "closed loop: a KV store shared by every replica (kvsim.modes.closed.shared_tier), "
+        "this many GB, in place of the replicas' private DRAM / CXL / NVMe; None = none"))
+    shared_tier_policy: str = field(default="lru", metadata=_h(
+        "the shared tier's eviction policy (a registered policy name)"))
+    shared_link_bytes_per_s: float = field(default=SHARED_LINK_BYTES_PER_S, metadata=_h(
+        "bandwidth of each replica's network link to the shared tier, bytes/s"))
+    shared_link_latency_us: float = field(default=SHARED_LINK_LATENCY_US, metadata=_h(
+        "latency of one transfer batch to or from the shared tier, us"))
     warmup_fraction: float = field(default=0.0, metadata=_h(
         "fraction of the trace's requests, counted in arrival order, excluded from the "
         "metrics (cache warm-up): the first floor(F x requests) requests"))
@@ -199,6 +220,13 @@ class SimConfig:
         if not 0 <= self.log_candidates <= 8:
             raise bad_value(None, None, "log_candidates", "an integer in 0..8",
                             self.log_candidates)
+        if self.link_model not in LINK_MODELS:
+            raise bad_value(None, None, "--link-model", " | ".join(LINK_MODELS),
+                            self.link_model)
+        if self.shared_link_bytes_per_s <= 0 or self.shared_link_latency_us < 0:
+            raise bad_value(None, None, "--shared-link-gbps / --shared-link-latency-us",
+                            "a positive bandwidth and a latency >= 0",
+                            (self.shared_link_bytes_per_s, self.shared_link_latency_us))
         if self.engine not in ENGINES:
             raise bad_value(None, None, "engine", " | ".join(ENGINES), self.engine)
         if self.batch_rows < 1:
@@ -288,6 +316,12 @@ class SimConfig:
         for name in ("tenant_quotas", "tenant_metrics"):  # absent at their defaults, so
             if not out[name]:  # every output without tenants stays as it was
                 del out[name]
+        if out["link_model"] == "none":  # outputs of the default model as before it existed
+            del out["link_model"]
+        if out["shared_tier_gb"] is None:  # likewise without a shared tier
+            for k in ("shared_tier_gb", "shared_tier_policy", "shared_link_bytes_per_s",
+                      "shared_link_latency_us"):
+                del out[k]
         out["tier_policies"] = {t: self.tier_policy(t) for t in LOWER_TIERS}
         return out
 

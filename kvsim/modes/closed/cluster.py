@@ -30,6 +30,13 @@ Routers (``router=``):
     outstanding requests, then lowest index (Dynamo samples ties at temperature 0 by
     order).  llm-d's precise prefix-cache scorer scores the same longest consecutive
     prefix; its load scorers play the role of ``active_blocks_w``.
+``tiered``
+    ``prefix`` with each cached block priced by where it sits (HBM free, a lower or shared
+    tier the transfer over its link, relative to recomputing it):
+    :mod:`kvsim.modes.closed.tier_router`.
+
+A shared cluster tier (``SimConfig.shared_tier_gb``) is one store every replica reaches:
+:mod:`kvsim.modes.closed.shared_tier`.
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ from kvsim.ingest.requests import RequestTable
 from kvsim.modes.closed.closed_loop import Engine, EngineOptions, prepare
 from kvsim.spec.sim_config import SimConfig
 
-ROUTERS = ("round_robin", "least_loaded", "session", "prefix")
+ROUTERS = ("round_robin", "least_loaded", "session", "prefix", "tiered")
 #: Dynamo's default ``--kv-overlap-score-weight`` (docs/router/kv_cache_routing.md).
 PREFIX_OVERLAP_WEIGHT = 1.0
 
@@ -61,6 +68,10 @@ def _route(router: str, i: int, engines: list[Engine], hb: np.ndarray, nb: int,
     load = [e.outstanding() for e in engines]
     if router == "session" and session >= 0 and session in sticky:
         return sticky[session]
+    if router == "tiered":
+        from kvsim.modes.closed.tier_router import route
+
+        return route(engines, hb, nb, prompt_tokens, B, waiting_blocks, load)
     if router in ("least_loaded", "session"):
         w = int(np.argmin(load))
         if session >= 0:
@@ -92,12 +103,13 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
     """Serve ``table`` closed loop on ``replicas`` engines behind ``router``; returns a
     :class:`kvsim.replay.driver.SimResult` whose ``summary`` has the cluster-wide keys of
     docs/simulate.md and ``summary["replicas_detail"]`` one row per replica."""
+    from kvsim.modes.closed import shared_tier
     from kvsim.modes.closed.closed_loop import closed_engine
     from kvsim.policy.registry import resolve_policy
     from kvsim.replay.driver import _describe
     from kvsim.replay.precompile import split_closed_compile
 
-    config = config or SimConfig()
+    config = shared_tier.config_for(config or SimConfig())
     opts = engine or EngineOptions()
     if replicas < 1:
         raise KvsimInputError(f"expected --replicas >= 1, got {replicas}", None, None,
@@ -108,6 +120,7 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
     pol = resolve_policy(policy)
     cost, hbm_blocks, costs, block_bytes, off, ids, table, dropped = \
         prepare(table, config, opts)
+    costs = shared_tier.network_costs(config, costs)  # the shared tier behind the network
     cfg_dict = _describe(config, costs, block_bytes)
     cfg_dict.update(schedule="closed", replicas=replicas, router=router,
                     max_num_seqs=opts.max_num_seqs,
@@ -157,6 +170,10 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
         order = np.zeros(max(N, 1), dtype=np.int64) if routed else None
         engines.append(Engine(table, off, ids, pol, config, opts, cost, hbm_blocks, costs,
                               block_bytes, writer, order=order, replica=w))
+    from kvsim.modes.closed import shared_tier
+
+    if shared_tier.enabled(config):
+        shared_tier.share(engines)  # one store: every replica's lower tiers are replica 0's
     # after the engines: building one typed core.run, so a cold compile of it has started
     facts_pb = block_facts(table, off, ids, opts.block_size_tokens)
     for e in engines:
@@ -187,6 +204,14 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
         from kvsim.results.tenant_view import tenant_table
 
         summary["tenant_rows"] = tenant_table(requests, warmup).to_dict("records")
+    from kvsim.replay.link_metrics import link_summary  # --link-model queue only
+
+    summary.update(link_summary([e.run for e in engines], [e.clock_us for e in engines],
+                                measured=np.arange(warmup, N) if warmup > 0 else None,
+                                names=("shared", "cxl", "nvme") if shared_tier.enabled(config)
+                                else ("dram", "cxl", "nvme")))
+    if shared_tier.enabled(config):
+        summary.update(shared_tier.shared_keys(summary, engines, warmup))
     return SimResult(pol.name, bool(pol.offline), summary, requests, steps, cfg_dict,
                      "requests", costs, {})
 

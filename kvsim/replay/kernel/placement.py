@@ -66,6 +66,7 @@ from kvsim.core.layout import (
     HI_OWNER,
     HI_TOKENS,
     K_BLOCK_TOKENS,
+    K_LINK_QUEUE,
     K_LOG,
     K_LOG_LIFECYCLE,
     K_PREEMPT_SWAP,
@@ -92,7 +93,10 @@ from kvsim.core.layout import (
     M_SWAP_OUT_BYTES,
     RF_CREDIT_US,
     RF_PF_BUDGET_US,
+    RF_QWAIT_US,
     RF_STALL_US,
+    RF_XFERS,
+    RI_ARRIVE_US,
     RI_BOUND,
     RI_BT_LEN,
     RI_BT_START,
@@ -122,6 +126,7 @@ from kvsim.replay.kernel import spill as lower
 from kvsim.replay.kernel import tier_ops
 from kvsim.replay.kernel import tiers as tr
 from kvsim.replay.kernel.bookkeeping import _peak, _pick_victim, _run_remove, _set_view_from_record
+from kvsim.replay.kernel.links import submit_down, submit_up
 
 assert (lower.A_EVICT, lower.A_DEMOTE, lower.A_WRITE_THROUGH, lower.W_WT, lower.W_WTS,
         lower.W_BACKED, lower.PR_DECODE_CRITICAL) == (A_EVICT, A_DEMOTE, A_WRITE_THROUGH, W_WT,
@@ -179,6 +184,10 @@ def _preempt(v, cr, step, now_us):
     if K[K_PREEMPT_SWAP] != 0:
         C[M_SWAP_OUT_BYTES] += nbytes
         cost = X[1, X_DOWN_LAT_US] + nbytes / X[1, X_DOWN_BYTES_PER_US]
+        if K[K_LINK_QUEUE] != 0:  # on the DRAM down link, behind what is queued there
+            end = submit_down(X, 1, now_us, cost) + cost
+            ready = now_us + C[C_STEP_EXTRA_US]
+            cost = end - ready if end > ready else 0.0
         C[C_STEP_EXTRA_US] += cost
     _run_remove(running, C, v)
     R_i[v, RI_STATE] = RS_PREEMPTED
@@ -214,6 +223,30 @@ def _allocate(r, n, num_tokens, cr, step, now_us):
         if v < 0:
             return -1
         _preempt(v, cr, step, now_us)
+
+
+@njit(cache=True)
+def _queued_promotion(X, C, R_i, R_f, r, t, now_us, xfer, first, pf):
+    """``--link-model queue``: one promoted block's ``xfer`` (its bytes over the link, plus
+    the batch's latency when ``first``) queued on tier ``t``'s up link; returns (stall,
+    hidden).  Issued at the request's arrival when it may be prefetched (``pf``: the
+    lower-tier KV of a waiting request is loaded while it waits, as SGLang HiCache does),
+    else at the step start ``now_us``.  The step waits until the block has arrived: its
+    stall is how far the block's arrival passes the step's start plus the stall charged so
+    far (the step waits for all its transfers, on every link, at once); ``hidden`` the part
+    of the transfer before the step start."""
+    issue = float(R_i[r, RI_ARRIVE_US]) if pf else now_us
+    if issue > now_us:
+        issue = now_us
+    start = submit_up(X, t, issue, xfer, first)
+    end = start + xfer
+    if first:
+        R_f[r, RF_QWAIT_US] += start - issue
+        R_f[r, RF_XFERS] += 1.0
+    ready = now_us + C[C_STEP_STALL_US]
+    stall = end - ready if end > ready else 0.0
+    hidden = (min(end, now_us) - start) if start < now_us else 0.0
+    return stall, hidden
 
 
 @njit(cache=True)
@@ -338,15 +371,21 @@ def _place(r, e0, nb, mode, cr):
         if e < k:  # found in a lower tier: transfer it up
             t = scr[0, e]
             lat = 0.0
-            if (R_i[r, RI_LATMASK] >> t) & 1 == 0:
+            first = (R_i[r, RI_LATMASK] >> t) & 1 == 0
+            if first:
                 lat = X[t, X_UP_LAT_US]
                 R_i[r, RI_LATMASK] |= 1 << t
             xfer = lat + size / X[t, X_UP_BYTES_PER_US]
             hidden = 0.0
-            if K[K_PREFETCH] != 0 and A_i[a, AI_PFOK] != 0 and mode == MODE_ADMIT:
-                hidden = min(xfer, R_f[r, RF_PF_BUDGET_US])
-                R_f[r, RF_PF_BUDGET_US] -= hidden
-            stall = xfer - hidden
+            pf = K[K_PREFETCH] != 0 and A_i[a, AI_PFOK] != 0 and mode == MODE_ADMIT
+            if K[K_LINK_QUEUE] != 0:  # the link's FIFO queue (kvsim.replay.kernel.links)
+                stall, hidden = _queued_promotion(X, C, R_i, R_f, r, t, now_us, xfer, first,
+                                                  pf)
+            else:
+                if pf:
+                    hidden = min(xfer, R_f[r, RF_PF_BUDGET_US])
+                    R_f[r, RF_PF_BUDGET_US] -= hidden
+                stall = xfer - hidden
             C[C_STEP_STALL_US] += stall
             C[M_STALL_US] += stall
             R_f[r, RF_STALL_US] += stall
@@ -381,6 +420,10 @@ def _place(r, e0, nb, mode, cr):
                     lat = X[1, X_UP_LAT_US]
                     R_i[r, RI_LATMASK] |= 2
                 cost = lat + size / X[1, X_UP_BYTES_PER_US]
+                if K[K_LINK_QUEUE] != 0:  # on the DRAM up link, behind what is queued there
+                    end = submit_up(X, 1, now_us, cost, lat > 0.0) + cost
+                    ready = now_us + C[C_STEP_EXTRA_US]
+                    cost = end - ready if end > ready else 0.0
                 C[C_STEP_EXTRA_US] += cost
                 C[M_SWAP_IN_BYTES] += size
                 if log_on:

@@ -52,6 +52,7 @@ from kvsim.policy.hooks import H_INSERT, H_REMOVE, H_VICTIM
 from kvsim.replay.kernel import tier_ops
 from kvsim.replay.kernel import tiers as tr
 from kvsim.replay.kernel.bookkeeping import _first_lower
+from kvsim.replay.kernel.links import spill_bytes
 
 #: How many evicted blocks ahead :func:`_hbm_evicted_range` prefetches the lower tiers'
 #: shared table entry of (the home position of each evicted hash: its lower-copy test is
@@ -139,6 +140,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
         return
     lo = first_ev  # the blocks before it were not evicted: nothing to do for them
     K = cr.K
+    X = cr.X
     C = cr.C
     H_i = cr.H_i
     R_i = cr.R_i
@@ -289,6 +291,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
             L1m[LM_USED] += 1
             L1_hooks[H_INSERT](L1_st, L1_view, slot, now_us)
             C[M_BYTES_DOWN + t] += L1_view.size_bytes[slot]  # as copied
+            spill_bytes(K, X, t, now_us, L1_view.size_bytes[slot])
             used = L1m[LM_USED]
             C[C_USED + t] = used
             if used > C[C_PEAK + t]:
@@ -368,6 +371,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
             L2m[LM_USED] += 1
             L2_hooks[H_INSERT](L2_st, L2_view, slot, now_us)
             C[M_BYTES_DOWN + t] += L2_view.size_bytes[slot]  # as copied
+            spill_bytes(K, X, t, now_us, L2_view.size_bytes[slot])
             used = L2m[LM_USED]
             C[C_USED + t] = used
             if used > C[C_PEAK + t]:
@@ -436,6 +440,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
             L3m[LM_USED] += 1
             L3_hooks[H_INSERT](L3_st, L3_view, slot, now_us)
             C[M_BYTES_DOWN + t] += L3_view.size_bytes[slot]  # as copied
+            spill_bytes(K, X, t, now_us, L3_view.size_bytes[slot])
             used = L3m[LM_USED]
             C[C_USED + t] = used
             if used > C[C_PEAK + t]:

@@ -29,6 +29,7 @@ from kvsim.core.layout import (
 )
 from kvsim.jit.decorators import njit
 from kvsim.policy.hooks import H_HIT, H_INSERT, H_REMOVE, H_VICTIM
+from kvsim.replay.kernel.links import spill_bytes
 from kvsim.replay.kernel.tiers import (
     copy_view,
     hash_del,
@@ -69,6 +70,7 @@ def spill_step(T, src, s, ow, bi, tok, below, k, cr, step, now_us):
     TMP = cr.TMP
     TMP_i = cr.TMP_i
     K = cr.K
+    X = cr.X
     C = cr.C
     G = cr.G
     alt_b = cr.alt_b
@@ -140,6 +142,7 @@ def spill_step(T, src, s, ow, bi, tok, below, k, cr, step, now_us):
     Lm[LM_USED] += 1
     L_hooks[H_INSERT](L_st, L_view, slot, now_us)
     C[M_BYTES_DOWN + t] += src.size_bytes[s]
+    spill_bytes(K, X, t, now_us, src.size_bytes[s])
     used = Lm[LM_USED]
     C[C_USED + t] = used
     if used > C[C_PEAK + t]:
