@@ -44,6 +44,14 @@ def validate_command(
     dp_rank: Annotated[int | None, typer.Option(
         "--dp-rank", min=0, help="Data-parallel rank to check when the recording holds "
         "several.", show_default=False)] = None,
+    engine: Annotated[str, typer.Option(
+        "--engine", help="With --sched-recording: the step function to check, 'compiled' "
+        "(kvsim.engine.vllm_step, the one the closed loop runs) or 'python' (its "
+        "plain-Python witness).")] = "compiled",
+    pool: Annotated[str, typer.Option(
+        "--pool", help="With --sched-recording --engine python: the block pool under it, "
+        "'fast' (the replay's compiled pool) or 'reference' (the plain-Python twin of "
+        "vLLM's BlockPool).")] = "fast",
     json_: JsonOption = False,
 ) -> None:
     """Replay the requests of a recorded vLLM run through kvsim's vLLM-faithful block pool
@@ -63,7 +71,7 @@ def validate_command(
             raise KvsimInputError("--requests, --num-gpu-blocks and --dp-rank go with "
                                   "--events; a scheduler recording holds its own requests "
                                   "and engine config", field="--sched-recording")
-        sres = validate_sched(sched_recording)
+        sres = validate_sched(sched_recording, pool=pool, engine=engine)
         if json_:
             emit_json(sres.to_json_dict())
         else:
@@ -118,6 +126,8 @@ def _render_sched(r: SchedValidation) -> None:
     table.add_column("what")
     table.add_column("value", justify="right")
     rows = [("case / requests", f"{r.case} / {r.num_requests:,}"),
+            ("kvsim step function", r.engine if r.engine == "compiled"
+             else f"{r.engine} over the {r.pool} pool"),
             ("steps vLLM / kvsim", f"{r.steps_vllm:,} / {r.steps_kvsim:,}")]
     names = {"sched": "step agreement (scheduled set + tokens)",
              "preempted": "preemption agreement", "events": "KV-event agreement",
