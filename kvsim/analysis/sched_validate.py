@@ -72,6 +72,8 @@ class SchedValidation:
     events: dict[str, dict[str, int]] = field(default_factory=dict)
     first_divergence: SchedDivergence | None = None
     divergences: dict[str, int] = field(default_factory=dict)  # field -> steps differing
+    #: closed loop only: what the replay itself counted (preemptions, lost hit tokens)
+    replay: dict[str, int] = field(default_factory=dict)
 
     @property
     def steps(self) -> int:
@@ -99,7 +101,7 @@ class SchedValidation:
 
     def to_json_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["agreement"] = {k: self.agreement(k) for k in FIELDS}
+        d["agreement"] = {k: self.agreement(k) for k in FIELDS if k in self.agree}
         d["first_divergence"] = (None if self.first_divergence is None
                                  else {**asdict(self.first_divergence),
                                        "text": self.first_divergence.describe()})

@@ -54,6 +54,13 @@ MaxTokensOpt = Annotated[int | None, typer.Option(
     "--max-num-batched-tokens", min=1, show_default=False,
     help="Token budget of one engine step (vLLM; default 8192).  Not with --trace.")]
 
+SchedulerOpt = Annotated[str, typer.Option(
+    "--scheduler", metavar="kvsim|vllm",
+    help="Who decides the closed loop's steps: kvsim (kvsim's continuous-batching scheduler, "
+         "the default) or vllm (vLLM 0.33's own v1 scheduler, ported and checked step by "
+         "step against recordings of vLLM: recompute preemption, chunk-wise block "
+         "allocation, reserve-full-ISL admission; no n > 1, beams or speculative drafts).  "
+         "docs/simulate.md, \"Fidelity to vLLM\".")]
 TimingOpt = Annotated[str | None, typer.Option(
     "--timing", metavar="auto|roofline|measured|FILE.toml",
     help="Step-time model of the engine serving --profile / --request-trace: measured "

@@ -21,6 +21,7 @@ from kvsim.cli.closed_opts import (
     RequestTraceOpt,
     RouterOpt,
     ScheduleOpt,
+    SchedulerOpt,
     TimingOpt,
     TraceBlockSizeOpt,
     check_event_file_options,
@@ -255,6 +256,7 @@ def simulate_command(
     max_num_seqs: MaxSeqsOpt = None,
     max_num_batched_tokens: MaxTokensOpt = None,
     timing: TimingOpt = None,
+    scheduler: SchedulerOpt = "kvsim",
     json_: JsonOption = False,
 ) -> None:
     """Replay TRACE through HBM (vLLM-exact prefix caching) and the DRAM/CXL/NVMe tiers of
@@ -297,7 +299,7 @@ def simulate_command(
             table, opts = _request_table(profile, requests, seed, request_trace, fmt, model,
                                          block_size, max_num_seqs, max_num_batched_tokens,
                                          config, sched, timing,
-                                         trace_block_size)
+                                         trace_block_size, scheduler)
             table, replicas, span_us = size_table(table, opts, config, replicas, sched,
                                              drop_over_context, warnings,
                                              strict=request_trace is not None)
@@ -359,7 +361,7 @@ def _single_replica(replicas: int) -> None:
 
 def _request_table(profile, requests, seed, request_trace, fmt, model, block_size,
                    max_num_seqs, max_num_batched_tokens, config, sched, timing=None,
-                   trace_block_size=None):
+                   trace_block_size=None, scheduler="kvsim"):
     """The Request table a profile or request trace gives, and the engine options it is
     served with; says on stderr what is served how (a log line, not progress)."""
     from kvsim.modes.closed.closed_loop import EngineOptions
@@ -367,7 +369,8 @@ def _request_table(profile, requests, seed, request_trace, fmt, model, block_siz
     table = load_table(profile, requests, seed, request_trace, fmt, trace_block_size)
     opts = EngineOptions(block_size_tokens=block_size, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens,
-                         model=model or "llama-3-8b", timing=timing or "auto")
+                         model=model or "llama-3-8b", timing=timing or "auto",
+                         scheduler=scheduler)
     opts_timing = timing_name(opts, config)  # before any work: --timing measured w/o data
     budget = config.lowering_options(block_size, opts.model).get("num_gpu_blocks")
     err_console.print(f"{len(table):,} requests "
@@ -444,6 +447,7 @@ def compare_command(
     max_num_seqs: MaxSeqsOpt = None,
     max_num_batched_tokens: MaxTokensOpt = None,
     timing: TimingOpt = None,
+    scheduler: SchedulerOpt = "kvsim",
     json_: JsonOption = False,
 ) -> None:
     """Replay one trace under several HBM placement policies (same tiers, same cost model)
@@ -485,7 +489,7 @@ def compare_command(
             table, opts = _request_table(profile, requests, seed, request_trace, fmt, model,
                                          block_size, max_num_seqs, max_num_batched_tokens,
                                          config, sched, timing,
-                                         trace_block_size)
+                                         trace_block_size, scheduler)
             table, replicas, span_us = size_table(table, opts, config, replicas, sched,
                                              drop_over_context, warnings,
                                              strict=request_trace is not None)

@@ -17,6 +17,9 @@ from kvsim.engine.vllm_scheduler import EngineConfig, SimRequest, StepResult, ch
 
 __all__ = ["CompiledVllmScheduler"]
 
+#: no lower tiers: an empty 2-entry hash table (kvsim.engine.vllm_step.lookup_ext)
+_NO_TIERS = np.zeros(2, np.int64)
+
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -119,7 +122,8 @@ class CompiledVllmScheduler:
         ``oc`` when it has read them."""
         return int(V.step(self.ip, self.R, self.arr, self.hh, self.sv, self.run, self.wq,
                           self.heap, self.pl, self.hits, self.hs, self.osched, self.obl,
-                          self.oblids, self.oadm, self.opre, self.ofin, self.oev, self.oc))
+                          self.oblids, self.oadm, self.opre, self.ofin, self.oev, self.oc,
+                          _NO_TIERS))
 
     def step(self) -> StepResult:
         self.step_raw()
@@ -137,7 +141,7 @@ class CompiledVllmScheduler:
             m += int(n)
         for i, h, resumed in self.oadm[:oc[V.O_ADM]]:
             (res.resumed if resumed else res.new).append((int(i), int(h)))
-        res.preempted = [int(x) for x in self.opre[:oc[V.O_PRE]]]
+        res.preempted = [int(x) for x in self.opre[:oc[V.O_PRE], 0]]
         res.finished = [int(x) for x in self.ofin[:oc[V.O_FIN]]]
         res.free_sched = int(oc[V.O_FREE_SCHED])
         res.free_blocks = int(oc[V.O_FREE])

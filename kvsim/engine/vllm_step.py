@@ -40,6 +40,7 @@ from numba.experimental import structref
 from kvsim.jit.decorators import njit
 from kvsim.memory import pool_ops
 from kvsim.memory.fast import S_N_CAND, S_N_EMPTY, S_N_HELD, pool_lookup, seq_close, seq_open
+from kvsim.replay.kernel.tiers import hash_slot
 
 # engine config (ip)
 (P_BS, P_NGPU, P_MAXSEQ, P_MAXTOK, P_CHUNKED, P_THR, P_PRIO, P_CACHING, P_RESERVE,
@@ -253,13 +254,34 @@ def lookup(ip, R, hh, i, st, hits):
 
 
 @njit(cache=True)
-def allocate_slots(ip, R, hh, i, num_new, hits, nhits, full_must_fit, has_sched, st, pol,
-                   view, pout, hs, oev, oc):
+def lookup_ext(ip, R, hh, i, nhits, tk):
+    """Blocks after the ``nhits`` HBM hits whose content a lower tier holds (``tk``: the
+    replay's lower tiers' hash table, :func:`kvsim.replay.kernel.tiers.hash_slot`): vLLM's
+    KV-connector tokens (``num_external_computed_tokens``), loaded rather than computed;
+    the same ``num_tokens - 1`` cap."""
+    if ip[P_CACHING] == 0 or tk.shape[0] <= 2:
+        return 0
+    h0 = R[i, K_H0]
+    limit = min(R[i, K_H1] - h0, (R[i, K_PLEN] + R[i, K_NOUT] - 1) // ip[P_BS])
+    k = nhits
+    while k < limit:
+        h = hh[h0 + k]
+        if h == 0 or tk[hash_slot(tk, h)] != h:
+            break
+        k += 1
+    return k - nhits
+
+
+@njit(cache=True)
+def allocate_slots(ip, R, hh, i, num_new, hits, nhits, next_, full_must_fit, has_sched, st,
+                   pol, view, pout, hs, oev, oc):
     """vLLM ``KVCacheManager.allocate_slots``: the number of new blocks (their ids are the
-    last ones of the request's table), or -1 (nothing changed)."""
+    last ones of the request's table), or -1 (nothing changed).  ``nhits`` prefix-hit
+    blocks (``hits``), then ``next_`` blocks loaded from a lower tier (allocated as new
+    blocks, counted as computed: vLLM's external computed tokens)."""
     bs = ip[P_BS]
     maxlen = ip[P_MAXLEN]
-    total_computed = min(R[i, K_NCOMP] + nhits * bs, maxlen)
+    total_computed = min(R[i, K_NCOMP] + (nhits + next_) * bs, maxlen)
     status = R[i, K_STATUS]
     watermark = 0
     if has_sched and (status == WAITING or status == PREEMPTED):
@@ -325,7 +347,8 @@ def preempt(ip, R, arr, sv, wq, heap, i, st, pol, view, opre, oc):
     R[i, K_NPRE] += 1
     push_waiting(ip, R, arr, sv, wq, heap, i, True)
     k = oc[O_PRE]
-    opre[k] = i
+    opre[k, 0] = i
+    opre[k, 1] = oc[O_SCHED]  # where in this step's scheduled list it happened
     oc[O_PRE] = k + 1
 
 
@@ -366,7 +389,7 @@ def _victim_priority(R, arr, run, nrun):
 
 @njit(cache=True)
 def step(ip, R, arr, hh, sv, run, wq, heap, pl, hits, hs,
-         osched, obl, oblids, oadm, opre, ofin, oev, oc):
+         osched, obl, oblids, oadm, opre, ofin, oev, oc, tk):
     """One engine step: ``schedule()`` then ``update_from_output()`` (the recorder's fake
     runner: a request whose chunk reaches its known tokens samples one token).  Returns
     the number of scheduled requests."""
@@ -375,7 +398,7 @@ def step(ip, R, arr, hh, sv, run, wq, heap, pl, hits, hs,
     view = pl.pview
     pout = pl.out
     schedule(ip, R, arr, hh, sv, run, wq, heap, st, pol, view, pout, hits, hs,
-             osched, obl, oblids, oadm, opre, oev, oc)
+             osched, obl, oblids, oadm, opre, oev, oc, tk)
     oc[O_FREE_SCHED] = free_blocks(st)
     update_from_output(ip, R, sv, run, st, pol, view, osched, ofin, oc)
     oc[O_FREE] = free_blocks(st)
@@ -403,10 +426,11 @@ def _unschedule(R, osched, oc, i):
 
 @njit(cache=True)
 def schedule(ip, R, arr, hh, sv, run, wq, heap, st, pol, view, pout, hits, hs,
-             osched, obl, oblids, oadm, opre, oev, oc):
+             osched, obl, oblids, oadm, opre, oev, oc, tk):
     """vLLM ``Scheduler.schedule()``: the running list under one token budget, then
     admissions (none in a step that preempted); block lists as vLLM's SchedulerOutput
-    orders them (new, resumed, then the running requests' new blocks)."""
+    orders them (new, resumed, then the running requests' new blocks).  ``tk``: the lower
+    tiers' hash table (:func:`lookup_ext`; a 2-entry empty one for none)."""
     by_prio = ip[P_PRIO] != 0
     budget = ip[P_MAXTOK]
     maxlen = ip[P_MAXLEN]
@@ -425,8 +449,8 @@ def schedule(ip, R, arr, hh, sv, run, wq, heap, st, pol, view, pout, hits, hs,
             continue
         got = -1
         while True:
-            got = allocate_slots(ip, R, hh, i, num_new, hits, 0, False, True, st, pol, view,
-                                 pout, hs, oev, oc)
+            got = allocate_slots(ip, R, hh, i, num_new, hits, 0, 0, False, True, st, pol,
+                                 view, pout, hs, oev, oc)
             if got >= 0:
                 break
             nrun = sv[V_NRUN]
@@ -465,15 +489,17 @@ def schedule(ip, R, arr, hh, sv, run, wq, heap, st, pol, view, pout, hits, hs,
                 break
             i = _peek(ip, sv, wq, heap)
             nhits = lookup(ip, R, hh, i, st, hits) if R[i, K_NCOMP] == 0 else 0
-            num_hit = nhits * ip[P_BS]
+            next_ = lookup_ext(ip, R, hh, i, nhits, tk) if R[i, K_NCOMP] == 0 else 0
+            num_hit = (nhits + next_) * ip[P_BS]
             num_new = R[i, K_PLEN] + R[i, K_NOUT] - num_hit
             if 0 < thr < num_new:
                 num_new = thr
             if ip[P_CHUNKED] == 0 and num_new > budget:
                 break
             num_new = min(num_new, budget)
-            got = allocate_slots(ip, R, hh, i, num_new, hits, nhits, ip[P_RESERVE] != 0,
-                                 sv[V_NRUN] > 0, st, pol, view, pout, hs, oev, oc)
+            got = allocate_slots(ip, R, hh, i, num_new, hits, nhits, next_,
+                                 ip[P_RESERVE] != 0, sv[V_NRUN] > 0, st, pol, view, pout, hs,
+                                 oev, oc)
             if got < 0:
                 break
             _pop_waiting(ip, R, arr, sv, wq, heap)
@@ -567,6 +593,6 @@ def new_outputs(num_requests: int, num_gpu_blocks: int, max_num_seqs: int) -> tu
     ev_cap = 2 * num_gpu_blocks + 4 * n + 64
     return (np.zeros((n + 1, 2), np.int64), np.zeros((2 * n + 2, 2), np.int64),
             np.zeros(2 * num_gpu_blocks + 16, np.int64), np.zeros((n + 1, 3), np.int64),
-            np.zeros(n + 1, np.int64), np.zeros(n + 1, np.int64),
+            np.zeros((n + 1, 2), np.int64), np.zeros(n + 1, np.int64),
             np.zeros((ev_cap, 4), np.int64), np.zeros(64, np.int64),
             np.zeros(NUM_OC, np.int64))
