@@ -126,3 +126,31 @@ def test_cli_closed_loop_json():
     assert j["engine"] == "closed-loop" and j["first_divergence"] is None
     assert j["agreement"]["sched"] == 1.0 and j["agreement"]["free"] == 1.0
     assert j["preemptions"] == {"vllm": 3, "kvsim": 3} and j["replay"]["preemptions"] == 3
+
+
+def test_lower_tier_hits_count_as_loaded():
+    """A 64-block prefix evicted from a 100-block HBM by a 90-block prompt comes back from
+    DRAM: with DRAM on, vLLM's scheduler counts the chain continued there as computed
+    (vLLM's KV-connector tokens) and the replay promotes it: the same 1,024 prefill
+    tokens saved and 55 promotions as kvsim's scheduler, none lost."""
+    from kvsim.ingest.requests import build_request_table
+    from kvsim.modes.closed.closed_loop import EngineOptions
+    from kvsim.modes.closed.cluster import serve
+    from kvsim.spec.sim_config import SimConfig
+
+    pre = list(range(1, 65))
+    table = build_request_table(
+        {"arrival_us": [0, 2_000_000, 60_000_000], "prompt_tokens": [1032, 1440, 1032],
+         "output_tokens": [4, 4, 4], "block_ids": [pre + [999], list(range(5000, 5090)),
+                                                    pre + [998]],
+         "hashed_tokens": [1024, 1440, 1024]}, block_size_tokens=16)
+    got = {}
+    for sched in ("kvsim", "vllm"):
+        for dram in (0, 1):
+            s = serve(table, "lru", SimConfig(mode="engine", hbm_blocks=100, dram_gb=dram,
+                                              cxl_gb=0, nvme_gb=0),
+                      engine=EngineOptions(scheduler=sched)).summary
+            got[sched, dram] = (s["prefill_tokens_saved"], s["promotions"],
+                                s["lost_hit_tokens"])
+    assert got[("vllm", 0)] == got[("kvsim", 0)] == (144, 0, 0)
+    assert got[("vllm", 1)] == got[("kvsim", 1)] == (1024, 55, 0)
