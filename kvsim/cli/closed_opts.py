@@ -110,6 +110,17 @@ def engine_options(trace, block_size, max_num_seqs, max_num_batched_tokens) -> t
     return tuple(ENGINE_DEFAULTS[k] if v is None else v for k, v in given.items())
 
 
+def check_scheduler(scheduler: str, sched: str) -> None:
+    """``--scheduler`` names the closed loop's scheduler: kvsim or vllm, closed loop only."""
+    if scheduler not in ("kvsim", "vllm"):
+        raise KvsimInputError(f"expected --scheduler kvsim | vllm, got {scheduler!r}", None,
+                              None, "--scheduler")
+    if scheduler != "kvsim" and sched != "closed":
+        raise KvsimInputError("expected --scheduler vllm only with the closed schedule (an "
+                              "event file's or a lowering's steps are already decided)",
+                              None, None, "--scheduler")
+
+
 def resolve_schedule(schedule: str | None, has_table: bool, mode: str = "engine",
                      live_offload: bool = False) -> str:
     """The schedule to use: ``closed`` by default for a Request table, ``recorded`` for an

@@ -26,6 +26,7 @@ from kvsim.cli.closed_opts import (
     TraceBlockSizeOpt,
     check_event_file_options,
     check_is_event_file,
+    check_scheduler,
     check_timing,
     engine_options,
     load_table,
@@ -284,6 +285,7 @@ def simulate_command(
                      warmup_fraction, log_lifecycle, seed, engine, warmup_requests, mode,
                      cache_variant, (hbm_mb, dram_mb, cxl_mb, nvme_mb), live_offload)
     sched = resolve_schedule(schedule, trace is None, config.mode, config.live_offload)
+    check_scheduler(scheduler, sched)
     check_event_file_options(trace, replicas, router)
     check_is_event_file(trace)
     replicas = parse_replicas(replicas)
@@ -476,6 +478,7 @@ def compare_command(
                      cache_variant, (hbm_mb, dram_mb, cxl_mb, nvme_mb), live_offload)
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
     sched = resolve_schedule(schedule, trace is None, config.mode, config.live_offload)
+    check_scheduler(scheduler, sched)
     check_event_file_options(trace, replicas, router)
     check_is_event_file(trace)
     replicas = parse_replicas(replicas)

@@ -154,3 +154,16 @@ def test_lower_tier_hits_count_as_loaded():
                                 s["lost_hit_tokens"])
     assert got[("vllm", 0)] == got[("kvsim", 0)] == (144, 0, 0)
     assert got[("vllm", 1)] == got[("kvsim", 1)] == (1024, 55, 0)
+
+
+def test_cli_scheduler_option_is_checked():
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+    runner = CliRunner()
+    res = runner.invoke(app, ["simulate", "--profile", "deadline_pressure", "--requests", "4",
+                              "--schedule", "recorded", "--scheduler", "vllm"])
+    assert res.exit_code == 2 and "--scheduler" in res.output
+    res = runner.invoke(app, ["compare", "--profile", "deadline_pressure", "--requests", "4",
+                              "--scheduler", "foo"])
+    assert res.exit_code == 2 and "kvsim | vllm" in res.output
