@@ -165,7 +165,7 @@ def validate_sched_closed(path: str | Path) -> SchedValidation:
     result = SchedValidation(path=str(path), case=str(rec.header.get("case", "")),
                              vllm_version=str(rec.header.get("vllm_version", "")),
                              num_requests=len(reqs), steps_vllm=len(theirs_all),
-                             steps_kvsim=len(mine), pool="closed loop (lru, HBM only)",
+                             steps_kvsim=len(mine), pool="scheduler vllm, lru, HBM only",
                              engine="closed-loop")
     agree = dict.fromkeys(fields, 0)
     differ = dict.fromkeys(fields, 0)

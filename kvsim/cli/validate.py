@@ -136,7 +136,7 @@ def _render_sched(r: SchedValidation) -> None:
     table.add_column("what")
     table.add_column("value", justify="right")
     rows = [("case / requests", f"{r.case} / {r.num_requests:,}"),
-            ("kvsim step function", r.engine if r.engine == "compiled"
+            ("kvsim code checked", r.engine if r.engine == "compiled"
              else f"{r.engine}: {r.pool}" if r.engine == "closed-loop"
              else f"{r.engine} over the {r.pool} pool"),
             ("steps vLLM / kvsim", f"{r.steps_vllm:,} / {r.steps_kvsim:,}")]
