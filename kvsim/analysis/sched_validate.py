@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvsim.core.errors import KvsimInputError
 from kvsim.engine.vllm_scheduler import (
     EngineConfig,
     SimRequest,
@@ -64,12 +65,15 @@ class SchedValidation:
     steps_vllm: int
     steps_kvsim: int
     pool: str = "fast"
+    engine: str = "compiled"
     agree: dict[str, int] = field(default_factory=dict)   # field -> steps equal
     preemptions: dict[str, int] = field(default_factory=dict)
     hit_tokens: dict[str, dict[str, int]] = field(default_factory=dict)
     events: dict[str, dict[str, int]] = field(default_factory=dict)
     first_divergence: SchedDivergence | None = None
     divergences: dict[str, int] = field(default_factory=dict)  # field -> steps differing
+    #: closed loop only: what the replay itself counted (preemptions, lost hit tokens)
+    replay: dict[str, int] = field(default_factory=dict)
 
     @property
     def steps(self) -> int:
@@ -97,7 +101,7 @@ class SchedValidation:
 
     def to_json_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["agreement"] = {k: self.agreement(k) for k in FIELDS}
+        d["agreement"] = {k: self.agreement(k) for k in FIELDS if k in self.agree}
         d["first_divergence"] = (None if self.first_divergence is None
                                  else {**asdict(self.first_divergence),
                                        "text": self.first_divergence.describe()})
@@ -182,16 +186,34 @@ def build_requests(rec: SchedRecording) -> list[SimRequest]:
     return out
 
 
+#: The step functions ``validate_sched`` runs: the compiled port (the closed loop's) and
+#: the plain-Python one (its witness; ``pool`` picks its block pool).
+ENGINES = ("compiled", "python")
+
+
 def validate_sched(path: str | Path, engine_overrides: dict[str, Any] | None = None,
-                   pool: str = "fast", max_extra_steps: int = 100_000) -> SchedValidation:
+                   pool: str = "fast", max_extra_steps: int = 100_000,
+                   engine: str = "compiled") -> SchedValidation:
     """Run kvsim's step function over a recording and compare every step.
 
     ``engine_overrides`` replaces engine settings of the recording (what-if: the
-    comparison then shows where vLLM with the recorded settings differs)."""
+    comparison then shows where vLLM with the recorded settings differs).  ``engine``:
+    ``compiled`` (:mod:`kvsim.engine.vllm_step`, over the compiled pool) or ``python``
+    (:mod:`kvsim.engine.vllm_scheduler`, over ``pool``: ``fast`` or ``reference``)."""
+    if engine not in ENGINES:
+        raise KvsimInputError(f"--engine: expected one of {', '.join(ENGINES)}, got "
+                              f"{engine!r}", field="--engine")
+    if engine == "compiled" and pool != "fast":
+        raise KvsimInputError("--pool reference goes with --engine python (the compiled "
+                              "step runs on the compiled pool)", field="--pool")
     rec = load_sched_recording(path)
     cfg = EngineConfig.from_recording({**rec.engine, **(engine_overrides or {})})
-    sched = VllmScheduler(cfg, pool=pool, max_seqs=len(rec.requests) + 1)
     reqs = build_requests(rec)
+    if engine == "compiled":
+        from kvsim.engine.vllm_compiled import CompiledVllmScheduler
+        sched = CompiledVllmScheduler(cfg, reqs)
+    else:
+        sched = VllmScheduler(cfg, pool=pool, max_seqs=len(rec.requests) + 1)
     hashes = {r.idx: r.hashes for r in reqs}
     actions = rec.header.get("actions") or []
     by_step: dict[int, list[dict]] = {}
@@ -207,7 +229,7 @@ def validate_sched(path: str | Path, engine_overrides: dict[str, Any] | None = N
     result = SchedValidation(
         path=str(path), case=str(rec.header.get("case", "")),
         vllm_version=str(rec.header.get("vllm_version", "")), num_requests=len(reqs),
-        steps_vllm=len(rec.steps), steps_kvsim=0, pool=pool)
+        steps_vllm=len(rec.steps), steps_kvsim=0, pool=pool, engine=engine)
     agree = dict.fromkeys(FIELDS, 0)
     differ = dict.fromkeys(FIELDS, 0)
     content: dict[int, int] = {}

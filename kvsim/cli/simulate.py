@@ -23,6 +23,7 @@ from kvsim.cli.closed_opts import (
     RouterOpt,
     SaltByTenantOpt,
     ScheduleOpt,
+    SchedulerOpt,
     SharedLinkGbpsOpt,
     SharedLinkLatencyOpt,
     SharedTierGbOpt,
@@ -31,6 +32,7 @@ from kvsim.cli.closed_opts import (
     TraceBlockSizeOpt,
     check_event_file_options,
     check_is_event_file,
+    check_scheduler,
     check_timing,
     cluster_memory,
     engine_options,
@@ -275,6 +277,7 @@ def simulate_command(
     max_num_seqs: MaxSeqsOpt = None,
     max_num_batched_tokens: MaxTokensOpt = None,
     timing: TimingOpt = None,
+    scheduler: SchedulerOpt = "kvsim",
     json_: JsonOption = False,
 ) -> None:
     """Replay TRACE through HBM (vLLM-exact prefix caching) and the DRAM/CXL/NVMe tiers of
@@ -304,6 +307,7 @@ def simulate_command(
     config = cluster_memory(config, link_model, shared_tier_gb, shared_tier_policy,
                             shared_link_gbps, shared_link_latency_us)
     sched = resolve_schedule(schedule, trace is None, config.mode, config.live_offload)
+    check_scheduler(scheduler, sched)
     check_event_file_options(trace, replicas, router)
     check_is_event_file(trace)
     replicas = parse_replicas(replicas)
@@ -319,7 +323,7 @@ def simulate_command(
             table, opts = _request_table(profile, requests, seed, request_trace, fmt, model,
                                          block_size, max_num_seqs, max_num_batched_tokens,
                                          config, sched, timing,
-                                         trace_block_size, salt_by_tenant)
+                                         trace_block_size, salt_by_tenant, scheduler)
             table, replicas, span_us = size_table(table, opts, config, replicas, sched,
                                              drop_over_context, warnings,
                                              strict=request_trace is not None)
@@ -381,7 +385,7 @@ def _single_replica(replicas: int) -> None:
 
 def _request_table(profile, requests, seed, request_trace, fmt, model, block_size,
                    max_num_seqs, max_num_batched_tokens, config, sched, timing=None,
-                   trace_block_size=None, salt_by_tenant=False):
+                   trace_block_size=None, salt_by_tenant=False, scheduler="kvsim"):
     """The Request table a profile or request trace gives, and the engine options it is
     served with; says on stderr what is served how (a log line, not progress)."""
     from kvsim.modes.closed.closed_loop import EngineOptions
@@ -390,7 +394,8 @@ def _request_table(profile, requests, seed, request_trace, fmt, model, block_siz
                        salt_by_tenant)
     opts = EngineOptions(block_size_tokens=block_size, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens,
-                         model=model or "llama-3-8b", timing=timing or "auto")
+                         model=model or "llama-3-8b", timing=timing or "auto",
+                         scheduler=scheduler)
     opts_timing = timing_name(opts, config)  # before any work: --timing measured w/o data
     budget = config.lowering_options(block_size, opts.model).get("num_gpu_blocks")
     err_console.print(f"{len(table):,} requests "
@@ -475,6 +480,7 @@ def compare_command(
     timing: TimingOpt = None,
     tenants: TenantsOpt = False,
     tenant_quota: TenantQuotaOpt = None,
+    scheduler: SchedulerOpt = "kvsim",
     json_: JsonOption = False,
 ) -> None:
     """Replay one trace under several HBM placement policies (same tiers, same cost model)
@@ -506,6 +512,7 @@ def compare_command(
                             shared_link_gbps, shared_link_latency_us)
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
     sched = resolve_schedule(schedule, trace is None, config.mode, config.live_offload)
+    check_scheduler(scheduler, sched)
     check_event_file_options(trace, replicas, router)
     check_is_event_file(trace)
     replicas = parse_replicas(replicas)
@@ -519,7 +526,7 @@ def compare_command(
             table, opts = _request_table(profile, requests, seed, request_trace, fmt, model,
                                          block_size, max_num_seqs, max_num_batched_tokens,
                                          config, sched, timing,
-                                         trace_block_size, salt_by_tenant)
+                                         trace_block_size, salt_by_tenant, scheduler)
             table, replicas, span_us = size_table(table, opts, config, replicas, sched,
                                              drop_over_context, warnings,
                                              strict=request_trace is not None)

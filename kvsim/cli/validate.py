@@ -44,6 +44,19 @@ def validate_command(
     dp_rank: Annotated[int | None, typer.Option(
         "--dp-rank", min=0, help="Data-parallel rank to check when the recording holds "
         "several.", show_default=False)] = None,
+    engine: Annotated[str, typer.Option(
+        "--engine", help="With --sched-recording: the step function to check, 'compiled' "
+        "(kvsim.engine.vllm_step, the one the closed loop runs) or 'python' (its "
+        "plain-Python witness).")] = "compiled",
+    pool: Annotated[str, typer.Option(
+        "--pool", help="With --sched-recording --engine python: the block pool under it, "
+        "'fast' (the replay's compiled pool) or 'reference' (the plain-Python twin of "
+        "vLLM's BlockPool).")] = "fast",
+    closed_loop: Annotated[bool, typer.Option(
+        "--closed-loop", help="With --sched-recording: replay the recording's requests "
+        "through kvsim's closed loop (scheduler vllm, policy lru, HBM only, the recording's "
+        "engine config and step clock) instead of the bare step function, and compare every "
+        "step, including the replay's free HBM blocks.")] = False,
     json_: JsonOption = False,
 ) -> None:
     """Replay the requests of a recorded vLLM run through kvsim's vLLM-faithful block pool
@@ -63,7 +76,12 @@ def validate_command(
             raise KvsimInputError("--requests, --num-gpu-blocks and --dp-rank go with "
                                   "--events; a scheduler recording holds its own requests "
                                   "and engine config", field="--sched-recording")
-        sres = validate_sched(sched_recording)
+        if closed_loop:
+            from kvsim.analysis.sched_closed import validate_sched_closed
+
+            sres = validate_sched_closed(sched_recording)
+        else:
+            sres = validate_sched(sched_recording, pool=pool, engine=engine)
         if json_:
             emit_json(sres.to_json_dict())
         else:
@@ -118,6 +136,9 @@ def _render_sched(r: SchedValidation) -> None:
     table.add_column("what")
     table.add_column("value", justify="right")
     rows = [("case / requests", f"{r.case} / {r.num_requests:,}"),
+            ("kvsim code checked", r.engine if r.engine == "compiled"
+             else f"{r.engine}: {r.pool}" if r.engine == "closed-loop"
+             else f"{r.engine} over the {r.pool} pool"),
             ("steps vLLM / kvsim", f"{r.steps_vllm:,} / {r.steps_kvsim:,}")]
     names = {"sched": "step agreement (scheduled set + tokens)",
              "preempted": "preemption agreement", "events": "KV-event agreement",
@@ -125,7 +146,8 @@ def _render_sched(r: SchedValidation) -> None:
              "finished": "finished agreement", "free": "free-block agreement",
              "reset": "reset agreement"}
     for f in FIELDS:
-        rows.append((names[f], f"{r.agreement(f):.4f}"))
+        if f in r.agree:
+            rows.append((names[f], f"{r.agreement(f):.4f}"))
     rows += [("preemptions vLLM / kvsim", f"{r.preemptions['vllm']:,} / "
               f"{r.preemptions['kvsim']:,}"),
              ("hit tokens (new) vLLM / kvsim", f"{r.hit_tokens['new']['vllm']:,} / "
@@ -134,6 +156,8 @@ def _render_sched(r: SchedValidation) -> None:
               f"{r.hit_tokens['resumed']['kvsim']:,}")]
     for k, v in r.events.items():
         rows.append((f"{k.replace('_', ' ')} vLLM / kvsim", f"{v['vllm']:,} / {v['kvsim']:,}"))
+    for k, v in r.replay.items():
+        rows.append((f"replay: {k.replace('_', ' ')}", f"{v:,}"))
     for k, v in rows:
         table.add_row(k, v)
     out_console.print(table)

@@ -68,6 +68,13 @@ class EventKind(enum.IntEnum):
     FREE = 7  # request-level: release every block tail-first; block-level: release one block
 
 
+#: ``block_index`` of a FREE row that preempts its request (the engine's scheduler decided
+#: it: vLLM's recompute preemption, kvsim.engine.vllm_rows): its blocks are released
+#: tail-first and stay cached, its block table and prefill progress are dropped, and its
+#: next ALLOCATE rows admit it again (prefix lookup).  Only the closed loop writes it.
+FREE_PREEMPT_BLOCK = -2
+
+
 #: The prefix of each enum's plain-int constants (tests/test_codes.py reads this).
 class Action(enum.IntEnum):
     """What happened to a block.  The first group are policy decisions; the second,

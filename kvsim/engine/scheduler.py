@@ -72,9 +72,10 @@ F_DUR, F_RC = 0, 1
 FLOAT_COLUMN_NAMES = ("duration_us", "recompute_cost_us")
 
 # integer parameters (ip)
+# P_VLLM: the closed loop's steps are vLLM's scheduler's (kvsim.engine.vllm_rows), not run_steps
 (P_B, P_T, P_MAXSEQ, P_MAXTOK, P_FLUSH, P_CRITPRIO, P_CRITTPOT, P_BEAMINT, P_SEED, P_N,
- P_NGPU, P_WMARK, P_CLOSED, P_PRIOSCHED) = range(14)
-NUM_INT_PARAMS = 14
+ P_NGPU, P_WMARK, P_CLOSED, P_PRIOSCHED, P_VLLM) = range(15)
+NUM_INT_PARAMS = 15
 # float parameters (fp): see StepCostModel.as_array; fp[7] is the timing model's kind and
 # fp[8:] its tables (kvsim.engine.timing.step_time.Q_KIND, T0)
 Q_OVER, Q_WBYTES, Q_KVBPT, Q_BW, Q_FLOPS, Q_ACTIVE, Q_LH = range(7)

@@ -35,9 +35,9 @@ COMPILED = ("kvsim.policy.api", "kvsim.policy.structs", "kvsim.memory.fast",
             "kvsim.replay.kernel.tier_ops",
             "kvsim.replay.kernel.spill", "kvsim.replay.kernel.placement",
             "kvsim.replay.kernel.core", "kvsim.replay.kernel.core_ref",
-            "kvsim.engine.timing.step_time", "kvsim.engine.scheduler",
+            "kvsim.engine.timing.step_time", "kvsim.ingest.hashing", "kvsim.engine.scheduler",
             "kvsim.engine.scheduler_blocks", "kvsim.replay.kernel.closed_step",
-            "kvsim.cachesim.simulator")
+            "kvsim.engine.vllm_step", "kvsim.engine.vllm_rows", "kvsim.cachesim.simulator")
 
 
 def check_cache_dir() -> None:

@@ -35,8 +35,13 @@ def _summary(name: str) -> dict:
     raise AssertionError("no summary")
 
 
-def _check_full_agreement(name: str, pool: str = "fast") -> None:
-    r = validate_sched(FIXTURES / f"{name}.jsonl.gz", pool=pool)
+#: (step function, pool): the compiled port (what the closed loop runs) and its witness,
+#: the plain-Python port, over the compiled pool and the plain-Python reference pool
+ENGINES = [("compiled", "fast"), ("python", "fast"), ("python", "reference")]
+
+
+def _check_full_agreement(name: str, engine: str = "compiled", pool: str = "fast") -> None:
+    r = validate_sched(FIXTURES / f"{name}.jsonl.gz", pool=pool, engine=engine)
     s = _summary(name)
     assert r.first_divergence is None, r.first_divergence.describe()
     assert r.steps_vllm == r.steps_kvsim == s["steps"]
@@ -51,19 +56,25 @@ def _check_full_agreement(name: str, pool: str = "fast") -> None:
     assert r.events["cleared"]["kvsim"] == s["cleared"]
 
 
-@pytest.mark.parametrize("pool", ["fast", "reference"])
+@pytest.mark.parametrize(("engine", "pool"), ENGINES)
 @pytest.mark.parametrize("name", FAST)
-def test_fixture_agrees_step_by_step(name, pool):
-    """The compiled pool of the replay and its plain-Python twin, each as the state."""
-    _check_full_agreement(name, pool)
+def test_fixture_agrees_step_by_step(name, engine, pool):
+    """The compiled step function, and the Python one over the compiled pool of the replay
+    and over its plain-Python twin."""
+    _check_full_agreement(name, engine, pool)
+
+
+def test_mooncake200_agrees_and_preempts_7_times_compiled():
+    """8,326 steps, 7 preemptions, 101,888 hit tokens at first admission and 57,008 at
+    resume: all equal, every step (the compiled step function: ~2 s)."""
+    _check_full_agreement("mooncake200")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("pool", ["fast", "reference"])
 def test_mooncake200_agrees_and_preempts_7_times(pool):
-    """8,326 steps, 7 preemptions (the closed loop's scheduler reports 0), 101,888 hit
-    tokens at first admission and 57,008 at resume: all equal, every step."""
-    _check_full_agreement("mooncake200", pool)
+    """The same with the plain-Python step function (~15 s each)."""
+    _check_full_agreement("mooncake200", "python", pool)
 
 
 # ---- the divergences of issue #32, each pinned on a fixture --------------------------

@@ -64,17 +64,27 @@ class EngineOptions:
     model: str = "llama-3-8b"
     #: the step-time model (kvsim.engine.timing.select): auto, roofline, measured, a path
     timing: str | None = "auto"
+    #: who decides each step: ``kvsim`` (kvsim.engine.scheduler) or ``vllm`` (vLLM 0.33's
+    #: scheduler, kvsim.engine.vllm_rows: recompute preemption, chunk-wise allocation)
+    scheduler: str = "kvsim"
+    #: vLLM's ``long_prefill_token_threshold`` (0: none; scheduler ``vllm`` only)
+    long_prefill_token_threshold: int = 0
+    #: vLLM's ``scheduler_reserve_full_isl`` (scheduler ``vllm`` only)
+    reserve_full_isl: bool = True
+    #: vLLM's admission watermark, a fraction of the pool (None: the engine model's 0.01)
+    watermark: float | None = None
 
     def engine_config(self, num_gpu_blocks: int, seed: int) -> EngineConfig:
         from kvsim.engine.engine_model import DEFAULT_STEP_OVERHEAD_US
 
+        extra = {} if self.watermark is None else {"watermark": float(self.watermark)}
         return EngineConfig(block_size_tokens=self.block_size_tokens,
                             max_num_seqs=self.max_num_seqs,
                             max_num_batched_tokens=self.max_num_batched_tokens,
                             step_overhead_us=(DEFAULT_STEP_OVERHEAD_US
                                               if self.step_overhead_us is None
                                               else float(self.step_overhead_us)),
-                            seed=seed, num_gpu_blocks=num_gpu_blocks)
+                            seed=seed, num_gpu_blocks=num_gpu_blocks, **extra)
 
 
 class Engine:
@@ -129,6 +139,8 @@ class Engine:
         # and the lower tiers' shared table (kvsim.replay.kernel.tiers)
         sc.lookup = (*index_keys_values(self.run.st.hidx), self.run.T[0].L_h)
         self.pb_off = self.pb_next = self.pb_seen = None  # set_block_facts, before advance
+        self.vs = _vllm_value(table, off, ids, opts, config, int(self.run.st.cfg[0]), wmark)
+        sc.ip[S.P_VLLM] = int(opts.scheduler == "vllm")
         self.rprio = np.asarray(df["request_priority"].to_numpy(), dtype=np.int8)
         self.tenant = np.asarray(df["tenant"].to_numpy(), dtype=np.int32)
         self.block_bytes = block_bytes
@@ -201,7 +213,7 @@ class Engine:
                     self.aux, self.insys, sc.ip, sc.fp, sc.st, sc.stf, *sc.req_args,
                     *sc.slot_args, sc.order, *sc.lookup, sc.hitk, sc.adm, sc.I, sc.F,
                     self.cols, self.rprio, self.tenant, self.block_bytes, self.pb_off,
-                    self.pb_next, self.pb_seen, *self._core_args())
+                    self.pb_next, self.pb_seen, self.vs, *self._core_args())
             with np.errstate(over="ignore"):  # hash mixing wraps by design (interpreted)
                 code, I, F = self.step_mod.advance(float(limit_us), max_steps, *args)
             if I is not sc.I or F is not sc.F:
@@ -267,9 +279,43 @@ class Engine:
                     -1.0, -1, self.aux, self.insys, sc.ip, sc.fp, sc.st, sc.stf,
                     *sc.req_args, *sc.slot_args, sc.order, *sc.lookup, sc.hitk, sc.adm,
                     sc.I, sc.F, self.cols, self.rprio, self.tenant, self.block_bytes,
-                    self.pb_off, self.pb_next, self.pb_seen, *self._core_args())
+                    self.pb_off, self.pb_next, self.pb_seen, self.vs, *self._core_args())
         run._flush_steps()
         run._flush_log()
+
+
+SCHEDULERS = ("kvsim", "vllm")
+_TINY: dict = {}
+
+
+def _vllm_value(table: RequestTable, off, ids, opts: EngineOptions, config: SimConfig,
+                num_blocks: int, wmark: int) -> tuple:
+    """vLLM's scheduler for ``opts.scheduler == "vllm"`` (its own KV manager, sized as the
+    replay's HBM pool), else a tiny unused one of the same type."""
+    from kvsim.engine.vllm_rows import new_vllm_value
+
+    if opts.scheduler not in SCHEDULERS:
+        raise KvsimInputError(f"--scheduler: expected one of {', '.join(SCHEDULERS)}, got "
+                              f"{opts.scheduler!r}", None, None, "--scheduler")
+    if opts.scheduler != "vllm":
+        if "v" not in _TINY:
+            _TINY["v"] = new_vllm_value(table.df.iloc[:0], np.zeros(1, np.int64),
+                                        np.zeros(1, np.int64), 1, opts.block_size_tokens, 2,
+                                        1, 1)
+        return _TINY["v"]
+    df = table.df
+    for col, what in (("n", "n > 1 (parallel sampling)"), ("beam_width", "beam search"),
+                      ("spec_draft_tokens", "speculative drafts")):
+        limit = 0 if col == "spec_draft_tokens" else 1
+        if len(df) and int(df[col].max()) > limit:
+            raise KvsimInputError(f"--scheduler vllm does not model {what}; the trace has "
+                                  f"requests with {col} > {limit} (use --scheduler kvsim)",
+                                  None, None, "--scheduler")
+    return new_vllm_value(df, off, ids, table.block_size_tokens, opts.block_size_tokens,
+                          num_blocks, opts.max_num_seqs, opts.max_num_batched_tokens,
+                          priority=config.priority_scheduling,
+                          long_prefill_token_threshold=opts.long_prefill_token_threshold,
+                          watermark_blocks=wmark, reserve_full_isl=opts.reserve_full_isl)
 
 
 def closed_engine(config: SimConfig, policy, num_rows: int) -> str:

@@ -239,7 +239,8 @@ def _run_cluster(table: RequestTable, engines: list[Engine], router: str, B: int
             st = e.sched.st
             for j in range(admitted[w], int(st[S.S_ADMIT])):
                 waiting_blocks[w] -= int(nb_all[e.sched.order[j]])
-            admitted[w] = int(st[S.S_ADMIT])
+            # vLLM's scheduler re-queues preempted requests: S_ADMIT may step back
+            admitted[w] = max(admitted[w], int(st[S.S_ADMIT]))
         if i == warmup and warmup > 0:
             for e in engines:
                 e.start_measuring()

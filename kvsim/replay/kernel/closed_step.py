@@ -30,6 +30,7 @@ import numpy as np
 
 from kvsim.core import layout as L
 from kvsim.engine import scheduler as S
+from kvsim.engine.vllm_rows import vllm_rows
 from kvsim.jit.decorators import njit
 from kvsim.replay.kernel import core as core_mod
 
@@ -107,14 +108,16 @@ def advance(limit_us, max_steps, aux, insys,
             first_us, dsteps, forked, blast, cow, run, run2, fin, nkey, priv, stall, hb, hb2,
             rk, rv, order, phk, phv, tk, hitk, adm, I, F,
             cols, rprio_tab, tenant_tab, block_bytes, pb_off, pb_next, pb_seen,
-            cr, core_run):
+            vs, cr, core_run):
     """Run steps (module docstring).  Returns ``(code, I, F)``: ``R_*`` or a core
     ``ST_NEED_*`` code, and the scheduler's row buffers (it may have grown them).
     ``core_run``: :func:`kvsim.replay.kernel.core.run` as a first-class function value
     (:func:`kvsim.replay.variants.core_run_value`), so compiling this function calls ``run``
     indirectly (once per engine step) instead of linking and re-optimising all of it.
-    ``cr``: the core's state (:class:`kvsim.replay.kernel.core_ref.CoreRef`; the members read here,
-    once per call: the counters, request tables, arena, pending buffer, next_use, seen)."""
+    ``vs``: vLLM's scheduler (:func:`kvsim.engine.vllm_rows.new_vllm_value`), used when
+    ``ip[P_VLLM]`` is set (a tiny unused one otherwise).  ``cr``: the core's state
+    (:class:`kvsim.replay.kernel.core_ref.CoreRef`; the members read here, once per call:
+    the counters, request tables, arena, pending buffer, next_use, seen)."""
     C = cr.C
     R_i = cr.R_i
     P = cr.P
@@ -137,11 +140,16 @@ def advance(limit_us, max_steps, aux, insys,
             if aux[X_NINSYS] >= insys.shape[0]:
                 return R_YIELD, I, F
             done_before = st[S.S_DONE]
-            I, F, n = S.run_steps(ip, fp, st, stf, arr, prompt, out, ttft, tpot, nsamp, beam,
-                                  rprio, cont, gap, shared, spk, spp, hashed, off, ids, src,
-                                  par, computed, gen, nblk, lasth, status, first_us, dsteps,
-                                  forked, blast, cow, run, run2, fin, nkey, priv, stall, hb,
-                                  hb2, rk, rv, order, phk, phv, tk, hitk, adm, I, F, 0)
+            if ip[S.P_VLLM] != 0:  # vLLM's scheduler (kvsim.engine.vllm_rows)
+                I, F, n = vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont,
+                                    gap, shared, order, tk, hitk, adm, I, F, 0, vs)
+            else:
+                I, F, n = S.run_steps(ip, fp, st, stf, arr, prompt, out, ttft, tpot, nsamp,
+                                      beam, rprio, cont, gap, shared, spk, spp, hashed, off,
+                                      ids, src, par, computed, gen, nblk, lasth, status,
+                                      first_us, dsteps, forked, blast, cow, run, run2, fin,
+                                      nkey, priv, stall, hb, hb2, rk, rv, order, phk, phv, tk,
+                                      hitk, adm, I, F, 0)
             if n == 0:
                 return R_IDLE, I, F
             insys[aux[X_NINSYS]] = st[S.S_ARRIVE] - done_before

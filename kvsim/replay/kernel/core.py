@@ -95,6 +95,7 @@ from kvsim.core.layout import (
     RI_LATMASK,
     RI_NOUT,
     RI_PHASE,
+    RI_PREEMPTS,
     RI_PREFILLED,
     RI_PRIO,
     RI_PROMPT,
@@ -159,6 +160,7 @@ from kvsim.core.codes import (  # noqa: E402
     EK_FREE,
     EK_INTENT,
     EK_STEP,
+    FREE_PREEMPT_BLOCK,
     PH_DECODE,
     PH_PREFILL,
     PH_VERIFY,
@@ -311,6 +313,8 @@ def run(cols, i0, n, cr):
                 if seq < 0:
                     raise ValueError("HBM pool: no free seq slot (raise max_seqs)")
                 R_i[r, RI_SEQ] = seq
+                if R_i[r, RI_PREEMPTS] > 0:  # re-admitted after a scheduler preemption
+                    st.seq_rerun[seq] = True
                 R_i[r, RI_STATE] = RS_RUNNING
                 R_i[r, RI_PHASE] = 0
                 R_i[r, RI_ADMIT_STEP] = step
@@ -494,7 +498,16 @@ def run(cols, i0, n, cr):
                     R_i[r, RI_BOUND] = 1
         elif kind == EK_FREE:
             state = R_i[r, RI_STATE]
-            if c_bi[i] < 0:  # the request is done
+            if c_bi[i] == FREE_PREEMPT_BLOCK:  # the scheduler preempts r (recompute)
+                if state == RS_RUNNING:
+                    _preempt(r, cr, step, now_us)
+                    mem.seq_close(st, R_i[r, RI_SEQ])
+                    R_i[r, RI_SEQ] = -1
+                    R_i[r, RI_STATE] = RS_WAITING  # re-admitted by its next ALLOCATE rows
+                    R_i[r, RI_BT_LEN] = 0
+                    R_i[r, RI_PREFILLED] = 0
+                    R_i[r, RI_PHASE] = 0
+            elif c_bi[i] < 0:  # the request is done
                 if state == RS_RUNNING:
                     _release_all(r, cr, step, now_us)
                     _run_remove(running, C, r)

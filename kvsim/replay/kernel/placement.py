@@ -104,6 +104,7 @@ from kvsim.core.layout import (
     RI_HIT_TOK,
     RI_LATMASK,
     RI_LOOKUP_TOK,
+    RI_NOUT,
     RI_PREEMPTS,
     RI_PROMPT,
     RI_RECOMP_TOK,
@@ -281,7 +282,9 @@ def _place(r, e0, nb, mode, cr):
         hbuf[e] = A_i[base + e, AI_HASH]
         ntok_total += A_i[base + e, AI_TOKENS]
     if mode == MODE_ADMIT:
-        num_tokens = R_i[r, RI_PROMPT]
+        # prompt + output so far: a request the scheduler preempted (core.py,
+        # FREE_PREEMPT_BLOCK) is admitted again with its output tokens (vLLM num_tokens)
+        num_tokens = R_i[r, RI_PROMPT] + R_i[r, RI_NOUT]
     elif mode == MODE_RERUN:
         num_tokens = ntok_total + 1  # every full block may hit
     else:

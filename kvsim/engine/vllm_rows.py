@@ -1,0 +1,395 @@
+"""The closed loop's vLLM scheduler: one engine step of :mod:`kvsim.engine.vllm_step`
+(vLLM 0.33's ``schedule()`` + ``update_from_output()``) written as event rows.
+
+:func:`vllm_rows` is what :func:`kvsim.replay.kernel.closed_step.advance` calls instead of
+:func:`kvsim.engine.scheduler.run_steps` when the engine's scheduler is ``vllm``
+(``ip[P_VLLM]``).  It keeps the same loop state (``st``/``stf``: step, arrivals, running
+count, clock, admissions of the step with their assumed cached tokens in ``hitk``/``adm``)
+and writes the same row format (``I``/``F``, columns ``C_*`` of
+:mod:`kvsim.engine.scheduler`), so the replay core, the metrics and the decision log are
+unchanged.  Per step, in this order:
+
+1. ``STEP`` (patched with tokens and duration at the end), ``ARRIVE`` of each request
+   whose arrival time has come (added to vLLM's waiting queue);
+2. vLLM's ``schedule()`` on the scheduler's own block pool (vLLM's KV manager: the
+   replay's compiled pool with vLLM's free-queue order, sized as the replay's HBM pool);
+3. rows in vLLM's order: for each scheduled request, the preemptions that happened just
+   before it (a ``FREE`` row with ``block_index`` ``FREE_PREEMPT_BLOCK``: the replay
+   releases the victim's blocks, which stay cached, and re-admits it later with a prefix
+   lookup), then its ``ALLOCATE`` rows -- an admission (new or resumed) its whole block
+   table, gathered and placed at once with the replay's prefix lookup; a running request
+   the blocks ``allocate_slots`` appended -- each with the hash of its full content (the
+   replay caches a block once it is full: ``_fill_last``), then its ``ACCESS`` (a prefill
+   chunk, or one decode token; the first decode since an admission is preceded by a
+   request-level ``INTENT``: decode, critical and pinned when the request's priority or
+   TPOT SLO says so, as kvsim's scheduler states it);
+4. ``update_from_output()``; finished requests: ``INTENT`` (done, or idle until the next
+   turn of a session) and request-level ``FREE``;
+5. the step's duration from its prefill chunks and decodes
+   (:mod:`kvsim.engine.timing.step_time`, the same models as the kvsim scheduler).
+
+Hashes (``hh``, one array for all requests, :func:`request_hashes`): the chain hashes of
+each request's full blocks of prompt + output - 1 tokens, as far as the trace knows their
+content (0 after), rooted at the request's tenant (vLLM's ``cache_salt``: tenants never
+share blocks; tenant 0 is the unsalted root).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvsim.core.codes import (
+    EK_ACCESS,
+    EK_ALLOCATE,
+    EK_ARRIVE,
+    EK_FREE,
+    EK_INTENT,
+    EK_STEP,
+    FREE_PREEMPT_BLOCK,
+    PH_DECODE,
+    PH_DONE,
+    PH_IDLE,
+    PH_PREFILL,
+    PR_COLD,
+    PR_DECODE_CRITICAL,
+    PR_HOT,
+    PR_WARM,
+)
+from kvsim.engine import vllm_step as V
+from kvsim.engine.scheduler import (
+    C_DEADLINE,
+    C_NTOK,
+    C_PHASE,
+    C_SLACK,
+    F_DUR,
+    P_B,
+    P_CRITPRIO,
+    P_CRITTPOT,
+    P_FLUSH,
+    P_MAXTOK,
+    S_ADMIT,
+    S_ARRIVE,
+    S_DONE,
+    S_FINISHED,
+    S_HELD,
+    S_HIT_TOK,
+    S_MAXHELD,
+    S_MAXRUN,
+    S_NADM,
+    S_NRUN,
+    S_QN,
+    S_STEP,
+    _ensure,
+    _prefill_us,
+    _row,
+)
+from kvsim.engine.scheduler_blocks import _token_deadline
+from kvsim.engine.timing.step_time import (
+    NUM_ACC,
+    acc_chunk,
+    acc_decode,
+    acc_reset,
+    step_duration_us,
+)
+from kvsim.ingest.hashing import chain_hash, root_hash
+from kvsim.jit.decorators import njit
+from kvsim.memory.fast import S_N_HELD
+
+__all__ = ["new_vllm_value", "request_hashes", "vllm_rows"]
+
+# members of the scheduler value ``vs`` (a tuple; built by kvsim.modes.closed.vllm_engine)
+(VS_IP, VS_R, VS_ARR, VS_HH, VS_SV, VS_RUN, VS_WQ, VS_HEAP, VS_POOL, VS_HITS, VS_HS,
+ VS_SCHED, VS_BL, VS_BLIDS, VS_ADM, VS_PRE, VS_FIN, VS_EV, VS_RES, VS_OC, VS_FIRST,
+ VS_MARK) = range(22)
+
+
+@njit(cache=True)
+def request_hashes(N, B, T, prompt, out, hashed, tenant, off, ids, hoff, hh):
+    """``hh[hoff[c]:hoff[c + 1]]``: request ``c``'s chain hashes of its full blocks of
+    ``prompt + output - 1`` tokens (``hoff`` given), 0 from the first block whose content
+    the trace does not know (``hashed`` tokens), rooted at ``root_hash(tenant)``."""
+    for c in range(N):
+        h = root_hash(tenant[c])
+        for b in range(hoff[c + 1] - hoff[c]):
+            if h != 0 and (b + 1) * B <= hashed[c]:
+                h = chain_hash(h, ids[off[c]:off[c + 1]], (b * B) // T, ((b + 1) * B - 1) // T,
+                               (b * B) % T)
+            else:
+                h = 0
+            hh[hoff[c] + b] = h
+
+
+@njit(cache=True)
+def _alloc_rows(I, F, n, fp, step, t_us, i, b0, b1, after, B, hh, h0, nh, dl, sl, target):
+    """ALLOCATE rows of request i's blocks b0 .. b1-1 (``after`` tokens computed at the end
+    of this step): each with its full content's hash and its tokens by then."""
+    for b in range(b0, b1):
+        h = hh[h0 + b] if b < nh else 0
+        tok = min(B, max(after - b * B, 1))
+        n = _row(I, F, n, step, t_us, EK_ALLOCATE, i, b, h, -1, tok, PH_PREFILL, PR_WARM, dl,
+                 sl, target, 0, _prefill_us(fp, b * B, B))
+    return n
+
+
+@njit(cache=True)
+def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, shared,
+              order, tk, hitk, adm, I, F, n, vs):
+    """Run vLLM steps until ``n >= ip[P_FLUSH]`` at a step boundary or no work is left
+    (module docstring).  ``tk``: the replay's lower tiers' hash table: an admission's
+    prefix continued there counts as computed (loaded), as vLLM's KV connector's tokens.
+    Returns ``(I, F, n)``."""
+    vip = vs[VS_IP]
+    R = vs[VS_R]
+    varr = vs[VS_ARR]
+    hh = vs[VS_HH]
+    sv = vs[VS_SV]
+    run = vs[VS_RUN]
+    wq = vs[VS_WQ]
+    heap = vs[VS_HEAP]
+    pl = vs[VS_POOL]
+    hits = vs[VS_HITS]
+    hs = vs[VS_HS]
+    osched = vs[VS_SCHED]
+    obl = vs[VS_BL]
+    oblids = vs[VS_BLIDS]
+    oadm = vs[VS_ADM]
+    opre = vs[VS_PRE]
+    ofin = vs[VS_FIN]
+    oev = vs[VS_EV]
+    oc = vs[VS_OC]
+    first_us = vs[VS_FIRST]
+    mark = vs[VS_MARK]
+    pst = pl.st
+    pol = pl.pst
+    pview = pl.pview
+    pout = pl.out
+    B = ip[P_B]
+    max_tok = ip[P_MAXTOK]
+    flush = ip[P_FLUSH]
+    acc = np.empty(NUM_ACC, dtype=np.float64)
+    while st[S_FINISHED] == 0:
+        now = stf[0]
+        qn = st[S_QN]
+        st[S_NADM] = 0
+        if sv[V.V_NRUN] == 0 and V.num_waiting(vip, sv) == 0:
+            if st[S_ARRIVE] >= qn:
+                st[S_FINISHED] = 1
+                break
+            if arr[order[st[S_ARRIVE]]] > now:
+                now = float(arr[order[st[S_ARRIVE]]])
+        step = st[S_STEP]
+        t_us = np.int64(now)
+        a0 = st[S_ARRIVE]
+        a1 = a0
+        while a1 < qn and arr[order[a1]] <= t_us:
+            a1 += 1
+        I, F = _ensure(I, F, n, 1 + (a1 - a0))
+        step_row = n
+        n = _row(I, F, n, step, t_us, EK_STEP, -1, -1, 0, -1, 0, PH_PREFILL, PR_WARM, -1, 0,
+                 -1, 0, 0.0)
+        for j in range(a0, a1):
+            i = order[j]
+            dl = arr[i] + ttft[i] if ttft[i] > 0 else -1
+            n = _row(I, F, n, step, arr[i], EK_ARRIVE, i, -1, 0, -1, prompt[i], PH_PREFILL,
+                     PR_WARM, dl, 0, -1, 0, 0.0)
+            V.add_request(vip, R, varr, sv, wq, heap, i)
+        st[S_ARRIVE] = a1
+        for k in range(oc.shape[0]):
+            oc[k] = 0
+        V.schedule(vip, R, varr, hh, sv, run, wq, heap, pst, pol, pview, pout, hits, hs,
+                   osched, obl, oblids, oadm, opre, oev, oc, tk)
+        nsched = oc[V.O_SCHED]
+        if nsched == 0 and oc[V.O_PRE] == 0:
+            # nothing fits and nothing runs: wait for the next arrival (vLLM idles)
+            n = step_row
+            if a1 < qn:
+                stf[0] = max(now, float(arr[order[a1]]))
+                continue
+            raise ValueError("vLLM scheduler: waiting requests can never be scheduled "
+                             "(larger than the KV pool?)")
+        for k in range(oc[V.O_ADM]):
+            i = oadm[k, 0]
+            mark[i] = step
+            hitk[i] = oadm[k, 1]
+            adm[st[S_NADM]] = i
+            st[S_NADM] += 1
+            st[S_HIT_TOK] += oadm[k, 1]
+        # the block lists: entry k of obl covers oblids[boff[k]:boff[k + 1]]
+        nbl = oc[V.O_BL]
+        boff = np.empty(nbl + 1, dtype=np.int64)
+        boff[0] = 0
+        for k in range(nbl):
+            boff[k + 1] = boff[k] + obl[k, 1]
+        need = 4 + 2 * oc[V.O_PRE] + 3 * nsched + boff[nbl]
+        I, F = _ensure(I, F, n, need)
+        tokens = 0
+        attended = 0.0
+        kv_read = 0.0
+        acc_reset(acc)
+        p = 0
+        for k in range(nsched):
+            while p < oc[V.O_PRE] and opre[p, 1] <= k:
+                n = _row(I, F, n, step, t_us, EK_FREE, opre[p, 0], FREE_PREEMPT_BLOCK, 0, -1,
+                         0, PH_PREFILL, PR_COLD, -1, 0, -1, 0, 0.0)
+                p += 1
+            i = osched[k, 0]
+            ntok = osched[k, 1]
+            after = R[i, V.K_NCOMP]
+            before = after - ntok
+            plen = R[i, V.K_PLEN]
+            nout = R[i, V.K_NOUT]
+            h0 = R[i, V.K_H0]
+            nh = R[i, V.K_H1] - h0
+            dl = arr[i] + ttft[i] if ttft[i] > 0 else -1
+            target = step + (plen + nout - before + max_tok - 1) // max_tok
+            e = -1
+            for x in range(nbl):
+                if obl[x, 0] == i:
+                    e = x
+                    break
+            if e >= 0:
+                cnt = obl[e, 1]
+                if mark[i] == step:  # admitted now: its whole table
+                    n = _alloc_rows(I, F, n, fp, step, t_us, i, 0, cnt, after, B, hh, h0, nh,
+                                    dl, 0, target)
+                else:
+                    m = pst.seq_len[R[i, V.K_SEQ]]
+                    n = _alloc_rows(I, F, n, fp, step, t_us, i, m - cnt, m, after, B, hh, h0,
+                                    nh, dl, 0, target)
+            decode = ntok == 1 and before == plen + nout - 1 and nout > 0
+            if decode:
+                tdl = _token_deadline(arr[i], ttft[i], tpot[i], first_us[i], nout + 1)
+                # the decode's intent, as kvsim's scheduler states it (critical: pinned)
+                crit = rprio[i] >= ip[P_CRITPRIO] or (0 < tpot[i] <= ip[P_CRITTPOT])
+                if mark[i] != -1:  # its first decode since (re-)admission: blocks decode
+                    mark[i] = -1
+                    n = _row(I, F, n, step, t_us, EK_INTENT, i, -1, 0, -1, 0, PH_DECODE,
+                             PR_DECODE_CRITICAL if crit else PR_WARM, tdl, 0, step + 1,
+                             1 if crit else 0, 0.0)
+                n = _row(I, F, n, step, t_us, EK_ACCESS, i, -1, 0, -1, 1, PH_DECODE,
+                         PR_DECODE_CRITICAL if crit else PR_WARM, tdl, 0, step + 1,
+                         1 if crit else 0, 0.0)
+                tokens += 1
+                attended += before + 1.0
+                kv_read += before + 1
+                acc_decode(acc, 1, before + 1)
+            else:
+                n = _row(I, F, n, step, t_us, EK_ACCESS, i, -1, 0, -1, ntok, PH_PREFILL,
+                         PR_WARM, dl, 0, target, 0, 0.0)
+                tokens += ntok
+                attended += ntok * float(before) + ntok * (ntok + 1.0) / 2.0
+                kv_read += before + ntok
+                acc_chunk(fp, acc, ntok, before)
+                if after >= plen + nout and nout == 0:
+                    first_us[i] = -2  # first token at the end of this step
+        while p < oc[V.O_PRE]:
+            n = _row(I, F, n, step, t_us, EK_FREE, opre[p, 0], FREE_PREEMPT_BLOCK, 0, -1, 0,
+                     PH_PREFILL, PR_COLD, -1, 0, -1, 0, 0.0)
+            p += 1
+        V.update_from_output(vip, R, sv, run, pst, pol, pview, osched, ofin, oc)
+        held = pst.sc[S_N_HELD]
+        st[S_HELD] = held
+        if held > st[S_MAXHELD]:
+            st[S_MAXHELD] = held
+        nrun = sv[V.V_NRUN]
+        if nrun + oc[V.O_FIN] > st[S_MAXRUN]:
+            st[S_MAXRUN] = nrun + oc[V.O_FIN]
+        dur = step_duration_us(fp, acc, tokens, attended, kv_read)
+        end = now + dur
+        end_us = np.int64(end)
+        I[C_NTOK, step_row] = tokens
+        F[F_DUR, step_row] = dur
+        for r in range(step_row + 1, n):
+            if I[C_PHASE, r] == PH_DECODE and I[C_DEADLINE, r] >= 0:
+                I[C_SLACK, r] = I[C_DEADLINE, r] - end_us
+        for k in range(nsched):
+            i = osched[k, 0]
+            if first_us[i] == -2:
+                first_us[i] = end_us
+        nfin = oc[V.O_FIN]
+        I, F = _ensure(I, F, n, 2 * nfin + 2)
+        for x in range(nfin):
+            c = ofin[x]
+            if cont[c]:
+                dl = end_us + gap[c] + (ttft[c] if ttft[c] > 0 else 0)
+                n = _row(I, F, n, step, t_us, EK_INTENT, c, -1, 0, -1, 0, PH_IDLE, PR_HOT, dl,
+                         dl - end_us, -1, 0, 0.0)
+            else:
+                n = _row(I, F, n, step, t_us, EK_INTENT, c, -1, 0, -1, 0, PH_DONE, PR_COLD,
+                         -1, 0, -1, 0, 0.0)
+            n = _row(I, F, n, step, t_us, EK_FREE, c, -1, 0, -1, 0, PH_DONE, PR_COLD, -1, 0,
+                     -1, 0, 0.0)
+        st[S_DONE] += nfin
+        st[S_NRUN] = nrun
+        st[S_ADMIT] = st[S_ARRIVE] - V.num_waiting(vip, sv)
+        stf[0] = end
+        st[S_STEP] = step + 1
+        if st[S_ARRIVE] >= qn and nrun == 0 and V.num_waiting(vip, sv) == 0:
+            st[S_FINISHED] = 1
+        if n >= flush:
+            break
+    return I, F, n
+
+
+def new_vllm_value(df, off, ids, trace_block_tokens: int, block_size: int, num_blocks: int,
+                   max_num_seqs: int, max_num_batched_tokens: int, *, priority: bool = False,
+                   long_prefill_token_threshold: int = 0, watermark_blocks: int = 0,
+                   reserve_full_isl: bool = True, enable_chunked_prefill: bool = True,
+                   enable_caching: bool = True) -> tuple:
+    """The scheduler value ``vs`` of :func:`vllm_rows` for a Request table (``df``,
+    its block ids ``off``/``ids``): vLLM's waiting queue, running list and KV manager (a
+    pool of ``num_blocks`` blocks, the null block included, like the replay's)."""
+    from kvsim.memory import fifo_order
+    from kvsim.memory.fast import PoolConfig, new_out, new_state
+    from kvsim.memory.pool_ref import pool_ref
+    from kvsim.policy.api import new_block_view
+    from kvsim.policy.hooks import policy_value, view_ref
+
+    N = len(df)
+    i64 = lambda x: np.ascontiguousarray(x, dtype=np.int64)  # noqa: E731
+    prompt = i64(df["prompt_tokens"].to_numpy())
+    out = i64(df["output_tokens"].to_numpy())
+    nfull = np.maximum(prompt + out - 1, 0) // block_size
+    hoff = np.zeros(N + 1, np.int64)
+    hoff[1:] = np.cumsum(nfull)
+    hh = np.zeros(max(int(hoff[-1]), 1), np.int64)
+    request_hashes(N, block_size, trace_block_tokens, prompt, out,
+                   i64(df["hashed_tokens"].to_numpy()), i64(df["tenant"].to_numpy()),
+                   i64(off), i64(ids), hoff, hh)
+    vip = np.zeros(V.NUM_PARAMS, np.int64)
+    vip[V.P_BS], vip[V.P_NGPU] = block_size, num_blocks
+    vip[V.P_MAXSEQ], vip[V.P_MAXTOK] = max_num_seqs, max_num_batched_tokens
+    vip[V.P_CHUNKED] = int(enable_chunked_prefill)
+    vip[V.P_THR] = long_prefill_token_threshold
+    vip[V.P_PRIO] = int(priority)
+    vip[V.P_CACHING] = int(enable_caching)
+    vip[V.P_RESERVE] = int(reserve_full_isl)
+    vip[V.P_WMARK] = watermark_blocks
+    vip[V.P_MAXLEN] = 1 << 62
+    M = max(N, 1)
+    R = np.zeros((M, V.NUM_COLS), np.int64)
+    R[:N, V.K_PLEN], R[:N, V.K_OLEN] = prompt, out
+    # vLLM's priority: lower value first; kvsim's request_priority: higher is more important
+    R[:N, V.K_PRIO] = -i64(df["request_priority"].to_numpy())
+    R[:N, V.K_RANK] = np.arange(N)
+    R[:N, V.K_H0], R[:N, V.K_H1] = hoff[:-1], hoff[1:]
+    R[:, V.K_STATUS] = V.UNSEEN
+    R[:, V.K_NCACHED] = -1
+    R[:, V.K_SEQ] = -1
+    varr = np.zeros(M, np.float64)
+    varr[:N] = df["arrival_us"].to_numpy(np.float64) / 1e6
+    per_seq = int(((prompt + out) // block_size).max()) + 3 if N else 4
+    pc = PoolConfig(num_blocks=num_blocks, block_size_tokens=block_size,
+                    enable_caching=enable_caching, max_seqs=max_num_seqs + 2,
+                    max_blocks_per_seq=per_seq)
+    pst = new_state(pc)
+    view = new_block_view(pc.num_blocks)
+    order_state = fifo_order.init(pc.num_blocks - 1, pc.num_blocks, {})
+    pl = V.vllm_pool(pool_ref(pst), policy_value(fifo_order, order_state, True),
+                     view_ref(view), new_out(pc, 0))
+    outs = V.new_outputs(N, num_blocks, max_num_seqs)
+    return (vip, R, varr, hh, np.zeros(V.NUM_SV, np.int64), np.zeros(M, np.int64),
+            np.zeros(M, np.int64), np.zeros(M, np.int64), pl, np.zeros(per_seq, np.int64),
+            np.zeros(per_seq, np.int64), *outs, np.full(M, -1, np.int64),
+            np.full(M, -1, np.int64))
+

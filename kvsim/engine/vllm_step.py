@@ -1,0 +1,598 @@
+"""vLLM v1's scheduler step, compiled: the port of :mod:`kvsim.engine.vllm_scheduler`
+(vLLM 0.33.0 ``Scheduler.schedule()`` / ``update_from_output()`` and
+``KVCacheManager.allocate_slots()``) on array state, over the replay's compiled block pool
+(:mod:`kvsim.memory.fast` + :mod:`kvsim.memory.pool_ops` with vLLM's free-queue order,
+:mod:`kvsim.memory.fifo_order`).
+
+The plain-Python port is this module's witness: tests/engine/test_vllm_step.py runs both
+on every recording of vLLM's scheduler and on random workloads and requires identical
+step results.  Python drives it through :class:`kvsim.engine.vllm_compiled.CompiledVllmScheduler`.
+
+State (all int64 unless said):
+
+* ``ip``: the engine config (``P_*``);
+* ``R[N, K_*]``: one row per request: prompt and output length, priority, the rank of its
+  (request id, index) among all requests (the heap's last tie-break), its hashes'
+  range in ``hh`` (chain hashes of the full blocks of prompt + output - 1 tokens),
+  status, computed tokens, output tokens, preemptions, cached blocks (-1: vLLM's
+  ``num_cached_block`` unset, the request holds no blocks), its pool seq slot (-1: none),
+  and this step's scheduled tokens and new blocks; ``arr`` (float64): arrival times;
+* ``sv`` (``V_*``): running count, the FCFS deque's head and length, the heap's length;
+* ``run``: the running list; ``wq``: the FCFS waiting deque (a ring of N); ``heap``: the
+  priority waiting queue (a binary heap on (priority, arrival, rank): a total order, so
+  any heap pops in the order of Python's ``heapq``);
+* the pool: ``st`` (:class:`kvsim.memory.pool_ref.PoolRef`), ``pol`` (the order policy
+  value), ``view``, ``pout`` (its allocation scratch).
+
+Outputs of one step (``oc`` counts, ``O_*``; the Python side reads them and zeroes ``oc``):
+scheduled (request, tokens) in order; block lists (request, count) with their ids;
+admissions (request, hit tokens, resumed?); preempted; finished; KV events rows
+(``E_STORED`` request, first block, count / ``E_REMOVED`` hash / ``E_CLEARED``); reset
+outcomes; free blocks after ``schedule()`` and after the step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import typeof, types
+from numba.experimental import structref
+
+from kvsim.jit.decorators import njit
+from kvsim.memory import pool_ops
+from kvsim.memory.fast import S_N_CAND, S_N_EMPTY, S_N_HELD, pool_lookup, seq_close, seq_open
+from kvsim.replay.kernel.tiers import hash_slot
+
+# engine config (ip)
+(P_BS, P_NGPU, P_MAXSEQ, P_MAXTOK, P_CHUNKED, P_THR, P_PRIO, P_CACHING, P_RESERVE,
+ P_WMARK, P_MAXLEN) = range(11)
+NUM_PARAMS = 11
+# request columns (R)
+(K_PLEN, K_OLEN, K_PRIO, K_RANK, K_H0, K_H1, K_STATUS, K_NCOMP, K_NOUT, K_NPRE, K_NCACHED,
+ K_SEQ, K_SCHED, K_NEWB) = range(14)
+NUM_COLS = 14
+# status (the Python port's strings)
+WAITING, RUNNING, PREEMPTED, FINISHED, UNSEEN = 0, 1, 2, 3, 4
+# scheduler scalars (sv)
+V_NRUN, V_WHEAD, V_WLEN, V_HLEN = range(4)
+NUM_SV = 4
+# output counts (oc)
+(O_SCHED, O_BL, O_BLIDS, O_ADM, O_PRE, O_FIN, O_EV, O_RESET, O_FREE_SCHED,
+ O_FREE) = range(10)
+NUM_OC = 10
+# KV event kinds (oev[:, 0])
+E_STORED, E_REMOVED, E_CLEARED = 0, 1, 2
+
+
+# ---- the pool as one value (unboxing the policy value, a tuple of eight first-class
+# functions, costs ~0.3 ms a call from Python; a structref holding it is one pointer)
+@structref.register
+class VllmPoolType(types.StructRef):
+    """numba type of :class:`VllmPool`: the pool ``st``, its order ``pst``, ``pview`` (numba rejects ``view``),
+    the allocation scratch ``out``."""
+
+    def preprocess_fields(self, fields):
+        return tuple((name, types.unliteral(t)) for name, t in fields)
+
+
+class VllmPool(structref.StructRefProxy):
+    """The pool the step function allocates from (build with :func:`vllm_pool`)."""
+
+
+structref.define_boxing(VllmPoolType, VllmPool)
+
+
+def _vllm_pool_type() -> VllmPoolType:
+    from kvsim.memory.fast import PoolConfig, new_out
+    from kvsim.memory.pool_ref import POOL_REF
+    from kvsim.policy.hooks import VIEW_REF, policy_value_type
+
+    out = typeof(new_out(PoolConfig(2, 1, max_seqs=1, max_blocks_per_seq=1), 0))
+    return VllmPoolType([("st", POOL_REF), ("pst", policy_value_type()), ("pview", VIEW_REF),
+                         ("out", out)])
+
+
+VLLM_POOL = _vllm_pool_type()
+
+
+@njit(cache=True)
+def _new_vllm_pool(st, pst, view, out):
+    r = structref.new(VLLM_POOL)
+    r.st = st
+    r.pst = pst
+    r.pview = view
+    r.out = out
+    return r
+
+
+def vllm_pool(st, pst, view, out) -> VllmPool:
+    """The compiled pool ``st`` (a PoolRef), its order value, view (a ViewRef) and scratch
+    (``new_out(config, 0)``) as one value."""
+    return _new_vllm_pool(st, pst, view, out)
+
+
+@njit(cache=True, inline="always")
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+# ---- waiting queues ----------------------------------------------------------------------
+@njit(cache=True, inline="always")
+def _less(R, arr, a, b):
+    """Heap order: (priority, arrival, rank) of request a below that of b."""
+    if R[a, K_PRIO] != R[b, K_PRIO]:
+        return R[a, K_PRIO] < R[b, K_PRIO]
+    if arr[a] != arr[b]:
+        return arr[a] < arr[b]
+    return R[a, K_RANK] < R[b, K_RANK]
+
+
+@njit(cache=True)
+def push_waiting(ip, R, arr, sv, wq, heap, i, front):
+    """Waiting queue append (``front``: vLLM ``prepend_request``; the heap ignores it)."""
+    if ip[P_PRIO] != 0:
+        k = sv[V_HLEN]
+        heap[k] = i
+        sv[V_HLEN] = k + 1
+        while k > 0:
+            p = (k - 1) >> 1
+            if _less(R, arr, heap[k], heap[p]):
+                t = heap[k]
+                heap[k] = heap[p]
+                heap[p] = t
+                k = p
+            else:
+                break
+        return
+    cap = wq.shape[0]
+    if front:
+        sv[V_WHEAD] = (sv[V_WHEAD] - 1 + cap) % cap
+        wq[sv[V_WHEAD]] = i
+    else:
+        wq[(sv[V_WHEAD] + sv[V_WLEN]) % cap] = i
+    sv[V_WLEN] += 1
+
+
+@njit(cache=True, inline="always")
+def num_waiting(ip, sv):
+    return sv[V_HLEN] if ip[P_PRIO] != 0 else sv[V_WLEN]
+
+
+@njit(cache=True, inline="always")
+def _peek(ip, sv, wq, heap):
+    return heap[0] if ip[P_PRIO] != 0 else wq[sv[V_WHEAD]]
+
+
+@njit(cache=True)
+def _pop_waiting(ip, R, arr, sv, wq, heap):
+    if ip[P_PRIO] == 0:
+        i = wq[sv[V_WHEAD]]
+        sv[V_WHEAD] = (sv[V_WHEAD] + 1) % wq.shape[0]
+        sv[V_WLEN] -= 1
+        return i
+    top = heap[0]
+    n = sv[V_HLEN] - 1
+    sv[V_HLEN] = n
+    if n > 0:
+        heap[0] = heap[n]
+        k = 0
+        while True:
+            c = 2 * k + 1
+            if c >= n:
+                break
+            if c + 1 < n and _less(R, arr, heap[c + 1], heap[c]):
+                c += 1
+            if _less(R, arr, heap[c], heap[k]):
+                t = heap[k]
+                heap[k] = heap[c]
+                heap[c] = t
+                k = c
+            else:
+                break
+    return top
+
+
+# ---- the pool (vLLM BlockPool / KVCacheManager) ------------------------------------------
+@njit(cache=True, inline="always")
+def free_blocks(st):
+    """vLLM ``get_num_free_blocks``: empty + cached blocks."""
+    return st.sc[S_N_EMPTY] + st.sc[S_N_CAND]
+
+
+@njit(cache=True)
+def _event(oev, oc, kind, a, b, c):
+    k = oc[O_EV]
+    if k >= oev.shape[0]:
+        raise ValueError("vllm_step: KV event buffer full")
+    oev[k, 0] = kind
+    oev[k, 1] = a
+    oev[k, 2] = b
+    oev[k, 3] = c
+    oc[O_EV] = k + 1
+
+
+@njit(cache=True)
+def _cache_blocks(ip, R, hh, i, ntok, st, pol, view, oev, oc):
+    """vLLM ``cache_blocks``: full blocks up to ``ntok`` tokens get their hashes; one
+    stored event."""
+    if ip[P_CACHING] == 0:
+        return
+    bs = ip[P_BS]
+    num_cached = max(R[i, K_NCACHED], 0)
+    num_tokens = R[i, K_PLEN] + R[i, K_NOUT]
+    num_full = min(ntok, (num_tokens // bs) * bs) // bs
+    if num_cached >= num_full:
+        return
+    h0 = R[i, K_H0]
+    pool_ops.cache_blocks(st, pol, view, R[i, K_SEQ], num_cached,
+                          hh[h0 + num_cached:h0 + num_full], 0.0)
+    _event(oev, oc, E_STORED, i, num_cached, num_full - num_cached)
+    R[i, K_NCACHED] = num_full
+
+
+@njit(cache=True)
+def release(R, i, st, pol, view):
+    """Free request i's blocks tail-first and its seq slot (vLLM ``free``)."""
+    seq = R[i, K_SEQ]
+    if seq >= 0:
+        pool_ops.free(st, pol, view, seq, 0.0)
+        seq_close(st, seq)
+        R[i, K_SEQ] = -1
+    R[i, K_NCACHED] = -1
+
+
+@njit(cache=True)
+def lookup(ip, R, hh, i, st, hits):
+    """vLLM ``get_computed_blocks``: hit blocks in ``hits``; their count (at most
+    ``num_tokens - 1`` tokens)."""
+    if ip[P_CACHING] == 0:
+        return 0
+    h0 = R[i, K_H0]
+    n = R[i, K_H1] - h0
+    if n == 0:
+        return 0
+    return pool_lookup(st, hh[h0:R[i, K_H1]], n, R[i, K_PLEN] + R[i, K_NOUT], hits)
+
+
+@njit(cache=True)
+def lookup_ext(ip, R, hh, i, nhits, tk):
+    """Blocks after the ``nhits`` HBM hits whose content a lower tier holds (``tk``: the
+    replay's lower tiers' hash table, :func:`kvsim.replay.kernel.tiers.hash_slot`): vLLM's
+    KV-connector tokens (``num_external_computed_tokens``), loaded rather than computed;
+    the same ``num_tokens - 1`` cap."""
+    if ip[P_CACHING] == 0 or tk.shape[0] <= 2:
+        return 0
+    h0 = R[i, K_H0]
+    limit = min(R[i, K_H1] - h0, (R[i, K_PLEN] + R[i, K_NOUT] - 1) // ip[P_BS])
+    k = nhits
+    while k < limit:
+        h = hh[h0 + k]
+        if h == 0 or tk[hash_slot(tk, h)] != h:
+            break
+        k += 1
+    return k - nhits
+
+
+@njit(cache=True)
+def allocate_slots(ip, R, hh, i, num_new, hits, nhits, next_, full_must_fit, has_sched, st,
+                   pol, view, pout, hs, oev, oc):
+    """vLLM ``KVCacheManager.allocate_slots``: the number of new blocks (their ids are the
+    last ones of the request's table), or -1 (nothing changed).  ``nhits`` prefix-hit
+    blocks (``hits``), then ``next_`` blocks loaded from a lower tier (allocated as new
+    blocks, counted as computed: vLLM's external computed tokens)."""
+    bs = ip[P_BS]
+    maxlen = ip[P_MAXLEN]
+    total_computed = min(R[i, K_NCOMP] + (nhits + next_) * bs, maxlen)
+    status = R[i, K_STATUS]
+    watermark = 0
+    if has_sched and (status == WAITING or status == PREEMPTED):
+        watermark = ip[P_WMARK]
+    evictable = 0
+    for k in range(nhits):
+        if st.ref_cnt[hits[k]] == 0:
+            evictable += 1
+    seq = R[i, K_SEQ]
+    have = st.seq_len[seq] if seq >= 0 else 0
+    free = free_blocks(st)
+    running = R[i, K_NCACHED] >= 0
+    num_tokens = R[i, K_PLEN] + R[i, K_NOUT]
+    if full_must_fit:
+        full = min(num_tokens, maxlen)
+        if running:
+            need_full = max(_cdiv(full, bs) - have, 0)
+        else:
+            need_full = max(_cdiv(full, bs) - (nhits + have), 0) + evictable
+        if need_full + watermark > free:
+            return -1
+    need = min(total_computed + num_new, maxlen)
+    if running:
+        n_alloc = max(_cdiv(need, bs) - have, 0)
+    else:
+        n_alloc = max(_cdiv(need, bs) - (nhits + have), 0) + evictable
+    if n_alloc + watermark > free:
+        return -1
+    n_new = max(_cdiv(need, bs) - nhits - have, 0)
+    first = seq < 0
+    if first:
+        seq = seq_open(st, 0)
+        if seq < 0:
+            raise ValueError("vllm_step: no free seq slot")
+        R[i, K_SEQ] = seq
+    nh = nhits if first else 0
+    if nh > 0 or n_new > 0:
+        h0 = R[i, K_H0]
+        for k in range(nh):
+            hs[k] = hh[h0 + k]
+        for k in range(nh, nh + n_new):
+            hs[k] = 0
+        k = pool_ops.allocate(st, pol, view, seq, hs, nh + n_new,
+                              num_tokens if first else 0, 0.0, pout)
+        if k != nh:
+            raise ValueError("vllm_step: the pool disagrees with its own lookup")
+        for k in range(nh, nh + n_new):
+            if pout.evicted_hash[k] != 0:
+                _event(oev, oc, E_REMOVED, pout.evicted_hash[k], 0, 0)
+    if not running:  # first allocation: the hits are adopted
+        R[i, K_NCACHED] = nh
+    _cache_blocks(ip, R, hh, i, min(total_computed + num_new, num_tokens), st, pol, view,
+                  oev, oc)
+    return n_new
+
+
+@njit(cache=True)
+def preempt(ip, R, arr, sv, wq, heap, i, st, pol, view, opre, oc):
+    """Recompute preemption: blocks freed tail-first, re-queued at the front."""
+    release(R, i, st, pol, view)
+    R[i, K_STATUS] = PREEMPTED
+    R[i, K_NCOMP] = 0
+    R[i, K_NPRE] += 1
+    push_waiting(ip, R, arr, sv, wq, heap, i, True)
+    k = oc[O_PRE]
+    opre[k, 0] = i
+    opre[k, 1] = oc[O_SCHED]  # where in this step's scheduled list it happened
+    oc[O_PRE] = k + 1
+
+
+@njit(cache=True)
+def reset_prefix_cache(ip, R, arr, sv, run, wq, heap, reset_running, pl, opre, oev, ores,
+                       oc):
+    """vLLM ``Scheduler.reset_prefix_cache``; returns 1 when the hashes were cleared."""
+    st = pl.st
+    pol = pl.pst
+    view = pl.pview
+    pout = pl.out
+    if reset_running:
+        while sv[V_NRUN] > 0:
+            sv[V_NRUN] -= 1
+            preempt(ip, R, arr, sv, wq, heap, run[sv[V_NRUN]], st, pol, view, opre, oc)
+    ok = 0
+    if st.sc[S_N_HELD] == 0:
+        ok = pool_ops.clear_cache(st, pol, view, 0.0, pout)
+    if ok and ip[P_CACHING] != 0:
+        _event(oev, oc, E_CLEARED, 0, 0, 0)
+    ores[oc[O_RESET]] = ok
+    oc[O_RESET] += 1
+    return ok
+
+
+@njit(cache=True)
+def _victim_priority(R, arr, run, nrun):
+    """vLLM's ``max(running, key=(priority, arrival_time))``: the first maximum."""
+    best = 0
+    for k in range(1, nrun):
+        a = run[k]
+        b = run[best]
+        if R[a, K_PRIO] > R[b, K_PRIO] or (R[a, K_PRIO] == R[b, K_PRIO]
+                                          and arr[a] > arr[b]):
+            best = k
+    return best
+
+
+@njit(cache=True)
+def step(ip, R, arr, hh, sv, run, wq, heap, pl, hits, hs,
+         osched, obl, oblids, oadm, opre, ofin, oev, oc, tk):
+    """One engine step: ``schedule()`` then ``update_from_output()`` (the recorder's fake
+    runner: a request whose chunk reaches its known tokens samples one token).  Returns
+    the number of scheduled requests."""
+    st = pl.st
+    pol = pl.pst
+    view = pl.pview
+    pout = pl.out
+    schedule(ip, R, arr, hh, sv, run, wq, heap, st, pol, view, pout, hits, hs,
+             osched, obl, oblids, oadm, opre, oev, oc, tk)
+    oc[O_FREE_SCHED] = free_blocks(st)
+    update_from_output(ip, R, sv, run, st, pol, view, osched, ofin, oc)
+    oc[O_FREE] = free_blocks(st)
+    return oc[O_SCHED]
+
+
+@njit(cache=True)
+def _unschedule(R, osched, oc, i):
+    """Drop request i from this step's scheduled list (a victim scheduled earlier)."""
+    n = oc[O_SCHED]
+    j = 0
+    while j < n and osched[j, 0] != i:
+        j += 1
+    if j == n:
+        return 0
+    tok = osched[j, 1]
+    for k in range(j, n - 1):
+        osched[k, 0] = osched[k + 1, 0]
+        osched[k, 1] = osched[k + 1, 1]
+    oc[O_SCHED] = n - 1
+    R[i, K_SCHED] = 0
+    R[i, K_NEWB] = 0
+    return tok
+
+
+@njit(cache=True)
+def schedule(ip, R, arr, hh, sv, run, wq, heap, st, pol, view, pout, hits, hs,
+             osched, obl, oblids, oadm, opre, oev, oc, tk):
+    """vLLM ``Scheduler.schedule()``: the running list under one token budget, then
+    admissions (none in a step that preempted); block lists as vLLM's SchedulerOutput
+    orders them (new, resumed, then the running requests' new blocks).  ``tk``: the lower
+    tiers' hash table (:func:`lookup_ext`; a 2-entry empty one for none)."""
+    by_prio = ip[P_PRIO] != 0
+    budget = ip[P_MAXTOK]
+    maxlen = ip[P_MAXLEN]
+    pre0 = oc[O_PRE]  # preemptions of a reset before this step are not this step's
+    eligible = sv[V_NRUN] + num_waiting(ip, sv)
+    thr = ip[P_THR] if eligible > 1 else 0
+    req_index = 0
+    while req_index < sv[V_NRUN] and budget > 0:
+        i = run[req_index]
+        num_new = R[i, K_PLEN] + R[i, K_NOUT] - R[i, K_NCOMP]
+        if 0 < thr < num_new:
+            num_new = thr
+        num_new = min(num_new, budget, maxlen - R[i, K_NCOMP] - 1)
+        if num_new <= 0:
+            req_index += 1
+            continue
+        got = -1
+        while True:
+            got = allocate_slots(ip, R, hh, i, num_new, hits, 0, 0, False, True, st, pol,
+                                 view, pout, hs, oev, oc)
+            if got >= 0:
+                break
+            nrun = sv[V_NRUN]
+            if by_prio:
+                vi = _victim_priority(R, arr, run, nrun)
+                victim = run[vi]
+                for k in range(vi, nrun - 1):
+                    run[k] = run[k + 1]
+                sv[V_NRUN] = nrun - 1
+                if vi < req_index:
+                    req_index -= 1
+                budget += _unschedule(R, osched, oc, victim)
+            else:
+                victim = run[nrun - 1]
+                sv[V_NRUN] = nrun - 1
+            preempt(ip, R, arr, sv, wq, heap, victim, st, pol, view, opre, oc)
+            if victim == i:
+                break
+        if got < 0:
+            if by_prio and R[i, K_STATUS] == PREEMPTED:
+                continue
+            break
+        k = oc[O_SCHED]
+        osched[k, 0] = i
+        osched[k, 1] = num_new
+        oc[O_SCHED] = k + 1
+        R[i, K_SCHED] = num_new
+        R[i, K_NEWB] = got
+        budget -= num_new
+        req_index += 1
+    n_run_sched = oc[O_SCHED]
+    a0 = oc[O_ADM]
+    if oc[O_PRE] == pre0:
+        while budget > 0 and num_waiting(ip, sv) > 0:
+            if sv[V_NRUN] >= ip[P_MAXSEQ]:
+                break
+            i = _peek(ip, sv, wq, heap)
+            nhits = lookup(ip, R, hh, i, st, hits) if R[i, K_NCOMP] == 0 else 0
+            next_ = lookup_ext(ip, R, hh, i, nhits, tk) if R[i, K_NCOMP] == 0 else 0
+            num_hit = (nhits + next_) * ip[P_BS]
+            num_new = R[i, K_PLEN] + R[i, K_NOUT] - num_hit
+            if 0 < thr < num_new:
+                num_new = thr
+            if ip[P_CHUNKED] == 0 and num_new > budget:
+                break
+            num_new = min(num_new, budget)
+            got = allocate_slots(ip, R, hh, i, num_new, hits, nhits, next_,
+                                 ip[P_RESERVE] != 0, sv[V_NRUN] > 0, st, pol, view, pout, hs,
+                                 oev, oc)
+            if got < 0:
+                break
+            _pop_waiting(ip, R, arr, sv, wq, heap)
+            run[sv[V_NRUN]] = i
+            sv[V_NRUN] += 1
+            was_pre = R[i, K_STATUS] == PREEMPTED
+            R[i, K_STATUS] = RUNNING
+            R[i, K_NCOMP] = num_hit
+            k = oc[O_SCHED]
+            osched[k, 0] = i
+            osched[k, 1] = num_new
+            oc[O_SCHED] = k + 1
+            R[i, K_SCHED] = num_new
+            k = oc[O_ADM]
+            oadm[k, 0] = i
+            oadm[k, 1] = num_hit
+            oadm[k, 2] = 1 if was_pre else 0
+            oc[O_ADM] = k + 1
+            budget -= num_new
+    # block lists: new admissions' tables, resumed ones', then running requests' new blocks
+    for resumed in range(2):
+        for k in range(a0, oc[O_ADM]):
+            if oadm[k, 2] == resumed:
+                i = oadm[k, 0]
+                seq = R[i, K_SEQ]
+                _blocks_out(obl, oblids, oc, i, st, seq, 0, st.seq_len[seq] if seq >= 0 else 0)
+    for k in range(n_run_sched):
+        i = osched[k, 0]
+        nb = R[i, K_NEWB]
+        if nb > 0:
+            seq = R[i, K_SEQ]
+            m = st.seq_len[seq]
+            _blocks_out(obl, oblids, oc, i, st, seq, m - nb, m)
+        R[i, K_NEWB] = 0
+    for k in range(oc[O_SCHED]):  # vLLM _update_after_schedule
+        i = osched[k, 0]
+        R[i, K_NCOMP] += osched[k, 1]
+
+
+@njit(cache=True)
+def _blocks_out(obl, oblids, oc, i, st, seq, lo, hi):
+    k = oc[O_BL]
+    obl[k, 0] = i
+    obl[k, 1] = hi - lo
+    oc[O_BL] = k + 1
+    m = oc[O_BLIDS]
+    if m + hi - lo > oblids.shape[0]:
+        raise ValueError("vllm_step: block id buffer full")
+    for j in range(lo, hi):
+        oblids[m] = st.tables[seq, j]
+        m += 1
+    oc[O_BLIDS] = m
+
+
+@njit(cache=True)
+def update_from_output(ip, R, sv, run, st, pol, view, osched, ofin, oc):
+    """vLLM ``update_from_output`` with the fake runner: one token for each request whose
+    chunk reached its known tokens; finished ones free their blocks and leave running."""
+    nfin0 = oc[O_FIN]
+    for k in range(oc[O_SCHED]):
+        i = osched[k, 0]
+        R[i, K_SCHED] = 0
+        if R[i, K_STATUS] != RUNNING or R[i, K_NCOMP] < R[i, K_PLEN] + R[i, K_NOUT]:
+            continue
+        R[i, K_NOUT] += 1
+        if R[i, K_NOUT] >= R[i, K_OLEN] or R[i, K_PLEN] + R[i, K_NOUT] >= ip[P_MAXLEN]:
+            R[i, K_STATUS] = FINISHED
+            release(R, i, st, pol, view)
+            f = oc[O_FIN]
+            ofin[f] = i
+            oc[O_FIN] = f + 1
+    if oc[O_FIN] > nfin0:
+        m = 0
+        for k in range(sv[V_NRUN]):
+            i = run[k]
+            if R[i, K_STATUS] != FINISHED:
+                run[m] = i
+                m += 1
+        sv[V_NRUN] = m
+
+
+@njit(cache=True)
+def add_request(ip, R, arr, sv, wq, heap, i):
+    R[i, K_STATUS] = WAITING
+    push_waiting(ip, R, arr, sv, wq, heap, i, False)
+
+
+def new_outputs(num_requests: int, num_gpu_blocks: int, max_num_seqs: int) -> tuple:
+    """Output buffers of one step, sized for the worst step."""
+    n = max(num_requests, 1)
+    ev_cap = 2 * num_gpu_blocks + 4 * n + 64
+    return (np.zeros((n + 1, 2), np.int64), np.zeros((2 * n + 2, 2), np.int64),
+            np.zeros(2 * num_gpu_blocks + 16, np.int64), np.zeros((n + 1, 3), np.int64),
+            np.zeros((n + 1, 2), np.int64), np.zeros(n + 1, np.int64),
+            np.zeros((ev_cap, 4), np.int64), np.zeros(64, np.int64),
+            np.zeros(NUM_OC, np.int64))
