@@ -52,7 +52,8 @@ def read_mooncake(path: str | Path, *, skip_bad_rows: bool = False,
             for key in ("timestamp", "input_length", "output_length", "hash_ids"):
                 if key not in rec:
                     raise KvsimInputError("missing required field", path, loc, key)
-            t_us = as_time_us(rec["timestamp"], 1000.0, path, loc, "timestamp")
+            t_us = as_time_us(rec["timestamp"], 1000.0, path, loc, "timestamp",
+                              limits=lim)
             n_in = as_int(rec["input_length"], path, loc, "input_length", 1,
                           lim.max_prompt_tokens)
             n_out = as_int(rec["output_length"], path, loc, "output_length", 1,

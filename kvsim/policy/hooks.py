@@ -33,6 +33,7 @@ from numba import errors as numba_errors
 from numba import typeof, types
 from numba.core.types import WrapperAddressProtocol
 from numba.experimental import structref
+from numba.extending import typeof_impl
 
 from kvsim.jit.decorators import njit
 from kvsim.jit.disk_cache import FIRST_CLASS, seal, seal_all
@@ -196,6 +197,8 @@ class CompiledHook(WrapperAddressProtocol):
         self.dispatcher = dispatcher
         self.sig = signature
         self._cres = None
+        self._addr = None
+        self._type = None
 
     @property
     def cres(self):
@@ -226,10 +229,21 @@ class CompiledHook(WrapperAddressProtocol):
         return self
 
     def __wrapper_address__(self) -> int:
-        return self.cres.library.get_pointer_to_function(self.cres.fndesc.llvm_cfunc_wrapper_name)
+        # numba asks at every call of a compiled function taking this value (unboxing):
+        # looked up once (an LLVM symbol lookup, ~0.1 ms)
+        if self._addr is None:
+            cres = self.cres
+            self._addr = cres.library.get_pointer_to_function(cres.fndesc.llvm_cfunc_wrapper_name)
+        return self._addr
 
     def signature(self):
         return self.sig
+
+    def numba_type(self) -> types.FunctionType:
+        """``FunctionType(signature)``, made once (:func:`typeof_function_value`)."""
+        if self._type is None:
+            self._type = types.FunctionType(self.signature())
+        return self._type
 
     def __call__(self, *args):
         """Run the hook from Python: compiled for its signature first, so the call uses
@@ -241,6 +255,19 @@ class CompiledHook(WrapperAddressProtocol):
 
     def __repr__(self) -> str:
         return f"CompiledHook({self.dispatcher.py_func.__module__}.{self.dispatcher.__name__})"
+
+
+@typeof_impl.register(CompiledHook)
+def typeof_function_value(val, c) -> types.FunctionType:
+    """numba's type of a kvsim function value (a :class:`CompiledHook`, and
+    :class:`kvsim.replay.variants.RunValue` through its own registration): its
+    ``numba_type()``, made once.  numba's generic rule for a ``WrapperAddressProtocol``
+    builds ``FunctionType(value.signature())`` at every call of a compiled function taking
+    the value, hashing the whole signature (for ``core.run``: the core's 34-member state)
+    to intern it: ~1 ms per call of ``closed_step.advance``, a third of an 8-replica closed
+    loop's Python time (docs/benchmarks.md, "vs AISimulate").  A registration through
+    numba's extension API (``numba.extending.typeof_impl``), as structrefs register theirs."""
+    return val.numba_type()
 
 
 def is_uniform(state) -> bool:

@@ -26,6 +26,7 @@ from types import ModuleType
 import numba
 import numba.experimental.function_type  # numba's typeof of first-class function values
 from numba.core.types import WrapperAddressProtocol
+from numba.extending import typeof_impl
 
 from kvsim.jit.disk_cache import dispatcher_is_cached
 
@@ -229,9 +230,16 @@ class RunValue(WrapperAddressProtocol):
         self.arg_types = arg_types
         self.future = future
         self._hook = None
+        self._type = None
 
     def signature(self):
         return RUN_RESULT(*self.arg_types)
+
+    def numba_type(self):
+        """``FunctionType(signature)``, made once (kvsim.policy.hooks.typeof_function_value)."""
+        if self._type is None:
+            self._type = numba.types.FunctionType(self.signature())
+        return self._type
 
     def compiled(self):
         """The :class:`kvsim.policy.hooks.CompiledHook` of ``run`` (compiles or loads)."""
@@ -260,6 +268,13 @@ class RunValue(WrapperAddressProtocol):
 
     def __call__(self, *args):
         return self.compiled()(*args)
+
+
+@typeof_impl.register(RunValue)
+def _typeof_run_value(val, c):
+    """Its ``numba_type()``, made once (as :func:`kvsim.policy.hooks.typeof_function_value`):
+    ``closed_step.advance`` takes this value at every call."""
+    return val.numba_type()
 
 
 

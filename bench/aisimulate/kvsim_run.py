@@ -1,0 +1,43 @@
+"""One kvsim closed-loop run as a user types it, run by bench_vs_aisimulate.py:
+
+    python bench/aisimulate/kvsim_run.py -- simulate --request-trace ... --json
+
+Imports kvsim's command line, then runs the command in this process and prints one JSON
+line on stderr (after the command's own output): the CPU seconds of the import and of the
+command (``time.process_time``: every thread of this process; numba's cache loading and any
+compile are in the command's), its wall seconds.  The command's ``--json`` goes to stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+c0 = time.process_time()
+from kvsim.cli import app  # noqa: E402
+
+c1 = time.process_time()
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    cmd = argv[argv.index("--") + 1:]
+    sys.argv = ["kvsim", *cmd]
+    t0, p0 = time.perf_counter(), time.process_time()
+    code = 0
+    try:
+        app()
+    except SystemExit as e:  # typer exits
+        code = e.code or 0
+    sys.stdout.flush()
+    rec = {"import_cpu_s": c1 - c0, "call_cpu_s": time.process_time() - p0,
+           "call_wall_s": time.perf_counter() - t0, "exit": code}
+    print(json.dumps(rec), file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(0)  # as kvsim's console script ends (kvsim.cli.main)
+
+
+if __name__ == "__main__":
+    main()
