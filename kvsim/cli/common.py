@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import sys
 import types
@@ -131,9 +132,78 @@ def check_option_value(option: str, base: Any, raw: Any) -> None:
                 raise option_error(option, "a seed >= 0", v)
 
 
-def _guard_params(command: Any) -> None:
+#: Every option that names an output, per command: param name -> kind (a key of
+#: :data:`kvsim.core.fsutil.OUTPUT_SUFFIXES`, or ``"dir"``).  Every other path-valued
+#: option naming an existing file or folder is an input (:func:`check_command_paths`).
+#: tests/test_outputs_sacred.py fails when a command grows an output option missing here.
+OUTPUT_OPTIONS: dict[str, dict[str, str]] = {
+    "import-request-trace": {"out": "events"},
+    "generate": {"out": "events"},
+    "simulate": {"decision_log": "parquet", "requests_out": "parquet", "csv": "csv",
+                 "parquet": "parquet"},
+    "compare": {"decision_log_dir": "dir", "csv": "csv", "parquet": "parquet",
+                "html": "html"},
+    "calibrate": {"out": "toml"},
+    "sweep": {"out": "dir"},
+    "report": {"out": "html", "png": "dir"},
+}
+
+
+def check_command_paths(command: str, params: dict[str, Any],
+                        opts: dict[str, str] | None = None) -> None:
+    """Inputs are sacred, for every command in one place (run before the command's body):
+    each output option is checked (writable, named as its format) and compared with every
+    input (symlinks resolved, hard links by inode) and with the other outputs
+    (:func:`kvsim.core.fsutil.check_inputs_outputs`); a collision is one line naming both
+    options, exit 2."""
+    from pathlib import Path
+
+    from kvsim.core.fsutil import check_inputs_outputs
+
+    outputs_kind = OUTPUT_OPTIONS.get(command, {})
+    opts = opts or {}
+    outputs, inputs = [], []
+    for name, value in params.items():
+        option = opts.get(name, "--" + name.replace("_", "-"))
+        if name in outputs_kind:
+            if value is not None:
+                check_outputs((option, value, outputs_kind[name]))
+                outputs.append((option, value, outputs_kind[name] == "dir"))
+            continue
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, (str, Path)) and str(v) and len(str(v)) < 4096:
+                try:
+                    exists = os.path.exists(v)
+                except (OSError, ValueError):
+                    exists = False
+                if exists:
+                    inputs.append((option, v))
+    if outputs:
+        check_inputs_outputs(inputs, outputs)
+
+
+def _guard_paths(command: Any, name: str) -> None:
+    """Run :func:`check_command_paths` before the callback of leaf command ``name``."""
+    callback = getattr(command, "callback", None)
+    if callback is None or getattr(command, "_kvsim_paths", False):
+        return
+    opts = {p.name: (max(p.opts, key=len) if p.opts else p.name)
+            for p in getattr(command, "params", ())}
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        check_command_paths(name, kwargs, opts)
+        return callback(*args, **kwargs)
+
+    command.callback = guarded
+    command._kvsim_paths = True
+
+
+def _guard_params(command: Any, name: str = "") -> None:
     """Wrap every option's value processing of ``command`` (and its subcommands) with
-    :func:`check_option_value`."""
+    :func:`check_option_value`, and every leaf command's body with
+    :func:`check_command_paths`."""
+    if not getattr(command, "commands", None) and name:
+        _guard_paths(command, name)
     for param in getattr(command, "params", ()):
         descriptor = getattr(param, "type_descriptor", None)
         if descriptor is None or getattr(param, "_kvsim_checked", False):
@@ -151,8 +221,8 @@ def _guard_params(command: Any) -> None:
 
         param.process_value = process_value
         param._kvsim_checked = True
-    for sub in getattr(command, "commands", {}).values():
-        _guard_params(sub)
+    for sub_name, sub in getattr(command, "commands", {}).items():
+        _guard_params(sub, sub_name)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -123,6 +123,48 @@ def check_output_suffix(path: str | Path, kind: str, option: str | None = None) 
     return path
 
 
+def _identity(path: Path) -> tuple[Path, tuple[int, int] | None]:
+    """(resolved path, (st_dev, st_ino) when it exists): symlinks followed, hard links
+    and bind mounts recognised by inode."""
+    resolved = Path(os.path.realpath(path))
+    try:
+        st = os.stat(path)
+    except OSError:
+        return resolved, None
+    return resolved, (st.st_dev, st.st_ino)
+
+
+def _same(a: tuple[Path, tuple[int, int] | None],
+          b: tuple[Path, tuple[int, int] | None]) -> bool:
+    return a[0] == b[0] or (a[1] is not None and a[1] == b[1])
+
+
+def check_inputs_outputs(inputs: list[tuple[str, str | Path]],
+                         outputs: list[tuple[str, str | Path, bool]]) -> None:
+    """Inputs are sacred: refuse, before any work, an output that would overwrite an
+    input or another output.  ``inputs`` are ``(option, path)``; ``outputs`` are
+    ``(option, path, is_dir)``.  Two paths collide when they resolve to the same file
+    (symlinks followed) or name the same inode (hard links, ``st_dev`` + ``st_ino``);
+    an input inside an output folder collides with the folder (kvsim writes files by
+    name there).  Raises a one-line :class:`KvsimInputError` naming both options."""
+    ins = [(opt, Path(p), _identity(Path(p))) for opt, p in inputs
+           if p is not None and str(p) not in ("", "-")]
+    outs = [(opt, Path(p), _identity(Path(p)), is_dir) for opt, p, is_dir in outputs
+            if p is not None]
+    for i, (oopt, opath, oid, is_dir) in enumerate(outs):
+        for iopt, ipath, iid in ins:
+            same = _same(oid, iid)
+            if same or (is_dir and oid[0] in iid[0].parents):
+                how = "is the same file as" if same else "is a folder holding"
+                raise KvsimInputError(
+                    f"{oopt} {opath} {how} the input {iopt} {ipath}: an output never "
+                    "overwrites an input; write it elsewhere")
+        for popt, ppath, pid, _ in outs[:i]:
+            if _same(oid, pid):
+                raise KvsimInputError(f"expected distinct outputs: {oopt} {opath} and "
+                                      f"{popt} {ppath} are the same file")
+
+
 def claim_output_dir(out_dir: str | Path, marker: str, what: str, force: bool = False,
                      legacy: str | None = None, option: str = "--out") -> Path:
     """Make ``out_dir`` a folder owned by kvsim (``what``, e.g. "kvsim sweep folder"):
