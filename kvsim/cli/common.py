@@ -38,7 +38,7 @@ from rich.progress import (
 )
 from typer.core import TyperGroup
 
-from kvsim.core.errors import EXIT_BAD_INPUT, KvsimError, KvsimInputError
+from kvsim.core.errors import EXIT_BAD_INPUT, KvsimError, KvsimInputError, Terminated
 
 #: Exit codes of a run stopped by a signal (128 + signal number, the shell convention).
 EXIT_SIGINT = 130
@@ -230,16 +230,12 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     sys.stderr.write(f"warning: {text}\n")
 
 
-class _Terminated(BaseException):
-    """Raised in the main thread on SIGTERM so ``finally`` / ``atomic_output`` clean up."""
-
-
 def _on_sigterm(signum: int, frame: Any) -> None:
-    raise _Terminated()
+    raise Terminated()
 
 
 def install_signal_handlers() -> None:
-    """SIGTERM raises :class:`_Terminated` (cleaned up like Ctrl-C); main thread only."""
+    """SIGTERM raises :class:`kvsim.core.errors.Terminated` (cleaned up like Ctrl-C); main thread only."""
     import threading
 
     if threading.current_thread() is threading.main_thread():
@@ -289,7 +285,7 @@ class KvsimGroup(TyperGroup):
         except KeyboardInterrupt:
             sys.stderr.write("error: interrupted (Ctrl-C); partial outputs removed\n")
             sys.exit(EXIT_SIGINT)
-        except _Terminated:
+        except Terminated:
             sys.stderr.write("error: terminated (SIGTERM); partial outputs removed\n")
             sys.exit(EXIT_SIGTERM)
         finally:

@@ -145,13 +145,23 @@ POLICIES = {
                            "return order[0], 0, 0"),
     "pol_init_list": ("returns a list from init", "return [[]]", "",
                       "return order[0], 0, 0"),
+    "pol_exit3_in_victim": ("calls sys.exit(3) in victim", "return ([],)", "",
+                            "raise SystemExit(3)"),
+    "pol_base_exception": ("raises a BaseException in on_insert", "return ([],)",
+                           "raise BaseException('odd')", "return order[0], 0, 0"),
 }
+#: Module-level code appended to a corpus policy (run at import).
+AT_IMPORT = {"pol_exit0_at_import": "import sys\nsys.exit(0)\n"}
 
 
 def policies() -> None:
     for name, (doc, init, on_insert, victim) in POLICIES.items():
         write(f"{name}.py", POLICY.format(name=name, doc=doc, init=init,
                                           on_insert=on_insert or "pass", victim=victim))
+    for name, code in AT_IMPORT.items():
+        write(f"{name}.py", POLICY.format(name=name, doc="exits at import", init="return ([],)",
+                                          on_insert="pass", victim="return order[0], 0, 0")
+              + code)
 
 
 if __name__ == "__main__":
