@@ -47,10 +47,11 @@ from kvsim.analysis.sweep_cell import (
     LATENCY_QUANTILES,
     OCCUPANCY_MAX_POINTS,
     _run_cell_full,
+    cell_label,
     occupancy_series,
     run_cell,
 )
-from kvsim.core.errors import KvsimInputError, bad_value
+from kvsim.core.errors import KvsimInputError, KvsimResourceError, bad_value
 from kvsim.core.fsutil import atomic_output, claim_output_dir
 from kvsim.spec.sim_config import SimConfig
 
@@ -476,17 +477,26 @@ SWEEP_MARKER = ".kvsim-sweep"
 
 def _run_pool(trace, cells, todo, facts, jobs, finished) -> None:
     from concurrent.futures import as_completed
+    from concurrent.futures.process import BrokenProcessPool
 
     from kvsim.core.workers import process_pool
 
     _WORKER["args"] = (trace, cells, facts)
     try:
         with process_pool(min(jobs, len(todo))) as ex:  # workers die with this process
-            futures = [ex.submit(_pool_cell, i) for i in todo]
+            futures = {ex.submit(_pool_cell, i): i for i in todo}
             for fut in as_completed(futures):
-                finished(*fut.result())
+                try:
+                    result = fut.result()
+                except BrokenProcessPool:
+                    raise KvsimResourceError(
+                        f"a sweep worker died (killed: out of memory or a signal) while "
+                        f"running cell {cell_label(*cells[futures[fut]])}; the finished "
+                        "cells are kept: run the same command again to resume") from None
+                finished(*result)
     finally:
         _WORKER.clear()
+
 
 
 def _run_ray(trace, cells, todo, facts, jobs, address, finished) -> None:

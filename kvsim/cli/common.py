@@ -10,7 +10,10 @@
   integers within int64, ``--seed`` >= 0), for every command, centrally.
 - A Python warning (:class:`kvsim.core.errors.KvsimWarning`) is one ``warning:`` line on stderr.
 - SIGTERM is turned into an exception like Ctrl-C, so ``atomic_output`` removes the
-  run's temporary file before the process exits (exit 143; Ctrl-C: 130).
+  run's temporary file before the process exits; either prints ONE line (exit 130 for
+  Ctrl-C, 143 for SIGTERM), handled in :meth:`KvsimGroup.invoke` before typer's own
+  handler could swallow it.  A closed stdout pipe (``kvsim inspect ... | head -1``) exits
+  0 quietly; a full disk is one line naming the path, exit 1 (docs/cli.md, "Safety").
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import sys
 import types
 import typing
 import warnings
+from concurrent.futures.process import BrokenProcessPool
 from typing import Annotated, Any
 
 import numpy as np
@@ -49,6 +53,21 @@ INT64_MAX = 2**63 - 1
 out_console = Console(soft_wrap=True)
 #: stderr: progress, warnings, logs.
 err_console = Console(stderr=True)
+
+
+#: The one line of an interrupted run (docs/cli.md, "Safety").
+INTERRUPTED = "interrupted (Ctrl-C); partial outputs removed"
+TERMINATED = "terminated (SIGTERM); partial outputs removed"
+
+
+def quiet_stdout() -> None:
+    """After a closed pipe: point stdout at /dev/null so the exit's flush stays quiet."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real descriptor (a test runner)
+        pass
 
 
 def fail(message: str, code: int) -> None:
@@ -280,23 +299,43 @@ class KvsimGroup(TyperGroup):
             sys.stderr.write(f"error: {exc}\n".replace("\r", " "))
             sys.exit(exc.exit_code)
         except typer.Abort:
-            sys.stderr.write("error: interrupted\n")
+            sys.stderr.write(f"error: {INTERRUPTED}\n")
             sys.exit(EXIT_SIGINT)
         except KeyboardInterrupt:
-            sys.stderr.write("error: interrupted (Ctrl-C); partial outputs removed\n")
+            sys.stderr.write(f"error: {INTERRUPTED}\n")
             sys.exit(EXIT_SIGINT)
         except Terminated:
-            sys.stderr.write("error: terminated (SIGTERM); partial outputs removed\n")
+            sys.stderr.write(f"error: {TERMINATED}\n")
             sys.exit(EXIT_SIGTERM)
         finally:
             guard.__exit__(None, None, None)
         sys.exit(rv if isinstance(rv, int) else 0)
 
     def invoke(self, ctx: Any) -> Any:
+        # Interrupts, a closed pipe and a full disk are handled here, inside typer's own
+        # handler (which would turn Ctrl-C into a silent exit 130 and a closed pipe into
+        # exit 1); ``atomic_output`` has removed partial outputs by the time they arrive.
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt:
+            fail(INTERRUPTED, EXIT_SIGINT)
+        except Terminated:
+            fail(TERMINATED, EXIT_SIGTERM)
+        except BrokenPipeError:
+            quiet_stdout()  # `kvsim ... | head -1`: the reader has what it wanted
+            raise typer.Exit(0) from None
         except KvsimError as exc:
             fail(str(exc).replace("\n", " "), exc.exit_code)
+        except BrokenProcessPool:  # a worker killed (the OOM killer, a signal)
+            fail("a worker process died (killed: out of memory or a signal); run the "
+                 "command again (with fewer --jobs if memory is short)", 1)
+        except OSError as exc:
+            from kvsim.core.fsutil import is_disk_full
+
+            if not is_disk_full(exc):
+                raise
+            where = f"{exc.filename}: " if exc.filename else ""
+            fail(f"{where}disk full (No space left on device); partial outputs removed", 1)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
             fail(f"{exc.filename}: {exc.strerror}", EXIT_BAD_INPUT)
 

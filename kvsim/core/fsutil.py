@@ -4,8 +4,11 @@ Output (:func:`atomic_output`): a file is written under a temporary name
 ``.<name>.<pid>.<random>.tmp`` beside the target and renamed onto it only when complete.
 A failure, Ctrl-C or SIGTERM (the CLI turns it into an exception) removes the temporary
 file; one left by a SIGKILLed run (its pid is no longer alive) is removed by the next run
-writing the same target.  Errors about the target (a directory, a parent that is a file,
-a read-only folder) name the target, never the temporary file.
+writing the same target, and those of pool workers this process killed (Ctrl-C, SIGTERM,
+an error) are removed by :func:`remove_temporaries_of` at once.  A full disk is one line
+naming the target (:class:`~kvsim.core.errors.KvsimResourceError`, exit 1).  Errors
+about the target (a directory, a parent that is a file, a read-only folder) name the
+target, never the temporary file.
 
 Input (:func:`open_text`): UTF-8 text, a leading byte-order mark skipped (Windows tools
 write one), ``.gz`` / ``.zst`` decompressed transparently.  Undecodable bytes, a corrupt or
@@ -26,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from kvsim.core.errors import KvsimInputError
+from kvsim.core.errors import KvsimInputError, KvsimResourceError
 
 
 def _pid_alive(pid: int) -> bool:
@@ -60,6 +63,46 @@ def remove_stale_temporaries(path: str | Path) -> list[Path]:
     return removed
 
 
+#: Folders this process writes outputs into (registered by the output checks and by
+#: :func:`atomic_output`): where a killed worker's temporary files are looked for
+#: (:func:`remove_temporaries_of`).
+OUTPUT_FOLDERS: set[Path] = set()
+
+#: errno values of a full disk or an exceeded quota / file size.
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """True for an ``OSError`` of a full disk (pyarrow's carry no errno: read the text)."""
+    return isinstance(exc, OSError) and (exc.errno in DISK_FULL_ERRNOS
+                                         or "No space left on device" in str(exc))
+
+
+def remove_temporaries_of(pids: set[int] | list[int]) -> list[Path]:
+    """Remove the ``.<name>.<pid>.<random>.tmp`` files of processes ``pids`` (killed
+    workers) in every registered output folder and the folders just below it."""
+    pids = {int(p) for p in pids}
+    removed: list[Path] = []
+    pattern = re.compile(r"^\..+\.(\d+)\.[A-Za-z0-9_]+\.tmp$")
+    folders = set()
+    for folder in list(OUTPUT_FOLDERS):
+        folders.add(folder)
+        with contextlib.suppress(OSError):
+            folders.update(p for p in folder.iterdir() if p.is_dir())
+    for folder in folders:
+        try:
+            entries = list(folder.iterdir())
+        except OSError:
+            continue
+        for entry in entries:
+            m = pattern.match(entry.name)
+            if m and int(m.group(1)) in pids:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+                    removed.append(entry)
+    return removed
+
+
 def check_output_path(path: str | Path, option: str | None = None) -> Path:
     """Fail early (before any work) when ``path`` cannot be written: it is a directory,
     its parent is a regular file, or its folder is not writable.  The error names the
@@ -79,6 +122,7 @@ def check_output_path(path: str | Path, option: str | None = None) -> Path:
                 raise KvsimInputError(f"cannot write the output: folder {ancestor} is not "
                                       "writable", path, None, field)
             break
+    OUTPUT_FOLDERS.add(Path(os.path.abspath(parent)))
     return path
 
 
@@ -109,6 +153,7 @@ def check_output_dir(path: str | Path, option: str | None = None) -> Path:
                 raise KvsimInputError(f"cannot write into folder {ancestor} (not "
                                       "writable)", path, None, option)
             break
+    OUTPUT_FOLDERS.add(Path(os.path.abspath(path)))
     return path
 
 
@@ -183,6 +228,7 @@ def claim_output_dir(out_dir: str | Path, marker: str, what: str, force: bool = 
             raise KvsimInputError(f"expected an empty folder or a {what}, got a folder "
                                   f"holding {len(entries)} other entries ({shown}); give "
                                   "--force to write there anyway", out_dir, None, option)
+    OUTPUT_FOLDERS.add(Path(os.path.abspath(out_dir)))
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         if not (out_dir / marker).exists():
@@ -228,9 +274,13 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
         except OSError as exc:
             raise KvsimInputError(f"cannot write the output ({exc.strerror})", path) \
                 from None
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
+        if is_disk_full(exc):
+            raise KvsimResourceError(f"{path}: cannot write the output: disk full (No "
+                                     "space left on device); partial output removed") \
+                from None
         raise
 
 
