@@ -295,6 +295,9 @@ class CheckedText(io.TextIOBase):
         self._kind = kind  # "gzip", "zstandard" or ""
         self._lines = 0
         self._chars = 0
+        from kvsim.core.limits import get_limits
+
+        self._max_line = get_limits().max_line_chars
 
     def _fail(self, exc: BaseException) -> KvsimInputError:
         where = f"after line {self._lines}" if self._lines else "line 1"
@@ -328,7 +331,15 @@ class CheckedText(io.TextIOBase):
         return out
 
     def readline(self, size: int = -1) -> str:  # type: ignore[override]
-        return self._checked(self._raw.readline, size)
+        """One line, never more than the ``max_line_chars`` limit held in memory."""
+        cap = self._max_line if size is None or size < 0 else min(size, self._max_line)
+        line = self._checked(self._raw.readline, cap + 1)
+        if len(line) > cap and (size is None or size < 0 or size > cap):
+            raise KvsimInputError(
+                f"line longer than {self._max_line:,} characters (kvsim limit max_line_chars; "
+                "raise it with KVSIM_LIMIT_MAX_LINE_CHARS)", self._path,
+                f"line {self._lines + 1 - line.count(chr(10))}")
+        return line
 
     def read(self, size: int | None = -1) -> str:  # type: ignore[override]
         return self._checked(self._raw.read, size)
@@ -385,3 +396,35 @@ def strip_compression_suffix(path: str | Path) -> str:
         if name.endswith(suffix):
             return name[: -len(suffix)]
     return name
+
+
+@contextlib.contextmanager
+def spooled_input(path: str | Path) -> Iterator[Path]:
+    """A pipe or character device (``--requests /dev/stdin``, ``<(zcat ...)``) copied to
+    a private temporary file first, so format detection and reading each see the stream
+    from its first byte (detection would otherwise consume the start of the pipe); a
+    regular file or folder is yielded as it is.  An input error about the copy names the
+    original path."""
+    path = Path(path)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        yield path
+        return
+    import shutil
+    import stat
+
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="kvsim-spool-") as folder:
+        copy = Path(folder) / (path.name or "stdin")
+        with open(path, "rb") as src, open(copy, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        try:
+            yield copy
+        except KvsimInputError as exc:
+            if exc.path is not None and Path(exc.path) == copy:
+                raise KvsimInputError(exc.message, path, exc.location, exc.field) from None
+            raise
+

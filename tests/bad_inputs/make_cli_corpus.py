@@ -89,6 +89,12 @@ def importers() -> None:
     write("agentic_in_limit.json", json.dumps({"id": "x", "block_size": 64, "requests": [
         {"t": 0, "type": "n", "in": 64, "out": 1, "hash_ids": [1]},
         {"t": 1, "type": "n", "in": 64, "out": 50_000_000, "hash_ids": [1]}]}))
+    # a 100M-character line (the default limit is 64 Mi characters) in a ~100 KB .gz
+    write("mc_long_line.jsonl.gz", gz(jl(MC).encode() + b'{"timestamp": 0, "input_length": '
+                                      + b"1" * 100_000_000 + b"}\n"))
+    write("profile_turns0.toml", '[arrivals]\nsessions_per_s = 1.0\n\n[[classes]]\n'
+          'name = "chat"\nweight = 1.0\nturns = 0\n'.replace("[arrivals]",
+                                                              'name = "t0"\n\n[arrivals]'))
     write("agentic_t_inf.json", '{"id": "x", "requests": [{"t": 1e999, "type": "n", '
           '"in": 64, "out": 1, "hash_ids": [1]}]}')
 
