@@ -428,3 +428,18 @@ def spooled_input(path: str | Path) -> Iterator[Path]:
                 raise KvsimInputError(exc.message, path, exc.location, exc.field) from None
             raise
 
+
+def file_digest(path: str | Path, chunk_bytes: int = 1 << 22) -> str:
+    """SHA-256 (hex) of a file's bytes, read in chunks (constant memory): how kvsim
+    identifies an input by content (sweep cells, decision logs)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while True:
+            buf = fh.read(chunk_bytes)
+            if not buf:
+                break
+            h.update(buf)
+    return h.hexdigest()
+
