@@ -321,6 +321,8 @@ class KvsimGroup(TyperGroup):
             fail(INTERRUPTED, EXIT_SIGINT)
         except Terminated:
             fail(TERMINATED, EXIT_SIGTERM)
+        except EOFError as exc:  # typer would report it as Ctrl-C ("Aborted")
+            fail(f"unexpected end of a file ({exc or 'EOFError'}); no Ctrl-C was pressed", 1)
         except BrokenPipeError:
             quiet_stdout()  # `kvsim ... | head -1`: the reader has what it wanted
             raise typer.Exit(0) from None
