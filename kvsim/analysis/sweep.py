@@ -492,6 +492,27 @@ def load_results(path: str | Path) -> pd.DataFrame:
     return df
 
 
+def load_curves(path: str | Path) -> pd.DataFrame | None:
+    """A sweep's one-pass curves (``curves.parquet`` beside ``results.parquet``), or None
+    when the sweep has none.  A corrupt or incomplete file is one KvsimInputError."""
+    p = Path(path)
+    p = (p if p.is_dir() else p.parent) / "curves.parquet"
+    if not p.is_file():
+        return None
+    try:
+        df = pd.read_parquet(p)
+    except Exception as exc:  # pyarrow raises several types for a corrupt file
+        raise KvsimInputError(f"expected a Parquet curves table, could not read it "
+                              f"({type(exc).__name__}); rerun the sweep with --curves",
+                              p, None, None) from None
+    missing = [c for c in ("policy", "capacity_blocks", "hit_rate") if c not in df.columns]
+    if missing:
+        raise KvsimInputError("expected a kvsim curves table (missing columns "
+                              f"{', '.join(missing)}); rerun the sweep with --curves", p,
+                              None, missing[0])
+    return df
+
+
 def load_occupancy(path: str | Path) -> pd.DataFrame | None:
     """A sweep's occupancy table (``occupancy.parquet`` beside ``results.parquet``; ``path``
     is either file or the sweep directory), or None when the sweep has none (made by a
@@ -511,5 +532,5 @@ def load_occupancy(path: str | Path) -> pd.DataFrame | None:
 
 __all__ = ["BOUND_POLICY", "EXECUTORS", "LATENCY_QUANTILES", "OCCUPANCY_MAX_POINTS",
            "SweepResult", "SweepSpec", "cell_key", "code_fingerprint", "curve_capacities",
-           "file_sha256", "load_occupancy", "load_results", "occupancy_series",
+           "file_sha256", "load_curves", "load_occupancy", "load_results", "occupancy_series",
            "results_columns", "run_cell", "run_sweep"]

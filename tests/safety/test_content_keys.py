@@ -108,3 +108,19 @@ def test_log_diff_knows_traces_by_content(tmp_path: Path, monkeypatch) -> None:
         logs.append(str(log))
     result = CliRunner().invoke(app, ["log", "diff", *logs])
     assert_one_line_error(result, "same trace", "by content")
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "incomplete"])
+def test_report_with_a_damaged_curves_file_is_one_line(tmp_path: Path, damage: str) -> None:
+    import pandas as pd
+
+    out = tmp_path / "sw"
+    run_sweep(_spec(SAMPLE), out, jobs=1, curves=True)
+    curves = out / "curves.parquet"
+    if damage == "corrupt":
+        curves.write_bytes(curves.read_bytes()[:100])
+    else:
+        pd.read_parquet(curves).drop(columns=["hit_rate"]).to_parquet(curves)
+    result = CliRunner().invoke(app, ["report", str(out), "--out", str(tmp_path / "r.html")])
+    assert_one_line_error(result, "curves.parquet", "curves table", "--curves")
+    assert not (tmp_path / "r.html").exists()
