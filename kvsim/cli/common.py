@@ -331,6 +331,8 @@ class KvsimGroup(TyperGroup):
         except BrokenProcessPool:  # a worker killed (the OOM killer, a signal)
             fail("a worker process died (killed: out of memory or a signal); run the "
                  "command again (with fewer --jobs if memory is short)", 1)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
+            fail(f"{exc.filename}: {exc.strerror}", EXIT_BAD_INPUT)
         except OSError as exc:
             from kvsim.core.fsutil import is_disk_full
 
@@ -338,8 +340,6 @@ class KvsimGroup(TyperGroup):
                 raise
             where = f"{exc.filename}: " if exc.filename else ""
             fail(f"{where}disk full (No space left on device); partial outputs removed", 1)
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
-            fail(f"{exc.filename}: {exc.strerror}", EXIT_BAD_INPUT)
 
 
 def check_outputs(*specs: tuple[str, Any, str]) -> None:
