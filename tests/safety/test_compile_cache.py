@@ -112,3 +112,22 @@ def test_version_compiles_nothing(tmp_path: Path) -> None:
                             "from kvsim.__main__ import main; main()")
     assert result.returncode == 0 and result.stdout.startswith("kvsim "), result.stderr
     assert not list(tmp_path.rglob("*.nbi")) and not list(tmp_path.rglob("*.nbc"))
+
+
+def test_bit_flipped_replay_core_one_warning_same_result(tmp_path: Path) -> None:
+    """The issue's segfault: 20 flipped bytes in the cached replay core's largest ``.nbc``
+    (size and time kept, as bit rot leaves them).  Slow: two compiles of the core."""
+    code = ("import sys; sys.argv = ['kvsim', 'simulate', '--trace', "
+            f"{str(PKG.parent / 'traces' / 'sample_chat.parquet')!r}, '--hbm-gb', '0.06', "
+            "'--engine', 'compiled', "
+            "'--json']\nfrom kvsim.__main__ import main; main()")
+    first = _run(tmp_path, code)
+    assert first.returncode == 0, first.stderr
+    biggest = max(tmp_path.rglob("*.nbc"), key=lambda p: p.stat().st_size)
+    _flip(biggest)
+    again = _run(tmp_path, code)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == first.stdout
+    assert "Traceback" not in again.stderr
+    lines = [line for line in again.stderr.splitlines() if "numba cache" in line]
+    assert len(lines) == 1 and "damaged" in lines[0] and biggest.name in lines[0], again.stderr
