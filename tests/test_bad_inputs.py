@@ -131,14 +131,40 @@ def _setup(kind: str | None, tmp: Path) -> None:
         assert kind is None, kind
 
 
-def _tree(tmp: Path) -> set[str]:
-    return {str(p.relative_to(tmp)) for p in tmp.rglob("*")}
+def _files(spec: dict, tmp: Path) -> None:
+    """``files = ["copy SRC NAME", "symlink TARGET NAME", "hardlink TARGET NAME",
+    "mkdir NAME", "write NAME TEXT"]``: inputs placed in {tmp} before the run (a case that
+    must not destroy them: every file's bytes are compared after the run)."""
+    import shutil
+
+    for entry in spec.get("files", ()):
+        verb, *rest = entry.format(cli=CLI_CORPUS, tmp=tmp, traces=TRACES).split(" ", 2)
+        if verb == "copy":
+            (tmp / rest[1]).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(rest[0], tmp / rest[1])
+        elif verb == "symlink":
+            (tmp / rest[1]).symlink_to(tmp / rest[0])
+        elif verb == "hardlink":
+            os.link(tmp / rest[0], tmp / rest[1])
+        elif verb == "mkdir":
+            (tmp / rest[0]).mkdir(parents=True, exist_ok=True)
+        elif verb == "write":
+            (tmp / rest[0]).write_text(rest[1].replace("\\n", "\n"))
+        else:
+            raise AssertionError(entry)
+
+
+def _tree(tmp: Path) -> dict[str, bytes | None]:
+    """Every entry under ``tmp`` with its bytes (None for a folder or a link)."""
+    return {str(p.relative_to(tmp)): (p.read_bytes() if p.is_file() and not p.is_symlink()
+                                      else None) for p in tmp.rglob("*")}
 
 
 @pytest.mark.parametrize("case", sorted(CLI_CASES))
 def test_cli_case(case: str, tmp_path: Path) -> None:
     spec = CLI_CASES[case]
     _setup(spec.get("setup"), tmp_path)
+    _files(spec, tmp_path)
     before = _tree(tmp_path)
     args = [a.format(cli=CLI_CORPUS, tmp=tmp_path, traces=TRACES) for a in spec["args"]]
     env_before = {k: v for k, v in os.environ.items() if k.startswith("KVSIM_LIMIT_")}
@@ -158,4 +184,6 @@ def test_cli_case(case: str, tmp_path: Path) -> None:
         return
     assert result.stdout == "", result.stdout
     assert_one_line_error(result, *spec["expect"])
-    assert _tree(tmp_path) == before, "the failed command left files behind"
+    after = _tree(tmp_path)
+    assert set(after) == set(before), "the failed command left files behind"
+    assert after == before, "the failed command changed an input"

@@ -411,17 +411,14 @@ def build_report(results: str | Path, out_html: str | Path,
     KvsimInputError when ``results`` is not a sweep directory or results table, or the
     asked occupancy cell is not in it.
     """
-    from kvsim.analysis.sweep import load_occupancy, load_results
+    from kvsim.analysis.sweep import load_curves, load_occupancy, load_results
 
     table = load_results(results)
     if not len(table):
         raise KvsimInputError("expected at least one cell in the results table", results,
                               None, None)
     rp = Path(results)
-    curves = None
-    cpath = (rp if rp.is_dir() else rp.parent) / "curves.parquet"
-    if cpath.is_file():
-        curves = pd.read_parquet(cpath)
+    curves = load_curves(rp)  # a corrupt or incomplete file: one line
     occupancy = load_occupancy(rp)
     hbm, dram = occupancy_cell(table, occupancy_hbm_gb, occupancy_dram_gb, results)
     plt = _plt()

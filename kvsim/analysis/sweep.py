@@ -32,7 +32,6 @@ No wall-clock time reaches any file.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -47,10 +46,20 @@ from kvsim.analysis.sweep_cell import (
     LATENCY_QUANTILES,
     OCCUPANCY_MAX_POINTS,
     _run_cell_full,
+    cell_label,
     occupancy_series,
     run_cell,
 )
-from kvsim.core.errors import KvsimInputError, bad_value
+from kvsim.analysis.sweep_keys import (
+    ROW_FORMAT,
+    SWEEP_MARKER,
+    _config_identity,
+    cell_key,
+    code_fingerprint,
+    file_sha256,
+    own_trace,
+)
+from kvsim.core.errors import KvsimInputError, KvsimResourceError, bad_value
 from kvsim.core.fsutil import atomic_output, claim_output_dir
 from kvsim.spec.sim_config import SimConfig
 
@@ -61,17 +70,8 @@ BOUND_POLICY = "belady"
 #: mode it is exact, in engine mode a bound on the trace's fixed schedule).
 OPTIMAL_POLICY = "optimal"
 EXECUTORS = ("local", "ray")
-#: Bumped when the row format changes (part of every cell key).  2: cells carry an
-#: occupancy series (``cells/<key>.occupancy.parquet``).
-ROW_FORMAT = 2
 
 
-#: Sources a cell's result depends on (relative to the repository / package roots).
-_FINGERPRINT_GLOBS = ("replay/*.py", "replay/kernel/*.py", "modes/*.py", "modes/*/*.py",
-                      "bounds/*.py", "cachesim/*.py", "engine/*.py", "memory/*.py",
-                      "policy/*.py", "jit/*.py", "events/*.py", "core/schema.py",
-                      "spec/*.py", "spec/models/*.py", "spec/models/*.toml",
-                      "analysis/sweep.py", "analysis/sweep_cell.py")
 
 
 # ----------------------------------------------------------------------------------------
@@ -127,59 +127,6 @@ class SweepSpec:
                 for pol in self.run_policies():
                     out.append((pol, cfg))
         return out
-
-
-def file_sha256(path: str | Path, chunk_bytes: int = 1 << 22) -> str:
-    """SHA-256 of a file's bytes, read in chunks (constant memory)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while True:
-            buf = fh.read(chunk_bytes)
-            if not buf:
-                break
-            h.update(buf)
-    return h.hexdigest()
-
-
-def code_fingerprint() -> str:
-    """SHA-256 over the sources a replay result depends on (paths and bytes, sorted), the
-    built-in policies, the hardware profiles and the kvsim version."""
-    import kvsim
-    import kvsim.policies as builtin_policies
-    import kvsim.profiles as profiles
-
-    h = hashlib.sha256(f"kvsim {__version__} row {ROW_FORMAT}".encode())
-    roots = [(Path(kvsim.__file__).parent, _FINGERPRINT_GLOBS),
-             (Path(builtin_policies.__file__).parent, ("*.py",)),
-             (Path(profiles.__file__).parent, ("hardware/*.toml",))]
-    for root, globs in roots:
-        files = sorted({p for g in globs for p in root.glob(g) if p.is_file()})
-        for p in files:
-            h.update(str(p.relative_to(root.parent)).encode() + b"\0")
-            h.update(p.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
-def _policy_identity(policy: str) -> str:
-    """A name, or a user policy file's name plus the hash of its bytes."""
-    if policy.endswith(".py"):
-        return f"file:{Path(policy).name}:{file_sha256(policy)}"
-    return policy
-
-
-def _config_identity(config: SimConfig) -> dict:
-    d = config.to_dict()
-    for k in ("batch_rows", "log_lifecycle", "log_candidates"):  # cannot change a summary
-        d.pop(k, None)
-    return d
-
-
-def cell_key(trace_sha256: str, policy: str, config: SimConfig, fingerprint: str) -> str:
-    """Content key of a cell (hex SHA-256)."""
-    payload = json.dumps({"trace": trace_sha256, "policy": _policy_identity(policy),
-                          "config": _config_identity(config), "code": fingerprint},
-                         sort_keys=True, default=str)
-    return hashlib.sha256(payload.encode()).hexdigest()
 
 
 _WORKER: dict = {}
@@ -406,6 +353,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, jobs: int | None = None,
     out_dir = Path(out_dir)
     claim_output_dir(out_dir, SWEEP_MARKER, "kvsim sweep folder", force, legacy="cells")
     trace_sha = file_sha256(trace)
+    own_trace(out_dir, trace, trace_sha, force)
     fingerprint = code_fingerprint()
     cells = spec.cells()
     keys = [cell_key(trace_sha, p, c, fingerprint) for p, c in cells]
@@ -457,6 +405,8 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, jobs: int | None = None,
     with atomic_output(occupancy_path) as tmp:
         _occupancy_table(cells, keys, series).to_parquet(tmp, index=False)
     curves_path = None
+    if not curves:  # never leave curves of an earlier run for `report` to draw
+        (out_dir / "curves.parquet").unlink(missing_ok=True)
     if curves:
         from kvsim.cachesim.curves import block_stream, hit_curve
 
@@ -470,23 +420,28 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, jobs: int | None = None,
                        total, len(todo), total - len(todo), occupancy_path)
 
 
-#: The file that marks a folder as a kvsim sweep folder (written by the first run).
-SWEEP_MARKER = ".kvsim-sweep"
-
-
 def _run_pool(trace, cells, todo, facts, jobs, finished) -> None:
     from concurrent.futures import as_completed
+    from concurrent.futures.process import BrokenProcessPool
 
     from kvsim.core.workers import process_pool
 
     _WORKER["args"] = (trace, cells, facts)
     try:
         with process_pool(min(jobs, len(todo))) as ex:  # workers die with this process
-            futures = [ex.submit(_pool_cell, i) for i in todo]
+            futures = {ex.submit(_pool_cell, i): i for i in todo}
             for fut in as_completed(futures):
-                finished(*fut.result())
+                try:
+                    result = fut.result()
+                except BrokenProcessPool:
+                    raise KvsimResourceError(
+                        f"a sweep worker died (killed: out of memory or a signal) while "
+                        f"running cell {cell_label(*cells[futures[fut]])}; the finished "
+                        "cells are kept: run the same command again to resume") from None
+                finished(*result)
     finally:
         _WORKER.clear()
+
 
 
 def _run_ray(trace, cells, todo, facts, jobs, address, finished) -> None:
@@ -537,6 +492,27 @@ def load_results(path: str | Path) -> pd.DataFrame:
     return df
 
 
+def load_curves(path: str | Path) -> pd.DataFrame | None:
+    """A sweep's one-pass curves (``curves.parquet`` beside ``results.parquet``), or None
+    when the sweep has none.  A corrupt or incomplete file is one KvsimInputError."""
+    p = Path(path)
+    p = (p if p.is_dir() else p.parent) / "curves.parquet"
+    if not p.is_file():
+        return None
+    try:
+        df = pd.read_parquet(p)
+    except Exception as exc:  # pyarrow raises several types for a corrupt file
+        raise KvsimInputError(f"expected a Parquet curves table, could not read it "
+                              f"({type(exc).__name__}); rerun the sweep with --curves",
+                              p, None, None) from None
+    missing = [c for c in ("policy", "capacity_blocks", "hit_rate") if c not in df.columns]
+    if missing:
+        raise KvsimInputError("expected a kvsim curves table (missing columns "
+                              f"{', '.join(missing)}); rerun the sweep with --curves", p,
+                              None, missing[0])
+    return df
+
+
 def load_occupancy(path: str | Path) -> pd.DataFrame | None:
     """A sweep's occupancy table (``occupancy.parquet`` beside ``results.parquet``; ``path``
     is either file or the sweep directory), or None when the sweep has none (made by a
@@ -556,5 +532,5 @@ def load_occupancy(path: str | Path) -> pd.DataFrame | None:
 
 __all__ = ["BOUND_POLICY", "EXECUTORS", "LATENCY_QUANTILES", "OCCUPANCY_MAX_POINTS",
            "SweepResult", "SweepSpec", "cell_key", "code_fingerprint", "curve_capacities",
-           "file_sha256", "load_occupancy", "load_results", "occupancy_series",
+           "file_sha256", "load_curves", "load_occupancy", "load_results", "occupancy_series",
            "results_columns", "run_cell", "run_sweep"]

@@ -91,3 +91,9 @@ def _run_cell_full(trace: str, policy: str, config: SimConfig, facts=None
 def run_cell(trace: str, policy: str, config: SimConfig, facts=None) -> dict:
     """Replay one cell; returns its row (summary + quantiles; no key or coordinates)."""
     return _run_cell_full(trace, policy, config, facts)[0]
+
+
+def cell_label(policy: str, config) -> str:
+    """A sweep cell as a user names it: ``policy lru, HBM 1 GB, DRAM 4 GB``."""
+    dram = "" if config.dram_gb is None else f", DRAM {config.dram_gb:g} GB"
+    return f"policy {policy}, HBM {config.hbm_gb:g} GB{dram}"

@@ -72,11 +72,20 @@ def main() -> None:
     that freeing of numba's and LLVM's code libraries took ~0.7 s of the README job's wall
     time, spent after the output was written (docs/benchmarks.md, "Cold compile").  An
     uncaught exception (a bug) still ends the ordinary way, traceback and all."""
+    from kvsim.cli.common import INTERRUPTED, TERMINATED
+    from kvsim.core.errors import Terminated
+
     try:
         app()
         code = 0
     except SystemExit as exc:
         code = exc.code
+    except KeyboardInterrupt:  # before the command ran (typer building it): one line
+        sys.stderr.write(f"error: {INTERRUPTED}\n")
+        code = 130
+    except Terminated:
+        sys.stderr.write(f"error: {TERMINATED}\n")
+        code = 143
     if code is not None and not isinstance(code, int):
         print(code, file=sys.stderr)  # what the interpreter does with sys.exit("message")
         code = 1

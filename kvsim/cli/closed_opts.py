@@ -178,7 +178,10 @@ def parse_replicas(value: str | int) -> int | str:
     text = str(value).strip().lower()
     if text == "auto":
         return "auto"
-    if text.isdigit() and int(text) >= 1:
+    if text.isascii() and text.isdigit() and int(text) >= 1:
+        from kvsim.core.limits import check_replicas_memory
+
+        check_replicas_memory(int(text))  # before any replica is allocated
         return int(text)
     raise KvsimInputError(f"expected a positive integer or auto, got {value!r}", None, None,
                           "--replicas")

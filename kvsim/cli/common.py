@@ -10,18 +10,23 @@
   integers within int64, ``--seed`` >= 0), for every command, centrally.
 - A Python warning (:class:`kvsim.core.errors.KvsimWarning`) is one ``warning:`` line on stderr.
 - SIGTERM is turned into an exception like Ctrl-C, so ``atomic_output`` removes the
-  run's temporary file before the process exits (exit 143; Ctrl-C: 130).
+  run's temporary file before the process exits; either prints ONE line (exit 130 for
+  Ctrl-C, 143 for SIGTERM), handled in :meth:`KvsimGroup.invoke` before typer's own
+  handler could swallow it.  A closed stdout pipe (``kvsim inspect ... | head -1``) exits
+  0 quietly; a full disk is one line naming the path, exit 1 (docs/cli.md, "Safety").
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import sys
 import types
 import typing
 import warnings
+from concurrent.futures.process import BrokenProcessPool
 from typing import Annotated, Any
 
 import numpy as np
@@ -37,7 +42,7 @@ from rich.progress import (
 )
 from typer.core import TyperGroup
 
-from kvsim.core.errors import EXIT_BAD_INPUT, KvsimError, KvsimInputError
+from kvsim.core.errors import EXIT_BAD_INPUT, KvsimError, KvsimInputError, Terminated
 
 #: Exit codes of a run stopped by a signal (128 + signal number, the shell convention).
 EXIT_SIGINT = 130
@@ -48,6 +53,21 @@ INT64_MAX = 2**63 - 1
 out_console = Console(soft_wrap=True)
 #: stderr: progress, warnings, logs.
 err_console = Console(stderr=True)
+
+
+#: The one line of an interrupted run (docs/cli.md, "Safety").
+INTERRUPTED = "interrupted (Ctrl-C); partial outputs removed"
+TERMINATED = "terminated (SIGTERM); partial outputs removed"
+
+
+def quiet_stdout() -> None:
+    """After a closed pipe: point stdout at /dev/null so the exit's flush stays quiet."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real descriptor (a test runner)
+        pass
 
 
 def fail(message: str, code: int) -> None:
@@ -131,9 +151,78 @@ def check_option_value(option: str, base: Any, raw: Any) -> None:
                 raise option_error(option, "a seed >= 0", v)
 
 
-def _guard_params(command: Any) -> None:
+#: Every option that names an output, per command: param name -> kind (a key of
+#: :data:`kvsim.core.fsutil.OUTPUT_SUFFIXES`, or ``"dir"``).  Every other path-valued
+#: option naming an existing file or folder is an input (:func:`check_command_paths`).
+#: tests/test_outputs_sacred.py fails when a command grows an output option missing here.
+OUTPUT_OPTIONS: dict[str, dict[str, str]] = {
+    "import-request-trace": {"out": "events"},
+    "generate": {"out": "events"},
+    "simulate": {"decision_log": "parquet", "requests_out": "parquet", "csv": "csv",
+                 "parquet": "parquet"},
+    "compare": {"decision_log_dir": "dir", "csv": "csv", "parquet": "parquet",
+                "html": "html"},
+    "calibrate": {"out": "toml"},
+    "sweep": {"out": "dir"},
+    "report": {"out": "html", "png": "dir"},
+}
+
+
+def check_command_paths(command: str, params: dict[str, Any],
+                        opts: dict[str, str] | None = None) -> None:
+    """Inputs are sacred, for every command in one place (run before the command's body):
+    each output option is checked (writable, named as its format) and compared with every
+    input (symlinks resolved, hard links by inode) and with the other outputs
+    (:func:`kvsim.core.fsutil.check_inputs_outputs`); a collision is one line naming both
+    options, exit 2."""
+    from pathlib import Path
+
+    from kvsim.core.fsutil import check_inputs_outputs
+
+    outputs_kind = OUTPUT_OPTIONS.get(command, {})
+    opts = opts or {}
+    outputs, inputs = [], []
+    for name, value in params.items():
+        option = opts.get(name, "--" + name.replace("_", "-"))
+        if name in outputs_kind:
+            if value is not None:
+                check_outputs((option, value, outputs_kind[name]))
+                outputs.append((option, value, outputs_kind[name] == "dir"))
+            continue
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, (str, Path)) and str(v) and len(str(v)) < 4096:
+                try:
+                    exists = os.path.exists(v)
+                except (OSError, ValueError):
+                    exists = False
+                if exists:
+                    inputs.append((option, v))
+    if outputs:
+        check_inputs_outputs(inputs, outputs)
+
+
+def _guard_paths(command: Any, name: str) -> None:
+    """Run :func:`check_command_paths` before the callback of leaf command ``name``."""
+    callback = getattr(command, "callback", None)
+    if callback is None or getattr(command, "_kvsim_paths", False):
+        return
+    opts = {p.name: (max(p.opts, key=len) if p.opts else p.name)
+            for p in getattr(command, "params", ())}
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        check_command_paths(name, kwargs, opts)
+        return callback(*args, **kwargs)
+
+    command.callback = guarded
+    command._kvsim_paths = True
+
+
+def _guard_params(command: Any, name: str = "") -> None:
     """Wrap every option's value processing of ``command`` (and its subcommands) with
-    :func:`check_option_value`."""
+    :func:`check_option_value`, and every leaf command's body with
+    :func:`check_command_paths`."""
+    if not getattr(command, "commands", None) and name:
+        _guard_paths(command, name)
     for param in getattr(command, "params", ()):
         descriptor = getattr(param, "type_descriptor", None)
         if descriptor is None or getattr(param, "_kvsim_checked", False):
@@ -151,8 +240,8 @@ def _guard_params(command: Any) -> None:
 
         param.process_value = process_value
         param._kvsim_checked = True
-    for sub in getattr(command, "commands", {}).values():
-        _guard_params(sub)
+    for sub_name, sub in getattr(command, "commands", {}).items():
+        _guard_params(sub, sub_name)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
@@ -160,16 +249,12 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     sys.stderr.write(f"warning: {text}\n")
 
 
-class _Terminated(BaseException):
-    """Raised in the main thread on SIGTERM so ``finally`` / ``atomic_output`` clean up."""
-
-
 def _on_sigterm(signum: int, frame: Any) -> None:
-    raise _Terminated()
+    raise Terminated()
 
 
 def install_signal_handlers() -> None:
-    """SIGTERM raises :class:`_Terminated` (cleaned up like Ctrl-C); main thread only."""
+    """SIGTERM raises :class:`kvsim.core.errors.Terminated` (cleaned up like Ctrl-C); main thread only."""
     import threading
 
     if threading.current_thread() is threading.main_thread():
@@ -214,25 +299,47 @@ class KvsimGroup(TyperGroup):
             sys.stderr.write(f"error: {exc}\n".replace("\r", " "))
             sys.exit(exc.exit_code)
         except typer.Abort:
-            sys.stderr.write("error: interrupted\n")
+            sys.stderr.write(f"error: {INTERRUPTED}\n")
             sys.exit(EXIT_SIGINT)
         except KeyboardInterrupt:
-            sys.stderr.write("error: interrupted (Ctrl-C); partial outputs removed\n")
+            sys.stderr.write(f"error: {INTERRUPTED}\n")
             sys.exit(EXIT_SIGINT)
-        except _Terminated:
-            sys.stderr.write("error: terminated (SIGTERM); partial outputs removed\n")
+        except Terminated:
+            sys.stderr.write(f"error: {TERMINATED}\n")
             sys.exit(EXIT_SIGTERM)
         finally:
             guard.__exit__(None, None, None)
         sys.exit(rv if isinstance(rv, int) else 0)
 
     def invoke(self, ctx: Any) -> Any:
+        # Interrupts, a closed pipe and a full disk are handled here, inside typer's own
+        # handler (which would turn Ctrl-C into a silent exit 130 and a closed pipe into
+        # exit 1); ``atomic_output`` has removed partial outputs by the time they arrive.
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt:
+            fail(INTERRUPTED, EXIT_SIGINT)
+        except Terminated:
+            fail(TERMINATED, EXIT_SIGTERM)
+        except EOFError as exc:  # typer would report it as Ctrl-C ("Aborted")
+            fail(f"unexpected end of a file ({exc or 'EOFError'}); no Ctrl-C was pressed", 1)
+        except BrokenPipeError:
+            quiet_stdout()  # `kvsim ... | head -1`: the reader has what it wanted
+            raise typer.Exit(0) from None
         except KvsimError as exc:
             fail(str(exc).replace("\n", " "), exc.exit_code)
+        except BrokenProcessPool:  # a worker killed (the OOM killer, a signal)
+            fail("a worker process died (killed: out of memory or a signal); run the "
+                 "command again (with fewer --jobs if memory is short)", 1)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
             fail(f"{exc.filename}: {exc.strerror}", EXIT_BAD_INPUT)
+        except OSError as exc:
+            from kvsim.core.fsutil import is_disk_full
+
+            if not is_disk_full(exc):
+                raise
+            where = f"{exc.filename}: " if exc.filename else ""
+            fail(f"{where}disk full (No space left on device); partial outputs removed", 1)
 
 
 def check_outputs(*specs: tuple[str, Any, str]) -> None:

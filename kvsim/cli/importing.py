@@ -195,7 +195,27 @@ def import_request_trace_command(
     from kvsim.core.limits import set_limit_overrides
 
     set_limit_overrides(limit)
-    summary = run_with_progress(
+    from kvsim.core.fsutil import spooled_input
+
+    with spooled_input(requests) as source:  # a pipe: read once, from its first byte
+        summary = _run_import(source, out, format, json_, strict, map_, skip_bad_rows, model,
+                              hardware, block_size, max_num_seqs, max_num_batched_tokens,
+                              arrival_rate, concurrency, seed, trace_block_size,
+                              kvmi_step_us, num_gpu_blocks, gpu_memory_utilization, timing,
+                              extra=dict(output_tokens=output_tokens,
+                                         submission_rate=submission_rate,
+                                         salt_by_tenant=salt_by_tenant))
+    if json_:
+        emit_json(summary)
+    else:
+        render_summary(summary)
+
+
+def _run_import(requests, out, format, json_, strict, map_, skip_bad_rows, model, hardware,
+                block_size, max_num_seqs, max_num_batched_tokens, arrival_rate, concurrency,
+                seed, trace_block_size, kvmi_step_us, num_gpu_blocks, gpu_memory_utilization,
+                timing, extra):
+    return run_with_progress(
         "importing", import_request_trace, quiet=quiet_progress(json_), strict=strict,
         path=requests, out_path=out, format=format,
         mapping=map_, skip_bad_rows=skip_bad_rows, model=model, hardware=hardware,
@@ -204,9 +224,5 @@ def import_request_trace_command(
         concurrency=concurrency, seed=seed, trace_block_tokens=trace_block_size,
         kvmi_step_us=kvmi_step_us, num_gpu_blocks=num_gpu_blocks,
         gpu_memory_utilization=gpu_memory_utilization, timing=timing,
-        output_tokens=output_tokens, submission_rate=submission_rate,
-        salt_by_tenant=salt_by_tenant)
-    if json_:
-        emit_json(summary)
-    else:
-        render_summary(summary)
+        output_tokens=extra["output_tokens"], submission_rate=extra["submission_rate"],
+        salt_by_tenant=extra["salt_by_tenant"])

@@ -40,6 +40,9 @@ def size_table(table, opts, config, replicas, sched, drop: bool, warnings: list,
                                 opts.max_num_batched_tokens)
     if replicas == "auto":
         replicas = load.replicas if sched == "closed" else 1
+        from kvsim.core.limits import check_replicas_memory
+
+        check_replicas_memory(replicas, "--replicas auto")
         err_console.print(f"--replicas auto: {replicas} (one replica would be "
                           f"{100 * load.utilisation:.0f}% busy even with a perfect prefix "
                           f"cache; target {100 * sizing.TARGET_UTILISATION:.0f}%)")
@@ -67,8 +70,17 @@ def run_warnings(df, trace, span_us) -> list[dict]:
                 budget = (reader.header.source or {}).get("engine", {}).get("num_gpu_blocks")
         except Exception:  # noqa: BLE001 - the header was read once already; best effort
             budget = None
-    return result_warnings(df.to_dict(orient="records"), span_us=span_us,
-                           schedule_budget_blocks=budget)
+    rows = df.to_dict(orient="records")
+    online = [r for r in rows if not bool(r.get("offline"))]
+    if online and all(int(r.get("requests") or 0) == 0 and int(r.get("dropped_requests") or 0)
+                      for r in online):  # nothing served: refuse, never "0 requests", exit 0
+        r = online[0]
+        raise KvsimInputError(
+            f"expected an HBM pool that holds at least one request: all "
+            f"{int(r['dropped_requests']):,} requests were dropped (their prompt never fits "
+            f"the {int(r.get('hbm_capacity_blocks') or 0):,}-block pool); raise --hbm-gb / "
+            "--hbm-blocks or lower --block-size", None, None, "--hbm-gb")
+    return result_warnings(rows, span_us=span_us, schedule_budget_blocks=budget)
 
 
 def print_warnings(warnings: list[dict]) -> None:

@@ -67,3 +67,20 @@ class KvsimWarning(UserWarning):
 def bad_option(option: str, expected: str, got) -> KvsimInputError:
     """A bad option value: ``error: field '--opt': expected X, got Y`` (exit 2)."""
     return KvsimInputError(f"expected {expected}, got {got!r}", None, None, option)
+
+
+class Terminated(BaseException):
+    """Raised in the main thread on SIGTERM (kvsim.cli.common installs the handler) so that
+    ``finally`` blocks and ``atomic_output`` clean up, exactly as for Ctrl-C."""
+
+
+class KvsimResourceError(KvsimError):
+    """The machine refused a resource (disk full, a killed worker): one line naming the
+    path or the cell, exit 1; partial outputs are removed."""
+
+    exit_code = EXIT_FAILURE
+
+
+#: What a user's code (a policy file) may never swallow or turn into its own exit:
+#: interrupts pass through, everything else it raises becomes a one-line policy error.
+INTERRUPTS = (KeyboardInterrupt, Terminated)

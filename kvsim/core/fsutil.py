@@ -4,8 +4,11 @@ Output (:func:`atomic_output`): a file is written under a temporary name
 ``.<name>.<pid>.<random>.tmp`` beside the target and renamed onto it only when complete.
 A failure, Ctrl-C or SIGTERM (the CLI turns it into an exception) removes the temporary
 file; one left by a SIGKILLed run (its pid is no longer alive) is removed by the next run
-writing the same target.  Errors about the target (a directory, a parent that is a file,
-a read-only folder) name the target, never the temporary file.
+writing the same target, and those of pool workers this process killed (Ctrl-C, SIGTERM,
+an error) are removed by :func:`remove_temporaries_of` at once.  A full disk is one line
+naming the target (:class:`~kvsim.core.errors.KvsimResourceError`, exit 1).  Errors
+about the target (a directory, a parent that is a file, a read-only folder) name the
+target, never the temporary file.
 
 Input (:func:`open_text`): UTF-8 text, a leading byte-order mark skipped (Windows tools
 write one), ``.gz`` / ``.zst`` decompressed transparently.  Undecodable bytes, a corrupt or
@@ -26,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from kvsim.core.errors import KvsimInputError
+from kvsim.core.errors import KvsimInputError, KvsimResourceError
 
 
 def _pid_alive(pid: int) -> bool:
@@ -60,6 +63,46 @@ def remove_stale_temporaries(path: str | Path) -> list[Path]:
     return removed
 
 
+#: Folders this process writes outputs into (registered by the output checks and by
+#: :func:`atomic_output`): where a killed worker's temporary files are looked for
+#: (:func:`remove_temporaries_of`).
+OUTPUT_FOLDERS: set[Path] = set()
+
+#: errno values of a full disk or an exceeded quota / file size.
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """True for an ``OSError`` of a full disk (pyarrow's carry no errno: read the text)."""
+    return isinstance(exc, OSError) and (exc.errno in DISK_FULL_ERRNOS
+                                         or "No space left on device" in str(exc))
+
+
+def remove_temporaries_of(pids: set[int] | list[int]) -> list[Path]:
+    """Remove the ``.<name>.<pid>.<random>.tmp`` files of processes ``pids`` (killed
+    workers) in every registered output folder and the folders just below it."""
+    pids = {int(p) for p in pids}
+    removed: list[Path] = []
+    pattern = re.compile(r"^\..+\.(\d+)\.[A-Za-z0-9_]+\.tmp$")
+    folders = set()
+    for folder in list(OUTPUT_FOLDERS):
+        folders.add(folder)
+        with contextlib.suppress(OSError):
+            folders.update(p for p in folder.iterdir() if p.is_dir())
+    for folder in folders:
+        try:
+            entries = list(folder.iterdir())
+        except OSError:
+            continue
+        for entry in entries:
+            m = pattern.match(entry.name)
+            if m and int(m.group(1)) in pids:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+                    removed.append(entry)
+    return removed
+
+
 def check_output_path(path: str | Path, option: str | None = None) -> Path:
     """Fail early (before any work) when ``path`` cannot be written: it is a directory,
     its parent is a regular file, or its folder is not writable.  The error names the
@@ -79,6 +122,7 @@ def check_output_path(path: str | Path, option: str | None = None) -> Path:
                 raise KvsimInputError(f"cannot write the output: folder {ancestor} is not "
                                       "writable", path, None, field)
             break
+    OUTPUT_FOLDERS.add(Path(os.path.abspath(parent)))
     return path
 
 
@@ -109,6 +153,7 @@ def check_output_dir(path: str | Path, option: str | None = None) -> Path:
                 raise KvsimInputError(f"cannot write into folder {ancestor} (not "
                                       "writable)", path, None, option)
             break
+    OUTPUT_FOLDERS.add(Path(os.path.abspath(path)))
     return path
 
 
@@ -121,6 +166,48 @@ def check_output_suffix(path: str | Path, kind: str, option: str | None = None) 
         raise KvsimInputError(f"expected a name ending in {' or '.join(allowed)} (the format "
                               f"written), got {path.name!r}", path, None, option)
     return path
+
+
+def _identity(path: Path) -> tuple[Path, tuple[int, int] | None]:
+    """(resolved path, (st_dev, st_ino) when it exists): symlinks followed, hard links
+    and bind mounts recognised by inode."""
+    resolved = Path(os.path.realpath(path))
+    try:
+        st = os.stat(path)
+    except OSError:
+        return resolved, None
+    return resolved, (st.st_dev, st.st_ino)
+
+
+def _same(a: tuple[Path, tuple[int, int] | None],
+          b: tuple[Path, tuple[int, int] | None]) -> bool:
+    return a[0] == b[0] or (a[1] is not None and a[1] == b[1])
+
+
+def check_inputs_outputs(inputs: list[tuple[str, str | Path]],
+                         outputs: list[tuple[str, str | Path, bool]]) -> None:
+    """Inputs are sacred: refuse, before any work, an output that would overwrite an
+    input or another output.  ``inputs`` are ``(option, path)``; ``outputs`` are
+    ``(option, path, is_dir)``.  Two paths collide when they resolve to the same file
+    (symlinks followed) or name the same inode (hard links, ``st_dev`` + ``st_ino``);
+    an input inside an output folder collides with the folder (kvsim writes files by
+    name there).  Raises a one-line :class:`KvsimInputError` naming both options."""
+    ins = [(opt, Path(p), _identity(Path(p))) for opt, p in inputs
+           if p is not None and str(p) not in ("", "-")]
+    outs = [(opt, Path(p), _identity(Path(p)), is_dir) for opt, p, is_dir in outputs
+            if p is not None]
+    for i, (oopt, opath, oid, is_dir) in enumerate(outs):
+        for iopt, ipath, iid in ins:
+            same = _same(oid, iid)
+            if same or (is_dir and oid[0] in iid[0].parents):
+                how = "is the same file as" if same else "is a folder holding"
+                raise KvsimInputError(
+                    f"{oopt} {opath} {how} the input {iopt} {ipath}: an output never "
+                    "overwrites an input; write it elsewhere")
+        for popt, ppath, pid, _ in outs[:i]:
+            if _same(oid, pid):
+                raise KvsimInputError(f"expected distinct outputs: {oopt} {opath} and "
+                                      f"{popt} {ppath} are the same file")
 
 
 def claim_output_dir(out_dir: str | Path, marker: str, what: str, force: bool = False,
@@ -141,6 +228,7 @@ def claim_output_dir(out_dir: str | Path, marker: str, what: str, force: bool = 
             raise KvsimInputError(f"expected an empty folder or a {what}, got a folder "
                                   f"holding {len(entries)} other entries ({shown}); give "
                                   "--force to write there anyway", out_dir, None, option)
+    OUTPUT_FOLDERS.add(Path(os.path.abspath(out_dir)))
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         if not (out_dir / marker).exists():
@@ -186,9 +274,13 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
         except OSError as exc:
             raise KvsimInputError(f"cannot write the output ({exc.strerror})", path) \
                 from None
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
+        if is_disk_full(exc):
+            raise KvsimResourceError(f"{path}: cannot write the output: disk full (No "
+                                     "space left on device); partial output removed") \
+                from None
         raise
 
 
@@ -203,6 +295,9 @@ class CheckedText(io.TextIOBase):
         self._kind = kind  # "gzip", "zstandard" or ""
         self._lines = 0
         self._chars = 0
+        from kvsim.core.limits import get_limits
+
+        self._max_line = get_limits().max_line_chars
 
     def _fail(self, exc: BaseException) -> KvsimInputError:
         where = f"after line {self._lines}" if self._lines else "line 1"
@@ -236,7 +331,15 @@ class CheckedText(io.TextIOBase):
         return out
 
     def readline(self, size: int = -1) -> str:  # type: ignore[override]
-        return self._checked(self._raw.readline, size)
+        """One line, never more than the ``max_line_chars`` limit held in memory."""
+        cap = self._max_line if size is None or size < 0 else min(size, self._max_line)
+        line = self._checked(self._raw.readline, cap + 1)
+        if len(line) > cap and (size is None or size < 0 or size > cap):
+            raise KvsimInputError(
+                f"line longer than {self._max_line:,} characters (kvsim limit max_line_chars; "
+                "raise it with KVSIM_LIMIT_MAX_LINE_CHARS)", self._path,
+                f"line {self._lines + 1 - line.count(chr(10))}")
+        return line
 
     def read(self, size: int | None = -1) -> str:  # type: ignore[override]
         return self._checked(self._raw.read, size)
@@ -293,3 +396,50 @@ def strip_compression_suffix(path: str | Path) -> str:
         if name.endswith(suffix):
             return name[: -len(suffix)]
     return name
+
+
+@contextlib.contextmanager
+def spooled_input(path: str | Path) -> Iterator[Path]:
+    """A pipe or character device (``--requests /dev/stdin``, ``<(zcat ...)``) copied to
+    a private temporary file first, so format detection and reading each see the stream
+    from its first byte (detection would otherwise consume the start of the pipe); a
+    regular file or folder is yielded as it is.  An input error about the copy names the
+    original path."""
+    path = Path(path)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        yield path
+        return
+    import shutil
+    import stat
+
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="kvsim-spool-") as folder:
+        copy = Path(folder) / (path.name or "stdin")
+        with open(path, "rb") as src, open(copy, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        try:
+            yield copy
+        except KvsimInputError as exc:
+            if exc.path is not None and Path(exc.path) == copy:
+                raise KvsimInputError(exc.message, path, exc.location, exc.field) from None
+            raise
+
+
+def file_digest(path: str | Path, chunk_bytes: int = 1 << 22) -> str:
+    """SHA-256 (hex) of a file's bytes, read in chunks (constant memory): how kvsim
+    identifies an input by content (sweep cells, decision logs)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while True:
+            buf = fh.read(chunk_bytes)
+            if not buf:
+                break
+            h.update(buf)
+    return h.hexdigest()
+

@@ -48,6 +48,37 @@ class Limits:
     #: catalog model (gpt2, 36,864 bytes per token: 590 KB per block) is ~0.5M blocks;
     #: 100M allows 200x that and keeps the pool's per-block arrays to a few GB.
     max_hbm_blocks: int = 100_000_000
+    #: Characters in one line of a text trace (JSONL, CSV; after decompression).  The
+    #: longest legitimate line is an OpenAI-style log record holding a whole prompt as
+    #: text: a 10M-token prompt (max_prompt_tokens) at ~4 characters per token (OpenAI
+    #: tokenizer guide) is ~40M characters; 64 Mi allows that.  A reader holds at most
+    #: this much of one line, so a 2 GB line inside a 9 MB .gz is one error, not MemoryError.
+    max_line_chars: int = 64 * 2**20
+    #: Memory a run may plan to allocate up front (today: ``--replicas``, each replica of
+    #: the closed loop holding its own pool, scheduler and replay state,
+    #: :data:`REPLICA_BYTES` each).  16 GiB: a laptop's or a CI runner's memory; raise it
+    #: on a larger machine.
+    memory_budget_bytes: int = 16 * 2**30
+
+
+#: Memory of one closed-loop replica (pool, scheduler, replay state and buffers): 24 MB.
+#: Sources: issue 38's audit (``--replicas 1000`` on 200 requests grew to 24 GB), and the
+#: peak-RSS slope of ``simulate --request-trace traces/sample_mooncake.jsonl --model
+#: llama-3.1-8b --replicas N`` measured here, 15.3 MB per replica from N = 16 (516 MB) to
+#: N = 48 (1,005 MB) on a shared 2-core VM (docs/cli.md, "Limits"); the larger is kept.
+REPLICA_BYTES = 24 * 10**6
+
+
+def check_replicas_memory(replicas: int, option: str = "--replicas") -> None:
+    """Refuse, before allocation, more replicas than the memory budget holds."""
+    budget = get_limits().memory_budget_bytes
+    need = replicas * REPLICA_BYTES
+    if need > budget:
+        raise KvsimInputError(
+            f"expected at most {budget // REPLICA_BYTES:,} replicas: {replicas:,} replicas "
+            f"need ~{need / 2**30:.1f} GiB (~{REPLICA_BYTES // 10**6} MB each), over the "
+            f"memory budget of {budget / 2**30:.1f} GiB (kvsim limit memory_budget_bytes; "
+            "raise it with KVSIM_LIMIT_MEMORY_BUDGET_BYTES)", None, None, option)
 
 
 DEFAULT_LIMITS = Limits()

@@ -11,7 +11,8 @@
 
 So SIGKILL of the parent leaves no worker behind.  When the parent stops on an exception,
 Ctrl-C or SIGTERM (the CLI turns SIGTERM into an exception), :func:`process_pool` kills
-the workers before re-raising instead of waiting for their running cells.  A worker ignores
+the workers before re-raising instead of waiting for their running cells, and removes the
+temporary files their unfinished outputs left (``kvsim.core.fsutil.remove_temporaries_of``).  A worker ignores
 SIGINT (Ctrl-C in a terminal reaches the whole process group): the parent decides.
 """
 
@@ -73,6 +74,10 @@ def kill_workers(executor) -> None:
     for proc in procs:
         with contextlib.suppress(Exception):
             proc.join(timeout=5)
+    # their atomic outputs' temporary files (.NAME.PID.*.tmp) would stay: remove them
+    from kvsim.core.fsutil import remove_temporaries_of
+
+    remove_temporaries_of({proc.pid for proc in procs if proc.pid is not None})
 
 
 @contextlib.contextmanager

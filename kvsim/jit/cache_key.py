@@ -45,7 +45,13 @@ SOURCES = ("kvsim.core.schema", "kvsim.core.codes", "kvsim.policy.api", "kvsim.p
            "kvsim.engine.scheduler_blocks", "kvsim.engine.scheduler",
            "kvsim.replay.kernel.closed_step", "kvsim.engine.vllm_step", "kvsim.engine.vllm_rows",
            "kvsim.cachesim.simulator",
-           "kvsim.cachesim.fast_loops", "kvsim.cachesim.ghost_loops", "kvsim.jit.decorators")
+           "kvsim.cachesim.fast_loops", "kvsim.cachesim.ghost_loops", "kvsim.jit.decorators",
+           # every other module with compiled code (tests/safety/test_compile_cache.py
+           # fails when one is missing): its own edits, and what it inlines
+           "kvsim.workload.generator", "kvsim.modes.closed.closed_facts",
+           "kvsim.replay.prepass", "kvsim.cachesim.curves", "kvsim.backends.kernels",
+           "kvsim.results.log_blocks", "kvsim.results.log_pending",
+           "kvsim.memory.throughput", "kvsim.backends.cuda", "kvsim.jit.cache_guard")
 #: numba's code-generation settings that its cache index does not key on.
 SETTINGS = ("NUMBA_OPT", "NUMBA_LOOP_VECTORIZE", "NUMBA_SLP_VECTORIZE", "NUMBA_BOUNDSCHECK")
 _KEYED = re.compile(r"kvsim-[0-9a-f]{16}")
@@ -82,23 +88,66 @@ def _default_base() -> Path:
 
 
 def cache_dir(environ=os.environ) -> str:
-    """The directory numba caches in for this process: ``kvsim-<key>`` under the user's
-    ``NUMBA_CACHE_DIR`` (or under kvsim's default).  A ``NUMBA_CACHE_DIR`` that already
-    names a keyed directory (a worker process inherits its parent's) is replaced by this
-    key's directory beside it."""
-    base = environ.get("NUMBA_CACHE_DIR", "")
+    """The directory numba caches in for this process: ``kvsim-<key>`` under
+    ``KVSIM_CACHE_DIR``, else the user's ``NUMBA_CACHE_DIR``, else kvsim's default.  A
+    ``NUMBA_CACHE_DIR`` that already names a keyed directory (a worker process inherits
+    its parent's) is replaced by this key's directory beside it."""
+    base = environ.get("KVSIM_CACHE_DIR", "") or environ.get("NUMBA_CACHE_DIR", "")
     if base and _KEYED.fullmatch(Path(base).name):
         base = str(Path(base).parent)
     root = Path(base) if base else _default_base()
     return str(root / f"kvsim-{key()}")
 
 
+def _writable(folder: str) -> bool:
+    """True when ``folder`` can be created and a file written in it."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        probe = os.path.join(folder, f".kvsim-probe-{os.getpid()}")
+        with open(probe, "w"):
+            pass
+        os.unlink(probe)
+        return True
+    except OSError:
+        return False
+
+
+def fallback_dir() -> str:
+    """A private temporary cache (a read-only install, an unwritable HOME, a damaged cache
+    that cannot be cleaned): ``$TMPDIR/kvsim-numba-<uid>/kvsim-<key>``."""
+    import tempfile
+
+    uid = os.getuid() if hasattr(os, "getuid") else "user"
+    return os.path.join(tempfile.gettempdir(), f"kvsim-numba-{uid}", f"kvsim-{key()}")
+
+
 def configure() -> None:
     """Point numba's disk cache at :func:`cache_dir` (``os.environ``; and numba's config,
-    when numba was imported before kvsim)."""
+    when numba was imported before kvsim).  The directory is checked first
+    (:func:`kvsim.jit.cache_guard.guard`: damaged files discarded, one warning line);
+    when it cannot be written, or cleaned, a private temporary cache is used
+    (:func:`fallback_dir`) with one warning line, so a read-only install with no writable
+    HOME still runs (``KVSIM_CACHE_DIR`` chooses the place; docs/jit.md)."""
     import sys
 
-    os.environ["NUMBA_CACHE_DIR"] = cache_dir()
+    from kvsim.jit.cache_guard import guard
+
+    chosen = cache_dir()
+    try:
+        if not _writable(chosen):
+            raise PermissionError(f"{chosen} is not writable")
+        guard(chosen)
+    except OSError as exc:
+        fallback = fallback_dir()
+        if not os.environ.get("KVSIM_CACHE_FALLBACK"):  # once, not again in subprocesses
+            sys.stderr.write(f"warning: numba cache: {exc}; using the private temporary "
+                             f"cache {fallback} (set KVSIM_CACHE_DIR to a writable folder)\n")
+        os.environ["KVSIM_CACHE_FALLBACK"] = fallback
+        chosen = fallback
+        with __import__("contextlib").suppress(OSError):
+            os.makedirs(chosen, exist_ok=True)
+            guard(chosen)
+    os.environ["NUMBA_CACHE_DIR"] = chosen
     if "numba" in sys.modules:  # imported before kvsim: make its config see it now
         from numba.core import config
 

@@ -9,7 +9,11 @@ generic), so every engine that runs the policy (the tiered replay's interpreted 
 * **the view is read-only**: the hook receives a :class:`~kvsim.policy.api.BlockView` of
   read-only numpy views of the same buffers the core writes (no copy; a write raises
   ``ValueError: assignment destination is read-only``, which stops the run);
-* **exceptions** raised by a hook (or by ``init``) stop the run;
+* **exceptions** raised by a hook (or by ``init``) stop the run, ``SystemExit`` and any
+  other ``BaseException`` included (a policy calling ``sys.exit(3)`` is a policy error,
+  exit 2, never kvsim's exit); Ctrl-C and SIGTERM pass through;
+* **stdout is kvsim's**: what a hook (or the module, at import) prints goes to stderr,
+  so ``--json`` output stays JSON;
 * **return values are checked**: ``victim`` must return ``(block, reason, n_alt)`` of
   integers with ``block`` a current candidate (the guard tracks the candidate set from
   ``on_insert`` / ``on_release`` (enter) and ``on_hold`` / ``on_remove`` (leave)) or -1
@@ -33,15 +37,17 @@ code run in the kvsim process.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import numbers
+import sys
 from collections.abc import Callable
 from dataclasses import fields, replace
 from typing import Any
 
 import numpy as np
 
-from kvsim.core.errors import KvsimInputError
+from kvsim.core.errors import INTERRUPTS, KvsimInputError
 from kvsim.policy.api import BlockView
 
 #: Hook name -> number of positional parameters (see kvsim.policy.api).
@@ -58,6 +64,17 @@ VOID_HOOKS = ("on_insert", "on_hit", "on_remove", "on_miss", "on_hold", "on_rele
 ENTER_HOOKS = ("on_insert", "on_release")
 LEAVE_HOOKS = ("on_remove", "on_hold")
 _STATES_KEPT = 16  # candidate sets of this many recent states (runs) are remembered
+
+
+@contextlib.contextmanager
+def policy_stdout_to_stderr():
+    """Run user code with ``sys.stdout`` pointing at stderr (a policy's ``print()``)."""
+    saved = sys.stdout
+    sys.stdout = sys.stderr
+    try:
+        yield
+    finally:
+        sys.stdout = saved
 
 
 def _shown(value: Any) -> str:
@@ -147,12 +164,16 @@ def _wrap_hook(guard: _Guard, hook: str, func: Callable) -> Callable:
     @functools.wraps(target)
     def guarded(state, view, *args):
         ro = guard.read_only(view)
+        saved = sys.stdout
+        sys.stdout = sys.stderr  # the policy's print(): stderr (policy_stdout_to_stderr)
         try:
             out = target(state, ro, *args)
-        except KvsimInputError:
+        except (KvsimInputError, *INTERRUPTS):
             raise
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit too: a policy never ends kvsim
             raise guard.fail(label, f"raised {type(exc).__name__}: {exc}") from None
+        finally:
+            sys.stdout = saved
         if hook == "victim":
             guard.check_victim(out, state, args[1] if len(args) > 1 else None)
             return int(out[0]), int(out[1]), int(out[2])
@@ -176,8 +197,11 @@ def _wrap_init(guard: _Guard, func: Callable) -> Callable:
     @functools.wraps(func)
     def init(capacity_blocks, num_slots, params):
         try:
-            state = func(capacity_blocks, num_slots, params)
-        except Exception as exc:
+            with policy_stdout_to_stderr():
+                state = func(capacity_blocks, num_slots, params)
+        except (KvsimInputError, *INTERRUPTS):
+            raise
+        except BaseException as exc:
             raise guard.fail("init", f"raised {type(exc).__name__}: {exc}") from None
         if not isinstance(state, tuple):
             raise guard.fail("init", f"returned {_shown(state)}, expected a tuple (the "

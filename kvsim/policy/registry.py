@@ -34,9 +34,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kvsim.core.errors import KvsimInputError
+from kvsim.core.errors import INTERRUPTS, KvsimInputError
 from kvsim.policy import api as policy_api
-from kvsim.policy.guard import HOOK_ARITY, OPTIONAL_HOOK_ARITY, guard_policy
+from kvsim.policy.guard import (
+    HOOK_ARITY,
+    OPTIONAL_HOOK_ARITY,
+    guard_policy,
+    policy_stdout_to_stderr,
+)
 
 ENTRY_POINT_GROUP = "kvsim.policies"
 
@@ -216,11 +221,15 @@ def load_policy_file(path: str | Path) -> Policy:
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
     try:
-        spec.loader.exec_module(module)
-    except Exception as exc:  # a user's file: report it as bad input, in one line
+        with policy_stdout_to_stderr():  # a policy's print() never reaches --json stdout
+            spec.loader.exec_module(module)
+    except INTERRUPTS:
+        sys.modules.pop(mod_name, None)
+        raise
+    except BaseException as exc:  # a user's file (sys.exit too): one line, exit 2
         sys.modules.pop(mod_name, None)
         raise KvsimInputError(f"could not import policy file: {type(exc).__name__}: {exc}",
-                              path, None, None) from exc
+                              path, None, None) from None
 
     # user code runs behind the guard (read-only view, checked returns; kvsim.policy.guard)
     return _register(guard_policy(policy_from_module(module, resolved)))

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvsim.core.fsutil import atomic_output
+from kvsim.core.fsutil import atomic_output, file_digest
 from kvsim.core.layout import (
     CF_LAST,
     CF_RECOMP,
@@ -71,7 +71,8 @@ class DecisionLogWriter:
 
     ``reasons_by_tier[t]`` are the REASONS of tier ``t``'s policy (0 = HBM, 1 = DRAM, 2 =
     CXL, 3 = NVMe); ``why`` the replay's own sentences.  ``config`` and ``trace`` go into
-    the file metadata (no wall-clock time: same inputs, same bytes).
+    the file metadata (no wall-clock time: same inputs, same bytes), with the trace file's
+    SHA-256 (``trace_sha256``) so that ``kvsim log diff`` knows a trace by its content.
     """
 
     def __init__(self, path: str | Path, *, policy: str, trace: str, config: dict,
@@ -81,6 +82,8 @@ class DecisionLogWriter:
         self.why = tuple(why)
         meta = {"log_schema_version": LOG_SCHEMA_VERSION, "policy": policy, "trace": trace,
                 "config": config}
+        if trace and Path(trace).is_file():  # the trace by content (kvsim log diff)
+            meta["trace_sha256"] = file_digest(trace)
         self.schema = log_schema().with_metadata(
             {LOG_METADATA_KEY: json.dumps(meta, sort_keys=True, default=str).encode()})
         self._stack: contextlib.ExitStack | None = None

@@ -115,7 +115,14 @@ def _ledger_facts(log: DecisionLog) -> tuple[pd.DataFrame, float]:
 
 def diff(log_a: DecisionLog, log_b: DecisionLog, top: int = 10) -> LogDiff:
     """Compare two logs of the same trace (KvsimInputError if their traces differ)."""
-    if log_a.trace and log_b.trace and log_a.trace != log_b.trace:
+    sha_a, sha_b = getattr(log_a, "trace_sha256", None), getattr(log_b, "trace_sha256", None)
+    if sha_a and sha_b:  # by content: two files that share a name are two traces
+        if sha_a != sha_b:
+            raise KvsimInputError(
+                f"expected two logs of the same trace, got two different traces (by content: "
+                f"{log_a.trace!r} sha256 {sha_a[:12]}..., {log_b.trace!r} sha256 "
+                f"{sha_b[:12]}...)", log_b.path, None, "trace")
+    elif log_a.trace and log_b.trace and log_a.trace != log_b.trace:
         raise KvsimInputError(f"expected two logs of the same trace, got {log_a.trace!r} and "
                               f"{log_b.trace!r}", log_b.path, None, "trace")
     position = _first_mismatch(log_a, log_b)

@@ -217,6 +217,8 @@ class DecisionLog:
         self.metadata: dict[str, Any] = meta
         self.policy: str = str(meta.get("policy", ""))
         self.trace: Any = meta.get("trace")
+        #: SHA-256 of the trace's bytes (logs written since issue 38; None before)
+        self.trace_sha256: str | None = meta.get("trace_sha256")
         self.num_rows: int = parquet.metadata.num_rows
         self.num_row_groups: int = parquet.metadata.num_row_groups
         # pre_buffer off: pyarrow would otherwise coalesce and hold whole column chunks of

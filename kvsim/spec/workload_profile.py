@@ -183,6 +183,12 @@ def parse_profile(text: str, path: str) -> WorkloadProfile:
         for key, ok, expected in checks:
             if not ok:
                 raise bad_value(path, None, f"{where}.{key}", expected, getattr(rc, key))
+        t = rc.turns  # a session has at least one turn (turns = 0 would serve nothing)
+        low = {"constant": t.value, "uniform": t.min, "geometric": t.mean}.get(t.dist, 1.0)
+        if low < 1:
+            field = {"constant": "turns", "uniform": "turns.min", "geometric": "turns.mean"}
+            raise bad_value(path, None, f"{where}.{field[t.dist]}", "a number of turns >= 1",
+                            low)
         classes.append(rc)
     tpot = data.get("assumed_tpot_s", 0.02)
     if isinstance(tpot, bool) or not isinstance(tpot, (int, float)) or tpot < 0:

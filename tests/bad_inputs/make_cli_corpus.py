@@ -89,6 +89,12 @@ def importers() -> None:
     write("agentic_in_limit.json", json.dumps({"id": "x", "block_size": 64, "requests": [
         {"t": 0, "type": "n", "in": 64, "out": 1, "hash_ids": [1]},
         {"t": 1, "type": "n", "in": 64, "out": 50_000_000, "hash_ids": [1]}]}))
+    # a 100M-character line (the default limit is 64 Mi characters) in a ~100 KB .gz
+    write("mc_long_line.jsonl.gz", gz(jl(MC).encode() + b'{"timestamp": 0, "input_length": '
+                                      + b"1" * 100_000_000 + b"}\n"))
+    write("profile_turns0.toml", '[arrivals]\nsessions_per_s = 1.0\n\n[[classes]]\n'
+          'name = "chat"\nweight = 1.0\nturns = 0\n'.replace("[arrivals]",
+                                                              'name = "t0"\n\n[arrivals]'))
     write("agentic_t_inf.json", '{"id": "x", "requests": [{"t": 1e999, "type": "n", '
           '"in": 64, "out": 1, "hash_ids": [1]}]}')
 
@@ -145,13 +151,23 @@ POLICIES = {
                            "return order[0], 0, 0"),
     "pol_init_list": ("returns a list from init", "return [[]]", "",
                       "return order[0], 0, 0"),
+    "pol_exit3_in_victim": ("calls sys.exit(3) in victim", "return ([],)", "",
+                            "raise SystemExit(3)"),
+    "pol_base_exception": ("raises a BaseException in on_insert", "return ([],)",
+                           "raise BaseException('odd')", "return order[0], 0, 0"),
 }
+#: Module-level code appended to a corpus policy (run at import).
+AT_IMPORT = {"pol_exit0_at_import": "import sys\nsys.exit(0)\n"}
 
 
 def policies() -> None:
     for name, (doc, init, on_insert, victim) in POLICIES.items():
         write(f"{name}.py", POLICY.format(name=name, doc=doc, init=init,
                                           on_insert=on_insert or "pass", victim=victim))
+    for name, code in AT_IMPORT.items():
+        write(f"{name}.py", POLICY.format(name=name, doc="exits at import", init="return ([],)",
+                                          on_insert="pass", victim="return order[0], 0, 0")
+              + code)
 
 
 WEKA = {"id": "t1", "models": ["m"], "block_size": 64, "hash_id_scope": "local",

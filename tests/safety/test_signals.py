@@ -1,0 +1,136 @@
+"""Signals and resources (issue 38): Ctrl-C at any moment is one line and exit 130 with no
+partial output; SIGTERM likewise (143); a closed stdout pipe exits 0 quietly; a full disk
+is one line naming the path, exit 1; a killed pool worker's temporary files are removed
+and a killed sweep worker is one line naming the cell, the sweep resumable."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvsim.cli import app
+from tests.helpers import assert_one_line_error
+
+REPO = Path(__file__).resolve().parents[2]
+TRACES = REPO / "traces"
+LONG = ["generate", "--profile", "multi_turn_chat", "--requests", "300000"]
+
+
+def _kvsim(*args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "kvsim", *args], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+def _started(tmp: Path, timeout_s: float = 60) -> None:
+    """Wait until the run's output temporary exists (the command is mid-run)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if any(p.name.endswith(".tmp") for p in tmp.iterdir()):
+            return
+        time.sleep(0.05)
+    raise AssertionError("the run never started writing")
+
+
+@pytest.mark.parametrize(("sig", "code", "word"), [(signal.SIGINT, 130, "interrupted"),
+                                                   (signal.SIGTERM, 143, "terminated")])
+def test_signal_mid_run_one_line_no_partial_output(tmp_path: Path, sig, code, word) -> None:
+    proc = _kvsim(*LONG, "--out", str(tmp_path / "big.parquet"))
+    _started(tmp_path)
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert_one_line_error(subprocess.CompletedProcess([], proc.returncode, stdout, stderr),
+                          word, "partial outputs removed", exit_code=code)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_during_imports_is_one_line() -> None:
+    """A KeyboardInterrupt raised while the command line is imported (deterministic: an
+    import hook raises it when typer is imported)."""
+    code = ("import sys\n"
+            "class Stop:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'typer':\n"
+            "            raise KeyboardInterrupt\n"
+            "sys.meta_path.insert(0, Stop())\n"
+            "sys.argv = ['kvsim', '--version']\n"
+            "from kvsim.__main__ import main\n"
+            "main()\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert_one_line_error(result, "interrupted", exit_code=130)
+
+
+def test_closed_pipe_exits_zero_quietly() -> None:
+    """`kvsim inspect ... | head -0`: the reader is gone before kvsim writes."""
+    r, w = os.pipe()
+    os.close(r)
+    result = subprocess.run([sys.executable, "-m", "kvsim", "inspect",
+                             str(TRACES / "sample_chat.parquet"), "--json"], stdout=w,
+                            stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(w)
+    assert (result.returncode, result.stderr) == (0, "")
+
+
+def test_disk_full_is_one_line_naming_the_path(tmp_path: Path, monkeypatch) -> None:
+    import pyarrow.parquet as pq
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", full)
+    out = tmp_path / "o.parquet"
+    result = CliRunner().invoke(app, ["import-request-trace", "--requests",
+                                      str(TRACES / "sample_mooncake.jsonl"), "--out", str(out)])
+    assert_one_line_error(result, str(out), "disk full", "partial output", exit_code=1)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _write_forever(path: str) -> None:
+    from kvsim.core.fsutil import atomic_output
+
+    with atomic_output(path) as tmp:
+        tmp.write_text("partial")
+        time.sleep(60)
+
+
+def test_killed_workers_leave_no_temporaries(tmp_path: Path) -> None:
+    from kvsim.core.fsutil import check_output_dir
+    from kvsim.core.workers import process_pool
+
+    check_output_dir(tmp_path, "--decision-log-dir")  # the parent's output folder
+    with pytest.raises(KeyboardInterrupt):
+        with process_pool(2) as ex:
+            ex.submit(_write_forever, str(tmp_path / "lru.parquet"))
+            ex.submit(_write_forever, str(tmp_path / "fifo.parquet"))
+            t0 = time.monotonic()
+            while len(list(tmp_path.iterdir())) < 2 and time.monotonic() - t0 < 30:
+                time.sleep(0.05)
+            assert len(list(tmp_path.iterdir())) == 2
+            raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []
+
+
+def _die(index: int):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_killed_sweep_worker_names_the_cell_and_resumes(tmp_path: Path, monkeypatch) -> None:
+    import kvsim.analysis.sweep as sweep
+
+    args = ["sweep", "--trace", str(TRACES / "sample_chat.parquet"), "--policies", "lru,fifo",
+            "--hbm-gb", "0.05", "--out", str(tmp_path / "sw"), "--jobs", "2", "--json"]
+    monkeypatch.setattr(sweep, "_pool_cell", _die)
+    result = CliRunner().invoke(app, args)
+    assert_one_line_error(result, "sweep worker died", "cell policy", "HBM 0.05 GB",
+                          "run the same command again", exit_code=1)
+    monkeypatch.undo()
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, (result.stderr, result.exception)
