@@ -62,10 +62,20 @@ def test_sizing_proposes_replicas():
                        "block_ids": [[i * 100 + k for k in range(8)] for i in range(n)]})
     load = estimate_load(RequestTable(df, 512), "llama-3-8b", "h100-sxm", 256, 8192)
     assert load.prefill_tokens == n * 4096 and load.utilisation > 1
-    assert load.replicas == int(np.ceil(load.busy_s / (load.span_s * TARGET_UTILISATION)))
+    assert load.replicas == int(np.ceil(load.busy_upper_s / (load.span_s
+                                                            * TARGET_UTILISATION)))
+    assert load.busy_upper_s == pytest.approx(load.busy_s)  # no reuse: the two agree
+    assert load.decode_batch == 256
     same = df.assign(block_ids=[[k for k in range(8)] for _ in range(n)])
     reuse = estimate_load(RequestTable(same, 512), "llama-3-8b", "h100-sxm", 256, 8192)
     assert reuse.prefill_tokens == 4096 and reuse.busy_s < load.busy_s
+    assert reuse.busy_upper_s == pytest.approx(load.busy_upper_s)
+    # a pool of 1,000 16-token blocks holds 3.8 of these 4,146-token contexts: decode
+    # batches of 3.8 sequences, so the same trace is more work (issue #33, Mooncake)
+    small = estimate_load(RequestTable(df, 512), "llama-3-8b", "h100-sxm", 256, 8192,
+                          hbm_blocks=1000, block_size_tokens=16)
+    assert small.decode_batch == pytest.approx(16_000 / 4146)
+    assert small.busy_s > load.busy_s and small.replicas >= load.replicas
 
 
 def _row(p, hit, offline=False, **kw):

@@ -12,7 +12,9 @@ keys) and returns a list of ``{"code", "message"}`` dicts; the CLI prints each a
   (the deployment cannot keep up: TTFT measures the queue; add replicas);
 * ``hbm_below_budget``: the replayed HBM holds under half the blocks the recorded schedule
   was made for (its batches no longer fit: preemptions and overflow, not caching);
-* ``request_larger_than_hbm``: a request needs more blocks than HBM holds.
+* ``request_larger_than_hbm``: a request needs more blocks than HBM holds (the closed
+  loop's ``dropped_requests``: never admitted, left out of the metrics; or, given
+  ``largest_request_blocks``, the largest request of an event file).
 
 Sizing warnings made before a replay (context, offered load) come from
 :mod:`kvsim.analysis.sizing` with codes ``over_context`` and ``overload_predicted``.
@@ -73,7 +75,13 @@ def result_warnings(rows: list[dict], *, span_us: float | None = None,
                 f"was made for {int(schedule_budget_blocks):,}: its batches no longer fit "
                 "(preemptions and overflow, not caching); regenerate the events for this "
                 "HBM or serve the request trace closed loop")
-        if cap and largest_request_blocks and largest_request_blocks > cap:
+        dropped = _num(r.get("dropped_requests")) or 0
+        if dropped > 0:  # the closed loop leaves out what can never be admitted
+            total = int(dropped + (_num(r.get("requests")) or 0))
+            add("request_larger_than_hbm", f"{int(dropped):,} of {total:,} requests need more "
+                f"KV blocks than HBM holds ({int(cap or 0):,} blocks a replica): never "
+                "admitted, left out of every metric (raise --hbm-gb)")
+        elif cap and largest_request_blocks and largest_request_blocks > cap:
             add("request_larger_than_hbm", f"a request needs {largest_request_blocks:,} "
                 f"blocks but HBM holds {int(cap):,}: it can never be resident at once")
     return out
