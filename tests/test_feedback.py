@@ -123,3 +123,15 @@ def test_compare_progress_on_a_non_terminal_stderr_and_policy_file_joins(
     lines = [s for s in res.stderr.splitlines() if s.startswith("progress: ")]
     assert lines, res.stderr
     assert any("requests served" in s and "left" in s for s in lines), lines
+
+
+def test_line_progress_writes_while_nothing_reports():
+    """A replay that reports only at its end (a cold compile's first policy): the line
+    still falls due (on today's main a non-terminal stderr got nothing at all)."""
+    buf = io.StringIO()
+    with LineProgress(buf, interval=0.2) as bar:
+        bar.add_task("12 policies", total=None, unit="requests served")
+        time.sleep(0.7)
+    lines = buf.getvalue().splitlines()
+    assert lines and all(s.startswith("progress: 12 policies: 0 requests served, ")
+                         for s in lines)

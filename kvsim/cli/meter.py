@@ -57,13 +57,34 @@ class LineProgress:
         self.interval = interval_s() if interval is None else interval
         self.tasks: list[_Task] = []
         self._last = time.monotonic()
+        self._stop = None
 
     def __enter__(self) -> LineProgress:
+        import threading
+
         self._last = time.monotonic()
+        self._stop = threading.Event()
+        if self.interval > 0:
+            # a line falls due also while nothing reports (a replay that reports only at
+            # its end, a compile): a daemon thread writes it
+            self._thread = threading.Thread(target=self._tick, daemon=True)
+            self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
+        self._stop.set()
         return None
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.interval / 4):
+            self._maybe_write(time.monotonic())
+
+    def _maybe_write(self, now: float) -> None:
+        if self.tasks and now - self._last >= self.interval and not (
+                self._stop is not None and self._stop.is_set()):
+            self._last = now
+            self.stream.write(line(self.tasks[-1], now) + "\n")
+            self.stream.flush()
 
     def add_task(self, description: str, total: float | None = None, unit: str = "",
                  **_fields) -> int:
@@ -85,11 +106,7 @@ class LineProgress:
             t.completed += advance
         if description is not None:
             t.description = description
-        now = time.monotonic()
-        if now - self._last >= self.interval:
-            self._last = now
-            self.stream.write(line(t, now) + "\n")
-            self.stream.flush()
+        self._maybe_write(time.monotonic())
 
 
 def line(t: _Task, now: float) -> str:

@@ -55,11 +55,13 @@ class WorkMeter:
         self.total = self.per_run * runs
         self.finished = 0
         self.on_work = on_work
+        self._shown = 0  # never backwards (a replay after a cold compile starts at 0)
 
     def partial(self, done: int, _total: int | None = None) -> None:
         if self.on_work is not None:
-            self.on_work(min(self.finished * self.per_run + min(int(done), self.per_run),
-                             self.total), self.total)
+            self._shown = max(self._shown, min(self.finished * self.per_run
+                                               + min(int(done), self.per_run), self.total))
+            self.on_work(self._shown, self.total)
 
     def finish(self) -> None:
         self.finished += 1
@@ -132,8 +134,9 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
             # below inherit the core and load the hooks from numba's disk cache
             from kvsim.replay.precompile import compile_workers, first_then_hooks
 
-            results[first] = first_then_hooks(_one, (first,), cold, compile_workers(jobs),
-                                              done=results)
+            results[first] = first_then_hooks(_one, (first, meter.partial if facts is not None
+                                                      else None), cold,
+                                              compile_workers(jobs), done=results)
             for n in [first, *(n for n in todo if n in results and n != first)]:
                 if on_progress:
                     on_progress(n)

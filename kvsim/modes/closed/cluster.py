@@ -274,7 +274,7 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
         # compile the other policies' hooks (kvsim.replay.precompile)
         from kvsim.replay.precompile import compile_workers, first_then_hooks
 
-        results[first] = first_then_hooks(_serve_summary, (first, *args), cold,
+        results[first] = first_then_hooks(_serve_summary, (first, *args, meter.partial), cold,
                                           compile_workers(jobs), closed=True, done=results)
         for n in [first, *(n for n in todo if n in results and n != first)]:
             if on_progress:
