@@ -20,7 +20,11 @@ move-to-main-threshold=2``; sizes are ``small = int(c * 0.1)``, ``main = c - sma
 Holds (HBM): a held block stays at its place in its queue with its ``freq`` (and still
 gets hits); the sweeps walk over it as if it were absent (a held block in SMALL with
 freq >= 2 still moves to MAIN: that is a promotion, not an eviction).  ``on_hold`` /
-``on_release`` only mark it.
+``on_release`` mark it and count the held blocks of each queue.  When every block of MAIN
+is held (a preemption storm: the running requests hold HBM) the victim comes from SMALL
+even when MAIN is over its size; before issue #33 the MAIN sweep then walked over the
+held blocks forever (sweeps that hung for 17 and 29 minutes).  Without holds the
+decisions are libCacheSim's exactly (tests/policies/test_vs_libcachesim.py).
 """
 
 import numpy as np
@@ -52,8 +56,10 @@ SMALL_SIZE_RATIO = 0.10  # libCacheSim S3FIFO default (DEFAULT_CACHE_PARAMS)
 GHOST_SIZE_RATIO = 0.90  # libCacheSim S3FIFO default
 MOVE_TO_MAIN_THRESHOLD = 2  # libCacheSim S3FIFO default
 #: ``state.ints``: the three capacities, the number of held blocks, whether anything was
-#: evicted yet, and the decision in progress between ``victim`` and ``on_remove``.
-SMALL_CAP, MAIN_CAP, GHOST_CAP, N_HELD, HAS_EVICTED, PENDING_VICTIM, PENDING_QUEUE = range(7)
+#: evicted yet, the decision in progress between ``victim`` and ``on_remove``, and the
+#: held blocks in SMALL and in MAIN.
+(SMALL_CAP, MAIN_CAP, GHOST_CAP, N_HELD, HAS_EVICTED, PENDING_VICTIM, PENDING_QUEUE,
+ HELD_SMALL, HELD_MAIN) = range(9)
 
 STATE = StateSpec(
     i64=("prev", "nxt",  # the links of small and main (one block is in at most one)
@@ -73,7 +79,8 @@ def init(capacity_blocks, num_slots, params):
     small_cap = int(capacity_blocks * small_ratio)
     ghost_cap = int(capacity_blocks * ghost_ratio)
     prev, nxt = dll_links(num_slots)
-    ints = np.array([small_cap, capacity_blocks - small_cap, ghost_cap, 0, 0, NIL, 0], np.int64)
+    ints = np.array([small_cap, capacity_blocks - small_cap, ghost_cap, 0, 0, NIL, 0, 0, 0],
+                    np.int64)
     n_ghosts = ghost_cap + capacity_blocks + 2  # + the pending ghost hits of one allocation
     return STATE.new(prev=prev, nxt=nxt, small=dll_ends(), main=dll_ends(),
                      freq=np.zeros(num_slots, np.int64), ints=ints, ghosts=ghost_new(n_ghosts),
@@ -133,6 +140,8 @@ def on_hold(state, view, b):
     state = STATE.of(state)
     state.held[b] = 1
     state.ints[N_HELD] += 1
+    if state.where[b] != 0:
+        state.ints[HELD_SMALL if state.where[b] == SMALL else HELD_MAIN] += 1
 
 
 @njit_hook
@@ -140,6 +149,8 @@ def on_release(state, view, b, now_us):
     state = STATE.of(state)
     state.held[b] = 0
     state.ints[N_HELD] -= 1
+    if state.where[b] != 0:
+        state.ints[HELD_SMALL if state.where[b] == SMALL else HELD_MAIN] -= 1
 
 
 @njit_hook
@@ -153,29 +164,45 @@ def victim(state, view, now_us, alt_blocks, alt_scores):
     ints[HAS_EVICTED] = 1
     b = NIL
     queue = 0
-    if not (main[2] > ints[MAIN_CAP] or small[2] == 0):
-        c = small[0]
-        while c != NIL:
-            nx = nxt[c]
-            if freq[c] >= MOVE_TO_MAIN_THRESHOLD:
-                dll_remove(prev, nxt, small, c)
-                dll_push_tail(prev, nxt, main, c)
-                where[c] = MAIN
-                freq[c] = 0
-            elif held[c] == 0:
-                b = c
-                queue = SMALL
+    sweep_small = not (main[2] > ints[MAIN_CAP] or small[2] == 0)
+    while b == NIL:
+        if sweep_small:
+            c = small[0]
+            while c != NIL:
+                nx = nxt[c]
+                if freq[c] >= MOVE_TO_MAIN_THRESHOLD:
+                    dll_remove(prev, nxt, small, c)
+                    dll_push_tail(prev, nxt, main, c)
+                    where[c] = MAIN
+                    freq[c] = 0
+                    if held[c] != 0:
+                        ints[HELD_SMALL] -= 1
+                        ints[HELD_MAIN] += 1
+                elif held[c] == 0:
+                    b = c
+                    queue = SMALL
+                    break
+                c = nx
+            if b != NIL:
                 break
-            c = nx
-    if b == NIL:
+        if main[2] - ints[HELD_MAIN] <= 0:
+            # every block of MAIN is held: the victim is in SMALL (the sweep of MAIN
+            # walked over held blocks forever: issue #33's hung s3fifo cells)
+            if sweep_small:
+                return -1, 0, 0
+            sweep_small = True
+            continue
         c = main[0]
-        while True:
+        run = 0  # held blocks walked over in a row: a whole lap means none is evictable
+        while run < main[2]:
             if c == NIL:
                 c = main[0]
             nx = nxt[c]
             if held[c] != 0:
+                run += 1
                 c = nx
             elif freq[c] >= 1:
+                run = 0
                 dll_remove(prev, nxt, main, c)
                 dll_push_tail(prev, nxt, main, c)
                 freq[c] = min(freq[c], 3) - 1
@@ -184,6 +211,10 @@ def victim(state, view, now_us, alt_blocks, alt_scores):
                 b = c
                 queue = MAIN
                 break
+        if b == NIL:
+            if sweep_small:
+                return -1, 0, 0  # nothing evictable (the held counts disagree)
+            sweep_small = True
     ints[PENDING_VICTIM] = b
     ints[PENDING_QUEUE] = queue
     n_alt = 0
@@ -204,6 +235,8 @@ def on_remove(state, view, b):
         dll_remove(prev, nxt, small, b)
     else:
         dll_remove(prev, nxt, main, b)
+    if state.held[b] != 0 and where[b] != 0:
+        ints[HELD_SMALL if where[b] == SMALL else HELD_MAIN] -= 1
     where[b] = 0
     freq[b] = 0
     if ints[PENDING_VICTIM] != b:

@@ -62,10 +62,20 @@ def test_sizing_proposes_replicas():
                        "block_ids": [[i * 100 + k for k in range(8)] for i in range(n)]})
     load = estimate_load(RequestTable(df, 512), "llama-3-8b", "h100-sxm", 256, 8192)
     assert load.prefill_tokens == n * 4096 and load.utilisation > 1
-    assert load.replicas == int(np.ceil(load.busy_s / (load.span_s * TARGET_UTILISATION)))
+    assert load.replicas == int(np.ceil(load.busy_upper_s / (load.span_s
+                                                            * TARGET_UTILISATION)))
+    assert load.busy_upper_s == pytest.approx(load.busy_s)  # no reuse: the two agree
+    assert load.decode_batch == 256
     same = df.assign(block_ids=[[k for k in range(8)] for _ in range(n)])
     reuse = estimate_load(RequestTable(same, 512), "llama-3-8b", "h100-sxm", 256, 8192)
     assert reuse.prefill_tokens == 4096 and reuse.busy_s < load.busy_s
+    assert reuse.busy_upper_s == pytest.approx(load.busy_upper_s)
+    # a pool of 1,000 16-token blocks holds 3.8 of these 4,146-token contexts: decode
+    # batches of 3.8 sequences, so the same trace is more work (issue #33, Mooncake)
+    small = estimate_load(RequestTable(df, 512), "llama-3-8b", "h100-sxm", 256, 8192,
+                          hbm_blocks=1000, block_size_tokens=16)
+    assert small.decode_batch == pytest.approx(16_000 / 4146)
+    assert small.busy_s > load.busy_s and small.replicas >= load.replicas
 
 
 def _row(p, hit, offline=False, **kw):
@@ -81,6 +91,11 @@ def test_verdict_no_meaningful_difference_and_ties():
     v = verdict_info(df)
     assert v["meaningful"] and v["best"] == ["fifo"] and v["tied"] == ["arc"]
     assert v["margin_vs_baseline_pp"] == pytest.approx(10.0)
+    # 0.8 pp: within the measured seed-to-seed spread (threshold 1.0 pp since issue #33's
+    # measurement; 0.5 named arc the loser)
+    df = pd.DataFrame([_row("lru", 0.40), _row("fifo", 0.50), _row("arc", 0.492)])
+    v = verdict_info(df)
+    assert v["threshold_pp"] == 1.0 and v["tied"] == ["arc"]
     same = pd.DataFrame([_row("lru", 0.5, evictions_hbm=0), _row("fifo", 0.5, evictions_hbm=0)])
     v = verdict_info(same)
     assert v["identical"][0]["reason"].startswith("everything fits in HBM")

@@ -112,23 +112,37 @@ def fig_hit_rate(table: pd.DataFrame, curves: pd.DataFrame | None = None):
     for ax, (label, g) in zip(axes[0], groups):
         for p in pols:
             s = g[g["policy"] == p].sort_values("hbm_gb")
-            ax.plot(s["hbm_gb"], s["hbm_hit_rate"], label=p, **sty[p])
+            ax.plot(s["hbm_gb"], 100 * s["hbm_hit_rate"], label=p, **sty[p])
         if curves is not None and len(curves):
             bb = float(table["block_bytes"].iloc[0]) if "block_bytes" in table else 0.0
             for p in ("lru", _BOUND):
                 c = curves[curves["policy"] == p].sort_values("capacity_blocks")
                 if len(c) and bb > 0:
-                    ax.plot(c["capacity_blocks"] * bb / 1e9, c["hit_rate"], linewidth=1,
+                    ax.plot(c["capacity_blocks"] * bb / 1e9, 100 * c["hit_rate"], linewidth=1,
                             alpha=0.6, color=sty.get(p, {"color": "grey"})["color"],
                             linestyle=":", label=f"{p} one-pass curve (block stream)")
         _gb_axis(ax, g["hbm_gb"])
         ax.set_xlabel("HBM capacity for KV (GB)")
-        ax.set_ylabel("HBM hit rate (prefix tokens)")
+        ax.set_ylabel("HBM hit rate (prefix tokens, %)")
         ax.set_title(label)
-        ax.set_ylim(bottom=0)
+        # zoomed to the swept values (58 % and 60 % told apart), not from 0
+        lo, hi = _zoom(100 * g["hbm_hit_rate"].astype(np.float64))
+        ax.set_ylim(lo, hi)
         ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def _zoom(values, pad: float = 0.15) -> tuple[float, float]:
+    """Limits zoomed onto ``values`` (percentages): their range widened by ``pad`` of it
+    on each side (at least 0.5 points), within [0, 100]."""
+    v = np.asarray(values, np.float64)
+    v = v[np.isfinite(v)]
+    if not v.size:
+        return 0.0, 100.0
+    lo, hi = float(v.min()), float(v.max())
+    margin = max((hi - lo) * pad, 0.5)
+    return max(lo - margin, 0.0), min(hi + margin, 100.0)
 
 
 def _gb_axis(ax, sizes) -> None:
@@ -166,13 +180,13 @@ def fig_latency_cdf(table: pd.DataFrame):
             qv = np.asarray(s["step_latency_q_us"].iloc[0], dtype=np.float64)
             if not np.isfinite(qv).any():
                 continue
-            ax.plot(qv / 1e3, _q_grid(len(qv)), label=p, color=sty[p]["color"],
+            ax.plot(qv / 1e3, 100 * _q_grid(len(qv)), label=p, color=sty[p]["color"],
                     linestyle=sty[p]["linestyle"], linewidth=1.4)
         ax.set_xscale("log")
         ax.set_title(f"HBM {hbm:g} GB")
         ax.set_xlabel("step latency (ms)")
-        ax.set_ylabel("fraction of steps <= x")
-        ax.set_ylim(0, 1.01)
+        ax.set_ylabel("% of steps <= x")
+        ax.set_ylim(0, 101)
         if k == 0 and ax.get_legend_handles_labels()[0]:  # cache mode has no step latencies
             ax.legend(fontsize=8)
     for k in range(len(sizes), nrow * ncol):
@@ -241,10 +255,10 @@ def fig_occupancy(table: pd.DataFrame):
         for p in pols:
             s = base[base["policy"] == p].sort_values("hbm_gb")
             cap = s[f"{tier}_capacity_blocks"].astype(np.float64).replace(0, np.nan)
-            ax.plot(s["hbm_gb"], s[f"peak_{tier}_blocks"] / cap, label=p, **sty[p])
+            ax.plot(s["hbm_gb"], 100 * s[f"peak_{tier}_blocks"] / cap, label=p, **sty[p])
         _gb_axis(ax, base["hbm_gb"])
-        ax.set_ylim(0, 1.05)
-        ax.set_title(f"{label}: peak blocks / capacity")
+        ax.set_ylim(0, 105)
+        ax.set_title(f"{label}: peak blocks / capacity (%)")
         ax.set_xlabel("HBM capacity for KV (GB)")
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()

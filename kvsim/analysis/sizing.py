@@ -7,17 +7,29 @@ model (docs/simulate.md, "Sizing").
   :func:`context_check` counts them; :func:`drop_over_context` removes them (the CLI's
   ``--drop-over-context``).
 * **Load**: :func:`estimate_load` is one replica's busy time for the whole trace under the
-  roofline step model (:class:`kvsim.engine.engine_model.StepCostModel`), assuming every
-  repeated prompt block is a cache hit (an infinite prefix cache), so it is a lower bound
-  on the work: prefill compute (matmuls and attention,
-  ``StepCostModel.prefill_us``) of the first-seen prompt blocks' tokens, in steps of
-  ``max_num_batched_tokens`` (each step reads the weights once), plus decode: the output
-  tokens in steps of ``max_num_seqs`` sequences (each step reads the weights and pays the
-  step overhead).  ``utilisation = busy / span``.  The proposed replica count is
-  ``ceil(busy / (span x TARGET_UTILISATION))``: the fewest replicas that keep each below
-  70 % busy even if the cache were perfect (a queue grows without bound as utilisation
-  approaches 1; 0.7 leaves the headroom bursts need).  It is a minimum: real hit rates are
-  lower than an infinite cache's.
+  roofline step model (:class:`kvsim.engine.engine_model.StepCostModel`), twice:
+
+  - ``busy_s``, a lower bound: every repeated prompt block a cache hit (an infinite prefix
+    cache); prefill compute (matmuls and attention, ``StepCostModel.prefill_us``) of the
+    first-seen prompt blocks' tokens, in steps of ``max_num_batched_tokens`` (each step
+    reads the weights once and pays the step overhead);
+  - ``busy_upper_s``: no prefix hit at all (every prompt token computed);
+
+  plus, in both, decode: the output tokens in steps of ``batch`` sequences, each step
+  reading the weights, the batch's KV and paying the step overhead, where ``batch`` is
+  what the KV pool can hold: ``min(max_num_seqs, pool_tokens / mean_context)`` with
+  ``mean_context`` = the mean of ``prompt + output / 2`` tokens (a request's KV half-way
+  through its decode) and ``pool_tokens`` the replica's HBM pool (``hbm_blocks`` x block
+  size; unknown: ``max_num_seqs``).  A long-context trace on a small HBM decodes a few
+  sequences per step, so its decode work grows as HBM shrinks.
+  ``utilisation = busy / span`` (the lower bound: above 1 the deployment is certainly
+  overloaded, :data:`OVERLOAD_UTILISATION`).  The proposed replica count is
+  ``ceil(busy_upper / (span x TARGET_UTILISATION))``: enough replicas to keep each below
+  70 % busy even with no prefix hit (a queue grows without bound as utilisation
+  approaches 1; 0.7 leaves the headroom bursts need).  Why the no-hit bound and not the
+  perfect cache: on the Mooncake conversation trace the perfect-cache rule proposed 2
+  replicas, which served it with TTFT p99 1,740 s at 8 GB (HBM hit rate 5 %: a pool of a
+  few requests keeps little of the reuse; docs/benchmarks.md, "Issue 33: sizing").
 """
 
 from __future__ import annotations
@@ -49,11 +61,13 @@ class LoadEstimate:
     span_s: float  # last arrival - first arrival
     prefill_tokens: int  # tokens of first-seen prompt blocks (repeated blocks = hits)
     output_tokens: int
-    busy_s: float  # one replica's busy time for the trace (a lower bound)
+    busy_s: float  # one replica's busy time for the trace, perfect prefix cache (lower bound)
     utilisation: float  # busy_s / span_s for one replica
-    replicas: int  # proposed: ceil(busy / (span x TARGET_UTILISATION)), at least 1
+    replicas: int  # proposed: ceil(busy_upper / (span x TARGET_UTILISATION)), at least 1
+    busy_upper_s: float = 0.0  # one replica's busy time with no prefix hit
+    decode_batch: float = 0.0  # sequences per decode step the KV pool holds (mean)
 
-    def to_dict(self) -> dict:
+def to_dict(self) -> dict:
         return asdict(self)
 
 
@@ -80,9 +94,25 @@ def drop_over_context(table, context_tokens: int):
     return dataclasses.replace(table, df=kept)
 
 
+def pool_blocks(config, model: str, block_size_tokens: int) -> int:
+    """One replica's HBM pool in blocks of ``block_size_tokens``: ``--hbm-gb`` /
+    ``--hbm-blocks`` when given, else the replay's default (GPU memory x utilisation -
+    weights, :func:`kvsim.engine.engine_model.default_num_gpu_blocks`)."""
+    from kvsim.engine.engine_model import build_cost_model, default_num_gpu_blocks
+
+    blocks = config.lowering_options(block_size_tokens, model).get("num_gpu_blocks")
+    if blocks:
+        return int(blocks)
+    cost = build_cost_model(model, config.hardware, block_size_tokens=block_size_tokens)
+    return int(default_num_gpu_blocks(cost, config.gpu_memory_utilization))
+
+
 def estimate_load(table, model: str, hardware: str, max_num_seqs: int,
-                  max_num_batched_tokens: int) -> LoadEstimate:
-    """One replica's busy time for ``table`` (module docstring)."""
+                  max_num_batched_tokens: int, hbm_blocks: int | None = None,
+                  block_size_tokens: int = 16) -> LoadEstimate:
+    """One replica's busy time for ``table`` (module docstring); ``hbm_blocks`` of
+    ``block_size_tokens`` tokens: the replica's KV pool (None: decode batches are
+    ``max_num_seqs`` full)."""
     from kvsim.engine.engine_model import build_cost_model
 
     cost = build_cost_model(model, hardware)
@@ -91,7 +121,10 @@ def estimate_load(table, model: str, hardware: str, max_num_seqs: int,
     seen: set[int] = set()
     prefill = 0
     compute_us = 0.0
-    for prompt, ids in zip(df["prompt_tokens"].to_numpy(np.int64), df["block_ids"]):
+    cold_us = 0.0
+    prompts = df["prompt_tokens"].to_numpy(np.int64)
+    outputs = df["output_tokens"].to_numpy(np.int64)
+    for prompt, ids in zip(prompts, df["block_ids"]):
         new = 0
         for h in ids:
             h = int(h)
@@ -104,19 +137,27 @@ def estimate_load(table, model: str, hardware: str, max_num_seqs: int,
         fresh = min(int(prompt), new * bs) + max(int(prompt) - covered, 0)
         prefill += fresh
         compute_us += cost.prefill_us(int(prompt) - fresh, fresh)
-    out = int(df["output_tokens"].sum())
-    weights_us = cost.weight_bytes / cost.hbm_bytes_per_us
-    steps_prefill = math.ceil(prefill / max(max_num_batched_tokens, 1))
-    prefill_us = compute_us + steps_prefill * (weights_us + cost.step_overhead_us)
-    steps_decode = math.ceil(out / max(max_num_seqs, 1))
-    decode_us = steps_decode * (weights_us + cost.step_overhead_us)
+        cold_us += cost.prefill_us(0, int(prompt))
+    out = int(outputs.sum())
+    step_us = cost.weight_bytes / cost.hbm_bytes_per_us + cost.step_overhead_us
+    batches = max(max_num_batched_tokens, 1)
+    prefill_us = compute_us + math.ceil(prefill / batches) * step_us
+    cold_prefill_us = cold_us + math.ceil(int(prompts.sum()) / batches) * step_us
+    mean_ctx = float(np.mean(prompts + outputs / 2.0)) if len(df) else 1.0
+    batch = float(max(max_num_seqs, 1))
+    if hbm_blocks:
+        batch = min(batch, max(1.0, hbm_blocks * block_size_tokens / max(mean_ctx, 1.0)))
+    kv_read_us = batch * mean_ctx * cost.kv_bytes_per_token / cost.hbm_bytes_per_us
+    decode_us = math.ceil(out / batch) * (step_us + kv_read_us)
     busy_s = (prefill_us + decode_us) / 1e6
+    upper_s = (cold_prefill_us + decode_us) / 1e6
     arr = df["arrival_us"].to_numpy(np.int64)
     span_s = float(arr.max() - arr.min()) / 1e6 if len(arr) else 0.0
     util = busy_s / span_s if span_s > 0 else float("inf")
-    replicas = max(1, math.ceil(busy_s / (span_s * TARGET_UTILISATION))) if span_s > 0 else 1
-    return LoadEstimate(len(df), span_s, int(prefill), out, busy_s, util, replicas)
+    replicas = max(1, math.ceil(upper_s / (span_s * TARGET_UTILISATION))) if span_s > 0 else 1
+    return LoadEstimate(len(df), span_s, int(prefill), out, busy_s, util, replicas, upper_s,
+                        batch)
 
 
 __all__ = ["ContextCheck", "LoadEstimate", "OVERLOAD_UTILISATION", "TARGET_UTILISATION",
-           "context_check", "drop_over_context", "estimate_load"]
+           "context_check", "drop_over_context", "estimate_load", "pool_blocks"]

@@ -42,6 +42,11 @@ def _root(
                                           help="Print the kvsim version and exit.")] = False,
 ) -> None:
     """kvsim: replay KV-cache block events through tiered memory under placement policies."""
+    from kvsim.cli.common import err_console
+    from kvsim.jit.disk_cache import on_cold_compile
+
+    # the first compiled run says why it waits (docs/simulate.md, "Engines")
+    on_cold_compile(lambda message: err_console.print(message, highlight=False))
 
 
 # One module per command (group); each registers itself on `app` when imported.

@@ -398,7 +398,12 @@ def quiet_progress(json_: bool) -> bool:
 
 def progress(transient: bool = True, quiet: bool = False) -> Progress:
     """A rich progress bar on stderr: description, bar, done/total, elapsed, ETA (hidden
-    when stderr is not a terminal, or when ``quiet``, see :func:`quiet_progress`)."""
+    when ``quiet``, see :func:`quiet_progress`).  When stderr is not a terminal: one plain
+    line every 10 s instead (:class:`kvsim.cli.meter.LineProgress`)."""
+    if not quiet and not err_console.is_terminal:
+        from kvsim.cli.meter import LineProgress
+
+        return LineProgress()
     return Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),

@@ -74,13 +74,14 @@ _HELP = {
 }
 
 
-def _table(frame: pd.DataFrame, title: str, columns: list[str] | None = None) -> Table:
+def _table(frame: pd.DataFrame, title: str, columns: list[str] | None = None,
+           headers: dict[str, str] | None = None) -> Table:
     table = Table(title=title)
     columns = columns or list(frame.columns)
     for col in columns:
         numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool)
                       for v in frame[col] if v is not None)
-        table.add_column(col, justify="right" if numeric else "left",
+        table.add_column((headers or {}).get(col, col), justify="right" if numeric else "left",
                          no_wrap=col not in _WRAPPED, min_width=24 if col in _WRAPPED else None)
     for row in frame[columns].itertuples(index=False):
         table.add_row(*(_cell(v) for v in row))
@@ -101,8 +102,16 @@ def _cell(value) -> str:
     return "-" if value is None else str(value)
 
 
-def _records(rows: list[dict], title: str, columns: list[str] | None = None) -> Table:
-    return _table(pd.DataFrame(rows), title, columns) if rows else Table(title=f"{title}: none")
+def _records(rows: list[dict], title: str, columns: list[str] | None = None,
+             headers: dict[str, str] | None = None) -> Table:
+    return (_table(pd.DataFrame(rows), title, columns, headers) if rows
+            else Table(title=f"{title}: none"))
+
+
+#: Short headers of the summary's costliest-evictions table, so that it fits 100 columns
+#: (issue #33: 125 wide); --json keeps the field names.
+_TOP_HEADERS = {"from_tier": "from", "cost_us": "cost us", "need_step": "needed at",
+                "need_request_id": "by request", "need_decode_critical": "decode-crit"}
 
 
 def _emit_frame(frame: pd.DataFrame, json_: bool, csv: bool) -> bool:
@@ -157,9 +166,10 @@ def _render_summary(s: LogSummary) -> None:
                _records(s.by_reason, "decisions by reason"),
                _records(s.by_tier, "rows by tier move"),
                _records(s.stall_by_cause, "stall by the eviction that caused it"),
-               _records(s.top_causes, "costliest evictions (--json: reasons too)",
-                        ["seq", "step", "block", "action", "from_tier", "cost_us",
-                         "need_step", "need_request_id", "need_decode_critical"]),
+               _records(s.top_causes, "costliest evictions (--json: seq and reasons too)",
+                        ["step", "block", "action", "from_tier", "cost_us",
+                         "need_step", "need_request_id", "need_decode_critical"],
+                        _TOP_HEADERS),
                _records(s.top_paying_requests, "requests that paid the most stall"),
                _records(s.top_evicted_blocks, "blocks evicted most"),
                _records(s.top_evicted_requests, "requests whose blocks were evicted most"))

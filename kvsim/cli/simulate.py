@@ -116,11 +116,22 @@ def _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model, tier_
                      live_offload=live_offload)
 
 
-def _load_policy_files(files) -> None:
+def _load_policy_files(files) -> list[str]:
+    """Load each ``--policy-file``; their policies' names, in order."""
     from kvsim.policy.registry import load_policy_file
 
-    for f in files or ():
-        load_policy_file(f)
+    return [load_policy_file(f).name for f in files or ()]
+
+
+def _with_policy_files(names: list[str] | None, loaded: list[str]) -> list[str] | None:
+    """compare's policies: ``--policies`` (default: every built-in one) plus each
+    ``--policy-file`` policy not already listed (a loaded file is meant to be compared)."""
+    if not loaded:
+        return names
+    from kvsim.modes.comparison import default_policies
+
+    base = list(names) if names else default_policies()
+    return base + [n for n in dict.fromkeys(loaded) if n not in base]
 
 
 #: Columns holding a list per row (latency quantiles): kept in JSON and Parquet, left out
@@ -318,7 +329,9 @@ def simulate_command(
     table = None
     with progress(quiet=quiet) as bar, \
             tempfile.TemporaryDirectory(prefix="kvsim-simulate-") as tmpdir:
-        task = bar.add_task(f"replay {policy}", total=None)
+        task = bar.add_task(f"replay {policy}", total=None,
+                            unit="events" if trace is not None or sched == "recorded"
+                            else "requests served")
         if trace is None:  # a Request table: served closed loop, or lowered first
             table, opts = _request_table(profile, requests, seed, request_trace, fmt, model,
                                          block_size, max_num_seqs, max_num_batched_tokens,
@@ -332,7 +345,9 @@ def simulate_command(
                 from kvsim.modes.closed.cluster import serve
 
                 result = serve(table, policy, config, replicas=replicas, router=router,
-                               engine=opts, decision_log=decision_log)
+                               engine=opts, decision_log=decision_log,
+                               on_progress=lambda done, total: bar.update(
+                                   task, completed=done, total=total))
             else:
                 trace = _lower_for(table, config, opts, Path(tmpdir))
         if sched == "recorded":
@@ -502,7 +517,7 @@ def compare_command(
     check_timing(trace, timing)
     check_outputs(("--decision-log-dir", decision_log_dir, "dir"), ("--csv", csv, "csv"),
                   ("--parquet", parquet, "parquet"))
-    _load_policy_files(policy_file)
+    loaded = _load_policy_files(policy_file)
     config = _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model,
                      tier_policy, write_policy, preemption, priority_scheduling, no_prefetch,
                      warmup_fraction, log_lifecycle, seed, engine, warmup_requests, mode,
@@ -511,6 +526,7 @@ def compare_command(
     config = cluster_memory(config, link_model, shared_tier_gb, shared_tier_policy,
                             shared_link_gbps, shared_link_latency_us)
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
+    names = _with_policy_files(names, loaded)
     sched = resolve_schedule(schedule, trace is None, config.mode, config.live_offload)
     check_scheduler(scheduler, sched)
     check_event_file_options(trace, replicas, router)
@@ -536,7 +552,9 @@ def compare_command(
                 source = _lower_for(table, config, opts, Path(tmpdir))
         run = _policies_to_run(names, config, sched)
         with progress(quiet=quiet) as bar:
-            task = bar.add_task(f"policies ({', '.join(run[:1])} ...)", total=len(run))
+            unit = "requests served" if sched == "closed" else "events"
+            task = bar.add_task(f"{len(run)} policies ({', '.join(run[:1])} ...)", total=None,
+                                unit=unit)
 
             finished: set[str] = set()
 
@@ -546,9 +564,12 @@ def compare_command(
                 finished.add(name)
                 left = [p for p in run if p not in finished]
                 more = f", +{len(left) - 2}" if len(left) > 2 else ""
-                bar.update(task, advance=1, description=(
-                    f"policies (to finish: {', '.join(left[:2])}{more})" if left
-                    else "policies"))
+                bar.update(task, description=(
+                    f"{len(run)} policies (to finish: {', '.join(left[:2])}{more})" if left
+                    else f"{len(run)} policies"))
+
+            def on_work(done: int, total: int) -> None:  # events (requests) of all replays
+                bar.update(task, completed=done, total=total)
 
             if sched == "closed":
                 from kvsim.modes.closed.cluster import compare_requests
@@ -559,10 +580,11 @@ def compare_command(
                                           "only with --schedule recorded)", None, None,
                                           "--decision-log-dir")
                 df = compare_requests(table, names, config, replicas=replicas, router=router,
-                                      engine=opts, jobs=jobs, on_progress=on_policy)
+                                      engine=opts, jobs=jobs, on_progress=on_policy,
+                                      on_work=on_work)
             else:
                 df = compare(source, names, config, decision_log_dir=decision_log_dir,
-                             jobs=jobs, on_progress=on_policy)
+                             jobs=jobs, on_progress=on_policy, on_work=on_work)
     df, tenant_rows = split_tenant_rows(df)
     _write_rows(df, csv, parquet)
     warnings += run_warnings(df, trace, span_us)

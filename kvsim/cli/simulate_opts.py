@@ -79,7 +79,8 @@ CacheVariantOpt = Annotated[str, typer.Option(
 PolicyFileOpt = Annotated[list[Path] | None, typer.Option(
     "--policy-file", metavar="FILE.py",
     help="Load a user policy module (one Python file, see docs/policies.md); repeatable. "
-         "Its NAME then works with --policy / --policies.", show_default=False)]
+         "Its NAME then works with --policy / --policies; `compare` replays it too "
+         "(added to --policies, or to every built-in policy).", show_default=False)]
 CsvOpt = Annotated[Path | None, typer.Option(
     "--csv", metavar="PATH", help="Also write the result rows as CSV.", show_default=False)]
 ParquetOpt = Annotated[Path | None, typer.Option(

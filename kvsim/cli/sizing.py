@@ -37,15 +37,21 @@ def size_table(table, opts, config, replicas, sched, drop: bool, warnings: list,
                                   f"{ctx.context_tokens:,} tokens: nothing to serve", None,
                                   None, "--model")
     load = sizing.estimate_load(table, opts.model, config.hardware, opts.max_num_seqs,
-                                opts.max_num_batched_tokens)
+                                opts.max_num_batched_tokens,
+                                sizing.pool_blocks(config, opts.model, opts.block_size_tokens),
+                                opts.block_size_tokens)
+    upper = 100 * load.busy_upper_s / load.span_s if load.span_s > 0 else float("inf")
     if replicas == "auto":
         replicas = load.replicas if sched == "closed" else 1
         from kvsim.core.limits import check_replicas_memory
 
         check_replicas_memory(replicas, "--replicas auto")
         err_console.print(f"--replicas auto: {replicas} (one replica would be "
-                          f"{100 * load.utilisation:.0f}% busy even with a perfect prefix "
-                          f"cache; target {100 * sizing.TARGET_UTILISATION:.0f}%)")
+                          f"{100 * load.utilisation:.0f}-{upper:.0f}% busy, from a perfect "
+                          f"prefix cache to none, decoding {load.decode_batch:.0f} sequences "
+                          f"a step in its KV pool; target "
+                          f"{100 * sizing.TARGET_UTILISATION:.0f}% with no hit)",
+                          highlight=False)
     elif load.utilisation / replicas > sizing.OVERLOAD_UTILISATION:
         warnings.append({"code": "overload_predicted", "message": (
             f"this trace overloads {replicas} replica(s) of {opts.model} on "

@@ -141,11 +141,15 @@ def sweep_command(
                      _floats(dram_gb, "--dram-gb", True) if dram_gb else (None,), base, bound,
                      optimal)
     t0 = time.perf_counter()
+    rows = _event_rows(trace)  # progress in events: cells x the trace's events
     with progress(transient=False, quiet=quiet_progress(json_)) as bar:
-        task = bar.add_task(f"sweep {trace.name}", total=len(spec.cells()))
+        task = bar.add_task(f"sweep {trace.name} ({len(spec.cells())} cells)",
+                            total=len(spec.cells()) * rows,
+                            unit="events" if rows > 1 else "cells")
 
         def on_cell(done: int, total: int, policy: str, cached: bool) -> None:
-            bar.update(task, completed=done, total=total)
+            bar.update(task, completed=done * rows, total=total * rows,
+                       description=f"sweep {trace.name} ({done}/{total} cells)")
 
         res = run_sweep(spec, out, jobs=jobs, executor=executor, ray_address=ray_address,
                         curves=curves, curve_sample_rate=curve_sample_rate, on_cell=on_cell,
@@ -162,6 +166,18 @@ def sweep_command(
     from kvsim.cli.render import print_view
 
     print_view(sweep_table(res.table, f"sweep {trace.name}: {res.cells} cells, {mode} mode"))
+
+
+def _event_rows(trace: Path) -> int:
+    """The events in ``trace`` (Parquet's footer); 1 when unknown here (JSONL, or a bad
+    file: run_sweep reports it): progress then counts cells."""
+    try:
+        from kvsim.events import open_events
+
+        with open_events(trace) as reader:
+            return max(int(reader.num_rows or 1), 1)
+    except Exception:  # noqa: BLE001 - the sweep itself raises the one-line error
+        return 1
 
 
 def sweep_table(table: pd.DataFrame, title: str) -> Table:

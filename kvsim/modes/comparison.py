@@ -21,12 +21,12 @@ from kvsim.spec.sim_config import SimConfig
 _SHARED: dict = {}
 
 
-def _one(name: str) -> dict:
+def _one(name: str, on_events: Callable[[int, int], None] | None = None) -> dict:
     trace, config, facts = _SHARED["args"]
     log_dir = _SHARED.get("log_dir")
     log = None if log_dir is None or name == "optimal" else Path(log_dir) / f"{name}.parquet"
     res = simulate(trace, name, config, decision_log=log, facts=facts,
-                   lowering=_SHARED.get("lowering"))
+                   lowering=_SHARED.get("lowering"), on_progress=on_events)
     from kvsim.analysis.sweep_cell import latency_quantiles
 
     return {**res.summary, **latency_quantiles(res)}  # the quantiles: compare's HTML CDFs
@@ -45,9 +45,35 @@ def default_policies() -> list[str]:
 BASELINE = "lru"
 
 
+class WorkMeter:
+    """A compare's progress in units of work (events, or requests in the closed loop):
+    ``runs`` replays of ``per_run`` units each.  :meth:`partial` reports the replay running
+    in this process, :meth:`finish` a finished one (in any process); ``on_work(done,
+    total)`` receives the sum."""
+
+    def __init__(self, per_run: int, runs: int,
+                 on_work: Callable[[int, int], None] | None):
+        self.per_run = max(int(per_run), 1)
+        self.total = self.per_run * runs
+        self.finished = 0
+        self.on_work = on_work
+        self._shown = 0  # never backwards (a replay after a cold compile starts at 0)
+
+    def partial(self, done: int, _total: int | None = None) -> None:
+        if self.on_work is not None:
+            self._shown = max(self._shown, min(self.finished * self.per_run
+                                               + min(int(done), self.per_run), self.total))
+            self.on_work(self._shown, self.total)
+
+    def finish(self) -> None:
+        self.finished += 1
+        self.partial(0)
+
+
 def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
             config: SimConfig | None = None, decision_log_dir: str | Path | None = None,
-            jobs: int = 1, on_progress: Callable[[str], None] | None = None) -> pd.DataFrame:
+            jobs: int = 1, on_progress: Callable[[str], None] | None = None,
+            on_work: Callable[[int, int], None] | None = None) -> pd.DataFrame:
     """Replay the same trace under each policy; one row per policy (columns = the stable
     ``--json`` keys), in the order given, then the offline references compare adds (their
     rows are always in the result; ``bound_claim`` says which is a proven bound,
@@ -56,7 +82,9 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
     ``optimal``, the exact optimum (``gap_{hbm,prefix,block}_hit_rate_to_optimal``,
     :mod:`kvsim.bounds.optimal`); and, in engine mode, when lru is among the
     policies, its difference from lru (``p99_step_us_vs_lru``, ``p99_step_pct_vs_lru``,
-    ``decode_critical_misses_vs_lru``: this policy's minus lru's; negative = better)."""
+    ``decode_critical_misses_vs_lru``: this policy's minus lru's; negative = better).
+    ``on_progress(policy)`` after each policy; ``on_work(events_done, events_total)`` as
+    the replays advance (:class:`WorkMeter`)."""
     import tempfile
 
     config = config or SimConfig()
@@ -99,6 +127,7 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
     _SHARED["args"] = (str(trace_path), config, facts)
     _SHARED["log_dir"] = decision_log_dir
     results: dict[str, dict] = {}
+    meter = WorkMeter(facts.num_rows if facts is not None else 1, len(run_names), on_work)
     try:
         todo = list(run_names)
         if split:
@@ -107,11 +136,13 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
             # below inherit the core and load the hooks from numba's disk cache
             from kvsim.replay.precompile import compile_workers, first_then_hooks
 
-            results[first] = first_then_hooks(_one, (first,), cold, compile_workers(jobs),
-                                              done=results)
+            results[first] = first_then_hooks(_one, (first, meter.partial if facts is not None
+                                                      else None), cold,
+                                              compile_workers(jobs), done=results)
             for n in [first, *(n for n in todo if n in results and n != first)]:
                 if on_progress:
                     on_progress(n)
+                meter.finish()
                 todo.remove(n)
             # the replays after a cold compile use its processes (compile_workers)
             jobs = compile_workers(jobs)
@@ -124,11 +155,13 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
                     results[n] = futures[n].result()
                     if on_progress:
                         on_progress(n)
+                    meter.finish()
         else:
             for n in todo:
-                results[n] = _one(n)
+                results[n] = _one(n, meter.partial if facts is not None else None)
                 if on_progress:
                     on_progress(n)
+                meter.finish()
     finally:
         _SHARED.clear()
         tmpdir.cleanup()

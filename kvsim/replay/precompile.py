@@ -153,7 +153,12 @@ def needs_split(engine: str, closed: bool, names: Sequence[str]) -> tuple[bool, 
     if first is None:
         return False, None, []
     hooks = cold_hooks(names, skip=[first])
-    return core_is_cold(closed) or len(hooks) > 1, first, hooks
+    cold = core_is_cold(closed)
+    if cold:
+        from kvsim.replay.variants import announce_if_cold
+
+        announce_if_cold(closed)
+    return cold or len(hooks) > 1, first, hooks
 
 
 def first_then_hooks(first: Callable[..., dict], first_args: tuple, hook_names: Sequence[str],
@@ -240,8 +245,15 @@ def split_closed_compile(engine: str) -> Iterator[None]:
 
     if (engine != "compiled" or variants.BACKGROUND is not None or compile_workers(1) < 2
             or not core_is_cold(True)):
+        if engine == "compiled":
+            from kvsim.replay.variants import announce_if_cold
+
+            announce_if_cold(True)
         yield
         return
+    from kvsim.jit.disk_cache import announce_cold_compile
+
+    announce_cold_compile()
     from kvsim.core.workers import process_pool
 
     with process_pool(1) as ex:

@@ -41,7 +41,21 @@ def core_for(hbm_policy, lower_policies, engine: str = "compiled") -> ModuleType
         return interpreted()
     from kvsim.replay.kernel import core
 
+    if not _ANNOUNCED_CHECK and not dispatcher_is_cached(core.run):
+        from kvsim.jit.disk_cache import announce_cold_compile
+
+        announce_cold_compile()
+    _checked()
     return core
+
+
+_ANNOUNCED_CHECK = False
+
+
+def _checked() -> None:
+    """The cold-compile check runs once per process (a later core_for finds it loaded)."""
+    global _ANNOUNCED_CHECK
+    _ANNOUNCED_CHECK = True
 
 
 def is_compiled(core_module: ModuleType) -> bool:
@@ -86,6 +100,15 @@ def core_is_cold(closed: bool = False) -> bool:
     seal_all()
     return not dispatcher_is_cached(core.run) or (
         closed and not dispatcher_is_cached(closed_step.advance))
+
+
+def announce_if_cold(closed: bool = False) -> None:
+    """Before a compiled run: when the core is cold (:func:`core_is_cold`), say once that it
+    compiles (:func:`kvsim.jit.disk_cache.announce_cold_compile`)."""
+    from kvsim.jit.disk_cache import announce_cold_compile
+
+    if core_is_cold(closed):
+        announce_cold_compile()
 
 
 def auto_engine(engine: str, num_rows: int, hbm_policy, lower_policies, *, closed: bool = False,

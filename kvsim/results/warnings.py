@@ -12,9 +12,9 @@ keys) and returns a list of ``{"code", "message"}`` dicts; the CLI prints each a
   (the deployment cannot keep up: TTFT measures the queue; add replicas);
 * ``hbm_below_budget``: the replayed HBM holds under half the blocks the recorded schedule
   was made for (its batches no longer fit: preemptions and overflow, not caching);
-* ``request_larger_than_hbm``: a request needs more blocks than HBM holds;
-* ``dropped_requests``: the closed loop dropped requests whose prompt can never fit the HBM
-  pool (the scheduler's budget): they are missing from every metric.
+* ``request_larger_than_hbm``: a request needs more blocks than HBM holds (the closed
+  loop's ``dropped_requests``: never admitted, left out of every metric; or, given
+  ``largest_request_blocks``, the largest request of an event file).
 
 Sizing warnings made before a replay (context, offered load) come from
 :mod:`kvsim.analysis.sizing` with codes ``over_context`` and ``overload_predicted``.
@@ -68,16 +68,6 @@ def result_warnings(rows: list[dict], *, span_us: float | None = None,
             add("overload", f"overloaded: the run took {m / 1e6:,.0f} s to serve a trace "
                 f"spanning {span_us / 1e6:,.0f} s ({p}); TTFT measures the queue, not the "
                 "cache (add replicas: --replicas auto)")
-    dropped = [(str(r["policy"]), int(_num(r.get("dropped_requests")) or 0),
-                int(_num(r.get("requests")) or 0), _num(r.get("hbm_capacity_blocks")))
-               for r in online]
-    dropped = [d for d in dropped if d[1] > 0]
-    if dropped:
-        p, n, served, cap = max(dropped, key=lambda d: d[1])
-        pool = f"the {int(cap):,}-block HBM pool" if cap else "the HBM pool"
-        add("dropped_requests", f"{n:,} of {n + served:,} requests dropped ({p}): their "
-            f"prompt never fits {pool} (the scheduler's budget), so they are missing from "
-            "every metric; raise --hbm-gb / --hbm-blocks or lower --block-size")
     for r in online[:1]:
         cap = _num(r.get("hbm_capacity_blocks"))
         if cap and schedule_budget_blocks and cap < BUDGET_FRACTION * schedule_budget_blocks:
@@ -85,7 +75,14 @@ def result_warnings(rows: list[dict], *, span_us: float | None = None,
                 f"was made for {int(schedule_budget_blocks):,}: its batches no longer fit "
                 "(preemptions and overflow, not caching); regenerate the events for this "
                 "HBM or serve the request trace closed loop")
-        if cap and largest_request_blocks and largest_request_blocks > cap:
+        dropped = _num(r.get("dropped_requests")) or 0
+        if dropped > 0:  # the closed loop leaves out what can never be admitted
+            total = int(dropped + (_num(r.get("requests")) or 0))
+            add("request_larger_than_hbm", f"{int(dropped):,} of {total:,} requests dropped: "
+                f"each needs more KV blocks than HBM holds ({int(cap or 0):,} blocks a "
+                "replica, the scheduler's budget), so they are never admitted and missing "
+                "from every metric; raise --hbm-gb / --hbm-blocks or lower --block-size")
+        elif cap and largest_request_blocks and largest_request_blocks > cap:
             add("request_larger_than_hbm", f"a request needs {largest_request_blocks:,} "
                 f"blocks but HBM holds {int(cap):,}: it can never be resident at once")
     return out

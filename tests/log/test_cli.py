@@ -125,3 +125,20 @@ def test_bad_options_exit_2(lru_path):
     assert_one_line_error(run("explain", str(lru_path), "--step", "1"),
                           "expected a decision at step 1")
     assert_one_line_error(run("timeline", str(lru_path)), "exactly one of --block or --request")
+
+
+def test_summary_fits_100_columns(lru_path, monkeypatch, capsys):
+    """Issue #33: the summary was 125 columns wide on a real log (19-digit content-hash
+    block ids in the costliest evictions): every line now fits 100 columns."""
+    from kvsim.cli.log import _render_summary
+
+    monkeypatch.setenv("COLUMNS", "100")
+    s = summary(DecisionLog(lru_path))
+    big = [{**r, "block": 5650068118294559082 + k, "seq": 174_801 + k, "step": 6_524,
+            "need_step": 7_120, "need_request_id": 30, "cost_us": 379.0}
+           for k, r in enumerate(s.top_causes)]
+    _render_summary(dataclasses.replace(s, top_causes=big))
+    out = capsys.readouterr()
+    assert "columns wide" not in out.err
+    assert max(len(line) for line in out.out.splitlines()) <= 100
+    assert "5650068118294559082" in out.out

@@ -54,7 +54,7 @@ def test_dropped_requests_warn() -> None:
     dropped = out["policies"][0]["dropped_requests"]
     assert dropped > 0
     codes = {w["code"]: w["message"] for w in out["warnings"]}
-    assert f"{dropped:,} of 200 requests dropped" in codes["dropped_requests"]
+    assert f"{dropped:,} of 200 requests dropped" in codes["request_larger_than_hbm"]
     assert any(f"{dropped:,} of 200 requests dropped" in line
                for line in result.stderr.splitlines())
 

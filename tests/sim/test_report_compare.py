@@ -14,7 +14,12 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from kvsim.analysis.report_compare import FIGURES, build_compare_report, is_compare_table
+from kvsim.analysis.report_compare import (
+    build_compare_report,
+    figures_with_data,
+    is_compare_table,
+    zoomed_limits,
+)
 from kvsim.analysis.sweep import LATENCY_QUANTILES
 from kvsim.cli import app
 from kvsim.core.errors import KvsimInputError
@@ -40,9 +45,13 @@ def compared(builder, tiny_hw, tmp_path):
 def test_page_is_self_contained_with_every_figure(compared):
     rows, page = compared
     text = page.read_text(encoding="utf-8")
-    for name in FIGURES:
+    shown = figures_with_data(pd.read_parquet(rows))
+    for name in shown:
         assert f"<figure id='{name}'><svg" in text
-    assert text.count("<svg") == len(FIGURES)
+    assert text.count("<svg") == len(shown) >= 2
+    # the answer first (issue #33): the recommendation precedes every figure
+    assert text.index("Recommendation: ") < text.index("<figure")
+    assert "fraction" not in text  # percentages throughout
     assert "<script" not in text.lower()
     refs = re.findall(r"""(?:src|href)\s*=\s*["']([^"']+)["']""", text)
     assert all(r.startswith("#") for r in refs), refs
@@ -90,3 +99,24 @@ def test_renders_in_headless_chromium(compared, tmp_path):
     assert non_white.mean() > 0.02  # bars, lines and text drew
     assert len({tuple(np.round(c, 1)) for c in img[non_white][::50]}) >= 4
     shutil.copy(shot, tmp_path.parent / "compare_report_screenshot.png")  # for a human
+
+
+def test_panels_without_data_are_dropped_and_hit_rates_zoomed():
+    """Issue #33: no decode-critical panel when every policy has 0; no CXL legend when
+    nothing moved to CXL; the hit-rate axis zoomed onto 58-60 %, not 0-100 %."""
+    from kvsim.analysis.report_compare import _bar_panels, _traffic
+
+    df = pd.DataFrame({"policy": ["lru", "fifo", "belady"], "offline": [False, False, True],
+                       "hbm_hit_rate": [0.58, 0.60, 0.61],
+                       "decode_critical_misses": [0, 0, 0], "ttft_p99_us": [1e6, 2e6, 1e6],
+                       "deadline_misses": [0, 0, 0], "bytes_dram_link": [1e9, 2e9, 1e9],
+                       "bytes_cxl_link": [0.0, 0.0, 0.0], "evictions_hbm": [5, 6, 4],
+                       "spills_hbm": [1, 2, 1], "evictions_cxl": [0, 0, 0],
+                       "spills_cxl": [0, 0, 0], "bound_claim": [None, None, "bound"]})
+    assert [c for c, _, _ in _bar_panels(df)] == ["hbm_hit_rate", "ttft_p99_us"]
+    _, links, tiers = _traffic(df)
+    assert "CXL" not in {t[1] for t in tiers}
+    assert [col for col, _, _ in links] == ["bytes_dram_link"]
+    lo, hi = zoomed_limits([58.0, 60.0, 61.0])
+    assert (lo, hi) == pytest.approx((57.5, 61.5))  # range 3 pp, margin at least 0.5
+    assert figures_with_data(df) == ["policy_bars", "tier_traffic"]  # no quantiles: no CDFs

@@ -72,7 +72,10 @@ def test_deadline_pressure_intent(tmp_path):
     inter = df0[df0.request_priority == 90]
     batch = df0[df0.request_priority == 10]
     assert len(inter) and len(batch)
-    assert (inter.ttft_deadline_us == 300_000).all() and (batch.prompt_tokens >= 16000).all()
+    assert (inter.ttft_deadline_us == 300_000).all() and (batch.prompt_tokens >= 3000).all()
+    # every request fits llama-3-8b's 8,192-token context (issue #33: 16k-32k documents and
+    # unbounded sessions put 37 of 256 over it)
+    assert ((df0.prompt_tokens + df0.output_tokens) <= 8192).all()
     generate("deadline_pressure", 200, 3, tmp_path / "ev.parquet")
     _, df = read_events(tmp_path / "ev.parquet")
     idle = df[(df.kind == K.INTENT) & (df.phase == Phase.IDLE) & (df.block_index == -1)]

@@ -187,7 +187,7 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
         else:
             _run_cluster(table, engines, router, opts.block_size_tokens,
                          prompt_block_hashes(table, off, ids, opts.block_size_tokens),
-                         warmup)
+                         warmup, on_progress)
         for e in engines:
             e.finish()
     except BaseException as exc:
@@ -217,10 +217,13 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
 
 
 def _run_cluster(table: RequestTable, engines: list[Engine], router: str, B: int,
-                 pb: tuple[np.ndarray, np.ndarray], warmup: int = 0) -> None:
+                 pb: tuple[np.ndarray, np.ndarray], warmup: int = 0,
+                 on_progress: Callable[[int, int], None] | None = None) -> None:
     """Route each request at its arrival time.  Replicas interact only through the router,
     so between two arrivals each one runs its own steps independently: before routing
-    request ``i`` every replica runs the steps that start before ``arrival_i``."""
+    request ``i`` every replica runs the steps that start before ``arrival_i``.
+    ``on_progress(served, N)``: the requests the replicas have finished, after each
+    arrival."""
     df = table.df
     arr = df["arrival_us"].to_numpy(np.int64)
     prompt = df["prompt_tokens"].to_numpy(np.int64)
@@ -252,19 +255,24 @@ def _run_cluster(table: RequestTable, engines: list[Engine], router: str, B: int
             e.sched.stf[0] = t  # an idle engine waits for its next request
         e.enqueue(i)
         waiting_blocks[w] += int(nb_all[i])
+        if on_progress is not None:
+            on_progress(sum(int(x.sched.st[S.S_DONE]) for x in engines), N)
     for e in engines:
         e.advance(-1.0)
+    if on_progress is not None:
+        on_progress(sum(int(x.sched.st[S.S_DONE]) for x in engines), N)
 
 
 def compare_requests(table: RequestTable, policies=None, config: SimConfig | None = None, *,
                      replicas: int = 1, router: str = "round_robin",
                      engine: EngineOptions | None = None, jobs: int = 1,
-                     on_progress: Callable[[str], None] | None = None) -> pd.DataFrame:
+                     on_progress: Callable[[str], None] | None = None,
+                     on_work: Callable[[int, int], None] | None = None) -> pd.DataFrame:
     """:func:`serve` under each policy (belady added as the offline bound when
     available); one row per policy with the summary keys, plus
     ``gap_hbm_hit_rate_to_belady``, ``gap_ttft_p99_us_to_belady`` and, when lru is listed,
     ``ttft_p50_us_vs_lru`` / ``ttft_p99_us_vs_lru`` (this policy's minus lru's)."""
-    from kvsim.modes.comparison import default_policies
+    from kvsim.modes.comparison import WorkMeter, default_policies
     from kvsim.policy.registry import resolve_policy
 
     names = list(policies) if policies else default_policies()
@@ -290,16 +298,18 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
     args = (table, config, replicas, router, engine)
     results: dict[str, dict] = {}
     todo = list(run_names)
+    meter = WorkMeter(len(table.df), len(run_names), on_work)  # requests served
     if split:
         # a cold compile: the core compiles here (first policy) while forked workers
         # compile the other policies' hooks (kvsim.replay.precompile)
         from kvsim.replay.precompile import compile_workers, first_then_hooks
 
-        results[first] = first_then_hooks(_serve_summary, (first, *args), cold,
+        results[first] = first_then_hooks(_serve_summary, (first, *args, meter.partial), cold,
                                           compile_workers(jobs), closed=True, done=results)
         for n in [first, *(n for n in todo if n in results and n != first)]:
             if on_progress:
                 on_progress(n)
+            meter.finish()
             todo.remove(n)
         # the replays after a cold compile use its processes (compile_workers)
         jobs = compile_workers(jobs)
@@ -312,11 +322,13 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
                 results[n] = futures[n].result()
                 if on_progress:
                     on_progress(n)
+                meter.finish()
     else:
         for n in todo:
-            results[n] = _serve_summary(n, *args)
+            results[n] = _serve_summary(n, *args, on_progress=meter.partial)
             if on_progress:
                 on_progress(n)
+            meter.finish()
     ref = results.get(bound) if bound else None
     base = results.get("lru")
     nan = float("nan")
@@ -335,8 +347,9 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
     return label_bounds(pd.DataFrame(rows), "closed")  # no bound in the closed loop
 
 
-def _serve_summary(name, table, config, replicas, router, engine) -> dict:
+def _serve_summary(name, table, config, replicas, router, engine,
+                   on_progress: Callable[[int, int], None] | None = None) -> dict:
     s = dict(serve(table, name, config, replicas=replicas, router=router,
-                   engine=engine).summary)
+                   engine=engine, on_progress=on_progress).summary)
     s.pop("replica_rows", None)
     return s

@@ -1,0 +1,126 @@
+"""Progress for a stderr that is not a terminal (a log file, a CI job, ``2> run.log``):
+one plain line at a low rate instead of rich's live bar, which would print nothing there.
+
+:class:`LineProgress` takes the calls :class:`rich.progress.Progress` takes from kvsim's
+commands (``add_task``, ``update``, ``advance``; a context manager) and writes, at most
+every :data:`INTERVAL_S` seconds (``$KVSIM_PROGRESS_INTERVAL_S`` overrides it), a line::
+
+    progress: replay lru: 1,234,567/4,000,000 events (31 %), 12 s elapsed, about 27 s left
+
+The ETA is the elapsed time scaled by the work left (``elapsed x (total - done) / done``):
+a straight-line estimate, the one rich's bar shows too.  Nothing is written when no line
+fell due (a run shorter than the interval prints no progress at all).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+#: Seconds between two progress lines on a non-terminal stderr: a log stays readable
+#: (one line per 10 s is 360 lines for an hour's run) and a stalled run is visible.
+INTERVAL_S = 10.0
+
+
+def interval_s() -> float:
+    raw = os.environ.get("KVSIM_PROGRESS_INTERVAL_S", "").strip()
+    try:
+        return max(float(raw), 0.0) if raw else INTERVAL_S
+    except ValueError:
+        return INTERVAL_S
+
+
+def _duration(s: float) -> str:
+    s = int(round(s))
+    if s < 120:
+        return f"{s} s"
+    if s < 7200:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+class _Task:
+    def __init__(self, description: str, total: float | None, unit: str):
+        self.description = description
+        self.total = total
+        self.unit = unit
+        self.completed = 0.0
+        self.start = time.monotonic()
+
+
+class LineProgress:
+    """A rich-Progress stand-in writing a line every :func:`interval_s` seconds."""
+
+    def __init__(self, stream=None, interval: float | None = None):
+        self.stream = stream if stream is not None else sys.stderr
+        self.interval = interval_s() if interval is None else interval
+        self.tasks: list[_Task] = []
+        self._last = time.monotonic()
+        self._stop = None
+
+    def __enter__(self) -> LineProgress:
+        import threading
+
+        self._last = time.monotonic()
+        self._stop = threading.Event()
+        if self.interval > 0:
+            # a line falls due also while nothing reports (a replay that reports only at
+            # its end, a compile): a daemon thread writes it
+            self._thread = threading.Thread(target=self._tick, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        return None
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.interval / 4):
+            self._maybe_write(time.monotonic())
+
+    def _maybe_write(self, now: float) -> None:
+        if self.tasks and now - self._last >= self.interval and not (
+                self._stop is not None and self._stop.is_set()):
+            self._last = now
+            self.stream.write(line(self.tasks[-1], now) + "\n")
+            self.stream.flush()
+
+    def add_task(self, description: str, total: float | None = None, unit: str = "",
+                 **_fields) -> int:
+        self.tasks.append(_Task(description, total, unit))
+        return len(self.tasks) - 1
+
+    def advance(self, task: int, advance: float = 1) -> None:
+        self.update(task, advance=advance)
+
+    def update(self, task: int, *, completed: float | None = None, total: float | None = None,
+               advance: float | None = None, description: str | None = None,
+               **_fields) -> None:
+        t = self.tasks[task]
+        if total is not None:
+            t.total = total
+        if completed is not None:
+            t.completed = completed
+        if advance is not None:
+            t.completed += advance
+        if description is not None:
+            t.description = description
+        self._maybe_write(time.monotonic())
+
+
+def line(t: _Task, now: float) -> str:
+    """One progress line of task ``t`` at ``now`` (module docstring)."""
+    elapsed = now - t.start
+    unit = f" {t.unit}" if t.unit else ""
+    if t.total:
+        frac = min(t.completed / t.total, 1.0)
+        text = (f"progress: {t.description}: {t.completed:,.0f}/{t.total:,.0f}{unit} "
+                f"({100 * frac:.0f} %), {_duration(elapsed)} elapsed")
+        if 0 < t.completed < t.total:
+            text += f", about {_duration(elapsed * (t.total - t.completed) / t.completed)} left"
+        return text
+    return f"progress: {t.description}: {t.completed:,.0f}{unit}, {_duration(elapsed)} elapsed"
+
+
+__all__ = ["INTERVAL_S", "LineProgress", "interval_s", "line"]
