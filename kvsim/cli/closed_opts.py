@@ -256,3 +256,49 @@ def cluster_memory(config, link_model: str, shared_tier_gb, shared_tier_policy: 
                               shared_link_latency_us=shared_link_latency_us)
     config_for(out)  # refused before any work: a shared tier beside private tiers
     return out
+
+
+def lower_for(table, config, opts, tmpdir: Path) -> Path:
+    """Lower ``table`` for this replay (``--schedule recorded`` of a Request table): the
+    scheduler's KV budget is the replayed HBM pool (``SimConfig.lowering_options``; with
+    ``--live-offload`` the whole GPU's, so the recorded batches oversubscribe the HBM)."""
+    from kvsim.engine.lowering import lower_requests
+
+    path = tmpdir / "lowered.parquet"
+    lowering = config.lowering_options(opts.block_size_tokens, opts.model)
+    lower_requests(table, path, max_num_seqs=opts.max_num_seqs,
+                   max_num_batched_tokens=opts.max_num_batched_tokens, seed=config.seed,
+                   timing=opts.timing, **lowering)
+    return path
+
+
+def single_replica(replicas: int) -> None:
+    if replicas != 1:
+        raise KvsimInputError("expected --replicas 1 with --schedule recorded (an event "
+                              "file is one engine's steps)", None, None, "--replicas")
+
+
+def request_table(profile, requests, seed, request_trace, fmt, model, block_size,
+                   max_num_seqs, max_num_batched_tokens, config, sched, timing=None,
+                   trace_block_size=None, salt_by_tenant=False, scheduler="kvsim"):
+    """The Request table a profile or request trace gives, and the engine options it is
+    served with; says on stderr what is served how (a log line, not progress)."""
+    from kvsim.modes.closed.closed_loop import EngineOptions
+
+    table = load_table(profile, requests, seed, request_trace, fmt, trace_block_size,
+                       salt_by_tenant)
+    opts = EngineOptions(block_size_tokens=block_size, max_num_seqs=max_num_seqs,
+                         max_num_batched_tokens=max_num_batched_tokens,
+                         model=model or "llama-3-8b", timing=timing or "auto",
+                         scheduler=scheduler)
+    opts_timing = timing_name(opts, config)  # before any work: --timing measured w/o data
+    budget = config.lowering_options(block_size, opts.model).get("num_gpu_blocks")
+    from kvsim.cli.common import err_console
+
+    err_console.print(f"{len(table):,} requests "
+                      + (f"from profile {profile} (seed {seed})" if profile else
+                         f"from {request_trace}") + f", {sched} schedule"
+                      + f", timing {opts_timing}"
+                      + (f", scheduler budget {budget:,} blocks = the HBM pool"
+                         if budget else ""))
+    return table, opts

@@ -36,16 +36,17 @@ from kvsim.cli.closed_opts import (
     check_timing,
     cluster_memory,
     engine_options,
-    load_table,
+    lower_for,
     parse_replicas,
+    request_table,
     resolve_schedule,
+    single_replica,
     timing_name,
 )
 from kvsim.cli.common import (
     JsonOption,
     check_outputs,
     emit_json,
-    err_console,
     progress,
     quiet_progress,
 )
@@ -333,7 +334,7 @@ def simulate_command(
                             unit="events" if trace is not None or sched == "recorded"
                             else "requests served")
         if trace is None:  # a Request table: served closed loop, or lowered first
-            table, opts = _request_table(profile, requests, seed, request_trace, fmt, model,
+            table, opts = request_table(profile, requests, seed, request_trace, fmt, model,
                                          block_size, max_num_seqs, max_num_batched_tokens,
                                          config, sched, timing,
                                          trace_block_size, salt_by_tenant, scheduler)
@@ -349,9 +350,9 @@ def simulate_command(
                                on_progress=lambda done, total: bar.update(
                                    task, completed=done, total=total))
             else:
-                trace = _lower_for(table, config, opts, Path(tmpdir))
+                trace = lower_for(table, config, opts, Path(tmpdir))
         if sched == "recorded":
-            _single_replica(replicas)
+            single_replica(replicas)
             result = simulate(trace, policy, config, decision_log=decision_log,
                               on_progress=lambda done, total: bar.update(
                                   task, completed=done, total=total))
@@ -376,50 +377,6 @@ def simulate_command(
                    with_verdict=False)
     if replica_rows is not None and len(replica_rows) > 1:
         print_replicas(replica_rows)
-
-
-def _lower_for(table, config, opts, tmpdir: Path) -> Path:
-    """Lower ``table`` for this replay (``--schedule recorded`` of a Request table): the
-    scheduler's KV budget is the replayed HBM pool (``SimConfig.lowering_options``; with
-    ``--live-offload`` the whole GPU's, so the recorded batches oversubscribe the HBM)."""
-    from kvsim.engine.lowering import lower_requests
-
-    path = tmpdir / "lowered.parquet"
-    lowering = config.lowering_options(opts.block_size_tokens, opts.model)
-    lower_requests(table, path, max_num_seqs=opts.max_num_seqs,
-                   max_num_batched_tokens=opts.max_num_batched_tokens, seed=config.seed,
-                   timing=opts.timing, **lowering)
-    return path
-
-
-def _single_replica(replicas: int) -> None:
-    if replicas != 1:
-        raise KvsimInputError("expected --replicas 1 with --schedule recorded (an event "
-                              "file is one engine's steps)", None, None, "--replicas")
-
-
-def _request_table(profile, requests, seed, request_trace, fmt, model, block_size,
-                   max_num_seqs, max_num_batched_tokens, config, sched, timing=None,
-                   trace_block_size=None, salt_by_tenant=False, scheduler="kvsim"):
-    """The Request table a profile or request trace gives, and the engine options it is
-    served with; says on stderr what is served how (a log line, not progress)."""
-    from kvsim.modes.closed.closed_loop import EngineOptions
-
-    table = load_table(profile, requests, seed, request_trace, fmt, trace_block_size,
-                       salt_by_tenant)
-    opts = EngineOptions(block_size_tokens=block_size, max_num_seqs=max_num_seqs,
-                         max_num_batched_tokens=max_num_batched_tokens,
-                         model=model or "llama-3-8b", timing=timing or "auto",
-                         scheduler=scheduler)
-    opts_timing = timing_name(opts, config)  # before any work: --timing measured w/o data
-    budget = config.lowering_options(block_size, opts.model).get("num_gpu_blocks")
-    err_console.print(f"{len(table):,} requests "
-                      + (f"from profile {profile} (seed {seed})" if profile else
-                         f"from {request_trace}") + f", {sched} schedule"
-                      + f", timing {opts_timing}"
-                      + (f", scheduler budget {budget:,} blocks = the HBM pool"
-                         if budget else ""))
-    return table, opts
 
 
 @app.command("compare", short_help="Replay the same trace under every policy (or a list) "
@@ -539,7 +496,7 @@ def compare_command(
         source = trace
         table = None
         if trace is None:
-            table, opts = _request_table(profile, requests, seed, request_trace, fmt, model,
+            table, opts = request_table(profile, requests, seed, request_trace, fmt, model,
                                          block_size, max_num_seqs, max_num_batched_tokens,
                                          config, sched, timing,
                                          trace_block_size, salt_by_tenant, scheduler)
@@ -548,8 +505,8 @@ def compare_command(
                                              strict=request_trace is not None)
             router = router or "round_robin"
             if sched == "recorded":
-                _single_replica(replicas)
-                source = _lower_for(table, config, opts, Path(tmpdir))
+                single_replica(replicas)
+                source = lower_for(table, config, opts, Path(tmpdir))
         run = _policies_to_run(names, config, sched)
         with progress(quiet=quiet) as bar:
             unit = "requests served" if sched == "closed" else "events"
