@@ -164,6 +164,7 @@ OUTPUT_OPTIONS: dict[str, dict[str, str]] = {
                 "html": "html"},
     "calibrate": {"out": "toml"},
     "sweep": {"out": "dir"},
+    "plan": {"out": "dir"},
     "report": {"out": "html", "png": "dir"},
 }
 
