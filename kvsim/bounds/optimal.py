@@ -22,6 +22,20 @@ post-request cache states on random prefix-tree traces, hypothesis).  With a war
 solver still optimises the whole trace and reports the measured requests' hits, as
 kvcache-simulator does.  It bounds every online policy's cache-mode hits at the same
 capacity (those policies make a subset of the same choices).
+
+Productions (the engine-mode bound: a request that looks up only part of its chain, its
+capped prompt, and offers the rest, decode-filled blocks, for insertion): a block can
+then be dropped and loaded again for free by a request that produces it without looking
+it up, so keeping a chain-inconsistent cache can pay (keep a child, let the parent be
+re-produced before both are looked up), which chain-order Belady misses (a 6-request
+case: 8 hits against brute force's 9).  The solver therefore optimises the relaxation
+where blocks are independent: a looked-up block hits whenever it is resident, and
+keeping a block pays only up to its next occurrence if that occurrence is a lookup
+(:func:`next_uses`).  Belady with bypass is exact for independent unit-size items, and
+every schedule of the prefix model is one of the relaxation's with no more hits, so the
+result is an upper bound on the prefix model's optimum; with full lookups (cache mode)
+Belady's cache stays chain-consistent and the two are equal (both checked against brute
+force in tests/sim/test_optimum.py).
 """
 
 from __future__ import annotations
@@ -47,15 +61,17 @@ class OptimumResult:
 
 
 def next_uses(chain: np.ndarray, is_lookup: np.ndarray | None = None) -> np.ndarray:
-    """``out[i]``: index of the next *lookup* of ``chain[i]`` after ``i`` (NEVER if none;
-    every position is a lookup unless ``is_lookup`` says otherwise)."""
+    """``out[i]``: when keeping ``chain[i]`` after position ``i`` next pays: the index of the
+    block's next occurrence if that occurrence is a *lookup*, NEVER if the block never
+    occurs again or its next occurrence is a *production* (a position that only offers it
+    for insertion: the block can be loaded there again for free, so holding it until then
+    saves nothing).  Every position is a lookup unless ``is_lookup`` says otherwise."""
     out = np.full(len(chain), NEVER, np.int64)
     last: dict[int, int] = {}
     for i in range(len(chain) - 1, -1, -1):
         h = int(chain[i])
         out[i] = last.get(h, NEVER)
-        if is_lookup is None or is_lookup[i]:
-            last[h] = i
+        last[h] = i if is_lookup is None or is_lookup[i] else NEVER
     return out
 
 
@@ -69,35 +85,26 @@ def cache_optimum(stream: CacheStream, capacity_blocks: int) -> OptimumResult:
     for k in range(stream.num_requests):
         is_lookup[off[k]:off[k] + look[k]] = True
     nxt = next_uses(chain, is_lookup)
-    key: dict[int, int] = {}  # resident block -> its next use
+    key: dict[int, int] = {}  # resident block -> when keeping it next pays
     depth: dict[int, int] = {}
     heap: list[tuple[int, int, int]] = []  # (-next use, -depth, block), lazily deleted
     hits = np.zeros(stream.num_requests, np.int64)
     evictions = bypassed = 0
     for k in range(stream.num_requests):
         a, b = int(off[k]), int(off[k + 1])
-        j = a
-        while j < a + look[k] and int(chain[j]) in key:  # the prefix lookup
-            h = int(chain[j])
-            key[h] = int(nxt[j])
-            heapq.heappush(heap, (-key[h], -(j - a), h))
-            j += 1
-        hits[k] = j - a
-        while j < b and int(chain[j]) in key:  # resident past the looked-up part
-            h = int(chain[j])
-            key[h] = int(nxt[j])
-            heapq.heappush(heap, (-key[h], -(j - a), h))
-            j += 1
-        for i in range(j, b):  # the insertions, in chain order
+        for i in range(a, a + int(look[k])):  # the lookup: every resident looked-up block
+            if int(chain[i]) in key:
+                hits[k] += 1
+        for i in range(a, b):  # refresh what is resident, insert the rest in chain order
             h = int(chain[i])
-            if h in key:  # resident past a miss
-                key[h] = int(nxt[i])
-                heapq.heappush(heap, (-key[h], -(i - a), h))
-                continue
             x = int(nxt[i])
+            if h in key:
+                key[h] = x
+                heapq.heappush(heap, (-x, -(i - a), h))
+                continue
             if x == NEVER:
-                bypassed += b - i
-                break
+                bypassed += 1
+                continue
             if len(key) >= cap:
                 while True:  # the farthest next use (lazy deletion of stale entries)
                     nk, nd, v = heap[0]
@@ -105,8 +112,8 @@ def cache_optimum(stream: CacheStream, capacity_blocks: int) -> OptimumResult:
                         break
                     heapq.heappop(heap)
                 if -nk <= x:  # nothing cached is used later than x: bypass it
-                    bypassed += b - i
-                    break
+                    bypassed += 1
+                    continue
                 heapq.heappop(heap)
                 del key[v]
                 del depth[v]
