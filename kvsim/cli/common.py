@@ -262,6 +262,19 @@ def install_signal_handlers() -> None:
         signal.signal(signal.SIGTERM, _on_sigterm)
 
 
+def _interrupt_cause(exc: BaseException) -> BaseException | None:
+    """The Ctrl-C or SIGTERM behind ``exc`` (its ``__cause__`` / ``__context__`` chain), if
+    any: how a signal arriving inside numba-compiled code reaches Python."""
+    seen = set()
+    e = exc.__cause__ or exc.__context__
+    while e is not None and id(e) not in seen:
+        if isinstance(e, (KeyboardInterrupt, Terminated)):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
 class KvsimGroup(TyperGroup):
     """The root command group: turns user errors into one line and an exit code."""
 
@@ -322,6 +335,15 @@ class KvsimGroup(TyperGroup):
             fail(INTERRUPTED, EXIT_SIGINT)
         except Terminated:
             fail(TERMINATED, EXIT_SIGTERM)
+        except SystemError as exc:
+            # a signal whose handler raised inside compiled code (numba reports the
+            # KeyboardInterrupt / Terminated it could not propagate as the cause of a
+            # SystemError, e.g. "CPUDispatcher(...) returned a result with an exception set")
+            cause = _interrupt_cause(exc)
+            if cause is None:
+                raise
+            fail(INTERRUPTED if isinstance(cause, KeyboardInterrupt) else TERMINATED,
+                 EXIT_SIGINT if isinstance(cause, KeyboardInterrupt) else EXIT_SIGTERM)
         except EOFError as exc:  # typer would report it as Ctrl-C ("Aborted")
             fail(f"unexpected end of a file ({exc or 'EOFError'}); no Ctrl-C was pressed", 1)
         except BrokenPipeError:
