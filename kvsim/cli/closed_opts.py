@@ -58,12 +58,14 @@ MaxTokensOpt = Annotated[int | None, typer.Option(
     help="Token budget of one engine step (vLLM; default 8192).  Not with --trace.")]
 
 SchedulerOpt = Annotated[str, typer.Option(
-    "--scheduler", metavar="kvsim|vllm",
-    help="Who decides the closed loop's steps: kvsim (kvsim's continuous-batching scheduler, "
-         "the default) or vllm (vLLM 0.33's own v1 scheduler, ported and checked step by "
-         "step against recordings of vLLM: recompute preemption, chunk-wise block "
-         "allocation, reserve-full-ISL admission; no n > 1, beams or speculative drafts).  "
-         "docs/simulate.md, \"Fidelity to vLLM\".")]
+    "--scheduler", metavar="auto|vllm|kvsim",
+    help="Who decides the closed loop's steps: vllm (vLLM 0.33's own v1 scheduler, ported "
+         "and checked step by step against recordings of vLLM: recompute preemption, "
+         "chunk-wise block allocation, reserve-full-ISL admission; no n > 1, beams, "
+         "speculative drafts or --preemption swap), kvsim (kvsim's continuous-batching "
+         "scheduler, which models those) or auto (the default: vllm, unless the run needs "
+         "one of those, then kvsim, said in a note).  docs/simulate.md, \"Fidelity to "
+         "vLLM\".")]
 TimingOpt = Annotated[str | None, typer.Option(
     "--timing", metavar="auto|roofline|measured|FILE.toml",
     help="Step-time model of the engine serving --profile / --request-trace: measured "
@@ -114,11 +116,12 @@ def engine_options(trace, block_size, max_num_seqs, max_num_batched_tokens) -> t
 
 
 def check_scheduler(scheduler: str, sched: str) -> None:
-    """``--scheduler`` names the closed loop's scheduler: kvsim or vllm, closed loop only."""
-    if scheduler not in ("kvsim", "vllm"):
-        raise KvsimInputError(f"expected --scheduler kvsim | vllm, got {scheduler!r}", None,
-                              None, "--scheduler")
-    if scheduler != "kvsim" and sched != "closed":
+    """``--scheduler`` names the closed loop's scheduler: auto, vllm or kvsim; an explicit
+    one only with the closed loop (auto is then moot)."""
+    if scheduler not in ("auto", "kvsim", "vllm"):
+        raise KvsimInputError(f"expected --scheduler auto | vllm | kvsim, got {scheduler!r}",
+                              None, None, "--scheduler")
+    if scheduler == "vllm" and sched != "closed":
         raise KvsimInputError("expected --scheduler vllm only with the closed schedule (an "
                               "event file's or a lowering's steps are already decided)",
                               None, None, "--scheduler")

@@ -277,7 +277,7 @@ def simulate_command(
     max_num_seqs: MaxSeqsOpt = None,
     max_num_batched_tokens: MaxTokensOpt = None,
     timing: TimingOpt = None,
-    scheduler: SchedulerOpt = "kvsim",
+    scheduler: SchedulerOpt = "auto",
     json_: JsonOption = False,
 ) -> None:
     """Replay TRACE through HBM (vLLM-exact prefix caching) and the DRAM/CXL/NVMe tiers of
@@ -385,10 +385,10 @@ def _single_replica(replicas: int) -> None:
 
 def _request_table(profile, requests, seed, request_trace, fmt, model, block_size,
                    max_num_seqs, max_num_batched_tokens, config, sched, timing=None,
-                   trace_block_size=None, salt_by_tenant=False, scheduler="kvsim"):
+                   trace_block_size=None, salt_by_tenant=False, scheduler="auto"):
     """The Request table a profile or request trace gives, and the engine options it is
     served with; says on stderr what is served how (a log line, not progress)."""
-    from kvsim.modes.closed.closed_loop import EngineOptions
+    from kvsim.modes.closed.closed_loop import EngineOptions, resolve_scheduler
 
     table = load_table(profile, requests, seed, request_trace, fmt, trace_block_size,
                        salt_by_tenant)
@@ -396,11 +396,17 @@ def _request_table(profile, requests, seed, request_trace, fmt, model, block_siz
                          max_num_batched_tokens=max_num_batched_tokens,
                          model=model or "llama-3-8b", timing=timing or "auto",
                          scheduler=scheduler)
+    if sched == "closed":  # auto: vllm unless the run needs what it does not model
+        opts, why = resolve_scheduler(table, config, opts)
+        if why is not None:
+            err_console.print(f"note: --scheduler auto: kvsim's scheduler, because vLLM's "
+                              f"does not model {why}", markup=False)
     opts_timing = timing_name(opts, config)  # before any work: --timing measured w/o data
     budget = config.lowering_options(block_size, opts.model).get("num_gpu_blocks")
     err_console.print(f"{len(table):,} requests "
                       + (f"from profile {profile} (seed {seed})" if profile else
                          f"from {request_trace}") + f", {sched} schedule"
+                      + (f", scheduler {opts.scheduler}" if sched == "closed" else "")
                       + f", timing {opts_timing}"
                       + (f", scheduler budget {budget:,} blocks = the HBM pool"
                          if budget else ""))
@@ -480,7 +486,7 @@ def compare_command(
     timing: TimingOpt = None,
     tenants: TenantsOpt = False,
     tenant_quota: TenantQuotaOpt = None,
-    scheduler: SchedulerOpt = "kvsim",
+    scheduler: SchedulerOpt = "auto",
     json_: JsonOption = False,
 ) -> None:
     """Replay one trace under several HBM placement policies (same tiers, same cost model)
