@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from pathlib import Path
 from typing import Annotated
@@ -399,8 +400,8 @@ def _request_table(profile, requests, seed, request_trace, fmt, model, block_siz
     if sched == "closed":  # auto: vllm unless the run needs what it does not model
         opts, why = resolve_scheduler(table, config, opts)
         if why is not None:
-            err_console.print(f"note: --scheduler auto: kvsim's scheduler, because vLLM's "
-                              f"does not model {why}", markup=False)
+            sys.stderr.write(f"note: --scheduler auto: kvsim's scheduler, because vLLM's "
+                             f"does not model {why}\n")  # one line, never wrapped
     opts_timing = timing_name(opts, config)  # before any work: --timing measured w/o data
     budget = config.lowering_options(block_size, opts.model).get("num_gpu_blocks")
     err_console.print(f"{len(table):,} requests "
