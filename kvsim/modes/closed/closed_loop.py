@@ -338,6 +338,11 @@ def _vllm_value(table: RequestTable, off, ids, opts: EngineOptions, config: SimC
                                         1, 1)
         return _TINY["v"]
     df = table.df
+    if not table.source.get("salt_by_tenant"):
+        # the tenant is vLLM's cache_salt only when the table is salted by tenant
+        # (--salt-by-tenant, kvsim.ingest.requests.salt_by_tenant; a scheduler recording's
+        # cache_salt): unsalted, tenants share blocks, as in kvsim's scheduler and the replay
+        df = df.assign(tenant=0)
     return new_vllm_value(df, off, ids, table.block_size_tokens, opts.block_size_tokens,
                           num_blocks, opts.max_num_seqs, opts.max_num_batched_tokens,
                           priority=config.priority_scheduling,
