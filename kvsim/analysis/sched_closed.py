@@ -66,7 +66,8 @@ def _table(rec, reqs):
     # the table is sorted by arrival (ties in recording order, as the recorder adds them):
     # row j is recording request perm[j]
     perm = np.argsort(np.asarray(cols["arrival_us"], dtype=np.int64), kind="stable")
-    table = build_request_table(cols, block_size_tokens=bs, path="<recording>")
+    table = build_request_table(cols, block_size_tokens=bs, path="<recording>",
+                                source={"salt_by_tenant": True})  # tenant = cache_salt
     return table, perm
 
 

@@ -58,12 +58,14 @@ MaxTokensOpt = Annotated[int | None, typer.Option(
     help="Token budget of one engine step (vLLM; default 8192).  Not with --trace.")]
 
 SchedulerOpt = Annotated[str, typer.Option(
-    "--scheduler", metavar="kvsim|vllm",
-    help="Who decides the closed loop's steps: kvsim (kvsim's continuous-batching scheduler, "
-         "the default) or vllm (vLLM 0.33's own v1 scheduler, ported and checked step by "
-         "step against recordings of vLLM: recompute preemption, chunk-wise block "
-         "allocation, reserve-full-ISL admission; no n > 1, beams or speculative drafts).  "
-         "docs/simulate.md, \"Fidelity to vLLM\".")]
+    "--scheduler", metavar="auto|vllm|kvsim",
+    help="Who decides the closed loop's steps: vllm (vLLM 0.33's own v1 scheduler, ported "
+         "and checked step by step against recordings of vLLM: recompute preemption, "
+         "chunk-wise block allocation, reserve-full-ISL admission; no n > 1, beams, "
+         "speculative drafts or --preemption swap), kvsim (kvsim's continuous-batching "
+         "scheduler, which models those) or auto (the default: vllm, unless the run needs "
+         "one of those, then kvsim, said in a note).  docs/simulate.md, \"Fidelity to "
+         "vLLM\".")]
 TimingOpt = Annotated[str | None, typer.Option(
     "--timing", metavar="auto|roofline|measured|FILE.toml",
     help="Step-time model of the engine serving --profile / --request-trace: measured "
@@ -114,11 +116,12 @@ def engine_options(trace, block_size, max_num_seqs, max_num_batched_tokens) -> t
 
 
 def check_scheduler(scheduler: str, sched: str) -> None:
-    """``--scheduler`` names the closed loop's scheduler: kvsim or vllm, closed loop only."""
-    if scheduler not in ("kvsim", "vllm"):
-        raise KvsimInputError(f"expected --scheduler kvsim | vllm, got {scheduler!r}", None,
-                              None, "--scheduler")
-    if scheduler != "kvsim" and sched != "closed":
+    """``--scheduler`` names the closed loop's scheduler: auto, vllm or kvsim; an explicit
+    one only with the closed loop (auto is then moot)."""
+    if scheduler not in ("auto", "kvsim", "vllm"):
+        raise KvsimInputError(f"expected --scheduler auto | vllm | kvsim, got {scheduler!r}",
+                              None, None, "--scheduler")
+    if scheduler == "vllm" and sched != "closed":
         raise KvsimInputError("expected --scheduler vllm only with the closed schedule (an "
                               "event file's or a lowering's steps are already decided)",
                               None, None, "--scheduler")
@@ -280,10 +283,12 @@ def single_replica(replicas: int) -> None:
 
 def request_table(profile, requests, seed, request_trace, fmt, model, block_size,
                    max_num_seqs, max_num_batched_tokens, config, sched, timing=None,
-                   trace_block_size=None, salt_by_tenant=False, scheduler="kvsim"):
+                   trace_block_size=None, salt_by_tenant=False, scheduler="auto"):
     """The Request table a profile or request trace gives, and the engine options it is
     served with; says on stderr what is served how (a log line, not progress)."""
-    from kvsim.modes.closed.closed_loop import EngineOptions
+    import sys
+
+    from kvsim.modes.closed.closed_loop import EngineOptions, resolve_scheduler
 
     table = load_table(profile, requests, seed, request_trace, fmt, trace_block_size,
                        salt_by_tenant)
@@ -291,6 +296,11 @@ def request_table(profile, requests, seed, request_trace, fmt, model, block_size
                          max_num_batched_tokens=max_num_batched_tokens,
                          model=model or "llama-3-8b", timing=timing or "auto",
                          scheduler=scheduler)
+    if sched == "closed":  # auto: vllm unless the run needs what it does not model
+        opts, why = resolve_scheduler(table, config, opts)
+        if why is not None:
+            sys.stderr.write(f"note: --scheduler auto: kvsim's scheduler, because vLLM's "
+                             f"does not model {why}\n")  # one line, never wrapped
     opts_timing = timing_name(opts, config)  # before any work: --timing measured w/o data
     budget = config.lowering_options(block_size, opts.model).get("num_gpu_blocks")
     from kvsim.cli.common import err_console
@@ -298,6 +308,7 @@ def request_table(profile, requests, seed, request_trace, fmt, model, block_size
     err_console.print(f"{len(table):,} requests "
                       + (f"from profile {profile} (seed {seed})" if profile else
                          f"from {request_trace}") + f", {sched} schedule"
+                      + (f", scheduler {opts.scheduler}" if sched == "closed" else "")
                       + f", timing {opts_timing}"
                       + (f", scheduler budget {budget:,} blocks = the HBM pool"
                          if budget else ""))

@@ -289,7 +289,7 @@ def simulate_command(
     max_num_seqs: MaxSeqsOpt = None,
     max_num_batched_tokens: MaxTokensOpt = None,
     timing: TimingOpt = None,
-    scheduler: SchedulerOpt = "kvsim",
+    scheduler: SchedulerOpt = "auto",
     json_: JsonOption = False,
 ) -> None:
     """Replay TRACE through HBM (vLLM-exact prefix caching) and the DRAM/CXL/NVMe tiers of
@@ -452,7 +452,7 @@ def compare_command(
     timing: TimingOpt = None,
     tenants: TenantsOpt = False,
     tenant_quota: TenantQuotaOpt = None,
-    scheduler: SchedulerOpt = "kvsim",
+    scheduler: SchedulerOpt = "auto",
     json_: JsonOption = False,
 ) -> None:
     """Replay one trace under several HBM placement policies (same tiers, same cost model)

@@ -166,4 +166,4 @@ def test_cli_scheduler_option_is_checked():
     assert res.exit_code == 2 and "--scheduler" in res.output
     res = runner.invoke(app, ["compare", "--profile", "deadline_pressure", "--requests", "4",
                               "--scheduler", "foo"])
-    assert res.exit_code == 2 and "kvsim | vllm" in res.output
+    assert res.exit_code == 2 and "auto | vllm | kvsim" in res.output

@@ -64,9 +64,10 @@ class EngineOptions:
     model: str = "llama-3-8b"
     #: the step-time model (kvsim.engine.timing.select): auto, roofline, measured, a path
     timing: str | None = "auto"
-    #: who decides each step: ``kvsim`` (kvsim.engine.scheduler) or ``vllm`` (vLLM 0.33's
-    #: scheduler, kvsim.engine.vllm_rows: recompute preemption, chunk-wise allocation)
-    scheduler: str = "kvsim"
+    #: who decides each step: ``vllm`` (vLLM 0.33's scheduler, kvsim.engine.vllm_rows:
+    #: recompute preemption, chunk-wise allocation), ``kvsim`` (kvsim.engine.scheduler) or
+    #: ``auto`` (vllm unless the run needs what it does not model: :func:`resolve_scheduler`)
+    scheduler: str = "auto"
     #: vLLM's ``long_prefill_token_threshold`` (0: none; scheduler ``vllm`` only)
     long_prefill_token_threshold: int = 0
     #: vLLM's ``scheduler_reserve_full_isl`` (scheduler ``vllm`` only)
@@ -98,6 +99,7 @@ class Engine:
 
         df = table.df
         N = len(df)
+        opts, _why = resolve_scheduler(table, config, opts)  # auto: vllm or kvsim
         cfg = opts.engine_config(hbm_blocks, config.seed)
         self.cost = cost
         self.N = N
@@ -284,8 +286,43 @@ class Engine:
         run._flush_log()
 
 
-SCHEDULERS = ("kvsim", "vllm")
+SCHEDULERS = ("auto", "kvsim", "vllm")
 _TINY: dict = {}
+
+
+def vllm_unsupported(table: RequestTable, config: SimConfig) -> str | None:
+    """What of ``table`` / ``config`` vLLM's scheduler (kvsim.engine.vllm_rows) does not
+    model, in words, or None: n > 1, beams, speculative drafts, ``--preemption swap`` (vLLM
+    0.33 only recomputes)."""
+    df = table.df
+    for col, what in (("n", "n > 1 (parallel sampling)"), ("beam_width", "beam search"),
+                      ("spec_draft_tokens", "speculative drafts")):
+        limit = 0 if col == "spec_draft_tokens" else 1
+        if len(df) and col in df and int(df[col].max()) > limit:
+            return f"{what}: the trace has requests with {col} > {limit}"
+    if config.preemption != "recompute":
+        return (f"--preemption {config.preemption} (vLLM 0.33's scheduler only recomputes "
+                "a preempted request)")
+    return None
+
+
+def resolve_scheduler(table: RequestTable, config: SimConfig,
+                      opts: EngineOptions) -> tuple[EngineOptions, str | None]:
+    """``opts`` with its scheduler decided, and why ``auto`` fell back to kvsim's (None
+    when it did not).  ``auto``: vLLM's scheduler unless :func:`vllm_unsupported` names
+    something, then kvsim's; ``vllm`` with such a thing: a one-line error (exit 2)."""
+    if opts.scheduler not in SCHEDULERS:
+        raise KvsimInputError(f"--scheduler: expected one of {' | '.join(SCHEDULERS)}, got "
+                              f"{opts.scheduler!r}", None, None, "--scheduler")
+    if opts.scheduler == "kvsim":
+        return opts, None
+    why = vllm_unsupported(table, config)
+    if why is None:
+        return dataclasses.replace(opts, scheduler="vllm"), None
+    if opts.scheduler == "vllm":
+        raise KvsimInputError(f"--scheduler vllm does not model {why} (use --scheduler "
+                              "kvsim or auto)", None, None, "--scheduler")
+    return dataclasses.replace(opts, scheduler="kvsim"), why
 
 
 def _vllm_value(table: RequestTable, off, ids, opts: EngineOptions, config: SimConfig,
@@ -294,9 +331,6 @@ def _vllm_value(table: RequestTable, off, ids, opts: EngineOptions, config: SimC
     replay's HBM pool), else a tiny unused one of the same type."""
     from kvsim.engine.vllm_rows import new_vllm_value
 
-    if opts.scheduler not in SCHEDULERS:
-        raise KvsimInputError(f"--scheduler: expected one of {', '.join(SCHEDULERS)}, got "
-                              f"{opts.scheduler!r}", None, None, "--scheduler")
     if opts.scheduler != "vllm":
         if "v" not in _TINY:
             _TINY["v"] = new_vllm_value(table.df.iloc[:0], np.zeros(1, np.int64),
@@ -304,13 +338,11 @@ def _vllm_value(table: RequestTable, off, ids, opts: EngineOptions, config: SimC
                                         1, 1)
         return _TINY["v"]
     df = table.df
-    for col, what in (("n", "n > 1 (parallel sampling)"), ("beam_width", "beam search"),
-                      ("spec_draft_tokens", "speculative drafts")):
-        limit = 0 if col == "spec_draft_tokens" else 1
-        if len(df) and int(df[col].max()) > limit:
-            raise KvsimInputError(f"--scheduler vllm does not model {what}; the trace has "
-                                  f"requests with {col} > {limit} (use --scheduler kvsim)",
-                                  None, None, "--scheduler")
+    if not table.source.get("salt_by_tenant"):
+        # the tenant is vLLM's cache_salt only when the table is salted by tenant
+        # (--salt-by-tenant, kvsim.ingest.requests.salt_by_tenant; a scheduler recording's
+        # cache_salt): unsalted, tenants share blocks, as in kvsim's scheduler and the replay
+        df = df.assign(tenant=0)
     return new_vllm_value(df, off, ids, table.block_size_tokens, opts.block_size_tokens,
                           num_blocks, opts.max_num_seqs, opts.max_num_batched_tokens,
                           priority=config.priority_scheduling,

@@ -52,7 +52,7 @@ from kvsim.core.errors import KvsimInputError
 from kvsim.engine import scheduler as S
 from kvsim.engine.scheduler_blocks import _cached_prefix
 from kvsim.ingest.requests import RequestTable
-from kvsim.modes.closed.closed_loop import Engine, EngineOptions, prepare
+from kvsim.modes.closed.closed_loop import Engine, EngineOptions, prepare, resolve_scheduler
 from kvsim.spec.sim_config import SimConfig
 
 ROUTERS = ("round_robin", "least_loaded", "session", "prefix", "tiered")
@@ -118,11 +118,13 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
         raise KvsimInputError(f"expected --router {' | '.join(ROUTERS)}, got {router!r}",
                               None, None, "--router")
     pol = resolve_policy(policy)
+    opts, _why = resolve_scheduler(table, config, opts)  # auto: vllm unless unsupported
     cost, hbm_blocks, costs, block_bytes, off, ids, table, dropped = \
         prepare(table, config, opts)
     costs = shared_tier.network_costs(config, costs)  # the shared tier behind the network
     cfg_dict = _describe(config, costs, block_bytes)
-    cfg_dict.update(schedule="closed", replicas=replicas, router=router,
+    cfg_dict.update(schedule="closed", scheduler=opts.scheduler, replicas=replicas,
+                    router=router,
                     max_num_seqs=opts.max_num_seqs,
                     max_num_batched_tokens=opts.max_num_batched_tokens,
                     block_size_tokens=opts.block_size_tokens,
@@ -200,6 +202,7 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
     summary, requests, steps = cluster_summary(pol, engines, costs, N, router, dropped,
                                                warmup, start_us)
     summary["timing_model"] = cost.timing_model  # which step-time model timed the steps
+    summary["scheduler"] = opts.scheduler  # who decided the steps: vllm or kvsim
     if config.tenant_metrics:
         from kvsim.results.tenant_view import tenant_table
 
@@ -288,6 +291,7 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
             bound = None
     config = config or SimConfig()
     opts = engine or EngineOptions()
+    engine, _why = resolve_scheduler(table, config, opts)  # once, for every policy
     from kvsim.replay.precompile import compare_engine, needs_split
 
     # auto: one engine for every policy (kvsim.replay.precompile.compare_engine), closed loop
