@@ -165,11 +165,17 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
 
 
 def _drop_unadmittable(requests: RequestTable, block_size_tokens: int, max_prompt_blocks: int,
-                       ) -> tuple[RequestTable, int]:
+                       whole_sequence: bool = False) -> tuple[RequestTable, int]:
     """``requests`` without the rows whose prompt needs more than ``max_prompt_blocks``
-    blocks (never admissible), re-numbered densely in arrival order; and how many went."""
+    blocks (never admissible), re-numbered densely in arrival order; and how many went.
+    ``whole_sequence``: the rows whose prompt and output (all but the last sampled token,
+    which is never computed) need more: vLLM's scheduler preempts such a request when it
+    grows past the pool and can never re-admit it."""
     df = requests.df
-    nb = (df["prompt_tokens"].to_numpy(np.int64) + block_size_tokens - 1) // block_size_tokens
+    tokens = df["prompt_tokens"].to_numpy(np.int64)
+    if whole_sequence:
+        tokens = tokens + df["output_tokens"].to_numpy(np.int64) - 1
+    nb = (tokens + block_size_tokens - 1) // block_size_tokens
     keep = nb <= max_prompt_blocks
     dropped = int((~keep).sum())
     if not dropped:

@@ -404,8 +404,10 @@ def prepare(table: RequestTable, config: SimConfig, opts: EngineOptions):
                             block_size_tokens=opts.block_size_tokens, timing=opts.timing)
     hbm_blocks = hbm_pool_blocks(config, cost)
     cfg = opts.engine_config(hbm_blocks, config.seed)
+    vllm = resolve_scheduler(table, config, opts)[0].scheduler == "vllm"
     table, dropped = _drop_unadmittable(table, opts.block_size_tokens,
-                                        hbm_blocks - cfg.watermark_blocks(hbm_blocks))
+                                        hbm_blocks - cfg.watermark_blocks(hbm_blocks),
+                                        whole_sequence=vllm)
     hw = load_hardware(config.hardware)
     caps = {}
     for name in LOWER_TIERS:
