@@ -13,9 +13,11 @@ import typer
 from rich.table import Table
 
 TenantQuotaOpt = Annotated[list[str] | None, typer.Option(
-    "--tenant-quota", metavar="TENANT:TIER:cap=N[,share=M]",
+    "--tenant-quota", metavar="TENANT:TIER:cap=N[,share=M][,high=H[,low=L]]",
     help="A tenant's quota in one tier, in blocks of that tier (repeat the option): cap = "
-    "hard cap, share = guaranteed share.  Enforced by the quota_lru policy (as HBM policy, "
+    "hard cap, share = guaranteed share, high/low = watermarks (past high, the tier's "
+    "evictions take the tenant's blocks until it is down to low; low defaults to high).  "
+    "Enforced by the quota_lru policy (as HBM policy, "
     "or --tier-policy dram=quota_lru); other policies ignore it.", show_default=False)]
 TenantsOpt = Annotated[bool, typer.Option(
     "--tenants", help="Also print one row per policy and tenant: hit rate, TTFT p99, HBM "

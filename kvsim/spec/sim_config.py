@@ -152,9 +152,10 @@ class SimConfig:
     batch_rows: int = field(default=1 << 18, metadata=_h("event rows per streamed batch"))
     check_invariants: bool = field(default=False, metadata=_h(
         "after the replay, check the pool and tier invariants (SimResult.checks)"))
-    tenant_quotas: tuple[tuple[int, str, int, int], ...] = field(default=(), metadata=_h(
-        "per-tenant quotas: (tenant, tier, cap_blocks, share_blocks) entries, passed to the "
-        "tiers' policies as params['tenant_quotas'] (the quota_lru policy enforces them; "
+    tenant_quotas: tuple[tuple, ...] = field(default=(), metadata=_h(
+        "per-tenant quotas: (tenant, tier, cap_blocks, share_blocks) entries, or (tenant, "
+        "tier, cap_blocks, share_blocks, high_blocks, low_blocks) with watermarks, passed to "
+        "the tiers' policies as params['tenant_quotas'] (the quota_lru policy enforces them; "
         "docs/policies.md, 'Tenant quotas')"))
     tenant_metrics: bool = field(default=False, metadata=_h(
         "add per-tenant rows to the summary (summary['tenant_rows']: hit rate, TTFT p99, "
@@ -162,19 +163,21 @@ class SimConfig:
 
     def quota_params(self) -> dict:
         """``{tier: ((tenant, cap_blocks, share_blocks), ...)}``: what the tiers' policies
-        receive as ``params["tenant_quotas"]`` ({} without quotas)."""
+        receive as ``params["tenant_quotas"]`` ({} without quotas); an entry with
+        watermarks is ``(tenant, cap_blocks, share_blocks, high_blocks, low_blocks)``."""
         out: dict = {}
-        for tenant, tier, cap, share in self.tenant_quotas:
-            out.setdefault(tier, []).append((int(tenant), int(cap), int(share)))
+        for tenant, tier, *rest in self.tenant_quotas:
+            out.setdefault(tier, []).append((int(tenant), *(int(v) for v in rest)))
         return {t: tuple(v) for t, v in out.items()}
 
     def __post_init__(self) -> None:
         seen = set()
         for q in self.tenant_quotas:
-            if len(q) != 4 or q[1] not in ("hbm", *LOWER_TIERS) or q[2] < 0 or q[3] < 0 \
-                    or q[3] > q[2]:
+            if len(q) not in (4, 6) or q[1] not in ("hbm", *LOWER_TIERS) or q[2] < 0 \
+                    or q[3] < 0 or q[3] > q[2] or (len(q) == 6 and not 0 <= q[5] <= q[4]):
                 raise bad_value(None, None, "--tenant-quota", "(tenant, tier in hbm|dram|cxl|"
-                                "nvme, cap_blocks >= share_blocks >= 0)", q)
+                                "nvme, cap_blocks >= share_blocks >= 0[, high_blocks >= "
+                                "low_blocks >= 0])", q)
             if (q[0], q[1]) in seen:
                 raise bad_value(None, None, "--tenant-quota", "one quota per tenant and tier",
                                 q)
@@ -340,10 +343,11 @@ def parse_tier_policies(text: str | None) -> tuple[tuple[str, str], ...]:
     return tuple((t, pairs[t]) for t in LOWER_TIERS)
 
 
-def parse_tenant_quotas(items) -> tuple[tuple[int, str, int, int], ...]:
+def parse_tenant_quotas(items) -> tuple[tuple, ...]:
     """``["1:hbm:cap=100,share=20", "2:dram:cap=500"]`` -> ``((1, "hbm", 100, 20), (2,
     "dram", 500, 0))`` (CLI syntax of ``--tenant-quota``; cap defaults to unlimited, share
-    to 0; blocks of the tier)."""
+    to 0; blocks of the tier).  With watermarks (``high=H[,low=L]``, low defaults to high)
+    an entry has two more members: ``(tenant, tier, cap, share, high, low)``."""
     out = []
     for text in items or ():
         parts = str(text).strip().split(":")
@@ -352,12 +356,15 @@ def parse_tenant_quotas(items) -> tuple[tuple[int, str, int, int], ...]:
                 raise ValueError
             tenant, tier = int(parts[0]), parts[1].strip()
             kv = dict(p.split("=", 1) for p in parts[2].split(",") if p.strip())
-            if set(kv) - {"cap", "share"} or not kv:
+            if set(kv) - {"cap", "share", "high", "low"} or not kv \
+                    or ("low" in kv and "high" not in kv):
                 raise ValueError
             cap = int(kv.get("cap", 2**62))
             share = int(kv.get("share", 0))
+            marks = (int(kv["high"]), int(kv.get("low", kv["high"]))) if "high" in kv else ()
         except ValueError:
-            raise KvsimInputError(f"expected TENANT:TIER:cap=BLOCKS[,share=BLOCKS], got "
-                                  f"{text!r}", None, None, "--tenant-quota") from None
-        out.append((tenant, tier, cap, share))
+            raise KvsimInputError(f"expected TENANT:TIER:cap=BLOCKS[,share=BLOCKS]"
+                                  f"[,high=BLOCKS[,low=BLOCKS]], got {text!r}", None, None,
+                                  "--tenant-quota") from None
+        out.append((tenant, tier, cap, share, *marks))
     return tuple(out)

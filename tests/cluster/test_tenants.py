@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -128,3 +129,74 @@ def test_compare_tenants_cli(tmp_path):
                                    "generic", "--tenant-quota", "0:hbm:cap", "--policies",
                                    "lru"])
     assert bad.exit_code == 2 and bad.stderr.strip().startswith("error: ")
+
+
+# ---- watermarks (Mooncake Store's quota design: evict from a high watermark down to a low one)
+#
+# HBM 20 blocks, one output token each (a request holds its prompt blocks and releases them
+# at once), 1 s apart: Y (tenant 1, 4 blocks), X (tenant 0, 12 blocks), Z (tenant 1, 8
+# blocks), W (tenant 1, 4 blocks).  Y + X = 16 blocks; Z takes the 4 free ones and evicts 4;
+# W evicts 4.  By hand:
+# - lru: Z evicts Y's 4 (the oldest), W X's 4: suffered Y 4, X 4.
+# - tenant 0 high=10, low=6: X's insertion takes tenant 0 to 12 > 10, so it drains: Z's 4
+#   victims are X's (12 -> 8, still above 6), W's first 2 too (8 -> 6: draining ends), then
+#   least recently used again: Y's 2.  Suffered Y 2, X 6.
+# - tenant 0 high=low=10 (coinciding watermarks, Mooncake #3741) drains only until 10 = a
+#   hard cap of 10: Z evicts X's 2 (12 -> 10), then Y's 2 (LRU); W Y's 2 and X's 2: suffered
+#   Y 4, X 4 -- exactly cap=10's victims, the hysteresis gone.
+def watermark_table():
+    prompt = [64, 192, 128, 64]
+    ids = [[1, 2, 3, 4], list(range(100, 112)), list(range(200, 208)), list(range(300, 304))]
+    return build_request_table({
+        "arrival_us": [1_000_000 * i for i in range(4)], "prompt_tokens": prompt,
+        "output_tokens": [1] * 4, "block_ids": ids, "hashed_tokens": prompt,
+        "tenant": [1, 0, 1, 1]}, block_size_tokens=B)
+
+
+def run_wm(policy, quotas=()):
+    cfg = SimConfig(engine="interpreted", hbm_blocks=20, dram_gb=0, cxl_gb=0, nvme_gb=0,
+                    tenant_quotas=quotas, tenant_metrics=True)
+    return serve(watermark_table(), policy, cfg, engine=ENGINE)
+
+
+@pytest.mark.parametrize("policy, quotas, suffered, caused", [
+    ("lru", (), [4, 4, 0, 0], [0, 0, 4, 4]),
+    ("quota_lru", parse_tenant_quotas(["0:hbm:high=10,low=6"]), [2, 6, 0, 0], [0, 0, 4, 4]),
+    ("quota_lru", parse_tenant_quotas(["0:hbm:high=10,low=10"]), [4, 4, 0, 0], [0, 0, 4, 4]),
+    ("quota_lru", parse_tenant_quotas(["0:hbm:cap=10"]), [4, 4, 0, 0], [0, 0, 4, 4]),
+])
+def test_watermarks_drain_to_low_under_pressure(policy, quotas, suffered, caused):
+    res = run_wm(policy, quotas)
+    rq = res.requests.sort_values("request_id")
+    assert rq["evictions_suffered"].tolist() == suffered
+    assert rq["evictions_caused"].tolist() == caused
+
+
+def test_watermark_victims_in_the_decision_log(tmp_path):
+    """high=10,low=6: reason 3 (draining) for Z's 4 and W's first 2 victims, all tenant 0;
+    then reason 1 (over share: both tenants have share 0, least recently used) for Y's 2;
+    coinciding watermarks: reason 3 only for the 2 blocks that take tenant 0 back to 10."""
+    def reasons(quota):
+        path = tmp_path / f"{len(quota)}.parquet"
+        cfg = SimConfig(engine="interpreted", hbm_blocks=20, dram_gb=0, cxl_gb=0, nvme_gb=0,
+                        tenant_quotas=parse_tenant_quotas([quota]))
+        serve(watermark_table(), "quota_lru", cfg, engine=ENGINE, decision_log=path)
+        log = pd.read_parquet(path)
+        ev = log[log["reason_code"] >= 0]
+        return ev["reason_code"].tolist(), None
+    got, _ = reasons("0:hbm:high=10,low=6")
+    assert got == [3] * 6 + [1] * 2
+    got, _ = reasons("0:hbm:high=10")
+    assert got[:2] == [3, 3] and 3 not in got[2:]
+
+
+def test_watermark_parsing():
+    assert parse_tenant_quotas(["1:hbm:cap=100,high=80,low=60", "2:dram:high=5"]) == \
+        ((1, "hbm", 100, 0, 80, 60), (2, "dram", 2**62, 0, 5, 5))
+    for bad in ("1:hbm:low=3", "1:hbm:high=x"):
+        with pytest.raises(KvsimInputError):
+            parse_tenant_quotas([bad])
+    with pytest.raises(KvsimInputError):  # low above high
+        SimConfig(tenant_quotas=parse_tenant_quotas(["1:hbm:high=4,low=8"]))
+    cfg = SimConfig(tenant_quotas=((1, "hbm", 10, 2, 8, 4), (2, "hbm", 10, 0)))
+    assert cfg.quota_params() == {"hbm": ((1, 10, 2, 8, 4), (2, 10, 0))}
