@@ -51,6 +51,8 @@ SLOW_TESTS = (
     "tests/safety/test_compile_cache.py::test_bit_flipped_replay_core_one_warning_same_result",
     # ^ two compiles of the replay core
     "tests/policies/test_belady_bound.py::test_belady_is_a_bound",  # hypothesis, 100s of runs
+    "tests/sweep/test_plan.py::test_ray_executor_gives_identical_outputs_and_resumes",
+    # ^ starts a local Ray instance (~60 s here) when ray is installed; skipped without it
     "tests/policies/test_vs_libcachesim.py::",  # the peer's own replays
     "tests/policies/test_deadline_wins.py::",  # a budget-matched lowering of 256 requests
     "tests/memory/test_block_life.py::test_life_of_a_cached_block[fast]",  # numba compiles

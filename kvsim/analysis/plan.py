@@ -314,6 +314,49 @@ def _pool_cell(i: int) -> tuple[int, dict]:
     return i, run_cell(table, cells[i], base, engine, router)
 
 
+EXECUTORS = ("local", "ray")
+
+
+def require_ray():
+    try:
+        import ray
+    except ImportError:
+        raise KvsimInputError("--executor ray needs the optional extra: pip install "
+                              "'kvsim[ray]' (ray is not installed)", None, None,
+                              "--executor") from None
+    return ray
+
+
+def _run_ray(table, cells, todo, spec, engine, jobs, address, finished) -> None:
+    """Each cell of ``todo`` as a Ray task (the table shared through the object store);
+    ``finished`` writes each cell's file here as it arrives, as the local path does."""
+    ray = require_ray()
+    started = False
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        else:
+            ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False)
+        started = True
+    try:
+        task = ray.remote(_ray_cell)
+        table_ref = ray.put(table)
+        pending = [task.remote(table_ref, cells[i], spec.base, engine, spec.router, i)
+                   for i in todo]
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            for ref in ready:
+                finished(*ray.get(ref))
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _ray_cell(table, cell: PlanCell, base: SimConfig, engine, router: str, i: int
+              ) -> tuple[int, dict]:
+    return i, run_cell(table, cell, base, engine, router)
+
+
 def _read(path: Path) -> dict | None:
     try:
         with open(path, encoding="utf-8") as fh:
@@ -385,10 +428,14 @@ def _json_safe(v):
 
 def run_plan(table, spec: PlanSpec, out_dir: str | Path, *, jobs: int = 1,
              force: bool = False, on_cell: Callable[[int, int, PlanCell, bool], None]
-             | None = None) -> PlanResult:
+             | None = None, executor: str = "local",
+             ray_address: str | None = None) -> PlanResult:
     """Search ``spec``'s grid for ``table`` (a :class:`kvsim.ingest.requests.RequestTable`);
     cells cached in ``out_dir/cells``; writes ``plan.parquet`` (every cell) and
-    ``plan.json`` (the SLO, the answer, the front, the prices' sources)."""
+    ``plan.json`` (the SLO, the answer, the front, the prices' sources).  ``executor``:
+    ``local`` (``jobs`` processes) or ``ray`` (each cell a Ray task; ``ray_address`` None
+    starts a local Ray instance with ``jobs`` CPUs): the same cells, written by this
+    process as each finishes, so the results and the resumability are the same."""
     from kvsim.analysis.sweep import code_fingerprint
     from kvsim.modes.closed.closed_loop import EngineOptions, prepare
     from kvsim.modes.closed.cluster import ROUTERS
@@ -398,6 +445,10 @@ def run_plan(table, spec: PlanSpec, out_dir: str | Path, *, jobs: int = 1,
         raise bad_value(None, None, "--router", " | ".join(ROUTERS), spec.router)
     if jobs < 1:
         raise bad_value(None, None, "--jobs", "an integer >= 1", jobs)
+    if executor not in EXECUTORS:
+        raise bad_value(None, None, "--executor", " | ".join(EXECUTORS), executor)
+    if executor == "ray":
+        require_ray()  # before any work: a missing extra is one line, nothing written
     for p in spec.policies:
         resolve_policy(p)
     engine = spec.engine or EngineOptions()
@@ -452,7 +503,9 @@ def run_plan(table, spec: PlanSpec, out_dir: str | Path, *, jobs: int = 1,
         if on_cell:
             on_cell(done, len(cells) - len(pruned), cells[i], False)
 
-    if jobs == 1 or len(todo) <= 1:
+    if executor == "ray" and todo:
+        _run_ray(table, cells, todo, spec, engine, jobs, ray_address, finished)
+    elif jobs == 1 or len(todo) <= 1:
         for i in todo:
             finished(i, run_cell(table, cells[i], spec.base, engine, spec.router))
     else:

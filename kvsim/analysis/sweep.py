@@ -449,7 +449,7 @@ def _run_ray(trace, cells, todo, facts, jobs, address, finished) -> None:
         import ray
     except ImportError:
         raise KvsimInputError("the ray executor needs the optional extra: "
-                              "pip install 'kvsim[ray]' (ray>=2.40,<3)", None, None,
+                              "pip install 'kvsim[ray]' (ray==2.60.0)", None, None,
                               "--executor") from None
     started = False
     if not ray.is_initialized():

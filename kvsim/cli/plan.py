@@ -116,7 +116,15 @@ def plan_command(
     seed: Annotated[int, typer.Option("--seed", help="Seed of --profile and of randomised "
                                       "policies.")] = 0,
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Parallel cells "
-                                      "(process pool).")] = 1,
+                                      "(process pool, or Ray's CPUs with --executor ray)."
+                                      )] = 1,
+    executor: Annotated[str, typer.Option(
+        "--executor", metavar="NAME", help="local (process pool) or ray (each cell a Ray "
+        "task; optional extra: pip install 'kvsim[ray]'; same results, same cell cache)."
+        )] = "local",
+    ray_address: Annotated[str | None, typer.Option(
+        "--ray-address", help="Ray cluster address for --executor ray (default: start a "
+        "local Ray instance with --jobs CPUs).")] = None,
     out: Annotated[Path, typer.Option(
         "--out", metavar="DIR", help="Output folder: plan.parquet (every cell), plan.json "
         "(the answer, the front, the prices' sources), cells/ (the cache: a rerun replays "
@@ -139,6 +147,10 @@ def plan_command(
         raise KvsimInputError("expected exactly one of --request-trace or --profile", None,
                               None, "--request-trace")
     check_outputs(("--out", out, "dir"))
+    if executor == "ray":
+        from kvsim.analysis.plan import require_ray
+
+        require_ray()  # a missing extra: one line before any work
     the_slo = parse_slo(slo, _deadline_us(ttft_deadline, "--ttft-deadline"),
                         _deadline_us(tpot_deadline, "--tpot-deadline"))
     table = load_table(profile, requests, seed, request_trace, fmt, trace_block_size)
@@ -161,7 +173,8 @@ def plan_command(
         def on_cell(done, total, cell, cached) -> None:
             bar.update(task, completed=done, total=total)
 
-        res = run_plan(table, spec, out, jobs=jobs, force=force, on_cell=on_cell)
+        res = run_plan(table, spec, out, jobs=jobs, force=force, on_cell=on_cell,
+                       executor=executor, ray_address=ray_address)
     err_console.print(f"{res.cells} cells: {res.computed} replayed, {res.cached} from the "
                       f"cache, {res.pruned} pruned by the curve, "
                       f"{time.perf_counter() - t0:.1f} s; wrote {out}/plan.parquet, "

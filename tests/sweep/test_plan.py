@@ -209,3 +209,46 @@ def test_process_pool_gives_identical_outputs(tmp_path):
     assert (one.computed, two.computed) == (4, 4)
     for n in ("plan.parquet", "plan.json"):
         assert (tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes()
+
+
+def test_executor_ray_without_ray_is_one_line(tmp_path, monkeypatch):
+    """Whether or not ray is installed here: with ``import ray`` failing, ``--executor ray``
+    is one line naming the option (exit 2) and nothing is written."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    out = tmp_path / "r"
+    with pytest.raises(KvsimInputError, match="--executor ray needs the optional extra"):
+        run_plan(two_requests(), spec(prune=False), out, executor="ray")
+    assert not out.exists()
+    res = CliRunner().invoke(app, ["plan", "--profile", "balanced", "--requests", "4",
+                                   "--engine", "interpreted", "--slo", "ttft_p99=2s",
+                                   "--executor", "ray", "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    err = res.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "--executor" in err[0], err
+    assert not out.exists()
+    with pytest.raises(KvsimInputError, match="--executor"):
+        run_plan(two_requests(), spec(prune=False), out, executor="dask")
+
+
+def test_ray_executor_gives_identical_outputs_and_resumes(tmp_path):
+    ray = pytest.importorskip("ray", reason="--executor ray needs the optional extra "
+                              "(pip install 'kvsim[ray]')")
+    one = run_plan(two_requests(), spec(prune=False), tmp_path / "a")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)  # one instance for
+    try:  # both plans (run_plan leaves an instance it did not start running)
+        ray_ = run_plan(two_requests(), spec(prune=False), tmp_path / "b", jobs=2,
+                        executor="ray")
+        assert (one.computed, ray_.computed) == (4, 4)
+        for n in ("plan.parquet", "plan.json"):
+            assert (tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes()
+        sorted((tmp_path / "b" / "cells").glob("*.json"))[0].unlink()  # killed mid-plan
+        again = run_plan(two_requests(), spec(prune=False), tmp_path / "b", jobs=2,
+                         executor="ray")
+        assert (again.computed, again.cached) == (1, 3)
+        for n in ("plan.parquet", "plan.json"):
+            assert (tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes()
+        assert ray.is_initialized()
+    finally:
+        ray.shutdown()
