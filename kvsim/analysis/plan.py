@@ -216,7 +216,7 @@ def table_sha256(table) -> str:
 
 
 def _engine_identity(engine) -> dict:
-    return dataclasses.asdict(engine)
+    return engine.identity()
 
 
 def cell_key(table_sha: str, cell: PlanCell, spec: PlanSpec, engine, fingerprint: str) -> str:

@@ -94,7 +94,7 @@ def summary_dict(spec, df: pd.DataFrame, front: pd.DataFrame, best, sat, table_s
                  "policies": list(spec.policies), "dram_gb": list(spec.dram_gb),
                  "cxl_gb": list(spec.cxl_gb), "nvme_gb": list(spec.nvme_gb),
                  "router": spec.router, "prune": spec.prune,
-                 "engine": dataclasses.asdict(engine), "model": spec.base.model},
+                 "engine": engine.identity(), "model": spec.base.model},
         "prices": {"name": prices.name, "currency": prices.currency, "gpu": used_gpu,
                    "tiers": used_tiers,
                    "note": "public list prices at the dates given, not quotes"},

@@ -13,7 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from kvsim.engine import vllm_step as V
+from kvsim.engine.vllm_rows import new_outputs
 from kvsim.engine.vllm_scheduler import EngineConfig, SimRequest, StepResult, chain_hashes
+from kvsim.engine.vllm_spec import acceptance_units
 
 __all__ = ["CompiledVllmScheduler"]
 
@@ -62,6 +64,8 @@ class CompiledVllmScheduler:
         ip[V.P_RESERVE] = int(config.scheduler_reserve_full_isl)
         ip[V.P_WMARK] = int(config.watermark * config.num_gpu_blocks)
         ip[V.P_MAXLEN] = min(config.max_model_len, 1 << 62)
+        ip[V.P_LOOK] = int(config.spec_lookahead)
+        ip[V.P_SEED] = config.spec_seed
         self.ip = ip
         R = np.zeros((max(N, 1), V.NUM_COLS), np.int64)
         lens = [len(r.hashes) for r in requests]
@@ -74,6 +78,8 @@ class CompiledVllmScheduler:
             R[k, V.K_H0], R[k, V.K_H1] = h_off[k], h_off[k + 1]
         if N:
             R[np.array(ranks), V.K_RANK] = np.arange(N)
+        R[:, V.K_SPECK] = config.num_speculative_tokens
+        R[:, V.K_ACC] = acceptance_units(config.spec_acceptance_rate)
         R[:, V.K_STATUS] = V.UNSEEN
         R[:, V.K_NCACHED] = -1
         R[:, V.K_SEQ] = -1
@@ -98,7 +104,7 @@ class CompiledVllmScheduler:
         self.hits = np.zeros(per_seq, np.int64)
         self.hs = np.zeros(per_seq, np.int64)
         (self.osched, self.obl, self.oblids, self.oadm, self.opre, self.ofin, self.oev,
-         self.ores, self.oc) = V.new_outputs(N, config.num_gpu_blocks, config.max_num_seqs)
+         self.ores, self.oc) = new_outputs(N, config.num_gpu_blocks, config.max_num_seqs)
 
     # -- the interface of VllmScheduler -----------------------------------------------------
     def add_request(self, r: SimRequest | int) -> None:

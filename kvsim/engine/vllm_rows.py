@@ -50,6 +50,7 @@ from kvsim.core.codes import (
     PH_DONE,
     PH_IDLE,
     PH_PREFILL,
+    PH_VERIFY,
     PR_COLD,
     PR_DECODE_CRITICAL,
     PR_HOT,
@@ -95,7 +96,7 @@ from kvsim.ingest.hashing import chain_hash, root_hash
 from kvsim.jit.decorators import njit
 from kvsim.memory.fast import S_N_HELD
 
-__all__ = ["new_vllm_value", "request_hashes", "vllm_rows"]
+__all__ = ["new_outputs", "new_vllm_value", "request_hashes", "vllm_rows"]
 
 # members of the scheduler value ``vs`` (a tuple; built by kvsim.modes.closed.vllm_engine)
 (VS_IP, VS_R, VS_ARR, VS_HH, VS_SV, VS_RUN, VS_WQ, VS_HEAP, VS_POOL, VS_HITS, VS_HS,
@@ -256,7 +257,8 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
                     m = pst.seq_len[R[i, V.K_SEQ]]
                     n = _alloc_rows(I, F, n, fp, step, t_us, i, m - cnt, m, after, B, hh, h0,
                                     nh, dl, 0, target)
-            decode = ntok == 1 and before == plen + nout - 1 and nout > 0
+            sspec = R[i, V.K_SSPEC]  # draft tokens scheduled (verified this step)
+            decode = ntok == 1 + sspec and before == plen + nout - 1 and nout > 0
             if decode:
                 tdl = _token_deadline(arr[i], ttft[i], tpot[i], first_us[i], nout + 1)
                 # the decode's intent, as kvsim's scheduler states it (critical: pinned)
@@ -266,13 +268,16 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
                     n = _row(I, F, n, step, t_us, EK_INTENT, i, -1, 0, -1, 0, PH_DECODE,
                              PR_DECODE_CRITICAL if crit else PR_WARM, tdl, 0, step + 1,
                              1 if crit else 0, 0.0)
-                n = _row(I, F, n, step, t_us, EK_ACCESS, i, -1, 0, -1, 1, PH_DECODE,
+                n = _row(I, F, n, step, t_us, EK_ACCESS, i, -1, 0, -1, ntok,
+                         PH_VERIFY if sspec > 0 else PH_DECODE,
                          PR_DECODE_CRITICAL if crit else PR_WARM, tdl, 0, step + 1,
                          1 if crit else 0, 0.0)
-                tokens += 1
-                attended += before + 1.0
-                kv_read += before + 1
-                acc_decode(acc, 1, before + 1)
+                # the step clock charges the verified tokens: 1 + drafts, each attending
+                # to the KV before it
+                tokens += ntok
+                attended += ntok * float(before) + ntok * (ntok + 1.0) / 2.0
+                kv_read += before + ntok
+                acc_decode(acc, ntok, before + ntok)
             else:
                 n = _row(I, F, n, step, t_us, EK_ACCESS, i, -1, 0, -1, ntok, PH_PREFILL,
                          PR_WARM, dl, 0, target, 0, 0.0)
@@ -335,10 +340,12 @@ def new_vllm_value(df, off, ids, trace_block_tokens: int, block_size: int, num_b
                    max_num_seqs: int, max_num_batched_tokens: int, *, priority: bool = False,
                    long_prefill_token_threshold: int = 0, watermark_blocks: int = 0,
                    reserve_full_isl: bool = True, enable_chunked_prefill: bool = True,
-                   enable_caching: bool = True) -> tuple:
+                   enable_caching: bool = True, spec_lookahead: bool = False,
+                   seed: int = 0) -> tuple:
     """The scheduler value ``vs`` of :func:`vllm_rows` for a Request table (``df``,
     its block ids ``off``/``ids``): vLLM's waiting queue, running list and KV manager (a
     pool of ``num_blocks`` blocks, the null block included, like the replay's)."""
+    from kvsim.engine.vllm_spec import acceptance_units
     from kvsim.memory import fifo_order
     from kvsim.memory.fast import PoolConfig, new_out, new_state
     from kvsim.memory.pool_ref import pool_ref
@@ -366,6 +373,7 @@ def new_vllm_value(df, off, ids, trace_block_tokens: int, block_size: int, num_b
     vip[V.P_RESERVE] = int(reserve_full_isl)
     vip[V.P_WMARK] = watermark_blocks
     vip[V.P_MAXLEN] = 1 << 62
+    vip[V.P_LOOK], vip[V.P_SEED] = int(spec_lookahead), seed
     M = max(N, 1)
     R = np.zeros((M, V.NUM_COLS), np.int64)
     R[:N, V.K_PLEN], R[:N, V.K_OLEN] = prompt, out
@@ -373,6 +381,9 @@ def new_vllm_value(df, off, ids, trace_block_tokens: int, block_size: int, num_b
     R[:N, V.K_PRIO] = -i64(df["request_priority"].to_numpy())
     R[:N, V.K_RANK] = np.arange(N)
     R[:N, V.K_H0], R[:N, V.K_H1] = hoff[:-1], hoff[1:]
+    if "spec_draft_tokens" in df:  # speculative decoding (kvsim.engine.vllm_spec)
+        R[:N, V.K_SPECK] = i64(df["spec_draft_tokens"].to_numpy())
+        R[:N, V.K_ACC] = acceptance_units(df["spec_accept_prob"].to_numpy(np.float64))
     R[:, V.K_STATUS] = V.UNSEEN
     R[:, V.K_NCACHED] = -1
     R[:, V.K_SEQ] = -1
@@ -387,9 +398,19 @@ def new_vllm_value(df, off, ids, trace_block_tokens: int, block_size: int, num_b
     order_state = fifo_order.init(pc.num_blocks - 1, pc.num_blocks, {})
     pl = V.vllm_pool(pool_ref(pst), policy_value(fifo_order, order_state, True),
                      view_ref(view), new_out(pc, 0))
-    outs = V.new_outputs(N, num_blocks, max_num_seqs)
+    outs = new_outputs(N, num_blocks, max_num_seqs)
     return (vip, R, varr, hh, np.zeros(V.NUM_SV, np.int64), np.zeros(M, np.int64),
             np.zeros(M, np.int64), np.zeros(M, np.int64), pl, np.zeros(per_seq, np.int64),
             np.zeros(per_seq, np.int64), *outs, np.full(M, -1, np.int64),
             np.full(M, -1, np.int64))
 
+
+def new_outputs(num_requests: int, num_gpu_blocks: int, max_num_seqs: int) -> tuple:
+    """Output buffers of one step, sized for the worst step."""
+    n = max(num_requests, 1)
+    ev_cap = 2 * num_gpu_blocks + 4 * n + 64
+    return (np.zeros((n + 1, 2), np.int64), np.zeros((2 * n + 2, 2), np.int64),
+            np.zeros(2 * num_gpu_blocks + 16, np.int64), np.zeros((n + 1, 3), np.int64),
+            np.zeros((n + 1, 2), np.int64), np.zeros(n + 1, np.int64),
+            np.zeros((ev_cap, 4), np.int64), np.zeros(64, np.int64),
+            np.zeros(V.NUM_OC, np.int64))

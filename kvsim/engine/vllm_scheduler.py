@@ -75,6 +75,13 @@ class EngineConfig:
     scheduler_reserve_full_isl: bool = True
     watermark: float = 0.0
     max_model_len: int = 1 << 30
+    # speculative decoding (kvsim.engine.vllm_spec): k drafts proposed after each sampled
+    # token, each accepted with this probability (deterministic per seed); lookahead: the
+    # drafter's k KV slots reserved past the scheduled tokens (EAGLE / MTP / draft model)
+    num_speculative_tokens: int = 0
+    spec_acceptance_rate: float = 0.0
+    spec_lookahead: bool = False
+    spec_seed: int = 0
 
     @classmethod
     def from_recording(cls, engine: dict) -> EngineConfig:
@@ -102,6 +109,8 @@ class SimRequest:
     blocks: list[int] = field(default_factory=list)     # block table (block ids)
     num_cached_blocks: int | None = None     # vLLM num_cached_block (None: not admitted)
     seq: int = -1                            # the pool's seq slot while it holds blocks
+    spec: int = 0                            # drafts proposed (vLLM's spec_token_ids)
+    sspec: int = 0                           # drafts scheduled this step
 
     @property
     def num_tokens(self) -> int:
@@ -337,7 +346,8 @@ class VllmScheduler:
                 need_full = max(_cdiv(full, self.bs) - (len(hits) + have), 0) + evictable
             if need_full + watermark > free:
                 return None
-        need = min(total_computed + num_new, self.cfg.max_model_len)
+        look = self.cfg.num_speculative_tokens if self.cfg.spec_lookahead else 0
+        need = min(total_computed + num_new + look, self.cfg.max_model_len)
         if running:
             n_alloc = max(_cdiv(need, self.bs) - have, 0)
         else:
@@ -358,10 +368,22 @@ class VllmScheduler:
         self._cache_blocks(r, min(total_computed + num_new, r.num_tokens))
         return new
 
+    def _accepted(self, r: SimRequest) -> int:
+        """Accepted prefix of r's scheduled drafts (kvsim.engine.vllm_spec, in Python)."""
+        from kvsim.engine.vllm_spec import UNITS, acceptance_units, py_uniform_m
+
+        units = int(acceptance_units(self.cfg.spec_acceptance_rate))
+        a = 0
+        while a < r.sspec and py_uniform_m(self.cfg.spec_seed, r.idx, r.num_output, a) < units:
+            a += 1
+        assert units <= UNITS
+        return a
+
     def _preempt(self, r: SimRequest, preempted: list[int]) -> None:
         self._free_blocks(r)
         r.status = PREEMPTED
         r.num_computed = 0
+        r.spec = r.sspec = 0
         r.num_preemptions += 1
         self._push_waiting(r, front=True)
         preempted.append(r.idx)
@@ -403,7 +425,7 @@ class VllmScheduler:
         req_index = 0
         while req_index < len(self.running) and token_budget > 0:
             r = self.running[req_index]
-            num_new = r.num_tokens - r.num_computed
+            num_new = r.num_tokens + r.spec - r.num_computed
             if 0 < thr < num_new:
                 num_new = thr
             num_new = min(num_new, token_budget, cfg.max_model_len - r.num_computed - 1)
@@ -436,6 +458,8 @@ class VllmScheduler:
             sched_running.append(r)
             scheduled[r.idx] = num_new
             new_blocks[r.idx] = got
+            r.sspec = min(r.spec, max(num_new + r.num_computed - r.num_tokens, 0))
+            r.spec = 0
             token_budget -= num_new
             req_index += 1
 
@@ -489,7 +513,14 @@ class VllmScheduler:
             r = self.requests[i]
             if r.status != RUNNING or r.num_computed < r.num_tokens:
                 continue
-            r.num_output += 1
+            if r.sspec:  # the accepted drafts' tokens; the rejected roll back
+                a = self._accepted(r)
+                r.num_computed -= r.sspec - a
+                r.num_output = min(r.num_output + 1 + a, r.output_len)
+                r.sspec = 0
+            else:
+                r.num_output += 1
+            r.spec = self.cfg.num_speculative_tokens
             if r.num_output >= r.output_len or r.num_tokens >= self.cfg.max_model_len:
                 r.status = FINISHED
                 self._free_blocks(r)

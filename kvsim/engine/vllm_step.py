@@ -10,13 +10,14 @@ step results.  Python drives it through :class:`kvsim.engine.vllm_compiled.Compi
 
 State (all int64 unless said):
 
-* ``ip``: the engine config (``P_*``);
+* ``ip``: the engine config (``P_*``; ``P_LOOK``, ``P_SEED``: :mod:`kvsim.engine.vllm_spec`);
 * ``R[N, K_*]``: one row per request: prompt and output length, priority, the rank of its
   (request id, index) among all requests (the heap's last tie-break), its hashes'
   range in ``hh`` (chain hashes of the full blocks of prompt + output - 1 tokens),
   status, computed tokens, output tokens, preemptions, cached blocks (-1: vLLM's
   ``num_cached_block`` unset, the request holds no blocks), its pool seq slot (-1: none),
-  and this step's scheduled tokens and new blocks; ``arr`` (float64): arrival times;
+  and this step's scheduled tokens and new blocks; its drafts (``K_SPEC*``, ``K_ACC``:
+  :mod:`kvsim.engine.vllm_spec`); ``arr`` (float64): arrival times;
 * ``sv`` (``V_*``): running count, the FCFS deque's head and length, the heap's length;
 * ``run``: the running list; ``wq``: the FCFS waiting deque (a ring of N); ``heap``: the
   priority waiting queue (a binary heap on (priority, arrival, rank): a total order, so
@@ -33,10 +34,10 @@ outcomes; free blocks after ``schedule()`` and after the step.
 
 from __future__ import annotations
 
-import numpy as np
 from numba import typeof, types
 from numba.experimental import structref
 
+from kvsim.engine.vllm_spec import accepted_drafts
 from kvsim.jit.decorators import njit
 from kvsim.memory import pool_ops
 from kvsim.memory.fast import S_N_CAND, S_N_EMPTY, S_N_HELD, pool_lookup, seq_close, seq_open
@@ -44,12 +45,12 @@ from kvsim.replay.kernel.tiers import hash_slot
 
 # engine config (ip)
 (P_BS, P_NGPU, P_MAXSEQ, P_MAXTOK, P_CHUNKED, P_THR, P_PRIO, P_CACHING, P_RESERVE,
- P_WMARK, P_MAXLEN) = range(11)
-NUM_PARAMS = 11
+ P_WMARK, P_MAXLEN, P_LOOK, P_SEED) = range(13)
+NUM_PARAMS = 13
 # request columns (R)
 (K_PLEN, K_OLEN, K_PRIO, K_RANK, K_H0, K_H1, K_STATUS, K_NCOMP, K_NOUT, K_NPRE, K_NCACHED,
- K_SEQ, K_SCHED, K_NEWB) = range(14)
-NUM_COLS = 14
+ K_SEQ, K_SCHED, K_NEWB, K_SPECK, K_ACC, K_SPEC, K_SSPEC) = range(18)
+NUM_COLS = 18
 # status (the Python port's strings)
 WAITING, RUNNING, PREEMPTED, FINISHED, UNSEEN = 0, 1, 2, 3, 4
 # scheduler scalars (sv)
@@ -275,8 +276,8 @@ def lookup_ext(ip, R, hh, i, nhits, tk):
 @njit(cache=True)
 def allocate_slots(ip, R, hh, i, num_new, hits, nhits, next_, full_must_fit, has_sched, st,
                    pol, view, pout, hs, oev, oc):
-    """vLLM ``KVCacheManager.allocate_slots``: the number of new blocks (their ids are the
-    last ones of the request's table), or -1 (nothing changed).  ``nhits`` prefix-hit
+    """vLLM ``KVCacheManager.allocate_slots`` (with its lookahead slots when ``P_LOOK``): the
+    number of new blocks (their ids are the last ones of the request's table), or -1.  ``nhits`` prefix-hit
     blocks (``hits``), then ``next_`` blocks loaded from a lower tier (allocated as new
     blocks, counted as computed: vLLM's external computed tokens)."""
     bs = ip[P_BS]
@@ -303,7 +304,7 @@ def allocate_slots(ip, R, hh, i, num_new, hits, nhits, next_, full_must_fit, has
             need_full = max(_cdiv(full, bs) - (nhits + have), 0) + evictable
         if need_full + watermark > free:
             return -1
-    need = min(total_computed + num_new, maxlen)
+    need = min(total_computed + num_new + (R[i, K_SPECK] if ip[P_LOOK] else 0), maxlen)
     if running:
         n_alloc = max(_cdiv(need, bs) - have, 0)
     else:
@@ -344,6 +345,7 @@ def preempt(ip, R, arr, sv, wq, heap, i, st, pol, view, opre, oc):
     release(R, i, st, pol, view)
     R[i, K_STATUS] = PREEMPTED
     R[i, K_NCOMP] = 0
+    R[i, K_SPEC] = R[i, K_SSPEC] = 0  # its drafts are dropped
     R[i, K_NPRE] += 1
     push_waiting(ip, R, arr, sv, wq, heap, i, True)
     k = oc[O_PRE]
@@ -440,7 +442,7 @@ def schedule(ip, R, arr, hh, sv, run, wq, heap, st, pol, view, pout, hits, hs,
     req_index = 0
     while req_index < sv[V_NRUN] and budget > 0:
         i = run[req_index]
-        num_new = R[i, K_PLEN] + R[i, K_NOUT] - R[i, K_NCOMP]
+        num_new = R[i, K_PLEN] + R[i, K_NOUT] + R[i, K_SPEC] - R[i, K_NCOMP]
         if 0 < thr < num_new:
             num_new = thr
         num_new = min(num_new, budget, maxlen - R[i, K_NCOMP] - 1)
@@ -479,6 +481,10 @@ def schedule(ip, R, arr, hh, sv, run, wq, heap, st, pol, view, pout, hits, hs,
         oc[O_SCHED] = k + 1
         R[i, K_SCHED] = num_new
         R[i, K_NEWB] = got
+        # drafts scheduled (past the known tokens); the proposals are consumed
+        R[i, K_SSPEC] = min(R[i, K_SPEC], max(num_new + R[i, K_NCOMP] - R[i, K_PLEN]
+                                                 - R[i, K_NOUT], 0))
+        R[i, K_SPEC] = 0
         budget -= num_new
         req_index += 1
     n_run_sched = oc[O_SCHED]
@@ -557,14 +563,20 @@ def _blocks_out(obl, oblids, oc, i, st, seq, lo, hi):
 @njit(cache=True)
 def update_from_output(ip, R, sv, run, st, pol, view, osched, ofin, oc):
     """vLLM ``update_from_output`` with the fake runner: one token for each request whose
-    chunk reached its known tokens; finished ones free their blocks and leave running."""
+    chunk reached its known tokens plus its accepted drafts (rejected ones roll back
+    ``num_computed_tokens``, their blocks stay), k new drafts; finished ones leave."""
     nfin0 = oc[O_FIN]
     for k in range(oc[O_SCHED]):
         i = osched[k, 0]
         R[i, K_SCHED] = 0
         if R[i, K_STATUS] != RUNNING or R[i, K_NCOMP] < R[i, K_PLEN] + R[i, K_NOUT]:
             continue
-        R[i, K_NOUT] += 1
+        s = R[i, K_SSPEC]
+        a = accepted_drafts(ip[P_SEED], i, R[i, K_NOUT], s, R[i, K_ACC]) if s > 0 else 0
+        R[i, K_NCOMP] -= s - a
+        R[i, K_SSPEC] = 0
+        R[i, K_NOUT] = min(R[i, K_NOUT] + 1 + a, R[i, K_OLEN]) if s > 0 else R[i, K_NOUT] + 1
+        R[i, K_SPEC] = R[i, K_SPECK]
         if R[i, K_NOUT] >= R[i, K_OLEN] or R[i, K_PLEN] + R[i, K_NOUT] >= ip[P_MAXLEN]:
             R[i, K_STATUS] = FINISHED
             release(R, i, st, pol, view)
@@ -585,14 +597,3 @@ def update_from_output(ip, R, sv, run, st, pol, view, osched, ofin, oc):
 def add_request(ip, R, arr, sv, wq, heap, i):
     R[i, K_STATUS] = WAITING
     push_waiting(ip, R, arr, sv, wq, heap, i, False)
-
-
-def new_outputs(num_requests: int, num_gpu_blocks: int, max_num_seqs: int) -> tuple:
-    """Output buffers of one step, sized for the worst step."""
-    n = max(num_requests, 1)
-    ev_cap = 2 * num_gpu_blocks + 4 * n + 64
-    return (np.zeros((n + 1, 2), np.int64), np.zeros((2 * n + 2, 2), np.int64),
-            np.zeros(2 * num_gpu_blocks + 16, np.int64), np.zeros((n + 1, 3), np.int64),
-            np.zeros((n + 1, 2), np.int64), np.zeros(n + 1, np.int64),
-            np.zeros((ev_cap, 4), np.int64), np.zeros(64, np.int64),
-            np.zeros(NUM_OC, np.int64))

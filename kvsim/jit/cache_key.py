@@ -43,7 +43,8 @@ SOURCES = ("kvsim.core.schema", "kvsim.core.codes", "kvsim.policy.api", "kvsim.p
            "kvsim.replay.kernel.placement", "kvsim.replay.kernel.core",
            "kvsim.replay.kernel.core_ref", "kvsim.engine.scheduler_state",
            "kvsim.engine.scheduler_blocks", "kvsim.engine.scheduler",
-           "kvsim.replay.kernel.closed_step", "kvsim.engine.vllm_step", "kvsim.engine.vllm_rows",
+           "kvsim.replay.kernel.closed_step", "kvsim.engine.vllm_step", "kvsim.engine.vllm_spec",
+           "kvsim.engine.vllm_rows",
            "kvsim.cachesim.simulator",
            "kvsim.cachesim.fast_loops", "kvsim.cachesim.ghost_loops", "kvsim.jit.decorators",
            # every other module with compiled code (tests/safety/test_compile_cache.py

@@ -1,6 +1,6 @@
 """``--scheduler auto`` (the default of the CLI and of EngineOptions): the closed loop runs
 vLLM 0.33's scheduler (kvsim.engine.vllm_rows) unless the run needs what it does not model
-(n > 1, beams, speculative drafts, --preemption swap); then kvsim's scheduler, said once on
+(n > 1, beams, --preemption swap); then kvsim's scheduler, said once on
 stderr as a note; ``summary["scheduler"]`` says which ran.  An explicit ``--scheduler vllm``
 with such a run is a one-line error (exit 2).  The default tests fail on a main where the
 default was kvsim."""
@@ -42,8 +42,7 @@ def test_default_is_auto_and_picks_vllm():
 
 
 @pytest.mark.parametrize("col,value,what", [("n", [1, 2], "n > 1"),
-                                            ("beam_width", [1, 4], "beam search"),
-                                            ("spec_draft_tokens", [0, 4], "speculative")])
+                                            ("beam_width", [1, 4], "beam search")])
 def test_auto_falls_back_on_unmodelled_features(col, value, what):
     from kvsim.modes.closed.closed_loop import EngineOptions, resolve_scheduler
     from kvsim.spec.sim_config import SimConfig
@@ -79,8 +78,7 @@ def test_cli_default_runs_vllm_without_a_note():
     assert "scheduler vllm" in " ".join(res.stderr.split()) and "note:" not in res.stderr
 
 
-@pytest.mark.parametrize("profile,what", [("beam_search", "beam search"),
-                                          ("speculative_decode", "speculative drafts")])
+@pytest.mark.parametrize("profile,what", [("beam_search", "beam search")])
 def test_cli_auto_falls_back_with_one_note(profile, what):
     res = _cli("simulate", "--profile", profile, "--requests", "8", "--hbm-gb", "8",
                "--json")
@@ -88,6 +86,16 @@ def test_cli_auto_falls_back_with_one_note(profile, what):
     assert json.loads(res.stdout)["policies"][0]["scheduler"] == "kvsim"
     notes = [ln for ln in res.stderr.splitlines() if ln.startswith("note:")]
     assert len(notes) == 1 and what in notes[0] and "kvsim's scheduler" in notes[0]
+
+
+def test_cli_speculative_profile_runs_vllm_without_a_note():
+    """Speculative drafts are modelled by vLLM's scheduler now (kvsim.engine.vllm_spec):
+    auto no longer falls back for them."""
+    res = _cli("simulate", "--profile", "speculative_decode", "--requests", "8", "--hbm-gb",
+               "8", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["policies"][0]["scheduler"] == "vllm"
+    assert "note:" not in res.stderr
 
 
 @pytest.mark.parametrize("args,what", [

@@ -2,7 +2,8 @@
 kvsim.engine.vllm_compiled) against its witness, the plain-Python port
 (kvsim.engine.vllm_scheduler): identical StepResults, every step, on every recording of
 vLLM's scheduler and on random small workloads (preemption, priority, chunked prefill,
-the long-prefill threshold, watermark, reserve-full-ISL, salts, resets, caching off)."""
+the long-prefill threshold, watermark, reserve-full-ISL, salts, resets, caching off,
+speculative drafts with and without lookahead slots)."""
 
 from __future__ import annotations
 
@@ -86,7 +87,10 @@ def _workload(draw):
         enable_prefix_caching=draw(stg.booleans() | stg.just(True)),
         scheduler_reserve_full_isl=draw(stg.booleans()),
         watermark=draw(stg.sampled_from([0.0, 0.0, 0.1])),
-        max_model_len=draw(stg.sampled_from([1 << 30, 20])))
+        max_model_len=draw(stg.sampled_from([1 << 30, 20])),
+        num_speculative_tokens=draw(stg.sampled_from([0, 0, 1, 3])),
+        spec_acceptance_rate=draw(stg.sampled_from([0.0, 0.5, 1.0])),
+        spec_lookahead=draw(stg.booleans()), spec_seed=draw(stg.integers(0, 3)))
     n = draw(stg.integers(1, 7))
     reqs = []
     for i in range(n):

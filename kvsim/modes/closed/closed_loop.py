@@ -74,6 +74,19 @@ class EngineOptions:
     reserve_full_isl: bool = True
     #: vLLM's admission watermark, a fraction of the pool (None: the engine model's 0.01)
     watermark: float | None = None
+    #: speculative decoding under vLLM's scheduler: the drafter's k KV slots reserved past
+    #: the scheduled tokens (vLLM's num_lookahead_tokens: EAGLE, MTP, a draft model; False:
+    #: n-gram, none).  k and the acceptance are the trace's spec_draft_tokens /
+    #: spec_accept_prob (docs/simulate.md, "Speculative decoding under vLLM's scheduler")
+    spec_lookahead: bool = False
+
+    def identity(self) -> dict:
+        """The options as a dict for keys and outputs; ``spec_lookahead`` only when set, so
+        every output without it is as before."""
+        d = dataclasses.asdict(self)
+        if not d["spec_lookahead"]:
+            del d["spec_lookahead"]
+        return d
 
     def engine_config(self, num_gpu_blocks: int, seed: int) -> EngineConfig:
         from kvsim.engine.engine_model import DEFAULT_STEP_OVERHEAD_US
@@ -292,12 +305,11 @@ _TINY: dict = {}
 
 def vllm_unsupported(table: RequestTable, config: SimConfig) -> str | None:
     """What of ``table`` / ``config`` vLLM's scheduler (kvsim.engine.vllm_rows) does not
-    model, in words, or None: n > 1, beams, speculative drafts, ``--preemption swap`` (vLLM
-    0.33 only recomputes)."""
+    model, in words, or None: n > 1, beams, ``--preemption swap`` (vLLM 0.33 only
+    recomputes).  Speculative drafts it models (kvsim.engine.vllm_spec)."""
     df = table.df
-    for col, what in (("n", "n > 1 (parallel sampling)"), ("beam_width", "beam search"),
-                      ("spec_draft_tokens", "speculative drafts")):
-        limit = 0 if col == "spec_draft_tokens" else 1
+    for col, what in (("n", "n > 1 (parallel sampling)"), ("beam_width", "beam search")):
+        limit = 1
         if len(df) and col in df and int(df[col].max()) > limit:
             return f"{what}: the trace has requests with {col} > {limit}"
     if config.preemption != "recompute":
@@ -347,7 +359,8 @@ def _vllm_value(table: RequestTable, off, ids, opts: EngineOptions, config: SimC
                           num_blocks, opts.max_num_seqs, opts.max_num_batched_tokens,
                           priority=config.priority_scheduling,
                           long_prefill_token_threshold=opts.long_prefill_token_threshold,
-                          watermark_blocks=wmark, reserve_full_isl=opts.reserve_full_isl)
+                          watermark_blocks=wmark, reserve_full_isl=opts.reserve_full_isl,
+                          spec_lookahead=opts.spec_lookahead, seed=config.seed)
 
 
 def closed_engine(config: SimConfig, policy, num_rows: int) -> str:
