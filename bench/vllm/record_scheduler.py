@@ -34,6 +34,7 @@ import copy
 import gzip
 import hashlib
 import json
+import math
 import os
 import shutil
 import sys
@@ -170,6 +171,23 @@ def agentic_requests(path: str, ns: int = 1) -> tuple[list[dict], dict]:
 # ---------------------------------------------------------------------------
 # Built-in cases (the committed fixtures)
 # ---------------------------------------------------------------------------
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """SplitMix64's finaliser (the draw kvsim.engine.vllm_spec makes, written again here:
+    the recorder imports nothing of kvsim)."""
+    z = (x + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _draft_uniform_m(seed: int, i: int, gen: int, j: int) -> int:
+    """Draft j of request i after gen output tokens is accepted when this < p * 2**53."""
+    return _mix64(seed ^ _mix64(i ^ _mix64(gen * 64 + j))) >> 11
+
+
 def _engine(**kw) -> dict:
     e = {
         "block_size": 16,
@@ -402,6 +420,26 @@ def case_preempt_heavy() -> dict:
     }
 
 
+def case_spec_decode() -> dict:
+    reqs = []
+    for i in range(12):
+        reqs.append({"arrival_ms": 5.0 * i,
+                     "prompt": [{"blk": [2, 32, 9, 32]}] + _distinct(i, 25 + 8 * (i % 4)),
+                     "output_len": 120 + 10 * (i % 3)})
+    return {
+        "name": "spec_decode",
+        "description": "Speculative decoding (n-gram, k = 3 drafts, acceptance 0.7 drawn "
+                       "as kvsim draws it, seed 0) on preempt_heavy's tiny pool: 12 "
+                       "requests with 57-81-token prompts and 120-140 output tokens on 40 "
+                       "usable blocks; drafts take budget and blocks, preemptions drop them.",
+        "engine": _engine(num_gpu_blocks=41, max_num_seqs=8, max_num_batched_tokens=256,
+                          max_model_len=512, num_speculative_tokens=3,
+                          spec_acceptance_rate=0.7, spec_seed=0),
+        "clock": _clock(),
+        "requests": reqs,
+    }
+
+
 CASES = {
     "mooncake200": case_mooncake200,
     "agentic_0505": case_agentic,
@@ -412,6 +450,7 @@ CASES = {
     "reset": case_reset,
     "multiturn_output_reuse": case_multiturn,
     "preempt_heavy": case_preempt_heavy,
+    "spec_decode": case_spec_decode,
 }
 
 # Recordings whose stored blocks carry their token ids inline ("t"); the others
@@ -550,6 +589,22 @@ def record(spec: dict, out_path: str, traces_dir: str, check_every: int = 1,
                                    dtype="float16", max_model_len=max_model_len, seed=0)
     finally:
         shutil.rmtree(model_dir, ignore_errors=True)
+    # speculative decoding (n-gram drafts, no lookahead slots): the fake runner proposes
+    # k drafts after every sampled token and accepts a prefix of them, drawn as kvsim
+    # draws it (kvsim.engine.vllm_spec), so a recording checks the scheduler's handling
+    # of drafts, not the drafter
+    num_spec = int(eng.get("num_speculative_tokens") or 0)
+    spec_kw = {}
+    if num_spec:
+        from vllm.config import SpeculativeConfig
+        from vllm.v1.outputs import DraftTokenIds
+
+        spec_kw["speculative_config"] = SpeculativeConfig(
+            method="ngram", num_speculative_tokens=num_spec, prompt_lookup_max=num_spec,
+            prompt_lookup_min=1)
+        eng.setdefault("spec_acceptance_rate", 1.0)
+        eng.setdefault("spec_seed", 0)
+        eng["spec_lookahead"] = False
     sched_config = SchedulerConfig(
         max_num_seqs=eng["max_num_seqs"],
         max_num_batched_tokens=eng["max_num_batched_tokens"],
@@ -568,6 +623,7 @@ def record(spec: dict, out_path: str, traces_dir: str, check_every: int = 1,
         model_config=model_config, scheduler_config=sched_config, cache_config=cache_config,
         device_config=DeviceConfig(device="cpu"),
         kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"),
+        **spec_kw,
     )
     num_blocks = int(eng["num_gpu_blocks"])
     kv_cache_config = KVCacheConfig(
@@ -822,13 +878,28 @@ def record(spec: dict, out_path: str, traces_dir: str, check_every: int = 1,
             vr = vreqs[i]
             if vr.num_computed_tokens >= vr.num_tokens:
                 k = len(vr.output_token_ids)
-                sampled.append([reqs[i]["output_base"] + k])
+                a = 0
+                drafts = so.scheduled_spec_decode_tokens.get(rid) or []
+                if drafts:
+                    units = math.ceil(float(eng["spec_acceptance_rate"]) * (1 << 53))
+                    while a < len(drafts) and _draft_uniform_m(
+                            int(eng["spec_seed"]), i, k, a) < units:
+                        a += 1
+                    totals["spec_drafts"] = totals.get("spec_drafts", 0) + len(drafts)
+                    totals["spec_accepted"] = totals.get("spec_accepted", 0) + a
+                sampled.append([reqs[i]["output_base"] + k + t for t in range(a + 1)])
             else:
                 sampled.append([])
         mro = ModelRunnerOutput(req_ids=req_ids,
                                 req_id_to_index={r: j for j, r in enumerate(req_ids)},
                                 sampled_token_ids=sampled)
         ecos = sched.update_from_output(so, mro)
+        if num_spec:  # the drafter: the next k output tokens of every scheduled request
+            alive = [rid for rid in req_ids if rid in sched.requests]
+            sched.update_draft_token_ids(DraftTokenIds(alive, [
+                [reqs[id_to_idx[rid]]["output_base"] + len(vreqs[id_to_idx[rid]]
+                                                              .output_token_ids) + t
+                 for t in range(num_spec)] for rid in alive]))
 
         finished = []
         pcs = None

@@ -61,11 +61,18 @@ SchedulerOpt = Annotated[str, typer.Option(
     "--scheduler", metavar="auto|vllm|kvsim",
     help="Who decides the closed loop's steps: vllm (vLLM 0.33's own v1 scheduler, ported "
          "and checked step by step against recordings of vLLM: recompute preemption, "
-         "chunk-wise block allocation, reserve-full-ISL admission; no n > 1, beams, "
-         "speculative drafts or --preemption swap), kvsim (kvsim's continuous-batching "
+         "chunk-wise block allocation, reserve-full-ISL admission, speculative drafts; no "
+         "n > 1, beams or --preemption swap), kvsim (kvsim's continuous-batching "
          "scheduler, which models those) or auto (the default: vllm, unless the run needs "
          "one of those, then kvsim, said in a note).  docs/simulate.md, \"Fidelity to "
          "vLLM\".")]
+SpecLookaheadOpt = Annotated[bool, typer.Option(
+    "--spec-lookahead",
+    help="Speculative decoding under vLLM's scheduler: reserve the drafter's k KV slots "
+         "past the scheduled tokens (vLLM's num_lookahead_tokens: EAGLE, MTP, a draft "
+         "model; off: n-gram).  k and the acceptance are the trace's spec_draft_tokens / "
+         "spec_accept_prob.  docs/simulate.md, \"Speculative decoding under vLLM's "
+         "scheduler\".")]
 TimingOpt = Annotated[str | None, typer.Option(
     "--timing", metavar="auto|roofline|measured|FILE.toml",
     help="Step-time model of the engine serving --profile / --request-trace: measured "
@@ -283,7 +290,8 @@ def single_replica(replicas: int) -> None:
 
 def request_table(profile, requests, seed, request_trace, fmt, model, block_size,
                    max_num_seqs, max_num_batched_tokens, config, sched, timing=None,
-                   trace_block_size=None, salt_by_tenant=False, scheduler="auto"):
+                   trace_block_size=None, salt_by_tenant=False, scheduler="auto",
+                   spec_lookahead=False):
     """The Request table a profile or request trace gives, and the engine options it is
     served with; says on stderr what is served how (a log line, not progress)."""
     import sys
@@ -295,7 +303,7 @@ def request_table(profile, requests, seed, request_trace, fmt, model, block_size
     opts = EngineOptions(block_size_tokens=block_size, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens,
                          model=model or "llama-3-8b", timing=timing or "auto",
-                         scheduler=scheduler)
+                         scheduler=scheduler, spec_lookahead=bool(spec_lookahead))
     if sched == "closed":  # auto: vllm unless the run needs what it does not model
         opts, why = resolve_scheduler(table, config, opts)
         if why is not None:

@@ -28,6 +28,7 @@ from kvsim.cli.closed_opts import (
     SharedLinkLatencyOpt,
     SharedTierGbOpt,
     SharedTierPolicyOpt,
+    SpecLookaheadOpt,
     TimingOpt,
     TraceBlockSizeOpt,
     check_event_file_options,
@@ -290,6 +291,7 @@ def simulate_command(
     max_num_batched_tokens: MaxTokensOpt = None,
     timing: TimingOpt = None,
     scheduler: SchedulerOpt = "auto",
+    spec_lookahead: SpecLookaheadOpt = False,
     json_: JsonOption = False,
 ) -> None:
     """Replay TRACE through HBM (vLLM-exact prefix caching) and the DRAM/CXL/NVMe tiers of
@@ -337,7 +339,8 @@ def simulate_command(
             table, opts = request_table(profile, requests, seed, request_trace, fmt, model,
                                          block_size, max_num_seqs, max_num_batched_tokens,
                                          config, sched, timing,
-                                         trace_block_size, salt_by_tenant, scheduler)
+                                         trace_block_size, salt_by_tenant, scheduler,
+                                         spec_lookahead)
             table, replicas, span_us = size_table(table, opts, config, replicas, sched,
                                              drop_over_context, warnings,
                                              strict=request_trace is not None)
@@ -453,6 +456,7 @@ def compare_command(
     tenants: TenantsOpt = False,
     tenant_quota: TenantQuotaOpt = None,
     scheduler: SchedulerOpt = "auto",
+    spec_lookahead: SpecLookaheadOpt = False,
     json_: JsonOption = False,
 ) -> None:
     """Replay one trace under several HBM placement policies (same tiers, same cost model)
@@ -499,7 +503,8 @@ def compare_command(
             table, opts = request_table(profile, requests, seed, request_trace, fmt, model,
                                          block_size, max_num_seqs, max_num_batched_tokens,
                                          config, sched, timing,
-                                         trace_block_size, salt_by_tenant, scheduler)
+                                         trace_block_size, salt_by_tenant, scheduler,
+                                         spec_lookahead)
             table, replicas, span_us = size_table(table, opts, config, replicas, sched,
                                              drop_over_context, warnings,
                                              strict=request_trace is not None)

@@ -291,7 +291,7 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
             n = _row(I, F, n, step, t_us, EK_FREE, opre[p, 0], FREE_PREEMPT_BLOCK, 0, -1, 0,
                      PH_PREFILL, PR_COLD, -1, 0, -1, 0, 0.0)
             p += 1
-        V.update_from_output(vip, R, sv, run, pst, pol, pview, osched, ofin, oc)
+        V.update_from_output(vip, R, hh, sv, run, pst, pol, pview, osched, ofin, oev, oc)
         held = pst.sc[S_N_HELD]
         st[S_HELD] = held
         if held > st[S_MAXHELD]:

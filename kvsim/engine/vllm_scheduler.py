@@ -521,6 +521,8 @@ class VllmScheduler:
             else:
                 r.num_output += 1
             r.spec = self.cfg.num_speculative_tokens
+            if r.spec:  # vLLM caches the verified blocks now (as far as the hashes go)
+                self._cache_blocks(r, min(r.num_computed, r.prompt_len + r.output_len - 1))
             if r.num_output >= r.output_len or r.num_tokens >= self.cfg.max_model_len:
                 r.status = FINISHED
                 self._free_blocks(r)

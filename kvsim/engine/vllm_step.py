@@ -402,7 +402,7 @@ def step(ip, R, arr, hh, sv, run, wq, heap, pl, hits, hs,
     schedule(ip, R, arr, hh, sv, run, wq, heap, st, pol, view, pout, hits, hs,
              osched, obl, oblids, oadm, opre, oev, oc, tk)
     oc[O_FREE_SCHED] = free_blocks(st)
-    update_from_output(ip, R, sv, run, st, pol, view, osched, ofin, oc)
+    update_from_output(ip, R, hh, sv, run, st, pol, view, osched, ofin, oev, oc)
     oc[O_FREE] = free_blocks(st)
     return oc[O_SCHED]
 
@@ -561,22 +561,23 @@ def _blocks_out(obl, oblids, oc, i, st, seq, lo, hi):
 
 
 @njit(cache=True)
-def update_from_output(ip, R, sv, run, st, pol, view, osched, ofin, oc):
-    """vLLM ``update_from_output`` with the fake runner: one token for each request whose
-    chunk reached its known tokens plus its accepted drafts (rejected ones roll back
-    ``num_computed_tokens``, their blocks stay), k new drafts; finished ones leave."""
+def update_from_output(ip, R, hh, sv, run, st, pol, view, osched, ofin, oev, oc):
+    """vLLM ``update_from_output``, fake runner: a chunk that reached its known tokens
+    samples one + its accepted drafts (:mod:`kvsim.engine.vllm_spec`); finished ones leave."""
     nfin0 = oc[O_FIN]
     for k in range(oc[O_SCHED]):
         i = osched[k, 0]
         R[i, K_SCHED] = 0
         if R[i, K_STATUS] != RUNNING or R[i, K_NCOMP] < R[i, K_PLEN] + R[i, K_NOUT]:
             continue
-        s = R[i, K_SSPEC]
+        s = R[i, K_SSPEC]  # rejected drafts roll num_computed back; their blocks stay
         a = accepted_drafts(ip[P_SEED], i, R[i, K_NOUT], s, R[i, K_ACC]) if s > 0 else 0
         R[i, K_NCOMP] -= s - a
-        R[i, K_SSPEC] = 0
         R[i, K_NOUT] = min(R[i, K_NOUT] + 1 + a, R[i, K_OLEN]) if s > 0 else R[i, K_NOUT] + 1
         R[i, K_SPEC] = R[i, K_SPECK]
+        if R[i, K_SPECK] > 0:  # vLLM caches the verified blocks now (as far as hh goes)
+            _cache_blocks(ip, R, hh, i, min(R[i, K_NCOMP], R[i, K_PLEN] + R[i, K_OLEN] - 1),
+                          st, pol, view, oev, oc)
         if R[i, K_NOUT] >= R[i, K_OLEN] or R[i, K_PLEN] + R[i, K_NOUT] >= ip[P_MAXLEN]:
             R[i, K_STATUS] = FINISHED
             release(R, i, st, pol, view)

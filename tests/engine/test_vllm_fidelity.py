@@ -23,7 +23,9 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_sched"
 FAST = ["agentic_0505", "overload", "chunked_prefill", "priority", "salted_tenants", "reset",
         "multiturn_output_reuse", "preempt_heavy",
         # overload with scheduler_reserve_full_isl false / watermark 0.05 (specs/)
-        "overload_noreserve", "overload_watermark"]
+        "overload_noreserve", "overload_watermark",
+        # speculative decoding: n-gram, k = 3, acceptance 0.7 (kvsim.engine.vllm_spec)
+        "spec_decode"]
 
 
 def _summary(name: str) -> dict:

@@ -172,3 +172,26 @@ def test_closed_loop_auto_stays_on_vllm_with_drafts():
     assert base.summary["steps"] == 9
     # the same 9 steps, but each decode step verifies 3 tokens: a longer run
     assert none.summary["makespan_us"] > base.summary["makespan_us"]
+
+
+def test_lookahead_slots_in_the_closed_loop_and_cli():
+    """EngineOptions(spec_lookahead=True) / --spec-lookahead: the drafter's k slots are
+    reserved too, so the pools hold more blocks at their peak (32-token prompt, 9 output
+    tokens, k = 8, acceptance 1, 16-token blocks: the prefill then the one decode step need
+    32 and 41 slots = 3 blocks at the peak; with lookahead 40 and 49 = 4 blocks)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    plain = _serve(_table(8, 1.0))
+    look = _serve(_table(8, 1.0), spec_lookahead=True)
+    assert look.summary["scheduler"] == "vllm"
+    assert look.summary["steps"] == plain.summary["steps"] == 2
+    assert (plain.summary["peak_hbm_blocks"], look.summary["peak_hbm_blocks"]) == (3, 4)
+    res = CliRunner().invoke(app, ["simulate", "--profile", "speculative_decode",
+                                   "--requests", "4", "--hbm-gb", "8", "--spec-lookahead",
+                                   "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["policies"][0]["scheduler"] == "vllm"

@@ -21,7 +21,7 @@ from kvsim.ingest.vllm_sched import load_sched_recording
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_sched"
 NAMES = ["agentic_0505", "overload", "chunked_prefill", "priority", "salted_tenants", "reset",
          "multiturn_output_reuse", "preempt_heavy", "overload_noreserve", "overload_watermark",
-         "mooncake200"]
+         "mooncake200", "spec_decode"]
 
 
 def _twins(cfg: EngineConfig, make_requests, pool: str = "fast"):
