@@ -79,7 +79,7 @@ class CompiledVllmScheduler:
         if N:
             R[np.array(ranks), V.K_RANK] = np.arange(N)
         R[:, V.K_SPECK] = config.num_speculative_tokens
-        R[:, V.K_ACC] = acceptance_units(config.spec_acceptance_rate)
+        R[:, V.K_ACCEPT] = acceptance_units(config.spec_acceptance_rate)
         R[:, V.K_STATUS] = V.UNSEEN
         R[:, V.K_NCACHED] = -1
         R[:, V.K_SEQ] = -1
@@ -89,7 +89,9 @@ class CompiledVllmScheduler:
         self.run = np.zeros(max(N, 1), np.int64)
         self.wq = np.zeros(max(N, 1), np.int64)
         self.heap = np.zeros(max(N, 1), np.int64)
-        per_seq = max([_cdiv(r.prompt_len + r.output_len, bs) for r in requests] or [1]) + 2
+        extra = 2 * config.num_speculative_tokens  # drafts and their lookahead slots
+        per_seq = max([_cdiv(r.prompt_len + r.output_len + extra, bs) for r in requests]
+                      or [1]) + 2
         pc = PoolConfig(num_blocks=config.num_gpu_blocks, block_size_tokens=bs,
                         enable_caching=config.enable_prefix_caching,
                         max_seqs=config.max_num_seqs + 2, max_blocks_per_seq=per_seq)

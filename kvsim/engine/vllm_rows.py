@@ -383,13 +383,15 @@ def new_vllm_value(df, off, ids, trace_block_tokens: int, block_size: int, num_b
     R[:N, V.K_H0], R[:N, V.K_H1] = hoff[:-1], hoff[1:]
     if "spec_draft_tokens" in df:  # speculative decoding (kvsim.engine.vllm_spec)
         R[:N, V.K_SPECK] = i64(df["spec_draft_tokens"].to_numpy())
-        R[:N, V.K_ACC] = acceptance_units(df["spec_accept_prob"].to_numpy(np.float64))
+        R[:N, V.K_ACCEPT] = acceptance_units(df["spec_accept_prob"].to_numpy(np.float64))
     R[:, V.K_STATUS] = V.UNSEEN
     R[:, V.K_NCACHED] = -1
     R[:, V.K_SEQ] = -1
     varr = np.zeros(M, np.float64)
     varr[:N] = df["arrival_us"].to_numpy(np.float64) / 1e6
-    per_seq = int(((prompt + out) // block_size).max()) + 3 if N else 4
+    spk = i64(df["spec_draft_tokens"].to_numpy()) if "spec_draft_tokens" in df else 0
+    # drafts and their lookahead slots take blocks past prompt + output
+    per_seq = int(((prompt + out + 2 * spk) // block_size).max()) + 3 if N else 4
     pc = PoolConfig(num_blocks=num_blocks, block_size_tokens=block_size,
                     enable_caching=enable_caching, max_seqs=max_num_seqs + 2,
                     max_blocks_per_seq=per_seq)

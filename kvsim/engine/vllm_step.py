@@ -16,7 +16,7 @@ State (all int64 unless said):
   range in ``hh`` (chain hashes of the full blocks of prompt + output - 1 tokens),
   status, computed tokens, output tokens, preemptions, cached blocks (-1: vLLM's
   ``num_cached_block`` unset, the request holds no blocks), its pool seq slot (-1: none),
-  and this step's scheduled tokens and new blocks; its drafts (``K_SPEC*``, ``K_ACC``:
+  and this step's scheduled tokens and new blocks; its drafts (``K_SPEC*``, ``K_ACCEPT``:
   :mod:`kvsim.engine.vllm_spec`); ``arr`` (float64): arrival times;
 * ``sv`` (``V_*``): running count, the FCFS deque's head and length, the heap's length;
 * ``run``: the running list; ``wq``: the FCFS waiting deque (a ring of N); ``heap``: the
@@ -49,7 +49,7 @@ from kvsim.replay.kernel.tiers import hash_slot
 NUM_PARAMS = 13
 # request columns (R)
 (K_PLEN, K_OLEN, K_PRIO, K_RANK, K_H0, K_H1, K_STATUS, K_NCOMP, K_NOUT, K_NPRE, K_NCACHED,
- K_SEQ, K_SCHED, K_NEWB, K_SPECK, K_ACC, K_SPEC, K_SSPEC) = range(18)
+ K_SEQ, K_SCHED, K_NEWB, K_SPECK, K_ACCEPT, K_SPEC, K_SSPEC) = range(18)
 NUM_COLS = 18
 # status (the Python port's strings)
 WAITING, RUNNING, PREEMPTED, FINISHED, UNSEEN = 0, 1, 2, 3, 4
@@ -571,7 +571,7 @@ def update_from_output(ip, R, hh, sv, run, st, pol, view, osched, ofin, oev, oc)
         if R[i, K_STATUS] != RUNNING or R[i, K_NCOMP] < R[i, K_PLEN] + R[i, K_NOUT]:
             continue
         s = R[i, K_SSPEC]  # rejected drafts roll num_computed back; their blocks stay
-        a = accepted_drafts(ip[P_SEED], i, R[i, K_NOUT], s, R[i, K_ACC]) if s > 0 else 0
+        a = accepted_drafts(ip[P_SEED], i, R[i, K_NOUT], s, R[i, K_ACCEPT]) if s > 0 else 0
         R[i, K_NCOMP] -= s - a
         R[i, K_NOUT] = min(R[i, K_NOUT] + 1 + a, R[i, K_OLEN]) if s > 0 else R[i, K_NOUT] + 1
         R[i, K_SPEC] = R[i, K_SPECK]

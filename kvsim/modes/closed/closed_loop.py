@@ -124,7 +124,7 @@ class Engine:
         sc = self.sched
         B = opts.block_size_tokens
         prompt, out = sc.req_args[1], sc.req_args[2]
-        spk = sc.req_args[11]
+        spk = sc.req_args[11] * (2 if opts.spec_lookahead else 1)  # drafts (+ lookahead)
         slots = len(sc.src)
         max_blocks = int(((prompt + out + spk) // B + 2).max()) if N else 2
         # ALLOCATE ordinals of one step (the core indexes next_use / seen by ordinal; the
