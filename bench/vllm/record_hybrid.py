@@ -177,11 +177,142 @@ def run(name: str, groups) -> dict:
             "hash_block_size": hash_bs, "rows": rows}
 
 
+# the closed loop: vLLM's Scheduler over a full + sliding-window KVCacheConfig
+CLOSED = {
+    "groups": CONFIGS["swa"],
+    "engine": {"num_gpu_blocks": 31, "max_num_seqs": 8, "max_num_batched_tokens": 64,
+               "max_model_len": 4096, "scheduler_reserve_full_isl": True},
+    # (prompt, output_len): shared prefixes, long decodes that outgrow the window, pressure
+    "requests": [
+        (SHARED + _prompt(2000, 20), 30),
+        (SHARED + _prompt(3000, 8), 12),
+        (_prompt(5000, 100), 40),
+        (SHARED + _prompt(2000, 20) + _prompt(4000, 30), 20),
+        (_prompt(5000, 100) + _prompt(7000, 9), 6),
+        (SHARED[:40], 50),
+        (_prompt(8000, 150), 25),
+        (SHARED + _prompt(9000, 60), 10),
+    ],
+}
+OUTPUT_BASE = 100000
+
+
+def run_closed() -> dict:
+    """vLLM's real ``Scheduler`` (synchronous) with the hybrid KVCacheConfig, a fake model
+    runner sampling ``OUTPUT_BASE + 1000 * request + k`` as output token k; every request
+    arrives before step 0.  Per step: scheduled (request, tokens), new admissions with
+    their hit tokens, preempted, finished, free blocks after schedule() and after the step."""
+    import shutil
+
+    import torch
+    from vllm.config import (
+        CacheConfig,
+        DeviceConfig,
+        ModelConfig,
+        SchedulerConfig,
+        VllmConfig,
+    )
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        SlidingWindowSpec,
+    )
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from record_scheduler import _tiny_model_dir
+
+    eng = CLOSED["engine"]
+    bs = 16
+    model_dir = _tiny_model_dir()
+    try:
+        model_config = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float16",
+                                   max_model_len=eng["max_model_len"], seed=0)
+    finally:
+        shutil.rmtree(model_dir, ignore_errors=True)
+    sched_config = SchedulerConfig(
+        max_num_seqs=eng["max_num_seqs"], max_num_batched_tokens=eng["max_num_batched_tokens"],
+        max_model_len=eng["max_model_len"], is_encoder_decoder=False,
+        enable_chunked_prefill=True, scheduler_reserve_full_isl=eng["scheduler_reserve_full_isl"],
+        async_scheduling=False)
+    cache_config = CacheConfig(block_size=bs, enable_prefix_caching=True)
+    vllm_config = VllmConfig(model_config=model_config, scheduler_config=sched_config,
+                             cache_config=cache_config, device_config=DeviceConfig(device="cpu"))
+    groups = [KVCacheGroupSpec(["full"], FullAttentionSpec(
+                  block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)),
+              KVCacheGroupSpec(["swa"], SlidingWindowSpec(
+                  block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32,
+                  sliding_window=32))]
+    kv_cache_config = KVCacheConfig(num_blocks=eng["num_gpu_blocks"], kv_cache_tensors=[],
+                                    kv_cache_groups=groups)
+    cache_config.num_gpu_blocks = eng["num_gpu_blocks"]
+    sched = Scheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+                      structured_output_manager=StructuredOutputManager(vllm_config),
+                      block_size=bs, hash_block_size=bs, log_stats=True)
+    hash_fn = get_hash_fn_by_name(cache_config.prefix_caching_hash_algo)
+    init_none_hash(hash_fn)
+    hasher = get_request_block_hasher(bs, hash_fn)
+    preempt_order: list[str] = []
+    _orig = sched._preempt_request
+
+    def _recording_preempt(request, *a, **kw):  # observation only
+        preempt_order.append(request.request_id)
+        return _orig(request, *a, **kw)
+
+    sched._preempt_request = _recording_preempt
+    vreqs = {}
+    for i, (prompt, out_len) in enumerate(CLOSED["requests"]):
+        sp = SamplingParams(max_tokens=out_len, ignore_eos=True, temperature=0.0)
+        vreqs[str(i)] = Request(request_id=str(i), prompt_token_ids=list(prompt),
+                                sampling_params=sp, pooling_params=None, arrival_time=0.0,
+                                block_hasher=hasher)
+        sched.add_request(vreqs[str(i)])
+    steps = []
+    while sched.has_requests() and len(steps) < 5000:
+        seen = {rid for rid, r in vreqs.items() if r.num_computed_tokens > 0}
+        so = sched.schedule()
+        nst = so.num_scheduled_tokens
+        rec = {"sched": [[int(rid), n] for rid, n in nst.items()],
+               "new": [[int(nr.req_id), nr.num_computed_tokens] for nr in so.scheduled_new_reqs
+                       if nr.req_id not in seen],
+               "preempted": [int(x) for x in preempt_order],
+               "free_sched": sched.kv_cache_manager.block_pool.get_num_free_blocks()}
+        preempt_order.clear()
+        req_ids = list(nst)
+        sampled = []
+        for rid in req_ids:
+            vr = vreqs[rid]
+            if vr.num_computed_tokens >= vr.num_tokens:
+                sampled.append([OUTPUT_BASE + 1000 * int(rid) + len(vr.output_token_ids)])
+            else:
+                sampled.append([])
+        mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: j for j, r in
+                                                                  enumerate(req_ids)},
+                                sampled_token_ids=sampled)
+        ecos = sched.update_from_output(so, mro)
+        rec["finished"] = sorted(int(o.request_id) for eco in ecos.values()
+                                 for o in eco.outputs if o.finish_reason is not None)
+        rec["free_blocks"] = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+        steps.append(rec)
+    return {"groups": [{"kind": k, "block_size": b, **e} for k, b, e in CLOSED["groups"]],
+            "engine": eng, "output_base": OUTPUT_BASE,
+            "requests": [{"prompt": p, "output_len": n} for p, n in CLOSED["requests"]],
+            "steps": steps}
+
+
 def main() -> int:
     import vllm
 
     out = {"vllm": vllm.__version__, "recorder": "bench/vllm/record_hybrid.py",
-           "configs": {name: run(name, g) for name, g in CONFIGS.items()}}
+           "configs": {name: run(name, g) for name, g in CONFIGS.items()},
+           "closed_loop": run_closed()}
     json.dump(out, sys.stdout, indent=1)
     print()
     return 0

@@ -314,6 +314,10 @@ class VllmScheduler:
             return []
         return self.pool.lookup(r.hashes, r.num_tokens)
 
+    def _hit_tokens(self, hits) -> int:
+        """Tokens of a prefix hit (whole blocks; the hybrid pool's hits know their length)."""
+        return len(hits) * self.bs
+
     def _allocate_slots(self, r: SimRequest, num_new: int, hits: list[int] | None = None,
                         full_sequence_must_fit: bool = False,
                         has_scheduled_reqs: bool = True) -> list[int] | None:
@@ -447,7 +451,7 @@ class VllmScheduler:
                     break
                 r = self._peek()
                 hits = self._lookup(r) if r.num_computed == 0 else []
-                num_hit = len(hits) * self.bs
+                num_hit = self._hit_tokens(hits)
                 num_new = r.num_tokens - num_hit
                 if 0 < thr < num_new:
                     num_new = thr

@@ -102,7 +102,8 @@ class HybridRequest:
 class HybridPool:
     """vLLM's ``KVCacheManager`` over one ``BlockPool`` with one manager per group."""
 
-    def __init__(self, groups: list[GroupSpec], num_blocks: int, max_model_len: int = 1 << 30):
+    def __init__(self, groups: list[GroupSpec], num_blocks: int, max_model_len: int = 1 << 30,
+                 max_in_flight_tokens: int | None = None):
         if not groups:
             raise ValueError("a hybrid pool needs at least one group")
         self.groups = list(groups)
@@ -110,6 +111,11 @@ class HybridPool:
         self.scheduler_block_size = math.lcm(*sizes)
         self.hash_block_size = math.gcd(*sizes)
         self.max_model_len = max_model_len
+        # vLLM VllmConfig.max_in_flight_tokens (max_num_batched_tokens; KVCacheManager's
+        # default: max_model_len): the sliding-window admission cap
+        self.max_in_flight_tokens = max_model_len if max_in_flight_tokens is None \
+            else max_in_flight_tokens
+        self.last_new_ids: list[int] = []  # the block ids the last allocate_slots took
         self.num_gpu_blocks = num_blocks + 1
         self.blocks = [_Block(i) for i in range(num_blocks + 1)]
         self.free_queue = FreeKVCacheBlockQueue(self.blocks)
@@ -180,7 +186,18 @@ class HybridPool:
                 self._drop_keys(b)
             b.ref_cnt = 1
             out.append(b)
+            self.last_new_ids.append(b.block_id)
         return out
+
+    def clear_cache(self) -> bool:
+        """``BlockPool.reset_prefix_cache``: drop every key, only when no block is held."""
+        if self.num_free_blocks() != len(self.blocks) - 1:
+            return False
+        for b in self.blocks:
+            b.keys = []
+            b.key_tokens = 0
+        self.cached.clear()
+        return True
 
     def _touch(self, blocks: list[_Block]) -> None:
         for b in blocks:
@@ -345,8 +362,18 @@ class HybridPool:
     def _evictable(blocks: list[_Block]) -> int:
         return sum(b.ref_cnt == 0 and not b.is_null for b in blocks)
 
+    def admission_cap_blocks(self, g: int) -> int | None:
+        """``SlidingWindowSpec.max_admission_blocks_per_request``: the blocks a request can
+        hold at once (the window's ``window - 1`` tokens plus the in-flight ones, +1 for a
+        window not starting on a block boundary); None for other kinds (no cap)."""
+        spec = self.groups[g]
+        if spec.kind != SLIDING_WINDOW:
+            return None
+        tokens = min(spec.sliding_window - 1 + self.max_in_flight_tokens, self.max_model_len)
+        return _cdiv(tokens, spec.block_size) + 1
+
     def _num_to_allocate(self, g: int, rid: str, num_tokens: int, new: list[_Block],
-                         total_computed: int) -> int:
+                         total_computed: int, cap: bool = False) -> int:
         spec = self.groups[g]
         held = self.req_blocks[g].get(rid, [])
         if spec.kind == MAMBA:
@@ -357,6 +384,8 @@ class HybridPool:
                 n = min(n, 1)
             return n + self._evictable(new)
         required = _cdiv(num_tokens, spec.block_size)
+        if cap and self.admission_cap_blocks(g) is not None:
+            required = min(required, self.admission_cap_blocks(g))
         if rid in self.num_cached[g]:
             return max(required - len(held), 0)
         skipped_blocks = self._skipped_tokens(g, total_computed) // spec.block_size
@@ -460,18 +489,29 @@ class HybridPool:
             s.clear()
 
     def allocate_slots(self, req: HybridRequest, num_new_tokens: int, num_new_computed: int = 0,
-                       new_computed: list[list[_Block]] | None = None) -> bool:
-        """``KVCacheManager.allocate_slots`` (no lookahead, connector or watermark): free
-        what the windows skipped, check the pool, adopt the hit, allocate, cache."""
+                       new_computed: list[list[_Block]] | None = None, *,
+                       full_sequence_must_fit: bool = False, watermark_blocks: int = 0) -> bool:
+        """``KVCacheManager.allocate_slots`` (no lookahead or connector): with
+        ``full_sequence_must_fit`` first check that the whole sequence fits (sliding windows
+        at their admission cap); free what the windows skipped, check the pool (leaving
+        ``watermark_blocks``), adopt the hit, allocate, cache.  False: nothing changed
+        (but the blocks the windows skipped stay freed, as in vLLM)."""
         local = req.num_computed + num_new_computed
         total = min(local, self.max_model_len)
         need = min(total + num_new_tokens, self.max_model_len)
         n = len(self.groups)
+        new = new_computed if new_computed is not None else [[] for _ in range(n)]
+        self.last_new_ids = []
+        if full_sequence_must_fit:
+            full = min(len(req.tokens), self.max_model_len)
+            want = sum(self._num_to_allocate(g, req.rid, full, new[g], total, cap=True)
+                       for g in range(n))
+            if want + watermark_blocks > self.num_free_blocks():
+                return False
         for g in range(n):
             self._remove_skipped(g, req.rid, total)
-        new = new_computed if new_computed is not None else [[] for _ in range(n)]
         want = sum(self._num_to_allocate(g, req.rid, need, new[g], total) for g in range(n))
-        if want > self.num_free_blocks():
+        if want + watermark_blocks > self.num_free_blocks():
             return False
         if new_computed is not None and any(new_computed):
             if not any(req.rid in self.num_cached[g] for g in range(n)):

@@ -1,0 +1,91 @@
+"""The closed loop over the hybrid pool (kvsim.engine.vllm_hybrid) against vLLM 0.33.0's
+own ``Scheduler`` driving a full-attention + sliding-window ``KVCacheConfig``.
+
+tests/fixtures/vllm_hybrid.json's ``closed_loop`` is bench/vllm/record_hybrid.py's recording:
+8 requests (shared prefixes, decodes past the 32-token window, a pool of 30 blocks that
+forces a preemption), every step's scheduled tokens, admissions with hit tokens,
+preemptions, finished requests and free blocks.  kvsim must match every step.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvsim.engine.vllm_hybrid import HybridVllmScheduler, serve_hybrid
+from kvsim.engine.vllm_scheduler import EngineConfig, SimRequest
+from kvsim.memory.hybrid import FULL, MAMBA, SLIDING_WINDOW, GroupSpec
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_hybrid.json"
+CLOSED = json.loads(FIXTURE.read_text())["closed_loop"]
+
+
+def _setup(rec: dict):
+    eng = rec["engine"]
+    cfg = EngineConfig(block_size=16, num_gpu_blocks=eng["num_gpu_blocks"],
+                       max_num_seqs=eng["max_num_seqs"],
+                       max_num_batched_tokens=eng["max_num_batched_tokens"],
+                       max_model_len=eng["max_model_len"],
+                       scheduler_reserve_full_isl=eng["scheduler_reserve_full_isl"])
+    groups = [GroupSpec(g["kind"], g["block_size"], g.get("sliding_window", 0))
+              for g in rec["groups"]]
+    reqs = []
+    for i, r in enumerate(rec["requests"]):
+        toks = list(r["prompt"]) + [rec["output_base"] + 1000 * i + k
+                                    for k in range(r["output_len"])]
+        reqs.append(SimRequest(idx=i, request_id=str(i), all_tokens=toks,
+                               prompt_len=len(r["prompt"]), output_len=r["output_len"]))
+    return cfg, groups, reqs
+
+
+def test_closed_loop_matches_vllm_scheduler_step_by_step():
+    cfg, groups, reqs = _setup(CLOSED)
+    sched = HybridVllmScheduler(cfg, groups)
+    for r in reqs:
+        sched.add_request(r)
+    got = []
+    for _ in CLOSED["steps"]:
+        res = sched.step()
+        got.append({"sched": [list(x) for x in res.sched],
+                    "new": sorted(list(x) for x in res.new + res.resumed),
+                    "preempted": res.preempted, "free_sched": res.free_sched,
+                    "finished": sorted(res.finished), "free_blocks": res.free_blocks})
+    want = [{**s, "new": sorted(s["new"])} for s in CLOSED["steps"]]
+    assert got == want
+    assert not sched.has_requests()
+    assert sum(len(s["preempted"]) for s in want) == 1  # the recording exercises one
+
+
+def test_serve_hybrid_summary():
+    cfg, groups, reqs = _setup(CLOSED)
+    out = serve_hybrid(cfg, groups, reqs)
+    # vLLM's has_requests() holds one more, empty step (finished ids still to report)
+    assert out.steps == sum(1 for s in CLOSED["steps"] if s["sched"]) == len(CLOSED["steps"]) - 1
+    assert out.finished == len(reqs) and out.preemptions == 1
+    # first admissions' hits, as vLLM reported them
+    first = {}
+    for s in CLOSED["steps"]:
+        for i, hit in s["new"]:
+            first.setdefault(i, hit)
+    assert out.hit_tokens == first
+    assert out.freed_by_window > 0
+
+
+def test_sliding_window_lets_more_requests_run_than_full_attention():
+    # the same pool and requests, every layer group full attention: blocks outside the
+    # window are never freed, so fewer requests run at once and more steps are needed
+    cfg, groups, reqs = _setup(CLOSED)
+    hybrid = serve_hybrid(cfg, groups, reqs)
+    cfg, _, reqs = _setup(CLOSED)
+    full = serve_hybrid(cfg, [GroupSpec(FULL, 16), GroupSpec(FULL, 16)], reqs)
+    assert hybrid.steps < full.steps
+    assert full.freed_by_window == 0
+
+
+def test_mamba_groups_refused_in_the_closed_loop():
+    cfg, _, _ = _setup(CLOSED)
+    with pytest.raises(ValueError, match="Mamba"):
+        HybridVllmScheduler(cfg, [GroupSpec(FULL, 16), GroupSpec(MAMBA, 16)])
+    assert SLIDING_WINDOW  # the supported kinds: full + sliding window
