@@ -177,9 +177,9 @@ def run(name: str, groups) -> dict:
             "hash_block_size": hash_bs, "rows": rows}
 
 
-# the closed loop: vLLM's Scheduler over a full + sliding-window KVCacheConfig
+# the closed loop: vLLM's Scheduler over the full + sliding-window and the full + Mamba
+# ("align") KVCacheConfigs
 CLOSED = {
-    "groups": CONFIGS["swa"],
     "engine": {"num_gpu_blocks": 31, "max_num_seqs": 8, "max_num_batched_tokens": 64,
                "max_model_len": 4096, "scheduler_reserve_full_isl": True},
     # (prompt, output_len): shared prefixes, long decodes that outgrow the window, pressure
@@ -197,7 +197,7 @@ CLOSED = {
 OUTPUT_BASE = 100000
 
 
-def run_closed() -> dict:
+def run_closed(kinds) -> dict:
     """vLLM's real ``Scheduler`` (synchronous) with the hybrid KVCacheConfig, a fake model
     runner sampling ``OUTPUT_BASE + 1000 * request + k`` as output token k; every request
     arrives before step 0.  Per step: scheduled (request, tokens), new admissions with
@@ -220,6 +220,7 @@ def run_closed() -> dict:
         FullAttentionSpec,
         KVCacheConfig,
         KVCacheGroupSpec,
+        MambaSpec,
         SlidingWindowSpec,
     )
     from vllm.v1.outputs import ModelRunnerOutput
@@ -242,14 +243,23 @@ def run_closed() -> dict:
         max_model_len=eng["max_model_len"], is_encoder_decoder=False,
         enable_chunked_prefill=True, scheduler_reserve_full_isl=eng["scheduler_reserve_full_isl"],
         async_scheduling=False)
-    cache_config = CacheConfig(block_size=bs, enable_prefix_caching=True)
+    mamba = any(k == "mamba" for k, _, _ in kinds)
+    cache_config = CacheConfig(block_size=bs, enable_prefix_caching=True,
+                               **({"mamba_cache_mode": "align"} if mamba else {}))
     vllm_config = VllmConfig(model_config=model_config, scheduler_config=sched_config,
                              cache_config=cache_config, device_config=DeviceConfig(device="cpu"))
-    groups = [KVCacheGroupSpec(["full"], FullAttentionSpec(
-                  block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)),
-              KVCacheGroupSpec(["swa"], SlidingWindowSpec(
-                  block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32,
-                  sliding_window=32))]
+    groups = []
+    for i, (kind, gbs, extra) in enumerate(kinds):
+        if kind == "full":
+            spec = FullAttentionSpec(block_size=gbs, num_kv_heads=1, head_size=1,
+                                     dtype=torch.float32)
+        elif kind == "sliding_window":
+            spec = SlidingWindowSpec(block_size=gbs, num_kv_heads=1, head_size=1,
+                                     dtype=torch.float32, sliding_window=extra["sliding_window"])
+        else:
+            spec = MambaSpec(block_size=gbs, shapes=((1,),), dtypes=(torch.float32,),
+                             mamba_cache_mode=extra["mamba_cache_mode"])
+        groups.append(KVCacheGroupSpec([f"layer{i}"], spec))
     kv_cache_config = KVCacheConfig(num_blocks=eng["num_gpu_blocks"], kv_cache_tensors=[],
                                     kv_cache_groups=groups)
     cache_config.num_gpu_blocks = eng["num_gpu_blocks"]
@@ -301,7 +311,7 @@ def run_closed() -> dict:
                                  for o in eco.outputs if o.finish_reason is not None)
         rec["free_blocks"] = sched.kv_cache_manager.block_pool.get_num_free_blocks()
         steps.append(rec)
-    return {"groups": [{"kind": k, "block_size": b, **e} for k, b, e in CLOSED["groups"]],
+    return {"groups": [{"kind": k, "block_size": b, **e} for k, b, e in kinds],
             "engine": eng, "output_base": OUTPUT_BASE,
             "requests": [{"prompt": p, "output_len": n} for p, n in CLOSED["requests"]],
             "steps": steps}
@@ -312,7 +322,8 @@ def main() -> int:
 
     out = {"vllm": vllm.__version__, "recorder": "bench/vllm/record_hybrid.py",
            "configs": {name: run(name, g) for name, g in CONFIGS.items()},
-           "closed_loop": run_closed()}
+           "closed_loop": run_closed(CONFIGS["swa"]),
+           "closed_loop_mamba": run_closed(CONFIGS["mamba"])}
     json.dump(out, sys.stdout, indent=1)
     print()
     return 0

@@ -8,10 +8,9 @@ plain-Python port of ``Scheduler.schedule()`` / ``update_from_output()``) with v
 group, an allocation asks every group's manager (sliding windows free the blocks that left
 the window first), a finished or preempted request frees every group's blocks.
 
-Scope: full-attention and sliding-window groups.  Mamba groups are refused: vLLM's
-scheduler clips prefill chunks at block boundaries for them
-(``Scheduler._mamba_block_aligned_split``), which is not ported yet.  KV events are not
-emitted.  docs/memory-model.md, "Hybrid models".
+Groups: full attention, sliding window and Mamba (``mamba_cache_mode="align"``, with
+vLLM's block-aligned prefill split, :meth:`HybridVllmScheduler._clip_prefill`).  KV events
+are not emitted.  docs/memory-model.md, "Hybrid models".
 """
 
 from __future__ import annotations
@@ -41,13 +40,16 @@ class HybridVllmScheduler(VllmScheduler):
     """vLLM's scheduler whose KV-cache manager keeps one manager per layer group."""
 
     def __init__(self, config: EngineConfig, groups: list[GroupSpec], max_seqs: int = 4096):
-        if any(g.kind == MAMBA for g in groups):
-            raise ValueError("the closed loop does not run Mamba groups yet (vLLM's "
-                             "block-aligned prefill split is not ported)")
         super().__init__(config, pool="reference", max_seqs=max_seqs)
+        mamba = [g.block_size for g in groups if g.kind == MAMBA]
+        if mamba and (len(set(mamba)) > 1 or mamba[0] != config.block_size):
+            raise ValueError("Mamba groups need the engine's block size (vLLM's "
+                             "mamba_cache_mode='align' sets mamba_block_size = block_size)")
+        self.mamba_split = bool(mamba)
         self.pool = HybridPool(groups, config.num_gpu_blocks - 1, config.max_model_len,
                                max_in_flight_tokens=config.max_num_batched_tokens)
         self._hreqs: dict[int, HybridRequest] = {}
+        self._junction: dict[int, int] = {}
 
     def _hreq(self, r: SimRequest) -> HybridRequest:
         h = self._hreqs.get(r.idx)
@@ -68,6 +70,37 @@ class HybridVllmScheduler(VllmScheduler):
         self.pool.new_step_starts()  # Scheduler.schedule(): kv_cache_manager.new_step_starts()
         return super().step()
 
+    def _clip_prefill(self, r: SimRequest, num_new: int, num_hit: int) -> int:
+        """vLLM 0.33 ``Scheduler._mamba_block_aligned_split`` (no EAGLE, no prefill
+        checkpoints, no partial hash hits): a prefill chunk that does not reach the end of
+        the prefill ends on a block boundary (a Mamba state is cached only there), a chunk
+        starting inside a block stops at the next boundary, no chunk runs past the last
+        boundary before the last token, nor past the block-floored end of a prefix another
+        group cached (the request's ``shared_prefix_boundary``)."""
+        if not self.mamba_split:
+            return num_new
+        start = r.num_computed + num_hit
+        prefill_end = max(r.prompt_len, r.num_tokens - 1)
+        if start >= prefill_end:
+            return num_new
+        bs = self.cfg.block_size
+        last_cache_position = max((r.num_tokens - 1) // bs * bs, 0)
+        end = start + num_new
+        if end < prefill_end:
+            max_prefill = self.cfg.max_num_batched_tokens
+            if self.cfg.long_prefill_token_threshold > 0:
+                max_prefill = min(max_prefill, self.cfg.long_prefill_token_threshold)
+            aligned_end = end // bs * bs
+            if aligned_end > start or bs <= max_prefill:
+                end = aligned_end
+        junction = self._junction.get(r.idx, 0)
+        stops = ((start // bs + 1) * bs if start % bs else 0, last_cache_position,
+                 # a prefix some group cached but the hit could not use: stop at its
+                 # block-floored end so the Mamba state there gets cached
+                 start + (junction - start) // bs * bs if start < junction < end else 0)
+        end = min((s for s in stops if start < s < end), default=end)
+        return max(end - start, 0)
+
     def _hit_tokens(self, hits) -> int:
         return hits.tokens if hits else 0
 
@@ -75,6 +108,9 @@ class HybridVllmScheduler(VllmScheduler):
         if not self.cfg.enable_prefix_caching:
             return []
         blocks, tokens = self.pool.get_computed_blocks(self._hreq(r))
+        uncached = self.pool.last_uncached_tokens
+        # vLLM Request.shared_prefix_boundary, set at every lookup
+        self._junction[r.idx] = tokens + uncached if uncached else 0
         return _Hit(blocks, tokens) if any(blocks) else []
 
     def _allocate_slots(self, r: SimRequest, num_new: int, hits=None,

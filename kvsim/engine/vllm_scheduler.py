@@ -314,6 +314,11 @@ class VllmScheduler:
             return []
         return self.pool.lookup(r.hashes, r.num_tokens)
 
+    def _clip_prefill(self, r: SimRequest, num_new: int, num_hit: int) -> int:
+        """Where a prefill chunk must end (vLLM clips it only for Mamba models:
+        :meth:`kvsim.engine.vllm_hybrid.HybridVllmScheduler._clip_prefill`)."""
+        return num_new
+
     def _hit_tokens(self, hits) -> int:
         """Tokens of a prefix hit (whole blocks; the hybrid pool's hits know their length)."""
         return len(hits) * self.bs
@@ -411,6 +416,7 @@ class VllmScheduler:
             if 0 < thr < num_new:
                 num_new = thr
             num_new = min(num_new, token_budget, cfg.max_model_len - r.num_computed - 1)
+            num_new = self._clip_prefill(r, num_new, 0)
             if num_new <= 0:
                 req_index += 1
                 continue
@@ -458,6 +464,9 @@ class VllmScheduler:
                 if not cfg.enable_chunked_prefill and num_new > token_budget:
                     break
                 num_new = min(num_new, token_budget)
+                num_new = self._clip_prefill(r, num_new, num_hit)
+                if num_new == 0:
+                    break
                 got = self._allocate_slots(r, num_new, hits,
                                            full_sequence_must_fit=cfg.scheduler_reserve_full_isl,
                                            has_scheduled_reqs=bool(self.running))

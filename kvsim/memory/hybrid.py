@@ -116,6 +116,7 @@ class HybridPool:
         self.max_in_flight_tokens = max_model_len if max_in_flight_tokens is None \
             else max_in_flight_tokens
         self.last_new_ids: list[int] = []  # the block ids the last allocate_slots took
+        self.last_uncached_tokens = 0
         self.num_gpu_blocks = num_blocks + 1
         self.blocks = [_Block(i) for i in range(num_blocks + 1)]
         self.free_queue = FreeKVCacheBlockQueue(self.blocks)
@@ -286,6 +287,7 @@ class HybridPool:
         blocks_by: list[list[_Block] | None] = [None] * n
         len_by = [0] * n
         simple = len(self.attention_groups) == 2 and self.attention_groups[0][0].kind == FULL
+        longest = 0
         find = {FULL: self._find_full, SLIDING_WINDOW: self._find_sliding,
                 MAMBA: self._find_mamba}
         while True:
@@ -296,6 +298,7 @@ class HybridPool:
                     continue
                 got, new_len = find[spec.kind](hashes, curr, gids, spec)
                 curr = new_len
+                longest = max(longest, curr)
                 for g, lst in zip(gids, got):
                     blocks_by[g] = lst
                     len_by[g] = new_len
@@ -309,6 +312,9 @@ class HybridPool:
                 for g in gids:
                     if blocks_by[g] is not None:
                         del blocks_by[g][_cdiv(hit_length, spec.block_size):]
+        # a prefix some group cached beyond the reconciled hit (vLLM's
+        # num_uncached_common_prefix_tokens; the scheduler's Mamba split stops there)
+        self.last_uncached_tokens = longest - hit_length
         return [b if b is not None else [] for b in blocks_by], hit_length
 
     def get_computed_blocks(self, req: HybridRequest):

@@ -3,7 +3,8 @@ own ``Scheduler`` driving a full-attention + sliding-window ``KVCacheConfig``.
 
 tests/fixtures/vllm_hybrid.json's ``closed_loop`` is bench/vllm/record_hybrid.py's recording:
 8 requests (shared prefixes, decodes past the 32-token window, a pool of 30 blocks that
-forces a preemption), every step's scheduled tokens, admissions with hit tokens,
+forces a preemption), and the same requests over full attention + Mamba ("align": the
+scheduler clips prefill chunks at block boundaries); every step's scheduled tokens, admissions with hit tokens,
 preemptions, finished requests and free blocks.  kvsim must match every step.
 """
 
@@ -19,7 +20,8 @@ from kvsim.engine.vllm_scheduler import EngineConfig, SimRequest
 from kvsim.memory.hybrid import FULL, MAMBA, SLIDING_WINDOW, GroupSpec
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_hybrid.json"
-CLOSED = json.loads(FIXTURE.read_text())["closed_loop"]
+RECORDING = json.loads(FIXTURE.read_text())
+CLOSED = RECORDING["closed_loop"]
 
 
 def _setup(rec: dict):
@@ -40,22 +42,25 @@ def _setup(rec: dict):
     return cfg, groups, reqs
 
 
-def test_closed_loop_matches_vllm_scheduler_step_by_step():
-    cfg, groups, reqs = _setup(CLOSED)
+@pytest.mark.parametrize("name", ["closed_loop", "closed_loop_mamba"])
+def test_closed_loop_matches_vllm_scheduler_step_by_step(name):
+    rec = RECORDING[name]
+    cfg, groups, reqs = _setup(rec)
     sched = HybridVllmScheduler(cfg, groups)
     for r in reqs:
         sched.add_request(r)
     got = []
-    for _ in CLOSED["steps"]:
+    for _ in rec["steps"]:
         res = sched.step()
         got.append({"sched": [list(x) for x in res.sched],
                     "new": sorted(list(x) for x in res.new + res.resumed),
                     "preempted": res.preempted, "free_sched": res.free_sched,
                     "finished": sorted(res.finished), "free_blocks": res.free_blocks})
-    want = [{**s, "new": sorted(s["new"])} for s in CLOSED["steps"]]
+    want = [{**s, "new": sorted(s["new"])} for s in rec["steps"]]
     assert got == want
     assert not sched.has_requests()
-    assert sum(len(s["preempted"]) for s in want) == 1  # the recording exercises one
+    # the sliding-window recording exercises a preemption
+    assert sum(len(s["preempted"]) for s in want) == (1 if name == "closed_loop" else 0)
 
 
 def test_serve_hybrid_summary():
@@ -84,8 +89,25 @@ def test_sliding_window_lets_more_requests_run_than_full_attention():
     assert full.freed_by_window == 0
 
 
-def test_mamba_groups_refused_in_the_closed_loop():
+def test_mamba_prefill_chunks_end_on_block_boundaries():
+    # vLLM's _mamba_block_aligned_split: request 0 (84-token prompt) gets 64 tokens, then
+    # 16 (to the boundary at 80) where the sliding-window run gave it the remaining 20
+    mamba = RECORDING["closed_loop_mamba"]["steps"]
+    assert mamba[0]["sched"] == [[0, 64]] and mamba[1]["sched"][0] == [0, 16]
+    assert CLOSED["steps"][1]["sched"][0] == [0, 20]
+    cfg, groups, reqs = _setup(RECORDING["closed_loop_mamba"])
+    assert [g.kind for g in groups] == [FULL, MAMBA]
+    sched = HybridVllmScheduler(cfg, groups)
+    r = reqs[0]
+    sched.add_request(r)
+    assert sched._clip_prefill(r, 84, 0) == 80   # not past the last boundary before 84
+    assert sched._clip_prefill(r, 50, 0) == 48   # a chunk short of the end: aligned
+    r.num_computed = 40
+    assert sched._clip_prefill(r, 30, 0) == 8    # starting mid-block: to the boundary
+
+
+def test_mamba_block_size_must_be_the_engines():
     cfg, _, _ = _setup(CLOSED)
-    with pytest.raises(ValueError, match="Mamba"):
-        HybridVllmScheduler(cfg, [GroupSpec(FULL, 16), GroupSpec(MAMBA, 16)])
-    assert SLIDING_WINDOW  # the supported kinds: full + sliding window
+    with pytest.raises(ValueError, match="block size"):
+        HybridVllmScheduler(cfg, [GroupSpec(FULL, 16), GroupSpec(MAMBA, 32)])
+    assert SLIDING_WINDOW
