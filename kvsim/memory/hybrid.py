@@ -61,6 +61,35 @@ class GroupSpec:
             raise ValueError("a sliding_window group needs a positive sliding_window")
 
 
+def model_groups(model, block_size_tokens: int = 16, kv_dtype: str = "auto"):
+    """The KV-cache groups vLLM 0.33 builds for a catalog model, and the bytes one block id
+    costs: ``(groups, layers_per_group, block_id_bytes)``.
+
+    Layers of one kind form one bucket; buckets are split into groups of equal size
+    (``kv_cache_planning``: the smallest bucket's layer count, or the largest when it is
+    under 1.5x the smallest; the last group of a bucket padded), so a block id holds one
+    page of ``layers_per_group`` layers whatever its group.  A linear-attention hybrid's
+    block is first raised to cover a state page (:func:`kvsim.spec.kvsize.hybrid_block_size`);
+    its Mamba groups take that block size (``mamba_cache_mode="align"``)."""
+    from kvsim.spec.kvsize import hybrid_block_size, kv_bytes_per_layer_token
+
+    bs = hybrid_block_size(model, block_size_tokens, kv_dtype)
+    buckets = [(FULL, model.num_full_layers, 0),
+               (SLIDING_WINDOW, model.num_sliding_layers, model.sliding_window or 0),
+               (MAMBA, model.num_linear_layers, 0)]
+    buckets = [b for b in buckets if b[1] > 0]
+    smallest = min(n for _, n, _ in buckets)
+    largest = max(n for _, n, _ in buckets)
+    size = largest if largest < smallest * 1.5 else smallest
+    groups = []
+    for kind, n, window in buckets:
+        groups += [GroupSpec(kind, bs, window)] * _cdiv(n, size)
+    page = bs * kv_bytes_per_layer_token(model, kv_dtype)
+    if model.num_linear_layers:
+        page = max(page, model.linear_state_bytes)
+    return groups, size, size * page
+
+
 def chain_hashes(tokens: list[int], block_size: int) -> list[int]:
     """Chain hashes of the full ``block_size`` blocks of ``tokens`` (equal prefixes give
     equal hashes; any collision-free chain hash gives the same hits as vLLM's sha256)."""

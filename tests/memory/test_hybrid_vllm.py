@@ -177,3 +177,21 @@ def test_mamba_state_cached_this_step_cannot_be_hit_yet():
     assert not pool.allocate_slots(req, 40 - hit, hit, blocks)
     pool.new_step_starts()
     assert pool.allocate_slots(req, 40 - hit, hit, blocks)
+
+
+def test_model_groups_as_vllm_plans_them():
+    """vLLM's kv_cache_planning: layers per group = the smallest bucket (or the largest
+    when under 1.5x the smallest), buckets split into equal groups, the last padded."""
+    from kvsim.memory.hybrid import model_groups
+    from kvsim.spec.models.catalog import load_model
+
+    groups, size, nbytes = model_groups(load_model("gpt-oss-20b"))
+    assert groups == [GroupSpec(FULL, 16), GroupSpec(SLIDING_WINDOW, 16, 128)]
+    assert (size, nbytes) == (12, 12 * 16 * 2048)           # bf16, 8 KV heads of 64
+    groups, size, nbytes = model_groups(load_model("qwen3-next-80b-a3b"))
+    assert groups == [GroupSpec(FULL, 544)] + [GroupSpec(MAMBA, 544)] * 3
+    assert (size, nbytes) == (12, 12 * 544 * 2048)
+    groups, size, _ = model_groups(load_model("gemma-3-27b"))
+    assert size == 10 and len(groups) == 1 + 6               # 10 full, 52 sliding (padded)
+    groups, size, _ = model_groups(load_model("llama-3.1-8b"))
+    assert groups == [GroupSpec(FULL, 16)] and size == 32
