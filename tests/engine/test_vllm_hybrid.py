@@ -111,3 +111,25 @@ def test_mamba_block_size_must_be_the_engines():
     with pytest.raises(ValueError, match="block size"):
         HybridVllmScheduler(cfg, [GroupSpec(FULL, 16), GroupSpec(MAMBA, 32)])
     assert SLIDING_WINDOW
+
+
+SINGLE = ["agentic_0505", "overload", "chunked_prefill", "priority", "reset",
+          "multiturn_output_reuse", "preempt_heavy", "overload_noreserve", "overload_watermark"]
+
+
+@pytest.mark.parametrize("name", SINGLE)
+def test_one_full_group_agrees_with_every_scheduler_recording(name, monkeypatch):
+    """The hybrid pool with one full-attention group is vLLM's plain KVCacheManager: over
+    the recordings of vLLM's scheduler (tests/fixtures/vllm_sched; the salted one left out,
+    the hybrid pool does not salt) every step agrees on every field but the KV events,
+    which the hybrid closed loop does not emit."""
+    import kvsim.analysis.sched_validate as sv
+
+    monkeypatch.setattr(sv, "VllmScheduler", lambda cfg, pool, max_seqs: HybridVllmScheduler(
+        cfg, [GroupSpec(FULL, cfg.block_size)], max_seqs))
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_sched"
+    r = sv.validate_sched(fixtures / f"{name}.jsonl.gz", engine="python", pool="reference")
+    assert r.steps_vllm == r.steps_kvsim
+    for f in sv.FIELDS:
+        if f != "events":
+            assert r.agreement(f) == 1.0, f
