@@ -133,3 +133,14 @@ def test_one_full_group_agrees_with_every_scheduler_recording(name, monkeypatch)
     for f in sv.FIELDS:
         if f != "events":
             assert r.agreement(f) == 1.0, f
+
+
+def test_simulate_warns_that_its_pool_treats_a_hybrid_model_alike():
+    from kvsim.analysis.sizing import hybrid_warning
+
+    assert hybrid_warning("llama-3.1-8b") is None
+    assert hybrid_warning("deepseek-v3") is None          # MLA: one full-attention group
+    w = hybrid_warning("gpt-oss-20b")
+    assert w["code"] == "hybrid_model" and "12 sliding-window layers (128 tokens)" in w["message"]
+    w = hybrid_warning("qwen3-next-80b-a3b")
+    assert "36 linear-attention layers" in w["message"]
