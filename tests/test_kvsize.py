@@ -53,6 +53,9 @@ HAND_BYTES_PER_TOKEN_FP16 = {
     "qwen3-235b-a22b": 94 * 2 * 4 * 128 * 2,  # GQA 64/4
     "gpt-oss-20b": 24 * 2 * 8 * 64 * 2,  # per token, before the 128-token window caps half
     "gpt-oss-120b": 36 * 2 * 8 * 64 * 2,
+    # 12 of 48 layers are full attention (GQA 16/2, head_dim 256); 36 Gated DeltaNet
+    # layers keep a fixed state per request instead of KV
+    "qwen3-next-80b-a3b": 12 * 2 * 2 * 256 * 2,
     "mistral-small": 40 * 2 * 8 * 128 * 2,
     "mistral-large": 88 * 2 * 8 * 128 * 2,
     "gemma-3-27b": 62 * 2 * 16 * 128 * 2,  # GQA 32/16; 52 of 62 layers slide over 1024
@@ -184,12 +187,13 @@ def test_weights_that_do_not_fit_give_zero_and_a_warning():
 def test_spec_invariants_and_parameter_counts(name):
     m = load_model(name)
     assert len(m.layer_types) == m.num_layers
-    assert set(m.layer_types) <= {"full", "sliding"}
+    assert set(m.layer_types) <= {"full", "sliding", "linear"}
+    assert ("linear" in m.layer_types) == (m.linear_state_bytes > 0)
     assert ("sliding" in m.layer_types) == (m.sliding_window is not None)
     assert (m.attention == "mla") == (m.kv_lora_rank > 0)
     assert 0 < m.num_active_params <= m.num_params
     counted = estimate_num_params(m.config)
-    if name.startswith("deepseek"):
+    if name.startswith(("deepseek", "qwen3-next")):
         assert counted is None  # published figures, not counted
     else:  # the catalog's published counts re-derived from the config's tensor shapes
         assert counted == (m.num_params, m.num_active_params)
@@ -298,10 +302,13 @@ def test_bad_estimate_inputs():
 def test_paged_bounds_hold_for_any_length(name, n, block):
     m = load_model(name)
     est = estimate_kv(m, prompt_tokens=n, generated_tokens=0, block_size_tokens=block)
+    block = est.block_size_tokens  # a linear-attention hybrid's block is raised (vLLM)
+    state = m.num_linear_layers * m.linear_state_bytes
     assert est.exact_bytes <= est.paged_bytes
-    assert est.exact_bytes <= n * kv_bytes_per_token(m)
-    # at most one partly filled block per layer (sliding layers: one at each window edge)
-    slack_blocks = m.num_full_layers + 2 * m.num_sliding_layers
+    assert est.exact_bytes <= n * kv_bytes_per_token(m) + state
+    # at most one partly filled block per layer (sliding layers: one at each window edge;
+    # linear layers: the state page's padding)
+    slack_blocks = m.num_full_layers + 2 * m.num_sliding_layers + m.num_linear_layers
     slack_bytes = slack_blocks * block * kv_bytes_per_layer_token(m)
     assert est.paged_bytes - est.exact_bytes < slack_bytes
     if m.sliding_window is None or n <= m.sliding_window:
@@ -409,3 +416,32 @@ def test_layer_groups_of_a_hybrid_model_exact():
     dense = estimate_kv("llama-3-8b", prompt_tokens=100, generated_tokens=0)
     assert [g["kind"] for g in dense.groups] == ["full_attention"]
     assert dense.to_dict()["groups"][0]["paged_bytes"] == dense.paged_bytes
+
+
+def test_linear_attention_hybrid_groups_exact():
+    """Qwen3-Next-80B-A3B: 12 full-attention layers (2 KV heads of 256, bf16: 2,048 B per
+    layer and token) and 36 Gated DeltaNet layers, each with one state per request: conv
+    (2 * 16 * 128 + 32 * 128) x 3 + recurrent 32 x 128 x 128, bf16 = 1,097,728 B.  vLLM
+    raises the block to 16 * cdiv(1,097,728, 16 * 2,048) = 544 tokens and pads the state
+    page to 544 * 2,048 = 1,114,112 B (Platform._align_hybrid_block_size)."""
+    from kvsim.spec.kvsize import estimate_kv, hybrid_block_size
+
+    m = load_model("qwen3-next-80b-a3b")
+    assert (m.num_full_layers, m.num_linear_layers, m.linear_state_bytes) == (12, 36, 1097728)
+    assert m.layer_types[:4] == ("linear", "linear", "linear", "full")
+    assert hybrid_block_size(m, 16, "bf16") == 544
+    assert hybrid_block_size(m, 1024, "bf16") == 1024
+    assert hybrid_block_size(load_model("gpt-oss-20b"), 16, "bf16") == 16
+    est = estimate_kv(m, prompt_tokens=1000, generated_tokens=0, kv_dtype="bf16")
+    assert est.block_size_tokens == 544
+    assert any("raised from 16 to 544" in w for w in est.warnings)
+    full, linear = est.groups
+    assert full == {"kind": "full_attention", "layers": 12, "window_tokens": None,
+                    "bytes_per_token": 12 * 2048, "blocks_held": 2,
+                    "exact_bytes": 12 * 2048 * 1000, "paged_bytes": 12 * 2048 * 2 * 544}
+    assert linear == {"kind": "linear_attention", "layers": 36, "window_tokens": None,
+                      "bytes_per_token": 0, "blocks_held": 1,
+                      "state_bytes_per_layer": 1097728, "exact_bytes": 36 * 1097728,
+                      "paged_bytes": 36 * 544 * 2048}
+    assert est.exact_bytes == full["exact_bytes"] + linear["exact_bytes"]
+    assert est.paged_bytes == full["paged_bytes"] + linear["paged_bytes"]

@@ -82,6 +82,31 @@ def context_check(table, model: str) -> ContextCheck:
     return ContextCheck(spec.name, ctx, over, int(total.max()) if len(total) else 0, len(df))
 
 
+def hybrid_warning(model: str) -> dict | None:
+    """A ``hybrid_model`` warning when ``model``'s layers are not all full attention: the
+    replay's block pool charges every layer for every token (a block holds all layers'
+    KV), where vLLM keeps one pool per layer group, frees sliding-window blocks that left
+    the window and holds one linear-attention state per request
+    (:mod:`kvsim.memory.hybrid`, docs/memory-model.md "Hybrid models"); None otherwise."""
+    from kvsim.spec.kvsize import load_model
+
+    spec = load_model(model)
+    kinds = []
+    if spec.num_sliding_layers:
+        kinds.append(f"{spec.num_sliding_layers} sliding-window layers ({spec.sliding_window:,}"
+                     " tokens)")
+    if spec.num_linear_layers:
+        kinds.append(f"{spec.num_linear_layers} linear-attention layers (a state per "
+                     "request, no KV)")
+    if not kinds:
+        return None
+    return {"code": "hybrid_model", "message": (
+        f"{spec.name} has {' and '.join(kinds)}: this replay's pool treats every layer as "
+        "full attention (sliding-window blocks are never freed, linear-attention state is "
+        "not held), so its capacity and hits are not vLLM's; vLLM's per-group pool runs in "
+        "kvsim.engine.vllm_hybrid.serve_hybrid (docs/memory-model.md, \"Hybrid models\")")}
+
+
 def drop_over_context(table, context_tokens: int):
     """``table`` without the requests whose prompt + output exceed ``context_tokens``
     (request ids renumbered, as the reader numbers them)."""
@@ -160,4 +185,5 @@ def estimate_load(table, model: str, hardware: str, max_num_seqs: int,
 
 
 __all__ = ["ContextCheck", "LoadEstimate", "OVERLOAD_UTILISATION", "TARGET_UTILISATION",
-           "context_check", "drop_over_context", "estimate_load", "pool_blocks"]
+           "context_check", "drop_over_context", "estimate_load", "hybrid_warning",
+           "pool_blocks"]

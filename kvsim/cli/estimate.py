@@ -63,6 +63,11 @@ def _render(est: KvEstimate) -> None:
               f"({est.fragmentation_fraction:.2%})")
     if len(est.groups) > 1:  # a hybrid model: its layer groups (vLLM's hybrid manager)
         for g in est.groups:
+            if g["kind"] == "linear_attention":
+                _size_row(table, f"  group linear state ({g['layers']} layers)",
+                          g["paged_bytes"], f"1 state block per layer (padded); state "
+                          f"{g['state_bytes_per_layer']:,} B per layer")
+                continue
             what = ("full attention" if g["window_tokens"] is None
                     else f"window {g['window_tokens']:,}")
             _size_row(table, f"  group {what} ({g['layers']} layers)", g["paged_bytes"],

@@ -16,6 +16,9 @@ def size_table(table, opts, config, replicas, sched, drop: bool, warnings: list,
     table, the replica count and the trace's span in us."""
     from kvsim.analysis import sizing
 
+    hybrid = sizing.hybrid_warning(opts.model)
+    if hybrid is not None:
+        warnings.append(hybrid)
     ctx = sizing.context_check(table, opts.model)
     if ctx.over and not strict and not drop:  # a generated profile: warn, serve as is
         warnings.append({"code": "over_context", "message": (

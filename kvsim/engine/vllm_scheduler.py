@@ -323,6 +323,15 @@ class VllmScheduler:
             return []
         return self.pool.lookup(r.hashes, r.num_tokens)
 
+    def _clip_prefill(self, r: SimRequest, num_new: int, num_hit: int) -> int:
+        """Where a prefill chunk must end (vLLM clips it only for Mamba models:
+        :meth:`kvsim.engine.vllm_hybrid.HybridVllmScheduler._clip_prefill`)."""
+        return num_new
+
+    def _hit_tokens(self, hits) -> int:
+        """Tokens of a prefix hit (whole blocks; the hybrid pool's hits know their length)."""
+        return len(hits) * self.bs
+
     def _allocate_slots(self, r: SimRequest, num_new: int, hits: list[int] | None = None,
                         full_sequence_must_fit: bool = False,
                         has_scheduled_reqs: bool = True) -> list[int] | None:
@@ -429,6 +438,7 @@ class VllmScheduler:
             if 0 < thr < num_new:
                 num_new = thr
             num_new = min(num_new, token_budget, cfg.max_model_len - r.num_computed - 1)
+            num_new = self._clip_prefill(r, num_new, 0)
             if num_new <= 0:
                 req_index += 1
                 continue
@@ -471,13 +481,16 @@ class VllmScheduler:
                     break
                 r = self._peek()
                 hits = self._lookup(r) if r.num_computed == 0 else []
-                num_hit = len(hits) * self.bs
+                num_hit = self._hit_tokens(hits)
                 num_new = r.num_tokens - num_hit
                 if 0 < thr < num_new:
                     num_new = thr
                 if not cfg.enable_chunked_prefill and num_new > token_budget:
                     break
                 num_new = min(num_new, token_budget)
+                num_new = self._clip_prefill(r, num_new, num_hit)
+                if num_new == 0:
+                    break
                 got = self._allocate_slots(r, num_new, hits,
                                            full_sequence_must_fit=cfg.scheduler_reserve_full_isl,
                                            has_scheduled_reqs=bool(self.running))

@@ -106,7 +106,8 @@ def kv_bytes_per_token(model: ModelSpec, kv_dtype: str = "fp16") -> int:
     This is the upper bound (no window cap) and what one token of a block costs; use
     :func:`kv_bytes_for_tokens` for the exact footprint of a sequence.
     """
-    return model.num_layers * kv_bytes_per_layer_token(model, kv_dtype)
+    layers = model.num_full_layers + model.num_sliding_layers  # linear layers keep no KV
+    return layers * kv_bytes_per_layer_token(model, kv_dtype)
 
 
 def mha_equivalent_bytes_per_token(model: ModelSpec, kv_dtype: str = "fp16") -> int:
@@ -116,7 +117,7 @@ def mha_equivalent_bytes_per_token(model: ModelSpec, kv_dtype: str = "fp16") -> 
     heads = model.num_attention_heads
     per_layer = heads * (_vector_bytes(model.head_dim, dtype)
                          + _vector_bytes(model.v_head_dim or model.head_dim, dtype))
-    return model.num_layers * per_layer
+    return (model.num_full_layers + model.num_sliding_layers) * per_layer
 
 
 def _check_tokens(value: int, fieldname: str, minimum: int = 0) -> int:
@@ -131,8 +132,29 @@ def kv_bytes_for_tokens(model: ModelSpec, num_tokens: int, kv_dtype: str = "fp16
     per_layer = kv_bytes_per_layer_token(model, kv_dtype)
     window_tokens = num_tokens if model.sliding_window is None else min(num_tokens,
                                                                         model.sliding_window)
-    return per_layer * (model.num_full_layers * num_tokens
-                        + model.num_sliding_layers * window_tokens)
+    return (per_layer * (model.num_full_layers * num_tokens
+                         + model.num_sliding_layers * window_tokens)
+            + model.num_linear_layers * model.linear_state_bytes)
+
+
+#: FlashAttention's kernel block alignment (vLLM 0.33
+#: ``FlashAttentionBackend.get_supported_kernel_block_sizes``: ``MultipleOf(16)``)
+KERNEL_BLOCK_ALIGNMENT_TOKENS = 16
+
+
+def hybrid_block_size(model: ModelSpec, block_size_tokens: int, kv_dtype: str = "fp16") -> int:
+    """The attention block size vLLM serves a linear-attention / Mamba hybrid with: raised
+    until one layer's attention page covers one layer's state page (vLLM 0.33
+    ``Platform._align_hybrid_block_size``: ``align * cdiv(state, align * page_1_token)``
+    with ``align = max(16, block_size)``); the state page is then padded to it.  Models
+    without linear layers keep ``block_size_tokens``."""
+    if model.num_linear_layers == 0:
+        return block_size_tokens
+    align = max(KERNEL_BLOCK_ALIGNMENT_TOKENS, block_size_tokens)
+    one = kv_bytes_per_layer_token(model, kv_dtype)
+    need = align * -(-model.linear_state_bytes // (align * one))
+    need = KERNEL_BLOCK_ALIGNMENT_TOKENS * -(-need // KERNEL_BLOCK_ALIGNMENT_TOKENS)
+    return max(block_size_tokens, need)
 
 
 def block_bytes(model: ModelSpec, block_size_tokens: int, kv_dtype: str = "fp16") -> int:
@@ -161,7 +183,10 @@ def layer_groups(model: ModelSpec, num_tokens: int, block_size_tokens: int,
     attention; for a window, only the blocks overlapping the last ``window`` tokens --
     those wholly outside it are freed), ``exact_bytes`` (tokens kept x bytes) and
     ``paged_bytes`` (blocks held x block bytes).  Groups without layers are left out; the
-    groups' ``exact_bytes`` and ``paged_bytes`` sum to the request's."""
+    groups' ``exact_bytes`` and ``paged_bytes`` sum to the request's.  A linear-attention /
+    Mamba hybrid adds a ``linear_attention`` group: one state per layer per request
+    (``state_bytes_per_layer``), held in one block whose page vLLM pads to the attention
+    page (``paged_bytes``)."""
     per_layer = kv_bytes_per_layer_token(model, kv_dtype)
     out = []
     for kind, layers, window in (("full_attention", model.num_full_layers, None),
@@ -175,6 +200,16 @@ def layer_groups(model: ModelSpec, num_tokens: int, block_size_tokens: int,
                     "bytes_per_token": int(layers * per_layer), "blocks_held": int(held),
                     "exact_bytes": int(layers * per_layer * kept),
                     "paged_bytes": int(layers * per_layer * held * block_size_tokens)})
+    if model.num_linear_layers:
+        # vLLM MambaManager ("align"): one state block per request per layer, its page
+        # padded to the attention page (block_size x one layer's token bytes)
+        layers = model.num_linear_layers
+        out.append({"kind": "linear_attention", "layers": int(layers), "window_tokens": None,
+                    "bytes_per_token": 0, "blocks_held": 1,
+                    "state_bytes_per_layer": int(model.linear_state_bytes),
+                    "exact_bytes": int(layers * model.linear_state_bytes),
+                    "paged_bytes": int(layers * max(model.linear_state_bytes,
+                                                    per_layer * block_size_tokens))})
     return tuple(out)
 
 
@@ -372,10 +407,18 @@ def estimate_kv(
                         f"at least prompt + generated tokens ({n})", max_seq_len)
 
     per_layer = kv_bytes_per_layer_token(model, kv_dtype)
+    aligned = hybrid_block_size(model, block_size_tokens, kv_dtype)
+    if aligned != block_size_tokens:
+        warnings.append(f"block size raised from {block_size_tokens} to {aligned} tokens, as "
+                        "vLLM does so that an attention page covers a linear-attention "
+                        f"state page ({model.linear_state_bytes:,} bytes per layer)")
+        block_size_tokens = aligned
     exact = kv_bytes_for_tokens(model, n, kv_dtype)
     full_blocks = _blocks_held(n, block_size_tokens, None)
     sliding_blocks = _blocks_held(n, block_size_tokens, model.sliding_window)
-    layer_blocks = model.num_full_layers * full_blocks + model.num_sliding_layers * sliding_blocks
+    layer_blocks = (model.num_full_layers * full_blocks
+                    + model.num_sliding_layers * sliding_blocks
+                    + model.num_linear_layers)  # one (padded) state block per linear layer
     paged = layer_blocks * block_size_tokens * per_layer
     naive = kv_bytes_for_tokens(model, max_seq_len, kv_dtype)
     if dtype.scale_bytes_per_vector:

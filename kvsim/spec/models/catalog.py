@@ -8,8 +8,10 @@ from always give the same :class:`ModelSpec`.
 
 Invariants of a :class:`ModelSpec`:
 
-- ``len(layer_types) == num_layers``; each entry is ``"full"`` or ``"sliding"``; a
-  ``"sliding"`` layer exists only when ``sliding_window`` is a positive int.
+- ``len(layer_types) == num_layers``; each entry is ``"full"``, ``"sliding"`` or
+  ``"linear"`` (a linear-attention / Mamba layer: a fixed state per request, no KV); a
+  ``"sliding"`` layer exists only when ``sliding_window`` is a positive int, a ``"linear"``
+  layer only when ``linear_state_bytes > 0``.
 - ``attention`` is ``"mla"`` iff ``kv_lora_rank > 0`` (then ``qk_rope_head_dim > 0``);
   otherwise ``"mqa"`` iff ``num_kv_heads == 1``, ``"mha"`` iff ``num_kv_heads ==
   num_attention_heads``, else ``"gqa"``.  ``kv_lora_rank`` and ``qk_rope_head_dim`` are 0
@@ -74,7 +76,14 @@ _LAYER_TYPE_NAMES = {
     "full_attention": "full", "full": "full", "global": "full", "global_attention": "full",
     "sliding_attention": "sliding", "sliding": "sliding", "local": "sliding",
     "local_sliding": "sliding", "sliding_window": "sliding",
+    # recurrent state instead of KV (vLLM MambaSpec): Gated DeltaNet (Qwen3-Next), Mamba
+    "linear_attention": "linear", "mamba": "linear", "linear": "linear",
 }
+
+#: Bytes of a served dtype (vLLM's Mamba / Gated DeltaNet state follows the model dtype:
+#: ``MambaStateDtypeCalculator._mamba_state_dtype`` with ``mamba_cache_dtype="auto"``).
+_STATE_DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "fp16": 2, "bfloat16": 2,
+                      "float16": 2}
 
 
 @dataclass(frozen=True)
@@ -89,7 +98,7 @@ class ModelSpec:
     hidden_size: int
     attention: str  # "mha" | "gqa" | "mqa" | "mla"
     sliding_window: int | None  # tokens a "sliding" layer keeps; None = no sliding layer
-    layer_types: tuple[str, ...]  # per layer: "full" | "sliding"
+    layer_types: tuple[str, ...]  # per layer: "full" | "sliding" | "linear" (recurrent state)
     kv_lora_rank: int  # MLA compressed-latent width; 0 = not MLA
     qk_rope_head_dim: int  # MLA decoupled RoPE key width; 0 = not MLA
     num_params: int  # total parameters; 0 = unknown
@@ -103,6 +112,9 @@ class ModelSpec:
     num_experts: int = 0  # routed experts per MoE layer (0 = dense)
     num_experts_per_tok: int = 0
     notes: str = ""
+    #: bytes of one linear-attention / Mamba layer's state per request (0: none), vLLM's
+    #: ``MambaSpec.page_size_bytes`` before padding (:func:`_linear_state_bytes`)
+    linear_state_bytes: int = 0
     config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -110,8 +122,12 @@ class ModelSpec:
         return sum(1 for t in self.layer_types if t == "sliding")
 
     @property
+    def num_linear_layers(self) -> int:
+        return sum(1 for t in self.layer_types if t == "linear")
+
+    @property
     def num_full_layers(self) -> int:
-        return self.num_layers - self.num_sliding_layers
+        return self.num_layers - self.num_sliding_layers - self.num_linear_layers
 
     @property
     def weights_bytes(self) -> int:
@@ -159,6 +175,11 @@ def _layer_types(cfg: dict, num_layers: int, window: int | None, path: str) -> t
                     path, None, "layer_types")
             kinds.append(_LAYER_TYPE_NAMES[name])
         types = tuple(kinds)
+    elif cfg.get("full_attention_interval") is not None:
+        # Qwen3-Next: every interval-th layer is full attention, the others Gated DeltaNet
+        # (transformers Qwen3NextConfig.layer_types)
+        every = _positive_int(cfg["full_attention_interval"], path, "full_attention_interval")
+        types = tuple("full" if (i + 1) % every == 0 else "linear" for i in range(num_layers))
     elif window is None:
         types = ("full",) * num_layers
     elif "use_sliding_window" in cfg:
@@ -181,6 +202,22 @@ def _layer_types(cfg: dict, num_layers: int, window: int | None, path: str) -> t
         raise KvsimInputError("layer_types names sliding layers; expected a positive integer "
                               "sliding_window", path, None, "sliding_window")
     return types
+
+
+def _linear_state_bytes(cfg: dict, path: str) -> int:
+    """One Gated DeltaNet layer's state per request (vLLM 0.33
+    ``MambaStateShapeCalculator.gated_delta_net_state_shape``, tensor parallel 1): a conv
+    state of ``(2 * key_heads * key_dim + value_heads * value_dim) x (conv_kernel - 1)`` and
+    a recurrent state of ``value_heads x value_dim x key_dim``, both in the model dtype."""
+    kh = _required(cfg, ("linear_num_key_heads",), path)
+    vh = _required(cfg, ("linear_num_value_heads",), path)
+    kd = _required(cfg, ("linear_key_head_dim",), path)
+    vd = _required(cfg, ("linear_value_head_dim",), path)
+    kernel = _required(cfg, ("linear_conv_kernel_dim",), path)
+    conv = (2 * kh * kd + vh * vd) * (kernel - 1)
+    temporal = vh * vd * kd
+    dtype = str(cfg.get("mamba_ssm_dtype") or _first(cfg, ("torch_dtype", "dtype")) or "bfloat16")
+    return (conv + temporal) * _STATE_DTYPE_BYTES.get(dtype, 2)
 
 
 def _weights_dtype(cfg: dict) -> str:
@@ -250,6 +287,7 @@ def spec_from_config(cfg: dict, *, name: str, source: str, extra: dict | None = 
     types = _layer_types(cfg, num_layers, window, path)
     if "sliding" not in types:
         window = None
+    state_bytes = _linear_state_bytes(cfg, path) if "linear" in types else 0
 
     counted = estimate_num_params(cfg)
     num_params = int(extra.get("num_params", cfg.get("num_params", counted[0] if counted else 0)))
@@ -285,6 +323,7 @@ def spec_from_config(cfg: dict, *, name: str, source: str, extra: dict | None = 
                         or 0),
         num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0),
         notes=str(extra.get("notes", "")),
+        linear_state_bytes=int(state_bytes),
         config=dict(cfg),
     )
 
