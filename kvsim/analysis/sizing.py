@@ -143,20 +143,22 @@ def estimate_load(table, model: str, hardware: str, max_num_seqs: int,
     cost = build_cost_model(model, hardware)
     df = table.df
     bs = int(table.block_size_tokens)
-    seen: set[int] = set()
     prefill = 0
     compute_us = 0.0
     cold_us = 0.0
     prompts = df["prompt_tokens"].to_numpy(np.int64)
     outputs = df["output_tokens"].to_numpy(np.int64)
-    for prompt, ids in zip(prompts, df["block_ids"]):
-        new = 0
-        for h in ids:
-            h = int(h)
-            if h not in seen:
-                seen.add(h)
-                new += 1
-        covered = len(ids) * bs
+    # blocks first seen in each request (arrival order; a block repeated within one request
+    # counts once): the first occurrence of each id in the flattened ids, by owner
+    off, ids = table.flat_block_ids()
+    lens = np.diff(off)
+    news = np.zeros(len(df), dtype=np.int64)
+    if len(ids):
+        first = np.unique(ids, return_index=True)[1]
+        owner = np.repeat(np.arange(len(df), dtype=np.int64), lens)
+        news = np.bincount(owner[first], minlength=len(df))
+    for prompt, nids, new in zip(prompts.tolist(), lens.tolist(), news.tolist()):
+        covered = nids * bs
         # tokens past the identified blocks are never hits; the reused blocks are the
         # leading ones (a prefix), so the new tokens sit at the prompt's end
         fresh = min(int(prompt), new * bs) + max(int(prompt) - covered, 0)

@@ -301,6 +301,29 @@ def _typeof_run_value(val, c):
 
 
 
+class TypedTuple(tuple):
+    """A tuple of fixed member types (a scheduler value such as the closed loop's ``vs``,
+    :func:`kvsim.modes.closed.closed_loop._vllm_value`) whose numba type is computed once
+    (:func:`_typeof_typed_tuple`).  numba types a plain tuple argument at every call of a
+    compiled function, and when a member has no fast type code (a structref) it types the
+    whole tuple member by member in Python: ~0.5 ms for the 22 members of ``vs``, paid at
+    each of the ~9,400 ``closed_step.advance`` calls of an 8-replica closed loop
+    (docs/benchmarks.md, "vs AISimulate").  Its members must never be replaced by values of
+    another type (the closed loop replaces none of ``vs``'s)."""
+
+    def numba_type(self):
+        t = self.__dict__.get("_numba_type")
+        if t is None:
+            t = self.__dict__["_numba_type"] = numba.typeof(tuple(self))
+        return t
+
+
+@typeof_impl.register(TypedTuple)
+def _typeof_typed_tuple(val, c):
+    """Its ``numba_type()``, made once (numba's extension API, as :class:`RunValue`)."""
+    return val.numba_type()
+
+
 def core_run_value(core_module: ModuleType, run_args: tuple):
     """``core_module.run`` as the closed loop's step driver takes it (its last argument):
     the interpreted twin's Python function, or, compiled, a first-class function value of
