@@ -142,6 +142,6 @@ def simulate_cache(source, policy, config: SimConfig, decision_log=None, *,
     cfg = dict(ex.config)
     cfg.update(mode="cache", cache_variant=low.variant,
                warmup_fraction=config.warmup_fraction, warmup_requests=config.warmup_requests)
-    return SimResult(pol.name, bool(pol.offline), summary, requests, ex.steps.iloc[0:0],
+    return SimResult(pol.name, bool(pol.offline), summary, requests, ex.steps.empty_frame(),
                      cfg, str(source) if not isinstance(source, CacheStream) else
                      "<cache stream>", ex.costs, ex.checks)

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from kvsim.core import layout as L
+from kvsim.core.spill import SpilledRows, exact_stats
 
 #: The stable keys of a summary, in display order (docs/simulate.md explains each).
 SUMMARY_KEYS = (
@@ -82,6 +83,41 @@ def step_table(S: np.ndarray, block_bytes: int = 0) -> pd.DataFrame:
     return df
 
 
+class StepLog:
+    """A replay's per-step table kept in bounded memory (:class:`kvsim.core.spill.SpilledRows`:
+    the core's step-buffer rows, in memory up to ``MEM_ROWS`` steps, then in a temporary
+    file), with the summary's step statistics computed exactly from it
+    (:meth:`latency_stats`) and the :func:`step_table` DataFrame built only when asked for
+    (``SimResult.steps``)."""
+
+    def __init__(self, rows: SpilledRows, block_bytes: int = 0) -> None:
+        self.rows = rows
+        self.block_bytes = int(block_bytes)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def frame(self) -> pd.DataFrame:
+        """The whole :func:`step_table` (one row per step: memory grows with steps)."""
+        return step_table(self.rows.to_array(), self.block_bytes)
+
+    def empty_frame(self) -> pd.DataFrame:
+        """The table's columns with no row."""
+        head = self.rows.chunks[0][:1] if self.rows.chunks else np.zeros((0, L.NS))
+        return step_table(head, self.block_bytes).iloc[0:0]
+
+    def latency_stats(self, warm_step: int | None) -> tuple[int, float, list[float]]:
+        """(steps, mean latency, latency p50 / p95 / p99 / p99.9) over the steps from
+        ``warm_step`` on (every step for None), exactly as from :meth:`frame`."""
+        keep = None if warm_step is None else \
+            (lambda c: c[:, L.S_STEP].astype(np.int64) >= warm_step)
+        return exact_stats(self.rows, L.S_LATENCY_US, STEP_PERCENTILES, keep)
+
+
+#: The step-latency percentiles of a summary (``p50_step_us`` ... ``p999_step_us``).
+STEP_PERCENTILES = (50, 95, 99, 99.9)
+
+
 def request_table(R_i: np.ndarray, R_f: np.ndarray, n: int) -> pd.DataFrame:
     """One row per request that arrived or ran (ids with no rows are left out)."""
     ri = R_i[:n]
@@ -138,7 +174,7 @@ def _rate(num: float, den: float) -> float:
 
 
 def summarize(policy: str, offline: bool, C: np.ndarray, Cw: np.ndarray | None,
-              measured: np.ndarray | None, warm_step: int, steps: pd.DataFrame,
+              measured: np.ndarray | None, warm_step: int, steps: pd.DataFrame | StepLog,
               requests: pd.DataFrame, costs, events: int, block_size_tokens: int = 16,
               mode: str = "engine", warmup_requests: int = 0) -> dict:
     """The summary dict (keys :func:`summary_keys` of ``mode``).
@@ -157,10 +193,18 @@ def summarize(policy: str, offline: bool, C: np.ndarray, Cw: np.ndarray | None,
     M = C.copy()
     if Cw is not None:
         M[L.M_FIRST:L.M_LAST] -= Cw[L.M_FIRST:L.M_LAST]
-        steps = steps[steps["step"] >= warm_step]
+    if isinstance(steps, StepLog):  # exact, in bounded memory
+        n_steps, mean_step, pct_step = steps.latency_stats(warm_step if Cw is not None
+                                                           else None)
+    else:
+        if Cw is not None:
+            steps = steps[steps["step"] >= warm_step]
+        lat = steps["latency_us"].to_numpy()
+        n_steps = len(steps)
+        mean_step = float(lat.mean()) if len(lat) else float("nan")
+        pct_step = [_pct(lat, q) for q in STEP_PERCENTILES]
     if measured is not None:
         requests = requests[requests["request_id"].isin(measured)]
-    lat = steps["latency_us"].to_numpy()
     bs = max(int(block_size_tokens), 1)
     lookup = int(requests["lookup_tokens"].sum())
     hit = [int(requests[c].sum()) for c in ("hbm_hit_tokens", "dram_hit_tokens",
@@ -182,14 +226,14 @@ def summarize(policy: str, offline: bool, C: np.ndarray, Cw: np.ndarray | None,
         "offline": bool(offline),
         "mode": mode,
         "events": int(events),
-        "steps": int(len(steps)),
+        "steps": int(n_steps),
         "requests": int(len(requests)),
         "warmup_requests": int(warmup_requests),
-        "p50_step_us": _pct(lat, 50),
-        "p95_step_us": _pct(lat, 95),
-        "p99_step_us": _pct(lat, 99),
-        "p999_step_us": _pct(lat, 99.9),
-        "mean_step_us": float(lat.mean()) if len(lat) else float("nan"),
+        "p50_step_us": pct_step[0],
+        "p95_step_us": pct_step[1],
+        "p99_step_us": pct_step[2],
+        "p999_step_us": pct_step[3],
+        "mean_step_us": mean_step,
         "ttft_p50_us": _pct(requests["ttft_us"].to_numpy(), 50),
         "ttft_p99_us": _pct(requests["ttft_us"].to_numpy(), 99),
         "tpot_p50_us": _pct(requests["tpot_us"].to_numpy(), 50),
