@@ -26,6 +26,7 @@ import pandas as pd
 
 from kvsim.core import layout as L
 from kvsim.core.errors import KvsimInputError
+from kvsim.core.spill import SpilledRows
 from kvsim.engine.cost_model import GB, TierCosts, cost_array, hbm_kv_capacity_bytes, tier_costs
 from kvsim.memory import fast as mem
 from kvsim.memory.pool_ref import pool_arg
@@ -34,7 +35,6 @@ from kvsim.policy.registry import resolve_policy
 from kvsim.replay.kernel import core
 from kvsim.replay.kernel.core_ref import CoreState, core_arg
 from kvsim.replay.kernel.tiers import Tier, new_record_view, record_rows
-from kvsim.core.spill import SpilledRows
 from kvsim.replay.metrics import StepLog, request_table, summarize
 from kvsim.replay.prepass import (
     SeenSet,

@@ -45,7 +45,7 @@ def test_exact_stats_equal_numpy_bit_for_bit(monkeypatch, seed: int) -> None:
             for lo in range(0, n, 333):
                 rows.append(table[lo:lo + 333])
             assert rows.spilled == (mem_rows < n)
-            count, mean, pcts = spill.exact_stats(rows, 1, qs, lambda c: c[:, 0] >= warm)
+            count, mean, pcts = spill.exact_stats(rows, 1, qs, lambda c, w=warm: c[:, 0] >= w)
             want = x[warm:]
             finite = want[~np.isnan(want)]
             assert count == len(want)
