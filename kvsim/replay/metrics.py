@@ -120,11 +120,16 @@ STEP_PERCENTILES = (50, 95, 99, 99.9)
 
 def request_table(R_i: np.ndarray, R_f: np.ndarray, n: int) -> pd.DataFrame:
     """One row per request that arrived or ran (ids with no rows are left out)."""
-    ri = R_i[:n]
-    rf = R_f[:n]
-    keep = np.flatnonzero(ri[:, L.RI_STATE] != L.RS_UNSEEN)
-    ri = ri[keep]
-    rf = rf[keep]
+    keep = np.flatnonzero(R_i[:n, L.RI_STATE] != L.RS_UNSEEN)
+
+    class _Cols:  # one column of the kept rows at a time: no copy of the whole table
+        def __init__(self, table: np.ndarray) -> None:
+            self.table = table
+
+        def __getitem__(self, key: tuple) -> np.ndarray:
+            return self.table[keep, key[1]]
+
+    ri, rf = _Cols(R_i), _Cols(R_f)
     arrival = ri[:, L.RI_ARRIVE_US].astype(np.float64)
     first = rf[:, L.RF_FIRST_US]
     last = rf[:, L.RF_LAST_US]
