@@ -133,7 +133,7 @@ def simulate_cache(source, policy, config: SimConfig, decision_log=None, *,
                                     warmup_requests=first if 0 < first < n_pseudo else None)
         ex = execute(low.path, pol, inner, decision_log, None, on_progress)
     warm = ex.run.C[L.C_WARM_DONE] != 0
-    requests = _source_requests(low, ex.requests)
+    requests = _source_requests(low, ex.requests.frame())
     measured = low.stream.request_id[warmup:] if warmup > 0 else None
     summary = summarize(pol.name, pol.offline, ex.run.C, ex.run.Cw if warm else None,
                         measured, int(ex.run.K[L.K_WARMUP_STEP]), ex.steps, requests,

@@ -35,7 +35,7 @@ from kvsim.policy.registry import resolve_policy
 from kvsim.replay.kernel import core
 from kvsim.replay.kernel.core_ref import CoreState, core_arg
 from kvsim.replay.kernel.tiers import Tier, new_record_view, record_rows
-from kvsim.replay.metrics import StepLog, request_table, summarize
+from kvsim.replay.metrics import RequestLog, StepLog, summarize
 from kvsim.replay.prepass import (
     SeenSet,
     TraceFacts,
@@ -56,10 +56,12 @@ from kvsim.replay.variants import (
 from kvsim.spec.sim_config import LOWER_TIERS, SimConfig, resolve_engine
 
 
-class _LazySteps:
-    """``SimResult.steps``: a DataFrame, or a :class:`kvsim.replay.metrics.StepLog` (the
-    per-step table kept in bounded memory) turned into its DataFrame on first access, so
-    that a run whose steps nobody reads never holds one row per step in memory."""
+class _Lazy:
+    """A table field of :class:`SimResult`: a DataFrame, or a
+    :class:`kvsim.replay.metrics.StepLog` / :class:`~kvsim.replay.metrics.RequestLog` (a
+    replay's per-step and per-request results as kept in bounded memory or as the core's
+    tables) turned into its DataFrame on first access, so that a run whose tables nobody
+    reads never holds them as DataFrames."""
 
     def __set_name__(self, owner, name: str) -> None:
         self.attr = "_" + name
@@ -68,7 +70,7 @@ class _LazySteps:
         if obj is None:
             raise AttributeError("no default")  # dataclasses: the field has no default
         v = obj.__dict__[self.attr]
-        if isinstance(v, StepLog):
+        if isinstance(v, (StepLog, RequestLog)):
             v = obj.__dict__[self.attr] = v.frame()
         return v
 
@@ -79,13 +81,14 @@ class _LazySteps:
 @dataclass
 class SimResult:
     """The outcome of one replay.  ``summary`` has the stable keys of docs/simulate.md.
-    ``steps`` (one row per engine step) is built when first read."""
+    ``requests`` and ``steps`` (one row per request, per engine step) are built when first
+    read."""
 
     policy: str
     offline: bool
     summary: dict
-    requests: pd.DataFrame
-    steps: pd.DataFrame = _LazySteps()
+    requests: pd.DataFrame = _Lazy()
+    steps: pd.DataFrame = _Lazy()
     config: dict
     trace: str
     tiers: list[TierCosts] = field(default_factory=list)
@@ -476,7 +479,8 @@ def replay(trace_path: str | Path, policy, config: SimConfig,
     if config.tenant_metrics:
         from kvsim.results.tenant_view import tenant_table
 
-        summary["tenant_rows"] = tenant_table(ex.requests, warmup).to_dict("records")
+        summary["tenant_rows"] = tenant_table(ex.requests.frame(),
+                                              warmup).to_dict("records")
     return SimResult(pol.name, bool(pol.offline), summary, ex.requests, ex.steps,
                      ex.config, str(trace_path), ex.costs, ex.checks)
 
@@ -499,7 +503,7 @@ class Execution:
     run: _Run
     facts: TraceFacts
     steps: StepLog  # SimResult.steps builds its DataFrame when read
-    requests: pd.DataFrame
+    requests: RequestLog  # and SimResult.requests
     costs: list[TierCosts]
     config: dict
     block_size_tokens: int
@@ -552,7 +556,7 @@ def execute(trace_path: str | Path, pol, config: SimConfig,
         writer.__exit__(None, None, None)
     checks = run.check() if config.check_invariants else {}
     steps = StepLog(run.step_rows, block_bytes)
-    requests = request_table(run.R_i, run.R_f, facts.max_request_id + 1)
+    requests = RequestLog(run.R_i, run.R_f, facts.max_request_id + 1)
     return Execution(run, facts, steps, requests, costs, cfg_dict, bs, checks)
 
 

@@ -118,55 +118,105 @@ class StepLog:
 STEP_PERCENTILES = (50, 95, 99, 99.9)
 
 
+def _i(col: int, dtype=None):
+    return lambda ri, rf, keep: ri[keep, col] if dtype is None else ri[keep, col].astype(dtype)
+
+
+def _f(col: int):
+    return lambda ri, rf, keep: rf[keep, col]
+
+
+def _arrival(ri, rf, keep) -> np.ndarray:
+    return ri[keep, L.RI_ARRIVE_US].astype(np.float64)
+
+
+def _ttft(ri, rf, keep) -> np.ndarray:
+    first = rf[keep, L.RF_FIRST_US]
+    return np.where(first >= 0, first - _arrival(ri, rf, keep), np.nan)
+
+
+def _tpot(ri, rf, keep) -> np.ndarray:
+    first = rf[keep, L.RF_FIRST_US]
+    last = rf[keep, L.RF_LAST_US]
+    nout = ri[keep, L.RI_NOUT]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where((first >= 0) & (nout > 1), (last - first) / (nout - 1), np.nan)
+
+
+def _e2e(ri, rf, keep) -> np.ndarray:
+    first = rf[keep, L.RF_FIRST_US]
+    return np.where(first >= 0, rf[keep, L.RF_LAST_US] - _arrival(ri, rf, keep), np.nan)
+
+
+#: The per-request table's columns, in order: how each is computed from the core's
+#: request tables (``R_i``, ``R_f``) at the kept ids, one column at a time.
+REQUEST_COLUMNS = {
+    "request_id": lambda ri, rf, keep: keep.astype(np.int64),
+    "arrival_us": _arrival,
+    "admit_us": _f(L.RF_ADMIT_US),
+    "ttft_us": _ttft,
+    "tpot_us": _tpot,
+    "e2e_us": _e2e,
+    "prompt_tokens": _i(L.RI_PROMPT),
+    "output_tokens": _i(L.RI_NOUT),
+    "lookup_tokens": _i(L.RI_LOOKUP_TOK),
+    "hbm_hit_tokens": _i(L.RI_HIT_TOK),
+    "dram_hit_tokens": _i(L.RI_HIT_TOK + 1),
+    "cxl_hit_tokens": _i(L.RI_HIT_TOK + 2),
+    "nvme_hit_tokens": _i(L.RI_HIT_TOK + 3),
+    "recompute_tokens": _i(L.RI_RECOMP_TOK),
+    "stall_us": _f(L.RF_STALL_US),
+    "preemptions": _i(L.RI_PREEMPTS),
+    "ttft_deadline_us": _i(L.RI_TTFT_DL),
+    "ttft_missed": _i(L.RI_TTFT_MISS, bool),
+    "tpot_deadline_tokens": _i(L.RI_TPOT_DL),
+    "tpot_missed_tokens": _i(L.RI_TPOT_MISS),
+    "decode_critical_misses": _i(L.RI_DC_MISS),
+    "deadline_bound": _i(L.RI_BOUND, bool),
+    "request_priority": _i(L.RI_PRIO),
+    "tenant": _i(L.RI_TENANT),
+    "evictions_suffered": _i(L.RI_EV_SUFFERED),
+    "evictions_caused": _i(L.RI_EV_CAUSED),
+}
+
+
+def _kept_ids(R_i: np.ndarray, n: int) -> np.ndarray:
+    return np.flatnonzero(R_i[:n, L.RI_STATE] != L.RS_UNSEEN)
+
+
 def request_table(R_i: np.ndarray, R_f: np.ndarray, n: int) -> pd.DataFrame:
     """One row per request that arrived or ran (ids with no rows are left out)."""
-    keep = np.flatnonzero(R_i[:n, L.RI_STATE] != L.RS_UNSEEN)
+    keep = _kept_ids(R_i, n)
+    return pd.DataFrame({name: col(R_i, R_f, keep) for name, col in REQUEST_COLUMNS.items()})
 
-    class _Cols:  # one column of the kept rows at a time: no copy of the whole table
-        def __init__(self, table: np.ndarray) -> None:
-            self.table = table
 
-        def __getitem__(self, key: tuple) -> np.ndarray:
-            return self.table[keep, key[1]]
+class RequestLog:
+    """A replay's per-request results as the core's request tables (``R_i``, ``R_f``, ids
+    below ``n``): the summary reads the columns it needs one at a time
+    (:meth:`columns`), and the :func:`request_table` DataFrame is built only when asked
+    for (``SimResult.requests``), so that the end of a run does not hold the core's
+    tables, the table's columns and the DataFrame's copy of them at once."""
 
-    ri, rf = _Cols(R_i), _Cols(R_f)
-    arrival = ri[:, L.RI_ARRIVE_US].astype(np.float64)
-    first = rf[:, L.RF_FIRST_US]
-    last = rf[:, L.RF_LAST_US]
-    nout = ri[:, L.RI_NOUT]
-    has_first = first >= 0
-    ttft = np.where(has_first, first - arrival, np.nan)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(has_first & (nout > 1), (last - first) / (nout - 1), np.nan)
-    e2e = np.where(has_first, last - arrival, np.nan)
-    return pd.DataFrame({
-        "request_id": keep.astype(np.int64),
-        "arrival_us": arrival,
-        "admit_us": rf[:, L.RF_ADMIT_US],
-        "ttft_us": ttft,
-        "tpot_us": tpot,
-        "e2e_us": e2e,
-        "prompt_tokens": ri[:, L.RI_PROMPT],
-        "output_tokens": nout,
-        "lookup_tokens": ri[:, L.RI_LOOKUP_TOK],
-        "hbm_hit_tokens": ri[:, L.RI_HIT_TOK],
-        "dram_hit_tokens": ri[:, L.RI_HIT_TOK + 1],
-        "cxl_hit_tokens": ri[:, L.RI_HIT_TOK + 2],
-        "nvme_hit_tokens": ri[:, L.RI_HIT_TOK + 3],
-        "recompute_tokens": ri[:, L.RI_RECOMP_TOK],
-        "stall_us": rf[:, L.RF_STALL_US],
-        "preemptions": ri[:, L.RI_PREEMPTS],
-        "ttft_deadline_us": ri[:, L.RI_TTFT_DL],
-        "ttft_missed": ri[:, L.RI_TTFT_MISS].astype(bool),
-        "tpot_deadline_tokens": ri[:, L.RI_TPOT_DL],
-        "tpot_missed_tokens": ri[:, L.RI_TPOT_MISS],
-        "decode_critical_misses": ri[:, L.RI_DC_MISS],
-        "deadline_bound": ri[:, L.RI_BOUND].astype(bool),
-        "request_priority": ri[:, L.RI_PRIO],
-        "tenant": ri[:, L.RI_TENANT],
-        "evictions_suffered": ri[:, L.RI_EV_SUFFERED],
-        "evictions_caused": ri[:, L.RI_EV_CAUSED],
-    })
+    def __init__(self, R_i: np.ndarray, R_f: np.ndarray, n: int) -> None:
+        self.R_i, self.R_f, self.n = R_i, R_f, int(n)
+
+    def frame(self) -> pd.DataFrame:
+        return request_table(self.R_i, self.R_f, self.n)
+
+    def columns(self, names, measured: np.ndarray | None) -> dict[str, np.ndarray]:
+        """Columns ``names`` of :meth:`frame`, of the requests in ``measured`` (None:
+        all), in request-id order: the same values as the DataFrame's."""
+        keep = _kept_ids(self.R_i, self.n)
+        if measured is not None:
+            keep = keep[np.isin(keep, measured)]
+        return {name: REQUEST_COLUMNS[name](self.R_i, self.R_f, keep) for name in names}
+
+
+#: The per-request columns :func:`summarize` reads.
+_SUMMARY_REQUEST_COLUMNS = (
+    "lookup_tokens", "hbm_hit_tokens", "dram_hit_tokens", "cxl_hit_tokens",
+    "nvme_hit_tokens", "prompt_tokens", "ttft_missed", "tpot_missed_tokens", "ttft_us",
+    "tpot_us", "e2e_us")
 
 
 def _pct(x: np.ndarray, q: float) -> float:
@@ -180,7 +230,7 @@ def _rate(num: float, den: float) -> float:
 
 def summarize(policy: str, offline: bool, C: np.ndarray, Cw: np.ndarray | None,
               measured: np.ndarray | None, warm_step: int, steps: pd.DataFrame | StepLog,
-              requests: pd.DataFrame, costs, events: int, block_size_tokens: int = 16,
+              requests: pd.DataFrame | RequestLog, costs, events: int, block_size_tokens: int = 16,
               mode: str = "engine", warmup_requests: int = 0) -> dict:
     """The summary dict (keys :func:`summary_keys` of ``mode``).
 
@@ -208,8 +258,13 @@ def summarize(policy: str, offline: bool, C: np.ndarray, Cw: np.ndarray | None,
         n_steps = len(steps)
         mean_step = float(lat.mean()) if len(lat) else float("nan")
         pct_step = [_pct(lat, q) for q in STEP_PERCENTILES]
-    if measured is not None:
-        requests = requests[requests["request_id"].isin(measured)]
+    if isinstance(requests, RequestLog):  # the columns alone, not the whole table
+        requests = requests.columns(_SUMMARY_REQUEST_COLUMNS, measured)
+        n_requests = len(requests["lookup_tokens"])
+    else:
+        if measured is not None:
+            requests = requests[requests["request_id"].isin(measured)]
+        n_requests = len(requests)
     bs = max(int(block_size_tokens), 1)
     lookup = int(requests["lookup_tokens"].sum())
     hit = [int(requests[c].sum()) for c in ("hbm_hit_tokens", "dram_hit_tokens",
@@ -232,19 +287,19 @@ def summarize(policy: str, offline: bool, C: np.ndarray, Cw: np.ndarray | None,
         "mode": mode,
         "events": int(events),
         "steps": int(n_steps),
-        "requests": int(len(requests)),
+        "requests": int(n_requests),
         "warmup_requests": int(warmup_requests),
         "p50_step_us": pct_step[0],
         "p95_step_us": pct_step[1],
         "p99_step_us": pct_step[2],
         "p999_step_us": pct_step[3],
         "mean_step_us": mean_step,
-        "ttft_p50_us": _pct(requests["ttft_us"].to_numpy(), 50),
-        "ttft_p99_us": _pct(requests["ttft_us"].to_numpy(), 99),
-        "tpot_p50_us": _pct(requests["tpot_us"].to_numpy(), 50),
-        "tpot_p99_us": _pct(requests["tpot_us"].to_numpy(), 99),
-        "e2e_p50_us": _pct(requests["e2e_us"].to_numpy(), 50),
-        "e2e_p99_us": _pct(requests["e2e_us"].to_numpy(), 99),
+        "ttft_p50_us": _pct(np.asarray(requests["ttft_us"]), 50),
+        "ttft_p99_us": _pct(np.asarray(requests["ttft_us"]), 99),
+        "tpot_p50_us": _pct(np.asarray(requests["tpot_us"]), 50),
+        "tpot_p99_us": _pct(np.asarray(requests["tpot_us"]), 99),
+        "e2e_p50_us": _pct(np.asarray(requests["e2e_us"]), 50),
+        "e2e_p99_us": _pct(np.asarray(requests["e2e_us"]), 99),
         "deadline_misses": missed_any,
         "ttft_deadline_misses": ttft_missed,
         "tpot_deadline_misses": tpot_missed,
