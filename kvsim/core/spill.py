@@ -41,8 +41,8 @@ import numpy as np
 MEM_ROWS = 1 << 17
 
 #: Values read from a temporary file at a time (1 MiB of float64): the radix select's
-#: temporaries are a few times that (at 2^20 values, ~50 MB: +12 % of the peak RSS of
-#: 10x the Mooncake trace).
+#: temporaries are a few times that (~50 MB at 2^20 values; the peak RSS of 10x the
+#: Mooncake trace is reached earlier, in the replay, and did not change either way).
 CHUNK_VALUES = 1 << 17
 
 #: The longest range the replica of numpy's pairwise sum hands to ``np.add.reduce``
