@@ -325,6 +325,31 @@ class KvsimGroup(TyperGroup):
             guard.__exit__(None, None, None)
         sys.exit(rv if isinstance(rv, int) else 0)
 
+    def make_context(self, info_name: Any, args: Any, parent: Any = None,
+                     **extra: Any) -> Any:
+        """Parse the root's options (and run their callbacks) as typer does, with Ctrl-C /
+        SIGTERM there, or while the context closes after the command, as one line: typer
+        turns a ``KeyboardInterrupt`` outside ``invoke`` into a silent exit 130."""
+        try:
+            ctx = super().make_context(info_name, args, parent=parent, **extra)
+        except KeyboardInterrupt:
+            fail(INTERRUPTED, EXIT_SIGINT)
+        except Terminated:
+            fail(TERMINATED, EXIT_SIGTERM)
+        # the context's close (call_on_close callbacks, resources): what its __exit__ runs
+        name = "_close_with_exception_info" if hasattr(ctx, "_close_with_exception_info") \
+            else "close"
+        close = getattr(ctx, name)
+
+        def close_interruptible(*args: Any) -> Any:
+            try:
+                return close(*args)
+            except KeyboardInterrupt:
+                fail(INTERRUPTED, EXIT_SIGINT)
+
+        setattr(ctx, name, close_interruptible)
+        return ctx
+
     def invoke(self, ctx: Any) -> Any:
         # Interrupts, a closed pipe and a full disk are handled here, inside typer's own
         # handler (which would turn Ctrl-C into a silent exit 130 and a closed pipe into

@@ -133,7 +133,7 @@ def simulate_cache(source, policy, config: SimConfig, decision_log=None, *,
                                     warmup_requests=first if 0 < first < n_pseudo else None)
         ex = execute(low.path, pol, inner, decision_log, None, on_progress)
     warm = ex.run.C[L.C_WARM_DONE] != 0
-    requests = _source_requests(low, ex.requests)
+    requests = _source_requests(low, ex.requests.frame())
     measured = low.stream.request_id[warmup:] if warmup > 0 else None
     summary = summarize(pol.name, pol.offline, ex.run.C, ex.run.Cw if warm else None,
                         measured, int(ex.run.K[L.K_WARMUP_STEP]), ex.steps, requests,
@@ -142,6 +142,6 @@ def simulate_cache(source, policy, config: SimConfig, decision_log=None, *,
     cfg = dict(ex.config)
     cfg.update(mode="cache", cache_variant=low.variant,
                warmup_fraction=config.warmup_fraction, warmup_requests=config.warmup_requests)
-    return SimResult(pol.name, bool(pol.offline), summary, requests, ex.steps.iloc[0:0],
+    return SimResult(pol.name, bool(pol.offline), summary, requests, ex.steps.empty_frame(),
                      cfg, str(source) if not isinstance(source, CacheStream) else
                      "<cache stream>", ex.costs, ex.checks)

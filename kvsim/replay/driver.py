@@ -26,6 +26,7 @@ import pandas as pd
 
 from kvsim.core import layout as L
 from kvsim.core.errors import KvsimInputError
+from kvsim.core.spill import SpilledRows
 from kvsim.engine.cost_model import GB, TierCosts, cost_array, hbm_kv_capacity_bytes, tier_costs
 from kvsim.memory import fast as mem
 from kvsim.memory.pool_ref import pool_arg
@@ -34,7 +35,7 @@ from kvsim.policy.registry import resolve_policy
 from kvsim.replay.kernel import core
 from kvsim.replay.kernel.core_ref import CoreState, core_arg
 from kvsim.replay.kernel.tiers import Tier, new_record_view, record_rows
-from kvsim.replay.metrics import request_table, step_table, summarize
+from kvsim.replay.metrics import RequestLog, StepLog, summarize
 from kvsim.replay.prepass import (
     SeenSet,
     TraceFacts,
@@ -55,15 +56,39 @@ from kvsim.replay.variants import (
 from kvsim.spec.sim_config import LOWER_TIERS, SimConfig, resolve_engine
 
 
+class _Lazy:
+    """A table field of :class:`SimResult`: a DataFrame, or a
+    :class:`kvsim.replay.metrics.StepLog` / :class:`~kvsim.replay.metrics.RequestLog` (a
+    replay's per-step and per-request results as kept in bounded memory or as the core's
+    tables) turned into its DataFrame on first access, so that a run whose tables nobody
+    reads never holds them as DataFrames."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.attr = "_" + name
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            raise AttributeError("no default")  # dataclasses: the field has no default
+        v = obj.__dict__[self.attr]
+        if isinstance(v, (StepLog, RequestLog)):
+            v = obj.__dict__[self.attr] = v.frame()
+        return v
+
+    def __set__(self, obj, value) -> None:
+        obj.__dict__[self.attr] = value
+
+
 @dataclass
 class SimResult:
-    """The outcome of one replay.  ``summary`` has the stable keys of docs/simulate.md."""
+    """The outcome of one replay.  ``summary`` has the stable keys of docs/simulate.md.
+    ``requests`` and ``steps`` (one row per request, per engine step) are built when first
+    read."""
 
     policy: str
     offline: bool
     summary: dict
-    requests: pd.DataFrame
-    steps: pd.DataFrame
+    requests: pd.DataFrame = _Lazy()
+    steps: pd.DataFrame = _Lazy()
     config: dict
     trace: str
     tiers: list[TierCosts] = field(default_factory=list)
@@ -252,7 +277,7 @@ class _Run:
         self.alt_s = np.zeros(kc, dtype=np.float64)
         self.vo = np.zeros(4, dtype=np.int64)
         self.log_writer = log_writer
-        self.step_chunks: list[np.ndarray] = []
+        self.step_rows = SpilledRows(L.NS)  # the per-step table, bounded (core/spill.py)
         self.last_batch: tuple | None = None
         self.block_tokens = bs
         # seen flags: 1 bit per ALLOCATE row from the pre-pass, else a set kept here
@@ -265,7 +290,7 @@ class _Run:
     def _flush_steps(self) -> None:
         k = int(self.C[L.C_NSTEP_BUF])
         if k:
-            self.step_chunks.append(self.S[:k].copy())
+            self.step_rows.append(self.S[:k])
             self.C[L.C_NSTEP_BUF] = 0
 
     def _flush_log(self) -> None:
@@ -415,9 +440,9 @@ class _Run:
         return out
 
     def steps(self) -> np.ndarray:
-        if not self.step_chunks:
-            return np.zeros((0, L.NS))
-        return np.concatenate(self.step_chunks)
+        """The per-step table as one array (memory grows with steps: the closed loop's
+        serving metrics)."""
+        return self.step_rows.to_array()
 
 
 def _describe(config: SimConfig, costs: list[TierCosts], block_bytes: int) -> dict:
@@ -454,7 +479,8 @@ def replay(trace_path: str | Path, policy, config: SimConfig,
     if config.tenant_metrics:
         from kvsim.results.tenant_view import tenant_table
 
-        summary["tenant_rows"] = tenant_table(ex.requests, warmup).to_dict("records")
+        summary["tenant_rows"] = tenant_table(ex.requests.frame(),
+                                              warmup).to_dict("records")
     return SimResult(pol.name, bool(pol.offline), summary, ex.requests, ex.steps,
                      ex.config, str(trace_path), ex.costs, ex.checks)
 
@@ -476,8 +502,8 @@ class Execution:
 
     run: _Run
     facts: TraceFacts
-    steps: pd.DataFrame
-    requests: pd.DataFrame
+    steps: StepLog  # SimResult.steps builds its DataFrame when read
+    requests: RequestLog  # and SimResult.requests
     costs: list[TierCosts]
     config: dict
     block_size_tokens: int
@@ -529,8 +555,8 @@ def execute(trace_path: str | Path, pol, config: SimConfig,
     if writer is not None:
         writer.__exit__(None, None, None)
     checks = run.check() if config.check_invariants else {}
-    steps = step_table(run.steps(), block_bytes)
-    requests = request_table(run.R_i, run.R_f, facts.max_request_id + 1)
+    steps = StepLog(run.step_rows, block_bytes)
+    requests = RequestLog(run.R_i, run.R_f, facts.max_request_id + 1)
     return Execution(run, facts, steps, requests, costs, cfg_dict, bs, checks)
 
 

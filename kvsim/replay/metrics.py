@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from kvsim.core import layout as L
+from kvsim.core.spill import SpilledRows, exact_stats
 
 #: The stable keys of a summary, in display order (docs/simulate.md explains each).
 SUMMARY_KEYS = (
@@ -82,50 +83,140 @@ def step_table(S: np.ndarray, block_bytes: int = 0) -> pd.DataFrame:
     return df
 
 
+class StepLog:
+    """A replay's per-step table kept in bounded memory (:class:`kvsim.core.spill.SpilledRows`:
+    the core's step-buffer rows, in memory up to ``MEM_ROWS`` steps, then in a temporary
+    file), with the summary's step statistics computed exactly from it
+    (:meth:`latency_stats`) and the :func:`step_table` DataFrame built only when asked for
+    (``SimResult.steps``)."""
+
+    def __init__(self, rows: SpilledRows, block_bytes: int = 0) -> None:
+        self.rows = rows
+        self.block_bytes = int(block_bytes)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def frame(self) -> pd.DataFrame:
+        """The whole :func:`step_table` (one row per step: memory grows with steps)."""
+        return step_table(self.rows.to_array(), self.block_bytes)
+
+    def empty_frame(self) -> pd.DataFrame:
+        """The table's columns with no row."""
+        head = self.rows.chunks[0][:1] if self.rows.chunks else np.zeros((0, L.NS))
+        return step_table(head, self.block_bytes).iloc[0:0]
+
+    def latency_stats(self, warm_step: int | None) -> tuple[int, float, list[float]]:
+        """(steps, mean latency, latency p50 / p95 / p99 / p99.9) over the steps from
+        ``warm_step`` on (every step for None), exactly as from :meth:`frame`."""
+        keep = None if warm_step is None else \
+            (lambda c: c[:, L.S_STEP].astype(np.int64) >= warm_step)
+        return exact_stats(self.rows, L.S_LATENCY_US, STEP_PERCENTILES, keep)
+
+
+#: The step-latency percentiles of a summary (``p50_step_us`` ... ``p999_step_us``).
+STEP_PERCENTILES = (50, 95, 99, 99.9)
+
+
+def _i(col: int, dtype=None):
+    return lambda ri, rf, keep: ri[keep, col] if dtype is None else ri[keep, col].astype(dtype)
+
+
+def _f(col: int):
+    return lambda ri, rf, keep: rf[keep, col]
+
+
+def _arrival(ri, rf, keep) -> np.ndarray:
+    return ri[keep, L.RI_ARRIVE_US].astype(np.float64)
+
+
+def _ttft(ri, rf, keep) -> np.ndarray:
+    first = rf[keep, L.RF_FIRST_US]
+    return np.where(first >= 0, first - _arrival(ri, rf, keep), np.nan)
+
+
+def _tpot(ri, rf, keep) -> np.ndarray:
+    first = rf[keep, L.RF_FIRST_US]
+    last = rf[keep, L.RF_LAST_US]
+    nout = ri[keep, L.RI_NOUT]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where((first >= 0) & (nout > 1), (last - first) / (nout - 1), np.nan)
+
+
+def _e2e(ri, rf, keep) -> np.ndarray:
+    first = rf[keep, L.RF_FIRST_US]
+    return np.where(first >= 0, rf[keep, L.RF_LAST_US] - _arrival(ri, rf, keep), np.nan)
+
+
+#: The per-request table's columns, in order: how each is computed from the core's
+#: request tables (``R_i``, ``R_f``) at the kept ids, one column at a time.
+REQUEST_COLUMNS = {
+    "request_id": lambda ri, rf, keep: keep.astype(np.int64),
+    "arrival_us": _arrival,
+    "admit_us": _f(L.RF_ADMIT_US),
+    "ttft_us": _ttft,
+    "tpot_us": _tpot,
+    "e2e_us": _e2e,
+    "prompt_tokens": _i(L.RI_PROMPT),
+    "output_tokens": _i(L.RI_NOUT),
+    "lookup_tokens": _i(L.RI_LOOKUP_TOK),
+    "hbm_hit_tokens": _i(L.RI_HIT_TOK),
+    "dram_hit_tokens": _i(L.RI_HIT_TOK + 1),
+    "cxl_hit_tokens": _i(L.RI_HIT_TOK + 2),
+    "nvme_hit_tokens": _i(L.RI_HIT_TOK + 3),
+    "recompute_tokens": _i(L.RI_RECOMP_TOK),
+    "stall_us": _f(L.RF_STALL_US),
+    "preemptions": _i(L.RI_PREEMPTS),
+    "ttft_deadline_us": _i(L.RI_TTFT_DL),
+    "ttft_missed": _i(L.RI_TTFT_MISS, bool),
+    "tpot_deadline_tokens": _i(L.RI_TPOT_DL),
+    "tpot_missed_tokens": _i(L.RI_TPOT_MISS),
+    "decode_critical_misses": _i(L.RI_DC_MISS),
+    "deadline_bound": _i(L.RI_BOUND, bool),
+    "request_priority": _i(L.RI_PRIO),
+    "tenant": _i(L.RI_TENANT),
+    "evictions_suffered": _i(L.RI_EV_SUFFERED),
+    "evictions_caused": _i(L.RI_EV_CAUSED),
+}
+
+
+def _kept_ids(R_i: np.ndarray, n: int) -> np.ndarray:
+    return np.flatnonzero(R_i[:n, L.RI_STATE] != L.RS_UNSEEN)
+
+
 def request_table(R_i: np.ndarray, R_f: np.ndarray, n: int) -> pd.DataFrame:
     """One row per request that arrived or ran (ids with no rows are left out)."""
-    ri = R_i[:n]
-    rf = R_f[:n]
-    keep = np.flatnonzero(ri[:, L.RI_STATE] != L.RS_UNSEEN)
-    ri = ri[keep]
-    rf = rf[keep]
-    arrival = ri[:, L.RI_ARRIVE_US].astype(np.float64)
-    first = rf[:, L.RF_FIRST_US]
-    last = rf[:, L.RF_LAST_US]
-    nout = ri[:, L.RI_NOUT]
-    has_first = first >= 0
-    ttft = np.where(has_first, first - arrival, np.nan)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(has_first & (nout > 1), (last - first) / (nout - 1), np.nan)
-    e2e = np.where(has_first, last - arrival, np.nan)
-    return pd.DataFrame({
-        "request_id": keep.astype(np.int64),
-        "arrival_us": arrival,
-        "admit_us": rf[:, L.RF_ADMIT_US],
-        "ttft_us": ttft,
-        "tpot_us": tpot,
-        "e2e_us": e2e,
-        "prompt_tokens": ri[:, L.RI_PROMPT],
-        "output_tokens": nout,
-        "lookup_tokens": ri[:, L.RI_LOOKUP_TOK],
-        "hbm_hit_tokens": ri[:, L.RI_HIT_TOK],
-        "dram_hit_tokens": ri[:, L.RI_HIT_TOK + 1],
-        "cxl_hit_tokens": ri[:, L.RI_HIT_TOK + 2],
-        "nvme_hit_tokens": ri[:, L.RI_HIT_TOK + 3],
-        "recompute_tokens": ri[:, L.RI_RECOMP_TOK],
-        "stall_us": rf[:, L.RF_STALL_US],
-        "preemptions": ri[:, L.RI_PREEMPTS],
-        "ttft_deadline_us": ri[:, L.RI_TTFT_DL],
-        "ttft_missed": ri[:, L.RI_TTFT_MISS].astype(bool),
-        "tpot_deadline_tokens": ri[:, L.RI_TPOT_DL],
-        "tpot_missed_tokens": ri[:, L.RI_TPOT_MISS],
-        "decode_critical_misses": ri[:, L.RI_DC_MISS],
-        "deadline_bound": ri[:, L.RI_BOUND].astype(bool),
-        "request_priority": ri[:, L.RI_PRIO],
-        "tenant": ri[:, L.RI_TENANT],
-        "evictions_suffered": ri[:, L.RI_EV_SUFFERED],
-        "evictions_caused": ri[:, L.RI_EV_CAUSED],
-    })
+    keep = _kept_ids(R_i, n)
+    return pd.DataFrame({name: col(R_i, R_f, keep) for name, col in REQUEST_COLUMNS.items()})
+
+
+class RequestLog:
+    """A replay's per-request results as the core's request tables (``R_i``, ``R_f``, ids
+    below ``n``): the summary reads the columns it needs one at a time
+    (:meth:`columns`), and the :func:`request_table` DataFrame is built only when asked
+    for (``SimResult.requests``), so that the end of a run does not hold the core's
+    tables, the table's columns and the DataFrame's copy of them at once."""
+
+    def __init__(self, R_i: np.ndarray, R_f: np.ndarray, n: int) -> None:
+        self.R_i, self.R_f, self.n = R_i, R_f, int(n)
+
+    def frame(self) -> pd.DataFrame:
+        return request_table(self.R_i, self.R_f, self.n)
+
+    def columns(self, names, measured: np.ndarray | None) -> dict[str, np.ndarray]:
+        """Columns ``names`` of :meth:`frame`, of the requests in ``measured`` (None:
+        all), in request-id order: the same values as the DataFrame's."""
+        keep = _kept_ids(self.R_i, self.n)
+        if measured is not None:
+            keep = keep[np.isin(keep, measured)]
+        return {name: REQUEST_COLUMNS[name](self.R_i, self.R_f, keep) for name in names}
+
+
+#: The per-request columns :func:`summarize` reads.
+_SUMMARY_REQUEST_COLUMNS = (
+    "lookup_tokens", "hbm_hit_tokens", "dram_hit_tokens", "cxl_hit_tokens",
+    "nvme_hit_tokens", "prompt_tokens", "ttft_missed", "tpot_missed_tokens", "ttft_us",
+    "tpot_us", "e2e_us")
 
 
 def _pct(x: np.ndarray, q: float) -> float:
@@ -138,8 +229,8 @@ def _rate(num: float, den: float) -> float:
 
 
 def summarize(policy: str, offline: bool, C: np.ndarray, Cw: np.ndarray | None,
-              measured: np.ndarray | None, warm_step: int, steps: pd.DataFrame,
-              requests: pd.DataFrame, costs, events: int, block_size_tokens: int = 16,
+              measured: np.ndarray | None, warm_step: int, steps: pd.DataFrame | StepLog,
+              requests: pd.DataFrame | RequestLog, costs, events: int, block_size_tokens: int = 16,
               mode: str = "engine", warmup_requests: int = 0) -> dict:
     """The summary dict (keys :func:`summary_keys` of ``mode``).
 
@@ -157,10 +248,23 @@ def summarize(policy: str, offline: bool, C: np.ndarray, Cw: np.ndarray | None,
     M = C.copy()
     if Cw is not None:
         M[L.M_FIRST:L.M_LAST] -= Cw[L.M_FIRST:L.M_LAST]
-        steps = steps[steps["step"] >= warm_step]
-    if measured is not None:
-        requests = requests[requests["request_id"].isin(measured)]
-    lat = steps["latency_us"].to_numpy()
+    if isinstance(steps, StepLog):  # exact, in bounded memory
+        n_steps, mean_step, pct_step = steps.latency_stats(warm_step if Cw is not None
+                                                           else None)
+    else:
+        if Cw is not None:
+            steps = steps[steps["step"] >= warm_step]
+        lat = steps["latency_us"].to_numpy()
+        n_steps = len(steps)
+        mean_step = float(lat.mean()) if len(lat) else float("nan")
+        pct_step = [_pct(lat, q) for q in STEP_PERCENTILES]
+    if isinstance(requests, RequestLog):  # the columns alone, not the whole table
+        requests = requests.columns(_SUMMARY_REQUEST_COLUMNS, measured)
+        n_requests = len(requests["lookup_tokens"])
+    else:
+        if measured is not None:
+            requests = requests[requests["request_id"].isin(measured)]
+        n_requests = len(requests)
     bs = max(int(block_size_tokens), 1)
     lookup = int(requests["lookup_tokens"].sum())
     hit = [int(requests[c].sum()) for c in ("hbm_hit_tokens", "dram_hit_tokens",
@@ -182,20 +286,20 @@ def summarize(policy: str, offline: bool, C: np.ndarray, Cw: np.ndarray | None,
         "offline": bool(offline),
         "mode": mode,
         "events": int(events),
-        "steps": int(len(steps)),
-        "requests": int(len(requests)),
+        "steps": int(n_steps),
+        "requests": int(n_requests),
         "warmup_requests": int(warmup_requests),
-        "p50_step_us": _pct(lat, 50),
-        "p95_step_us": _pct(lat, 95),
-        "p99_step_us": _pct(lat, 99),
-        "p999_step_us": _pct(lat, 99.9),
-        "mean_step_us": float(lat.mean()) if len(lat) else float("nan"),
-        "ttft_p50_us": _pct(requests["ttft_us"].to_numpy(), 50),
-        "ttft_p99_us": _pct(requests["ttft_us"].to_numpy(), 99),
-        "tpot_p50_us": _pct(requests["tpot_us"].to_numpy(), 50),
-        "tpot_p99_us": _pct(requests["tpot_us"].to_numpy(), 99),
-        "e2e_p50_us": _pct(requests["e2e_us"].to_numpy(), 50),
-        "e2e_p99_us": _pct(requests["e2e_us"].to_numpy(), 99),
+        "p50_step_us": pct_step[0],
+        "p95_step_us": pct_step[1],
+        "p99_step_us": pct_step[2],
+        "p999_step_us": pct_step[3],
+        "mean_step_us": mean_step,
+        "ttft_p50_us": _pct(np.asarray(requests["ttft_us"]), 50),
+        "ttft_p99_us": _pct(np.asarray(requests["ttft_us"]), 99),
+        "tpot_p50_us": _pct(np.asarray(requests["tpot_us"]), 50),
+        "tpot_p99_us": _pct(np.asarray(requests["tpot_us"]), 99),
+        "e2e_p50_us": _pct(np.asarray(requests["e2e_us"]), 50),
+        "e2e_p99_us": _pct(np.asarray(requests["e2e_us"]), 99),
         "deadline_misses": missed_any,
         "ttft_deadline_misses": ttft_missed,
         "tpot_deadline_misses": tpot_missed,

@@ -72,6 +72,33 @@ def test_ctrl_c_during_imports_is_one_line() -> None:
     assert_one_line_error(result, "interrupted", exit_code=130)
 
 
+@pytest.mark.parametrize(("where", "argv"), [
+    ("TyperGroup.parse_args", ["--version"]),  # the root's options (typer's silent window)
+    ("TyperCommand.parse_args", ["inspect", "x.parquet"]),  # a command's options
+    ("Context._close_with_exception_info", ["estimate-kv", "--model", "llama-3.1-8b"]),  # closing after the command
+])
+def test_ctrl_c_during_option_parsing_is_one_line(where: str, argv: list[str]) -> None:
+    """A KeyboardInterrupt raised while typer parses the options or closes the context
+    (deterministic: the method raises it) is one line and exit 130, not typer's silent
+    exit 130."""
+    owner, method = where.split(".")
+    module = "typer._click.core" if owner == "Context" else "typer.core"
+    code = ("import sys\n"
+            f"import {module} as m\n"
+            f"real = m.{owner}.{method}\n"
+            "def stop(self, *a, **k):\n"
+            "    if getattr(self, 'parent', None) is None:\n"  # parsing; the root's close
+            "        raise KeyboardInterrupt\n"
+            "    return real(self, *a, **k)\n"
+            f"m.{owner}.{method} = stop\n"
+            f"sys.argv = ['kvsim', *{argv!r}]\n"
+            "from kvsim.__main__ import main\n"
+            "main()\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert_one_line_error(result, "interrupted", exit_code=130)
+
+
 def test_closed_pipe_exits_zero_quietly() -> None:
     """`kvsim inspect ... | head -0`: the reader is gone before kvsim writes."""
     r, w = os.pipe()

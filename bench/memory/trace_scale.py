@@ -1,7 +1,7 @@
 """Peak RSS of ``kvsim simulate`` on 1x, 10x, 100x an event trace: memory should grow with
 what is resident, not with the trace's length (issue 38, "Memory").
 
-    python bench/bench_trace_scale_memory.py --trace /work/cache/mc512.parquet \
+    python bench/memory/trace_scale.py --trace /work/cache/mc512.parquet \
         --copies 1 10 100 --dir /tmp/kvsim_scale --out bench/results/trace_scale_memory.json
 
 ``--trace`` is repeated N times back to back in time (written to ``--dir``, never into the
@@ -16,6 +16,7 @@ wall; /proc/loadavg before and after.  The compile is excluded (an untimed 1x ru
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import resource
 import subprocess
@@ -78,7 +79,9 @@ def run(trace: Path, policy: str) -> dict:
         raise SystemExit(p.stderr[-2000:])
     s = json.loads(p.stdout)["policies"][0]
     return {"events": s["events"], "requests": s["requests"], "steps": s["steps"],
-            "p99_step_us": s["p99_step_us"], "hbm_hit_rate": s["hbm_hit_rate"],
+            "p99_step_us": s["p99_step_us"], "mean_step_us": s["mean_step_us"],
+            "ttft_p99_us": s["ttft_p99_us"], "hbm_hit_rate": s["hbm_hit_rate"],
+            "stdout_sha256": hashlib.sha256(p.stdout.encode()).hexdigest(),
             "peak_rss_gib": r1.ru_maxrss / 2**20,  # KiB; max over children so far
             "cpu_s": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime),
             "wall_s": wall, "load_before": load0, "load_after": _load()}
@@ -92,6 +95,8 @@ def main() -> None:
     ap.add_argument("--policy", default="lru")
     ap.add_argument("--reuse", action="store_true", help="keep and reuse written traces")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--build-only", action="store_true",
+                    help="write the repeated traces under --dir and stop")
     a = ap.parse_args()
     d = Path(a.dir)
     d.mkdir(parents=True, exist_ok=True)
@@ -103,13 +108,15 @@ def main() -> None:
             dst = Path(a.trace)
         elif not (a.reuse and dst.exists()):
             repeat_trace(a.trace, n, dst)
+        if a.build_only:
+            continue
         if not rows:
             run(dst, a.policy)  # untimed: the compile (kept in the disk cache)
         # ru_maxrss of RUSAGE_CHILDREN is the max over every child waited for: run each
         # size in its own measuring process so that a bigger earlier child does not mask
         here = str(Path(__file__).parent)
         code = (f"import json,sys; sys.path.insert(0, {here!r}); import "
-                "bench_trace_scale_memory as b; print(json.dumps(b.run("
+                "trace_scale as b; print(json.dumps(b.run("
                 f"__import__('pathlib').Path({str(dst)!r}), {a.policy!r})))")
         p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         if p.returncode:
@@ -117,6 +124,8 @@ def main() -> None:
         row = {"copies": n, **json.loads(p.stdout)}
         rows.append(row)
         print(json.dumps(row), flush=True)
+    if not rows:
+        return
     base = rows[0]["peak_rss_gib"]
     print("\n| copies | events | requests | steps | peak RSS GiB | vs 1x | CPU s | p99 step us |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")

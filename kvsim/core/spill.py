@@ -1,0 +1,261 @@
+"""Tables that grow with a trace's length, kept in bounded memory, and exact statistics
+over them (issue 38, "Memory grows with what is resident, not with the trace").
+
+:class:`SpilledRows` holds float64 rows appended chunk by chunk: the first
+``mem_rows`` rows in memory, the rest in an anonymous temporary file (removed by the
+operating system when it is closed or the process ends, however it ends).  A replay's
+per-step table (12 float64 a step, ~1.2 M steps for 10x the Mooncake conversation trace)
+lives in one, so that the peak resident set no longer grows with the number of steps.
+
+:func:`exact_stats` gives the count, mean and percentiles of one column of such a table
+(rows filtered by a predicate, NaNs dropped) in bounded memory and **exactly** equal to
+``np.percentile`` (linear interpolation, numpy's default) and ``np.mean`` of the filtered
+column held in memory, bit for bit:
+
+* a percentile needs two order statistics; they are found by a radix select over the
+  float64 values' bits (4 passes of 16 bits over the spilled values, 65,536 counters per
+  wanted rank), then interpolated by the same formula as numpy's ``_lerp``
+  (:func:`percentile_of`);
+* the mean repeats numpy's pairwise summation (``pairwise_sum`` in numpy's
+  ``loops_utils.h``: halves rounded down to a multiple of 8, blocks of at most 128 summed
+  with 8 accumulators): a range of up to :data:`SUM_LEAF_ROWS` values is summed by
+  ``np.add.reduce`` itself, a longer one split where numpy splits it, so the float64
+  additions are the same ones in the same order.
+
+``tests/sim/test_spill.py`` checks both against numpy on random data, spilled and not.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+#: Rows kept in memory before a :class:`SpilledRows` writes to its temporary file: 2^17
+#: rows (12 MiB at 12 columns) holds the per-step table of the whole Mooncake
+#: conversation trace (121,960 steps at 512-token blocks), so a replay of that size never
+#: touches the disk.
+MEM_ROWS = 1 << 17
+
+#: Values read from a temporary file at a time (1 MiB of float64): the radix select's
+#: temporaries are a few times that (~50 MB at 2^20 values; the peak RSS of 10x the
+#: Mooncake trace is reached earlier, in the replay, and did not change either way).
+CHUNK_VALUES = 1 << 17
+
+#: The longest range the replica of numpy's pairwise sum hands to ``np.add.reduce``
+#: whole.  Any length works (numpy's split points depend only on the length); 2^17 keeps
+#: each read at 1 MiB.
+SUM_LEAF_ROWS = 1 << 17
+
+
+def _tmpdir() -> str | None:
+    """Where temporary files go: ``KVSIM_TMPDIR`` when set, else Python's default
+    (``TMPDIR``, then /tmp)."""
+    return os.environ.get("KVSIM_TMPDIR") or None
+
+
+class SpilledRows:
+    """float64 rows of ``ncols`` columns, appended in chunks; at most ``mem_rows`` in
+    memory, the rest in an anonymous temporary file, read back in row order."""
+
+    def __init__(self, ncols: int, mem_rows: int | None = None) -> None:
+        self.ncols = int(ncols)
+        self.mem_rows = MEM_ROWS if mem_rows is None else int(mem_rows)
+        self.chunks: list[np.ndarray] = []
+        self.mem_count = 0
+        self.file = None
+        self.file_rows = 0
+
+    def __len__(self) -> int:
+        return self.mem_count + self.file_rows
+
+    @property
+    def spilled(self) -> bool:
+        return self.file_rows > 0
+
+    def append(self, rows: np.ndarray) -> None:
+        """Append ``rows`` (k x ncols float64; copied)."""
+        rows = np.ascontiguousarray(rows, dtype=np.float64).reshape(-1, self.ncols)
+        room = max(self.mem_rows - self.mem_count, 0) if self.file is None else 0
+        if room:
+            head = rows[:room].copy()
+            self.chunks.append(head)
+            self.mem_count += len(head)
+            rows = rows[room:]
+        if len(rows):
+            if self.file is None:
+                self.file = tempfile.TemporaryFile(prefix="kvsim-rows-", dir=_tmpdir())
+            self.file.write(rows.tobytes())
+            self.file_rows += len(rows)
+
+    def iter_chunks(self, rows: int = CHUNK_VALUES // 16) -> Iterator[np.ndarray]:
+        """The rows in order, as arrays of at most ``rows`` rows (the in-memory chunks as
+        they are)."""
+        yield from self.chunks
+        if self.file is None:
+            return
+        self.file.flush()
+        self.file.seek(0)
+        left = self.file_rows
+        while left:
+            k = min(rows, left)
+            yield np.fromfile(self.file, dtype=np.float64, count=k * self.ncols).reshape(
+                k, self.ncols)
+            left -= k
+
+    def to_array(self) -> np.ndarray:
+        """Every row as one array (what the whole table costs in memory)."""
+        if not len(self):
+            return np.zeros((0, self.ncols))
+        return np.concatenate(list(self.iter_chunks()))
+
+    def __getstate__(self) -> dict:
+        """Pickled (a result sent from a worker process) with every row in memory."""
+        state = dict(self.__dict__)
+        state.update(chunks=[self.to_array()] if len(self) else [], mem_count=len(self),
+                     file=None, file_rows=0)
+        return state
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+            self.file_rows = 0
+
+
+class _Values:
+    """One float64 column in a temporary file (or in memory when small): what
+    :func:`exact_stats` selects and sums over."""
+
+    def __init__(self) -> None:
+        self.file = tempfile.TemporaryFile(prefix="kvsim-col-", dir=_tmpdir())
+        self.n = 0
+
+    def append(self, v: np.ndarray) -> None:
+        self.file.write(np.ascontiguousarray(v, dtype=np.float64).tobytes())
+        self.n += len(v)
+
+    def read(self, lo: int, count: int) -> np.ndarray:
+        self.file.flush()
+        self.file.seek(8 * lo)
+        return np.fromfile(self.file, dtype=np.float64, count=count)
+
+    def chunks(self) -> Iterator[np.ndarray]:
+        for lo in range(0, self.n, CHUNK_VALUES):
+            yield self.read(lo, min(CHUNK_VALUES, self.n - lo))
+
+
+def _keys(v: np.ndarray) -> np.ndarray:
+    """float64 -> uint64 keys in the same order (NaN-free input): the sign bit flipped for
+    a positive value, every bit for a negative one."""
+    u = v.view(np.uint64)
+    return np.where(u >> np.uint64(63), ~u, u | np.uint64(1 << 63))
+
+
+def _values(keys: np.ndarray) -> np.ndarray:
+    keys = np.asarray(keys, dtype=np.uint64)
+    u = np.where(keys >> np.uint64(63), keys & np.uint64((1 << 63) - 1), ~keys)
+    return u.view(np.float64)
+
+
+def select_ranks(chunks: Callable[[], Iterator[np.ndarray]], ranks) -> dict[int, float]:
+    """The order statistics ``ranks`` (0-based, of the sorted values) of the NaN-free
+    float64 values that ``chunks()`` yields (called once per pass; 4 passes): an exact
+    radix select, 65,536 counters per rank."""
+    want = sorted({int(r) for r in ranks})
+    prefix = {r: 0 for r in want}  # the key's bits found so far
+    left = {r: r for r in want}  # the rank within the values sharing that prefix
+    for shift in (48, 32, 16, 0):
+        groups: dict[int, list[int]] = {}
+        for r in want:
+            groups.setdefault(prefix[r], []).append(r)
+        hist = {p: np.zeros(1 << 16, dtype=np.int64) for p in groups}
+        for v in chunks():
+            k = _keys(v)
+            top = k >> np.uint64(shift + 16) if shift < 48 else None
+            digit = ((k >> np.uint64(shift)) & np.uint64(0xFFFF)).astype(np.int64)
+            for p, h in hist.items():
+                d = digit if top is None else digit[top == np.uint64(p)]
+                h += np.bincount(d, minlength=1 << 16)
+        for p, rs in groups.items():
+            cum = np.cumsum(hist[p])
+            for r in rs:
+                d = int(np.searchsorted(cum, left[r], side="right"))
+                left[r] -= int(cum[d - 1]) if d else 0
+                prefix[r] = (prefix[r] << 16) | d
+    return {r: float(_values(np.uint64(prefix[r]))) for r in want}
+
+
+def _percentile_ranks(n: int, q: float) -> tuple[int, int, float]:
+    """numpy's linear method: the two ranks and the weight of ``q`` percent of ``n``
+    values (numpy's ``_quantile``, ``_get_indexes``, ``_get_gamma``)."""
+    vi = (n - 1) * np.true_divide(q, 100)
+    prev = float(np.floor(vi))
+    if vi >= n - 1:
+        return n - 1, n - 1, float(vi - (-1))
+    if vi < 0:
+        return 0, 0, float(vi - prev)
+    return int(prev), int(prev) + 1, float(vi - prev)
+
+
+def percentile_of(n: int, q: float, order: Callable[[int], float]) -> float:
+    """``np.percentile(x, q)`` of ``n`` values whose k-th smallest is ``order(k)``, bit for
+    bit (numpy's ``_lerp``)."""
+    i, j, t = _percentile_ranks(n, q)
+    a = np.float64(order(i))
+    b = np.float64(order(j))
+    t = np.float64(t)
+    diff = np.subtract(b, a)
+    if t >= 0.5:
+        return float(np.subtract(b, diff * (1 - t)))
+    return float(np.add(a, diff * t))
+
+
+def pairwise_sum(n: int, read: Callable[[int, int], np.ndarray], lo: int = 0) -> float:
+    """``np.add.reduce`` of ``n`` float64 values read by ``read(lo, count)``, bit for bit:
+    numpy's pairwise summation split where numpy splits it (ranges of at most
+    :data:`SUM_LEAF_ROWS` summed by numpy)."""
+    if n <= SUM_LEAF_ROWS:
+        return float(np.add.reduce(read(lo, n))) if n else 0.0
+    n2 = n // 2
+    n2 -= n2 % 8
+    return float(np.float64(pairwise_sum(n2, read, lo)) +
+                 np.float64(pairwise_sum(n - n2, read, lo + n2)))
+
+
+def exact_stats(rows: SpilledRows, col: int, qs, keep: Callable[[np.ndarray], np.ndarray]
+                | None = None) -> tuple[int, float, list[float]]:
+    """(count, mean, percentiles ``qs``) of column ``col`` of ``rows`` over the rows that
+    ``keep(chunk)`` (a boolean mask) keeps: exactly ``len(x)``, ``x.mean()`` (NaN when a
+    value is NaN) and ``np.percentile(x[~np.isnan(x)], q)`` (NaN when none is left) of
+    that column held in memory as ``x``."""
+    def kept(chunk: np.ndarray) -> np.ndarray:
+        return chunk[:, col] if keep is None else chunk[keep(chunk), col]
+
+    if not rows.spilled:
+        x = np.concatenate([kept(c) for c in rows.chunks]) if rows.chunks else np.zeros(0)
+        y = x[~np.isnan(x)]
+        if not len(y):
+            return len(x), math.nan, [math.nan for _ in qs]
+        return len(x), float(x.mean()), [float(np.percentile(y, q)) for q in qs]
+    vals = _Values()
+    count = 0
+    try:
+        for chunk in rows.iter_chunks():
+            v = kept(chunk)
+            count += len(v)
+            vals.append(v[~np.isnan(v)])
+        n = vals.n
+        if not n:
+            return count, math.nan, [math.nan for _ in qs]
+        plan = [_percentile_ranks(n, q) for q in qs]
+        got = select_ranks(vals.chunks, [r for i, j, _ in plan for r in (i, j)])
+        pcts = [percentile_of(n, q, got.__getitem__) for q in qs]
+        mean = math.nan if count > n else \
+            float(np.float64(pairwise_sum(n, vals.read)) / np.float64(n))
+        return count, mean, pcts
+    finally:
+        vals.file.close()
