@@ -18,6 +18,10 @@ from kvsim.cli.closed_opts import (
     LinkModelOpt,
     MaxSeqsOpt,
     MaxTokensOpt,
+    PdLinkGbpsOpt,
+    PdLinkLatencyOpt,
+    PdMaxInflightOpt,
+    PdOpt,
     ReplicasOpt,
     RequestTraceOpt,
     RouterOpt,
@@ -38,6 +42,7 @@ from kvsim.cli.closed_opts import (
     engine_options,
     lower_for,
     parse_replicas,
+    pd_options,
     request_table,
     resolve_schedule,
     single_replica,
@@ -50,7 +55,7 @@ from kvsim.cli.common import (
     progress,
     quiet_progress,
 )
-from kvsim.cli.render import live_verdict, print_replicas
+from kvsim.cli.render import live_verdict, print_pd, print_replicas
 from kvsim.cli.simulate_opts import (
     CacheVariantOpt,
     ColumnsOpt,
@@ -290,6 +295,8 @@ def simulate_command(
     max_num_batched_tokens: MaxTokensOpt = None,
     timing: TimingOpt = None,
     scheduler: SchedulerOpt = "auto",
+    pd_split: PdOpt = None, pd_link_gbps: PdLinkGbpsOpt = 100.0, pd_link_latency_us:
+    PdLinkLatencyOpt = 10.0, pd_max_inflight: PdMaxInflightOpt = 0,
     json_: JsonOption = False,
 ) -> None:
     """Replay TRACE through HBM (vLLM-exact prefix caching) and the DRAM/CXL/NVMe tiers of
@@ -322,6 +329,7 @@ def simulate_command(
     check_scheduler(scheduler, sched)
     check_event_file_options(trace, replicas, router)
     check_is_event_file(trace)
+    pdo = pd_options(pd_split, pd_link_gbps, pd_link_latency_us, pd_max_inflight, replicas, sched)
     replicas = parse_replicas(replicas)
     label = _source_label(trace, profile, requests, seed, request_trace)
     quiet = quiet_progress(json_)
@@ -346,7 +354,7 @@ def simulate_command(
                 from kvsim.modes.closed.cluster import serve
 
                 result = serve(table, policy, config, replicas=replicas, router=router,
-                               engine=opts, decision_log=decision_log,
+                               engine=opts, decision_log=decision_log, pd=pdo,
                                on_progress=lambda done, total: bar.update(
                                    task, completed=done, total=total))
             else:
@@ -377,6 +385,8 @@ def simulate_command(
                    with_verdict=False)
     if replica_rows is not None and len(replica_rows) > 1:
         print_replicas(replica_rows)
+    if "pd" in result.summary:
+        print_pd(result.summary)
 
 
 @app.command("compare", short_help="Replay the same trace under every policy (or a list) "
@@ -453,6 +463,8 @@ def compare_command(
     tenants: TenantsOpt = False,
     tenant_quota: TenantQuotaOpt = None,
     scheduler: SchedulerOpt = "auto",
+    pd_split: PdOpt = None, pd_link_gbps: PdLinkGbpsOpt = 100.0, pd_link_latency_us:
+    PdLinkLatencyOpt = 10.0, pd_max_inflight: PdMaxInflightOpt = 0,
     json_: JsonOption = False,
 ) -> None:
     """Replay one trace under several HBM placement policies (same tiers, same cost model)
@@ -488,6 +500,7 @@ def compare_command(
     check_scheduler(scheduler, sched)
     check_event_file_options(trace, replicas, router)
     check_is_event_file(trace)
+    pdo = pd_options(pd_split, pd_link_gbps, pd_link_latency_us, pd_max_inflight, replicas, sched)
     replicas = parse_replicas(replicas)
     quiet = quiet_progress(json_)
     warnings: list[dict] = []
@@ -538,7 +551,7 @@ def compare_command(
                                           "--decision-log-dir")
                 df = compare_requests(table, names, config, replicas=replicas, router=router,
                                       engine=opts, jobs=jobs, on_progress=on_policy,
-                                      on_work=on_work)
+                                      on_work=on_work, pd_options=pdo)
             else:
                 df = compare(source, names, config, decision_log_dir=decision_log_dir,
                              jobs=jobs, on_progress=on_policy, on_work=on_work)
@@ -547,7 +560,8 @@ def compare_command(
     warnings += run_warnings(df, trace, span_us)
     print_warnings(warnings)
     label = _source_label(trace, profile, requests, seed, request_trace)
-    label += (f", {replicas} replicas ({router})" if replicas > 1 else "")
+    label += (f", {replicas} replicas ({router})" if replicas > 1 and pdo is None else
+              f", P/D {pd_split} ({router})" if pdo is not None else "")
     if html is not None:
         from kvsim.analysis.report_compare import build_compare_report
 

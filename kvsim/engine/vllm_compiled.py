@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvsim.engine import vllm_step as V
+from kvsim.engine.vllm_rows import new_outputs
 from kvsim.engine.vllm_scheduler import EngineConfig, SimRequest, StepResult, chain_hashes
 
 __all__ = ["CompiledVllmScheduler"]
@@ -98,7 +99,7 @@ class CompiledVllmScheduler:
         self.hits = np.zeros(per_seq, np.int64)
         self.hs = np.zeros(per_seq, np.int64)
         (self.osched, self.obl, self.oblids, self.oadm, self.opre, self.ofin, self.oev,
-         self.ores, self.oc) = V.new_outputs(N, config.num_gpu_blocks, config.max_num_seqs)
+         self.ores, self.oc) = new_outputs(N, config.num_gpu_blocks, config.max_num_seqs)
 
     # -- the interface of VllmScheduler -----------------------------------------------------
     def add_request(self, r: SimRequest | int) -> None:

@@ -95,7 +95,7 @@ from kvsim.ingest.hashing import chain_hash, root_hash
 from kvsim.jit.decorators import njit
 from kvsim.memory.fast import S_N_HELD
 
-__all__ = ["new_vllm_value", "request_hashes", "vllm_rows"]
+__all__ = ["new_outputs", "new_vllm_value", "request_hashes", "vllm_rows"]
 
 # members of the scheduler value ``vs`` (a tuple; built by kvsim.modes.closed.vllm_engine)
 (VS_IP, VS_R, VS_ARR, VS_HH, VS_SV, VS_RUN, VS_WQ, VS_HEAP, VS_POOL, VS_HITS, VS_HS,
@@ -387,9 +387,19 @@ def new_vllm_value(df, off, ids, trace_block_tokens: int, block_size: int, num_b
     order_state = fifo_order.init(pc.num_blocks - 1, pc.num_blocks, {})
     pl = V.vllm_pool(pool_ref(pst), policy_value(fifo_order, order_state, True),
                      view_ref(view), new_out(pc, 0))
-    outs = V.new_outputs(N, num_blocks, max_num_seqs)
+    outs = new_outputs(N, num_blocks, max_num_seqs)
     return (vip, R, varr, hh, np.zeros(V.NUM_SV, np.int64), np.zeros(M, np.int64),
             np.zeros(M, np.int64), np.zeros(M, np.int64), pl, np.zeros(per_seq, np.int64),
             np.zeros(per_seq, np.int64), *outs, np.full(M, -1, np.int64),
             np.full(M, -1, np.int64))
 
+
+def new_outputs(num_requests: int, num_gpu_blocks: int, max_num_seqs: int) -> tuple:
+    """Output buffers of one step, sized for the worst step."""
+    n = max(num_requests, 1)
+    ev_cap = 2 * num_gpu_blocks + 4 * n + 64
+    return (np.zeros((n + 1, 2), np.int64), np.zeros((2 * n + 2, 2), np.int64),
+            np.zeros(2 * num_gpu_blocks + 16, np.int64), np.zeros((n + 1, 3), np.int64),
+            np.zeros((n + 1, 2), np.int64), np.zeros(n + 1, np.int64),
+            np.zeros((ev_cap, 4), np.int64), np.zeros(64, np.int64),
+            np.zeros(V.NUM_OC, np.int64))

@@ -4,19 +4,20 @@
 (:mod:`kvsim.memory.fast` + :mod:`kvsim.memory.pool_ops` with vLLM's free-queue order,
 :mod:`kvsim.memory.fifo_order`).
 
-The plain-Python port is this module's witness: tests/engine/test_vllm_step.py runs both
-on every recording of vLLM's scheduler and on random workloads and requires identical
-step results.  Python drives it through :class:`kvsim.engine.vllm_compiled.CompiledVllmScheduler`.
+The plain-Python port is its witness (tests/engine/test_vllm_step.py: identical step results
+on every recording and on random workloads); Python drives it through
+:class:`kvsim.engine.vllm_compiled.CompiledVllmScheduler`.
 
 State (all int64 unless said):
 
 * ``ip``: the engine config (``P_*``);
 * ``R[N, K_*]``: one row per request: prompt and output length, priority, the rank of its
-  (request id, index) among all requests (the heap's last tie-break), its hashes'
-  range in ``hh`` (chain hashes of the full blocks of prompt + output - 1 tokens),
-  status, computed tokens, output tokens, preemptions, cached blocks (-1: vLLM's
-  ``num_cached_block`` unset, the request holds no blocks), its pool seq slot (-1: none),
-  and this step's scheduled tokens and new blocks; ``arr`` (float64): arrival times;
+  (request id, index) among all requests (the heap's last tie-break), its hashes' range in
+  ``hh`` (chain hashes of the full blocks of prompt + output - 1 tokens), status, computed
+  and output tokens, preemptions, cached blocks (-1: vLLM's ``num_cached_block`` unset, no
+  blocks held), its pool seq slot (-1: none), this step's scheduled tokens and new blocks,
+  and ``K_EXT``: tokens a P/D prefill replica sent (:func:`_remote_tokens`);
+  ``arr`` (float64): arrival times;
 * ``sv`` (``V_*``): running count, the FCFS deque's head and length, the heap's length;
 * ``run``: the running list; ``wq``: the FCFS waiting deque (a ring of N); ``heap``: the
   priority waiting queue (a binary heap on (priority, arrival, rank): a total order, so
@@ -33,7 +34,6 @@ outcomes; free blocks after ``schedule()`` and after the step.
 
 from __future__ import annotations
 
-import numpy as np
 from numba import typeof, types
 from numba.experimental import structref
 
@@ -48,8 +48,8 @@ from kvsim.replay.kernel.tiers import hash_slot
 NUM_PARAMS = 11
 # request columns (R)
 (K_PLEN, K_OLEN, K_PRIO, K_RANK, K_H0, K_H1, K_STATUS, K_NCOMP, K_NOUT, K_NPRE, K_NCACHED,
- K_SEQ, K_SCHED, K_NEWB) = range(14)
-NUM_COLS = 14
+ K_SEQ, K_SCHED, K_NEWB, K_EXT) = range(15)
+NUM_COLS = 15
 # status (the Python port's strings)
 WAITING, RUNNING, PREEMPTED, FINISHED, UNSEEN = 0, 1, 2, 3, 4
 # scheduler scalars (sv)
@@ -63,8 +63,8 @@ NUM_OC = 10
 E_STORED, E_REMOVED, E_CLEARED = 0, 1, 2
 
 
-# ---- the pool as one value (unboxing the policy value, a tuple of eight first-class
-# functions, costs ~0.3 ms a call from Python; a structref holding it is one pointer)
+# ---- the pool as one value (unboxing the policy value, eight first-class functions, costs
+# ~0.3 ms a call from Python; a structref holding it is one pointer)
 @structref.register
 class VllmPoolType(types.StructRef):
     """numba type of :class:`VllmPool`: the pool ``st``, its order ``pst``, ``pview`` (numba rejects ``view``),
@@ -97,10 +97,7 @@ VLLM_POOL = _vllm_pool_type()
 @njit(cache=True)
 def _new_vllm_pool(st, pst, view, out):
     r = structref.new(VLLM_POOL)
-    r.st = st
-    r.pst = pst
-    r.pview = view
-    r.out = out
+    r.st, r.pst, r.pview, r.out = st, pst, view, out
     return r
 
 
@@ -270,6 +267,15 @@ def lookup_ext(ip, R, hh, i, nhits, tk):
             break
         k += 1
     return k - nhits
+
+
+@njit(cache=True, inline="always")
+def _remote_tokens(R, i, hit):
+    """P/D: tokens past ``hit`` a prefill replica sent (``K_EXT``), vLLM's remote prefill's
+    external tokens, less the last one (recomputed: ``_update_waiting_for_remote_kv``)."""
+    T = R[i, K_PLEN] + R[i, K_NOUT]
+    got = max(min(R[i, K_EXT], T) - hit, 0)
+    return got - 1 if got > 0 and hit + got == T else got
 
 
 @njit(cache=True)
@@ -491,15 +497,18 @@ def schedule(ip, R, arr, hh, sv, run, wq, heap, st, pol, view, pout, hits, hs,
             nhits = lookup(ip, R, hh, i, st, hits) if R[i, K_NCOMP] == 0 else 0
             next_ = lookup_ext(ip, R, hh, i, nhits, tk) if R[i, K_NCOMP] == 0 else 0
             num_hit = (nhits + next_) * ip[P_BS]
-            num_new = R[i, K_PLEN] + R[i, K_NOUT] - num_hit
+            remote = _remote_tokens(R, i, num_hit) if R[i, K_NCOMP] == 0 else 0
+            num_new = R[i, K_PLEN] + R[i, K_NOUT] - num_hit - remote
             if 0 < thr < num_new:
                 num_new = thr
             if ip[P_CHUNKED] == 0 and num_new > budget:
                 break
             num_new = min(num_new, budget)
+            R[i, K_NCOMP] += remote  # computed, for allocate_slots only
             got = allocate_slots(ip, R, hh, i, num_new, hits, nhits, next_,
                                  ip[P_RESERVE] != 0, sv[V_NRUN] > 0, st, pol, view, pout, hs,
                                  oev, oc)
+            R[i, K_NCOMP] -= remote
             if got < 0:
                 break
             _pop_waiting(ip, R, arr, sv, wq, heap)
@@ -507,7 +516,8 @@ def schedule(ip, R, arr, hh, sv, run, wq, heap, st, pol, view, pout, hits, hs,
             sv[V_NRUN] += 1
             was_pre = R[i, K_STATUS] == PREEMPTED
             R[i, K_STATUS] = RUNNING
-            R[i, K_NCOMP] = num_hit
+            R[i, K_NCOMP] = num_hit + remote
+            R[i, K_EXT] = 0  # one transfer: a preempted request recomputes (vLLM)
             k = oc[O_SCHED]
             osched[k, 0] = i
             osched[k, 1] = num_new
@@ -586,13 +596,3 @@ def add_request(ip, R, arr, sv, wq, heap, i):
     R[i, K_STATUS] = WAITING
     push_waiting(ip, R, arr, sv, wq, heap, i, False)
 
-
-def new_outputs(num_requests: int, num_gpu_blocks: int, max_num_seqs: int) -> tuple:
-    """Output buffers of one step, sized for the worst step."""
-    n = max(num_requests, 1)
-    ev_cap = 2 * num_gpu_blocks + 4 * n + 64
-    return (np.zeros((n + 1, 2), np.int64), np.zeros((2 * n + 2, 2), np.int64),
-            np.zeros(2 * num_gpu_blocks + 16, np.int64), np.zeros((n + 1, 3), np.int64),
-            np.zeros((n + 1, 2), np.int64), np.zeros(n + 1, np.int64),
-            np.zeros((ev_cap, 4), np.int64), np.zeros(64, np.int64),
-            np.zeros(NUM_OC, np.int64))

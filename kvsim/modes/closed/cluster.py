@@ -99,10 +99,12 @@ def _events(table: RequestTable, block_size_tokens: int) -> int:
 def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
           replicas: int = 1, router: str = "round_robin",
           engine: EngineOptions | None = None, decision_log: str | Path | None = None,
-          on_progress: Callable[[int, int], None] | None = None):
+          on_progress: Callable[[int, int], None] | None = None, pd=None):
     """Serve ``table`` closed loop on ``replicas`` engines behind ``router``; returns a
     :class:`kvsim.replay.driver.SimResult` whose ``summary`` has the cluster-wide keys of
-    docs/simulate.md and ``summary["replicas_detail"]`` one row per replica."""
+    docs/simulate.md and ``summary["replicas_detail"]`` one row per replica.  ``pd``
+    (:class:`kvsim.modes.closed.disagg.PdOptions`): prefill and decode pools instead
+    (:mod:`kvsim.modes.closed.disagg`; ``replicas`` is then P + D)."""
     from kvsim.modes.closed import shared_tier
     from kvsim.modes.closed.closed_loop import closed_engine
     from kvsim.policy.registry import resolve_policy
@@ -132,6 +134,15 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
     # a cold compiled closed loop: core.run compiles in a worker meanwhile (2+ cores)
     with split_closed_compile(closed_engine(config, pol, _events(table,
                                                                  opts.block_size_tokens))):
+        if pd is not None:
+            from kvsim.modes.closed.disagg_serve import serve_pd
+
+            if decision_log is not None:
+                raise KvsimInputError("--decision-log with --pd is not supported", None,
+                                      None, "--pd")
+            cfg_dict.update(replicas=pd.prefill + pd.decode)
+            return serve_pd(table, pol, config, pd, router, opts, cost, hbm_blocks, costs,
+                            block_bytes, off, ids, dropped, cfg_dict, on_progress)
         return _serve(table, pol, config, replicas, router, opts, decision_log, cost,
                       hbm_blocks, costs, block_bytes, off, ids, dropped, cfg_dict,
                       on_progress)
@@ -270,7 +281,8 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
                      replicas: int = 1, router: str = "round_robin",
                      engine: EngineOptions | None = None, jobs: int = 1,
                      on_progress: Callable[[str], None] | None = None,
-                     on_work: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+                     on_work: Callable[[int, int], None] | None = None,
+                     pd_options=None) -> pd.DataFrame:
     """:func:`serve` under each policy (belady added as the offline bound when
     available); one row per policy with the summary keys, plus
     ``gap_hbm_hit_rate_to_belady``, ``gap_ttft_p99_us_to_belady`` and, when lru is listed,
@@ -299,7 +311,7 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
     config = dataclasses.replace(config, engine=compare_engine(config.engine, rows,
                                                                len(run_names), closed=True))
     split, first, cold = needs_split(config.engine, True, run_names)
-    args = (table, config, replicas, router, engine)
+    args = (table, config, replicas, router, engine, pd_options)
     results: dict[str, dict] = {}
     todo = list(run_names)
     meter = WorkMeter(len(table.df), len(run_names), on_work)  # requests served
@@ -351,9 +363,9 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
     return label_bounds(pd.DataFrame(rows), "closed")  # no bound in the closed loop
 
 
-def _serve_summary(name, table, config, replicas, router, engine,
+def _serve_summary(name, table, config, replicas, router, engine, pd_options=None,
                    on_progress: Callable[[int, int], None] | None = None) -> dict:
     s = dict(serve(table, name, config, replicas=replicas, router=router,
-                   engine=engine, on_progress=on_progress).summary)
+                   engine=engine, on_progress=on_progress, pd=pd_options).summary)
     s.pop("replica_rows", None)
     return s
