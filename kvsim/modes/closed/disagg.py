@@ -145,7 +145,7 @@ def run_decode(table, engines, router: str, B: int, pb, tr: Transfers, pd: PdOpt
                link_queue: bool, block_bytes: int) -> None:
     """Transfers and the decode pool, in time order, after the prefill pool has run
     (the prefill pool does not wait for the decode side: module docstring)."""
-    from kvsim.modes.closed.cluster import _route
+    from kvsim.modes.closed.routing import _route
 
     df = table.df
     prompt = df["prompt_tokens"].to_numpy(np.int64)

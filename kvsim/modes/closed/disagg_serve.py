@@ -18,7 +18,7 @@ def serve_pd(table, pol, config, pd: disagg.PdOptions, router, opts, cost, hbm_b
     (``pools``: the two pools' (engines, requests, steps) when ``keep_pools``)."""
     from kvsim.modes.closed import shared_tier
     from kvsim.modes.closed.closed_facts import block_facts, prompt_block_hashes
-    from kvsim.modes.closed.cluster import _run_cluster
+    from kvsim.modes.closed.routing import _run_cluster
     from kvsim.modes.closed.serving_metrics import cluster_summary
     from kvsim.replay.driver import SimResult
 
