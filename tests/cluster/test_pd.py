@@ -197,3 +197,12 @@ def test_cli_bad_pd_options(extra, fragment):
     from tests.helpers import assert_one_line_error
 
     assert_one_line_error(_cli(["simulate", "--request-trace", "x.jsonl", *extra]), fragment)
+
+
+def test_cli_compare_pd():
+    import json
+
+    res = _cli(["compare", *SAMPLE, "--policies", "lru", "--pd", "1:1", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = {r["policy"]: r for r in json.loads(res.stdout)["policies"]}
+    assert rows["lru"]["pd"] == "1:1" and rows["lru"]["pd_link_bytes"] > 0
