@@ -28,8 +28,8 @@ def _table(arrival, prompt, output, ids):
                                block_size_tokens=B)
 
 
-def cfg(**kw) -> SimConfig:
-    return SimConfig(engine="interpreted", **kw)
+def cfg(engine: str = "interpreted", **kw) -> SimConfig:
+    return SimConfig(engine=engine, **kw)
 
 
 def block_bytes() -> int:
@@ -42,7 +42,8 @@ def _steps(res):
     return st["start_us"].to_numpy(float), st["latency_us"].to_numpy(float)
 
 
-def test_infinite_link_decode_steps_are_the_aggregated_decode_steps_shifted():
+@pytest.mark.parametrize("engine", ["interpreted", "compiled"])
+def test_infinite_link_decode_steps_are_the_aggregated_decode_steps_shifted(engine):
     """P/D 1:1, zero latency, infinite bandwidth, no staging cap, requests that never
     overlap: the prefill replica runs exactly the aggregated engine's prefill steps; the
     decode replica runs, per request, one one-token step (vLLM recomputes the last prompt
@@ -50,10 +51,11 @@ def test_infinite_link_decode_steps_are_the_aggregated_decode_steps_shifted():
     shifted by ``ceil(t_p) - t_p + r`` (t_p: the prefill's end; arrivals are whole
     microseconds; r: the one-token step)."""
     t = _table([0, 5_000_000], [20 * B] * 2, [4, 4], [A, C])
-    agg = serve(t, "lru", cfg(), replicas=1)
+    agg = serve(t, "lru", cfg(engine), replicas=1)
     s_a, l_a = _steps(agg)
     assert len(s_a) == 8  # per request: one prefill step, three decode steps
-    pd = serve(t, "lru", cfg(), pd=PdOptions(1, 1, link_bytes_per_s=INF, link_latency_us=0.0))
+    pd = serve(t, "lru", cfg(engine), pd=PdOptions(1, 1, link_bytes_per_s=INF,
+                                                    link_latency_us=0.0))
     s_d, l_d = _steps(pd)
     assert len(s_d) == 8  # per request: the recompute step, three decode steps
     sm = pd.summary
