@@ -343,5 +343,8 @@ def pd_options(pd: str | None, gbps: float, latency_us: float, max_inflight: int
     if sched != "closed":
         raise KvsimInputError("expected --pd with the closed loop (a request trace or "
                               "--profile)", None, None, "--pd")
+    from kvsim.core.limits import check_replicas_memory
+
+    check_replicas_memory(pq[0] + pq[1], "--pd")  # before any replica is allocated
     return PdOptions(pq[0], pq[1], link_bytes_per_s=gbps * 1e9 / 8,
                      link_latency_us=latency_us, max_inflight=max_inflight)

@@ -194,6 +194,7 @@ def test_cli_pd_json_and_table():
 @pytest.mark.parametrize("extra, fragment", [
     (["--pd", "2"], "--pd P:D"),
     (["--pd", "1:1", "--replicas", "2"], "--pd"),
+    (["--pd", "500:500"], "--pd"),  # the memory budget, before any replica is allocated
 ])
 def test_cli_bad_pd_options(extra, fragment):
     from tests.helpers import assert_one_line_error
