@@ -209,3 +209,14 @@ def test_cli_compare_pd():
     assert res.exit_code == 0, res.output
     rows = {r["policy"]: r for r in json.loads(res.stdout)["policies"]}
     assert rows["lru"]["pd"] == "1:1" and rows["lru"]["pd_link_bytes"] > 0
+
+
+def test_warmup_measures_the_later_requests_only():
+    t = _table([0, 5_000_000], [20 * B] * 2, [4, 4], [A, C])
+    opt = PdOptions(1, 1, link_bytes_per_s=12.5e9, link_latency_us=10.0)
+    full = serve(t, "lru", cfg(), pd=opt).summary
+    warm = serve(t, "lru", cfg(warmup_requests=1), pd=opt).summary
+    # the two requests are alike and alone: request 1's figures are request 0's
+    assert warm["ttft_p50_us"] == pytest.approx(full["ttft_p50_us"], abs=1e-6)
+    assert warm["pd_transfers"] == 1 and full["pd_transfers"] == 2
+    assert warm["pd_decode_steps"] == 4 and full["pd_decode_steps"] == 8

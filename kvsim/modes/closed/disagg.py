@@ -142,9 +142,10 @@ def prefill_table(table):
 
 
 def run_decode(table, engines, router: str, B: int, pb, tr: Transfers, pd: PdOptions,
-               link_queue: bool, block_bytes: int) -> None:
+               link_queue: bool, block_bytes: int, warmup: int = 0) -> None:
     """Transfers and the decode pool, in time order, after the prefill pool has run
-    (the prefill pool does not wait for the decode side: module docstring)."""
+    (the prefill pool does not wait for the decode side: module docstring).  With a
+    warm-up, the decode pool measures from the first measured request's arrival there."""
     from kvsim.modes.closed.routing import _route
 
     df = table.df
@@ -230,6 +231,10 @@ def run_decode(table, engines, router: str, B: int, pb, tr: Transfers, pd: PdOpt
                 e.sched.stf[0] = float(a)
             held_by[w].append((int(e.sched.st[S.S_QN]), int(nb_all[i])))
             n_inflight[w] -= 1
+            if warmup > 0 and i >= warmup:
+                warmup = 0
+                for x in engines:
+                    x.start_measuring()
             e.enqueue(i)
         while starts and tr.p_done_us[starts[0]] <= t:
             i = starts.popleft()

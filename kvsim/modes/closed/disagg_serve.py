@@ -55,11 +55,8 @@ def serve_pd(table, pol, config, pd: disagg.PdOptions, router, opts, cost, hbm_b
     ids_p = rp["request_id"].to_numpy(np.int64)
     tr.p_rep[ids_p] = rp["replica"].to_numpy(np.int64)
     tr.p_done_us[ids_p] = (rp["arrival_us"] + rp["ttft_us"]).to_numpy(np.float64)
-    if warmup > 0:
-        for e in pools[1]:
-            e.start_measuring()
     disagg.run_decode(td, pools[1], router, B, pb, tr, pd, config.link_model == "queue",
-                      block_bytes)
+                      block_bytes, warmup)
     for e in pools[1]:
         e.finish()
     sd, rd, std = cluster_summary(pol, pools[1], costs, N, router, dropped, warmup, 0.0)
