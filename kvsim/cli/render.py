@@ -324,7 +324,8 @@ def print_replicas(rows: list[dict]) -> None:
     def pct(v):
         return "-" if v != v else f"{100 * v:.2f}%"
 
-    cols = (("replica", "replica", str), ("requests", "requests", "{:,}".format),
+    cols = (("pool", "pool", str), ("replica", "replica", str),
+            ("requests", "requests", "{:,}".format),
             ("ttft_p50_us", "TTFT p50\nms", ms), ("ttft_p99_us", "TTFT p99\nms", ms),
             ("tpot_p99_us", "TPOT p99\nms", ms), ("hbm_hit_rate", "HBM hit", pct),
             ("prefix_hit_rate", "prefix\nhit", pct),

@@ -69,7 +69,8 @@ def serve_pd(table, pol, config, pd: disagg.PdOptions, router, opts, cost, hbm_b
                    pd_link_bytes_per_s=pd.link_bytes_per_s,
                    pd_link_latency_us=pd.link_latency_us, pd_max_inflight=pd.max_inflight)
     summary["replica_rows"] = ([{"pool": "prefill", **r} for r in sp["replica_rows"]]
-                               + [{"pool": "decode", **r} for r in sd["replica_rows"]])
+                               + [{"pool": "decode", **r, "ttft_p50_us": float("nan"),
+                                   "ttft_p99_us": float("nan")} for r in sd["replica_rows"]])
     summary["timing_model"] = cost.timing_model
     summary["scheduler"] = opts.scheduler
     k = rd["request_id"].to_numpy(np.int64)
