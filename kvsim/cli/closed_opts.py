@@ -321,3 +321,38 @@ def request_table(profile, requests, seed, request_trace, fmt, model, block_size
                       + (f", scheduler budget {budget:,} blocks = the HBM pool"
                          if budget else ""))
     return table, opts
+
+
+PdOpt = Annotated[str | None, typer.Option(
+    "--pd", metavar="P:D", show_default=False,
+    help="Prefill/decode disaggregation (closed loop, vLLM's scheduler): P prefill and D "
+         "decode replicas, the prompt's KV sent over a link (docs/disaggregation.md).")]
+PdLinkGbpsOpt = Annotated[float, typer.Option(
+    "--pd-link-gbps", help="Each prefill replica's link to the decode pool, Gbit/s "
+    "(with --pd; inf: instant).")]
+PdLinkLatencyOpt = Annotated[float, typer.Option(
+    "--pd-link-latency-us", help="Latency of one P->D KV transfer, microseconds (with --pd).")]
+PdMaxInflightOpt = Annotated[int, typer.Option(
+    "--pd-max-inflight", help="Transfers in flight to one decode replica at most (with --pd; "
+    "0: only its free blocks cap them).")]
+
+
+def pd_options(pd: str | None, gbps: float, latency_us: float, max_inflight: int,
+               replicas, sched: str):
+    """``--pd`` and its link as :class:`kvsim.modes.closed.disagg.PdOptions` (None: off)."""
+    from kvsim.modes.closed.disagg import PdOptions, parse_pd
+
+    pq = parse_pd(pd)
+    if pq is None:
+        return None
+    if str(replicas) != "1":
+        raise KvsimInputError("expected --pd P:D or --replicas N, not both", None, None,
+                              "--pd")
+    if sched != "closed":
+        raise KvsimInputError("expected --pd with the closed loop (a request trace or "
+                              "--profile)", None, None, "--pd")
+    from kvsim.core.limits import check_replicas_memory
+
+    check_replicas_memory(pq[0] + pq[1], "--pd")  # before any replica is allocated
+    return PdOptions(pq[0], pq[1], link_bytes_per_s=gbps * 1e9 / 8,
+                     link_latency_us=latency_us, max_inflight=max_inflight)

@@ -324,7 +324,8 @@ def print_replicas(rows: list[dict]) -> None:
     def pct(v):
         return "-" if v != v else f"{100 * v:.2f}%"
 
-    cols = (("replica", "replica", str), ("requests", "requests", "{:,}".format),
+    cols = (("pool", "pool", str), ("replica", "replica", str),
+            ("requests", "requests", "{:,}".format),
             ("ttft_p50_us", "TTFT p50\nms", ms), ("ttft_p99_us", "TTFT p99\nms", ms),
             ("tpot_p99_us", "TPOT p99\nms", ms), ("hbm_hit_rate", "HBM hit", pct),
             ("prefix_hit_rate", "prefix\nhit", pct),
@@ -339,3 +340,40 @@ def print_replicas(rows: list[dict]) -> None:
     for r in rows:
         table.add_row(*[fmt(r[key]) for key, _, fmt in cols])
     print_view(table)
+
+
+def print_pd(summary: dict) -> None:
+    """``--pd``: the two pools side by side and the link (docs/disaggregation.md)."""
+    from rich import box
+
+    def ms(v):
+        return "-" if v != v else f"{v / 1e3:,.1f}"
+
+    pools = Table(title=f"P/D {summary['pd']}: pools", title_justify="left",
+                  box=box.SIMPLE_HEAD, header_style="bold")
+    for h in ("pool", "HBM hit", "prefix hit", "busy", "queue p50 ms", "queue p99 ms",
+              "steps"):
+        pools.add_column(h, justify="right")
+    for p in ("prefill", "decode"):
+        g = lambda k, p=p: summary[f"pd_{p}_{k}"]  # noqa: E731
+        pools.add_row(p, f"{100 * g('hbm_hit_rate'):.2f}%",
+                      f"{100 * g('prefix_hit_rate'):.2f}%",
+                      f"{100 * g('utilisation'):.1f}%", ms(g("queue_p50_us")),
+                      ms(g("queue_p99_us")), f"{g('steps'):,}")
+    print_view(pools)
+    link = Table(title="P->D KV transfers", title_justify="left", box=box.SIMPLE_HEAD,
+                 header_style="bold")
+    rows = (("client TTFT p50 / p99 ms", "ttft_p50_us", "ttft_p99_us"),
+            ("prefill's token p50 / p99 ms", "pd_prefill_ttft_p50_us", "pd_prefill_ttft_p99_us"),
+            ("TPOT p50 / p99 ms (decode pool)", "tpot_p50_us", "tpot_p99_us"),
+            ("transfer p50 / p99 ms", "pd_transfer_p50_us", "pd_transfer_p99_us"),
+            ("link queueing p50 / p99 ms", "pd_link_queue_p50_us", "pd_link_queue_p99_us"),
+            ("staging wait p50 / p99 ms", "pd_staging_blocked_p50_us",
+             "pd_staging_blocked_p99_us"))
+    link.add_column("")
+    link.add_column("value", justify="right")
+    for name, a, b in rows:
+        link.add_row(name, f"{ms(summary[a])} / {ms(summary[b])}")
+    link.add_row("bytes sent", f"{summary['pd_link_bytes']:,}")
+    link.add_row("staged requests that waited", f"{summary['pd_staging_blocked_requests']:,}")
+    print_view(link)

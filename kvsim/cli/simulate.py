@@ -18,6 +18,10 @@ from kvsim.cli.closed_opts import (
     LinkModelOpt,
     MaxSeqsOpt,
     MaxTokensOpt,
+    PdLinkGbpsOpt,
+    PdLinkLatencyOpt,
+    PdMaxInflightOpt,
+    PdOpt,
     ReplicasOpt,
     RequestTraceOpt,
     RouterOpt,
@@ -39,6 +43,7 @@ from kvsim.cli.closed_opts import (
     engine_options,
     lower_for,
     parse_replicas,
+    pd_options,
     request_table,
     resolve_schedule,
     single_replica,
@@ -51,7 +56,7 @@ from kvsim.cli.common import (
     progress,
     quiet_progress,
 )
-from kvsim.cli.render import live_verdict, print_replicas
+from kvsim.cli.render import live_verdict, print_pd, print_replicas
 from kvsim.cli.simulate_opts import (
     CacheVariantOpt,
     ColumnsOpt,
@@ -292,6 +297,8 @@ def simulate_command(
     timing: TimingOpt = None,
     scheduler: SchedulerOpt = "auto",
     spec_lookahead: SpecLookaheadOpt = False,
+    pd_split: PdOpt = None, pd_link_gbps: PdLinkGbpsOpt = 100.0, pd_link_latency_us:
+    PdLinkLatencyOpt = 10.0, pd_max_inflight: PdMaxInflightOpt = 0,
     json_: JsonOption = False,
 ) -> None:
     """Replay TRACE through HBM (vLLM-exact prefix caching) and the DRAM/CXL/NVMe tiers of
@@ -324,6 +331,7 @@ def simulate_command(
     check_scheduler(scheduler, sched)
     check_event_file_options(trace, replicas, router)
     check_is_event_file(trace)
+    pdo = pd_options(pd_split, pd_link_gbps, pd_link_latency_us, pd_max_inflight, replicas, sched)
     replicas = parse_replicas(replicas)
     label = _source_label(trace, profile, requests, seed, request_trace)
     quiet = quiet_progress(json_)
@@ -349,7 +357,7 @@ def simulate_command(
                 from kvsim.modes.closed.cluster import serve
 
                 result = serve(table, policy, config, replicas=replicas, router=router,
-                               engine=opts, decision_log=decision_log,
+                               engine=opts, decision_log=decision_log, pd=pdo,
                                on_progress=lambda done, total: bar.update(
                                    task, completed=done, total=total))
             else:
@@ -380,6 +388,8 @@ def simulate_command(
                    with_verdict=False)
     if replica_rows is not None and len(replica_rows) > 1:
         print_replicas(replica_rows)
+    if "pd" in result.summary:
+        print_pd(result.summary)
 
 
 @app.command("compare", short_help="Replay the same trace under every policy (or a list) "
@@ -457,6 +467,8 @@ def compare_command(
     tenant_quota: TenantQuotaOpt = None,
     scheduler: SchedulerOpt = "auto",
     spec_lookahead: SpecLookaheadOpt = False,
+    pd_split: PdOpt = None, pd_link_gbps: PdLinkGbpsOpt = 100.0, pd_link_latency_us:
+    PdLinkLatencyOpt = 10.0, pd_max_inflight: PdMaxInflightOpt = 0,
     json_: JsonOption = False,
 ) -> None:
     """Replay one trace under several HBM placement policies (same tiers, same cost model)
@@ -492,6 +504,7 @@ def compare_command(
     check_scheduler(scheduler, sched)
     check_event_file_options(trace, replicas, router)
     check_is_event_file(trace)
+    pdo = pd_options(pd_split, pd_link_gbps, pd_link_latency_us, pd_max_inflight, replicas, sched)
     replicas = parse_replicas(replicas)
     quiet = quiet_progress(json_)
     warnings: list[dict] = []
@@ -543,7 +556,7 @@ def compare_command(
                                           "--decision-log-dir")
                 df = compare_requests(table, names, config, replicas=replicas, router=router,
                                       engine=opts, jobs=jobs, on_progress=on_policy,
-                                      on_work=on_work)
+                                      on_work=on_work, pd_options=pdo)
             else:
                 df = compare(source, names, config, decision_log_dir=decision_log_dir,
                              jobs=jobs, on_progress=on_policy, on_work=on_work)
@@ -552,7 +565,8 @@ def compare_command(
     warnings += run_warnings(df, trace, span_us)
     print_warnings(warnings)
     label = _source_label(trace, profile, requests, seed, request_trace)
-    label += (f", {replicas} replicas ({router})" if replicas > 1 else "")
+    label += (f", {replicas} replicas ({router})" if replicas > 1 and pdo is None else
+              f", P/D {pd_split} ({router})" if pdo is not None else "")
     if html is not None:
         from kvsim.analysis.report_compare import build_compare_report
 

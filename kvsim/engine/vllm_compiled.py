@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvsim.engine import vllm_step as V
+from kvsim.engine.vllm_pool import vllm_pool
 from kvsim.engine.vllm_rows import new_outputs
 from kvsim.engine.vllm_scheduler import EngineConfig, SimRequest, StepResult, chain_hashes
 from kvsim.engine.vllm_spec import acceptance_units
@@ -102,7 +103,7 @@ class CompiledVllmScheduler:
         self._order_state = fifo_order.init(pc.num_blocks - 1, pc.num_blocks, {})
         self.pol = policy_value(fifo_order, self._order_state, True)
         self.pout = new_out(pc, 0)
-        self.pl = V.vllm_pool(self.st, self.pol, self.view, self.pout)
+        self.pl = vllm_pool(self.st, self.pol, self.view, self.pout)
         self.hits = np.zeros(per_seq, np.int64)
         self.hs = np.zeros(per_seq, np.int64)
         (self.osched, self.obl, self.oblids, self.oadm, self.opre, self.ofin, self.oev,

@@ -92,6 +92,7 @@ from kvsim.engine.timing.step_time import (
     acc_reset,
     step_duration_us,
 )
+from kvsim.engine.vllm_pool import vllm_pool
 from kvsim.ingest.hashing import chain_hash, root_hash
 from kvsim.jit.decorators import njit
 from kvsim.memory.fast import S_N_HELD
@@ -398,7 +399,7 @@ def new_vllm_value(df, off, ids, trace_block_tokens: int, block_size: int, num_b
     pst = new_state(pc)
     view = new_block_view(pc.num_blocks)
     order_state = fifo_order.init(pc.num_blocks - 1, pc.num_blocks, {})
-    pl = V.vllm_pool(pool_ref(pst), policy_value(fifo_order, order_state, True),
+    pl = vllm_pool(pool_ref(pst), policy_value(fifo_order, order_state, True),
                      view_ref(view), new_out(pc, 0))
     outs = new_outputs(N, num_blocks, max_num_seqs)
     return (vip, R, varr, hh, np.zeros(V.NUM_SV, np.int64), np.zeros(M, np.int64),

@@ -4,20 +4,20 @@
 (:mod:`kvsim.memory.fast` + :mod:`kvsim.memory.pool_ops` with vLLM's free-queue order,
 :mod:`kvsim.memory.fifo_order`).
 
-The plain-Python port is this module's witness: tests/engine/test_vllm_step.py runs both
-on every recording of vLLM's scheduler and on random workloads and requires identical
-step results.  Python drives it through :class:`kvsim.engine.vllm_compiled.CompiledVllmScheduler`.
+The plain-Python port is its witness (tests/engine/test_vllm_step.py: identical step results
+on every recording and on random workloads); Python drives it through
+:class:`kvsim.engine.vllm_compiled.CompiledVllmScheduler`.
 
 State (all int64 unless said):
 
 * ``ip``: the engine config (``P_*``; ``P_LOOK``, ``P_SEED``: :mod:`kvsim.engine.vllm_spec`);
 * ``R[N, K_*]``: one row per request: prompt and output length, priority, the rank of its
-  (request id, index) among all requests (the heap's last tie-break), its hashes'
-  range in ``hh`` (chain hashes of the full blocks of prompt + output - 1 tokens),
-  status, computed tokens, output tokens, preemptions, cached blocks (-1: vLLM's
-  ``num_cached_block`` unset, the request holds no blocks), its pool seq slot (-1: none),
-  and this step's scheduled tokens and new blocks; its drafts (``K_SPEC*``, ``K_ACCEPT``:
-  :mod:`kvsim.engine.vllm_spec`); ``arr`` (float64): arrival times;
+  (request id, index) among all requests (the heap's last tie-break), its hashes' range in
+  ``hh`` (chain hashes of the full blocks of prompt + output - 1 tokens), status, computed
+  and output tokens, preemptions, cached blocks (-1: vLLM's ``num_cached_block`` unset, no
+  blocks held), its pool seq slot (-1: none), this step's scheduled tokens and new blocks,
+  its drafts (``K_SPEC*``, ``K_ACCEPT``: :mod:`kvsim.engine.vllm_spec`), and ``K_EXT``:
+  tokens a P/D prefill replica sent (:func:`_remote_tokens`); ``arr`` (float64): arrivals;
 * ``sv`` (``V_*``): running count, the FCFS deque's head and length, the heap's length;
 * ``run``: the running list; ``wq``: the FCFS waiting deque (a ring of N); ``heap``: the
   priority waiting queue (a binary heap on (priority, arrival, rank): a total order, so
@@ -34,9 +34,6 @@ outcomes; free blocks after ``schedule()`` and after the step.
 
 from __future__ import annotations
 
-from numba import typeof, types
-from numba.experimental import structref
-
 from kvsim.engine.vllm_spec import accepted_drafts
 from kvsim.jit.decorators import njit
 from kvsim.memory import pool_ops
@@ -49,8 +46,8 @@ from kvsim.replay.kernel.tiers import hash_slot
 NUM_PARAMS = 13
 # request columns (R)
 (K_PLEN, K_OLEN, K_PRIO, K_RANK, K_H0, K_H1, K_STATUS, K_NCOMP, K_NOUT, K_NPRE, K_NCACHED,
- K_SEQ, K_SCHED, K_NEWB, K_SPECK, K_ACCEPT, K_SPEC, K_SSPEC) = range(18)
-NUM_COLS = 18
+ K_SEQ, K_SCHED, K_NEWB, K_SPECK, K_ACCEPT, K_SPEC, K_SSPEC, K_EXT) = range(19)
+NUM_COLS = 19
 # status (the Python port's strings)
 WAITING, RUNNING, PREEMPTED, FINISHED, UNSEEN = 0, 1, 2, 3, 4
 # scheduler scalars (sv)
@@ -62,53 +59,6 @@ NUM_SV = 4
 NUM_OC = 10
 # KV event kinds (oev[:, 0])
 E_STORED, E_REMOVED, E_CLEARED = 0, 1, 2
-
-
-# ---- the pool as one value (unboxing the policy value, a tuple of eight first-class
-# functions, costs ~0.3 ms a call from Python; a structref holding it is one pointer)
-@structref.register
-class VllmPoolType(types.StructRef):
-    """numba type of :class:`VllmPool`: the pool ``st``, its order ``pst``, ``pview`` (numba rejects ``view``),
-    the allocation scratch ``out``."""
-
-    def preprocess_fields(self, fields):
-        return tuple((name, types.unliteral(t)) for name, t in fields)
-
-
-class VllmPool(structref.StructRefProxy):
-    """The pool the step function allocates from (build with :func:`vllm_pool`)."""
-
-
-structref.define_boxing(VllmPoolType, VllmPool)
-
-
-def _vllm_pool_type() -> VllmPoolType:
-    from kvsim.memory.fast import PoolConfig, new_out
-    from kvsim.memory.pool_ref import POOL_REF
-    from kvsim.policy.hooks import VIEW_REF, policy_value_type
-
-    out = typeof(new_out(PoolConfig(2, 1, max_seqs=1, max_blocks_per_seq=1), 0))
-    return VllmPoolType([("st", POOL_REF), ("pst", policy_value_type()), ("pview", VIEW_REF),
-                         ("out", out)])
-
-
-VLLM_POOL = _vllm_pool_type()
-
-
-@njit(cache=True)
-def _new_vllm_pool(st, pst, view, out):
-    r = structref.new(VLLM_POOL)
-    r.st = st
-    r.pst = pst
-    r.pview = view
-    r.out = out
-    return r
-
-
-def vllm_pool(st, pst, view, out) -> VllmPool:
-    """The compiled pool ``st`` (a PoolRef), its order value, view (a ViewRef) and scratch
-    (``new_out(config, 0)``) as one value."""
-    return _new_vllm_pool(st, pst, view, out)
 
 
 @njit(cache=True, inline="always")
@@ -271,6 +221,15 @@ def lookup_ext(ip, R, hh, i, nhits, tk):
             break
         k += 1
     return k - nhits
+
+
+@njit(cache=True, inline="always")
+def _remote_tokens(R, i, hit):
+    """P/D: tokens past ``hit`` a prefill replica sent (``K_EXT``), vLLM's remote prefill's
+    external tokens, less the last one (recomputed: ``_update_waiting_for_remote_kv``)."""
+    T = R[i, K_PLEN] + R[i, K_NOUT]
+    got = max(min(R[i, K_EXT], T) - hit, 0)
+    return got - 1 if got > 0 and hit + got == T else got
 
 
 @njit(cache=True)
@@ -497,15 +456,18 @@ def schedule(ip, R, arr, hh, sv, run, wq, heap, st, pol, view, pout, hits, hs,
             nhits = lookup(ip, R, hh, i, st, hits) if R[i, K_NCOMP] == 0 else 0
             next_ = lookup_ext(ip, R, hh, i, nhits, tk) if R[i, K_NCOMP] == 0 else 0
             num_hit = (nhits + next_) * ip[P_BS]
-            num_new = R[i, K_PLEN] + R[i, K_NOUT] - num_hit
+            remote = _remote_tokens(R, i, num_hit) if R[i, K_NCOMP] == 0 else 0
+            num_new = R[i, K_PLEN] + R[i, K_NOUT] - num_hit - remote
             if 0 < thr < num_new:
                 num_new = thr
             if ip[P_CHUNKED] == 0 and num_new > budget:
                 break
             num_new = min(num_new, budget)
+            R[i, K_NCOMP] += remote  # computed, for allocate_slots only
             got = allocate_slots(ip, R, hh, i, num_new, hits, nhits, next_,
                                  ip[P_RESERVE] != 0, sv[V_NRUN] > 0, st, pol, view, pout, hs,
                                  oev, oc)
+            R[i, K_NCOMP] -= remote
             if got < 0:
                 break
             _pop_waiting(ip, R, arr, sv, wq, heap)
@@ -513,7 +475,8 @@ def schedule(ip, R, arr, hh, sv, run, wq, heap, st, pol, view, pout, hits, hs,
             sv[V_NRUN] += 1
             was_pre = R[i, K_STATUS] == PREEMPTED
             R[i, K_STATUS] = RUNNING
-            R[i, K_NCOMP] = num_hit
+            R[i, K_NCOMP] = num_hit + remote
+            R[i, K_EXT] = 0  # one transfer: a preempted request recomputes (vLLM)
             k = oc[O_SCHED]
             osched[k, 0] = i
             osched[k, 1] = num_new

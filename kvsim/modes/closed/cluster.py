@@ -50,43 +50,15 @@ import pandas as pd
 
 from kvsim.core.errors import KvsimInputError
 from kvsim.engine import scheduler as S
-from kvsim.engine.scheduler_blocks import _cached_prefix
 from kvsim.ingest.requests import RequestTable
 from kvsim.modes.closed.closed_loop import Engine, EngineOptions, prepare, resolve_scheduler
+from kvsim.modes.closed.routing import (  # noqa: F401 (re-exported)
+    PREFIX_OVERLAP_WEIGHT,
+    ROUTERS,
+    _route,
+    _run_cluster,
+)
 from kvsim.spec.sim_config import SimConfig
-
-ROUTERS = ("round_robin", "least_loaded", "session", "prefix", "tiered")
-#: Dynamo's default ``--kv-overlap-score-weight`` (docs/router/kv_cache_routing.md).
-PREFIX_OVERLAP_WEIGHT = 1.0
-
-
-def _route(router: str, i: int, engines: list[Engine], hb: np.ndarray, nb: int,
-           prompt_tokens: int, B: int, session: int, sticky: dict, waiting_blocks) -> int:
-    n = len(engines)
-    if router == "round_robin":
-        return i % n
-    load = [e.outstanding() for e in engines]
-    if router == "session" and session >= 0 and session in sticky:
-        return sticky[session]
-    if router == "tiered":
-        from kvsim.modes.closed.tier_router import route
-
-        return route(engines, hb, nb, prompt_tokens, B, waiting_blocks, load)
-    if router in ("least_loaded", "session"):
-        w = int(np.argmin(load))
-        if session >= 0:
-            sticky[session] = w
-        return w
-    best, best_key = 0, None
-    for w, e in enumerate(engines):
-        sc = e.sched
-        phk, phv, tk = sc.lookup
-        cached = _cached_prefix(hb, nb, prompt_tokens, B, sc.slot_args[20], phk, phv, tk)
-        active = int(sc.st[S.S_HELD]) + waiting_blocks[w]
-        key = (PREFIX_OVERLAP_WEIGHT * (nb - cached) + active, load[w], w)
-        if best_key is None or key < best_key:
-            best, best_key = w, key
-    return best
 
 
 def _events(table: RequestTable, block_size_tokens: int) -> int:
@@ -99,10 +71,12 @@ def _events(table: RequestTable, block_size_tokens: int) -> int:
 def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
           replicas: int = 1, router: str = "round_robin",
           engine: EngineOptions | None = None, decision_log: str | Path | None = None,
-          on_progress: Callable[[int, int], None] | None = None):
+          on_progress: Callable[[int, int], None] | None = None, pd=None):
     """Serve ``table`` closed loop on ``replicas`` engines behind ``router``; returns a
     :class:`kvsim.replay.driver.SimResult` whose ``summary`` has the cluster-wide keys of
-    docs/simulate.md and ``summary["replicas_detail"]`` one row per replica."""
+    docs/simulate.md and ``summary["replicas_detail"]`` one row per replica.  ``pd``
+    (:class:`kvsim.modes.closed.disagg.PdOptions`): prefill and decode pools instead
+    (:mod:`kvsim.modes.closed.disagg`; ``replicas`` is then P + D)."""
     from kvsim.modes.closed import shared_tier
     from kvsim.modes.closed.closed_loop import closed_engine
     from kvsim.policy.registry import resolve_policy
@@ -132,6 +106,15 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
     # a cold compiled closed loop: core.run compiles in a worker meanwhile (2+ cores)
     with split_closed_compile(closed_engine(config, pol, _events(table,
                                                                  opts.block_size_tokens))):
+        if pd is not None:
+            from kvsim.modes.closed.disagg_serve import serve_pd
+
+            if decision_log is not None:
+                raise KvsimInputError("--decision-log with --pd is not supported", None,
+                                      None, "--pd")
+            cfg_dict.update(replicas=pd.prefill + pd.decode)
+            return serve_pd(table, pol, config, pd, router, opts, cost, hbm_blocks, costs,
+                            block_bytes, off, ids, dropped, cfg_dict, on_progress)
         return _serve(table, pol, config, replicas, router, opts, decision_log, cost,
                       hbm_blocks, costs, block_bytes, off, ids, dropped, cfg_dict,
                       on_progress)
@@ -219,58 +202,12 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
                      "requests", costs, {})
 
 
-def _run_cluster(table: RequestTable, engines: list[Engine], router: str, B: int,
-                 pb: tuple[np.ndarray, np.ndarray], warmup: int = 0,
-                 on_progress: Callable[[int, int], None] | None = None) -> None:
-    """Route each request at its arrival time.  Replicas interact only through the router,
-    so between two arrivals each one runs its own steps independently: before routing
-    request ``i`` every replica runs the steps that start before ``arrival_i``.
-    ``on_progress(served, N)``: the requests the replicas have finished, after each
-    arrival."""
-    df = table.df
-    arr = df["arrival_us"].to_numpy(np.int64)
-    prompt = df["prompt_tokens"].to_numpy(np.int64)
-    session = df["session"].to_numpy(np.int64)
-    pb_off, pb_hash = pb
-    N = len(df)
-    sticky: dict = {}
-    waiting_blocks = [0] * len(engines)
-    admitted = [0] * len(engines)
-    nb_all = (prompt + B - 1) // B
-    for i in range(N):
-        t = float(arr[i])
-        for w, e in enumerate(engines):
-            if e.has_work() and e.clock_us < t:
-                e.advance(t)
-            st = e.sched.st
-            for j in range(admitted[w], int(st[S.S_ADMIT])):
-                waiting_blocks[w] -= int(nb_all[e.sched.order[j]])
-            # vLLM's scheduler re-queues preempted requests: S_ADMIT may step back
-            admitted[w] = max(admitted[w], int(st[S.S_ADMIT]))
-        if i == warmup and warmup > 0:
-            for e in engines:
-                e.start_measuring()
-        hb = pb_hash[pb_off[i]:pb_off[i + 1]]
-        w = _route(router, i, engines, hb, int(nb_all[i]), int(prompt[i]), B,
-                   int(session[i]), sticky, waiting_blocks)
-        e = engines[w]
-        if not e.has_work() and e.clock_us < t:
-            e.sched.stf[0] = t  # an idle engine waits for its next request
-        e.enqueue(i)
-        waiting_blocks[w] += int(nb_all[i])
-        if on_progress is not None:
-            on_progress(sum(int(x.sched.st[S.S_DONE]) for x in engines), N)
-    for e in engines:
-        e.advance(-1.0)
-    if on_progress is not None:
-        on_progress(sum(int(x.sched.st[S.S_DONE]) for x in engines), N)
-
-
 def compare_requests(table: RequestTable, policies=None, config: SimConfig | None = None, *,
                      replicas: int = 1, router: str = "round_robin",
                      engine: EngineOptions | None = None, jobs: int = 1,
                      on_progress: Callable[[str], None] | None = None,
-                     on_work: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+                     on_work: Callable[[int, int], None] | None = None,
+                     pd_options=None) -> pd.DataFrame:
     """:func:`serve` under each policy (belady added as the offline bound when
     available); one row per policy with the summary keys, plus
     ``gap_hbm_hit_rate_to_belady``, ``gap_ttft_p99_us_to_belady`` and, when lru is listed,
@@ -299,7 +236,7 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
     config = dataclasses.replace(config, engine=compare_engine(config.engine, rows,
                                                                len(run_names), closed=True))
     split, first, cold = needs_split(config.engine, True, run_names)
-    args = (table, config, replicas, router, engine)
+    args = (table, config, replicas, router, engine, pd_options)
     results: dict[str, dict] = {}
     todo = list(run_names)
     meter = WorkMeter(len(table.df), len(run_names), on_work)  # requests served
@@ -351,9 +288,9 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
     return label_bounds(pd.DataFrame(rows), "closed")  # no bound in the closed loop
 
 
-def _serve_summary(name, table, config, replicas, router, engine,
+def _serve_summary(name, table, config, replicas, router, engine, pd_options=None,
                    on_progress: Callable[[int, int], None] | None = None) -> dict:
     s = dict(serve(table, name, config, replicas=replicas, router=router,
-                   engine=engine, on_progress=on_progress).summary)
+                   engine=engine, on_progress=on_progress, pd=pd_options).summary)
     s.pop("replica_rows", None)
     return s
