@@ -437,13 +437,13 @@ def case_offload_mooncake() -> dict:
         "name": "offload_mooncake150",
         "description": "vLLM's native CPU offloading (lru) on the first 150 requests of the "
                        "Mooncake conversation trace at their real lengths and timestamps: "
-                       "512-token blocks (the trace's), 300 GPU blocks, a 200-chunk CPU "
+                       "512-token blocks (the trace's), 260 GPU blocks, a 1,000-chunk CPU "
                        "tier; preemptions, GPU and CPU evictions, loads on CPU hits.",
-        "engine": _engine(block_size=512, num_gpu_blocks=301, max_num_seqs=16),
+        "engine": _engine(block_size=512, num_gpu_blocks=261, max_num_seqs=16),
         "clock": _clock(),
         "source": {"kind": "mooncake", "trace": "mooncake/conversation_trace.jsonl",
                    "first": 150},
-        "offload": {"cpu_blocks": 200, "eviction_policy": "lru", "store_threshold": 0},
+        "offload": {"cpu_blocks": 1000, "eviction_policy": "lru", "store_threshold": 0},
     }
 
 

@@ -88,6 +88,9 @@ def test_vllm_offload_refused_outside_vllms_closed_loop(tmp_path):
                            vllm=True)
     with pytest.raises(KvsimInputError, match="--dram-gb > 0"):
         check_vllm_offload(SimConfig(write_policy="vllm_offload", dram_gb=0), vllm=True)
+    with pytest.raises(KvsimInputError, match="without --shared-tier-gb"):
+        check_vllm_offload(SimConfig(write_policy="vllm_offload", shared_tier_gb=8.0),
+                           vllm=True)
     check_vllm_offload(cfg, vllm=True)  # accepted
     with pytest.raises(KvsimInputError, match="not an event file"):
         simulate(str(tmp_path / "events.parquet"), "lru", cfg)

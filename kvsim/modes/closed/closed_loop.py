@@ -313,6 +313,10 @@ def check_vllm_offload(config: SimConfig, vllm: bool) -> None:
         raise KvsimInputError("expected --write-policy vllm_offload with vLLM's scheduler "
                               "(--scheduler auto or vllm): its stores follow vLLM's steps",
                               None, None, "--write-policy")
+    if config.shared_tier_gb is not None:
+        raise KvsimInputError("expected --write-policy vllm_offload without --shared-tier-gb "
+                              "(vLLM's native offloading is one private CPU tier)", None,
+                              None, "--write-policy")
     for name in ("cxl", "nvme"):
         if (getattr(config, f"{name}_gb") or 0) > 0:
             raise KvsimInputError(f"expected --{name}-gb 0 with --write-policy vllm_offload "

@@ -46,9 +46,6 @@ from kvsim.core.layout import (
     C_STEP,
     C_STEP_START_US,
     C_USED,
-    HI_BI,
-    HI_OWNER,
-    HI_TOKENS,
     K_BLOCK_TOKENS,
     K_LOG,
     LI_STATE,
@@ -190,8 +187,8 @@ def _offer(r, cr, stamp, step, now_us):
                     best = v
             _evict_one(T, best, cr, step, now_us)
     st = cr.st
-    H_i = cr.H_i
     view = cr.H_view
+    TMP = cr.TMP
     seq = R_i[r, RI_SEQ]
     log_on = cr.K[K_LOG] != 0
     for e in range(lo, hi):
@@ -203,8 +200,13 @@ def _offer(r, cr, stamp, step, now_us):
         if log_on:
             tr.log_row(cr.G, C, step, now_us, A_WRITE_THROUGH, h, r, e, 0, 1,
                        view.size_bytes[b], 0.0, False, -1, W_WT)
-        tier_ops.spill_step(T, view, b, H_i[b, HI_OWNER], H_i[b, HI_BI], H_i[b, HI_TOKENS],
-                            np.int64(0), np.int64(1), cr, step, now_us)
+        # the block's row, with the request's hash: an HBM block computed while the same
+        # content was already cached holds no hash in HBM (the pool keeps one copy), but
+        # vLLM offloads by the request's block hashes
+        tr.copy_view(TMP, 0, view, b)
+        TMP.content_hash[0] = h
+        tier_ops.spill_step(T, TMP, np.int64(0), r, e, B, np.int64(0), np.int64(1), cr,
+                            step, now_us)
         s = _tier_slot(LH, h)
         if s >= 0:
             L_view.slack_us[s] = R * RANK_SCALE + (RANK_HALF - (e + 1))
