@@ -106,3 +106,12 @@ def test_vllm_offload_mooncake_equals_vllm():
     s = _summary(FIXTURES / "offload_mooncake150.jsonl.gz")
     assert (s["offload"]["store"], s["offload"]["evict"], s["offload"]["load"],
             s["preemptions"]) == (3960, 2960, 5, 6)
+
+
+def test_arc_recording_refused():
+    """vLLM's arc cache policy is recorded (offload_arc: 120 stores, 84 CPU evictions, 68
+    loads against lru's 165 / 129 / 23 on the same requests) but not modelled: one line."""
+    with pytest.raises(KvsimInputError, match="lru cache policy"):
+        validate_sched_closed(FIXTURES / "offload_arc.jsonl.gz")
+    s = _summary(FIXTURES / "offload_arc.jsonl.gz")["offload"]
+    assert (s["store"], s["evict"], s["load"]) == (120, 84, 68)
