@@ -78,12 +78,13 @@ def _run(argv: list[str], env: dict | None = None):
 
 
 def kvsim_cmd(trace: str, block: int, gpu_blocks: int, host_blocks: int, replicas: int,
-              model: str) -> list[str]:
+              model: str, write_policy: str = "write_back") -> list[str]:
     cmd = ["simulate", "--request-trace", trace, "--block-size", str(block),
            "--hbm-blocks", str(gpu_blocks), "--model", model, "--policy", "lru",
            "--cxl-gb", "0", "--nvme-gb", "0", "--engine", "compiled", "--json"]
     if host_blocks:
-        cmd += ["--dram-mb", repr(host_blocks * block * KV_BYTES_PER_TOKEN / 2**20)]
+        cmd += ["--dram-mb", repr(host_blocks * block * KV_BYTES_PER_TOKEN / 2**20),
+                "--write-policy", write_policy]
     else:
         cmd += ["--dram-gb", "0"]
     if replicas > 1:
@@ -124,6 +125,10 @@ def main() -> None:
     ap.add_argument("--cases", nargs="+", default=["512:1", "512:8"],
                     help="BLOCK:REPLICAS[:HOST_BLOCKS] (GPU blocks: 900 x 512 tokens' bytes)")
     ap.add_argument("--model", default="llama-3.1-8b")
+    ap.add_argument("--write-policy", default="write_back",
+                    help="kvsim's DRAM write rule with a host tier: write_back (kvsim's "
+                         "default) or vllm_offload (vLLM's native CPU offloading, what the "
+                         "peer's native_host_offload models)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--cold", action="store_true", help="kvsim from empty caches every run")
     ap.add_argument("--cache", default=None, help="kvsim's cache folder (default: a temp dir)")
@@ -148,7 +153,7 @@ def main() -> None:
         block, replicas = parts[0], parts[1]
         host = parts[2] if len(parts) > 2 else 0
         gpu = GPU_TOKENS // block
-        cmd = kvsim_cmd(trace, block, gpu, host, replicas, a.model)
+        cmd = kvsim_cmd(trace, block, gpu, host, replicas, a.model, a.write_policy)
         spec = {"trace": trace, "block_size": block, "trace_block_size": TRACE_BLOCK_TOKENS,
                 "gpu_blocks": gpu, "host_blocks": host,
                 "kv_bytes_per_token": KV_BYTES_PER_TOKEN, "replicas": replicas,

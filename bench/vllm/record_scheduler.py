@@ -440,7 +440,55 @@ def case_spec_decode() -> dict:
     }
 
 
+def case_offload(policy: str = "lru", name: str = "offload_lru") -> dict:
+    """vLLM's native CPU offloading (OffloadingConnector, CPU tier of 20 chunks)."""
+    docs = [0, 1, 2, 3, 4, 5, 0, 6, 1, 7, 2, 3, 8, 0, 4, 9, 5, 1, 6, 2, 7, 0, 3, 8,
+            4, 1, 9, 5, 2, 6, 0, 7, 3, 1, 8, 4]
+    reqs = []
+    for i, d in enumerate(docs):
+        # a 64-token shared document (4 blocks) + a private question of 10-40 tokens
+        reqs.append({"arrival_ms": 15.0 * i,
+                     "prompt": [{"blk": [6, 64, d, 64]}] + _distinct(i, 10 + 10 * (i % 4)),
+                     "output_len": 3 + (i % 3)})
+    # two follow-up turns: the previous prompt + output + new tokens
+    for j, src in enumerate((0, 5)):
+        reqs.append({"after": {"req": src, "delay_ms": 400.0},
+                     "prompt": [{"prompt_of": src}, {"output_of": src},
+                                {"blk": [7, 32, j, 20]}], "output_len": 4})
+    return {
+        "name": name,
+        "description": f"vLLM's native CPU offloading ({policy}): 38 requests over 10 "
+                       "shared 64-token documents on a 24-block GPU pool and a 36-chunk "
+                       "CPU tier; chunked prefill (64-token budget), 3 sequences at once: "
+                       "stores as blocks are computed, CPU evictions, loads on a CPU hit.",
+        "engine": _engine(num_gpu_blocks=25, max_num_seqs=3, max_num_batched_tokens=64,
+                          max_model_len=256),
+        "clock": _clock(),
+        "requests": reqs,
+        "offload": {"cpu_blocks": 36, "eviction_policy": policy, "store_threshold": 0},
+    }
+
+
+def case_offload_mooncake() -> dict:
+    """vLLM's native CPU offloading on the first 150 Mooncake requests (512-token blocks)."""
+    return {
+        "name": "offload_mooncake150",
+        "description": "vLLM's native CPU offloading (lru) on the first 150 requests of the "
+                       "Mooncake conversation trace at their real lengths and timestamps: "
+                       "512-token blocks (the trace's), 260 GPU blocks, a 1,000-chunk CPU "
+                       "tier; preemptions, GPU and CPU evictions, loads on CPU hits.",
+        "engine": _engine(block_size=512, num_gpu_blocks=261, max_num_seqs=16),
+        "clock": _clock(),
+        "source": {"kind": "mooncake", "trace": "mooncake/conversation_trace.jsonl",
+                   "first": 150},
+        "offload": {"cpu_blocks": 1000, "eviction_policy": "lru", "store_threshold": 0},
+    }
+
+
 CASES = {
+    "offload_lru": case_offload,
+    "offload_mooncake150": case_offload_mooncake,
+    "offload_arc": lambda: case_offload("arc", "offload_arc"),
     "mooncake200": case_mooncake200,
     "agentic_0505": case_agentic,
     "overload": case_overload,
@@ -500,6 +548,68 @@ TINY_MODEL = {
     "max_position_embeddings": 1 << 20, "torch_dtype": "float16",
     "rms_norm_eps": 1e-6,
 }
+
+
+def _offload_hooks(sched, off: dict) -> dict:
+    """Observe the OffloadingConnector's manager (observation only): every prepare_load
+    (request, chunks), every prepare_store's stored chunks and evictions, as vLLM's
+    scheduler side makes them.  Keys are vLLM block hashes (the group index dropped)."""
+    from vllm.utils.hashing import get_hash_fn_by_name  # noqa: F401 (vLLM imported)
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+    from vllm.v1.kv_offload.base import get_offload_block_hash
+
+    mgr = sched.connector.connector_scheduler.manager
+    if mgr._num_chunks != int(off["cpu_blocks"]):
+        raise RuntimeError(f"the CPU tier has {mgr._num_chunks} chunks, wanted "
+                           f"{off['cpu_blocks']}")
+    log: dict = {"load": [], "store": [], "evict": []}
+
+    def h(k):
+        return maybe_convert_block_hash(get_offload_block_hash(k))
+
+    def rid(ctx):
+        return ctx.req_id
+
+    orig_load, orig_store = mgr.prepare_load, mgr.prepare_store
+
+    def prepare_load(keys, req_context):
+        out = orig_load(keys, req_context)
+        log["load"].append((rid(req_context), [h(k) for k in keys]))
+        return out
+
+    def prepare_store(keys, req_context):
+        out = orig_store(keys, req_context)
+        if out is not None:
+            log["evict"].extend(h(k) for k in out.evicted_keys)
+            if out.keys_to_store:
+                log["store"].append((rid(req_context), [h(k) for k in out.keys_to_store]))
+        return out
+
+    mgr.prepare_load, mgr.prepare_store = prepare_load, prepare_store
+
+    # scheduler_output.finished_req_ids is a set of request-id strings: vLLM iterates it
+    # (stores, then on_request_finished re-ranks) in string-hash order, which Python seeds
+    # per process.  Iterate it in the order the requests finished (as kvsim does), so
+    # a recording with two requests finishing in one step is reproducible.
+    finish_order: list[str] = []
+    orig_free = sched._free_request
+
+    def _free_request(request, *a, **kw):
+        finish_order.append(request.request_id)
+        return orig_free(request, *a, **kw)
+
+    orig_meta = sched._build_kv_connector_meta
+
+    def _build_kv_connector_meta(connector, so):
+        fin = so.finished_req_ids
+        if fin and len(fin) > 1:
+            so.finished_req_ids = [r for r in finish_order if r in fin]
+        finish_order[:] = [r for r in finish_order if not fin or r not in fin]
+        return orig_meta(connector, so)
+
+    sched._free_request = _free_request
+    sched._build_kv_connector_meta = _build_kv_connector_meta
+    return log
 
 
 def _tiny_model_dir() -> str:
@@ -579,6 +689,7 @@ def record(spec: dict, out_path: str, traces_dir: str, check_every: int = 1,
     )
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.kv_offload.base import get_offload_block_hash
     from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import Request, RequestStatus
     from vllm.v1.structured_output import StructuredOutputManager
@@ -619,11 +730,32 @@ def record(spec: dict, out_path: str, traces_dir: str, check_every: int = 1,
     )
     cache_config = CacheConfig(block_size=bs,
                                enable_prefix_caching=eng["enable_prefix_caching"])
+    off = spec.get("offload")  # vLLM's native CPU offloading (OffloadingConnector)
+    kv_transfer = None
+    if off is not None:
+        from vllm.config import KVTransferConfig
+        # one offloaded chunk = one GPU block (block_size = the GPU block size, vLLM's
+        # default); its bytes as the CPU spec computes them (2 x bs x 1 head x 1 dim x
+        # float32, one layer), rounded to 4 KiB, so that cpu_bytes_to_use gives exactly
+        # off["cpu_blocks"] chunks (checked below)
+        chunk_bytes = -(-(2 * bs * 4) // 4096) * 4096
+        kv_transfer = KVTransferConfig(
+            kv_connector="OffloadingConnector", kv_role="kv_both",
+            kv_connector_extra_config={
+                "cpu_bytes_to_use": int(off["cpu_blocks"]) * chunk_bytes,
+                "block_size": bs,
+                "eviction_policy": off.get("eviction_policy", "lru"),
+                "store_threshold": int(off.get("store_threshold", 0)),
+                # loads inside the step that schedules them (no WAITING_FOR_REMOTE_KVS
+                # round trip): kvsim counts loaded tokens as computed at admission
+                "sync_load_budget_bytes": 1 << 50,
+            })
     vllm_config = VllmConfig(
         model_config=model_config, scheduler_config=sched_config, cache_config=cache_config,
         device_config=DeviceConfig(device="cpu"),
         kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"),
         **spec_kw,
+        kv_transfer_config=kv_transfer,
     )
     num_blocks = int(eng["num_gpu_blocks"])
     kv_cache_config = KVCacheConfig(
@@ -638,6 +770,7 @@ def record(spec: dict, out_path: str, traces_dir: str, check_every: int = 1,
                       block_size=bs, hash_block_size=bs, log_stats=True)
     capture = _CapturePublisher()
     sched.kv_event_publisher = capture  # observe what update_from_output publishes
+    off_log = _offload_hooks(sched, off) if off is not None else None
 
     preempt_order: list[str] = []
     _orig_preempt = sched._preempt_request
@@ -755,6 +888,12 @@ def record(spec: dict, out_path: str, traces_dir: str, check_every: int = 1,
         "actions": spec["actions"],
         "num_requests": len(reqs),
     }
+    if off is not None:
+        header["offload"] = {**off, "connector": "OffloadingConnector (scheduler side; "
+                             "a fake worker completes every job in its step)",
+                             "offload_block_tokens": bs, "offload_prompt_only": True,
+                             "finished_req_ids": "iterated in finish order (a set in vLLM)",
+                             "sync_load_budget_bytes": 1 << 50}
 
     lines_out: list[str] = [json.dumps(header, separators=(",", ":"))]
     for i, r in enumerate(reqs):
@@ -893,6 +1032,15 @@ def record(spec: dict, out_path: str, traces_dir: str, check_every: int = 1,
         mro = ModelRunnerOutput(req_ids=req_ids,
                                 req_id_to_index={r: j for j, r in enumerate(req_ids)},
                                 sampled_token_ids=sampled)
+        if off_log is not None:  # the fake worker finishes every transfer in the step
+            from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+                OffloadingWorkerMetadata,
+            )
+            from vllm.v1.outputs import KVConnectorOutput
+            meta = so.kv_connector_metadata
+            done = {jid: 1 for jid in (*meta.load_jobs, *meta.store_jobs)}
+            mro.kv_connector_output = KVConnectorOutput(
+                kv_connector_worker_meta=OffloadingWorkerMetadata(completed_jobs=done))
         ecos = sched.update_from_output(so, mro)
         if num_spec:  # the drafter: the next k output tokens of every scheduled request
             alive = [rid for rid in req_ids if rid in sched.requests]
@@ -928,6 +1076,8 @@ def record(spec: dict, out_path: str, traces_dir: str, check_every: int = 1,
         cand = [id_to_idx[r] for r in req_ids]
         for batch in capture.batches:
             for ev in batch.events:
+                if getattr(ev, "medium", None) not in (None, "GPU"):
+                    continue  # the offloading connector's CPU events (logged as "off")
                 if isinstance(ev, BlockStored):
                     hs = list(ev.block_hashes)
                     if len(ev.token_ids) != len(hs) * ev.block_size or ev.block_size != bs:
@@ -976,6 +1126,17 @@ def record(spec: dict, out_path: str, traces_dir: str, check_every: int = 1,
                 e["R"] = runs(e.pop("_r"))
         if evs:
             rec["ev"] = evs
+        if off_log is not None and any(off_log.values()):
+            # this step's offloading: loads (request, its chunks' interned hashes), stores
+            # (request, hashes stored), CPU evictions (hashes), in the order vLLM made them
+            rec["off"] = {k: ([[id_to_idx[r], runs([hid(h) for h in hs])] for r, hs in v]
+                              if k != "evict" else runs([hid(h) for h in v]))
+                          for k, v in off_log.items() if v}
+            for k, v in off_log.items():
+                totals.setdefault("offload", {"load": 0, "store": 0, "evict": 0})
+                totals["offload"][k] += (len(v) if k == "evict"
+                                         else sum(len(hs) for _, hs in v))
+                v.clear()
 
         if check_every and step % check_every == 0:
             pool = sched.kv_cache_manager.block_pool
@@ -1021,6 +1182,14 @@ def record(spec: dict, out_path: str, traces_dir: str, check_every: int = 1,
         "num_preemptions": [vreqs[i].num_preemptions for i in range(n_total)],
     }
     totals["distinct_hashes"] = len(hash_values)
+    if off_log is not None:
+        mgr = sched.connector.connector_scheduler.manager
+        totals.setdefault("offload", {"load": 0, "store": 0, "evict": 0})
+        pol = mgr._policy
+        keys = pol.chunks if hasattr(pol, "chunks") else [*pol.t1, *pol.t2]  # lru / arc
+        totals["offload"]["resident"] = sorted(
+            hid(maybe_convert_block_hash(get_offload_block_hash(k))) for k in keys)
+        totals["offload"]["cpu_blocks"] = int(off["cpu_blocks"])
     lines_out.extend(step_records)
     # vLLM's own hash values (the int64 form its KV events carry), interned id -> value;
     # left out of by-reference recordings, where they would dominate the file.

@@ -37,7 +37,7 @@ from kvsim.analysis.sched_validate import (
     recorded_step,
 )
 from kvsim.core.errors import KvsimInputError
-from kvsim.ingest.vllm_sched import load_sched_recording
+from kvsim.ingest.vllm_sched import load_sched_recording, unruns
 
 __all__ = ["validate_sched_closed"]
 
@@ -82,8 +82,14 @@ def _clock_profile(rec, folder: Path) -> Path:
     return p
 
 
-def validate_sched_closed(path: str | Path) -> SchedValidation:
-    """Replay a scheduler recording through the closed loop and compare every step."""
+def validate_sched_closed(path: str | Path, write_policy: str | None = None
+                          ) -> SchedValidation:
+    """Replay a scheduler recording through the closed loop and compare every step.
+
+    A recording of vLLM's native CPU offloading (header ``offload``) is replayed with a DRAM
+    tier of its CPU chunks under ``write_policy`` (default ``vllm_offload``; another one
+    shows how kvsim's other DRAM tiers differ), and each step's CPU tier contents are
+    compared too (field ``offload``)."""
     from kvsim.engine import vllm_step as V
     from kvsim.engine.vllm_rows import VS_ADM, VS_EV, VS_FIN, VS_OC, VS_PRE, VS_SCHED
     from kvsim.modes.closed.closed_facts import block_facts
@@ -101,6 +107,13 @@ def validate_sched_closed(path: str | Path) -> SchedValidation:
     hashes = {r.idx: r.hashes for r in reqs}
     table, perm = _table(rec, reqs)
     policy = resolve_policy("lru")
+    off = rec.header.get("offload")  # vLLM's native CPU offloading (OffloadingConnector)
+    if off is not None and (off.get("eviction_policy", "lru") != "lru"
+                            or int(off.get("store_threshold", 0)) >= 2):
+        raise KvsimInputError("--closed-loop: kvsim's vllm_offload follows vLLM's lru cache "
+                              "policy without a store_threshold; the recording has "
+                              f"{off.get('eviction_policy')!r}, store_threshold "
+                              f"{off.get('store_threshold')}", field="--sched-recording")
     with tempfile.TemporaryDirectory() as tmp:
         config = SimConfig(mode="engine", hbm_blocks=int(eng["num_gpu_blocks"]) - 1,
                            dram_gb=0, cxl_gb=0, nvme_gb=0,
@@ -113,14 +126,22 @@ def validate_sched_closed(path: str | Path) -> SchedValidation:
             long_prefill_token_threshold=int(eng.get("long_prefill_token_threshold") or 0),
             reserve_full_isl=bool(eng.get("scheduler_reserve_full_isl", True)),
             watermark=float(eng.get("watermark") or 0.0))
-        cost, hbm_blocks, costs, block_bytes, off, ids, table2, dropped = \
+        if off is not None:  # a DRAM tier of the recording's CPU chunks, vLLM's rules
+            import dataclasses
+
+            from kvsim.core.units import GB
+            bb = prepare(table, config, opts)[3]
+            config = dataclasses.replace(
+                config, dram_gb=(int(off["cpu_blocks"]) + 0.5) * bb / GB,
+                write_policy=write_policy or "vllm_offload")
+        cost, hbm_blocks, costs, block_bytes, offs, ids, table2, dropped = \
             prepare(table, config, opts)
         if dropped:
             raise KvsimInputError(f"--closed-loop: {dropped} requests never fit the pool",
                                   field="--sched-recording")
-        e = Engine(table2, off, ids, policy, config, opts, cost, hbm_blocks, costs,
+        e = Engine(table2, offs, ids, policy, config, opts, cost, hbm_blocks, costs,
                    block_bytes)
-        e.set_block_facts(block_facts(table2, off, ids, opts.block_size_tokens))
+        e.set_block_facts(block_facts(table2, offs, ids, opts.block_size_tokens))
         mine: list[dict[str, Any]] = []
         vs = e.vs
         pool = e.run.st
@@ -149,24 +170,46 @@ def validate_sched_closed(path: str | Path) -> SchedValidation:
                 "free": int(pool.sc[0] + pool.sc[1]),
                 "events": events,
             })
+            if off is not None:  # the CPU tier's contents after the step
+                T = e.run.T[0]
+                res = np.flatnonzero(T.L_i[:, 3] == 1)
+                mine[-1]["offload"] = sorted(to_port[int(h)]
+                                             for h in e.run.views[1].content_hash[res])
 
         e.advance(-1.0, max_steps=1, on_yield=capture)
         capture()  # the last step (advance returned idle after it)
         e.finish()
         replay = {"preemptions": int(e.run.C[_m_preemptions()]),
                   "lost_hit_tokens": e.lost_hit_tokens, "steps": e.steps}
+        if off is not None:
+            from kvsim.core import layout as L
+            C = e.run.C
+            replay["offload"] = {"load": int(C[L.M_HIT_BLK + 1]),
+                                 "store": int(C[L.M_WRITE_THROUGH]),
+                                 "evict": int(C[L.M_EVICT + 1])}
     theirs_all = []
     content: dict[int, int] = {}
+    resident: set[int] = set()  # vLLM's CPU tier (in kvsim's hashes)
     for s in rec.steps:
         st = recorded_step(rec, s, content, hashes)
+        if off is not None:
+            o = s.get("off", {})
+            resident.difference_update(content[i] for i in unruns(o.get("evict", [])))
+            for _, hs in o.get("store", []):
+                resident.update(content[i] for i in unruns(hs))
+            st["offload"] = sorted(resident)
         if st["sched"] or st["preempted"]:
             theirs_all.append(st)
     mine = [m for m in mine if m["sched"] or m["preempted"]]
     fields = ("sched", "preempted", "hits", "finished", "free", "events")
+    if off is not None:
+        fields += ("offload",)
     result = SchedValidation(path=str(path), case=str(rec.header.get("case", "")),
                              vllm_version=str(rec.header.get("vllm_version", "")),
                              num_requests=len(reqs), steps_vllm=len(theirs_all),
-                             steps_kvsim=len(mine), pool="scheduler vllm, lru, HBM only",
+                             steps_kvsim=len(mine),
+                             pool="scheduler vllm, lru, " + ("DRAM vllm_offload" if off
+                                                             else "HBM only"),
                              engine="closed-loop")
     agree = dict.fromkeys(fields, 0)
     differ = dict.fromkeys(fields, 0)

@@ -45,7 +45,10 @@ TierPolicyOpt = Annotated[str | None, typer.Option(
 WritePolicyOpt = Annotated[str, typer.Option(
     "--write-policy", metavar="POLICY",
     help="Host-write policy (SGLang HiCache): write_back (copy down when evicted from HBM), "
-         "write_through (copy down on first use), write_through_selective (on second use).")]
+         "write_through (copy down on first use), write_through_selective (on second use); "
+         "vllm_offload: vLLM's native CPU offloading (prompt blocks copied to DRAM as they are "
+         "computed, vLLM's request-ranked LRU, loaded on a hit; the closed loop with vLLM's "
+         "scheduler, DRAM only; docs/memory-model.md).")]
 PreemptionOpt = Annotated[str, typer.Option(
     "--preemption", metavar="MODE",
     help="When HBM is full of blocks in use: recompute (vLLM v1: the victim's tokens are "

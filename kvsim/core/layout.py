@@ -45,7 +45,12 @@ RI_TENANT = 26
 RI_FT_PENDING = 27  # 1 while the first token is being produced by the current step
 RI_EV_SUFFERED = 28  # HBM blocks this request brought in that were later evicted
 RI_EV_CAUSED = 29  # HBM blocks evicted to make room for this request's blocks
-NRI = 30
+# --write-policy vllm_offload (kvsim.replay.kernel.offload; vLLM 0.33's OffloadingConnector)
+RI_OFF_RANK = 30  # the request's rank in the CPU tier's LRU (0 = none yet)
+RI_OFF_NEXT = 31  # next prompt block to offer for storing (next_stored_chunk_idx)
+RI_OFF_PEND = 32  # 1 while its finish waits for the next step's re-rank
+RI_OFF_LINK = 33  # next request in that wait list (+1; 0 = end)
+NRI = 34
 
 RS_UNSEEN = 0
 RS_WAITING = 1  # arrived, not admitted
@@ -81,7 +86,8 @@ AI_SEEN = 11  # 1 if this content was allocated before in the trace (pre-pass)
 AI_NEXT = 12  # next_use ordinal (offline policies), NEVER if none
 AI_FULL_HASH = 13  # the ALLOCATE row's hash: the content once the block is full (a decode
 #                    block is allocated partial; it is cached when the next block follows it)
-NAI = 14
+AI_OFF_SEEN = 14  # --write-policy vllm_offload: 1 once offered to the CPU tier (seen_keys)
+NAI = 15
 
 # --- HBM side table H_i[block id, ...] (the pool itself lives in kvsim.memory.fast) ---------
 HI_OWNER = 0  # request that allocated it
@@ -120,6 +126,9 @@ C_PEND_ADMIT = 11  # request whose admission ALLOCATE rows are being gathered (-
 C_NRUN = 12  # requests in the running list
 C_WARM_DONE = 13  # 1 once the warm-up snapshot was taken
 C_WARM_US = 14  # engine time of the first measured step
+C_OFF_RANK = 15  # --write-policy vllm_offload: the CPU tier LRU's rank counter (_next_rank)
+C_OFF_HEAD = 16  # ... first request (+1) whose finish waits for the next step's re-rank
+C_OFF_TAIL = 17  # ... last one (+1)
 C_ALLOC_ORD = 18  # ALLOCATE rows seen (ordinal for next_use)
 C_ARENA_TOP = 19
 C_USED = 20  # occupancy now: +0 HBM blocks held by requests (cached ones are reclaimable,
@@ -176,6 +185,7 @@ NK = 10
 WP_WRITE_BACK = 0
 WP_WRITE_THROUGH = 1
 WP_WRITE_THROUGH_SELECTIVE = 2
+WP_VLLM_OFFLOAD = 3  # vLLM's native CPU offloading (kvsim.replay.kernel.offload)
 
 # --- cost X[tier, ...] (float64) ------------------------------------------------------------
 X_UP_LAT_US = 0  # latency of a read from the tier into HBM (medium + link)

@@ -40,6 +40,7 @@ SOURCES = ("kvsim.core.schema", "kvsim.core.codes", "kvsim.policy.api", "kvsim.p
            "kvsim.replay.kernel.tiers", "kvsim.replay.kernel.bookkeeping",
            "kvsim.replay.kernel.links",
            "kvsim.replay.kernel.tier_ops", "kvsim.replay.kernel.spill",
+           "kvsim.replay.kernel.offload",
            "kvsim.replay.kernel.placement", "kvsim.replay.kernel.core",
            "kvsim.replay.kernel.core_ref", "kvsim.engine.scheduler_state",
            "kvsim.engine.scheduler_blocks", "kvsim.engine.scheduler",

@@ -42,6 +42,11 @@ def simulate(trace_path: str | Path, policy, config: SimConfig | None = None,
         raise KvsimInputError("expected --shared-tier-gb only with a Request table served "
                               "closed loop (--request-trace / --profile), not an event file",
                               None, None, "--shared-tier-gb")
+    if config.write_policy == "vllm_offload":  # stores per engine step of vLLM's scheduler
+        raise KvsimInputError("expected --write-policy vllm_offload only in the closed loop "
+                              "with vLLM's scheduler (--request-trace / --profile, "
+                              "--scheduler auto or vllm), not an event file", None, None,
+                              "--write-policy")
     if config.link_model != "none" and (config.mode == "cache" or config.live_offload):
         raise KvsimInputError("expected --link-model queue only in the engine replay (not "
                               "--mode cache, which has no time, nor --live-offload, which "

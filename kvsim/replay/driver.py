@@ -233,7 +233,8 @@ class _Run:
         K = np.zeros(L.NK, dtype=np.int64)
         K[L.K_WRITE_POLICY] = {"write_back": L.WP_WRITE_BACK,
                                "write_through": L.WP_WRITE_THROUGH,
-                               "write_through_selective": L.WP_WRITE_THROUGH_SELECTIVE}[
+                               "write_through_selective": L.WP_WRITE_THROUGH_SELECTIVE,
+                               "vllm_offload": L.WP_VLLM_OFFLOAD}[
             config.write_policy]
         K[L.K_PREEMPT_SWAP] = int(config.preemption == "swap")
         K[L.K_PRIO_SCHED] = int(config.priority_scheduling)
@@ -320,7 +321,8 @@ class _Run:
         of a record before it reads it (the ALLOCATE row, a fork's copy, _grow_records)."""
         R_i = self.R_i
         live = np.flatnonzero((R_i[:, L.RI_STATE] == L.RS_RUNNING) |
-                              (R_i[:, L.RI_STATE] == L.RS_PREEMPTED))
+                              (R_i[:, L.RI_STATE] == L.RS_PREEMPTED) |
+                              (R_i[:, L.RI_OFF_PEND] != 0))  # vllm_offload: re-rank next step
         live = live[np.argsort(R_i[live, L.RI_BT_START], kind="stable")]
         caps = R_i[live, L.RI_BT_CAP]
         used = int(caps.sum())

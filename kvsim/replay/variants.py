@@ -357,8 +357,14 @@ def closed_for(core_module: ModuleType) -> ModuleType:
     if not is_compiled(core_module):
         key = "closed_twin"
         if key not in _LOADED:
+            from kvsim.replay.kernel import offload
+
             tw = _twin(closed_step, "py")
             tw.core_mod = core_module
+            tw_off = _twin(offload, "py")  # vllm_offload's step, on the twin's tiers
+            tw_off.tr = core_module.tr
+            tw_off.tier_ops = core_module.lower.tier_ops
+            tw.offload = tw_off
             _LOADED[key] = tw
         return _LOADED[key]
     return closed_step

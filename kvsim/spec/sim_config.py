@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 
 from kvsim.core.errors import KvsimInputError, bad_value
 
-WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
+WRITE_POLICIES = ("write_back", "write_through", "write_through_selective", "vllm_offload")
 PREEMPTION_MODES = ("recompute", "swap")
 LOWER_TIERS = ("dram", "cxl", "nvme")
 ENGINES = ("auto", "compiled", "interpreted")
@@ -100,7 +100,9 @@ class SimConfig:
             "eviction policy of each lower tier, e.g. (('dram','lru'),('cxl','s3fifo'))"))
     write_policy: str = field(default="write_back", metadata=_h(
         "host-write policy (SGLang HiCache): write_back (copy down on HBM eviction), "
-        "write_through (on first use), write_through_selective (on second use)"))
+        "write_through (on first use), write_through_selective (on second use), "
+        "vllm_offload (vLLM's native CPU offloading: prompt blocks stored as computed, "
+        "vLLM's request-ranked LRU; closed loop with vLLM's scheduler only)"))
     preemption: str = field(default="recompute", metadata=_h(
         "when HBM is full of held blocks: recompute (vLLM v1) or swap (to host memory)"))
     priority_scheduling: bool = field(default=False, metadata=_h(

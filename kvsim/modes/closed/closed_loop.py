@@ -347,6 +347,27 @@ def vllm_unsupported(table: RequestTable, config: SimConfig) -> str | None:
     return None
 
 
+def check_vllm_offload(config: SimConfig, vllm: bool) -> None:
+    """``--write-policy vllm_offload`` (kvsim.replay.kernel.offload): vLLM's scheduler, one
+    CPU tier (DRAM; an explicit CXL or NVMe capacity is refused, the profile's are off)."""
+    if not vllm:
+        raise KvsimInputError("expected --write-policy vllm_offload with vLLM's scheduler "
+                              "(--scheduler auto or vllm): its stores follow vLLM's steps",
+                              None, None, "--write-policy")
+    if config.shared_tier_gb is not None:
+        raise KvsimInputError("expected --write-policy vllm_offload without --shared-tier-gb "
+                              "(vLLM's native offloading is one private CPU tier)", None,
+                              None, "--write-policy")
+    for name in ("cxl", "nvme"):
+        if (getattr(config, f"{name}_gb") or 0) > 0:
+            raise KvsimInputError(f"expected --{name}-gb 0 with --write-policy vllm_offload "
+                                  "(vLLM's native offloading has one CPU tier: --dram-gb)",
+                                  None, None, f"--{name}-gb")
+    if config.dram_gb == 0:
+        raise KvsimInputError("expected --dram-gb > 0 with --write-policy vllm_offload (the "
+                              "CPU tier vLLM offloads to)", None, None, "--dram-gb")
+
+
 def resolve_scheduler(table: RequestTable, config: SimConfig,
                       opts: EngineOptions) -> tuple[EngineOptions, str | None]:
     """``opts`` with its scheduler decided, and why ``auto`` fell back to kvsim's (None
@@ -447,6 +468,8 @@ def prepare(table: RequestTable, config: SimConfig, opts: EngineOptions):
     hbm_blocks = hbm_pool_blocks(config, cost)
     cfg = opts.engine_config(hbm_blocks, config.seed)
     vllm = resolve_scheduler(table, config, opts)[0].scheduler == "vllm"
+    if config.write_policy == "vllm_offload":
+        check_vllm_offload(config, vllm)
     table, dropped = _drop_unadmittable(table, opts.block_size_tokens,
                                         hbm_blocks - cfg.watermark_blocks(hbm_blocks),
                                         whole_sequence=vllm)
@@ -454,6 +477,8 @@ def prepare(table: RequestTable, config: SimConfig, opts: EngineOptions):
     caps = {}
     for name in LOWER_TIERS:
         gb = getattr(config, f"{name}_gb")
+        if config.write_policy == "vllm_offload" and name != "dram":
+            gb = 0.0  # vLLM's native offloading has one CPU tier
         caps[f"{name}_bytes"] = None if gb is None else int(gb * GB)
     costs = tier_costs(hw.with_capacities(**caps), cost.block_bytes, hbm_blocks)
     off, ids = table.flat_block_ids()

@@ -30,9 +30,11 @@ import numpy as np
 
 from kvsim.core import layout as L
 from kvsim.engine import scheduler as S
-from kvsim.engine.vllm_rows import vllm_rows
+from kvsim.engine import vllm_step as VL
+from kvsim.engine.vllm_rows import VS_FIN, VS_OC, VS_SCHED, vllm_rows
 from kvsim.jit.decorators import njit
 from kvsim.replay.kernel import core as core_mod
+from kvsim.replay.kernel import offload
 
 # aux (int64): step rows in flight (0 = none), row to resume at, steps recorded in insys,
 # ALLOCATE rows of the step, lost cached tokens (recomputed), event rows replayed, arena
@@ -197,6 +199,10 @@ def advance(limit_us, max_steps, aux, insys,
                 P[q, 2] = -1
                 C[L.C_NPEND] = q + 1
                 R_i[c, L.RI_FT_PENDING] = 1
+        if ip[S.P_VLLM] != 0 and cr.K[L.K_WRITE_POLICY] == L.WP_VLLM_OFFLOAD:
+            # vLLM's native CPU offloading: this step's stores, ranks, finishes
+            oc = vs[VS_OC]
+            offload.offload_step(cr, vs[VS_SCHED], oc[VL.O_SCHED], vs[VS_FIN], oc[VL.O_FIN])
         # the scheduler already left cached tokens out of the step: no credit on top
         C[L.C_STEP_SAVED_US] = 0.0
         stf[0] = (C[L.C_STEP_START_US] + C[L.C_STEP_DUR_US] + C[L.C_STEP_STALL_US]

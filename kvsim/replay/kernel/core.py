@@ -38,6 +38,7 @@ from kvsim.core.layout import (
     AI_FULL_HASH,
     AI_HASH,
     AI_NEXT,
+    AI_OFF_SEEN,
     AI_PFOK,
     AI_PHASE,
     AI_PIN,
@@ -94,6 +95,7 @@ from kvsim.core.layout import (
     RI_HIT_TOK,
     RI_LATMASK,
     RI_NOUT,
+    RI_OFF_NEXT,
     RI_PHASE,
     RI_PREEMPTS,
     RI_PREFILLED,
@@ -318,6 +320,7 @@ def run(cols, i0, n, cr):
                 R_i[r, RI_STATE] = RS_RUNNING
                 R_i[r, RI_PHASE] = 0
                 R_i[r, RI_ADMIT_STEP] = step
+                R_i[r, RI_OFF_NEXT] = 0  # vLLM offers every block again after (re)admission
                 R_i[r, RI_LATMASK] = 0
                 R_f[r, RF_ADMIT_US] = now_us
                 if state == 0:  # no ARRIVE row: arrival = admission
@@ -349,6 +352,7 @@ def run(cols, i0, n, cr):
                 a = R_i[r, RI_BT_START] + (bi if bi < e else e)
                 if bi >= e:
                     R_i[r, RI_BT_LEN] = e + 1
+                    A_i[a, AI_OFF_SEEN] = 0
                 ntok = c_ntok[i]
                 A_i[a, AI_HASH] = c_hash[i] if ntok == K[K_BLOCK_TOKENS] else 0
                 A_i[a, AI_FULL_HASH] = c_hash[i]

@@ -42,6 +42,7 @@ from kvsim.core.layout import (
     M_WRITE_THROUGH,
     RI_EV_CAUSED,
     RI_EV_SUFFERED,
+    WP_VLLM_OFFLOAD,
     WP_WRITE_BACK,
     WP_WRITE_THROUGH,
 )
@@ -502,6 +503,8 @@ def _write_through(b, r, cr, step, now_us):
     T2 = cr.T2
     T3 = cr.T3
     wp = K[K_WRITE_POLICY]
+    if wp == WP_VLLM_OFFLOAD:  # stores are made per step (kvsim.replay.kernel.offload)
+        return
     thr = 1 if wp == WP_WRITE_THROUGH else 2
     h = view.content_hash[b]
     if h == 0 or H_i[b, HI_HITS] != thr or tr.lower_find(T1.L_h, h) >= 0:  # a lower copy

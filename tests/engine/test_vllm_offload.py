@@ -1,0 +1,117 @@
+"""``--write-policy vllm_offload`` (kvsim.replay.kernel.offload) against vLLM 0.33's own
+native CPU offloading: a recording of vLLM's Scheduler with its ``OffloadingConnector``
+(scheduler side, ``CPUOffloadingManager`` with the ``lru`` cache policy; a fake worker
+finishes every transfer in its step) replayed through kvsim's closed loop with vLLM's
+scheduler and a DRAM tier of the recording's CPU chunks.  Every step agrees: the scheduled
+set, admissions with their hit tokens (GPU prefix hits + tokens loaded from the CPU tier),
+finished requests, the GPU KV events, free GPU blocks, and the CPU tier's contents after
+the step; the loads, stores and CPU evictions add up to vLLM's.
+
+The recording: bench/vllm/record_scheduler.py --case offload_lru (docs/vllm-recordings.md,
+"Native CPU offloading").  kvsim's old DRAM tier (an exclusive write-back victim cache:
+blocks enter when HBM evicts them) holds other blocks and finds other hits: the second
+test shows it, so the first fails if kvsim used it."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from kvsim.analysis.sched_closed import validate_sched_closed
+from kvsim.core.errors import KvsimInputError
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_offload"
+
+
+def _summary(path: Path) -> dict:
+    with gzip.open(path, "rt") as fh:
+        for line in fh:
+            d = json.loads(line)
+            if d["kind"] == "summary":
+                return d
+    raise AssertionError("no summary")
+
+
+def _check(name: str) -> None:
+    path = FIXTURES / f"{name}.jsonl.gz"
+    r = validate_sched_closed(path)
+    s = _summary(path)
+    assert r.first_divergence is None, r.first_divergence.describe()
+    assert r.steps_vllm == r.steps_kvsim == r.replay["steps"]
+    assert set(r.agree) == {"sched", "preempted", "hits", "finished", "free", "events",
+                            "offload"}
+    for f, n in r.agree.items():
+        assert n == r.steps, f
+    assert r.replay["lost_hit_tokens"] == 0
+    assert r.replay["preemptions"] == s["preemptions"]
+    off = s["offload"]
+    assert r.replay["offload"] == {"load": off["load"], "store": off["store"],
+                                   "evict": off["evict"]}
+    assert r.hit_tokens["new"] == {"vllm": s["new_hit_tokens"], "kvsim": s["new_hit_tokens"]}
+
+
+def test_vllm_offload_equals_vllm_every_step():
+    """38 requests over 10 shared documents, 24 GPU blocks, 36 CPU chunks, 3 sequences,
+    chunked prefill: 68 steps, 165 stores, 129 CPU evictions, 23 loads (368 tokens), each
+    step's CPU tier exactly vLLM's."""
+    _check("offload_lru")
+    s = _summary(FIXTURES / "offload_lru.jsonl.gz")["offload"]
+    assert (s["store"], s["evict"], s["load"]) == (165, 129, 23)
+
+
+def test_old_dram_tier_is_not_vllms():
+    """The same recording through kvsim's write-back DRAM tier (blocks enter on HBM
+    eviction) and write-through (first use, kept in tier-LRU order): neither holds vLLM's
+    CPU blocks, so the test above would fail with either."""
+    path = FIXTURES / "offload_lru.jsonl.gz"
+    for wp in ("write_back", "write_through"):
+        r = validate_sched_closed(path, write_policy=wp)
+        assert r.divergences.get("offload", 0) > 0, wp
+    r = validate_sched_closed(path, write_policy="write_back")
+    assert r.hit_tokens["new"]["kvsim"] != r.hit_tokens["new"]["vllm"]
+
+
+def test_vllm_offload_refused_outside_vllms_closed_loop(tmp_path):
+    """One line, exit 2, for the configurations it does not model."""
+    from kvsim.modes.closed.closed_loop import check_vllm_offload
+    from kvsim.modes.dispatch import simulate
+    from kvsim.spec.sim_config import SimConfig
+
+    cfg = SimConfig(write_policy="vllm_offload", dram_gb=1.0, cxl_gb=0, nvme_gb=0)
+    with pytest.raises(KvsimInputError, match="--scheduler auto or vllm"):
+        check_vllm_offload(cfg, vllm=False)
+    with pytest.raises(KvsimInputError, match="--cxl-gb 0"):
+        check_vllm_offload(SimConfig(write_policy="vllm_offload", dram_gb=1.0, cxl_gb=2.0),
+                           vllm=True)
+    with pytest.raises(KvsimInputError, match="--dram-gb > 0"):
+        check_vllm_offload(SimConfig(write_policy="vllm_offload", dram_gb=0), vllm=True)
+    with pytest.raises(KvsimInputError, match="without --shared-tier-gb"):
+        check_vllm_offload(SimConfig(write_policy="vllm_offload", shared_tier_gb=8.0),
+                           vllm=True)
+    check_vllm_offload(cfg, vllm=True)  # accepted
+    with pytest.raises(KvsimInputError, match="not an event file"):
+        simulate(str(tmp_path / "events.parquet"), "lru", cfg)
+
+
+@pytest.mark.slow
+def test_vllm_offload_mooncake_equals_vllm():
+    """The first 150 Mooncake requests at their real lengths and times, 512-token blocks,
+    260 GPU blocks, 1,000 CPU chunks, 16 sequences: 7,605 steps, 6 preemptions, 3,960
+    stores, 2,960 CPU evictions, 5 loads; every step's CPU tier and hits are vLLM's (~40 s).
+    It found kvsim storing an HBM block that duplicates cached content (no hash in HBM)."""
+    _check("offload_mooncake150")
+    s = _summary(FIXTURES / "offload_mooncake150.jsonl.gz")
+    assert (s["offload"]["store"], s["offload"]["evict"], s["offload"]["load"],
+            s["preemptions"]) == (3960, 2960, 5, 6)
+
+
+def test_arc_recording_refused():
+    """vLLM's arc cache policy is recorded (offload_arc: 120 stores, 84 CPU evictions, 68
+    loads against lru's 165 / 129 / 23 on the same requests) but not modelled: one line."""
+    with pytest.raises(KvsimInputError, match="lru cache policy"):
+        validate_sched_closed(FIXTURES / "offload_arc.jsonl.gz")
+    s = _summary(FIXTURES / "offload_arc.jsonl.gz")["offload"]
+    assert (s["store"], s["evict"], s["load"]) == (120, 84, 68)
