@@ -61,6 +61,7 @@ class WalkS3fifo:
         self.freq, self.where, self.held = {}, {}, set()
         self.ghost, self.pend = [], set()
         self.evicted = False
+        self.walked = 0  # blocks examined by the sweeps
 
     def miss(self, h):
         if h in self.ghost:
@@ -88,6 +89,7 @@ class WalkS3fifo:
         while True:
             if sweep_small:
                 for c in list(self.small):
+                    self.walked += 1
                     if self.freq[c] >= 2:
                         self.small.remove(c)
                         self.main.append(c)
@@ -105,6 +107,7 @@ class WalkS3fifo:
                 if i >= len(self.main):
                     i = 0
                 c = self.main[i]
+                self.walked += 1
                 if c in self.held:
                     i += 1
                 elif self.freq[c] >= 1:
@@ -177,4 +180,5 @@ def test_parked_sweeps_equal_the_plain_walk_and_stay_amortised(seed):
     from kvsim.policies.s3fifo import STATE, WALKED
 
     walked = int(STATE.of(d.state).ints[WALKED])
-    assert walked <= 4 * ops
+    assert walked <= 4 * ops  # measured 0.84 a operation (seed 0)
+    assert walked <= ref.walked  # the plain walk: 6.0 a operation (seed 0)
