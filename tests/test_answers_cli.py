@@ -45,11 +45,31 @@ def test_request_trace_given_as_trace_points_to_request_trace(tmp_path):
 
 
 def test_requests_over_context_are_refused_then_dropped(tmp_path):
-    f = _mooncake(tmp_path / "m.jsonl", prompt=9000)
+    # the default model is llama-3.1-8b (131,072 tokens); an agentic session's prompts
+    # run past it, and the refusal names the limit and a model whose context holds them
+    f = _mooncake(tmp_path / "m.jsonl", prompt=140_000)
     res = runner.invoke(app, ["compare", "--request-trace", str(f), "--policies", "lru"])
     assert res.exit_code == 2
-    assert "6 of 6 requests exceed llama-3-8b's context of 8,192 tokens" in res.output
+    assert "6 of 6 requests exceed llama-3.1-8b's context of 131,072 tokens" in res.output
     assert "--drop-over-context" in res.output
+    assert "qwen2.5-7b-1m, 1,010,000 tokens" in res.output
+    short = runner.invoke(app, ["compare", "--request-trace", str(f), "--policies", "lru",
+                                "--model", "llama-3-8b"])
+    assert short.exit_code == 2 and "llama-3.1-8b, 131,072 tokens" not in short.output
+
+
+def test_default_model_serves_prompts_past_8k(tmp_path):
+    """Issue #33: on defaults a real trace's 9k-token prompts are served (the default model
+    is llama-3.1-8b, 131,072 tokens), not refused against llama-3-8b's 8,192."""
+    from kvsim.spec.models import DEFAULT_MODEL, load_model
+
+    assert DEFAULT_MODEL == "llama-3.1-8b"
+    assert load_model(DEFAULT_MODEL).max_position_embeddings == 131_072
+    f = _mooncake(tmp_path / "m.jsonl", prompt=9000)
+    res = runner.invoke(app, ["simulate", "--request-trace", str(f), "--json"])
+    assert res.exit_code == 0, res.output
+    assert "exceed" not in res.output
+    assert json.loads(res.stdout)["policies"][0]["requests"] == 6
 
 
 def test_sizing_proposes_replicas():
@@ -127,3 +147,45 @@ def test_result_warnings():
     codes = {w["code"] for w in result_warnings(rows[1:], schedule_budget_blocks=100,
                                                 largest_request_blocks=20)}
     assert {"hbm_below_budget", "request_larger_than_hbm"} <= codes
+
+
+def test_dropped_requests_count_as_misses_in_the_hit_rates():
+    """Issue #33: at 8 GB the Mooncake trace's 297 longest requests can never be admitted;
+    leaving their prompts out of the hit rates made 8 GB score above 16 GB (5.02 % vs
+    4.36 % under --replicas auto).  Their prompts now count as looked up and missed."""
+    from kvsim.ingest.requests import RequestTable
+    from kvsim.modes.closed.cluster import _dropped_prompts
+    from kvsim.modes.closed.serving_metrics import count_dropped_as_misses
+
+    df = pd.DataFrame({"request_id": np.arange(4), "arrival_us": [0, 10, 20, 30],
+                       "prompt_tokens": [100, 5000, 40, 5000], "output_tokens": [5, 5, 5, 6],
+                       "block_ids": [[1], [2], [3], [4]]})
+    kept = RequestTable(df.iloc[[0, 2]].reset_index(drop=True), 512)
+    missed = _dropped_prompts(RequestTable(df, 512), kept, 16)
+    assert missed.tolist() == [[10, 30], [5000, 5000], [313, 313]]
+    s = {"hbm_hit_rate": 0.5, "prefix_hit_rate": 0.75, "block_hit_rate": 0.5,
+         "hbm_block_hit_rate": 0.25, "lookup_tokens": 140, "prompt_blocks": 10}
+    count_dropped_as_misses(s, 10_000, 626)
+    assert s["lookup_tokens"] == 10_140 and s["prompt_blocks"] == 636
+    assert s["hbm_hit_rate"] == pytest.approx(70 / 10_140)
+    assert s["prefix_hit_rate"] == pytest.approx(105 / 10_140)
+    assert s["hbm_block_hit_rate"] == pytest.approx(2.5 / 636)
+    same = {"hbm_hit_rate": 0.5, "lookup_tokens": 140, "prompt_blocks": 10}
+    count_dropped_as_misses(same, 0, 0)
+    assert same == {"hbm_hit_rate": 0.5, "lookup_tokens": 140, "prompt_blocks": 10}
+
+
+def test_overload_warning_is_printed_once_before_the_replay(tmp_path):
+    """The sizing warning goes to stderr before the replay (a user on defaults sees the
+    proposed replica count at once, not after a long overloaded run), once, and stays in
+    the --json warnings."""
+    f = _mooncake(tmp_path / "m.jsonl", n=40, prompt=8000, out=50, gap_us=1000)
+    res = runner.invoke(app, ["simulate", "--request-trace", str(f), "--json"])
+    assert res.exit_code == 0, res.output
+    lines = [x for x in res.stderr.splitlines() if x.startswith("warning: this trace overloads")]
+    assert len(lines) == 1
+    err = res.stderr
+    assert err.index("warning: this trace overloads") < err.index("compiling") \
+        if "compiling" in err else True
+    codes = [w["code"] for w in json.loads(res.stdout)["warnings"]]
+    assert codes.count("overload_predicted") == 1

@@ -40,6 +40,7 @@ HAND_BYTES_PER_TOKEN_FP16 = {
     "mixtral-8x7b": 32 * 2 * 8 * 128 * 2,  # GQA 32/8
     "qwen2.5-7b": 28 * 2 * 4 * 128 * 2,  # GQA 28/4, 3584 / 28 = 128
     "qwen2.5-72b": 80 * 2 * 8 * 128 * 2,  # GQA 64/8
+    "qwen2.5-7b-1m": 28 * 2 * 4 * 128 * 2,  # Qwen2.5-7B's shapes, 1,010,000-token context
     "gemma-2-9b": 42 * 2 * 8 * 256 * 2,  # GQA 16/8, explicit head_dim 256
     "deepseek-v3": 61 * (512 + 64) * 2,  # MLA: latent 512 + rope key 64 per layer
     "deepseek-r1": 61 * (512 + 64) * 2,  # the V3 architecture

@@ -107,6 +107,25 @@ def hybrid_warning(model: str) -> dict | None:
         "kvsim.engine.vllm_hybrid.serve_hybrid (docs/memory-model.md, \"Hybrid models\")")}
 
 
+#: Catalog models suggested for a trace over the model's context, shortest context first
+#: (their max_position_embeddings: 131,072 and 1,010,000; kvsim/spec/models/catalog.toml).
+LONG_CONTEXT_MODELS = ("llama-3.1-8b", "qwen2.5-7b-1m")
+
+
+def longer_context_model(ctx: ContextCheck) -> str:
+    """``e.g. NAME, N tokens``: the first of :data:`LONG_CONTEXT_MODELS` whose context holds
+    the trace's longest request (the longest-context one when none does)."""
+    from kvsim.spec.kvsize import load_model
+
+    best = None
+    for name in LONG_CONTEXT_MODELS:
+        n = int(load_model(name).max_position_embeddings)
+        best = (name, n)
+        if name != ctx.model and n >= ctx.longest_tokens:
+            break
+    return f"e.g. {best[0]}, {best[1]:,} tokens"
+
+
 def drop_over_context(table, context_tokens: int):
     """``table`` without the requests whose prompt + output exceed ``context_tokens``
     (request ids renumbered, as the reader numbers them)."""
@@ -186,6 +205,6 @@ def estimate_load(table, model: str, hardware: str, max_num_seqs: int,
                         batch)
 
 
-__all__ = ["ContextCheck", "LoadEstimate", "OVERLOAD_UTILISATION", "TARGET_UTILISATION",
-           "context_check", "drop_over_context", "estimate_load", "hybrid_warning",
-           "pool_blocks"]
+__all__ = ["ContextCheck", "LONG_CONTEXT_MODELS", "LoadEstimate", "OVERLOAD_UTILISATION",
+           "TARGET_UTILISATION", "context_check", "drop_over_context", "estimate_load",
+           "hybrid_warning", "longer_context_model", "pool_blocks"]

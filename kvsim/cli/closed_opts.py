@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from kvsim.core.errors import KvsimInputError
+from kvsim.spec.models.catalog import DEFAULT_MODEL
 
 SCHEDULES = ("closed", "recorded")
 
@@ -302,7 +303,7 @@ def request_table(profile, requests, seed, request_trace, fmt, model, block_size
                        salt_by_tenant)
     opts = EngineOptions(block_size_tokens=block_size, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens,
-                         model=model or "llama-3-8b", timing=timing or "auto",
+                         model=model or DEFAULT_MODEL, timing=timing or "auto",
                          scheduler=scheduler, spec_lookahead=bool(spec_lookahead))
     if sched == "closed":  # auto: vllm unless the run needs what it does not model
         opts, why = resolve_scheduler(table, config, opts)

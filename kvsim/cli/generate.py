@@ -31,6 +31,7 @@ from kvsim.cli.importing import (
     render_summary,
     run_with_progress,
 )
+from kvsim.spec.models.catalog import DEFAULT_MODEL
 from kvsim.workload import generate, list_profiles, load_profile
 
 
@@ -60,7 +61,7 @@ def generate_command(
     seed: Annotated[int, typer.Option(
         "--seed", help="Seed of the numpy Generator: same seed -> byte-identical "
         "file.")] = 0,
-    model: ModelOption = "llama-3-8b",
+    model: ModelOption = DEFAULT_MODEL,
     hardware: HardwareOption = "h100-sxm",
     timing: TimingOption = "auto",
     block_size: BlockSizeOption = 16,

@@ -18,6 +18,7 @@ from kvsim.cli.common import JsonOption, emit_json, out_console, progress, quiet
 from kvsim.engine.lowering import import_request_trace
 from kvsim.events.import_summary import ImportSummary
 from kvsim.ingest import FORMATS
+from kvsim.spec.models.catalog import DEFAULT_MODEL
 
 ModelOption = Annotated[str, typer.Option(
     "--model", help="Model from the catalog (`kvsim estimate-kv --list-models`) or a "
@@ -134,7 +135,7 @@ def import_request_trace_command(
     format: Annotated[str | None, typer.Option(
         "--format", help="Force the reader: " + ", ".join(FORMATS) + ".  Default: detected "
         "from the name and first line (docs/importers.md).", show_default=False)] = None,
-    model: ModelOption = "llama-3-8b",
+    model: ModelOption = DEFAULT_MODEL,
     hardware: HardwareOption = "h100-sxm",
     timing: TimingOption = "auto",
     block_size: BlockSizeOption = 16,

@@ -33,6 +33,7 @@ from kvsim.cli.simulate_opts import (
     SeedOpt,
 )
 from kvsim.core.errors import KvsimInputError
+from kvsim.spec.models.catalog import DEFAULT_MODEL
 
 
 @app.command("reorder", short_help="Serve a request trace as one batch job in submission, "
@@ -76,7 +77,7 @@ def reorder_command(
     wanted = tuple(o.strip() for o in orders.split(",") if o.strip())
     bs, seqs, toks = engine_options(None, block_size, max_num_seqs, max_num_batched_tokens)
     opts = EngineOptions(block_size_tokens=bs, max_num_seqs=seqs, max_num_batched_tokens=toks,
-                         model=model or "llama-3-8b")
+                         model=model or DEFAULT_MODEL)
     tiers = {k: v for k, v in (("dram_gb", dram_gb), ("cxl_gb", cxl_gb),
                                ("nvme_gb", nvme_gb)) if v is not None}
     config = SimConfig(hardware=hardware, hbm_gb=hbm_gb, hbm_blocks=hbm_blocks,

@@ -14,6 +14,13 @@ def size_table(table, opts, config, replicas, sched, drop: bool, warnings: list,
     the model's context (one line, exit 2) unless ``drop``; warn when the offered load
     overloads ``replicas`` and propose a count; resolve ``--replicas auto``.  Returns the
     table, the replica count and the trace's span in us."""
+    start = len(warnings)
+    out = _size_table(table, opts, config, replicas, sched, drop, warnings, strict)
+    _show_now(warnings[start:])  # now, before a replay that may run for minutes (issue #33)
+    return out
+
+
+def _size_table(table, opts, config, replicas, sched, drop, warnings, strict):
     from kvsim.analysis import sizing
 
     hybrid = sizing.hybrid_warning(opts.model)
@@ -29,8 +36,9 @@ def size_table(table, opts, config, replicas, sched, drop: bool, warnings: list,
             raise KvsimInputError(
                 f"{ctx.over:,} of {ctx.requests:,} requests exceed {ctx.model}'s context of "
                 f"{ctx.context_tokens:,} tokens (prompt + output; longest "
-                f"{ctx.longest_tokens:,}): choose a longer-context --model (e.g. llama-3.1-8b, "
-                "131,072) or pass --drop-over-context", None, None, "--model")
+                f"{ctx.longest_tokens:,}): choose a longer-context --model "
+                f"({sizing.longer_context_model(ctx)}) or pass --drop-over-context", None,
+                None, "--model")
         table = sizing.drop_over_context(table, ctx.context_tokens)
         warnings.append({"code": "over_context", "message": (
             f"dropped {ctx.over:,} of {ctx.requests:,} requests over {ctx.model}'s context "
@@ -92,6 +100,20 @@ def run_warnings(df, trace, span_us) -> list[dict]:
     return result_warnings(rows, span_us=span_us, schedule_budget_blocks=budget)
 
 
-def print_warnings(warnings: list[dict]) -> None:
+#: sizing warnings already printed before the replay (by identity; print_warnings skips
+#: them and forgets them)
+_SHOWN: list[dict] = []
+
+
+def _show_now(warnings: list[dict]) -> None:
     for w in warnings:
         err_console.print(f"warning: {w['message']}", markup=False)
+        _SHOWN.append(w)
+
+
+def print_warnings(warnings: list[dict]) -> None:
+    """Print the warnings on stderr, but those :func:`size_table` printed already."""
+    for w in warnings:
+        if not any(w is s for s in _SHOWN):
+            err_console.print(f"warning: {w['message']}", markup=False)
+    _SHOWN.clear()

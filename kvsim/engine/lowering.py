@@ -45,6 +45,7 @@ from kvsim.engine.scheduler_state import new_schedule
 from kvsim.events.import_summary import ImportSummary
 from kvsim.events.prefix_reuse import PrefixReuse
 from kvsim.ingest.requests import RequestTable
+from kvsim.spec.models.catalog import DEFAULT_MODEL
 
 #: Rows buffered before a chunk is handed to the writer (and Parquet row-group size).
 FLUSH_ROWS = 1 << 20
@@ -52,7 +53,7 @@ FLUSH_ROWS = 1 << 20
 DROP_PROMPT_EXCEEDS_KV = "prompt_exceeds_kv_blocks"
 
 
-def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str = "llama-3-8b",
+def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str = DEFAULT_MODEL,
                    hardware: str = "h100-sxm", block_size_tokens: int = 16,
                    max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                    step_overhead_us: float | None = None, kv_dtype: str | None = None,
@@ -214,7 +215,7 @@ def _columns(I: np.ndarray, F: np.ndarray, n: int, src: np.ndarray, N: int,
 
 def import_request_trace(path: str | Path, out_path: str | Path, *, format: str | None = None,
                          mapping: str | dict[str, str] | None = None,
-                         skip_bad_rows: bool = False, model: str = "llama-3-8b",
+                         skip_bad_rows: bool = False, model: str = DEFAULT_MODEL,
                          hardware: str = "h100-sxm", block_size_tokens: int = 16,
                          max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                          arrival_rate: float | None = None, concurrency: int | None = None,

@@ -13,7 +13,8 @@ keys) and returns a list of ``{"code", "message"}`` dicts; the CLI prints each a
 * ``hbm_below_budget``: the replayed HBM holds under half the blocks the recorded schedule
   was made for (its batches no longer fit: preemptions and overflow, not caching);
 * ``request_larger_than_hbm``: a request needs more blocks than HBM holds (the closed
-  loop's ``dropped_requests``: never admitted, left out of every metric; or, given
+  loop's ``dropped_requests``: never admitted, counted as misses in the hit rates and
+  left out of every other metric; or, given
   ``largest_request_blocks``, the largest request of an event file).
 
 Sizing warnings made before a replay (context, offered load) come from
@@ -80,8 +81,9 @@ def result_warnings(rows: list[dict], *, span_us: float | None = None,
             total = int(dropped + (_num(r.get("requests")) or 0))
             add("request_larger_than_hbm", f"{int(dropped):,} of {total:,} requests dropped: "
                 f"each needs more KV blocks than HBM holds ({int(cap or 0):,} blocks a "
-                "replica, the scheduler's budget), so they are never admitted and missing "
-                "from every metric; raise --hbm-gb / --hbm-blocks or lower --block-size")
+                "replica, the scheduler's budget), so they are never admitted: the hit "
+                "rates count their prompts as misses, the latencies leave them out; raise "
+                "--hbm-gb / --hbm-blocks or lower --block-size")
         elif cap and largest_request_blocks and largest_request_blocks > cap:
             add("request_larger_than_hbm", f"a request needs {largest_request_blocks:,} "
                 f"blocks but HBM holds {int(cap):,}: it can never be resident at once")

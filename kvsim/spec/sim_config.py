@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 from kvsim.core.errors import KvsimInputError, bad_value
+from kvsim.spec.models.catalog import DEFAULT_MODEL
 
 WRITE_POLICIES = ("write_back", "write_through", "write_through_selective", "vllm_offload")
 PREEMPTION_MODES = ("recompute", "swap")
@@ -286,7 +287,7 @@ class SimConfig:
         return n
 
     def lowering_options(self, block_size_tokens: int = 16,
-                         default_model: str = "llama-3-8b") -> dict:
+                         default_model: str = DEFAULT_MODEL) -> dict:
         """Keyword arguments for :func:`kvsim.workload.generate` (or
         :func:`kvsim.engine.lowering.import_request_trace`) that lower a workload *for this replay*:
         same hardware and model, and a scheduler KV budget (``num_gpu_blocks``) equal to

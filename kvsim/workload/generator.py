@@ -36,6 +36,7 @@ from kvsim.engine.lowering import lower_requests
 from kvsim.events.import_summary import ImportSummary
 from kvsim.ingest.hashing import finish63, mix64, name_hash
 from kvsim.ingest.requests import RequestTable, build_request_table
+from kvsim.spec.models.catalog import DEFAULT_MODEL
 from kvsim.spec.workload_profile import RequestClass, WorkloadProfile, load_profile
 
 #: Native block size of generated content ids (vLLM's default block size).
@@ -158,7 +159,7 @@ def _seg(ns: int, kind: str, a: int, b: int) -> int:
 
 
 def generate(profile: str | Path | WorkloadProfile, num_requests: int, seed: int,
-             out_path: str | Path, *, model: str = "llama-3-8b", hardware: str = "h100-sxm",
+             out_path: str | Path, *, model: str = DEFAULT_MODEL, hardware: str = "h100-sxm",
              block_size_tokens: int = 16, max_num_seqs: int = 256,
              max_num_batched_tokens: int = 8192, num_gpu_blocks: int | None = None,
              gpu_memory_utilization: float | None = None,

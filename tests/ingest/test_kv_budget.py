@@ -276,7 +276,8 @@ def test_lowering_options_size_the_scheduler_to_the_replay_pool():
     from kvsim.core.errors import KvsimInputError
     from kvsim.spec.sim_config import SimConfig
 
-    # llama-3-8b: 131,072 bytes per token, 2,097,152 per 16-token block
+    # llama-3.1-8b (the default model; llama-3-8b's KV geometry): 131,072 bytes per token,
+    # 2,097,152 per 16-token block
     assert SimConfig(hbm_gb=4.0).lowering_options()["num_gpu_blocks"] == 1_907
     assert SimConfig(hbm_gb=4.0).lowering_options(block_size_tokens=512)[
         "num_gpu_blocks"] == 59
@@ -284,7 +285,7 @@ def test_lowering_options_size_the_scheduler_to_the_replay_pool():
     opts = SimConfig(hardware="h200", gpu_memory_utilization=0.8).lowering_options()
     assert "num_gpu_blocks" not in opts  # derived by the lowering, as the replay derives it
     assert (opts["hardware"], opts["model"], opts["gpu_memory_utilization"]) == \
-        ("h200", "llama-3-8b", 0.8)
+        ("h200", "llama-3.1-8b", 0.8)
     with pytest.raises(KvsimInputError, match="hbm_gb"):
         SimConfig(hbm_gb=0.001).lowering_options()
 

@@ -48,6 +48,7 @@ from kvsim.ingest.requests import RequestTable
 from kvsim.memory.fast import index_keys_values
 from kvsim.replay.kernel import closed_step as CS
 from kvsim.replay.variants import TypedTuple, closed_for, core_run_value
+from kvsim.spec.models.catalog import DEFAULT_MODEL
 from kvsim.spec.sim_config import SimConfig
 
 NEVER = np.iinfo(np.int64).max
@@ -61,7 +62,7 @@ class EngineOptions:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     step_overhead_us: float | None = None
-    model: str = "llama-3-8b"
+    model: str = DEFAULT_MODEL
     #: the step-time model (kvsim.engine.timing.select): auto, roofline, measured, a path
     timing: str | None = "auto"
     #: who decides each step: ``vllm`` (vLLM 0.33's scheduler, kvsim.engine.vllm_rows:

@@ -93,8 +93,10 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
                               None, None, "--router")
     pol = resolve_policy(policy)
     opts, _why = resolve_scheduler(table, config, opts)  # auto: vllm unless unsupported
+    offered = table
     cost, hbm_blocks, costs, block_bytes, off, ids, table, dropped = \
         prepare(table, config, opts)
+    missed = _dropped_prompts(offered, table, opts.block_size_tokens) if dropped else None
     costs = shared_tier.network_costs(config, costs)  # the shared tier behind the network
     cfg_dict = _describe(config, costs, block_bytes)
     cfg_dict.update(schedule="closed", scheduler=opts.scheduler, replicas=replicas,
@@ -117,11 +119,24 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
                             block_bytes, off, ids, dropped, cfg_dict, on_progress)
         return _serve(table, pol, config, replicas, router, opts, decision_log, cost,
                       hbm_blocks, costs, block_bytes, off, ids, dropped, cfg_dict,
-                      on_progress)
+                      on_progress, missed)
+
+
+def _dropped_prompts(offered: RequestTable, kept: RequestTable, B: int) -> np.ndarray:
+    """(arrival_us, prompt tokens, prompt blocks) of the requests :func:`prepare` dropped
+    (larger than HBM): the hit rates count their prompts as looked up and missed
+    (docs/simulate.md, "Metrics: hit rates")."""
+    a = offered.df
+    k = kept.df
+    key = ["arrival_us", "prompt_tokens", "output_tokens"]
+    left = a[key].merge(k[key].drop_duplicates().assign(_kept=1), on=key, how="left")
+    gone = left["_kept"].isna().to_numpy()
+    prompt = a["prompt_tokens"].to_numpy(np.int64)[gone]
+    return np.stack([a["arrival_us"].to_numpy(np.int64)[gone], prompt, (prompt + B - 1) // B])
 
 
 def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_blocks, costs,
-           block_bytes, off, ids, dropped, cfg_dict, on_progress):
+           block_bytes, off, ids, dropped, cfg_dict, on_progress, missed=None):
     """:func:`serve` after its set-up: build the engines, run them, summarise."""
     from kvsim.modes.closed.closed_facts import block_facts, prompt_block_hashes
     from kvsim.modes.closed.serving_metrics import cluster_summary
@@ -184,6 +199,11 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
     start_us = float(table.df["arrival_us"].iat[warmup]) if warmup > 0 else 0.0
     summary, requests, steps = cluster_summary(pol, engines, costs, N, router, dropped,
                                                warmup, start_us)
+    if missed is not None:  # dropped requests arriving in the measured window: misses
+        from kvsim.modes.closed.serving_metrics import count_dropped_as_misses
+
+        inside = missed[:, missed[0] >= start_us] if warmup > 0 else missed
+        count_dropped_as_misses(summary, int(inside[1].sum()), int(inside[2].sum()))
     summary["timing_model"] = cost.timing_model  # which step-time model timed the steps
     summary["scheduler"] = opts.scheduler  # who decided the steps: vllm or kvsim
     if config.tenant_metrics:

@@ -108,3 +108,21 @@ def cluster_summary(pol, engines, costs, N: int, router: str, dropped: int,
     summary["replica_rows"] = rows
     return summary, requests, steps
 
+
+def count_dropped_as_misses(summary: dict, tokens: int, blocks: int) -> None:
+    """Requests the closed loop drops (larger than HBM) were offered and got nothing from
+    the cache: their ``tokens`` prompt tokens and ``blocks`` prompt blocks join the hit
+    rates' denominators as misses, so a smaller HBM that cannot serve the longest requests
+    does not look better for leaving them out (docs/simulate.md, "Metrics: hit rates")."""
+    if tokens <= 0 and blocks <= 0:
+        return
+    lookup, prompt_blk = int(summary["lookup_tokens"]), int(summary["prompt_blocks"])
+    for key in ("hbm_hit_rate", "dram_hit_rate", "cxl_hit_rate", "nvme_hit_rate",
+                "prefix_hit_rate"):
+        if key in summary and lookup + tokens > 0:
+            summary[key] = float(summary[key]) * lookup / (lookup + tokens)
+    for key in ("block_hit_rate", "hbm_block_hit_rate"):
+        if key in summary and prompt_blk + blocks > 0:
+            summary[key] = float(summary[key]) * prompt_blk / (prompt_blk + blocks)
+    summary["lookup_tokens"] = lookup + tokens
+    summary["prompt_blocks"] = prompt_blk + blocks

@@ -5,6 +5,7 @@ See :mod:`kvsim.spec.models.catalog` for :class:`ModelSpec` and its invariants, 
 """
 
 from kvsim.spec.models.catalog import (
+    DEFAULT_MODEL,
     WEIGHT_DTYPE_BYTES,
     ModelSpec,
     estimate_num_params,
@@ -14,5 +15,5 @@ from kvsim.spec.models.catalog import (
     spec_from_config,
 )
 
-__all__ = ["WEIGHT_DTYPE_BYTES", "ModelSpec", "estimate_num_params", "load_config",
+__all__ = ["DEFAULT_MODEL", "WEIGHT_DTYPE_BYTES", "ModelSpec", "estimate_num_params", "load_config",
            "load_model", "list_models", "spec_from_config"]

@@ -34,6 +34,14 @@ from typing import Any
 
 from kvsim.core.errors import KvsimInputError, bad_value
 
+#: The model a run uses when none is named (``--model``).  Llama-3.1-8B: the KV geometry of
+#: Llama-3-8B (32 layers, 8 KV heads of 128 dims, 128 KiB per token in bf16), the same
+#: weights' shapes (so the same measured step-time profile, h100-sxm__llama-3.1-8b__tp1),
+#: and a 131,072-token context (its config.json: max_position_embeddings), so real
+#: traces (the Mooncake conversation trace's prompts reach 126,527 tokens) are served
+#: rather than refused against Llama-3-8B's 8,192 (docs/estimate-kv.md, "Model catalog").
+DEFAULT_MODEL = "llama-3.1-8b"
+
 #: dtype names kvsim accepts for weights, and their bytes per parameter.
 WEIGHT_DTYPE_BYTES: dict[str, float] = {
     "fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5,
