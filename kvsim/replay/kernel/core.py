@@ -132,6 +132,7 @@ from kvsim.replay.kernel.placement import (
     W_COW,
     W_FREE,
     W_RELEASE,
+    _fill_at_finish,
     _fill_last,
     _place,
     _preempt,
@@ -509,6 +510,7 @@ def run(cols, i0, n, cr):
                     R_i[r, RI_PHASE] = 0
             elif c_bi[i] < 0:  # the request is done
                 if state == RS_RUNNING:
+                    _fill_at_finish(r, cr, step, now_us)  # a last block full at finish
                     _release_all(r, cr, step, now_us)
                     _run_remove(running, C, r)
                 if state == RS_RUNNING or state == RS_PREEMPTED:
