@@ -549,3 +549,20 @@ def _fill_at_finish(r, cr, step, now_us):
             nout += 1
     if R_i[r, RI_PROMPT] + nout - 1 >= e * cr.K[K_BLOCK_TOKENS]:
         _fill_last(r, e, cr, step, now_us)
+
+
+@njit(cache=True)
+def _reset_cache(cr, now_us):
+    """A FREE row with ``block_index`` ``FREE_RESET_CACHE``: vLLM's ``reset_prefix_cache()``
+    succeeded in the scheduler's pool (no block held there, so none here: the scheduler's
+    pool holds what the replay's holds).  Every cached HBM block loses its hash and
+    becomes free, in the policy's victim order (:func:`kvsim.memory.pool_ops.clear_cache`,
+    vLLM's ``BlockPool.reset_prefix_cache``); nothing is spilled (the KV is dropped, not
+    evicted) and lower tiers keep their copies (a KV connector's store is not reset)."""
+    st = cr.st
+    view = cr.H_view
+    if ops.clear_cache(st, cr.pst, view, now_us, cr.out) == 0:
+        raise ValueError("reset_prefix_cache: the replay's HBM pool holds blocks")
+    for b in range(view.content_hash.shape[0]):
+        view.content_hash[b] = 0
+    cr.C[C_HBM_USED] = st.sc[mem.S_N_HELD]
