@@ -326,7 +326,9 @@ def bound_stream_from_events(path: str | Path, batch_rows: int = 1 << 20) -> Bou
       of the request's next appended block, when the replay caches it
       (:func:`kvsim.replay.kernel.placement._fill_last`).  (Before this rule the bound
       left out every block completed by decode, so it fell below belady's replay on
-      multi-turn traces.)
+      multi-turn traces.)  The last such block, when the request's computed tokens (its
+      ACCESS rows) fill it exactly, is a production at the request's FREE row, when the
+      replay caches it (:func:`kvsim.replay.kernel.placement._fill_at_finish`).
 
     Every block the replay can hold was produced by one of these entries, at or before the
     row at which the replay produces it, which is what makes the optimum over these
