@@ -16,8 +16,11 @@ Each closed-loop step is compared with the recording's next step that did someth
 tokens, preemptions, admissions with their hit tokens, finished requests, the KV events of
 the scheduler's KV manager, and the replay's own HBM pool: its free blocks after the
 step (``free``) must equal vLLM's, so the replay (hits, evictions, preemptions' releases)
-holds exactly vLLM's blocks.  Resets (``reset_prefix_cache``) are not replayable in the
-closed loop: such a recording is refused.
+holds exactly vLLM's blocks.  Resets (``reset_prefix_cache``, the recording's actions)
+are replayed (:meth:`kvsim.modes.closed.closed_loop.Engine.set_resets`) and their outcomes
+compared (``reset``): a recording step ``k`` becomes the closed loop's engine step that many
+steps that did something later (a step that schedules nothing is no engine step there), a
+reset before a request's arrival stays before it.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from typing import Any
 import numpy as np
 
 from kvsim.analysis.sched_validate import (
-    FIELDS,
     SchedDivergence,
     SchedValidation,
     _requests_of,
@@ -41,9 +43,9 @@ from kvsim.ingest.vllm_sched import load_sched_recording, unruns
 
 __all__ = ["validate_sched_closed"]
 
-#: fields compared through the closed loop (``reset`` is refused; ``blocks``: the
-#: scheduler's block ids are the KV manager's, compared as the step function's are)
-CLOSED_FIELDS = tuple(f for f in FIELDS if f != "reset")
+#: fields compared through the closed loop (``blocks``: the scheduler's block ids are the
+#: KV manager's, compared as the step function's are)
+CLOSED_FIELDS = ("sched", "preempted", "hits", "finished", "free", "events", "reset")
 
 
 def _table(rec, reqs):
@@ -82,6 +84,28 @@ def _clock_profile(rec, folder: Path) -> Path:
     return p
 
 
+def _resets(rec, perm) -> list[dict]:
+    """The recording's ``reset_prefix_cache`` actions for :meth:`Engine.set_resets`:
+    ``at_step`` k (a recording step) -> the number of recording steps before k that
+    scheduled or preempted something (the closed loop's engine step: an empty step is no
+    step there); ``before_arrival_of`` i (a recording request) -> its table row."""
+    acts = [a for a in rec.header.get("actions") or [] if a.get("do") == "reset_prefix_cache"]
+    if not acts:
+        return []
+    busy = [bool(s.get("sched") or s.get("preempted")) for s in rec.steps]
+    row = {int(q): j for j, q in enumerate(perm)}
+    out = []
+    for a in acts:
+        run = bool(a.get("reset_running_requests", False))
+        if "at_step" in a:
+            out.append({"at_step": sum(busy[:int(a["at_step"])]),
+                        "reset_running_requests": run})
+        else:
+            out.append({"before_arrival_of": row[int(a["before_arrival_of"])],
+                        "reset_running_requests": run})
+    return out
+
+
 def validate_sched_closed(path: str | Path, write_policy: str | None = None
                           ) -> SchedValidation:
     """Replay a scheduler recording through the closed loop and compare every step.
@@ -91,7 +115,7 @@ def validate_sched_closed(path: str | Path, write_policy: str | None = None
     shows how kvsim's other DRAM tiers differ), and each step's CPU tier contents are
     compared too (field ``offload``)."""
     from kvsim.engine import vllm_step as V
-    from kvsim.engine.vllm_rows import VS_ADM, VS_EV, VS_FIN, VS_OC, VS_PRE, VS_SCHED
+    from kvsim.engine.vllm_rows import VS_ADM, VS_EV, VS_FIN, VS_OC, VS_PRE, VS_RES, VS_SCHED
     from kvsim.modes.closed.closed_facts import block_facts
     from kvsim.modes.closed.closed_loop import Engine, EngineOptions, prepare
     from kvsim.policy.registry import resolve_policy
@@ -99,10 +123,6 @@ def validate_sched_closed(path: str | Path, write_policy: str | None = None
 
     rec = load_sched_recording(path)
     eng = rec.engine
-    if rec.header.get("actions"):
-        raise KvsimInputError("--closed-loop: the recording resets the prefix cache, which "
-                              "the closed loop does not replay (use the step function: "
-                              "omit --closed-loop)", field="--closed-loop")
     reqs = build_requests(rec)
     hashes = {r.idx: r.hashes for r in reqs}
     table, perm = _table(rec, reqs)
@@ -142,6 +162,9 @@ def validate_sched_closed(path: str | Path, write_policy: str | None = None
         e = Engine(table2, offs, ids, policy, config, opts, cost, hbm_blocks, costs,
                    block_bytes)
         e.set_block_facts(block_facts(table2, offs, ids, opts.block_size_tokens))
+        resets = _resets(rec, perm)
+        if resets:
+            e.set_resets(resets)
         mine: list[dict[str, Any]] = []
         vs = e.vs
         pool = e.run.st
@@ -161,6 +184,8 @@ def validate_sched_closed(path: str | Path, write_policy: str | None = None
                     events.append(("S", hs[b - 1] if b else None, tuple(hs[b:b + c])))
                 elif kind == V.E_REMOVED:
                     events.append(("R", to_port[int(a)]))
+                else:  # E_CLEARED: a reset_prefix_cache() that succeeded
+                    events.append(("C",))
             mine.append({
                 "sched": [(rid[i], int(n)) for i, n in vs[VS_SCHED][:oc[V.O_SCHED]]],
                 "preempted": [rid[i] for i in vs[VS_PRE][:oc[V.O_PRE], 0]],
@@ -169,6 +194,7 @@ def validate_sched_closed(path: str | Path, write_policy: str | None = None
                 "finished": [rid[i] for i in vs[VS_FIN][:oc[V.O_FIN]]],
                 "free": int(pool.sc[0] + pool.sc[1]),
                 "events": events,
+                "reset": [bool(x) for x in vs[VS_RES][:oc[V.O_RESET]]],
             })
             if off is not None:  # the CPU tier's contents after the step
                 T = e.run.T[0]
@@ -201,7 +227,7 @@ def validate_sched_closed(path: str | Path, write_policy: str | None = None
         if st["sched"] or st["preempted"]:
             theirs_all.append(st)
     mine = [m for m in mine if m["sched"] or m["preempted"]]
-    fields = ("sched", "preempted", "hits", "finished", "free", "events")
+    fields = CLOSED_FIELDS
     if off is not None:
         fields += ("offload",)
     result = SchedValidation(path=str(path), case=str(rec.header.get("case", "")),

@@ -74,6 +74,13 @@ class EventKind(enum.IntEnum):
 #: next ALLOCATE rows admit it again (prefix lookup).  Only the closed loop writes it.
 FREE_PREEMPT_BLOCK = -2
 
+#: ``block_index`` of a FREE row (``request_id`` -1) that resets the HBM prefix cache: vLLM's
+#: ``reset_prefix_cache()`` succeeded (no block was held, so nothing is released), every
+#: cached HBM block loses its hash and becomes free without being spilled, and later
+#: admissions hit nothing cached before it (vllm/v1/core/block_pool.py
+#: ``reset_prefix_cache``).  Only the closed loop writes it (kvsim.engine.vllm_rows).
+FREE_RESET_CACHE = -3
+
 
 #: The prefix of each enum's plain-int constants (tests/test_codes.py reads this).
 class Action(enum.IntEnum):

@@ -326,7 +326,9 @@ def bound_stream_from_events(path: str | Path, batch_rows: int = 1 << 20) -> Bou
       of the request's next appended block, when the replay caches it
       (:func:`kvsim.replay.kernel.placement._fill_last`).  (Before this rule the bound
       left out every block completed by decode, so it fell below belady's replay on
-      multi-turn traces.)
+      multi-turn traces.)  The last such block, when the request's computed tokens (its
+      ACCESS rows) fill it exactly, is a production at the request's FREE row, when the
+      replay caches it (:func:`kvsim.replay.kernel.placement._fill_at_finish`).
 
     Every block the replay can hold was produced by one of these entries, at or before the
     row at which the replay produces it, which is what makes the optimum over these
@@ -343,7 +345,8 @@ def bound_stream_from_events(path: str | Path, batch_rows: int = 1 << 20) -> Bou
         for cols in reader.batches(batch_rows):
             kind = cols["kind"]
             m = np.flatnonzero((kind == EventKind.ARRIVE) | (kind == EventKind.ALLOCATE)
-                               | (kind == EventKind.ACCESS) | (kind == EventKind.FORK))
+                               | (kind == EventKind.ACCESS) | (kind == EventKind.FORK)
+                               | (kind == EventKind.FREE))
             parts["row"].append(m + offset)
             parts["kind"].append(kind[m])
             parts["req"].append(cols["request_id"][m])
@@ -363,11 +366,22 @@ def bound_stream_from_events(path: str | Path, batch_rows: int = 1 << 20) -> Bou
     entries: list[tuple[int, int, bool, list[int], int]] = []  # row, req, admission, path, look
     pending_prompt: dict[int, list[int]] = {}
     gather: dict[int, int] = {}  # request -> row of its last gathered ALLOCATE (-2: done)
+    computed: dict[int, int] = {}  # request -> tokens its ACCESS rows computed
     for i in range(len(c["row"])):
         k, r = int(c["kind"][i]), int(c["req"][i])
         if k == EventKind.ARRIVE:
             prompt[r] = int(c["ntok"][i])
             continue
+        if k == EventKind.FREE:
+            # the request is done: a partial last block its computed tokens fill exactly
+            # is cached now (kvsim.replay.kernel.placement._fill_at_finish): a production
+            if (int(c["bi"][i]) == -1 and r in partial and r not in broken
+                    and computed.get(r, 0) >= (len(chain[r]) + 1) * bs):
+                chain[r].append(partial.pop(r))
+                entries.append((int(c["row"][i]), r, False, list(chain[r]), 0))
+            continue
+        if k == EventKind.ACCESS:
+            computed[r] = computed.get(r, 0) + int(c["ntok"][i])
         row = int(c["row"][i])
         if r not in admitted:
             admitted[r] = row

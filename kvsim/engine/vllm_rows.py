@@ -46,6 +46,7 @@ from kvsim.core.codes import (
     EK_INTENT,
     EK_STEP,
     FREE_PREEMPT_BLOCK,
+    FREE_RESET_CACHE,
     PH_DECODE,
     PH_DONE,
     PH_IDLE,
@@ -97,12 +98,16 @@ from kvsim.ingest.hashing import chain_hash, root_hash
 from kvsim.jit.decorators import njit
 from kvsim.memory.fast import S_N_HELD
 
-__all__ = ["new_outputs", "new_vllm_value", "request_hashes", "vllm_rows"]
+__all__ = ["new_outputs", "new_vllm_value", "request_hashes", "reset_table", "vllm_rows"]
 
 # members of the scheduler value ``vs`` (a tuple; built by kvsim.modes.closed.vllm_engine)
 (VS_IP, VS_R, VS_ARR, VS_HH, VS_SV, VS_RUN, VS_WQ, VS_HEAP, VS_POOL, VS_HITS, VS_HS,
  VS_SCHED, VS_BL, VS_BLIDS, VS_ADM, VS_PRE, VS_FIN, VS_EV, VS_RES, VS_OC, VS_FIRST,
- VS_MARK) = range(22)
+ VS_MARK, VS_RESETS) = range(23)
+# columns of the resets table ``vs[VS_RESETS]`` (:func:`reset_table`): the engine step
+# before whose schedule() it runs (-1: none), the request (table row) before whose arrival
+# it runs (-1: none), reset_running_requests (0/1), and 1 once it has run
+RS_AT_STEP, RS_BEFORE, RS_RUNNING, RS_DONE = range(4)
 
 
 @njit(cache=True)
@@ -134,6 +139,49 @@ def _alloc_rows(I, F, n, fp, step, t_us, i, b0, b1, after, B, hh, h0, nh, dl, sl
 
 
 @njit(cache=True)
+def _resets(vip, R, varr, sv, run, wq, heap, pl, opre, oev, ores, oc, rs, step, before):
+    """Run the resets due now: those before request ``before``'s arrival (``before`` >= 0),
+    else those before step ``step``'s schedule(); vLLM's ``reset_prefix_cache`` each
+    (:func:`kvsim.engine.vllm_step.reset_prefix_cache`).  Returns how many cleared."""
+    ok = 0
+    for k in range(rs.shape[0]):
+        if rs[k, RS_DONE] != 0:
+            continue
+        due = rs[k, RS_BEFORE] == before if before >= 0 else (
+            rs[k, RS_BEFORE] < 0 and 0 <= rs[k, RS_AT_STEP] <= step)
+        if due:
+            rs[k, RS_DONE] = 1
+            ok += V.reset_prefix_cache(vip, R, varr, sv, run, wq, heap, rs[k, RS_RUNNING] != 0,
+                                       pl, opre, oev, ores, oc)
+    return ok
+
+
+def reset_table(resets, num_requests: int) -> np.ndarray:
+    """The resets table of :func:`vllm_rows` from a list of vLLM scheduler recording actions
+    (``{"at_step": k}`` or ``{"before_arrival_of": row}``, ``reset_running_requests``): a
+    reset before engine step ``k``'s schedule() (steps that schedule nothing are not steps),
+    or before request ``row`` (a table row) arrives."""
+    from kvsim.core.errors import KvsimInputError
+
+    rs = np.full((len(resets), 4), -1, np.int64)
+    for k, a in enumerate(resets):
+        if "before_arrival_of" in a:
+            row = int(a["before_arrival_of"])
+            if not 0 <= row < num_requests:
+                raise KvsimInputError(f"reset before_arrival_of: expected a request row in "
+                                      f"0..{num_requests - 1}, got {row}", field="resets")
+            rs[k, RS_BEFORE] = row
+        elif "at_step" in a and int(a["at_step"]) >= 0:
+            rs[k, RS_AT_STEP] = int(a["at_step"])
+        else:
+            raise KvsimInputError("reset: expected at_step >= 0 or before_arrival_of",
+                                  field="resets")
+        rs[k, RS_RUNNING] = int(bool(a.get("reset_running_requests", False)))
+        rs[k, RS_DONE] = 0
+    return rs
+
+
+@njit(cache=True)
 def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, shared,
               order, tk, hitk, adm, I, F, n, vs):
     """Run vLLM steps until ``n >= ip[P_FLUSH]`` at a step boundary or no work is left
@@ -161,6 +209,9 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
     oc = vs[VS_OC]
     first_us = vs[VS_FIRST]
     mark = vs[VS_MARK]
+    ores = vs[VS_RES]
+    rs = vs[VS_RESETS]
+    nrs = rs.shape[0]
     pst = pl.st
     pol = pl.pst
     pview = pl.pview
@@ -185,25 +236,36 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
         a1 = a0
         while a1 < qn and arr[order[a1]] <= t_us:
             a1 += 1
-        I, F = _ensure(I, F, n, 1 + (a1 - a0))
+        I, F = _ensure(I, F, n, 2 + (a1 - a0))
         step_row = n
         n = _row(I, F, n, step, t_us, EK_STEP, -1, -1, 0, -1, 0, PH_PREFILL, PR_WARM, -1, 0,
                  -1, 0, 0.0)
+        for k in range(oc.shape[0]):
+            oc[k] = 0
+        cleared = 0
         for j in range(a0, a1):
             i = order[j]
+            if nrs > 0:
+                cleared += _resets(vip, R, varr, sv, run, wq, heap, pl, opre, oev, ores, oc,
+                                   rs, step, i)
             dl = arr[i] + ttft[i] if ttft[i] > 0 else -1
             n = _row(I, F, n, step, arr[i], EK_ARRIVE, i, -1, 0, -1, prompt[i], PH_PREFILL,
                      PR_WARM, dl, 0, -1, 0, 0.0)
             V.add_request(vip, R, varr, sv, wq, heap, i)
         st[S_ARRIVE] = a1
-        for k in range(oc.shape[0]):
-            oc[k] = 0
+        if nrs > 0:
+            cleared += _resets(vip, R, varr, sv, run, wq, heap, pl, opre, oev, ores, oc, rs,
+                               step, -1)
+        npre_reset = oc[V.O_PRE]  # the resets' preemptions come before this step's rows
         V.schedule(vip, R, varr, hh, sv, run, wq, heap, pst, pol, pview, pout, hits, hs,
                    osched, obl, oblids, oadm, opre, oev, oc, tk)
         nsched = oc[V.O_SCHED]
         if nsched == 0 and oc[V.O_PRE] == 0:
             # nothing fits and nothing runs: wait for the next arrival (vLLM idles)
             n = step_row
+            if cleared > 0:  # a reset while idle: the replay clears its cache too
+                n = _row(I, F, n, step, t_us, EK_FREE, -1, FREE_RESET_CACHE, 0, -1, 0,
+                         PH_DONE, PR_COLD, -1, 0, -1, 0, 0.0)
             if a1 < qn:
                 stf[0] = max(now, float(arr[order[a1]]))
                 continue
@@ -222,13 +284,20 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
         boff[0] = 0
         for k in range(nbl):
             boff[k + 1] = boff[k] + obl[k, 1]
-        need = 4 + 2 * oc[V.O_PRE] + 3 * nsched + boff[nbl]
+        need = 5 + 2 * oc[V.O_PRE] + 3 * nsched + boff[nbl]
         I, F = _ensure(I, F, n, need)
         tokens = 0
         attended = 0.0
         kv_read = 0.0
         acc_reset(acc)
         p = 0
+        while p < npre_reset:  # reset_running_requests: its victims, then the clear
+            n = _row(I, F, n, step, t_us, EK_FREE, opre[p, 0], FREE_PREEMPT_BLOCK, 0, -1, 0,
+                     PH_PREFILL, PR_COLD, -1, 0, -1, 0, 0.0)
+            p += 1
+        if cleared > 0:
+            n = _row(I, F, n, step, t_us, EK_FREE, -1, FREE_RESET_CACHE, 0, -1, 0, PH_DONE,
+                     PR_COLD, -1, 0, -1, 0, 0.0)
         for k in range(nsched):
             while p < oc[V.O_PRE] and opre[p, 1] <= k:
                 n = _row(I, F, n, step, t_us, EK_FREE, opre[p, 0], FREE_PREEMPT_BLOCK, 0, -1,
@@ -405,7 +474,7 @@ def new_vllm_value(df, off, ids, trace_block_tokens: int, block_size: int, num_b
     return (vip, R, varr, hh, np.zeros(V.NUM_SV, np.int64), np.zeros(M, np.int64),
             np.zeros(M, np.int64), np.zeros(M, np.int64), pl, np.zeros(per_seq, np.int64),
             np.zeros(per_seq, np.int64), *outs, np.full(M, -1, np.int64),
-            np.full(M, -1, np.int64))
+            np.full(M, -1, np.int64), np.zeros((0, 4), np.int64))
 
 
 def new_outputs(num_requests: int, num_gpu_blocks: int, max_num_seqs: int) -> tuple:

@@ -110,19 +110,30 @@ def test_cli_explicit_vllm_with_unmodelled_feature_is_one_line(args, what):
     assert res.stdout == ""
 
 
-@pytest.mark.xfail(strict=True, reason="the replay caches a block when the next one is "
-                   "appended (_fill_last), so a request that finishes with its last block "
-                   "exactly full never caches it; vLLM caches it when computed")
 def test_last_full_output_block_is_cached_at_finish():
     """Turn 1: 32 prompt + 17 output tokens, so 48 computed tokens fill 3 blocks exactly at
     finish; turn 2's prompt holds them.  vLLM caches block 3 in the step that computes it, so
     turn 2 hits 48 tokens: vLLM's scheduler assumes 48, the replay finds 32 (16 lost hit
     tokens; kvsim's scheduler saves 32).  With 18 output tokens block 4 is appended and
-    block 3 cached: 48 saved by both, none lost.  This is the README job's 128 lost hit
-    tokens under lru (8 such blocks)."""
+    block 3 cached: 48 saved by both, none lost.  This was the README job's 128 lost hit
+    tokens under lru (8 such blocks).  Fixed in the replay's release path
+    (kvsim.replay.kernel.placement._fill_at_finish): fails before it."""
     t = _table(prompt_tokens=[32, 64], output_tokens=[17, 4],
                block_ids=[[1, 2, 3, 4], [1, 2, 3, 4]], hashed_tokens=[48, 64],
                arrival_us=[0, 5_000_000])
     for sched in ("vllm", "kvsim"):
         s = _serve(t, sched)
         assert (s["lost_hit_tokens"], s["prefill_tokens_saved"]) == (0, 48), sched
+
+
+def test_last_block_one_token_short_at_finish_stays_uncached():
+    """The guard of the fix above: 32 prompt + 16 output tokens compute 47 tokens (the last
+    output token is sampled, never computed), so block 3 holds 15 of 16 at finish and vLLM
+    never caches it, although the trace knows its full content (hashed_tokens 48): turn 2
+    hits 32 tokens under both schedulers, none lost."""
+    t = _table(prompt_tokens=[32, 64], output_tokens=[16, 4],
+               block_ids=[[1, 2, 3, 4], [1, 2, 3, 4]], hashed_tokens=[48, 64],
+               arrival_us=[0, 5_000_000])
+    for sched in ("vllm", "kvsim"):
+        s = _serve(t, sched)
+        assert (s["lost_hit_tokens"], s["prefill_tokens_saved"]) == (0, 32), sched

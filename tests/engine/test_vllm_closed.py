@@ -18,9 +18,11 @@ from kvsim.analysis.sched_closed import validate_sched_closed
 from kvsim.core.errors import KvsimInputError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_sched"
-#: every recording but ``reset`` (the closed loop does not replay prefix-cache resets)
+#: every recording but mooncake200 (slow, below); ``reset`` replays vLLM's
+#: reset_prefix_cache() calls (Engine.set_resets; refused before)
 CLOSED = ["chunked_prefill", "overload", "preempt_heavy", "priority", "salted_tenants",
-          "multiturn_output_reuse", "overload_noreserve", "overload_watermark", "agentic_0505"]
+          "multiturn_output_reuse", "overload_noreserve", "overload_watermark", "agentic_0505",
+          "reset"]
 
 
 def _summary(name: str) -> dict:
@@ -90,9 +92,75 @@ def test_closed_loop_preempts_where_vllm_preempts():
     assert got == {"vllm": 23, "kvsim": 16}
 
 
-def test_reset_recording_is_refused_with_one_line():
-    with pytest.raises(KvsimInputError, match="--closed-loop"):
-        validate_sched_closed(FIXTURES / "reset.jsonl.gz")
+def test_reset_recording_replays_every_reset():
+    """vLLM's reset_prefix_cache() through the closed loop (refused before: 'the closed
+    loop does not replay resets'): refused at step 3 (requests hold blocks), forced at
+    step 25 with reset_running_requests (its 2 preemptions, then the clear), accepted
+    when idle before request 8 arrives: outcomes [False], [True], [True] on their steps,
+    2 clears, and the replay's pool keeps vLLM's free blocks and hits after each (1,088
+    new and 128 resumed hit tokens, none lost: request 8 hits nothing)."""
+    r = validate_sched_closed(FIXTURES / "reset.jsonl.gz")
+    assert r.first_divergence is None, r.first_divergence.describe()
+    assert r.agree["reset"] == r.agree["free"] == r.steps == 66
+    assert r.replay["preemptions"] == 2 and r.replay["lost_hit_tokens"] == 0
+    assert r.hit_tokens == {"new": {"vllm": 1088, "kvsim": 1088},
+                            "resumed": {"vllm": 128, "kvsim": 128}}
+
+
+def test_resets_need_vllms_scheduler():
+    """Engine.set_resets with kvsim's scheduler, or a reset that names no step and no
+    request: one line naming the option."""
+    from kvsim.engine.vllm_rows import reset_table
+
+    with pytest.raises(KvsimInputError, match="before_arrival_of"):
+        reset_table([{"do": "reset_prefix_cache"}], 4)
+    with pytest.raises(KvsimInputError, match="request row in 0..3"):
+        reset_table([{"before_arrival_of": 4}], 4)
+    e = _engine("kvsim")
+    with pytest.raises(KvsimInputError, match="--scheduler vllm"):
+        e.set_resets([{"at_step": 0}])
+
+
+def _engine(scheduler):
+    from kvsim.ingest.requests import build_request_table
+    from kvsim.modes.closed.closed_facts import block_facts
+    from kvsim.modes.closed.closed_loop import Engine, EngineOptions, prepare
+    from kvsim.policy.registry import resolve_policy
+    from kvsim.spec.sim_config import SimConfig
+
+    table = build_request_table({"arrival_us": [0, 1_000_000], "prompt_tokens": [64, 64],
+                                 "output_tokens": [4, 4], "block_ids": [[1, 2, 3, 4]] * 2,
+                                 "hashed_tokens": [64, 64]}, block_size_tokens=16)
+    config = SimConfig(mode="engine", hbm_blocks=64, dram_gb=0, cxl_gb=0, nvme_gb=0)
+    opts = EngineOptions(scheduler=scheduler)
+    cost, hbm_blocks, costs, block_bytes, off, ids, table2, _ = prepare(table, config, opts)
+    e = Engine(table2, off, ids, resolve_policy("lru"), config, opts, cost, hbm_blocks,
+               costs, block_bytes)
+    e.set_block_facts(block_facts(table2, off, ids, opts.block_size_tokens))
+    return e
+
+
+@pytest.mark.parametrize("resets,saved", [([], 48), ([{"before_arrival_of": 1}], 0),
+                                          ([{"at_step": 1}], 48)])
+def test_a_reset_while_idle_empties_the_replays_cache(resets, saved):
+    """Two identical 64-token prompts 1 s apart: the second hits 48 tokens (3 blocks; the
+    last token is always computed).  A reset before it arrives (the engine is idle, so it
+    succeeds) leaves the replay's HBM pool nothing to hit: 0, and no lost hit tokens
+    (the scheduler assumed none either).  A reset at step 1 (request 0 still runs) is
+    refused, as vLLM refuses it: 48."""
+    e = _engine("vllm")
+    if resets:
+        e.set_resets(resets)
+    e.advance()
+    e.finish()
+    assert e.lost_hit_tokens == 0
+    assert _saved(e) == saved
+
+
+def _saved(e):
+    from kvsim.core import layout as L
+
+    return int(sum(e.run.C[L.M_HIT_TOK + t] for t in range(4)))
 
 
 def test_unmodelled_features_are_refused():

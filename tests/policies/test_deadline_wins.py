@@ -10,8 +10,9 @@ regression values.
 What the margin is: lru evicts returning interactive sessions' prefixes while the batch
 flood's finished (DONE) blocks stay; every block of those prefixes is then a
 decode-critical miss (all requests of the profile carry a TTFT deadline).  deadline evicts
-the DONE blocks first and keeps each session's chain whole (tail-first): 674 misses -> 421
-(belady 394), HBM hit 62.18 % -> 64.57 % (belady 64.83 %).  The p99 step moves by 0.32 us
+the DONE blocks first and keeps each session's chain whole (tail-first): 673 misses -> 420
+(belady 393), HBM hit 62.19 % -> 64.58 % (belady 64.84 %); 674 -> 421 (belady 394) before
+the replay cached a last block full at finish (_fill_at_finish).  The p99 step moves by 0.32 us
 of 7,117 (0.005 %): the misses land in the admission steps of returning sessions, well
 under 1 % of the steps; belady has the same p99 as deadline.  (Since the profile's batch
 documents became 3k-6k tokens so that every request fits llama-3-8b's context, 8 GB holds
@@ -40,8 +41,8 @@ def rows(tmp_path_factory):
 
 def test_deadline_has_fewer_decode_critical_misses_than_lru(rows):
     assert rows["lru"]["timing_model"] == "measured:aiconfigurator-0.12.0/vllm-0.24.0"
-    assert rows["lru"]["decode_critical_misses"] == 674
-    assert rows["deadline"]["decode_critical_misses"] == 421
+    assert rows["lru"]["decode_critical_misses"] == 673
+    assert rows["deadline"]["decode_critical_misses"] == 420
     assert rows["deadline"]["decode_critical_misses_vs_lru"] == -253
     assert rows["lru"]["decode_critical_misses_vs_lru"] == 0
 
@@ -52,7 +53,7 @@ def test_deadline_beats_lru_on_p99_by_the_amount_the_table_prints(rows):
     assert dl["p99_step_us"] < lru["p99_step_us"]
     assert dl["p99_step_us_vs_lru"] == pytest.approx(-0.32257, abs=1e-4)
     assert dl["p99_step_pct_vs_lru"] == pytest.approx(-0.0045325, abs=1e-5)
-    assert dl["recompute_tokens"] == 6_736 < lru["recompute_tokens"] == 10_784
+    assert dl["recompute_tokens"] == 6_720 < lru["recompute_tokens"] == 10_768
     assert dl["hbm_hit_rate"] > lru["hbm_hit_rate"]
 
 

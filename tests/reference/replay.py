@@ -564,6 +564,12 @@ class Reference:
         table = self.pool.tables.get(q.rid, [])
         if row["block_index"] < 0:  # the request is done: release tail first
             if q.state == "running":
+                # computed tokens = prompt + outputs (this step's pending included) - 1:
+                # a last block they fill exactly is cached first (vLLM caches it when
+                # computed; docs/simulate.md, "Fidelity to vLLM")
+                nout = q.nout + sum(1 for p, _, _ in self.tokens_done if p is q)
+                if q.recs and q.prompt + nout - 1 >= len(q.recs) * self.bs:
+                    self.fill_last(q)
                 self.release(q, 0)
                 self.running.remove(q)
             q.state = "done"

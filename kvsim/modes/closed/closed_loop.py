@@ -182,6 +182,23 @@ class Engine:
         cold compile of ``core.run`` starts first."""
         self.pb_off, self.pb_next, self.pb_seen = facts_pb
 
+    def set_resets(self, resets) -> None:
+        """vLLM ``reset_prefix_cache()`` calls to make, before :meth:`advance`: a list of
+        ``{"at_step": k}`` (before engine step ``k``'s schedule(); steps that schedule
+        nothing are not steps) or ``{"before_arrival_of": row}`` (a table row), each with
+        ``reset_running_requests`` (default false), as a vLLM scheduler recording's
+        actions (kvsim.engine.vllm_rows.reset_table).  vLLM's rule: a reset succeeds only
+        when no block is held (``reset_running_requests`` first preempts every running
+        request); then both the scheduler's pool and the replay's HBM pool drop every
+        cached block.  Scheduler ``vllm`` only."""
+        from kvsim.engine.vllm_rows import VS_RESETS, reset_table
+
+        if not self.sched.ip[S.P_VLLM]:
+            raise KvsimInputError("prefix-cache resets are replayed by vLLM's scheduler only "
+                                  "(--scheduler vllm)", field="--scheduler")
+        self.vs = self.vs[:VS_RESETS] + (reset_table(resets, self.N),)
+        self._args = None
+
     # -- state the router reads ------------------------------------------------------------
     @property
     def clock_us(self) -> float:

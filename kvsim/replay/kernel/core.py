@@ -134,10 +134,12 @@ from kvsim.replay.kernel.placement import (
     W_COW,
     W_FREE,
     W_RELEASE,
+    _fill_at_finish,
     _fill_last,
     _place,
     _preempt,
     _release_all,
+    _reset_cache,
 )
 
 #: Column order of the ``cols`` tuple :func:`run` takes (names of kvsim.core.schema.COLUMNS).
@@ -163,6 +165,7 @@ from kvsim.core.codes import (  # noqa: E402
     EK_INTENT,
     EK_STEP,
     FREE_PREEMPT_BLOCK,
+    FREE_RESET_CACHE,
     PH_DECODE,
     PH_PREFILL,
     PH_VERIFY,
@@ -502,7 +505,9 @@ def run(cols, i0, n, cr):
                     R_i[r, RI_BOUND] = 1
         elif kind == EK_FREE:
             state = R_i[r, RI_STATE]
-            if c_bi[i] == FREE_PREEMPT_BLOCK:  # the scheduler preempts r (recompute)
+            if c_bi[i] == FREE_RESET_CACHE:  # vLLM's reset_prefix_cache() (no request)
+                _reset_cache(cr, now_us)
+            elif c_bi[i] == FREE_PREEMPT_BLOCK:  # the scheduler preempts r (recompute)
                 if state == RS_RUNNING:
                     _preempt(r, cr, step, now_us)
                     mem.seq_close(st, R_i[r, RI_SEQ])
@@ -513,6 +518,7 @@ def run(cols, i0, n, cr):
                     R_i[r, RI_PHASE] = 0
             elif c_bi[i] < 0:  # the request is done
                 if state == RS_RUNNING:
+                    _fill_at_finish(r, cr, step, now_us)  # a last block full at finish
                     _release_all(r, cr, step, now_us)
                     _run_remove(running, C, r)
                 if state == RS_RUNNING or state == RS_PREEMPTED:

@@ -57,6 +57,7 @@ from kvsim.core.layout import (
     AI_SIZE,
     AI_TOKENS,
     C_HBM_USED,
+    C_NPEND,
     C_STEP,
     C_STEP_EXTRA_US,
     C_STEP_STALL_US,
@@ -523,3 +524,45 @@ def _fill_last(r, e, cr, step, now_us):
     H_i[b, HI_HITS] = 1
     if K[K_WRITE_POLICY] != WP_WRITE_BACK:  # not a call under write_back
         lower._write_through(b, r, cr, step, now_us)
+
+
+@njit(cache=True)
+def _fill_at_finish(r, cr, step, now_us):
+    """Request ``r`` is done (its request-level FREE row, before its blocks are released):
+    if its computed tokens fill its last block exactly, that block enters the prefix cache
+    as :func:`_fill_last` would have cached it on the next append, which never comes.
+    vLLM caches a block in the step that computes its last slot (``cache_full_blocks``),
+    so a later turn whose prompt holds it hits it (before this, the replay lost those
+    B tokens: ``test_last_full_output_block_is_cached_at_finish``).  Computed tokens:
+    prompt + output tokens produced (the ones of this step still pending included) - 1,
+    the last output token being sampled, never computed.  Blocks whose full-content hash
+    the ALLOCATE row did not name (unknown content, drafts) stay uncached, as before."""
+    R_i = cr.R_i
+    e = R_i[r, RI_BT_LEN]
+    if e < 1:
+        return
+    C = cr.C
+    P = cr.P
+    nout = R_i[r, RI_NOUT]
+    for j in range(int(C[C_NPEND])):
+        if P[j, 0] == r:
+            nout += 1
+    if R_i[r, RI_PROMPT] + nout - 1 >= e * cr.K[K_BLOCK_TOKENS]:
+        _fill_last(r, e, cr, step, now_us)
+
+
+@njit(cache=True)
+def _reset_cache(cr, now_us):
+    """A FREE row with ``block_index`` ``FREE_RESET_CACHE``: vLLM's ``reset_prefix_cache()``
+    succeeded in the scheduler's pool (no block held there, so none here: the scheduler's
+    pool holds what the replay's holds).  Every cached HBM block loses its hash and
+    becomes free, in the policy's victim order (:func:`kvsim.memory.pool_ops.clear_cache`,
+    vLLM's ``BlockPool.reset_prefix_cache``); nothing is spilled (the KV is dropped, not
+    evicted) and lower tiers keep their copies (a KV connector's store is not reset)."""
+    st = cr.st
+    view = cr.H_view
+    if ops.clear_cache(st, cr.pst, view, now_us, cr.out) == 0:
+        raise ValueError("reset_prefix_cache: the replay's HBM pool holds blocks")
+    for b in range(view.content_hash.shape[0]):
+        view.content_hash[b] = 0
+    cr.C[C_HBM_USED] = st.sc[mem.S_N_HELD]
