@@ -42,7 +42,7 @@ def _check(name: str) -> None:
     assert r.first_divergence is None, r.first_divergence.describe()
     assert r.steps_vllm == r.steps_kvsim == r.replay["steps"]
     assert set(r.agree) == {"sched", "preempted", "hits", "finished", "free", "events",
-                            "offload"}
+                            "reset", "offload"}
     for f, n in r.agree.items():
         assert n == r.steps, f
     assert r.replay["lost_hit_tokens"] == 0
