@@ -317,39 +317,18 @@ def _pool_cell(i: int) -> tuple[int, dict]:
 EXECUTORS = ("local", "ray")
 
 
-def require_ray():
-    try:
-        import ray
-    except ImportError:
-        raise KvsimInputError("--executor ray needs the optional extra: pip install "
-                              "'kvsim[ray]' (ray is not installed)", None, None,
-                              "--executor") from None
-    return ray
-
-
 def _run_ray(table, cells, todo, spec, engine, jobs, address, finished) -> None:
     """Each cell of ``todo`` as a Ray task (the table shared through the object store);
     ``finished`` writes each cell's file here as it arrives, as the local path does."""
-    ray = require_ray()
-    started = False
-    if not ray.is_initialized():
-        if address:
-            ray.init(address=address, include_dashboard=False, log_to_driver=False)
-        else:
-            ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False)
-        started = True
-    try:
+    from kvsim.analysis.sweep import run_on_ray
+
+    def submit(ray):
         task = ray.remote(_ray_cell)
         table_ref = ray.put(table)
-        pending = [task.remote(table_ref, cells[i], spec.base, engine, spec.router, i)
-                   for i in todo]
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            for ref in ready:
-                finished(*ray.get(ref))
-    finally:
-        if started:
-            ray.shutdown()
+        return [task.remote(table_ref, cells[i], spec.base, engine, spec.router, i)
+                for i in todo]
+
+    run_on_ray(submit, jobs, address, finished)
 
 
 def _ray_cell(table, cell: PlanCell, base: SimConfig, engine, router: str, i: int
@@ -436,7 +415,7 @@ def run_plan(table, spec: PlanSpec, out_dir: str | Path, *, jobs: int = 1,
     ``local`` (``jobs`` processes) or ``ray`` (each cell a Ray task; ``ray_address`` None
     starts a local Ray instance with ``jobs`` CPUs): the same cells, written by this
     process as each finishes, so the results and the resumability are the same."""
-    from kvsim.analysis.sweep import code_fingerprint
+    from kvsim.analysis.sweep import code_fingerprint, require_ray
     from kvsim.modes.closed.closed_loop import EngineOptions, prepare
     from kvsim.modes.closed.cluster import ROUTERS
     from kvsim.policy.registry import resolve_policy

@@ -444,13 +444,23 @@ def _run_pool(trace, cells, todo, facts, jobs, finished) -> None:
 
 
 
-def _run_ray(trace, cells, todo, facts, jobs, address, finished) -> None:
+def require_ray():
+    """The ``ray`` module, or the one-line error naming ``--executor`` (the optional extra)."""
     try:
         import ray
     except ImportError:
-        raise KvsimInputError("the ray executor needs the optional extra: "
-                              "pip install 'kvsim[ray]' (ray==2.60.0)", None, None,
+        raise KvsimInputError("--executor ray needs the optional extra: pip install "
+                              "'kvsim[ray]' (ray==2.60.0; ray is not installed)", None, None,
                               "--executor") from None
+    return ray
+
+
+def run_on_ray(submit, jobs: int, address: str | None, finished) -> None:
+    """Run ``submit(ray)``'s task references in a Ray session (joined at ``address``, or a
+    local one of ``jobs`` CPUs started and shut down here) and pass each task's result to
+    ``finished`` as it arrives: sweeps and plans write each cell's file as it lands, so a
+    Ray run resumes as a local one does."""
+    ray = require_ray()
     started = False
     if not ray.is_initialized():
         if address:
@@ -459,9 +469,7 @@ def _run_ray(trace, cells, todo, facts, jobs, address, finished) -> None:
             ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False)
         started = True
     try:
-        task = _ray_task()
-        facts_ref = ray.put(facts)
-        pending = [task.remote(trace, cells[i][0], cells[i][1], facts_ref, i) for i in todo]
+        pending = submit(ray)
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             for ref in ready:
@@ -469,6 +477,15 @@ def _run_ray(trace, cells, todo, facts, jobs, address, finished) -> None:
     finally:
         if started:
             ray.shutdown()
+
+
+def _run_ray(trace, cells, todo, facts, jobs, address, finished) -> None:
+    def submit(ray):
+        task = _ray_task()
+        facts_ref = ray.put(facts)
+        return [task.remote(trace, cells[i][0], cells[i][1], facts_ref, i) for i in todo]
+
+    run_on_ray(submit, jobs, address, finished)
 
 
 def load_results(path: str | Path) -> pd.DataFrame:

@@ -148,7 +148,7 @@ def plan_command(
                               None, "--request-trace")
     check_outputs(("--out", out, "dir"))
     if executor == "ray":
-        from kvsim.analysis.plan import require_ray
+        from kvsim.analysis.sweep import require_ray
 
         require_ray()  # a missing extra: one line before any work
     the_slo = parse_slo(slo, _deadline_us(ttft_deadline, "--ttft-deadline"),
