@@ -73,6 +73,11 @@ def _render(est: KvEstimate) -> None:
             _size_row(table, f"  group {what} ({g['layers']} layers)", g["paged_bytes"],
                       f"{g['blocks_held']} blocks held per layer; exact "
                       f"{g['exact_bytes']:,} B")
+    if est.draft_layers:
+        _size_row(table, f"  of which MTP draft layers ({est.draft_layers})",
+                  est.draft_layers * est.bytes_per_layer_token,
+                  f"per token; --spec-method {est.spec_method}, "
+                  f"{est.num_speculative_tokens} drafts")
     _size_row(table, "request: naive", est.naive_bytes,
               f"max_seq_len reserved; {est.naive_waste_fraction:.2%} unused")
     _size_row(table, f"total paged (x{est.concurrency})", est.total_paged_bytes)
@@ -84,7 +89,8 @@ def _render(est: KvEstimate) -> None:
               else "")
     _size_row(table, "KV budget", est.kv_budget_bytes,
               (f"per GPU: {est.memory_utilization} x GPU memory - weights / "
-               f"{est.tensor_parallel_size}") if est.memory_utilization else "")
+               f"{est.tensor_parallel_size}; vLLM makes {est.vllm_num_gpu_blocks:,} "
+               "blocks of it") if est.memory_utilization else "")
     lines.append(table)
     lines.append(f"sequences per GB: paged {est.sequences_per_gb_paged:,.3f}, naive "
                       f"{est.sequences_per_gb_naive:,.3f} (paged fits "
@@ -150,6 +156,16 @@ def estimate_kv_command(
     memory_utilization: Annotated[float, typer.Option(
         "--memory-utilization", help="Fraction of GPU memory the engine may use for "
         "weights + KV (vLLM --gpu-memory-utilization).")] = DEFAULT_MEMORY_UTILIZATION,
+    spec_method: Annotated[str, typer.Option(
+        "--spec-method", metavar="none|ngram|mtp", help="Speculative decoding as vLLM "
+        "sizes the KV cache (its --speculative-config method): mtp adds the model's "
+        "multi-token-prediction layers (num_nextn_predict_layers, default 1) to every "
+        "block; any method grows each Mamba / linear state by one conv row per draft and "
+        "holds one more state block per draft.  docs/estimate-kv.md, \"Speculative "
+        "decoding\".")] = "none",
+    num_speculative_tokens: Annotated[int, typer.Option(
+        "--num-speculative-tokens", min=0, help="Draft tokens per step (vLLM "
+        "num_speculative_tokens); at least 1 with --spec-method mtp.")] = 0,
     list_models_flag: Annotated[bool, typer.Option(
         "--list-models", help="List the catalog models and exit.")] = False,
     batch_size: Annotated[int | None, typer.Option(
@@ -218,7 +234,8 @@ def estimate_kv_command(
                       max_seq_len=max_seq_len, kv_dtype=kv_dtype, gpu=gpu,
                       gpu_mem_gb=gpu_mem_gb, weights_dtype=weights_dtype,
                       memory_utilization=memory_utilization,
-                      tensor_parallel_size=tensor_parallel_size)
+                      tensor_parallel_size=tensor_parallel_size, spec_method=spec_method,
+                      num_speculative_tokens=num_speculative_tokens)
     if as_json:
         emit_json(est.to_dict())
     else:

@@ -209,19 +209,23 @@ def resolve_num_gpu_blocks(cfg: EngineConfig, cost: StepCostModel) -> int:
 
 def build_cost_model(model: str, hardware: str, kv_dtype: str | None = None,
                      step_overhead_us: float = DEFAULT_STEP_OVERHEAD_US,
-                     block_size_tokens: int = 16, timing: str | None = "auto") -> StepCostModel:
+                     block_size_tokens: int = 16, timing: str | None = "auto",
+                     spec_method: str = "none") -> StepCostModel:
     """Load ``model`` (catalog name or config.json) and ``hardware`` (profile name or TOML).
 
     ``kv_dtype`` defaults to the model's serving dtype (bf16/fp16 KV, as vLLM's
     ``--kv-cache-dtype auto``).  ``timing``: ``auto`` (measured tables where bundled for
     the pair, else the roofline), ``roofline``, ``measured`` or a timing profile path
-    (:func:`kvsim.engine.timing.select.resolve_timing`).
+    (:func:`kvsim.engine.timing.select.resolve_timing`).  ``spec_method="mtp"``: the KV of
+    a token includes the model's MTP draft layers, as vLLM sizes it
+    (:func:`kvsim.spec.models.with_speculative`).
     """
     from kvsim.engine.timing.select import resolve_timing
     from kvsim.spec.hardware import load_hardware
-    from kvsim.spec.kvsize import kv_bytes_per_token, load_model
+    from kvsim.spec.kvsize import kv_bytes_per_token, load_model, with_speculative
 
     spec = load_model(model)
+    kv_spec = with_speculative(spec, spec_method, 1 if spec_method != "none" else 0)
     hw = load_hardware(hardware)
     if spec.num_params <= 0:
         raise KvsimInputError("the model's parameter count is unknown; the step-time model "
@@ -231,7 +235,7 @@ def build_cost_model(model: str, hardware: str, kv_dtype: str | None = None,
     return StepCostModel(
         model=spec.name, hardware=hw.name,
         weight_bytes=float(spec.weights_bytes),
-        kv_bytes_per_token=int(kv_bytes_per_token(spec, dtype)),
+        kv_bytes_per_token=int(kv_bytes_per_token(kv_spec, dtype)),
         active_params=float(spec.num_active_params or spec.num_params),
         layers_x_hidden=float(spec.num_layers * spec.hidden_size),
         flops_per_us=hw.effective_flops_per_s / 1e6,

@@ -20,13 +20,20 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from kvsim.core.errors import KvsimInputError, bad_value
-from kvsim.spec.models import WEIGHT_DTYPE_BYTES, ModelSpec, list_models, load_model
+from kvsim.spec.models import (
+    WEIGHT_DTYPE_BYTES,
+    ModelSpec,
+    list_models,
+    load_model,
+    with_speculative,
+)
 
 __all__ = [
     "KV_DTYPES", "KvDtype", "KvEstimate", "ModelSpec", "block_bytes", "estimate_kv",
     "kv_bytes_for_tokens", "kv_bytes_per_layer_token", "kv_bytes_per_token", "list_models",
     "load_model", "DEFAULT_MEMORY_UTILIZATION", "default_kv_dtype",
     "mha_equivalent_bytes_per_token", "kv_bytes_per_layer_token_per_gpu",
+    "vllm_block_layout", "kv_cache_blocks",
 ]
 
 BYTES_PER_GB = 10**9
@@ -157,6 +164,36 @@ def hybrid_block_size(model: ModelSpec, block_size_tokens: int, kv_dtype: str = 
     return max(block_size_tokens, need)
 
 
+def vllm_block_layout(model: ModelSpec, block_size_tokens: int = 16,
+                      kv_dtype: str = "fp16") -> tuple[int, int, int]:
+    """``(block size, layers per group, bytes per block)`` of the KV cache vLLM 0.33 lays
+    out for ``model`` at tensor parallel 1 (``kv_cache_planning``): one group of every
+    layer when all layers are alike; otherwise layers of one kind are bucketed and split
+    into groups of equal size -- the smallest bucket's layer count, or the largest when it
+    is under 1.5x the smallest (``_get_kv_cache_groups_uniform_page_size``) -- and one
+    block id costs one page of each layer of a group: ``bytes per block = layers per group
+    x page``, the page being ``block size x one layer's token bytes`` (raised to cover a
+    Mamba / linear state page, :func:`hybrid_block_size`).  Pass
+    :func:`kvsim.spec.models.with_speculative` to count MTP draft layers."""
+    bs = hybrid_block_size(model, block_size_tokens, kv_dtype)
+    counts = [n for n in (model.num_full_layers, model.num_sliding_layers,
+                          model.num_linear_layers) if n]
+    size = max(counts) if max(counts) < min(counts) * 1.5 else min(counts)
+    page = bs * kv_bytes_per_layer_token(model, kv_dtype)
+    if model.num_linear_layers:
+        page = max(page, model.linear_state_bytes)
+    return bs, size, size * page
+
+
+def kv_cache_blocks(model: ModelSpec, available_bytes: int, block_size_tokens: int = 16,
+                    kv_dtype: str = "fp16") -> int:
+    """KV-cache blocks vLLM 0.33 makes of ``available_bytes`` (``get_kv_cache_configs``:
+    ``available // bytes per block``, :func:`vllm_block_layout`; the null block is one of
+    them).  tests/test_model_kv_vllm.py checks it against vLLM's own planning."""
+    _check_tokens(available_bytes, "available_bytes")
+    return available_bytes // vllm_block_layout(model, block_size_tokens, kv_dtype)[2]
+
+
 def block_bytes(model: ModelSpec, block_size_tokens: int, kv_dtype: str = "fp16") -> int:
     """Bytes of one KV block of ``block_size_tokens`` tokens across all layers, K and V."""
     _check_tokens(block_size_tokens, "block_size_tokens", 1)
@@ -174,7 +211,7 @@ def _blocks_held(num_tokens: int, block_size: int, window: int | None) -> int:
 
 
 def layer_groups(model: ModelSpec, num_tokens: int, block_size_tokens: int,
-                 kv_dtype: str = "fp16") -> tuple[dict, ...]:
+                 kv_dtype: str = "fp16", num_speculative_tokens: int = 0) -> tuple[dict, ...]:
     """One request of ``num_tokens`` tokens per layer group, as vLLM's hybrid KV-cache
     manager splits it (one manager per attention type: ``FullAttentionManager``,
     ``SlidingWindowManager``): ``kind`` (``full_attention`` | ``sliding_window``),
@@ -186,7 +223,8 @@ def layer_groups(model: ModelSpec, num_tokens: int, block_size_tokens: int,
     groups' ``exact_bytes`` and ``paged_bytes`` sum to the request's.  A linear-attention /
     Mamba hybrid adds a ``linear_attention`` group: one state per layer per request
     (``state_bytes_per_layer``), held in one block whose page vLLM pads to the attention
-    page (``paged_bytes``)."""
+    page (``paged_bytes``); with ``k`` speculative tokens vLLM's ``MambaManager`` holds
+    ``k`` more state blocks per request (``MambaSpec.num_speculative_blocks``)."""
     per_layer = kv_bytes_per_layer_token(model, kv_dtype)
     out = []
     for kind, layers, window in (("full_attention", model.num_full_layers, None),
@@ -204,12 +242,13 @@ def layer_groups(model: ModelSpec, num_tokens: int, block_size_tokens: int,
         # vLLM MambaManager ("align"): one state block per request per layer, its page
         # padded to the attention page (block_size x one layer's token bytes)
         layers = model.num_linear_layers
+        held = 1 + num_speculative_tokens
         out.append({"kind": "linear_attention", "layers": int(layers), "window_tokens": None,
-                    "bytes_per_token": 0, "blocks_held": 1,
+                    "bytes_per_token": 0, "blocks_held": held,
                     "state_bytes_per_layer": int(model.linear_state_bytes),
-                    "exact_bytes": int(layers * model.linear_state_bytes),
-                    "paged_bytes": int(layers * max(model.linear_state_bytes,
-                                                    per_layer * block_size_tokens))})
+                    "exact_bytes": int(layers * held * model.linear_state_bytes),
+                    "paged_bytes": int(layers * held * max(model.linear_state_bytes,
+                                                           per_layer * block_size_tokens))})
     return tuple(out)
 
 
@@ -233,6 +272,16 @@ def kv_bytes_per_layer_token_per_gpu(model: ModelSpec, kv_dtype: str = "fp16",
                         f"a divisor or multiple of the {kv} KV heads", tp)
     heads_per_gpu = max(1, kv // tp)
     return kv_bytes_per_layer_token(model, kv_dtype) // kv * heads_per_gpu
+
+
+def _vllm_block_bytes_per_gpu(model, block_size, kv_dtype, per_gpu_layer, tp) -> int:
+    """:func:`vllm_block_layout`'s bytes per block on each GPU of a tensor-parallel group
+    (KV heads split; a Mamba / linear state split over the group's heads)."""
+    _bs, size, _total = vllm_block_layout(model, block_size, kv_dtype)
+    page = block_size * per_gpu_layer
+    if model.num_linear_layers:
+        page = max(page, -(-model.linear_state_bytes // tp))
+    return size * page
 
 
 def _gpu_fit(model, kv_dtype, layer_blocks, naive_layer_tokens, block_size, concurrency, gpu,
@@ -277,7 +326,12 @@ def _gpu_fit(model, kv_dtype, layer_blocks, naive_layer_tokens, block_size, conc
         weights_dtype=wdtype,
         weights_bytes=weights,
         kv_budget_bytes=budget,
-        kv_budget_blocks=max(0, budget // (block_size * model.num_layers * per_gpu_layer)),
+        # KV layers only: a Mamba / linear layer or an MLP layer holds no KV (BLIS counts
+        # every layer: docs/estimate-kv.md, "Hybrid Mamba models")
+        kv_budget_blocks=max(0, budget // (block_size * per_gpu_layer * (
+            model.num_full_layers + model.num_sliding_layers))),
+        vllm_num_gpu_blocks=max(0, budget // _vllm_block_bytes_per_gpu(
+            model, block_size, kv_dtype, per_gpu_layer, tp)),
         fits_sequences=fits,
         fits_sequences_naive=max(0, budget // naive_per_gpu),
         fits_concurrency=fits >= concurrency,
@@ -331,7 +385,8 @@ class KvEstimate:
     weights_dtype: str | None = None
     weights_bytes: int | None = None  # whole model (each GPU holds 1/tensor_parallel_size)
     kv_budget_bytes: int | None = None  # per GPU
-    kv_budget_blocks: int | None = None  # per GPU, full-attention blocks
+    kv_budget_blocks: int | None = None  # per GPU, blocks of every KV layer
+    vllm_num_gpu_blocks: int | None = None  # per GPU, vLLM's num_gpu_blocks (block ids)
     fits_sequences: int | None = None
     fits_sequences_naive: int | None = None
     fits_concurrency: bool | None = None
@@ -339,10 +394,21 @@ class KvEstimate:
     #: per layer group (vLLM's hybrid KV-cache manager keeps one per attention type): dicts
     #: of :func:`layer_groups` (full attention first, then the sliding window)
     groups: tuple[dict, ...] = field(default_factory=tuple)
+    #: Mamba / linear-attention state per request, all linear layers (0: none)
+    state_bytes_per_request: int = 0
+    #: speculative decoding as vLLM sizes it (:func:`kvsim.spec.models.with_speculative`):
+    #: ``none`` | ``ngram`` | ``mtp``, the drafts per step, the MTP layers added to the KV
+    spec_method: str = "none"
+    num_speculative_tokens: int = 0
+    draft_layers: int = 0
+
+    #: Keys present only with speculative decoding (``spec_method`` not ``none``).
+    SPEC_KEYS = ("spec_method", "num_speculative_tokens", "draft_layers")
 
     #: Keys present only when a GPU (name or memory) was given.
     GPU_KEYS = ("gpu", "gpu_memory_bytes", "paged_bytes_per_gpu", "memory_utilization", "weights_dtype",
-                "weights_bytes", "kv_budget_bytes", "kv_budget_blocks", "fits_sequences",
+                "weights_bytes", "kv_budget_bytes", "kv_budget_blocks", "vllm_num_gpu_blocks",
+                "fits_sequences",
                 "fits_sequences_naive", "fits_concurrency")
 
     def to_dict(self) -> dict:
@@ -352,6 +418,9 @@ class KvEstimate:
         data["groups"] = [dict(g) for g in self.groups]
         if self.gpu_memory_bytes is None:
             for key in self.GPU_KEYS:
+                del data[key]
+        if self.spec_method == "none":
+            for key in self.SPEC_KEYS:
                 del data[key]
         return data
 
@@ -370,6 +439,8 @@ def estimate_kv(
     weights_dtype: str | None = None,
     memory_utilization: float = DEFAULT_MEMORY_UTILIZATION,
     tensor_parallel_size: int = 1,
+    spec_method: str = "none",
+    num_speculative_tokens: int = 0,
 ) -> KvEstimate:
     """KV footprint of ``concurrency`` requests of ``prompt + generated`` tokens.
 
@@ -379,9 +450,15 @@ def estimate_kv(
     budget of each GPU is ``memory * memory_utilization - weights / tensor_parallel_size``
     and ``fits_sequences`` is how many such requests fit, paged, in a tensor-parallel group
     of ``tensor_parallel_size`` GPUs (KV heads split across them; MLA latents replicated).
+    ``spec_method`` / ``num_speculative_tokens``: speculative decoding as vLLM sizes it --
+    ``mtp`` adds the model's MTP layers to the KV, and any method grows each Mamba /
+    linear state by one conv row per draft and holds one more state block per draft
+    (:func:`kvsim.spec.models.with_speculative`).
     """
     if isinstance(model, str):
         model = load_model(model)
+    target_layers = model.num_layers
+    model = with_speculative(model, spec_method, num_speculative_tokens)
     if kv_dtype == "auto":
         kv_dtype = default_kv_dtype(model)
     _check_tokens(prompt_tokens, "prompt_tokens")
@@ -414,11 +491,15 @@ def estimate_kv(
                         f"state page ({model.linear_state_bytes:,} bytes per layer)")
         block_size_tokens = aligned
     exact = kv_bytes_for_tokens(model, n, kv_dtype)
+    state = model.num_linear_layers * model.linear_state_bytes
+    if num_speculative_tokens and model.num_linear_layers:  # the drafts' state blocks
+        exact += state * num_speculative_tokens
     full_blocks = _blocks_held(n, block_size_tokens, None)
     sliding_blocks = _blocks_held(n, block_size_tokens, model.sliding_window)
     layer_blocks = (model.num_full_layers * full_blocks
                     + model.num_sliding_layers * sliding_blocks
-                    + model.num_linear_layers)  # one (padded) state block per linear layer
+                    # one (padded) state block per linear layer, one more per draft
+                    + model.num_linear_layers * (1 + num_speculative_tokens))
     paged = layer_blocks * block_size_tokens * per_layer
     naive = kv_bytes_for_tokens(model, max_seq_len, kv_dtype)
     if dtype.scale_bytes_per_vector:
@@ -465,6 +546,10 @@ def estimate_kv(
         num_sliding_layers=model.num_sliding_layers,
         sliding_window=model.sliding_window,
         warnings=tuple(warnings),
-        groups=layer_groups(model, n, block_size_tokens, kv_dtype),
+        groups=layer_groups(model, n, block_size_tokens, kv_dtype, num_speculative_tokens),
+        state_bytes_per_request=state,
+        spec_method=spec_method,
+        num_speculative_tokens=num_speculative_tokens,
+        draft_layers=model.num_layers - target_layers,
         **hw_fields,
     )

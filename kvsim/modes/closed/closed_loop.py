@@ -80,13 +80,23 @@ class EngineOptions:
     #: n-gram, none).  k and the acceptance are the trace's spec_draft_tokens /
     #: spec_accept_prob (docs/simulate.md, "Speculative decoding under vLLM's scheduler")
     spec_lookahead: bool = False
+    #: the drafter as vLLM sizes the KV cache (kvsim.spec.models.with_speculative): ``none``
+    #: / ``ngram``, or ``mtp``: the model's MTP layers hold KV too (fewer blocks) and, as
+    #: vLLM's MTP drafter, reserve the k lookahead slots (``spec_lookahead`` implied)
+    spec_method: str = "none"
+
+    def __post_init__(self):
+        if self.spec_method == "mtp":
+            object.__setattr__(self, "spec_lookahead", True)
 
     def identity(self) -> dict:
-        """The options as a dict for keys and outputs; ``spec_lookahead`` only when set, so
-        every output without it is as before."""
+        """The options as a dict for keys and outputs; ``spec_lookahead`` and
+        ``spec_method`` only when set, so every output without them is as before."""
         d = dataclasses.asdict(self)
         if not d["spec_lookahead"]:
             del d["spec_lookahead"]
+        if d["spec_method"] == "none":
+            del d["spec_method"]
         return d
 
     def engine_config(self, num_gpu_blocks: int, seed: int) -> EngineConfig:
@@ -482,7 +492,8 @@ def prepare(table: RequestTable, config: SimConfig, opts: EngineOptions):
                               None, "--mode")
     cost = build_cost_model(config.model or opts.model, config.hardware,
                             step_overhead_us=opts.engine_config(1, 0).step_overhead_us,
-                            block_size_tokens=opts.block_size_tokens, timing=opts.timing)
+                            block_size_tokens=opts.block_size_tokens, timing=opts.timing,
+                            spec_method=opts.spec_method)
     hbm_blocks = hbm_pool_blocks(config, cost)
     cfg = opts.engine_config(hbm_blocks, config.seed)
     vllm = resolve_scheduler(table, config, opts)[0].scheduler == "vllm"

@@ -6,14 +6,19 @@ See :mod:`kvsim.spec.models.catalog` for :class:`ModelSpec` and its invariants, 
 
 from kvsim.spec.models.catalog import (
     DEFAULT_MODEL,
+    SPEC_METHODS,
     WEIGHT_DTYPE_BYTES,
     ModelSpec,
     estimate_num_params,
+    linear_state_bytes,
     list_models,
     load_config,
     load_model,
+    mtp_layers,
     spec_from_config,
+    with_speculative,
 )
 
-__all__ = ["DEFAULT_MODEL", "WEIGHT_DTYPE_BYTES", "ModelSpec", "estimate_num_params", "load_config",
-           "load_model", "list_models", "spec_from_config"]
+__all__ = ["DEFAULT_MODEL", "SPEC_METHODS", "WEIGHT_DTYPE_BYTES", "ModelSpec",
+           "estimate_num_params", "linear_state_bytes", "load_config", "load_model",
+           "list_models", "mtp_layers", "spec_from_config", "with_speculative"]

@@ -8,8 +8,9 @@ from always give the same :class:`ModelSpec`.
 
 Invariants of a :class:`ModelSpec`:
 
-- ``len(layer_types) == num_layers``; each entry is ``"full"``, ``"sliding"`` or
-  ``"linear"`` (a linear-attention / Mamba layer: a fixed state per request, no KV); a
+- ``len(layer_types) == num_layers``; each entry is ``"full"``, ``"sliding"``,
+  ``"linear"`` (a linear-attention / Mamba layer: a fixed state per request, no KV) or
+  ``"mlp"`` (an MLP / MoE-only layer of a Nemotron-H pattern: neither KV nor state); a
   ``"sliding"`` layer exists only when ``sliding_window`` is a positive int, a ``"linear"``
   layer only when ``linear_state_bytes > 0``.
 - ``attention`` is ``"mla"`` iff ``kv_lora_rank > 0`` (then ``qk_rope_head_dim > 0``);
@@ -27,7 +28,7 @@ import functools
 import json
 import pickle
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,10 @@ _LAYER_TYPE_NAMES = {
     "linear_attention": "linear", "mamba": "linear", "linear": "linear",
 }
 
+#: ``hybrid_override_pattern`` characters (Nemotron-H; vLLM 0.33 ``nemotron_h.py``
+#: ``ALL_DECODER_LAYER_TYPES``) -> kvsim's layer kinds
+_PATTERN_KINDS = {"M": "linear", "*": "full", "-": "mlp", "E": "mlp"}
+
 #: Bytes of a served dtype (vLLM's Mamba / Gated DeltaNet state follows the model dtype:
 #: ``MambaStateDtypeCalculator._mamba_state_dtype`` with ``mamba_cache_dtype="auto"``).
 _STATE_DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "fp16": 2, "bfloat16": 2,
@@ -124,6 +129,9 @@ class ModelSpec:
     #: bytes of one linear-attention / Mamba layer's state per request (0: none), vLLM's
     #: ``MambaSpec.page_size_bytes`` before padding (:func:`_linear_state_bytes`)
     linear_state_bytes: int = 0
+    #: which recurrent state the linear layers keep: ``"gated_delta_net"`` (Qwen3-Next),
+    #: ``"mamba2"`` (Nemotron-H), ``""`` (none)
+    linear_state_kind: str = ""
     config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -136,7 +144,12 @@ class ModelSpec:
 
     @property
     def num_full_layers(self) -> int:
-        return self.num_layers - self.num_sliding_layers - self.num_linear_layers
+        return sum(1 for t in self.layer_types if t == "full")
+
+    @property
+    def num_mlp_layers(self) -> int:
+        """Layers with neither KV nor state (a Nemotron-H ``-`` / ``E`` layer)."""
+        return sum(1 for t in self.layer_types if t == "mlp")
 
     @property
     def weights_bytes(self) -> int:
@@ -171,7 +184,18 @@ def _required(cfg: dict, keys: tuple[str, ...], path: str) -> int:
 def _layer_types(cfg: dict, num_layers: int, window: int | None, path: str) -> tuple[str, ...]:
     """Per-layer attention kind, following transformers' semantics for each config style."""
     model_type = str(cfg.get("model_type", ""))
-    if cfg.get("layer_types") is not None:
+    if cfg.get("hybrid_override_pattern") is not None:
+        # Nemotron-H: one character per layer (vLLM NemotronHModel builds layer i from
+        # hybrid_override_pattern[i]): M = Mamba2 (state), * = attention (KV), - = MLP,
+        # E = MoE (neither)
+        pattern = cfg["hybrid_override_pattern"]
+        if (not isinstance(pattern, str) or len(pattern) != num_layers
+                or set(pattern) - set(_PATTERN_KINDS)):
+            raise bad_value(path, None, "hybrid_override_pattern",
+                            f"a string of {num_layers} characters from "
+                            f"{''.join(_PATTERN_KINDS)}", pattern)
+        types = tuple(_PATTERN_KINDS[c] for c in pattern)
+    elif cfg.get("layer_types") is not None:
         raw = cfg["layer_types"]
         if not isinstance(raw, list) or len(raw) != num_layers:
             raise bad_value(path, None, "layer_types",
@@ -213,20 +237,58 @@ def _layer_types(cfg: dict, num_layers: int, window: int | None, path: str) -> t
     return types
 
 
-def _linear_state_bytes(cfg: dict, path: str) -> int:
-    """One Gated DeltaNet layer's state per request (vLLM 0.33
-    ``MambaStateShapeCalculator.gated_delta_net_state_shape``, tensor parallel 1): a conv
-    state of ``(2 * key_heads * key_dim + value_heads * value_dim) x (conv_kernel - 1)`` and
-    a recurrent state of ``value_heads x value_dim x key_dim``, both in the model dtype."""
+def _dtype_bytes(name, default: int) -> int:
+    return _STATE_DTYPE_BYTES.get(str(name), default) if name else default
+
+
+def linear_state_kind(cfg: dict) -> str:
+    """``"mamba2"`` for a Nemotron-H config (``mamba_num_heads``), else
+    ``"gated_delta_net"`` (Qwen3-Next's ``linear_*`` fields)."""
+    return "mamba2" if cfg.get("mamba_num_heads") is not None else "gated_delta_net"
+
+
+def _linear_state_bytes(cfg: dict, path: str, num_spec: int = 0) -> int:
+    """One linear layer's state per request, vLLM 0.33 at tensor parallel 1, with
+    ``num_spec`` speculative tokens (the conv state keeps ``conv_kernel - 1 + num_spec``
+    rows: ``MambaStateShapeCalculator``'s ``num_spec``):
+
+    * Gated DeltaNet (``gated_delta_net_state_shape``): a conv state of
+      ``(2 * key_heads * key_dim + value_heads * value_dim) x (conv_kernel - 1 + num_spec)``
+      and a recurrent state of ``value_heads x value_dim x key_dim``, both in the model
+      dtype (``mamba_ssm_dtype`` when given);
+    * Mamba2 (``mamba2_state_shape``, Nemotron-H): a conv state of ``(mamba_num_heads x
+      mamba_head_dim + 2 x n_groups x ssm_state_size) x (conv_kernel - 1 + num_spec)`` in
+      the model dtype and an SSM state of ``mamba_num_heads x mamba_head_dim x
+      ssm_state_size`` in ``mamba_ssm_cache_dtype``: float32 unless the config says
+      otherwise (vLLM ``NemotronHForCausalLMConfig.DEFAULT_MAMBA_SSM_CACHE_DTYPE``)."""
+    model_bytes = _dtype_bytes(_first(cfg, ("torch_dtype", "dtype")), 2)
+    if linear_state_kind(cfg) == "mamba2":
+        heads = _required(cfg, ("mamba_num_heads",), path)
+        head_dim = _required(cfg, ("mamba_head_dim",), path)
+        groups = _required(cfg, ("n_groups",), path)
+        state = _required(cfg, ("ssm_state_size",), path)
+        kernel = _required(cfg, ("conv_kernel",), path)
+        conv = (heads * head_dim + 2 * groups * state) * (kernel - 1 + num_spec)
+        ssm = heads * head_dim * state
+        return conv * model_bytes + ssm * _dtype_bytes(cfg.get("mamba_ssm_cache_dtype")
+                                                       or "float32", 4)
     kh = _required(cfg, ("linear_num_key_heads",), path)
     vh = _required(cfg, ("linear_num_value_heads",), path)
     kd = _required(cfg, ("linear_key_head_dim",), path)
     vd = _required(cfg, ("linear_value_head_dim",), path)
     kernel = _required(cfg, ("linear_conv_kernel_dim",), path)
-    conv = (2 * kh * kd + vh * vd) * (kernel - 1)
+    conv = (2 * kh * kd + vh * vd) * (kernel - 1 + num_spec)
     temporal = vh * vd * kd
-    dtype = str(cfg.get("mamba_ssm_dtype") or _first(cfg, ("torch_dtype", "dtype")) or "bfloat16")
-    return (conv + temporal) * _STATE_DTYPE_BYTES.get(dtype, 2)
+    return (conv + temporal) * _dtype_bytes(cfg.get("mamba_ssm_dtype")
+                                            or _first(cfg, ("torch_dtype", "dtype")), 2)
+
+
+def linear_state_bytes(model: ModelSpec, num_speculative_tokens: int = 0) -> int:
+    """One linear layer's state per request when vLLM runs ``num_speculative_tokens``
+    drafts (0: :attr:`ModelSpec.linear_state_bytes`); 0 for models without linear layers."""
+    if model.num_linear_layers == 0:
+        return 0
+    return _linear_state_bytes(model.config, model.source, num_speculative_tokens)
 
 
 def _weights_dtype(cfg: dict) -> str:
@@ -277,8 +339,9 @@ def spec_from_config(cfg: dict, *, name: str, source: str, extra: dict | None = 
         attention = "mla"
     else:
         rope = 0
-        if cfg.get("head_dim") is not None:
-            head_dim = _positive_int(cfg["head_dim"], path, "head_dim")
+        if _first(cfg, ("head_dim", "attention_head_dim")) is not None:  # Nemotron-H:
+            head_dim = _positive_int(_first(cfg, ("head_dim", "attention_head_dim")),
+                                     path, "head_dim")  # attention_head_dim
         elif hidden % heads == 0:
             head_dim = hidden // heads
         else:
@@ -297,6 +360,7 @@ def spec_from_config(cfg: dict, *, name: str, source: str, extra: dict | None = 
     if "sliding" not in types:
         window = None
     state_bytes = _linear_state_bytes(cfg, path) if "linear" in types else 0
+    state_kind = linear_state_kind(cfg) if "linear" in types else ""
 
     counted = estimate_num_params(cfg)
     num_params = int(extra.get("num_params", cfg.get("num_params", counted[0] if counted else 0)))
@@ -333,8 +397,52 @@ def spec_from_config(cfg: dict, *, name: str, source: str, extra: dict | None = 
         num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0),
         notes=str(extra.get("notes", "")),
         linear_state_bytes=int(state_bytes),
+        linear_state_kind=state_kind,
         config=dict(cfg),
     )
+
+
+#: Speculative-decoding methods kvsim sizes (``--spec-method``): ``ngram`` (no drafter
+#: layers) and ``mtp`` (the model's own multi-token-prediction layers, vLLM
+#: ``SpeculativeConfig`` method ``mtp``)
+SPEC_METHODS = ("none", "ngram", "mtp")
+
+
+def mtp_layers(model: ModelSpec) -> int:
+    """Attention layers vLLM's MTP drafter adds: the config's
+    ``num_nextn_predict_layers`` (vLLM ``DeepSeekMultiTokenPredictor`` /
+    ``Qwen3NextMultiTokenPredictor``: ``getattr(config, "num_nextn_predict_layers", 1)``);
+    the drafter reuses them for every draft step (``spec_step_idx % num_mtp_layers``)."""
+    return int(model.config.get("num_nextn_predict_layers") or 1)
+
+
+def with_speculative(model: ModelSpec, method: str = "none",
+                     num_speculative_tokens: int = 0) -> ModelSpec:
+    """The model as vLLM 0.33 sizes its KV cache under speculative decoding.
+
+    ``mtp``: the drafter's :func:`mtp_layers` full-attention layers (MLA for DeepSeek)
+    join the target's layers in the KV cache -- vLLM builds them as ordinary attention
+    layers ``model.layers.<num_hidden_layers + i>``, so ``get_kv_cache_spec`` finds them
+    and every block holds their pages too (same block table; a Qwen3-Next MTP layer is
+    ``layer_type="full_attention"``).  Any method with ``k`` drafts also grows each
+    Mamba / Gated DeltaNet conv state by ``k`` rows (``num_spec``).  ``none`` (or k = 0
+    with ``ngram``) returns ``model``."""
+    if method not in SPEC_METHODS:
+        raise bad_value(None, None, "spec_method", f"one of {', '.join(SPEC_METHODS)}",
+                        method)
+    if isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, int) \
+            or num_speculative_tokens < 0:
+        raise bad_value(None, None, "num_speculative_tokens", "an integer >= 0",
+                        num_speculative_tokens)
+    if method == "none" or num_speculative_tokens == 0:
+        if method == "mtp":
+            raise bad_value(None, None, "num_speculative_tokens",
+                            "at least 1 with spec_method mtp", num_speculative_tokens)
+        return model
+    extra = mtp_layers(model) if method == "mtp" else 0
+    return replace(model, num_layers=model.num_layers + extra,
+                   layer_types=model.layer_types + ("full",) * extra,
+                   linear_state_bytes=linear_state_bytes(model, num_speculative_tokens))
 
 
 # --------------------------------------------------------------------------- parameter count
