@@ -101,3 +101,23 @@ def test_help_documents_every_option():
                    "--concurrency", "--max-seq-len", "--kv-dtype", "--gpu", "--gpu-mem-gb",
                    "--weights-dtype", "--memory-utilization", "--tensor-parallel-size", "--list-models", "--json"):
         assert option in result.stdout, option
+
+
+def test_nemotron_h_and_mtp_json():
+    """Nemotron-H: KV of the 4 attention layers only plus 24 Mamba2 states per request;
+    --spec-method mtp adds DeepSeek-V3's MTP layer (docs/estimate-kv.md)."""
+    data = _json(["nemotron-h-8b", "--prompt-tokens", "8192", "--gpu", "h100-sxm"])
+    assert data["bytes_per_token"] == 16_384
+    assert data["state_bytes_per_request"] == 102_137_856
+    assert data["block_size_tokens"] == 1040
+    assert (data["vllm_num_gpu_blocks"], data["fits_sequences"]) == (3566, 254)
+    assert "spec_method" not in data
+    mtp = _json(["deepseek-v3", "--prompt-tokens", "8192", "--gpu", "h200", "--tp", "8",
+                 "--spec-method", "mtp", "--num-speculative-tokens", "1"])
+    assert (mtp["spec_method"], mtp["num_speculative_tokens"], mtp["draft_layers"]) == \
+        ("mtp", 1, 1)
+    assert mtp["bytes_per_token"] == 62 * 1152
+    assert (mtp["vllm_num_gpu_blocks"], mtp["fits_sequences"]) == (45_331, 88)
+    result = runner.invoke(app, ["estimate-kv", "deepseek-v3", "--prompt-tokens", "8192",
+                                 "--spec-method", "mtp", "--num-speculative-tokens", "1"])
+    assert result.exit_code == 0 and "MTP draft layers (1)" in result.stdout

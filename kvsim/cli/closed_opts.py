@@ -74,6 +74,12 @@ SpecLookaheadOpt = Annotated[bool, typer.Option(
          "model; off: n-gram).  k and the acceptance are the trace's spec_draft_tokens / "
          "spec_accept_prob.  docs/simulate.md, \"Speculative decoding under vLLM's "
          "scheduler\".")]
+SpecMethodOpt = Annotated[str, typer.Option(
+    "--spec-method", metavar="none|ngram|mtp",
+    help="The drafter, for the KV cache's size: mtp (DeepSeek-V3, Qwen3-Next: the model's "
+         "multi-token-prediction layers hold KV in every block, as vLLM sizes them, so the "
+         "pool holds fewer blocks; implies --spec-lookahead), ngram or none (default).  "
+         "docs/estimate-kv.md, \"Speculative decoding\".")]
 TimingOpt = Annotated[str | None, typer.Option(
     "--timing", metavar="auto|roofline|measured|FILE.toml",
     help="Step-time model of the engine serving --profile / --request-trace: measured "
@@ -292,19 +298,24 @@ def single_replica(replicas: int) -> None:
 def request_table(profile, requests, seed, request_trace, fmt, model, block_size,
                    max_num_seqs, max_num_batched_tokens, config, sched, timing=None,
                    trace_block_size=None, salt_by_tenant=False, scheduler="auto",
-                   spec_lookahead=False):
+                   spec_lookahead=False, spec_method="none"):
     """The Request table a profile or request trace gives, and the engine options it is
     served with; says on stderr what is served how (a log line, not progress)."""
     import sys
 
     from kvsim.modes.closed.closed_loop import EngineOptions, resolve_scheduler
+    from kvsim.spec.models import SPEC_METHODS
 
+    if spec_method not in SPEC_METHODS:
+        raise KvsimInputError(f"expected --spec-method {' | '.join(SPEC_METHODS)}, got "
+                              f"{spec_method!r}", None, None, "--spec-method")
     table = load_table(profile, requests, seed, request_trace, fmt, trace_block_size,
                        salt_by_tenant)
     opts = EngineOptions(block_size_tokens=block_size, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens,
                          model=model or DEFAULT_MODEL, timing=timing or "auto",
-                         scheduler=scheduler, spec_lookahead=bool(spec_lookahead))
+                         scheduler=scheduler, spec_lookahead=bool(spec_lookahead),
+                         spec_method=spec_method)
     if sched == "closed":  # auto: vllm unless the run needs what it does not model
         opts, why = resolve_scheduler(table, config, opts)
         if why is not None:

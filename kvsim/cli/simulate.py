@@ -33,6 +33,7 @@ from kvsim.cli.closed_opts import (
     SharedTierGbOpt,
     SharedTierPolicyOpt,
     SpecLookaheadOpt,
+    SpecMethodOpt,
     TimingOpt,
     TraceBlockSizeOpt,
     check_event_file_options,
@@ -296,7 +297,7 @@ def simulate_command(
     max_num_batched_tokens: MaxTokensOpt = None,
     timing: TimingOpt = None,
     scheduler: SchedulerOpt = "auto",
-    spec_lookahead: SpecLookaheadOpt = False,
+    spec_lookahead: SpecLookaheadOpt = False, spec_method: SpecMethodOpt = "none",
     pd_split: PdOpt = None, pd_link_gbps: PdLinkGbpsOpt = 100.0, pd_link_latency_us:
     PdLinkLatencyOpt = 10.0, pd_max_inflight: PdMaxInflightOpt = 0,
     json_: JsonOption = False,
@@ -348,7 +349,7 @@ def simulate_command(
                                          block_size, max_num_seqs, max_num_batched_tokens,
                                          config, sched, timing,
                                          trace_block_size, salt_by_tenant, scheduler,
-                                         spec_lookahead)
+                                         spec_lookahead, spec_method)
             table, replicas, span_us = size_table(table, opts, config, replicas, sched,
                                              drop_over_context, warnings,
                                              strict=request_trace is not None)
@@ -466,7 +467,7 @@ def compare_command(
     tenants: TenantsOpt = False,
     tenant_quota: TenantQuotaOpt = None,
     scheduler: SchedulerOpt = "auto",
-    spec_lookahead: SpecLookaheadOpt = False,
+    spec_lookahead: SpecLookaheadOpt = False, spec_method: SpecMethodOpt = "none",
     pd_split: PdOpt = None, pd_link_gbps: PdLinkGbpsOpt = 100.0, pd_link_latency_us:
     PdLinkLatencyOpt = 10.0, pd_max_inflight: PdMaxInflightOpt = 0,
     json_: JsonOption = False,
@@ -517,7 +518,7 @@ def compare_command(
                                          block_size, max_num_seqs, max_num_batched_tokens,
                                          config, sched, timing,
                                          trace_block_size, salt_by_tenant, scheduler,
-                                         spec_lookahead)
+                                         spec_lookahead, spec_method)
             table, replicas, span_us = size_table(table, opts, config, replicas, sched,
                                              drop_over_context, warnings,
                                              strict=request_trace is not None)

@@ -15,7 +15,8 @@ checks it block id for block id against vLLM's own manager on a recording
   outside the window (``num_computed - window + 1`` tokens skipped) are freed -- they stay
   cached and evictable -- and replaced by the null block; a hit needs only the last
   ``cdiv(window - 1, block_size)`` blocks before the hit point, searched right to left.
-* ``mamba``: ``MambaManager`` with ``mamba_cache_mode="align"``: one state block per
+* ``mamba`` (Mamba2, Gated DeltaNet: a model's ``"linear"`` layers; Nemotron-H's MLP
+  layers are in no group): ``MambaManager`` with ``mamba_cache_mode="align"``: one state block per
   request (the state after the last computed token, at block index ``cdiv(tokens, bs) - 1``),
   the previous state freed once passed; a state is cached only when a step ends exactly
   on a block boundary, and a hit is the rightmost cached boundary state.
