@@ -181,3 +181,7 @@ def test_bad_spec_method_is_one_line():
         estimate_kv("deepseek-v3", prompt_tokens=10, generated_tokens=0, spec_method="eagle")
     with pytest.raises(KvsimInputError, match="at least 1"):
         estimate_kv("deepseek-v3", prompt_tokens=10, generated_tokens=0, spec_method="mtp")
+    with pytest.raises(KvsimInputError, match="MTP layers"):  # vLLM has no MTP drafter
+        estimate_kv("llama-3-8b", prompt_tokens=10, generated_tokens=0, spec_method="mtp",
+                    num_speculative_tokens=1)
+    assert with_speculative(load_model("llama-3-8b"), "ngram", 3) == load_model("llama-3-8b")

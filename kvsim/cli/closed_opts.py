@@ -309,6 +309,9 @@ def request_table(profile, requests, seed, request_trace, fmt, model, block_size
     if spec_method not in SPEC_METHODS:
         raise KvsimInputError(f"expected --spec-method {' | '.join(SPEC_METHODS)}, got "
                               f"{spec_method!r}", None, None, "--spec-method")
+    if spec_method != "none" and sched != "closed":
+        raise KvsimInputError(f"expected --spec-method only with the closed schedule, got "
+                              f"--schedule {sched}", None, None, "--spec-method")
     table = load_table(profile, requests, seed, request_trace, fmt, trace_block_size,
                        salt_by_tenant)
     opts = EngineOptions(block_size_tokens=block_size, max_num_seqs=max_num_seqs,
@@ -323,6 +326,13 @@ def request_table(profile, requests, seed, request_trace, fmt, model, block_size
                              f"does not model {why}\n")  # one line, never wrapped
     opts_timing = timing_name(opts, config)  # before any work: --timing measured w/o data
     budget = config.lowering_options(block_size, opts.model).get("num_gpu_blocks")
+    if budget and opts.spec_method != "none":  # the MTP layers' KV in every block
+        from kvsim.engine.engine_model import build_cost_model
+        from kvsim.modes.closed.closed_loop import hbm_pool_blocks
+
+        budget = hbm_pool_blocks(config, build_cost_model(
+            config.model or opts.model, config.hardware, block_size_tokens=block_size,
+            spec_method=opts.spec_method))
     from kvsim.cli.common import err_console
 
     err_console.print(f"{len(table):,} requests "

@@ -6,7 +6,6 @@ See :mod:`kvsim.spec.models.catalog` for :class:`ModelSpec` and its invariants, 
 
 from kvsim.spec.models.catalog import (
     DEFAULT_MODEL,
-    SPEC_METHODS,
     WEIGHT_DTYPE_BYTES,
     ModelSpec,
     estimate_num_params,
@@ -14,10 +13,9 @@ from kvsim.spec.models.catalog import (
     list_models,
     load_config,
     load_model,
-    mtp_layers,
     spec_from_config,
-    with_speculative,
 )
+from kvsim.spec.models.speculative import SPEC_METHODS, mtp_layers, with_speculative
 
 __all__ = ["DEFAULT_MODEL", "SPEC_METHODS", "WEIGHT_DTYPE_BYTES", "ModelSpec",
            "estimate_num_params", "linear_state_bytes", "load_config", "load_model",
