@@ -417,11 +417,36 @@ _QK_NORM = frozenset({"qwen3", "qwen3_moe", "gemma3_text"})
 _TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3_text"})
 
 
+def _nemotron_h_params(cfg: dict) -> tuple[int, int] | None:
+    """Nemotron-H without MoE layers, layer by layer as vLLM's ``nemotron_h.py`` holds them:
+    Mamba2 (``MambaMixer2``: in_proj to ``2 x d_inner + 2 x n_groups x state + heads``,
+    conv1d ``conv_dim x kernel`` (+ bias), dt_bias / A / D per head, gated norm ``d_inner``,
+    out_proj), attention (q, k, v, o; no bias) or relu2 MLP (up, down; no bias), each with
+    its pre-norm; embeddings (+ an untied lm_head) and the final norm."""
+    g = cfg.get
+    pattern, h = g("hybrid_override_pattern") or "", g("hidden_size")
+    if "E" in pattern or not pattern:
+        return None  # the MoE variants' layout is not counted
+    heads, kv = g("num_attention_heads"), g("num_key_value_heads")
+    hd = g("head_dim") or g("attention_head_dim") or h // heads
+    nh, d_in = g("mamba_num_heads"), g("mamba_num_heads") * g("mamba_head_dim")
+    bc = 2 * g("n_groups") * g("ssm_state_size")
+    conv_dim = d_in + bc
+    mamba = (h * (2 * d_in + bc + nh) + conv_dim * g("conv_kernel")
+             + (conv_dim if g("use_conv_bias", True) else 0) + 3 * nh + d_in + d_in * h)
+    per_layer = {"M": mamba, "*": h * heads * hd + 2 * h * kv * hd + heads * hd * h,
+                 "-": 2 * h * g("intermediate_size")}
+    total = (g("vocab_size") * h * (1 if g("tie_word_embeddings", False) else 2)
+             + sum(per_layer[c] + h for c in pattern) + h)
+    return total, total
+
+
 def estimate_num_params(cfg: dict) -> tuple[int, int] | None:
     """(total, active) parameters counted from a config's tensor shapes, or None.
 
     Exact for the layouts it knows (GPT-2, OPT, and llama-style decoders: llama, mistral,
-    mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, gpt_oss); None for any
+    mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, gpt_oss; nemotron_h
+    without MoE layers); None for any
     other ``model_type`` (DeepSeek's MLA + MoE layout is not counted: the catalog carries
     its published figures).  Gemma-3's config nests the text model in ``text_config``: its
     vision tower is not counted.
@@ -429,6 +454,8 @@ def estimate_num_params(cfg: dict) -> tuple[int, int] | None:
     cfg = _text_config(cfg)
     mt = cfg.get("model_type")
     g = cfg.get
+    if mt == "nemotron_h":
+        return _nemotron_h_params(cfg)
     if mt == "gpt2":
         h, layers, vocab, pos = g("n_embd"), g("n_layer"), g("vocab_size"), g("n_positions")
         inner = g("n_inner") or 4 * h
