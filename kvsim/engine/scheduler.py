@@ -137,7 +137,7 @@ def _ensure(I, F, n, need):
 
 
 # _ensure and _row are called from compiled code only: no CPython or C wrapper to build
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _row(I, F, n, step, t, kind, rid, bidx, h, parent, ntok, phase, prio, deadline, slack,
          target, pin, rc):
     I[C_STEP, n] = step

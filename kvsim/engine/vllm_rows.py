@@ -126,7 +126,7 @@ def request_hashes(N, B, T, prompt, out, hashed, tenant, off, ids, hoff, hh):
             hh[hoff[c] + b] = h
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _alloc_rows(I, F, n, fp, step, t_us, i, b0, b1, after, B, hh, h0, nh, dl, sl, target):
     """ALLOCATE rows of request i's blocks b0 .. b1-1 (``after`` tokens computed at the end
     of this step): each with its full content's hash and its tokens by then."""
@@ -278,13 +278,12 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
             adm[st[S_NADM]] = i
             st[S_NADM] += 1
             st[S_HIT_TOK] += oadm[k, 1]
-        # the block lists: entry k of obl covers oblids[boff[k]:boff[k + 1]]
+        # the block lists: entry k of obl has obl[k, 1] blocks (no per-step array)
         nbl = oc[V.O_BL]
-        boff = np.empty(nbl + 1, dtype=np.int64)
-        boff[0] = 0
+        nblk = 0
         for k in range(nbl):
-            boff[k + 1] = boff[k] + obl[k, 1]
-        need = 5 + 2 * oc[V.O_PRE] + 3 * nsched + boff[nbl]
+            nblk += obl[k, 1]
+        need = 5 + 2 * oc[V.O_PRE] + 3 * nsched + nblk
         I, F = _ensure(I, F, n, need)
         tokens = 0
         attended = 0.0

@@ -77,7 +77,7 @@ def _less(R, arr, a, b):
     return R[a, K_RANK] < R[b, K_RANK]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def push_waiting(ip, R, arr, sv, wq, heap, i, front):
     """Waiting queue append (``front``: vLLM ``prepend_request``; the heap ignores it)."""
     if ip[P_PRIO] != 0:
@@ -113,7 +113,7 @@ def _peek(ip, sv, wq, heap):
     return heap[0] if ip[P_PRIO] != 0 else wq[sv[V_WHEAD]]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _pop_waiting(ip, R, arr, sv, wq, heap):
     if ip[P_PRIO] == 0:
         i = wq[sv[V_WHEAD]]
@@ -149,7 +149,7 @@ def free_blocks(st):
     return st.sc[S_N_EMPTY] + st.sc[S_N_CAND]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _event(oev, oc, kind, a, b, c):
     k = oc[O_EV]
     if k >= oev.shape[0]:
@@ -335,7 +335,7 @@ def reset_prefix_cache(ip, R, arr, sv, run, wq, heap, reset_running, pl, opre, o
     return ok
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _victim_priority(R, arr, run, nrun):
     """vLLM's ``max(running, key=(priority, arrival_time))``: the first maximum."""
     best = 0
@@ -366,7 +366,7 @@ def step(ip, R, arr, hh, sv, run, wq, heap, pl, hits, hs,
     return oc[O_SCHED]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _unschedule(R, osched, oc, i):
     """Drop request i from this step's scheduled list (a victim scheduled earlier)."""
     n = oc[O_SCHED]
@@ -557,7 +557,7 @@ def update_from_output(ip, R, hh, sv, run, st, pol, view, osched, ofin, oev, oc)
         sv[V_NRUN] = m
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def add_request(ip, R, arr, sv, wq, heap, i):
     R[i, K_STATUS] = WAITING
     push_waiting(ip, R, arr, sv, wq, heap, i, False)

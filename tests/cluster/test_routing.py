@@ -119,3 +119,46 @@ def test_decision_log_one_file_per_replica_records_the_replica(tmp_path):
         meta = json.loads(f.schema_arrow.metadata[b"kvsim.decision_log"])
         assert meta["config"]["replica"] == k
         assert meta["config"]["schedule"] == "closed"
+
+
+def test_prefix_router_skipping_replicas_that_cannot_win_picks_as_full_scoring(monkeypatch):
+    """The prefix router skips a replica whose cost cannot beat the best one even with
+    every block cached (kvsim.modes.closed.routing._route): at every arrival its choice is
+    the replica a full scoring of every replica picks (Dynamo's cost, ties: load, index)."""
+    from kvsim.engine import scheduler as S
+    from kvsim.engine.scheduler_blocks import _cached_prefix
+    from kvsim.modes.closed import routing
+
+    def full(engines, hb, nb, prompt_tokens, waiting_blocks):
+        keys = []
+        for w, e in enumerate(engines):
+            sc = e.sched
+            cached = _cached_prefix(hb, nb, prompt_tokens, B, sc.slot_args[20], *sc.lookup)
+            active = int(sc.st[S.S_HELD]) + waiting_blocks[w]
+            keys.append((routing.PREFIX_OVERLAP_WEIGHT * (nb - cached) + active,
+                         e.outstanding(), w))
+        return min(keys)[2]
+
+    real = routing._route
+    seen = []
+
+    def checked(router, i, engines, hb, nb, prompt_tokens, B_, session, sticky, waiting):
+        w = real(router, i, engines, hb, nb, prompt_tokens, B_, session, sticky, waiting)
+        assert w == full(engines, hb, nb, prompt_tokens, waiting)
+        seen.append(w)
+        return w
+
+    monkeypatch.setattr(routing, "_route", checked)
+    rng = np.random.default_rng(3)
+    n = 48
+    prefixes = [list(range(1000 * k, 1000 * k + 12)) for k in range(4)]
+    ids, prompts = [], []
+    for _ in range(n):
+        k = int(rng.integers(0, 12))
+        x = prefixes[int(rng.integers(0, 4))][:k] + list(rng.integers(10**6, 10**7, 6))
+        ids.append(x)
+        prompts.append(len(x) * B - int(rng.integers(0, B)))
+    arr = np.cumsum(rng.integers(1_000, 40_000, n)).tolist()
+    t = _table(arr, prompts, rng.integers(1, 40, n).tolist(), ids)
+    serve(t, "lru", CONFIG, replicas=3, router="prefix")
+    assert len(seen) == n and len(set(seen)) > 1  # every arrival checked, spread out

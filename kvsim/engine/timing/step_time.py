@@ -98,7 +98,7 @@ def pack_measured(m) -> np.ndarray:
     return np.array(header + [v for p in parts for v in p], dtype=np.float64)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _seg(fp, start, n, a):
     """(i, f) of ``a`` on the axis ``fp[start:start+n]``: the segment whose left point is
     the last one <= a (``bisect_right - 1``), clamped to [0, n-2]; f = 0 below the axis."""
@@ -119,7 +119,7 @@ def _seg(fp, start, n, a):
     return i, (a - x0) / (fp[start + i + 1] - x0)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _linear(fp, hn, hx, hy, x):
     """``measured._Linear1D``: piecewise-linear, first value below, last segment beyond."""
     n = np.int64(fp[T0 + hn])
@@ -132,7 +132,7 @@ def _linear(fp, hn, hx, hy, x):
     return y0 + f * (fp[ys + i + 1] - y0)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _log_bilinear(fp, nu, nv, us, vs, zs, x, y, yo):
     """``measured._LogBilinear`` (x offset 0): bilinear on log(z) in (log2 x, log2(y + yo))."""
     i, f = _seg(fp, us, nu, math.log2(x))
@@ -144,7 +144,7 @@ def _log_bilinear(fp, nu, nv, us, vs, zs, x, y, yo):
     return math.exp(a + f * (b - a))
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _prefill_attn(fp, zs_field, c, p):
     """h (``zs_field == H_PA_H``) or g (``H_PA_G``) of a chunk of c tokens after p."""
     return _log_bilinear(fp, np.int64(fp[T0 + H_PA_NU]), np.int64(fp[T0 + H_PA_NV]),
@@ -152,14 +152,14 @@ def _prefill_attn(fp, zs_field, c, p):
                          np.int64(fp[T0 + zs_field]), c, p, fp[T0 + H_PA_YO])
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def acc_reset(acc):
     for k in range(NUM_ACC):
         acc[k] = 0.0
     acc[A_MAXX] = -np.inf
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def acc_chunk(fp, acc, chunk_tokens, context_before_tokens):
     """A prefill chunk of ``chunk_tokens`` computed this step after
     ``context_before_tokens`` of its sequence already in the KV cache."""
@@ -183,7 +183,7 @@ def acc_chunk(fp, acc, chunk_tokens, context_before_tokens):
         acc[A_MAXX] = h - g
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def acc_decode(acc, tokens, context_tokens):
     """A decoding sequence computing ``tokens`` tokens (1, or 1 + draft tokens) with
     ``context_tokens`` in its KV cache (this step's tokens included)."""
@@ -192,7 +192,7 @@ def acc_decode(acc, tokens, context_tokens):
     acc[A_DCTX] += context_tokens
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def measured_step_ms(fp, acc):
     """``MeasuredStepTime.step_ms_sums`` of the aggregates in ``acc``."""
     ptok = acc[A_PTOK]
@@ -214,7 +214,7 @@ def measured_step_ms(fp, acc):
     return ms
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def prefill_cost_us(fp, start, m):
     """Compute time of ``m`` prefill tokens at positions [start, start + m): a block's
     ``recompute_cost_us``, a lost hit's recompute in the closed loop, the slack estimates.
@@ -240,7 +240,7 @@ def prefill_cost_us(fp, start, m):
     return (2.0 * fp[5] * mf + 4.0 * fp[6] * att) / fp[4]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def step_duration_us(fp, acc, tokens, attended, kv_read):
     """The step's duration in microseconds: the roofline of (scheduled tokens, attended
     positions, KV tokens read), or the measured model of ``acc`` (module docstring)."""

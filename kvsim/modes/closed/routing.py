@@ -38,8 +38,14 @@ def _route(router: str, i: int, engines: list[Engine], hb: np.ndarray, nb: int,
     for w, e in enumerate(engines):
         sc = e.sched
         phk, phv, tk = sc.lookup
-        cached = _cached_prefix(hb, nb, prompt_tokens, B, sc.slot_args[20], phk, phv, tk)
+        # a cheap first test: the cost is at least nb - limit + active (limit: the most
+        # blocks that can be cached), so a replica that cannot beat the best is not scored
         active = int(sc.st[S.S_HELD]) + waiting_blocks[w]
+        if best_key is not None:
+            floor = PREFIX_OVERLAP_WEIGHT * (nb - min(nb, max((prompt_tokens - 1) // B, 0)))
+            if (floor + active, load[w], w) > best_key:
+                continue
+        cached = _cached_prefix(hb, nb, prompt_tokens, B, sc.slot_args[20], phk, phv, tk)
         key = (PREFIX_OVERLAP_WEIGHT * (nb - cached) + active, load[w], w)
         if best_key is None or key < best_key:
             best, best_key = w, key
@@ -64,16 +70,26 @@ def _run_cluster(table: RequestTable, engines: list[Engine], router: str, B: int
     waiting_blocks = [0] * len(engines)
     admitted = [0] * len(engines)
     nb_all = (prompt + B - 1) // B
+    # the engines' state and clocks read as Python ints / floats (memoryviews share the
+    # arrays' memory: a numpy scalar read costs several times more, 8 engines per arrival)
+    sts = [memoryview(e.sched.st) for e in engines]
+    clocks = [memoryview(e.sched.stf) for e in engines]
+    orders = [e.sched.order for e in engines]
+    nb_list = nb_all.tolist()
+    iS_NRUN, iS_ADMIT, iS_QN = S.S_NRUN, S.S_ADMIT, S.S_QN
     for i in range(N):
         t = float(arr[i])
         for w, e in enumerate(engines):
-            if e.has_work() and e.clock_us < t:
-                e.advance(t)
-            st = e.sched.st
-            for j in range(admitted[w], int(st[S.S_ADMIT])):
-                waiting_blocks[w] -= int(nb_all[e.sched.order[j]])
-            # vLLM's scheduler re-queues preempted requests: S_ADMIT may step back
-            admitted[w] = max(admitted[w], int(st[S.S_ADMIT]))
+            st = sts[w]
+            if (st[iS_NRUN] > 0 or st[iS_ADMIT] < st[iS_QN]) and clocks[w][0] < t:
+                e.advance(t)  # has_work() and clock_us < t
+            adm = st[iS_ADMIT]
+            if adm > admitted[w]:
+                order = orders[w]
+                for j in range(admitted[w], adm):
+                    waiting_blocks[w] -= nb_list[order[j]]
+                # vLLM's scheduler re-queues preempted requests: S_ADMIT may step back
+                admitted[w] = adm
         if i == warmup and warmup > 0:
             for e in engines:
                 e.start_measuring()
@@ -85,7 +101,7 @@ def _run_cluster(table: RequestTable, engines: list[Engine], router: str, B: int
             e.sched.stf[0] = t  # an idle engine waits for its next request
         e.enqueue(i)
         waiting_blocks[w] += int(nb_all[i])
-        if on_progress is not None:
+        if on_progress is not None and (i & 63) == 63:  # a progress bar: every 64 arrivals
             on_progress(sum(int(x.sched.st[S.S_DONE]) for x in engines), N)
     for e in engines:
         e.advance(-1.0)

@@ -46,7 +46,7 @@ R_LIMIT, R_IDLE, R_YIELD, R_NEED_COLS, R_NEED_ARENA = 10, 11, 12, 13, 14
 NEVER = np.iinfo(np.int64).max
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _fill(I, F, n, cols, src, N, rprio_tab, tenant_tab, block_bytes, nu, seen, pb_off,
           pb_next, pb_seen):
     """Copy the step's rows into the core's typed columns; next_use / seen per ALLOCATE."""
@@ -94,7 +94,7 @@ def _fill(I, F, n, cols, src, N, rprio_tab, tenant_tab, block_bytes, nu, seen, p
     return k
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _alloc_rows(I, n):
     k = 0
     for r in range(n):
