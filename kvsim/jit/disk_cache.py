@@ -91,6 +91,22 @@ def dispatcher_is_cached(dispatcher) -> bool:
         return False
 
 
+def cached_signatures(dispatcher) -> list[tuple]:
+    """The argument types of each entry of ``dispatcher``'s disk-cache index that this
+    process could load (:func:`dispatcher_is_cached`'s test, entry by entry); ``[]`` when
+    none or unreadable.  For a function compiled once per kind of argument
+    (``closed_step.advance``: once per scheduler), which kinds are cached."""
+    cache = getattr(dispatcher, "_cache", None)
+    cache_file = getattr(cache, "_cache_file", None)
+    if cache_file is None:
+        return []
+    try:
+        want = cache._index_key(None, dispatcher.targetctx.codegen())[1:]
+        return [tuple(key[0]) for key in cache_file._load_index() if tuple(key[1:]) == want]
+    except Exception:  # noqa: BLE001 - an unreadable index means "compile"
+        return []
+
+
 def compile_log(msg: str) -> None:
     """One line on stderr when ``$KVSIM_COMPILE_LOG`` is set: the split's timeline (when
     each worker finished, how long this process waited for one), seconds since the
@@ -139,5 +155,5 @@ def announce_cold_compile() -> None:
 
 
 __all__ = ["COLD_COMPILE_S", "COMPILED", "FIRST_CLASS", "SINGLE_TIER", "SOURCES",
-           "announce_cold_compile", "check_cache_dir", "cold_compile_message", "key",
+           "announce_cold_compile", "cached_signatures", "check_cache_dir", "cold_compile_message", "key",
            "on_cold_compile", "seal", "seal_all"]
