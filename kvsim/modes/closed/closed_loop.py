@@ -297,9 +297,11 @@ class Engine:
                 raise RuntimeError(f"closed loop: unexpected code {code}")
 
     def _sched(self) -> tuple:
-        """The scheduler as ``advance`` takes it, ``(ks, vs)``: only the one it runs
+        """The scheduler as ``advance`` takes it, ``(ks, vs, vo, rs)``: only what it runs
         (:func:`kvsim.replay.kernel.closed_step.scheduler_args`; one compile each)."""
-        return self.step_mod.scheduler_args(bool(self.sched.ip[S.P_VLLM]), self.vs)
+        return self.step_mod.scheduler_args(bool(self.sched.ip[S.P_VLLM]), self.vs,
+                                            int(self.run.K[L.K_WRITE_POLICY])
+                                            == L.WP_VLLM_OFFLOAD)
 
     def _core_args(self) -> tuple:
         """The core's state (made again on each call: after a buffer was grown or replaced)
