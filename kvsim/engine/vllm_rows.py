@@ -321,8 +321,8 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
             if e >= 0:
                 cnt = obl[e, 1]
                 if mark[i] == step:  # admitted now: its whole table
-                    n = _alloc_rows(I, F, n, fp, step, t_us, i, 0, cnt, after, B, hh, h0, nh,
-                                    dl, 0, target)
+                    n = _alloc_rows(I, F, n, fp, step, t_us, i, np.int64(0), cnt, after, B,
+                                    hh, h0, nh, dl, 0, target)  # typed 0: one compile
                 else:
                     m = pst.seq_len[R[i, V.K_SEQ]]
                     n = _alloc_rows(I, F, n, fp, step, t_us, i, m - cnt, m, after, B, hh, h0,
