@@ -121,11 +121,13 @@ def compile_log(msg: str) -> None:
 _T0 = time.monotonic()
 
 #: Wall seconds of a cold compile of the replay core on the 2-core reference VM: the
-#: README job's cold run, from empty caches in a fresh install, is 62.5 s of which 5.2 s is
-#: the replay itself (docs/benchmarks.md, "The README main job", 2026-11-29, load 0.7,
-#: with vLLM's compiled scheduler in the closed loop), so the compile is ~57 s; the notice
-#: rounds it and says it is paid once.
-COLD_COMPILE_S = 55
+#: README job's cold run, from empty caches in a fresh install, was 62.5 s of which 5.2 s is
+#: the replay itself (docs/benchmarks.md, "The README main job", 2026-11-29, load 0.7), so
+#: the compile was ~57 s; since one ``advance`` is compiled per scheduler (session 16) the
+#: same cold run takes 0.75x the CPU and 0.64x the wall of the old code measured side by side
+#: at load ~16 (docs/benchmarks.md, "Cold compile: one scheduler per compile"): ~43 s; the
+#: notice rounds it and says it is paid once.
+COLD_COMPILE_S = 45
 
 _NOTICE: list = []  # the listener (a callable taking the message), set by the CLI
 _ANNOUNCED = False
