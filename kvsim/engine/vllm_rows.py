@@ -183,10 +183,12 @@ def reset_table(resets, num_requests: int) -> np.ndarray:
 
 @njit(cache=True)
 def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, shared,
-              order, tk, hitk, adm, I, F, n, vs):
+              order, tk, hitk, adm, I, F, n, vs, rs):
     """Run vLLM steps until ``n >= ip[P_FLUSH]`` at a step boundary or no work is left
     (module docstring).  ``tk``: the replay's lower tiers' hash table: an admission's
     prefix continued there counts as computed (loaded), as vLLM's KV connector's tokens.
+    ``rs``: the resets table ``vs[VS_RESETS]``, or None when there is no reset (numba then
+    drops the resets' code before typing it: kvsim.replay.kernel.closed_step.scheduler_args).
     Returns ``(I, F, n)``."""
     vip = vs[VS_IP]
     R = vs[VS_R]
@@ -210,8 +212,6 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
     first_us = vs[VS_FIRST]
     mark = vs[VS_MARK]
     ores = vs[VS_RES]
-    rs = vs[VS_RESETS]
-    nrs = rs.shape[0]
     pst = pl.st
     pol = pl.pst
     pview = pl.pview
@@ -245,7 +245,7 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
         cleared = 0
         for j in range(a0, a1):
             i = order[j]
-            if nrs > 0:
+            if rs is not None:
                 cleared += _resets(vip, R, varr, sv, run, wq, heap, pl, opre, oev, ores, oc,
                                    rs, step, i)
             dl = arr[i] + ttft[i] if ttft[i] > 0 else -1
@@ -253,7 +253,7 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
                      PR_WARM, dl, 0, -1, 0, 0.0)
             V.add_request(vip, R, varr, sv, wq, heap, i)
         st[S_ARRIVE] = a1
-        if nrs > 0:
+        if rs is not None:
             cleared += _resets(vip, R, varr, sv, run, wq, heap, pl, opre, oev, ores, oc, rs,
                                step, -1)
         npre_reset = oc[V.O_PRE]  # the resets' preemptions come before this step's rows
@@ -320,8 +320,8 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
             if e >= 0:
                 cnt = obl[e, 1]
                 if mark[i] == step:  # admitted now: its whole table
-                    n = _alloc_rows(I, F, n, fp, step, t_us, i, 0, cnt, after, B, hh, h0, nh,
-                                    dl, 0, target)
+                    n = _alloc_rows(I, F, n, fp, step, t_us, i, np.int64(0), cnt, after, B,
+                                    hh, h0, nh, dl, 0, target)  # typed 0: one compile
                 else:
                     m = pst.seq_len[R[i, V.K_SEQ]]
                     n = _alloc_rows(I, F, n, fp, step, t_us, i, m - cnt, m, after, B, hh, h0,

@@ -34,6 +34,8 @@ outcomes; free blocks after ``schedule()`` and after the step.
 
 from __future__ import annotations
 
+import numpy as np
+
 from kvsim.engine.vllm_spec import accepted_drafts
 from kvsim.jit.decorators import njit
 from kvsim.memory import pool_ops
@@ -306,7 +308,7 @@ def preempt(ip, R, arr, sv, wq, heap, i, st, pol, view, opre, oc):
     R[i, K_NCOMP] = 0
     R[i, K_SPEC] = R[i, K_SSPEC] = 0  # its drafts are dropped
     R[i, K_NPRE] += 1
-    push_waiting(ip, R, arr, sv, wq, heap, i, True)
+    push_waiting(ip, R, arr, sv, wq, heap, i, np.bool_(True))  # typed: one compile
     k = oc[O_PRE]
     opre[k, 0] = i
     opre[k, 1] = oc[O_SCHED]  # where in this step's scheduled list it happened
@@ -410,8 +412,10 @@ def schedule(ip, R, arr, hh, sv, run, wq, heap, st, pol, view, pout, hits, hs,
             continue
         got = -1
         while True:
-            got = allocate_slots(ip, R, hh, i, num_new, hits, 0, 0, False, True, st, pol,
-                                 view, pout, hs, oev, oc)
+            # typed constants, not literals: one compile of allocate_slots for both calls
+            got = allocate_slots(ip, R, hh, i, num_new, hits, np.int64(0), np.int64(0),
+                                 np.bool_(False), np.bool_(True), st, pol, view, pout, hs,
+                                 oev, oc)
             if got >= 0:
                 break
             nrun = sv[V_NRUN]
@@ -560,4 +564,4 @@ def update_from_output(ip, R, hh, sv, run, st, pol, view, osched, ofin, oev, oc)
 @njit(cache=True, _nrt=False)
 def add_request(ip, R, arr, sv, wq, heap, i):
     R[i, K_STATUS] = WAITING
-    push_waiting(ip, R, arr, sv, wq, heap, i, False)
+    push_waiting(ip, R, arr, sv, wq, heap, i, np.bool_(False))

@@ -91,6 +91,22 @@ def dispatcher_is_cached(dispatcher) -> bool:
         return False
 
 
+def cached_signatures(dispatcher) -> list[tuple]:
+    """The argument types of each entry of ``dispatcher``'s disk-cache index that this
+    process could load (:func:`dispatcher_is_cached`'s test, entry by entry); ``[]`` when
+    none or unreadable.  For a function compiled once per kind of argument
+    (``closed_step.advance``: once per scheduler), which kinds are cached."""
+    cache = getattr(dispatcher, "_cache", None)
+    cache_file = getattr(cache, "_cache_file", None)
+    if cache_file is None:
+        return []
+    try:
+        want = cache._index_key(None, dispatcher.targetctx.codegen())[1:]
+        return [tuple(key[0]) for key in cache_file._load_index() if tuple(key[1:]) == want]
+    except Exception:  # noqa: BLE001 - an unreadable index means "compile"
+        return []
+
+
 def compile_log(msg: str) -> None:
     """One line on stderr when ``$KVSIM_COMPILE_LOG`` is set: the split's timeline (when
     each worker finished, how long this process waited for one), seconds since the
@@ -105,11 +121,13 @@ def compile_log(msg: str) -> None:
 _T0 = time.monotonic()
 
 #: Wall seconds of a cold compile of the replay core on the 2-core reference VM: the
-#: README job's cold run, from empty caches in a fresh install, is 62.5 s of which 5.2 s is
-#: the replay itself (docs/benchmarks.md, "The README main job", 2026-11-29, load 0.7,
-#: with vLLM's compiled scheduler in the closed loop), so the compile is ~57 s; the notice
-#: rounds it and says it is paid once.
-COLD_COMPILE_S = 55
+#: README job's cold run, from empty caches in a fresh install, was 62.5 s of which 5.2 s is
+#: the replay itself (docs/benchmarks.md, "The README main job", 2026-11-29, load 0.7), so
+#: the compile was ~57 s; since one ``advance`` is compiled per scheduler (session 16) the
+#: same cold run takes 0.75x the CPU and 0.64x the wall of the old code measured side by side
+#: at load ~16 (docs/benchmarks.md, "Cold compile: one scheduler per compile"): ~43 s; the
+#: notice rounds it and says it is paid once.
+COLD_COMPILE_S = 45
 
 _NOTICE: list = []  # the listener (a callable taking the message), set by the CLI
 _ANNOUNCED = False
@@ -139,5 +157,5 @@ def announce_cold_compile() -> None:
 
 
 __all__ = ["COLD_COMPILE_S", "COMPILED", "FIRST_CLASS", "SINGLE_TIER", "SOURCES",
-           "announce_cold_compile", "check_cache_dir", "cold_compile_message", "key",
+           "announce_cold_compile", "cached_signatures", "check_cache_dir", "cold_compile_message", "key",
            "on_cold_compile", "seal", "seal_all"]

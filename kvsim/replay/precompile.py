@@ -124,7 +124,7 @@ def compile_workers(jobs: int) -> int:
     return max(int(jobs), os.cpu_count() or 1)
 
 
-def compare_engine(engine: str, num_rows: int, runs: int, closed: bool = False) -> str:
+def compare_engine(engine: str, num_rows: int, runs: int, closed: bool | str = False) -> str:
     """The engine of a ``compare`` of ``runs`` replays of ``num_rows`` events each:
     :func:`kvsim.spec.sim_config.resolve_engine`, warm when the compiled core is cached (a
     policy then costs its hooks' compile, ~1-3 CPU-s, against ~10 CPU-s interpreted on
@@ -162,7 +162,7 @@ def needs_split(engine: str, closed: bool, names: Sequence[str]) -> tuple[bool, 
 
 
 def first_then_hooks(first: Callable[..., dict], first_args: tuple, hook_names: Sequence[str],
-                     workers: int, *, closed: bool = False,
+                     workers: int, *, closed: bool | str = False,
                      done: dict[str, dict] | None = None) -> dict:
     """Run ``first(*first_args)`` (a replay that compiles the core) in this process while
     up to ``workers - 1`` forked workers compile the hooks of ``hook_names``; returns
@@ -235,8 +235,9 @@ def _help(replay: Callable[..., dict], args: tuple, names: Sequence[str], future
 
 
 @contextlib.contextmanager
-def split_closed_compile(engine: str) -> Iterator[None]:
-    """Around one closed-loop run on ``engine``: when the compiled closed loop is cold and
+def split_closed_compile(engine: str, scheduler: str | bool = True) -> Iterator[None]:
+    """Around one closed-loop run on ``engine`` with ``scheduler`` (``vllm`` / ``kvsim``:
+    ``advance`` compiles once per scheduler; True: either): when the compiled closed loop is cold and
     the machine has two cores or more, one forked worker compiles ``core.run`` while this
     process compiles ``closed_step.advance`` (:data:`kvsim.replay.variants.BACKGROUND`; no-op
     inside :func:`first_then_hooks`, which already split)."""
@@ -244,11 +245,11 @@ def split_closed_compile(engine: str) -> Iterator[None]:
     from kvsim.replay.variants import core_is_cold
 
     if (engine != "compiled" or variants.BACKGROUND is not None or compile_workers(1) < 2
-            or not core_is_cold(True)):
+            or not core_is_cold(scheduler)):
         if engine == "compiled":
             from kvsim.replay.variants import announce_if_cold
 
-            announce_if_cold(True)
+            announce_if_cold(scheduler)
         yield
         return
     from kvsim.jit.disk_cache import announce_cold_compile

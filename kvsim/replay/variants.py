@@ -71,9 +71,10 @@ def policy_value(policy, state, core_module: ModuleType) -> tuple:
     return hooks.policy_value(policy, state, is_compiled(core_module))
 
 
-def compiled_is_cached(hbm_policy, lower_policies, closed: bool = False) -> bool:
+def compiled_is_cached(hbm_policy, lower_policies, closed: bool | str = False) -> bool:
     """True when the compiled engine would start without compiling: the core's entry point
-    (with ``closed``, the closed loop's step driver ``closed_step.advance`` too) and every
+    (with ``closed``, the closed loop's step driver ``closed_step.advance`` too, for the
+    scheduler ``closed`` names: :func:`advance_is_cached`) and every
     hook of these policies are in numba's disk cache (see :func:`dispatcher_is_cached`).
     False at once when a policy is plain Python."""
     from kvsim.jit.disk_cache import seal_all
@@ -85,24 +86,41 @@ def compiled_is_cached(hbm_policy, lower_policies, closed: bool = False) -> bool
     seal_all()
     if not dispatcher_is_cached(core.run):
         return False
-    if closed and not dispatcher_is_cached(closed_step.advance):
+    if closed and not advance_is_cached(closed_step.advance, closed):
         return False
     return all(hooks_are_cached(p) for p in [hbm_policy, *lower_policies])
 
 
-def core_is_cold(closed: bool = False) -> bool:
+def advance_is_cached(advance, closed) -> bool:
+    """True when numba's disk cache holds the closed loop's step driver ``advance`` for
+    ``closed``: ``"vllm"`` / ``"kvsim"``, that scheduler's specialisation (``advance`` is
+    compiled once per scheduler: :func:`kvsim.replay.kernel.closed_step.scheduler_args`),
+    any other true value: either."""
+    if not dispatcher_is_cached(advance):
+        return False
+    if closed not in ("vllm", "kvsim"):
+        return True
+    from kvsim.jit.disk_cache import cached_signatures
+
+    at = list(inspect.signature(advance.py_func).parameters).index("vs")
+    return any(len(sig) > at and (closed == "kvsim") == isinstance(sig[at], numba.types.NoneType)
+               for sig in cached_signatures(advance))
+
+
+def core_is_cold(closed: bool | str = False) -> bool:
     """True when numba's disk cache lacks the compiled core's entry point (``core.run``;
-    with ``closed``, or the closed loop's ``closed_step.advance``): a compiled run would
+    with ``closed``, or the closed loop's ``closed_step.advance``, for the scheduler
+    ``closed`` names when it is ``"vllm"`` or ``"kvsim"``: :func:`advance_is_cached`): a compiled run would
     compile it (~40-80 CPU-s, docs/benchmarks.md "Cold compile")."""
     from kvsim.jit.disk_cache import seal_all
     from kvsim.replay.kernel import closed_step, core
 
     seal_all()
     return not dispatcher_is_cached(core.run) or (
-        closed and not dispatcher_is_cached(closed_step.advance))
+        bool(closed) and not advance_is_cached(closed_step.advance, closed))
 
 
-def announce_if_cold(closed: bool = False) -> None:
+def announce_if_cold(closed: bool | str = False) -> None:
     """Before a compiled run: when the core is cold (:func:`core_is_cold`), say once that it
     compiles (:func:`kvsim.jit.disk_cache.announce_cold_compile`)."""
     from kvsim.jit.disk_cache import announce_cold_compile
@@ -111,7 +129,7 @@ def announce_if_cold(closed: bool = False) -> None:
         announce_cold_compile()
 
 
-def auto_engine(engine: str, num_rows: int, hbm_policy, lower_policies, *, closed: bool = False,
+def auto_engine(engine: str, num_rows: int, hbm_policy, lower_policies, *, closed: bool | str = False,
                 runs: int = 1) -> str:
     """The engine ``engine`` stands for on ``runs`` replays of ``num_rows`` events each:
     :func:`kvsim.spec.sim_config.resolve_engine`, warm when :func:`compiled_is_cached`."""

@@ -153,6 +153,52 @@ def test_closed_loop_cache_check_needs_the_step_driver(monkeypatch):
     assert closed_engine(SimConfig(engine="compiled"), "lru", 10) == "compiled"
 
 
+def test_advance_is_compiled_and_cached_per_scheduler(monkeypatch):
+    """``closed_step.advance`` takes the scheduler it runs and None for the other, and None
+    for vLLM's native offloading and resets when the run has none (``scheduler_args``), so
+    numba prunes what is None before typing and a run compiles one scheduler; the cache
+    check then asks for that scheduler's specialisation (issue 34, cold).  On main
+    ``advance`` took vLLM's value only and compiled both schedulers."""
+    import inspect
+
+    import numpy as np
+    from numba import types
+
+    from kvsim.engine.vllm_rows import VS_RESETS
+    from kvsim.modes.closed.closed_loop import closed_engine
+    from kvsim.replay.kernel import closed_step
+    from kvsim.spec.sim_config import SimConfig
+
+    no_resets = tuple(np.zeros((0, 4), np.int64) if k == VS_RESETS else k
+                      for k in range(VS_RESETS + 1))
+    assert closed_step.scheduler_args(True, no_resets) == (None, no_resets, None, None)
+    assert closed_step.scheduler_args(True, no_resets, True) == (None, no_resets, no_resets,
+                                                                 None)
+    assert closed_step.scheduler_args(False, no_resets, True) == (True, None, None, None)
+    resets = no_resets[:VS_RESETS] + (np.zeros((1, 4), np.int64),)
+    assert closed_step.scheduler_args(True, resets)[3] is resets[VS_RESETS]
+    params = list(inspect.signature(closed_step.advance.py_func).parameters)
+    at = params.index("vs")
+    assert params[at - 1: at + 3] == ["ks", "vs", "vo", "rs"]
+    kvsim_sig = tuple([types.int64] * at + [types.none] * 3 + [types.int64] * 2)
+    vllm_sig = tuple([types.int64] * at + [types.UniTuple(types.int64, 2)]
+                     + [types.none] * 2 + [types.int64] * 2)
+    monkeypatch.setattr(variants, "dispatcher_is_cached", lambda d: True)
+    monkeypatch.setattr(disk_cache, "dispatcher_is_cached", lambda d: True)
+    monkeypatch.setattr(disk_cache, "cached_signatures", lambda d: [kvsim_sig])
+    adv = closed_step.advance
+    assert variants.advance_is_cached(adv, "kvsim") is True
+    assert variants.advance_is_cached(adv, "vllm") is False
+    assert variants.advance_is_cached(adv, True) is True  # either scheduler
+    assert variants.core_is_cold("vllm") is True
+    assert variants.core_is_cold("kvsim") is False
+    assert closed_engine(SimConfig(engine="auto"), "lru", 10, "vllm") == "interpreted"
+    assert closed_engine(SimConfig(engine="auto"), "lru", 10, "kvsim") == "compiled"
+    monkeypatch.setattr(disk_cache, "cached_signatures", lambda d: [kvsim_sig, vllm_sig])
+    assert variants.core_is_cold("vllm") is False
+    assert closed_engine(SimConfig(engine="auto"), "lru", 10, "vllm") == "compiled"
+
+
 PYFIFO = """
 NAME = "{name}"
 DESCRIPTION = "plain-Python FIFO"

@@ -174,8 +174,8 @@ def acc_chunk(fp, acc, chunk_tokens, context_before_tokens):
     c = c if c > lo else lo
     p = float(context_before_tokens)
     p = p if p > 0 else 0.0
-    h = _prefill_attn(fp, H_PA_H, c, p)
-    g = _prefill_attn(fp, H_PA_G, c, p)
+    h = _prefill_attn(fp, np.int64(H_PA_H), c, p)  # typed, not literals: one compile
+    g = _prefill_attn(fp, np.int64(H_PA_G), c, p)
     if acc[A_NCH] == 1.0:
         acc[A_H1] = h
     acc[A_SUMG] += g
@@ -235,7 +235,7 @@ def prefill_cost_us(fp, start, m):
         c = mf if mf > lo else lo
         p = float(start)
         p = p if p > 0 else 0.0
-        return 1000.0 * (fp[T0 + H_PN_SLOPE] * mf + _prefill_attn(fp, H_PA_G, c, p))
+        return 1000.0 * (fp[T0 + H_PN_SLOPE] * mf + _prefill_attn(fp, np.int64(H_PA_G), c, p))
     att = mf * start + mf * (mf + 1.0) / 2.0
     return (2.0 * fp[5] * mf + 4.0 * fp[6] * att) / fp[4]
 

@@ -158,7 +158,8 @@ class Engine:
                                  model=cost.model)
         # the warm-up is the cluster driver's (start_measuring), not the trace pre-pass's
         nowarm = dataclasses.replace(config, warmup_fraction=0.0, warmup_requests=None,
-                                     engine=closed_engine(config, policy, facts.num_rows))
+                                     engine=closed_engine(config, policy, facts.num_rows,
+                                                            opts.scheduler))
         self.run = _Run(policy, nowarm, header, facts, costs, block_bytes, log_writer)
         self.run.K[L.K_WARMUP_STEP] = -1
         # the pool's prefix index as keys and values (strided views of its one array),
@@ -259,7 +260,7 @@ class Engine:
                     self.aux, self.insys, sc.ip, sc.fp, sc.st, sc.stf, *sc.req_args,
                     *sc.slot_args, sc.order, *sc.lookup, sc.hitk, sc.adm, sc.I, sc.F,
                     self.cols, self.rprio, self.tenant, self.block_bytes, self.pb_off,
-                    self.pb_next, self.pb_seen, self.vs, *self._core_args())
+                    self.pb_next, self.pb_seen, *self._sched(), *self._core_args())
                 self._call = None
             call = self._call
             if call is None:
@@ -305,6 +306,13 @@ class Engine:
             else:
                 raise RuntimeError(f"closed loop: unexpected code {code}")
 
+    def _sched(self) -> tuple:
+        """The scheduler as ``advance`` takes it, ``(ks, vs, vo, rs)``: only what it runs
+        (:func:`kvsim.replay.kernel.closed_step.scheduler_args`; one compile each)."""
+        return self.step_mod.scheduler_args(bool(self.sched.ip[S.P_VLLM]), self.vs,
+                                            int(self.run.K[L.K_WRITE_POLICY])
+                                            == L.WP_VLLM_OFFLOAD)
+
     def _core_args(self) -> tuple:
         """The core's state (made again on each call: after a buffer was grown or replaced)
         and ``core.run`` as ``advance`` takes them."""
@@ -333,7 +341,8 @@ class Engine:
                     -1.0, -1, self.aux, self.insys, sc.ip, sc.fp, sc.st, sc.stf,
                     *sc.req_args, *sc.slot_args, sc.order, *sc.lookup, sc.hitk, sc.adm,
                     sc.I, sc.F, self.cols, self.rprio, self.tenant, self.block_bytes,
-                    self.pb_off, self.pb_next, self.pb_seen, self.vs, *self._core_args())
+                    self.pb_off, self.pb_next, self.pb_seen, *self._sched(),
+                    *self._core_args())
         run._flush_steps()
         run._flush_log()
 
@@ -441,9 +450,10 @@ def _vllm_value(table: RequestTable, off, ids, opts: EngineOptions, config: SimC
                           spec_lookahead=opts.spec_lookahead, seed=config.seed)
 
 
-def closed_engine(config: SimConfig, policy, num_rows: int) -> str:
+def closed_engine(config: SimConfig, policy, num_rows: int, scheduler: str | None = None) -> str:
     """The engine of a closed-loop run (:func:`kvsim.replay.variants.auto_engine` with the
-    closed loop's step driver counted in the cache check)."""
+    closed loop's step driver counted in the cache check: for ``scheduler``, ``vllm`` or
+    ``kvsim``, when given, as ``advance`` is compiled once per scheduler)."""
     from kvsim.policy.registry import resolve_policy
     from kvsim.replay.variants import auto_engine
     from kvsim.spec.sim_config import LOWER_TIERS
@@ -451,7 +461,8 @@ def closed_engine(config: SimConfig, policy, num_rows: int) -> str:
     if config.engine != "auto":
         return config.engine
     lower = [resolve_policy(config.tier_policy(t)) for t in LOWER_TIERS]
-    return auto_engine("auto", num_rows, resolve_policy(policy), lower, closed=True)
+    return auto_engine("auto", num_rows, resolve_policy(policy), lower,
+                       closed=scheduler or True)
 
 
 #: dtypes of the core's event columns (kvsim.replay.kernel.core.COLS order; kvsim.core.schema types)

@@ -106,8 +106,8 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
                     block_size_tokens=opts.block_size_tokens,
                     timing_model=cost.timing_model, timing_profile=cost.timing.profile)
     # a cold compiled closed loop: core.run compiles in a worker meanwhile (2+ cores)
-    with split_closed_compile(closed_engine(config, pol, _events(table,
-                                                                 opts.block_size_tokens))):
+    with split_closed_compile(closed_engine(config, pol, _events(
+            table, opts.block_size_tokens), opts.scheduler), opts.scheduler):
         if pd is not None:
             from kvsim.modes.closed.disagg_serve import serve_pd
 
@@ -253,9 +253,9 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
 
     # auto: one engine for every policy (kvsim.replay.precompile.compare_engine), closed loop
     rows = _events(table, opts.block_size_tokens)
-    config = dataclasses.replace(config, engine=compare_engine(config.engine, rows,
-                                                               len(run_names), closed=True))
-    split, first, cold = needs_split(config.engine, True, run_names)
+    config = dataclasses.replace(config, engine=compare_engine(
+        config.engine, rows, len(run_names), closed=engine.scheduler))
+    split, first, cold = needs_split(config.engine, engine.scheduler, run_names)
     args = (table, config, replicas, router, engine, pd_options)
     results: dict[str, dict] = {}
     todo = list(run_names)

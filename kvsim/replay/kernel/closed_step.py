@@ -31,7 +31,7 @@ import numpy as np
 from kvsim.core import layout as L
 from kvsim.engine import scheduler as S
 from kvsim.engine import vllm_step as VL
-from kvsim.engine.vllm_rows import VS_FIN, VS_OC, VS_SCHED, vllm_rows
+from kvsim.engine.vllm_rows import VS_FIN, VS_OC, VS_RESETS, VS_SCHED, vllm_rows
 from kvsim.jit.decorators import njit
 from kvsim.replay.kernel import core as core_mod
 from kvsim.replay.kernel import offload
@@ -94,6 +94,19 @@ def _fill(I, F, n, cols, src, N, rprio_tab, tenant_tab, block_bytes, nu, seen, p
     return k
 
 
+def scheduler_args(vllm: bool, vs, offload: bool = False) -> tuple:
+    """``(ks, vs, vo, rs)`` as :func:`advance` takes them: kvsim's scheduler ``(True, None,
+    None, None)``; vLLM's ``(None, vs, vo, rs)`` with ``vo`` = ``vs`` under vLLM's native CPU
+    offloading (``offload``: ``--write-policy vllm_offload``) else None, and ``rs`` the
+    resets table ``vs[VS_RESETS]`` when it has a row (:func:`kvsim.engine.vllm_rows.reset_table`)
+    else None.  Each None is a branch numba drops before typing: a run compiles the
+    scheduler, the offload step and the resets it uses, nothing else."""
+    if not vllm:
+        return (True, None, None, None)
+    rs = vs[VS_RESETS]
+    return (None, vs, vs if offload else None, rs if rs.shape[0] else None)
+
+
 @njit(cache=True, _nrt=False)
 def _alloc_rows(I, n):
     k = 0
@@ -110,14 +123,21 @@ def advance(limit_us, max_steps, aux, insys,
             first_us, dsteps, forked, blast, cow, run, run2, fin, nkey, priv, stall, hb, hb2,
             rk, rv, order, phk, phv, tk, hitk, adm, I, F,
             cols, rprio_tab, tenant_tab, block_bytes, pb_off, pb_next, pb_seen,
-            vs, cr, core_run):
+            ks, vs, vo, rs, cr, core_run):
     """Run steps (module docstring).  Returns ``(code, I, F)``: ``R_*`` or a core
     ``ST_NEED_*`` code, and the scheduler's row buffers (it may have grown them).
     ``core_run``: :func:`kvsim.replay.kernel.core.run` as a first-class function value
     (:func:`kvsim.replay.variants.core_run_value`), so compiling this function calls ``run``
     indirectly (once per engine step) instead of linking and re-optimising all of it.
-    ``vs``: vLLM's scheduler (:func:`kvsim.engine.vllm_rows.new_vllm_value`), used when
-    ``ip[P_VLLM]`` is set (a tiny unused one otherwise).  ``cr``: the core's state
+    ``ks`` / ``vs``: the scheduler, exactly one of them None (:func:`scheduler_args`):
+    ``vs`` vLLM's (:func:`kvsim.engine.vllm_rows.new_vllm_value`), or ``ks`` (True) kvsim's
+    own (:func:`kvsim.engine.scheduler.run_steps`); ``vo``: ``vs`` again when vLLM's native
+    CPU offloading runs (:mod:`kvsim.replay.kernel.offload`), else None; ``rs``: vLLM's
+    resets table, None when there is no reset.  numba drops the branch of each None before
+    typing (its dead-branch pruning of ``x is None`` on a ``none``-typed argument), so each
+    combination is its own compiled specialisation of ``advance`` and a run compiles and
+    loads only what it uses (docs/benchmarks.md, "Cold compile: one scheduler per
+    compile").  ``cr``: the core's state
     (:class:`kvsim.replay.kernel.core_ref.CoreRef`; the members read here, once per call:
     the counters, request tables, arena, pending buffer, next_use, seen)."""
     C = cr.C
@@ -142,10 +162,11 @@ def advance(limit_us, max_steps, aux, insys,
             if aux[X_NINSYS] >= insys.shape[0]:
                 return R_YIELD, I, F
             done_before = st[S.S_DONE]
-            if ip[S.P_VLLM] != 0:  # vLLM's scheduler (kvsim.engine.vllm_rows)
+            n = 0
+            if vs is not None:  # vLLM's scheduler (kvsim.engine.vllm_rows)
                 I, F, n = vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont,
-                                    gap, shared, order, tk, hitk, adm, I, F, 0, vs)
-            else:
+                                    gap, shared, order, tk, hitk, adm, I, F, 0, vs, rs)
+            if ks is not None:  # kvsim's own
                 I, F, n = S.run_steps(ip, fp, st, stf, arr, prompt, out, ttft, tpot, nsamp,
                                       beam, rprio, cont, gap, shared, spk, spp, hashed, off,
                                       ids, src, par, computed, gen, nblk, lasth, status,
@@ -199,10 +220,10 @@ def advance(limit_us, max_steps, aux, insys,
                 P[q, 2] = -1
                 C[L.C_NPEND] = q + 1
                 R_i[c, L.RI_FT_PENDING] = 1
-        if ip[S.P_VLLM] != 0 and cr.K[L.K_WRITE_POLICY] == L.WP_VLLM_OFFLOAD:
+        if vo is not None and cr.K[L.K_WRITE_POLICY] == L.WP_VLLM_OFFLOAD:
             # vLLM's native CPU offloading: this step's stores, ranks, finishes
-            oc = vs[VS_OC]
-            offload.offload_step(cr, vs[VS_SCHED], oc[VL.O_SCHED], vs[VS_FIN], oc[VL.O_FIN])
+            oc = vo[VS_OC]
+            offload.offload_step(cr, vo[VS_SCHED], oc[VL.O_SCHED], vo[VS_FIN], oc[VL.O_FIN])
         # the scheduler already left cached tokens out of the step: no credit on top
         C[L.C_STEP_SAVED_US] = 0.0
         stf[0] = (C[L.C_STEP_START_US] + C[L.C_STEP_DUR_US] + C[L.C_STEP_STALL_US]
