@@ -1,5 +1,5 @@
 """The command line imports a command's module only when that command runs: `kvsim --help`
-and `kvsim --version` import no command module, numba, pandas or pyarrow (issue 34: the
+and `kvsim --version` import no command module, numba, numpy, pandas or pyarrow (issue 34: the
 import was 1.13 CPU-s of a 5.1 CPU-s Mooncake run), and the root's --help lists exactly
 what the modules register (kvsim.cli.COMMANDS against the modules themselves)."""
 
@@ -17,7 +17,7 @@ import typer.main
 
 from kvsim.cli import COMMANDS, app
 
-HEAVY = ("numba", "pandas", "pyarrow", "kvsim.api", "kvsim.cli.simulate", "kvsim.cli.log")
+HEAVY = ("numba", "numpy", "pandas", "pyarrow", "kvsim.api", "kvsim.cli.simulate", "kvsim.cli.log")
 
 
 def _modules_after(argv: list[str]) -> tuple[list[str], str]:
