@@ -29,7 +29,6 @@ import warnings
 from concurrent.futures.process import BrokenProcessPool
 from typing import Annotated, Any
 
-import numpy as np
 import typer
 from rich.console import Console
 from rich.progress import (
@@ -413,6 +412,8 @@ JsonOption = Annotated[
 
 
 def _jsonable(obj: Any) -> Any:
+    import numpy as np  # here: `kvsim --help` / `--version` import no numpy
+
     if isinstance(obj, dict):
         return {str(k): _jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

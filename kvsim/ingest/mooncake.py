@@ -21,24 +21,38 @@ prefix, so those blocks are not shared where the trace's ids alone would say the
 
 from __future__ import annotations
 
+import json
 import warnings
+from itertools import chain
+from operator import itemgetter
 from pathlib import Path
 
+import numpy as np
+
 from kvsim.core.errors import KvsimInputError, KvsimWarning
+from kvsim.core.fsutil import open_text
 from kvsim.core.limits import get_limits
 from kvsim.ingest.requests import RequestTable, build_request_table
 from kvsim.ingest.tracefile import BadRows, as_int, as_int_list, as_time_us, json_lines, parse_json
 
 #: Tokens per hash id (Mooncake README / FAST'25 artifact: "block size 512").
 MOONCAKE_BLOCK_TOKENS = 512
+#: Characters of text parsed per batch by the fast path (:func:`_plain_columns`).
+_CHUNK_CHARS = 1 << 22
+#: Keys every record needs, in the order the line-by-line reader checks them.
+_KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
 
 
 def read_mooncake(path: str | Path, *, skip_bad_rows: bool = False,
                   strict: bool = False) -> RequestTable:
     """Read a Mooncake JSONL trace into the canonical Request table.  Ids that do not form
     a prefix tree: a :class:`~kvsim.core.errors.KvsimWarning` (``strict``: an error)."""
-    bad = BadRows(skip_bad_rows)
     lim = get_limits()
+    columns = _plain_columns(path, lim)
+    if columns is not None:
+        return _table(path, columns, 0)
+    # some line is not the plain case (or the file is bad): line by line, every error named
+    bad = BadRows(skip_bad_rows)
     arrival, prompt, output, ids = [], [], [], []
     parent: dict[int, int] = {}  # id -> the id before it (-1: first of its list)
     off_tree = 0
@@ -97,8 +111,111 @@ def read_mooncake(path: str | Path, *, skip_bad_rows: bool = False,
             f"a prefix tree (first: {first_off}); kvsim chains ids by prefix, so those blocks "
             "are shared only after an identical prefix (less sharing than the raw ids "
             "suggest); --strict refuses such a trace"), stacklevel=2)
+    return _table(path, {"arrival_us": arrival, "prompt_tokens": prompt,
+                         "output_tokens": output, "block_ids": ids, "hashed_tokens": prompt},
+                  bad.count)
+
+
+def _table(path, columns: dict, skipped: int) -> RequestTable:
     return build_request_table(
-        {"arrival_us": arrival, "prompt_tokens": prompt, "output_tokens": output,
-         "block_ids": ids, "hashed_tokens": prompt},
-        block_size_tokens=MOONCAKE_BLOCK_TOKENS, path=str(path), skipped=bad.count,
+        columns, block_size_tokens=MOONCAKE_BLOCK_TOKENS, path=str(path), skipped=skipped,
         source={"format": "mooncake", "file": Path(path).name})
+
+
+def _plain_lines(path, max_line: int):
+    """The stripped non-blank lines of ``path`` in batches, what
+    :func:`~kvsim.ingest.tracefile.json_lines` yields; ``None`` (and no more) at a line of
+    ``max_line`` characters or more, or of ``_CHUNK_CHARS`` or more (no plain Mooncake line
+    is that long: the line-by-line reader reads such a file)."""
+    with open_text(path) as fh:
+        rest = ""
+        while True:
+            chunk = fh.read(_CHUNK_CHARS)
+            cut = chunk.rfind("\n")
+            if chunk and cut < 0:  # no line ends in this batch
+                rest += chunk
+                if len(rest) >= min(max_line, _CHUNK_CHARS):
+                    yield None
+                    return
+                continue
+            lines = (rest + chunk[:cut]).split("\n") if chunk else [rest]
+            rest = chunk[cut + 1:]
+            if max(map(len, lines), default=0) >= max_line or len(rest) >= max_line:
+                yield None
+                return
+            yield [t for t in map(str.strip, lines) if t]
+            if not chunk:
+                return
+
+
+def _plain_columns(path, lim) -> dict | None:
+    """The columns of a trace every line of which is the plain case, the case of every
+    published Mooncake trace: a JSON object with an integer or float ``timestamp`` within
+    the limits, integer lengths within the limits, ``ceil(input_length / 512)`` integer
+    ``hash_ids`` within int64 that form a prefix tree.  Parsed a batch at a time and
+    checked with numpy, equal to what the line-by-line reader builds; ``None`` for any
+    other file (a bad line, a number written as a string, ids off the prefix tree, a
+    decoding error), which the line-by-line reader then reads, with its warnings and its
+    one-line errors."""
+    scan = json.JSONDecoder().scan_once
+    fields = itemgetter(*_KEYS)
+    ts, n_in, n_out, ids = [], [], [], []
+    try:
+        for lines in _plain_lines(path, lim.max_line_chars):
+            if lines is None:
+                return None
+            parsed = [scan(text, 0) for text in lines]  # (value, end): json.loads's parse
+            recs = list(map(itemgetter(0), parsed))
+            if list(map(itemgetter(1), parsed)) != list(map(len, lines)) \
+                    or not set(map(type, recs)) <= {dict}:
+                return None  # text after the value, or not an object
+            for column, values in zip((ts, n_in, n_out, ids), zip(*map(fields, recs))):
+                column.extend(values)
+    except (KvsimInputError, OSError, StopIteration, KeyError, ValueError, RecursionError):
+        return None  # json's errors are ValueErrors; the line-by-line reader names them
+    if not ts or not set(map(type, ts)) <= {int, float} \
+            or not set(map(type, chain(n_in, n_out))) <= {int} \
+            or not set(map(type, ids)) <= {list}:
+        return None
+    flat = list(chain.from_iterable(ids))
+    if not set(map(type, flat)) <= {int}:
+        return None
+    try:
+        t = np.fromiter(map(float, ts), dtype=np.float64, count=len(ts))
+        prompt = np.array(n_in, dtype=np.int64)
+        output = np.array(n_out, dtype=np.int64)
+        flat_ids = np.array(flat, dtype=np.int64)
+    except OverflowError:
+        return None
+    t_us = t * 1000.0
+    if not (np.isfinite(t).all() and (t >= 0.0).all()
+            and (t <= lim.max_epoch_us / 1000.0).all() and (t_us < 2.0**63).all()
+            and (prompt >= 1).all() and (prompt <= lim.max_prompt_tokens).all()
+            and (output >= 1).all() and (output <= lim.max_output_tokens).all()):
+        return None
+    lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    if not (lens == -(-prompt // MOONCAKE_BLOCK_TOKENS)).all() or not _prefix_tree(flat_ids, lens):
+        return None
+    arrival = np.rint(t_us).astype(np.int64)  # int(round(t * 1000.0)): half to even
+    return {"arrival_us": arrival - arrival.min(), "prompt_tokens": prompt,
+            "output_tokens": output, "block_ids": _pieces(flat_ids, lens),
+            "hashed_tokens": prompt}
+
+
+def _pieces(flat: np.ndarray, lens: np.ndarray) -> list[np.ndarray]:
+    """``flat`` cut into consecutive pieces of ``lens`` (views)."""
+    ends = np.cumsum(lens).tolist()
+    return [flat[a:b] for a, b in zip([0, *ends[:-1]], ends)]
+
+
+def _prefix_tree(flat: np.ndarray, lens: np.ndarray) -> bool:
+    """True when every id always follows the same id (or always starts its list): the
+    line-by-line check (``parent.setdefault``) over the flattened ids, -1 for "nothing"."""
+    if flat.size == 0:
+        return True
+    prev = np.empty_like(flat)
+    prev[1:] = flat[:-1]
+    starts = (np.cumsum(lens) - lens)[lens > 0]
+    prev[starts] = -1
+    _uniq, first, inverse = np.unique(flat, return_index=True, return_inverse=True)
+    return bool((prev == prev[first][inverse.ravel()]).all())

@@ -24,6 +24,8 @@ from types import ModuleType
 
 from kvsim.jit.cache_key import SOURCES, cache_dir, key
 from kvsim.jit.decorators import FIRST_CLASS
+from kvsim.jit.notice import LISTENERS as _NOTICE
+from kvsim.jit.notice import on_cold_compile
 
 #: The single-tier loops' sources (their modules import it; the cache key covers them).
 SINGLE_TIER = ("kvsim.jit.prefetch", "kvsim.cachesim.fast_loops", "kvsim.cachesim.ghost_loops")
@@ -129,15 +131,7 @@ _T0 = time.monotonic()
 #: notice rounds it and says it is paid once.
 COLD_COMPILE_S = 45
 
-_NOTICE: list = []  # the listener (a callable taking the message), set by the CLI
 _ANNOUNCED = False
-
-
-def on_cold_compile(listener) -> None:
-    """Call ``listener(message)`` (once per process) just before kvsim compiles its replay
-    core from an empty cache (:func:`announce_cold_compile`); ``None`` removes it.  The
-    command line prints the message on stderr; the library prints nothing itself."""
-    _NOTICE[:] = [] if listener is None else [listener]
 
 
 def cold_compile_message() -> str:
@@ -146,8 +140,9 @@ def cold_compile_message() -> str:
 
 
 def announce_cold_compile() -> None:
-    """Tell the listener (:func:`on_cold_compile`) that a compile of the replay core is
-    about to start; once per process (forked workers inherit that it was said)."""
+    """Tell the listener (:func:`kvsim.jit.notice.on_cold_compile`) that a compile of the
+    replay core is about to start; once per process (forked workers inherit that it was
+    said)."""
     global _ANNOUNCED
     if _ANNOUNCED:
         return
