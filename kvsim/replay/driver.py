@@ -139,6 +139,16 @@ def _lower_tier(tier: int, cap: int, policy, params: dict, max_blocks: int,
     return Tier(L_i, L_free, L_h, L_view, L_ps, Lm)
 
 
+def _lru_mask(lower) -> int:
+    """Bit ``t`` set for each lower tier ``t`` (1..3) whose policy is the built-in lru."""
+    from kvsim.policies import lru
+    from kvsim.replay.kernel import spill
+
+    assert [lru.STATE.index(n) for n in ("prev", "nxt", "lru")] == \
+        [("i64", spill.LRU_PREV), ("i64", spill.LRU_NXT), ("i64", spill.LRU_ENDS)]
+    return sum(1 << t for t, p in enumerate(lower, 1) if p.module is lru)
+
+
 def resolve_tiers(config: SimConfig, header, facts: TraceFacts) -> tuple[int, list[TierCosts]]:
     """(block bytes, per-tier costs) from the config, the header and the hardware."""
     from kvsim.spec.hardware import load_hardware
@@ -246,6 +256,7 @@ class _Run:
         K[L.K_WARMUP_STEP] = facts.warmup_step(config.warmup_count(facts.num_requests))
         K[L.K_LOG_LIFECYCLE] = int(config.log_lifecycle)
         K[L.K_LINK_QUEUE] = int(config.link_model == "queue")
+        K[L.K_LOWER_LRU] = _lru_mask(lower)  # kvsim.replay.kernel.spill: lists run inline
         self.K = K
         self.X = cost_array(costs)
         self.C = np.zeros(L.NC, dtype=np.float64)
