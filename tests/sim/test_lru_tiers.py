@@ -1,10 +1,11 @@
 """Built-in lru lower tiers run their list operations inline in the demotion cascade
 (kvsim.replay.kernel.spill, "Built-in lru tiers"; issue 34, the 16-token replay rate).
 
-The driver marks each lower tier whose policy is the built-in lru (``K[K_LOWER_LRU]``);
-``_hbm_evicted_range`` then runs lru's victim / on_remove / on_insert as list operations on
-the policy's arrays instead of calling its hooks.  The results must not change: the same
-replay with the mark cleared (every tier through its hooks) gives the same summary and the
+The driver marks each lower tier whose policy is the built-in lru (``K[K_LOWER_LRU]``),
+and the HBM pool when its policy is (``st.cfg[F_LRU]``, kvsim.memory.pool_ops);
+``_hbm_evicted_range`` and the pool then run lru's hooks as list operations on the policy's
+arrays instead of calling them.  The results must not change: the same replay with the
+marks cleared (every tier through its hooks) gives the same summary and the
 same decision log, row for row, on the fixed cascade case of
 tests/sim/test_compiled_reference.py (DRAM -> CXL -> NVMe -> dropped, tiers of 2 blocks),
 with every tier lru and with lru mixed with other policies.
@@ -59,7 +60,8 @@ def test_inline_lru_equals_hooks(tiers, hw_pair, tmp_path, monkeypatch):  # noqa
                         seen[-1])
     fast = simulate(trace, "lru", config, decision_log=tmp_path / "fast.parquet")
     assert seen[-1] == sum(1 << t for t, p in enumerate(tiers, 1) if p == "lru")
-    monkeypatch.setattr(driver, "_lru_mask", lambda lower: 0)
+    monkeypatch.setattr(driver, "_lru_mask", real)
+    monkeypatch.setattr(driver, "_is_lru", lambda policy: False)  # HBM and tiers: hooks
     hooks = simulate(trace, "lru", config, decision_log=tmp_path / "hooks.parquet")
     assert fast.summary["spills_dram"] > 0 and fast.summary["spills_cxl"] > 0
     assert fast.summary.keys() == hooks.summary.keys()
