@@ -180,7 +180,8 @@ K_OFFLINE = 6  # 1 = fill next_use (offline policies)
 K_WARMUP_STEP = 7  # metrics snapshot when this step starts (-1 = none)
 K_LOG_LIFECYCLE = 8  # 1 = also record ALLOCATE/HIT/RELEASE/REVIVE/FREE rows
 K_LINK_QUEUE = 9  # 1 = transfers queue on their links (kvsim.replay.kernel.links)
-NK = 10
+K_LOWER_LRU = 10  # bit t set: lower tier t runs the built-in lru (kvsim.replay.kernel.spill)
+NK = 11
 
 WP_WRITE_BACK = 0
 WP_WRITE_THROUGH = 1

@@ -81,6 +81,7 @@ assert len(COUNTER_NAMES) == 19 and C["swap_out_bytes"] == C_SWAP_OUT_BYTES
 S_N_EMPTY, S_N_CAND, S_N_HELD, S_SEQ_TOP = 0, 1, 2, 3
 # ---- config (st.cfg) -------------------------------------------------------------------
 F_NUM_BLOCKS, F_BLOCK_SIZE, F_CACHING, F_BLOCK_BYTES, F_DEBUG = 0, 1, 2, 3, 4
+F_LRU = 5  # 1 = the policy is the built-in lru, run inline (kvsim.memory.pool_ops); 0 = hooks
 
 #: Runners-up a victim() call may report (decision log).
 MAX_ALT = 8
@@ -149,7 +150,7 @@ def new_state(config: PoolConfig) -> PoolState:
     """A pool with every block 1..N-1 empty, in id order (vLLM's initial free queue)."""
     n = config.num_blocks
     cfg = np.array([n, config.block_size_tokens, int(config.enable_caching),
-                    config.block_bytes, int(config.debug)], dtype=np.int64)
+                    config.block_bytes, int(config.debug), 0], dtype=np.int64)
     e_next = np.empty(n + 1, dtype=np.int64)
     e_prev = np.empty(n + 1, dtype=np.int64)
     in_empty = np.zeros(n, dtype=np.bool_)

@@ -52,6 +52,7 @@ from kvsim.memory.fast import (
     F_BLOCK_BYTES,
     F_BLOCK_SIZE,
     F_CACHING,
+    F_LRU,
     F_NUM_BLOCKS,
     KIND_EVICTED,
     KIND_HIT,
@@ -71,6 +72,7 @@ from kvsim.memory.fast import (
     pool_cache_block,
     pool_lookup,
 )
+from kvsim.policy.api import dll_push_tail, dll_remove, list_walk
 from kvsim.policy.hooks import (
     H_HIT,
     H_HIT_HELD,
@@ -81,6 +83,18 @@ from kvsim.policy.hooks import (
     H_REMOVE,
     H_VICTIM,
 )
+
+#: The built-in lru's list in its state's ``i64`` group (policies/lru.py ``STATE``: links
+#: ``prev``, ``nxt``, ends ``[head, tail, size]``; checked by kvsim.replay.driver).
+LRU_PREV, LRU_NXT, LRU_ENDS = 0, 1, 2
+
+# Built-in lru in HBM.  When ``st.cfg[F_LRU]`` is 1 (set by the replay's driver when the
+# HBM policy is the built-in lru), :func:`allocate`, :func:`admit`, :func:`_release` and
+# :func:`cache_blocks` run lru's hooks as their list operations (kvsim.policy.api
+# ``dll_*``, ``list_walk``; lru has no ``on_miss``) on the policy's arrays, read once per
+# call, instead of calling them as first-class functions (each call passes two counted
+# structrefs and loads the arrays again: docs/benchmarks.md, "Speed: tiered replay of
+# 16-token traces").  Same operations on the same state: same results.
 
 
 @njit(cache=True, inline="always")
@@ -184,6 +198,11 @@ def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
     h_prev = st.h_prev
     pol = pst[0]
     hooks = pst[1]
+    lru = st.cfg[F_LRU] != 0  # the built-in lru's hooks written out (see above)
+    if lru:
+        LP, LN, LE = pol.i64[LRU_PREV], pol.i64[LRU_NXT], pol.i64[LRU_ENDS]
+    else:
+        LP, LN, LE = ref_cnt, ref_cnt, ref_cnt
     alt_blocks = out.alt_blocks
     alt_scores = out.alt_scores
     mask = (hidx.shape[0] >> 1) - 1  # entries - 1 of the prefix index
@@ -194,7 +213,7 @@ def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
     pb = -1  # the block whose removal is pending, and its hash
     ph = np.int64(0)
     for i in range(n_hit, n):
-        if caching and hashes[i] != 0:
+        if caching and hashes[i] != 0 and not lru:
             hooks[H_MISS](pol, view, hashes[i], now_us)
         if sc[S_N_EMPTY] > 0:  # the head of the empties (inlined _empty_unlink)
             b = e_next[s]
@@ -209,12 +228,21 @@ def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
             onalt[i] = 0
             n_from_empty += 1
         else:  # _evict_one on the bound arrays
-            b, reason, n_alt = hooks[H_VICTIM](pol, view, now_us, alt_blocks[i],
-                                               alt_scores[i])
+            if lru:  # lru's victim(): the list's head
+                b, reason, n_alt = LE[0], 0, 0
+                if b >= 0:
+                    n_alt = list_walk(LP, LN, LE, alt_blocks[i], alt_scores[i],
+                                      view.last_access_us)
+            else:
+                b, reason, n_alt = hooks[H_VICTIM](pol, view, now_us, alt_blocks[i],
+                                                   alt_scores[i])
             if b < 1 or b >= s or not in_cand[b]:
                 raise ValueError("order policy: victim() named a block that is not a "
                                  "candidate")
-            hooks[H_REMOVE](pol, view, b)
+            if lru:
+                dll_remove(LP, LN, LE, b)
+            else:
+                hooks[H_REMOVE](pol, view, b)
             in_cand[b] = False
             sc[S_N_CAND] -= 1
             okind[i] = KIND_EVICTED
@@ -310,6 +338,11 @@ def _release(st, pst, view, seq, first, now_us):
     in_cand = st.in_cand
     sc = st.sc
     counters = st.counters
+    lru = st.cfg[F_LRU] != 0
+    if lru:
+        LP, LN, LE = pst[0].i64[LRU_PREV], pst[0].i64[LRU_NXT], pst[0].i64[LRU_ENDS]
+    else:
+        LP, LN, LE = ref_cnt, ref_cnt, ref_cnt
     for i in range(m - 1, first - 1, -1):
         b = row[i]
         if ref_cnt[b] <= 0:
@@ -335,7 +368,10 @@ def _release(st, pst, view, seq, first, now_us):
         else:
             in_cand[b] = True
             sc[S_N_CAND] += 1
-            pst[1][H_RELEASE](pst[0], view, b, now_us)
+            if lru:  # lru's on_release (see "Built-in lru in HBM" above)
+                dll_push_tail(LP, LN, LE, b)
+            else:
+                pst[1][H_RELEASE](pst[0], view, b, now_us)
     st.seq_len[seq] = first
 
 
@@ -348,11 +384,20 @@ def admit(st, pst, view, out, first, n, now_us):
     policy evicted stay intact until then, for demotion and the decision log)."""
     ob = out.blocks
     block_hash = st.block_hash
+    lru = st.cfg[F_LRU] != 0  # the built-in lru's hooks written out (see above)
+    if lru:
+        LP, LN, LE = pst[0].i64[LRU_PREV], pst[0].i64[LRU_NXT], pst[0].i64[LRU_ENDS]
+    else:
+        LP, LN, LE = block_hash, block_hash, block_hash
     for i in range(first, n):
         b = ob[i]
         if block_hash[b] != 0:
-            pst[1][H_INSERT](pst[0], view, b, now_us)
-            pst[1][H_HOLD](pst[0], view, b)
+            if lru:  # on_insert, on_hold
+                dll_push_tail(LP, LN, LE, b)
+                dll_remove(LP, LN, LE, b)
+            else:
+                pst[1][H_INSERT](pst[0], view, b, now_us)
+                pst[1][H_HOLD](pst[0], view, b)
 
 
 @njit(cache=True)

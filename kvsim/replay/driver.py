@@ -139,6 +139,24 @@ def _lower_tier(tier: int, cap: int, policy, params: dict, max_blocks: int,
     return Tier(L_i, L_free, L_h, L_view, L_ps, Lm)
 
 
+def _is_lru(policy) -> bool:
+    """The built-in lru, whose hooks the compiled core runs inline (kvsim.memory.pool_ops,
+    kvsim.replay.kernel.spill: "Built-in lru"), at the places these constants name."""
+    from kvsim.memory import pool_ops
+    from kvsim.policies import lru
+    from kvsim.replay.kernel import spill
+
+    for m in (pool_ops, spill):
+        assert [lru.STATE.index(n) for n in ("prev", "nxt", "lru")] == \
+            [("i64", m.LRU_PREV), ("i64", m.LRU_NXT), ("i64", m.LRU_ENDS)]
+    return policy.module is lru
+
+
+def _lru_mask(lower) -> int:
+    """Bit ``t`` set for each lower tier ``t`` (1..3) whose policy is the built-in lru."""
+    return sum(1 << t for t, p in enumerate(lower, 1) if _is_lru(p))
+
+
 def resolve_tiers(config: SimConfig, header, facts: TraceFacts) -> tuple[int, list[TierCosts]]:
     """(block bytes, per-tier costs) from the config, the header and the hardware."""
     from kvsim.spec.hardware import load_hardware
@@ -246,6 +264,8 @@ class _Run:
         K[L.K_WARMUP_STEP] = facts.warmup_step(config.warmup_count(facts.num_requests))
         K[L.K_LOG_LIFECYCLE] = int(config.log_lifecycle)
         K[L.K_LINK_QUEUE] = int(config.link_model == "queue")
+        K[L.K_LOWER_LRU] = _lru_mask(lower)  # kvsim.replay.kernel.spill: lists run inline
+        self.st.cfg[mem.F_LRU] = int(_is_lru(policy))  # and kvsim.memory.pool_ops
         self.K = K
         self.X = cost_array(costs)
         self.C = np.zeros(L.NC, dtype=np.float64)

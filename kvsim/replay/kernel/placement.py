@@ -320,14 +320,7 @@ def _place(r, e0, nb, mode, cr):
         k = n_hit  # preemption released more of the chain into the HBM cache
     # 3a. promotions touch their lower copies before any spill can evict them
     if n_hit < k:
-        for e in range(n_hit, k):
-            t = scr[0, e]
-            if t == 1:
-                tier_ops.touch(cr.T1, scr[1, e], now_us)
-            elif t == 2:
-                tier_ops.touch(cr.T2, scr[1, e], now_us)
-            else:
-                tier_ops.touch(cr.T3, scr[1, e], now_us)
+        tier_ops.touch_range(cr, n_hit, k, now_us)
     # 3b. cached blocks the policy evicted for the new ones (views still intact)
     lower._hbm_evicted_range(n_hit, nb, r, cr, step, now_us)  # one call, not one per block
     # 3c. accounting, views, decisions

@@ -28,6 +28,7 @@ from kvsim.core.layout import (
     HI_OWNER,
     HI_TOKENS,
     K_LOG,
+    K_LOWER_LRU,
     K_WRITE_POLICY,
     LI_BI,
     LI_OWNER,
@@ -49,6 +50,7 @@ from kvsim.core.layout import (
 from kvsim.jit.decorators import njit
 from kvsim.jit.prefetch import prefetch, prefetch_row
 from kvsim.memory.fast import KIND_EVICTED
+from kvsim.policy.api import dll_push_tail, dll_remove, list_walk
 from kvsim.policy.hooks import H_INSERT, H_REMOVE, H_VICTIM
 from kvsim.replay.kernel import tier_ops
 from kvsim.replay.kernel import tiers as tr
@@ -66,6 +68,10 @@ from kvsim.replay.kernel.links import spill_bytes
 #: the Mooncake 16-token import: docs/benchmarks.md, "Speed: tiered replay of 16-token
 #: traces".
 PREFETCH_AHEAD = 4
+
+#: The built-in lru's list in its state's ``i64`` group (policies/lru.py ``STATE``: links
+#: ``prev``, ``nxt``, ends ``[head, tail, size]``; checked by kvsim.replay.driver).
+LRU_PREV, LRU_NXT, LRU_ENDS = 0, 1, 2
 
 
 # ---------------------------------------------------------------------------------------
@@ -112,6 +118,15 @@ PREFETCH_AHEAD = 4
 # first; the table's positions may differ from an immediate removal's, never its keys or
 # values (positions reach no output).  tests/sim/test_compiled_reference.py checks the
 # rules against the reference.
+
+# Built-in lru tiers.  A lower tier running the built-in lru (bit ``t`` of
+# ``K[K_LOWER_LRU]``, set by the driver) has its three hooks of a tier step (victim,
+# on_remove, on_insert) run here as their list operations (kvsim.policy.api ``dll_*``,
+# ``list_walk``) on the policy's arrays, read once per range: a hook call passes counted
+# structrefs and loads those arrays again (NRT_incref / NRT_decref: ~19 % of an end-to-end
+# replay's samples on the Mooncake 16-token import, ~50 M hook calls).  Same state, same
+# results; other callers still call the hooks.  docs/benchmarks.md, "Speed: tiered replay
+# of 16-token traces".
 
 @njit(cache=True)
 def _drop(hk, pend, h):
@@ -172,6 +187,22 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
     L1_st, L1_hooks = T1.L_ps
     L2_st, L2_hooks = T2.L_ps
     L3_st, L3_hooks = T3.L_ps
+    # the built-in lru tiers' lists (see "Built-in lru tiers" above; else unused)
+    lru1 = (K[K_LOWER_LRU] >> 1) & 1 != 0
+    lru2 = (K[K_LOWER_LRU] >> 2) & 1 != 0
+    lru3 = (K[K_LOWER_LRU] >> 3) & 1 != 0
+    if lru1:
+        P1, N1, E1 = L1_st.i64[LRU_PREV], L1_st.i64[LRU_NXT], L1_st.i64[LRU_ENDS]
+    else:
+        P1, N1, E1 = alt_b, alt_b, alt_b
+    if lru2:
+        P2, N2, E2 = L2_st.i64[LRU_PREV], L2_st.i64[LRU_NXT], L2_st.i64[LRU_ENDS]
+    else:
+        P2, N2, E2 = alt_b, alt_b, alt_b
+    if lru3:
+        P3, N3, E3 = L3_st.i64[LRU_PREV], L3_st.i64[LRU_NXT], L3_st.i64[LRU_ENDS]
+    else:
+        P3, N3, E3 = alt_b, alt_b, alt_b
     cap1 = L1m[LM_CAP] > 0
     cap2 = L2m[LM_CAP] > 0
     cap3 = L3m[LM_CAP] > 0
@@ -235,7 +266,14 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                 L1m[LM_FREE_TOP] -= 1
                 slot = L1_free[L1m[LM_FREE_TOP]]
             else:
-                x, reason, n_alt = L1_hooks[H_VICTIM](L1_st, L1_view, now_us, alt_b, alt_s)
+                if lru1:  # lru's victim(): the list's head
+                    x, reason, n_alt = E1[0], 0, 0
+                    if x >= 0:
+                        n_alt = list_walk(P1, N1, E1, alt_b, alt_s,
+                                          L1_view.last_access_us)
+                else:
+                    x, reason, n_alt = L1_hooks[H_VICTIM](L1_st, L1_view, now_us,
+                                                            alt_b, alt_s)
                 if x >= 0:
                     if L1_i[x, LI_STATE] != 1:
                         raise ValueError("lower-tier policy: victim() named a block that is "
@@ -244,7 +282,10 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                     # its entry: rewritten at the next tier's fill, or removed (dropped)
                     prefetch(LH, 2 * (((hx * tr._FIB) >> 32) & m))
                     tr.prefetch_view(L1_view, x)  # copied below (content_hash: read)
-                    L1_hooks[H_REMOVE](L1_st, L1_view, x)
+                    if lru1:
+                        dll_remove(P1, N1, E1, x)
+                    else:
+                        L1_hooks[H_REMOVE](L1_st, L1_view, x)
                     L1_i[x, LI_STATE] = 0
                     L1m[LM_USED] -= 1
                     vo[0] = 1
@@ -290,7 +331,10 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                 pend = 0
             tr.hash_put(LH, hin, tr.tier_value(slot, 1))  # a carried block's: in place
             L1m[LM_USED] += 1
-            L1_hooks[H_INSERT](L1_st, L1_view, slot, now_us)
+            if lru1:
+                dll_push_tail(P1, N1, E1, slot)
+            else:
+                L1_hooks[H_INSERT](L1_st, L1_view, slot, now_us)
             C[M_BYTES_DOWN + t] += L1_view.size_bytes[slot]  # as copied
             spill_bytes(K, X, t, now_us, L1_view.size_bytes[slot])
             used = L1m[LM_USED]
@@ -315,7 +359,14 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                 L2m[LM_FREE_TOP] -= 1
                 slot = L2_free[L2m[LM_FREE_TOP]]
             else:
-                x, reason, n_alt = L2_hooks[H_VICTIM](L2_st, L2_view, now_us, alt_b, alt_s)
+                if lru2:  # lru's victim(): the list's head
+                    x, reason, n_alt = E2[0], 0, 0
+                    if x >= 0:
+                        n_alt = list_walk(P2, N2, E2, alt_b, alt_s,
+                                          L2_view.last_access_us)
+                else:
+                    x, reason, n_alt = L2_hooks[H_VICTIM](L2_st, L2_view, now_us,
+                                                            alt_b, alt_s)
                 if x >= 0:
                     if L2_i[x, LI_STATE] != 1:
                         raise ValueError("lower-tier policy: victim() named a block that is "
@@ -324,7 +375,10 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                     # its entry: rewritten at the NVMe tier's fill, or removed (dropped)
                     prefetch(LH, 2 * (((hx * tr._FIB) >> 32) & m))
                     tr.prefetch_view(L2_view, x)  # copied below (content_hash: read)
-                    L2_hooks[H_REMOVE](L2_st, L2_view, x)
+                    if lru2:
+                        dll_remove(P2, N2, E2, x)
+                    else:
+                        L2_hooks[H_REMOVE](L2_st, L2_view, x)
                     L2_i[x, LI_STATE] = 0
                     L2m[LM_USED] -= 1
                     vo[0] = 1
@@ -370,7 +424,10 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                 pend = 0
             tr.hash_put(LH, hin, tr.tier_value(slot, 2))  # a carried block's: in place
             L2m[LM_USED] += 1
-            L2_hooks[H_INSERT](L2_st, L2_view, slot, now_us)
+            if lru2:
+                dll_push_tail(P2, N2, E2, slot)
+            else:
+                L2_hooks[H_INSERT](L2_st, L2_view, slot, now_us)
             C[M_BYTES_DOWN + t] += L2_view.size_bytes[slot]  # as copied
             spill_bytes(K, X, t, now_us, L2_view.size_bytes[slot])
             used = L2m[LM_USED]
@@ -395,7 +452,14 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                 L3m[LM_FREE_TOP] -= 1
                 slot = L3_free[L3m[LM_FREE_TOP]]
             else:
-                x, reason, n_alt = L3_hooks[H_VICTIM](L3_st, L3_view, now_us, alt_b, alt_s)
+                if lru3:  # lru's victim(): the list's head
+                    x, reason, n_alt = E3[0], 0, 0
+                    if x >= 0:
+                        n_alt = list_walk(P3, N3, E3, alt_b, alt_s,
+                                          L3_view.last_access_us)
+                else:
+                    x, reason, n_alt = L3_hooks[H_VICTIM](L3_st, L3_view, now_us,
+                                                            alt_b, alt_s)
                 if x >= 0:
                     if L3_i[x, LI_STATE] != 1:
                         raise ValueError("lower-tier policy: victim() named a block that is "
@@ -403,7 +467,10 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                     hx = L3_view.content_hash[x]
                     prefetch(LH, 2 * (((hx * tr._FIB) >> 32) & m))  # for its removal
                     tr.prefetch_view(L3_view, x)  # copied below (content_hash: read)
-                    L3_hooks[H_REMOVE](L3_st, L3_view, x)
+                    if lru3:
+                        dll_remove(P3, N3, E3, x)
+                    else:
+                        L3_hooks[H_REMOVE](L3_st, L3_view, x)
                     L3_i[x, LI_STATE] = 0
                     L3m[LM_USED] -= 1
                     vo[0] = 1
@@ -439,7 +506,10 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                 pend = 0
             tr.hash_put(LH, hin, tr.tier_value(slot, 3))  # a carried block's: in place
             L3m[LM_USED] += 1
-            L3_hooks[H_INSERT](L3_st, L3_view, slot, now_us)
+            if lru3:
+                dll_push_tail(P3, N3, E3, slot)
+            else:
+                L3_hooks[H_INSERT](L3_st, L3_view, slot, now_us)
             C[M_BYTES_DOWN + t] += L3_view.size_bytes[slot]  # as copied
             spill_bytes(K, X, t, now_us, L3_view.size_bytes[slot])
             used = L3m[LM_USED]

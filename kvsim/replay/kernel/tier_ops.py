@@ -16,6 +16,7 @@ from kvsim.core.layout import (
     C_PEAK,
     C_USED,
     K_LOG,
+    K_LOWER_LRU,
     LI_BI,
     LI_OWNER,
     LI_STATE,
@@ -28,6 +29,7 @@ from kvsim.core.layout import (
     M_EVICT,
 )
 from kvsim.jit.decorators import njit
+from kvsim.policy.api import dll_contains, dll_move_to_tail
 from kvsim.policy.hooks import H_HIT, H_INSERT, H_REMOVE, H_VICTIM
 from kvsim.replay.kernel.links import spill_bytes
 from kvsim.replay.kernel.tiers import (
@@ -48,6 +50,33 @@ def touch(T, slot, now_us):
     L_view.access_count[slot] += 1
     L_st, L_hooks = T.L_ps
     L_hooks[H_HIT](L_st, L_view, slot, now_us)
+
+
+@njit(cache=True)
+def touch_range(cr, lo, hi, now_us):
+    """:func:`touch` for the promoted blocks ``lo .. hi-1`` of a placement (tier
+    ``cr.scr[0, e]``, slot ``cr.scr[1, e]``), the tiers read once; a tier whose policy is
+    the built-in lru (bit ``t`` of ``K[K_LOWER_LRU]``) has lru's ``on_hit`` run as its list
+    operation (kvsim.replay.kernel.spill, "Built-in lru tiers")."""
+    scr = cr.scr
+    mask = cr.K[K_LOWER_LRU]
+    T1 = cr.T1
+    T2 = cr.T2
+    T3 = cr.T3
+    for e in range(lo, hi):
+        t = scr[0, e]
+        T = T1 if t == 1 else (T2 if t == 2 else T3)
+        slot = scr[1, e]
+        if (mask >> t) & 1 == 0:
+            touch(T, slot, now_us)
+            continue
+        L_view = T.L_view
+        L_view.last_access_us[slot] = now_us
+        L_view.access_count[slot] += 1
+        L_st = T.L_ps[0]
+        prev = L_st.i64[0]  # spill.LRU_PREV, LRU_NXT, LRU_ENDS (checked by the driver)
+        if dll_contains(prev, slot):  # lru's on_hit
+            dll_move_to_tail(prev, L_st.i64[1], L_st.i64[2], slot)
 
 
 @njit(cache=True)
