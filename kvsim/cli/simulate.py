@@ -15,6 +15,7 @@ from kvsim.cli.closed_opts import (
     BlockSizeOpt,
     DropOverContextOpt,
     FormatOpt,
+    HybridPoolOpt,
     LinkModelOpt,
     MaxSeqsOpt,
     MaxTokensOpt,
@@ -297,6 +298,7 @@ def simulate_command(
     timing: TimingOpt = None,
     scheduler: SchedulerOpt = "auto",
     spec_lookahead: SpecLookaheadOpt = False,
+    hybrid_pool: HybridPoolOpt = "auto",
     pd_split: PdOpt = None, pd_link_gbps: PdLinkGbpsOpt = 100.0, pd_link_latency_us:
     PdLinkLatencyOpt = 10.0, pd_max_inflight: PdMaxInflightOpt = 0,
     json_: JsonOption = False,
@@ -348,7 +350,7 @@ def simulate_command(
                                          block_size, max_num_seqs, max_num_batched_tokens,
                                          config, sched, timing,
                                          trace_block_size, salt_by_tenant, scheduler,
-                                         spec_lookahead)
+                                         spec_lookahead, hybrid_pool)
             table, replicas, span_us = size_table(table, opts, config, replicas, sched,
                                              drop_over_context, warnings,
                                              strict=request_trace is not None)
@@ -517,7 +519,7 @@ def compare_command(
                                          block_size, max_num_seqs, max_num_batched_tokens,
                                          config, sched, timing,
                                          trace_block_size, salt_by_tenant, scheduler,
-                                         spec_lookahead)
+                                         spec_lookahead, "off")  # compare: all alike
             table, replicas, span_us = size_table(table, opts, config, replicas, sched,
                                              drop_over_context, warnings,
                                              strict=request_trace is not None)

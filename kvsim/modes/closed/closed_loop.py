@@ -80,6 +80,9 @@ class EngineOptions:
     #: n-gram, none).  k and the acceptance are the trace's spec_draft_tokens /
     #: spec_accept_prob (docs/simulate.md, "Speculative decoding under vLLM's scheduler")
     spec_lookahead: bool = False
+    #: the hybrid pool (kvsim.modes.closed.hybrid_serve): auto (a model with several layer
+    #: groups is served through vLLM's per-group pool), on, off (every layer alike)
+    hybrid_pool: str = "auto"
 
     def identity(self) -> dict:
         """The options as a dict for keys and outputs; ``spec_lookahead`` only when set, so
@@ -87,6 +90,8 @@ class EngineOptions:
         d = dataclasses.asdict(self)
         if not d["spec_lookahead"]:
             del d["spec_lookahead"]
+        if d["hybrid_pool"] == "auto":
+            del d["hybrid_pool"]
         return d
 
     def engine_config(self, num_gpu_blocks: int, seed: int) -> EngineConfig:
