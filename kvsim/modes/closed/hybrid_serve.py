@@ -229,11 +229,13 @@ def _group_label(spec) -> str:
 
 
 def serve_hybrid_trace(table, config, opts, groups=None, block_bytes: int | None = None,
-                       on_progress=None):
+                       on_progress=None, hashes=None, on_step=None):
     """Serve ``table`` closed loop through the hybrid pool; a
     :class:`kvsim.replay.driver.SimResult` (docs/simulate.md keys, ``hybrid_*`` keys and
     ``summary["group_rows"]``, one row per layer group).  ``groups`` / ``block_bytes``:
-    the model's (:func:`kvsim.memory.hybrid.model_groups`) unless given."""
+    the model's (:func:`kvsim.memory.hybrid.model_groups`) unless given; ``hashes``:
+    ``(offsets, hashes)`` as :func:`trace_hashes` gives them, when the tokens are known (a
+    recording's); ``on_step(step_result)`` is called after every engine step."""
     from kvsim.engine.cost_model import hbm_kv_capacity_bytes
     from kvsim.engine.engine_model import build_cost_model
     from kvsim.engine.timing.step_time import (
@@ -290,7 +292,7 @@ def serve_hybrid_trace(table, config, opts, groups=None, block_bytes: int | None
                             skipped=table.skipped, source=table.source)
     df = table.df
     N = len(df)
-    hoff, hh = trace_hashes(table, pool.hash_block_size)
+    hoff, hh = trace_hashes(table, pool.hash_block_size) if hashes is None else hashes
     arr = df["arrival_us"].to_numpy(np.int64)
     prompt = df["prompt_tokens"].to_numpy(np.int64)
     out = df["output_tokens"].to_numpy(np.int64)
@@ -326,6 +328,8 @@ def serve_hybrid_trace(table, config, opts, groups=None, block_bytes: int | None
             sched.add_request(r)
             a += 1
         res = sched.step()
+        if on_step is not None:
+            on_step(res)
         acc_reset(acc)
         tokens = attended = kv_read = 0.0
         firsts = []
@@ -349,6 +353,7 @@ def serve_hybrid_trace(table, config, opts, groups=None, block_bytes: int | None
             hit_tok[i] = hit
         for i, hit in res.resumed:  # a resumption looks its tokens up again (as the
             hit_tok[i] += hit           # compiled loop counts it: prompt and outputs)
+            admit[i] = start            # and admit_us is the last admission
             lookup_tok[i] += tokens_at[i]
         for i in res.preempted:
             npre[i] += 1
