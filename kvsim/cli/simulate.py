@@ -57,7 +57,7 @@ from kvsim.cli.common import (
     progress,
     quiet_progress,
 )
-from kvsim.cli.render import live_verdict, print_pd, print_replicas
+from kvsim.cli.render import live_verdict, print_groups, print_pd, print_replicas
 from kvsim.cli.simulate_opts import (
     CacheVariantOpt,
     ColumnsOpt,
@@ -392,6 +392,8 @@ def simulate_command(
         print_replicas(replica_rows)
     if "pd" in result.summary:
         print_pd(result.summary)
+    if "group_rows" in result.summary:  # the hybrid pool's layer groups
+        print_groups(result.summary)
 
 
 @app.command("compare", short_help="Replay the same trace under every policy (or a list) "

@@ -414,7 +414,7 @@ def serve_hybrid_trace(table, config, opts, groups=None, block_bytes: int | None
         "preemptions": int(npre.sum()), "dropped_requests": dropped,
         "throughput_tokens_per_s": float(out[~np.isnan(done)].sum() / span_s) if span_s
         else 0.0,
-        "hbm_pool_blocks": nblocks, "hybrid_block_bytes": int(block_bytes),
+        "hbm_pool_blocks": nblocks, "hbm_capacity_blocks": nblocks, "hybrid_block_bytes": int(block_bytes),
         "hybrid_groups": [r["label"] for r in group_rows],
         "hybrid_held_blocks_peak": peak,
         "hybrid_held_blocks_mean": [r["held_blocks_mean"] for r in group_rows],
