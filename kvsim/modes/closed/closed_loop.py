@@ -90,7 +90,7 @@ class EngineOptions:
         d = dataclasses.asdict(self)
         if not d["spec_lookahead"]:
             del d["spec_lookahead"]
-        if d["hybrid_pool"] == "auto":
+        if d["hybrid_pool"] in ("auto", "off"):  # keys as before unless forced on
             del d["hybrid_pool"]
         return d
 

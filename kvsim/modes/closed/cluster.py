@@ -253,6 +253,8 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
             bound = None
     config = config or SimConfig()
     opts = engine or EngineOptions()
+    if opts.hybrid_pool == "auto":  # a comparison of policies: every layer alike
+        opts = dataclasses.replace(opts, hybrid_pool="off")
     engine, _why = resolve_scheduler(table, config, opts)  # once, for every policy
     from kvsim.replay.precompile import compare_engine, needs_split
 
