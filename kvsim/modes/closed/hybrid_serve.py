@@ -285,6 +285,8 @@ def serve_hybrid_trace(table, config, opts, groups=None, block_bytes: int | None
                           + df0["output_tokens"].to_numpy(np.int64) - 1)
     keep = need <= nblocks - wmark
     dropped = int((~keep).sum())
+    if dropped and hashes is not None:
+        raise ValueError("serve_hybrid_trace: given hashes, no request may be dropped")
     if dropped:
         kept = df0[keep].reset_index(drop=True)
         kept["request_id"] = np.arange(len(kept), dtype=kept["request_id"].dtype)
