@@ -29,7 +29,10 @@ Imports only vLLM and the standard library; runs in vLLM's own environment::
     HF_HUB_OFFLINE=1 /work/venvs/vllm033/bin/python bench/vllm/record_hybrid.py \\
         > tests/fixtures/vllm_hybrid.json
 
-Never a CI dependency: tests/memory/test_hybrid_vllm.py replays the committed JSON.
+Never a CI dependency: tests/memory/test_hybrid_vllm.py replays the committed JSON;
+``staggered`` / ``staggered_mamba`` (requests added between steps, ARRIVE_STEPS) are what
+tests/engine/test_hybrid_closed.py serves through kvsim's closed loop
+(kvsim.modes.closed.hybrid_serve, one step = 1 ms, arrival i at ARRIVE_STEPS[i] ms).
 """
 
 from __future__ import annotations
@@ -197,10 +200,15 @@ CLOSED = {
 OUTPUT_BASE = 100000
 
 
-def run_closed(kinds) -> dict:
+#: staggered arrivals: request i is added before the schedule() of step ARRIVE_STEPS[i]
+#: (the engine is never idle in between), for kvsim's closed loop with arrivals over time
+ARRIVE_STEPS = [0, 0, 2, 5, 9, 14, 22, 31]
+
+
+def run_closed(kinds, arrive_steps=None) -> dict:
     """vLLM's real ``Scheduler`` (synchronous) with the hybrid KVCacheConfig, a fake model
     runner sampling ``OUTPUT_BASE + 1000 * request + k`` as output token k; every request
-    arrives before step 0.  Per step: scheduled (request, tokens), new admissions with
+    arrives before step 0, or request i before step ``arrive_steps[i]``.  Per step: scheduled (request, tokens), new admissions with
     their hit tokens, preempted, finished, free blocks after schedule() and after the step."""
     import shutil
 
@@ -278,14 +286,20 @@ def run_closed(kinds) -> dict:
 
     sched._preempt_request = _recording_preempt
     vreqs = {}
+    arrive = arrive_steps or [0] * len(CLOSED["requests"])
     for i, (prompt, out_len) in enumerate(CLOSED["requests"]):
         sp = SamplingParams(max_tokens=out_len, ignore_eos=True, temperature=0.0)
         vreqs[str(i)] = Request(request_id=str(i), prompt_token_ids=list(prompt),
-                                sampling_params=sp, pooling_params=None, arrival_time=0.0,
-                                block_hasher=hasher)
-        sched.add_request(vreqs[str(i)])
+                                sampling_params=sp, pooling_params=None,
+                                arrival_time=float(arrive[i]), block_hasher=hasher)
+    added = 0
     steps = []
-    while sched.has_requests() and len(steps) < 5000:
+    while (sched.has_requests() or added < len(vreqs)) and len(steps) < 5000:
+        while added < len(vreqs) and arrive[added] <= len(steps):  # between steps
+            sched.add_request(vreqs[str(added)])
+            added += 1
+        if not sched.has_requests():
+            raise RuntimeError("the engine went idle before the last arrival")
         seen = {rid for rid, r in vreqs.items() if r.num_computed_tokens > 0}
         so = sched.schedule()
         nst = so.num_scheduled_tokens
@@ -314,6 +328,7 @@ def run_closed(kinds) -> dict:
     return {"groups": [{"kind": k, "block_size": b, **e} for k, b, e in kinds],
             "engine": eng, "output_base": OUTPUT_BASE,
             "requests": [{"prompt": p, "output_len": n} for p, n in CLOSED["requests"]],
+            **({"arrive_steps": list(arrive_steps)} if arrive_steps else {}),
             "steps": steps}
 
 
@@ -323,7 +338,9 @@ def main() -> int:
     out = {"vllm": vllm.__version__, "recorder": "bench/vllm/record_hybrid.py",
            "configs": {name: run(name, g) for name, g in CONFIGS.items()},
            "closed_loop": run_closed(CONFIGS["swa"]),
-           "closed_loop_mamba": run_closed(CONFIGS["mamba"])}
+           "closed_loop_mamba": run_closed(CONFIGS["mamba"]),
+           "staggered": run_closed(CONFIGS["swa"], ARRIVE_STEPS),
+           "staggered_mamba": run_closed(CONFIGS["mamba"], ARRIVE_STEPS)}
     json.dump(out, sys.stdout, indent=1)
     print()
     return 0

@@ -431,6 +431,8 @@ def run_plan(table, spec: PlanSpec, out_dir: str | Path, *, jobs: int = 1,
     for p in spec.policies:
         resolve_policy(p)
     engine = spec.engine or EngineOptions()
+    if engine.hybrid_pool == "auto":  # a plan searches tiers and replicas: every layer alike
+        engine = dataclasses.replace(engine, hybrid_pool="off")
     cells = spec.cells()
     for c in cells:  # every price exists before any work
         c.usd_per_hour(spec.prices)

@@ -103,8 +103,9 @@ def hybrid_warning(model: str) -> dict | None:
     return {"code": "hybrid_model", "message": (
         f"{spec.name} has {' and '.join(kinds)}: this replay's pool treats every layer as "
         "full attention (sliding-window blocks are never freed, linear-attention state is "
-        "not held), so its capacity and hits are not vLLM's; vLLM's per-group pool runs in "
-        "kvsim.engine.vllm_hybrid.serve_hybrid (docs/memory-model.md, \"Hybrid models\")")}
+        "not held), so its capacity and hits are not vLLM's; vLLM's per-group pool serves a "
+        "request trace closed loop with --hybrid-pool auto|on (docs/memory-model.md, "
+        "\"Hybrid models in the closed loop\")")}
 
 
 #: Catalog models suggested for a trace over the model's context, shortest context first

@@ -80,6 +80,13 @@ SpecMethodOpt = Annotated[str, typer.Option(
          "multi-token-prediction layers hold KV in every block, as vLLM sizes them, so the "
          "pool holds fewer blocks; implies --spec-lookahead), ngram or none (default).  "
          "docs/estimate-kv.md, \"Speculative decoding\".")]
+HybridPoolOpt = Annotated[str, typer.Option(
+    "--hybrid-pool", metavar="auto|on|off",
+    help="A model whose layers are not all full attention (gpt-oss: sliding windows; "
+         "qwen3-next: Mamba): auto (the default) or on serves the closed loop through "
+         "vLLM 0.33's hybrid KV-cache pool (one manager per layer group; interpreted, HBM "
+         "only); off: every layer alike (compiled, with tiers).  docs/memory-model.md, "
+         "\"Hybrid models in the closed loop\".")]
 TimingOpt = Annotated[str | None, typer.Option(
     "--timing", metavar="auto|roofline|measured|FILE.toml",
     help="Step-time model of the engine serving --profile / --request-trace: measured "
@@ -298,7 +305,7 @@ def single_replica(replicas: int) -> None:
 def request_table(profile, requests, seed, request_trace, fmt, model, block_size,
                    max_num_seqs, max_num_batched_tokens, config, sched, timing=None,
                    trace_block_size=None, salt_by_tenant=False, scheduler="auto",
-                   spec_lookahead=False, spec_method="none"):
+                   spec_lookahead=False, spec_method="none", hybrid_pool="auto"):
     """The Request table a profile or request trace gives, and the engine options it is
     served with; says on stderr what is served how (a log line, not progress)."""
     import sys
@@ -318,7 +325,7 @@ def request_table(profile, requests, seed, request_trace, fmt, model, block_size
                          max_num_batched_tokens=max_num_batched_tokens,
                          model=model or DEFAULT_MODEL, timing=timing or "auto",
                          scheduler=scheduler, spec_lookahead=bool(spec_lookahead),
-                         spec_method=spec_method)
+                         spec_method=spec_method, hybrid_pool=hybrid_pool)
     if sched == "closed":  # auto: vllm unless the run needs what it does not model
         opts, why = resolve_scheduler(table, config, opts)
         if why is not None:

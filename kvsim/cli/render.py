@@ -377,3 +377,19 @@ def print_pd(summary: dict) -> None:
     link.add_row("bytes sent", f"{summary['pd_link_bytes']:,}")
     link.add_row("staged requests that waited", f"{summary['pd_staging_blocked_requests']:,}")
     print_view(link)
+
+
+def print_groups(summary: dict) -> None:
+    """The hybrid pool's layer groups (``group_rows``, docs/memory-model.md "Hybrid models
+    in the closed loop"): blocks held (peak, mean), hit blocks, blocks freed by windows."""
+    from rich import box
+
+    table = Table(title=f"layer groups ({summary['hbm_pool_blocks']:,} block ids of "
+                  f"{summary['hybrid_block_bytes']:,} B, one pool)", title_justify="left",
+                  box=box.SIMPLE_HEAD, header_style="bold")
+    for h in ("group", "held peak", "held mean", "hit blocks", "freed (window / state)"):
+        table.add_column(h, justify="right")
+    for r in summary["group_rows"]:
+        table.add_row(r["label"], f"{r['held_blocks_peak']:,}", f"{r['held_blocks_mean']:,.0f}",
+                      f"{r['hit_blocks']:,}", f"{r['freed_blocks']:,}")
+    print_view(table)

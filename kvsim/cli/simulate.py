@@ -15,6 +15,7 @@ from kvsim.cli.closed_opts import (
     BlockSizeOpt,
     DropOverContextOpt,
     FormatOpt,
+    HybridPoolOpt,
     LinkModelOpt,
     MaxSeqsOpt,
     MaxTokensOpt,
@@ -57,7 +58,7 @@ from kvsim.cli.common import (
     progress,
     quiet_progress,
 )
-from kvsim.cli.render import live_verdict, print_pd, print_replicas
+from kvsim.cli.render import live_verdict, print_groups, print_pd, print_replicas
 from kvsim.cli.simulate_opts import (
     CacheVariantOpt,
     ColumnsOpt,
@@ -298,6 +299,7 @@ def simulate_command(
     timing: TimingOpt = None,
     scheduler: SchedulerOpt = "auto",
     spec_lookahead: SpecLookaheadOpt = False, spec_method: SpecMethodOpt = "none",
+    hybrid_pool: HybridPoolOpt = "auto",
     pd_split: PdOpt = None, pd_link_gbps: PdLinkGbpsOpt = 100.0, pd_link_latency_us:
     PdLinkLatencyOpt = 10.0, pd_max_inflight: PdMaxInflightOpt = 0,
     json_: JsonOption = False,
@@ -349,7 +351,7 @@ def simulate_command(
                                          block_size, max_num_seqs, max_num_batched_tokens,
                                          config, sched, timing,
                                          trace_block_size, salt_by_tenant, scheduler,
-                                         spec_lookahead, spec_method)
+                                         spec_lookahead, spec_method, hybrid_pool)
             table, replicas, span_us = size_table(table, opts, config, replicas, sched,
                                              drop_over_context, warnings,
                                              strict=request_trace is not None)
@@ -391,6 +393,8 @@ def simulate_command(
         print_replicas(replica_rows)
     if "pd" in result.summary:
         print_pd(result.summary)
+    if "group_rows" in result.summary:  # the hybrid pool's layer groups
+        print_groups(result.summary)
 
 
 @app.command("compare", short_help="Replay the same trace under every policy (or a list) "
@@ -518,7 +522,7 @@ def compare_command(
                                          block_size, max_num_seqs, max_num_batched_tokens,
                                          config, sched, timing,
                                          trace_block_size, salt_by_tenant, scheduler,
-                                         spec_lookahead, spec_method)
+                                         spec_lookahead, spec_method, "off")  # compare: all alike
             table, replicas, span_us = size_table(table, opts, config, replicas, sched,
                                              drop_over_context, warnings,
                                              strict=request_trace is not None)

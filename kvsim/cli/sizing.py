@@ -23,9 +23,17 @@ def size_table(table, opts, config, replicas, sched, drop: bool, warnings: list,
 def _size_table(table, opts, config, replicas, sched, drop, warnings, strict):
     from kvsim.analysis import sizing
 
-    hybrid = sizing.hybrid_warning(opts.model)
-    if hybrid is not None:
-        warnings.append(hybrid)
+    if sched == "closed" and getattr(opts, "hybrid_pool", "off") != "off" and \
+            sizing.hybrid_warning(opts.model) is not None:  # served by the hybrid pool
+        if any(getattr(config, f"{t}_gb") is None for t in ("dram", "cxl", "nvme")):
+            warnings.append({"code": "hybrid_pool_hbm_only", "message": (
+                f"{opts.model} is served through vLLM's hybrid pool (one manager per layer "
+                "group), HBM only: the hardware profile's DRAM / CXL / NVMe tiers are off "
+                "(--hybrid-pool off: every layer alike, with tiers)")})
+    else:
+        hybrid = sizing.hybrid_warning(opts.model)
+        if hybrid is not None:
+            warnings.append(hybrid)
     ctx = sizing.context_check(table, opts.model)
     if ctx.over and not strict and not drop:  # a generated profile: warn, serve as is
         warnings.append({"code": "over_context", "message": (

@@ -126,7 +126,8 @@ class HybridVllmScheduler(VllmScheduler):
         if not ok:
             return None
         r.num_cached_blocks = 0 if r.num_cached_blocks is None else r.num_cached_blocks
-        r.blocks = [b for group in self.pool.block_ids(r.request_id) for b in group if b]
+        if r.status in (WAITING, PREEMPTED):  # an admission: its whole table (StepResult)
+            r.blocks = [b for group in self.pool.block_ids(r.request_id) for b in group if b]
         return list(self.pool.last_new_ids)
 
     def _cache_blocks(self, r: SimRequest, num_tokens: int) -> None:  # done by the pool

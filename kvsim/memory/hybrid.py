@@ -473,8 +473,8 @@ class HybridPool:
             mask = self._sliding_mask(spec, before, num_full)
             for i in range(before, num_full):
                 b = blocks[i]
-                if b.is_null or (mask is not None and not mask[i - before]):
-                    continue
+                if b.is_null or (mask is not None and not mask[i - before]) or not view[i]:
+                    continue  # hash 0: content a trace does not know, never cached
                 ntok = (i + 1) * bs
                 if b.keys:  # a partial entry promoted to the full block
                     self._drop_keys(b)

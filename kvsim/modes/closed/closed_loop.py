@@ -84,6 +84,9 @@ class EngineOptions:
     #: / ``ngram``, or ``mtp``: the model's MTP layers hold KV too (fewer blocks) and, as
     #: vLLM's MTP drafter, reserve the k lookahead slots (``spec_lookahead`` implied)
     spec_method: str = "none"
+    #: the hybrid pool (kvsim.modes.closed.hybrid_serve): auto (a model with several layer
+    #: groups is served through vLLM's per-group pool), on, off (every layer alike)
+    hybrid_pool: str = "auto"
 
     def __post_init__(self):
         if self.spec_method == "mtp":
@@ -97,6 +100,8 @@ class EngineOptions:
             del d["spec_lookahead"]
         if d["spec_method"] == "none":
             del d["spec_method"]
+        if d["hybrid_pool"] in ("auto", "off"):  # keys as before unless forced on
+            del d["hybrid_pool"]
         return d
 
     def engine_config(self, num_gpu_blocks: int, seed: int) -> EngineConfig:

@@ -91,8 +91,13 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
     if router not in ROUTERS:
         raise KvsimInputError(f"expected --router {' | '.join(ROUTERS)}, got {router!r}",
                               None, None, "--router")
-    pol = resolve_policy(policy)
     opts, _why = resolve_scheduler(table, config, opts)  # auto: vllm unless unsupported
+    from kvsim.modes.closed import hybrid_serve
+
+    if hybrid_serve.wanted(config, opts):  # several layer groups: vLLM's per-group pool
+        hybrid_serve.check_supported(table, policy, config, opts, replicas, pd, decision_log)
+        return hybrid_serve.serve_hybrid_trace(table, config, opts, on_progress=on_progress)
+    pol = resolve_policy(policy)
     offered = table
     cost, hbm_blocks, costs, block_bytes, off, ids, table, dropped = \
         prepare(table, config, opts)
@@ -248,6 +253,8 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
             bound = None
     config = config or SimConfig()
     opts = engine or EngineOptions()
+    if opts.hybrid_pool == "auto":  # a comparison of policies: every layer alike
+        opts = dataclasses.replace(opts, hybrid_pool="off")
     engine, _why = resolve_scheduler(table, config, opts)  # once, for every policy
     from kvsim.replay.precompile import compare_engine, needs_split
 
