@@ -90,6 +90,8 @@ def check_supported(table, policy, config, opts, replicas: int, pd_options,
     if table.source.get("salt_by_tenant"):
         no("--salt-by-tenant", "salted hashes")
     df = table.df
+    if getattr(opts, "spec_method", "none") == "mtp":
+        no("--spec-method", "an MTP drafter's layers")
     if opts.spec_lookahead or ("spec_draft_tokens" in df and len(df)
                                and int(df["spec_draft_tokens"].max()) > 0):
         no("--spec-lookahead", "speculative drafts (the trace's spec_draft_tokens)")
