@@ -6,8 +6,8 @@ the compiled core (:mod:`kvsim.replay.kernel.core`), streams the trace through i
 (growing or flushing buffers when the core asks), and turns the counters into metrics
 (:mod:`kvsim.replay.metrics`).
 
-Streaming: memory grows with resident blocks and live requests, and per-request and
-per-step results (the outputs themselves).  Per row, the pre-pass
+Streaming: memory grows with resident blocks and live requests; per-request and per-step
+results are kept in bounded memory (:mod:`kvsim.replay.slots`, :mod:`kvsim.core.spill`).  Per row, the pre-pass
 (:func:`kvsim.replay.prepass.scan_trace`) keeps one bit per ALLOCATE row (the recompute
 metric's ``seen`` flag; the set of distinct content hashes it needs lives only during the
 pre-pass).  One documented exception: an offline policy (Belady) reads ``next_use``, 8

@@ -203,11 +203,17 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
     seen_bits = seen_bits[: (num_allocs + 7) // 8].copy()
     release_read_buffers()
     if first_req:
+        # each list freed once joined: 24 bytes per request, not 48, at the peak
         fr = np.concatenate(first_req)
+        first_req.clear()
         ft = np.concatenate(first_time)
+        first_time.clear()
         fs = np.concatenate(first_step_l)
+        first_step_l.clear()
         order = np.lexsort((fr, ft))
+        del ft
         arrival_order, arrival_step = fr[order], fs[order]
+        del fr, fs, order
     else:
         arrival_order = arrival_step = np.zeros(0, np.int64)
     return TraceFacts(num_rows, max(first_step, 0), max(last_step, 0), max_req,
