@@ -160,7 +160,14 @@ def _tree(tmp: Path) -> dict[str, bytes | None]:
                                       else None) for p in tmp.rglob("*")}
 
 
-@pytest.mark.parametrize("case", sorted(CLI_CASES))
+def _cli_params() -> list:
+    """Every case; one with ``xfail = "why"`` is a known gap, expected to fail (strictly: it
+    must be taken off the list once it passes)."""
+    return [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=CLI_CASES[c]["xfail"]))
+            if "xfail" in CLI_CASES[c] else c for c in sorted(CLI_CASES)]
+
+
+@pytest.mark.parametrize("case", _cli_params())
 def test_cli_case(case: str, tmp_path: Path) -> None:
     spec = CLI_CASES[case]
     _setup(spec.get("setup"), tmp_path)

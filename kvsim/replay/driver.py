@@ -6,8 +6,8 @@ the compiled core (:mod:`kvsim.replay.kernel.core`), streams the trace through i
 (growing or flushing buffers when the core asks), and turns the counters into metrics
 (:mod:`kvsim.replay.metrics`).
 
-Streaming: memory grows with resident blocks and live requests, and per-request and
-per-step results (the outputs themselves).  Per row, the pre-pass
+Streaming: memory grows with resident blocks and live requests; per-request and per-step
+results are kept in bounded memory (:mod:`kvsim.replay.slots`, :mod:`kvsim.core.spill`).  Per row, the pre-pass
 (:func:`kvsim.replay.prepass.scan_trace`) keeps one bit per ALLOCATE row (the recompute
 metric's ``seen`` flag; the set of distinct content hashes it needs lives only during the
 pre-pass).  One documented exception: an offline policy (Belady) reads ``next_use``, 8
@@ -45,6 +45,7 @@ from kvsim.replay.prepass import (
     release_read_buffers,
     scan_trace,
 )
+from kvsim.replay.slots import RequestSlots
 from kvsim.replay.variants import (
     compiled_is_cached,
     core_for,
@@ -272,7 +273,10 @@ class _Run:
         self.C[L.C_PEND_ADMIT] = -1
         self.C[L.C_STEP] = -1
         self.Cw = np.zeros(L.NC, dtype=np.float64)
-        self.R_i, self.R_f = L.new_request_tables(max(facts.max_request_id + 1, 1))
+        # request slots (kvsim.replay.slots): recycled when no row names a finished request
+        self.slots = RequestSlots(facts.max_request_id, facts.ids_final)
+        self.R_i, self.R_f = L.new_request_tables(max(facts.max_request_id + 1, 1) if not
+                                                  facts.ids_final else 256)
         self.A_i = np.zeros((ARENA_ROWS, L.NAI), dtype=np.int64)
         self.A_f = np.zeros(ARENA_ROWS, dtype=np.float64)
         self.H_i = np.zeros((hbm_blocks + 1, L.NHI), dtype=np.int64)
@@ -317,7 +321,9 @@ class _Run:
     def _flush_log(self) -> None:
         k = int(self.C[L.C_NLOG])
         if k and self.log_writer is not None:
+            self.slots.translate_log(self.G, k)  # slots -> request ids
             self.log_writer.write_buffer(self.G, k)
+        self.slots.log_mark = 0
         self.C[L.C_NLOG] = 0
         need = int(16 * self.C[L.C_MAX_BT] + 8192)
         if self.G[0].shape[0] < need:
@@ -395,6 +401,7 @@ class _Run:
         return core_arg(self.core_state(next_use, seen), is_compiled(self.core))
 
     def feed(self, cols: dict) -> None:
+        cols = self.slots.mapped(cols)  # request ids -> slots of the request tables
         batch = run_cols(tuple(cols[name] for name in core.COLS))  # one type of run
         n = len(batch[0])
         if n == 0:
@@ -422,6 +429,7 @@ class _Run:
                                        f"ALLOCATE rows of a batch holding {m}")
                 self.alloc_base = base + m
                 self.C[L.C_ALLOC_ORD] = self.alloc_base
+                self.slots.release(self)  # finished requests folded, their slots freed
                 return
             if status == core.ST_NEED_REQ:
                 self._grow_requests(int(max(batch[3][i], batch[6][i])))
@@ -578,7 +586,7 @@ def execute(trace_path: str | Path, pol, config: SimConfig,
         writer.__exit__(None, None, None)
     checks = run.check() if config.check_invariants else {}
     steps = StepLog(run.step_rows, block_bytes)
-    requests = RequestLog(run.R_i, run.R_f, facts.max_request_id + 1)
+    requests = RequestLog(run.slots.close(run))
     return Execution(run, facts, steps, requests, costs, cfg_dict, bs, checks)
 
 

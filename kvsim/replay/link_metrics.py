@@ -54,14 +54,18 @@ def link_summary(runs, makespans_us, names=_NAMES, measured=None) -> dict:
             out[f"link_{name}_{d}_queue_us"] = float(sum(r.X[t, qw] for r in runs))
     waits = []
     for r in runs:
-        rf = r.R_f
-        ids = np.arange(rf.shape[0])
-        keep = rf[:, L.RF_XFERS] > 0
+        slots = getattr(r, "slots", None)
+        if slots is not None and slots.closed:  # folded (kvsim.replay.slots)
+            ids, xf, qw = slots.link_columns()
+        else:
+            ids, xf, qw = np.arange(r.R_f.shape[0]), r.R_f[:, L.RF_XFERS], \
+                r.R_f[:, L.RF_QWAIT_US]
+        keep = xf > 0
         if measured is not None:
             keep &= np.isin(ids, measured)
         # a request's transfers (one per tier): its queueing delay spread evenly over them
-        k = rf[keep, L.RF_XFERS]
-        w = rf[keep, L.RF_QWAIT_US] / k
+        k = xf[keep]
+        w = qw[keep] / k
         waits.append(np.repeat(w, k.astype(np.int64)))
     q = np.concatenate(waits) if waits else np.zeros(0)
     out["link_transfers_up"] = int(len(q))

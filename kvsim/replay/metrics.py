@@ -191,32 +191,19 @@ def request_table(R_i: np.ndarray, R_f: np.ndarray, n: int) -> pd.DataFrame:
 
 
 class RequestLog:
-    """A replay's per-request results as the core's request tables (``R_i``, ``R_f``, ids
-    below ``n``): the summary reads the columns it needs one at a time
-    (:meth:`columns`), and the :func:`request_table` DataFrame is built only when asked
-    for (``SimResult.requests``), so that the end of a run does not hold the core's
-    tables, the table's columns and the DataFrame's copy of them at once."""
+    """A replay's per-request results as folded by the driver
+    (:class:`kvsim.replay.slots.FoldedRequests`, in bounded memory): the summary reads its
+    figures chunk by chunk (:meth:`figures`), and the :func:`request_table` DataFrame is
+    built only when asked for (``SimResult.requests``)."""
 
-    def __init__(self, R_i: np.ndarray, R_f: np.ndarray, n: int) -> None:
-        self.R_i, self.R_f, self.n = R_i, R_f, int(n)
+    def __init__(self, folded) -> None:
+        self.folded = folded
 
     def frame(self) -> pd.DataFrame:
-        return request_table(self.R_i, self.R_f, self.n)
+        return self.folded.frame()
 
-    def columns(self, names, measured: np.ndarray | None) -> dict[str, np.ndarray]:
-        """Columns ``names`` of :meth:`frame`, of the requests in ``measured`` (None:
-        all), in request-id order: the same values as the DataFrame's."""
-        keep = _kept_ids(self.R_i, self.n)
-        if measured is not None:
-            keep = keep[np.isin(keep, measured)]
-        return {name: REQUEST_COLUMNS[name](self.R_i, self.R_f, keep) for name in names}
-
-
-#: The per-request columns :func:`summarize` reads.
-_SUMMARY_REQUEST_COLUMNS = (
-    "lookup_tokens", "hbm_hit_tokens", "dram_hit_tokens", "cxl_hit_tokens",
-    "nvme_hit_tokens", "prompt_tokens", "ttft_missed", "tpot_missed_tokens", "ttft_us",
-    "tpot_us", "e2e_us")
+    def figures(self, measured: np.ndarray | None, block_size_tokens: int) -> dict:
+        return self.folded.figures(measured, block_size_tokens)
 
 
 def _pct(x: np.ndarray, q: float) -> float:
@@ -258,27 +245,34 @@ def summarize(policy: str, offline: bool, C: np.ndarray, Cw: np.ndarray | None,
         n_steps = len(steps)
         mean_step = float(lat.mean()) if len(lat) else float("nan")
         pct_step = [_pct(lat, q) for q in STEP_PERCENTILES]
-    if isinstance(requests, RequestLog):  # the columns alone, not the whole table
-        requests = requests.columns(_SUMMARY_REQUEST_COLUMNS, measured)
-        n_requests = len(requests["lookup_tokens"])
+    bs = max(int(block_size_tokens), 1)
+    if isinstance(requests, RequestLog):  # chunk by chunk, in bounded memory
+        f = requests.figures(measured, bs)
+        n_requests, lookup, hit = f["requests"], f["lookup_tokens"], f["hit"]
+        prompt_blk, hit_blk, hbm_blk = f["prompt_blocks"], sum(hit) // bs, hit[0] // bs
+        ttft_missed, tpot_missed = f["ttft_missed"], f["tpot_missed"]
+        missed_any = f["missed_any"]
+        pcts = {k: f[k] for k in ("ttft_us", "tpot_us", "e2e_us")}  # p50, p99
     else:
         if measured is not None:
             requests = requests[requests["request_id"].isin(measured)]
         n_requests = len(requests)
-    bs = max(int(block_size_tokens), 1)
-    lookup = int(requests["lookup_tokens"].sum())
-    hit = [int(requests[c].sum()) for c in ("hbm_hit_tokens", "dram_hit_tokens",
-                                            "cxl_hit_tokens", "nvme_hit_tokens")]
-    admitted = requests["lookup_tokens"] > 0
-    prompt_blk = int(((requests["prompt_tokens"][admitted] + bs - 1) // bs).sum())
-    # cache mode gives hit blocks per request (a partial last block hits with its tokens)
-    hit_blk = int(requests["hit_blocks"].sum()) if "hit_blocks" in requests else \
-        sum(hit) // bs
-    hbm_blk = int(requests["hbm_hit_blocks"].sum()) if "hbm_hit_blocks" in requests else \
-        hit[0] // bs
-    ttft_missed = int(requests["ttft_missed"].sum())
-    tpot_missed = int(requests["tpot_missed_tokens"].sum())
-    missed_any = int(((requests["ttft_missed"]) | (requests["tpot_missed_tokens"] > 0)).sum())
+        lookup = int(requests["lookup_tokens"].sum())
+        hit = [int(requests[c].sum()) for c in ("hbm_hit_tokens", "dram_hit_tokens",
+                                                "cxl_hit_tokens", "nvme_hit_tokens")]
+        admitted = requests["lookup_tokens"] > 0
+        prompt_blk = int(((requests["prompt_tokens"][admitted] + bs - 1) // bs).sum())
+        # cache mode gives hit blocks per request (a partial last block hits with its tokens)
+        hit_blk = int(requests["hit_blocks"].sum()) if "hit_blocks" in requests else \
+            sum(hit) // bs
+        hbm_blk = int(requests["hbm_hit_blocks"].sum()) if "hbm_hit_blocks" in requests \
+            else hit[0] // bs
+        ttft_missed = int(requests["ttft_missed"].sum())
+        tpot_missed = int(requests["tpot_missed_tokens"].sum())
+        missed_any = int(((requests["ttft_missed"]) |
+                          (requests["tpot_missed_tokens"] > 0)).sum())
+        pcts = {k: [_pct(np.asarray(requests[k]), q) for q in (50, 99)]
+                for k in ("ttft_us", "tpot_us", "e2e_us")}
     link = [M[L.M_BYTES_UP + t] + M[L.M_BYTES_DOWN + t] for t in range(4)]
     swap = M[L.M_SWAP_OUT_BYTES] + M[L.M_SWAP_IN_BYTES]
     out = {
@@ -294,12 +288,12 @@ def summarize(policy: str, offline: bool, C: np.ndarray, Cw: np.ndarray | None,
         "p99_step_us": pct_step[2],
         "p999_step_us": pct_step[3],
         "mean_step_us": mean_step,
-        "ttft_p50_us": _pct(np.asarray(requests["ttft_us"]), 50),
-        "ttft_p99_us": _pct(np.asarray(requests["ttft_us"]), 99),
-        "tpot_p50_us": _pct(np.asarray(requests["tpot_us"]), 50),
-        "tpot_p99_us": _pct(np.asarray(requests["tpot_us"]), 99),
-        "e2e_p50_us": _pct(np.asarray(requests["e2e_us"]), 50),
-        "e2e_p99_us": _pct(np.asarray(requests["e2e_us"]), 99),
+        "ttft_p50_us": pcts["ttft_us"][0],
+        "ttft_p99_us": pcts["ttft_us"][1],
+        "tpot_p50_us": pcts["tpot_us"][0],
+        "tpot_p99_us": pcts["tpot_us"][1],
+        "e2e_p50_us": pcts["e2e_us"][0],
+        "e2e_p99_us": pcts["e2e_us"][1],
         "deadline_misses": missed_any,
         "ttft_deadline_misses": ttft_missed,
         "tpot_deadline_misses": tpot_missed,

@@ -63,6 +63,10 @@ class TraceFacts:
     #: ALLOCATE row, filled by :func:`scan_trace`; None when the facts were made elsewhere
     #: (the replay then keeps a :class:`SeenSet` itself)
     seen_bits: np.ndarray | None = None
+    #: no row names a request id (as its request or as a parent) after that request's
+    #: FREE row: the replay may then recycle a finished request's slot
+    #: (:class:`kvsim.replay.slots.RequestSlots`); False when unknown
+    ids_final: bool = False
 
     def seen_at(self, base: int, m: int) -> np.ndarray:
         """The ``seen`` flags (int8) of ALLOCATE ordinals ``base .. base + m - 1``."""
@@ -148,14 +152,14 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
     max_size = 0
     live = 0
     max_live = 0
-    started = np.zeros(0, dtype=np.bool_)
+    started = np.zeros(0, dtype=np.int8)  # 0 no, 1 started, 2 finished, 3 both never
     known = np.zeros(0, dtype=np.bool_)
     first_req: list[np.ndarray] = []
     first_time: list[np.ndarray] = []
     first_step_l: list[np.ndarray] = []
     seen_set = SeenSet()
     seen_bits = np.zeros(1 << 12, np.uint8)
-    acc = np.zeros(5, np.int64)  # _scan_rows' running values
+    acc = np.zeros(6, np.int64)  # _scan_rows' running values
     with _open(trace_path) as reader:
         for cols in reader.batches(batch_rows, read_ahead=True):
             n = len(cols["kind"])
@@ -175,7 +179,7 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
             top = int(max(req.max(), cols["parent_request_id"].max()))
             max_req = max(max_req, top)
             if top >= len(started):
-                grown = np.zeros(max(top + 1, 2 * len(started)), dtype=np.bool_)
+                grown = np.zeros(max(top + 1, 2 * len(started)), dtype=np.int8)
                 grown[: len(started)] = started
                 started = grown
                 grown = np.zeros(len(started), dtype=np.bool_)
@@ -185,37 +189,46 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
             fr = np.empty(n, np.int64)
             ft = np.empty(n, np.int64)
             fs = np.empty(n, np.int64)
-            acc[:] = (live, max_live, 0, max_blocks, max_size)
-            m = _scan_rows(kind, req, cols["block_index"], cols["size_bytes"],
-                           cols["time_us"], cols["step"], known, started, acc, fr, ft, fs)
+            acc[:5] = (live, max_live, 0, max_blocks, max_size)
+            m = _scan_rows(kind, req, cols["parent_request_id"], cols["block_index"],
+                           cols["size_bytes"], cols["time_us"], cols["step"], known, started,
+                           acc, fr, ft, fs)
             if m:
                 first_req.append(fr[:m].copy())
                 first_time.append(ft[:m].copy())
                 first_step_l.append(fs[:m].copy())
-            live, max_live, k, max_blocks, max_size = (int(x) for x in acc)
+            live, max_live, k, max_blocks, max_size = (int(x) for x in acc[:5])
             num_allocs += k
     del seen_set  # ~11-21 bytes per distinct hash, freed before the replay starts
     seen_bits = seen_bits[: (num_allocs + 7) // 8].copy()
     release_read_buffers()
     if first_req:
+        # each list freed once joined: 24 bytes per request, not 48, at the peak
         fr = np.concatenate(first_req)
+        first_req.clear()
         ft = np.concatenate(first_time)
+        first_time.clear()
         fs = np.concatenate(first_step_l)
+        first_step_l.clear()
         order = np.lexsort((fr, ft))
+        del ft
         arrival_order, arrival_step = fr[order], fs[order]
+        del fr, fs, order
     else:
         arrival_order = arrival_step = np.zeros(0, np.int64)
     return TraceFacts(num_rows, max(first_step, 0), max(last_step, 0), max_req,
                       max_blocks, max(max_live, 1), max_size, num_allocs, None,
-                      arrival_order, arrival_step, seen_bits)
+                      arrival_order, arrival_step, seen_bits, ids_final=bool(acc[5] == 0))
 
 
 @njit(cache=True)
-def _scan_rows(kind, req, bi, size, time_us, step, known, started, acc, fr, ft, fs):
+def _scan_rows(kind, req, parent, bi, size, time_us, step, known, started, acc, fr, ft,
+               fs):
     """One batch of :func:`scan_trace`, row by row.  ``acc``: (live requests, their
-    maximum, this batch's ALLOCATE rows, max ALLOCATE block index + 1, max ALLOCATE size),
-    updated.  A request's arrival is its ARRIVE row, else its first ALLOCATE / ACCESS /
-    FORK row (ARRIVE precedes the others of its request in a valid trace): the first
+    maximum, this batch's ALLOCATE rows, max ALLOCATE block index + 1, max ALLOCATE size,
+    1 once a row names a request after its FREE row), updated.  A request's arrival is its
+    ARRIVE row, else its first ALLOCATE / ACCESS / FORK row (ARRIVE precedes the others of
+    its request in a valid trace): the first
     of a request not ``known`` yet goes to ``fr`` / ``ft`` / ``fs`` (id, time, step).
     Concurrency: +1 at a request's first ALLOCATE / ACCESS / FORK row (``started``),
     -1 at its FREE row (``block_index`` < 0).  Returns how many arrivals were recorded."""
@@ -228,6 +241,8 @@ def _scan_rows(kind, req, bi, size, time_us, step, known, started, acc, fr, ft, 
     for i in range(kind.shape[0]):
         k = kind[i]
         r = req[i]
+        if (r >= 0 and started[r] >= 2) or (parent[i] >= 0 and started[parent[i]] >= 2):
+            acc[5] = 1  # a finished request named again: its slot is never recycled
         opens = k == EV_ALLOCATE or k == EV_ACCESS or k == EV_FORK
         if (opens or k == EV_ARRIVE) and not known[r]:
             known[r] = True
@@ -242,11 +257,14 @@ def _scan_rows(kind, req, bi, size, time_us, step, known, started, acc, fr, ft, 
             if size[i] > max_size:
                 max_size = size[i]
         if opens:
-            if not started[r]:
-                started[r] = True
+            if started[r] == 0 or started[r] == 3:
+                started[r] = 1
                 live += 1
         elif k == EV_FREE and bi[i] < 0:
             live -= 1
+            if bi[i] == -1 and r >= 0:  # the request is done (not a preemption, a reset):
+                if started[r] <= 1:
+                    started[r] = 2 if started[r] == 1 else 3  # 3: done, never started
         else:
             continue
         if live > max_live:
