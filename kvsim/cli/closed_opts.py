@@ -348,7 +348,7 @@ def request_table(profile, requests, seed, request_trace, fmt, model, block_size
                       + (f", scheduler {opts.scheduler}" if sched == "closed" else "")
                       + f", timing {opts_timing}"
                       + (f", scheduler budget {budget:,} blocks = the HBM pool"
-                         if budget else ""))
+                         if budget else ""), soft_wrap=True, markup=False)  # one line, never wrapped
     return table, opts
 
 

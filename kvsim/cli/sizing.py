@@ -115,7 +115,7 @@ _SHOWN: list[dict] = []
 
 def _show_now(warnings: list[dict]) -> None:
     for w in warnings:
-        err_console.print(f"warning: {w['message']}", markup=False)
+        err_console.print(f"warning: {w['message']}", markup=False, soft_wrap=True)
         _SHOWN.append(w)
 
 
@@ -123,5 +123,5 @@ def print_warnings(warnings: list[dict]) -> None:
     """Print the warnings on stderr, but those :func:`size_table` printed already."""
     for w in warnings:
         if not any(w is s for s in _SHOWN):
-            err_console.print(f"warning: {w['message']}", markup=False)
+            err_console.print(f"warning: {w['message']}", markup=False, soft_wrap=True)
     _SHOWN.clear()

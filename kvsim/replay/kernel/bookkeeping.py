@@ -95,6 +95,17 @@ def _first_lower(T1, T2, T3):
 
 
 @njit(cache=True)
+def _resumed_token(R_i, r, added):
+    """True when ``added`` prefilled tokens complete the recompute of a request resumed
+    after a preemption (its prompt and every output so far): as in vLLM, that step samples
+    the request's next output token, a decode token (no TPOT deadline is charged to it).
+    True once per resumption: the count crosses prompt + outputs exactly once."""
+    target = R_i[r, RI_PROMPT] + R_i[r, RI_NOUT]
+    after = R_i[r, RI_PREFILLED]
+    return R_i[r, RI_NOUT] > 0 and after - added < target <= after
+
+
+@njit(cache=True)
 def _finalize_step(C, R_i, R_f, S, P, sc=None):
     """Close the current step: latency, clock, the tokens its requests produced, and each
     tier's occupancy as the step ends (``S_USED + t``, ``S_HBM_CACHED``).

@@ -35,6 +35,7 @@ from kvsim.engine.vllm_rows import VS_FIN, VS_OC, VS_RESETS, VS_SCHED, vllm_rows
 from kvsim.jit.decorators import njit
 from kvsim.replay.kernel import core as core_mod
 from kvsim.replay.kernel import offload
+from kvsim.replay.kernel.bookkeeping import _resumed_token
 
 # aux (int64): step rows in flight (0 = none), row to resume at, steps recorded in insys,
 # ALLOCATE rows of the step, lost cached tokens (recomputed), event rows replayed, arena
@@ -220,6 +221,12 @@ def advance(limit_us, max_steps, aux, insys,
                 P[q, 2] = -1
                 C[L.C_NPEND] = q + 1
                 R_i[c, L.RI_FT_PENDING] = 1
+            elif _resumed_token(R_i, c, assumed):  # a resumed request's recompute is done
+                q = int(C[L.C_NPEND])
+                P[q, 0] = c
+                P[q, 1] = 2
+                P[q, 2] = -1
+                C[L.C_NPEND] = q + 1
         if vo is not None and cr.K[L.K_WRITE_POLICY] == L.WP_VLLM_OFFLOAD:
             # vLLM's native CPU offloading: this step's stores, ranks, finishes
             oc = vo[VS_OC]

@@ -120,6 +120,7 @@ from kvsim.replay.kernel.bookkeeping import (
     _grow_records,
     _peak,
     _pick_victim,
+    _resumed_token,
     _run_add,
     _run_remove,
     _set_view_from_record,
@@ -451,6 +452,8 @@ def run(cols, i0, n, cr):
                     if R_i[r, RI_PREFILLED] >= R_i[r, RI_PROMPT] and R_i[r, RI_NOUT] == 0 \
                             and R_i[r, RI_FT_PENDING] == 0:
                         pk = 1
+                    elif _resumed_token(R_i, r, c_ntok[i]):
+                        pk = 3
                 elif ph == PH_DECODE or ph == PH_VERIFY:
                     if c_dl[i] >= 0:
                         R_i[r, RI_BOUND] = 1
@@ -461,8 +464,8 @@ def run(cols, i0, n, cr):
                 if pk != 0:
                     k = int(C[C_NPEND])
                     P[k, 0] = r
-                    P[k, 1] = pk
-                    P[k, 2] = c_dl[i]
+                    P[k, 1] = 2 if pk == 3 else pk
+                    P[k, 2] = -1 if pk == 3 else c_dl[i]
                     C[C_NPEND] = k + 1
                     if pk == 1:
                         R_i[r, RI_FT_PENDING] = 1
