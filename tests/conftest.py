@@ -11,6 +11,18 @@ from pathlib import Path
 
 import pytest
 
+try:  # property tests draw the same examples on every run (a CI step never flakes on a new
+    # draw); HYPOTHESIS_PROFILE=explore draws fresh ones, for a search by hand
+    from hypothesis import settings as _hyp_settings
+
+    _hyp_settings.register_profile("ci", derandomize=True, database=None)
+    _hyp_settings.register_profile("explore", database=None)
+    import os as _os
+
+    _hyp_settings.load_profile(_os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+except ImportError:  # hypothesis is a test extra
+    pass
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = REPO_ROOT.parent / "shared"
 

@@ -316,7 +316,9 @@ def test_paged_bounds_hold_for_any_length(name, n, block):
     slack_bytes = slack_blocks * block * kv_bytes_per_layer_token(m)
     assert est.paged_bytes - est.exact_bytes < slack_bytes
     if m.sliding_window is None or n <= m.sliding_window:
-        assert est.paged_bytes <= est.naive_bytes or est.max_seq_len == n
+        # (naive reserves max_seq_len tokens; when that is not a multiple of the block, a
+        # length in the last partial block pages up to one block past it)
+        assert est.paged_bytes <= est.naive_bytes or n > est.max_seq_len - block
     else:
         # a naive ring buffer holds exactly the window; paging may hold a partial block
         # at each edge of it, so paged can exceed naive by less than the slack
