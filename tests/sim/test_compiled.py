@@ -73,6 +73,9 @@ def test_one_compilation_per_core_function(tiny_hw, tmp_path):
     # replay (it compiled the scheduler unsealed, 16 signatures of _row, until
     # schedule_state sealed first)
     lower_requests(t, tmp_path / "lowered.parquet")
+    # advance is compiled once per scheduler (and per offload / resets argument: #34, cold):
+    # a test run earlier in this process may have compiled another scheduler's
+    before = set(closed_step.advance.signatures)
     trace = _helpers.random_trace(_helpers.TraceBuilder, 3).write(tmp_path / "r.parquet")
     for policy, prio, swap in (("lru", False, False), ("fifo", True, True),
                                ("s3fifo", False, True)):
@@ -88,7 +91,7 @@ def test_one_compilation_per_core_function(tiny_hw, tmp_path):
     serve(t, "lru", SimConfig(hbm_gb=0.1, dram_gb=0.034, cxl_gb=0.0, nvme_gb=0.0,
                               engine="compiled"), decision_log=tmp_path / "closed.parquet")
     assert len(core.run.signatures) == 1
-    assert len(closed_step.advance.signatures) == 1
+    assert len(set(closed_step.advance.signatures) - before) <= 1  # this run's scheduler
 
 
 @pytest.mark.slow  # the closed-loop driver's own cold compile: ~40-50 CPU-s more
