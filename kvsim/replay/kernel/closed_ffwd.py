@@ -1,8 +1,9 @@
 """The closed loop's quiet steps in one go (vLLM's scheduler): steps where only time moves.
 
 A step of :func:`kvsim.replay.kernel.closed_step.advance` is *quiet* when vLLM's scheduler
-has nothing to decide: no request waits, none arrives by the step's start, and every running
-request decodes one token inside the blocks it already holds (no new block, no block to
+has nothing to decide: no request arrives by the step's start, none is admitted (none
+waits, or the first in the queue does not fit: ``schedule()`` stops there and changes
+nothing), and every running request decodes one token inside the blocks it already holds (no new block, no block to
 cache, no finish, no draft tokens), so ``schedule()`` can neither admit nor preempt.  Such a
 step's rows are one ``STEP`` row and one decode ``ACCESS`` row per running request (in the
 running list's order), and all the replay core does with them is close the previous step
@@ -31,6 +32,9 @@ from kvsim.engine.scheduler_blocks import _token_deadline
 from kvsim.engine.timing.step_time import NUM_ACC, acc_decode, acc_reset, step_duration_us
 from kvsim.engine.vllm_rows import (
     VS_FIRST,
+    VS_HEAP,
+    VS_HH,
+    VS_HITS,
     VS_IP,
     VS_MARK,
     VS_OC,
@@ -39,6 +43,7 @@ from kvsim.engine.vllm_rows import (
     VS_RUN,
     VS_SCHED,
     VS_SV,
+    VS_WQ,
 )
 from kvsim.jit.decorators import njit
 from kvsim.memory.fast import S_N_HELD
@@ -49,12 +54,67 @@ _X_NINSYS, _X_ROWS = 2, 5
 
 
 @njit(cache=True)
-def _quiet(vip, R, sv, run, mark, pst, st, stf, arr, order, K, C, R_i, A_i, S_, P, running,
-           G, ncols):
+def _admission_blocked(vip, R, hh, sv, wq, heap, pst, hits, tk, nrun):
+    """True when ``schedule()``'s admission loop, after ``nrun`` running requests took one
+    token each, admits nothing and changes nothing: no waiting request, no budget or seq
+    slot left, or its first attempt fails (:func:`kvsim.engine.vllm_step.allocate_slots`'s
+    room checks, which come before any change; the lookups write only ``hits``, as the
+    full path's would)."""
+    nw = V.num_waiting(vip, sv)
+    budget = vip[V.P_MAXTOK] - nrun
+    if nw == 0 or budget <= 0 or nrun >= vip[V.P_MAXSEQ]:
+        return True
+    bs = vip[V.P_BS]
+    maxlen = vip[V.P_MAXLEN]
+    thr = vip[V.P_THR] if nrun + nw > 1 else 0
+    i = V._peek(vip, sv, wq, heap)
+    fresh = R[i, V.K_NCOMP] == 0
+    nhits = V.lookup(vip, R, hh, i, pst, hits) if fresh else 0
+    next_ = V.lookup_ext(vip, R, hh, i, nhits, tk) if fresh else 0
+    num_hit = (nhits + next_) * bs
+    remote = V._remote_tokens(R, i, num_hit) if fresh else 0
+    num_new = R[i, V.K_PLEN] + R[i, V.K_NOUT] - num_hit - remote
+    if 0 < thr < num_new:
+        num_new = thr
+    if vip[V.P_CHUNKED] == 0 and num_new > budget:
+        return True
+    num_new = min(num_new, budget)
+    # allocate_slots(..., full_must_fit=P_RESERVE, has_sched=True) up to its failures
+    total_computed = min(R[i, V.K_NCOMP] + remote + (nhits + next_) * bs, maxlen)
+    status = R[i, V.K_STATUS]
+    watermark = vip[V.P_WMARK] if (status == V.WAITING or status == V.PREEMPTED) else 0
+    evictable = 0
+    for k in range(nhits):
+        if pst.ref_cnt[hits[k]] == 0:
+            evictable += 1
+    seq = R[i, V.K_SEQ]
+    have = pst.seq_len[seq] if seq >= 0 else 0
+    free = V.free_blocks(pst)
+    running = R[i, V.K_NCACHED] >= 0
+    num_tokens = R[i, V.K_PLEN] + R[i, V.K_NOUT]
+    if vip[V.P_RESERVE] != 0:
+        full = min(num_tokens, maxlen)
+        if running:
+            need_full = max(V._cdiv(full, bs) - have, 0)
+        else:
+            need_full = max(V._cdiv(full, bs) - (nhits + have), 0) + evictable
+        if need_full + watermark > free:
+            return True
+    need = min(total_computed + num_new + (R[i, V.K_SPECK] if vip[V.P_LOOK] else 0), maxlen)
+    if running:
+        n_alloc = max(V._cdiv(need, bs) - have, 0)
+    else:
+        n_alloc = max(V._cdiv(need, bs) - (nhits + have), 0) + evictable
+    return n_alloc + watermark > free
+
+
+@njit(cache=True)
+def _quiet(vip, R, hh, sv, run, wq, heap, hits, tk, mark, pst, st, stf, arr, order, K, C, R_i,
+           A_i, S_, P, running, G, ncols):
     """The running requests' count when the next step is quiet and the core has room for
     its rows, else 0 (the full path runs it)."""
     nrun = sv[V.V_NRUN]
-    if nrun <= 0 or V.num_waiting(vip, sv) != 0 or st[S.S_FINISHED] != 0:
+    if nrun <= 0 or st[S.S_FINISHED] != 0:
         return 0
     if nrun > vip[V.P_MAXTOK] or 1 + nrun > ncols:
         return 0
@@ -103,19 +163,25 @@ def _quiet(vip, R, sv, run, mark, pst, st, stf, arr, order, K, C, R_i, A_i, S_, 
             return 0
         if top + 24 + 2 * R_i[i, L.RI_BT_CAP] > A_i.shape[0]:
             return 0
+    if not _admission_blocked(vip, R, hh, sv, wq, heap, pst, hits, tk, nrun):
+        return 0
     return nrun
 
 
 @njit(cache=True)
 def quiet_steps(limit_us, max_steps, aux, insys, ip, fp, st, stf, arr, ttft, tpot, order,
-                ncols, vs, cr):
+                tk, ncols, vs, cr):
     """Run quiet steps (module docstring) while the next one is quiet, the clock is before
     ``limit_us`` (-1: no limit), fewer than ``max_steps`` ran and ``insys`` has room.
     Returns how many ran."""
     vip = vs[VS_IP]
     R = vs[VS_R]
+    hh = vs[VS_HH]
     sv = vs[VS_SV]
     run = vs[VS_RUN]
+    wq = vs[VS_WQ]
+    heap = vs[VS_HEAP]
+    hits = vs[VS_HITS]
     osched = vs[VS_SCHED]
     oc = vs[VS_OC]
     first_us = vs[VS_FIRST]
@@ -138,8 +204,8 @@ def quiet_steps(limit_us, max_steps, aux, insys, ip, fp, st, stf, arr, ttft, tpo
             break
         if aux[_X_NINSYS] >= insys.shape[0]:
             break
-        nrun = _quiet(vip, R, sv, run, mark, pst, st, stf, arr, order, K, C, R_i, A_i, S_,
-                      P, running, G, ncols)
+        nrun = _quiet(vip, R, hh, sv, run, wq, heap, hits, tk, mark, pst, st, stf, arr, order,
+                      K, C, R_i, A_i, S_, P, running, G, ncols)
         if nrun == 0:
             break
         # --- kvsim.engine.vllm_rows: one step of schedule() + update_from_output() -------

@@ -158,7 +158,7 @@ def advance(limit_us, max_steps, aux, insys,
                 if vo is None:
                     if rs is None:
                         steps += CF.quiet_steps(limit_us, max_steps - steps, aux, insys, ip, fp,
-                                                st, stf, arr, ttft, tpot, order,
+                                                st, stf, arr, ttft, tpot, order, tk,
                                                 cols[0].shape[0], vs, cr)
             if limit_us >= 0 and stf[0] >= limit_us:
                 return R_LIMIT, I, F
