@@ -53,7 +53,7 @@ from kvsim.replay.kernel.bookkeeping import _finalize_step
 _X_NINSYS, _X_ROWS = 2, 5
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _admission_blocked(vip, R, hh, sv, wq, heap, pst, hits, tk, nrun):
     """True when ``schedule()``'s admission loop, after ``nrun`` running requests took one
     token each, admits nothing and changes nothing: no waiting request, no budget or seq
@@ -108,7 +108,7 @@ def _admission_blocked(vip, R, hh, sv, wq, heap, pst, hits, tk, nrun):
     return n_alloc + watermark > free
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _quiet(vip, R, hh, sv, run, wq, heap, hits, tk, mark, pst, st, stf, arr, order, K, C, R_i,
            A_i, S_, P, running, G, ncols):
     """The running requests' count when the next step is quiet and the core has room for
