@@ -61,3 +61,12 @@ def test_quiet_steps_change_no_output(replicas, router, hbm):
             for e in ("compiled", "interpreted")]
     assert len(runs[0].steps) > 150
     _same(*runs)
+
+
+def test_quiet_steps_use_the_step_drivers_aux_columns():
+    """closed_ffwd cannot import closed_step (closed_step imports it): its copies of the
+    aux column numbers must stay closed_step's."""
+    from kvsim.replay.kernel import closed_ffwd, closed_step
+
+    assert (closed_ffwd._X_NINSYS, closed_ffwd._X_ROWS) == (closed_step.X_NINSYS,
+                                                            closed_step.X_ROWS)
