@@ -38,7 +38,7 @@ COMPILED = ("kvsim.policy.api", "kvsim.policy.structs", "kvsim.memory.fast",
             "kvsim.replay.kernel.spill", "kvsim.replay.kernel.placement",
             "kvsim.replay.kernel.core", "kvsim.replay.kernel.core_ref",
             "kvsim.engine.timing.step_time", "kvsim.ingest.hashing", "kvsim.engine.scheduler",
-            "kvsim.engine.scheduler_blocks", "kvsim.replay.kernel.closed_step",
+            "kvsim.engine.scheduler_blocks", "kvsim.replay.kernel.closed_step", "kvsim.replay.kernel.closed_ffwd",
             "kvsim.engine.vllm_pool", "kvsim.engine.vllm_step", "kvsim.engine.vllm_spec",
             "kvsim.engine.vllm_rows", "kvsim.cachesim.simulator")
 

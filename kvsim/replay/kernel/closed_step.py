@@ -33,6 +33,7 @@ from kvsim.engine import scheduler as S
 from kvsim.engine import vllm_step as VL
 from kvsim.engine.vllm_rows import VS_FIN, VS_OC, VS_RESETS, VS_SCHED, vllm_rows
 from kvsim.jit.decorators import njit
+from kvsim.replay.kernel import closed_ffwd as CF
 from kvsim.replay.kernel import core as core_mod
 from kvsim.replay.kernel import offload
 from kvsim.replay.kernel.bookkeeping import _resumed_token
@@ -154,6 +155,12 @@ def advance(limit_us, max_steps, aux, insys,
     steps = 0
     while True:
         if aux[X_PENDING] == 0:
+            if vs is not None:  # vLLM's steps where only time moves, in one go
+                if vo is None:
+                    if rs is None:
+                        steps += CF.quiet_steps(limit_us, max_steps - steps, aux, insys, ip, fp,
+                                                st, stf, arr, ttft, tpot, order, tk,
+                                                cols[0].shape[0], vs, cr)
             if limit_us >= 0 and stf[0] >= limit_us:
                 return R_LIMIT, I, F
             if st[S.S_NRUN] == 0 and st[S.S_ADMIT] >= st[S.S_QN]:
