@@ -573,6 +573,10 @@ def execute(trace_path: str | Path, pol, config: SimConfig,
             for cols in reader.batches(config.batch_rows, read_ahead=True):
                 run.feed(cols)
                 done += len(cols["kind"])
+                del cols
+                # each batch's buffers given back: kept, the peak drifts up with the number
+                # of batches (docs/benchmarks.md, "Memory: 1x, 10x, 100x", issue 38)
+                release_read_buffers()
                 if on_progress is not None:
                     on_progress(done, facts.num_rows)
         release_read_buffers()  # the pass's decoded batches, before the outputs (prepass.py)

@@ -5,9 +5,11 @@
 content allocated before?  The recompute metric needs it), from a :class:`SeenSet` of the
 content hashes met so far that lives only while the pass runs (11 to 21 bytes per distinct
 hash, open addressing at load <= 3/4) and is freed before the replay starts.  The replay
-then holds 1 bit per ALLOCATE row (1.2 MB for the 9.3 M ALLOCATE rows of the Mooncake
-16-token import) instead of the set (64 MiB there).  The other per-ALLOCATE input of the
-core is produced batch by batch:
+then reads 1 bit per ALLOCATE row (1.2 MB for the 9.3 M ALLOCATE rows of the Mooncake
+16-token import) instead of the set (64 MiB there), batch by batch, from a
+:class:`kvsim.core.spill.PackedBits` (in memory up to 256 KiB, then in a temporary file: 52 MB
+for 100x the Mooncake 512-token import would otherwise stay resident through the replay).
+The other per-ALLOCATE input of the core is produced batch by batch:
 
 * ``next_use`` (ordinal of the next ALLOCATE of the same content: Belady's offline bound
   reads the future) by :func:`offline_next_use`, one more streaming pass, only when an
@@ -27,6 +29,7 @@ import numpy as np
 from numba import njit
 
 from kvsim.core.schema import EventKind
+from kvsim.core.spill import IntsFile, PackedBits
 from kvsim.jit.prefetch import prefetch
 from kvsim.policy.api import NEVER
 
@@ -54,15 +57,19 @@ class TraceFacts:
     #: (:func:`offline_next_use`, filled in by :func:`kvsim.replay.driver.execute`).
     next_use: np.ndarray | None = None
     #: request ids in arrival order: by the time of the request's ARRIVE row (or, without
-    #: one, of its first ALLOCATE / ACCESS / FORK row), ties by request id
-    arrival_order: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    #: step of that row, per entry of ``arrival_order``
-    arrival_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: one, of its first ALLOCATE / ACCESS / FORK row), ties by request id (int32 when
+    #: every id fits, else int64; beyond :data:`ARRIVALS_MEM` requests in a temporary
+    #: file, :class:`kvsim.core.spill.IntsFile`, read only for a warm-up)
+    arrival_order: np.ndarray | IntsFile = field(
+        default_factory=lambda: np.zeros(0, np.int64))
+    #: step of that row, per entry of ``arrival_order`` (int32 when every step fits)
+    arrival_step: np.ndarray | IntsFile = field(
+        default_factory=lambda: np.zeros(0, np.int64))
     #: the ``seen`` flag of each ALLOCATE ordinal (was the same full, hashed content
     #: allocated before?) as packed bits (bit ``o & 7`` of byte ``o >> 3``): 1 bit per
-    #: ALLOCATE row, filled by :func:`scan_trace`; None when the facts were made elsewhere
-    #: (the replay then keeps a :class:`SeenSet` itself)
-    seen_bits: np.ndarray | None = None
+    #: ALLOCATE row, filled by :func:`scan_trace`, in a temporary file once large; None
+    #: when the facts were made elsewhere (the replay then keeps a :class:`SeenSet` itself)
+    seen_bits: PackedBits | None = None
     #: no row names a request id (as its request or as a parent) after that request's
     #: FREE row: the replay may then recycle a finished request's slot
     #: (:class:`kvsim.replay.slots.RequestSlots`); False when unknown
@@ -70,9 +77,7 @@ class TraceFacts:
 
     def seen_at(self, base: int, m: int) -> np.ndarray:
         """The ``seen`` flags (int8) of ALLOCATE ordinals ``base .. base + m - 1``."""
-        out = np.zeros(m, np.int8)
-        _get_bits(self.seen_bits, base, out)
-        return out
+        return self.seen_bits.get(base, m)
 
     @property
     def num_requests(self) -> int:
@@ -137,12 +142,29 @@ def full_hashes(cols: dict, block_size_tokens: int) -> np.ndarray:
     return cols["content_hash"][alloc].astype(np.int64)
 
 
+#: Requests whose arrival arrays stay in memory (0.5 MB); a longer trace's go to a
+#: temporary file (100x the Mooncake conversation trace: 1.2 M requests, 9.6 MB at int32,
+#: that the replay would hold and never read without a warm-up).
+ARRIVALS_MEM = 1 << 16
+
+
+def _narrow(a: np.ndarray, mem: int) -> np.ndarray | IntsFile:
+    """``a`` as int32 when every value fits (8 bytes per request instead of 16), in a
+    temporary file when longer than ``mem``."""
+    if not (len(a) and (int(a.min()) < -(1 << 31) or int(a.max()) >= 1 << 31)):
+        a = a.astype(np.int32)
+    return IntsFile(a) if len(a) > mem else a
+
+
 def scan_trace(trace_path: str | Path, block_size_tokens: int,
-               batch_rows: int = 1 << 20) -> TraceFacts:
+               batch_rows: int = 1 << 20, bits_mem_bytes: int | None = None,
+               arrivals_mem: int | None = None) -> TraceFacts:
     """One streaming pass for the sizes of the core's buffers, the requests' arrival
     order and the ALLOCATE rows' ``seen`` flags.  Memory: one batch, per request id two
-    flags and its arrival (24 bytes), 1 bit per ALLOCATE row (``seen_bits``) and, while the
-    pass runs, a :class:`SeenSet` of the distinct content hashes (freed at its end)."""
+    flags and its arrival (24 bytes; 8 kept, int32, or none in memory beyond
+    ``arrivals_mem`` requests), 1 bit per ALLOCATE row
+    (``seen_bits``, in a temporary file beyond ``bits_mem_bytes``) and, while the pass
+    runs, a :class:`SeenSet` of the distinct content hashes (freed at its end)."""
     num_rows = 0
     num_allocs = 0
     first_step = -1
@@ -158,18 +180,14 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
     first_time: list[np.ndarray] = []
     first_step_l: list[np.ndarray] = []
     seen_set = SeenSet()
-    seen_bits = np.zeros(1 << 12, np.uint8)
+    seen_bits = PackedBits(bits_mem_bytes)
     acc = np.zeros(6, np.int64)  # _scan_rows' running values
     with _open(trace_path) as reader:
         for cols in reader.batches(batch_rows, read_ahead=True):
             n = len(cols["kind"])
             if n == 0:
                 continue
-            hashes = full_hashes(cols, block_size_tokens)
-            if (num_allocs + len(hashes) + 7) // 8 > len(seen_bits):
-                seen_bits = np.concatenate([seen_bits, np.zeros(max(
-                    len(seen_bits), (len(hashes) + 7) // 8), np.uint8)])
-            _put_bits(seen_set.mark(hashes), seen_bits, num_allocs)
+            seen_bits.append(seen_set.mark(full_hashes(cols, block_size_tokens)))
             num_rows += n
             kind = cols["kind"]
             req = cols["request_id"]
@@ -200,7 +218,7 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
             live, max_live, k, max_blocks, max_size = (int(x) for x in acc[:5])
             num_allocs += k
     del seen_set  # ~11-21 bytes per distinct hash, freed before the replay starts
-    seen_bits = seen_bits[: (num_allocs + 7) // 8].copy()
+    seen_bits.finish()
     release_read_buffers()
     if first_req:
         # each list freed once joined: 24 bytes per request, not 48, at the peak
@@ -212,8 +230,12 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
         first_step_l.clear()
         order = np.lexsort((fr, ft))
         del ft
-        arrival_order, arrival_step = fr[order], fs[order]
-        del fr, fs, order
+        if arrivals_mem is None:
+            arrivals_mem = ARRIVALS_MEM
+        arrival_order = _narrow(fr[order], arrivals_mem)
+        del fr
+        arrival_step = _narrow(fs[order], arrivals_mem)
+        del fs, order
     else:
         arrival_order = arrival_step = np.zeros(0, np.int64)
     return TraceFacts(num_rows, max(first_step, 0), max(last_step, 0), max_req,
@@ -275,22 +297,6 @@ def _scan_rows(kind, req, parent, bi, size, time_us, step, known, started, acc, 
     acc[3] = max_blocks
     acc[4] = max_size
     return m
-
-
-@njit(cache=True)
-def _put_bits(flags, bits, base):
-    """Bit ``base + k`` of ``bits`` = ``flags[k]`` (bits beyond the old end are 0)."""
-    for k in range(flags.shape[0]):
-        if flags[k]:
-            o = base + k
-            bits[o >> 3] |= np.uint8(1 << (o & 7))
-
-
-@njit(cache=True)
-def _get_bits(bits, base, out):
-    for k in range(out.shape[0]):
-        o = base + k
-        out[k] = (bits[o >> 3] >> (o & 7)) & 1
 
 
 @njit(cache=True)
@@ -387,6 +393,81 @@ class SeenSet:
         seen = np.zeros(hashes.shape[0], np.int8)
         self.n = int(_mark(np.ascontiguousarray(hashes, np.int64), self.keys, self.n, seen))
         return seen
+
+
+@njit(cache=True)
+def _ids_get(keys, vals, ids, out):
+    """``out[k]`` = the value of key ``ids[k] + 1``, -1 when absent or ``ids[k] < 0``."""
+    for k in range(ids.shape[0]):
+        out[k] = -1
+        if ids[k] >= 0:
+            i = _slot(keys, ids[k] + 1)
+            if keys[i] != _EMPTY:
+                out[k] = vals[i]
+
+
+@njit(cache=True)
+def _ids_put(keys, vals, ids, v):
+    for k in range(ids.shape[0]):
+        i = _slot(keys, ids[k] + 1)
+        keys[i] = ids[k] + 1
+        vals[i] = v[k]
+
+
+@njit(cache=True)
+def _ids_drop(keys, vals, ids):
+    """Remove keys ``ids + 1`` (present), each by backward-shift deletion (linear probing
+    stays valid without tombstones).  Returns how many were removed."""
+    mask = keys.shape[0] - 1
+    gone = 0
+    for k in range(ids.shape[0]):
+        i = _slot(keys, ids[k] + 1)
+        if keys[i] == _EMPTY:
+            continue
+        gone += 1
+        j = i
+        while True:
+            j = (j + 1) & mask
+            if keys[j] == _EMPTY:
+                break
+            home = np.int64((np.uint64(keys[j]) * _MULT) >> np.uint64(40)) & mask
+            # keys[j] may move to the hole at i unless its home lies cyclically in (i, j]
+            if (i <= j and i < home <= j) or (i > j and (home > i or home <= j)):
+                continue
+            keys[i] = keys[j]
+            vals[i] = vals[j]
+            i = j
+        keys[i] = _EMPTY
+        vals[i] = 0
+    return gone
+
+
+class IdMap:
+    """Request id (>= 0) -> int64 value for the ids mapped now: open addressing (key id + 1,
+    linear probing, load <= 1/2, deletion by backward shift), so that its memory follows
+    the most ids mapped at once, not the largest id (the request slots of
+    :mod:`kvsim.replay.slots`: 4 bytes per request id of the trace before, 4.8 MB for 100x
+    the Mooncake conversation trace)."""
+
+    def __init__(self) -> None:
+        self.keys = np.zeros(1 << 10, np.int64)
+        self.vals = np.zeros(1 << 10, np.int64)
+        self.n = 0
+
+    def get(self, ids: np.ndarray) -> np.ndarray:
+        out = np.empty(len(ids), np.int64)
+        _ids_get(self.keys, self.vals, np.ascontiguousarray(ids, np.int64), out)
+        return out
+
+    def put(self, ids: np.ndarray, values: np.ndarray) -> None:
+        """Map the ids (absent, distinct) to ``values``."""
+        self.keys, self.vals = _grown(self.keys, self.vals, self.n + len(ids))
+        _ids_put(self.keys, self.vals, np.ascontiguousarray(ids, np.int64),
+                 np.ascontiguousarray(values, np.int64))
+        self.n += len(ids)
+
+    def drop(self, ids: np.ndarray) -> None:
+        self.n -= int(_ids_drop(self.keys, self.vals, np.ascontiguousarray(ids, np.int64)))
 
 
 def alloc_full(cols: dict, block_size_tokens: int) -> np.ndarray:

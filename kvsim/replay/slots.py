@@ -33,6 +33,7 @@ import pandas as pd
 
 from kvsim.core import layout as L
 from kvsim.core.spill import SpilledRows, exact_stats
+from kvsim.replay.prepass import IdMap
 
 #: Folded request rows kept in memory before they go to the temporary file (26 columns of
 #: 8 bytes: 1.7 MB).  The Mooncake conversation trace (12,031 requests) spills ~3.8k of them.
@@ -133,8 +134,9 @@ class RequestSlots:
 
     def __init__(self, max_request_id: int, recycle: bool) -> None:
         self.recycle = bool(recycle)
-        self.slot_of = np.full(max(max_request_id + 1, 1), -1, dtype=np.int32) \
-            if self.recycle else None
+        # request id -> slot, for the ids holding one (a hash map: sized by the slots in
+        # use, not by the largest request id)
+        self.slot_of = IdMap() if self.recycle else None
         self.rid_of = np.full(64, -1, dtype=np.int64)  # slot -> request id (-1: free)
         self.free: list[int] = []  # released slots, the lowest last (popped first)
         self.top = 0  # slots ever used
@@ -144,7 +146,8 @@ class RequestSlots:
         self.closed = False
 
     def _assign(self, rids: np.ndarray) -> None:
-        for rid in rids.tolist():
+        got = np.empty(len(rids), dtype=np.int64)
+        for k, rid in enumerate(rids.tolist()):
             if self.free:
                 s = self.free.pop()
             else:
@@ -153,7 +156,8 @@ class RequestSlots:
                 if s >= len(self.rid_of):
                     self.rid_of = L.grow_rows(self.rid_of, 2 * len(self.rid_of), -1)
             self.rid_of[s] = rid
-            self.slot_of[rid] = s
+            got[k] = s
+        self.slot_of.put(rids, got)
 
     def mapped(self, cols: dict) -> dict:
         """The batch ``cols`` with its request ids as slots (new requests get one)."""
@@ -163,11 +167,11 @@ class RequestSlots:
         for name in ("request_id", "parent_request_id"):
             ids = cols[name]
             pos = ids >= 0
-            s = self.slot_of[ids[pos]]
+            s = self.slot_of.get(ids[pos])
             new = s < 0
             if new.any():
                 self._assign(np.unique(ids[pos][new]))
-                s = self.slot_of[ids[pos]]
+                s = self.slot_of.get(ids[pos])
             m = np.array(ids, dtype=np.int64)
             m[pos] = s
             out[name] = m
@@ -223,7 +227,7 @@ class RequestSlots:
         ri0, rf0 = L.new_request_tables(1)
         R_i[slots] = ri0[0]
         run.R_f[slots] = rf0[0]
-        self.slot_of[rids] = -1
+        self.slot_of.drop(rids)
         self.rid_of[slots] = -1
         self.free.extend(slots[::-1].tolist())
 

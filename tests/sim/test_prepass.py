@@ -5,6 +5,7 @@ results whatever the batch size (the core runs on batch-local ordinals)."""
 from __future__ import annotations
 
 import importlib.util
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -90,10 +91,15 @@ def test_scan_and_next_use_match_definition(trace):
     full = alloc["num_tokens"].to_numpy() == _helpers.BLOCK_TOKENS
     hashes = alloc["content_hash"].to_numpy()
     want_seen, want_next = _brute(hashes, full)
-    for batch in (3, 64, 1 << 20):
-        facts = scan_trace(trace, _helpers.BLOCK_TOKENS, batch)
-        # the seen flags: 1 bit per ALLOCATE row, read back at any offset and length
-        assert facts.seen_bits.shape == ((len(alloc) + 7) // 8,)
+    for batch, mem in ((3, None), (64, 0), (1 << 20, 5), (7, 0)):
+        facts = scan_trace(trace, _helpers.BLOCK_TOKENS, batch, bits_mem_bytes=mem)
+        # the seen flags: 1 bit per ALLOCATE row, read back at any offset and length (in
+        # memory, or from the temporary file past ``mem`` bytes)
+        assert len(facts.seen_bits) == (len(alloc) + 7) // 8
+        assert (facts.seen_bits.file is None) == (mem is None)
+        # and after a round trip through pickle (facts sent to a worker), in memory
+        assert np.array_equal(pickle.loads(pickle.dumps(facts)).seen_at(0, len(alloc)),
+                              want_seen)
         assert np.array_equal(facts.seen_at(0, len(alloc)), want_seen)
         for a, b in [(0, 1), (5, 13), (7, 8), (9, 40), (len(alloc) - 3, len(alloc))]:
             assert np.array_equal(facts.seen_at(a, b - a), want_seen[a:b])
@@ -120,3 +126,25 @@ def test_replay_identical_for_any_batch_size(trace, tiny_hw, policy):
     # the per-ALLOCATE inputs matter here: blocks are recomputed (seen before, resident
     # nowhere) and hits happen
     assert s["recompute_tokens"] > 0 and s["hbm_hit_rate"] > 0
+
+
+def test_arrivals_in_a_file_read_the_same(trace, tiny_hw, monkeypatch):
+    """Past ``ARRIVALS_MEM`` requests the arrival arrays live in a temporary file: the
+    warm-up step, the measured ids and a warm-up replay's JSON are the same as in memory."""
+    from kvsim.core.spill import IntsFile
+    from kvsim.replay import prepass
+
+    mem = scan_trace(trace, _helpers.BLOCK_TOKENS, 64)
+    disk = scan_trace(trace, _helpers.BLOCK_TOKENS, 64, arrivals_mem=0)
+    assert isinstance(disk.arrival_order, IntsFile) and disk.arrival_order.dtype == np.int32
+    assert not isinstance(mem.arrival_order, IntsFile)
+    assert disk.num_requests == mem.num_requests > 20
+    for w in (0, 1, 7, mem.num_requests - 1, mem.num_requests):
+        assert disk.warmup_step(w) == mem.warmup_step(w)
+        assert np.array_equal(disk.measured_requests(w), mem.measured_requests(w))
+    back = pickle.loads(pickle.dumps(disk))
+    assert np.array_equal(back.arrival_step[:], mem.arrival_step)
+    cfg = SimConfig(hardware=tiny_hw, hbm_blocks=8, dram_gb=0, warmup_fraction=0.3)
+    want = simulate(trace, "lru", cfg).summary
+    monkeypatch.setattr(prepass, "ARRIVALS_MEM", 0)
+    assert simulate(trace, "lru", cfg).summary == want

@@ -10,13 +10,14 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from kvsim.core.schema import EventKind
 from kvsim.replay import slots as slots_mod
 from kvsim.replay.driver import execute, replay
-from kvsim.replay.prepass import scan_trace
+from kvsim.replay.prepass import IdMap, scan_trace
 from kvsim.spec.sim_config import SimConfig
 
 _CONFTEST = Path(__file__).with_name("conftest.py")
@@ -116,3 +117,27 @@ def test_prepass_knows_when_ids_are_final(tmp_path, reuse, final):
         facts = scan_trace(trace, _helpers.BLOCK_TOKENS, batch)
         assert facts.ids_final is final
         assert facts.max_concurrent_requests == 2
+
+
+def test_id_map_matches_a_dict():
+    """The id -> slot hash map (deletion by backward shift) against a dict, through
+    growth, colliding ids (a 1,024-slot table: ids apart by multiples of 1,024 share a
+    home slot more often than not) and removals that shift later keys back."""
+    rng = np.random.default_rng(0)
+    m, want = IdMap(), {}
+    for step in range(400):
+        pool = rng.integers(0, 5000, 64) * (1024 if step % 3 == 0 else 1)
+        new = np.unique([i for i in pool if int(i) not in want])
+        vals = rng.integers(0, 1 << 40, len(new))
+        m.put(new, vals)
+        want.update(zip(new.tolist(), vals.tolist()))
+        if want and step % 2:
+            keys = np.array(sorted(want))
+            gone = rng.choice(keys, size=min(len(keys), 40), replace=False)
+            m.drop(np.concatenate([gone, [10 ** 9]]))  # an absent id is ignored
+            for g in gone.tolist():
+                del want[g]
+        probe = np.concatenate([rng.integers(-2, 5000 * 1024, 200), list(want)[:300]])
+        got = m.get(probe)
+        assert got.tolist() == [want.get(int(i), -1) if i >= 0 else -1 for i in probe]
+        assert m.n == len(want)
