@@ -24,13 +24,19 @@ def _parts(result: Any) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, stderr
 
 
+def not_notes(stderr: str) -> list[str]:
+    """stderr's lines but the ``note: ...`` lines (what a run serves how, one line each:
+    information printed before any work, never part of an error or a warning)."""
+    return [line for line in stderr.splitlines() if not line.startswith("note: ")]
+
+
 def assert_one_line_error(result: Any, *fragments: str, exit_code: int = EXIT_BAD_INPUT) -> str:
     """Assert ``result`` failed with one ``error: ...`` line holding every fragment.
 
     Returns the error line so a caller can check more.
     """
     code, stdout, stderr = _parts(result)
-    lines = stderr.splitlines()
+    lines = not_notes(stderr)
     context = f"\nexit={code}\nstdout={stdout!r}\nstderr={stderr!r}"
     exc = getattr(result, "exception", None)
     assert code == exit_code, f"expected exit code {exit_code}, got {code} " \

@@ -26,7 +26,7 @@ from kvsim.cli import app
 from kvsim.core.errors import KvsimInputError
 from kvsim.core.schema import EventHeader
 from kvsim.events import EventWriter, write_events
-from tests.helpers import assert_one_line_error, run_kvsim
+from tests.helpers import assert_one_line_error, not_notes, run_kvsim
 
 CORPUS = Path(__file__).resolve().parent / "bad_inputs"
 EXPECTED: dict[str, list[str]] = tomllib.loads((CORPUS / "expected.toml").read_text())
@@ -183,7 +183,7 @@ def test_cli_case(case: str, tmp_path: Path) -> None:
                 del os.environ[k]
         os.environ.update(env_before)
     if spec.get("warn"):
-        lines = result.stderr.splitlines()
+        lines = not_notes(result.stderr)
         assert result.exit_code == 0, (result.exit_code, result.stderr, result.exception)
         assert len(lines) == 1 and lines[0].startswith("warning: "), result.stderr
         for fragment in spec["expect"]:

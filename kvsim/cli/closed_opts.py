@@ -342,7 +342,7 @@ def request_table(profile, requests, seed, request_trace, fmt, model, block_size
             spec_method=opts.spec_method))
     from kvsim.cli.common import err_console
 
-    err_console.print(f"{len(table):,} requests "
+    err_console.print(f"note: {len(table):,} requests "
                       + (f"from profile {profile} (seed {seed})" if profile else
                          f"from {request_trace}") + f", {sched} schedule"
                       + (f", scheduler {opts.scheduler}" if sched == "closed" else "")
