@@ -565,12 +565,16 @@ class HybridPool:
     def free(self, rid: str) -> None:
         """Free the request's blocks, each group's tail first (vLLM ``free``)."""
         for g in range(len(self.groups)):
-            blocks = self.req_blocks[g].pop(rid, [])
-            self.num_cached[g].pop(rid, None)
-            self.last_state[g].pop(rid, None)
-            self.retired[g].pop(rid, None)
-            self.allocated[g].discard(rid)
-            self._free_blocks(list(reversed(blocks)))
+            self._free_group(g, rid)
+
+    def _free_group(self, g: int, rid: str) -> None:
+        """Group ``g``'s part of :meth:`free`."""
+        blocks = self.req_blocks[g].pop(rid, [])
+        self.num_cached[g].pop(rid, None)
+        self.last_state[g].pop(rid, None)
+        self.retired[g].pop(rid, None)
+        self.allocated[g].discard(rid)
+        self._free_blocks(list(reversed(blocks)))
 
     def block_ids(self, rid: str) -> list[list[int]]:
         return [[b.block_id for b in self.req_blocks[g].get(rid, [])]

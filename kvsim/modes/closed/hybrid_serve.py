@@ -133,15 +133,9 @@ class CountingPool(HybridPool):
         self._g = g
         super()._allocate_new(g, rid, num_tokens)
 
-    def free(self, rid):
-        for g in range(len(self.groups)):  # HybridPool.free, group by group
-            self._g = g
-            blocks = self.req_blocks[g].pop(rid, [])
-            self.num_cached[g].pop(rid, None)
-            self.last_state[g].pop(rid, None)
-            self.retired[g].pop(rid, None)
-            self.allocated[g].discard(rid)
-            self._free_blocks(list(reversed(blocks)))
+    def _free_group(self, g, rid):
+        self._g = g  # the group whose blocks _free_blocks counts
+        super()._free_group(g, rid)
 
 
 class _TraceRequest(HybridRequest):
