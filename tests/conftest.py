@@ -86,6 +86,11 @@ SLOW_TESTS = (
     "steps_shifted",  # ~15-45 s, both engines
     "tests/policies/test_contract.py::TestContract_s3fifo::test_legal_sequences_and_"
     "determinism",  # ~25-70 s
+    "tests/sim/test_reference_diff.py::test_replay_matches_reference[deadline]",  # ~30-85 s
+    "tests/policies/test_contract.py::TestContract_deadline::test_legal_sequences_and_"
+    "determinism",  # ~15-45 s
+    "tests/policies/test_contract.py::TestContract_quota_lru::test_legal_sequences_and_"
+    "determinism",  # ~15-45 s
 )
 
 
