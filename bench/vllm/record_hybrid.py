@@ -86,12 +86,12 @@ CONFIGS = {
 }
 
 
-def build(groups):
+def group_specs(groups) -> list:
+    """One ``KVCacheGroupSpec`` per ``(kind, block_size, extra)`` of ``groups`` (one layer
+    each, ``layer<i>``): the hand-made groups of both the manager script and the closed loop."""
     import torch
-    from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.kv_cache_interface import (
         FullAttentionSpec,
-        KVCacheConfig,
         KVCacheGroupSpec,
         MambaSpec,
         SlidingWindowSpec,
@@ -109,6 +109,14 @@ def build(groups):
             spec = MambaSpec(block_size=bs, shapes=((1,),), dtypes=(torch.float32,),
                              mamba_cache_mode=extra["mamba_cache_mode"])
         specs.append(KVCacheGroupSpec([f"layer{i}"], spec))
+    return specs
+
+
+def build(groups):
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+    specs = group_specs(groups)
     sizes = [bs for _, bs, _ in groups]
     sched_bs = math.lcm(*sizes)
     hash_bs = math.gcd(*sizes)
@@ -212,7 +220,6 @@ def run_closed(kinds, arrive_steps=None) -> dict:
     their hit tokens, preempted, finished, free blocks after schedule() and after the step."""
     import shutil
 
-    import torch
     from vllm.config import (
         CacheConfig,
         DeviceConfig,
@@ -224,13 +231,7 @@ def run_closed(kinds, arrive_steps=None) -> dict:
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import (
-        FullAttentionSpec,
-        KVCacheConfig,
-        KVCacheGroupSpec,
-        MambaSpec,
-        SlidingWindowSpec,
-    )
+    from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import Request
     from vllm.v1.structured_output import StructuredOutputManager
@@ -256,18 +257,7 @@ def run_closed(kinds, arrive_steps=None) -> dict:
                                **({"mamba_cache_mode": "align"} if mamba else {}))
     vllm_config = VllmConfig(model_config=model_config, scheduler_config=sched_config,
                              cache_config=cache_config, device_config=DeviceConfig(device="cpu"))
-    groups = []
-    for i, (kind, gbs, extra) in enumerate(kinds):
-        if kind == "full":
-            spec = FullAttentionSpec(block_size=gbs, num_kv_heads=1, head_size=1,
-                                     dtype=torch.float32)
-        elif kind == "sliding_window":
-            spec = SlidingWindowSpec(block_size=gbs, num_kv_heads=1, head_size=1,
-                                     dtype=torch.float32, sliding_window=extra["sliding_window"])
-        else:
-            spec = MambaSpec(block_size=gbs, shapes=((1,),), dtypes=(torch.float32,),
-                             mamba_cache_mode=extra["mamba_cache_mode"])
-        groups.append(KVCacheGroupSpec([f"layer{i}"], spec))
+    groups = group_specs(kinds)
     kv_cache_config = KVCacheConfig(num_blocks=eng["num_gpu_blocks"], kv_cache_tensors=[],
                                     kv_cache_groups=groups)
     cache_config.num_gpu_blocks = eng["num_gpu_blocks"]
