@@ -7,14 +7,19 @@
 #      test file on one worker (--dist loadfile);
 #   2. the slow tests (real traces, numba compiles, Chromium; tests/conftest.py SLOW_TESTS),
 #      with their own time budget.
+# Each step prints its wall time (and the load average) when it ends.
 # Each step fails the suite on a failing test, on running past its budget (timeout: exit
 # 124), and on collecting no tests at all (pytest exit 5): a suite must never pass empty.
 # Budgets (seconds): KVSIM_TEST_BUDGET_S (default 900), KVSIM_SLOW_TEST_BUDGET_S (4200; CI has 5,400 s in all).
 run_step() {
   name=$1; budget=$2; shift 2
   echo "== $name (budget ${budget} s): pytest -q -p no:cacheprovider $*" >&2
+  start=$(date +%s)
   timeout "$budget" pytest -q -p no:cacheprovider "$@"
   rc=$?
+  # each step's wall time, to watch the default step's margin (docs/benchmarks.md, "CI steps")
+  echo "== $name: $(( $(date +%s) - start )) s wall of its ${budget} s budget, exit $rc," \
+    "load $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)" >&2
   if [ "$rc" -eq 5 ]; then
     echo "error: $name: pytest collected no tests" >&2
   elif [ "$rc" -eq 124 ]; then

@@ -84,12 +84,16 @@ class _Commands(MutableMapping):
     def __init__(self, built: dict) -> None:
         self.built = dict(built)
 
+    def _unlisted(self) -> list[str]:
+        """The commands registered on `app` that :data:`COMMANDS` does not name."""
+        return [name for name in self.built if name not in COMMANDS]
+
     def __iter__(self):
         yield from COMMANDS
-        yield from (name for name in self.built if name not in COMMANDS)
+        yield from self._unlisted()
 
     def __len__(self) -> int:
-        return len(COMMANDS) + sum(name not in COMMANDS for name in self.built)
+        return len(COMMANDS) + len(self._unlisted())
 
     def __contains__(self, name: object) -> bool:
         return name in COMMANDS or name in self.built
