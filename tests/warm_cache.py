@@ -1,10 +1,9 @@
-"""Fill numba's disk cache once before the default test step's workers start
-(tests/conftest.py, ``pytest_configure`` of the pytest-xdist controller).
+"""Fill numba's disk cache once before the test workers start (tests/conftest.py,
+``pytest_configure`` of the pytest-xdist controller, with ``KVSIM_TEST_WARM=1``).
 
 From an empty cache (a fresh clone in CI) each worker otherwise compiles the same replay
-core, closed-loop step drivers and policy hooks on its own, at the same time: the same
-code compiled twice, about a third of the default step's 280 s on 2 cores
-(docs/benchmarks.md, "The default test step").  Here it is compiled once, split over the
+core, closed-loop step drivers and policy hooks on its own (docs/benchmarks.md, "The
+default test step": the same code compiled in both workers).  Here it is compiled once, split over the
 cores by kvsim's own cold-compile split (kvsim.replay.precompile), and every worker loads
 it.  What it runs is a closed-loop ``compare`` of a few requests of the README's workload
 profile under every built-in policy, for each scheduler, as a user's first run does; the
