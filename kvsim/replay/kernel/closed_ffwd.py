@@ -110,9 +110,11 @@ def _admission_blocked(vip, R, hh, sv, wq, heap, pst, hits, tk, nrun):
 
 @njit(cache=True, inline="always")
 def _quiet(vip, R, hh, sv, run, wq, heap, hits, tk, mark, pst, st, stf, arr, order, K, C, R_i,
-           A_i, S_, P, running, G, ncols):
+           A_i, S_, P, running, G, ncols, blocked):
     """The running requests' count when the next step is quiet and the core has room for
-    its rows, else 0 (the full path runs it)."""
+    its rows, else 0 (the full path runs it).  ``blocked``: admission is already known to
+    be blocked (a quiet step ran since it was checked, and a quiet step changes nothing
+    the check reads: no arrival, no pool operation, the same running count)."""
     nrun = sv[V.V_NRUN]
     if nrun <= 0 or st[S.S_FINISHED] != 0:
         return 0
@@ -163,7 +165,7 @@ def _quiet(vip, R, hh, sv, run, wq, heap, hits, tk, mark, pst, st, stf, arr, ord
             return 0
         if top + 24 + 2 * R_i[i, L.RI_BT_CAP] > A_i.shape[0]:
             return 0
-    if not _admission_blocked(vip, R, hh, sv, wq, heap, pst, hits, tk, nrun):
+    if not blocked and not _admission_blocked(vip, R, hh, sv, wq, heap, pst, hits, tk, nrun):
         return 0
     return nrun
 
@@ -205,7 +207,7 @@ def quiet_steps(limit_us, max_steps, aux, insys, ip, fp, st, stf, arr, ttft, tpo
         if aux[_X_NINSYS] >= insys.shape[0]:
             break
         nrun = _quiet(vip, R, hh, sv, run, wq, heap, hits, tk, mark, pst, st, stf, arr, order,
-                      K, C, R_i, A_i, S_, P, running, G, ncols)
+                      K, C, R_i, A_i, S_, P, running, G, ncols, done > 0)
         if nrun == 0:
             break
         # --- kvsim.engine.vllm_rows: one step of schedule() + update_from_output() -------

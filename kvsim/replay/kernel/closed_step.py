@@ -155,9 +155,11 @@ def advance(limit_us, max_steps, aux, insys,
     steps = 0
     while True:
         if aux[X_PENDING] == 0:
-            if vs is not None:  # vLLM's steps where only time moves, in one go
+            # vLLM's steps where only time moves, in one go (not right after admissions:
+            # an admitted request's first decode carries an INTENT row, never quiet)
+            if vs is not None:
                 if vo is None:
-                    if rs is None:
+                    if rs is None and st[S.S_NADM] == 0:
                         steps += CF.quiet_steps(limit_us, max_steps - steps, aux, insys, ip, fp,
                                                 st, stf, arr, ttft, tpot, order, tk,
                                                 cols[0].shape[0], vs, cr)
