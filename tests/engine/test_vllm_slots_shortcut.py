@@ -43,7 +43,8 @@ def test_shortcut_means_allocate_slots_changes_nothing():
             i = int(comp.run[j])
             left = int(R[i, V.K_PLEN] + R[i, V.K_NOUT] + R[i, V.K_SPEC] - R[i, V.K_NCOMP])
             for num_new in range(1, max(left, 1) + 1):
-                if not V._slots_unchanged(comp.ip, R, i, num_new, comp.st):
+                if not V._slots_unchanged(comp.ip, R, i, num_new,
+                                           comp._pst_arrays.seq_len):
                     declined += 1
                     continue
                 fired += 1
