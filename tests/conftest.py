@@ -91,6 +91,8 @@ SLOW_TESTS = (
     "determinism",  # ~15-45 s
     "tests/policies/test_contract.py::TestContract_quota_lru::test_legal_sequences_and_"
     "determinism",  # ~15-45 s
+    # session 17: allocate_slots compiled for a call from Python (~70 s loaded)
+    "tests/engine/test_vllm_slots_shortcut.py::",
 )
 
 

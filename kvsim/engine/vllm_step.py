@@ -300,6 +300,31 @@ def allocate_slots(ip, R, hh, i, num_new, hits, nhits, next_, full_must_fit, has
     return n_new
 
 
+@njit(cache=True, inline="always")
+def _slots_unchanged(ip, R, i, num_new, seq_len):
+    """True when :func:`allocate_slots` for running request ``i`` as ``schedule()``'s running
+    loop calls it (no hits, ``full_must_fit`` False) would return 0 and change nothing: no
+    new block, no full block to cache.  Its own arithmetic, without its call (each call
+    counts references to its ~11 array arguments, and ``_cache_blocks``'s 8, per request
+    and step: docs/benchmarks.md, "warm, 1 replica: the full path's calls").  ``seq_len``:
+    the pool's ``st.seq_len``, read once by the caller (each read of a member is a count)."""
+    seq = R[i, K_SEQ]
+    status = R[i, K_STATUS]
+    if R[i, K_NCACHED] < 0 or seq < 0 or status == WAITING or status == PREEMPTED:
+        return False
+    bs = ip[P_BS]
+    maxlen = ip[P_MAXLEN]
+    total_computed = min(R[i, K_NCOMP], maxlen)
+    need = min(total_computed + num_new + (R[i, K_SPECK] if ip[P_LOOK] else 0), maxlen)
+    if _cdiv(need, bs) > seq_len[seq]:
+        return False
+    if ip[P_CACHING] == 0:
+        return True
+    num_tokens = R[i, K_PLEN] + R[i, K_NOUT]
+    ntok = min(total_computed + num_new, num_tokens)
+    return R[i, K_NCACHED] >= min(ntok, (num_tokens // bs) * bs) // bs
+
+
 @njit(cache=True)
 def preempt(ip, R, arr, sv, wq, heap, i, st, pol, view, opre, oc):
     """Recompute preemption: blocks freed tail-first, re-queued at the front."""
@@ -401,6 +426,7 @@ def schedule(ip, R, arr, hh, sv, run, wq, heap, st, pol, view, pout, hits, hs,
     eligible = sv[V_NRUN] + num_waiting(ip, sv)
     thr = ip[P_THR] if eligible > 1 else 0
     req_index = 0
+    seq_len = st.seq_len
     while req_index < sv[V_NRUN] and budget > 0:
         i = run[req_index]
         num_new = R[i, K_PLEN] + R[i, K_NOUT] + R[i, K_SPEC] - R[i, K_NCOMP]
@@ -412,6 +438,9 @@ def schedule(ip, R, arr, hh, sv, run, wq, heap, st, pol, view, pout, hits, hs,
             continue
         got = -1
         while True:
+            if _slots_unchanged(ip, R, i, num_new, seq_len):  # its common case, without a call
+                got = 0
+                break
             # typed constants, not literals: one compile of allocate_slots for both calls
             got = allocate_slots(ip, R, hh, i, num_new, hits, np.int64(0), np.int64(0),
                                  np.bool_(False), np.bool_(True), st, pol, view, pout, hs,

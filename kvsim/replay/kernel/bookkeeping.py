@@ -39,7 +39,7 @@ def _set_view_from_record(view, b, A_i, A_f, a, now_us):
     view.last_access_us[b] = now_us
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # plain arrays only: no reference counts per call
 def _run_remove(running, C, r):
     n = int(C[C_NRUN])
     j = 0
@@ -52,7 +52,7 @@ def _run_remove(running, C, r):
     C[C_NRUN] = n - 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # plain arrays only: no reference counts per call
 def _run_add(running, C, r):
     running[int(C[C_NRUN])] = r
     C[C_NRUN] += 1
@@ -94,7 +94,7 @@ def _first_lower(T1, T2, T3):
     return 0
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # plain arrays only: no reference counts per call
 def _resumed_token(R_i, r, added):
     """True when ``added`` prefilled tokens complete the recompute of a request resumed
     after a preemption (its prompt and every output so far): as in vLLM, that step samples
@@ -105,7 +105,7 @@ def _resumed_token(R_i, r, added):
     return R_i[r, RI_NOUT] > 0 and after - added < target <= after
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # plain arrays only: no reference counts per call
 def _finalize_step(C, R_i, R_f, S, P, sc=None):
     """Close the current step: latency, clock, the tokens its requests produced, and each
     tier's occupancy as the step ends (``S_USED + t``, ``S_HBM_CACHED``).

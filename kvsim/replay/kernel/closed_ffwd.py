@@ -110,9 +110,12 @@ def _admission_blocked(vip, R, hh, sv, wq, heap, pst, hits, tk, nrun):
 
 @njit(cache=True, inline="always")
 def _quiet(vip, R, hh, sv, run, wq, heap, hits, tk, mark, pst, st, stf, arr, order, K, C, R_i,
-           A_i, S_, P, running, G, ncols):
+           A_i, S_, P, running, G, ncols, blocked, seq_len):
     """The running requests' count when the next step is quiet and the core has room for
-    its rows, else 0 (the full path runs it)."""
+    its rows, else 0 (the full path runs it).  ``blocked``: admission is already known to
+    be blocked (a quiet step ran since it was checked, and a quiet step changes nothing
+    the check reads: no arrival, no pool operation, the same running count).  ``seq_len``:
+    ``pst.seq_len``, read once by the caller."""
     nrun = sv[V.V_NRUN]
     if nrun <= 0 or st[S.S_FINISHED] != 0:
         return 0
@@ -153,7 +156,7 @@ def _quiet(vip, R, hh, sv, run, wq, heap, hits, tk, mark, pst, st, stf, arr, ord
             return 0
         if R[i, V.K_NCACHED] < 0 or maxlen - ncomp - 1 < 1:
             return 0
-        if (ncomp + 1 + bs - 1) // bs > pst.seq_len[seq]:  # a new block
+        if (ncomp + 1 + bs - 1) // bs > seq_len[seq]:  # a new block
             return 0
         if caching and R[i, V.K_NCACHED] < (plen + nout) // bs:  # a block to cache
             return 0
@@ -163,7 +166,7 @@ def _quiet(vip, R, hh, sv, run, wq, heap, hits, tk, mark, pst, st, stf, arr, ord
             return 0
         if top + 24 + 2 * R_i[i, L.RI_BT_CAP] > A_i.shape[0]:
             return 0
-    if not _admission_blocked(vip, R, hh, sv, wq, heap, pst, hits, tk, nrun):
+    if not blocked and not _admission_blocked(vip, R, hh, sv, wq, heap, pst, hits, tk, nrun):
         return 0
     return nrun
 
@@ -187,6 +190,8 @@ def quiet_steps(limit_us, max_steps, aux, insys, ip, fp, st, stf, arr, ttft, tpo
     first_us = vs[VS_FIRST]
     mark = vs[VS_MARK]
     pst = vs[VS_POOL].st
+    seq_len = pst.seq_len  # read once: each read of a member is a counted reference
+    psc = pst.sc
     K = cr.K
     C = cr.C
     R_i = cr.R_i
@@ -205,7 +210,7 @@ def quiet_steps(limit_us, max_steps, aux, insys, ip, fp, st, stf, arr, ttft, tpo
         if aux[_X_NINSYS] >= insys.shape[0]:
             break
         nrun = _quiet(vip, R, hh, sv, run, wq, heap, hits, tk, mark, pst, st, stf, arr, order,
-                      K, C, R_i, A_i, S_, P, running, G, ncols)
+                      K, C, R_i, A_i, S_, P, running, G, ncols, done > 0, seq_len)
         if nrun == 0:
             break
         # --- kvsim.engine.vllm_rows: one step of schedule() + update_from_output() -------
@@ -242,7 +247,7 @@ def quiet_steps(limit_us, max_steps, aux, insys, ip, fp, st, stf, arr, ttft, tpo
             R[i, V.K_SPEC] = R[i, V.K_SPECK]
             osched[k, 1] = tdl  # scratch: its ACCESS row's deadline, read back below
         oc[V.O_SCHED] = nrun
-        held = pst.sc[S_N_HELD]
+        held = psc[S_N_HELD]
         st[S.S_HELD] = held
         if held > st[S.S_MAXHELD]:
             st[S.S_MAXHELD] = held

@@ -118,6 +118,16 @@ def _alloc_rows(I, n):
     return k
 
 
+@njit(cache=True, _nrt=False)
+def _prefill_rows(I, n):
+    """True when the step's rows schedule a prefill chunk: the next step is then not quiet
+    (that request prefills again, or decodes for the first time since its admission)."""
+    for r in range(n):
+        if I[S.C_KIND, r] == S.EK_ACCESS and I[S.C_PHASE, r] == S.PH_PREFILL:
+            return True
+    return False
+
+
 @njit(cache=True)
 def advance(limit_us, max_steps, aux, insys,
             ip, fp, st, stf, arr, prompt, out, ttft, tpot, nsamp, beam, rprio, cont, gap,
@@ -149,18 +159,22 @@ def advance(limit_us, max_steps, aux, insys,
     nu = cr.next_use
     seen = cr.seen
     N = ip[S.P_N]
+    ncols = cols[0].shape[0]
+    busy = False  # the last step prefilled: the next one is not quiet (_prefill_rows)
     if max_steps < 0:  # end of the run: close the last step (core.run with i0 = -1)
         core_run(cols, -1, 0, cr)
         return R_IDLE, I, F
     steps = 0
     while True:
         if aux[X_PENDING] == 0:
-            if vs is not None:  # vLLM's steps where only time moves, in one go
+            # vLLM's steps where only time moves, in one go (not right after a prefill:
+            # the request prefills again or decodes for the first time, never quiet)
+            if vs is not None:
                 if vo is None:
-                    if rs is None:
+                    if rs is None and not busy:
                         steps += CF.quiet_steps(limit_us, max_steps - steps, aux, insys, ip, fp,
-                                                st, stf, arr, ttft, tpot, order, tk,
-                                                cols[0].shape[0], vs, cr)
+                                                st, stf, arr, ttft, tpot, order, tk, ncols, vs,
+                                                cr)
             if limit_us >= 0 and stf[0] >= limit_us:
                 return R_LIMIT, I, F
             if st[S.S_NRUN] == 0 and st[S.S_ADMIT] >= st[S.S_QN]:
@@ -189,7 +203,7 @@ def advance(limit_us, max_steps, aux, insys,
             aux[X_RESUME] = -1  # columns not filled yet
         n = aux[X_PENDING]
         if aux[X_RESUME] < 0:
-            if n > cols[0].shape[0] or _alloc_rows(I, n) > nu.shape[0]:
+            if n > ncols or _alloc_rows(I, n) > nu.shape[0]:
                 return R_NEED_COLS, I, F
             # the core's per-row room check counts a request's block-record capacity only
             # once it has one; an admission takes max(4, prompt // B + 2) rows at once, so
@@ -202,6 +216,7 @@ def advance(limit_us, max_steps, aux, insys,
                 return R_NEED_ARENA, I, F
             aux[X_NALLOC] = _fill(I, F, n, cols, src, N, rprio_tab, tenant_tab, block_bytes,
                                   nu, seen, pb_off, pb_next, pb_seen)
+            busy = _prefill_rows(I, n)
             C[L.C_ALLOC_ORD] = 0
             aux[X_RESUME] = 0
         code, i = core_run(cols, aux[X_RESUME], n, cr)
