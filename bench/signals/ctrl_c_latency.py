@@ -37,8 +37,11 @@ def _load() -> str:
         return "?"
 
 
-def one(argv: list[str], spread_s: float, rng: random.Random, timeout_s: float) -> dict:
+def one(argv: list[str], spread_s: float, rng: random.Random, timeout_s: float,
+        cold: bool = False) -> dict:
     env = dict(os.environ, KVSIM_PROGRESS_INTERVAL_S="0")
+    if cold:  # an empty compile cache: the signal lands in the compile
+        env["KVSIM_CACHE_DIR"] = tempfile.mkdtemp(prefix="kvsim-ctrlc-cache-")
     proc = subprocess.Popen([sys.executable, "-m", "kvsim", *argv], env=env, text=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     started = threading.Event()
@@ -48,7 +51,8 @@ def one(argv: list[str], spread_s: float, rng: random.Random, timeout_s: float) 
         for line in proc.stderr:
             lines.append(line)
             m = PROGRESS.match(line)
-            if m and int(m.group(1).replace(",", "")) > 0:
+            if (m and int(m.group(1).replace(",", "")) > 0) or \
+                    (cold and line.startswith("compiling ")):
                 started.set()
         started.set()  # the child ended (or closed stderr) before any progress
 
@@ -81,6 +85,11 @@ def main() -> None:
     ap.add_argument("--spread", type=float, default=2.0, help="random delay, seconds")
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cold", type=int, default=0,
+                    help="also N runs of simulate --trace with an empty compile cache, "
+                         "signalled 0 .. --cold-spread s after the compile note")
+    ap.add_argument("--cold-spread", type=float, default=30.0)
+    ap.add_argument("--only-cold", action="store_true")
     ap.add_argument("--out", help="JSON results")
     a = ap.parse_args()
     rng = random.Random(a.seed)
@@ -93,8 +102,13 @@ def main() -> None:
     if a.request_trace:
         cases["simulate --request-trace"] = ["simulate", "--request-trace", a.request_trace]
     out = {"load_before": _load(), "cases": {}}
-    for name, argv in cases.items():
-        runs = [one(argv, a.spread, rng, a.timeout) for _ in range(a.repeat)]
+    plan = [] if a.only_cold else [(name, argv, False) for name, argv in cases.items()]
+    if a.cold and a.trace:
+        plan.append(("simulate --trace, cold compile", ["simulate", "--trace", a.trace],
+                     True))
+    for name, argv, cold in plan:
+        runs = [one(argv, a.cold_spread if cold else a.spread, rng, a.timeout, cold)
+                for _ in range(a.cold if cold else a.repeat)]
         lat = [r["latency_s"] for r in runs if "latency_s" in r]
         out["cases"][name] = {"argv": argv, "runs": runs,
                               "max_s": max(lat) if lat else None,
