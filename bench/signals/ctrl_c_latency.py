@@ -91,18 +91,24 @@ def main() -> None:
     ap.add_argument("--cold-spread", type=float, default=30.0)
     ap.add_argument("--only-cold", action="store_true")
     ap.add_argument("--out", help="JSON results")
+    ap.add_argument("--cases", default="generate,trace,request",
+                    help="which of generate, trace, request to run")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     tmp = Path(tempfile.mkdtemp(prefix="kvsim-ctrlc-"))
-    cases = {"generate 300k": ["generate", "--profile", "multi_turn_chat", "--requests",
-                               "300000", "--out", str(tmp / "g.parquet")]}
+    cases = {"generate 30k": ["generate", "--profile", "multi_turn_chat", "--requests",
+                              "30000", "--out", str(tmp / "g.parquet")]}
     if a.trace:
         cases["simulate --trace"] = ["simulate", "--trace", a.trace, "--decision-log",
                                      str(tmp / "log.parquet")]
     if a.request_trace:
         cases["simulate --request-trace"] = ["simulate", "--request-trace", a.request_trace]
     out = {"load_before": _load(), "cases": {}}
-    plan = [] if a.only_cold else [(name, argv, False) for name, argv in cases.items()]
+    keep = {"generate": "generate 30k", "trace": "simulate --trace",
+            "request": "simulate --request-trace"}
+    wanted = {keep[c] for c in a.cases.split(",") if c}
+    plan = [] if a.only_cold else [(name, argv, False) for name, argv in cases.items()
+                                   if name in wanted]
     if a.cold and a.trace:
         plan.append(("simulate --trace, cold compile", ["simulate", "--trace", a.trace],
                      True))
