@@ -42,8 +42,11 @@ def one(argv: list[str], spread_s: float, rng: random.Random, timeout_s: float,
     env = dict(os.environ, KVSIM_PROGRESS_INTERVAL_S="0")
     if cold:  # an empty compile cache: the signal lands in the compile
         env["KVSIM_CACHE_DIR"] = tempfile.mkdtemp(prefix="kvsim-ctrlc-cache-")
+    # SIGINT's default in the child: a background job (``&``, nohup) starts with SIGINT
+    # ignored, inherited by its children, and Python then ignores Ctrl-C
     proc = subprocess.Popen([sys.executable, "-m", "kvsim", *argv], env=env, text=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     started = threading.Event()
     lines: list[str] = []
 
