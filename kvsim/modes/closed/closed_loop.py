@@ -54,8 +54,8 @@ from kvsim.spec.sim_config import SimConfig
 NEVER = np.iinfo(np.int64).max
 #: Engine steps one compiled call of :meth:`Engine.advance` runs before it returns to Python
 #: (``R_YIELD``; any other bound gives the same results): Ctrl-C and SIGTERM are served
-#: only between compiled calls.  2^16 steps held Ctrl-C for seconds; 2^12 of the Mooncake
-#: trace's are well under 0.1 s (docs/benchmarks.md, "Ctrl-C latency").
+#: only between compiled calls, so this bounds the compiled work a signal waits for (it was
+#: 2^16, 16 times more; docs/benchmarks.md, "Ctrl-C latency").
 YIELD_STEPS = 1 << 12
 
 
