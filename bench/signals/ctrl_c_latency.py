@@ -19,6 +19,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -76,6 +77,8 @@ def one(argv: list[str], spread_s: float, rng: random.Random, timeout_s: float,
         return {"error": f"still running {timeout_s} s after SIGINT"}
     dt = time.monotonic() - t0
     t.join()
+    if cold:
+        shutil.rmtree(env["KVSIM_CACHE_DIR"], ignore_errors=True)
     errs = [x for x in lines if x.startswith("error: ")]
     return {"latency_s": round(dt, 3), "exit": proc.returncode, "error_line": errs[-1:]}
 
