@@ -26,8 +26,11 @@ def _parts(result: Any) -> tuple[int, str, str]:
 
 def not_notes(stderr: str) -> list[str]:
     """stderr's lines but the ``note: ...`` lines (what a run serves how, one line each:
-    information printed before any work, never part of an error or a warning)."""
-    return [line for line in stderr.splitlines() if not line.startswith("note: ")]
+    information printed before any work, never part of an error or a warning) and the
+    ``progress: ...`` lines (a non-terminal stderr's feedback, one per 10 s,
+    kvsim/cli/meter.py: a loaded machine prints one before a late error)."""
+    return [line for line in stderr.splitlines()
+            if not line.startswith(("note: ", "progress: "))]
 
 
 def assert_one_line_error(result: Any, *fragments: str, exit_code: int = EXIT_BAD_INPUT) -> str:

@@ -211,11 +211,31 @@ def parse_replicas(value: str | int) -> int | str:
                           "--replicas")
 
 
-def check_event_file_options(trace, replicas, router) -> None:
+def check_event_file_options(trace, replicas, router, spec_method="none",
+                             spec_lookahead=False, **request_options) -> None:
     """An event file is one engine's recorded schedule: it cannot be re-routed or split
-    over replicas (a one-line error pointing to ``--request-trace``)."""
+    over replicas, nor re-scheduled with speculative drafts, and the options that shape
+    the requests served (``request_options``, name -> given: ``salt_by_tenant``,
+    ``drop_over_context``, ``hybrid_pool``) have nothing to act on (a one-line error
+    pointing to ``--request-trace``, never silently ignored)."""
     if trace is None:
         return
+    for name, given in request_options.items():
+        if given:
+            opt = "--" + name.replace("_", "-")
+            raise KvsimInputError(f"expected no {opt} with --trace: it acts on the requests "
+                                  "of a request trace or profile as they are served, and an "
+                                  "event file's requests were served when it was written; "
+                                  f"serve the request trace instead (--request-trace FILE "
+                                  f"{opt})", None, None, opt)
+    if spec_method != "none" or spec_lookahead:
+        what = "--spec-method" if spec_method != "none" else "--spec-lookahead"
+        raise KvsimInputError(f"expected no {what} with --trace: an event file's steps and "
+                              "block allocations were recorded before the replay, so the "
+                              "drafter cannot change them; serve the request trace instead "
+                              f"(--request-trace FILE {what}"
+                              f"{' ' + spec_method if what == '--spec-method' else ''})",
+                              None, None, what)
     if str(replicas) != "1" or router is not None:
         what = "--replicas" if str(replicas) != "1" else "--router"
         raise KvsimInputError(f"expected no {what} with --trace: an event file is one "

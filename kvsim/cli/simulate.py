@@ -332,7 +332,9 @@ def simulate_command(
                             shared_link_gbps, shared_link_latency_us)
     sched = resolve_schedule(schedule, trace is None, config.mode, config.live_offload)
     check_scheduler(scheduler, sched)
-    check_event_file_options(trace, replicas, router)
+    check_event_file_options(trace, replicas, router, spec_method, spec_lookahead,
+                             salt_by_tenant=salt_by_tenant, drop_over_context=drop_over_context,
+                             hybrid_pool=hybrid_pool != "auto")
     check_is_event_file(trace)
     pdo = pd_options(pd_split, pd_link_gbps, pd_link_latency_us, pd_max_inflight, replicas, sched)
     replicas = parse_replicas(replicas)
@@ -507,7 +509,8 @@ def compare_command(
     names = _with_policy_files(names, loaded)
     sched = resolve_schedule(schedule, trace is None, config.mode, config.live_offload)
     check_scheduler(scheduler, sched)
-    check_event_file_options(trace, replicas, router)
+    check_event_file_options(trace, replicas, router, spec_method, spec_lookahead,
+                             salt_by_tenant=salt_by_tenant, drop_over_context=drop_over_context)
     check_is_event_file(trace)
     pdo = pd_options(pd_split, pd_link_gbps, pd_link_latency_us, pd_max_inflight, replicas, sched)
     replicas = parse_replicas(replicas)

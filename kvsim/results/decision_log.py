@@ -130,12 +130,15 @@ class DecisionLogWriter:
         n = len(gi)
         keys = list(zip(gi[:, GI_FROM].tolist(), gi[:, GI_REASON].tolist(),
                         gi[:, GI_WHY].tolist()))
-        uniq = sorted(set(keys))
-        index = {k: j for j, k in enumerate(uniq)}
+        # one dictionary entry per distinct sentence (keys that read the same, e.g. lru's
+        # reason on two tiers, share it): pyarrow 26 writes a dictionary holding a value
+        # twice in a varying order, run to run (tests/results/test_log_bytes.py)
+        sentences: dict[str, int] = {}
+        index = {k: sentences.setdefault(self._sentence(*k), len(sentences))
+                 for k in sorted(set(keys))}
         codes = np.array([index[k] for k in keys], dtype=np.int16)
         reason = pa.DictionaryArray.from_arrays(
-            pa.array(codes, pa.int16()), pa.array([self._sentence(*k) for k in uniq],
-                                                  pa.string()))
+            pa.array(codes, pa.int16()), pa.array(list(sentences), pa.string()))
         ncand = gi[:, GI_NCAND]
         offsets = np.concatenate(([0], np.cumsum(ncand))).astype(np.int32)
         mask = np.zeros(n, dtype=bool)

@@ -52,6 +52,11 @@ from kvsim.spec.models.catalog import DEFAULT_MODEL
 from kvsim.spec.sim_config import SimConfig
 
 NEVER = np.iinfo(np.int64).max
+#: Engine steps one compiled call of :meth:`Engine.advance` runs before it returns to Python
+#: (``R_YIELD``; any other bound gives the same results): Ctrl-C and SIGTERM are served
+#: only between compiled calls, so this bounds the compiled work a signal waits for (it was
+#: 2^16, 16 times more; docs/benchmarks.md, "Ctrl-C latency").
+YIELD_STEPS = 1 << 12
 
 
 @dataclass(frozen=True)
@@ -252,7 +257,7 @@ class Engine:
     def in_system(self) -> np.ndarray:
         return self.insys[:self.steps]
 
-    def advance(self, limit_us: float = -1.0, max_steps: int = 1 << 16,
+    def advance(self, limit_us: float = -1.0, max_steps: int = YIELD_STEPS,
                 on_yield: Callable[[], None] | None = None) -> None:
         """Run steps until the clock reaches ``limit_us`` (-1: until idle)."""
         from kvsim.replay.kernel import core
