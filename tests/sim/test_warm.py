@@ -1,0 +1,47 @@
+"""``kvsim warm`` (kvsim.modes.warm.warm): fills numba's disk cache with what a default
+compiled run loads (docs/jit.md, "Compiling ahead: kvsim warm")."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from kvsim.core.errors import KvsimInputError
+
+
+def test_warm_refuses_an_unknown_scheduler_before_compiling() -> None:
+    from kvsim.modes.warm import warm
+
+    with pytest.raises(KvsimInputError) as e:
+        warm(("vllm", "sglang"))
+    assert e.value.field == "--scheduler"
+    assert "sglang" in str(e.value)
+
+
+def test_warm_command_bad_scheduler_is_one_line_exit_2() -> None:
+    p = subprocess.run([sys.executable, "-m", "kvsim", "warm", "--scheduler", "sglang"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert p.stdout == ""
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--scheduler" in lines[0] and "sglang" in lines[0], p.stderr
+
+
+def test_warm_leaves_every_default_run_cached() -> None:
+    """After warm(): the compiled core, vLLM's ``advance`` and every policy's hooks load
+    from the cache (the probes a run asks before it decides to compile)."""
+    from kvsim.modes.comparison import default_policies
+    from kvsim.modes.warm import warm
+    from kvsim.policy.hooks import hooks_are_cached
+    from kvsim.policy.registry import resolve_policy
+    from kvsim.replay.variants import core_is_cold
+
+    res = warm(("vllm",))
+    assert set(res.cold) == {"vllm"}
+    assert not core_is_cold("vllm")
+    for name in default_policies():
+        pol = resolve_policy(name)
+        if pol.compiled:
+            assert hooks_are_cached(pol), name
