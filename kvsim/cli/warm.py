@@ -33,10 +33,11 @@ def warm_command(
     (about a minute on 2 cores, once per installed kvsim version) by serving a few requests
     of the README's profile under every policy; a no-op (a few seconds) when the cache is
     already filled.  docs/jit.md, "Compiling ahead: kvsim warm"."""
-    from kvsim.modes.warm import SCHEDULERS, warm
+    from kvsim.modes.warm import SCHEDULERS, check_schedulers, warm
 
     scheds = SCHEDULERS if scheduler == "all" else tuple(s.strip() for s in scheduler.split(","))
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
+    check_schedulers(scheds, names)  # before saying anything
     if not json_:
         err_console.print("compiling into numba's disk cache (about a minute on 2 cores when "
                           "cold)", soft_wrap=True, markup=False)

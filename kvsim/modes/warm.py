@@ -56,18 +56,29 @@ def _cpu_s() -> float:
     return me.ru_utime + me.ru_stime + ch.ru_utime + ch.ru_stime
 
 
+def check_schedulers(schedulers: Sequence[str], policies: Sequence[str] | None = None) -> None:
+    """Raise :class:`kvsim.core.errors.KvsimInputError` unless ``schedulers`` is a non-empty
+    list of :data:`SCHEDULERS` and every one of ``policies`` is registered (compiles
+    nothing)."""
+    from kvsim.core.errors import KvsimInputError
+    from kvsim.policy.registry import resolve_policy
+
+    for name in policies or ():
+        resolve_policy(name)
+
+    bad = [s for s in schedulers if s not in SCHEDULERS]
+    if bad or not schedulers:
+        raise KvsimInputError(f"expected schedulers among {', '.join(SCHEDULERS)}, got "
+                              f"{', '.join(bad) or 'none'}", None, None, "--scheduler")
+
+
 def warm(schedulers: Sequence[str] = DEFAULT_SCHEDULERS, policies: Sequence[str] | None = None,
          jobs: int = 1) -> WarmResult:
     """Compile into numba's disk cache what a compiled closed-loop run with each of
     ``schedulers`` (``vllm`` / ``kvsim``) and each of ``policies`` (default: every registered
     policy, as ``kvsim compare``) loads; a no-op for what is cached already (a few seconds
     of loading)."""
-    from kvsim.core.errors import KvsimInputError
-
-    bad = [s for s in schedulers if s not in SCHEDULERS]
-    if bad or not schedulers:
-        raise KvsimInputError(f"expected schedulers among {', '.join(SCHEDULERS)}, got "
-                              f"{', '.join(bad) or 'none'}", None, None, "--scheduler")
+    check_schedulers(schedulers, policies)
     from kvsim.jit.disk_cache import seal_all
     from kvsim.modes.closed.closed_loop import EngineOptions
     from kvsim.modes.closed.cluster import compare_requests
@@ -88,4 +99,4 @@ def warm(schedulers: Sequence[str] = DEFAULT_SCHEDULERS, policies: Sequence[str]
                       wall_s=time.perf_counter() - t0, cpu_s=_cpu_s() - c0)
 
 
-__all__ = ["DEFAULT_SCHEDULERS", "SCHEDULERS", "WarmResult", "warm"]
+__all__ = ["DEFAULT_SCHEDULERS", "SCHEDULERS", "WarmResult", "check_schedulers", "warm"]

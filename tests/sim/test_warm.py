@@ -45,3 +45,12 @@ def test_warm_leaves_every_default_run_cached() -> None:
         pol = resolve_policy(name)
         if pol.compiled:
             assert hooks_are_cached(pol), name
+
+
+def test_warm_command_unknown_policy_is_one_line_exit_2() -> None:
+    p = subprocess.run([sys.executable, "-m", "kvsim", "warm", "--policies", "lru,nope"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert p.stdout == ""
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "nope" in lines[0], p.stderr
