@@ -38,7 +38,7 @@ def main() -> None:
         for attr, v in list(vars(mod).items()):
             if isinstance(v, Dispatcher) and v.py_func.__module__ == name:
                 st = v.stats
-                loaded += st.cache_hits and sum(st.cache_hits.values())
+                loaded += sum(st.cache_hits.values())
                 if st.cache_misses and sum(st.cache_misses.values()):
                     compiled.append(f"{name}.{attr} ({sum(st.cache_misses.values())})")
     print(f"warm_check: CPU self {me:.2f} s, children {ch.ru_utime + ch.ru_stime:.2f} s, "

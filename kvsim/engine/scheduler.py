@@ -136,12 +136,8 @@ def _ensure(I, F, n, need):
     return I2, F2
 
 
-# _ensure and _row are called from compiled code only: no C wrapper to build.  _row is
-# inlined into each caller (numba's inline="always", before typing): its call sites pass
-# constants, and numba compiles a called function once per distinct set of literal
-# arguments (11 compiles of _row, each with its own CPython wrapper, in a default run:
-# docs/benchmarks.md, "Cold compile ahead of the first run").
-@njit(cache=True, inline="always")
+# _ensure and _row are called from compiled code only: no CPython or C wrapper to build
+@njit(cache=True, _nrt=False)
 def _row(I, F, n, step, t, kind, rid, bidx, h, parent, ntok, phase, prio, deadline, slack,
          target, pin, rc):
     I[C_STEP, n] = step

@@ -95,6 +95,17 @@ def warm(schedulers: Sequence[str] = DEFAULT_SCHEDULERS, policies: Sequence[str]
     for sched in schedulers:
         compare_requests(table, list(policies) if policies else None, config,
                          engine=EngineOptions(scheduler=sched), jobs=jobs)
+    # a hook is compiled when first called: the few requests above never call some (an
+    # on_remove when nothing is removed); compile those now (loading the others)
+    from kvsim.modes.comparison import default_policies
+    from kvsim.policy.hooks import compiled_hooks
+    from kvsim.policy.registry import resolve_policy
+
+    for name in dict.fromkeys([*(policies or default_policies()), "belady"]):
+        pol = resolve_policy(name)
+        if pol.compiled:
+            for hook in compiled_hooks(pol):
+                hook.compile()
     return WarmResult(cache_dir=os.environ.get("NUMBA_CACHE_DIR", ""), cold=cold,
                       wall_s=time.perf_counter() - t0, cpu_s=_cpu_s() - c0)
 

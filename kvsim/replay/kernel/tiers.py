@@ -228,10 +228,7 @@ def prefetch_view(v, s):
 # decision-log buffer
 # ---------------------------------------------------------------------------------------
 
-# inlined into each caller (numba's inline="always"): its 18 call sites pass constants, and
-# numba compiled it once per distinct set of literal arguments (14 compiles in a default
-# run: docs/benchmarks.md, "Cold compile ahead of the first run")
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def log_row(G, C, step, now_us, action, h, req, bi, frm, to, nbytes, cost_us, dc, reason,
             why):
     """Append one row; returns its index in the buffer (the caller may add candidates)."""
