@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from kvsim.core.errors import KvsimInputError
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_warm_refuses_an_unknown_scheduler_before_compiling() -> None:
@@ -45,6 +48,17 @@ def test_warm_leaves_every_default_run_cached() -> None:
         pol = resolve_policy(name)
         if pol.compiled:
             assert hooks_are_cached(pol), name
+    # and a fresh process running a default command compiles nothing (numba's own count of
+    # signatures it compiled rather than loaded, per dispatcher: bench/warm_check.py)
+    for cmd in (["simulate", "--profile", "deadline_pressure", "--requests", "16", "--seed", "1",
+                 "--hbm-gb", "0.5", "--policy", "fifo", "--engine", "compiled", "--json"],
+                ["simulate", "--profile", "deadline_pressure", "--requests", "16", "--seed", "1",
+                 "--hbm-gb", "0.5", "--policy", "lru", "--engine", "compiled", "--json",
+                 "--replicas", "2", "--router", "prefix"]):
+        p = subprocess.run([sys.executable, str(ROOT / "bench" / "warm_check.py"), "--", *cmd],
+                           capture_output=True, text=True, timeout=600)
+        line = next(ln for ln in p.stderr.splitlines() if ln.startswith("warm_check:"))
+        assert "compiled here 0:" in line, line
 
 
 def test_warm_command_unknown_policy_is_one_line_exit_2() -> None:
