@@ -129,11 +129,11 @@ def warm(schedulers: Sequence[str] = DEFAULT_SCHEDULERS, policies: Sequence[str]
 
     from kvsim.modes.comparison import default_policies
 
-    # A hook that another hook calls (lru's on_hit calls fifo_order.on_remove) may compile
-    # there first, as a callee under its argument types, and then its own value's entry is
-    # never written in that process: a pass in a fresh process loads what is cached (so
-    # compiles no callee) and compiles only what is missing; passes until one compiles
-    # nothing (two, measured).
+    # A hook that another hook calls may compile there first, as a callee under its
+    # argument types, and then its own value's entry is not written in that process: a pass
+    # in a fresh process loads what is cached and compiles what is missing; passes until
+    # one compiles nothing (on an empty cache: 66 signatures, then 1, then 0).  Known gap:
+    # fifo_order.on_remove's value entry is still not written (docs/benchmarks.md).
     names = list(dict.fromkeys([*(policies or default_policies()), "belady"]))
     for _ in range(HOOK_PASSES):
         with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as ex:
