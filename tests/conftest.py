@@ -62,6 +62,8 @@ SLOW_TESTS = (
     "tests/safety/test_signals.py::test_signal_mid_run_one_line_no_partial_output",  # ~80 s each at load 19
     "tests/safety/test_compile_cache.py::test_bit_flipped_replay_core_one_warning_same_result",
     # ^ two compiles of the replay core
+    "tests/sim/test_warm.py::test_warm_leaves_every_default_run_cached",  # a cold compile when
+    # nothing before it filled the cache (~100 CPU-s), else ~30 s of replays and two runs
     "tests/policies/test_belady_bound.py::test_belady_is_a_bound",  # hypothesis, 100s of runs
     "tests/sweep/test_plan.py::test_ray_executor_gives_identical_outputs_and_resumes",
     # ^ starts a local Ray instance (~60 s here) when ray is installed; skipped without it

@@ -71,6 +71,9 @@ COMMANDS: dict[str, tuple[str, bool, str]] = {
                  "recording."),
     "reorder": ("reorder", False, "Serve a request trace as one batch job in submission, "
                 "prefix-grouped and prefix-tree (DFS) order: hit rate, makespan, throughput."),
+    "warm": ("warm", False, "Compile the replay core into numba's disk cache now (once after "
+             "pip install), so the\nfirst simulate / compare loads it instead of "
+             "compiling."),
     "log": ("log", False, "Read decision logs: why each eviction, what it cost, where two "
             "policies diverge (summary / show / explain / diff / timeline)."),
 }

@@ -87,21 +87,19 @@ from kvsim.cli.simulate_opts import (
     RequestsOpt,
     SeedOpt,
     SortOpt,
+    TenantQuotaOpt,
+    TenantsOpt,
     TierPolicyOpt,
     TraceOpt,
     WarmupOpt,
     WarmupRequestsOpt,
     WideOpt,
     WritePolicyOpt,
-)
-from kvsim.cli.sizing import print_warnings, run_warnings, size_table
-from kvsim.cli.tenants import (
-    TenantQuotaOpt,
-    TenantsOpt,
     split_tenant_rows,
     tenant_view,
     with_tenants,
 )
+from kvsim.cli.sizing import print_warnings, run_warnings, size_table
 from kvsim.core.errors import KvsimInputError
 from kvsim.core.fsutil import atomic_output
 
