@@ -64,6 +64,8 @@ RACY_NS = 2_000_000_000
 #: ``time.time_ns()`` taken as a compile began (the coarse clock may lag by one tick)
 CLOCK_SLACK_NS = 50_000_000
 ENV_CHECK = "KVSIM_CACHE_CHECK"
+#: during a long outer compile, what its callees saved is recorded at most this often
+INTERIM_NS = 1_000_000_000
 
 
 def _crc(path: Path) -> int:
@@ -92,9 +94,10 @@ def _read_manifest(folder: Path) -> dict[str, list[int]]:
     """name -> [crc, size, mtime_ns, ino, ctime_ns, verified_ns]; {} when absent or
     unreadable (then every file of the folder is unrecorded)."""
     try:
-        data = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-        return {str(k): [int(x) for x in v] for k, v in data.get("files", {}).items()
-                if len(v) == 6}
+        with open(os.path.join(folder, MANIFEST), "rb") as fh:
+            files = json.loads(fh.read()).get("files", {})
+        return {k: v for k, v in files.items()
+                if isinstance(v, list) and len(v) == 6 and all(type(x) is int for x in v)}
     except (OSError, ValueError, TypeError, AttributeError):
         return {}
 
@@ -174,15 +177,17 @@ def _check_folder(folder: Path, names: list[str], full: bool) -> list[tuple[str,
     """Verdicts for one folder; removes what is not trusted, refreshes stamps.  Returns
     (name, why) of the removed files."""
     manifest = _read_manifest(folder)
+    base = str(folder)
     todo = []
-    for name in names:
+    for name in names:  # the fast path: one stat per file, no Path objects
+        entry = manifest.get(name)
         try:
-            st = os.stat(folder / name)
+            st = os.stat(os.path.join(base, name))
         except OSError:
             continue
-        verdict, _ = _verdict(folder / name, st, manifest.get(name), full) \
-            if not full else ("check", None)
-        if verdict != "ok":
+        if full or entry is None or entry[1] != st.st_size or entry[2] != st.st_mtime_ns \
+                or entry[3] != st.st_ino or entry[4] != st.st_ctime_ns \
+                or entry[5] - st.st_ctime_ns < RACY_NS:
             todo.append(name)
     if not todo:
         return []
@@ -291,7 +296,7 @@ def _install(event) -> None:
         def _state(self):
             loc = self.local
             if not hasattr(loc, "depth"):
-                loc.depth, loc.since, loc.folders = 0, 0, set()
+                loc.depth, loc.since, loc.folders, loc.last = 0, 0, set(), 0
             return loc
 
         def on_start(self, ev) -> None:
@@ -306,16 +311,25 @@ def _install(event) -> None:
                 if isinstance(path, str):
                     loc.folders.add(path)
 
+        def _record(self, loc) -> None:
+            loc.last = time.monotonic_ns()
+            for folder in sorted(loc.folders):
+                with contextlib.suppress(Exception):  # never into numba's compile
+                    record(folder, loc.since)
+
         def on_end(self, ev) -> None:
-            if ev.kind != "numba:compiler_lock":
-                return
             loc = self._state()
+            if ev.kind == "numba:compile":
+                # the callees compiled inside a long outer compile (the replay core: tens
+                # of seconds) are saved already: record them at most once a second, so
+                # another process starting meanwhile finds them recorded
+                if loc.folders and time.monotonic_ns() - loc.last >= INTERIM_NS:
+                    self._record(loc)
+                return
             loc.depth = max(loc.depth - 1, 0)
             if loc.depth == 0 and loc.folders:
-                folders, loc.folders = sorted(loc.folders), set()
-                for folder in folders:
-                    with contextlib.suppress(Exception):  # never into numba's compile
-                        record(folder, loc.since)
+                self._record(loc)
+                loc.folders = set()
 
     _LISTENER = _Recorder()
     event.register("numba:compiler_lock", _LISTENER)
