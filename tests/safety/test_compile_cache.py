@@ -61,12 +61,25 @@ def _data_files(cache: Path, suffix: str) -> list[Path]:
     return sorted(p for p in cache.rglob(f"hashing.*{suffix}"))
 
 
+def _all_recorded(cache: Path) -> None:
+    """Every cache file is recorded, with its size, by the run that wrote it (else the next
+    run would remove and recompile it, silently)."""
+    import json
+
+    files = [p for p in cache.rglob("*") if p.suffix in (".nbi", ".nbc")]
+    assert files
+    for path in files:
+        manifest = json.loads((path.parent / "kvsim-manifest.json").read_text())["files"]
+        assert manifest.get(path.name, [None, None])[1] == path.stat().st_size, path
+
+
 @pytest.fixture
 def warm_cache(tmp_path: Path) -> tuple[Path, str]:
     first = _run(tmp_path)
     assert first.returncode == 0 and first.stderr == "", first.stderr
     assert first.stdout == PROBE_OUT  # compiled = interpreted
-    assert _data_files(tmp_path, ".nbc") and list(tmp_path.rglob("kvsim-manifest.json"))
+    assert _data_files(tmp_path, ".nbc")
+    _all_recorded(tmp_path)
     return tmp_path, first.stdout
 
 
@@ -136,6 +149,7 @@ def test_flip_in_a_file_whose_writer_died_one_warning_same_result(tmp_path: Path
     first = _run(tmp_path, PROBE + "import os, sys; sys.stdout.flush(); os._exit(0)\n")
     assert first.returncode == 0 and first.stderr == "", first.stderr
     assert first.stdout == PROBE_OUT
+    _all_recorded(tmp_path)  # as numba wrote them: no atexit ran
     _flip_inside_frame(_data_files(tmp_path, ".nbc")[0])
     again = _run(tmp_path)
     assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr
@@ -188,6 +202,7 @@ def test_bit_flipped_replay_core_one_warning_same_result(tmp_path: Path) -> None
             "'--json']\nfrom kvsim.__main__ import main; main()")
     first = _run(tmp_path, code)
     assert first.returncode == 0, first.stderr
+    _all_recorded(tmp_path)
     biggest = max(tmp_path.rglob("*.nbc"), key=lambda p: p.stat().st_size)
     _flip(biggest)
     again = _run(tmp_path, code)
