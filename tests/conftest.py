@@ -64,6 +64,9 @@ SLOW_TESTS = (
     # ^ two compiles of the replay core
     "tests/sim/test_warm.py::test_warm_leaves_every_default_run_cached",  # a cold compile when
     # nothing before it filled the cache (~100 CPU-s), else ~30 s of replays and two runs
+    "tests/safety/test_compile_cache.py::test_flip_in_a_file_whose_writer_died_one_warning_same_result",
+    "tests/safety/test_compile_cache.py::test_unrecorded_files_are_never_loaded",
+    # ^ three runs of the probe, 10-14 s each at load 15
     "tests/policies/test_belady_bound.py::test_belady_is_a_bound",  # hypothesis, 100s of runs
     "tests/sweep/test_plan.py::test_ray_executor_gives_identical_outputs_and_resumes",
     # ^ starts a local Ray instance (~60 s here) when ray is installed; skipped without it

@@ -17,9 +17,15 @@ import pytest
 from kvsim.jit.cache_key import SOURCES
 
 PKG = Path(__file__).resolve().parents[2] / "kvsim"
+#: ``chain_hash``'s ``last`` is inclusive: ids[0..4] of 5.  (Until session 17 this probe
+#: passed ``last = 5`` and hashed one int64 read past the array, whatever the heap held:
+#: the "different hash output" of the bit_flip_nbc failure under load was that read, not a
+#: flip let through; :func:`test_probe_reads_only_its_array`.)
 PROBE = ("from kvsim.ingest.hashing import chain_hash, partial_hash\n"
          "import numpy as np\n"
-         "print(chain_hash(7, np.arange(5, dtype=np.int64), 0, 5, 0), partial_hash(11, 3))\n")
+         "print(chain_hash(7, np.arange(5, dtype=np.int64), 0, 4, 0), partial_hash(11, 3))\n")
+#: what the probe prints (the interpreted functions' numbers)
+PROBE_OUT = "7783154887805759658 4118458948169242653\n"
 
 
 def _compiles(path: Path) -> bool:
@@ -55,11 +61,25 @@ def _data_files(cache: Path, suffix: str) -> list[Path]:
     return sorted(p for p in cache.rglob(f"hashing.*{suffix}"))
 
 
+def _all_recorded(cache: Path) -> None:
+    """Every cache file is recorded, with its size, by the run that wrote it (else the next
+    run would remove and recompile it, silently)."""
+    import json
+
+    files = [p for p in cache.rglob("*") if p.suffix in (".nbi", ".nbc")]
+    assert files
+    for path in files:
+        manifest = json.loads((path.parent / "kvsim-manifest.json").read_text())["files"]
+        assert manifest.get(path.name, [None, None])[1] == path.stat().st_size, path
+
+
 @pytest.fixture
 def warm_cache(tmp_path: Path) -> tuple[Path, str]:
     first = _run(tmp_path)
     assert first.returncode == 0 and first.stderr == "", first.stderr
-    assert _data_files(tmp_path, ".nbc") and list(tmp_path.rglob("kvsim-manifest.json"))
+    assert first.stdout == PROBE_OUT  # compiled = interpreted
+    assert _data_files(tmp_path, ".nbc")
+    _all_recorded(tmp_path)
     return tmp_path, first.stdout
 
 
@@ -71,6 +91,31 @@ def _flip(path: Path, n: int = 20) -> None:
         data[at] ^= 0xFF
     path.write_bytes(bytes(data))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # bit rot: same size and time
+
+
+def _flip_inside_frame(path: Path) -> None:
+    """Flip 20 bytes inside the largest bytes value of the pickle (numba's compiled code),
+    so the file still frames as a complete pickle; size and time kept."""
+    import pickletools
+
+    data = bytearray(path.read_bytes())
+    ops = [(pos, arg) for _op, arg, pos in pickletools.genops(bytes(data))
+           if isinstance(arg, bytes)]
+    pos, arg = max(ops, key=lambda o: len(o[1]))
+    start = pos + 5 + len(arg) // 2  # opcode + 4-byte length, then the payload's middle
+    st = path.stat()
+    for i in range(20):
+        data[start + 7 * i] ^= 0xFF
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_probe_reads_only_its_array(tmp_path: Path) -> None:
+    """The probe's numbers are those of the interpreted functions (an out-of-bounds read
+    raises there): its output cannot depend on what lies past its array."""
+    result = _run(tmp_path, NUMBA_DISABLE_JIT="1")
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert result.stdout == PROBE_OUT
 
 
 @pytest.mark.parametrize("damage", ["bit_flip_nbc", "truncated_nbi", "empty_nbi",
@@ -93,6 +138,40 @@ def test_damaged_cache_one_warning_same_result(warm_cache, damage: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("warning: numba cache"), again.stderr
     assert "damaged" in lines[0] and "Traceback" not in again.stderr
     third = _run(cache)  # rebuilt: silent again
+    assert (third.stdout, third.stderr) == (expected, "")
+
+
+def test_flip_in_a_file_whose_writer_died_one_warning_same_result(tmp_path: Path) -> None:
+    """The writer ends with ``os._exit`` (killed, or a multiprocessing worker: no atexit):
+    its files are recorded anyway, as numba writes them, so a flip inside a valid pickle
+    frame is found by its CRC.  Failed before session 17 (recorded at exit only: the
+    unrecorded file was only framing-checked, loaded, and LLVM failed on it)."""
+    first = _run(tmp_path, PROBE + "import os, sys; sys.stdout.flush(); os._exit(0)\n")
+    assert first.returncode == 0 and first.stderr == "", first.stderr
+    assert first.stdout == PROBE_OUT
+    _all_recorded(tmp_path)  # as numba wrote them: no atexit ran
+    _flip_inside_frame(_data_files(tmp_path, ".nbc")[0])
+    again = _run(tmp_path)
+    assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr
+    assert again.stdout == first.stdout
+    lines = again.stderr.splitlines()
+    assert len(lines) == 1 and "damaged" in lines[0] and "checksum" in lines[0], again.stderr
+    third = _run(tmp_path)
+    assert (third.stdout, third.stderr) == (first.stdout, "")
+
+
+def test_unrecorded_files_are_never_loaded(warm_cache) -> None:
+    """A cache file with no record (its writer killed between numba's write and its
+    record; a manifest lost) is not trusted on sight: removed and recompiled, even when it
+    frames as a valid pickle.  Failed before session 17 (framing-checked only: loaded)."""
+    cache, expected = warm_cache
+    for manifest in cache.rglob("kvsim-manifest.json"):
+        manifest.unlink()
+    _flip_inside_frame(_data_files(cache, ".nbc")[0])
+    again = _run(cache)
+    assert again.returncode == 0 and again.stderr == "", again.stderr
+    assert again.stdout == expected
+    third = _run(cache)
     assert (third.stdout, third.stderr) == (expected, "")
 
 
@@ -123,6 +202,7 @@ def test_bit_flipped_replay_core_one_warning_same_result(tmp_path: Path) -> None
             "'--json']\nfrom kvsim.__main__ import main; main()")
     first = _run(tmp_path, code)
     assert first.returncode == 0, first.stderr
+    _all_recorded(tmp_path)
     biggest = max(tmp_path.rglob("*.nbc"), key=lambda p: p.stat().st_size)
     _flip(biggest)
     again = _run(tmp_path, code)
