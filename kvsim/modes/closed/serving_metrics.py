@@ -74,8 +74,9 @@ class ClusterSteps(StepLog):
     step, an int the steps from that one on, False none; the last item: the kept steps'
     (step, latency) columns, once read)."""
 
-    def __init__(self, parts: list) -> None:
+    def __init__(self, parts: list, figures: bool = True) -> None:
         self.parts = parts
+        self.figures = figures  # False: latency_stats counts the steps only
 
     def __len__(self) -> int:
         return sum(len(self._cols(p)[1]) for p in self.parts)
@@ -123,7 +124,11 @@ class ClusterSteps(StepLog):
         step = np.concatenate([c[0] for c in cols])
         lat = np.concatenate([c[1] for c in cols])
         if warm_step is not None:
-            lat = lat[step >= warm_step]
+            keep = step >= warm_step
+            if not keep.all():
+                lat = lat[keep]
+        if not self.figures:
+            return len(lat), float("nan"), [float("nan")] * len(STEP_PERCENTILES)
         mean = float(lat.mean()) if len(lat) else float("nan")
         return len(lat), mean, percentiles(lat, STEP_PERCENTILES)
 
@@ -177,8 +182,10 @@ def cluster_summary(pol, engines, costs, N: int, router: str, dropped: int,
         parts.append(part)
         cols = _request_columns(run, len(e.sched.src), e.replica)
         rq = pd.DataFrame({k: v for k, v in cols.items() if k != "replica"})
-        s1 = summarize(pol.name, pol.offline, run.C, cw, measured, -1, ClusterSteps([part]),
-                       rq, costs, e.rows, block_size_tokens=bs, warmup_requests=warmup)
+        # a replica's row has no step latency figure (REPLICA_KEYS): its steps counted only
+        s1 = summarize(pol.name, pol.offline, run.C, cw, measured, -1,
+                       ClusterSteps([part], figures=False), rq, costs, e.rows,
+                       block_size_tokens=bs, warmup_requests=warmup)
         rq1 = rq if measured is None else rq[rq["request_id"].isin(measured)]
         s1.update(serving_keys(rq1, run.C[L.C_CLOCK_US] - start_us, "closed", 1, router,
                                e.lost_hit_tokens, 0))
