@@ -88,7 +88,7 @@ class SpilledRows:
         if len(rows):
             if self.file is None:
                 self.file = tempfile.TemporaryFile(prefix="kvsim-rows-", dir=_tmpdir())
-            self.file.write(rows.tobytes())
+            self.file.write(rows.data)  # C-contiguous rows: no copy (tobytes)
             self.file_rows += len(rows)
 
     def iter_chunks(self, rows: int = CHUNK_VALUES // 16) -> Iterator[np.ndarray]:

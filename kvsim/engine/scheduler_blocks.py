@@ -195,3 +195,34 @@ def _cached_prefix(hb, nb, prompt_c, B, rk, phk, phv, tk):
             break
         k += 1
     return k
+
+
+@njit(cache=True)
+def _route_prefix(hb, nb, prompt_c, B, weight, waiting, sts, rks, phks, phvs, tks, i_qn,
+                  i_done):
+    """The closed loop's ``prefix`` router (:func:`kvsim.modes.closed.routing._route`) in one
+    call for every replica ``w``: Dynamo's cost ``weight x (nb - cached_w) + active_w``
+    (``cached_w``: :func:`_cached_prefix` on replica ``w``'s pool ``phks[w]``/``phvs[w]``,
+    held table ``rks[w]`` and tier table ``tks[w]``; ``active_w``: its held blocks
+    ``sts[w][S_HELD]`` plus ``waiting[w]``), lowest wins, ties: fewest outstanding requests
+    (``sts[w][i_qn] - sts[w][i_done]``), then lowest index -- the order of the tuples
+    ``(cost, outstanding, w)`` in Python, float costs compared as Python compares them.  A
+    replica whose cost cannot beat the best even with every block cached (at most
+    ``(prompt - 1) // B`` are) is not scored."""
+    floor = weight * (nb - min(nb, max((prompt_c - 1) // B, 0)))
+    best = 0
+    best_c = 0.0
+    best_l = 0
+    for w in range(len(sts)):
+        st = sts[w]
+        active = st[S_HELD] + waiting[w]
+        load = st[i_qn] - st[i_done]
+        if w > 0:
+            c0 = floor + active
+            if c0 > best_c or (c0 == best_c and load >= best_l):
+                continue
+        cached = _cached_prefix(hb, nb, prompt_c, B, rks[w], phks[w], phvs[w], tks[w])
+        c = weight * (nb - cached) + active
+        if w == 0 or c < best_c or (c == best_c and load < best_l):
+            best, best_c, best_l = w, c, load
+    return best

@@ -121,10 +121,14 @@ def test_decision_log_one_file_per_replica_records_the_replica(tmp_path):
         assert meta["config"]["schedule"] == "closed"
 
 
-def test_prefix_router_skipping_replicas_that_cannot_win_picks_as_full_scoring(monkeypatch):
+@pytest.mark.parametrize("replicas", [3, 5])
+def test_prefix_router_skipping_replicas_that_cannot_win_picks_as_full_scoring(monkeypatch,
+                                                                               replicas):
     """The prefix router skips a replica whose cost cannot beat the best one even with
-    every block cached (kvsim.modes.closed.routing._route): at every arrival its choice is
-    the replica a full scoring of every replica picks (Dynamo's cost, ties: load, index)."""
+    every block cached, in one compiled call for every replica
+    (kvsim.engine.scheduler_blocks._route_prefix): at every arrival its choice is the
+    replica a full scoring of every replica in Python picks (Dynamo's cost, ties: load,
+    index)."""
     from kvsim.engine import scheduler as S
     from kvsim.engine.scheduler_blocks import _cached_prefix
     from kvsim.modes.closed import routing
@@ -142,9 +146,11 @@ def test_prefix_router_skipping_replicas_that_cannot_win_picks_as_full_scoring(m
     real = routing._route
     seen = []
 
-    def checked(router, i, engines, hb, nb, prompt_tokens, B_, session, sticky, waiting):
-        w = real(router, i, engines, hb, nb, prompt_tokens, B_, session, sticky, waiting)
-        assert w == full(engines, hb, nb, prompt_tokens, waiting)
+    def checked(router, i, engines, hb, nb, prompt_tokens, B_, session, sticky, waiting,
+                prefix=None):
+        w = real(router, i, engines, hb, nb, prompt_tokens, B_, session, sticky, waiting,
+                 prefix)
+        assert w == full(engines, hb, nb, prompt_tokens, [int(x) for x in waiting])
         seen.append(w)
         return w
 
@@ -160,5 +166,5 @@ def test_prefix_router_skipping_replicas_that_cannot_win_picks_as_full_scoring(m
         prompts.append(len(x) * B - int(rng.integers(0, B)))
     arr = np.cumsum(rng.integers(1_000, 40_000, n)).tolist()
     t = _table(arr, prompts, rng.integers(1, 40, n).tolist(), ids)
-    serve(t, "lru", CONFIG, replicas=3, router="prefix")
+    serve(t, "lru", CONFIG, replicas=replicas, router="prefix")
     assert len(seen) == n and len(set(seen)) > 1  # every arrival checked, spread out

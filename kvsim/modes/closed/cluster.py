@@ -203,7 +203,7 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
         wr.__exit__(None, None, None)
     start_us = float(table.df["arrival_us"].iat[warmup]) if warmup > 0 else 0.0
     summary, requests, steps = cluster_summary(pol, engines, costs, N, router, dropped,
-                                               warmup, start_us)
+                                               warmup, start_us, lazy_steps=True)
     if missed is not None:  # dropped requests arriving in the measured window: misses
         from kvsim.modes.closed.serving_metrics import count_dropped_as_misses
 

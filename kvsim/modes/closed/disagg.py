@@ -146,7 +146,7 @@ def run_decode(table, engines, router: str, B: int, pb, tr: Transfers, pd: PdOpt
     """Transfers and the decode pool, in time order, after the prefill pool has run
     (the prefill pool does not wait for the decode side: module docstring).  With a
     warm-up, the decode pool measures from the first measured request's arrival there."""
-    from kvsim.modes.closed.routing import _route
+    from kvsim.modes.closed.routing import _route, prefix_scorer
 
     df = table.df
     prompt = df["prompt_tokens"].to_numpy(np.int64)
@@ -172,6 +172,7 @@ def run_decode(table, engines, router: str, B: int, pb, tr: Transfers, pd: PdOpt
     n_inflight = [0] * D
     link_free = [0.0] * int(tr.p_rep.max() + 1 if len(tr.p_rep) else 1)
     sticky: dict = {}
+    score = prefix_scorer(engines) if router == "prefix" else None
 
     def release(w):
         st = engines[w].sched.st
@@ -241,7 +242,7 @@ def run_decode(table, engines, router: str, B: int, pb, tr: Transfers, pd: PdOpt
             hb = pb_hash[pb_off[i]:pb_off[i + 1]]
             waiting = [reserved[w] + sum(int(nb_all[j]) for j in staged[w]) for w in range(D)]
             w = _route(router, i, engines, hb, int(nb_all[i]), int(prompt[i]), B,
-                       int(session[i]), sticky, waiting)
+                       int(session[i]), sticky, waiting, score)
             sc = engines[w].sched
             phk, phv, tk = sc.lookup
             cached = _cached_prefix(hb, int(nb_all[i]), int(prompt[i]), B, sc.slot_args[20],

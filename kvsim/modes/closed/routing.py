@@ -8,7 +8,6 @@ from collections.abc import Callable
 import numpy as np
 
 from kvsim.engine import scheduler as S
-from kvsim.engine.scheduler_blocks import _cached_prefix
 from kvsim.ingest.requests import RequestTable
 from kvsim.modes.closed.closed_loop import Engine
 
@@ -17,39 +16,56 @@ ROUTERS = ("round_robin", "least_loaded", "session", "prefix", "tiered")
 PREFIX_OVERLAP_WEIGHT = 1.0
 
 
+def prefix_scorer(engines: list[Engine]):
+    """``score(hb, nb, prompt_tokens, B, waiting)``: the ``prefix`` router's pick over
+    ``engines`` (``waiting``: int64 array of each replica's waiting prompt blocks) in one
+    compiled call, :func:`kvsim.engine.scheduler_blocks._route_prefix`, with the engines'
+    arrays gathered once (the state, the held-block table, the pool's prefix index and
+    the lower tiers' table are the same arrays for a whole run) and numba's entry for
+    their types looked up once (typing five tuples of arrays costs more than the scoring:
+    :func:`kvsim.modes.closed.closed_loop._entry`)."""
+    from kvsim.engine.scheduler_blocks import _route_prefix
+    from kvsim.modes.closed.closed_loop import _entry
+
+    arrays = (tuple(e.sched.st for e in engines),
+              tuple(e.sched.slot_args[20] for e in engines),
+              *(tuple(e.sched.lookup[k] for e in engines) for k in range(3)))
+    call = None
+
+    def score(hb, nb: int, prompt_tokens: int, B: int, waiting: np.ndarray) -> int:
+        nonlocal call
+        args = (hb, nb, prompt_tokens, B, PREFIX_OVERLAP_WEIGHT, waiting, *arrays, S.S_QN,
+                S.S_DONE)
+        if call is None:
+            call = _entry(_route_prefix, args)
+        return call(*args)
+
+    return score
+
+
 def _route(router: str, i: int, engines: list[Engine], hb: np.ndarray, nb: int,
-           prompt_tokens: int, B: int, session: int, sticky: dict, waiting_blocks) -> int:
+           prompt_tokens: int, B: int, session: int, sticky: dict, waiting_blocks,
+           prefix=None) -> int:
+    """The replica request ``i`` goes to (``waiting_blocks``: each replica's waiting
+    prompt blocks; ``prefix``: :func:`prefix_scorer` of ``engines``, made here if None)."""
     n = len(engines)
     if router == "round_robin":
         return i % n
+    if router == "prefix":
+        score = prefix_scorer(engines) if prefix is None else prefix
+        return score(hb, nb, prompt_tokens, B, np.asarray(waiting_blocks, dtype=np.int64))
     load = [e.outstanding() for e in engines]
     if router == "session" and session >= 0 and session in sticky:
         return sticky[session]
     if router == "tiered":
         from kvsim.modes.closed.tier_router import route
 
-        return route(engines, hb, nb, prompt_tokens, B, waiting_blocks, load)
-    if router in ("least_loaded", "session"):
-        w = int(np.argmin(load))
-        if session >= 0:
-            sticky[session] = w
-        return w
-    best, best_key = 0, None
-    for w, e in enumerate(engines):
-        sc = e.sched
-        phk, phv, tk = sc.lookup
-        # a cheap first test: the cost is at least nb - limit + active (limit: the most
-        # blocks that can be cached), so a replica that cannot beat the best is not scored
-        active = int(sc.st[S.S_HELD]) + waiting_blocks[w]
-        if best_key is not None:
-            floor = PREFIX_OVERLAP_WEIGHT * (nb - min(nb, max((prompt_tokens - 1) // B, 0)))
-            if (floor + active, load[w], w) > best_key:
-                continue
-        cached = _cached_prefix(hb, nb, prompt_tokens, B, sc.slot_args[20], phk, phv, tk)
-        key = (PREFIX_OVERLAP_WEIGHT * (nb - cached) + active, load[w], w)
-        if best_key is None or key < best_key:
-            best, best_key = w, key
-    return best
+        return route(engines, hb, nb, prompt_tokens, B, np.asarray(waiting_blocks).tolist(),
+                     load)
+    w = int(np.argmin(load))  # least_loaded, session
+    if session >= 0:
+        sticky[session] = w
+    return w
 
 
 def _run_cluster(table: RequestTable, engines: list[Engine], router: str, B: int,
@@ -67,8 +83,9 @@ def _run_cluster(table: RequestTable, engines: list[Engine], router: str, B: int
     pb_off, pb_hash = pb
     N = len(df)
     sticky: dict = {}
-    waiting_blocks = [0] * len(engines)
-    admitted = [0] * len(engines)
+    R = len(engines)
+    waiting_blocks = np.zeros(R, dtype=np.int64)  # prompt blocks waiting, per replica
+    admitted = [0] * R
     nb_all = (prompt + B - 1) // B
     # the engines' state and clocks read as Python ints / floats (memoryviews share the
     # arrays' memory: a numpy scalar read costs several times more, 8 engines per arrival)
@@ -76,14 +93,20 @@ def _run_cluster(table: RequestTable, engines: list[Engine], router: str, B: int
     clocks = [memoryview(e.sched.stf) for e in engines]
     orders = [e.sched.order for e in engines]
     nb_list = nb_all.tolist()
+    arr_list = arr.astype(np.float64).tolist()
+    prompt_list = prompt.tolist()
+    session_list = session.tolist()
+    pb_list = pb_off.tolist()
+    score = prefix_scorer(engines) if router == "prefix" else None
     iS_NRUN, iS_ADMIT, iS_QN = S.S_NRUN, S.S_ADMIT, S.S_QN
     for i in range(N):
-        t = float(arr[i])
-        for w, e in enumerate(engines):
+        t = arr_list[i]
+        for w in range(R):
             st = sts[w]
-            if (st[iS_NRUN] > 0 or st[iS_ADMIT] < st[iS_QN]) and clocks[w][0] < t:
-                e.advance(t)  # has_work() and clock_us < t
             adm = st[iS_ADMIT]
+            if (st[iS_NRUN] > 0 or adm < st[iS_QN]) and clocks[w][0] < t:
+                engines[w].advance(t)  # has_work() and clock_us < t
+                adm = st[iS_ADMIT]
             if adm > admitted[w]:
                 order = orders[w]
                 for j in range(admitted[w], adm):
@@ -93,14 +116,16 @@ def _run_cluster(table: RequestTable, engines: list[Engine], router: str, B: int
         if i == warmup and warmup > 0:
             for e in engines:
                 e.start_measuring()
-        hb = pb_hash[pb_off[i]:pb_off[i + 1]]
-        w = _route(router, i, engines, hb, int(nb_all[i]), int(prompt[i]), B,
-                   int(session[i]), sticky, waiting_blocks)
+        hb = pb_hash[pb_list[i]:pb_list[i + 1]]
+        nb = nb_list[i]
+        w = _route(router, i, engines, hb, nb, prompt_list[i], B, session_list[i], sticky,
+                   waiting_blocks, score)
         e = engines[w]
-        if not e.has_work() and e.clock_us < t:
-            e.sched.stf[0] = t  # an idle engine waits for its next request
+        st = sts[w]
+        if not (st[iS_NRUN] > 0 or st[iS_ADMIT] < st[iS_QN]) and clocks[w][0] < t:
+            clocks[w][0] = t  # an idle engine waits for its next request
         e.enqueue(i)
-        waiting_blocks[w] += int(nb_all[i])
+        waiting_blocks[w] += nb
         if on_progress is not None and (i & 63) == 63:  # a progress bar: every 64 arrivals
             on_progress(sum(int(x.sched.st[S.S_DONE]) for x in engines), N)
     for e in engines:

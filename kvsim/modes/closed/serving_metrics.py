@@ -12,7 +12,15 @@ import pandas as pd
 
 from kvsim.core import layout as L
 from kvsim.engine import scheduler as S
-from kvsim.replay.metrics import _pct, request_table, step_table, summarize
+from kvsim.replay.metrics import (
+    REQUEST_COLUMNS,
+    STEP_PERCENTILES,
+    StepLog,
+    _kept_ids,
+    _pct,
+    step_table,
+    summarize,
+)
 
 #: Keys the closed loop adds to the summary (docs/simulate.md).
 SERVING_KEYS = ("schedule", "replicas", "router", "ttft_p90_us", "tpot_p90_us", "e2e_p90_us",
@@ -55,15 +63,107 @@ def serving_keys(requests: pd.DataFrame, span_us: float, schedule: str, replicas
     }
 
 
+class ClusterSteps(StepLog):
+    """The replicas' step tables, joined (``SimResult.steps``: the replica's index, then
+    :func:`kvsim.replay.metrics.step_table`'s columns and ``in_system``), built as a
+    DataFrame only when read (:meth:`frame`); the summary's step statistics come from the
+    latency column alone (:meth:`latency_stats`), the same float64 values in the same
+    order as the joined table's, so the figures are the same bits.  ``parts``: one
+    ``[replica, rows, in_system, block_bytes, keep, None]`` per replica (``rows``: its
+    :class:`kvsim.core.spill.SpilledRows`; ``keep``: which steps are measured: None every
+    step, an int the steps from that one on, False none; the last item: the kept steps'
+    (step, latency) columns, once read)."""
+
+    def __init__(self, parts: list, figures: bool = True) -> None:
+        self.parts = parts
+        self.figures = figures  # False: latency_stats counts the steps only
+
+    def __len__(self) -> int:
+        return sum(len(self._cols(p)[1]) for p in self.parts)
+
+    @staticmethod
+    def _keep(p, step: np.ndarray) -> np.ndarray | None:
+        keep = p[4]
+        if keep is None:
+            return None
+        return step.astype(np.int64) >= keep if keep is not False else \
+            np.zeros(len(step), dtype=bool)
+
+    def _cols(self, p) -> tuple[np.ndarray, np.ndarray]:
+        """(step, latency_us) of one replica's kept steps (read once: ``p[5]``)."""
+        if p[5] is None:
+            chunks = list(p[1].iter_chunks())
+            step = np.concatenate([c[:, L.S_STEP] for c in chunks]) if chunks else \
+                np.zeros(0)
+            lat = np.concatenate([c[:, L.S_LATENCY_US] for c in chunks]) if chunks else \
+                np.zeros(0)
+            keep = self._keep(p, step)
+            if keep is not None:
+                step, lat = step[keep], lat[keep]
+            p[5] = (step.astype(np.int64), lat)
+        return p[5]
+
+    def part_frame(self, p) -> pd.DataFrame:
+        """One replica's step table, as :func:`cluster_summary` joins it."""
+        replica, rows, in_system, block_bytes = p[:4]
+        st = step_table(rows.to_array(), block_bytes)
+        st["in_system"] = np.asarray(in_system[:len(st)], dtype=np.int64)
+        keep = self._keep(p, st["step"].to_numpy())
+        if keep is not None:
+            st = st[keep]
+        st.insert(0, "replica", replica)
+        return st
+
+    def frame(self) -> pd.DataFrame:
+        return pd.concat([self.part_frame(p) for p in self.parts], ignore_index=True)
+
+    def latency_stats(self, warm_step: int | None) -> tuple[int, float, list[float]]:
+        """As :func:`kvsim.replay.metrics.summarize` computes them from :meth:`frame`
+        (the four percentiles from one partition: :func:`percentiles`)."""
+        cols = [self._cols(p) for p in self.parts]
+        step = np.concatenate([c[0] for c in cols])
+        lat = np.concatenate([c[1] for c in cols])
+        if warm_step is not None:
+            keep = step >= warm_step
+            if not keep.all():
+                lat = lat[keep]
+        if not self.figures:
+            return len(lat), float("nan"), [float("nan")] * len(STEP_PERCENTILES)
+        mean = float(lat.mean()) if len(lat) else float("nan")
+        return len(lat), mean, percentiles(lat, STEP_PERCENTILES)
+
+
+def percentiles(x: np.ndarray, qs) -> list[float]:
+    """``[_pct(x, q) for q in qs]`` (:func:`kvsim.replay.metrics._pct`: NaNs dropped,
+    numpy's linear interpolation; NaN for an empty sample), the same values, from one
+    ``np.percentile`` call (one copy and one partition for every ``q``)."""
+    x = x[~np.isnan(x)]
+    if not len(x):
+        return [float("nan")] * len(qs)
+    return [float(v) for v in np.percentile(x, list(qs))]
+
+
+def _request_columns(run, n: int, replica: int) -> dict:
+    """One replica's :func:`kvsim.replay.metrics.request_table` as columns, ``replica``
+    first."""
+    keep = _kept_ids(run.R_i, n)
+    cols = {"replica": np.full(len(keep), replica, dtype=np.int64)}
+    cols.update({name: col(run.R_i, run.R_f, keep) for name, col in REQUEST_COLUMNS.items()})
+    return cols
+
+
 def cluster_summary(pol, engines, costs, N: int, router: str, dropped: int,
-                    warmup: int = 0, start_us: float = 0.0):
+                    warmup: int = 0, start_us: float = 0.0, lazy_steps: bool = False):
     """(summary, requests, steps) of a closed-loop run over ``engines``, and per-replica
     rows in ``summary["replica_rows"]``.  With ``warmup`` > 0 the first ``warmup``
     requests (arrival order) are not measured, each replica's counters are differences
     from its snapshot at its first step after the warm-up, and only steps from there on
     are measured (the open-loop rule, docs/simulate.md); throughputs are over
-    ``[start_us, makespan]`` (``start_us``: the first measured request's arrival, else 0)."""
-    reqs, steps_all = [], []
+    ``[start_us, makespan]`` (``start_us``: the first measured request's arrival, else 0).
+    ``steps`` is a DataFrame, or with ``lazy_steps`` a :class:`ClusterSteps` (the
+    DataFrame built when read: ``SimResult.steps``).  The joined tables are built column
+    by column in numpy, once (not a DataFrame per replica joined by pandas)."""
+    parts, reqs = [], []
     C = np.zeros_like(engines[0].run.C)
     Cw = np.zeros_like(C)
     rows = []
@@ -72,33 +172,35 @@ def cluster_summary(pol, engines, costs, N: int, router: str, dropped: int,
     measured = np.arange(warmup, N, dtype=np.int64) if warmup > 0 else None
     for e in engines:
         run = e.run
-        st = step_table(run.steps(), e.block_bytes)
-        st["in_system"] = np.asarray(e.in_system[:len(st)], dtype=np.int64)
-        rq = request_table(run.R_i, run.R_f, len(e.sched.src))
+        keep = None
         cw = None
         if warmup > 0:
             warm = run.C[L.C_WARM_DONE] != 0
             cw = run.Cw if warm else run.C  # no step after the warm-up: nothing measured
-            st = st[st["step"] >= run.K[L.K_WARMUP_STEP]] if warm else st.iloc[:0]
-        s1 = summarize(pol.name, pol.offline, run.C, cw, measured, -1, st, rq, costs,
-                       e.rows, block_size_tokens=bs, warmup_requests=warmup)
+            keep = int(run.K[L.K_WARMUP_STEP]) if warm else False
+        part = [e.replica, run.step_rows, e.in_system, e.block_bytes, keep, None]
+        parts.append(part)
+        cols = _request_columns(run, len(e.sched.src), e.replica)
+        rq = pd.DataFrame({k: v for k, v in cols.items() if k != "replica"})
+        # a replica's row has no step latency figure (REPLICA_KEYS): its steps counted only
+        s1 = summarize(pol.name, pol.offline, run.C, cw, measured, -1,
+                       ClusterSteps([part], figures=False), rq, costs, e.rows,
+                       block_size_tokens=bs, warmup_requests=warmup)
         rq1 = rq if measured is None else rq[rq["request_id"].isin(measured)]
         s1.update(serving_keys(rq1, run.C[L.C_CLOCK_US] - start_us, "closed", 1, router,
                                e.lost_hit_tokens, 0))
         rows.append({"replica": e.replica, **{k: s1[k] for k in REPLICA_KEYS[1:]}})
-        st.insert(0, "replica", e.replica)
-        rq.insert(0, "replica", e.replica)
-        reqs.append(rq)
-        steps_all.append(st)
+        reqs.append(cols)
         C += run.C
         Cw += run.C if cw is None else cw
         events += e.rows
     C[L.C_CLOCK_US] = max(e.run.C[L.C_CLOCK_US] for e in engines)
     for k in range(4):
         C[L.C_PEAK + k] = sum(e.run.C[L.C_PEAK + k] for e in engines)
-    requests = pd.concat(reqs, ignore_index=True).sort_values("request_id", kind="stable")
-    requests = requests.reset_index(drop=True)
-    steps = pd.concat(steps_all, ignore_index=True)
+    joined = {k: np.concatenate([r[k] for r in reqs]) for k in reqs[0]}
+    order = np.argsort(joined["request_id"], kind="stable")  # as sort_values(kind="stable")
+    requests = pd.DataFrame({k: v[order] for k, v in joined.items()})
+    steps = ClusterSteps(parts)
     summary = summarize(pol.name, pol.offline, C, Cw if warmup > 0 else None, measured, -1,
                         steps, requests, costs, events, block_size_tokens=bs,
                         warmup_requests=warmup)
@@ -106,7 +208,7 @@ def cluster_summary(pol, engines, costs, N: int, router: str, dropped: int,
     summary.update(serving_keys(rq1, C[L.C_CLOCK_US] - start_us, "closed", len(engines),
                                 router, sum(e.lost_hit_tokens for e in engines), dropped))
     summary["replica_rows"] = rows
-    return summary, requests, steps
+    return summary, requests, steps if lazy_steps else steps.frame()
 
 
 def count_dropped_as_misses(summary: dict, tokens: int, blocks: int) -> None:
