@@ -81,8 +81,8 @@ def test_subset_read_checks_its_columns_only(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int64])
-def test_table_lookups_match_a_comparison_per_member(dtype) -> None:
-    """The lookups that replaced one comparison pass per enum member (and ``np.isin``)
+def test_member_checks_match_np_isin(dtype) -> None:
+    """The per-member comparisons that replaced ``np.isin`` (and the enum checks' loop)
     give the same answer for every int8 value, and reject what int8 cannot hold."""
     values = np.arange(-128, 128).astype(dtype)
     cases = [(_ENUM_VALID["kind"], EventKind), (_ENUM_VALID["phase"], Phase),
@@ -110,3 +110,19 @@ def test_checked_columns_are_not_checked_again(tmp_path: Path) -> None:
     with open_events(path) as reader, pytest.raises(KvsimInputError,
                                                      match=r"row 2: field 'phase'"):
         list(reader.batches(checked=SCAN_COLUMNS))
+
+
+@pytest.mark.parametrize("engine", ["interpreted", "compiled"])
+def test_simulate_reports_a_bad_value_its_pre_pass_no_longer_reads(tmp_path: Path,
+                                                                   engine: str) -> None:
+    """A bad value in a column the pre-pass leaves out is raised by the replay's pass: the
+    same one-line error (file, row, field), and no decision log left behind."""
+    from kvsim.api import SimConfig, simulate
+
+    path = tmp_path / "bad.parquet"
+    _write(path, deadline_us=[-1, -1, -7, -1])
+    log = tmp_path / "log.parquet"
+    with pytest.raises(KvsimInputError, match=r"row 2: field 'deadline_us'.*-7"):
+        simulate(path, "lru", SimConfig(engine=engine), log)
+    assert not log.exists()
+    assert "deadline_us" not in SCAN_COLUMNS
