@@ -22,7 +22,7 @@ from kvsim.core.schema import (
     Priority,
 )
 from kvsim.events import open_events
-from kvsim.events.columns import _BLOCK_LEVEL, _ENUM_VALID, _REQUEST_LEVEL, _in_table
+from kvsim.events.columns import _BLOCK_LEVEL, _ENUM_VALID, _REQUEST_LEVEL, _one_of
 from kvsim.replay.prepass import SCAN_COLUMNS
 
 HEADER = EventHeader(block_size_tokens=16, kv_bytes_per_token=131072, model="llama-3.1-8b",
@@ -92,9 +92,9 @@ def test_member_checks_match_np_isin(dtype) -> None:
                                EventKind.FORK))]
     for table, members in cases:
         want = np.isin(values, [int(m) for m in members])
-        assert _in_table(values, table).tolist() == want.tolist()
+        assert _one_of(values, table).tolist() == want.tolist()
     wide = np.array([256 + int(EventKind.ALLOCATE), -256, 1 << 40], dtype=np.int64)
-    assert not _in_table(wide, _ENUM_VALID["kind"]).any()
+    assert not _one_of(wide, _ENUM_VALID["kind"]).any()
 
 
 def test_checked_columns_are_not_checked_again(tmp_path: Path) -> None:

@@ -80,7 +80,7 @@ _BLOCK_LEVEL = tuple(int(k) for k in BLOCK_LEVEL_KINDS)
 _REQUEST_LEVEL = tuple(int(k) for k in REQUEST_LEVEL_KINDS)
 
 
-def _in_table(values: np.ndarray, members: tuple[int, ...]) -> np.ndarray:
+def _one_of(values: np.ndarray, members: tuple[int, ...]) -> np.ndarray:
     """Is each value one of ``members``?"""
     out = values == members[0]
     for m in members[1:]:
@@ -120,15 +120,15 @@ def _validate_columns(cols: Mapping[str, np.ndarray], prev_step: int, error: _Er
             continue
         values = cols[col]
         names = ", ".join(m.name for m in enum_cls)
-        _check(~_in_table(values, _ENUM_VALID[col]), col, f"one of {names}", values, error)
+        _check(~_one_of(values, _ENUM_VALID[col]), col, f"one of {names}", values, error)
     kind = cols["kind"]
     if todo("block_index") or "block_index" in cols and todo("kind"):
         bidx = cols["block_index"]
         _check(bidx < -1, "block_index", "block_index >= 0, or -1 for request-level events",
                bidx, error)
-        _check(_in_table(kind, _BLOCK_LEVEL) & (bidx < 0), "block_index",
+        _check(_one_of(kind, _BLOCK_LEVEL) & (bidx < 0), "block_index",
                "block_index >= 0 on ALLOCATE and COMMIT events", bidx, error)
-        _check(_in_table(kind, _REQUEST_LEVEL) & (bidx != -1), "block_index",
+        _check(_one_of(kind, _REQUEST_LEVEL) & (bidx != -1), "block_index",
                "block_index -1 on STEP, ARRIVE, ACCESS and FORK events", bidx, error)
     if todo("request_id") or "request_id" in cols and todo("kind"):
         rid = cols["request_id"]
