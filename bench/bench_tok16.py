@@ -132,8 +132,8 @@ def in_process(trace: str, policy: str, repeat: int, tiers: dict | None = None) 
             def header(self):
                 return self.reader.header
 
-            def batches(self, n, read_ahead=False):
-                it = timed(self.reader.batches(n), phase["name"])
+            def batches(self, n, read_ahead=False, **kw):  # kw: columns, checked
+                it = timed(self.reader.batches(n, **kw), phase["name"])
                 if read_ahead:
                     from kvsim.events.read_ahead import ReadAhead
 

@@ -114,8 +114,9 @@ class EventReader:
             self._pf.close()
             self._pf = None
 
-    def batches(self, batch_rows: int = 1 << 20, *,
-                read_ahead: bool = False) -> Iterator[dict[str, np.ndarray]]:
+    def batches(self, batch_rows: int = 1 << 20, *, read_ahead: bool = False,
+                columns: Sequence[str] | None = None,
+                checked: Sequence[str] = ()) -> Iterator[dict[str, np.ndarray]]:
         """Yield validated batches of at most ``batch_rows`` rows as numpy columns.
 
         Every batch has all columns of :data:`kvsim.core.schema.COLUMNS` with the dtypes of
@@ -124,12 +125,17 @@ class EventReader:
         ``batch_rows`` decoded rows (a Parquet row group is decoded as it is read, not
         whole) or ``batch_rows`` JSONL lines.  ``read_ahead``: the next batch is read
         in a thread while the caller works on this one (:mod:`kvsim.events.read_ahead`;
-        one batch more in memory); :meth:`close` stops that thread.
+        one batch more in memory); :meth:`close` stops that thread.  ``columns``: a Parquet
+        file's batches hold only these columns (and ``step`` and ``kind``), decoded and
+        checked alone (the replay's pre-pass reads 8 of the 22: docs/benchmarks.md, "Issue
+        34: the 16-token replay's passes"); a JSONL file's batches hold every column.
+        ``checked``: columns an earlier pass over the same Parquet file has checked (read
+        with ``columns`` including them): the checks that read only those are left out.
         """
         if batch_rows <= 0:
             raise ValueError("batch_rows must be positive")
         if self.format == "parquet":
-            it = self._parquet_batches(batch_rows)
+            it = self._parquet_batches(batch_rows, _subset(columns), frozenset(checked))
         else:
             it = self._jsonl_batches(batch_rows)
         if not read_ahead:
@@ -183,7 +189,8 @@ class EventReader:
         self.num_rows = self._pf.metadata.num_rows
         return header
 
-    def _parquet_batches(self, batch_rows: int) -> Iterator[dict[str, np.ndarray]]:
+    def _parquet_batches(self, batch_rows: int, names: tuple[str, ...] = COLUMN_NAMES,
+                         checked: frozenset = frozenset()) -> Iterator[dict[str, np.ndarray]]:
         pf = self._pf
         if pf is None:  # closed: reopen
             pf = self._pf = pq.ParquetFile(self.path)
@@ -197,15 +204,15 @@ class EventReader:
                 try:
                     if parts is None:
                         parts = pf.iter_batches(batch_size=batch_rows, row_groups=[rg],
-                                                columns=list(COLUMN_NAMES), use_threads=False)
+                                                columns=list(names), use_threads=False)
                     part = next(parts, None)
                 except (pa.ArrowException, OSError) as exc:
                     raise KvsimInputError(f"corrupt or truncated Parquet data ({_short(exc)})",
                                           self.path, f"row group {rg} (from row {row0})") from None
                 if part is None:
                     break
-                cols = self._arrow_to_numpy(pa.Table.from_batches([part]), start)
-                _validate_columns(cols, prev_step, self._row_error(start))
+                cols = self._arrow_to_numpy(pa.Table.from_batches([part]), start, names)
+                _validate_columns(cols, prev_step, self._row_error(start), checked=checked)
                 prev_step = int(cols["step"][-1]) if len(cols["step"]) else prev_step
                 start += part.num_rows
                 yield cols
@@ -218,9 +225,10 @@ class EventReader:
             return bad_value(path, f"row {offset + i}", field, expected, got)
         return make
 
-    def _arrow_to_numpy(self, table: pa.Table, offset: int) -> dict[str, np.ndarray]:
+    def _arrow_to_numpy(self, table: pa.Table, offset: int,
+                        names: tuple[str, ...] = COLUMN_NAMES) -> dict[str, np.ndarray]:
         cols: dict[str, np.ndarray] = {}
-        for name in COLUMN_NAMES:
+        for name in names:
             col = table.column(name)
             if col.null_count:
                 i = int(np.argmax(col.is_null().to_numpy(zero_copy_only=False)))
@@ -485,6 +493,18 @@ class _Missing:
 _MISSING = _Missing()
 _FIELD_SET = frozenset(COLUMN_NAMES)
 _BLOCK_KIND_NAMES = frozenset(k.name for k in BLOCK_LEVEL_KINDS)
+
+
+def _subset(columns: Sequence[str] | None) -> tuple[str, ...]:
+    """The columns a Parquet read decodes, in the schema's order: ``columns`` with ``step``
+    and ``kind`` (the batch checks need them), or every column."""
+    if columns is None:
+        return COLUMN_NAMES
+    unknown = set(columns) - set(COLUMN_NAMES)
+    if unknown:
+        raise ValueError(f"unknown columns: {sorted(unknown)}")
+    want = set(columns) | {"step", "kind"}
+    return tuple(name for name in COLUMN_NAMES if name in want)
 
 
 def _decode(raw: bytes, path: Path, lineno: int) -> str:

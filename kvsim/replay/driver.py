@@ -37,6 +37,7 @@ from kvsim.replay.kernel.core_ref import CoreState, core_arg
 from kvsim.replay.kernel.tiers import Tier, new_record_view, record_rows
 from kvsim.replay.metrics import RequestLog, StepLog, summarize
 from kvsim.replay.prepass import (
+    SCAN_COLUMNS,
     SeenSet,
     TraceFacts,
     _open,
@@ -549,8 +550,8 @@ def execute(trace_path: str | Path, pol, config: SimConfig,
     with _open(trace_path) as reader:
         header = reader.header
     bs = int(header.block_size_tokens)
-    if facts is None:
-        facts = scan_trace(trace_path, bs, config.batch_rows)
+    checked = SCAN_COLUMNS if facts is None else ()  # checked by this pre-pass: not again
+    facts = facts or scan_trace(trace_path, bs, config.batch_rows, columns=SCAN_COLUMNS)
     if pol.offline and facts.next_use is None:  # kept on facts: later policies reuse it
         facts.next_use = offline_next_use(trace_path, bs, facts.num_allocs, config.batch_rows)
     block_bytes, costs = resolve_tiers(config, header, facts)
@@ -570,7 +571,8 @@ def execute(trace_path: str | Path, pol, config: SimConfig,
             writer.__enter__()
         with _open(trace_path) as reader:
             # the next batch is read while the core (no GIL) replays this one
-            for cols in reader.batches(config.batch_rows, read_ahead=True):
+            for cols in reader.batches(config.batch_rows, read_ahead=True, checked=checked,
+                                       columns=core.COLS):  # what the core reads
                 run.feed(cols)
                 done += len(cols["kind"])
                 del cols
