@@ -88,10 +88,10 @@ BENCH_ARGS = ["simulate", "--request-trace", "trace.jsonl", "--block-size", "512
               "--json"]
 
 
-def _parsed(argv: list[str], typer_own: bool) -> dict:
-    """The values `kvsim ARGV` hands its command (the command itself not run), the heavy
-    modules imported by then; ``typer_own``: every option converted by typer's own
-    conversion (pydantic), as before kvsim's plain conversion."""
+def _parsed(argv: list[str]) -> dict:
+    """The values `kvsim ARGV` hands its command (the command itself not run) and the heavy
+    modules imported by then (``plain``); then the values with every option converted by
+    typer's own conversion (pydantic), as before kvsim's plain conversion (``own``)."""
     code = ("import sys, json\n"
             "import typer.main\n"
             "from typer._coercion import build_runtime_param\n"
@@ -99,16 +99,21 @@ def _parsed(argv: list[str], typer_own: bool) -> dict:
             f"sys.argv = ['kvsim', *{argv!r}]\n"
             "group = typer.main.get_group(app)\n"
             "command = group.get_command(None, sys.argv[1])\n"
-            f"if {typer_own!r}:\n"
-            "    for p in command.params:\n"
-            "        p._runtime_param = build_runtime_param(p.type_descriptor)\n"
             "got = {}\n"
             "def record(**kw):\n"
             "    got.update({k: repr(v) for k, v in kw.items()})\n"
             "command.callback = record\n"
-            "try:\n    group.main(standalone_mode=False)\nexcept SystemExit:\n    pass\n"
-            "print(json.dumps({'values': got, 'modules': [m for m in ('pydantic', "
-            "'typer._adapters', 'pyarrow.parquet') if m in sys.modules]}))\n")
+            "out = {}\n"
+            "for way in ('plain', 'own'):\n"
+            "    if way == 'own':\n"
+            "        for p in command.params:\n"
+            "            p._runtime_param = build_runtime_param(p.type_descriptor)\n"
+            "    got.clear()\n"
+            "    try:\n        group.main(standalone_mode=False)\n    except SystemExit:\n"
+            "        pass\n"
+            "    out[way] = {'values': dict(got), 'modules': [m for m in ('pydantic', "
+            "'typer._adapters', 'pyarrow.parquet') if m in sys.modules]}\n"
+            "print(json.dumps(out))\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env=dict(os.environ, COLUMNS="120"), timeout=120)
     assert p.returncode == 0, p.stderr
@@ -118,8 +123,8 @@ def _parsed(argv: list[str], typer_own: bool) -> dict:
 def test_simulate_options_convert_without_pydantic_as_typer_does() -> None:
     # typer converts every option through a pydantic TypeAdapter: importing pydantic and
     # typer's adapters was 0.08-0.14 CPU-s of every `kvsim simulate` process
-    plain = _parsed(BENCH_ARGS, typer_own=False)
-    own = _parsed(BENCH_ARGS, typer_own=True)
+    both = _parsed(BENCH_ARGS)
+    plain, own = both["plain"], both["own"]
     assert plain["modules"] == []
     assert "pydantic" in own["modules"]
     assert plain["values"] == own["values"]
