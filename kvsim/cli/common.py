@@ -21,12 +21,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import sys
 import types
 import typing
 import warnings
 from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -217,13 +219,103 @@ def _guard_paths(command: Any, name: str) -> None:
     command._kvsim_paths = True
 
 
+#: Option values converted without pydantic (:class:`_PlainValue`): an integer, a decimal
+#: number, as written by a person; anything else goes to typer's own conversion.
+_PLAIN_INT = re.compile(r"0|-?[1-9][0-9]{0,17}")
+_PLAIN_FLOAT = re.compile(r"(?:0|-?[1-9][0-9]{0,15}|-?0(?=\.))(?:\.[0-9]{1,15})?")
+
+
+class _PlainValue:
+    """typer's conversion of one option's value (its ``RuntimeParam``), without importing
+    pydantic (0.08-0.14 CPU-s per process; docs/benchmarks.md, "Issue 34: per-process fixed
+    costs") where the result is plain: no value (None), a ``str`` as it is, an ``int`` or
+    ``float`` written as plain digits within the option's min / max, a ``Path`` typer's own
+    path checks accept (a ``bool`` flag's value typer passes through itself).  Any other
+    value goes to typer's conversion, built then, so its result and every error message
+    are typer's (tests/test_cli_lazy.py compares the two)."""
+
+    def __init__(self, descriptor: Any, multi: bool) -> None:
+        self.descriptor = descriptor
+        self.multi = multi  # a list option given several times: only none given is plain
+        self.typer_param: Any = None
+
+    def coerce(self, value: Any, param: Any, ctx: Any) -> Any:
+        if value is None:
+            return () if self.multi else None
+        if self.multi:
+            done, out = isinstance(value, (tuple, list)) and not value, []
+        else:
+            done, out = self._plain(value, param, ctx)
+        if done:
+            return out
+        if self.typer_param is None:
+            from typer._coercion import build_runtime_param
+
+            self.typer_param = build_runtime_param(self.descriptor)
+        return self.typer_param.coerce(value, param=param, ctx=ctx)
+
+    def _plain(self, value: Any, param: Any, ctx: Any) -> tuple[bool, Any]:
+        kind, info = self.descriptor.annotation, self.descriptor.parameter_info
+        if kind is str:
+            return isinstance(value, str), value
+        if kind in (int, float):
+            if isinstance(value, str):
+                plain = (_PLAIN_INT if kind is int else _PLAIN_FLOAT).fullmatch(value)
+                value = kind(value) if plain else None
+            if type(value) is not kind or (info.min is not None and value < info.min) or \
+                    (info.max is not None and value > info.max):
+                return False, None
+            return True, value
+        if kind is Path and isinstance(value, str) and value and "\0" not in value:
+            from typer._param_types import coerce_cli_path
+
+            try:
+                return True, coerce_cli_path(Path(value), info, path_type=Path, param=param,
+                                             ctx=ctx)
+            except Exception:  # typer's conversion raises its own error
+                return False, None
+        return False, None
+
+
+def _plain_value(param: Any) -> None:
+    """Give ``param`` a :class:`_PlainValue` when its type is one it converts (one value of
+    ``str``, ``int``, ``float``, ``Path``, ``bool``, or a list option; no parser, choices
+    or clamp)."""
+    d = getattr(param, "type_descriptor", None)
+    if d is None or getattr(param, "_runtime_param", 0) is not None or param.nargs != 1:
+        return
+    info = d.parameter_info
+    if param.multiple:
+        if d.is_list:
+            param._runtime_param = _PlainValue(d, True)
+        return
+    if d.annotation not in (str, int, float, Path, bool) or info.parser is not None or \
+            d.file_annotation is not None or d.is_choice or info.clamp or \
+            (d.annotation is Path and info.path_type not in (None, Path)):
+        return
+    param._runtime_param = _PlainValue(d, False)
+
+
 def _guard_params(command: Any, name: str = "") -> None:
     """Wrap every option's value processing of ``command`` (and its subcommands) with
     :func:`check_option_value`, and every leaf command's body with
-    :func:`check_command_paths`."""
+    :func:`check_command_paths`; plain values are converted without pydantic
+    (:class:`_PlainValue`)."""
     if not getattr(command, "commands", None) and name:
         _guard_paths(command, name)
+    if hasattr(command, "get_help_option") and not getattr(command, "_kvsim_help", False):
+        help_option = command.get_help_option  # made on first use, for a context
+
+        def get_help_option(ctx: Any, _made=help_option) -> Any:
+            option = _made(ctx)
+            if option is not None:
+                _plain_value(option)
+            return option
+
+        command.get_help_option = get_help_option
+        command._kvsim_help = True
     for param in getattr(command, "params", ()):
+        _plain_value(param)
         descriptor = getattr(param, "type_descriptor", None)
         if descriptor is None or getattr(param, "_kvsim_checked", False):
             continue

@@ -17,7 +17,6 @@ from typing import IO, Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from kvsim.core.errors import KvsimInputError, bad_value
 from kvsim.core.schema import (
@@ -92,7 +91,7 @@ class EventReader:
         self.path = Path(path)
         self.format = event_format(self.path)
         self.num_rows: int | None = None
-        self._pf: pq.ParquetFile | None = None
+        self._pf: pa.parquet.ParquetFile | None = None
         self._ahead: list[ReadAhead] = []
         if self.format == "parquet":
             self.header = self._open_parquet()
@@ -154,6 +153,8 @@ class EventReader:
         if path.stat().st_size == 0:
             raise KvsimInputError("empty file: expected a Parquet event file "
                                   "(or name it *.jsonl for JSONL)", path)
+        import pyarrow.parquet as pq  # pyarrow.parquet (with pyarrow.fs, ssl) only where Parquet is read or written
+
         try:
             self._pf = pq.ParquetFile(path)
         except (pa.ArrowException, OSError) as exc:
@@ -193,6 +194,8 @@ class EventReader:
                          checked: frozenset = frozenset()) -> Iterator[dict[str, np.ndarray]]:
         pf = self._pf
         if pf is None:  # closed: reopen
+            import pyarrow.parquet as pq
+
             pf = self._pf = pq.ParquetFile(self.path)
         prev_step = -1
         row0 = 0

@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from kvsim.core.fsutil import atomic_output
 from kvsim.core.schema import (
@@ -140,7 +139,7 @@ class EventWriter:
         self._atomic: Any = None
         self._raw: Any = None
         self._text: Any = None
-        self._pq: pq.ParquetWriter | None = None
+        self._pq: pa.parquet.ParquetWriter | None = None
         self._pending: list[dict[str, np.ndarray]] = []
         self._pending_rows = 0
 
@@ -152,6 +151,8 @@ class EventWriter:
             if self.format == "jsonl":
                 self._open_jsonl(tmp)
             else:
+                import pyarrow.parquet as pq  # only where Parquet is written
+
                 self._pq = pq.ParquetWriter(tmp, event_schema(self.header), compression="zstd")
         except BaseException as exc:
             self._atomic.__exit__(type(exc), exc, exc.__traceback__)

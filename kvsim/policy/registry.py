@@ -235,8 +235,34 @@ def load_policy_file(path: str | Path) -> Policy:
     return _register(guard_policy(policy_from_module(module, resolved)))
 
 
+#: (the ``entry_points`` function asked, whether it listed no policy): read once
+_NO_ENTRY_POINTS: tuple = (None, False)
+
+
+def _load_builtin(name: str) -> None:
+    """Register the built-in policy ``name`` alone (its module ``kvsim.policies.<name>``)
+    when no policy entry point is installed, so that a run imports only the policies it
+    replays, not all thirteen (each module a set of numba dispatchers: about 0.03 CPU-s
+    per process; docs/benchmarks.md, "Issue 34: per-process fixed costs").  Anything else
+    (an entry point installed, no such module, a module of another name) is left to
+    :func:`_load_all`, which registers every policy and finds duplicate names."""
+    global _NO_ENTRY_POINTS
+    if _LOADED or name in _REGISTRY or not name.isidentifier() or name.startswith("_"):
+        return
+    if _NO_ENTRY_POINTS[0] is not entry_points:
+        _NO_ENTRY_POINTS = (entry_points, not entry_points(group=ENTRY_POINT_GROUP))
+    if not _NO_ENTRY_POINTS[1] or importlib.util.find_spec(f"kvsim.policies.{name}") is None:
+        return
+    policy = policy_from_module(importlib.import_module(f"kvsim.policies.{name}"), "builtin")
+    if policy.name == name:
+        _register(policy)
+
+
 def get_policy(name: str) -> Policy:
     """The registered policy called ``name`` (KvsimInputError listing the known names)."""
+    _load_builtin(name)
+    if name in _REGISTRY:
+        return _REGISTRY[name]
     _load_all()
     try:
         return _REGISTRY[name]

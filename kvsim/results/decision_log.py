@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from kvsim.core.fsutil import atomic_output, file_digest
 from kvsim.core.layout import (
@@ -87,11 +86,13 @@ class DecisionLogWriter:
         self.schema = log_schema().with_metadata(
             {LOG_METADATA_KEY: json.dumps(meta, sort_keys=True, default=str).encode()})
         self._stack: contextlib.ExitStack | None = None
-        self._writer: pq.ParquetWriter | None = None
+        self._writer: pa.parquet.ParquetWriter | None = None
         self.rows = 0
 
     def __enter__(self) -> DecisionLogWriter:
         self._stack = contextlib.ExitStack()
+        import pyarrow.parquet as pq  # pyarrow.parquet (with pyarrow.fs, ssl) only where Parquet is read or written
+
         tmp = self._stack.enter_context(atomic_output(self.path))
         self._writer = pq.ParquetWriter(tmp, self.schema)
         return self
