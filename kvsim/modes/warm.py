@@ -37,6 +37,10 @@ SCHEDULERS = ("vllm", "kvsim")
 PROFILE = "deadline_pressure"
 REQUESTS = 24
 HBM_GB = 1.0
+#: The replica counts the prefix router is compiled for (its scorer,
+#: kvsim.engine.scheduler_blocks._route_prefix, takes per-replica tuples: one numba type,
+#: and ~0.4 CPU-s of compile, per count): 2, and 8 (bench/aisimulate's multi-replica run).
+PREFIX_REPLICAS = (2, 8)
 #: At most this many fresh processes compile the hooks (:func:`warm`).
 HOOK_PASSES = 3
 
@@ -117,9 +121,11 @@ def warm(schedulers: Sequence[str] = DEFAULT_SCHEDULERS, policies: Sequence[str]
     for sched in schedulers:
         compare_requests(table, list(policies) if policies else None, config,
                          engine=EngineOptions(scheduler=sched), jobs=jobs)
-        # the prefix router's own compiled helpers (--replicas N --router prefix)
-        serve(table, (policies or ["lru"])[0], config, replicas=2, router="prefix",
-              engine=EngineOptions(scheduler=sched))
+        # the prefix router's own compiled helpers (--replicas N --router prefix); its
+        # scorer takes a tuple of one array per replica, a numba type per replica count
+        for replicas in PREFIX_REPLICAS:
+            serve(table, (policies or ["lru"])[0], config, replicas=replicas,
+                  router="prefix", engine=EngineOptions(scheduler=sched))
     # Every hook as a function value, in a fresh process: a hook compiles when first
     # called, and the few requests above never call some (an on_remove when nothing is
     # removed); and numba caches a hook called directly by compiled code (another hook)

@@ -36,7 +36,10 @@ CMDS = (["simulate", "--profile", "deadline_pressure", "--requests", "16", "--se
          "--hbm-gb", "0.5", "--policy", "fifo", "--engine", "compiled", "--json"],
         ["simulate", "--profile", "deadline_pressure", "--requests", "16", "--seed", "1",
          "--hbm-gb", "0.5", "--policy", "lru", "--engine", "compiled", "--json",
-         "--replicas", "2", "--router", "prefix"])
+         "--replicas", "2", "--router", "prefix"],
+        ["simulate", "--profile", "deadline_pressure", "--requests", "16", "--seed", "1",
+         "--hbm-gb", "0.5", "--policy", "lru", "--engine", "compiled", "--json",
+         "--replicas", "8", "--router", "prefix"])
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +61,7 @@ def _compiled(cmd) -> str:
 def test_warm_leaves_every_default_run_cached(warmed) -> None:
     """After warm(): the compiled core, vLLM's ``advance`` and every policy's hooks load
     from the cache (the probes a run asks before it decides to compile), and a fresh
-    process running a default 1- or 2-replica simulate compiles nothing (before warm()
+    process running a default 1-, 2- or 8-replica simulate compiles nothing (before warm()
     compiled vLLM's block order, kvsim.memory.fifo_order, as values in a fresh process,
     the first run compiled ``fifo_order.on_remove``'s value entry: warm had cached it only
     as ``on_hold``'s callee, under its argument types)."""
