@@ -37,6 +37,10 @@ SCHEDULERS = ("vllm", "kvsim")
 PROFILE = "deadline_pressure"
 REQUESTS = 24
 HBM_GB = 1.0
+#: The replica counts the prefix router is compiled for (its scorer,
+#: kvsim.engine.scheduler_blocks._route_prefix, takes per-replica tuples: one numba type,
+#: and ~0.4 CPU-s of compile, per count): 2, and 8 (bench/aisimulate's multi-replica run).
+PREFIX_REPLICAS = (2, 8)
 #: At most this many fresh processes compile the hooks (:func:`warm`).
 HOOK_PASSES = 3
 
@@ -59,20 +63,22 @@ def _cpu_s() -> float:
 
 
 def _compile_hooks(names: Sequence[str]) -> int:
-    """Compile (or load) every hook of each named policy as the function value a run takes
-    (:func:`kvsim.policy.hooks.compiled_hooks`); returns how many signatures of those hooks
-    this process compiled rather than loaded (numba's per-dispatcher count).  Run in a fresh
-    process by :func:`warm`."""
+    """Compile (or load) every hook of each named policy, and of vLLM's block order
+    (:mod:`kvsim.memory.fifo_order`, which the vLLM scheduler's compiled pool takes as a
+    policy value: kvsim.engine.vllm_rows, kvsim.engine.vllm_compiled; not a registered
+    policy), as the function value a run takes (:func:`kvsim.policy.hooks.compiled_hooks`);
+    returns how many signatures of those hooks this process compiled rather than loaded
+    (numba's per-dispatcher count).  Run in a fresh process by :func:`warm`."""
+    from kvsim.memory import fifo_order
     from kvsim.policy.hooks import compiled_hooks
     from kvsim.policy.registry import resolve_policy
 
     dispatchers = {}
-    for name in names:
-        pol = resolve_policy(name)
-        if pol.compiled:
-            for hook in compiled_hooks(pol):
-                hook.compile()
-                dispatchers[id(hook.dispatcher)] = hook.dispatcher
+    pols = [pol for pol in map(resolve_policy, names) if pol.compiled]
+    for pol in [fifo_order, *pols]:
+        for hook in compiled_hooks(pol):
+            hook.compile()
+            dispatchers[id(hook.dispatcher)] = hook.dispatcher
     return sum(sum(d.stats.cache_misses.values()) for d in dispatchers.values())
 
 
@@ -115,25 +121,26 @@ def warm(schedulers: Sequence[str] = DEFAULT_SCHEDULERS, policies: Sequence[str]
     for sched in schedulers:
         compare_requests(table, list(policies) if policies else None, config,
                          engine=EngineOptions(scheduler=sched), jobs=jobs)
-        # the prefix router's own compiled helpers (--replicas N --router prefix)
-        serve(table, (policies or ["lru"])[0], config, replicas=2, router="prefix",
-              engine=EngineOptions(scheduler=sched))
+        # the prefix router's own compiled helpers (--replicas N --router prefix); its
+        # scorer takes a tuple of one array per replica, a numba type per replica count
+        for replicas in PREFIX_REPLICAS:
+            serve(table, (policies or ["lru"])[0], config, replicas=replicas,
+                  router="prefix", engine=EngineOptions(scheduler=sched))
     # Every hook as a function value, in a fresh process: a hook compiles when first
     # called, and the few requests above never call some (an on_remove when nothing is
-    # removed); and numba caches a hook called directly by compiled code (the inline lru
-    # path) under its argument types, while a run takes it as a value under its full
-    # signature (return type included), a key this process never writes once it holds the
-    # first (measured: the first run after warm compiled fifo_order.on_remove again).
+    # removed); and numba caches a hook called directly by compiled code (another hook)
+    # under its argument types, while a run takes it as a value under its full signature
+    # (return type included), a key a process never writes once it holds the first.
     import concurrent.futures as cf
     import multiprocessing as mp
 
     from kvsim.modes.comparison import default_policies
 
     # A hook that another hook calls may compile there first, as a callee under its
-    # argument types, and then its own value's entry is not written in that process: a pass
-    # in a fresh process loads what is cached and compiles what is missing; passes until
-    # one compiles nothing (on an empty cache: 66 signatures, then 1, then 0).  Known gap:
-    # fifo_order.on_remove's value entry is still not written (docs/benchmarks.md).
+    # argument types, and then its own value's entry is not written in that process
+    # (fifo_order.on_remove under on_hold, in the vLLM pool of the runs above): a pass in a
+    # fresh process loads what is cached and compiles what is missing; passes until one
+    # compiles nothing.
     names = list(dict.fromkeys([*(policies or default_policies()), "belady"]))
     for _ in range(HOOK_PASSES):
         with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as ex:
