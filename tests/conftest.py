@@ -101,24 +101,6 @@ SLOW_TESTS = (
 )
 
 
-def pytest_configure(config) -> None:
-    """With ``KVSIM_TEST_WARM=1``, the pytest-xdist controller of a run on 2 or more
-    workers fills numba's disk cache once before the workers start, instead of each worker
-    compiling the same code (tests/warm_cache.py; a no-op when the cache is warm).  Opt-in:
-    its net effect on the default step's wall time is not measured yet (docs/benchmarks.md,
-    "The default test step")."""
-    import os
-    import subprocess
-    import sys
-
-    workers = getattr(config.option, "numprocesses", None)
-    if (hasattr(config, "workerinput") or not isinstance(workers, int) or workers < 2
-            or config.option.collectonly or os.environ.get("KVSIM_TEST_WARM") != "1"):
-        return
-    subprocess.run([sys.executable, str(Path(__file__).with_name("warm_cache.py"))],
-                   check=False)
-
-
 def pytest_collection_modifyitems(config, items) -> None:
     """Mark `slow`: the tests of :data:`SLOW_TESTS` and every test needing the real traces
     (marker `traces` or fixture `shared_traces`)."""
