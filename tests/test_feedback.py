@@ -71,10 +71,13 @@ def test_compile_notice_is_said_once(monkeypatch):
 def test_progress_line_has_counts_and_eta():
     t = _Task("replay lru", 4_000_000, "events")
     t.start = 100.0
+    t.completed = 500_000
+    t.note(106.0)
     t.completed = 1_000_000
+    t.note(112.0)  # 500,000 events in 6 s: 3,000,000 left take 36 s
     assert line(t, 112.0) == ("progress: replay lru: 1,000,000/4,000,000 events (25 %), "
                               "12 s elapsed, about 36 s left")
-    t.completed = 0
+    t.completed, t.first, t.last = 0, None, None
     assert line(t, 112.0) == "progress: replay lru: 0/4,000,000 events (0 %), 12 s elapsed"
     t.total = None
     assert line(t, 7300.0) == "progress: replay lru: 0 events, 2 h 00 min elapsed"
@@ -90,9 +93,81 @@ def test_line_progress_writes_at_its_rate():
     buf = io.StringIO()
     with LineProgress(buf, interval=0) as bar:
         task = bar.add_task("x", total=10, unit="events")
+        bar.update(task, completed=2)
+        time.sleep(0.01)
         bar.update(task, completed=5)
-    assert buf.getvalue().startswith("progress: x: 5/10 events (50 %), ")
+    assert buf.getvalue().splitlines()[-1].startswith("progress: x: 5/10 events (50 %), ")
     assert "left" in buf.getvalue()
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def _lines_at(monkeypatch, steps):
+    """Progress lines of a task fed ``steps`` ((time, completed, compile start/end/None)),
+    on a fake clock, a line at every report."""
+    from kvsim.cli import meter
+
+    clock = _Clock()
+    monkeypatch.setattr(meter.time, "monotonic", clock)
+    monkeypatch.setattr(meter, "COMPILES", meter._Compiles())
+    buf = io.StringIO()
+    with LineProgress(buf, interval=0) as bar:
+        task = bar.add_task("9 policies", total=2304, unit="requests served")
+        for now, done, compile_event in steps:
+            clock.now = now
+            if compile_event == "start":
+                meter.COMPILES.start(now)
+            elif compile_event == "end":
+                meter.COMPILES.end(now)
+            bar.update(task, completed=done)
+    return buf.getvalue().splitlines()
+
+
+def test_eta_ignores_the_cold_compile_before_the_first_report(monkeypatch):
+    """A cold README job: 45 s of compile, then the replay reports 64 requests served and 1 s
+    later 1,216.  The ETA is the replay's pace (1,152 requests a second: 1 s left); main
+    extrapolated the compile (46 s for 1,216: "about 41 s left"; the s17 note saw "about 7
+    min 50 s left" for a run that ended 4 s later)."""
+    lines = _lines_at(monkeypatch, [(0.0, 0, "start"), (45.0, 0, "end"), (45.0, 64, None),
+                                   (46.0, 1216, None)])
+    assert lines[-1] == ("progress: 9 policies: 1,216/2,304 requests served (53 %), 46 s "
+                         "elapsed, about 1 s left")
+    assert not any("left" in s for s in lines[:-1])  # no pace before two reports of work
+
+
+def test_no_eta_while_compiling_and_compile_time_left_out(monkeypatch):
+    """A policy's hooks compile between two reports: the line says so, with no estimate;
+    afterwards the 20 s of compile are not counted as replay time."""
+    lines = _lines_at(monkeypatch, [(0.0, 100, None), (1.0, 200, None), (1.0, 200, "start"),
+                                   (21.0, 200, "end"), (22.0, 300, None)])
+    assert lines[2].endswith("compiling (no estimate while numba compiles)")
+    assert "left" not in lines[2]
+    # 200 requests in 2 s of replay (22 s less 20 s of compile): 2,004 left take 20 s
+    assert lines[-1].endswith("about 20 s left")
+
+
+def test_compiles_are_seen_through_numbas_event_api():
+    """The listener on numba's public event API counts a real compile."""
+    import numba
+
+    from kvsim.cli import meter
+
+    meter.COMPILES.install()
+    before = meter.COMPILES.total_s
+
+    @numba.njit
+    def _add_one(x):
+        return x + 1
+
+    assert _add_one(1) == 2
+    assert meter.COMPILES.installed and meter.COMPILES.depth == 0
+    assert meter.COMPILES.total_s > before
 
 
 def _policy_copy(tmp_path: Path, builtin: str, name: str) -> Path:

@@ -537,6 +537,21 @@ def quiet_progress(json_: bool) -> bool:
     return bool(json_) and not sys.stdout.isatty()
 
 
+class _TimeRemaining(TimeRemainingColumn):
+    """rich's estimate (its pace over the last 30 s of reports), but none while numba
+    compiles (kvsim.cli.meter: a cold compile is no pace of the replay)."""
+
+    def render(self, task):
+        from kvsim.cli.meter import COMPILES
+
+        COMPILES.install()
+        if COMPILES.depth:
+            from rich.text import Text
+
+            return Text("compiling", style="progress.remaining")
+        return super().render(task)
+
+
 def progress(transient: bool = True, quiet: bool = False) -> Progress:
     """A rich progress bar on stderr: description, bar, done/total, elapsed, ETA (hidden
     when ``quiet``, see :func:`quiet_progress`).  When stderr is not a terminal: one plain
@@ -550,7 +565,7 @@ def progress(transient: bool = True, quiet: bool = False) -> Progress:
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        TimeRemainingColumn(),
+        _TimeRemaining(),
         console=err_console,
         transient=transient,
         disable=quiet or not err_console.is_terminal,

@@ -372,7 +372,7 @@ def simulate_command(
                                   task, completed=done, total=total))
     replica_rows = result.summary.pop("replica_rows", None)
     df = pd.DataFrame([result.summary])
-    warnings += run_warnings(df, trace, span_us)
+    warnings += run_warnings(df, trace, span_us, config)
     print_warnings(warnings)
     _write_rows(df, csv, parquet)
     if requests_out is not None:
@@ -568,7 +568,7 @@ def compare_command(
                              jobs=jobs, on_progress=on_policy, on_work=on_work)
     df, tenant_rows = split_tenant_rows(df)
     _write_rows(df, csv, parquet)
-    warnings += run_warnings(df, trace, span_us)
+    warnings += run_warnings(df, trace, span_us, config)
     print_warnings(warnings)
     label = _source_label(trace, profile, requests, seed, request_trace)
     label += (f", {replicas} replicas ({router})" if replicas > 1 and pdo is None else

@@ -82,8 +82,10 @@ def _size_table(table, opts, config, replicas, sched, drop, warnings, strict):
     return table, replicas, span
 
 
-def run_warnings(df, trace, span_us) -> list[dict]:
-    """Warnings about the result rows (kvsim.results.warnings)."""
+def run_warnings(df, trace, span_us, config=None) -> list[dict]:
+    """Warnings about the result rows (kvsim.results.warnings).  A run that served nothing
+    is refused, naming the option that sized the pool (``config.hbm_blocks``: --hbm-blocks,
+    else --hbm-gb)."""
     from kvsim.results.warnings import result_warnings
 
     budget = None
@@ -100,11 +102,13 @@ def run_warnings(df, trace, span_us) -> list[dict]:
     if online and all(int(r.get("requests") or 0) == 0 and int(r.get("dropped_requests") or 0)
                       for r in online):  # nothing served: refuse, never "0 requests", exit 0
         r = online[0]
+        option = "--hbm-blocks" if getattr(config, "hbm_blocks", None) is not None \
+            else "--hbm-gb"
         raise KvsimInputError(
             f"expected an HBM pool that holds at least one request: all "
             f"{int(r['dropped_requests']):,} requests were dropped (their prompt never fits "
             f"the {int(r.get('hbm_capacity_blocks') or 0):,}-block pool); raise --hbm-gb / "
-            "--hbm-blocks or lower --block-size", None, None, "--hbm-gb")
+            "--hbm-blocks or lower --block-size", None, None, option)
     return result_warnings(rows, span_us=span_us, schedule_budget_blocks=budget)
 
 

@@ -103,6 +103,25 @@ def remove_temporaries_of(pids: set[int] | list[int]) -> list[Path]:
     return removed
 
 
+def _not_writable(folder: Path) -> str | None:
+    """None when an entry can be created in existing ``folder``, else why not (``""`` when
+    only the permission bits say so).  The permission bits do not bind root, and some
+    folders refuse every new entry whatever they say (``/proc``, ``/sys``): as root, a
+    folder is probed by creating and removing an empty subfolder, so that an output there
+    fails before any work, not after the run (issue #38)."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return ""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return None
+    try:
+        probe = tempfile.mkdtemp(prefix=".kvsim-probe-", dir=folder)
+    except OSError as exc:
+        return f": {exc.strerror or exc}"
+    with contextlib.suppress(OSError):
+        os.rmdir(probe)
+    return None
+
+
 def check_output_path(path: str | Path, option: str | None = None) -> Path:
     """Fail early (before any work) when ``path`` cannot be written: it is a directory,
     its parent is a regular file, or its folder is not writable.  The error names the
@@ -118,9 +137,10 @@ def check_output_path(path: str | Path, option: str | None = None) -> Path:
             if not ancestor.is_dir():
                 raise KvsimInputError(f"cannot create the output: {ancestor} is a regular "
                                       "file, not a folder", path, None, field)
-            if not os.access(ancestor, os.W_OK | os.X_OK):
+            why = _not_writable(ancestor)
+            if why is not None:
                 raise KvsimInputError(f"cannot write the output: folder {ancestor} is not "
-                                      "writable", path, None, field)
+                                      f"writable{why}", path, None, field)
             break
     OUTPUT_FOLDERS.add(Path(os.path.abspath(parent)))
     return path
@@ -149,9 +169,10 @@ def check_output_dir(path: str | Path, option: str | None = None) -> Path:
             if not ancestor.is_dir():
                 raise KvsimInputError(f"cannot create the folder: {ancestor} is a regular "
                                       "file", path, None, option)
-            if not os.access(ancestor, os.W_OK | os.X_OK):
+            why = _not_writable(ancestor)
+            if why is not None:
                 raise KvsimInputError(f"cannot write into folder {ancestor} (not "
-                                      "writable)", path, None, option)
+                                      f"writable{why})", path, None, option)
             break
     OUTPUT_FOLDERS.add(Path(os.path.abspath(path)))
     return path

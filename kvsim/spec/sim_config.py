@@ -191,6 +191,14 @@ class SimConfig:
                 raise bad_value(None, None, name, "a capacity >= 0 (GB)", value)
         if self.hbm_blocks is not None and self.hbm_blocks < 1:
             raise bad_value(None, None, "hbm_blocks", "an integer >= 1", self.hbm_blocks)
+        if self.hbm_blocks is not None:  # refused now, before any work (the replay checks
+            from kvsim.core.limits import get_limits  # --hbm-gb, which needs the block size)
+
+            top = get_limits().max_hbm_blocks
+            if self.hbm_blocks > top:
+                raise KvsimInputError(f"expected an HBM pool of at most {top:,} blocks (kvsim "
+                                      f"limit max_hbm_blocks), got {self.hbm_blocks}", None,
+                                      None, "--hbm-blocks")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise bad_value(None, None, "gpu_memory_utilization", "a fraction in (0, 1]",
                             self.gpu_memory_utilization)
