@@ -17,7 +17,7 @@ run_step() {
   start=$(date +%s)
   timeout "$budget" pytest -q -p no:cacheprovider "$@"
   rc=$?
-  # each step's wall time, to watch the default step's margin (docs/benchmarks.md, "CI steps")
+  # each step's wall time, to watch the default step's margin (docs/benchmarks.md, "The default test step")
   echo "== $name: $(( $(date +%s) - start )) s wall of its ${budget} s budget, exit $rc," \
     "load $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)" >&2
   if [ "$rc" -eq 5 ]; then

@@ -1,6 +1,5 @@
 """A warm run of one kvsim command in this process, then where its CPU went outside the
-compiled engine's steps, on stderr (docs/benchmarks.md, "Issue 34: imports, cached code,
-the trace read"):
+compiled engine's steps, on stderr (docs/benchmarks.md, "Per-process fixed costs"):
 
     python bench/aisimulate/load_timers.py -- simulate --request-trace ... --json
 

@@ -56,7 +56,8 @@ class _Compiles:
         self.installed = False
 
     def install(self) -> None:
-        """Listen once numba is imported (kvsim imports it only for compiled work)."""
+        """Listen once numba is imported (kvsim imports it only for compiled work; a compile
+        under way when the listener is installed is not seen)."""
         if self.installed or "numba.core.event" not in sys.modules:
             return
         from numba.core import event
@@ -79,7 +80,9 @@ class _Compiles:
         self.depth += 1
 
     def end(self, now: float) -> None:
-        self.depth = max(self.depth - 1, 0)
+        if self.depth == 0:  # a compile that began before the listener was installed
+            return
+        self.depth -= 1
         if self.depth == 0:
             self.total_s += now - self.since
 
@@ -149,6 +152,7 @@ class LineProgress:
 
     def _tick(self) -> None:
         while not self._stop.wait(self.interval / 4):
+            COMPILES.install()  # numba may have been imported since the last report
             self._maybe_write(time.monotonic())
 
     def _maybe_write(self, now: float) -> None:
@@ -199,7 +203,8 @@ def line(t: _Task, now: float) -> str:
         if left is not None:
             text += f", about {_duration(left)} left"
         return text
-    return f"progress: {t.description}: {t.completed:,.0f}{unit}, {_duration(elapsed)} elapsed"
+    text = f"progress: {t.description}: {t.completed:,.0f}{unit}, {_duration(elapsed)} elapsed"
+    return text + (", compiling" if COMPILES.depth else "")
 
 
 __all__ = ["COMPILES", "INTERVAL_S", "LineProgress", "interval_s", "line"]
