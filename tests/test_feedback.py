@@ -145,7 +145,7 @@ def test_no_eta_while_compiling_and_compile_time_left_out(monkeypatch):
     """A policy's hooks compile between two reports: the line says so, with no estimate;
     afterwards the 20 s of compile are not counted as replay time."""
     lines = _lines_at(monkeypatch, [(0.0, 100, None), (1.0, 200, None), (1.0, 200, "start"),
-                                   (21.0, 200, "end"), (22.0, 300, None)])
+                                   (21.0, 200, "end"), (22.0, 300, None), (30.0, 300, None)])
     assert lines[2].endswith("compiling (no estimate while numba compiles)")
     from kvsim.cli import meter
 
@@ -155,7 +155,9 @@ def test_no_eta_while_compiling_and_compile_time_left_out(monkeypatch):
     assert line(t, 2.0) == "progress: 12 policies: 0 requests served, 2 s elapsed, compiling"
     meter.COMPILES.end(1.0)
     assert "left" not in lines[2]
-    # 200 requests in 2 s of replay (22 s less 20 s of compile): 2,004 left take 20 s
+    # 200 requests in 2 s of replay (22 s less 20 s of compile): 2,004 left take 20 s; a
+    # report repeating the count 8 s later (a pause, a worker compiling) changes nothing
+    assert lines[-2].endswith("about 20 s left")
     assert lines[-1].endswith("about 20 s left")
 
 

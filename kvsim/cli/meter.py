@@ -7,9 +7,9 @@ every :data:`INTERVAL_S` seconds (``$KVSIM_PROGRESS_INTERVAL_S`` overrides it), 
 
     progress: replay lru: 1,234,567/4,000,000 events (31 %), 12 s elapsed, about 27 s left
 
-The ETA comes from the replay's own pace: the work done since the first report of work,
-over the time since then less the time numba spent compiling meanwhile (a straight line
-from that rate).  A cold run compiles for tens of seconds before its first report; an
+The ETA comes from the replay's own pace: the work done from the first report of work to
+the latest report that moved the count, over the time between the two less the time numba
+spent compiling in this process meanwhile (a straight line from that rate).  A cold run compiles for tens of seconds before its first report; an
 estimate from the elapsed time would extrapolate the compile over the whole run (it said
 "about 7 min 50 s left" for a run that ended 4 s later).  While numba compiles, the line
 says so and gives no estimate; before two reports of work there is none either.  Nothing is
@@ -106,11 +106,12 @@ class _Task:
         self.last = None  # (time, completed, compile s) of the latest report of work
 
     def note(self, now: float) -> None:
-        """A report of work: the ETA's pace is measured from the first to the latest."""
+        """A report of work: the ETA's pace is measured from the first report to the latest
+        that moved the count (a report that repeats the count is no pace: a pause)."""
         mark = (now, self.completed, COMPILES.spent_s(now))
         if self.first is None:
             self.first = mark
-        elif self.completed > self.first[1]:
+        elif self.completed > (self.last or self.first)[1]:
             self.last = mark
 
     def left_s(self) -> float | None:
