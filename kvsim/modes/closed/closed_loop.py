@@ -261,8 +261,6 @@ class Engine:
     def advance(self, limit_us: float = -1.0, max_steps: int = YIELD_STEPS,
                 on_yield: Callable[[], None] | None = None) -> None:
         """Run steps until the clock reaches ``limit_us`` (-1: until idle)."""
-        from kvsim.replay.kernel import core
-
         run, sc = self.run, self.sched
         while True:
             args = self._args
@@ -289,6 +287,8 @@ class Engine:
                 self._args = None
             if code in (CS.R_LIMIT, CS.R_IDLE):
                 return
+            from kvsim.replay.kernel import core  # not on the path of the calls that return
+
             if code == CS.R_YIELD:
                 # same buffers unless in_system grows: the arguments (and entry) stay
                 if self.aux[CS.X_NINSYS] >= len(self.insys):
