@@ -104,3 +104,57 @@ def test_catalog_is_a_fresh_parse_each_call():
     assert a == tomllib.loads(catalog._catalog_text())
     a.clear()
     assert catalog._catalog() and catalog._catalog() is not catalog._catalog()
+
+
+def _small_engine():
+    from kvsim.ingest.requests import build_request_table
+    from kvsim.modes.closed.closed_facts import block_facts
+    from kvsim.modes.closed.closed_loop import Engine, EngineOptions, prepare
+    from kvsim.policy.registry import resolve_policy
+    from kvsim.spec.sim_config import SimConfig
+
+    ids = [[1, 2, 3, 4], [1, 2, 5, 6], [7, 8], [1, 2, 3, 9]]
+    table = build_request_table({"arrival_us": [0, 1_000, 2_000, 3_000],
+                                 "prompt_tokens": [64, 64, 32, 64],
+                                 "output_tokens": [30, 12, 25, 8], "block_ids": ids,
+                                 "hashed_tokens": [64, 64, 32, 64]}, block_size_tokens=16)
+    config = SimConfig(mode="engine", hbm_blocks=64, dram_gb=0, cxl_gb=0, nvme_gb=0,
+                       engine="interpreted")
+    opts = EngineOptions(scheduler="vllm")
+    cost, hbm_blocks, costs, block_bytes, off, ids, table2, _ = prepare(table, config, opts)
+    e = Engine(table2, off, ids, resolve_policy("lru"), config, opts, cost, hbm_blocks,
+               costs, block_bytes)
+    e.set_block_facts(block_facts(table2, off, ids, opts.block_size_tokens))
+    return e
+
+
+def test_advance_keeps_its_arguments_across_yields(monkeypatch):
+    """Engine.advance types its ~65 arguments (closed_loop._entry: ~1 ms) again only after
+    a buffer was grown or replaced: not at a yield (every ``max_steps`` steps; the
+    8-replica Mooncake loop yields or flushes its step buffer ~70 times) -- once more
+    after its first call (the dispatcher compiled or loaded the code then) -- and a
+    yield every step runs the same steps as one uninterrupted call."""
+    from kvsim.modes.closed import closed_loop
+
+    calls = []
+    real = closed_loop._entry
+
+    def counted(advance, args):
+        calls.append(1)
+        return real(advance, args)
+
+    monkeypatch.setattr(closed_loop, "_entry", counted)
+    whole, stepwise = _small_engine(), _small_engine()
+    whole.advance()
+    n = len(calls)
+    stepwise.advance(-1.0, max_steps=1)  # a yield after every step
+    assert stepwise.steps == whole.steps > 20
+    assert len(calls) - n <= 2  # main: one per step
+    for e in (whole, stepwise):
+        e.finish()
+    assert stepwise.rows == whole.rows
+    np.testing.assert_array_equal(stepwise.in_system, whole.in_system)
+    np.testing.assert_array_equal(stepwise.sched.st, whole.sched.st)
+    np.testing.assert_array_equal(stepwise.sched.stf, whole.sched.stf)
+    np.testing.assert_array_equal(stepwise.run.C, whole.run.C)
+    np.testing.assert_array_equal(stepwise.run.R_i, whole.run.R_i)

@@ -192,6 +192,7 @@ class Engine:
         self._args = None
         self._core_run = None  # core.run as advance() takes it (types fixed per run)
         self._call = None  # advance's compiled entry for self._args' types (_entry)
+        self._retry = True  # after a call of the dispatcher itself: look the entry up again
         # typed now: a cold compile split over processes starts core.run's compile here
         # (kvsim.replay.precompile), before the block facts and advance compile
         self._core_args()
@@ -260,8 +261,6 @@ class Engine:
     def advance(self, limit_us: float = -1.0, max_steps: int = YIELD_STEPS,
                 on_yield: Callable[[], None] | None = None) -> None:
         """Run steps until the clock reaches ``limit_us`` (-1: until idle)."""
-        from kvsim.replay.kernel import core
-
         run, sc = self.run, self.sched
         while True:
             args = self._args
@@ -271,7 +270,7 @@ class Engine:
                     *sc.slot_args, sc.order, *sc.lookup, sc.hitk, sc.adm, sc.I, sc.F,
                     self.cols, self.rprio, self.tenant, self.block_bytes, self.pb_off,
                     self.pb_next, self.pb_seen, *self._sched(), *self._core_args())
-                self._call = None
+                self._call, self._retry = None, True
             call = self._call
             if call is None:
                 call = self._call = _entry(self.step_mod.advance,
@@ -279,6 +278,8 @@ class Engine:
             if call is self.step_mod.advance:
                 with np.errstate(over="ignore"):  # hash mixing wraps by design (interpreted)
                     code, I, F = call(float(limit_us), max_steps, *args)
+                if self._retry:  # compiled or loaded by this call: its entry, once
+                    self._call, self._retry = None, False
             else:
                 code, I, F = call(float(limit_us), max_steps, *args)
             if I is not sc.I or F is not sc.F:
@@ -286,13 +287,21 @@ class Engine:
                 self._args = None
             if code in (CS.R_LIMIT, CS.R_IDLE):
                 return
-            self._args = None
+            from kvsim.replay.kernel import core  # not on the path of the calls that return
+
             if code == CS.R_YIELD:
+                # same buffers unless in_system grows: the arguments (and entry) stay
                 if self.aux[CS.X_NINSYS] >= len(self.insys):
                     self.insys = np.concatenate([self.insys, np.zeros_like(self.insys)])
+                    self._args = None
                 if on_yield is not None:
                     on_yield()
-            elif code == CS.R_NEED_COLS:
+                continue
+            if code == core.ST_NEED_STEP:  # the step buffer emptied in place: args stay
+                run._flush_steps()
+                continue
+            self._args = None  # a buffer grown or replaced below
+            if code == CS.R_NEED_COLS:
                 cap = 2 * max(len(self.cols[0]), int(self.aux[CS.X_PENDING]))
                 self.cols = _new_cols(cap)
                 self.nu = np.full(cap, NEVER, dtype=np.int64)
@@ -309,8 +318,6 @@ class Engine:
                 run._compact_arena()
             elif code == core.ST_NEED_LOG:
                 run._flush_log()
-            elif code == core.ST_NEED_STEP:
-                run._flush_steps()
             elif code == core.ST_NEED_PEND:
                 run._grow_pending()
             else:

@@ -27,18 +27,20 @@ def prefix_scorer(engines: list[Engine]):
     from kvsim.engine.scheduler_blocks import _route_prefix
     from kvsim.modes.closed.closed_loop import _entry
 
-    arrays = (tuple(e.sched.st for e in engines),
-              tuple(e.sched.slot_args[20] for e in engines),
-              *(tuple(e.sched.lookup[k] for e in engines) for k in range(3)))
+    sts, rks, phks, phvs, tks = (tuple(e.sched.st for e in engines),
+                                 tuple(e.sched.slot_args[20] for e in engines),
+                                 *(tuple(e.sched.lookup[k] for e in engines)
+                                   for k in range(3)))
+    weight, i_qn, i_done = PREFIX_OVERLAP_WEIGHT, S.S_QN, S.S_DONE
     call = None
 
     def score(hb, nb: int, prompt_tokens: int, B: int, waiting: np.ndarray) -> int:
         nonlocal call
-        args = (hb, nb, prompt_tokens, B, PREFIX_OVERLAP_WEIGHT, waiting, *arrays, S.S_QN,
-                S.S_DONE)
         if call is None:
-            call = _entry(_route_prefix, args)
-        return call(*args)
+            call = _entry(_route_prefix, (hb, nb, prompt_tokens, B, weight, waiting, sts, rks,
+                                          phks, phvs, tks, i_qn, i_done))
+        return call(hb, nb, prompt_tokens, B, weight, waiting, sts, rks, phks, phvs, tks,
+                    i_qn, i_done)
 
     return score
 
@@ -98,19 +100,26 @@ def _run_cluster(table: RequestTable, engines: list[Engine], router: str, B: int
     session_list = session.tolist()
     pb_list = pb_off.tolist()
     score = prefix_scorer(engines) if router == "prefix" else None
-    iS_NRUN, iS_ADMIT, iS_QN = S.S_NRUN, S.S_ADMIT, S.S_QN
+    iS_NRUN, iS_ADMIT, iS_QN, iS_FIN = S.S_NRUN, S.S_ADMIT, S.S_QN, S.S_FINISHED
+    advances = [e.advance for e in engines]
+    replicas = list(zip(range(R), sts, clocks, advances))
+    # waiting prompt blocks per replica as Python ints; the array the scorer reads is
+    # written only where one changed (numpy scalar reads and writes cost several times more)
+    waiting = [0] * R
     for i in range(N):
         t = arr_list[i]
-        for w in range(R):
-            st = sts[w]
+        for w, st, clock, advance in replicas:
             adm = st[iS_ADMIT]
-            if (st[iS_NRUN] > 0 or adm < st[iS_QN]) and clocks[w][0] < t:
-                engines[w].advance(t)  # has_work() and clock_us < t
+            if (st[iS_NRUN] > 0 or adm < st[iS_QN]) and clock[0] < t:
+                advance(t)  # has_work() and clock_us < t
                 adm = st[iS_ADMIT]
             if adm > admitted[w]:
                 order = orders[w]
+                blocks = waiting[w]
                 for j in range(admitted[w], adm):
-                    waiting_blocks[w] -= nb_list[order[j]]
+                    blocks -= nb_list[order[j]]
+                waiting[w] = blocks
+                waiting_blocks[w] = blocks
                 # vLLM's scheduler re-queues preempted requests: S_ADMIT may step back
                 admitted[w] = adm
         if i == warmup and warmup > 0:
@@ -120,12 +129,16 @@ def _run_cluster(table: RequestTable, engines: list[Engine], router: str, B: int
         nb = nb_list[i]
         w = _route(router, i, engines, hb, nb, prompt_list[i], B, session_list[i], sticky,
                    waiting_blocks, score)
-        e = engines[w]
         st = sts[w]
-        if not (st[iS_NRUN] > 0 or st[iS_ADMIT] < st[iS_QN]) and clocks[w][0] < t:
+        qn = st[iS_QN]
+        if not (st[iS_NRUN] > 0 or st[iS_ADMIT] < qn) and clocks[w][0] < t:
             clocks[w][0] = t  # an idle engine waits for its next request
-        e.enqueue(i)
-        waiting_blocks[w] += nb
+        orders[w][qn] = i  # Engine.enqueue(i), on the memoryview
+        st[iS_QN] = qn + 1
+        st[iS_FIN] = 0
+        blocks = waiting[w] + nb
+        waiting[w] = blocks
+        waiting_blocks[w] = blocks
         if on_progress is not None and (i & 63) == 63:  # a progress bar: every 64 arrivals
             on_progress(sum(int(x.sched.st[S.S_DONE]) for x in engines), N)
     for e in engines:
