@@ -326,7 +326,7 @@ def _index_add(st, b, h):
     index_add(st.block_hash, st.hidx, st.h_next, st.h_prev, b, h)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # plain arrays only: no reference counts per call
 def index_add(block_hash, hidx, h_next, h_prev, b, h):
     """:func:`_index_add` on the index's arrays: a loop that binds them once calls this
     per block without reference-counting the whole state tuple (an inlined helper taking
@@ -354,7 +354,7 @@ def _index_remove(st, b):
     return index_remove(st.block_hash, st.hidx, st.h_next, st.h_prev, b)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # plain arrays only: no reference counts per call
 def index_remove(block_hash, hidx, h_next, h_prev, b):
     """:func:`_index_remove` on the index's arrays (see :func:`index_add`)."""
     h = block_hash[b]

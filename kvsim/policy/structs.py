@@ -42,13 +42,13 @@ def dll_ends() -> np.ndarray:
     return np.array([NIL, NIL, 0], np.int64)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # plain arrays only: no reference counts per call
 def dll_contains(prev, b):
     """True if ``b`` is in some list sharing these links."""
     return prev[b] != OUT
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # plain arrays only: no reference counts per call
 def dll_push_tail(prev, nxt, ends, b):
     """Append ``b`` (in no list) at the tail.  Invariant: ``ends[2]`` counts the nodes."""
     tail = ends[1]
@@ -62,7 +62,7 @@ def dll_push_tail(prev, nxt, ends, b):
     ends[2] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # plain arrays only: no reference counts per call
 def dll_push_head(prev, nxt, ends, b):
     """Insert ``b`` (in no list) at the head (it becomes the next to evict)."""
     head = ends[0]
@@ -76,7 +76,7 @@ def dll_push_head(prev, nxt, ends, b):
     ends[2] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # plain arrays only: no reference counts per call
 def dll_remove(prev, nxt, ends, b):
     """Unlink ``b`` from the list described by ``ends`` (it must be in that list)."""
     p = prev[b]
@@ -94,7 +94,7 @@ def dll_remove(prev, nxt, ends, b):
     ends[2] -= 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # plain arrays only: no reference counts per call
 def dll_move_to_tail(prev, nxt, ends, b):
     """Move ``b`` (in this list) to the tail: the LRU "touch"."""
     if ends[1] != b:
@@ -102,7 +102,7 @@ def dll_move_to_tail(prev, nxt, ends, b):
         dll_push_tail(prev, nxt, ends, b)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # plain arrays only: no reference counts per call
 def dll_pop_head(prev, nxt, ends):
     """Remove and return the head, or NIL if the list is empty."""
     b = ends[0]
@@ -289,7 +289,7 @@ def heap_smallest(h, out_blocks, out_keys):
     return written
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # plain arrays only: no reference counts per call
 def list_walk(prev, nxt, ends, out_blocks, out_scores, scores):
     """Write up to ``len(out_blocks)`` blocks from the head of a list, with
     ``scores[b]`` as their score; return how many (runners-up of list policies)."""

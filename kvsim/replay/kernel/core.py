@@ -202,6 +202,22 @@ assert len(WHY) == W_COW + 1
 
 NEVER = np.iinfo(np.int64).max
 
+#: Room for a request's decode blocks in its block records at admission: 1/8 of its prompt
+#: blocks beyond them (and 2 more).  A request that outgrows its records has them copied to
+#: the arena top with twice the room (bookkeeping._grow_records).  With room for the prompt
+#: only, 10,770 of the 12,031 requests of the Mooncake 16-token import outgrew it (their
+#: output: 23 blocks at the median, 70 at the 99th percentile), copying 8.05 M records and
+#: taking 25.2 M arena rows (131 compactions); with 1/8 more, 2,579 copy 0.32 M and the
+#: arena takes 10.8 M rows (docs/benchmarks.md, "Speed: the 16-token replay's per-block
+#: calls (session 18, tok16c)").  Positions in the arena reach no output.
+OUTPUT_ROOM_DIV = 8
+
+
+@njit(cache=True, inline="always")
+def admit_records(prompt_blocks):
+    """Block records a request is given at admission (see OUTPUT_ROOM_DIV)."""
+    return max(4, prompt_blocks + 2 + prompt_blocks // OUTPUT_ROOM_DIV)
+
 # ---------------------------------------------------------------------------------------
 # the loop
 # ---------------------------------------------------------------------------------------
@@ -266,8 +282,8 @@ def run(cols, i0, n, cr):
         if r >= 0:
             need += 2 * R_i[r, RI_BT_CAP] + 8
             if R_i[r, RI_STATE] != RS_RUNNING and R_i[r, RI_STATE] != RS_PREEMPTED:
-                # this row may admit r: its records take max(4, prompt // B + 2) rows
-                need += max(4, R_i[r, RI_PROMPT] // K[K_BLOCK_TOKENS] + 2)
+                # this row may admit r: its records take admit_records(prompt // B) rows
+                need += admit_records(R_i[r, RI_PROMPT] // K[K_BLOCK_TOKENS])
         if p >= 0:
             need += 2 * R_i[p, RI_BT_LEN] + 8
         if C[C_ARENA_TOP] + need > A_i.shape[0]:
@@ -332,7 +348,7 @@ def run(cols, i0, n, cr):
                 wait = now_us - R_i[r, RI_ARRIVE_US]
                 R_f[r, RF_PF_BUDGET_US] = wait if (K[K_PREFETCH] != 0 and wait > 0) else 0.0
                 _run_add(running, C, r)
-                cap = max(4, R_i[r, RI_PROMPT] // K[K_BLOCK_TOKENS] + 2)
+                cap = admit_records(R_i[r, RI_PROMPT] // K[K_BLOCK_TOKENS])
                 R_i[r, RI_BT_START] = int(C[C_ARENA_TOP])
                 R_i[r, RI_BT_LEN] = 0
                 R_i[r, RI_BT_CAP] = cap
@@ -486,6 +502,13 @@ def run(cols, i0, n, cr):
                 ph, pr, rp, dl, sl = c_phase[i], c_prio[i], c_rprio[i], c_dl[i], c_slack[i]
                 tds, pin = c_tds[i], c_pin[i]
                 pinned = pin or pr == PR_DECODE_CRITICAL
+                # the view's fields and the table bound once per row, not per block (each
+                # member read in the loop was a counted reference per block)
+                held = st.seq_len[seq] if running_now else 0
+                tab = st.tables
+                v_ph, v_pr, v_rp = view.phase, view.priority, view.request_priority
+                v_dl, v_sl, v_tds, v_pin = (view.deadline_us, view.slack_us,
+                                            view.target_decode_step, view.pinned)
                 for e in range(lo, hi_e):
                     a = start + e
                     A_i[a, AI_PHASE] = ph
@@ -495,15 +518,15 @@ def run(cols, i0, n, cr):
                     A_i[a, AI_SLACK] = sl
                     A_i[a, AI_TDS] = tds
                     A_i[a, AI_PIN] = pin
-                    b = st.tables[seq, e] if (running_now and e < st.seq_len[seq]) else 0
+                    b = tab[seq, e] if e < held else 0
                     if b > 0:
-                        view.phase[b] = ph
-                        view.priority[b] = pr
-                        view.request_priority[b] = rp
-                        view.deadline_us[b] = dl
-                        view.slack_us[b] = sl
-                        view.target_decode_step[b] = tds
-                        view.pinned[b] = pinned
+                        v_ph[b] = ph
+                        v_pr[b] = pr
+                        v_rp[b] = rp
+                        v_dl[b] = dl
+                        v_sl[b] = sl
+                        v_tds[b] = tds
+                        v_pin[b] = pinned
                 if c_prio[i] == PR_DECODE_CRITICAL:
                     R_i[r, RI_BOUND] = 1
         elif kind == EK_FREE:

@@ -42,7 +42,7 @@ from kvsim.core.layout import (
 from kvsim.jit.decorators import njit
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # plain arrays only: no reference counts per call
 def submit_up(X, t, issue_us, service_us, first):
     """Queue ``service_us`` of transfer on tier ``t``'s up link (lower tier -> HBM), issued at
     ``issue_us``; returns when it starts.  ``first``: the first piece of a batched DMA
@@ -57,7 +57,7 @@ def submit_up(X, t, issue_us, service_us, first):
     return start
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # plain arrays only: no reference counts per call
 def submit_down(X, t, issue_us, service_us):
     """Queue one spill / demotion / write-through of ``service_us`` on tier ``t``'s down
     link (HBM or the tier above -> tier ``t``); asynchronous: nothing waits for it, it only
@@ -70,7 +70,7 @@ def submit_down(X, t, issue_us, service_us):
     return start
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # plain arrays only: no reference counts per call
 def spill_bytes(K, X, t, now_us, size_bytes):
     """A block of ``size_bytes`` written down into tier ``t`` at ``now_us``: on its down link
     under ``--link-model queue`` (``K[K_LINK_QUEUE]``), else nothing."""

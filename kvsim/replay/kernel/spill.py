@@ -128,7 +128,7 @@ LRU_PREV, LRU_NXT, LRU_ENDS = 0, 1, 2
 # results; other callers still call the hooks.  docs/benchmarks.md, "Speed: tiered replay
 # of 16-token traces".
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # plain arrays only: no reference counts per call
 def _drop(hk, pend, h):
     """A block with hash ``h`` left the lower tiers: its entry goes when the next one does
     (or when the range ends), the pending one's now (see "Deferred table removals").
@@ -180,10 +180,16 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
     LH = T1.L_h  # the three tiers' shared table (kvsim.replay.kernel.tiers)
     L1_i, L1_free = T1.L_i, T1.L_free
     L1_view, L1m = T1.L_view, T1.Lm
+    L1_ch, L1_la, L1_in, L1_sz = (L1_view.content_hash, L1_view.last_access_us,
+                                  L1_view.insert_us, L1_view.size_bytes)
     L2_i, L2_free = T2.L_i, T2.L_free
     L2_view, L2m = T2.L_view, T2.Lm
+    L2_ch, L2_la, L2_in, L2_sz = (L2_view.content_hash, L2_view.last_access_us,
+                                  L2_view.insert_us, L2_view.size_bytes)
     L3_i, L3_free = T3.L_i, T3.L_free
     L3_view, L3m = T3.L_view, T3.Lm
+    L3_ch, L3_la, L3_in, L3_sz = (L3_view.content_hash, L3_view.last_access_us,
+                                  L3_view.insert_us, L3_view.size_bytes)
     L1_st, L1_hooks = T1.L_ps
     L2_st, L2_hooks = T2.L_ps
     L3_st, L3_hooks = T3.L_ps
@@ -269,8 +275,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                 if lru1:  # lru's victim(): the list's head
                     x, reason, n_alt = E1[0], 0, 0
                     if x >= 0:
-                        n_alt = list_walk(P1, N1, E1, alt_b, alt_s,
-                                          L1_view.last_access_us)
+                        n_alt = list_walk(P1, N1, E1, alt_b, alt_s, L1_la)
                 else:
                     x, reason, n_alt = L1_hooks[H_VICTIM](L1_st, L1_view, now_us,
                                                             alt_b, alt_s)
@@ -278,7 +283,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                     if L1_i[x, LI_STATE] != 1:
                         raise ValueError("lower-tier policy: victim() named a block that is "
                                          "not resident")
-                    hx = L1_view.content_hash[x]
+                    hx = L1_ch[x]
                     # its entry: rewritten at the next tier's fill, or removed (dropped)
                     prefetch(LH, 2 * (((hx * tr._FIB) >> 32) & m))
                     tr.prefetch_view(L1_view, x)  # copied below (content_hash: read)
@@ -319,13 +324,13 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                                      L1_view.priority[x] == PR_DECODE_CRITICAL, vo[2], -1)
                     tr.log_candidates(G, row, L1_view, L1_i, alt_b, alt_s, vo[3])
             tr.copy_row(L1_rows, slot, v, vs)
-            L1_view.insert_us[slot] = now_us
-            L1_view.last_access_us[slot] = now_us
+            L1_in[slot] = now_us
+            L1_la[slot] = now_us
             L1_i[slot, LI_OWNER] = ow
             L1_i[slot, LI_BI] = bi
             L1_i[slot, LI_TOKENS] = tok
             L1_i[slot, LI_STATE] = 1
-            hin = L1_view.content_hash[slot]
+            hin = L1_ch[slot]
             if hin == pend:  # its lower copy was dropped just before: the entry goes first
                 tr.hash_del(LH, pend)
                 pend = 0
@@ -335,8 +340,8 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                 dll_push_tail(P1, N1, E1, slot)
             else:
                 L1_hooks[H_INSERT](L1_st, L1_view, slot, now_us)
-            C[M_BYTES_DOWN + t] += L1_view.size_bytes[slot]  # as copied
-            spill_bytes(K, X, t, now_us, L1_view.size_bytes[slot])
+            C[M_BYTES_DOWN + t] += L1_sz[slot]  # as copied
+            spill_bytes(K, X, t, now_us, L1_sz[slot])
             used = L1m[LM_USED]
             C[C_USED + t] = used
             if used > C[C_PEAK + t]:
@@ -362,8 +367,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                 if lru2:  # lru's victim(): the list's head
                     x, reason, n_alt = E2[0], 0, 0
                     if x >= 0:
-                        n_alt = list_walk(P2, N2, E2, alt_b, alt_s,
-                                          L2_view.last_access_us)
+                        n_alt = list_walk(P2, N2, E2, alt_b, alt_s, L2_la)
                 else:
                     x, reason, n_alt = L2_hooks[H_VICTIM](L2_st, L2_view, now_us,
                                                             alt_b, alt_s)
@@ -371,7 +375,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                     if L2_i[x, LI_STATE] != 1:
                         raise ValueError("lower-tier policy: victim() named a block that is "
                                          "not resident")
-                    hx = L2_view.content_hash[x]
+                    hx = L2_ch[x]
                     # its entry: rewritten at the NVMe tier's fill, or removed (dropped)
                     prefetch(LH, 2 * (((hx * tr._FIB) >> 32) & m))
                     tr.prefetch_view(L2_view, x)  # copied below (content_hash: read)
@@ -412,13 +416,13 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                                      L2_view.priority[x] == PR_DECODE_CRITICAL, vo[2], -1)
                     tr.log_candidates(G, row, L2_view, L2_i, alt_b, alt_s, vo[3])
             tr.copy_row(L2_rows, slot, v, vs)
-            L2_view.insert_us[slot] = now_us
-            L2_view.last_access_us[slot] = now_us
+            L2_in[slot] = now_us
+            L2_la[slot] = now_us
             L2_i[slot, LI_OWNER] = ow
             L2_i[slot, LI_BI] = bi
             L2_i[slot, LI_TOKENS] = tok
             L2_i[slot, LI_STATE] = 1
-            hin = L2_view.content_hash[slot]
+            hin = L2_ch[slot]
             if hin == pend:  # its lower copy was dropped just before: the entry goes first
                 tr.hash_del(LH, pend)
                 pend = 0
@@ -428,8 +432,8 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                 dll_push_tail(P2, N2, E2, slot)
             else:
                 L2_hooks[H_INSERT](L2_st, L2_view, slot, now_us)
-            C[M_BYTES_DOWN + t] += L2_view.size_bytes[slot]  # as copied
-            spill_bytes(K, X, t, now_us, L2_view.size_bytes[slot])
+            C[M_BYTES_DOWN + t] += L2_sz[slot]  # as copied
+            spill_bytes(K, X, t, now_us, L2_sz[slot])
             used = L2m[LM_USED]
             C[C_USED + t] = used
             if used > C[C_PEAK + t]:
@@ -455,8 +459,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                 if lru3:  # lru's victim(): the list's head
                     x, reason, n_alt = E3[0], 0, 0
                     if x >= 0:
-                        n_alt = list_walk(P3, N3, E3, alt_b, alt_s,
-                                          L3_view.last_access_us)
+                        n_alt = list_walk(P3, N3, E3, alt_b, alt_s, L3_la)
                 else:
                     x, reason, n_alt = L3_hooks[H_VICTIM](L3_st, L3_view, now_us,
                                                             alt_b, alt_s)
@@ -464,7 +467,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                     if L3_i[x, LI_STATE] != 1:
                         raise ValueError("lower-tier policy: victim() named a block that is "
                                          "not resident")
-                    hx = L3_view.content_hash[x]
+                    hx = L3_ch[x]
                     prefetch(LH, 2 * (((hx * tr._FIB) >> 32) & m))  # for its removal
                     tr.prefetch_view(L3_view, x)  # copied below (content_hash: read)
                     if lru3:
@@ -494,13 +497,13 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                                      L3_view.priority[x] == PR_DECODE_CRITICAL, vo[2], -1)
                     tr.log_candidates(G, row, L3_view, L3_i, alt_b, alt_s, vo[3])
             tr.copy_row(L3_rows, slot, v, vs)
-            L3_view.insert_us[slot] = now_us
-            L3_view.last_access_us[slot] = now_us
+            L3_in[slot] = now_us
+            L3_la[slot] = now_us
             L3_i[slot, LI_OWNER] = ow
             L3_i[slot, LI_BI] = bi
             L3_i[slot, LI_TOKENS] = tok
             L3_i[slot, LI_STATE] = 1
-            hin = L3_view.content_hash[slot]
+            hin = L3_ch[slot]
             if hin == pend:  # its lower copy was dropped just before: the entry goes first
                 tr.hash_del(LH, pend)
                 pend = 0
@@ -510,8 +513,8 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                 dll_push_tail(P3, N3, E3, slot)
             else:
                 L3_hooks[H_INSERT](L3_st, L3_view, slot, now_us)
-            C[M_BYTES_DOWN + t] += L3_view.size_bytes[slot]  # as copied
-            spill_bytes(K, X, t, now_us, L3_view.size_bytes[slot])
+            C[M_BYTES_DOWN + t] += L3_sz[slot]  # as copied
+            spill_bytes(K, X, t, now_us, L3_sz[slot])
             used = L3m[LM_USED]
             C[C_USED + t] = used
             if used > C[C_PEAK + t]:

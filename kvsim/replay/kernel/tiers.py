@@ -201,7 +201,7 @@ def record_rows(view) -> np.ndarray:
 ROW_COPY_FROM = 2
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # plain arrays only: no reference counts per call
 def copy_row(dst_rows, d, src_rows, s):
     """:func:`copy_view` on the rows of two record views (:func:`record_rows`): words
     ``ROW_COPY_FROM .. ROW_WORDS - 1`` of row ``s`` into row ``d``, 9 loads and stores
@@ -287,7 +287,7 @@ def log_candidates(G, k, view, owner, alt_b, alt_s, n_alt):
 _FIB = -7046029254386353131
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # plain arrays only: no reference counts per call
 def hash_slot(hk, h):
     """Position of key ``h`` in the interleaved table ``hk`` (keys at even positions, each
     value right after its key: ``hk[i + 1]``), or of the empty key position where it would
@@ -301,14 +301,14 @@ def hash_slot(hk, h):
         i = (i + 1) & mask
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # plain arrays only: no reference counts per call
 def hash_put(hk, h, v):
     i = hash_slot(hk, h)
     hk[i] = h
     hk[i + 1] = v
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # plain arrays only: no reference counts per call
 def hash_del(hk, h):
     """Remove key ``h`` (present), shifting later entries of its probe run back."""
     mask = (hk.shape[0] >> 1) - 1
@@ -332,13 +332,13 @@ def hash_del(hk, h):
     hk[2 * i + 1] = -1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # plain arrays only: no reference counts per call
 def tier_value(slot, tier):
     """The shared table's value for ``slot`` of tier ``tier`` (1..3)."""
     return slot * 4 + tier
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # plain arrays only: no reference counts per call
 def lower_find(hk, h):
     """Value of content ``h`` in the lower tiers' shared table (``slot * 4 + tier``), or -1
     when it is in no lower tier.  Small enough for LLVM to inline into the replay's loops,
