@@ -83,7 +83,8 @@ def _size_table(table, opts, config, replicas, sched, drop, warnings, strict):
 
 
 def run_warnings(df, trace, span_us) -> list[dict]:
-    """Warnings about the result rows (kvsim.results.warnings)."""
+    """Warnings about the result rows (kvsim.results.warnings): a DataFrame, or its rows
+    as dicts (a single run's summary: no DataFrame built for ``--json``)."""
     from kvsim.results.warnings import result_warnings
 
     budget = None
@@ -95,7 +96,7 @@ def run_warnings(df, trace, span_us) -> list[dict]:
                 budget = (reader.header.source or {}).get("engine", {}).get("num_gpu_blocks")
         except Exception:  # noqa: BLE001 - the header was read once already; best effort
             budget = None
-    rows = df.to_dict(orient="records")
+    rows = df if isinstance(df, list) else df.to_dict(orient="records")
     online = [r for r in rows if not bool(r.get("offline"))]
     if online and all(int(r.get("requests") or 0) == 0 and int(r.get("dropped_requests") or 0)
                       for r in online):  # nothing served: refuse, never "0 requests", exit 0
