@@ -103,8 +103,13 @@ def _frame(cols: dict, off: np.ndarray, ids: np.ndarray):
     import pandas as pd
 
     data = {}
-    for name, _dtype, _ in REQUEST_COLUMNS:
-        data[name] = _pieces(off, ids) if name == "block_ids" else cols[name]
+    for name, dtype, _ in REQUEST_COLUMNS:
+        if dtype == "list":
+            data[name] = _pieces(off, ids)
+        elif dtype == "string":  # an object column (pandas 3 would infer its str dtype)
+            data[name] = pd.array(cols[name], dtype=object)
+        else:
+            data[name] = cols[name]
     return pd.DataFrame(data)
 
 
