@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvsim.core import layout as L
+from kvsim.core.spill import streamed_stats
 from kvsim.engine import scheduler as S
 from kvsim.replay.metrics import (
     REQUEST_COLUMNS,
@@ -74,18 +75,19 @@ class ClusterSteps(StepLog):
     :func:`kvsim.replay.metrics.step_table`'s columns and ``in_system``), built as a
     DataFrame only when read (:meth:`frame`); the summary's step statistics come from the
     latency column alone (:meth:`latency_stats`), the same float64 values in the same
-    order as the joined table's, so the figures are the same bits.  ``parts``: one
-    ``[replica, rows, in_system, block_bytes, keep, None]`` per replica (``rows``: its
-    :class:`kvsim.core.spill.SpilledRows`; ``keep``: which steps are measured: None every
-    step, an int the steps from that one on, False none; the last item: the kept steps'
-    (step, latency) columns, once read)."""
+    order as the joined table's, so the figures are the same bits: held in memory while
+    every replica's steps are (no replica's :class:`kvsim.core.spill.SpilledRows` spilled),
+    else streamed chunk by chunk (:func:`kvsim.core.spill.streamed_stats`: bounded memory,
+    exact).  ``parts``: one ``[replica, rows, in_system, block_bytes, keep]`` per replica
+    (``rows``: its :class:`kvsim.core.spill.SpilledRows`; ``keep``: which steps are
+    measured: None every step, an int the steps from that one on, False none)."""
 
     def __init__(self, parts: list, figures: bool = True) -> None:
         self.parts = parts
         self.figures = figures  # False: latency_stats counts the steps only
 
     def __len__(self) -> int:
-        return sum(len(self._cols(p)[1]) for p in self.parts)
+        return sum(self._count(p, None) for p in self.parts)
 
     @staticmethod
     def _keep(p, step: np.ndarray) -> np.ndarray | None:
@@ -95,19 +97,21 @@ class ClusterSteps(StepLog):
         return step.astype(np.int64) >= keep if keep is not False else \
             np.zeros(len(step), dtype=bool)
 
-    def _cols(self, p) -> tuple[np.ndarray, np.ndarray]:
-        """(step, latency_us) of one replica's kept steps (read once: ``p[5]``)."""
-        if p[5] is None:
-            chunks = list(p[1].iter_chunks())
-            step = np.concatenate([c[:, L.S_STEP] for c in chunks]) if chunks else \
-                np.zeros(0)
-            lat = np.concatenate([c[:, L.S_LATENCY_US] for c in chunks]) if chunks else \
-                np.zeros(0)
-            keep = self._keep(p, step)
-            if keep is not None:
-                step, lat = step[keep], lat[keep]
-            p[5] = (step.astype(np.int64), lat)
-        return p[5]
+    def _latencies(self, p, warm_step: int | None):
+        """One replica's kept steps' latencies (from ``warm_step`` on: None all), a chunk
+        at a time."""
+        for c in p[1].iter_chunks():
+            lat = c[:, L.S_LATENCY_US]
+            keep = self._keep(p, c[:, L.S_STEP])
+            if warm_step is not None:
+                w = c[:, L.S_STEP].astype(np.int64) >= warm_step
+                keep = w if keep is None else keep & w
+            yield lat if keep is None else lat[keep]
+
+    def _count(self, p, warm_step: int | None) -> int:
+        if p[4] is None and warm_step is None:
+            return len(p[1])
+        return sum(len(v) for v in self._latencies(p, warm_step))
 
     def part_frame(self, p):
         """One replica's step table, as :func:`cluster_summary` joins it."""
@@ -128,15 +132,13 @@ class ClusterSteps(StepLog):
     def latency_stats(self, warm_step: int | None) -> tuple[int, float, list[float]]:
         """As :func:`kvsim.replay.metrics.summarize` computes them from :meth:`frame`
         (the four percentiles from one partition: :func:`percentiles`)."""
-        cols = [self._cols(p) for p in self.parts]
-        step = np.concatenate([c[0] for c in cols])
-        lat = np.concatenate([c[1] for c in cols])
-        if warm_step is not None:
-            keep = step >= warm_step
-            if not keep.all():
-                lat = lat[keep]
         if not self.figures:
-            return len(lat), float("nan"), [float("nan")] * len(STEP_PERCENTILES)
+            n = sum(self._count(p, warm_step) for p in self.parts)
+            return n, float("nan"), [float("nan")] * len(STEP_PERCENTILES)
+        lats = (v for p in self.parts for v in self._latencies(p, warm_step))
+        if any(p[1].spilled for p in self.parts):
+            return streamed_stats(lats, STEP_PERCENTILES)
+        lat = np.concatenate(list(lats)) if self.parts else np.zeros(0)
         mean = float(lat.mean()) if len(lat) else float("nan")
         return len(lat), mean, percentiles(lat, STEP_PERCENTILES)
 
@@ -232,7 +234,7 @@ def cluster_summary(pol, engines, costs, N: int, router: str, dropped: int,
             warm = run.C[L.C_WARM_DONE] != 0
             cw = run.Cw if warm else run.C  # no step after the warm-up: nothing measured
             keep = int(run.K[L.K_WARMUP_STEP]) if warm else False
-        part = [e.replica, run.step_rows, e.in_system, e.block_bytes, keep, None]
+        part = [e.replica, run.step_rows, e.in_system, e.block_bytes, keep]
         parts.append(part)
         cols = _request_columns(run, len(e.sched.src), e.replica)
         rq = ClusterRequests({k: v for k, v in cols.items() if k != "replica"})
