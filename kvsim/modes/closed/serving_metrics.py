@@ -138,7 +138,8 @@ class ClusterSteps(StepLog):
         lats = (v for p in self.parts for v in self._latencies(p, warm_step))
         if any(p[1].spilled for p in self.parts):
             return streamed_stats(lats, STEP_PERCENTILES)
-        lat = np.concatenate(list(lats)) if self.parts else np.zeros(0)
+        lats = list(lats)
+        lat = np.concatenate(lats) if lats else np.zeros(0)  # no step: no chunk
         mean = float(lat.mean()) if len(lat) else float("nan")
         return len(lat), mean, percentiles(lat, STEP_PERCENTILES)
 
@@ -252,13 +253,17 @@ def cluster_summary(pol, engines, costs, N: int, router: str, dropped: int,
     C[L.C_CLOCK_US] = max(e.run.C[L.C_CLOCK_US] for e in engines)
     for k in range(4):
         C[L.C_PEAK + k] = sum(e.run.C[L.C_PEAK + k] for e in engines)
-    # one replica: its rows are in request_id order already (no copy)
-    joined = reqs[0] if len(reqs) == 1 else \
-        {k: np.concatenate([r[k] for r in reqs]) for k in reqs[0]}
+    # joined a column at a time, each replica's column dropped once copied (one replica:
+    # its rows are in request_id order already, no copy)
+    ids = np.concatenate([r["request_id"] for r in reqs])
+    order = None
+    if not (np.diff(ids) > 0).all():
+        order = np.argsort(ids, kind="stable")  # as sort_values(kind="stable")
+    joined = {}
+    for k in list(reqs[0]):
+        v = reqs[0].pop(k) if len(reqs) == 1 else np.concatenate([r.pop(k) for r in reqs])
+        joined[k] = v if order is None else v[order]
     reqs.clear()
-    if not (np.diff(joined["request_id"]) > 0).all():
-        order = np.argsort(joined["request_id"], kind="stable")  # sort_values(kind="stable")
-        joined = {k: v[order] for k, v in joined.items()}
     requests = ClusterRequests(joined)
     steps = ClusterSteps(parts)
     summary = summarize(pol.name, pol.offline, C, Cw if warmup > 0 else None, measured, -1,
