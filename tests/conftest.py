@@ -98,6 +98,9 @@ SLOW_TESTS = (
     "determinism",  # ~15-45 s
     # session 17: allocate_slots compiled for a call from Python (~70 s loaded)
     "tests/engine/test_vllm_slots_shortcut.py::",
+    # session 18 (memreq6): a fresh interpreter serving 3 replicas (~5 s at load 19)
+    "tests/cluster/test_request_side.py::test_closed_loop_json_run_imports_no_pandas[3-"
+    "replicas]",
 )
 
 

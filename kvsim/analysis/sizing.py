@@ -76,10 +76,11 @@ def context_check(table, model: str) -> ContextCheck:
 
     spec = load_model(model)
     ctx = int(getattr(spec, "max_position_embeddings", 0) or 0)
-    df = table.df
-    total = (df["prompt_tokens"].to_numpy(np.int64) + df["output_tokens"].to_numpy(np.int64))
+    total = (np.asarray(table.column("prompt_tokens"), dtype=np.int64)
+             + np.asarray(table.column("output_tokens"), dtype=np.int64))
     over = int((total > ctx).sum()) if ctx > 0 else 0
-    return ContextCheck(spec.name, ctx, over, int(total.max()) if len(total) else 0, len(df))
+    return ContextCheck(spec.name, ctx, over, int(total.max()) if len(total) else 0,
+                        len(table))
 
 
 def hybrid_warning(model: str) -> dict | None:
@@ -130,13 +131,9 @@ def longer_context_model(ctx: ContextCheck) -> str:
 def drop_over_context(table, context_tokens: int):
     """``table`` without the requests whose prompt + output exceed ``context_tokens``
     (request ids renumbered, as the reader numbers them)."""
-    import dataclasses
-
-    df = table.df
-    keep = (df["prompt_tokens"] + df["output_tokens"]) <= context_tokens
-    kept = df[keep].reset_index(drop=True).copy()
-    kept["request_id"] = np.arange(len(kept), dtype=np.int64)
-    return dataclasses.replace(table, df=kept)
+    keep = (np.asarray(table.column("prompt_tokens"), dtype=np.int64)
+            + np.asarray(table.column("output_tokens"), dtype=np.int64)) <= context_tokens
+    return table.take(keep)
 
 
 def pool_blocks(config, model: str, block_size_tokens: int) -> int:
@@ -161,22 +158,22 @@ def estimate_load(table, model: str, hardware: str, max_num_seqs: int,
     from kvsim.engine.engine_model import build_cost_model
 
     cost = build_cost_model(model, hardware)
-    df = table.df
+    N = len(table)
     bs = int(table.block_size_tokens)
     prefill = 0
     compute_us = 0.0
     cold_us = 0.0
-    prompts = df["prompt_tokens"].to_numpy(np.int64)
-    outputs = df["output_tokens"].to_numpy(np.int64)
+    prompts = np.asarray(table.column("prompt_tokens"), dtype=np.int64)
+    outputs = np.asarray(table.column("output_tokens"), dtype=np.int64)
     # blocks first seen in each request (arrival order; a block repeated within one request
     # counts once): the first occurrence of each id in the flattened ids, by owner
     off, ids = table.flat_block_ids()
     lens = np.diff(off)
-    news = np.zeros(len(df), dtype=np.int64)
+    news = np.zeros(N, dtype=np.int64)
     if len(ids):
         first = np.unique(ids, return_index=True)[1]
-        owner = np.repeat(np.arange(len(df), dtype=np.int64), lens)
-        news = np.bincount(owner[first], minlength=len(df))
+        owner = np.repeat(np.arange(N, dtype=np.int64), lens)
+        news = np.bincount(owner[first], minlength=N)
     for prompt, nids, new in zip(prompts.tolist(), lens.tolist(), news.tolist()):
         covered = nids * bs
         # tokens past the identified blocks are never hits; the reused blocks are the
@@ -190,7 +187,7 @@ def estimate_load(table, model: str, hardware: str, max_num_seqs: int,
     batches = max(max_num_batched_tokens, 1)
     prefill_us = compute_us + math.ceil(prefill / batches) * step_us
     cold_prefill_us = cold_us + math.ceil(int(prompts.sum()) / batches) * step_us
-    mean_ctx = float(np.mean(prompts + outputs / 2.0)) if len(df) else 1.0
+    mean_ctx = float(np.mean(prompts + outputs / 2.0)) if N else 1.0
     batch = float(max(max_num_seqs, 1))
     if hbm_blocks:
         batch = min(batch, max(1.0, hbm_blocks * block_size_tokens / max(mean_ctx, 1.0)))
@@ -198,11 +195,11 @@ def estimate_load(table, model: str, hardware: str, max_num_seqs: int,
     decode_us = math.ceil(out / batch) * (step_us + kv_read_us)
     busy_s = (prefill_us + decode_us) / 1e6
     upper_s = (cold_prefill_us + decode_us) / 1e6
-    arr = df["arrival_us"].to_numpy(np.int64)
+    arr = np.asarray(table.column("arrival_us"), dtype=np.int64)
     span_s = float(arr.max() - arr.min()) / 1e6 if len(arr) else 0.0
     util = busy_s / span_s if span_s > 0 else float("inf")
     replicas = max(1, math.ceil(upper_s / (span_s * TARGET_UTILISATION))) if span_s > 0 else 1
-    return LoadEstimate(len(df), span_s, int(prefill), out, busy_s, util, replicas, upper_s,
+    return LoadEstimate(N, span_s, int(prefill), out, busy_s, util, replicas, upper_s,
                         batch)
 
 

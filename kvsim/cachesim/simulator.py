@@ -55,9 +55,9 @@ the generic loop here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from kvsim.cachesim import fast_loops as fast
 from kvsim.cachesim import ghost_loops as ghost
@@ -75,6 +75,9 @@ from kvsim.policy.hooks import (
     view_ref,
 )
 from kvsim.policy.registry import Policy, get_policy
+
+if TYPE_CHECKING:  # annotations only: pandas is imported where a table is built
+    import pandas as pd
 
 #: Keys whose value range is at most this many times the stream length (plus a constant)
 #: are remapped through a direct table (O(n)); wider keys are sorted (np.unique).
@@ -381,6 +384,8 @@ def miss_ratio_curve(keys: np.ndarray, capacities, policy: str | Policy, *,
                      params: dict | None = None) -> pd.DataFrame:
     """Miss ratio at each capacity: DataFrame with columns ``capacity_blocks, accesses,
     hits, misses, miss_ratio`` (one row per capacity, in the given order)."""
+    import pandas as pd
+
     rows = []
     for cap in capacities:
         r = simulate_cache(keys, int(cap), policy, params=params)

@@ -9,8 +9,8 @@ every :data:`INTERVAL_S` seconds (``$KVSIM_PROGRESS_INTERVAL_S`` overrides it), 
 
 The ETA comes from the replay's own pace: the work done from the first report of work to
 the latest report that moved the count, over the time between the two less the time numba
-spent compiling in this process meanwhile (a straight line from that rate).  A cold run compiles for tens of seconds before its first report; an
-estimate from the elapsed time would extrapolate the compile over the whole run (it said
+spent compiling in this process meanwhile (a straight line from that rate).  A cold run
+compiles for tens of seconds before its first report; an estimate from the elapsed time would extrapolate the compile over the whole run (it said
 "about 7 min 50 s left" for a run that ended 4 s later).  While numba compiles, the line
 says so and gives no estimate; before two reports of work there is none either.  Nothing is
 written when no line fell due (a run shorter than the interval prints no progress at all).

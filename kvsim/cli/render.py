@@ -21,8 +21,8 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import pandas as pd
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -37,6 +37,9 @@ from kvsim.results.compare_view import (  # noqa: F401 - bound_row, verdict re-e
     verdict,
     with_derived,
 )
+
+if TYPE_CHECKING:  # annotations only: pandas is imported by whoever builds a table
+    import pandas as pd
 
 
 def _pct(v) -> str:

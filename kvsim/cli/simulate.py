@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import pandas as pd
 import typer
 
 from kvsim.cli import app, compat
@@ -102,6 +101,9 @@ from kvsim.cli.simulate_opts import (
 from kvsim.cli.sizing import print_warnings, run_warnings, size_table
 from kvsim.core.errors import KvsimInputError
 from kvsim.core.fsutil import atomic_output
+
+if TYPE_CHECKING:  # pandas: imported where a table is written or shown, not for --json
+    import pandas as pd
 
 
 def _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model, tier_policy,
@@ -371,10 +373,12 @@ def simulate_command(
                               on_progress=lambda done, total: bar.update(
                                   task, completed=done, total=total))
     replica_rows = result.summary.pop("replica_rows", None)
-    df = pd.DataFrame([result.summary])
-    warnings += run_warnings(df, trace, span_us, config)
+    warnings += run_warnings([dict(result.summary)], trace, span_us, config)
     print_warnings(warnings)
-    _write_rows(df, csv, parquet)
+    if csv is not None or parquet is not None or not json_:  # pandas only for these
+        import pandas as pd
+        df = pd.DataFrame([result.summary])
+        _write_rows(df, csv, parquet)
     if requests_out is not None:
         with atomic_output(requests_out) as tmp:
             result.requests.to_parquet(tmp, index=False)

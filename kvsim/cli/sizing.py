@@ -83,9 +83,10 @@ def _size_table(table, opts, config, replicas, sched, drop, warnings, strict):
 
 
 def run_warnings(df, trace, span_us, config=None) -> list[dict]:
-    """Warnings about the result rows (kvsim.results.warnings).  A run that served nothing
-    is refused, naming the option that sized the pool (``config.hbm_blocks``: --hbm-blocks,
-    else --hbm-gb)."""
+    """Warnings about the result rows (kvsim.results.warnings): a DataFrame, or its rows
+    as dicts (a single run's summary: no DataFrame built for ``--json``).  A run that served
+    nothing is refused, naming the option that sized the pool (``config.hbm_blocks``:
+    --hbm-blocks, else --hbm-gb)."""
     from kvsim.results.warnings import result_warnings
 
     budget = None
@@ -97,7 +98,7 @@ def run_warnings(df, trace, span_us, config=None) -> list[dict]:
                 budget = (reader.header.source or {}).get("engine", {}).get("num_gpu_blocks")
         except Exception:  # noqa: BLE001 - the header was read once already; best effort
             budget = None
-    rows = df.to_dict(orient="records")
+    rows = df if isinstance(df, list) else df.to_dict(orient="records")
     online = [r for r in rows if not bool(r.get("offline"))]
     if online and all(int(r.get("requests") or 0) == 0 and int(r.get("dropped_requests") or 0)
                       for r in online):  # nothing served: refuse, never "0 requests", exit 0

@@ -343,11 +343,18 @@ def exact_stats(rows: SpilledRows, col: int, qs, keep: Callable[[np.ndarray], np
         if not len(y):
             return len(x), math.nan, [math.nan for _ in qs]
         return len(x), float(x.mean()), [float(np.percentile(y, q)) for q in qs]
+    return streamed_stats((kept(chunk) for chunk in rows.iter_chunks()), qs)
+
+
+def streamed_stats(values: Iterator[np.ndarray], qs) -> tuple[int, float, list[float]]:
+    """(count, mean, percentiles ``qs``) of the float64 values ``values`` yields, in
+    bounded memory (a temporary file, one chunk at a time): exactly ``len(x)``,
+    ``x.mean()`` (NaN when a value is NaN) and ``np.percentile(x[~np.isnan(x)], q)`` of
+    their concatenation ``x`` (:func:`exact_stats`)."""
     vals = _Values()
     count = 0
     try:
-        for chunk in rows.iter_chunks():
-            v = kept(chunk)
+        for v in values:
             count += len(v)
             vals.append(v[~np.isnan(v)])
         n = vals.n

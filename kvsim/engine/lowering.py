@@ -120,8 +120,8 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
                                             "watermark_blocks": wmark,
                                             "dropped_requests": dropped}})
     off, ids = requests.flat_block_ids()
-    sched = new_schedule(df, off, ids, requests.block_size_tokens, cfg, cost, ngpu, wmark,
-                         flush_rows)
+    sched = new_schedule(requests.columns(), off, ids, requests.block_size_tokens, cfg, cost,
+                         ngpu, wmark, flush_rows)
     st, stf, src = sched.st, sched.stf, sched.src
     prompt = sched.req_args[1]
     out = sched.req_args[2]
@@ -172,19 +172,15 @@ def _drop_unadmittable(requests: RequestTable, block_size_tokens: int, max_promp
     ``whole_sequence``: the rows whose prompt and output (all but the last sampled token,
     which is never computed) need more: vLLM's scheduler preempts such a request when it
     grows past the pool and can never re-admit it."""
-    df = requests.df
-    tokens = df["prompt_tokens"].to_numpy(np.int64)
+    tokens = np.asarray(requests.column("prompt_tokens"), dtype=np.int64)
     if whole_sequence:
-        tokens = tokens + df["output_tokens"].to_numpy(np.int64) - 1
+        tokens = tokens + np.asarray(requests.column("output_tokens"), dtype=np.int64) - 1
     nb = (tokens + block_size_tokens - 1) // block_size_tokens
     keep = nb <= max_prompt_blocks
     dropped = int((~keep).sum())
     if not dropped:
         return requests, 0
-    kept = df[keep].reset_index(drop=True)
-    kept["request_id"] = np.arange(len(kept), dtype=kept["request_id"].dtype)
-    return RequestTable(df=kept, block_size_tokens=requests.block_size_tokens,
-                        skipped=requests.skipped, source=requests.source), dropped
+    return requests.take(keep), dropped
 
 
 def _columns(I: np.ndarray, F: np.ndarray, n: int, src: np.ndarray, N: int,

@@ -52,19 +52,20 @@ _NO_TABLE = np.zeros(2, dtype=np.int64)
 _NO_LOOKUP = (*index_keys_values(new_index(2)), _NO_TABLE)
 
 
-def new_schedule(df, off: np.ndarray, ids: np.ndarray, trace_block_tokens: int, cfg,
+def new_schedule(cols: dict, off: np.ndarray, ids: np.ndarray, trace_block_tokens: int, cfg,
                  cost, ngpu: int, wmark: int, flush_rows: int, *, closed: bool = False,
                  priority_scheduling: bool = False, order: np.ndarray | None = None,
                  ) -> Schedule:
     """The scheduler of ``cfg`` (:class:`kvsim.engine.engine_model.EngineConfig`) over the
-    Request-table columns ``df`` (``off``/``ids``: its block ids as CSR), with a KV budget
+    Request-table columns ``cols`` (name -> numpy array,
+    :meth:`kvsim.ingest.requests.RequestTable.columns`; ``off``/``ids``: its block ids as CSR), with a KV budget
     of ``ngpu`` blocks.  ``order``: the rows this engine serves (default all; a cluster
     replica starts empty and its router appends)."""
     from kvsim.jit.disk_cache import seal_all
 
     seal_all()  # before the scheduler's first compile: one signature each, sealed stamps
-    N = len(df)
-    a = {name: df[name].to_numpy() for name in df.columns if name not in ("block_ids", "model")}
+    N = len(cols["arrival_us"])
+    a = cols
     i64 = lambda x: np.ascontiguousarray(x, dtype=np.int64)  # noqa: E731
     arr, prompt, out = i64(a["arrival_us"]), i64(a["prompt_tokens"]), i64(a["output_tokens"])
     nsamp, beam = i64(a["n"]), i64(a["beam_width"])

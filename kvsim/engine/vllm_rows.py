@@ -405,15 +405,16 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
     return I, F, n
 
 
-def new_vllm_value(df, off, ids, trace_block_tokens: int, block_size: int, num_blocks: int,
+def new_vllm_value(cols: dict, off, ids, trace_block_tokens: int, block_size: int, num_blocks: int,
                    max_num_seqs: int, max_num_batched_tokens: int, *, priority: bool = False,
                    long_prefill_token_threshold: int = 0, watermark_blocks: int = 0,
                    reserve_full_isl: bool = True, enable_chunked_prefill: bool = True,
                    enable_caching: bool = True, spec_lookahead: bool = False,
                    seed: int = 0) -> tuple:
-    """The scheduler value ``vs`` of :func:`vllm_rows` for a Request table (``df``,
-    its block ids ``off``/``ids``): vLLM's waiting queue, running list and KV manager (a
-    pool of ``num_blocks`` blocks, the null block included, like the replay's)."""
+    """The scheduler value ``vs`` of :func:`vllm_rows` for a Request table (``cols``: name ->
+    numpy array, :meth:`kvsim.ingest.requests.RequestTable.columns`; its block ids
+    ``off``/``ids``): vLLM's waiting queue, running list and KV manager (a pool of
+    ``num_blocks`` blocks, the null block included, like the replay's)."""
     from kvsim.engine.vllm_spec import acceptance_units
     from kvsim.memory import fifo_order
     from kvsim.memory.fast import PoolConfig, new_out, new_state
@@ -421,16 +422,16 @@ def new_vllm_value(df, off, ids, trace_block_tokens: int, block_size: int, num_b
     from kvsim.policy.api import new_block_view
     from kvsim.policy.hooks import policy_value, view_ref
 
-    N = len(df)
+    N = len(cols["prompt_tokens"])
     i64 = lambda x: np.ascontiguousarray(x, dtype=np.int64)  # noqa: E731
-    prompt = i64(df["prompt_tokens"].to_numpy())
-    out = i64(df["output_tokens"].to_numpy())
+    prompt = i64(cols["prompt_tokens"])
+    out = i64(cols["output_tokens"])
     nfull = np.maximum(prompt + out - 1, 0) // block_size
     hoff = np.zeros(N + 1, np.int64)
     hoff[1:] = np.cumsum(nfull)
     hh = np.zeros(max(int(hoff[-1]), 1), np.int64)
     request_hashes(N, block_size, trace_block_tokens, prompt, out,
-                   i64(df["hashed_tokens"].to_numpy()), i64(df["tenant"].to_numpy()),
+                   i64(cols["hashed_tokens"]), i64(cols["tenant"]),
                    i64(off), i64(ids), hoff, hh)
     vip = np.zeros(V.NUM_PARAMS, np.int64)
     vip[V.P_BS], vip[V.P_NGPU] = block_size, num_blocks
@@ -447,18 +448,18 @@ def new_vllm_value(df, off, ids, trace_block_tokens: int, block_size: int, num_b
     R = np.zeros((M, V.NUM_COLS), np.int64)
     R[:N, V.K_PLEN], R[:N, V.K_OLEN] = prompt, out
     # vLLM's priority: lower value first; kvsim's request_priority: higher is more important
-    R[:N, V.K_PRIO] = -i64(df["request_priority"].to_numpy())
+    R[:N, V.K_PRIO] = -i64(cols["request_priority"])
     R[:N, V.K_RANK] = np.arange(N)
     R[:N, V.K_H0], R[:N, V.K_H1] = hoff[:-1], hoff[1:]
-    if "spec_draft_tokens" in df:  # speculative decoding (kvsim.engine.vllm_spec)
-        R[:N, V.K_SPECK] = i64(df["spec_draft_tokens"].to_numpy())
-        R[:N, V.K_ACCEPT] = acceptance_units(df["spec_accept_prob"].to_numpy(np.float64))
+    if "spec_draft_tokens" in cols:  # speculative decoding (kvsim.engine.vllm_spec)
+        R[:N, V.K_SPECK] = i64(cols["spec_draft_tokens"])
+        R[:N, V.K_ACCEPT] = acceptance_units(np.asarray(cols["spec_accept_prob"], dtype=np.float64))
     R[:, V.K_STATUS] = V.UNSEEN
     R[:, V.K_NCACHED] = -1
     R[:, V.K_SEQ] = -1
     varr = np.zeros(M, np.float64)
-    varr[:N] = df["arrival_us"].to_numpy(np.float64) / 1e6
-    spk = i64(df["spec_draft_tokens"].to_numpy()) if "spec_draft_tokens" in df else 0
+    varr[:N] = np.asarray(cols["arrival_us"], dtype=np.float64) / 1e6
+    spk = i64(cols["spec_draft_tokens"]) if "spec_draft_tokens" in cols else 0
     # drafts and their lookahead slots take blocks past prompt + output
     per_seq = int(((prompt + out + 2 * spk) // block_size).max()) + 3 if N else 4
     pc = PoolConfig(num_blocks=num_blocks, block_size_tokens=block_size,

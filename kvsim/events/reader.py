@@ -12,10 +12,9 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from kvsim.core.errors import KvsimInputError, bad_value
@@ -46,6 +45,9 @@ from kvsim.events.columns import (
     event_format,
 )
 from kvsim.events.read_ahead import ReadAhead
+
+if TYPE_CHECKING:  # annotations only: pandas is imported where a table is built
+    import pandas as pd
 
 _HEADER_TYPE_WORD = {int: "an integer", str: "a string", dict: "a JSON object"}
 
@@ -551,6 +553,8 @@ def open_events(path: str | Path) -> EventReader:
 
 def read_events(path: str | Path) -> tuple[EventHeader, pd.DataFrame]:
     """Read a whole (small) event file: the header and a DataFrame (enums as int8 codes)."""
+    import pandas as pd
+
     with open_events(path) as reader:
         parts = [pd.DataFrame(b) for b in reader.batches()]
         header = reader.header

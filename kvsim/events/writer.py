@@ -7,12 +7,12 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from kvsim.core.fsutil import atomic_output
@@ -41,7 +41,8 @@ from kvsim.events.columns import (
 def _to_column(name: str, value: Any, n: int) -> np.ndarray:
     """Convert a caller's column to the exact dtype, raising ValueError on lossy input."""
     dtype = DTYPES[name]
-    if isinstance(value, (pd.Series, pd.Index)):
+    pd = sys.modules.get("pandas")  # a pandas value only if pandas was imported
+    if pd is not None and isinstance(value, (pd.Series, pd.Index)):
         value = value.to_numpy()
     if name in ENUM_COLUMNS and isinstance(value, str):
         try:
@@ -294,10 +295,11 @@ class EventWriter:
 
 
 def write_events(path: str | Path, header: EventHeader,
-                 df_or_columns: pd.DataFrame | Mapping[str, Any],
+                 df_or_columns: Mapping[str, Any],
                  row_group_rows: int = 1 << 20) -> None:
     """Write a whole event table (DataFrame or mapping of columns) in one call."""
-    if isinstance(df_or_columns, pd.DataFrame):
+    pd = sys.modules.get("pandas")  # a DataFrame only if pandas was imported
+    if pd is not None and isinstance(df_or_columns, pd.DataFrame):
         columns = {c: df_or_columns[c].to_numpy() for c in df_or_columns.columns}
     else:
         columns = dict(df_or_columns)

@@ -32,7 +32,7 @@ import numpy as np
 from kvsim.core.errors import KvsimInputError, KvsimWarning
 from kvsim.core.fsutil import open_text
 from kvsim.core.limits import get_limits
-from kvsim.ingest.requests import RequestTable, build_request_table
+from kvsim.ingest.requests import CsrIds, RequestTable, build_request_table
 from kvsim.ingest.tracefile import BadRows, as_int, as_int_list, as_time_us, json_lines, parse_json
 
 #: Tokens per hash id (Mooncake README / FAST'25 artifact: "block size 512").
@@ -159,7 +159,10 @@ def _plain_columns(path, lim) -> dict | None:
     one-line errors."""
     scan = json.JSONDecoder().scan_once
     fields = itemgetter(*_KEYS)
-    ts, n_in, n_out, ids = [], [], [], []
+    # one batch of lines at a time into numpy: the parsed Python lists of a batch are
+    # dropped before the next (the whole trace's ids as Python ints would take ~36 bytes
+    # an id and a list a request; as int64, 8 bytes an id)
+    ts, n_in, n_out, id_parts, len_parts = [], [], [], [], []
     try:
         for lines in _plain_lines(path, lim.max_line_chars):
             if lines is None:
@@ -169,43 +172,46 @@ def _plain_columns(path, lim) -> dict | None:
             if list(map(itemgetter(1), parsed)) != list(map(len, lines)) \
                     or not set(map(type, recs)) <= {dict}:
                 return None  # text after the value, or not an object
-            for column, values in zip((ts, n_in, n_out, ids), zip(*map(fields, recs))):
-                column.extend(values)
-    except (KvsimInputError, OSError, StopIteration, KeyError, ValueError, RecursionError):
+            if not recs:
+                continue
+            t_b, in_b, out_b, ids_b = zip(*map(fields, recs))
+            if not set(map(type, t_b)) <= {int, float} \
+                    or not set(map(type, chain(in_b, out_b))) <= {int} \
+                    or not set(map(type, ids_b)) <= {list}:
+                return None
+            flat = list(chain.from_iterable(ids_b))
+            if not set(map(type, flat)) <= {int}:
+                return None
+            ts.append(np.fromiter(map(float, t_b), dtype=np.float64, count=len(t_b)))
+            n_in.append(np.array(in_b, dtype=np.int64))
+            n_out.append(np.array(out_b, dtype=np.int64))
+            id_parts.append(np.array(flat, dtype=np.int64))
+            len_parts.append(np.fromiter(map(len, ids_b), dtype=np.int64, count=len(ids_b)))
+    except (KvsimInputError, OSError, StopIteration, KeyError, ValueError, RecursionError,
+            OverflowError):
         return None  # json's errors are ValueErrors; the line-by-line reader names them
-    if not ts or not set(map(type, ts)) <= {int, float} \
-            or not set(map(type, chain(n_in, n_out))) <= {int} \
-            or not set(map(type, ids)) <= {list}:
+    if not ts:
         return None
-    flat = list(chain.from_iterable(ids))
-    if not set(map(type, flat)) <= {int}:
-        return None
-    try:
-        t = np.fromiter(map(float, ts), dtype=np.float64, count=len(ts))
-        prompt = np.array(n_in, dtype=np.int64)
-        output = np.array(n_out, dtype=np.int64)
-        flat_ids = np.array(flat, dtype=np.int64)
-    except OverflowError:
-        return None
+    t = np.concatenate(ts)
+    prompt = np.concatenate(n_in)
+    output = np.concatenate(n_out)
+    flat_ids = np.concatenate(id_parts)
+    lens = np.concatenate(len_parts)
+    del ts, n_in, n_out, id_parts, len_parts
     t_us = t * 1000.0
     if not (np.isfinite(t).all() and (t >= 0.0).all()
             and (t <= lim.max_epoch_us / 1000.0).all() and (t_us < 2.0**63).all()
             and (prompt >= 1).all() and (prompt <= lim.max_prompt_tokens).all()
             and (output >= 1).all() and (output <= lim.max_output_tokens).all()):
         return None
-    lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
     if not (lens == -(-prompt // MOONCAKE_BLOCK_TOKENS)).all() or not _prefix_tree(flat_ids, lens):
         return None
     arrival = np.rint(t_us).astype(np.int64)  # int(round(t * 1000.0)): half to even
+    off = np.zeros(len(lens) + 1, dtype=np.int64)  # block_ids as CSR: no array per request
+    np.cumsum(lens, out=off[1:])
     return {"arrival_us": arrival - arrival.min(), "prompt_tokens": prompt,
-            "output_tokens": output, "block_ids": _pieces(flat_ids, lens),
+            "output_tokens": output, "block_ids": CsrIds(off, flat_ids),
             "hashed_tokens": prompt}
-
-
-def _pieces(flat: np.ndarray, lens: np.ndarray) -> list[np.ndarray]:
-    """``flat`` cut into consecutive pieces of ``lens`` (views)."""
-    ends = np.cumsum(lens).tolist()
-    return [flat[a:b] for a, b in zip([0, *ends[:-1]], ends)]
 
 
 def _prefix_tree(flat: np.ndarray, lens: np.ndarray) -> bool:

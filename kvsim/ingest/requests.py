@@ -45,7 +45,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from kvsim.core.errors import KvsimInputError
@@ -75,6 +74,51 @@ REQUEST_COLUMNS: tuple[tuple[str, str, Any], ...] = (
 REQUEST_COLUMN_NAMES = tuple(c[0] for c in REQUEST_COLUMNS)
 
 
+class _Frame:
+    """``RequestTable.df``: the DataFrame, built from the table's numpy columns when first
+    read (pandas is imported then, not before).  A table built by
+    :func:`build_request_table` holds its columns as numpy arrays and its ``block_ids`` as
+    one flat int64 array with offsets (CSR): 8 bytes a block id and one offset a request,
+    no Python object per request; the closed loop reads them as they are
+    (:meth:`RequestTable.column`, :meth:`RequestTable.flat_block_ids`).  Once the
+    DataFrame is built (or a table is made of one) it is the table: the columns are read
+    from it, so that an edit of ``table.df`` is what every reader sees."""
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return None  # the dataclass field's default
+        d = obj.__dict__
+        if d.get("_df") is None and d.get("_cols") is not None:
+            d["_df"] = _frame(d["_cols"], d["_off"], d["_ids"])
+            d["_cols"] = d["_off"] = d["_ids"] = None
+        return d.get("_df")
+
+    def __set__(self, obj, value) -> None:
+        obj.__dict__.update(_df=value, _cols=None, _off=None, _ids=None)
+
+
+def _frame(cols: dict, off: np.ndarray, ids: np.ndarray):
+    """The Request table's DataFrame (:data:`REQUEST_COLUMNS` in order; ``block_ids`` one
+    int64 array per row, views of ``ids``)."""
+    import pandas as pd
+
+    data = {}
+    for name, dtype, _ in REQUEST_COLUMNS:
+        if dtype == "list":
+            data[name] = _pieces(off, ids)
+        elif dtype == "string":  # an object column (pandas 3 would infer its str dtype)
+            data[name] = pd.array(cols[name], dtype=object)
+        else:
+            data[name] = cols[name]
+    return pd.DataFrame(data)
+
+
+def _pieces(off: np.ndarray, ids: np.ndarray) -> list[np.ndarray]:
+    """``ids`` cut at ``off`` (views)."""
+    bounds = off.tolist()
+    return [ids[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 @dataclass
 class RequestTable:
     """A validated canonical Request table plus what the reader learned on the way.
@@ -82,21 +126,67 @@ class RequestTable:
     Invariants (checked by :func:`build_request_table`): sorted by ``arrival_us``;
     ``request_id`` is the row index; every column of :data:`REQUEST_COLUMNS` is present
     with its dtype; values in range (see the column table in the module docstring).
+    ``df`` is a pandas DataFrame, built when first read (:class:`_Frame`); code that needs
+    no DataFrame reads :meth:`column`, :meth:`columns` and :meth:`flat_block_ids`.
     """
 
-    df: pd.DataFrame
+    df: Any = _Frame()
     #: Tokens per native block of the trace (512 Mooncake, 64 agentic, 16 token-id logs).
-    block_size_tokens: int
+    block_size_tokens: int = 16
     #: Rows skipped because they were bad (only with ``skip_bad_rows``).
     skipped: int = 0
     #: Format name and reader arguments, recorded in the event-file header.
     source: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def from_columns(cls, cols: dict[str, np.ndarray], off: np.ndarray, ids: np.ndarray,
+                     block_size_tokens: int, skipped: int = 0,
+                     source: dict[str, Any] | None = None) -> RequestTable:
+        """A table held as numpy columns (every column of :data:`REQUEST_COLUMNS` but
+        ``block_ids``, which is ``off``/``ids``: CSR)."""
+        t = cls(df=None, block_size_tokens=int(block_size_tokens), skipped=skipped,
+                source=dict(source or {}))
+        t.__dict__.update(_cols=cols, _off=off, _ids=ids)
+        return t
+
+    def _held(self) -> dict | None:
+        return self.__dict__.get("_cols")
+
     def __len__(self) -> int:
-        return len(self.df)
+        cols = self._held()
+        return len(cols["request_id"]) if cols is not None else len(self.df)
+
+    def column(self, name: str) -> np.ndarray:
+        """One column (not ``block_ids``) as a numpy array (read-only use)."""
+        cols = self._held()
+        return cols[name] if cols is not None else self.df[name].to_numpy()
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """Every column but ``block_ids`` and ``model``, name -> numpy array."""
+        return {name: self.column(name) for name, dtype, _ in REQUEST_COLUMNS
+                if dtype not in ("list", "string")}
+
+    def take(self, keep: np.ndarray) -> RequestTable:
+        """The rows where ``keep`` (a bool mask) holds, ``request_id`` re-numbered densely
+        (arrival order kept)."""
+        cols = self._held()
+        if cols is None:
+            df = self.df[keep].reset_index(drop=True)
+            df["request_id"] = np.arange(len(df), dtype=df["request_id"].dtype)
+            return RequestTable(df=df, block_size_tokens=self.block_size_tokens,
+                                skipped=self.skipped, source=self.source)
+        off, ids = self.flat_block_ids()
+        new = {k: v[keep] for k, v in cols.items()}
+        new["request_id"] = np.arange(len(new["request_id"]), dtype=np.int64)
+        noff, nids = _gather(off, ids, np.flatnonzero(keep))
+        return RequestTable.from_columns(new, noff, nids, self.block_size_tokens,
+                                         self.skipped, self.source)
 
     def flat_block_ids(self) -> tuple[np.ndarray, np.ndarray]:
-        """(offsets int64[N+1], values int64[total]): ``block_ids`` as a CSR pair."""
+        """(offsets int64[N+1], values int64[total]): ``block_ids`` as a CSR pair (the
+        table's own arrays when it holds them: read-only use)."""
+        if self._held() is not None:
+            return self.__dict__["_off"], self.__dict__["_ids"]
         col = self.df["block_ids"]
         lengths = np.fromiter((len(x) for x in col), dtype=np.int64, count=len(col))
         offsets = np.zeros(len(col) + 1, dtype=np.int64)
@@ -106,6 +196,45 @@ class RequestTable:
         else:
             values = np.zeros(0, dtype=np.int64)
         return offsets, values
+
+
+def _gather(off: np.ndarray, ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The CSR pair of ``rows`` (in that order) of the CSR pair ``off``/``ids``."""
+    lens = (off[1:] - off[:-1])[rows]
+    noff = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(lens, out=noff[1:])
+    if not noff[-1]:
+        return noff, np.zeros(0, dtype=np.int64)
+    # for each output position: its source position (start of its row + rank in the row)
+    src = np.repeat(off[:-1][rows] - noff[:-1], lens) + np.arange(noff[-1], dtype=np.int64)
+    return noff, ids[src]
+
+
+def csr_block_ids(values) -> tuple[np.ndarray, np.ndarray]:
+    """``block_ids`` given as one id list per request (lists or arrays), or already as a
+    CSR pair ``(offsets, ids)`` (:class:`CsrIds`), as a CSR pair of int64 arrays."""
+    if isinstance(values, CsrIds):
+        return (np.ascontiguousarray(values.offsets, dtype=np.int64),
+                np.ascontiguousarray(values.ids, dtype=np.int64))
+    lens = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
+    off = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(lens, out=off[1:])
+    if not off[-1]:
+        return off, np.zeros(0, dtype=np.int64)
+    parts = [np.asarray(v, dtype=np.int64) for v in values if len(v)]
+    return off, np.concatenate(parts)
+
+
+@dataclass(frozen=True)
+class CsrIds:
+    """``block_ids`` of every request as one flat int64 array and ``N + 1`` offsets (what
+    a reader that parsed them flat passes to :func:`build_request_table`)."""
+
+    offsets: np.ndarray
+    ids: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
 
 
 def build_request_table(columns: dict[str, Any], *, block_size_tokens: int, path: str = "",
@@ -124,20 +253,21 @@ def build_request_table(columns: dict[str, Any], *, block_size_tokens: int, path
                               + (f" ({skipped} bad rows skipped)" if skipped else ""),
                               path or None, None, None)
     data: dict[str, Any] = {}
+    off = ids = None
     for name, dtype, default in REQUEST_COLUMNS:
         if name == "request_id":
             continue
         if name in columns:
             values = columns[name]
         elif name == "block_ids":
-            values = [np.zeros(0, dtype=np.int64)] * n
+            values = CsrIds(np.zeros(n + 1, dtype=np.int64), np.zeros(0, dtype=np.int64))
         else:
             values = [default] * n
         try:
             if dtype == "list":
-                data[name] = [np.asarray(v, dtype=np.int64) for v in values]
+                off, ids = csr_block_ids(values)
             elif dtype == "string":
-                data[name] = pd.array([str(v) for v in values], dtype=object)
+                data[name] = np.array([str(v) for v in values], dtype=object)
             else:
                 data[name] = np.asarray(values, dtype=dtype)
         except (OverflowError, ValueError, TypeError):
@@ -145,13 +275,16 @@ def build_request_table(columns: dict[str, Any], *, block_size_tokens: int, path
     if block_size_tokens <= 0:
         raise KvsimInputError(f"native block size must be >= 1 token, got {block_size_tokens}",
                               path or None, None, "block_size_tokens")
-    df = pd.DataFrame(data)
-    _validate(df, path, block_size_tokens)
-    order = np.argsort(df["arrival_us"].to_numpy(), kind="stable")
-    df = df.iloc[order].reset_index(drop=True)
-    df.insert(0, "request_id", np.arange(n, dtype=np.int64))
-    return RequestTable(df=df, block_size_tokens=int(block_size_tokens), skipped=skipped,
-                        source=dict(source or {}))
+    _validate(data, off, path, block_size_tokens)
+    order = np.argsort(data["arrival_us"], kind="stable")
+    cols = {"request_id": np.arange(n, dtype=np.int64)}
+    if (order == np.arange(n)).all():
+        cols.update(data)
+    else:
+        cols.update({k: v[order] for k, v in data.items()})
+        off, ids = _gather(off, ids, order)
+    return RequestTable.from_columns(cols, off, ids, int(block_size_tokens), skipped,
+                                     source)
 
 
 def _first_unrepresentable(values, name: str, dtype: str, path: str) -> KvsimInputError:
@@ -168,54 +301,56 @@ def _first_unrepresentable(values, name: str, dtype: str, path: str) -> KvsimInp
                            None, name)
 
 
-def _check(mask: np.ndarray, df: pd.DataFrame, path: str, field_name: str, expected: str):
+def _check(mask: np.ndarray, df: dict, path: str, field_name: str, expected: str):
     bad = np.flatnonzero(~mask)
     if bad.size:
         row = int(bad[0])
-        value = df[field_name].iloc[row]
+        value = df[field_name][row]
         value = value.item() if hasattr(value, "item") else value
         raise KvsimInputError(f"expected {expected}, got {value!r}",
                               path or None, f"request {row + 1}", field_name)
 
 
-def _validate(df: pd.DataFrame, path: str, block_size_tokens: int) -> None:
+def _validate(df: dict, off: np.ndarray, path: str, block_size_tokens: int) -> None:
+    """Every value in range (``df``: the columns, name -> numpy array, in the reader's
+    order; ``off``: ``block_ids``' offsets); the first bad one raises."""
     from kvsim.core.limits import get_limits
 
     lim = get_limits()
     note = " (kvsim limit, KVSIM_LIMIT_{} / --limit; docs/cli.md)"
-    _check(df["arrival_us"].to_numpy() <= lim.max_time_us, df, path, "arrival_us",
+    _check(df["arrival_us"] <= lim.max_time_us, df, path, "arrival_us",
            f"a time <= {lim.max_time_us:,} us after the first request"
            + note.format("MAX_TIME_US"))
-    _check(df["prompt_tokens"].to_numpy() <= lim.max_prompt_tokens, df, path,
+    _check(df["prompt_tokens"] <= lim.max_prompt_tokens, df, path,
            "prompt_tokens", f"at most {lim.max_prompt_tokens:,} tokens"
            + note.format("MAX_PROMPT_TOKENS"))
-    _check(df["output_tokens"].to_numpy() <= lim.max_output_tokens, df, path,
+    _check(df["output_tokens"] <= lim.max_output_tokens, df, path,
            "output_tokens", f"at most {lim.max_output_tokens:,} tokens"
            + note.format("MAX_OUTPUT_TOKENS"))
     for name in ("n", "beam_width"):
-        _check(df[name].to_numpy() <= lim.max_fanout, df, path, name,
+        _check(df[name] <= lim.max_fanout, df, path, name,
                f"at most {lim.max_fanout}" + note.format("MAX_FANOUT"))
     total = int(df["prompt_tokens"].sum()) + int(df["output_tokens"].sum())
     if total > lim.max_total_tokens:
         raise KvsimInputError(f"expected at most {lim.max_total_tokens:,} tokens in the whole "
                               f"trace, got {total:,}" + note.format("MAX_TOTAL_TOKENS"),
                               path or None, None, "prompt_tokens + output_tokens")
-    _check(df["arrival_us"].to_numpy() >= 0, df, path, "arrival_us", "a time >= 0")
-    _check(df["prompt_tokens"].to_numpy() >= 1, df, path, "prompt_tokens", "an integer >= 1")
-    _check(df["output_tokens"].to_numpy() >= 1, df, path, "output_tokens", "an integer >= 1")
-    rp = df["request_priority"].to_numpy()
+    _check(df["arrival_us"] >= 0, df, path, "arrival_us", "a time >= 0")
+    _check(df["prompt_tokens"] >= 1, df, path, "prompt_tokens", "an integer >= 1")
+    _check(df["output_tokens"] >= 1, df, path, "output_tokens", "an integer >= 1")
+    rp = df["request_priority"]
     _check((rp >= 0) & (rp <= 100), df, path, "request_priority", "0..100")
-    _check(df["n"].to_numpy() >= 1, df, path, "n", "an integer >= 1")
-    _check(df["beam_width"].to_numpy() >= 1, df, path, "beam_width", "an integer >= 1")
-    ids_len = np.fromiter((len(x) for x in df["block_ids"]), dtype=np.int64, count=len(df))
-    ht = df["hashed_tokens"].to_numpy()
+    _check(df["n"] >= 1, df, path, "n", "an integer >= 1")
+    _check(df["beam_width"] >= 1, df, path, "beam_width", "an integer >= 1")
+    ids_len = off[1:] - off[:-1]
+    ht = df["hashed_tokens"]
     _check((ht >= 0) & (ht <= ids_len * block_size_tokens), df, path, "hashed_tokens",
            "at most len(block_ids) x block size tokens")
-    p = df["spec_accept_prob"].to_numpy()
+    p = df["spec_accept_prob"]
     _check((p >= 0.0) & (p <= 1.0), df, path, "spec_accept_prob", "a probability in [0, 1]")
-    _check(df["spec_draft_tokens"].to_numpy() >= 0, df, path, "spec_draft_tokens", ">= 0")
+    _check(df["spec_draft_tokens"] >= 0, df, path, "spec_draft_tokens", ">= 0")
     for name in ("ttft_deadline_us", "tpot_deadline_us", "next_turn_gap_us"):
-        v = df[name].to_numpy()
+        v = df[name]
         _check((v == -1) | (v > 0), df, path, name, "a positive duration or -1 (none)")
 
 

@@ -9,14 +9,16 @@ import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from kvsim.core.errors import KvsimInputError
 from kvsim.modes.dispatch import simulate
 from kvsim.policy.registry import resolve_policy
 from kvsim.replay.driver import _open, scan_trace
 from kvsim.spec.sim_config import SimConfig
+
+if TYPE_CHECKING:  # annotations only: pandas is imported where a table is built
+    import pandas as pd
 
 _SHARED: dict = {}
 
@@ -210,6 +212,8 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
             row["gap_prefix_hit_rate_to_belady"] = float("nan")
             row["gap_p99_step_us_to_belady"] = float("nan")
         rows.append(row)
+    import pandas as pd
+
     from kvsim.results.compare_view import label_bounds
 
     return label_bounds(pd.DataFrame(rows), "cache" if cache else "live" if live

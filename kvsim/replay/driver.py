@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from kvsim.core import layout as L
 from kvsim.core.errors import KvsimInputError
@@ -89,8 +88,8 @@ class SimResult:
     policy: str
     offline: bool
     summary: dict
-    requests: pd.DataFrame = _Lazy()
-    steps: pd.DataFrame = _Lazy()
+    requests: pandas.DataFrame = _Lazy()  # noqa: F821 (pandas: imported when built)
+    steps: pandas.DataFrame = _Lazy()  # noqa: F821
     config: dict
     trace: str
     tiers: list[TierCosts] = field(default_factory=list)

@@ -7,11 +7,15 @@ prints exactly these keys (plus the gaps to belady).  Percentiles use numpy's de
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from kvsim.core import layout as L
 from kvsim.core.spill import SpilledRows, exact_stats
+
+if TYPE_CHECKING:  # pandas is imported only where a DataFrame is built
+    import pandas as pd
 
 #: The stable keys of a summary, in display order (docs/simulate.md explains each).
 SUMMARY_KEYS = (
@@ -69,6 +73,8 @@ def step_table(S: np.ndarray, block_bytes: int = 0) -> pd.DataFrame:
     with ``block_bytes`` > 0, the same in bytes (``*_bytes`` = blocks x block_bytes, the
     allocation unit).  ``hbm_cached_blocks`` (and its bytes) is left out when the core did
     not record it (-1 in the step buffer: see kvsim.replay.kernel.bookkeeping._finalize_step)."""
+    import pandas as pd
+
     df = pd.DataFrame(S[:, :len(STEP_COLUMNS)], columns=list(STEP_COLUMNS))
     df["step"] = df["step"].astype(np.int64)
     for name, col in zip(OCCUPANCY_COLUMNS, _OCCUPANCY_SRC):
@@ -187,6 +193,8 @@ def _kept_ids(R_i: np.ndarray, n: int) -> np.ndarray:
 def request_table(R_i: np.ndarray, R_f: np.ndarray, n: int) -> pd.DataFrame:
     """One row per request that arrived or ran (ids with no rows are left out)."""
     keep = _kept_ids(R_i, n)
+    import pandas as pd
+
     return pd.DataFrame({name: col(R_i, R_f, keep) for name, col in REQUEST_COLUMNS.items()})
 
 

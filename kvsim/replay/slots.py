@@ -28,12 +28,16 @@ order (:meth:`FoldedRequests.figures`; the per-request table is sorted by reques
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from kvsim.core import layout as L
 from kvsim.core.spill import SpilledRows, exact_stats
 from kvsim.replay.prepass import IdMap
+
+if TYPE_CHECKING:  # pandas is imported only where a DataFrame is built
+    import pandas as pd
 
 #: Folded request rows kept in memory before they go to the temporary file (26 columns of
 #: 8 bytes: 1.7 MB).  The Mooncake conversation trace (12,031 requests) spills ~3.8k of them.
@@ -90,6 +94,8 @@ class FoldedRequests:
         order = np.argsort(a.view(np.int64)[:, self.names.index("request_id")],
                            kind="stable")
         a = a[order]
+        import pandas as pd
+
         return pd.DataFrame({name: self._col(a, name) for name in self.names})
 
     def figures(self, measured: np.ndarray | None, block_size_tokens: int) -> dict:

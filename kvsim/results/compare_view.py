@@ -7,8 +7,11 @@ derived metrics, and the one-line verdict.  Pure functions on DataFrames: the CL
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:  # annotations only: pandas is imported by whoever builds a table
+    import pandas as pd
+
 
 #: metrics that do not take part in "are these two policies' results identical?"
 _NOT_A_RESULT = ("policy", "offline", "bound_claim", "bound_note")

@@ -35,9 +35,8 @@ def _all_prompt_hashes(B, T, prompt, hashed, off, ids, pb_off, out):
 def prompt_block_hashes(table, off, ids, B: int) -> tuple[np.ndarray, np.ndarray]:
     """(offsets int64[N+1], hashes int64[total]): every request's prompt block hashes at
     block size ``B`` (0 = partial or unidentified: never shared)."""
-    df = table.df
-    prompt = np.ascontiguousarray(df["prompt_tokens"].to_numpy(), dtype=np.int64)
-    hashed = np.ascontiguousarray(df["hashed_tokens"].to_numpy(), dtype=np.int64)
+    prompt = np.ascontiguousarray(table.column("prompt_tokens"), dtype=np.int64)
+    hashed = np.ascontiguousarray(table.column("hashed_tokens"), dtype=np.int64)
     nb = (prompt + B - 1) // B
     pb_off = np.zeros(len(prompt) + 1, dtype=np.int64)
     np.cumsum(nb, out=pb_off[1:])
@@ -96,10 +95,9 @@ def block_facts(table, off, ids, B: int):
     """(offsets, next_use, seen) per block a request writes (prompt blocks, then decode
     blocks), in arrival order (module docstring).  A decode block is cached once full, so
     its next use is the next prompt block of the same content (the next turn's)."""
-    df = table.df
-    prompt = np.ascontiguousarray(df["prompt_tokens"].to_numpy(), dtype=np.int64)
-    hashed = np.ascontiguousarray(df["hashed_tokens"].to_numpy(), dtype=np.int64)
-    output = np.ascontiguousarray(df["output_tokens"].to_numpy(), dtype=np.int64)
+    prompt = np.ascontiguousarray(table.column("prompt_tokens"), dtype=np.int64)
+    hashed = np.ascontiguousarray(table.column("hashed_tokens"), dtype=np.int64)
+    output = np.ascontiguousarray(table.column("output_tokens"), dtype=np.int64)
     npb = (prompt + B - 1) // B
     nkv = (prompt + np.maximum(output - 1, 0) + B - 1) // B  # blocks the request writes
     nb = np.maximum(npb, np.minimum(nkv, hashed // B))

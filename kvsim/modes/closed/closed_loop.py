@@ -131,14 +131,13 @@ class Engine:
                  log_writer=None, order: np.ndarray | None = None, replica: int = 0):
         from kvsim.replay.driver import TraceFacts, _Run
 
-        df = table.df
-        N = len(df)
+        N = len(table)
         opts, _why = resolve_scheduler(table, config, opts)  # auto: vllm or kvsim
         cfg = opts.engine_config(hbm_blocks, config.seed)
         self.cost = cost
         self.N = N
         wmark = cfg.watermark_blocks(hbm_blocks)
-        self.sched = new_schedule(df, off, ids, table.block_size_tokens, cfg, cost,
+        self.sched = new_schedule(table.columns(), off, ids, table.block_size_tokens, cfg, cost,
                                   hbm_blocks, wmark, 1, closed=True,
                                   priority_scheduling=config.priority_scheduling,
                                   order=order)
@@ -180,8 +179,8 @@ class Engine:
         self.vs = TypedTuple(_vllm_value(table, off, ids, opts, config,
                                          int(self.run.st.cfg[0]), wmark))
         sc.ip[S.P_VLLM] = int(opts.scheduler == "vllm")
-        self.rprio = np.asarray(df["request_priority"].to_numpy(), dtype=np.int8)
-        self.tenant = np.asarray(df["tenant"].to_numpy(), dtype=np.int32)
+        self.rprio = np.asarray(table.column("request_priority"), dtype=np.int8)
+        self.tenant = np.asarray(table.column("tenant"), dtype=np.int32)
         self.block_bytes = block_bytes
         self.replica = replica
         # pending first tokens per step <= running sequences: never grown mid-step
@@ -390,10 +389,9 @@ def vllm_unsupported(table: RequestTable, config: SimConfig) -> str | None:
     """What of ``table`` / ``config`` vLLM's scheduler (kvsim.engine.vllm_rows) does not
     model, in words, or None: n > 1, beams, ``--preemption swap`` (vLLM 0.33 only
     recomputes).  Speculative drafts it models (kvsim.engine.vllm_spec)."""
-    df = table.df
     for col, what in (("n", "n > 1 (parallel sampling)"), ("beam_width", "beam search")):
         limit = 1
-        if len(df) and col in df and int(df[col].max()) > limit:
+        if len(table) and int(table.column(col).max()) > limit:
             return f"{what}: the trace has requests with {col} > {limit}"
     if config.preemption != "recompute":
         return (f"--preemption {config.preemption} (vLLM 0.33's scheduler only recomputes "
@@ -449,17 +447,18 @@ def _vllm_value(table: RequestTable, off, ids, opts: EngineOptions, config: SimC
 
     if opts.scheduler != "vllm":
         if "v" not in _TINY:
-            _TINY["v"] = new_vllm_value(table.df.iloc[:0], np.zeros(1, np.int64),
+            _TINY["v"] = new_vllm_value({k: v[:0] for k, v in table.columns().items()},
+                                        np.zeros(1, np.int64),
                                         np.zeros(1, np.int64), 1, opts.block_size_tokens, 2,
                                         1, 1)
         return _TINY["v"]
-    df = table.df
+    cols = table.columns()
     if not table.source.get("salt_by_tenant"):
         # the tenant is vLLM's cache_salt only when the table is salted by tenant
         # (--salt-by-tenant, kvsim.ingest.requests.salt_by_tenant; a scheduler recording's
         # cache_salt): unsalted, tenants share blocks, as in kvsim's scheduler and the replay
-        df = df.assign(tenant=0)
-    return new_vllm_value(df, off, ids, table.block_size_tokens, opts.block_size_tokens,
+        cols["tenant"] = np.zeros(len(table), dtype=np.int32)
+    return new_vllm_value(cols, off, ids, table.block_size_tokens, opts.block_size_tokens,
                           num_blocks, opts.max_num_seqs, opts.max_num_batched_tokens,
                           priority=config.priority_scheduling,
                           long_prefill_token_threshold=opts.long_prefill_token_threshold,

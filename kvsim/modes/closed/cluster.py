@@ -46,7 +46,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from kvsim.core.errors import KvsimInputError
 from kvsim.engine import scheduler as S
@@ -64,8 +63,8 @@ from kvsim.spec.sim_config import SimConfig
 def _events(table: RequestTable, block_size_tokens: int) -> int:
     """About how many event rows the closed loop replays for ``table`` (prompt blocks plus
     one per output token), as the engine counts them for ``auto``."""
-    df = table.df
-    return int(df["prompt_tokens"].sum() // block_size_tokens + df["output_tokens"].sum())
+    return int(table.column("prompt_tokens").sum() // block_size_tokens
+               + table.column("output_tokens").sum())
 
 
 def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
@@ -131,13 +130,15 @@ def _dropped_prompts(offered: RequestTable, kept: RequestTable, B: int) -> np.nd
     """(arrival_us, prompt tokens, prompt blocks) of the requests :func:`prepare` dropped
     (larger than HBM): the hit rates count their prompts as looked up and missed
     (docs/simulate.md, "Metrics: hit rates")."""
-    a = offered.df
-    k = kept.df
-    key = ["arrival_us", "prompt_tokens", "output_tokens"]
-    left = a[key].merge(k[key].drop_duplicates().assign(_kept=1), on=key, how="left")
-    gone = left["_kept"].isna().to_numpy()
-    prompt = a["prompt_tokens"].to_numpy(np.int64)[gone]
-    return np.stack([a["arrival_us"].to_numpy(np.int64)[gone], prompt, (prompt + B - 1) // B])
+    key = ("arrival_us", "prompt_tokens", "output_tokens")
+    a = np.stack([np.asarray(offered.column(c), dtype=np.int64) for c in key], axis=1)
+    k = np.stack([np.asarray(kept.column(c), dtype=np.int64) for c in key], axis=1)
+    # an offered row is gone when no kept row has its (arrival, prompt, output)
+    _u, inv = np.unique(np.concatenate([a, k]), axis=0, return_inverse=True)
+    inv = inv.ravel()
+    gone = ~np.isin(inv[:len(a)], inv[len(a):])
+    prompt = a[gone, 1]
+    return np.stack([a[gone, 0], prompt, (prompt + B - 1) // B])
 
 
 def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_blocks, costs,
@@ -201,9 +202,9 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
         raise
     for wr in writers:
         wr.__exit__(None, None, None)
-    start_us = float(table.df["arrival_us"].iat[warmup]) if warmup > 0 else 0.0
+    start_us = float(table.column("arrival_us")[warmup]) if warmup > 0 else 0.0
     summary, requests, steps = cluster_summary(pol, engines, costs, N, router, dropped,
-                                               warmup, start_us, lazy_steps=True)
+                                               warmup, start_us, lazy=True)
     if missed is not None:  # dropped requests arriving in the measured window: misses
         from kvsim.modes.closed.serving_metrics import count_dropped_as_misses
 
@@ -214,7 +215,7 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
     if config.tenant_metrics:
         from kvsim.results.tenant_view import tenant_table
 
-        summary["tenant_rows"] = tenant_table(requests, warmup).to_dict("records")
+        summary["tenant_rows"] = tenant_table(requests.frame(), warmup).to_dict("records")
     from kvsim.replay.link_metrics import link_summary  # --link-model queue only
 
     summary.update(link_summary([e.run for e in engines], [e.clock_us for e in engines],
@@ -232,7 +233,7 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
                      engine: EngineOptions | None = None, jobs: int = 1,
                      on_progress: Callable[[str], None] | None = None,
                      on_work: Callable[[int, int], None] | None = None,
-                     pd_options=None) -> pd.DataFrame:
+                     pd_options=None):
     """:func:`serve` under each policy (belady added as the offline bound when
     available); one row per policy with the summary keys, plus
     ``gap_hbm_hit_rate_to_belady``, ``gap_ttft_p99_us_to_belady`` and, when lru is listed,
@@ -266,7 +267,7 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
     args = (table, config, replicas, router, engine, pd_options)
     results: dict[str, dict] = {}
     todo = list(run_names)
-    meter = WorkMeter(len(table.df), len(run_names), on_work)  # requests served
+    meter = WorkMeter(len(table), len(run_names), on_work)  # requests served
     if split:
         # a cold compile: the core compiles here (first policy) while forked workers
         # compile the other policies' hooks (kvsim.replay.precompile)
@@ -310,9 +311,11 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
         row["gap_ttft_p99_us_to_belady"] = (row["ttft_p99_us"] - ref["ttft_p99_us"]
                                             if ref else nan)
         rows.append(row)
+    import pandas
+
     from kvsim.results.compare_view import label_bounds
 
-    return label_bounds(pd.DataFrame(rows), "closed")  # no bound in the closed loop
+    return label_bounds(pandas.DataFrame(rows), "closed")  # no bound in the closed loop
 
 
 def _serve_summary(name, table, config, replicas, router, engine, pd_options=None,

@@ -50,9 +50,9 @@ import dataclasses
 import heapq
 import math
 from collections import deque
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from kvsim.core.errors import KvsimInputError
 from kvsim.engine import scheduler as S
@@ -61,6 +61,8 @@ from kvsim.engine.scheduler_blocks import _cached_prefix
 from kvsim.engine.vllm_rows import VS_IP, VS_R
 from kvsim.spec.sim_config import SHARED_LINK_BYTES_PER_S, SHARED_LINK_LATENCY_US
 
+if TYPE_CHECKING:  # annotations only: pandas is imported where a table is built
+    import pandas as pd
 
 @dataclasses.dataclass(frozen=True)
 class PdOptions:

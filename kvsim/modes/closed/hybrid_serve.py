@@ -18,14 +18,18 @@ speculative drafts (each refused with one line, :func:`check_supported`).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from kvsim.core.errors import KvsimInputError
 from kvsim.engine.vllm_hybrid import HybridVllmScheduler
 from kvsim.engine.vllm_scheduler import EngineConfig as VllmConfig
 from kvsim.engine.vllm_scheduler import SimRequest
 from kvsim.memory.hybrid import FULL, MAMBA, SLIDING_WINDOW, HybridPool, HybridRequest
+
+if TYPE_CHECKING:  # annotations only: pandas is imported where a table is built
+    pass
 
 HYBRID_POOL = ("auto", "on", "off")
 _SKIP = "hybrid pool (--hybrid-pool on/auto on a hybrid model) does not model"
@@ -376,6 +380,8 @@ def serve_hybrid_trace(table, config, opts, groups=None, block_bytes: int | None
     ttft = first - arr
     e2e = done - arr
     tpot = np.where(out > 1, (done - first) / np.maximum(out - 1, 1), np.nan)
+    import pandas as pd
+
     requests = pd.DataFrame({"request_id": np.arange(N), "arrival_us": arr,
                              "prompt_tokens": prompt, "output_tokens": out,
                              "admit_us": admit, "first_token_us": first, "finish_us": done,

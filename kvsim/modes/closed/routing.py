@@ -78,12 +78,11 @@ def _run_cluster(table: RequestTable, engines: list[Engine], router: str, B: int
     request ``i`` every replica runs the steps that start before ``arrival_i``.
     ``on_progress(served, N)``: the requests the replicas have finished, after each
     arrival."""
-    df = table.df
-    arr = df["arrival_us"].to_numpy(np.int64)
-    prompt = df["prompt_tokens"].to_numpy(np.int64)
-    session = df["session"].to_numpy(np.int64)
+    arr = np.asarray(table.column("arrival_us"), dtype=np.int64)
+    prompt = np.asarray(table.column("prompt_tokens"), dtype=np.int64)
+    session = np.asarray(table.column("session"), dtype=np.int64)
     pb_off, pb_hash = pb
-    N = len(df)
+    N = len(table)
     sticky: dict = {}
     R = len(engines)
     waiting_blocks = np.zeros(R, dtype=np.int64)  # prompt blocks waiting, per replica
