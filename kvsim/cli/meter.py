@@ -7,14 +7,14 @@ every :data:`INTERVAL_S` seconds (``$KVSIM_PROGRESS_INTERVAL_S`` overrides it), 
 
     progress: replay lru: 1,234,567/4,000,000 events (31 %), 12 s elapsed, about 27 s left
 
-The ETA comes from the replay's own pace: the work done from the first report of work to
-the latest report that moved the count, over the time between the two less the time numba
-spent compiling in this process meanwhile (a straight line from that rate).  A cold run
-compiles for tens of seconds before its first report; an estimate from the elapsed time would extrapolate the compile over the whole run (it said
-"about 7 min 50 s left" for a run that ended 4 s later).  While numba compiles, the line
-says so and gives no estimate; before two reports of work there is none either.  Nothing is
-written when no line fell due (a run shorter than the interval prints no progress at all).
-"""
+The ETA comes from the replay's own pace: the work done from the first report of work to the
+latest report that moved the count, over the time between the two less the time numba spent
+compiling in this process meanwhile (a straight line from that rate).  A cold run compiles
+for tens of seconds before its first report; an estimate from the elapsed time would
+extrapolate the compile over the whole run (it said "about 7 min 50 s left" for a run that
+ended 4 s later).  While numba compiles, the line says so and gives no estimate; before two
+reports of work there is none either.  Nothing is written when no line fell due (a run
+shorter than the interval prints no progress at all). """
 
 from __future__ import annotations
 
