@@ -9,7 +9,9 @@ request trace: memory should grow with what is resident, not with the trace's le
 ``--trace`` (Mooncake JSONL) is repeated N times back to back in time (written to
 ``--dir``, never into the repository): copy k has its timestamps shifted by k x (the
 trace's span + 1 ms) and the same ``hash_ids``, so the working set is the same and only the
-length grows.  Each size runs ``kvsim simulate --request-trace T --json`` (h100-sxm
+length grows.  ``--stretch F`` first multiplies every arrival time by F (a lighter load:
+the same requests spread out, so a single replica is not overloaded and its queue does not
+grow with the copies).  Each size runs ``kvsim simulate --request-trace T --json`` (h100-sxm
 defaults, llama-3.1-8b, vLLM's scheduler) in a fresh child and reads its peak resident set
 (``ru_maxrss`` of ``RUSAGE_CHILDREN``, each child measured by its own process), CPU
 seconds and wall; /proc/loadavg before and after.  The compile is excluded (an untimed 1x
@@ -35,9 +37,11 @@ def _load() -> str:
         return "?"
 
 
-def repeat_trace(src: Path, copies: int, dst: Path) -> None:
+def repeat_trace(src: Path, copies: int, dst: Path, stretch: float = 1.0) -> None:
     lines = src.read_text().splitlines()
     rows = [json.loads(x) for x in lines if x.strip()]
+    if stretch != 1.0:  # arrivals spread out: the same requests, a lighter load
+        rows = [{**r, "timestamp": round(r["timestamp"] * stretch)} for r in rows]
     span = max(r["timestamp"] for r in rows) + 1
     tmp = dst.with_suffix(".tmp")
     with tmp.open("w") as f:
@@ -74,6 +78,9 @@ def main() -> None:
     ap.add_argument("--dir", default="/tmp/kvsim_rscale")
     ap.add_argument("--out", default=None)
     ap.add_argument("--no-warm", action="store_true", help="skip the untimed first run")
+    ap.add_argument("--stretch", type=float, default=1.0,
+                    help="multiply the arrival times by this first (a lighter load: one "
+                         "replica is overloaded by the Mooncake conversation trace at 1.0)")
     ap.add_argument("extra", nargs="*", help="more kvsim simulate options (after --)")
     a = ap.parse_args()
     d = Path(a.dir)
@@ -82,11 +89,13 @@ def main() -> None:
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     here = str(Path(__file__).parent)
     for n in sorted(a.copies):
-        dst = Path(a.trace) if n == 1 else d / f"{Path(a.trace).stem}_x{n}.jsonl"
-        if n > 1 and not dst.exists():
-            repeat_trace(Path(a.trace), n, dst)
+        plain = n == 1 and a.stretch == 1.0
+        tag = "" if a.stretch == 1.0 else f"_s{a.stretch:g}"
+        dst = Path(a.trace) if plain else d / f"{Path(a.trace).stem}{tag}_x{n}.jsonl"
+        if not plain and not dst.exists():
+            repeat_trace(Path(a.trace), n, dst, a.stretch)
         if not rows and not a.no_warm:
-            run(dst if n == 1 else Path(a.trace), a.extra)  # untimed: the compile
+            run(dst, a.extra)  # untimed: the compile
         code = (f"import json,sys; sys.path.insert(0, {here!r}); import request_scale as b;"
                 f" print(json.dumps(b.run(__import__('pathlib').Path({str(dst)!r}), "
                 f"{a.extra!r})))")

@@ -94,11 +94,12 @@ from kvsim.engine.timing.step_time import (
     step_duration_us,
 )
 from kvsim.engine.vllm_pool import vllm_pool
-from kvsim.ingest.hashing import chain_hash, root_hash
+from kvsim.ingest.hashing import chain_hash, mix64, root_hash
 from kvsim.jit.decorators import njit
 from kvsim.memory.fast import S_N_HELD
 
-__all__ = ["new_outputs", "new_vllm_value", "request_hashes", "reset_table", "vllm_rows"]
+__all__ = ["new_outputs", "new_vllm_value", "request_hashes", "reset_table", "shared_hashes",
+           "vllm_rows"]
 
 # members of the scheduler value ``vs`` (a tuple; built by kvsim.modes.closed.vllm_engine)
 (VS_IP, VS_R, VS_ARR, VS_HH, VS_SV, VS_RUN, VS_WQ, VS_HEAP, VS_POOL, VS_HITS, VS_HS,
@@ -111,19 +112,92 @@ RS_AT_STEP, RS_BEFORE, RS_RUNNING, RS_DONE = range(4)
 
 
 @njit(cache=True)
+def _one_request(c, h0, n, B, T, hashed, tenant, off, ids, hh):
+    """``hh[h0:h0 + n]``: request ``c``'s chain hashes of its ``n`` full blocks."""
+    h = root_hash(tenant[c])
+    for b in range(n):
+        if h != 0 and (b + 1) * B <= hashed[c]:
+            h = chain_hash(h, ids[off[c]:off[c + 1]], (b * B) // T, ((b + 1) * B - 1) // T,
+                           (b * B) % T)
+        else:
+            h = 0
+        hh[h0 + b] = h
+
+
+@njit(cache=True)
 def request_hashes(N, B, T, prompt, out, hashed, tenant, off, ids, hoff, hh):
     """``hh[hoff[c]:hoff[c + 1]]``: request ``c``'s chain hashes of its full blocks of
     ``prompt + output - 1`` tokens (``hoff`` given), 0 from the first block whose content
     the trace does not know (``hashed`` tokens), rooted at ``root_hash(tenant)``."""
     for c in range(N):
-        h = root_hash(tenant[c])
-        for b in range(hoff[c + 1] - hoff[c]):
-            if h != 0 and (b + 1) * B <= hashed[c]:
-                h = chain_hash(h, ids[off[c]:off[c + 1]], (b * B) // T, ((b + 1) * B - 1) // T,
-                               (b * B) % T)
-            else:
-                h = 0
-            hh[hoff[c] + b] = h
+        _one_request(c, hoff[c], hoff[c + 1] - hoff[c], B, T, hashed, tenant, off, ids, hh)
+
+
+@njit(cache=True)
+def _content_keys(B, T, nfull, hashed, tenant, off, ids, key, used):
+    """Per request: ``used[c]`` native ids its hashes read, ``key[c]`` a digest of all its
+    hashes depend on (tenant, full blocks, hashed full blocks, those ids)."""
+    for c in range(nfull.shape[0]):
+        k = min(max(hashed[c], 0) // B, nfull[c])
+        m = min(((k * B - 1) // T + 1) if k > 0 else 0, off[c + 1] - off[c])
+        used[c] = m
+        z = mix64(np.uint64(tenant[c]))
+        z = mix64(z ^ np.uint64(nfull[c]))
+        z = mix64(z ^ np.uint64(k))
+        for j in range(m):
+            z = mix64(z ^ np.uint64(ids[off[c] + j]))
+        key[c] = np.int64(z >> np.uint64(1))
+
+
+@njit(cache=True)
+def _split_unequal(rep, B, nfull, hashed, tenant, off, ids, used):
+    """``rep[c] = c`` where request ``c``'s content differs from ``rep[c]``'s (a digest
+    collision), so every request shares hashes only with an equal one."""
+    for c in range(rep.shape[0]):
+        r = rep[c]
+        if r == c:
+            continue
+        same = (tenant[c] == tenant[r] and nfull[c] == nfull[r] and used[c] == used[r]
+                and min(max(hashed[c], 0) // B, nfull[c])
+                == min(max(hashed[r], 0) // B, nfull[r]))
+        j = 0
+        while same and j < used[c]:
+            same = ids[off[c] + j] == ids[off[r] + j]
+            j += 1
+        if not same:
+            rep[c] = c
+
+
+@njit(cache=True)
+def _own_hashes(own, h0, nfull, B, T, hashed, tenant, off, ids, hh):
+    for c in own:
+        _one_request(c, h0[c], nfull[c], B, T, hashed, tenant, off, ids, hh)
+
+
+def shared_hashes(prompt, out, hashed, tenant, off, ids, trace_block_tokens: int,
+                  block_size: int) -> tuple:
+    """``(h0, h1, hh)``: request ``c``'s hashes (:func:`request_hashes`) are
+    ``hh[h0[c]:h1[c]]``; requests of equal content (tenant, lengths, the native ids their
+    hashes read) share one slice, so ``hh`` grows with the distinct request contents, not
+    with how often they come, and one array serves every replica."""
+    i64 = lambda x: np.ascontiguousarray(x, dtype=np.int64)  # noqa: E731
+    prompt, out, hashed, tenant, off, ids = (i64(x) for x in (prompt, out, hashed, tenant,
+                                                               off, ids))
+    N = len(prompt)
+    nfull = np.maximum(prompt + out - 1, 0) // block_size
+    key = np.zeros(N, np.int64)
+    used = np.zeros(N, np.int64)
+    _content_keys(block_size, trace_block_tokens, nfull, hashed, tenant, off, ids, key, used)
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    rep = np.ascontiguousarray(first[inv.ravel()], dtype=np.int64)
+    _split_unequal(rep, block_size, nfull, hashed, tenant, off, ids, used)
+    own = np.flatnonzero(rep == np.arange(N)).astype(np.int64)
+    start = np.zeros(N, np.int64)
+    start[own] = np.cumsum(nfull[own]) - nfull[own]
+    h0 = start[rep]
+    hh = np.zeros(max(int(nfull[own].sum()), 1), np.int64)
+    _own_hashes(own, h0, nfull, block_size, trace_block_tokens, hashed, tenant, off, ids, hh)
+    return h0, h0 + nfull, hh
 
 
 @njit(cache=True, _nrt=False)
@@ -410,11 +484,12 @@ def new_vllm_value(cols: dict, off, ids, trace_block_tokens: int, block_size: in
                    long_prefill_token_threshold: int = 0, watermark_blocks: int = 0,
                    reserve_full_isl: bool = True, enable_chunked_prefill: bool = True,
                    enable_caching: bool = True, spec_lookahead: bool = False,
-                   seed: int = 0) -> tuple:
+                   seed: int = 0, hashes: tuple | None = None) -> tuple:
     """The scheduler value ``vs`` of :func:`vllm_rows` for a Request table (``cols``: name ->
     numpy array, :meth:`kvsim.ingest.requests.RequestTable.columns`; its block ids
     ``off``/``ids``): vLLM's waiting queue, running list and KV manager (a pool of
-    ``num_blocks`` blocks, the null block included, like the replay's)."""
+    ``num_blocks`` blocks, the null block included, like the replay's).  ``hashes``: the
+    requests' block hashes (:func:`shared_hashes`), shared by a cluster's replicas."""
     from kvsim.engine.vllm_spec import acceptance_units
     from kvsim.memory import fifo_order
     from kvsim.memory.fast import PoolConfig, new_out, new_state
@@ -426,13 +501,10 @@ def new_vllm_value(cols: dict, off, ids, trace_block_tokens: int, block_size: in
     i64 = lambda x: np.ascontiguousarray(x, dtype=np.int64)  # noqa: E731
     prompt = i64(cols["prompt_tokens"])
     out = i64(cols["output_tokens"])
-    nfull = np.maximum(prompt + out - 1, 0) // block_size
-    hoff = np.zeros(N + 1, np.int64)
-    hoff[1:] = np.cumsum(nfull)
-    hh = np.zeros(max(int(hoff[-1]), 1), np.int64)
-    request_hashes(N, block_size, trace_block_tokens, prompt, out,
-                   i64(cols["hashed_tokens"]), i64(cols["tenant"]),
-                   i64(off), i64(ids), hoff, hh)
+    if hashes is None:  # one replica's own; a cluster shares one (shared_hashes)
+        hashes = shared_hashes(prompt, out, cols["hashed_tokens"], cols["tenant"], off, ids,
+                               trace_block_tokens, block_size)
+    h0, h1, hh = hashes
     vip = np.zeros(V.NUM_PARAMS, np.int64)
     vip[V.P_BS], vip[V.P_NGPU] = block_size, num_blocks
     vip[V.P_MAXSEQ], vip[V.P_MAXTOK] = max_num_seqs, max_num_batched_tokens
@@ -450,7 +522,7 @@ def new_vllm_value(cols: dict, off, ids, trace_block_tokens: int, block_size: in
     # vLLM's priority: lower value first; kvsim's request_priority: higher is more important
     R[:N, V.K_PRIO] = -i64(cols["request_priority"])
     R[:N, V.K_RANK] = np.arange(N)
-    R[:N, V.K_H0], R[:N, V.K_H1] = hoff[:-1], hoff[1:]
+    R[:N, V.K_H0], R[:N, V.K_H1] = h0, h1
     if "spec_draft_tokens" in cols:  # speculative decoding (kvsim.engine.vllm_spec)
         R[:N, V.K_SPECK] = i64(cols["spec_draft_tokens"])
         R[:N, V.K_ACCEPT] = acceptance_units(np.asarray(cols["spec_accept_prob"], dtype=np.float64))

@@ -33,7 +33,14 @@ from kvsim.policy.hooks import is_uniform, tier_ref, view_ref
 from kvsim.policy.registry import resolve_policy
 from kvsim.replay.kernel import core
 from kvsim.replay.kernel.core_ref import CoreState, core_arg
-from kvsim.replay.kernel.tiers import Tier, new_record_view, record_rows
+from kvsim.replay.kernel.tiers import new_record_view, record_rows
+from kvsim.replay.lower_tiers import (
+    _is_lru,
+    _lower_slots,
+    _lower_table,
+    _lower_tier,
+    _lru_mask,
+)
 from kvsim.replay.metrics import RequestLog, StepLog, summarize
 from kvsim.replay.prepass import (
     SCAN_COLUMNS,
@@ -110,54 +117,6 @@ ARENA_ROWS = 1 << 16
 ARENA_SLACK_ROWS = 1 << 12
 
 
-def _lower_slots(cap: int, max_blocks: int) -> int:
-    """Slots of a lower tier of ``cap`` blocks.  A lower tier holds hashed blocks only, at
-    most one slot per distinct hash, so it never needs more slots than the trace has
-    ALLOCATE rows (``max_blocks``): a capacity above that can never bind, and sizing the
-    arrays by it would cost gigabytes for a multi-TB NVMe tier of small blocks."""
-    return max(min(cap, max(max_blocks, 1)), 1)
-
-
-def _lower_table(slots: int) -> np.ndarray:
-    """The lower tiers' shared hash table (kvsim.replay.kernel.tiers) for ``slots`` slots in all:
-    a power of two >= 2 x slots of entries, keys (0 = empty) and values interleaved."""
-    table = 1 << max(1, int(2 * slots - 1).bit_length())
-    L_h = np.zeros(2 * table, dtype=np.int64)
-    L_h[1::2] = -1
-    return L_h
-
-
-def _lower_tier(tier: int, cap: int, policy, params: dict, max_blocks: int,
-                L_h: np.ndarray):
-    """Arrays of one lower tier (``L_h``: the table the three tiers share)."""
-    cap = min(cap, max(max_blocks, 1))
-    slots = _lower_slots(cap, max_blocks)
-    L_i = np.zeros((slots, L.NLI), dtype=np.int64)
-    L_free = np.arange(slots - 1, -1, -1, dtype=np.int64)
-    L_view = new_record_view(slots, initialise=False)  # a row per slot, written at fill
-    L_ps = policy.init(max(cap, 1), slots, dict(params))
-    Lm = np.array([tier, cap, cap, 0], dtype=np.int64)
-    return Tier(L_i, L_free, L_h, L_view, L_ps, Lm)
-
-
-def _is_lru(policy) -> bool:
-    """The built-in lru, whose hooks the compiled core runs inline (kvsim.memory.pool_ops,
-    kvsim.replay.kernel.spill: "Built-in lru"), at the places these constants name."""
-    from kvsim.memory import pool_ops
-    from kvsim.policies import lru
-    from kvsim.replay.kernel import spill
-
-    for m in (pool_ops, spill):
-        assert [lru.STATE.index(n) for n in ("prev", "nxt", "lru")] == \
-            [("i64", m.LRU_PREV), ("i64", m.LRU_NXT), ("i64", m.LRU_ENDS)]
-    return policy.module is lru
-
-
-def _lru_mask(lower) -> int:
-    """Bit ``t`` set for each lower tier ``t`` (1..3) whose policy is the built-in lru."""
-    return sum(1 << t for t, p in enumerate(lower, 1) if _is_lru(p))
-
-
 def resolve_tiers(config: SimConfig, header, facts: TraceFacts) -> tuple[int, list[TierCosts]]:
     """(block bytes, per-tier costs) from the config, the header and the hardware."""
     from kvsim.spec.hardware import load_hardware
@@ -220,10 +179,13 @@ class _Run:
         hbm_state = policy.init(hbm_blocks, hbm_blocks + 1,
                                 dict(params, tier="hbm") if quotas else dict(params))
         caps = [costs[t + 1].capacity_blocks for t in range(3)]
-        table = _lower_table(sum(_lower_slots(c, facts.num_allocs) for c in caps))
+        # slots: at most one per distinct hash (kvsim.replay.lower_tiers)
+        most = facts.num_allocs if facts.max_distinct_hashes < 0 else min(
+            facts.num_allocs, facts.max_distinct_hashes)
+        table = _lower_table(sum(_lower_slots(min(c, facts.num_allocs), most) for c in caps))
         tiers = [_lower_tier(t + 1, caps[t], lower[t],
                              dict(params, tier=LOWER_TIERS[t]) if quotas else params,
-                             facts.num_allocs, table)
+                             facts.num_allocs, table, most)
                  for t in range(3)]
         if is_compiled(core_mod):
             odd = [p for p, s in zip([policy, *lower], [hbm_state] + [T[4] for T in tiers])

@@ -74,6 +74,9 @@ class TraceFacts:
     #: FREE row: the replay may then recycle a finished request's slot
     #: (:class:`kvsim.replay.slots.RequestSlots`); False when unknown
     ids_final: bool = False
+    #: at most this many distinct content hashes reach the lower tiers (-1: unknown, then
+    #: ``num_allocs``): their slots (kvsim.replay.lower_tiers); set by the closed loop
+    max_distinct_hashes: int = -1
 
     def seen_at(self, base: int, m: int) -> np.ndarray:
         """The ``seen`` flags (int8) of ALLOCATE ordinals ``base .. base + m - 1``."""

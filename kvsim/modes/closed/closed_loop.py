@@ -128,7 +128,8 @@ class Engine:
 
     def __init__(self, table: RequestTable, off, ids, policy, config: SimConfig,
                  opts: EngineOptions, cost, hbm_blocks: int, costs, block_bytes: int,
-                 log_writer=None, order: np.ndarray | None = None, replica: int = 0):
+                 log_writer=None, order: np.ndarray | None = None, replica: int = 0,
+                 hashes: tuple | None = None):
         from kvsim.replay.driver import TraceFacts, _Run
 
         N = len(table)
@@ -147,22 +148,28 @@ class Engine:
         spk = sc.req_args[11] * (2 if opts.spec_lookahead else 1)  # drafts (+ lookahead)
         slots = len(sc.src)
         max_blocks = int(((prompt + out + spk) // B + 2).max()) if N else 2
-        # ALLOCATE ordinals of one step (the core indexes next_use / seen by ordinal; the
-        # closed loop restarts the ordinal at every step and refills these per step)
-        # sized by every block the run can allocate: the replay bounds a lower tier's
-        # slots by this length (kvsim.replay.driver._lower_tier)
+        # every block the run can allocate: the lower tiers' capacity as their policies
+        # see it (kvsim.replay.lower_tiers); their slots follow the distinct hashes below
         bound = int(((prompt + out + spk) // B + 2).sum()) + 2 * (slots - N) * max_blocks
-        self.nu = np.full(max(bound, 1 << 14), NEVER, dtype=np.int64)
-        self.seen = np.zeros(len(self.nu), dtype=np.int8)
+        if opts.scheduler == "vllm" and hashes is None:
+            hashes = vllm_hashes(table, off, ids, opts)
+        # the hashed blocks of the distinct request contents (shared_hashes): no more
+        # distinct hashes reach a lower tier (vLLM's scheduler writes no other hash)
+        distinct = -1 if hashes is None else int(np.count_nonzero(hashes[2]))
         self.cols = _new_cols(1 << 14)
+        # next_use / seen of the ALLOCATE ordinals of ONE step (the core indexes them by
+        # ordinal; the closed loop restarts the ordinal at every step, refills them per
+        # step and grows them with the columns: R_NEED_COLS), not of the whole trace
+        self.nu = np.full(len(self.cols[0]), NEVER, dtype=np.int64)
+        self.seen = np.zeros(len(self.nu), dtype=np.int8)
         self.aux = np.zeros(CS.NUM_AUX, dtype=np.int64)
         self.insys = np.zeros(1 << 16, dtype=np.int64)
         facts = TraceFacts(num_rows=int(prompt.sum() // B + out.sum()), first_step=0,
                            last_step=0, max_request_id=slots - 1,
                            max_blocks_per_request=max_blocks,
                            max_concurrent_requests=2 * opts.max_num_seqs + 64,
-                           max_size_bytes=block_bytes, num_allocs=len(self.nu),
-                           next_use=self.nu)
+                           max_size_bytes=block_bytes, num_allocs=max(bound, 1 << 14),
+                           next_use=self.nu, max_distinct_hashes=distinct)
         header = SimpleNamespace(block_size_tokens=B, kv_bytes_per_token=cost.kv_bytes_per_token,
                                  model=cost.model)
         # the warm-up is the cluster driver's (start_measuring), not the trace pre-pass's
@@ -177,7 +184,7 @@ class Engine:
         self.pb_off = self.pb_next = self.pb_seen = None  # set_block_facts, before advance
         # typed once, not at every advance call (kvsim.replay.variants.TypedTuple)
         self.vs = TypedTuple(_vllm_value(table, off, ids, opts, config,
-                                         int(self.run.st.cfg[0]), wmark))
+                                         int(self.run.st.cfg[0]), wmark, hashes))
         sc.ip[S.P_VLLM] = int(opts.scheduler == "vllm")
         self.rprio = np.asarray(table.column("request_priority"), dtype=np.int8)
         self.tenant = np.asarray(table.column("tenant"), dtype=np.int32)
@@ -439,8 +446,25 @@ def resolve_scheduler(table: RequestTable, config: SimConfig,
     return dataclasses.replace(opts, scheduler="kvsim"), why
 
 
+def vllm_hashes(table: RequestTable, off, ids, opts: EngineOptions) -> tuple | None:
+    """The block hashes vLLM's scheduler reads (:func:`kvsim.engine.vllm_rows.shared_hashes`),
+    computed once and shared by every replica; None for kvsim's scheduler."""
+    from kvsim.engine.vllm_rows import shared_hashes
+
+    if opts.scheduler != "vllm":
+        return None
+    # the tenant is vLLM's cache_salt only when the table is salted by tenant
+    # (--salt-by-tenant, kvsim.ingest.requests.salt_by_tenant; a scheduler recording's
+    # cache_salt): unsalted, tenants share blocks, as in kvsim's scheduler and the replay
+    tenant = (table.column("tenant") if table.source.get("salt_by_tenant")
+              else np.zeros(len(table), np.int64))
+    return shared_hashes(table.column("prompt_tokens"), table.column("output_tokens"),
+                         table.column("hashed_tokens"), tenant, off, ids,
+                         table.block_size_tokens, opts.block_size_tokens)
+
+
 def _vllm_value(table: RequestTable, off, ids, opts: EngineOptions, config: SimConfig,
-                num_blocks: int, wmark: int) -> tuple:
+                num_blocks: int, wmark: int, hashes: tuple | None = None) -> tuple:
     """vLLM's scheduler for ``opts.scheduler == "vllm"`` (its own KV manager, sized as the
     replay's HBM pool), else a tiny unused one of the same type."""
     from kvsim.engine.vllm_rows import new_vllm_value
@@ -452,6 +476,8 @@ def _vllm_value(table: RequestTable, off, ids, opts: EngineOptions, config: SimC
                                         np.zeros(1, np.int64), 1, opts.block_size_tokens, 2,
                                         1, 1)
         return _TINY["v"]
+    if hashes is None:
+        hashes = vllm_hashes(table, off, ids, opts)
     cols = table.columns()
     if not table.source.get("salt_by_tenant"):
         # the tenant is vLLM's cache_salt only when the table is salted by tenant
@@ -463,7 +489,8 @@ def _vllm_value(table: RequestTable, off, ids, opts: EngineOptions, config: SimC
                           priority=config.priority_scheduling,
                           long_prefill_token_threshold=opts.long_prefill_token_threshold,
                           watermark_blocks=wmark, reserve_full_isl=opts.reserve_full_isl,
-                          spec_lookahead=opts.spec_lookahead, seed=config.seed)
+                          spec_lookahead=opts.spec_lookahead, seed=config.seed,
+                          hashes=hashes)
 
 
 def closed_engine(config: SimConfig, policy, num_rows: int, scheduler: str | None = None) -> str:

@@ -50,7 +50,13 @@ import numpy as np
 from kvsim.core.errors import KvsimInputError
 from kvsim.engine import scheduler as S
 from kvsim.ingest.requests import RequestTable
-from kvsim.modes.closed.closed_loop import Engine, EngineOptions, prepare, resolve_scheduler
+from kvsim.modes.closed.closed_loop import (
+    Engine,
+    EngineOptions,
+    prepare,
+    resolve_scheduler,
+    vllm_hashes,
+)
 from kvsim.modes.closed.routing import (  # noqa: F401 (re-exported)
     PREFIX_OVERLAP_WEIGHT,
     ROUTERS,
@@ -154,6 +160,7 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
     warmup = config.warmup_count(N)
     writers = []
     engines = []
+    hashes = vllm_hashes(table, off, ids, resolve_scheduler(table, config, opts)[0])  # once
     for w in range(replicas):
         writer = None
         if decision_log is not None:
@@ -175,7 +182,7 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
         routed = replicas > 1 or warmup > 0
         order = np.zeros(max(N, 1), dtype=np.int64) if routed else None
         engines.append(Engine(table, off, ids, pol, config, opts, cost, hbm_blocks, costs,
-                              block_bytes, writer, order=order, replica=w))
+                              block_bytes, writer, order=order, replica=w, hashes=hashes))
     from kvsim.modes.closed import shared_tier
 
     if shared_tier.enabled(config):

@@ -7,7 +7,7 @@ import numpy as np
 
 from kvsim.core.errors import KvsimInputError
 from kvsim.modes.closed import disagg
-from kvsim.modes.closed.closed_loop import Engine
+from kvsim.modes.closed.closed_loop import Engine, resolve_scheduler, vllm_hashes
 
 
 def serve_pd(table, pol, config, pd: disagg.PdOptions, router, opts, cost, hbm_blocks,
@@ -39,8 +39,10 @@ def serve_pd(table, pol, config, pd: disagg.PdOptions, router, opts, cost, hbm_b
     pools = []
     for k, (tab, n) in enumerate(((tp, pd.prefill), (td, pd.decode))):
         order = np.zeros(max(N, 1), dtype=np.int64)
+        hashes = vllm_hashes(tab, off, ids, resolve_scheduler(tab, config, opts)[0])  # once
         pools.append([Engine(tab, off, ids, pol, config, opts, cost, hbm_blocks, costs,
-                             block_bytes, None, order=order, replica=w) for w in range(n)])
+                             block_bytes, None, order=order, replica=w, hashes=hashes)
+                      for w in range(n)])
     facts_pb = block_facts(table, off, ids, B)
     for e in pools[0] + pools[1]:
         e.set_block_facts(facts_pb)

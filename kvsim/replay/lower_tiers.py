@@ -1,0 +1,72 @@
+"""The lower tiers' arrays (DRAM, CXL, NVMe) as the replay driver builds them: how many
+slots each tier gets, the hash table the three share (:mod:`kvsim.replay.kernel.tiers`),
+and which tiers run the built-in lru inline.
+
+Slots follow what a tier can ever hold, not the trace's length.  A lower tier holds hashed
+blocks only, at most one slot per distinct content hash (a content is in at most one lower
+tier at a time), so a tier of ``cap`` blocks needs ``min(cap, distinct hashes)`` slots.
+The open-loop replay bounds the distinct hashes by the trace's ALLOCATE rows
+(``TraceFacts.num_allocs``); the closed loop by the hashed blocks of the distinct request
+contents (``TraceFacts.max_distinct_hashes``, :func:`kvsim.engine.vllm_rows.shared_hashes`),
+which does not grow when the same requests come again.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvsim.core import layout as L
+from kvsim.replay.kernel.tiers import Tier, new_record_view
+
+
+def _lower_slots(cap: int, max_blocks: int) -> int:
+    """Slots of a lower tier of ``cap`` blocks when at most ``max_blocks`` distinct hashes
+    can reach it: a capacity above that can never bind, and sizing the arrays by it would
+    cost gigabytes for a multi-TB NVMe tier of small blocks."""
+    return max(min(cap, max(max_blocks, 1)), 1)
+
+
+def _lower_table(slots: int) -> np.ndarray:
+    """The lower tiers' shared hash table (kvsim.replay.kernel.tiers) for ``slots`` slots in all:
+    a power of two >= 2 x slots of entries, keys (0 = empty) and values interleaved."""
+    table = 1 << max(1, int(2 * slots - 1).bit_length())
+    L_h = np.zeros(2 * table, dtype=np.int64)
+    L_h[1::2] = -1
+    return L_h
+
+
+def _lower_tier(tier: int, cap: int, policy, params: dict, max_blocks: int,
+                L_h: np.ndarray, max_hashes: int = -1):
+    """Arrays of one lower tier (``L_h``: the table the three tiers share).  ``max_blocks``:
+    the trace's ALLOCATE rows, the capacity the tier's policy is told (``init``) when it is
+    below ``cap``; ``max_hashes`` (-1: ``max_blocks``): at most this many distinct hashes
+    reach the tier, so it gets ``min(cap, max_hashes)`` slots.  The tier's own capacity
+    (``Lm[LM_CAP]``, the free-slot stack's size) is its slots: a tier holding every hash
+    the run has never needs one more, so it never evicts where a larger one would not."""
+    cap = min(cap, max(max_blocks, 1))
+    slots = _lower_slots(cap, max_blocks if max_hashes < 0 else min(max_hashes, max_blocks))
+    L_i = np.zeros((slots, L.NLI), dtype=np.int64)
+    L_free = np.arange(slots - 1, -1, -1, dtype=np.int64)
+    L_view = new_record_view(slots, initialise=False)  # a row per slot, written at fill
+    L_ps = policy.init(max(cap, 1), slots, dict(params))
+    held = min(cap, slots)  # 0: a disabled tier stays disabled
+    Lm = np.array([tier, held, held, 0], dtype=np.int64)
+    return Tier(L_i, L_free, L_h, L_view, L_ps, Lm)
+
+
+def _is_lru(policy) -> bool:
+    """The built-in lru, whose hooks the compiled core runs inline (kvsim.memory.pool_ops,
+    kvsim.replay.kernel.spill: "Built-in lru"), at the places these constants name."""
+    from kvsim.memory import pool_ops
+    from kvsim.policies import lru
+    from kvsim.replay.kernel import spill
+
+    for m in (pool_ops, spill):
+        assert [lru.STATE.index(n) for n in ("prev", "nxt", "lru")] == \
+            [("i64", m.LRU_PREV), ("i64", m.LRU_NXT), ("i64", m.LRU_ENDS)]
+    return policy.module is lru
+
+
+def _lru_mask(lower) -> int:
+    """Bit ``t`` set for each lower tier ``t`` (1..3) whose policy is the built-in lru."""
+    return sum(1 << t for t, p in enumerate(lower, 1) if _is_lru(p))
