@@ -384,6 +384,7 @@ class KvsimGroup(TyperGroup):
             return super().main(args=args, prog_name=prog_name, complete_var=complete_var,
                                 standalone_mode=False, **extra)
         from kvsim.core.errors import KvsimWarning
+        from kvsim.core.process_gc import cli_thresholds
 
         install_signal_handlers()
         guard = warnings.catch_warnings()
@@ -391,8 +392,9 @@ class KvsimGroup(TyperGroup):
         warnings.simplefilter("always", KvsimWarning)  # every run shows its warnings
         warnings.showwarning = _show_warning
         try:
-            rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
-                              standalone_mode=False, **extra)
+            with cli_thresholds():  # the start-up's objects not scanned again and again
+                rv = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
+                                  standalone_mode=False, **extra)
         except cx.NoArgsIsHelpError as exc:  # `kvsim log`: show the help, as before
             sys.stdout.write(exc.ctx.get_help() + "\n")
             sys.exit(EXIT_BAD_INPUT)
