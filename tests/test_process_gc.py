@@ -1,8 +1,9 @@
 """The ``kvsim`` command runs with :data:`kvsim.core.process_gc.CLI_THRESHOLDS` (issue 34:
 a warm 1-replica Mooncake run spent 0.23 CPU-s in Python's garbage collector rescanning
 the objects its start-up built; docs/benchmarks.md, "Per-process fixed costs (session 18,
-proc6)"), and gives the interpreter's thresholds back when the command returns or fails;
-``import kvsim`` alone leaves them as they were."""
+proc6)"), from the start of the command whether it succeeds or fails, and keeps them (going
+back to 700 at the end started one large collection); ``import kvsim`` and ``import
+kvsim.cli`` alone leave the collector as it was."""
 
 from __future__ import annotations
 
@@ -13,21 +14,19 @@ import sys
 import pytest
 
 from kvsim.cli import common
-from kvsim.core.process_gc import CLI_THRESHOLDS, cli_thresholds
+from kvsim.core.process_gc import CLI_THRESHOLDS
 
 
-def test_cli_thresholds_set_and_restored():
+@pytest.fixture
+def default_thresholds():
     before = gc.get_threshold()
-    with cli_thresholds():
-        assert gc.get_threshold() == CLI_THRESHOLDS
-    assert gc.get_threshold() == before
-    with pytest.raises(RuntimeError), cli_thresholds():
-        raise RuntimeError("boom")
-    assert gc.get_threshold() == before
+    gc.set_threshold(700, 10, 10)
+    yield
+    gc.set_threshold(*before)
 
 
 @pytest.mark.parametrize("outcome", ["ok", "error"])
-def test_command_runs_under_cli_thresholds(monkeypatch, outcome):
+def test_command_runs_under_cli_thresholds(monkeypatch, default_thresholds, outcome):
     seen = []
 
     def command(self, *args, **kwargs):  # the typer group's main: where the command runs
@@ -37,11 +36,22 @@ def test_command_runs_under_cli_thresholds(monkeypatch, outcome):
         return 0
 
     monkeypatch.setattr(common.TyperGroup, "main", command)
-    before = gc.get_threshold()
     with pytest.raises(SystemExit):
         common.KvsimGroup().main(args=[], standalone_mode=True)
     assert seen == [CLI_THRESHOLDS]
-    assert gc.get_threshold() == before
+    assert gc.get_threshold() == CLI_THRESHOLDS
+
+
+def test_a_real_command_process_runs_under_them():
+    code = ("import gc, sys\n"
+            "from kvsim.cli import app\n"
+            "assert gc.get_threshold() == (700, 10, 10), gc.get_threshold()\n"
+            "sys.argv = ['kvsim', 'policies', '--help']\n"
+            "try:\n    app()\nexcept SystemExit:\n    pass\n"
+            "print(gc.get_threshold(), file=sys.stderr)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       check=True)
+    assert p.stderr.strip().splitlines()[-1] == str(CLI_THRESHOLDS)
 
 
 def test_import_leaves_the_collector_alone():
