@@ -7,7 +7,8 @@ A ``kvsim`` process allocates most of its Python objects once, as it starts: the
 built: a warm 1-replica Mooncake run (bench/aisimulate/kvsim_run.py) spent 0.23 CPU-s of its
 2.8 in 469 collections, 3 of them full (``gc.callbacks``, load ~15, 2026-11-29;
 docs/benchmarks.md, "Per-process fixed costs (session 18, proc6)").  With
-:data:`CLI_THRESHOLDS` the same run makes 5 young collections (0.08 CPU-s) and none full.
+:data:`CLI_THRESHOLDS` the same run makes 47 collections (0.08 CPU-s; 40 of them small ones
+while ``kvsim.cli`` is imported, before the command sets them) and none full.
 
 Cyclic garbage is still collected: a young collection every :data:`CLI_THRESHOLDS`\\[0]
 container allocations, a full one after 20 x 10 of those.  Only the command line sets them
