@@ -384,8 +384,10 @@ class KvsimGroup(TyperGroup):
             return super().main(args=args, prog_name=prog_name, complete_var=complete_var,
                                 standalone_mode=False, **extra)
         from kvsim.core.errors import KvsimWarning
+        from kvsim.core.process_gc import use_cli_thresholds
 
         install_signal_handlers()
+        use_cli_thresholds()  # the start-up's objects not scanned again and again
         guard = warnings.catch_warnings()
         guard.__enter__()
         warnings.simplefilter("always", KvsimWarning)  # every run shows its warnings
