@@ -87,7 +87,6 @@ from kvsim.engine.scheduler import (
 )
 from kvsim.engine.scheduler_blocks import _token_deadline
 from kvsim.engine.timing.step_time import (
-    NUM_ACC,
     acc_chunk,
     acc_decode,
     acc_reset,
@@ -257,13 +256,14 @@ def reset_table(resets, num_requests: int) -> np.ndarray:
 
 @njit(cache=True)
 def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, shared,
-              order, tk, hitk, adm, I, F, n, vs, rs):
+              order, tk, hitk, adm, I, F, n, vs, rs, acc):
     """Run vLLM steps until ``n >= ip[P_FLUSH]`` at a step boundary or no work is left
     (module docstring).  ``tk``: the replay's lower tiers' hash table: an admission's
     prefix continued there counts as computed (loaded), as vLLM's KV connector's tokens.
     ``rs``: the resets table ``vs[VS_RESETS]``, or None when there is no reset (numba then
     drops the resets' code before typing it: kvsim.replay.kernel.closed_step.scheduler_args).
-    Returns ``(I, F, n)``."""
+    ``acc``: the step time's accumulators (``NUM_ACC`` floats, the caller's scratch: one
+    allocation per call of the caller, not per step).  Returns ``(I, F, n)``."""
     vip = vs[VS_IP]
     R = vs[VS_R]
     varr = vs[VS_ARR]
@@ -293,7 +293,6 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
     B = ip[P_B]
     max_tok = ip[P_MAXTOK]
     flush = ip[P_FLUSH]
-    acc = np.empty(NUM_ACC, dtype=np.float64)
     while st[S_FINISHED] == 0:
         now = stf[0]
         qn = st[S_QN]

@@ -30,37 +30,22 @@ scheduled (request, tokens) in order; block lists (request, count) with their id
 admissions (request, hit tokens, resumed?); preempted; finished; KV events rows
 (``E_STORED`` request, first block, count / ``E_REMOVED`` hash / ``E_CLEARED``); reset
 outcomes; free blocks after ``schedule()`` and after the step.
+
+The state's constants (``P_*``, ``K_*``, ``V_*``, ``O_*``, ``E_*``) live in
+:mod:`kvsim.engine.vllm_layout`, imported here whole.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+# the state's layout: P_* (ip), K_* (R), status, V_* (sv), O_* (oc), E_* (oev[:, 0])
+from kvsim.engine.vllm_layout import *
 from kvsim.engine.vllm_spec import accepted_drafts
 from kvsim.jit.decorators import njit
 from kvsim.memory import pool_ops
 from kvsim.memory.fast import S_N_CAND, S_N_EMPTY, S_N_HELD, pool_lookup, seq_close, seq_open
 from kvsim.replay.kernel.tiers import hash_slot
-
-# engine config (ip)
-(P_BS, P_NGPU, P_MAXSEQ, P_MAXTOK, P_CHUNKED, P_THR, P_PRIO, P_CACHING, P_RESERVE,
- P_WMARK, P_MAXLEN, P_LOOK, P_SEED) = range(13)
-NUM_PARAMS = 13
-# request columns (R)
-(K_PLEN, K_OLEN, K_PRIO, K_RANK, K_H0, K_H1, K_STATUS, K_NCOMP, K_NOUT, K_NPRE, K_NCACHED,
- K_SEQ, K_SCHED, K_NEWB, K_SPECK, K_ACCEPT, K_SPEC, K_SSPEC, K_EXT) = range(19)
-NUM_COLS = 19
-# status (the Python port's strings)
-WAITING, RUNNING, PREEMPTED, FINISHED, UNSEEN = 0, 1, 2, 3, 4
-# scheduler scalars (sv)
-V_NRUN, V_WHEAD, V_WLEN, V_HLEN = range(4)
-NUM_SV = 4
-# output counts (oc)
-(O_SCHED, O_BL, O_BLIDS, O_ADM, O_PRE, O_FIN, O_EV, O_RESET, O_FREE_SCHED,
- O_FREE) = range(10)
-NUM_OC = 10
-# KV event kinds (oev[:, 0])
-E_STORED, E_REMOVED, E_CLEARED = 0, 1, 2
 
 
 @njit(cache=True, inline="always")

@@ -45,7 +45,7 @@ SOURCES = ("kvsim.core.schema", "kvsim.core.codes", "kvsim.policy.api", "kvsim.p
            "kvsim.replay.kernel.core_ref", "kvsim.engine.scheduler_state",
            "kvsim.engine.scheduler_blocks", "kvsim.engine.scheduler",
            "kvsim.replay.kernel.closed_step", "kvsim.replay.kernel.closed_ffwd",
-           "kvsim.engine.vllm_pool", "kvsim.engine.vllm_step",
+           "kvsim.engine.vllm_pool", "kvsim.engine.vllm_layout", "kvsim.engine.vllm_step",
            "kvsim.engine.vllm_spec",
            "kvsim.engine.vllm_rows",
            "kvsim.cachesim.simulator",

@@ -384,8 +384,13 @@ def closed_for(core_module: ModuleType) -> ModuleType:
             tw_off.tier_ops = core_module.lower.tier_ops
             tw.offload = tw_off
             # the twin runs every step through the full path (quiet steps in one go are
-            # the compiled engine's shortcut: kvsim.replay.kernel.closed_ffwd)
-            tw.CF = SimpleNamespace(quiet_steps=lambda *args: 0)
+            # the compiled engine's shortcut: kvsim.replay.kernel.closed_ffwd); it reads
+            # vLLM's pool members as the compiled advance does (compiled: a structref's
+            # Python proxy has no attributes)
+            from kvsim.replay.kernel import closed_ffwd
+
+            tw.CF = SimpleNamespace(quiet_steps=lambda *args: 0,
+                                    pool_members=closed_ffwd.pool_members)
             _LOADED[key] = tw
         return _LOADED[key]
     return closed_step

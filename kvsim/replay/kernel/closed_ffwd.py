@@ -29,37 +29,45 @@ from kvsim.core import layout as L
 from kvsim.engine import scheduler as S
 from kvsim.engine import vllm_step as V
 from kvsim.engine.scheduler_blocks import _token_deadline
-from kvsim.engine.timing.step_time import NUM_ACC, acc_decode, acc_reset, step_duration_us
+from kvsim.engine.timing.step_time import acc_decode, acc_reset, step_duration_us
 from kvsim.engine.vllm_rows import (
     VS_FIRST,
-    VS_HEAP,
-    VS_HH,
-    VS_HITS,
     VS_IP,
     VS_MARK,
     VS_OC,
-    VS_POOL,
     VS_R,
     VS_RUN,
     VS_SCHED,
     VS_SV,
-    VS_WQ,
 )
 from kvsim.jit.decorators import njit
-from kvsim.memory.fast import S_N_HELD
+from kvsim.memory.fast import S_N_CAND, S_N_EMPTY, S_N_HELD
 from kvsim.replay.kernel.bookkeeping import _finalize_step
 
 # closed_step's aux columns (kvsim.replay.kernel.closed_step: X_NINSYS, X_ROWS)
 _X_NINSYS, _X_ROWS = 2, 5
 
 
-@njit(cache=True, inline="always")
-def _admission_blocked(vip, R, hh, sv, wq, heap, pst, hits, tk, nrun):
+@njit(cache=True)
+def pool_members(pl):
+    """``pl.st`` of vLLM's pool value ``pl`` (``vs[VS_POOL]``) and the members of it that
+    :func:`quiet_steps` and :func:`admission_blocked` read: ``(st, seq_len, sc, ref_cnt)``.
+    Compiled, so that the interpreted twin of
+    :func:`kvsim.replay.kernel.closed_step.advance` reads them too (the structref's Python
+    proxy has no attributes)."""
+    pst = pl.st
+    return pst, pst.seq_len, pst.sc, pst.ref_cnt
+
+
+@njit(cache=True)
+def admission_blocked(vip, R, hh, sv, wq, heap, pst, seq_len, ref_cnt, psc, hits, tk, nrun):
     """True when ``schedule()``'s admission loop, after ``nrun`` running requests took one
     token each, admits nothing and changes nothing: no waiting request, no budget or seq
     slot left, or its first attempt fails (:func:`kvsim.engine.vllm_step.allocate_slots`'s
     room checks, which come before any change; the lookups write only ``hits``, as the
-    full path's would)."""
+    full path's would).  ``seq_len``, ``ref_cnt``, ``psc``: ``pst``'s members.  Called by
+    :func:`kvsim.replay.kernel.closed_step.advance` when :func:`quiet_steps` asks (it returns
+    -1), not by it: the lookups read the pool's structref, which needs reference counting."""
     nw = V.num_waiting(vip, sv)
     budget = vip[V.P_MAXTOK] - nrun
     if nw == 0 or budget <= 0 or nrun >= vip[V.P_MAXSEQ]:
@@ -85,11 +93,11 @@ def _admission_blocked(vip, R, hh, sv, wq, heap, pst, hits, tk, nrun):
     watermark = vip[V.P_WMARK] if (status == V.WAITING or status == V.PREEMPTED) else 0
     evictable = 0
     for k in range(nhits):
-        if pst.ref_cnt[hits[k]] == 0:
+        if ref_cnt[hits[k]] == 0:
             evictable += 1
     seq = R[i, V.K_SEQ]
-    have = pst.seq_len[seq] if seq >= 0 else 0
-    free = V.free_blocks(pst)
+    have = seq_len[seq] if seq >= 0 else 0
+    free = psc[S_N_EMPTY] + psc[S_N_CAND]  # V.free_blocks
     running = R[i, V.K_NCACHED] >= 0
     num_tokens = R[i, V.K_PLEN] + R[i, V.K_NOUT]
     if vip[V.P_RESERVE] != 0:
@@ -109,13 +117,15 @@ def _admission_blocked(vip, R, hh, sv, wq, heap, pst, hits, tk, nrun):
 
 
 @njit(cache=True, inline="always")
-def _quiet(vip, R, hh, sv, run, wq, heap, hits, tk, mark, pst, st, stf, arr, order, K, C, R_i,
-           A_i, S_, P, running, G, ncols, blocked, seq_len):
+def _quiet(vip, R, sv, run, mark, st, stf, arr, order, K, C, R_i, A_i, S_, P, running, G,
+           ncols, blocked, seq_len):
     """The running requests' count when the next step is quiet and the core has room for
-    its rows, else 0 (the full path runs it).  ``blocked``: admission is already known to
-    be blocked (a quiet step ran since it was checked, and a quiet step changes nothing
-    the check reads: no arrival, no pool operation, the same running count).  ``seq_len``:
-    ``pst.seq_len``, read once by the caller."""
+    its rows, else 0 (the full path runs it), or -1 when it is quiet if no request can be
+    admitted and ``blocked`` is False (:func:`admission_blocked`, the caller's to check).
+    ``blocked``: admission is known to be blocked (the caller checked it, or a quiet step
+    ran since, and a quiet step changes nothing the check reads: no arrival, no pool
+    operation, the same running count).  ``seq_len``:
+    ``pst.seq_len``, read by the caller."""
     nrun = sv[V.V_NRUN]
     if nrun <= 0 or st[S.S_FINISHED] != 0:
         return 0
@@ -166,51 +176,48 @@ def _quiet(vip, R, hh, sv, run, wq, heap, hits, tk, mark, pst, st, stf, arr, ord
             return 0
         if top + 24 + 2 * R_i[i, L.RI_BT_CAP] > A_i.shape[0]:
             return 0
-    if not blocked and not _admission_blocked(vip, R, hh, sv, wq, heap, pst, hits, tk, nrun):
-        return 0
+    if not blocked:
+        return -1
     return nrun
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def quiet_steps(limit_us, max_steps, aux, insys, ip, fp, st, stf, arr, ttft, tpot, order,
-                tk, ncols, vs, cr):
+                tk, ncols, vs, seq_len, psc, K, C, R_i, R_f, A_i, S_, P, G, running, sc, acc,
+                blocked):
     """Run quiet steps (module docstring) while the next one is quiet, the clock is before
     ``limit_us`` (-1: no limit), fewer than ``max_steps`` ran and ``insys`` has room.
-    Returns how many ran."""
+    Returns how many ran, or -1 (none ran) when the first step is quiet only if no request
+    can be admitted and ``blocked`` is False: the caller checks that
+    (:func:`admission_blocked`) and calls again with ``blocked`` True.  ``seq_len``, ``psc``:
+    the members of vLLM's pool ``vs[VS_POOL].st``; ``K`` ... ``sc``: the core's state's
+    (``cr.K`` ... ``cr.st.sc``); ``acc``: the step time's accumulators (``NUM_ACC`` floats);
+    all read or made by the caller (:func:`kvsim.replay.kernel.closed_step.advance`, once
+    per call).
+
+    Compiled without reference counting (``_nrt=False``): it allocates nothing, returns no
+    array and reads no structref member, and neither does anything it calls (numba
+    compiles a callee under its caller's setting, and a structref member needs it), so
+    every array it takes is borrowed from its caller (~60 counted references a call
+    otherwise)."""
     vip = vs[VS_IP]
     R = vs[VS_R]
-    hh = vs[VS_HH]
     sv = vs[VS_SV]
     run = vs[VS_RUN]
-    wq = vs[VS_WQ]
-    heap = vs[VS_HEAP]
-    hits = vs[VS_HITS]
     osched = vs[VS_SCHED]
     oc = vs[VS_OC]
     first_us = vs[VS_FIRST]
     mark = vs[VS_MARK]
-    pst = vs[VS_POOL].st
-    seq_len = pst.seq_len  # read once: each read of a member is a counted reference
-    psc = pst.sc
-    K = cr.K
-    C = cr.C
-    R_i = cr.R_i
-    R_f = cr.R_f
-    A_i = cr.A_i
-    S_ = cr.S
-    P = cr.P
-    G = cr.G
-    running = cr.running
-    sc = cr.st.sc
-    acc = np.empty(NUM_ACC, dtype=np.float64)
     done = 0
     while done < max_steps:
         if limit_us >= 0 and stf[0] >= limit_us:
             break
         if aux[_X_NINSYS] >= insys.shape[0]:
             break
-        nrun = _quiet(vip, R, hh, sv, run, wq, heap, hits, tk, mark, pst, st, stf, arr, order,
-                      K, C, R_i, A_i, S_, P, running, G, ncols, done > 0, seq_len)
+        nrun = _quiet(vip, R, sv, run, mark, st, stf, arr, order, K, C, R_i, A_i, S_, P,
+                      running, G, ncols, blocked or done > 0, seq_len)
+        if nrun < 0:
+            return -1
         if nrun == 0:
             break
         # --- kvsim.engine.vllm_rows: one step of schedule() + update_from_output() -------

@@ -31,7 +31,22 @@ import numpy as np
 from kvsim.core import layout as L
 from kvsim.engine import scheduler as S
 from kvsim.engine import vllm_step as VL
-from kvsim.engine.vllm_rows import VS_FIN, VS_OC, VS_RESETS, VS_SCHED, vllm_rows
+from kvsim.engine.timing.step_time import NUM_ACC
+from kvsim.engine.vllm_rows import (
+    VS_FIN,
+    VS_HEAP,
+    VS_HH,
+    VS_HITS,
+    VS_IP,
+    VS_OC,
+    VS_POOL,
+    VS_R,
+    VS_RESETS,
+    VS_SCHED,
+    VS_SV,
+    VS_WQ,
+    vllm_rows,
+)
 from kvsim.jit.decorators import njit
 from kvsim.replay.kernel import closed_ffwd as CF
 from kvsim.replay.kernel import core as core_mod
@@ -160,6 +175,17 @@ def advance(limit_us, max_steps, aux, insys,
     seen = cr.seen
     N = ip[S.P_N]
     ncols = cols[0].shape[0]
+    acc = np.empty(NUM_ACC, dtype=np.float64)  # the step time's accumulators (scratch)
+    if vs is not None:
+        # what the quiet steps read, read once per call: CF.quiet_steps is compiled
+        # without reference counting and cannot read a structref's member itself
+        pst, seq_len, psc, ref_cnt = CF.pool_members(vs[VS_POOL])
+        K = cr.K
+        R_f = cr.R_f
+        S_ = cr.S
+        G = cr.G
+        running = cr.running
+        sc = cr.st.sc
     busy = False  # the last step prefilled: the next one is not quiet (_prefill_rows)
     if max_steps < 0:  # end of the run: close the last step (core.run with i0 = -1)
         core_run(cols, -1, 0, cr)
@@ -172,9 +198,21 @@ def advance(limit_us, max_steps, aux, insys,
             if vs is not None:
                 if vo is None:
                     if rs is None and not busy:
-                        steps += CF.quiet_steps(limit_us, max_steps - steps, aux, insys, ip, fp,
-                                                st, stf, arr, ttft, tpot, order, tk, ncols, vs,
-                                                cr)
+                        q = CF.quiet_steps(limit_us, max_steps - steps, aux, insys, ip, fp, st,
+                                           stf, arr, ttft, tpot, order, tk, ncols, vs, seq_len,
+                                           psc, K, C, R_i, R_f, A_i, S_, P, G, running, sc, acc,
+                                           False)
+                        # quiet if no request can be admitted: that check looks the first
+                        # waiting one up in vLLM's pool (compiled with reference counts)
+                        if q < 0 and CF.admission_blocked(
+                                vs[VS_IP], vs[VS_R], vs[VS_HH], vs[VS_SV], vs[VS_WQ],
+                                vs[VS_HEAP], pst, seq_len, ref_cnt, psc, vs[VS_HITS], tk,
+                                vs[VS_SV][VL.V_NRUN]):
+                            q = CF.quiet_steps(limit_us, max_steps - steps, aux, insys, ip, fp,
+                                               st, stf, arr, ttft, tpot, order, tk, ncols, vs,
+                                               seq_len, psc, K, C, R_i, R_f, A_i, S_, P, G,
+                                               running, sc, acc, True)
+                        steps += max(q, 0)
             if limit_us >= 0 and stf[0] >= limit_us:
                 return R_LIMIT, I, F
             if st[S.S_NRUN] == 0 and st[S.S_ADMIT] >= st[S.S_QN]:
@@ -187,7 +225,7 @@ def advance(limit_us, max_steps, aux, insys,
             n = 0
             if vs is not None:  # vLLM's scheduler (kvsim.engine.vllm_rows)
                 I, F, n = vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont,
-                                    gap, shared, order, tk, hitk, adm, I, F, 0, vs, rs)
+                                    gap, shared, order, tk, hitk, adm, I, F, 0, vs, rs, acc)
             if ks is not None:  # kvsim's own
                 I, F, n = S.run_steps(ip, fp, st, stf, arr, prompt, out, ttft, tpot, nsamp,
                                       beam, rprio, cont, gap, shared, spk, spp, hashed, off,
