@@ -161,7 +161,8 @@ def validate_sched_closed(path: str | Path, write_policy: str | None = None
                                   field="--sched-recording")
         e = Engine(table2, offs, ids, policy, config, opts, cost, hbm_blocks, costs,
                    block_bytes)
-        e.set_block_facts(block_facts(table2, offs, ids, opts.block_size_tokens))
+        e.set_block_facts(block_facts(table2, offs, ids, opts.block_size_tokens,
+                                        next_use=policy.offline))
         resets = _resets(rec, perm)
         if resets:
             e.set_resets(resets)

@@ -150,7 +150,7 @@ def _dropped_prompts(offered: RequestTable, kept: RequestTable, B: int) -> np.nd
 def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_blocks, costs,
            block_bytes, off, ids, dropped, cfg_dict, on_progress, missed=None):
     """:func:`serve` after its set-up: build the engines, run them, summarise."""
-    from kvsim.modes.closed.closed_facts import block_facts, prompt_block_hashes
+    from kvsim.modes.closed.closed_facts import PromptHashes, block_facts
     from kvsim.modes.closed.serving_metrics import cluster_summary
     from kvsim.policy.registry import resolve_policy
     from kvsim.replay.driver import SimResult
@@ -188,7 +188,8 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
     if shared_tier.enabled(config):
         shared_tier.share(engines)  # one store: every replica's lower tiers are replica 0's
     # after the engines: building one typed core.run, so a cold compile of it has started
-    facts_pb = block_facts(table, off, ids, opts.block_size_tokens)
+    # next_use only for a policy that reads the future (the core reads it for no other)
+    facts_pb = block_facts(table, off, ids, opts.block_size_tokens, next_use=pol.offline)
     for e in engines:
         e.set_block_facts(facts_pb)
     try:
@@ -199,7 +200,7 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
             e.advance(-1.0, on_yield=tick)
         else:
             _run_cluster(table, engines, router, opts.block_size_tokens,
-                         prompt_block_hashes(table, off, ids, opts.block_size_tokens),
+                         PromptHashes(table, off, ids, opts.block_size_tokens),
                          warmup, on_progress)
         for e in engines:
             e.finish()

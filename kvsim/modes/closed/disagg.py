@@ -153,7 +153,6 @@ def run_decode(table, engines, router: str, B: int, pb, tr: Transfers, pd: PdOpt
     df = table.df
     prompt = df["prompt_tokens"].to_numpy(np.int64)
     session = df["session"].to_numpy(np.int64)
-    pb_off, pb_hash = pb
     nb_all = (prompt + B - 1) // B
     D = len(engines)
     for e in engines:  # every request's prompt KV comes from the prefill pool
@@ -241,7 +240,7 @@ def run_decode(table, engines, router: str, B: int, pb, tr: Transfers, pd: PdOpt
             e.enqueue(i)
         while starts and tr.p_done_us[starts[0]] <= t:
             i = starts.popleft()
-            hb = pb_hash[pb_off[i]:pb_off[i + 1]]
+            hb = pb.slice(i)
             waiting = [reserved[w] + sum(int(nb_all[j]) for j in staged[w]) for w in range(D)]
             w = _route(router, i, engines, hb, int(nb_all[i]), int(prompt[i]), B,
                        int(session[i]), sticky, waiting, score)

@@ -17,7 +17,7 @@ def serve_pd(table, pol, config, pd: disagg.PdOptions, router, opts, cost, hbm_b
     summary is the decode pool's with the client-level TTFT / E2E and the ``pd_*`` keys
     (``pools``: the two pools' (engines, requests, steps) when ``keep_pools``)."""
     from kvsim.modes.closed import shared_tier
-    from kvsim.modes.closed.closed_facts import block_facts, prompt_block_hashes
+    from kvsim.modes.closed.closed_facts import PromptHashes, block_facts
     from kvsim.modes.closed.routing import _run_cluster
     from kvsim.modes.closed.serving_metrics import cluster_summary
     from kvsim.replay.driver import SimResult
@@ -43,10 +43,10 @@ def serve_pd(table, pol, config, pd: disagg.PdOptions, router, opts, cost, hbm_b
         pools.append([Engine(tab, off, ids, pol, config, opts, cost, hbm_blocks, costs,
                              block_bytes, None, order=order, replica=w, hashes=hashes)
                       for w in range(n)])
-    facts_pb = block_facts(table, off, ids, B)
+    facts_pb = block_facts(table, off, ids, B, next_use=pol.offline)  # read by OFFLINE only
     for e in pools[0] + pools[1]:
         e.set_block_facts(facts_pb)
-    pb = prompt_block_hashes(table, off, ids, B)
+    pb = PromptHashes(table, off, ids, B)
     _run_cluster(tp, pools[0], router, B, pb, warmup, on_progress)
     for e in pools[0]:
         e.finish()

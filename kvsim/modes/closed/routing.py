@@ -4,12 +4,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kvsim.engine import scheduler as S
 from kvsim.ingest.requests import RequestTable
 from kvsim.modes.closed.closed_loop import Engine
+
+if TYPE_CHECKING:
+    from kvsim.modes.closed.closed_facts import PromptHashes
 
 ROUTERS = ("round_robin", "least_loaded", "session", "prefix", "tiered")
 #: Dynamo's default ``--kv-overlap-score-weight`` (docs/router/kv_cache_routing.md).
@@ -71,7 +75,7 @@ def _route(router: str, i: int, engines: list[Engine], hb: np.ndarray, nb: int,
 
 
 def _run_cluster(table: RequestTable, engines: list[Engine], router: str, B: int,
-                 pb: tuple[np.ndarray, np.ndarray], warmup: int = 0,
+                 pb: PromptHashes, warmup: int = 0,
                  on_progress: Callable[[int, int], None] | None = None) -> None:
     """Route each request at its arrival time.  Replicas interact only through the router,
     so between two arrivals each one runs its own steps independently: before routing
@@ -81,7 +85,7 @@ def _run_cluster(table: RequestTable, engines: list[Engine], router: str, B: int
     arr = np.asarray(table.column("arrival_us"), dtype=np.int64)
     prompt = np.asarray(table.column("prompt_tokens"), dtype=np.int64)
     session = np.asarray(table.column("session"), dtype=np.int64)
-    pb_off, pb_hash = pb
+    hashes_of = pb.slice
     N = len(table)
     sticky: dict = {}
     R = len(engines)
@@ -97,7 +101,6 @@ def _run_cluster(table: RequestTable, engines: list[Engine], router: str, B: int
     arr_list = arr.astype(np.float64).tolist()
     prompt_list = prompt.tolist()
     session_list = session.tolist()
-    pb_list = pb_off.tolist()
     score = prefix_scorer(engines) if router == "prefix" else None
     iS_NRUN, iS_ADMIT, iS_QN, iS_FIN = S.S_NRUN, S.S_ADMIT, S.S_QN, S.S_FINISHED
     advances = [e.advance for e in engines]
@@ -124,7 +127,7 @@ def _run_cluster(table: RequestTable, engines: list[Engine], router: str, B: int
         if i == warmup and warmup > 0:
             for e in engines:
                 e.start_measuring()
-        hb = pb_hash[pb_list[i]:pb_list[i + 1]]
+        hb = hashes_of(i)
         nb = nb_list[i]
         w = _route(router, i, engines, hb, nb, prompt_list[i], B, session_list[i], sticky,
                    waiting_blocks, score)

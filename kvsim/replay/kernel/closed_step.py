@@ -102,7 +102,8 @@ def _fill(I, F, n, cols, src, N, rprio_tab, tenant_tab, block_bytes, nu, seen, p
         if I[S.C_KIND, r] == S.EK_ALLOCATE:
             pos = pb_off[rid] + I[S.C_BIDX, r] if 0 <= rid < N else -1
             if pos >= 0 and pos < pb_off[rid + 1]:  # a prompt or decode block (closed_facts)
-                nu[k] = pb_next[pos]
+                # empty when the policy does not read the future (closed_facts.block_facts)
+                nu[k] = pb_next[pos] if pb_next.shape[0] > 0 else NEVER
                 seen[k] = pb_seen[pos]
             else:
                 nu[k] = NEVER
