@@ -101,6 +101,8 @@ SLOW_TESTS = (
     # session 18 (memreq6): a fresh interpreter serving 3 replicas (~5 s at load 19)
     "tests/cluster/test_request_side.py::test_closed_loop_json_run_imports_no_pandas[3-"
     "replicas]",
+    # session 18 (route6): the interpreted engine yielding after every step (22 s idle)
+    "tests/cluster/test_closed_speed.py::test_advance_keeps_its_arguments_across_yields",
 )
 
 
