@@ -476,15 +476,9 @@ def _vllm_value(table: RequestTable, off, ids, opts: EngineOptions, config: SimC
                                         np.zeros(1, np.int64), 1, opts.block_size_tokens, 2,
                                         1, 1)
         return _TINY["v"]
-    if hashes is None:
+    if hashes is None:  # the tenant salts them only when salted by tenant (vllm_hashes)
         hashes = vllm_hashes(table, off, ids, opts)
-    cols = table.columns()
-    if not table.source.get("salt_by_tenant"):
-        # the tenant is vLLM's cache_salt only when the table is salted by tenant
-        # (--salt-by-tenant, kvsim.ingest.requests.salt_by_tenant; a scheduler recording's
-        # cache_salt): unsalted, tenants share blocks, as in kvsim's scheduler and the replay
-        cols["tenant"] = np.zeros(len(table), dtype=np.int32)
-    return new_vllm_value(cols, off, ids, table.block_size_tokens, opts.block_size_tokens,
+    return new_vllm_value(table.columns(), off, ids, table.block_size_tokens, opts.block_size_tokens,
                           num_blocks, opts.max_num_seqs, opts.max_num_batched_tokens,
                           priority=config.priority_scheduling,
                           long_prefill_token_threshold=opts.long_prefill_token_threshold,
