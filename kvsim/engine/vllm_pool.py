@@ -8,6 +8,7 @@ from numba import typeof, types
 from numba.experimental import structref
 
 from kvsim.jit.decorators import njit
+from kvsim.policy.state_access import register_borrowed_members
 
 
 @structref.register
@@ -24,6 +25,8 @@ class VllmPool(structref.StructRefProxy):
 
 
 structref.define_boxing(VllmPoolType, VllmPool)
+# ``pl.st`` ... also in functions compiled without reference counting (vllm_step.schedule)
+register_borrowed_members(VllmPoolType, ("st", "pst", "pview", "out"))
 
 
 def _vllm_pool_type() -> VllmPoolType:

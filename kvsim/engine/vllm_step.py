@@ -148,7 +148,7 @@ def _event(oev, oc, kind, a, b, c):
     oc[O_EV] = k + 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _cache_blocks(ip, R, hh, i, ntok, st, pol, view, oev, oc):
     """vLLM ``cache_blocks``: full blocks up to ``ntok`` tokens get their hashes; one
     stored event."""
@@ -167,7 +167,7 @@ def _cache_blocks(ip, R, hh, i, ntok, st, pol, view, oev, oc):
     R[i, K_NCACHED] = num_full
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def release(R, i, st, pol, view):
     """Free request i's blocks tail-first and its seq slot (vLLM ``free``)."""
     seq = R[i, K_SEQ]
@@ -178,7 +178,7 @@ def release(R, i, st, pol, view):
     R[i, K_NCACHED] = -1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def lookup(ip, R, hh, i, st, hits):
     """vLLM ``get_computed_blocks``: hit blocks in ``hits``; their count (at most
     ``num_tokens - 1`` tokens)."""
@@ -191,7 +191,7 @@ def lookup(ip, R, hh, i, st, hits):
     return pool_lookup(st, hh[h0:R[i, K_H1]], n, R[i, K_PLEN] + R[i, K_NOUT], hits)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def lookup_ext(ip, R, hh, i, nhits, tk):
     """Blocks after the ``nhits`` HBM hits whose content a lower tier holds (``tk``: the
     replay's lower tiers' hash table, :func:`kvsim.replay.kernel.tiers.hash_slot`): vLLM's
@@ -219,7 +219,7 @@ def _remote_tokens(R, i, hit):
     return got - 1 if got > 0 and hit + got == T else got
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def allocate_slots(ip, R, hh, i, num_new, hits, nhits, next_, full_must_fit, has_sched, st,
                    pol, view, pout, hs, oev, oc):
     """vLLM ``KVCacheManager.allocate_slots`` (with its lookahead slots when ``P_LOOK``): the
@@ -310,7 +310,7 @@ def _slots_unchanged(ip, R, i, num_new, seq_len):
     return R[i, K_NCACHED] >= min(ntok, (num_tokens // bs) * bs) // bs
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def preempt(ip, R, arr, sv, wq, heap, i, st, pol, view, opre, oc):
     """Recompute preemption: blocks freed tail-first, re-queued at the front."""
     release(R, i, st, pol, view)
@@ -360,7 +360,7 @@ def _victim_priority(R, arr, run, nrun):
     return best
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def step(ip, R, arr, hh, sv, run, wq, heap, pl, hits, hs,
          osched, obl, oblids, oadm, opre, ofin, oev, oc, tk):
     """One engine step: ``schedule()`` then ``update_from_output()`` (the recorder's fake
@@ -397,7 +397,7 @@ def _unschedule(R, osched, oc, i):
     return tok
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def schedule(ip, R, arr, hh, sv, run, wq, heap, st, pol, view, pout, hits, hs,
              osched, obl, oblids, oadm, opre, oev, oc, tk):
     """vLLM ``Scheduler.schedule()``: the running list under one token budget, then
@@ -526,7 +526,7 @@ def schedule(ip, R, arr, hh, sv, run, wq, heap, st, pol, view, pout, hits, hs,
         R[i, K_NCOMP] += osched[k, 1]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _blocks_out(obl, oblids, oc, i, st, seq, lo, hi):
     k = oc[O_BL]
     obl[k, 0] = i
@@ -541,7 +541,7 @@ def _blocks_out(obl, oblids, oc, i, st, seq, lo, hi):
     oc[O_BLIDS] = m
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def update_from_output(ip, R, hh, sv, run, st, pol, view, osched, ofin, oev, oc):
     """vLLM ``update_from_output``, fake runner: a chunk that reached its known tokens
     samples one + its accepted drafts (:mod:`kvsim.engine.vllm_spec`); finished ones leave."""

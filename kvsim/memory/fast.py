@@ -374,7 +374,7 @@ def index_remove(block_hash, hidx, h_next, h_prev, b):
     return h
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # no reference counts per call
 def seq_open(st, tenant):
     """Take a free seq slot (lowest id first); -1 if none.  The table starts empty."""
     top = st.sc[S_SEQ_TOP]
@@ -391,7 +391,7 @@ def seq_open(st, tenant):
     return seq
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # no reference counts per call
 def seq_close(st, seq):
     """Return a slot whose table is empty (free it first)."""
     if not st.seq_is_open[seq] or st.seq_len[seq] != 0:
@@ -401,7 +401,7 @@ def seq_close(st, seq):
     st.sc[S_SEQ_TOP] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # no reference counts per call
 def pool_lookup(st, hashes, n, num_tokens, out_blocks):
     """Longest cached prefix of ``hashes[:n]``: stop at the first miss, at most
     ``(num_tokens - 1) // block_size`` blocks (the last token is always recomputed).
@@ -425,7 +425,7 @@ def pool_lookup(st, hashes, n, num_tokens, out_blocks):
     return k
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # no reference counts per call
 def pool_cache_block(st, seq, index, h):
     """Block ``index`` of ``seq`` became full: register it under hash ``h`` (vLLM
     cache_full_blocks).  No-op if caching is off, ``h`` is 0 or the block has a hash."""

@@ -95,6 +95,15 @@ LRU_PREV, LRU_NXT, LRU_ENDS = 0, 1, 2
 # call, instead of calling them as first-class functions (each call passes two counted
 # structrefs and loads the arrays again: docs/benchmarks.md, "Speed: tiered replay of
 # 16-token traces").  Same operations on the same state: same results.
+#
+# No reference counts.  :func:`allocate`, :func:`free`, :func:`cache_blocks` and
+# :func:`clear_cache` (the operations vLLM's compiled scheduler step calls,
+# kvsim.engine.vllm_step) are compiled ``_nrt=False``: they allocate nothing and return no
+# array, so every array and structref they take is borrowed from the caller (with counting,
+# each call counted them on entry and exit).  They read the PoolRef's, ViewRef's and policy
+# state's members through kvsim.policy.state_access's borrowing lowering, which needs no
+# NRT.  A callee without its own ``_nrt`` setting is compiled under its caller's, so marking
+# them here (not only the vLLM step) makes them count-free wherever they are linked in.
 
 
 @njit(cache=True, inline="always")
@@ -130,7 +139,7 @@ def _take_block(st, pst, view, now_us, out, i):
     return _evict_one(st, pst, view, now_us, out, i)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # no reference counts: see below
 def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
     """Append ``n`` blocks to ``seq``'s table (see kvsim.memory).  Returns the number of
     leading prefix-hit blocks, or -1 if the blocks do not fit (then nothing changed)."""
@@ -400,7 +409,7 @@ def admit(st, pst, view, out, first, n, now_us):
                 pst[1][H_HOLD](pst[0], view, b)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # no reference counts: see below
 def free(st, pst, view, seq, now_us):
     """Release every block of ``seq`` tail-first; the slot stays open, empty."""
     _release(st, pst, view, seq, 0, now_us)
@@ -469,7 +478,7 @@ def cache_block(st, pst, view, seq, index, h, now_us):
         pst[1][H_HOLD](pst[0], view, b)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # no reference counts: see below
 def clear_cache(st, pst, view, now_us, out):
     """vLLM ``BlockPool.reset_prefix_cache``: only when no block is held (returns 0 and
     changes nothing otherwise), every cached block loses its hash and becomes empty, in
@@ -490,7 +499,7 @@ def clear_cache(st, pst, view, now_us, out):
     return 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # no reference counts: see below
 def cache_blocks(st, pst, view, seq, first, hashes, now_us):
     """:func:`cache_block` for blocks ``first .. first + len(hashes) - 1`` of ``seq``, in
     order (vLLM ``cache_full_blocks`` of one request in one call)."""

@@ -22,6 +22,7 @@ from numba.experimental import structref
 from kvsim.jit.decorators import njit
 from kvsim.jit.disk_cache import seal_all
 from kvsim.memory.fast import PoolConfig, PoolState, new_state
+from kvsim.policy.state_access import register_borrowed_members
 
 
 @structref.register
@@ -38,6 +39,9 @@ class PoolRef(structref.StructRefProxy):
 
 
 structref.define_boxing(PoolRefType, PoolRef)
+# ``st.ref_cnt`` also in functions compiled without reference counting (vLLM's compiled
+# scheduler step, kvsim.engine.vllm_step): the member read as numba's own, with no NRT call
+register_borrowed_members(PoolRefType, PoolState._fields)
 
 
 def _pool_ref_type() -> PoolRefType:

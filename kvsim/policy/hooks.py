@@ -38,7 +38,11 @@ from numba.extending import typeof_impl
 from kvsim.jit.decorators import njit
 from kvsim.jit.disk_cache import FIRST_CLASS, seal, seal_all
 from kvsim.policy.api import PolicyState, StateSpec, new_block_view, policy_state
-from kvsim.policy.state_access import register_group_proxy, register_named_state
+from kvsim.policy.state_access import (
+    register_borrowed_members,
+    register_group_proxy,
+    register_named_state,
+)
 
 #: The order of a hook tuple; ``on_hold`` / ``on_release`` / ``on_hit_held`` are bound as
 #: :func:`kvsim.policy.api.hook_bindings` says (kvsim.policy.registry.Policy resolves them).
@@ -129,6 +133,7 @@ class ViewRef(structref.StructRefProxy):
 
 structref.define_boxing(ViewRefType, ViewRef)
 _V = view_tuple_type()
+register_borrowed_members(ViewRefType, _V.fields)  # view.<field> without NRT too
 #: Every field is typed as an array of any layout ('A'): the replay's views (HBM and lower
 #: tiers) are a record layout, each field a strided view of one row per slot
 #: (:func:`kvsim.replay.kernel.tiers.new_record_view`); :func:`kvsim.policy.api.new_block_view`'s

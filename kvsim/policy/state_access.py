@@ -113,13 +113,56 @@ def _group_getattr(attr: str):
     return lower
 
 
+def _data_ptr(context, builder, meminfo):
+    """The payload of the structref whose meminfo is ``meminfo``.  With reference counting
+    on, numba's ``NRT_MemInfo_data_fast`` (as structref's own ``getattr``); compiled
+    ``_nrt=False``, where numba refuses any NRT call, the same load written out: the
+    ``data`` member of NRT's ``MemInfo`` (numba's ``nrtdynmod._meminfo_struct_type``, read,
+    not changed).  The caller holds the structref, so the payload lives while it is read."""
+    if context.enable_nrt:
+        return context.nrt.meminfo_data(builder, meminfo)
+    from numba.core.runtime.nrtdynmod import _meminfo_struct_type
+
+    mi = builder.bitcast(meminfo, _meminfo_struct_type.as_pointer())
+    return builder.load(cgutils.gep(builder, mi, 0, 3))
+
+
+def _payload(context, builder, ref_type, val):
+    """The struct proxy of structref ``val``'s payload (its fields by name)."""
+    src = cgutils.create_struct_proxy(ref_type)(context, builder, value=val)
+    data_t = ref_type.get_data_type()
+    alloc_t = context.data_model_manager[data_t].get_value_type()
+    data_ptr = builder.bitcast(_data_ptr(context, builder, src.meminfo), alloc_t.as_pointer())
+    return cgutils.create_struct_proxy(data_t)(context, builder, ref=data_ptr)
+
+
+def register_borrowed_members(struct_typeclass, fields) -> None:
+    """Lower ``ref.<field>`` for each name of ``fields`` of a ``struct_typeclass`` structref
+    so that it also compiles in a function compiled ``_nrt=False`` (numba's generic
+    structref ``getattr`` asks NRT for the payload, which such a function refuses): the
+    member is loaded from the payload and returned borrowed (a reference counted only where
+    counting is on, exactly as numba's own lowering; :func:`_data_ptr`).  A lowering
+    registered for an attribute name is found before the structref's generic one
+    (``BaseContext.get_getattr``); the typing stays the structref's."""
+    for attr in tuple(fields):
+        lower_getattr(struct_typeclass, attr)(_member_getattr(attr))
+
+
+def _member_getattr(attr: str):
+    def lower(context, builder, typ, val):
+        value = getattr(_payload(context, builder, typ, val), attr)
+        return impl_ret_borrowed(context, builder, typ.field_dict[attr], value)
+
+    return lower
+
+
 def _element_ptr(context, builder, grp_t: StateGroup, grp, idx):
     """Pointer to element ``idx`` (an ``intp`` value, in range) of the group's field
     inside the structref's payload."""
     proxy = cgutils.create_struct_proxy(grp_t)(context, builder, value=grp)
     data_t = grp_t.ref_type.get_data_type()
     alloc_t = context.data_model_manager[data_t].get_value_type()
-    data_ptr = builder.bitcast(context.nrt.meminfo_data(builder, proxy.meminfo),
+    data_ptr = builder.bitcast(_data_ptr(context, builder, proxy.meminfo),
                                alloc_t.as_pointer())
     payload = cgutils.create_struct_proxy(data_t)(context, builder, ref=data_ptr)
     field_ptr = payload._get_ptr_by_name(grp_t.group)  # -> [count x array data]

@@ -59,7 +59,7 @@ def pool_members(pl):
     return pst, pst.seq_len, pst.sc, pst.ref_cnt
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def admission_blocked(vip, R, hh, sv, wq, heap, pst, seq_len, ref_cnt, psc, hits, tk, nrun):
     """True when ``schedule()``'s admission loop, after ``nrun`` running requests took one
     token each, admits nothing and changes nothing: no waiting request, no budget or seq
@@ -67,7 +67,8 @@ def admission_blocked(vip, R, hh, sv, wq, heap, pst, seq_len, ref_cnt, psc, hits
     room checks, which come before any change; the lookups write only ``hits``, as the
     full path's would).  ``seq_len``, ``ref_cnt``, ``psc``: ``pst``'s members.  Called by
     :func:`kvsim.replay.kernel.closed_step.advance` when :func:`quiet_steps` asks (it returns
-    -1), not by it: the lookups read the pool's structref, which needs reference counting."""
+    -1), not by it.  Compiled without reference counting, like the lookups it calls (the
+    pool's members are read without NRT: kvsim.policy.state_access.register_borrowed_members)."""
     nw = V.num_waiting(vip, sv)
     budget = vip[V.P_MAXTOK] - nrun
     if nw == 0 or budget <= 0 or nrun >= vip[V.P_MAXSEQ]:

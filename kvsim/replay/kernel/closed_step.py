@@ -204,7 +204,7 @@ def advance(limit_us, max_steps, aux, insys,
                                            psc, K, C, R_i, R_f, A_i, S_, P, G, running, sc, acc,
                                            False)
                         # quiet if no request can be admitted: that check looks the first
-                        # waiting one up in vLLM's pool (compiled with reference counts)
+                        # waiting one up in vLLM's pool (admission_blocked)
                         if q < 0 and CF.admission_blocked(
                                 vs[VS_IP], vs[VS_R], vs[VS_HH], vs[VS_SV], vs[VS_WQ],
                                 vs[VS_HEAP], pst, seq_len, ref_cnt, psc, vs[VS_HITS], tk,
