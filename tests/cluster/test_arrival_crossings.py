@@ -5,6 +5,7 @@ are pinned exactly; speed is measured in docs/benchmarks.md, not asserted here."
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 
@@ -101,3 +102,80 @@ def test_advance_unboxes_core_run_once_not_per_call(monkeypatch):
     np.testing.assert_array_equal(stepwise.in_system, whole.in_system)
     np.testing.assert_array_equal(stepwise.sched.stf, whole.sched.stf)
     np.testing.assert_array_equal(stepwise.run.C, whole.run.C)
+
+
+def _old_run_cluster(table, engines, router, B, pb, warmup=0, on_progress=None):
+    """The arrival loop as main had it before arrive7: every replica's state read at every
+    arrival (the reference the loop keeping ``due`` times must equal)."""
+    from kvsim.engine import scheduler as S
+    from kvsim.modes.closed.routing import _route, prefix_scorer
+
+    arr = np.asarray(table.column("arrival_us"), dtype=np.float64)
+    prompt = np.asarray(table.column("prompt_tokens"), dtype=np.int64)
+    session = np.asarray(table.column("session"), dtype=np.int64)
+    R = len(engines)
+    waiting_blocks = np.zeros(R, dtype=np.int64)
+    admitted = [0] * R
+    nb_all = ((prompt + B - 1) // B).tolist()
+    score = prefix_scorer(engines) if router == "prefix" else None
+    sticky: dict = {}
+    for i in range(len(table)):
+        t = float(arr[i])
+        for w, e in enumerate(engines):
+            st = e.sched.st
+            if e.has_work() and e.clock_us < t:
+                e.advance(t)
+            adm = int(st[S.S_ADMIT])
+            if adm > admitted[w]:
+                for j in range(admitted[w], adm):
+                    waiting_blocks[w] -= nb_all[e.sched.order[j]]
+                admitted[w] = adm
+        if i == warmup and warmup > 0:
+            for e in engines:
+                e.start_measuring()
+        nb = nb_all[i]
+        w = _route(router, i, engines, pb.slice(i), nb, int(prompt[i]), B, int(session[i]),
+                   sticky, waiting_blocks, score)
+        e = engines[w]
+        if not e.has_work() and e.clock_us < t:
+            e.sched.stf[0] = t
+        e.enqueue(i)
+        waiting_blocks[w] += nb
+    for e in engines:
+        e.advance(-1.0)
+
+
+@pytest.mark.parametrize("router", ["prefix", "round_robin", "least_loaded", "session",
+                                    "tiered"])
+def test_arrival_loop_reads_replica_state_only_after_it_changes(monkeypatch, router):
+    """The arrival loop reads a replica's work, clock and admissions only after it ran
+    or was routed a request (its ``due`` time), not at every arrival: the same steps,
+    routes and results as the loop reading every replica at every arrival -- bursts, idle
+    gaps, a warm-up, and a pool small enough to preempt (vLLM re-queues: admissions step
+    back)."""
+    from kvsim.ingest.requests import build_request_table
+    from kvsim.modes.closed import cluster
+    from kvsim.modes.closed.cluster import serve
+    from kvsim.spec.sim_config import SimConfig
+
+    rng = np.random.default_rng(11)
+    n, B = 36, 16
+    arrival = np.cumsum(rng.choice([0, 3_000, 40_000, 2_000_000], size=n, p=[.3, .4, .2, .1]))
+    base = [list(range(100 * k, 100 * k + 6)) for k in range(4)]
+    ids = [base[int(rng.integers(0, 4))][:int(rng.integers(1, 7))]
+           + [10_000 + i] * int(rng.integers(0, 2)) for i in range(n)]
+    table = build_request_table({
+        "arrival_us": arrival, "prompt_tokens": [len(x) * B for x in ids],
+        "output_tokens": rng.integers(1, 100, size=n), "block_ids": ids,
+        "hashed_tokens": [len(x) * B for x in ids],
+        "session": rng.integers(0, 5, size=n)}, block_size_tokens=B)
+    config = SimConfig(engine="interpreted", hbm_blocks=16, dram_gb=0, cxl_gb=0, nvme_gb=0,
+                       warmup_requests=5)
+    got = serve(table, "lru", config, replicas=3, router=router)
+    monkeypatch.setattr(cluster, "_run_cluster", _old_run_cluster)
+    ref = serve(table, "lru", config, replicas=3, router=router)
+    assert got.summary["preemptions"] > 0  # admissions stepped back
+    pd_testing = pytest.importorskip("pandas").testing
+    pd_testing.assert_frame_equal(got.requests, ref.requests)
+    assert json.dumps(got.summary, sort_keys=True, default=str) == json.dumps(
+        ref.summary, sort_keys=True, default=str)
