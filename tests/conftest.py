@@ -103,6 +103,13 @@ SLOW_TESTS = (
     "replicas]",
     # session 18 (route6): the interpreted engine yielding after every step (22 s idle)
     "tests/cluster/test_closed_speed.py::test_advance_keeps_its_arguments_across_yields",
+    # session 19 (arrive7): a compiled closed loop yielding after every step (its
+    # first run in a worker compiles or loads advance and core.run)
+    "tests/cluster/test_arrival_crossings.py::test_advance_unboxes_core_run_once_not_per_"
+    "call",
+    # session 19 (arrive7): 5 routers x 2 interpreted 3-replica runs (~7 s loaded)
+    "tests/cluster/test_arrival_crossings.py::test_arrival_loop_reads_replica_state_only_"
+    "after_it_changes",
 )
 
 

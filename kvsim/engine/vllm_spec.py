@@ -17,8 +17,6 @@ when ``m < ceil(p * 2**53)``.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from kvsim.ingest.hashing import mix64
@@ -29,9 +27,14 @@ UNITS = 1 << 53
 
 
 def acceptance_units(p) -> np.ndarray:
-    """``ceil(p * 2**53)`` per request (int64); ``p`` in [0, 1]."""
+    """``ceil(p * 2**53)`` per request (int64); ``p`` in [0, 1] (clipped), NaN refused
+    (ValueError, as ``math.ceil`` refuses it).  Exact in floating point: ``p * 2**53``
+    only shifts the exponent, and its ceiling is an integer <= 2**53 (one numpy pass: a
+    Python loop per request cost ~2 ms per replica on the Mooncake trace)."""
     p = np.clip(np.asarray(p, np.float64), 0.0, 1.0)
-    return np.array([math.ceil(x * UNITS) for x in p.ravel()], np.int64).reshape(p.shape)
+    if np.isnan(p).any():
+        raise ValueError("cannot convert float NaN to integer")
+    return np.asarray(np.ceil(p * UNITS)).astype(np.int64)
 
 
 @njit(cache=True)

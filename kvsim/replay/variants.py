@@ -272,6 +272,7 @@ class RunValue(WrapperAddressProtocol):
         self.future = future
         self._hook = None
         self._type = None
+        self._ref = None  # its RunRef (core_run_ref), made once
 
     def signature(self):
         return RUN_RESULT(*self.arg_types)
@@ -364,6 +365,29 @@ def core_run_value(core_module: ModuleType, run_args: tuple):
             future = BACKGROUND.submit(_compile_run, arg_types)
         _RUN_VALUES[arg_types] = RunValue(core_module.run, arg_types, future)
     return _RUN_VALUES[arg_types]
+
+
+def core_run_ref(value):
+    """``value`` (:func:`core_run_value`) as :func:`kvsim.replay.kernel.closed_step.advance`
+    takes it, an object whose ``run`` is ``value``: compiled, its
+    :class:`kvsim.replay.kernel.run_ref.RunRef` (made once per value: the function value is
+    unboxed once, not at every call of ``advance``; this waits for a ``run`` compiling in a
+    worker); interpreted, a namespace."""
+    if not isinstance(value, RunValue):
+        return SimpleNamespace(run=value)
+    if value._ref is None:
+        from kvsim.replay.kernel.run_ref import new_run_ref
+
+        value._ref = new_run_ref(value)
+    return value._ref
+
+
+def core_run_ref_type(value):
+    """The numba type of :func:`core_run_ref` of the compiled ``value`` (from its signature
+    alone: nothing waits for ``run``)."""
+    from kvsim.replay.kernel.run_ref import run_ref_type
+
+    return run_ref_type(value.numba_type())
 
 
 def closed_for(core_module: ModuleType) -> ModuleType:

@@ -47,7 +47,13 @@ from kvsim.engine.scheduler_state import new_schedule
 from kvsim.ingest.requests import RequestTable
 from kvsim.memory.fast import index_keys_values
 from kvsim.replay.kernel import closed_step as CS
-from kvsim.replay.variants import TypedTuple, closed_for, core_run_value
+from kvsim.replay.variants import (
+    TypedTuple,
+    closed_for,
+    core_run_ref,
+    core_run_ref_type,
+    core_run_value,
+)
 from kvsim.spec.models.catalog import DEFAULT_MODEL
 from kvsim.spec.sim_config import SimConfig
 
@@ -271,11 +277,12 @@ class Engine:
         while True:
             args = self._args
             if args is None:  # rebuilt only after a buffer changed (cheap calls per arrival)
-                args = self._args = (
+                head = (
                     self.aux, self.insys, sc.ip, sc.fp, sc.st, sc.stf, *sc.req_args,
                     *sc.slot_args, sc.order, *sc.lookup, sc.hitk, sc.adm, sc.I, sc.F,
                     self.cols, self.rprio, self.tenant, self.block_bytes, self.pb_off,
-                    self.pb_next, self.pb_seen, *self._sched(), *self._core_args())
+                    self.pb_next, self.pb_seen, *self._sched(), self._core_args()[0])
+                args = self._args = (*head, self._run_ref(head))
                 self._call, self._retry = None, True
             call = self._call
             if call is None:
@@ -338,13 +345,27 @@ class Engine:
 
     def _core_args(self) -> tuple:
         """The core's state (made again on each call: after a buffer was grown or replaced)
-        and ``core.run`` as ``advance`` takes them."""
+        and ``core.run`` as a function value (:func:`kvsim.replay.variants.core_run_value`)."""
         run = self.run
         cr = run.core_value(self.nu, self.seen)
         if self._core_run is None:  # buffers grow, their types do not: typed once
             self._core_run = core_run_value(run.core, (self.cols, np.int64(0), np.int64(0),
                                                        cr))
         return (cr, self._core_run)
+
+    def _run_ref(self, head: tuple):
+        """``core.run`` as ``advance`` takes it after ``head`` (its other arguments but the
+        first two): :func:`kvsim.replay.variants.core_run_ref`, the function value unboxed
+        once.  While ``run`` still compiles in a worker (a cold compile split over processes,
+        :mod:`kvsim.replay.precompile`), ``advance`` is compiled here first, for exactly the
+        types it is called with, since making the ref waits for ``run``."""
+        rv = self._core_run
+        if getattr(rv, "future", None) is not None:
+            from numba import typeof
+
+            self.step_mod.advance.compile((typeof(0.0), typeof(0), *(typeof(a) for a in head),
+                                           core_run_ref_type(rv)))
+        return core_run_ref(rv)
 
     def start_measuring(self) -> None:
         """The warm-up ends now: the core snapshots its counters at the next step (the
@@ -359,13 +380,14 @@ class Engine:
             run._flush_steps()
         run._flush_log()
         if self.steps:
+            cr, rv = self._core_args()
             with np.errstate(over="ignore"):
                 self.step_mod.advance(
                     -1.0, -1, self.aux, self.insys, sc.ip, sc.fp, sc.st, sc.stf,
                     *sc.req_args, *sc.slot_args, sc.order, *sc.lookup, sc.hitk, sc.adm,
                     sc.I, sc.F, self.cols, self.rprio, self.tenant, self.block_bytes,
                     self.pb_off, self.pb_next, self.pb_seen, *self._sched(),
-                    *self._core_args())
+                    cr, core_run_ref(rv))
         run._flush_steps()
         run._flush_log()
 

@@ -151,12 +151,14 @@ def advance(limit_us, max_steps, aux, insys,
             first_us, dsteps, forked, blast, cow, run, run2, fin, nkey, priv, stall, hb, hb2,
             rk, rv, order, phk, phv, tk, hitk, adm, I, F,
             cols, rprio_tab, tenant_tab, block_bytes, pb_off, pb_next, pb_seen,
-            ks, vs, vo, rs, cr, core_run):
+            ks, vs, vo, rs, cr, run_ref):
     """Run steps (module docstring).  Returns ``(code, I, F)``: ``R_*`` or a core
     ``ST_NEED_*`` code, and the scheduler's row buffers (it may have grown them).
-    ``core_run``: :func:`kvsim.replay.kernel.core.run` as a first-class function value
+    ``run_ref.run``: :func:`kvsim.replay.kernel.core.run` as a first-class function value
     (:func:`kvsim.replay.variants.core_run_value`), so compiling this function calls ``run``
-    indirectly (once per engine step) instead of linking and re-optimising all of it.
+    indirectly (once per engine step) instead of linking and re-optimising all of it; held
+    in a :class:`kvsim.replay.kernel.run_ref.RunRef`, so a call unboxes one pointer, not the
+    function value (:func:`kvsim.replay.variants.core_run_ref`).
     ``ks`` / ``vs``: the scheduler, exactly one of them None (:func:`scheduler_args`):
     ``vs`` vLLM's (:func:`kvsim.engine.vllm_rows.new_vllm_value`), or ``ks`` (True) kvsim's
     own (:func:`kvsim.engine.scheduler.run_steps`); ``vo``: ``vs`` again when vLLM's native
@@ -168,6 +170,7 @@ def advance(limit_us, max_steps, aux, insys,
     compile").  ``cr``: the core's state
     (:class:`kvsim.replay.kernel.core_ref.CoreRef`; the members read here, once per call:
     the counters, request tables, arena, pending buffer, next_use, seen)."""
+    core_run = run_ref.run
     C = cr.C
     R_i = cr.R_i
     P = cr.P
