@@ -10,7 +10,8 @@ its destructor and the constant strings of its error paths.  The replay core's s
 tuples) made names of ~85-105 KB: in numba's disk cache, ``core.run``'s library held
 ~3 MB of symbol names (of its 3.9 MB of LLVM bitcode and 3.5 MB of object code), and
 every process pays for them when it loads the library (parsing the bitcode, loading the
-object, reading the symbols back: docs/benchmarks.md, "Per-process floor").
+object, reading the symbols back: docs/benchmarks.md, "Per-process floor: short struct type
+names").
 
 :class:`StructType` keeps numba's structref and its field list (``field_dict``, the data
 model, equality) and only names the type ``numba.<Class>#<digest>``: the class name and
