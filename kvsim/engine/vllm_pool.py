@@ -4,20 +4,18 @@ allocation scratch.  Unboxing the policy value (eight first-class functions) cos
 call from Python; a structref holding it is one pointer."""
 from __future__ import annotations
 
-from numba import typeof, types
+from numba import typeof
 from numba.experimental import structref
 
 from kvsim.jit.decorators import njit
+from kvsim.jit.struct_type import StructType
 from kvsim.policy.state_access import register_borrowed_members
 
 
 @structref.register
-class VllmPoolType(types.StructRef):
+class VllmPoolType(StructType):
     """numba type of :class:`VllmPool`: the pool ``st``, its order ``pst``, ``pview`` (numba rejects ``view``),
     the allocation scratch ``out``."""
-
-    def preprocess_fields(self, fields):
-        return tuple((name, types.unliteral(t)) for name, t in fields)
 
 
 class VllmPool(structref.StructRefProxy):

@@ -51,6 +51,7 @@ SOURCES = ("kvsim.core.schema", "kvsim.core.codes", "kvsim.policy.api", "kvsim.p
            "kvsim.engine.vllm_rows",
            "kvsim.cachesim.simulator",
            "kvsim.cachesim.fast_loops", "kvsim.cachesim.ghost_loops", "kvsim.jit.decorators",
+           "kvsim.jit.struct_type",
            # every other module with compiled code (tests/safety/test_compile_cache.py
            # fails when one is missing): its own edits, and what it inlines
            "kvsim.workload.generator", "kvsim.modes.closed.closed_facts",

@@ -41,7 +41,10 @@ COMPILED = ("kvsim.policy.api", "kvsim.policy.structs", "kvsim.memory.fast",
             "kvsim.ingest.hashing", "kvsim.engine.scheduler",
             "kvsim.engine.scheduler_blocks", "kvsim.replay.kernel.closed_step", "kvsim.replay.kernel.closed_ffwd",
             "kvsim.engine.vllm_pool", "kvsim.engine.vllm_step", "kvsim.engine.vllm_spec",
-            "kvsim.engine.vllm_rows", "kvsim.cachesim.simulator")
+            "kvsim.engine.vllm_rows")
+#: (The single-tier simulator, ``kvsim.cachesim.simulator``, is not one of them: its users
+#: import it; :func:`seal_all` importing it cost every replay ~7 ms of imports and numba
+#: decorations of loops it never runs.)
 
 
 def check_cache_dir() -> None:

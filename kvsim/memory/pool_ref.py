@@ -16,21 +16,19 @@ interpreted engine runs the same source on the named tuple.
 
 from __future__ import annotations
 
-from numba import typeof, types
+from numba import typeof
 from numba.experimental import structref
 
 from kvsim.jit.decorators import njit
 from kvsim.jit.disk_cache import seal_all
+from kvsim.jit.struct_type import StructType
 from kvsim.memory.fast import PoolConfig, PoolState, new_state
 from kvsim.policy.state_access import register_borrowed_members
 
 
 @structref.register
-class PoolRefType(types.StructRef):
+class PoolRefType(StructType):
     """The numba type of :class:`PoolRef`: the fields of :class:`PoolState`, in order."""
-
-    def preprocess_fields(self, fields):
-        return tuple((name, types.unliteral(t)) for name, t in fields)
 
 
 class PoolRef(structref.StructRefProxy):

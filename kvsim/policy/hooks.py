@@ -37,6 +37,7 @@ from numba.extending import typeof_impl
 
 from kvsim.jit.decorators import njit
 from kvsim.jit.disk_cache import FIRST_CLASS, seal, seal_all
+from kvsim.jit.struct_type import StructType
 from kvsim.policy.api import PolicyState, StateSpec, new_block_view, policy_state
 from kvsim.policy.state_access import (
     register_borrowed_members,
@@ -61,12 +62,9 @@ def state_type():
 
 
 @structref.register
-class StateRefType(types.StructRef):
+class StateRefType(StructType):
     """The numba type of :class:`StateRef`: a reference to one heap-allocated struct
     holding the four groups of a :class:`kvsim.policy.api.PolicyState`."""
-
-    def preprocess_fields(self, fields):
-        return tuple((name, types.unliteral(t)) for name, t in fields)
 
 
 class StateRef(structref.StructRefProxy):
@@ -118,12 +116,9 @@ def view_tuple_type():
 
 
 @structref.register
-class ViewRefType(types.StructRef):
+class ViewRefType(StructType):
     """The numba type of :class:`ViewRef`: one pointer to a struct holding the 15 arrays of
     a :class:`kvsim.policy.api.BlockView` (same field names)."""
-
-    def preprocess_fields(self, fields):
-        return tuple((name, types.unliteral(t)) for name, t in fields)
 
 
 class ViewRef(structref.StructRefProxy):
@@ -371,12 +366,9 @@ TIER_FIELDS = ("L_i", "L_free", "L_h", "L_view", "L_ps", "Lm")
 
 
 @structref.register
-class TierRefType(types.StructRef):
+class TierRefType(StructType):
     """The numba type of :class:`TierRef`: one pointer to a struct holding a lower tier's
     six members (:data:`TIER_FIELDS`, the fields of :class:`kvsim.replay.kernel.tiers.Tier`)."""
-
-    def preprocess_fields(self, fields):
-        return tuple((name, types.unliteral(t)) for name, t in fields)
 
 
 class TierRef(structref.StructRefProxy):

@@ -46,6 +46,7 @@ from numba.experimental import structref
 
 from kvsim.jit.decorators import njit
 from kvsim.jit.disk_cache import seal_all
+from kvsim.jit.struct_type import StructType
 from kvsim.memory.pool_ref import POOL_REF
 from kvsim.policy.hooks import TIER_REF, VIEW_REF, policy_value_type
 
@@ -58,11 +59,8 @@ CORE_FIELDS = ("K", "X", "C", "Cw", "R_i", "R_f", "A_i", "A_f", "H_i", "st", "ou
 
 
 @structref.register
-class CoreRefType(types.StructRef):
+class CoreRefType(StructType):
     """The numba type of :class:`CoreRef`: the members of :data:`CORE_FIELDS`, in order."""
-
-    def preprocess_fields(self, fields):
-        return tuple((name, types.unliteral(t)) for name, t in fields)
 
 
 class CoreRef(structref.StructRefProxy):
