@@ -51,9 +51,8 @@ def _reference(table):
     hashes: seen = an earlier block has the hash; next_use = the next looked-up (full)
     block with it (NEVER when none; unhashed blocks: 0 and NEVER)."""
     off, ids = table.flat_block_ids()
-    prompt = np.asarray(table.column("prompt_tokens"), dtype=np.int64)
-    hashed = np.asarray(table.column("hashed_tokens"), dtype=np.int64)
-    output = np.asarray(table.column("output_tokens"), dtype=np.int64)
+    prompt, hashed, output = (np.ascontiguousarray(table.column(c), dtype=np.int64) for c in (
+        "prompt_tokens", "hashed_tokens", "output_tokens"))  # as block_facts: its types
     nb = np.maximum((prompt + B - 1) // B,
                     np.minimum((prompt + np.maximum(output - 1, 0) + B - 1) // B, hashed // B))
     pb_off = np.concatenate([[0], np.cumsum(nb)]).astype(np.int64)
