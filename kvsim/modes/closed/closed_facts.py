@@ -244,9 +244,12 @@ class _Table:
     twice its size when 3/4 full (linear probing: ~2.5 probes a
     hit, ~8.5 a miss at that load; 8-16 bytes a key)."""
 
-    def __init__(self, with_values: bool):
-        self.keys = np.zeros(FIRST_KEYS, dtype=np.int64)
-        self.vals = np.zeros(FIRST_KEYS if with_values else 0, dtype=np.int64)
+    def __init__(self, with_values: bool, most: int = 0):
+        size = FIRST_KEYS  # sized for ``most`` keys when known: never grown then
+        while 4 * most >= 3 * size:
+            size *= 2
+        self.keys = np.zeros(size, dtype=np.int64)
+        self.vals = np.zeros(size if with_values else 0, dtype=np.int64)
         self.meta = np.zeros(1, dtype=np.int64)  # keys held
 
     def grow(self) -> None:
@@ -295,11 +298,13 @@ def block_facts(table, off, ids, B: int, next_use: bool = True):
             j = _mark_seen(h, j, p0, known.keys, known.meta, seen)
             if 4 * known.meta[0] >= 3 * known.keys.shape[0]:
                 known.grow()
+    distinct = int(known.meta[0])
     del known
     if not next_use:
         return pb_off, np.zeros(0, dtype=np.int64), seen
     nu = np.full(m, NEVER, dtype=np.int64)
-    later = _Table(with_values=True)  # each content's nearest later looked-up position
+    # each content's nearest later looked-up position: at most the distinct contents
+    later = _Table(with_values=True, most=distinct)
     for c0, c1 in reversed(chunks):
         p0, h, full = hashes(c0, c1)
         j = h.shape[0]
