@@ -70,6 +70,8 @@ def init(capacity_blocks, num_slots, params):
     prev, nxt = dll_links(num_slots)
     ints = np.array([capacity_blocks, 0, 0, NIL, 0, 0, 0, 0, 0], np.int64)
     n_ghosts = 3 * max(int(capacity_blocks), 1) + 2  # |B1| + |B2| <= 2c, + pending <= c
+    # a ghost is a distinct content (one node per hash): never more than reach the tier
+    n_ghosts = min(n_ghosts, int(params.get("max_contents", n_ghosts)) + 2)
     return STATE.new(prev=prev, nxt=nxt, t1=dll_ends(), t2=dll_ends(), ints=ints,
                      ghosts=ghost_new(n_ghosts), b1=dll_ends(), b2=dll_ends(), pend=dll_ends(),
                      p=np.zeros(1, np.float64), where=np.zeros(num_slots, np.int8),

@@ -103,6 +103,8 @@ def init(capacity_blocks, num_slots, params):
     ints = np.array([small_cap, capacity_blocks - small_cap, ghost_cap, 0, 0, NIL, 0, 0, 0,
                      0, 0], np.int64)
     n_ghosts = ghost_cap + capacity_blocks + 2  # + the pending ghost hits of one allocation
+    # a ghost is a distinct content (one node per hash): never more than reach the tier
+    n_ghosts = min(n_ghosts, int(params.get("max_contents", n_ghosts)) + 2)
     return STATE.new(prev=prev, nxt=nxt, small=dll_ends(), main=dll_ends(),
                      psmall=dll_ends(), pmain=dll_ends(), rsmall=dll_ends(),
                      rmain=dll_ends(), freq=np.zeros(num_slots, np.int64),

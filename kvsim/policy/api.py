@@ -111,7 +111,12 @@ disk).  Plain Python functions work too: the core then runs its interpreted twin
 same code, slower.  A policy must be deterministic: no global random state; if it needs
 randomness it seeds a generator from ``params["seed"]`` in ``init``.  The live-offload
 replay (kvsim/modes/live/live_offload.py) also passes ``params["live_offload"] = True``: a
-policy may rank running requests' units differently there (deadline does).
+policy may rank running requests' units differently there (deadline does).  A lower tier's
+policy (DRAM, CXL, NVMe) also gets ``params["max_contents"]``: at most this many distinct
+contents (``view.content_hash``) reach that tier in the run (the replay's bound, which does
+not grow when the same contents come again); a policy keeping state per content it no longer
+holds (ARC's and S3-FIFO's ghosts) sizes it by the smaller of that and its capacity's bound,
+the same decisions in less memory when the tier is larger than the trace's contents.
 
 The view
 --------

@@ -42,13 +42,17 @@ def _lower_tier(tier: int, cap: int, policy, params: dict, max_blocks: int,
     below ``cap``; ``max_hashes`` (-1: ``max_blocks``): at most this many distinct hashes
     reach the tier, so it gets ``min(cap, max_hashes)`` slots.  The tier's own capacity
     (``Lm[LM_CAP]``, the free-slot stack's size) is its slots: a tier holding every hash
-    the run has never needs one more, so it never evicts where a larger one would not."""
+    the run has never needs one more, so it never evicts where a larger one would not.
+    The policy's ``params`` also carry ``"max_contents"``: the distinct hashes that can
+    reach the tier (a policy sizes what it keeps per content, ARC's and S3-FIFO's ghosts,
+    by the smaller of it and its capacity's bound; kvsim.policy.api, "params")."""
     cap = min(cap, max(max_blocks, 1))
-    slots = _lower_slots(cap, max_blocks if max_hashes < 0 else min(max_hashes, max_blocks))
+    most = max_blocks if max_hashes < 0 else min(max_hashes, max_blocks)
+    slots = _lower_slots(cap, most)
     L_i = np.zeros((slots, L.NLI), dtype=np.int64)
     L_free = np.arange(slots - 1, -1, -1, dtype=np.int64)
     L_view = new_record_view(slots, initialise=False)  # a row per slot, written at fill
-    L_ps = policy.init(max(cap, 1), slots, dict(params))
+    L_ps = policy.init(max(cap, 1), slots, dict(params, max_contents=max(most, 1)))
     held = min(cap, slots)  # 0: a disabled tier stays disabled
     Lm = np.array([tier, held, held, 0], dtype=np.int64)
     return Tier(L_i, L_free, L_h, L_view, L_ps, Lm)

@@ -26,14 +26,14 @@ def _table(copies: int):
     return build_request_table(cols, block_size_tokens=16)
 
 
-def _engine(copies: int, scheduler: str = "vllm"):
+def _engine(copies: int, scheduler: str = "vllm", tiers=()):
     from kvsim.modes.closed.closed_loop import Engine, EngineOptions, prepare
     from kvsim.policy.registry import resolve_policy
     from kvsim.spec.sim_config import SimConfig
 
     # multi-TB lower tiers (the defaults' size): their capacity never binds here
     config = SimConfig(mode="engine", hbm_blocks=512, dram_gb=1000, cxl_gb=1000,
-                       nvme_gb=4000, engine="interpreted")
+                       nvme_gb=4000, engine="interpreted", tier_policies=tuple(tiers))
     opts = EngineOptions(scheduler=scheduler)
     cost, hbm_blocks, costs, block_bytes, off, ids, table, _ = prepare(_table(copies), config,
                                                                       opts)
@@ -119,3 +119,36 @@ def test_digest_collisions_never_share():
     rep = np.array([0, 0, 0], np.int64)
     _split_unequal(rep, 16, nfull, hashed, tenant, off, ids, used)
     assert list(rep) == [0, 0, 2]
+
+
+def _policy_bytes(ps) -> int:
+    """The bytes of a policy state's arrays (nested in tuples, beside its hooks)."""
+    if isinstance(ps, tuple):
+        return sum(_policy_bytes(x) for x in ps)
+    return ps.nbytes if isinstance(ps, np.ndarray) else 0
+
+
+@pytest.mark.parametrize("name", ["arc", "s3fifo"])
+def test_ghost_lists_follow_the_contents_not_the_trace(name):
+    """A lower tier larger than the trace: its policy is told the trace's blocks as its
+    capacity (unchanged, so are its decisions), but ARC's and S3-FIFO's ghost pools hold
+    at most one node per distinct content that reaches the tier (``params["max_contents"]``):
+    the same size for 5,000 and 500,000 blocks of a trace with 8 distinct contents (s18:
+    ARC 3 x capacity + 2 nodes, S3-FIFO 1.9 x capacity + 2, ~60 bytes a node)."""
+    from kvsim.policy.registry import resolve_policy
+    from kvsim.replay.lower_tiers import _lower_table, _lower_tier
+
+    pol = resolve_policy(name)
+    small, large = (_lower_tier(1, 10**7, pol, {"seed": 0}, blocks, _lower_table(8), 8)
+                    for blocks in (5000, 500_000))
+    assert _policy_bytes(small.L_ps) == _policy_bytes(large.L_ps) < 4096
+    if name == "arc":
+        assert small.L_ps.i64[4][0] == 5000  # the capacity it is told: unchanged
+
+
+@pytest.mark.parametrize("name", ["arc", "s3fifo"])
+def test_closed_loop_ghosts_do_not_grow_when_the_trace_repeats(name):
+    """The closed loop's DRAM tier under ARC / S3-FIFO: the policy state is the same size
+    for 1 and 64 copies of the requests."""
+    one, many = (_engine(c, tiers=(("dram", name),)).run.T[0].L_ps for c in (1, 64))
+    assert _policy_bytes(one) == _policy_bytes(many)

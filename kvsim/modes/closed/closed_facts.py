@@ -118,28 +118,92 @@ def _all_block_hashes(B, T, prompt, hashed, nb, off, ids, pb_off, out, full):
                 hb[b] = 0
 
 
+@njit(cache=True, inline="always")
+def _home(x, mask):
+    return (x ^ (x >> 17) ^ (x >> 31) ^ (x >> 47)) & mask
+
+
 @njit(cache=True)
-def _facts(h, full, order, next_use, seen):
-    """``order``: the positions with a hash, sorted by (hash, position).  ``next_use[p]`` =
-    the next position of the same content that is looked up (``full``); ``seen[p]`` = an
-    earlier position has that content."""
-    nxt = -1  # the nearest looked-up position after j in j's group
-    for j in range(order.shape[0] - 1, -1, -1):
-        p = order[j]
-        if j + 1 < order.shape[0] and h[order[j + 1]] != h[p]:
-            nxt = -1  # a new group (scanning backwards)
-        if nxt >= 0:
-            next_use[p] = nxt
-        if full[p] != 0:
-            nxt = p
-        if j > 0 and h[order[j - 1]] == h[p]:
-            seen[p] = 1
+def _mark_seen(h, j0, p0, keys, meta, bits):
+    """From ``h[j0]`` on (the hashes of blocks ``p0 + j``, in arrival order): set bit
+    ``p0 + j`` of ``bits`` when an earlier block had hash ``h[j]`` (in the set ``keys``:
+    open addressing, 0 = empty, ``meta[0]`` keys held), else add it.  Returns the index to
+    resume at: ``h.shape[0]``, or earlier when the set is 3/4 full (the caller grows it)."""
+    mask = keys.shape[0] - 1
+    for j in range(j0, h.shape[0]):
+        x = h[j]
+        if x == 0:  # unidentified content: never seen before
+            continue
+        i = _home(x, mask)
+        while True:
+            k = keys[i]
+            if k == x:
+                p = p0 + j
+                bits[p >> 3] |= np.uint8(1 << (p & 7))
+                break
+            if k == 0:
+                keys[i] = x
+                meta[0] += 1
+                break
+            i = (i + 1) & mask
+        if 4 * meta[0] >= 3 * keys.shape[0]:
+            return j + 1
+    return h.shape[0]
 
 
-#: blocks per chunk of :func:`block_facts`: its working arrays are sized by a chunk, not by
-#: the trace (~80 bytes a block, ~21 MB a chunk).  A chosen bound: on the Mooncake trace
-#: (9.1 M blocks) 2^18 keeps the per-chunk cost (a pass over the distinct hashes) small
+@njit(cache=True)
+def _mark_next(h, full, j1, p0, keys, vals, meta, nu):
+    """Backward from ``h[j1 - 1]``: ``nu[p0 + j]`` = the nearest later looked-up
+    (``full``) position of hash ``h[j]`` (the map ``keys`` -> ``vals`` holds each hash's
+    nearest one so far), then position ``p0 + j`` becomes its hash's when looked up.
+    Returns the index to resume below: 0, or more when the map is 3/4 full."""
+    mask = keys.shape[0] - 1
+    for j in range(j1 - 1, -1, -1):
+        x = h[j]
+        if x == 0:
+            continue
+        i = _home(x, mask)
+        while True:
+            k = keys[i]
+            if k == x:
+                nu[p0 + j] = vals[i]
+                if full[j] != 0:
+                    vals[i] = p0 + j
+                break
+            if k == 0:
+                if full[j] != 0:
+                    keys[i] = x
+                    vals[i] = p0 + j
+                    meta[0] += 1
+                break
+            i = (i + 1) & mask
+        if 4 * meta[0] >= 3 * keys.shape[0]:
+            return j
+    return 0
+
+
+@njit(cache=True)
+def _rehash(keys, vals, new_keys, new_vals):
+    """Every key of ``keys`` (and its value, when ``vals`` has any) into the larger table."""
+    mask = new_keys.shape[0] - 1
+    for i in range(keys.shape[0]):
+        x = keys[i]
+        if x == 0:
+            continue
+        j = _home(x, mask)
+        while new_keys[j] != 0:
+            j = (j + 1) & mask
+        new_keys[j] = x
+        if vals.shape[0] > 0:
+            new_vals[j] = vals[i]
+
+
+#: blocks per chunk of :func:`block_facts`: the hashes are made a chunk at a time into one
+#: buffer (9 bytes a block, ~2.4 MB), reused by every chunk.  A chosen bound: one compiled
+#: call per chunk, few on the Mooncake trace (9.1 M blocks: 35 chunks)
 CHUNK_BLOCKS = 1 << 18
+#: the hash tables' first size (entries; doubled when 3/4 full)
+FIRST_KEYS = 1 << 16
 
 
 def _chunks(pb_off: np.ndarray, target: int):
@@ -153,51 +217,46 @@ def _chunks(pb_off: np.ndarray, target: int):
         c0 = c1
 
 
-class _Chunk:
-    """One chunk's block hashes, ``full`` flags and the positions with a hash sorted by
-    (hash, position), with :func:`_facts`' answers inside the chunk (``nxt``: positions
-    relative to the chunk, NEVER when no later looked-up block of the chunk has the hash;
-    ``dup``: an earlier block of the chunk has it; ``tail``: the positions whose next use
-    is not in the chunk)."""
+class _Hashes:
+    """The block hashes and ``full`` flags of one request range at a time, made into
+    buffers sized by the largest range and reused (no allocation per chunk)."""
 
-    def __init__(self, args, pb_off, c0: int, c1: int):
-        B, T, prompt, hashed, nb, off, ids = args
-        p0, p1 = int(pb_off[c0]), int(pb_off[c1])
-        self.p0 = p0
-        h = np.zeros(p1 - p0, dtype=np.int64)
-        full = np.zeros(p1 - p0, dtype=np.int8)
+    def __init__(self, args, pb_off, chunks):
+        self.args, self.pb_off = args, pb_off
+        most = max((int(pb_off[c1] - pb_off[c0]) for c0, c1 in chunks), default=0)
+        self.h = np.zeros(most, dtype=np.int64)
+        self.full = np.zeros(most, dtype=np.int8)
+
+    def __call__(self, c0: int, c1: int) -> tuple[int, np.ndarray, np.ndarray]:
+        """(first position, hashes, full) of requests ``c0 .. c1 - 1``' blocks."""
+        B, T, prompt, hashed, nb, off, ids = self.args
+        p0, p1 = int(self.pb_off[c0]), int(self.pb_off[c1])
+        h, full = self.h[:p1 - p0], self.full[:p1 - p0]
+        h[:] = 0
         with np.errstate(over="ignore"):
             _all_block_hashes(B, T, prompt[c0:c1], hashed[c0:c1], nb[c0:c1], off[c0:c1 + 1],
-                              ids, pb_off[c0:c1 + 1] - p0, h, full)
-        elig = np.flatnonzero(h != 0)
-        order = elig[np.argsort(h[elig], kind="stable")]  # by hash, then position
-        self.nxt = np.full(p1 - p0, NEVER, dtype=np.int64)
-        self.dup = np.zeros(p1 - p0, dtype=np.int8)
-        _facts(h, full, order, self.nxt, self.dup)
-        hs = h[order]
-        first = np.ones(order.shape[0], dtype=bool)  # the first position of each group
-        first[1:] = hs[1:] != hs[:-1]
-        self.first = order[first]  # the chunk's first position of each distinct hash
-        self.keys = hs[first]  # the chunk's distinct hashes, ascending
-        # per group: its first looked-up (full) position, -1 when none
-        gid = np.cumsum(first) - 1
-        fl = full[order] != 0
-        self.first_full = np.full(self.keys.shape[0], -1, dtype=np.int64)
-        self.first_full[gid[fl][::-1]] = order[fl][::-1]  # the smallest position wins
-        # positions with a hash and no later looked-up one in the chunk: their next use,
-        # if any, is in a later chunk
-        later = self.nxt[order] == NEVER
-        self.tail = order[later]
-        self.tail_keys = hs[later]
+                              ids, self.pb_off[c0:c1 + 1] - p0, h, full)
+        return p0, h, full
 
 
-def _member(keys: np.ndarray, sorted_set: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(where ``keys`` would go in ``sorted_set``, whether they are in it)."""
-    at = np.searchsorted(sorted_set, keys)
-    hit = np.zeros(keys.shape[0], dtype=bool)
-    ok = at < sorted_set.shape[0]
-    hit[ok] = sorted_set[at[ok]] == keys[ok]
-    return at, hit
+class _Table:
+    """An open-addressing table of hashes (0 = empty), with values when asked: grown to
+    twice its size when 3/4 full (linear probing: ~2.5 probes a
+    hit, ~8.5 a miss at that load; 8-16 bytes a key)."""
+
+    def __init__(self, with_values: bool, most: int = 0):
+        size = FIRST_KEYS  # sized for ``most`` keys when known: never grown then
+        while 4 * most >= 3 * size:
+            size *= 2
+        self.keys = np.zeros(size, dtype=np.int64)
+        self.vals = np.zeros(size if with_values else 0, dtype=np.int64)
+        self.meta = np.zeros(1, dtype=np.int64)  # keys held
+
+    def grow(self) -> None:
+        keys = np.zeros(2 * self.keys.shape[0], dtype=np.int64)
+        vals = np.zeros(keys.shape[0] if self.vals.shape[0] else 0, dtype=np.int64)
+        _rehash(self.keys, self.vals, keys, vals)
+        self.keys, self.vals = keys, vals
 
 
 def block_facts(table, off, ids, B: int, next_use: bool = True):
@@ -205,14 +264,17 @@ def block_facts(table, off, ids, B: int, next_use: bool = True):
     blocks), in arrival order (module docstring).  A decode block is cached once full, so
     its next use is the next prompt block of the same content (the next turn's).
 
-    ``next_use=False`` (a policy that does not read the future: the core reads next_use
-    only under an OFFLINE policy, kvsim.replay.kernel.core): next_use is an empty array
-    (kvsim.replay.kernel.closed_step then gives every block NEVER).  The hashes are made
-    :data:`CHUNK_BLOCKS` blocks at a time in arrival order: ``seen`` from the sorted distinct
-    hashes of the chunks before (they grow with the distinct contents, not with how often
-    they come) and, when asked, next_use from a backward pass keeping each distinct hash's
-    nearest later looked-up position: the working arrays are a chunk's, the results 1 byte
-    a block (seen) and 8 (next_use)."""
+    ``seen`` is a bit array (uint8, little bit order: block ``p`` is bit ``p & 7`` of byte
+    ``p >> 3``; ``np.unpackbits(seen, count=m, bitorder="little")`` for one byte a block):
+    1 = an earlier block had the content.  ``next_use=False`` (a policy that does not read
+    the future: the core reads next_use only under an OFFLINE policy,
+    kvsim.replay.kernel.core): next_use is an empty array (kvsim.replay.kernel.closed_step
+    then gives every block NEVER).  The hashes are made :data:`CHUNK_BLOCKS` blocks at a
+    time into one reused buffer, in arrival order: ``seen`` from a hash set of the contents
+    so far (it grows with the distinct contents, not with how often they come) and, when
+    asked, next_use from a backward pass with a map of each content's nearest later
+    looked-up position: the working arrays are a chunk's and the distinct contents', the
+    results 1 bit a block (seen) and 8 bytes (next_use)."""
     prompt = np.ascontiguousarray(table.column("prompt_tokens"), dtype=np.int64)
     hashed = np.ascontiguousarray(table.column("hashed_tokens"), dtype=np.int64)
     output = np.ascontiguousarray(table.column("output_tokens"), dtype=np.int64)
@@ -226,34 +288,30 @@ def block_facts(table, off, ids, B: int, next_use: bool = True):
     args = (B, table.block_size_tokens, prompt, hashed, nb,
             np.ascontiguousarray(off, dtype=np.int64), ids)
     chunks = list(_chunks(pb_off, CHUNK_BLOCKS))
-    seen = np.zeros(m, dtype=np.int8)
-    known = np.zeros(0, dtype=np.int64)  # the distinct hashes of the chunks so far, sorted
+    hashes = _Hashes(args, pb_off, chunks)
+    seen = np.zeros((m + 7) // 8, dtype=np.uint8)
+    known = _Table(with_values=False)  # the contents so far
     for c0, c1 in chunks:
-        ch = _Chunk(args, pb_off, c0, c1)
-        seen[ch.p0:ch.p0 + ch.dup.shape[0]] = ch.dup
-        at, hit = _member(ch.keys, known)
-        seen[ch.p0 + ch.first[hit]] = 1
-        known = np.insert(known, at[~hit], ch.keys[~hit])
+        p0, h, _full = hashes(c0, c1)
+        j = 0
+        while j < h.shape[0]:
+            j = _mark_seen(h, j, p0, known.keys, known.meta, seen)
+            if 4 * known.meta[0] >= 3 * known.keys.shape[0]:
+                known.grow()
+    distinct = int(known.meta[0])
     del known
     if not next_use:
         return pb_off, np.zeros(0, dtype=np.int64), seen
     nu = np.full(m, NEVER, dtype=np.int64)
-    # backward: each distinct hash's nearest looked-up position in the chunks after
-    kk = np.zeros(0, dtype=np.int64)  # sorted hashes
-    kv = np.zeros(0, dtype=np.int64)  # their positions
+    # each content's nearest later looked-up position: at most the distinct contents
+    later = _Table(with_values=True, most=distinct)
     for c0, c1 in reversed(chunks):
-        ch = _Chunk(args, pb_off, c0, c1)
-        inner = ch.nxt != NEVER
-        part = nu[ch.p0:ch.p0 + ch.nxt.shape[0]]
-        part[inner] = ch.nxt[inner] + ch.p0
-        at, hit = _member(ch.tail_keys, kk)
-        part[ch.tail[hit]] = kv[at[hit]]
-        has = ch.first_full >= 0
-        keys, pos = ch.keys[has], ch.first_full[has] + ch.p0
-        at, hit = _member(keys, kk)
-        kv[at[hit]] = pos[hit]
-        kk = np.insert(kk, at[~hit], keys[~hit])
-        kv = np.insert(kv, at[~hit], pos[~hit])
+        p0, h, full = hashes(c0, c1)
+        j = h.shape[0]
+        while j > 0:
+            j = _mark_next(h, full, j, p0, later.keys, later.vals, later.meta, nu)
+            if 4 * later.meta[0] >= 3 * later.keys.shape[0]:
+                later.grow()
     return pb_off, nu, seen
 
 

@@ -104,7 +104,7 @@ def _fill(I, F, n, cols, src, N, rprio_tab, tenant_tab, block_bytes, nu, seen, p
             if pos >= 0 and pos < pb_off[rid + 1]:  # a prompt or decode block (closed_facts)
                 # empty when the policy does not read the future (closed_facts.block_facts)
                 nu[k] = pb_next[pos] if pb_next.shape[0] > 0 else NEVER
-                seen[k] = pb_seen[pos]
+                seen[k] = (pb_seen[pos >> 3] >> (pos & 7)) & 1  # a bit a block
             else:
                 nu[k] = NEVER
                 seen[k] = 0
