@@ -17,8 +17,11 @@ compiled modules are imported (decorated) and that numba caches where kvsim says
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import importlib
 import os
+import threading
 import time
 from types import ModuleType
 
@@ -113,6 +116,96 @@ def cached_signatures(dispatcher) -> list[tuple]:
         return []
 
 
+#: The longest a process waits for another process's compile of the same cache entry
+#: (:func:`compile_once`) before it compiles the entry itself: a process that holds the
+#: lock but does not run (stopped in a debugger, suspended with Ctrl-Z) must not block
+#: others for ever.  The longest compile of one entry, ``closed_step.advance`` with what
+#: it links, is ~60 CPU-s on the 2-core reference VM (docs/benchmarks.md, "Cold compile");
+#: the wait allows three times that.
+COMPILE_LOCK_WAIT_S = 180.0
+_HELD = threading.local()
+
+
+def _entry_lock_path(dispatcher, args: tuple) -> str | None:
+    """The lock file of one cache entry: ``<numba cache dir>/.locks/<hash>.lock``, the hash
+    of the function's module, name, first line and argument types; None when numba caches
+    nowhere (no cache directory)."""
+    from numba.core import config
+
+    folder = config.CACHE_DIR or os.environ.get("NUMBA_CACHE_DIR", "")
+    if not folder:
+        return None
+    f = dispatcher.py_func
+    name = (f"{f.__module__}.{f.__qualname__}:{f.__code__.co_firstlineno}:"
+            f"{f.__code__.co_filename}:{args}")
+    return os.path.join(folder, ".locks", hashlib.sha256(name.encode()).hexdigest()[:32] + ".lock")
+
+
+@contextlib.contextmanager
+def entry_lock(dispatcher, args: tuple, wait_s: float | None = None):
+    """Hold the cross-process lock of ``dispatcher``'s cache entry for ``args`` (argument
+    types) while the body runs: an exclusive ``fcntl.flock`` on its lock file, which the
+    kernel releases when the holder's file is closed or the holder dies (a killed process
+    leaves no stale lock).  Waits at most ``wait_s`` (default :data:`COMPILE_LOCK_WAIT_S`),
+    then runs the body without the lock.  A no-op where there is no ``fcntl`` (Windows),
+    no cache directory or no writable lock file: the lock only saves work, the result
+    never depends on it."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        fcntl = None
+    path = _entry_lock_path(dispatcher, args) if fcntl is not None else None
+    fd = None
+    if path is not None:
+        with contextlib.suppress(OSError):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if fd is not None:
+            deadline = time.monotonic() + (COMPILE_LOCK_WAIT_S if wait_s is None else wait_s)
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        compile_log(f"waited past {path}: compiling without the lock")
+                        break
+                    time.sleep(0.05)
+                except OSError:  # a file system without flock
+                    break
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the lock
+
+
+def compile_once(dispatcher, sig) -> None:
+    """``dispatcher.compile(sig)`` (numba's public compile: it loads the entry from the disk
+    cache when there, else compiles and saves it), with at most one process compiling
+    one cache entry at a time: two processes that miss the same entry at the same moment
+    (``compare --jobs 2`` workers, pytest-xdist workers) would both compile it; with
+    :func:`entry_lock` around it the second waits, then loads what the first saved.  No
+    lock when this process already has the entry, when the function is not cached on disk
+    (``cache=False``), or inside another :func:`compile_once` of this thread (one lock at
+    a time per process: no lock-order deadlock between processes)."""
+    from numba.core import sigutils
+
+    args, _ = sigutils.normalize_signature(sig)
+    args = tuple(args)
+    if (args in dispatcher.overloads or getattr(getattr(dispatcher, "_cache", None),
+                                                "_cache_file", None) is None
+            or getattr(_HELD, "depth", 0)):
+        dispatcher.compile(sig)
+        return
+    _HELD.depth = 1
+    try:
+        with entry_lock(dispatcher, args):
+            dispatcher.compile(sig)
+    finally:
+        _HELD.depth = 0
+
+
 def compile_log(msg: str) -> None:
     """One line on stderr when ``$KVSIM_COMPILE_LOG`` is set: the split's timeline (when
     each worker finished, how long this process waited for one), seconds since the
@@ -156,5 +249,6 @@ def announce_cold_compile() -> None:
 
 
 __all__ = ["COLD_COMPILE_S", "COMPILED", "FIRST_CLASS", "SINGLE_TIER", "SOURCES",
-           "announce_cold_compile", "cached_signatures", "check_cache_dir", "cold_compile_message", "key",
+           "announce_cold_compile", "cached_signatures", "check_cache_dir", "cold_compile_message",
+           "compile_once", "entry_lock", "key",
            "on_cold_compile", "seal", "seal_all"]

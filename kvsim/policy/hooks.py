@@ -36,7 +36,7 @@ from numba.experimental import structref
 from numba.extending import typeof_impl
 
 from kvsim.jit.decorators import njit
-from kvsim.jit.disk_cache import FIRST_CLASS, seal, seal_all
+from kvsim.jit.disk_cache import FIRST_CLASS, compile_once, seal, seal_all
 from kvsim.jit.struct_type import StructType
 from kvsim.policy.api import PolicyState, StateSpec, new_block_view, policy_state
 from kvsim.policy.state_access import (
@@ -208,6 +208,9 @@ class CompiledHook(WrapperAddressProtocol):
         needs the values' types only) before the hooks' (:mod:`kvsim.replay.precompile`)."""
         if self._cres is None:
             try:
+                # one process at a time per cache entry: another one compiling this hook
+                # (compare's workers, test workers) is waited for, then loaded
+                compile_once(self.dispatcher, self.sig)
                 self._cres = self.dispatcher.get_compile_result(self.sig)
             except numba_errors.TypingError as e:
                 if "mismatch of return type" not in str(e):

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.policy.api import new_block_view
+from kvsim.policy.hooks import HOOK_NAMES, compiled_hooks, state_ref, view_ref
 from kvsim.policy.registry import list_policies, load_policy_file
 
 DATA = Path(__file__).parent / "data"
@@ -29,6 +30,15 @@ class Driver:
 
     ``candidates`` is the candidate set as the core sees it.  ``set_intent`` writes view
     fields before a hook (the core refreshes the view before calling hooks).
+
+    A compiled policy's hooks are called as the replay calls them: the
+    :class:`kvsim.policy.hooks.CompiledHook` values, on the state and view as one pointer
+    each (``StateRef``, ``ViewRef``: the same arrays as ``state`` and ``view``).  So the
+    tests run the specialisation the replay and ``simulate_cache`` run, compiled once per
+    policy and shared with them through numba's disk cache, instead of one more
+    specialisation for the ``PolicyState`` / ``BlockView`` tuples that only tests used
+    (about half the contract tests' compile work, docs/benchmarks.md "The default test
+    step's compile work").  A plain-Python policy's hooks take ``state`` and ``view``.
     """
 
     def __init__(self, policy, capacity: int, num_slots: int, n_alt: int = 0,
@@ -38,6 +48,14 @@ class Driver:
         self.view = new_block_view(num_slots)
         self.view.content_hash[:] = np.arange(1, num_slots + 1)
         self.state = policy.init(capacity, num_slots, dict(params or {}))
+        if policy.compiled:
+            hooks = compiled_hooks(policy)
+            self._args = (state_ref(self.state), view_ref(self.view))
+        else:
+            hooks = tuple(getattr(policy, name) for name in HOOK_NAMES)
+            self._args = (self.state, self.view)
+        (self._on_insert, self._on_hit, self._on_hold, self._on_release, self._on_remove,
+         self._victim, self._on_hit_held, self._on_miss) = hooks
         self.alt_b = np.zeros(n_alt, np.int64)
         self.alt_s = np.zeros(n_alt, np.float64)
         self.candidates: set[int] = set()
@@ -49,9 +67,15 @@ class Driver:
         for name, value in fields.items():
             getattr(self.view, name)[b] = value
 
+    def raw_victim(self, alt_b=None, alt_s=None) -> tuple[int, int, int]:
+        """The policy's ``victim`` answer as it is (checked by nobody)."""
+        alt_b = self.alt_b if alt_b is None else alt_b
+        alt_s = self.alt_s if alt_s is None else alt_s
+        v, reason, n_alt = self._victim(*self._args, float(self.now), alt_b, alt_s)
+        return int(v), int(reason), int(n_alt)
+
     def victim(self) -> int:
-        v, reason, n_alt = self.p.victim(self.state, self.view, self.now, self.alt_b, self.alt_s)
-        v, reason, n_alt = int(v), int(reason), int(n_alt)
+        v, reason, n_alt = self.raw_victim()
         if not self.candidates:
             assert v == -1
             return v
@@ -66,7 +90,7 @@ class Driver:
 
     def evict_one(self) -> int:
         v = self.victim()
-        self.p.on_remove(self.state, self.view, v)
+        self._on_remove(*self._args, v)
         self.candidates.discard(v)
         self.victims.append(v)
         return v
@@ -77,15 +101,15 @@ class Driver:
         if b in self.candidates:
             self.view.last_access_us[b] = self.now
             self.view.access_count[b] += 1
-            self.p.on_hit(self.state, self.view, b, self.now)
+            self._on_hit(*self._args, b, float(self.now))
             return True
-        self.p.on_miss(self.state, self.view, int(self.view.content_hash[b]), self.now)
+        self._on_miss(*self._args, int(self.view.content_hash[b]), float(self.now))
         while len(self.candidates) >= self.cap:
             self.evict_one()
         self.view.insert_us[b] = self.now
         self.view.last_access_us[b] = self.now
         self.view.access_count[b] = 1
-        self.p.on_insert(self.state, self.view, b, self.now)
+        self._on_insert(*self._args, b, float(self.now))
         self.candidates.add(b)
         assert len(self.candidates) <= self.cap
         return False
@@ -97,8 +121,8 @@ class Driver:
         self.now += 1.0 if tick else 0.0
         self.view.last_access_us[b] = self.now
         self.view.access_count[b] += 1
-        self.p.on_hit(self.state, self.view, b, self.now)
-        self.p.on_hold(self.state, self.view, b)
+        self._on_hit(*self._args, b, float(self.now))
+        self._on_hold(*self._args, b)
         self.candidates.discard(b)
         self.held.add(b)
 
@@ -109,22 +133,22 @@ class Driver:
         self.now += 1.0 if tick else 0.0
         self.view.last_access_us[b] = self.now
         self.view.access_count[b] += 1
-        self.p.on_hit_held(self.state, self.view, b, self.now)
+        self._on_hit_held(*self._args, b, float(self.now))
 
     def allocate(self, b: int, tick: bool = True) -> None:
         """HBM: new content in block ``b`` (evicting to make room), held by its request
         (``on_miss``, victims, ``on_insert`` + ``on_hold``)."""
         assert b not in self.candidates and b not in self.held
         self.now += 1.0 if tick else 0.0
-        self.p.on_miss(self.state, self.view, int(self.view.content_hash[b]), self.now)
+        self._on_miss(*self._args, int(self.view.content_hash[b]), float(self.now))
         while len(self.candidates) + len(self.held) >= self.cap:
             assert self.candidates, "no room: every block is held"
             self.evict_one()
         self.view.insert_us[b] = self.now
         self.view.last_access_us[b] = self.now
         self.view.access_count[b] = 1
-        self.p.on_insert(self.state, self.view, b, self.now)
-        self.p.on_hold(self.state, self.view, b)
+        self._on_insert(*self._args, b, float(self.now))
+        self._on_hold(*self._args, b)
         self.held.add(b)
 
     def release(self, b: int, tick: bool = True) -> None:
@@ -132,7 +156,7 @@ class Driver:
         assert b in self.held
         self.now += 1.0 if tick else 0.0
         self.view.last_access_us[b] = self.now
-        self.p.on_release(self.state, self.view, b, self.now)
+        self._on_release(*self._args, b, float(self.now))
         self.held.discard(b)
         self.candidates.add(b)
 

@@ -44,13 +44,13 @@ def test_finished_blocks_by_expected_next_use():
     pol = get_policy("deadline")
     d = Driver(pol, capacity=6, num_slots=6, n_alt=6)
     _finished_blocks(d)
-    v, code, n = pol.victim(d.state, d.view, d.now, d.alt_b, d.alt_s)
+    v, code, n = d.raw_victim()
     assert (v, code, n) == (0, 0, 5)
     assert list(d.alt_b[:5]) == [0, 3, 1, 4, 2]
     np.testing.assert_allclose(d.alt_s[:5], [-3600000005, -7999994, 999996, 999999, 1999956])
     out = [d.evict_one() for _ in range(5)]
     assert out == [0, 3, 1, 4, 2]
-    v, code, _ = pol.victim(d.state, d.view, d.now, d.alt_b[:0], d.alt_s[:0])
+    v, code, _ = d.raw_victim(d.alt_b[:0], d.alt_s[:0])
     assert (v, code) == (5, 1)
 
 
@@ -65,7 +65,7 @@ def test_expired_deadline_of_finished_request_carries_no_urgency():
     d = Driver(pol, capacity=6, num_slots=6, n_alt=6)
     _finished_blocks(d)
     d.now = 100.0
-    v, code, n = pol.victim(d.state, d.view, d.now, d.alt_b, d.alt_s)
+    v, code, n = d.raw_victim()
     assert list(d.alt_b[:5]) == [0, 3, 1, 2, 4]
     np.testing.assert_allclose(d.alt_s[:5], [-3600000099, -7999900, 999902, 999903, 999905])
     assert d.drain() == [0, 3, 1, 2, 4, 5]

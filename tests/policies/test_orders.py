@@ -152,7 +152,7 @@ def test_predictive_passed_prediction_is_no_evidence():
     d.set_intent(2, target_decode_step=10)
     for b in (0, 1, 2, 3):
         d.access(b)
-    v, reason, n = d.p.victim(d.state, d.view, d.now, d.alt_b, d.alt_s)
+    v, reason, n = d.raw_victim()
     assert (int(v), int(reason), int(n)) == (0, 3, 4)
     assert list(d.alt_b) == [0, 3, 2, 1]
     assert list(d.alt_s[:2]) == [-np.inf, -np.inf]
@@ -185,7 +185,7 @@ def test_deadline_score_order_and_pins():
     d.set_intent(5, deadline_us=5_000_000)
     for b in range(6):
         d.access(b)
-    v, code, n_alt = pol.victim(d.state, d.view, d.now, d.alt_b, d.alt_s)
+    v, code, n_alt = d.raw_victim()
     assert (v, code, n_alt) == (5, 0, 5)  # runners-up cover the 5 unpinned blocks only
     assert list(d.alt_b[:5]) == [5, 1, 0, 4, 2]
     np.testing.assert_allclose(d.alt_s[:5], [L - 4999994, L - 94, L - 5, L - 1, L + 1999906])
@@ -200,7 +200,7 @@ def test_deadline_score_order_and_pins():
     d2 = Driver(pol, capacity=1, num_slots=1)
     d2.set_intent(0, pinned=True)
     d2.access(0)
-    assert pol.victim(d2.state, d2.view, d2.now, d2.alt_b, d2.alt_s)[1] == 1
+    assert d2.raw_victim()[1] == 1
 
 
 def test_user_python_policy_mru():
