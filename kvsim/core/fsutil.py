@@ -363,7 +363,16 @@ class CheckedText(io.TextIOBase):
         return line
 
     def read(self, size: int | None = -1) -> str:  # type: ignore[override]
-        return self._checked(self._raw.read, size)
+        """``size`` characters; the rest of the file (a JSON document read whole: an
+        agentic conversation) never more than the ``max_line_chars`` limit."""
+        if size is not None and size >= 0:
+            return self._checked(self._raw.read, size)
+        text = self._checked(self._raw.read, self._max_line + 1)
+        if len(text) > self._max_line:
+            raise KvsimInputError(
+                f"document longer than {self._max_line:,} characters (kvsim limit "
+                "max_line_chars; raise it with KVSIM_LIMIT_MAX_LINE_CHARS)", self._path)
+        return text
 
     def __iter__(self) -> Iterator[str]:
         while True:
