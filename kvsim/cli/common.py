@@ -213,7 +213,10 @@ def _guard_paths(command: Any, name: str) -> None:
 
     def guarded(*args: Any, **kwargs: Any) -> Any:
         check_command_paths(name, kwargs, opts)
-        return callback(*args, **kwargs)
+        from kvsim.core.fsutil import spooled_params
+
+        with spooled_params(kwargs, set(OUTPUT_OPTIONS.get(name, ()))) as params:  # pipes
+            return callback(*args, **params)
 
     command.callback = guarded
     command._kvsim_paths = True

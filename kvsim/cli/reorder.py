@@ -33,6 +33,7 @@ from kvsim.cli.simulate_opts import (
     SeedOpt,
 )
 from kvsim.core.errors import KvsimInputError
+from kvsim.core.fsutil import shown_path
 from kvsim.spec.models.catalog import DEFAULT_MODEL
 
 
@@ -99,10 +100,10 @@ def reorder_command(
                        submission_rate=submission_rate)
     _check_dropped(df.to_dict(orient="records"), config)
     if json_:
-        emit_json({"trace": str(request_trace), "model": opts.model, "policy": policy,
+        emit_json({"trace": shown_path(request_trace), "model": opts.model, "policy": policy,
                    "submission_rate": submission_rate, "orders": df.to_dict(orient="records")})
         return
-    out = Table(title=f"{request_trace}: {len(table):,} requests as one batch job, "
+    out = Table(title=f"{shown_path(request_trace)}: {len(table):,} requests as one batch job, "
                 f"{opts.model}, {policy}")
     for name in ("order", "hit rate", "HBM block hits", "makespan (s)", "req/s", "tok/s", "adjacent shared "
                  "blocks", "makespan / submission"):
