@@ -230,7 +230,7 @@ _PLAIN_FLOAT = re.compile(r"(?:0|-?[1-9][0-9]{0,15}|-?0(?=\.))(?:\.[0-9]{1,15})?
 
 class _PlainValue:
     """typer's conversion of one option's value (its ``RuntimeParam``), without importing
-    pydantic (0.08-0.14 CPU-s per process; docs/benchmarks.md, "Issue 34: per-process fixed
+    pydantic (0.08-0.14 CPU-s per process; docs/benchmarks.md, "Per-process fixed
     costs") where the result is plain: no value (None), a ``str`` as it is, an ``int`` or
     ``float`` written as plain digits within the option's min / max, a ``Path`` typer's own
     path checks accept (a ``bool`` flag's value typer passes through itself).  Any other
