@@ -561,6 +561,9 @@ def progress(transient: bool = True, quiet: bool = False) -> Progress:
     """A rich progress bar on stderr: description, bar, done/total, elapsed, ETA (hidden
     when ``quiet``, see :func:`quiet_progress`).  When stderr is not a terminal: one plain
     line every 10 s instead (:class:`kvsim.cli.meter.LineProgress`)."""
+    from kvsim.cli.meter import COMPILES
+
+    COMPILES.install()  # before any worker is forked: it reports its compiles too
     if not quiet and not err_console.is_terminal:
         from kvsim.cli.meter import LineProgress
 
