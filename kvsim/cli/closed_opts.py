@@ -260,6 +260,10 @@ def check_is_event_file(trace) -> None:
             from kvsim.ingest.detect import detect_format
 
             fmt = detect_format(trace)
+            if fmt == "generic" and str(trace).lower().endswith(".parquet"):
+                import pyarrow.parquet as pq
+
+                pq.read_schema(trace)  # named so, but not Parquet at all: the original error
         except Exception:  # noqa: BLE001 - not a request trace either: the original error
             raise err from None
         raise KvsimInputError(f"expected an event file, got a request trace ({fmt}): serve "
