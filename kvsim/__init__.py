@@ -29,9 +29,6 @@ def _numba_defaults() -> None:
     configure()  # reloads numba's config when numba was imported before kvsim
 
 
-_numba_defaults()
-
-
 def _serve_checkout_subpackages() -> None:
     """Let ``kvsim.policies`` and ``kvsim.profiles`` resolve in a source checkout.
 
@@ -48,4 +45,29 @@ def _serve_checkout_subpackages() -> None:
             __path__.append(str(root))
 
 
-_serve_checkout_subpackages()
+def _starting_the_command() -> bool:
+    """True while the ``kvsim`` command (the console script, or ``python -m kvsim``) is
+    importing this package: the start of every run, before its own Ctrl-C handling
+    (:mod:`kvsim.__main__`) is in place."""
+    import sys
+    from pathlib import Path
+
+    argv = list(getattr(sys, "orig_argv", ()))
+    as_module = "-m" in argv and argv[argv.index("-m") + 1:argv.index("-m") + 2] == ["kvsim"]
+    return as_module or (bool(sys.argv) and Path(sys.argv[0]).name == "kvsim")
+
+
+try:
+    _numba_defaults()
+    _serve_checkout_subpackages()
+except KeyboardInterrupt:
+    # Ctrl-C while the command starts: one line, as anywhere later (issue 38); a program
+    # that imports kvsim gets its KeyboardInterrupt as usual
+    if not _starting_the_command():
+        raise
+    import os
+    import sys
+
+    sys.stderr.write("error: interrupted (Ctrl-C) while starting; nothing was written\n")
+    sys.stderr.flush()
+    os._exit(130)

@@ -18,18 +18,19 @@ def _stop(message: str, code: int) -> None:
 
 
 def main() -> None:
-    from kvsim.core.errors import Terminated
-
-    def on_sigterm(signum, frame):
-        raise Terminated()
-
-    signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        from kvsim.cli import main as cli_main
+        from kvsim.core.errors import Terminated
+
+        def on_sigterm(signum, frame):
+            raise Terminated()
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+        try:
+            from kvsim.cli import main as cli_main
+        except Terminated:
+            _stop("terminated (SIGTERM) while starting; nothing was written", 143)
     except KeyboardInterrupt:
         _stop("interrupted (Ctrl-C) while starting; nothing was written", 130)
-    except Terminated:
-        _stop("terminated (SIGTERM) while starting; nothing was written", 143)
     cli_main()
 
 

@@ -87,6 +87,8 @@ SLOW_TESTS = (
     # session 16: the default step reached 310 s alone on 2 cores (limit 300 s)
     "tests/test_bad_inputs.py::test_cli_case[simulate_dropped_requests_warn]",  # ~20-60 s
     "tests/test_bad_inputs.py::test_cli_case[mooncake_not_prefix_tree_warns]",  # ~15-45 s
+    # session 19: the second of two compare rows replaying lru before a policy fails (~3 s)
+    "tests/test_bad_inputs.py::test_cli_case[compare_failed_policy_keeps_other_logs]",
     "tests/cluster/test_pd.py::test_infinite_link_decode_steps_are_the_aggregated_decode_"
     "steps_shifted",  # ~15-45 s, both engines
     "tests/policies/test_contract.py::TestContract_s3fifo::test_legal_sequences_and_"

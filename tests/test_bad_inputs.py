@@ -13,7 +13,9 @@ Two tables drive it:
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 import tomllib
 from pathlib import Path
 
@@ -133,9 +135,12 @@ def _setup(kind: str | None, tmp: Path) -> None:
 
 def _files(spec: dict, tmp: Path) -> None:
     """``files = ["copy SRC NAME", "symlink TARGET NAME", "hardlink TARGET NAME",
-    "mkdir NAME", "write NAME TEXT"]``: inputs placed in {tmp} before the run (a case that
-    must not destroy them: every file's bytes are compared after the run)."""
+    "mkdir NAME", "write NAME TEXT", "fifo SRC NAME"]``: inputs placed in {tmp} before the
+    run (a case that must not destroy them: every file's bytes are compared after the
+    run); ``fifo``: a named pipe a thread writes SRC's bytes into (``--trace /dev/stdin``
+    without a terminal: a pipe is read once, from its first byte)."""
     import shutil
+    import threading
 
     for entry in spec.get("files", ()):
         verb, *rest = entry.format(cli=CLI_CORPUS, tmp=tmp, traces=TRACES).split(" ", 2)
@@ -150,6 +155,23 @@ def _files(spec: dict, tmp: Path) -> None:
             (tmp / rest[0]).mkdir(parents=True, exist_ok=True)
         elif verb == "write":
             (tmp / rest[0]).write_text(rest[1].replace("\\n", "\n"))
+        elif verb == "fifo":
+            os.mkfifo(tmp / rest[1])
+            data = Path(rest[0]).read_bytes()
+
+            def feed(path=tmp / rest[1], data=data) -> None:
+                with contextlib.suppress(OSError), open(path, "wb") as pipe:
+                    pipe.write(data)  # blocks until the command opens the pipe
+                # a command that opens the pipe again finds it empty (as /dev/stdin), not
+                # waiting forever for a writer
+                for _ in range(400):
+                    try:
+                        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+                    except OSError:  # no reader now (ENXIO), or the folder is gone
+                        pass
+                    time.sleep(0.05)
+
+            threading.Thread(target=feed, daemon=True).start()
         else:
             raise AssertionError(entry)
 

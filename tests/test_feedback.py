@@ -219,3 +219,32 @@ def test_line_progress_writes_while_nothing_reports():
     lines = buf.getvalue().splitlines()
     assert lines and all(s.startswith("progress: 12 policies: 0 requests served, ")
                          for s in lines)
+
+
+def test_a_forked_workers_compile_shows_in_the_parent() -> None:
+    """compare --jobs / sweep --jobs: a worker's compile is seen by the parent's progress
+    line (main: only this process's compiles were seen); the worker's own view is its own."""
+    import mmap
+
+    from kvsim.cli import meter
+
+    c = meter._Compiles()
+    c.owner, c._page = os.getpid(), mmap.mmap(-1, 8 * meter._SLOTS)  # what install() makes
+    started, go = os.pipe(), os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the worker
+        try:
+            c.start(0.0)
+            os.write(started[1], b"s" if c.depth == 1 else b"?")
+            os.read(go[0], 1)
+            c.end(1.0)
+            os.write(started[1], b"e")
+        finally:
+            os._exit(0)
+    assert os.read(started[0], 1) == b"s"
+    assert (c.depth, c.local_depth, c.workers()) == (1, 0, 1)
+    os.write(go[1], b"x")
+    assert os.read(started[0], 1) == b"e"
+    os.waitpid(pid, 0)
+    assert (c.depth, c.workers()) == (0, 0)
+    assert meter.line(meter._Task("compare", 10, "events"), 1.0).endswith("elapsed")

@@ -1,7 +1,6 @@
 """The ``kvsim`` command runs with :data:`kvsim.core.process_gc.CLI_THRESHOLDS` (issue 34:
 a warm 1-replica Mooncake run spent 0.23 CPU-s in Python's garbage collector rescanning
-the objects its start-up built; docs/benchmarks.md, "Per-process fixed costs (session 18,
-proc6)"), from the start of the command whether it succeeds or fails, and keeps them (going
+the objects its start-up built; docs/benchmarks.md, "Per-process fixed costs"), from the start of the command whether it succeeds or fails, and keeps them (going
 back to 700 at the end started one large collection); ``import kvsim`` and ``import
 kvsim.cli`` alone leave the collector as it was."""
 

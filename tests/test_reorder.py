@@ -94,3 +94,21 @@ def test_cli_reorder_bad_order(tmp_path):
     res = CliRunner().invoke(app, ["reorder", "--request-trace", str(_interleaved(tmp_path)),
                                    "--orders", "submission,random"])
     assert res.exit_code == 2 and "--orders" in res.stderr and "random" in res.stderr
+
+
+def test_dropped_requests_are_a_warning_and_none_served_is_refused(capsys):
+    """Issue 38 on reorder: some requests dropped -> one warning line; every one dropped in
+    every order -> one error naming the option that sized HBM (main: exit 0, nulls)."""
+    from kvsim.cli.reorder import _check_dropped
+    from kvsim.core.errors import KvsimInputError
+
+    rows = [{"order": o, "requests": 65, "dropped_requests": 21} for o in ("submission", "dfs")]
+    _check_dropped(rows, SimConfig(hbm_blocks=400))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: 21 of 65 requests dropped")
+    assert "--hbm-blocks" in err[0]
+    _check_dropped([{**r, "dropped_requests": 0} for r in rows], SimConfig())
+    assert capsys.readouterr().err == ""
+    with pytest.raises(KvsimInputError, match="all 65 requests were dropped") as info:
+        _check_dropped([{**r, "dropped_requests": 65} for r in rows], SimConfig(hbm_gb=0.01))
+    assert info.value.field == "--hbm-gb"

@@ -1,7 +1,7 @@
 """Whole-process CPU of a warm ``kvsim simulate --request-trace`` run whose engine steps are
 negligible (the first ``--requests`` requests of the Mooncake trace): kvsim's per-process
-fixed costs, for one or more checkouts alternated (docs/benchmarks.md, "Issue 34:
-per-process fixed costs"):
+fixed costs, for one or more checkouts alternated (docs/benchmarks.md, "Per-process
+fixed costs"):
 
     python bench/aisimulate/fixed_cpu.py --checkout before=DIR1:CACHE1 after=DIR2:CACHE2 \
         --requests 100 --repeat 5

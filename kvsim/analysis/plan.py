@@ -111,6 +111,8 @@ def parse_slo(text: str, ttft_us: int | None = None, tpot_us: int | None = None)
         raise bad_value(None, None, "--slo", "METRIC=VALUE: ttft_p99=2s, tpot_p99=50ms or "
                         "goodput=0.95", text)
     metric, num, unit = m.group(1), m.group(2), m.group(3)
+    if metric not in SLO_METRICS:
+        raise bad_value(None, None, "--slo", "a metric among " + ", ".join(SLO_METRICS), metric)
     try:
         value = float(num)
     except ValueError:

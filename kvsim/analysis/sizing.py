@@ -29,7 +29,7 @@ model (docs/simulate.md, "Sizing").
   approaches 1; 0.7 leaves the headroom bursts need).  Why the no-hit bound and not the
   perfect cache: on the Mooncake conversation trace the perfect-cache rule proposed 2
   replicas, which served it with TTFT p99 1,740 s at 8 GB (HBM hit rate 5 %: a pool of a
-  few requests keeps little of the reuse; docs/benchmarks.md, "Issue 33: sizing").
+  few requests keeps little of the reuse; docs/benchmarks.md, "Issue 33: answers to trust").
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ No wall-clock time reaches any file.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -351,7 +352,34 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, jobs: int | None = None,
         if name != OPTIMAL_POLICY:  # optimal is the solver, not a registered policy
             resolve_policy(name)  # unknown names fail before any work
     out_dir = Path(out_dir)
+    created = not out_dir.exists()
     claim_output_dir(out_dir, SWEEP_MARKER, "kvsim sweep folder", force, legacy="cells")
+    try:
+        return _sweep_into(spec, trace, out_dir, force, jobs, executor, ray_address, curves,
+                           curve_sample_rate, on_cell)
+    except BaseException:  # a bad trace, a policy's error, Ctrl-C before any cell
+        if created:
+            _remove_if_no_cell(out_dir)
+        raise
+
+
+def _remove_if_no_cell(out_dir: Path) -> None:
+    """Remove a sweep folder this run created when no cell finished in it (it holds only
+    its marker and an empty cells/): a failed sweep leaves no partial output; one with
+    finished cells keeps them (the next run resumes)."""
+    import shutil
+
+    cells = out_dir / "cells"
+    with contextlib.suppress(OSError):
+        if set(os.listdir(out_dir)) <= {SWEEP_MARKER, "cells"} and not (
+                cells.is_dir() and os.listdir(cells)):
+            shutil.rmtree(out_dir)
+
+
+def _sweep_into(spec: SweepSpec, trace: str, out_dir: Path, force: bool, jobs: int,
+                executor: str, ray_address: str | None, curves: bool,
+                curve_sample_rate: float, on_cell) -> SweepResult:
+    """:func:`run_sweep` after its checks, in the folder it claimed."""
     trace_sha = file_sha256(trace)
     own_trace(out_dir, trace, trace_sha, force)
     fingerprint = code_fingerprint()

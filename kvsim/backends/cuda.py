@@ -18,7 +18,7 @@ Timing excludes the host: before each timed operation a one-thread kernel holds 
 (:data:`HOLD_STREAM_NS`), so the start event, the copies, the kernel and the end event are
 all queued before the GPU reaches them and the events time device work only.  Without it
 the events also timed numba's Python launch path between ``start.record`` and the kernel:
-on an H200 (2026-11-28, docs/benchmarks.md "The CUDA backend on a real GPU") every
+on an H200 (2026-11-28, docs/benchmarks.md "On a real GPU") every
 operation then showed ~590-640 us of "latency", and the quick calibration's small transfers
 (64 KiB-1 MiB, 1-20 us of copying) fitted nothing.  The same "blocking kernel" technique is
 NVIDIA nvbench's (its "blocking kernel", which ``state.set_disable_blocking_kernel`` turns off).

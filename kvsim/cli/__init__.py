@@ -178,7 +178,8 @@ def _root(
     from kvsim.jit.notice import on_cold_compile
 
     # the first compiled run says why it waits (docs/simulate.md, "Engines")
-    on_cold_compile(lambda message: err_console.print(message, highlight=False))
+    on_cold_compile(lambda message: err_console.print(message, highlight=False,
+                                                        soft_wrap=True))  # one line in a log
 
 
 def main() -> None:

@@ -104,6 +104,7 @@ def calibrate_command(
     if from_vllm_bench is not None:
         _calibrate_timing(from_vllm_bench, out, as_json)
         return
+    _check_disk_dir(disk_dir)
     layout = BlockLayout(layers, block_tokens, kv_heads, head_dim, dtype)
     overrides: dict = {"backend": _check_backend(backend), "layout": layout, "base": base,
                        "name": name or "", "seed": seed, "min_bytes": min_kib * 1024,
@@ -215,6 +216,7 @@ def replay_command(
     machine.  relative_error = (predicted - measured) / measured."""
     from kvsim.analysis.placement_replay import MIB, ReplaySettings, replay_decision_log
 
+    _check_disk_dir(disk_dir)
     settings = ReplaySettings(backend=_check_backend(backend), block_bytes=block_bytes,
                               num_layers=layers, pool_bytes=max(1, int(pool_mib * MIB)),
                               max_rows=max_rows, disk_dir=str(disk_dir) if disk_dir else None,
@@ -289,3 +291,11 @@ def _calibrate_timing(result: Path, out: Path, as_json: bool) -> None:
         table.add_row(k, f"{m['mean']:.2%}", f"{m['worst']:.2%}", f"{m['count']:,}")
     out_console.print(table)
     out_console.print(f"wrote {out} (use it with --timing {out})")
+
+
+def _check_disk_dir(disk_dir: Path | None) -> None:
+    """``--disk-dir`` names an existing folder (kvsim writes its scratch file there and
+    removes it; main created the missing folders and left them behind)."""
+    if disk_dir is not None and not Path(disk_dir).is_dir():
+        raise KvsimInputError("expected an existing folder for the disk tier's scratch file",
+                              disk_dir, None, "--disk-dir")

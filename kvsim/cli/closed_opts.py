@@ -260,6 +260,10 @@ def check_is_event_file(trace) -> None:
             from kvsim.ingest.detect import detect_format
 
             fmt = detect_format(trace)
+            if fmt == "generic" and str(trace).lower().endswith(".parquet"):
+                import pyarrow.parquet as pq
+
+                pq.read_schema(trace)  # named so, but not Parquet at all: the original error
         except Exception:  # noqa: BLE001 - not a request trace either: the original error
             raise err from None
         raise KvsimInputError(f"expected an event file, got a request trace ({fmt}): serve "
@@ -361,10 +365,11 @@ def request_table(profile, requests, seed, request_trace, fmt, model, block_size
             config.model or opts.model, config.hardware, block_size_tokens=block_size,
             spec_method=opts.spec_method))
     from kvsim.cli.common import err_console
+    from kvsim.core.fsutil import shown_path
 
     err_console.print(f"note: {len(table):,} requests "
                       + (f"from profile {profile} (seed {seed})" if profile else
-                         f"from {request_trace}") + f", {sched} schedule"
+                         f"from {shown_path(request_trace)}") + f", {sched} schedule"
                       + (f", scheduler {opts.scheduler}" if sched == "closed" else "")
                       + f", timing {opts_timing}"
                       + (f", scheduler budget {budget:,} blocks = the HBM pool"

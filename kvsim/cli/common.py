@@ -213,7 +213,10 @@ def _guard_paths(command: Any, name: str) -> None:
 
     def guarded(*args: Any, **kwargs: Any) -> Any:
         check_command_paths(name, kwargs, opts)
-        return callback(*args, **kwargs)
+        from kvsim.core.fsutil import spooled_params
+
+        with spooled_params(kwargs, set(OUTPUT_OPTIONS.get(name, ()))) as params:  # pipes
+            return callback(*args, **params)
 
     command.callback = guarded
     command._kvsim_paths = True
@@ -227,7 +230,7 @@ _PLAIN_FLOAT = re.compile(r"(?:0|-?[1-9][0-9]{0,15}|-?0(?=\.))(?:\.[0-9]{1,15})?
 
 class _PlainValue:
     """typer's conversion of one option's value (its ``RuntimeParam``), without importing
-    pydantic (0.08-0.14 CPU-s per process; docs/benchmarks.md, "Issue 34: per-process fixed
+    pydantic (0.08-0.14 CPU-s per process; docs/benchmarks.md, "Per-process fixed
     costs") where the result is plain: no value (None), a ``str`` as it is, an ``int`` or
     ``float`` written as plain digits within the option's min / max, a ``Path`` typer's own
     path checks accept (a ``bool`` flag's value typer passes through itself).  Any other
@@ -558,6 +561,9 @@ def progress(transient: bool = True, quiet: bool = False) -> Progress:
     """A rich progress bar on stderr: description, bar, done/total, elapsed, ETA (hidden
     when ``quiet``, see :func:`quiet_progress`).  When stderr is not a terminal: one plain
     line every 10 s instead (:class:`kvsim.cli.meter.LineProgress`)."""
+    from kvsim.cli.meter import COMPILES
+
+    COMPILES.install()  # before any worker is forked: it reports its compiles too
     if not quiet and not err_console.is_terminal:
         from kvsim.cli.meter import LineProgress
 

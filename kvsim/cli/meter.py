@@ -44,23 +44,61 @@ def _duration(s: float) -> str:
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
+#: Slots of the page a command's forked workers (``compare --jobs``, ``sweep --jobs``, the
+#: cold compile's split) mark their compiles in: a worker writes its pid into slot ``pid %
+#: _SLOTS`` while it compiles, 0 after (two workers sharing a slot can hide one's compile
+#: for a while: a display hint, never a figure).
+_SLOTS = 512
+
+
 class _Compiles:
-    """numba's compiles in this process, seen through its public event API
-    (``numba.core.event``, the ``numba:compiler_lock`` event: held for every compile):
-    whether one is under way and the seconds spent compiling so far."""
+    """numba's compiles, seen through its public event API (``numba.core.event``, the
+    ``numba:compiler_lock`` event: held for every compile): whether one is under way in
+    this process or in a worker it forked (the listener, installed before the fork, runs
+    in the workers too and marks their compiles in a shared page), and the seconds this
+    process spent compiling so far."""
 
     def __init__(self) -> None:
-        self.depth = 0
+        self.local_depth = 0
         self.since = 0.0
         self.total_s = 0.0
         self.installed = False
+        self.owner = os.getpid()
+        self._page = None  # the shared page, made on install (anonymous, MAP_SHARED)
+
+    @property
+    def depth(self) -> int:
+        """Compiles under way: this process's, and one per forked worker compiling."""
+        return self.local_depth + self.workers()
+
+    def workers(self) -> int:
+        """Forked workers compiling now (0 in a worker, and before :meth:`install`)."""
+        if self._page is None or os.getpid() != self.owner:
+            return 0
+        import struct
+
+        return sum(1 for (pid,) in struct.iter_unpack("q", self._page) if pid)
+
+    def _mark(self, compiling: bool) -> None:
+        """In a forked worker: its slot of the shared page."""
+        if self._page is None or os.getpid() == self.owner:
+            return
+        import struct
+
+        pid = os.getpid()
+        struct.pack_into("q", self._page, 8 * (pid % _SLOTS), pid if compiling else 0)
 
     def install(self) -> None:
         """Listen once numba is imported (kvsim imports it only for compiled work; a compile
         under way when the listener is installed is not seen)."""
         if self.installed or "numba.core.event" not in sys.modules:
             return
+        import mmap
+
         from numba.core import event
+
+        self.owner = os.getpid()
+        self._page = mmap.mmap(-1, 8 * _SLOTS)  # shared with the workers forked later
 
         compiles = self
 
@@ -75,20 +113,22 @@ class _Compiles:
         self.installed = True
 
     def start(self, now: float) -> None:
-        if self.depth == 0:
+        if self.local_depth == 0:
             self.since = now
-        self.depth += 1
+            self._mark(True)
+        self.local_depth += 1
 
     def end(self, now: float) -> None:
-        if self.depth == 0:  # a compile that began before the listener was installed
+        if self.local_depth == 0:  # a compile that began before the listener was installed
             return
-        self.depth -= 1
-        if self.depth == 0:
+        self.local_depth -= 1
+        if self.local_depth == 0:
             self.total_s += now - self.since
+            self._mark(False)
 
     def spent_s(self, now: float) -> float:
-        """Seconds compiled so far, the compile under way included."""
-        return self.total_s + (now - self.since if self.depth else 0.0)
+        """Seconds this process compiled so far, the compile under way included."""
+        return self.total_s + (now - self.since if self.local_depth else 0.0)
 
 
 #: this process's compiles (one listener, whatever the number of progress lines)

@@ -55,7 +55,11 @@ def _deadline_us(text: str | None, option: str) -> int | None:
         return None
     from kvsim.analysis.plan import parse_slo
 
-    return int(parse_slo(f"ttft_p99={text}").target) if text else None
+    try:
+        return int(parse_slo(f"ttft_p99={text}").target) if text else None
+    except KvsimInputError:  # its error names --slo: name this option
+        raise KvsimInputError(f"expected a time > 0 with a unit (e.g. 2s, 100ms, 800000us), "
+                              f"got {text!r}", None, None, option) from None
 
 
 @app.command("plan", short_help="Search replicas x GPU kind x tier sizes x policies for "
@@ -153,13 +157,18 @@ def plan_command(
         require_ray()  # a missing extra: one line before any work
     the_slo = parse_slo(slo, _deadline_us(ttft_deadline, "--ttft-deadline"),
                         _deadline_us(tpot_deadline, "--tpot-deadline"))
+    replica_counts = _list(replicas, "--replicas", int)
+    if max(replica_counts) >= 1:  # the largest cell's replicas fit the memory budget
+        from kvsim.core.limits import check_replicas_memory
+
+        check_replicas_memory(max(replica_counts))
     table = load_table(profile, requests, seed, request_trace, fmt, trace_block_size)
     opts = EngineOptions(block_size_tokens=block_size or 16, max_num_seqs=max_num_seqs or 256,
                          max_num_batched_tokens=max_num_batched_tokens or 8192, model=model,
                          timing=timing or "auto")
     spec = PlanSpec(the_slo, load_prices(prices),
                     hardware=_list(hardware, "--hardware", str),
-                    replicas=_list(replicas, "--replicas", int),
+                    replicas=replica_counts,
                     policies=_list(policies, "--policies", str),
                     dram_gb=_list(dram_gb, "--dram-gb"), cxl_gb=_list(cxl_gb, "--cxl-gb"),
                     nvme_gb=_list(nvme_gb, "--nvme-gb"), router=router or "round_robin",

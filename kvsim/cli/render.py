@@ -396,3 +396,59 @@ def print_groups(summary: dict) -> None:
         table.add_row(r["label"], f"{r['held_blocks_peak']:,}", f"{r['held_blocks_mean']:,.0f}",
                       f"{r['hit_blocks']:,}", f"{r['freed_blocks']:,}")
     print_view(table)
+
+
+# ---- simulate / compare: the title and the table of a run (kvsim.cli.simulate)
+
+def profile_label(profile: str, requests: int, seed: int) -> str:
+    """The ``trace`` of the JSON output for a generated workload."""
+    return f"profile {profile} ({requests} requests, seed {seed})"
+
+
+def run_scope(row, config) -> str:
+    """Title tail: which mode produced the table, and what it measured."""
+    text = f"{int(row['requests']):,} requests"
+    warm = row.get("warmup_requests") or 0
+    if config.mode == "cache":
+        return f"cache mode ({config.cache_variant} lookups, no timing), " + text + \
+            (f" after {int(warm):,} warm-up" if warm else "")
+    text += f", {int(row['steps']):,} steps"
+    if getattr(config, "live_offload", False):
+        text += ", live offload"
+    return "engine mode, " + text + (f" after {int(warm):,} warm-up" if warm else "")
+
+
+def run_title(label: str, row: dict | None, config, sched: str) -> str:
+    """The table's title: what was replayed, in which mode, on which schedule."""
+    if row is None:
+        return label
+    return f"{label} — {run_scope(row, config)}, {sched} schedule"
+
+
+def source_label(trace, profile, requests, seed, request_trace) -> str:
+    """The ``trace`` of the JSON output: the event file, the profile, or the request trace."""
+    from kvsim.core.fsutil import shown_path
+
+    if trace is not None:
+        return shown_path(trace)
+    if profile is not None:
+        return profile_label(profile, requests, seed)
+    return shown_path(request_trace)
+
+
+def render_results(df: pd.DataFrame, title: str, columns: str | None, wide: bool,
+                   sort: str | None, with_verdict: bool) -> None:
+    """Print a results frame as a table that fits the terminal."""
+    live = "live_offload" in df.columns and bool(df["live_offload"].fillna(False).any())
+    if live and columns is None and not wide:
+        columns = ",".join(LIVE_DEFAULT_COLUMNS)
+    cols = parse_columns(columns, wide)
+    if columns is None and bound_name(df) is None:  # nothing to measure a gap to
+        cols = [c for c in cols if c.key != "gap_to_bound"]
+    table = metric_table(df, title, cols, sort=sort)
+    items = [table]
+    if with_verdict and live:
+        items.append(live_verdict(df))
+    elif with_verdict:
+        items.append(verdict(df))
+    print_view(*items, wide=wide)

@@ -33,6 +33,7 @@ from kvsim.cli.simulate_opts import (
     SeedOpt,
 )
 from kvsim.core.errors import KvsimInputError
+from kvsim.core.fsutil import shown_path
 from kvsim.spec.models.catalog import DEFAULT_MODEL
 
 
@@ -97,11 +98,12 @@ def reorder_command(
                           f"{ctx.model}'s context (--drop-over-context)", markup=False)
     df = reorder_study(table, orders=wanted, policy=policy, config=config, engine=opts,
                        submission_rate=submission_rate)
+    _check_dropped(df.to_dict(orient="records"), config)
     if json_:
-        emit_json({"trace": str(request_trace), "model": opts.model, "policy": policy,
+        emit_json({"trace": shown_path(request_trace), "model": opts.model, "policy": policy,
                    "submission_rate": submission_rate, "orders": df.to_dict(orient="records")})
         return
-    out = Table(title=f"{request_trace}: {len(table):,} requests as one batch job, "
+    out = Table(title=f"{shown_path(request_trace)}: {len(table):,} requests as one batch job, "
                 f"{opts.model}, {policy}")
     for name in ("order", "hit rate", "HBM block hits", "makespan (s)", "req/s", "tok/s", "adjacent shared "
                  "blocks", "makespan / submission"):
@@ -114,3 +116,23 @@ def reorder_command(
                     f"{r['adjacent_shared_blocks']:.2f}",
                     f"{r.get('makespan_vs_submission', float('nan')):.3f}")
     out_console.print(out)
+
+
+def _check_dropped(rows: list[dict], config) -> None:
+    """Dropped requests are never silent (issue 38): a study in which no order served a
+    request is refused; one that dropped some says how many (each order drops the same:
+    a request is dropped when its prompt needs more blocks than HBM holds)."""
+    dropped = max(int(r["dropped_requests"]) for r in rows)
+    if not dropped:
+        return
+    total = int(rows[0]["requests"])
+    option = "--hbm-blocks" if config.hbm_blocks is not None else "--hbm-gb"
+    if all(int(r["dropped_requests"]) >= int(r["requests"]) for r in rows):
+        raise KvsimInputError(
+            f"expected an HBM pool that holds at least one request: all {total:,} requests "
+            "were dropped (their prompt never fits the HBM pool); raise --hbm-gb / "
+            "--hbm-blocks or lower --block-size", None, None, option)
+    err_console.print(f"warning: {dropped:,} of {total:,} requests dropped: each needs more KV "
+                      "blocks than HBM holds, so they are never admitted and the hit rates "
+                      f"and makespans leave them out; raise {option} or lower --block-size",
+                      markup=False, soft_wrap=True)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
-from kvsim.cli import app, compat
+from kvsim.cli import app
 from kvsim.cli.closed_opts import (
     BlockSizeOpt,
     DropOverContextOpt,
@@ -57,7 +57,14 @@ from kvsim.cli.common import (
     progress,
     quiet_progress,
 )
-from kvsim.cli.render import live_verdict, print_groups, print_pd, print_replicas
+from kvsim.cli.render import (
+    print_groups,
+    print_pd,
+    print_replicas,
+    render_results,
+    run_title,
+    source_label,
+)
 from kvsim.cli.simulate_opts import (
     CacheVariantOpt,
     ColumnsOpt,
@@ -94,141 +101,18 @@ from kvsim.cli.simulate_opts import (
     WarmupRequestsOpt,
     WideOpt,
     WritePolicyOpt,
+    load_policy_files,
+    policies_to_run,
+    sim_config,
     split_tenant_rows,
     tenant_view,
+    with_policy_files,
     with_tenants,
+    write_rows,
 )
 from kvsim.cli.sizing import print_warnings, run_warnings, size_table
 from kvsim.core.errors import KvsimInputError
 from kvsim.core.fsutil import atomic_output
-
-if TYPE_CHECKING:  # pandas: imported where a table is written or shown, not for --json
-    import pandas as pd
-
-
-def _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model, tier_policy,
-            write_policy, preemption, priority_scheduling, no_prefetch, warmup, log_lifecycle,
-            seed, engine, warmup_requests=None, mode="engine", cache_variant="prefix",
-            mb=(None, None, None, None), live_offload=False):
-    from kvsim.spec.sim_config import SimConfig, parse_tier_policies
-
-    hbm_gb, dram_gb, cxl_gb, nvme_gb = (
-        compat.capacity_gb(gb, m, tier) for gb, m, tier in
-        zip((hbm_gb, dram_gb, cxl_gb, nvme_gb), mb, ("hbm", "dram", "cxl", "nvme")))
-    return SimConfig(hardware=hardware, hbm_gb=hbm_gb, hbm_blocks=hbm_blocks, dram_gb=dram_gb,
-                     cxl_gb=cxl_gb, nvme_gb=nvme_gb, model=model,
-                     tier_policies=parse_tier_policies(tier_policy), write_policy=write_policy,
-                     preemption=preemption, priority_scheduling=priority_scheduling,
-                     prefetch=not no_prefetch, warmup_fraction=warmup,
-                     log_lifecycle=log_lifecycle, seed=seed, engine=engine,
-                     warmup_requests=warmup_requests, mode=mode, cache_variant=cache_variant,
-                     live_offload=live_offload)
-
-
-def _load_policy_files(files) -> list[str]:
-    """Load each ``--policy-file``; their policies' names, in order."""
-    from kvsim.policy.registry import load_policy_file
-
-    return [load_policy_file(f).name for f in files or ()]
-
-
-def _with_policy_files(names: list[str] | None, loaded: list[str]) -> list[str] | None:
-    """compare's policies: ``--policies`` (default: every built-in one) plus each
-    ``--policy-file`` policy not already listed (a loaded file is meant to be compared)."""
-    if not loaded:
-        return names
-    from kvsim.modes.comparison import default_policies
-
-    base = list(names) if names else default_policies()
-    return base + [n for n in dict.fromkeys(loaded) if n not in base]
-
-
-#: Columns holding a list per row (latency quantiles): kept in JSON and Parquet, left out
-#: of CSV (one value per cell).
-_LIST_COLUMNS = ("step_latency_q_us", "ttft_q_us")
-
-
-def _write_rows(df: pd.DataFrame, csv: Path | None, parquet: Path | None) -> None:
-    if csv is not None:
-        with atomic_output(csv) as tmp:
-            df.drop(columns=[c for c in _LIST_COLUMNS if c in df.columns]).to_csv(
-                tmp, index=False)
-    if parquet is not None:
-        with atomic_output(parquet) as tmp:
-            df.to_parquet(tmp, index=False)
-
-
-def _label(profile: str, requests: int, seed: int) -> str:
-    """The ``trace`` of the JSON output for a generated workload."""
-    return f"profile {profile} ({requests} requests, seed {seed})"
-
-
-def _scope(row, config) -> str:
-    """Title tail: which mode produced the table, and what it measured."""
-    text = f"{int(row['requests']):,} requests"
-    warm = row.get("warmup_requests") or 0
-    if config.mode == "cache":
-        return f"cache mode ({config.cache_variant} lookups, no timing), " + text + \
-            (f" after {int(warm):,} warm-up" if warm else "")
-    text += f", {int(row['steps']):,} steps"
-    if getattr(config, "live_offload", False):
-        text += ", live offload"
-    return "engine mode, " + text + (f" after {int(warm):,} warm-up" if warm else "")
-
-
-def _title(label: str, row: dict | None, config, sched: str) -> str:
-    """The table's title: what was replayed, in which mode, on which schedule."""
-    if row is None:
-        return label
-    return f"{label} — {_scope(row, config)}, {sched} schedule"
-
-
-def _source_label(trace, profile, requests, seed, request_trace) -> str:
-    """The ``trace`` of the JSON output: the event file, the profile, or the request trace."""
-    if trace is not None:
-        return str(trace)
-    if profile is not None:
-        return _label(profile, requests, seed)
-    return str(request_trace)
-
-
-def _policies_to_run(names: list[str] | None, config, sched: str = "recorded") -> list[str]:
-    """What compare replays: the policies asked for (default: every installed one) plus
-    the offline references it adds (the progress bar's real total): on a recorded
-    schedule ``optimal`` always and ``belady`` in engine mode (kvsim.modes.comparison); closed
-    loop, ``belady`` (kvsim.modes.closed.cluster.compare_requests)."""
-    from kvsim.modes.comparison import default_policies
-    from kvsim.policy.registry import list_policies
-
-    run = list(names) if names else list(default_policies())
-    if sched != "closed" and "optimal" not in run:
-        run.append("optimal")
-    if getattr(config, "live_offload", False):
-        return run  # its bound is optimal (kvsim.bounds.live_optimal)
-    if (sched == "closed" or config.mode != "cache") and "belady" not in run \
-            and any(p.name == "belady" for p in list_policies()):
-        run.append("belady")
-    return run
-
-
-def render_results(df: pd.DataFrame, title: str, columns: str | None, wide: bool,
-                   sort: str | None, with_verdict: bool) -> None:
-    """Print a results frame as a table that fits the terminal (kvsim.cli.render)."""
-    from kvsim.cli import render
-
-    live = "live_offload" in df.columns and bool(df["live_offload"].fillna(False).any())
-    if live and columns is None and not wide:
-        columns = ",".join(render.LIVE_DEFAULT_COLUMNS)
-    cols = render.parse_columns(columns, wide)
-    if columns is None and render.bound_name(df) is None:  # nothing to measure a gap to
-        cols = [c for c in cols if c.key != "gap_to_bound"]
-    table = render.metric_table(df, title, cols, sort=sort)
-    items = [table]
-    if with_verdict and live:
-        items.append(live_verdict(df))
-    elif with_verdict:
-        items.append(render.verdict(df))
-    render.print_view(*items, wide=wide)
 
 
 @app.command("simulate", short_help="Replay an event file under one placement policy "
@@ -323,8 +207,8 @@ def simulate_command(
     check_outputs(("--decision-log", decision_log, "parquet"),
                   ("--requests-out", requests_out, "parquet"), ("--csv", csv, "csv"),
                   ("--parquet", parquet, "parquet"))
-    _load_policy_files(policy_file)
-    config = _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model,
+    load_policy_files(policy_file)
+    config = sim_config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model,
                      tier_policy, write_policy, preemption, priority_scheduling, no_prefetch,
                      warmup_fraction, log_lifecycle, seed, engine, warmup_requests, mode,
                      cache_variant, (hbm_mb, dram_mb, cxl_mb, nvme_mb), live_offload)
@@ -338,7 +222,7 @@ def simulate_command(
     check_is_event_file(trace)
     pdo = pd_options(pd_split, pd_link_gbps, pd_link_latency_us, pd_max_inflight, replicas, sched)
     replicas = parse_replicas(replicas)
-    label = _source_label(trace, profile, requests, seed, request_trace)
+    label = source_label(trace, profile, requests, seed, request_trace)
     quiet = quiet_progress(json_)
     warnings: list[dict] = []
     span_us = None
@@ -378,7 +262,7 @@ def simulate_command(
     if csv is not None or parquet is not None or not json_:  # pandas only for these
         import pandas as pd
         df = pd.DataFrame([result.summary])
-        _write_rows(df, csv, parquet)
+        write_rows(df, csv, parquet)
     if requests_out is not None:
         with atomic_output(requests_out) as tmp:
             result.requests.to_parquet(tmp, index=False)
@@ -391,7 +275,7 @@ def simulate_command(
             out["replicas"] = replica_rows
         emit_json(out)
         return
-    render_results(df, _title(label, result.summary, config, sched), columns, wide, sort,
+    render_results(df, run_title(label, result.summary, config, sched), columns, wide, sort,
                    with_verdict=False)
     if replica_rows is not None and len(replica_rows) > 1:
         print_replicas(replica_rows)
@@ -499,8 +383,8 @@ def compare_command(
     check_timing(trace, timing)
     check_outputs(("--decision-log-dir", decision_log_dir, "dir"), ("--csv", csv, "csv"),
                   ("--parquet", parquet, "parquet"))
-    loaded = _load_policy_files(policy_file)
-    config = _config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model,
+    loaded = load_policy_files(policy_file)
+    config = sim_config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model,
                      tier_policy, write_policy, preemption, priority_scheduling, no_prefetch,
                      warmup_fraction, log_lifecycle, seed, engine, warmup_requests, mode,
                      cache_variant, (hbm_mb, dram_mb, cxl_mb, nvme_mb), live_offload)
@@ -508,7 +392,7 @@ def compare_command(
     config = cluster_memory(config, link_model, shared_tier_gb, shared_tier_policy,
                             shared_link_gbps, shared_link_latency_us)
     names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
-    names = _with_policy_files(names, loaded)
+    names = with_policy_files(names, loaded)
     sched = resolve_schedule(schedule, trace is None, config.mode, config.live_offload)
     check_scheduler(scheduler, sched)
     check_event_file_options(trace, replicas, router, spec_method, spec_lookahead,
@@ -535,7 +419,7 @@ def compare_command(
             if sched == "recorded":
                 single_replica(replicas)
                 source = lower_for(table, config, opts, Path(tmpdir))
-        run = _policies_to_run(names, config, sched)
+        run = policies_to_run(names, config, sched)
         with progress(quiet=quiet) as bar:
             unit = "requests served" if sched == "closed" else "events"
             task = bar.add_task(f"{len(run)} policies ({', '.join(run[:1])} ...)", total=None,
@@ -571,10 +455,10 @@ def compare_command(
                 df = compare(source, names, config, decision_log_dir=decision_log_dir,
                              jobs=jobs, on_progress=on_policy, on_work=on_work)
     df, tenant_rows = split_tenant_rows(df)
-    _write_rows(df, csv, parquet)
+    write_rows(df, csv, parquet)
     warnings += run_warnings(df, trace, span_us, config)
     print_warnings(warnings)
-    label = _source_label(trace, profile, requests, seed, request_trace)
+    label = source_label(trace, profile, requests, seed, request_trace)
     label += (f", {replicas} replicas ({router})" if replicas > 1 and pdo is None else
               f", P/D {pd_split} ({router})" if pdo is not None else "")
     if html is not None:
@@ -592,7 +476,7 @@ def compare_command(
                    "timing_model": None if table is None else timing_name(opts, config),
                    "verdict": verdict_info(df), "warnings": warnings})
         return
-    title = _title(label, df.iloc[0].to_dict() if len(df) else None, config, sched)
+    title = run_title(label, df.iloc[0].to_dict() if len(df) else None, config, sched)
     render_results(df, title, columns, wide, sort, with_verdict=True)
     if tenant_rows is not None:
         from kvsim.cli.render import print_view

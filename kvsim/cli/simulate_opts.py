@@ -1,7 +1,9 @@
 """Options of ``kvsim simulate`` and ``kvsim compare``: the replay's configuration, its
 outputs and the table's rendering, each with its help text (the closed loop's own options
 are in :mod:`kvsim.cli.closed_opts`); the tenant options of ``kvsim compare`` and its
-tenant table (at the end)."""
+tenant table; the replay's configuration from those options, the policies compare runs and
+the results' CSV / Parquet outputs (:func:`sim_config`, :func:`policies_to_run`,
+:func:`write_rows`)."""
 
 from __future__ import annotations
 
@@ -190,3 +192,77 @@ def tenant_view(rows):
                       "-" if ttft != ttft else f"{ttft / 1e3:,.2f}",
                       f"{r['evictions_suffered']:,}", f"{r['evictions_caused']:,}")
     return t
+
+
+def sim_config(hardware, hbm_gb, hbm_blocks, dram_gb, cxl_gb, nvme_gb, model, tier_policy,
+            write_policy, preemption, priority_scheduling, no_prefetch, warmup, log_lifecycle,
+            seed, engine, warmup_requests=None, mode="engine", cache_variant="prefix",
+            mb=(None, None, None, None), live_offload=False):
+    from kvsim.spec.sim_config import SimConfig, parse_tier_policies
+
+    hbm_gb, dram_gb, cxl_gb, nvme_gb = (
+        compat.capacity_gb(gb, m, tier) for gb, m, tier in
+        zip((hbm_gb, dram_gb, cxl_gb, nvme_gb), mb, ("hbm", "dram", "cxl", "nvme")))
+    return SimConfig(hardware=hardware, hbm_gb=hbm_gb, hbm_blocks=hbm_blocks, dram_gb=dram_gb,
+                     cxl_gb=cxl_gb, nvme_gb=nvme_gb, model=model,
+                     tier_policies=parse_tier_policies(tier_policy), write_policy=write_policy,
+                     preemption=preemption, priority_scheduling=priority_scheduling,
+                     prefetch=not no_prefetch, warmup_fraction=warmup,
+                     log_lifecycle=log_lifecycle, seed=seed, engine=engine,
+                     warmup_requests=warmup_requests, mode=mode, cache_variant=cache_variant,
+                     live_offload=live_offload)
+
+
+def load_policy_files(files) -> list[str]:
+    """Load each ``--policy-file``; their policies' names, in order."""
+    from kvsim.policy.registry import load_policy_file
+
+    return [load_policy_file(f).name for f in files or ()]
+
+
+def with_policy_files(names: list[str] | None, loaded: list[str]) -> list[str] | None:
+    """compare's policies: ``--policies`` (default: every built-in one) plus each
+    ``--policy-file`` policy not already listed (a loaded file is meant to be compared)."""
+    if not loaded:
+        return names
+    from kvsim.modes.comparison import default_policies
+
+    base = list(names) if names else default_policies()
+    return base + [n for n in dict.fromkeys(loaded) if n not in base]
+
+
+def policies_to_run(names: list[str] | None, config, sched: str = "recorded") -> list[str]:
+    """What compare replays: the policies asked for (default: every installed one) plus
+    the offline references it adds (the progress bar's real total): on a recorded
+    schedule ``optimal`` always and ``belady`` in engine mode (kvsim.modes.comparison); closed
+    loop, ``belady`` (kvsim.modes.closed.cluster.compare_requests)."""
+    from kvsim.modes.comparison import default_policies
+    from kvsim.policy.registry import list_policies
+
+    run = list(names) if names else list(default_policies())
+    if sched != "closed" and "optimal" not in run:
+        run.append("optimal")
+    if getattr(config, "live_offload", False):
+        return run  # its bound is optimal (kvsim.bounds.live_optimal)
+    if (sched == "closed" or config.mode != "cache") and "belady" not in run \
+            and any(p.name == "belady" for p in list_policies()):
+        run.append("belady")
+    return run
+
+
+#: Columns holding a list per row (latency quantiles): kept in JSON and Parquet, left out
+#: of CSV (one value per cell).
+_LIST_COLUMNS = ("step_latency_q_us", "ttft_q_us")
+
+
+def write_rows(df, csv: Path | None, parquet: Path | None) -> None:
+    """The results table as CSV (without the list columns) and / or Parquet."""
+    from kvsim.core.fsutil import atomic_output
+
+    if csv is not None:
+        with atomic_output(csv) as tmp:
+            df.drop(columns=[c for c in _LIST_COLUMNS if c in df.columns]).to_csv(
+                tmp, index=False)
+    if parquet is not None:
+        with atomic_output(parquet) as tmp:
+            df.to_parquet(tmp, index=False)

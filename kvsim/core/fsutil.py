@@ -363,7 +363,16 @@ class CheckedText(io.TextIOBase):
         return line
 
     def read(self, size: int | None = -1) -> str:  # type: ignore[override]
-        return self._checked(self._raw.read, size)
+        """``size`` characters; the rest of the file (a JSON document read whole: an
+        agentic conversation) never more than the ``max_line_chars`` limit."""
+        if size is not None and size >= 0:
+            return self._checked(self._raw.read, size)
+        text = self._checked(self._raw.read, self._max_line + 1)
+        if len(text) > self._max_line:
+            raise KvsimInputError(
+                f"document longer than {self._max_line:,} characters (kvsim limit "
+                "max_line_chars; raise it with KVSIM_LIMIT_MAX_LINE_CHARS)", self._path)
+        return text
 
     def __iter__(self) -> Iterator[str]:
         while True:
@@ -442,12 +451,49 @@ def spooled_input(path: str | Path) -> Iterator[Path]:
         copy = Path(folder) / (path.name or "stdin")
         with open(path, "rb") as src, open(copy, "wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
+        SPOOLED[str(copy)] = str(path)
         try:
             yield copy
         except KvsimInputError as exc:
-            if exc.path is not None and Path(exc.path) == copy:
-                raise KvsimInputError(exc.message, path, exc.location, exc.field) from None
+            if str(copy) in exc.message or (exc.path is not None and Path(exc.path) == copy):
+                raise KvsimInputError(exc.message.replace(str(copy), str(path)),
+                                      path if exc.path is not None and Path(exc.path) == copy
+                                      else exc.path, exc.location, exc.field) from None
             raise
+        finally:
+            SPOOLED.pop(str(copy), None)
+
+
+#: The private copies of piped inputs in use (:func:`spooled_input`): copy -> the path given.
+SPOOLED: dict[str, str] = {}
+
+
+def shown_path(path: str | Path) -> str:
+    """The path a user gave for ``path`` (``/dev/stdin`` for its private copy): what an
+    output names, so that it is the same for a pipe as for a file."""
+    return SPOOLED.get(str(path), str(path))
+
+
+@contextlib.contextmanager
+def spooled_params(params: dict, outputs: set[str]) -> Iterator[dict]:
+    """``params`` (a command's options) with every input naming a pipe or character device
+    (``--trace /dev/stdin``, ``<(zcat ...)``) replaced by its private copy
+    (:func:`spooled_input`): format detection, content digests and the reader each see the
+    stream from its first byte.  ``outputs``: the option names that are outputs."""
+    import stat
+
+    with contextlib.ExitStack() as stack:
+        out = dict(params)
+        for name, value in params.items():
+            if name in outputs or not isinstance(value, (str, Path)) or not str(value):
+                continue
+            try:
+                mode = os.stat(value).st_mode
+            except (OSError, ValueError):
+                continue
+            if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
+                out[name] = type(value)(stack.enter_context(spooled_input(value)))
+        yield out
 
 
 def file_digest(path: str | Path, chunk_bytes: int = 1 << 22) -> str:

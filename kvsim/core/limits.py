@@ -53,6 +53,8 @@ class Limits:
     #: text: a 10M-token prompt (max_prompt_tokens) at ~4 characters per token (OpenAI
     #: tokenizer guide) is ~40M characters; 64 Mi allows that.  A reader holds at most
     #: this much of one line, so a 2 GB line inside a 9 MB .gz is one error, not MemoryError.
+    #: A JSON document read whole (an agentic conversation file, the largest public one
+    #: ~4 MB) is held to the same bound.
     max_line_chars: int = 64 * 2**20
     #: Memory a run may plan to allocate up front (today: ``--replicas``, each replica of
     #: the closed loop holding its own pool, scheduler and replay state,

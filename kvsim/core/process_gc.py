@@ -6,7 +6,7 @@ A ``kvsim`` process allocates most of its Python objects once, as it starts: the
 (``gc.get_threshold()`` = (700, 10, 10)) scan them again and again while they are being
 built: a warm 1-replica Mooncake run (bench/aisimulate/kvsim_run.py) spent 0.23 CPU-s of its
 2.8 in 469 collections, 3 of them full (``gc.callbacks``, load ~15, 2026-11-29;
-docs/benchmarks.md, "Per-process fixed costs (session 18, proc6)").  With
+docs/benchmarks.md, "Per-process fixed costs").  With
 :data:`CLI_THRESHOLDS` the same run makes 47 collections (0.08 CPU-s; 40 of them small ones
 while ``kvsim.cli`` is imported, before the command sets them) and none full.
 

@@ -291,7 +291,7 @@ def _slots_unchanged(ip, R, i, num_new, seq_len):
     loop calls it (no hits, ``full_must_fit`` False) would return 0 and change nothing: no
     new block, no full block to cache.  Its own arithmetic, without its call (each call
     counts references to its ~11 array arguments, and ``_cache_blocks``'s 8, per request
-    and step: docs/benchmarks.md, "warm, 1 replica: the full path's calls").  ``seq_len``:
+    and step: docs/benchmarks.md, "vs NVIDIA AISimulate, warm: where the CPU goes").  ``seq_len``:
     the pool's ``st.seq_len``, read once by the caller (each read of a member is a count)."""
     seq = R[i, K_SEQ]
     status = R[i, K_STATUS]

@@ -5,6 +5,7 @@ Python API under ``kvsim compare``), with each policy's gap to the offline refer
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
@@ -32,6 +33,39 @@ def _one(name: str, on_events: Callable[[int, int], None] | None = None) -> dict
     from kvsim.analysis.sweep_cell import latency_quantiles
 
     return {**res.summary, **latency_quantiles(res)}  # the quantiles: compare's HTML CDFs
+
+
+class _LogsOfThisRun:
+    """The decision logs a compare writes (``DIR/<policy>.parquet``), so that a compare
+    that fails (a policy's error, a killed worker, Ctrl-C, SIGTERM) leaves none of them
+    behind: the logs it wrote and the folders it created are removed, a file it did not
+    write (another run's log) is kept."""
+
+    def __init__(self, log_dir: str | Path | None, names: Sequence[str]) -> None:
+        self.paths = [] if log_dir is None else [Path(log_dir) / f"{n}.parquet" for n in names]
+        self.before = {p: self._stamp(p) for p in self.paths}
+        folder = None if log_dir is None else Path(os.path.abspath(log_dir))
+        self.created = []  # the folders missing now, deepest first
+        while folder is not None and not folder.exists() and folder != folder.parent:
+            self.created.append(folder)
+            folder = folder.parent
+
+    @staticmethod
+    def _stamp(path: Path) -> tuple | None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def remove(self) -> None:
+        for p in self.paths:
+            if self._stamp(p) not in (None, self.before[p]):
+                with contextlib.suppress(OSError):
+                    p.unlink()
+        for folder in self.created:
+            with contextlib.suppress(OSError):  # only when empty
+                folder.rmdir()
 
 
 def default_policies() -> list[str]:
@@ -130,6 +164,7 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
     _SHARED["log_dir"] = decision_log_dir
     results: dict[str, dict] = {}
     meter = WorkMeter(facts.num_rows if facts is not None else 1, len(run_names), on_work)
+    logs = _LogsOfThisRun(decision_log_dir, run_names)
     try:
         todo = list(run_names)
         if split:
@@ -164,6 +199,9 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
                 if on_progress:
                     on_progress(n)
                 meter.finish()
+    except BaseException:  # a policy's error, a killed worker, Ctrl-C: no partial output
+        logs.remove()
+        raise
     finally:
         _SHARED.clear()
         tmpdir.cleanup()

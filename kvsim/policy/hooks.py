@@ -268,7 +268,7 @@ def typeof_function_value(val, c) -> types.FunctionType:
     builds ``FunctionType(value.signature())`` at every call of a compiled function taking
     the value, hashing the whole signature (for ``core.run``: the core's 34-member state)
     to intern it: ~1 ms per call of ``closed_step.advance``, a third of an 8-replica closed
-    loop's Python time (docs/benchmarks.md, "vs AISimulate").  A registration through
+    loop's Python time (docs/benchmarks.md, "vs NVIDIA AISimulate").  A registration through
     numba's extension API (``numba.extending.typeof_impl``), as structrefs register theirs."""
     return val.numba_type()
 

@@ -243,7 +243,7 @@ def _load_builtin(name: str) -> None:
     """Register the built-in policy ``name`` alone (its module ``kvsim.policies.<name>``)
     when no policy entry point is installed, so that a run imports only the policies it
     replays, not all thirteen (each module a set of numba dispatchers: about 0.03 CPU-s
-    per process; docs/benchmarks.md, "Issue 34: per-process fixed costs").  Anything else
+    per process; docs/benchmarks.md, "Per-process fixed costs").  Anything else
     (an entry point installed, no such module, a module of another name) is left to
     :func:`_load_all`, which registers every policy and finds duplicate names."""
     global _NO_ENTRY_POINTS

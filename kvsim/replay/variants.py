@@ -329,7 +329,7 @@ class TypedTuple(tuple):
     compiled function, and when a member has no fast type code (a structref) it types the
     whole tuple member by member in Python: ~0.5 ms for the 22 members of ``vs``, paid at
     each of the ~9,400 ``closed_step.advance`` calls of an 8-replica closed loop
-    (docs/benchmarks.md, "vs AISimulate").  Its members must never be replaced by values of
+    (docs/benchmarks.md, "vs NVIDIA AISimulate").  Its members must never be replaced by values of
     another type (the closed loop replaces none of ``vs``'s)."""
 
     def numba_type(self):

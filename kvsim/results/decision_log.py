@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from kvsim.core.fsutil import atomic_output, file_digest
+from kvsim.core.fsutil import atomic_output, file_digest, shown_path
 from kvsim.core.layout import (
     CF_LAST,
     CF_RECOMP,
@@ -79,7 +79,8 @@ class DecisionLogWriter:
         self.path = Path(path)
         self.reasons = [tuple(r) for r in reasons_by_tier]
         self.why = tuple(why)
-        meta = {"log_schema_version": LOG_SCHEMA_VERSION, "policy": policy, "trace": trace,
+        meta = {"log_schema_version": LOG_SCHEMA_VERSION, "policy": policy,
+                "trace": shown_path(trace) if trace else trace,  # a pipe's name, not its copy
                 "config": config}
         if trace and Path(trace).is_file():  # the trace by content (kvsim log diff)
             meta["trace_sha256"] = file_digest(trace)

@@ -124,6 +124,43 @@ def test_ctrl_c_during_imports_is_one_line() -> None:
     assert_one_line_error(result, "interrupted", exit_code=130)
 
 
+@pytest.mark.parametrize("argv0", ["/venv/bin/kvsim", "-m"])
+def test_ctrl_c_while_the_package_starts_is_one_line(argv0: str) -> None:
+    """A KeyboardInterrupt raised while ``kvsim/__init__`` sets numba's cache up (before
+    :mod:`kvsim.__main__` runs), for the console script and ``python -m kvsim``: one line,
+    exit 130 (main: a 20-line traceback for Ctrl-C in the first ~0.4 s of every run)."""
+    code = ("import sys\n"
+            "class Stop:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'kvsim.jit.cache_guard':\n"
+            "            raise KeyboardInterrupt\n"
+            "sys.meta_path.insert(0, Stop())\n"
+            f"sys.argv = [{argv0!r}, '--version']\n"
+            f"sys.orig_argv = [sys.executable, *(['-m', 'kvsim'] if {argv0!r} == '-m' else [])]\n"
+            "from kvsim.__main__ import main\n"
+            "main()\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert_one_line_error(result, "interrupted", "while starting", exit_code=130)
+
+
+def test_ctrl_c_while_a_program_imports_kvsim_is_its_own() -> None:
+    """A program that imports kvsim (not the command) gets its KeyboardInterrupt."""
+    code = ("import sys\n"
+            "class Stop:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'kvsim.jit.cache_guard':\n"
+            "            raise KeyboardInterrupt\n"
+            "sys.meta_path.insert(0, Stop())\n"
+            "try:\n"
+            "    import kvsim\n"
+            "except KeyboardInterrupt:\n"
+            "    print('caught')\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "caught\n", "")
+
+
 @pytest.mark.parametrize(("where", "argv"), [
     ("TyperGroup.parse_args", ["--version"]),  # the root's options (typer's silent window)
     ("TyperCommand.parse_args", ["inspect", "x.parquet"]),  # a command's options

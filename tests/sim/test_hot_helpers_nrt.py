@@ -3,8 +3,8 @@ operations, the lower tiers' shared table, the HBM prefix index, row copies, the
 queues) are compiled without reference counting (numba ``_nrt=False``): they take plain
 arrays and allocate nothing, and with counting on, each call counted every array it
 received on entry and on exit (an atomic update each, ~20 per demoted block per tier on
-the Mooncake 16-token import; docs/benchmarks.md, "Speed: the 16-token replay's per-block
-calls (session 18, tok16c)").  On main before that change they were compiled with counting."""
+the Mooncake 16-token import; docs/benchmarks.md, "The 16-token replay's per-block
+calls").  On main before that change they were compiled with counting."""
 
 from __future__ import annotations
 

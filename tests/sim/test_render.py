@@ -115,7 +115,7 @@ def test_compare_cli_fits_120_columns_and_files_keep_every_metric(builder, tiny_
 
 def test_progress_has_a_real_total_and_is_silent_under_json_to_a_pipe(monkeypatch):
     from kvsim.cli import common
-    from kvsim.cli.simulate import _policies_to_run
+    from kvsim.cli.simulate_opts import policies_to_run as _policies_to_run
     from kvsim.modes.comparison import default_policies
     from kvsim.spec.sim_config import SimConfig
 

@@ -208,8 +208,8 @@ NEVER = np.iinfo(np.int64).max
 #: only, 10,770 of the 12,031 requests of the Mooncake 16-token import outgrew it (their
 #: output: 23 blocks at the median, 70 at the 99th percentile), copying 8.05 M records and
 #: taking 25.2 M arena rows (131 compactions); with 1/8 more, 2,579 copy 0.32 M and the
-#: arena takes 10.8 M rows (docs/benchmarks.md, "Speed: the 16-token replay's per-block
-#: calls (session 18, tok16c)").  Positions in the arena reach no output.
+#: arena takes 10.8 M rows (docs/benchmarks.md, "The 16-token replay's per-block
+#: calls").  Positions in the arena reach no output.
 OUTPUT_ROOM_DIV = 8
 
 
