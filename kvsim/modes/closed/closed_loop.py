@@ -46,6 +46,7 @@ from kvsim.engine.engine_model import EngineConfig, build_cost_model
 from kvsim.engine.scheduler_state import new_schedule
 from kvsim.ingest.requests import RequestTable
 from kvsim.memory.fast import index_keys_values
+from kvsim.modes.closed.closed_slots import FIRST_ROWS, ClosedSlots
 from kvsim.replay.kernel import closed_step as CS
 from kvsim.replay.variants import TypedTuple, closed_for, core_run_value
 from kvsim.spec.models.catalog import DEFAULT_MODEL
@@ -164,8 +165,9 @@ class Engine:
         self.seen = np.zeros(len(self.nu), dtype=np.int8)
         self.aux = np.zeros(CS.NUM_AUX, dtype=np.int64)
         self.insys = np.zeros(1 << 16, dtype=np.int64)
+        # the core's request tables: rows for the requests held at once (closed_slots)
         facts = TraceFacts(num_rows=int(prompt.sum() // B + out.sum()), first_step=0,
-                           last_step=0, max_request_id=slots - 1,
+                           last_step=0, max_request_id=min(slots, FIRST_ROWS) - 1,
                            max_blocks_per_request=max_blocks,
                            max_concurrent_requests=2 * opts.max_num_seqs + 64,
                            max_size_bytes=block_bytes, num_allocs=max(bound, 1 << 14),
@@ -178,6 +180,7 @@ class Engine:
                                                             opts.scheduler))
         self.run = _Run(policy, nowarm, header, facts, costs, block_bytes, log_writer)
         self.run.K[L.K_WARMUP_STEP] = -1
+        self.slots = self.run.slots = ClosedSlots(slots, self.run.R_i.shape[0])
         # the pool's prefix index as keys and values (strided views of its one array),
         # and the lower tiers' shared table (kvsim.replay.kernel.tiers)
         sc.lookup = (*index_keys_values(self.run.st.hidx), self.run.T[0].L_h)
@@ -275,7 +278,8 @@ class Engine:
                     self.aux, self.insys, sc.ip, sc.fp, sc.st, sc.stf, *sc.req_args,
                     *sc.slot_args, sc.order, *sc.lookup, sc.hitk, sc.adm, sc.I, sc.F,
                     self.cols, self.rprio, self.tenant, self.block_bytes, self.pb_off,
-                    self.pb_next, self.pb_seen, *self._sched(), *self._core_args())
+                    self.pb_next, self.pb_seen, self.slots.args, *self._sched(),
+                    *self._core_args())
                 self._call, self._retry = None, True
             call = self._call
             if call is None:
@@ -318,8 +322,10 @@ class Engine:
                 while run.A_i.shape[0] - int(run.C[L.C_ARENA_TOP]) < need:
                     run.A_i = L.grow_rows(run.A_i, 2 * run.A_i.shape[0])
                     run.A_f = L.grow_rows(run.A_f, 2 * run.A_f.shape[0])
+            elif code == CS.R_NEED_SLOTS:
+                self.slots.make_room(run)
             elif code == core.ST_NEED_REQ:
-                run._grow_requests(2 * run.R_i.shape[0])
+                self.slots.grow(run, 2 * run.R_i.shape[0])
             elif code == core.ST_NEED_ARENA:
                 run._compact_arena()
             elif code == core.ST_NEED_LOG:
@@ -364,7 +370,7 @@ class Engine:
                     -1.0, -1, self.aux, self.insys, sc.ip, sc.fp, sc.st, sc.stf,
                     *sc.req_args, *sc.slot_args, sc.order, *sc.lookup, sc.hitk, sc.adm,
                     sc.I, sc.F, self.cols, self.rprio, self.tenant, self.block_bytes,
-                    self.pb_off, self.pb_next, self.pb_seen, *self._sched(),
+                    self.pb_off, self.pb_next, self.pb_seen, self.slots.args, *self._sched(),
                     *self._core_args())
         run._flush_steps()
         run._flush_log()
