@@ -180,7 +180,12 @@ class Engine:
                                                             opts.scheduler))
         self.run = _Run(policy, nowarm, header, facts, costs, block_bytes, log_writer)
         self.run.K[L.K_WARMUP_STEP] = -1
-        self.slots = self.run.slots = ClosedSlots(slots, self.run.R_i.shape[0])
+        # rows = request ids when the decision log may name another replica's row (a lower
+        # tier shared by the replicas: kvsim.modes.closed.shared_tier)
+        ident = log_writer is not None and getattr(config, "shared_tier_gb", None) is not None
+        self.slots = self.run.slots = ClosedSlots(slots, self.run.R_i.shape[0], ident)
+        if ident:
+            self.run._grow_requests(slots - 1)
         # the pool's prefix index as keys and values (strided views of its one array),
         # and the lower tiers' shared table (kvsim.replay.kernel.tiers)
         sc.lookup = (*index_keys_values(self.run.st.hidx), self.run.T[0].L_h)

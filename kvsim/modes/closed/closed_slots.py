@@ -18,6 +18,10 @@ doubles the tables when fewer than half of them came free.  So a replica holds a
 each request in its queue or running and for each finished request that allocated a block
 still in its HBM pool: bounded by the pool, not by the trace.
 
+With a KV store shared by the replicas (``--shared-tier-gb``, :mod:`kvsim.modes.closed.shared_tier`)
+and a decision log, a lower-tier block's owner, which the log names, may be another
+replica's row: there a row is the request id (``identity``, every request a row, as before).
+
 The outputs are the same, byte for byte: a folded row is final, the decision log's rows
 are translated back to request ids before a row is reused, and :meth:`ClosedSlots.columns`
 returns the per-request table in request-id order, as the tables indexed by request id did.
@@ -39,13 +43,17 @@ class ClosedSlots(RequestSlots):
     """Request id <-> row of one replica's core request tables (module docstring).  Shares
     :class:`kvsim.replay.slots.RequestSlots`' decision-log translation and folding."""
 
-    def __init__(self, num_ids: int, rows: int = FIRST_ROWS) -> None:
-        rows = max(int(rows), 1)
+    def __init__(self, num_ids: int, rows: int = FIRST_ROWS, identity: bool = False) -> None:
+        num_ids = max(int(num_ids), 1)
+        rows = num_ids if identity else max(int(rows), 1)
         self.recycle = True
         self.slot_of = None
-        self.smap = np.full(max(int(num_ids), 1), -1, dtype=np.int64)
+        self.smap = np.full(num_ids, -1, dtype=np.int64)
         self.rid_of = np.full(rows, -1, dtype=np.int64)
         self.sfree = np.zeros(rows + 2, dtype=np.int64)
+        if identity:  # row = request id, every row taken: never recycled (a row per id)
+            self.smap[:] = self.rid_of[:] = np.arange(num_ids)
+            self.sfree[1] = num_ids
         self.folded = FoldedRequests()
         self.link: list[np.ndarray] = []
         self.log_mark = 0
