@@ -148,6 +148,8 @@ class Engine:
         prompt, out = sc.req_args[1], sc.req_args[2]
         spk = sc.req_args[11] * (2 if opts.spec_lookahead else 1)  # drafts (+ lookahead)
         slots = len(sc.src)
+        if opts.scheduler == "vllm":  # kvsim's scheduler's per-slot state: one entry each
+            _one_slot_each(sc)
         max_blocks = int(((prompt + out + spk) // B + 2).max()) if N else 2
         # every block the run can allocate: the lower tiers' capacity as their policies
         # see it (kvsim.replay.lower_tiers); their slots follow the distinct hashes below
@@ -379,6 +381,16 @@ class Engine:
                     *self._core_args())
         run._flush_steps()
         run._flush_log()
+
+
+def _one_slot_each(sc) -> None:
+    """vLLM's scheduler keeps its own request state (kvsim.engine.vllm_rows): kvsim's
+    scheduler's 18 per-slot arrays (``slot_args[:18]``, ``src`` ... ``stall``,
+    kvsim.engine.scheduler_state.new_schedule: 144 bytes a request in every replica) are
+    not read (``src`` only for a forked slot, which vLLM's never makes), so each is cut to
+    one entry of the same type (the same compiled ``advance``)."""
+    sc.slot_args = tuple(v[:1].copy() if k < 18 else v for k, v in enumerate(sc.slot_args))
+    sc.src = sc.slot_args[0]
 
 
 def _entry(advance, args: tuple):
