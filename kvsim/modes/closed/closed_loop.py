@@ -317,6 +317,8 @@ class Engine:
             if code == core.ST_NEED_STEP:  # the step buffer emptied in place: args stay
                 run._flush_steps()
                 continue
+            if code == CS.R_NEED_SLOTS and not self.slots.make_room(run):
+                continue  # rows freed in place: the arguments (and entry) stay
             self._args = None  # a buffer grown or replaced below
             if code == CS.R_NEED_COLS:
                 cap = 2 * max(len(self.cols[0]), int(self.aux[CS.X_PENDING]))
@@ -330,7 +332,7 @@ class Engine:
                     run.A_i = L.grow_rows(run.A_i, 2 * run.A_i.shape[0])
                     run.A_f = L.grow_rows(run.A_f, 2 * run.A_f.shape[0])
             elif code == CS.R_NEED_SLOTS:
-                self.slots.make_room(run)
+                pass  # the request tables were grown above (make_room)
             elif code == core.ST_NEED_REQ:
                 self.slots.grow(run, 2 * run.R_i.shape[0])
             elif code == core.ST_NEED_ARENA:

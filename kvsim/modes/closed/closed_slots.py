@@ -111,14 +111,17 @@ class ClosedSlots(RequestSlots):
                 self.sfree[0] = len(stack)
         return int(self.sfree[0]) + self.rid_of.shape[0] - n
 
-    def make_room(self, run) -> None:
+    def make_room(self, run) -> bool:
         """``R_NEED_SLOTS`` (no row is free): free the rows of finished requests; double
         the tables when none or fewer than half of them are free after that (so a step
-        asking again finds more rows each time)."""
+        asking again finds more rows each time).  True when the tables were replaced
+        (grown), False when rows were freed in place."""
         rows = self.rid_of.shape[0]
         free = self.release(run)
         if free == 0 or free < rows // 2:
             self.grow(run, 2 * rows)
+            return True
+        return False
 
     def columns(self, run, replica: int) -> dict:
         """The replica's per-request table (:func:`kvsim.replay.metrics.request_table`) as
