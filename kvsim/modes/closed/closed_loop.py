@@ -46,6 +46,7 @@ from kvsim.engine.engine_model import EngineConfig, build_cost_model
 from kvsim.engine.scheduler_state import new_schedule
 from kvsim.ingest.requests import RequestTable
 from kvsim.memory.fast import index_keys_values
+from kvsim.modes.closed.closed_slots import FIRST_ROWS, ClosedSlots
 from kvsim.replay.kernel import closed_step as CS
 from kvsim.replay.variants import (
     TypedTuple,
@@ -153,6 +154,8 @@ class Engine:
         prompt, out = sc.req_args[1], sc.req_args[2]
         spk = sc.req_args[11] * (2 if opts.spec_lookahead else 1)  # drafts (+ lookahead)
         slots = len(sc.src)
+        if opts.scheduler == "vllm":  # kvsim's scheduler's per-slot state: one entry each
+            _one_slot_each(sc)
         max_blocks = int(((prompt + out + spk) // B + 2).max()) if N else 2
         # every block the run can allocate: the lower tiers' capacity as their policies
         # see it (kvsim.replay.lower_tiers); their slots follow the distinct hashes below
@@ -170,8 +173,9 @@ class Engine:
         self.seen = np.zeros(len(self.nu), dtype=np.int8)
         self.aux = np.zeros(CS.NUM_AUX, dtype=np.int64)
         self.insys = np.zeros(1 << 16, dtype=np.int64)
+        # the core's request tables: rows for the requests held at once (closed_slots)
         facts = TraceFacts(num_rows=int(prompt.sum() // B + out.sum()), first_step=0,
-                           last_step=0, max_request_id=slots - 1,
+                           last_step=0, max_request_id=min(slots, FIRST_ROWS) - 1,
                            max_blocks_per_request=max_blocks,
                            max_concurrent_requests=2 * opts.max_num_seqs + 64,
                            max_size_bytes=block_bytes, num_allocs=max(bound, 1 << 14),
@@ -184,6 +188,12 @@ class Engine:
                                                             opts.scheduler))
         self.run = _Run(policy, nowarm, header, facts, costs, block_bytes, log_writer)
         self.run.K[L.K_WARMUP_STEP] = -1
+        # rows = request ids when the decision log may name another replica's row (a lower
+        # tier shared by the replicas: kvsim.modes.closed.shared_tier)
+        ident = log_writer is not None and getattr(config, "shared_tier_gb", None) is not None
+        self.slots = self.run.slots = ClosedSlots(slots, self.run.R_i.shape[0], ident)
+        if ident:
+            self.run._grow_requests(slots - 1)
         # the pool's prefix index as keys and values (strided views of its one array),
         # and the lower tiers' shared table (kvsim.replay.kernel.tiers)
         sc.lookup = (*index_keys_values(self.run.st.hidx), self.run.T[0].L_h)
@@ -281,7 +291,8 @@ class Engine:
                     self.aux, self.insys, sc.ip, sc.fp, sc.st, sc.stf, *sc.req_args,
                     *sc.slot_args, sc.order, *sc.lookup, sc.hitk, sc.adm, sc.I, sc.F,
                     self.cols, self.rprio, self.tenant, self.block_bytes, self.pb_off,
-                    self.pb_next, self.pb_seen, *self._sched(), self._core_args()[0])
+                    self.pb_next, self.pb_seen, self.slots.args, *self._sched(),
+                    self._core_args()[0])
                 args = self._args = (*head, self._run_ref(head))
                 self._call, self._retry = None, True
             call = self._call
@@ -313,6 +324,8 @@ class Engine:
             if code == core.ST_NEED_STEP:  # the step buffer emptied in place: args stay
                 run._flush_steps()
                 continue
+            if code == CS.R_NEED_SLOTS and not self.slots.make_room(run):
+                continue  # rows freed in place: the arguments (and entry) stay
             self._args = None  # a buffer grown or replaced below
             if code == CS.R_NEED_COLS:
                 cap = 2 * max(len(self.cols[0]), int(self.aux[CS.X_PENDING]))
@@ -325,8 +338,10 @@ class Engine:
                 while run.A_i.shape[0] - int(run.C[L.C_ARENA_TOP]) < need:
                     run.A_i = L.grow_rows(run.A_i, 2 * run.A_i.shape[0])
                     run.A_f = L.grow_rows(run.A_f, 2 * run.A_f.shape[0])
+            elif code == CS.R_NEED_SLOTS:
+                pass  # the request tables were grown above (make_room)
             elif code == core.ST_NEED_REQ:
-                run._grow_requests(2 * run.R_i.shape[0])
+                self.slots.grow(run, 2 * run.R_i.shape[0])
             elif code == core.ST_NEED_ARENA:
                 run._compact_arena()
             elif code == core.ST_NEED_LOG:
@@ -386,10 +401,20 @@ class Engine:
                     -1.0, -1, self.aux, self.insys, sc.ip, sc.fp, sc.st, sc.stf,
                     *sc.req_args, *sc.slot_args, sc.order, *sc.lookup, sc.hitk, sc.adm,
                     sc.I, sc.F, self.cols, self.rprio, self.tenant, self.block_bytes,
-                    self.pb_off, self.pb_next, self.pb_seen, *self._sched(),
+                    self.pb_off, self.pb_next, self.pb_seen, self.slots.args, *self._sched(),
                     cr, core_run_ref(rv))
         run._flush_steps()
         run._flush_log()
+
+
+def _one_slot_each(sc) -> None:
+    """vLLM's scheduler keeps its own request state (kvsim.engine.vllm_rows): kvsim's
+    scheduler's 18 per-slot arrays (``slot_args[:18]``, ``src`` ... ``stall``,
+    kvsim.engine.scheduler_state.new_schedule: 144 bytes a request in every replica) are
+    not read (``src`` only for a forked slot, which vLLM's never makes), so each is cut to
+    one entry of the same type (the same compiled ``advance``)."""
+    sc.slot_args = tuple(v[:1].copy() if k < 18 else v for k, v in enumerate(sc.slot_args))
+    sc.src = sc.slot_args[0]
 
 
 def _entry(advance, args: tuple):

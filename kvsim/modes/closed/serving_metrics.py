@@ -200,7 +200,9 @@ class ClusterRequests(RequestLog):
 
 def _request_columns(run, n: int, replica: int) -> dict:
     """One replica's :func:`kvsim.replay.metrics.request_table` as columns, ``replica``
-    first."""
+    first (its request slots', :mod:`kvsim.modes.closed.closed_slots`, when it has them)."""
+    if hasattr(run.slots, "columns"):
+        return run.slots.columns(run, replica)
     keep = _kept_ids(run.R_i, n)
     cols = {"replica": np.full(len(keep), replica, dtype=np.int64)}
     cols.update({name: col(run.R_i, run.R_f, keep) for name, col in REQUEST_COLUMNS.items()})

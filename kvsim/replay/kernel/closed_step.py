@@ -58,15 +58,43 @@ from kvsim.replay.kernel.bookkeeping import _resumed_token
 # rows the step's admissions need
 X_PENDING, X_RESUME, X_NINSYS, X_NALLOC, X_LOST, X_ROWS, X_ARENA = range(7)
 NUM_AUX = 7
-#: advance() results besides the core's ST_NEED_* codes (1..5)
-R_LIMIT, R_IDLE, R_YIELD, R_NEED_COLS, R_NEED_ARENA = 10, 11, 12, 13, 14
+#: advance() results besides the core's ST_NEED_* codes (1..5); R_NEED_SLOTS: a request
+#: of the step needs a row of the core's request tables and none is free
+#: (:class:`kvsim.modes.closed.closed_slots.ClosedSlots` folds finished ones or grows them)
+R_LIMIT, R_IDLE, R_YIELD, R_NEED_COLS, R_NEED_ARENA, R_NEED_SLOTS = 10, 11, 12, 13, 14, 15
 NEVER = np.iinfo(np.int64).max
 
 
 @njit(cache=True, _nrt=False)
+def _slot(smap, srid, sfree, rid):
+    """The core's request-table row of request ``rid`` (the closed loop's slot map,
+    :mod:`kvsim.modes.closed.closed_slots`: ``smap`` request id -> row, ``srid`` row ->
+    request id, ``sfree`` [free rows, rows ever used, the free rows (lowest last)]),
+    given a row now if it has none; -1 when no row is left."""
+    s = smap[rid]
+    if s >= 0:
+        return s
+    nf = sfree[0]
+    if nf > 0:
+        s = sfree[1 + nf]
+        sfree[0] = nf - 1
+    elif sfree[1] < srid.shape[0]:
+        s = sfree[1]
+        sfree[1] = s + 1
+    else:
+        return -1
+    smap[rid] = s
+    srid[s] = rid
+    return s
+
+
+@njit(cache=True, _nrt=False)
 def _fill(I, F, n, cols, src, N, rprio_tab, tenant_tab, block_bytes, nu, seen, pb_off,
-          pb_next, pb_seen):
-    """Copy the step's rows into the core's typed columns; next_use / seen per ALLOCATE."""
+          pb_next, pb_seen, smap, srid, sfree):
+    """Copy the step's rows into the core's typed columns; next_use / seen per ALLOCATE.
+    The core sees each request as its row of the request tables (:func:`_slot`; a parent
+    with no row as -1: it ran here no more).  Returns the ALLOCATE rows, or -1 when a
+    request has no row and none is free (nothing else changed: filled again later)."""
     (c_step, c_time, c_kind, c_req, c_bi, c_hash, c_parent, c_ntok, c_dur, c_phase, c_prio,
      c_rprio, c_dl, c_slack, c_rcost, c_tds, c_pin, c_pfok, c_size, c_tenant) = cols
     k = 0
@@ -75,10 +103,17 @@ def _fill(I, F, n, cols, src, N, rprio_tab, tenant_tab, block_bytes, nu, seen, p
         c_step[r] = I[S.C_STEP, r]
         c_time[r] = I[S.C_TIME, r]
         c_kind[r] = I[S.C_KIND, r]
-        c_req[r] = rid
+        if rid >= 0:
+            s = _slot(smap, srid, sfree, rid)
+            if s < 0:
+                return -1
+            c_req[r] = s
+        else:
+            c_req[r] = rid
         c_bi[r] = I[S.C_BIDX, r]
         c_hash[r] = I[S.C_HASH, r]
-        c_parent[r] = I[S.C_PARENT, r]
+        par = I[S.C_PARENT, r]
+        c_parent[r] = smap[par] if par >= 0 else par
         c_ntok[r] = I[S.C_NTOK, r]
         c_dur[r] = F[S.F_DUR, r]
         c_phase[r] = I[S.C_PHASE, r]
@@ -150,7 +185,7 @@ def advance(limit_us, max_steps, aux, insys,
             shared, spk, spp, hashed, off, ids, src, par, computed, gen, nblk, lasth, status,
             first_us, dsteps, forked, blast, cow, run, run2, fin, nkey, priv, stall, hb, hb2,
             rk, rv, order, phk, phv, tk, hitk, adm, I, F,
-            cols, rprio_tab, tenant_tab, block_bytes, pb_off, pb_next, pb_seen,
+            cols, rprio_tab, tenant_tab, block_bytes, pb_off, pb_next, pb_seen, sl,
             ks, vs, vo, rs, cr, run_ref):
     """Run steps (module docstring).  Returns ``(code, I, F)``: ``R_*`` or a core
     ``ST_NEED_*`` code, and the scheduler's row buffers (it may have grown them).
@@ -169,8 +204,11 @@ def advance(limit_us, max_steps, aux, insys,
     loads only what it uses (docs/benchmarks.md, "Cold compile: one scheduler per
     compile").  ``cr``: the core's state
     (:class:`kvsim.replay.kernel.core_ref.CoreRef`; the members read here, once per call:
-    the counters, request tables, arena, pending buffer, next_use, seen)."""
+    the counters, request tables, arena, pending buffer, next_use, seen).  ``sl``: the slot
+    map ``(smap, srid, sfree)`` of :func:`_slot`: the core's request tables hold the requests
+    this replica holds, not the trace (:mod:`kvsim.modes.closed.closed_slots`)."""
     core_run = run_ref.run
+    smap, srid, sfree = sl
     C = cr.C
     R_i = cr.R_i
     P = cr.P
@@ -205,7 +243,7 @@ def advance(limit_us, max_steps, aux, insys,
                         q = CF.quiet_steps(limit_us, max_steps - steps, aux, insys, ip, fp, st,
                                            stf, arr, ttft, tpot, order, tk, ncols, vs, seq_len,
                                            psc, K, C, R_i, R_f, A_i, S_, P, G, running, sc, acc,
-                                           False)
+                                           False, smap)
                         # quiet if no request can be admitted: that check looks the first
                         # waiting one up in vLLM's pool (admission_blocked)
                         if q < 0 and CF.admission_blocked(
@@ -215,7 +253,7 @@ def advance(limit_us, max_steps, aux, insys,
                             q = CF.quiet_steps(limit_us, max_steps - steps, aux, insys, ip, fp,
                                                st, stf, arr, ttft, tpot, order, tk, ncols, vs,
                                                seq_len, psc, K, C, R_i, R_f, A_i, S_, P, G,
-                                               running, sc, acc, True)
+                                               running, sc, acc, True, smap)
                         steps += max(q, 0)
             if limit_us >= 0 and stf[0] >= limit_us:
                 return R_LIMIT, I, F
@@ -256,8 +294,11 @@ def advance(limit_us, max_steps, aux, insys,
             if C[L.C_ARENA_TOP] + need > A_i.shape[0]:
                 aux[X_ARENA] = need
                 return R_NEED_ARENA, I, F
-            aux[X_NALLOC] = _fill(I, F, n, cols, src, N, rprio_tab, tenant_tab, block_bytes,
-                                  nu, seen, pb_off, pb_next, pb_seen)
+            k = _fill(I, F, n, cols, src, N, rprio_tab, tenant_tab, block_bytes, nu, seen,
+                      pb_off, pb_next, pb_seen, smap, srid, sfree)
+            if k < 0:
+                return R_NEED_SLOTS, I, F
+            aux[X_NALLOC] = k
             busy = _prefill_rows(I, n)
             C[L.C_ALLOC_ORD] = 0
             aux[X_RESUME] = 0
@@ -267,10 +308,10 @@ def advance(limit_us, max_steps, aux, insys,
             return code, I, F
         # admitted this step: cached prefix counts as prefilled (step 4 of the docstring)
         for j in range(st[S.S_NADM]):
-            c = adm[j]
-            assumed = hitk[c]
+            assumed = hitk[adm[j]]
             if assumed == 0:
                 continue
+            c = smap[adm[j]]
             actual = (R_i[c, L.RI_HIT_TOK] + R_i[c, L.RI_HIT_TOK + 1]
                       + R_i[c, L.RI_HIT_TOK + 2] + R_i[c, L.RI_HIT_TOK + 3])
             R_i[c, L.RI_PREFILLED] += assumed
@@ -294,7 +335,8 @@ def advance(limit_us, max_steps, aux, insys,
         if vo is not None and cr.K[L.K_WRITE_POLICY] == L.WP_VLLM_OFFLOAD:
             # vLLM's native CPU offloading: this step's stores, ranks, finishes
             oc = vo[VS_OC]
-            offload.offload_step(cr, vo[VS_SCHED], oc[VL.O_SCHED], vo[VS_FIN], oc[VL.O_FIN])
+            offload.offload_step(cr, vo[VS_SCHED], oc[VL.O_SCHED], vo[VS_FIN], oc[VL.O_FIN],
+                                 smap)
         # the scheduler already left cached tokens out of the step: no credit on top
         C[L.C_STEP_SAVED_US] = 0.0
         stf[0] = (C[L.C_STEP_START_US] + C[L.C_STEP_DUR_US] + C[L.C_STEP_STALL_US]
