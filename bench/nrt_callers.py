@@ -75,6 +75,8 @@ def main() -> None:
     cut = argv.index("--")
     a = ap.parse_args(argv[:cut])
     cmd = argv[cut + 1:]
+    so = sys.stdout
+    sys.stdout = open(os.devnull, "w")  # the command's own output (both runs)
     perf_map._run_kvsim(cmd)
     items = sorted(perf_map._jit_functions().items())
     addrs = [x for x, _ in items]
@@ -94,8 +96,6 @@ def main() -> None:
 
     th = threading.Thread(target=sampler, daemon=True)
     th.start()
-    so = sys.stdout
-    sys.stdout = open(os.devnull, "w")  # the command's own output
     try:
         perf_map._run_kvsim(cmd)
     finally:
