@@ -26,6 +26,7 @@ import bisect
 import collections
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -115,8 +116,10 @@ def main() -> None:
                 caller, off = name(ret)
                 by_fn[(callee, caller)] += 1
                 by_site[(callee, caller, off)] += 1
+    rounds = len(list(tmp.glob("r*.txt")))
+    shutil.rmtree(tmp, ignore_errors=True)
     total = sum(by_fn.values()) or 1
-    print(f"{total} sampled calls, {len(list(tmp.glob('r*.txt')))} rounds")
+    print(f"{total} sampled calls, {rounds} rounds")
     for (callee, caller), v in by_fn.most_common(a.top):
         print(f"{100 * v / total:5.1f} %  {callee:10s} <- {caller}")
     print("by call site:")
