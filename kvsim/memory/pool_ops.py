@@ -72,7 +72,7 @@ from kvsim.memory.fast import (
     pool_cache_block,
     pool_lookup,
 )
-from kvsim.policy.api import dll_push_tail, dll_remove, list_walk
+from kvsim.policy.api import dll_contains, dll_move_to_tail, dll_push_tail, dll_remove, list_walk
 from kvsim.policy.hooks import (
     H_HIT,
     H_HIT_HELD,
@@ -89,7 +89,8 @@ from kvsim.policy.hooks import (
 LRU_PREV, LRU_NXT, LRU_ENDS = 0, 1, 2
 
 # Built-in lru in HBM.  When ``st.cfg[F_LRU]`` is 1 (set by the replay's driver when the
-# HBM policy is the built-in lru), :func:`allocate`, :func:`admit`, :func:`_release` and
+# HBM policy is the built-in lru), :func:`allocate` (its prefix hits' ``on_hit``,
+# ``on_hold`` and ``on_hit_held`` = lru's ``on_hit`` too), :func:`admit`, :func:`_release` and
 # :func:`cache_blocks` run lru's hooks as their list operations (kvsim.policy.api
 # ``dll_*``, ``list_walk``; lru has no ``on_miss``) on the policy's arrays, read once per
 # call, instead of calling them as first-class functions (each call passes two counted
@@ -152,18 +153,28 @@ def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
     n_hit = 0
     if admission:
         n_hit = pool_lookup(st, hashes, n, num_tokens, out.blocks)
+    # arrays bound once: each attribute access of the state tuple costs a refcount pair
+    ref_cnt = st.ref_cnt
+    ob = out.blocks
     n_revive = 0
     for i in range(n_hit):
-        if st.ref_cnt[out.blocks[i]] == 0:
+        if ref_cnt[ob[i]] == 0:
             n_revive += 1
     if n - n_hit + n_revive > st.sc[S_N_EMPTY] + st.sc[S_N_CAND]:
         st.counters[C_ALLOC_FAILURES] += 1
         return -1
-    # arrays bound once: each attribute access of the state tuple costs a refcount pair
-    ref_cnt = st.ref_cnt
     sc = st.sc
     row = st.tables[seq]
-    ob = out.blocks
+    in_cand = st.in_cand
+    counters = st.counters
+    block_hits = st.block_hits
+    pol = pst[0]
+    hooks = pst[1]
+    lru = st.cfg[F_LRU] != 0  # the built-in lru's hooks written out (see above)
+    if lru:
+        LP, LN, LE = pol.i64[LRU_PREV], pol.i64[LRU_NXT], pol.i64[LRU_ENDS]
+    else:
+        LP, LN, LE = ref_cnt, ref_cnt, ref_cnt
     okind = out.kind
     oev = out.evicted_hash
     oreason = out.reason
@@ -172,18 +183,27 @@ def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
     for i in range(n_hit):
         b = ob[i]
         if ref_cnt[b] == 0:
-            pst[1][H_HIT](pst[0], view, b, now_us)
-            pst[1][H_HOLD](pst[0], view, b)
-            st.in_cand[b] = False
+            if lru:  # on_hit (a candidate: in the list), on_hold
+                if dll_contains(LP, b):
+                    dll_move_to_tail(LP, LN, LE, b)
+                dll_remove(LP, LN, LE, b)
+            else:
+                hooks[H_HIT](pol, view, b, now_us)
+                hooks[H_HOLD](pol, view, b)
+            in_cand[b] = False
             sc[S_N_CAND] -= 1
             sc[S_N_HELD] += 1
             okind[i] = KIND_REVIVED
-            st.counters[C_REVIVED_BLOCKS] += 1
+            counters[C_REVIVED_BLOCKS] += 1
         else:
-            pst[1][H_HIT_HELD](pst[0], view, b, now_us)
+            if lru:  # on_hit_held is lru's on_hit (kvsim.policy.api.hook_bindings)
+                if dll_contains(LP, b):
+                    dll_move_to_tail(LP, LN, LE, b)
+            else:
+                hooks[H_HIT_HELD](pol, view, b, now_us)
             okind[i] = KIND_HIT
         ref_cnt[b] += 1
-        st.block_hits[b] += 1
+        block_hits[b] += 1
         oev[i] = 0
         oreason[i] = -1
         onalt[i] = 0
@@ -199,21 +219,13 @@ def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
     # bound once too for the per-block eviction and indexing below: an inlined helper that
     # takes ``st`` (``_evict_one``, ``_index_add``) copies all its arrays, a refcount pair
     # each, per block (at 16-token blocks, 9 M blocks; docs/benchmarks.md)
-    in_cand = st.in_cand
-    counters = st.counters
     block_hash = st.block_hash
     hidx = st.hidx  # keys and values interleaved (kvsim.memory.fast)
     h_next = st.h_next
     h_prev = st.h_prev
-    pol = pst[0]
-    hooks = pst[1]
-    lru = st.cfg[F_LRU] != 0  # the built-in lru's hooks written out (see above)
-    if lru:
-        LP, LN, LE = pol.i64[LRU_PREV], pol.i64[LRU_NXT], pol.i64[LRU_ENDS]
-    else:
-        LP, LN, LE = ref_cnt, ref_cnt, ref_cnt
     alt_blocks = out.alt_blocks
     alt_scores = out.alt_scores
+    v_la = view.last_access_us  # lru's scores (list_walk)
     mask = (hidx.shape[0] >> 1) - 1  # entries - 1 of the prefix index
     # an evicted block leaves the prefix index when the next one is evicted (or after the
     # loop): its entry, prefetched when the block is named, then has the next victim()
@@ -240,8 +252,7 @@ def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
             if lru:  # lru's victim(): the list's head
                 b, reason, n_alt = LE[0], 0, 0
                 if b >= 0:
-                    n_alt = list_walk(LP, LN, LE, alt_blocks[i], alt_scores[i],
-                                      view.last_access_us)
+                    n_alt = list_walk(LP, LN, LE, alt_blocks[i], alt_scores[i], v_la)
             else:
                 b, reason, n_alt = hooks[H_VICTIM](pol, view, now_us, alt_blocks[i],
                                                    alt_scores[i])

@@ -13,7 +13,7 @@ import pytest
 
 from kvsim.memory import fast
 from kvsim.policy import structs
-from kvsim.replay.kernel import links, spill, tiers
+from kvsim.replay.kernel import links, spill, tier_ops, tiers
 
 HOT = [
     (structs, "dll_contains"), (structs, "dll_push_tail"), (structs, "dll_push_head"),
@@ -24,6 +24,7 @@ HOT = [
     (fast, "index_add"), (fast, "index_remove"),
     (links, "submit_up"), (links, "submit_down"), (links, "spill_bytes"),
     (spill, "_drop"),
+    (tiers, "prefetch_lines"), (tier_ops, "_lru_hit"),  # session 19 (core16d)
 ]
 
 

@@ -138,9 +138,9 @@ from kvsim.replay.kernel import tiers as tr
 from kvsim.replay.kernel.bookkeeping import _peak, _pick_victim, _run_remove
 from kvsim.replay.kernel.links import submit_down, submit_up
 
-assert (lower.A_EVICT, lower.A_DEMOTE, lower.A_WRITE_THROUGH, lower.W_WT, lower.W_WTS,
-        lower.W_BACKED, lower.PR_DECODE_CRITICAL) == (A_EVICT, A_DEMOTE, A_WRITE_THROUGH, W_WT,
-                                                      W_WTS, W_BACKED, PR_DECODE_CRITICAL)
+assert (lower.A_EVICT, lower.A_DEMOTE, tier_ops.A_WRITE_THROUGH, tier_ops.W_WT,
+        tier_ops.W_WTS, lower.W_BACKED, lower.PR_DECODE_CRITICAL) == (
+            A_EVICT, A_DEMOTE, A_WRITE_THROUGH, W_WT, W_WTS, W_BACKED, PR_DECODE_CRITICAL)
 
 NEVER = np.iinfo(np.int64).max
 
@@ -343,9 +343,11 @@ def _place(r, e0, nb, mode, cr):
         view.next_use
     v_rc, v_sz, v_la, v_ac = view.recompute_cost_us, view.size_bytes, view.last_access_us, \
         view.access_count
+    v_ins, v_ch, v_ten, o_b, o_k = view.insert_us, view.content_hash, view.tenant, out.blocks, \
+        out.kind
     for e in range(nb):
         a = base + e
-        b = out.blocks[e]
+        b = o_b[e]
         tok = A_i[a, AI_TOKENS]
         size = A_i[a, AI_SIZE]
         h = A_i[a, AI_HASH]
@@ -373,17 +375,17 @@ def _place(r, e0, nb, mode, cr):
                 R_f[r, RF_CREDIT_US] += A_f[a]
             if life:
                 tr.log_row(G, C, step, now_us,
-                           A_REVIVE if out.kind[e] == mem.KIND_REVIVED else A_HIT, h, r, bi,
+                           A_REVIVE if o_k[e] == mem.KIND_REVIVED else A_HIT, h, r, bi,
                            0, 0, 0, 0.0, False, -1,
-                           W_REVIVE if out.kind[e] == mem.KIND_REVIVED else W_HIT)
+                           W_REVIVE if o_k[e] == mem.KIND_REVIVED else W_HIT)
             if K[K_WRITE_POLICY] != WP_WRITE_BACK:  # not a call under write_back
-                lower._write_through(b, r, cr, step, now_us)
+                tier_ops._write_through(b, r, cr, step, now_us)
             continue
         # a new HBM block: its identity
-        view.insert_us[b] = now_us
+        v_ins[b] = now_us
         v_ac[b] = 1
-        view.content_hash[b] = h
-        view.tenant[b] = R_i[r, RI_TENANT]
+        v_ch[b] = h
+        v_ten[b] = R_i[r, RI_TENANT]
         H_i[b, HI_OWNER] = r
         H_i[b, HI_BI] = bi
         H_i[b, HI_TOKENS] = tok
@@ -476,7 +478,7 @@ def _place(r, e0, nb, mode, cr):
             else:
                 C[M_FIRST_TOK] += tok
         if K[K_WRITE_POLICY] != WP_WRITE_BACK:  # not a call under write_back
-            lower._write_through(b, r, cr, step, now_us)
+            tier_ops._write_through(b, r, cr, step, now_us)
     ops.admit(st, pst, view, out, n_hit, nb, now_us)  # new content enters the HBM policy
     if mode == MODE_ADMIT:
         C[M_LOOKUP_TOK] += num_tokens
@@ -545,7 +547,7 @@ def _fill_last(r, e, cr, step, now_us):
     H_i[b, HI_TOKENS] = K[K_BLOCK_TOKENS]
     H_i[b, HI_HITS] = 1
     if K[K_WRITE_POLICY] != WP_WRITE_BACK:  # not a call under write_back
-        lower._write_through(b, r, cr, step, now_us)
+        tier_ops._write_through(b, r, cr, step, now_us)
 
 
 @njit(cache=True)

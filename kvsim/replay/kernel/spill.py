@@ -14,17 +14,13 @@ import numpy as np
 from kvsim.core.codes import (  # noqa: E402
     A_DEMOTE,
     A_EVICT,
-    A_WRITE_THROUGH,
     PR_DECODE_CRITICAL,  # noqa: E402
     W_BACKED,
-    W_WT,
-    W_WTS,
 )
 from kvsim.core.layout import (
     C_PEAK,
     C_USED,
     HI_BI,
-    HI_HITS,
     HI_OWNER,
     HI_TOKENS,
     K_LOG,
@@ -40,21 +36,16 @@ from kvsim.core.layout import (
     M_BYTES_DOWN,
     M_DEMOTE,
     M_EVICT,
-    M_WRITE_THROUGH,
     RI_EV_CAUSED,
     RI_EV_SUFFERED,
-    WP_VLLM_OFFLOAD,
     WP_WRITE_BACK,
-    WP_WRITE_THROUGH,
 )
 from kvsim.jit.decorators import njit
 from kvsim.jit.prefetch import prefetch, prefetch_row
 from kvsim.memory.fast import KIND_EVICTED
 from kvsim.policy.api import dll_push_tail, dll_remove, list_walk
 from kvsim.policy.hooks import H_INSERT, H_REMOVE, H_VICTIM
-from kvsim.replay.kernel import tier_ops
 from kvsim.replay.kernel import tiers as tr
-from kvsim.replay.kernel.bookkeeping import _first_lower
 from kvsim.replay.kernel.links import spill_bytes
 
 #: How many evicted blocks ahead :func:`_hbm_evicted_range` prefetches the lower tiers'
@@ -149,6 +140,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
     :class:`kvsim.replay.kernel.core_ref.CoreRef`), once a block of the range was evicted."""
     out = cr.out
     kind = out.kind
+    o_b, o_ev = out.blocks, out.evicted_hash
     first_ev = lo
     while first_ev < hi and kind[first_ev] != KIND_EVICTED:
         first_ev += 1
@@ -175,6 +167,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
     L1_rows = cr.L1_rows
     L2_rows = cr.L2_rows
     L3_rows = cr.L3_rows
+    H_la, H_tds, H_pin = view.last_access_us, view.target_decode_step, view.pinned
     # each tier's members, read once for the whole range (the tier step below is written
     # out per tier on these locals: see "Per-call cost" above)
     LH = T1.L_h  # the three tiers' shared table (kvsim.replay.kernel.tiers)
@@ -182,14 +175,17 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
     L1_view, L1m = T1.L_view, T1.Lm
     L1_ch, L1_la, L1_in, L1_sz = (L1_view.content_hash, L1_view.last_access_us,
                                   L1_view.insert_us, L1_view.size_bytes)
+    L1_tds, L1_pin = L1_view.target_decode_step, L1_view.pinned
     L2_i, L2_free = T2.L_i, T2.L_free
     L2_view, L2m = T2.L_view, T2.Lm
     L2_ch, L2_la, L2_in, L2_sz = (L2_view.content_hash, L2_view.last_access_us,
                                   L2_view.insert_us, L2_view.size_bytes)
+    L2_tds, L2_pin = L2_view.target_decode_step, L2_view.pinned
     L3_i, L3_free = T3.L_i, T3.L_free
     L3_view, L3m = T3.L_view, T3.Lm
     L3_ch, L3_la, L3_in, L3_sz = (L3_view.content_hash, L3_view.last_access_us,
                                   L3_view.insert_us, L3_view.size_bytes)
+    L3_tds, L3_pin = L3_view.target_decode_step, L3_view.pinned
     L1_st, L1_hooks = T1.L_ps
     L2_st, L2_hooks = T2.L_ps
     L3_st, L3_hooks = T3.L_ps
@@ -225,15 +221,15 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
         # block g's lines are requested PREFETCH_AHEAD blocks before it is handled (the
         # first ones before the first is): its lower-copy test's probes, its HBM row and,
         # for a demotion, its view's row (copied into the first tier)
-        if g < hi and out.kind[g] == KIND_EVICTED:
-            prefetch(LH, 2 * (((out.evicted_hash[g] * tr._FIB) >> 32) & m))  # as hash_slot
-            prefetch_row(H_i, out.blocks[g])
-            tr.prefetch_view(view, out.blocks[g])
+        if g < hi and kind[g] == KIND_EVICTED:
+            prefetch(LH, 2 * (((o_ev[g] * tr._FIB) >> 32) & m))  # as hash_slot
+            prefetch_row(H_i, o_b[g])
+            tr.prefetch_lines(H_la, H_tds, H_pin, o_b[g])  # tr.prefetch_view's lines
         e = g - PREFETCH_AHEAD
-        if e < lo or out.kind[e] != KIND_EVICTED:
+        if e < lo or kind[e] != KIND_EVICTED:
             continue
-        b = out.blocks[e]
-        h = out.evicted_hash[e]
+        b = o_b[e]
+        h = o_ev[e]
         # per-tenant accounting: evictions suffered by the request that brought the block
         # in, caused by the request the room is made for (kvsim.replay.metrics.tenant_table)
         if H_i[b, HI_OWNER] >= 0:
@@ -257,8 +253,8 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
         ow = H_i[b, HI_OWNER]
         bi = H_i[b, HI_BI]
         tok = H_i[b, HI_TOKENS]
-        v = H_rows  # the block's row (copied by rows: tiers.copy_row)
-        vs = b
+        vs = b  # the block's row (copied by rows: tiers.copy_row)
+        tmp = False  # in H_rows; True: carried from the tier above, in TMP_rows
         hcar = np.int64(0)  # the hash of the block carried down from a tier above, if any
         if dest <= 1 and cap1:
             # tier 1: tier_ops.spill_step written out (no counted argument copies)
@@ -286,7 +282,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                     hx = L1_ch[x]
                     # its entry: rewritten at the next tier's fill, or removed (dropped)
                     prefetch(LH, 2 * (((hx * tr._FIB) >> 32) & m))
-                    tr.prefetch_view(L1_view, x)  # copied below (content_hash: read)
+                    tr.prefetch_lines(L1_la, L1_tds, L1_pin, x)  # copied below
                     if lru1:
                         dll_remove(P1, N1, E1, x)
                     else:
@@ -323,7 +319,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                                      L1_view.size_bytes[x] if moved else 0, 0.0,
                                      L1_view.priority[x] == PR_DECODE_CRITICAL, vo[2], -1)
                     tr.log_candidates(G, row, L1_view, L1_i, alt_b, alt_s, vo[3])
-            tr.copy_row(L1_rows, slot, v, vs)
+            tr.copy_row(L1_rows, slot, H_rows, vs)  # the first tier's block is from HBM
             L1_in[slot] = now_us
             L1_la[slot] = now_us
             L1_i[slot, LI_OWNER] = ow
@@ -348,8 +344,8 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                 C[C_PEAK + t] = used
             if moved == 0:
                 continue
-            v = TMP_rows
             vs = np.int64(1)
+            tmp = True
             ow, bi, tok = TMP_i[1, 0], TMP_i[1, 1], TMP_i[1, 2]
             hcar = hx
         if dest <= 2 and cap2:
@@ -378,7 +374,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                     hx = L2_ch[x]
                     # its entry: rewritten at the NVMe tier's fill, or removed (dropped)
                     prefetch(LH, 2 * (((hx * tr._FIB) >> 32) & m))
-                    tr.prefetch_view(L2_view, x)  # copied below (content_hash: read)
+                    tr.prefetch_lines(L2_la, L2_tds, L2_pin, x)  # copied below
                     if lru2:
                         dll_remove(P2, N2, E2, x)
                     else:
@@ -415,7 +411,10 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                                      L2_view.size_bytes[x] if moved else 0, 0.0,
                                      L2_view.priority[x] == PR_DECODE_CRITICAL, vo[2], -1)
                     tr.log_candidates(G, row, L2_view, L2_i, alt_b, alt_s, vo[3])
-            tr.copy_row(L2_rows, slot, v, vs)
+            if tmp:  # carried from the tier above (not one array variable for both: a
+                tr.copy_row(L2_rows, slot, TMP_rows, vs)  # counted copy per block)
+            else:
+                tr.copy_row(L2_rows, slot, H_rows, vs)
             L2_in[slot] = now_us
             L2_la[slot] = now_us
             L2_i[slot, LI_OWNER] = ow
@@ -440,8 +439,8 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                 C[C_PEAK + t] = used
             if moved == 0:
                 continue
-            v = TMP_rows
             vs = np.int64(2)
+            tmp = True
             ow, bi, tok = TMP_i[2, 0], TMP_i[2, 1], TMP_i[2, 2]
             hcar = hx
         if cap3:
@@ -469,7 +468,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                                          "not resident")
                     hx = L3_ch[x]
                     prefetch(LH, 2 * (((hx * tr._FIB) >> 32) & m))  # for its removal
-                    tr.prefetch_view(L3_view, x)  # copied below (content_hash: read)
+                    tr.prefetch_lines(L3_la, L3_tds, L3_pin, x)  # copied below
                     if lru3:
                         dll_remove(P3, N3, E3, x)
                     else:
@@ -496,7 +495,10 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                                      -1, 0, 0.0,
                                      L3_view.priority[x] == PR_DECODE_CRITICAL, vo[2], -1)
                     tr.log_candidates(G, row, L3_view, L3_i, alt_b, alt_s, vo[3])
-            tr.copy_row(L3_rows, slot, v, vs)
+            if tmp:  # carried from the tier above (not one array variable for both: a
+                tr.copy_row(L3_rows, slot, TMP_rows, vs)  # counted copy per block)
+            else:
+                tr.copy_row(L3_rows, slot, H_rows, vs)
             L3_in[slot] = now_us
             L3_la[slot] = now_us
             L3_i[slot, LI_OWNER] = ow
@@ -521,74 +523,3 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                 C[C_PEAK + t] = used
     if pend != 0:  # the table is exact again when the range is done
         tr.hash_del(LH, pend)
-
-
-@njit(cache=True)
-def _spill(src, s, ow, bi, tok, dest, cr, step, now_us):
-    """Write a block into tier ``dest`` (1..3) or the first enabled tier below it; victims
-    cascade down (DRAM -> CXL -> NVMe -> dropped)."""
-    T1 = cr.T1
-    T2 = cr.T2
-    T3 = cr.T3
-    TMP = cr.TMP
-    TMP_i = cr.TMP_i
-    cap2 = T2.Lm[LM_CAP] > 0
-    cap3 = T3.Lm[LM_CAP] > 0
-    # the next enabled tier below each tier (0 = none: its victims are dropped)
-    below3 = np.int64(3) if cap3 else np.int64(0)
-    below2 = np.int64(2) if cap2 else below3
-    v = src
-    vs = s
-    if dest <= 1 and T1.Lm[LM_CAP] > 0:
-        if tier_ops.spill_step(T1, v, vs, ow, bi, tok, below2, np.int64(1), cr, step,
-                               now_us) == 0:
-            return
-        v = TMP
-        vs = 1
-        ow, bi, tok = TMP_i[1, 0], TMP_i[1, 1], TMP_i[1, 2]
-    if dest <= 2 and cap2:
-        if tier_ops.spill_step(T2, v, vs, ow, bi, tok, below3, np.int64(2), cr, step,
-                               now_us) == 0:
-            return
-        v = TMP
-        vs = 2
-        ow, bi, tok = TMP_i[2, 0], TMP_i[2, 1], TMP_i[2, 2]
-    if cap3:
-        tier_ops.spill_step(T3, v, vs, ow, bi, tok, np.int64(0), np.int64(3), cr, step,
-                            now_us)
-
-
-@njit(cache=True)
-def _write_through(b, r, cr, step, now_us):
-    """HiCache write_through(_selective): back block ``b`` up once its hit count reaches
-    the threshold (1, or 2 for selective), unless a lower copy exists.
-
-    Callers test ``K[K_WRITE_POLICY] != WP_WRITE_BACK`` first, so under write_back (the
-    default) it costs them one test.  It used to be wrapped in an inlined function doing
-    that test (numba ``inline="always"``), but numba keeps a counted copy of each of an
-    inlined function's 17 arguments: the Mooncake 16-token replay's core took 6.3 % more
-    CPU (paired runs, docs/benchmarks.md)."""
-    K = cr.K
-    C = cr.C
-    H_i = cr.H_i
-    view = cr.H_view
-    T1 = cr.T1
-    T2 = cr.T2
-    T3 = cr.T3
-    wp = K[K_WRITE_POLICY]
-    if wp == WP_VLLM_OFFLOAD:  # stores are made per step (kvsim.replay.kernel.offload)
-        return
-    thr = 1 if wp == WP_WRITE_THROUGH else 2
-    h = view.content_hash[b]
-    if h == 0 or H_i[b, HI_HITS] != thr or tr.lower_find(T1.L_h, h) >= 0:  # a lower copy
-        return
-    dest = _first_lower(T1, T2, T3)
-    if dest == 0:
-        return
-    C[M_WRITE_THROUGH] += 1
-    if K[K_LOG] != 0:
-        tr.log_row(cr.G, C, step, now_us, A_WRITE_THROUGH, h, r, H_i[b, HI_BI], 0, dest,
-                   view.size_bytes[b], 0.0, view.priority[b] == PR_DECODE_CRITICAL, -1,
-                   W_WT if thr == 1 else W_WTS)
-    _spill(view, b, H_i[b, HI_OWNER], H_i[b, HI_BI], H_i[b, HI_TOKENS], dest, cr, step,
-           now_us)

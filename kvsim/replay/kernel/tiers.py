@@ -20,7 +20,7 @@ much cheaper to compile than a typed Dict; keys and values interleaved in one ar
 at 16-token blocks the table has 4 M entries and every probe is a cache miss).  **The
 three tiers share ONE table** (each tier's ``L_h`` is the same array, capacity a power of
 two >= 2 x the tiers' slots together): a content is in at most one lower tier (a block is
-written down only when no lower copy exists, :func:`kvsim.replay.kernel.spill._write_through` and
+written down only when no lower copy exists, :func:`kvsim.replay.kernel.tier_ops._write_through` and
 :func:`kvsim.replay.kernel.spill._hbm_evicted_range`, and a victim leaves its tier before it enters
 the next), so a demotion from one tier into the
 next rewrites its entry's value in place instead of a removal from one table and an
@@ -222,6 +222,16 @@ def prefetch_view(v, s):
     prefetch(v.last_access_us, s)
     prefetch(v.target_decode_step, s)
     prefetch(v.pinned, s)
+
+
+@njit(cache=True, _nrt=False)  # plain arrays only: no reference counts per call
+def prefetch_lines(a, b, c, s):
+    """:func:`prefetch_view` on three of a view's fields bound by the caller once
+    (``last_access_us``, ``target_decode_step``, ``pinned``): a call passing the view
+    read its three members again, a counted reference each, per block and tier."""
+    prefetch(a, s)
+    prefetch(b, s)
+    prefetch(c, s)
 
 
 # ---------------------------------------------------------------------------------------
