@@ -46,7 +46,7 @@ from kvsim.engine.engine_model import EngineConfig, build_cost_model
 from kvsim.engine.scheduler_state import new_schedule
 from kvsim.ingest.requests import RequestTable
 from kvsim.memory.fast import index_keys_values
-from kvsim.modes.closed.closed_slots import FIRST_ROWS, ClosedSlots
+from kvsim.modes.closed.closed_slots import FIRST_ROWS, ClosedSlots, one_slot_each
 from kvsim.replay.kernel import closed_step as CS
 from kvsim.replay.variants import (
     TypedTuple,
@@ -155,7 +155,7 @@ class Engine:
         spk = sc.req_args[11] * (2 if opts.spec_lookahead else 1)  # drafts (+ lookahead)
         slots = len(sc.src)
         if opts.scheduler == "vllm":  # kvsim's scheduler's per-slot state: one entry each
-            _one_slot_each(sc)
+            one_slot_each(sc)
         max_blocks = int(((prompt + out + spk) // B + 2).max()) if N else 2
         # every block the run can allocate: the lower tiers' capacity as their policies
         # see it (kvsim.replay.lower_tiers); their slots follow the distinct hashes below
@@ -405,16 +405,6 @@ class Engine:
                     cr, core_run_ref(rv))
         run._flush_steps()
         run._flush_log()
-
-
-def _one_slot_each(sc) -> None:
-    """vLLM's scheduler keeps its own request state (kvsim.engine.vllm_rows): kvsim's
-    scheduler's 18 per-slot arrays (``slot_args[:18]``, ``src`` ... ``stall``,
-    kvsim.engine.scheduler_state.new_schedule: 144 bytes a request in every replica) are
-    not read (``src`` only for a forked slot, which vLLM's never makes), so each is cut to
-    one entry of the same type (the same compiled ``advance``)."""
-    sc.slot_args = tuple(v[:1].copy() if k < 18 else v for k, v in enumerate(sc.slot_args))
-    sc.src = sc.slot_args[0]
 
 
 def _entry(advance, args: tuple):

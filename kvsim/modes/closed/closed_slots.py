@@ -138,3 +138,13 @@ class ClosedSlots(RequestSlots):
         cols = {"replica": np.full(len(a), replica, dtype=np.int64)}
         cols.update({name: np.ascontiguousarray(f._col(a, name)) for name in f.names})
         return cols
+
+
+def one_slot_each(sc) -> None:
+    """vLLM's scheduler keeps its own request state (kvsim.engine.vllm_rows): kvsim's
+    scheduler's 18 per-slot arrays (``slot_args[:18]``, ``src`` ... ``stall``,
+    kvsim.engine.scheduler_state.new_schedule: 144 bytes a request in every replica) are
+    not read (``src`` only for a forked slot, which vLLM's never makes), so each is cut to
+    one entry of the same type (the same compiled ``advance``)."""
+    sc.slot_args = tuple(v[:1].copy() if k < 18 else v for k, v in enumerate(sc.slot_args))
+    sc.src = sc.slot_args[0]
