@@ -112,3 +112,19 @@ def test_dropped_requests_are_a_warning_and_none_served_is_refused(capsys):
     with pytest.raises(KvsimInputError, match="all 65 requests were dropped") as info:
         _check_dropped([{**r, "dropped_requests": 65} for r in rows], SimConfig(hbm_gb=0.01))
     assert info.value.field == "--hbm-gb"
+
+
+def test_a_burst_sharing_a_cached_prefix_fits_the_step_block_lists(tmp_path):
+    """40 requests queued at t = 0 share a 20-block prefix (16-token blocks), each with one
+    block of its own, on a 64-block pool: vLLM caches the first one's blocks when it
+    allocates them, so the next ones hit the prefix in the same step and one step lists
+    ~40 tables of 21 blocks (~840 ids), far past the pool (2 x 64 + 16 = 144 ids, the old
+    bound of that buffer: ``ValueError: vllm_step: block id buffer full`` on the session-18
+    main, found by ``reorder --hbm-blocks 400`` on traces/sample_mooncake.jsonl)."""
+    prefix = " ".join(str(b) for b in range(20))
+    t = read_requests(_generic(tmp_path, [f"{prefix} {100 + i}" for i in range(40)]))
+    df = reorder_study(t, orders=("submission",),
+                       config=SimConfig(hbm_blocks=64, dram_gb=0, cxl_gb=0, nvme_gb=0))
+    assert df["requests"].tolist() == [40]
+    # every request but the first hits the 20 shared blocks (320 tokens)
+    assert df["hit_tokens"].tolist() == [39 * 320]

@@ -107,7 +107,8 @@ class CompiledVllmScheduler:
         self.hits = np.zeros(per_seq, np.int64)
         self.hs = np.zeros(per_seq, np.int64)
         (self.osched, self.obl, self.oblids, self.oadm, self.opre, self.ofin, self.oev,
-         self.ores, self.oc) = new_outputs(N, config.num_gpu_blocks, config.max_num_seqs)
+         self.ores, self.oc) = new_outputs(N, config.num_gpu_blocks, config.max_num_seqs,
+                                        per_seq)
 
     # -- the interface of VllmScheduler -----------------------------------------------------
     def add_request(self, r: SimRequest | int) -> None:

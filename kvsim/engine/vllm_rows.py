@@ -541,19 +541,29 @@ def new_vllm_value(cols: dict, off, ids, trace_block_tokens: int, block_size: in
     order_state = fifo_order.init(pc.num_blocks - 1, pc.num_blocks, {})
     pl = vllm_pool(pool_ref(pst), policy_value(fifo_order, order_state, True),
                      view_ref(view), new_out(pc, 0))
-    outs = new_outputs(N, num_blocks, max_num_seqs)
+    outs = new_outputs(N, num_blocks, max_num_seqs, per_seq)
     return (vip, R, varr, hh, np.zeros(V.NUM_SV, np.int64), np.zeros(M, np.int64),
             np.zeros(M, np.int64), np.zeros(M, np.int64), pl, np.zeros(per_seq, np.int64),
             np.zeros(per_seq, np.int64), *outs, np.full(M, -1, np.int64),
             np.full(M, -1, np.int64), np.zeros((0, 4), np.int64))
 
 
-def new_outputs(num_requests: int, num_gpu_blocks: int, max_num_seqs: int) -> tuple:
-    """Output buffers of one step, sized for the worst step."""
+def new_outputs(num_requests: int, num_gpu_blocks: int, max_num_seqs: int,
+                max_blocks_per_seq: int) -> tuple:
+    """Output buffers of one step, sized for the worst step.  The block lists
+    (``VS_BLIDS``) hold, per step, the whole block table of every request admitted (or
+    resumed) and the new blocks of the running ones: the new blocks are at most the pool,
+    but an admitted table's prefix hits are shared blocks, listed once per request that
+    holds them, so the worst step is the pool plus ``min(max_num_seqs, requests)`` tables
+    of at most ``min(max_blocks_per_seq, pool)`` blocks each (a burst of requests sharing
+    a long cached prefix; sized by the pool alone, ``reorder`` on a trace queued at t = 0
+    overflowed it)."""
     n = max(num_requests, 1)
     ev_cap = 2 * num_gpu_blocks + 4 * n + 64
+    blids_cap = max(2 * num_gpu_blocks + 16, num_gpu_blocks + 16
+                    + min(max_num_seqs, n) * min(max_blocks_per_seq, num_gpu_blocks))
     return (np.zeros((n + 1, 2), np.int64), np.zeros((2 * n + 2, 2), np.int64),
-            np.zeros(2 * num_gpu_blocks + 16, np.int64), np.zeros((n + 1, 3), np.int64),
+            np.zeros(blids_cap, np.int64), np.zeros((n + 1, 3), np.int64),
             np.zeros((n + 1, 2), np.int64), np.zeros(n + 1, np.int64),
             np.zeros((ev_cap, 4), np.int64), np.zeros(64, np.int64),
             np.zeros(V.NUM_OC, np.int64))
