@@ -1,6 +1,6 @@
 """Which compiled functions call numba's reference counts (``NRT_incref`` / ``NRT_decref``)
 during a kvsim command, by sampling their callers with gdb (docs/benchmarks.md, "Speed: the
-16-token replay's counted references (session 19, core16d)").
+16-token replay's counted references").
 
     python bench/nrt_callers.py [--rounds 20] [--per-round 200] -- simulate --trace T ...
 

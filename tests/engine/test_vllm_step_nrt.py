@@ -4,7 +4,7 @@
 (kvsim.engine.vllm_step) are compiled ``_nrt=False``: each call of a counted function
 counted every array and structref it received (an atomic update on entry and on exit),
 and the non-quiet steps of the closed loop make ~10 such calls a step (docs/benchmarks.md,
-"vLLM's scheduler step without reference counts (session 19, poolref7)").  They read
+"vLLM's scheduler step without reference counts").  They read
 the pool's members through :func:`kvsim.policy.state_access.register_borrowed_members`,
 since numba's own structref member read needs NRT.  On main before that change they were
 compiled with counting, and a function compiled ``_nrt=False`` could not read

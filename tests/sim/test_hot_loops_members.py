@@ -4,7 +4,7 @@ its view) and pass no view to a helper that reads its members: each such read is
 reference (numba ``NRT_incref`` / ``NRT_decref``, an atomic update each) per block, and the
 Mooncake 16-token import places 9.3 M blocks and evicts nearly as many.  The members are
 bound to locals once per call instead (docs/benchmarks.md, "Speed: the 16-token replay's counted
-references (session 19, core16d)").  Reads inside branches taken only with the decision
+references").  Reads inside branches taken only with the decision
 log on (``log_on``, ``life``) are allowed: the log costs what it costs.
 
 On main before that change, ``spill._hbm_evicted_range`` read ``out.kind``,
