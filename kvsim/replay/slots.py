@@ -205,17 +205,19 @@ class RequestSlots:
             self.link.append(np.column_stack((rids[k].astype(np.float64), xf[k],
                                               run.R_f[slots[k], L.RF_QWAIT_US])))
 
-    def release(self, run) -> None:
-        """Fold the finished requests no longer named anywhere; free their slots (after a
-        batch: the core is between calls)."""
-        if not self.recycle or not self.top:
-            return
+    def fold_done(self, run) -> tuple[np.ndarray, np.ndarray]:
+        """Fold the finished requests no longer named anywhere (an HBM block they own, the
+        pending buffer, the running list, a gathered admission, with a decision log a
+        lower-tier block) and blank their rows; returns ``(slots, request ids)`` of the
+        rows now free (empty when none), which the caller returns to its free list (the
+        core is between calls)."""
         n = self.top
         R_i, C = run.R_i, run.C
+        none = np.zeros(0, dtype=np.int64)
         cand = (R_i[:n, L.RI_STATE] == L.RS_DONE) & (R_i[:n, L.RI_OFF_PEND] == 0) & \
             (self.rid_of[:n] >= 0)
         if not cand.any():
-            return
+            return none, none
         busy = np.zeros(n, dtype=np.bool_)
         named = [run.H_i[:, L.HI_OWNER], run.P[:int(C[L.C_NPEND]), 0],
                  run.running[:int(C[L.C_NRUN])], np.array([int(C[L.C_PEND_ADMIT])])]
@@ -225,7 +227,7 @@ class RequestSlots:
             busy[v[(v >= 0) & (v < n)]] = True
         slots = np.flatnonzero(cand & ~busy)
         if not len(slots):
-            return
+            return none, none
         if run.log_writer is not None:
             self.translate_log(run.G, int(C[L.C_NLOG]))
         rids = self.rid_of[slots].copy()
@@ -233,9 +235,18 @@ class RequestSlots:
         ri0, rf0 = L.new_request_tables(1)
         R_i[slots] = ri0[0]
         run.R_f[slots] = rf0[0]
-        self.slot_of.drop(rids)
-        self.rid_of[slots] = -1
-        self.free.extend(slots[::-1].tolist())
+        return slots, rids
+
+    def release(self, run) -> None:
+        """Fold the finished requests no longer named anywhere; free their slots (after a
+        batch: the core is between calls)."""
+        if not self.recycle or not self.top:
+            return
+        slots, rids = self.fold_done(run)
+        if len(slots):
+            self.slot_of.drop(rids)
+            self.rid_of[slots] = -1
+            self.free.extend(slots[::-1].tolist())
 
     def close(self, run) -> FoldedRequests:
         """After the last row: fold every request left (the ones that arrived or ran);

@@ -81,34 +81,16 @@ class ClosedSlots(RequestSlots):
         """Fold the finished requests no longer named anywhere and free their rows (the
         core is between rows); returns the rows free now."""
         n = self.top
-        R_i, C = run.R_i, run.C
-        cand = (R_i[:n, L.RI_STATE] == L.RS_DONE) & (R_i[:n, L.RI_OFF_PEND] == 0) & \
-            (self.rid_of[:n] >= 0)
-        if cand.any():
-            busy = np.zeros(n, dtype=np.bool_)
-            named = [run.H_i[:, L.HI_OWNER], run.P[:int(C[L.C_NPEND]), 0],
-                     run.running[:int(C[L.C_NRUN])], np.array([int(C[L.C_PEND_ADMIT])])]
-            if run.log_writer is not None:
-                named += [T.L_i[:, L.LI_OWNER] for T in run.T]
-            for v in named:
-                busy[v[(v >= 0) & (v < n)]] = True
-            slots = np.flatnonzero(cand & ~busy)
-            if len(slots):
-                if run.log_writer is not None:
-                    self.translate_log(run.G, int(C[L.C_NLOG]))
-                rids = self.rid_of[slots].copy()
-                self._fold(run, slots, rids)
-                ri0, rf0 = L.new_request_tables(1)
-                R_i[slots] = ri0[0]
-                run.R_f[slots] = rf0[0]
-                self.smap[rids] = -1
-                self.rid_of[slots] = -1
-                nf = int(self.sfree[0])
-                # the stack keeps its lowest row last (taken first), as RequestSlots' list
-                stack = np.concatenate([self.sfree[2:2 + nf], slots])
-                stack = np.sort(stack)[::-1]
-                self.sfree[2:2 + len(stack)] = stack
-                self.sfree[0] = len(stack)
+        slots, rids = self.fold_done(run)
+        if len(slots):
+            self.smap[rids] = -1
+            self.rid_of[slots] = -1
+            nf = int(self.sfree[0])
+            # the stack keeps its lowest row last (taken first), as RequestSlots' list
+            stack = np.concatenate([self.sfree[2:2 + nf], slots])
+            stack = np.sort(stack)[::-1]
+            self.sfree[2:2 + len(stack)] = stack
+            self.sfree[0] = len(stack)
         return int(self.sfree[0]) + self.rid_of.shape[0] - n
 
     def make_room(self, run) -> bool:
