@@ -30,7 +30,8 @@ the stamp it had when the CRC was taken (size, modification time, inode, change 
 numba recompiles what was removed (it handles a data file missing behind its index).  A
 removal reports ONE warning line on stderr when the file is certainly damaged (its CRC
 differs at an unchanged size and modification time, or it is empty, truncated or not a
-pickle: its framing is walked with ``pickletools``, nothing executed); a file that is only
+pickle: its framing is walked with ``pickletools``, nothing executed; or its folder's
+manifest exists but is not one kvsim wrote); a file that is only
 unrecorded, or rewritten by a process that has not recorded it yet, is removed silently.
 ``KVSIM_CACHE_CHECK=full`` computes every CRC at every import (bit rot below the file
 system, which changes no stamp).  Files are removed only inside kvsim's keyed directory;
@@ -100,6 +101,21 @@ def _read_manifest(folder: Path) -> dict[str, list[int]]:
                 if isinstance(v, list) and len(v) == 6 and all(type(x) is int for x in v)}
     except (OSError, ValueError, TypeError, AttributeError):
         return {}
+
+
+def _manifest_damaged(folder: Path) -> bool:
+    """True when ``folder``'s manifest exists but is not one kvsim wrote (not JSON, no
+    ``files`` table, or an entry not six integers): the files it no longer vouches for are
+    then removed as damaged, with the warning line, not silently as unrecorded."""
+    try:
+        with open(os.path.join(folder, MANIFEST), "rb") as fh:
+            files = json.loads(fh.read())["files"]
+        return not all(isinstance(v, list) and len(v) == 6 and all(type(x) is int for x in v)
+                       for v in files.values())
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError, TypeError, AttributeError, KeyError):
+        return True
 
 
 def _write_manifest(folder: Path, files: dict[str, list[int]]) -> None:
@@ -194,6 +210,7 @@ def _check_folder(folder: Path, names: list[str], full: bool) -> list[tuple[str,
     removed: list[tuple[str, str]] = []
     with _locked(folder):  # again under the lock: a writer may have just recorded
         manifest = _read_manifest(folder)
+        unreadable = _manifest_damaged(folder)
         changed = False
         for name in todo:
             path = folder / name
@@ -218,6 +235,8 @@ def _check_folder(folder: Path, names: list[str], full: bool) -> list[tuple[str,
                                       f"({exc.strerror})") from None
             manifest.pop(name, None)
             changed = True
+            if verdict == "drop" and unreadable:
+                verdict = f"damaged: its folder's {MANIFEST} is unreadable"
             removed.append((name, verdict))
         if changed:
             _write_manifest(folder, manifest)

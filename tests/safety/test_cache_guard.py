@@ -157,3 +157,17 @@ def test_records_of_concurrent_processes_merge(tmp_path: Path) -> None:
         assert p.exitcode == 0
     assert len(_manifest(tmp_path)) == 60
     assert validate(tmp_path) == []
+
+
+@pytest.mark.parametrize("garbage", [b"\x00\xff garbage", b"[1, 2]", b'{"files": {"a": "b"}}'])
+def test_garbage_manifest_is_damage_with_one_warning(tmp_path: Path, capsys, garbage) -> None:
+    """A manifest that is not one kvsim wrote vouches for nothing: its folder's files are
+    removed (numba recompiles them) with the one warning line, not silently as merely
+    unrecorded (session-18 main: a full recompile and no word)."""
+    paths = [_cache_file(tmp_path / "sub", f"m.f-{j}.py311.1.nbc") for j in range(2)]
+    record(paths[0].parent)
+    (paths[0].parent / MANIFEST).write_bytes(garbage)
+    assert sorted(validate(tmp_path)) == [f"sub/{p.name}" for p in paths]
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "2 damaged file(s)" in err[0] and MANIFEST in err[0]
+    assert validate(tmp_path) == [] and capsys.readouterr().err == ""  # recovered
