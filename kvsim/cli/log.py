@@ -179,7 +179,7 @@ def _render_summary(s: LogSummary) -> None:
 def show_command(
     log: LogArg,
     request: Annotated[int | None, typer.Option(
-        "--request", metavar="R", show_default=False,
+        "--request", metavar="R", min=0, show_default=False,
         help="Only rows on behalf of request R.")] = None,
     block: BlockOption = None,
     action: Annotated[list[str] | None, typer.Option(
@@ -366,7 +366,7 @@ def timeline_command(
     log: LogArg,
     block: BlockOption = None,
     request: Annotated[int | None, typer.Option(
-        "--request", metavar="R", show_default=False,
+        "--request", metavar="R", min=0, show_default=False,
         help="Instead of a block: every row on behalf of request R.")] = None,
     json_: JsonOption = False,
     csv: CsvOption = False,
