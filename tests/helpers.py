@@ -1,10 +1,11 @@
-"""Assertions shared by CLI tests: ``from tests.helpers import assert_one_line_error``
+"""Helpers shared by tests: ``from tests.helpers import assert_one_line_error``
 (pytest's importlib mode makes ``tests`` importable from every test module).
 
 ``assert_one_line_error`` checks the error convention of docs/cli.md on the result of a
 typer ``CliRunner.invoke`` or of ``subprocess.run(..., capture_output=True, text=True)``:
 exit code 2 (bad input), exactly one line on stderr, starting with ``error:``, containing
 every given fragment, and no traceback anywhere.
+``small_closed_engine`` builds a small closed-loop Engine, compiled or interpreted.
 """
 
 from __future__ import annotations
@@ -57,3 +58,27 @@ def run_kvsim(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess
     """Run ``python -m kvsim ARGS`` in a real subprocess (text mode, output captured)."""
     return subprocess.run([sys.executable, "-m", "kvsim", *args], capture_output=True,
                           text=True, timeout=timeout_s)
+
+
+def small_closed_engine(engine: str):
+    """A closed-loop Engine (vLLM's scheduler, lru, 64 HBM blocks) over four small
+    requests sharing prefixes; ``engine``: ``compiled`` or ``interpreted``."""
+    from kvsim.ingest.requests import build_request_table
+    from kvsim.modes.closed.closed_facts import block_facts
+    from kvsim.modes.closed.closed_loop import Engine, EngineOptions, prepare
+    from kvsim.policy.registry import resolve_policy
+    from kvsim.spec.sim_config import SimConfig
+
+    ids = [[1, 2, 3, 4], [1, 2, 5, 6], [7, 8], [1, 2, 3, 9]]
+    table = build_request_table({"arrival_us": [0, 1_000, 2_000, 3_000],
+                                 "prompt_tokens": [64, 64, 32, 64],
+                                 "output_tokens": [30, 12, 25, 8], "block_ids": ids,
+                                 "hashed_tokens": [64, 64, 32, 64]}, block_size_tokens=16)
+    config = SimConfig(mode="engine", hbm_blocks=64, dram_gb=0, cxl_gb=0, nvme_gb=0,
+                       engine=engine)
+    opts = EngineOptions(scheduler="vllm")
+    cost, hbm_blocks, costs, block_bytes, off, ids, table2, _ = prepare(table, config, opts)
+    e = Engine(table2, off, ids, resolve_policy("lru"), config, opts, cost, hbm_blocks,
+               costs, block_bytes)
+    e.set_block_facts(block_facts(table2, off, ids, opts.block_size_tokens))
+    return e

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from kvsim.engine.vllm_spec import UNITS, acceptance_units
+from tests.helpers import small_closed_engine
 
 
 def _ceil_calls(fn) -> int:
@@ -50,28 +51,6 @@ def test_acceptance_units_is_one_numpy_pass_with_the_loops_values():
         acceptance_units(np.array([0.5, np.nan]))
 
 
-def _compiled_engine():
-    from kvsim.ingest.requests import build_request_table
-    from kvsim.modes.closed.closed_facts import block_facts
-    from kvsim.modes.closed.closed_loop import Engine, EngineOptions, prepare
-    from kvsim.policy.registry import resolve_policy
-    from kvsim.spec.sim_config import SimConfig
-
-    ids = [[1, 2, 3, 4], [1, 2, 5, 6], [7, 8], [1, 2, 3, 9]]
-    table = build_request_table({"arrival_us": [0, 1_000, 2_000, 3_000],
-                                 "prompt_tokens": [64, 64, 32, 64],
-                                 "output_tokens": [30, 12, 25, 8], "block_ids": ids,
-                                 "hashed_tokens": [64, 64, 32, 64]}, block_size_tokens=16)
-    config = SimConfig(mode="engine", hbm_blocks=64, dram_gb=0, cxl_gb=0, nvme_gb=0,
-                       engine="compiled")
-    opts = EngineOptions(scheduler="vllm")
-    cost, hbm_blocks, costs, block_bytes, off, ids, table2, _ = prepare(table, config, opts)
-    e = Engine(table2, off, ids, resolve_policy("lru"), config, opts, cost, hbm_blocks,
-               costs, block_bytes)
-    e.set_block_facts(block_facts(table2, off, ids, opts.block_size_tokens))
-    return e
-
-
 def test_advance_unboxes_core_run_once_not_per_call(monkeypatch):
     """numba unboxes a first-class function argument by asking the value for its address
     (``__wrapper_address__``) at every call of the compiled ``advance``: ~9 us a call,
@@ -89,7 +68,7 @@ def test_advance_unboxes_core_run_once_not_per_call(monkeypatch):
         return real(self)
 
     monkeypatch.setattr(variants.RunValue, "__wrapper_address__", counted)
-    whole, stepwise = _compiled_engine(), _compiled_engine()
+    whole, stepwise = small_closed_engine("compiled"), small_closed_engine("compiled")
     whole.advance()
     stepwise.advance(-1.0, max_steps=1)  # one compiled call per step
     assert stepwise.steps == whole.steps > 20

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from kvsim.jit.decorators import njit
+from tests.helpers import small_closed_engine
 
 
 def _load_by_loop(table, model, hardware, max_num_seqs, max_num_batched_tokens):
@@ -106,28 +107,6 @@ def test_catalog_is_a_fresh_parse_each_call():
     assert catalog._catalog() and catalog._catalog() is not catalog._catalog()
 
 
-def _small_engine():
-    from kvsim.ingest.requests import build_request_table
-    from kvsim.modes.closed.closed_facts import block_facts
-    from kvsim.modes.closed.closed_loop import Engine, EngineOptions, prepare
-    from kvsim.policy.registry import resolve_policy
-    from kvsim.spec.sim_config import SimConfig
-
-    ids = [[1, 2, 3, 4], [1, 2, 5, 6], [7, 8], [1, 2, 3, 9]]
-    table = build_request_table({"arrival_us": [0, 1_000, 2_000, 3_000],
-                                 "prompt_tokens": [64, 64, 32, 64],
-                                 "output_tokens": [30, 12, 25, 8], "block_ids": ids,
-                                 "hashed_tokens": [64, 64, 32, 64]}, block_size_tokens=16)
-    config = SimConfig(mode="engine", hbm_blocks=64, dram_gb=0, cxl_gb=0, nvme_gb=0,
-                       engine="interpreted")
-    opts = EngineOptions(scheduler="vllm")
-    cost, hbm_blocks, costs, block_bytes, off, ids, table2, _ = prepare(table, config, opts)
-    e = Engine(table2, off, ids, resolve_policy("lru"), config, opts, cost, hbm_blocks,
-               costs, block_bytes)
-    e.set_block_facts(block_facts(table2, off, ids, opts.block_size_tokens))
-    return e
-
-
 def test_advance_keeps_its_arguments_across_yields(monkeypatch):
     """Engine.advance types its ~65 arguments (closed_loop._entry: ~1 ms) again only after
     a buffer was grown or replaced: not at a yield (every ``max_steps`` steps; the
@@ -144,7 +123,7 @@ def test_advance_keeps_its_arguments_across_yields(monkeypatch):
         return real(advance, args)
 
     monkeypatch.setattr(closed_loop, "_entry", counted)
-    whole, stepwise = _small_engine(), _small_engine()
+    whole, stepwise = small_closed_engine("interpreted"), small_closed_engine("interpreted")
     whole.advance()
     n = len(calls)
     stepwise.advance(-1.0, max_steps=1)  # a yield after every step
