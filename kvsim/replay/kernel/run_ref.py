@@ -23,14 +23,13 @@ from numba.experimental import structref
 from numba.extending import overload
 
 from kvsim.jit.decorators import njit
+from kvsim.jit.struct_type import StructType
 
 
 @structref.register
-class RunRefType(types.StructRef):
-    """The numba type of :class:`RunRef`: one member, ``run`` (a ``FunctionType``)."""
-
-    def preprocess_fields(self, fields):
-        return tuple((name, types.unliteral(t)) for name, t in fields)
+class RunRefType(StructType):
+    """The numba type of :class:`RunRef`: one member, ``run`` (a ``FunctionType``), named
+    short as kvsim's other struct types (:mod:`kvsim.jit.struct_type`)."""
 
 
 class RunRef(structref.StructRefProxy):
