@@ -149,6 +149,11 @@ def pool_blocks(config, model: str, block_size_tokens: int) -> int:
     return int(default_num_gpu_blocks(cost, config.gpu_memory_utilization))
 
 
+def _sum_in_order(values: np.ndarray) -> float:
+    """``0.0 + values[0] + values[1] + ...``, left to right."""
+    return float(np.add.accumulate(np.concatenate([[0.0], values]))[-1])
+
+
 def estimate_load(table, model: str, hardware: str, max_num_seqs: int,
                   max_num_batched_tokens: int, hbm_blocks: int | None = None,
                   block_size_tokens: int = 16) -> LoadEstimate:
@@ -160,9 +165,6 @@ def estimate_load(table, model: str, hardware: str, max_num_seqs: int,
     cost = build_cost_model(model, hardware)
     N = len(table)
     bs = int(table.block_size_tokens)
-    prefill = 0
-    compute_us = 0.0
-    cold_us = 0.0
     prompts = np.asarray(table.column("prompt_tokens"), dtype=np.int64)
     outputs = np.asarray(table.column("output_tokens"), dtype=np.int64)
     # blocks first seen in each request (arrival order; a block repeated within one request
@@ -174,14 +176,14 @@ def estimate_load(table, model: str, hardware: str, max_num_seqs: int,
         first = np.unique(ids, return_index=True)[1]
         owner = np.repeat(np.arange(N, dtype=np.int64), lens)
         news = np.bincount(owner[first], minlength=N)
-    for prompt, nids, new in zip(prompts.tolist(), lens.tolist(), news.tolist()):
-        covered = nids * bs
-        # tokens past the identified blocks are never hits; the reused blocks are the
-        # leading ones (a prefix), so the new tokens sit at the prompt's end
-        fresh = min(int(prompt), new * bs) + max(int(prompt) - covered, 0)
-        prefill += fresh
-        compute_us += cost.prefill_us(int(prompt) - fresh, fresh)
-        cold_us += cost.prefill_us(0, int(prompt))
+    # tokens past the identified blocks are never hits; the reused blocks are the leading
+    # ones (a prefix), so the new tokens sit at the prompt's end
+    fresh = np.minimum(prompts, news * bs) + np.maximum(prompts - lens * bs, 0)
+    prefill = int(fresh.sum())
+    # summed in request order, one addition at a time, as a loop over the requests would
+    # (np.add.accumulate is sequential; np.sum's pairwise order could differ in the last bit)
+    compute_us = _sum_in_order(cost.prefill_us_many(prompts - fresh, fresh))
+    cold_us = _sum_in_order(cost.prefill_us_many(np.zeros_like(prompts), prompts))
     out = int(outputs.sum())
     step_us = cost.weight_bytes / cost.hbm_bytes_per_us + cost.step_overhead_us
     batches = max(max_num_batched_tokens, 1)

@@ -177,6 +177,13 @@ class StepCostModel:
         attended = m * start + m * (m + 1) / 2.0
         return (2.0 * self.active_params * m + 4.0 * self.layers_x_hidden * attended) / self.flops_per_us
 
+    def prefill_us_many(self, start: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """:meth:`prefill_us` of each pair of ``start`` / ``tokens`` (int64 arrays), equal to
+        it bit for bit: the same float64 operations in the same order, element-wise."""
+        m = np.asarray(tokens, dtype=np.int64).astype(np.float64)
+        attended = m * np.asarray(start, dtype=np.int64) + m * (m + 1) / 2.0
+        return (2.0 * self.active_params * m + 4.0 * self.layers_x_hidden * attended) / self.flops_per_us
+
 
 def default_num_gpu_blocks(cost: StepCostModel, gpu_memory_utilization: float) -> int:
     """The replay's default HBM pool in blocks, by the replay's own function

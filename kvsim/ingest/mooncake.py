@@ -21,6 +21,7 @@ prefix, so those blocks are not shared where the trace's ids alone would say the
 
 from __future__ import annotations
 
+import hashlib
 import json
 import warnings
 from itertools import chain
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvsim.core import parsed_cache
 from kvsim.core.errors import KvsimInputError, KvsimWarning
 from kvsim.core.fsutil import open_text
 from kvsim.core.limits import get_limits
@@ -48,8 +50,12 @@ def read_mooncake(path: str | Path, *, skip_bad_rows: bool = False,
     """Read a Mooncake JSONL trace into the canonical Request table.  Ids that do not form
     a prefix tree: a :class:`~kvsim.core.errors.KvsimWarning` (``strict``: an error)."""
     lim = get_limits()
+    entry, cached = parsed_cache.lookup(path, _reader_key(lim))
+    if cached is not None:  # parsed from the same bytes by an earlier run
+        return _table(path, _from_arrays(cached), 0)
     columns = _plain_columns(path, lim)
     if columns is not None:
+        parsed_cache.store(entry, _to_arrays(columns))
         return _table(path, columns, 0)
     # some line is not the plain case (or the file is bad): line by line, every error named
     bad = BadRows(skip_bad_rows)
@@ -114,6 +120,30 @@ def read_mooncake(path: str | Path, *, skip_bad_rows: bool = False,
     return _table(path, {"arrival_us": arrival, "prompt_tokens": prompt,
                          "output_tokens": output, "block_ids": ids, "hashed_tokens": prompt},
                   bad.count)
+
+
+def _reader_key(lim) -> str:
+    """What a parse of the plain case depends on besides the file's bytes: this reader's
+    source and the limits :func:`_plain_columns` checks against (the parsed-trace cache,
+    :mod:`kvsim.core.parsed_cache`, keys on it)."""
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    h.update(repr((lim.max_line_chars, lim.max_epoch_us, lim.max_prompt_tokens,
+                   lim.max_output_tokens, _CHUNK_CHARS)).encode())
+    return h.hexdigest()
+
+
+def _to_arrays(columns: dict) -> dict:
+    """:func:`_plain_columns`' columns as the arrays the parsed-trace cache stores."""
+    ids = columns["block_ids"]
+    return {"arrival_us": columns["arrival_us"], "prompt_tokens": columns["prompt_tokens"],
+            "output_tokens": columns["output_tokens"], "offsets": ids.offsets, "ids": ids.ids}
+
+
+def _from_arrays(a: dict) -> dict:
+    """The columns :func:`_plain_columns` returned, from the arrays :func:`_to_arrays` made."""
+    return {"arrival_us": a["arrival_us"], "prompt_tokens": a["prompt_tokens"],
+            "output_tokens": a["output_tokens"], "block_ids": CsrIds(a["offsets"], a["ids"]),
+            "hashed_tokens": a["prompt_tokens"]}
 
 
 def _table(path, columns: dict, skipped: int) -> RequestTable:

@@ -1,0 +1,154 @@
+"""A parsed request trace kept on disk, keyed on the file's bytes (issue 34: the per-process
+floor of a warm run).
+
+Parsing the Mooncake conversation trace's 3 MB of JSON Lines costs ~0.13 CPU-s, a seventh of
+what a warm 1-replica closed loop pays besides the engine; loading its parsed columns back
+costs ~0.01.  A reader (:func:`kvsim.ingest.mooncake.read_mooncake`) asks :func:`lookup` for
+the arrays it parsed from the same bytes before, and hands what it parsed to :func:`store`.
+
+* **Keyed on content**: the SHA-256 of the file's bytes (read whole: ~3 ms for 3 MB), plus a
+  reader key (the reader's own source text and the limits it checked against): an edited
+  trace, another kvsim or other limits never load an old parse.  One entry per trace path
+  (the file's name is a hash of its absolute path), replaced when the content changes, so
+  the cache holds one entry per trace a user replays.
+* **Checked**: the entry records the SHA-256 of its arrays; an entry that does not match
+  (truncated, bit-flipped, not an ``.npz``) is removed with ONE warning line and the trace is
+  parsed as if there were no entry.  ``np.load(allow_pickle=False)``: nothing is executed.
+* **Only regular files** (not ``/dev/stdin``, a pipe), and only a parse of the whole file
+  that the stamp (size, modification and change time) says did not change while it was read.
+* **Where**: ``$KVSIM_CACHE_DIR/traces``, else ``$XDG_CACHE_HOME/kvsim/traces`` (default
+  ``~/.cache/kvsim/traces``); nothing is cached when that folder cannot be written.
+  ``KVSIM_TRACE_CACHE=0`` turns the cache off.  Writes are atomic (a temporary file renamed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import stat as stat_mod
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from kvsim.core.errors import KvsimWarning
+
+ENV_OFF = "KVSIM_TRACE_CACHE"
+_META = "__kvsim_meta__"
+_FORMAT = 1
+
+
+def cache_root() -> Path | None:
+    """The folder of the parsed traces; None when the cache is off."""
+    if os.environ.get(ENV_OFF, "1") == "0":
+        return None
+    base = os.environ.get("KVSIM_CACHE_DIR", "")
+    if base:
+        return Path(base) / "traces"
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "kvsim" / "traces"
+
+
+def _stamp(st: os.stat_result) -> tuple:
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+class Entry:
+    """One trace's place in the cache: its content digest, reader key and file stamp."""
+
+    def __init__(self, path: Path, digest: str, reader: str, stamp: tuple, file: Path):
+        self.path, self.digest, self.reader, self.stamp, self.file = (path, digest, reader,
+                                                                      stamp, file)
+
+    def meta(self, names: list[str], payload: str) -> dict:
+        return {"format": _FORMAT, "content": self.digest, "reader": self.reader,
+                "names": names, "payload": payload}
+
+
+def _payload_digest(arrays: dict[str, np.ndarray], names: list[str]) -> str:
+    h = hashlib.sha256()
+    for name in names:
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}:{a.dtype.str}:{a.shape};".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def lookup(path: str | Path, reader: str) -> tuple[Entry | None, dict[str, np.ndarray] | None]:
+    """``(entry, arrays)``: the arrays stored for this content and ``reader`` key, or None
+    (then ``entry`` is what :func:`store` takes; ``entry`` None: nothing is cached for this
+    input, e.g. not a regular file or the cache is off)."""
+    root = cache_root()
+    if root is None:
+        return None, None
+    try:
+        p = Path(path).resolve()
+        st = os.stat(p)
+        if not stat_mod.S_ISREG(st.st_mode):
+            return None, None
+        with open(p, "rb") as fh:
+            digest = hashlib.sha256(fh.read()).hexdigest()
+    except OSError:
+        return None, None
+    name = hashlib.sha256(str(p).encode()).hexdigest()[:32] + ".npz"
+    entry = Entry(p, digest, reader, _stamp(st), root / name)
+    return entry, _load(entry)
+
+
+def _load(entry: Entry) -> dict[str, np.ndarray] | None:
+    try:
+        fh = open(entry.file, "rb")
+    except OSError:
+        return None  # no entry yet
+    try:
+        with fh, np.load(fh, allow_pickle=False) as z:
+            meta = json.loads(bytes(z[_META]).decode())
+            if meta.get("format") != _FORMAT or meta.get("content") != entry.digest \
+                    or meta.get("reader") != entry.reader:
+                return None  # another content or reader: store() replaces it
+            names = list(meta["names"])
+            arrays = {n: z[n] for n in names}
+            ok = _payload_digest(arrays, names) == meta["payload"]
+    except Exception:  # noqa: BLE001 - any unreadable entry is damage, handled below
+        ok = False
+    if ok:
+        return arrays
+    warnings.warn(KvsimWarning(
+        f"{entry.file}: damaged parsed-trace cache entry removed; {entry.path} is parsed "
+        "again (docs/importers.md, \"Parsed-trace cache\")"), stacklevel=3)
+    with contextlib.suppress(OSError):
+        os.unlink(entry.file)
+    return None
+
+
+def store(entry: Entry | None, arrays: dict[str, np.ndarray]) -> None:
+    """Keep ``arrays`` (what the reader parsed from ``entry``'s content) for the next run;
+    silently nothing when the file changed since :func:`lookup` or the folder cannot be
+    written."""
+    if entry is None:
+        return
+    try:
+        if _stamp(os.stat(entry.path)) != entry.stamp:
+            return  # changed while it was parsed: the parse may not be of that content
+        names = sorted(arrays)
+        meta = entry.meta(names, _payload_digest(arrays, names))
+        entry.file.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{entry.file.name}.", suffix=".tmp",
+                                   dir=entry.file.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                np.savez(fh, **{_META: np.frombuffer(json.dumps(meta).encode(), np.uint8)},
+                         **arrays)
+            os.replace(tmp, entry.file)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError:
+        return
+
+
+__all__ = ["ENV_OFF", "Entry", "cache_root", "lookup", "store"]
