@@ -97,10 +97,12 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
         raise KvsimInputError(f"expected --router {' | '.join(ROUTERS)}, got {router!r}",
                               None, None, "--router")
     opts, _why = resolve_scheduler(table, config, opts)  # auto: vllm unless unsupported
-    from kvsim.modes.closed import hybrid_serve
+    from kvsim.modes.closed import hybrid_check
 
-    if hybrid_serve.wanted(config, opts):  # several layer groups: vLLM's per-group pool
-        hybrid_serve.check_supported(table, policy, config, opts, replicas, pd, decision_log)
+    if hybrid_check.wanted(config, opts):  # several layer groups: vLLM's per-group pool
+        hybrid_check.check_supported(table, policy, config, opts, replicas, pd, decision_log)
+        from kvsim.modes.closed import hybrid_serve
+
         return hybrid_serve.serve_hybrid_trace(table, config, opts, on_progress=on_progress)
     pol = resolve_policy(policy)
     offered = table
