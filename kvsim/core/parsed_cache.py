@@ -14,6 +14,8 @@ the arrays it parsed from the same bytes before, and hands what it parsed to :fu
 * **Checked**: the entry records the SHA-256 of its arrays; an entry that does not match
   (truncated, bit-flipped, not an ``.npz``) is removed with ONE warning line and the trace is
   parsed as if there were no entry.  ``np.load(allow_pickle=False)``: nothing is executed.
+* **Bounded**: only files of at least :data:`MIN_BYTES`, at most :data:`MAX_ENTRIES` entries
+  (the least recently used removed first).
 * **Only regular files** (not ``/dev/stdin``, a pipe), and only a parse of the whole file
   that the stamp (size, modification and change time) says did not change while it was read.
 * **Where**: ``$KVSIM_CACHE_DIR/traces``, else ``$XDG_CACHE_HOME/kvsim/traces`` (default
@@ -37,6 +39,12 @@ import numpy as np
 from kvsim.core.errors import KvsimWarning
 
 ENV_OFF = "KVSIM_TRACE_CACHE"
+#: Files smaller than this are parsed every time (a 256 KiB Mooncake file parses in ~12 ms;
+#: test fixtures and samples leave no entries behind).
+MIN_BYTES = 256 * 1024
+#: The most entries kept; storing one more removes the least recently used (modification
+#: time, refreshed at each hit).
+MAX_ENTRIES = 16
 _META = "__kvsim_meta__"
 _FORMAT = 1
 
@@ -87,7 +95,7 @@ def lookup(path: str | Path, reader: str) -> tuple[Entry | None, dict[str, np.nd
     try:
         p = Path(path).resolve()
         st = os.stat(p)
-        if not stat_mod.S_ISREG(st.st_mode):
+        if not stat_mod.S_ISREG(st.st_mode) or st.st_size < MIN_BYTES:
             return None, None
         with open(p, "rb") as fh:
             digest = hashlib.sha256(fh.read()).hexdigest()
@@ -115,6 +123,8 @@ def _load(entry: Entry) -> dict[str, np.ndarray] | None:
     except Exception:  # noqa: BLE001 - any unreadable entry is damage, handled below
         ok = False
     if ok:
+        with contextlib.suppress(OSError):
+            os.utime(entry.file)  # recently used: kept by _prune
         return arrays
     warnings.warn(KvsimWarning(
         f"{entry.file}: damaged parsed-trace cache entry removed; {entry.path} is parsed "
@@ -147,8 +157,20 @@ def store(entry: Entry | None, arrays: dict[str, np.ndarray]) -> None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+        _prune(entry.file.parent)
     except OSError:
         return
 
 
-__all__ = ["ENV_OFF", "Entry", "cache_root", "lookup", "store"]
+def _prune(folder: Path) -> None:
+    """Keep the :data:`MAX_ENTRIES` most recently used entries of ``folder``."""
+    entries = []
+    for f in folder.glob("*.npz"):
+        with contextlib.suppress(OSError):
+            entries.append((f.stat().st_mtime_ns, f.name, f))
+    for _t, _n, f in sorted(entries, reverse=True)[MAX_ENTRIES:]:
+        with contextlib.suppress(OSError):
+            f.unlink()
+
+
+__all__ = ["ENV_OFF", "MAX_ENTRIES", "MIN_BYTES", "Entry", "cache_root", "lookup", "store"]

@@ -59,11 +59,12 @@ def test_closed_loop_json_run_imports_no_pandas(tmp_path, extra) -> None:
     assert json.loads(p.stdout)["policies"][0]["requests"] == 40
 
 
-def test_request_table_memory_per_request_is_its_columns(tmp_path) -> None:
+def test_request_table_memory_per_request_is_its_columns(tmp_path, monkeypatch) -> None:
     """The Mooncake reader's table retains its columns and 8 bytes an id, nothing per
     request on top (it held one numpy array per request, ~110 bytes, and its CSR pair was
     a second copy of every id each time it was asked for).  20,000 requests: Python's
     free lists (~2,000 tuples of the last parsed batch) stay under 8 bytes a request."""
+    monkeypatch.setenv("KVSIM_TRACE_CACHE", "0")  # the parse's table (kvsim.core.parsed_cache)
     n, k = 20000, 4
     trace = tmp_path / "t.jsonl"
     _mooncake(trace, n, k)
@@ -89,6 +90,7 @@ def test_mooncake_parse_peak_is_not_python_ints(tmp_path, monkeypatch) -> None:
     (~60 bytes an id), not every id of the trace as a Python int in a list (~104 bytes
     an id on main)."""
     monkeypatch.setattr(mooncake, "_CHUNK_CHARS", 1 << 15)
+    monkeypatch.setenv("KVSIM_TRACE_CACHE", "0")  # the parse, not a parsed-trace cache hit
     n, k = 20000, 16
     trace = tmp_path / "t.jsonl"
     _mooncake(trace, n, k)

@@ -31,6 +31,7 @@ def _read(path, fast: bool, monkeypatch, **kw):
         return out
 
     monkeypatch.setattr(mooncake, "_plain_columns", spy)
+    monkeypatch.setenv("KVSIM_TRACE_CACHE", "0")  # every read parses (kvsim.core.parsed_cache)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         try:

@@ -1,0 +1,144 @@
+"""The parsed-trace cache (issue 34, the per-process floor: the Mooncake conversation trace's
+parse ~0.13 CPU-s, its cached columns ~0.01): a hit builds exactly the parsed table; an edited
+file, another reader or limits never load an old parse; a damaged entry is one warning
+line and a parse; small files, pipes and ``KVSIM_TRACE_CACHE=0`` leave nothing; at most
+``MAX_ENTRIES`` entries stay (kvsim/core/parsed_cache.py)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvsim.core import parsed_cache
+from kvsim.core.errors import KvsimWarning
+from kvsim.ingest import mooncake
+
+
+def _trace(path: Path, n: int = 4000, salt: int = 0) -> Path:
+    """A plain Mooncake trace of ``n`` requests (> MIN_BYTES): a shared two-block prefix,
+    then one block of its own."""
+    with open(path, "w") as fh:
+        for i in range(n):
+            fh.write(json.dumps({"timestamp": 1000 + 7 * i + salt, "input_length": 1300 + i % 200,
+                                 "output_length": 3 + i % 11,
+                                 "hash_ids": [salt, salt + 1, 10_000 + i]}) + "\n")
+    assert path.stat().st_size >= parsed_cache.MIN_BYTES
+    return path
+
+
+def _read(path, monkeypatch, cache: bool = True):
+    """(table, warnings, whether the parse ran)."""
+    parsed = []
+    real = mooncake._plain_columns
+
+    def spy(p, lim):
+        parsed.append(1)
+        return real(p, lim)
+
+    monkeypatch.setattr(mooncake, "_plain_columns", spy)
+    if not cache:
+        monkeypatch.setenv(parsed_cache.ENV_OFF, "0")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        table = mooncake.read_mooncake(path)
+    monkeypatch.setattr(mooncake, "_plain_columns", real)
+    monkeypatch.delenv(parsed_cache.ENV_OFF, raising=False)
+    return table, [str(w.message) for w in seen if issubclass(w.category, KvsimWarning)], \
+        bool(parsed)
+
+
+def _equal(a, b) -> None:
+    assert (a.block_size_tokens, a.skipped, a.source) == (b.block_size_tokens, b.skipped,
+                                                          b.source)
+    for name in ("arrival_us", "prompt_tokens", "output_tokens", "hashed_tokens"):
+        x, y = np.asarray(a.column(name)), np.asarray(b.column(name))
+        assert x.dtype == y.dtype and np.array_equal(x, y), name
+    (ox, ix), (oy, iy) = a.flat_block_ids(), b.flat_block_ids()
+    assert ox.dtype == oy.dtype and np.array_equal(ox, oy)
+    assert ix.dtype == iy.dtype and np.array_equal(ix, iy)
+    assert list(a.df.columns) == list(b.df.columns)
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("KVSIM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv(parsed_cache.ENV_OFF, raising=False)
+    return tmp_path / "cache" / "traces"
+
+
+def test_a_hit_is_the_parsed_table(tmp_path, monkeypatch, cache_dir) -> None:
+    trace = _trace(tmp_path / "t.jsonl")
+    first, w1, parsed1 = _read(trace, monkeypatch)
+    second, w2, parsed2 = _read(trace, monkeypatch)
+    plain, _, _ = _read(trace, monkeypatch, cache=False)
+    assert (parsed1, parsed2) == (True, False) and w1 == w2 == []
+    assert len(list(cache_dir.glob("*.npz"))) == 1
+    _equal(second, plain)
+    _equal(first, plain)
+
+
+def test_an_edited_file_is_parsed_again(tmp_path, monkeypatch, cache_dir) -> None:
+    trace = _trace(tmp_path / "t.jsonl")
+    _read(trace, monkeypatch)
+    _trace(trace, n=4100, salt=5)  # same path, other content
+    table, warned, parsed = _read(trace, monkeypatch)
+    assert parsed and warned == [] and len(table) == 4100
+    _equal(table, _read(trace, monkeypatch, cache=False)[0])
+    assert len(list(cache_dir.glob("*.npz"))) == 1  # replaced, one entry per path
+
+
+def test_another_reader_key_is_parsed_again(tmp_path, monkeypatch, cache_dir) -> None:
+    trace = _trace(tmp_path / "t.jsonl")
+    _read(trace, monkeypatch)
+    monkeypatch.setattr(mooncake, "_reader_key", lambda lim: "another kvsim")
+    assert _read(trace, monkeypatch)[2]
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "garbage", "empty"])
+def test_a_damaged_entry_is_one_warning_and_a_parse(tmp_path, monkeypatch, cache_dir,
+                                                    damage) -> None:
+    trace = _trace(tmp_path / "t.jsonl")
+    _read(trace, monkeypatch)
+    (entry,) = cache_dir.glob("*.npz")
+    data = bytearray(entry.read_bytes())
+    if damage == "flip":  # a byte inside the ids' array, CRC of the zip member aside
+        data[len(data) // 2] ^= 0x10
+    elif damage == "truncate":
+        data = data[: len(data) // 3]
+    elif damage == "garbage":
+        data = bytearray(b"not a numpy file at all" * 10)
+    else:
+        data = bytearray()
+    entry.write_bytes(bytes(data))
+    table, warned, parsed = _read(trace, monkeypatch)
+    assert parsed and len(warned) == 1 and "damaged parsed-trace cache entry" in warned[0]
+    _equal(table, _read(trace, monkeypatch, cache=False)[0])
+    again, warned2, parsed2 = _read(trace, monkeypatch)  # stored again, clean
+    assert (warned2, parsed2) == ([], False)
+    _equal(again, table)
+
+
+def test_small_files_pipes_and_off_leave_nothing(tmp_path, monkeypatch, cache_dir) -> None:
+    small = tmp_path / "small.jsonl"
+    small.write_text(json.dumps({"timestamp": 1, "input_length": 10, "output_length": 2,
+                                 "hash_ids": [1]}) + "\n")
+    _read(small, monkeypatch)
+    assert not cache_dir.exists() or not list(cache_dir.glob("*.npz"))
+    big = _trace(tmp_path / "t.jsonl")
+    _read(big, monkeypatch, cache=False)
+    assert not cache_dir.exists() or not list(cache_dir.glob("*.npz"))
+    assert parsed_cache.lookup("/dev/null", "k") == (None, None)
+
+
+def test_at_most_max_entries_stay(tmp_path, monkeypatch, cache_dir) -> None:
+    monkeypatch.setattr(parsed_cache, "MAX_ENTRIES", 2)
+    traces = [_trace(tmp_path / f"t{i}.jsonl", n=3000 + i) for i in range(3)]
+    for t in traces:
+        _read(t, monkeypatch)
+    assert len(list(cache_dir.glob("*.npz"))) == 2
+    assert not _read(traces[2], monkeypatch)[2]  # the latest is kept
+    assert _read(traces[0], monkeypatch)[2]  # the oldest was removed
