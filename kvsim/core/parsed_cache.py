@@ -6,7 +6,7 @@ what a warm 1-replica closed loop pays besides the engine; loading its parsed co
 costs ~0.01.  A reader (:func:`kvsim.ingest.mooncake.read_mooncake`) asks :func:`lookup` for
 the arrays it parsed from the same bytes before, and hands what it parsed to :func:`store`.
 
-* **Keyed on content**: the SHA-256 of the file's bytes (read whole: ~3 ms for 3 MB), plus a
+* **Keyed on content**: the SHA-256 of the file's bytes (read in 1 MiB chunks: ~3 ms for 3 MB), plus a
   reader key (the reader's own source text and the limits it checked against): an edited
   trace, another kvsim or other limits never load an old parse.  One entry per trace path
   (the file's name is a hash of its absolute path), replaced when the content changes, so
@@ -81,7 +81,7 @@ def _payload_digest(arrays: dict[str, np.ndarray], names: list[str]) -> str:
     for name in names:
         a = np.ascontiguousarray(arrays[name])
         h.update(f"{name}:{a.dtype.str}:{a.shape};".encode())
-        h.update(a.tobytes())
+        h.update(memoryview(a).cast("B"))  # the array's bytes, not a copy
     return h.hexdigest()
 
 
@@ -97,8 +97,11 @@ def lookup(path: str | Path, reader: str) -> tuple[Entry | None, dict[str, np.nd
         st = os.stat(p)
         if not stat_mod.S_ISREG(st.st_mode) or st.st_size < MIN_BYTES:
             return None, None
-        with open(p, "rb") as fh:
-            digest = hashlib.sha256(fh.read()).hexdigest()
+        h = hashlib.sha256()
+        with open(p, "rb") as fh:  # a chunk at a time: memory does not grow with the file
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+        digest = h.hexdigest()
     except OSError:
         return None, None
     name = hashlib.sha256(str(p).encode()).hexdigest()[:32] + ".npz"
