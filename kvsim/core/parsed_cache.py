@@ -57,7 +57,10 @@ def cache_root() -> Path | None:
     if base:
         return Path(base) / "traces"
     xdg = os.environ.get("XDG_CACHE_HOME", "")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "kvsim" / "traces"
+    try:
+        return (Path(xdg) if xdg else Path.home() / ".cache") / "kvsim" / "traces"
+    except RuntimeError:  # no home directory: no cache
+        return None
 
 
 def _stamp(st: os.stat_result) -> tuple:
