@@ -114,6 +114,9 @@ SLOW_TESTS = (
     "after_it_changes",
     # session 19 (slots7): kvsim's scheduler compiled for the interpreted closed loop
     "tests/cluster/test_closed_slots.py::test_recycled_rows_give_the_same_requests[kvsim]",
+    # session 20 (engref8): compiled closed loops (their first run compiles or loads
+    # advance and core.run, the EngineRef and RouteRef constructors)
+    "tests/cluster/test_engine_ref.py::",
 )
 
 

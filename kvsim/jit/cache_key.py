@@ -43,6 +43,7 @@ SOURCES = ("kvsim.core.schema", "kvsim.core.codes", "kvsim.policy.api", "kvsim.p
            "kvsim.replay.kernel.offload",
            "kvsim.replay.kernel.placement", "kvsim.replay.kernel.core",
            "kvsim.replay.kernel.core_ref", "kvsim.replay.kernel.run_ref",
+           "kvsim.replay.kernel.engine_ref",
            "kvsim.engine.scheduler_state",
            "kvsim.engine.scheduler_blocks", "kvsim.engine.scheduler",
            "kvsim.replay.kernel.closed_step", "kvsim.replay.kernel.closed_ffwd",

@@ -43,6 +43,7 @@ COMPILED = ("kvsim.policy.api", "kvsim.policy.structs", "kvsim.memory.fast",
             "kvsim.replay.kernel.run_ref", "kvsim.engine.timing.step_time",
             "kvsim.ingest.hashing", "kvsim.engine.scheduler",
             "kvsim.engine.scheduler_blocks", "kvsim.replay.kernel.closed_step", "kvsim.replay.kernel.closed_ffwd",
+            "kvsim.replay.kernel.engine_ref",
             "kvsim.engine.vllm_pool", "kvsim.engine.vllm_step", "kvsim.engine.vllm_spec",
             "kvsim.engine.vllm_rows")
 #: (The single-tier simulator, ``kvsim.cachesim.simulator``, is not one of them: its users

@@ -94,17 +94,19 @@ def compiled_is_cached(hbm_policy, lower_policies, closed: bool | str = False) -
 def advance_is_cached(advance, closed) -> bool:
     """True when numba's disk cache holds the closed loop's step driver ``advance`` for
     ``closed``: ``"vllm"`` / ``"kvsim"``, that scheduler's specialisation (``advance`` is
-    compiled once per scheduler: :func:`kvsim.replay.kernel.closed_step.scheduler_args`),
-    any other true value: either."""
+    compiled once per scheduler: :func:`kvsim.replay.kernel.closed_step.scheduler_args`,
+    its EngineRef's member ``vs``), any other true value: either."""
     if not dispatcher_is_cached(advance):
         return False
     if closed not in ("vllm", "kvsim"):
         return True
     from kvsim.jit.disk_cache import cached_signatures
 
-    at = list(inspect.signature(advance.py_func).parameters).index("vs")
-    return any(len(sig) > at and (closed == "kvsim") == isinstance(sig[at], numba.types.NoneType)
-               for sig in cached_signatures(advance))
+    at = list(inspect.signature(advance.py_func).parameters).index("er")
+    # the scheduler is the EngineRef's member vs (kvsim.replay.kernel.engine_ref)
+    return any(len(sig) > at and (closed == "kvsim") == isinstance(
+        getattr(sig[at], "field_dict", {}).get("vs"), numba.types.NoneType)
+        for sig in cached_signatures(advance))
 
 
 def core_is_cold(closed: bool | str = False) -> bool:

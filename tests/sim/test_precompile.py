@@ -177,12 +177,24 @@ def test_advance_is_compiled_and_cached_per_scheduler(monkeypatch):
     assert closed_step.scheduler_args(False, no_resets, True) == (True, None, None, None)
     resets = no_resets[:VS_RESETS] + (np.zeros((1, 4), np.int64),)
     assert closed_step.scheduler_args(True, resets)[3] is resets[VS_RESETS]
-    params = list(inspect.signature(closed_step.advance.py_func).parameters)
+    from kvsim.replay.kernel.engine_ref import FIELDS, EngineRefType
+
+    # the step loop takes them as arguments (numba prunes a None one before typing);
+    # advance takes them as members of its EngineRef
+    params = list(inspect.signature(closed_step._advance.py_func).parameters)
     at = params.index("vs")
     assert params[at - 1: at + 3] == ["ks", "vs", "vo", "rs"]
-    kvsim_sig = tuple([types.int64] * at + [types.none] * 3 + [types.int64] * 2)
-    vllm_sig = tuple([types.int64] * at + [types.UniTuple(types.int64, 2)]
-                     + [types.none] * 2 + [types.int64] * 2)
+    assert list(inspect.signature(closed_step.advance.py_func).parameters) == [
+        "limit_us", "max_steps", "er", "run_ref"]
+
+    def sig(vs_type):
+        kinds = {"ks": types.none if vs_type is not types.none else types.boolean,
+                 "vs": vs_type, "vo": types.none, "rs": types.none}
+        er = EngineRefType([(f, kinds.get(f, types.int64)) for f in FIELDS])
+        return (types.float64, types.int64, er, types.int64)
+
+    kvsim_sig = sig(types.none)
+    vllm_sig = sig(types.UniTuple(types.int64, 2))
     monkeypatch.setattr(variants, "dispatcher_is_cached", lambda d: True)
     monkeypatch.setattr(disk_cache, "dispatcher_is_cached", lambda d: True)
     monkeypatch.setattr(disk_cache, "cached_signatures", lambda d: [kvsim_sig])

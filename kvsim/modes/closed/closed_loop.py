@@ -48,6 +48,7 @@ from kvsim.ingest.requests import RequestTable
 from kvsim.memory.fast import index_keys_values
 from kvsim.modes.closed.closed_slots import FIRST_ROWS, ClosedSlots, one_slot_each
 from kvsim.replay.kernel import closed_step as CS
+from kvsim.replay.kernel.engine_ref import new_engine_ref
 from kvsim.replay.variants import (
     TypedTuple,
     closed_for,
@@ -287,13 +288,8 @@ class Engine:
         while True:
             args = self._args
             if args is None:  # rebuilt only after a buffer changed (cheap calls per arrival)
-                head = (
-                    self.aux, self.insys, sc.ip, sc.fp, sc.st, sc.stf, *sc.req_args,
-                    *sc.slot_args, sc.order, *sc.lookup, sc.hitk, sc.adm, sc.I, sc.F,
-                    self.cols, self.rprio, self.tenant, self.block_bytes, self.pb_off,
-                    self.pb_next, self.pb_seen, self.slots.args, *self._sched(),
-                    self._core_args()[0])
-                args = self._args = (*head, self._run_ref(head))
+                er = self._engine_ref()
+                args = self._args = (er, self._run_ref(er))
                 self._call, self._retry = None, True
             call = self._call
             if call is None:
@@ -368,17 +364,27 @@ class Engine:
                                                        cr))
         return (cr, self._core_run)
 
-    def _run_ref(self, head: tuple):
-        """``core.run`` as ``advance`` takes it after ``head`` (its other arguments but the
-        first two): :func:`kvsim.replay.variants.core_run_ref`, the function value unboxed
-        once.  While ``run`` still compiles in a worker (a cold compile split over processes,
-        :mod:`kvsim.replay.precompile`), ``advance`` is compiled here first, for exactly the
-        types it is called with, since making the ref waits for ``run``."""
+    def _engine_ref(self):
+        """``advance``'s arguments but the limits and ``core.run``, as one value
+        (:mod:`kvsim.replay.kernel.engine_ref`; made again after a buffer changed)."""
+        sc = self.sched
+        return new_engine_ref(self.step_mod is CS, (
+            self.aux, self.insys, sc.ip, sc.fp, sc.st, sc.stf, sc.req_args, sc.slot_args,
+            sc.order, sc.lookup, sc.hitk, sc.adm, sc.I, sc.F, self.cols, self.rprio,
+            self.tenant, self.block_bytes, self.pb_off, self.pb_next, self.pb_seen,
+            self.slots.args, *self._sched(), self._core_args()[0]))
+
+    def _run_ref(self, er):
+        """``core.run`` as ``advance`` takes it after ``er``: :func:`kvsim.replay.variants.core_run_ref`,
+        the function value unboxed once.  While ``run`` still compiles in a worker (a cold
+        compile split over processes, :mod:`kvsim.replay.precompile`), ``advance`` is
+        compiled here first, for exactly the types it is called with, since making the ref
+        waits for ``run``."""
         rv = self._core_run
         if getattr(rv, "future", None) is not None:
             from numba import typeof
 
-            self.step_mod.advance.compile((typeof(0.0), typeof(0), *(typeof(a) for a in head),
+            self.step_mod.advance.compile((typeof(0.0), typeof(0), typeof(er),
                                            core_run_ref_type(rv)))
         return core_run_ref(rv)
 
@@ -390,19 +396,14 @@ class Engine:
 
     def finish(self) -> None:
         """Close the last step and flush the buffers (as ``_Run.finish``)."""
-        run, sc = self.run, self.sched
+        run = self.run
         if run.C[L.C_NSTEP_BUF] >= run.S.shape[0]:
             run._flush_steps()
         run._flush_log()
         if self.steps:
-            cr, rv = self._core_args()
             with np.errstate(over="ignore"):
-                self.step_mod.advance(
-                    -1.0, -1, self.aux, self.insys, sc.ip, sc.fp, sc.st, sc.stf,
-                    *sc.req_args, *sc.slot_args, sc.order, *sc.lookup, sc.hitk, sc.adm,
-                    sc.I, sc.F, self.cols, self.rprio, self.tenant, self.block_bytes,
-                    self.pb_off, self.pb_next, self.pb_seen, self.slots.args, *self._sched(),
-                    cr, core_run_ref(rv))
+                self.step_mod.advance(-1.0, -1, self._engine_ref(),
+                                      core_run_ref(self._core_args()[1]))
         run._flush_steps()
         run._flush_log()
 

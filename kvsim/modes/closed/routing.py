@@ -26,26 +26,26 @@ def prefix_scorer(engines: list[Engine]):
     ``engines`` (``waiting``: int64 array of each replica's waiting prompt blocks) in one
     compiled call, :func:`kvsim.engine.scheduler_blocks._route_prefix`, with the engines'
     arrays gathered once (the state, the held-block table, the pool's prefix index and
-    the lower tiers' table are the same arrays for a whole run) and numba's entry for
-    their types looked up once (typing five tuples of arrays costs more than the scoring:
-    :func:`kvsim.modes.closed.closed_loop._entry`)."""
-    from kvsim.engine.scheduler_blocks import _route_prefix
+    the lower tiers' table are the same arrays for a whole run) into one
+    :class:`kvsim.replay.kernel.engine_ref.RouteRef` with ``waiting`` (made again only when
+    a call passes another ``waiting`` array): a call unboxes one pointer, not five tuples
+    of an array per replica."""
     from kvsim.modes.closed.closed_loop import _entry
+    from kvsim.replay.kernel.engine_ref import new_route_ref, route_prefix
 
-    sts, rks, phks, phvs, tks = (tuple(e.sched.st for e in engines),
-                                 tuple(e.sched.slot_args[20] for e in engines),
-                                 *(tuple(e.sched.lookup[k] for e in engines)
-                                   for k in range(3)))
+    arrays = (tuple(e.sched.st for e in engines), tuple(e.sched.slot_args[20] for e in engines),
+              *(tuple(e.sched.lookup[k] for e in engines) for k in range(3)))
     weight, i_qn, i_done = PREFIX_OVERLAP_WEIGHT, S.S_QN, S.S_DONE
-    call = None
+    held = [None, None, None]  # the waiting array, its RouteRef, numba's entry for them
 
     def score(hb, nb: int, prompt_tokens: int, B: int, waiting: np.ndarray) -> int:
-        nonlocal call
-        if call is None:
-            call = _entry(_route_prefix, (hb, nb, prompt_tokens, B, weight, waiting, sts, rks,
-                                          phks, phvs, tks, i_qn, i_done))
-        return call(hb, nb, prompt_tokens, B, weight, waiting, sts, rks, phks, phvs, tks,
-                    i_qn, i_done)
+        if waiting is not held[0]:
+            rr = new_route_ref(*arrays, waiting)
+            w = route_prefix(hb, nb, prompt_tokens, B, weight, rr, i_qn, i_done)  # compiles
+            held[:] = waiting, rr, _entry(route_prefix, (hb, nb, prompt_tokens, B, weight, rr,
+                                                          i_qn, i_done))
+            return w
+        return held[2](hb, nb, prompt_tokens, B, weight, held[1], i_qn, i_done)
 
     return score
 

@@ -180,7 +180,19 @@ def _prefill_rows(I, n):
 
 
 @njit(cache=True)
-def advance(limit_us, max_steps, aux, insys,
+def advance(limit_us, max_steps, er, run_ref):
+    """Run steps of one replica (module docstring) on its state ``er``, an
+    :class:`kvsim.replay.kernel.engine_ref.EngineRef` (one pointer for numba's C wrapper to
+    unbox at each call, not ~65 arrays): :func:`_advance` on its members.  Returns
+    ``(code, I, F)`` as :func:`_advance` does."""
+    return _advance(limit_us, max_steps, er.aux, er.insys, er.ip, er.fp, er.st, er.stf,
+                    *er.req, *er.slot, er.order, *er.lookup, er.hitk, er.adm, er.I, er.F,
+                    er.cols, er.rprio_tab, er.tenant_tab, er.block_bytes, er.pb_off,
+                    er.pb_next, er.pb_seen, er.sl, er.ks, er.vs, er.vo, er.rs, er.cr, run_ref)
+
+
+@njit(cache=True)
+def _advance(limit_us, max_steps, aux, insys,
             ip, fp, st, stf, arr, prompt, out, ttft, tpot, nsamp, beam, rprio, cont, gap,
             shared, spk, spp, hashed, off, ids, src, par, computed, gen, nblk, lasth, status,
             first_us, dsteps, forked, blast, cow, run, run2, fin, nkey, priv, stall, hb, hb2,
