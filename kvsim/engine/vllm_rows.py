@@ -81,7 +81,6 @@ from kvsim.engine.scheduler import (
     S_NRUN,
     S_QN,
     S_STEP,
-    _ensure,
     _prefill_us,
     _row,
 )
@@ -93,6 +92,7 @@ from kvsim.engine.timing.step_time import (
     step_duration_us,
 )
 from kvsim.engine.vllm_pool import vllm_pool
+from kvsim.engine.vllm_resets import RS_AT_STEP, RS_BEFORE, RS_DONE, RS_RUNNING, reset_table
 from kvsim.ingest.hashing import chain_hash, mix64, root_hash
 from kvsim.jit.decorators import njit
 from kvsim.memory.fast import S_N_HELD
@@ -103,11 +103,11 @@ __all__ = ["new_outputs", "new_vllm_value", "request_hashes", "reset_table", "sh
 # members of the scheduler value ``vs`` (a tuple; built by kvsim.modes.closed.vllm_engine)
 (VS_IP, VS_R, VS_ARR, VS_HH, VS_SV, VS_RUN, VS_WQ, VS_HEAP, VS_POOL, VS_HITS, VS_HS,
  VS_SCHED, VS_BL, VS_BLIDS, VS_ADM, VS_PRE, VS_FIN, VS_EV, VS_RES, VS_OC, VS_FIRST,
- VS_MARK, VS_RESETS) = range(23)
-# columns of the resets table ``vs[VS_RESETS]`` (:func:`reset_table`): the engine step
-# before whose schedule() it runs (-1: none), the request (table row) before whose arrival
-# it runs (-1: none), reset_running_requests (0/1), and 1 once it has run
-RS_AT_STEP, RS_BEFORE, RS_RUNNING, RS_DONE = range(4)
+ VS_MARK, VS_RSM, VS_RESETS) = range(24)
+# ``vs[VS_RSM]``: a step that stopped for row room (:func:`vllm_rows`): 1 when one is in
+# flight (scheduled, its rows not written), its STEP row, resets that cleared, the resets'
+# preemptions
+RSM_ON, RSM_ROW, RSM_CLEARED, RSM_NPRE = range(4)
 
 
 @njit(cache=True)
@@ -229,32 +229,7 @@ def _resets(vip, R, varr, sv, run, wq, heap, pl, opre, oev, ores, oc, rs, step, 
     return ok
 
 
-def reset_table(resets, num_requests: int) -> np.ndarray:
-    """The resets table of :func:`vllm_rows` from a list of vLLM scheduler recording actions
-    (``{"at_step": k}`` or ``{"before_arrival_of": row}``, ``reset_running_requests``): a
-    reset before engine step ``k``'s schedule() (steps that schedule nothing are not steps),
-    or before request ``row`` (a table row) arrives."""
-    from kvsim.core.errors import KvsimInputError
-
-    rs = np.full((len(resets), 4), -1, np.int64)
-    for k, a in enumerate(resets):
-        if "before_arrival_of" in a:
-            row = int(a["before_arrival_of"])
-            if not 0 <= row < num_requests:
-                raise KvsimInputError(f"reset before_arrival_of: expected a request row in "
-                                      f"0..{num_requests - 1}, got {row}", field="resets")
-            rs[k, RS_BEFORE] = row
-        elif "at_step" in a and int(a["at_step"]) >= 0:
-            rs[k, RS_AT_STEP] = int(a["at_step"])
-        else:
-            raise KvsimInputError("reset: expected at_step >= 0 or before_arrival_of",
-                                  field="resets")
-        rs[k, RS_RUNNING] = int(bool(a.get("reset_running_requests", False)))
-        rs[k, RS_DONE] = 0
-    return rs
-
-
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, shared,
               order, tk, hitk, adm, I, F, n, vs, rs, acc):
     """Run vLLM steps until ``n >= ip[P_FLUSH]`` at a step boundary or no work is left
@@ -263,7 +238,14 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
     ``rs``: the resets table ``vs[VS_RESETS]``, or None when there is no reset (numba then
     drops the resets' code before typing it: kvsim.replay.kernel.closed_step.scheduler_args).
     ``acc``: the step time's accumulators (``NUM_ACC`` floats, the caller's scratch: one
-    allocation per call of the caller, not per step).  Returns ``(I, F, n)``."""
+    allocation per call of the caller, not per step).  Returns ``(need, n)``: ``need`` 0
+    when done, else the rows ``I``/``F`` must have room for after ``n``: the caller grows
+    them (:func:`kvsim.engine.scheduler._ensure`) and calls again with that ``n``; a step
+    scheduled before it stopped resumes at its rows (``vs[VS_RSM]``).
+
+    Compiled without reference counting (``_nrt=False``, as :mod:`kvsim.engine.vllm_step`'s
+    step): it allocates nothing and returns no array, so every array it reads (``vs``' 24
+    members, the pool's through its borrowed member reads) is borrowed from its caller."""
     vip = vs[VS_IP]
     R = vs[VS_R]
     varr = vs[VS_ARR]
@@ -286,6 +268,7 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
     first_us = vs[VS_FIRST]
     mark = vs[VS_MARK]
     ores = vs[VS_RES]
+    rsm = vs[VS_RSM]
     pst = pl.st
     pol = pl.pst
     pview = pl.pview
@@ -293,57 +276,84 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
     B = ip[P_B]
     max_tok = ip[P_MAXTOK]
     flush = ip[P_FLUSH]
+    cap = I.shape[1]
     while st[S_FINISHED] == 0:
-        now = stf[0]
         qn = st[S_QN]
-        st[S_NADM] = 0
-        if sv[V.V_NRUN] == 0 and V.num_waiting(vip, sv) == 0:
-            if st[S_ARRIVE] >= qn:
-                st[S_FINISHED] = 1
-                break
-            if arr[order[st[S_ARRIVE]]] > now:
-                now = float(arr[order[st[S_ARRIVE]]])
-        step = st[S_STEP]
-        t_us = np.int64(now)
-        a0 = st[S_ARRIVE]
-        a1 = a0
-        while a1 < qn and arr[order[a1]] <= t_us:
-            a1 += 1
-        I, F = _ensure(I, F, n, 2 + (a1 - a0))
-        step_row = n
-        n = _row(I, F, n, step, t_us, EK_STEP, -1, -1, 0, -1, 0, PH_PREFILL, PR_WARM, -1, 0,
-                 -1, 0, 0.0)
-        for k in range(oc.shape[0]):
-            oc[k] = 0
-        cleared = 0
-        for j in range(a0, a1):
-            i = order[j]
+        if rsm[RSM_ON] != 0:  # the step that stopped for row room: write its rows now
+            rsm[RSM_ON] = 0
+            now = stf[0]
+            step = st[S_STEP]
+            t_us = np.int64(now)
+            step_row = rsm[RSM_ROW]
+            cleared = rsm[RSM_CLEARED]
+            npre_reset = rsm[RSM_NPRE]
+            nsched = oc[V.O_SCHED]
+            nbl = oc[V.O_BL]
+        else:
+            now = stf[0]
+            st[S_NADM] = 0
+            if sv[V.V_NRUN] == 0 and V.num_waiting(vip, sv) == 0:
+                if st[S_ARRIVE] >= qn:
+                    st[S_FINISHED] = 1
+                    break
+                if arr[order[st[S_ARRIVE]]] > now:
+                    now = float(arr[order[st[S_ARRIVE]]])
+            step = st[S_STEP]
+            t_us = np.int64(now)
+            a0 = st[S_ARRIVE]
+            a1 = a0
+            while a1 < qn and arr[order[a1]] <= t_us:
+                a1 += 1
+            if n + 2 + (a1 - a0) > cap:  # nothing changed yet: the step starts again
+                return 2 + (a1 - a0), n
+            step_row = n
+            n = _row(I, F, n, step, t_us, EK_STEP, -1, -1, 0, -1, 0, PH_PREFILL, PR_WARM, -1,
+                     0, -1, 0, 0.0)
+            for k in range(oc.shape[0]):
+                oc[k] = 0
+            cleared = 0
+            for j in range(a0, a1):
+                i = order[j]
+                if rs is not None:
+                    cleared += _resets(vip, R, varr, sv, run, wq, heap, pl, opre, oev, ores, oc,
+                                       rs, step, i)
+                dl = arr[i] + ttft[i] if ttft[i] > 0 else -1
+                n = _row(I, F, n, step, arr[i], EK_ARRIVE, i, -1, 0, -1, prompt[i], PH_PREFILL,
+                         PR_WARM, dl, 0, -1, 0, 0.0)
+                V.add_request(vip, R, varr, sv, wq, heap, i)
+            st[S_ARRIVE] = a1
             if rs is not None:
-                cleared += _resets(vip, R, varr, sv, run, wq, heap, pl, opre, oev, ores, oc,
-                                   rs, step, i)
-            dl = arr[i] + ttft[i] if ttft[i] > 0 else -1
-            n = _row(I, F, n, step, arr[i], EK_ARRIVE, i, -1, 0, -1, prompt[i], PH_PREFILL,
-                     PR_WARM, dl, 0, -1, 0, 0.0)
-            V.add_request(vip, R, varr, sv, wq, heap, i)
-        st[S_ARRIVE] = a1
-        if rs is not None:
-            cleared += _resets(vip, R, varr, sv, run, wq, heap, pl, opre, oev, ores, oc, rs,
-                               step, -1)
-        npre_reset = oc[V.O_PRE]  # the resets' preemptions come before this step's rows
-        V.schedule(vip, R, varr, hh, sv, run, wq, heap, pst, pol, pview, pout, hits, hs,
-                   osched, obl, oblids, oadm, opre, oev, oc, tk)
-        nsched = oc[V.O_SCHED]
-        if nsched == 0 and oc[V.O_PRE] == 0:
-            # nothing fits and nothing runs: wait for the next arrival (vLLM idles)
-            n = step_row
-            if cleared > 0:  # a reset while idle: the replay clears its cache too
-                n = _row(I, F, n, step, t_us, EK_FREE, -1, FREE_RESET_CACHE, 0, -1, 0,
-                         PH_DONE, PR_COLD, -1, 0, -1, 0, 0.0)
-            if a1 < qn:
-                stf[0] = max(now, float(arr[order[a1]]))
-                continue
-            raise ValueError("vLLM scheduler: waiting requests can never be scheduled "
-                             "(larger than the KV pool?)")
+                cleared += _resets(vip, R, varr, sv, run, wq, heap, pl, opre, oev, ores, oc, rs,
+                                   step, -1)
+            npre_reset = oc[V.O_PRE]  # the resets' preemptions come before this step's rows
+            V.schedule(vip, R, varr, hh, sv, run, wq, heap, pst, pol, pview, pout, hits, hs,
+                       osched, obl, oblids, oadm, opre, oev, oc, tk)
+            nsched = oc[V.O_SCHED]
+            if nsched == 0 and oc[V.O_PRE] == 0:
+                # nothing fits and nothing runs: wait for the next arrival (vLLM idles)
+                n = step_row
+                if cleared > 0:  # a reset while idle: the replay clears its cache too
+                    n = _row(I, F, n, step, t_us, EK_FREE, -1, FREE_RESET_CACHE, 0, -1, 0,
+                             PH_DONE, PR_COLD, -1, 0, -1, 0, 0.0)
+                if a1 < qn:
+                    stf[0] = max(now, float(arr[order[a1]]))
+                    continue
+                raise ValueError("vLLM scheduler: waiting requests can never be scheduled "
+                                 "(larger than the KV pool?)")
+            nbl = oc[V.O_BL]
+            # the step's rows: its preemptions, a reset's clear, each scheduled request's
+            # blocks (entry k of obl has obl[k, 1]), intent and access, and each finished
+            # one's intent and free (finished ones were scheduled)
+            need = 5 + 2 * oc[V.O_PRE] + 5 * nsched + 2
+            for k in range(nbl):
+                need += obl[k, 1]
+            if n + need > cap:  # the caller grows the rows; the step resumes here
+                rsm[RSM_ON] = 1
+                rsm[RSM_ROW] = step_row
+                rsm[RSM_CLEARED] = cleared
+                rsm[RSM_NPRE] = npre_reset
+                stf[0] = now
+                return need, n
         for k in range(oc[V.O_ADM]):
             i = oadm[k, 0]
             mark[i] = step
@@ -351,13 +361,6 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
             adm[st[S_NADM]] = i
             st[S_NADM] += 1
             st[S_HIT_TOK] += oadm[k, 1]
-        # the block lists: entry k of obl has obl[k, 1] blocks (no per-step array)
-        nbl = oc[V.O_BL]
-        nblk = 0
-        for k in range(nbl):
-            nblk += obl[k, 1]
-        need = 5 + 2 * oc[V.O_PRE] + 3 * nsched + nblk
-        I, F = _ensure(I, F, n, need)
         tokens = 0
         attended = 0.0
         kv_read = 0.0
@@ -454,7 +457,6 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
             if first_us[i] == -2:
                 first_us[i] = end_us
         nfin = oc[V.O_FIN]
-        I, F = _ensure(I, F, n, 2 * nfin + 2)
         for x in range(nfin):
             c = ofin[x]
             if cont[c]:
@@ -475,7 +477,7 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
             st[S_FINISHED] = 1
         if n >= flush:
             break
-    return I, F, n
+    return 0, n
 
 
 def new_vllm_value(cols: dict, off, ids, trace_block_tokens: int, block_size: int, num_blocks: int,
@@ -545,7 +547,7 @@ def new_vllm_value(cols: dict, off, ids, trace_block_tokens: int, block_size: in
     return (vip, R, varr, hh, np.zeros(V.NUM_SV, np.int64), np.zeros(M, np.int64),
             np.zeros(M, np.int64), np.zeros(M, np.int64), pl, np.zeros(per_seq, np.int64),
             np.zeros(per_seq, np.int64), *outs, np.full(M, -1, np.int64),
-            np.full(M, -1, np.int64), np.zeros((0, 4), np.int64))
+            np.full(M, -1, np.int64), np.zeros(4, np.int64), np.zeros((0, 4), np.int64))
 
 
 def new_outputs(num_requests: int, num_gpu_blocks: int, max_num_seqs: int,
@@ -557,11 +559,17 @@ def new_outputs(num_requests: int, num_gpu_blocks: int, max_num_seqs: int,
     holds them, so the worst step is the pool plus ``min(max_num_seqs, requests)`` tables
     of at most ``min(max_blocks_per_seq, pool)`` blocks each (a burst of requests sharing
     a long cached prefix; sized by the pool alone, ``reorder`` on a trace queued at t = 0
-    overflowed it)."""
-    n = max(num_requests, 1)
+    overflowed it).  The per-request lists are sized by the requests one step can name,
+    not by the trace (issue 38): a step schedules at most ``max_num_seqs`` requests (the
+    running ones, then admissions while fewer than ``max_num_seqs`` run), so as many are
+    admitted, listed in the block lists, or finish; preempted are at most the running ones,
+    twice with ``reset_running_requests`` before the step; a stored event at most two a
+    scheduled request (``allocate_slots``, and the verified drafts in
+    ``update_from_output``), a removed one at most one a new block."""
+    n = max(min(num_requests, max_num_seqs), 1)
     ev_cap = 2 * num_gpu_blocks + 4 * n + 64
     blids_cap = max(2 * num_gpu_blocks + 16, num_gpu_blocks + 16
-                    + min(max_num_seqs, n) * min(max_blocks_per_seq, num_gpu_blocks))
+                    + n * min(max_blocks_per_seq, num_gpu_blocks))
     return (np.zeros((n + 1, 2), np.int64), np.zeros((2 * n + 2, 2), np.int64),
             np.zeros(blids_cap, np.int64), np.zeros((n + 1, 3), np.int64),
             np.zeros((n + 1, 2), np.int64), np.zeros(n + 1, np.int64),

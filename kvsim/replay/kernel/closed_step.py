@@ -265,9 +265,14 @@ def advance(limit_us, max_steps, aux, insys,
                 return R_YIELD, I, F
             done_before = st[S.S_DONE]
             n = 0
-            if vs is not None:  # vLLM's scheduler (kvsim.engine.vllm_rows)
-                I, F, n = vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont,
-                                    gap, shared, order, tk, hitk, adm, I, F, 0, vs, rs, acc)
+            if vs is not None:  # vLLM's scheduler (kvsim.engine.vllm_rows), count-free:
+                while True:  # it asks for row room, grown here, and resumes its step
+                    need, n = vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio,
+                                        cont, gap, shared, order, tk, hitk, adm, I, F, n, vs,
+                                        rs, acc)
+                    if need == 0:
+                        break
+                    I, F = S._ensure(I, F, n, need)
             if ks is not None:  # kvsim's own
                 I, F, n = S.run_steps(ip, fp, st, stf, arr, prompt, out, ttft, tpot, nsamp,
                                       beam, rprio, cont, gap, shared, spk, spp, hashed, off,
