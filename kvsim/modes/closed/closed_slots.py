@@ -58,6 +58,8 @@ class ClosedSlots(RequestSlots):
         self.link: list[np.ndarray] = []
         self.log_mark = 0
         self.closed = False
+        #: the engine whose vLLM scheduler's rows are these rows (``vs``, grown with them)
+        self.vllm = None
 
     @property
     def args(self) -> tuple:
@@ -76,6 +78,11 @@ class ClosedSlots(RequestSlots):
         n = run.R_i.shape[0]
         self.rid_of = L.grow_rows(self.rid_of, n, -1)[:n].copy()
         self.sfree = L.grow_rows(self.sfree, n + 2)[:n + 2].copy()
+        if self.vllm is not None:  # vLLM's rows (kvsim.engine.vllm_value.grow_rows)
+            from kvsim.engine.vllm_value import grow_rows
+            from kvsim.replay.variants import TypedTuple
+
+            self.vllm.vs = TypedTuple(grow_rows(self.vllm.vs, n))
 
     def release(self, run) -> int:
         """Fold the finished requests no longer named anywhere and free their rows (the
