@@ -529,3 +529,16 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
         if n >= flush:
             break
     return 0, n
+
+
+def new_vllm_value(cols: dict, off, ids, trace_block_tokens: int, block_size: int,
+                   *args, hashes: tuple | None = None, **kw) -> tuple:
+    """The scheduler value ``vs`` of :func:`vllm_rows`
+    (:func:`kvsim.engine.vllm_value.build_value`, which documents the arguments), with one
+    replica's own hashes (:func:`shared_hashes`) when ``hashes`` is None."""
+    if hashes is None:  # one replica's own; a cluster shares one
+        hashes = shared_hashes(cols["prompt_tokens"], cols["output_tokens"],
+                               cols["hashed_tokens"], cols["tenant"], off, ids,
+                               trace_block_tokens, block_size)
+    return build_value(cols, off, ids, trace_block_tokens, block_size, *args, hashes=hashes,
+                       **kw)

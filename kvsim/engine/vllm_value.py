@@ -1,4 +1,4 @@
-"""The closed loop's vLLM scheduler value ``vs`` (:func:`new_vllm_value`): the members
+"""The closed loop's vLLM scheduler value ``vs`` (:func:`build_value`): the members
 that :func:`kvsim.engine.vllm_rows.vllm_rows` reads (``VS_*``), its per-step output lists
 (:func:`new_outputs`), and its rows grown with the core's request tables
 (:func:`grow_rows`)."""
@@ -14,10 +14,10 @@ __all__ = ["VS_IP", "VS_R", "VS_ARR", "VS_HH", "VS_SV", "VS_RUN", "VS_WQ", "VS_H
            "VS_HITS", "VS_HS", "VS_SCHED", "VS_BL", "VS_BLIDS", "VS_ADM", "VS_PRE", "VS_FIN",
            "VS_EV", "VS_RES", "VS_OC", "VS_FIRST", "VS_MARK", "VS_H0", "VS_H1", "VS_Q", "VS_QA",
            "VS_RSM", "VS_RESETS", "Q_SPECK", "Q_ACCEPT", "Q_EXT", "RSM_ON", "RSM_ROW",
-           "RSM_CLEARED", "RSM_NPRE", "grow_rows", "new_outputs", "new_vllm_value",
+           "RSM_CLEARED", "RSM_NPRE", "build_value", "grow_rows", "new_outputs",
            "with_external_tokens"]
 
-# members of the scheduler value ``vs`` (a tuple, :func:`new_vllm_value`)
+# members of the scheduler value ``vs`` (a tuple, :func:`build_value`)
 (VS_IP, VS_R, VS_ARR, VS_HH, VS_SV, VS_RUN, VS_WQ, VS_HEAP, VS_POOL, VS_HITS, VS_HS,
  VS_SCHED, VS_BL, VS_BLIDS, VS_ADM, VS_PRE, VS_FIN, VS_EV, VS_RES, VS_OC, VS_FIRST,
  VS_MARK, VS_H0, VS_H1, VS_Q, VS_QA, VS_RSM, VS_RESETS) = range(28)
@@ -33,7 +33,7 @@ Q_SPECK, Q_ACCEPT, Q_EXT = range(3)
 RSM_ON, RSM_ROW, RSM_CLEARED, RSM_NPRE = range(4)
 
 
-def new_vllm_value(cols: dict, off, ids, trace_block_tokens: int, block_size: int, num_blocks: int,
+def build_value(cols: dict, off, ids, trace_block_tokens: int, block_size: int, num_blocks: int,
                    max_num_seqs: int, max_num_batched_tokens: int, *, priority: bool = False,
                    long_prefill_token_threshold: int = 0, watermark_blocks: int = 0,
                    reserve_full_isl: bool = True, enable_chunked_prefill: bool = True,
@@ -43,7 +43,9 @@ def new_vllm_value(cols: dict, off, ids, trace_block_tokens: int, block_size: in
     numpy array, :meth:`kvsim.ingest.requests.RequestTable.columns`; its block ids
     ``off``/``ids``): vLLM's waiting queue, running list and KV manager (a pool of
     ``num_blocks`` blocks, the null block included, like the replay's).  ``hashes``: the
-    requests' block hashes (:func:`shared_hashes`), shared by a cluster's replicas.
+    requests' block hashes (:func:`kvsim.engine.vllm_rows.shared_hashes`), shared by a
+    cluster's replicas (:func:`kvsim.engine.vllm_rows.new_vllm_value` makes them when
+    not given).
     ``rows``: vLLM's rows (the core's request-table rows,
     :func:`kvsim.engine.vllm_rows.slot_of`; grown with them,
     :func:`grow_rows`), one per request when None."""
@@ -57,11 +59,6 @@ def new_vllm_value(cols: dict, off, ids, trace_block_tokens: int, block_size: in
     i64 = lambda x: np.ascontiguousarray(x, dtype=np.int64)  # noqa: E731
     prompt = i64(cols["prompt_tokens"])
     out = i64(cols["output_tokens"])
-    if hashes is None:  # one replica's own; a cluster shares one (shared_hashes)
-        from kvsim.engine.vllm_rows import shared_hashes
-
-        hashes = shared_hashes(prompt, out, cols["hashed_tokens"], cols["tenant"], off, ids,
-                               trace_block_tokens, block_size)
     h0, h1, hh = hashes
     vip = np.zeros(V.NUM_PARAMS, np.int64)
     vip[V.P_BS], vip[V.P_NGPU] = block_size, num_blocks

@@ -1,11 +1,13 @@
 """vLLM's steps as the closed loop's rows (:func:`kvsim.engine.vllm_rows.vllm_rows`): its
-per-step lists are sized by what one step can name, not by the trace (issue 38), and it
-is compiled without reference counting (issue 34): it asks its caller for row room and
+rows are the core's request-table rows (the requests a replica holds) and its per-step
+lists are sized by what one step can name, not by the trace (issue 38), and it is
+compiled without reference counting (issue 34): it asks its caller for row room and
 resumes the step it stopped, with the same rows.
 
-On the old main the per-step lists (``VS_SCHED``, ``VS_BL``, ``VS_ADM``, ``VS_PRE``,
-``VS_FIN``, ``VS_EV``: ~224 bytes a request of the trace in every replica) grew with the
-trace, and ``vllm_rows`` was compiled with counting (it grew its row buffers itself)."""
+On the old main vLLM's rows (``R`` 152 bytes, its arrival, queues, first token and mark:
+~200 bytes) and the per-step lists (``VS_SCHED``, ``VS_BL``, ``VS_ADM``, ``VS_PRE``,
+``VS_FIN``, ``VS_EV``: ~224 bytes) had a row per request of the trace in every replica,
+and ``vllm_rows`` was compiled with counting (it grew its row buffers itself)."""
 
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ def _table(copies: int):
     return build_request_table(cols, block_size_tokens=16)
 
 
-def _served(copies: int, rows: int | None):
+def _served(copies: int, rows: int | None, engine: list | None = None):
     """An engine that served ``copies`` of six requests under vLLM's scheduler
     (interpreted), with its row buffers cut to ``rows`` rows first (None: as made), and
     its per-request columns and step records."""
@@ -69,6 +71,8 @@ def _served(copies: int, rows: int | None):
         e.sched.F = np.zeros((e.sched.F.shape[0], rows), e.sched.F.dtype)
         e._args = None
     e.advance(-1.0)
+    if engine is not None:
+        engine.append(e)
     steps = np.array(e.in_system)
     e.finish()
     return _request_columns(e.run, len(e.sched.src), 0), steps, e.sched.I.shape[1]
@@ -102,5 +106,27 @@ def test_steps_stopped_for_row_room_resume_with_the_same_rows(monkeypatch, rows)
     assert max(stops) >= 12 and (rows > 3 or min(stops) == 3)
     assert np.array_equal(sa, sb)
     assert list(a) == list(b)
+    for k in a:
+        assert np.array_equal(a[k], b[k], equal_nan=a[k].dtype.kind == "f"), k
+
+
+def test_vllm_rows_do_not_grow_when_the_trace_repeats(monkeypatch):
+    """24 copies of six requests (144) through a 24-block pool, 16 rows to start with: vLLM's
+    rows are the core's rows (at most 64 here; one per request, 144, on the old main), and
+    recycled rows give the same requests as rows never recycled."""
+    from kvsim.engine.vllm_rows import VS_ARR, VS_FIRST, VS_MARK, VS_R, VS_RUN, VS_WQ
+    from kvsim.modes.closed import closed_loop
+
+    monkeypatch.setattr(closed_loop, "FIRST_ROWS", 16)
+    got: list = []
+    a, _, _ = _served(24, None, got)
+    e = got[0]
+    rows = e.slots.rid_of.shape[0]
+    assert rows <= 64 < 144
+    for k in (VS_R, VS_ARR, VS_RUN, VS_WQ, VS_FIRST, VS_MARK):
+        assert e.vs[k].shape[0] == rows, k
+    monkeypatch.setattr(closed_loop, "FIRST_ROWS", 1 << 12)
+    b, _, _ = _served(24, None)
+    assert list(a["request_id"]) == list(range(144))
     for k in a:
         assert np.array_equal(a[k], b[k], equal_nan=a[k].dtype.kind == "f"), k

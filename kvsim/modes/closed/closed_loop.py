@@ -199,11 +199,9 @@ class Engine:
         sc.lookup = (*index_keys_values(self.run.st.hidx), self.run.T[0].L_h)
         self.pb_off = self.pb_next = self.pb_seen = None  # set_block_facts, before advance
         # typed once, not at every advance call (kvsim.replay.variants.TypedTuple)
-        self.vs = TypedTuple(_vllm_value(table, off, ids, opts, config,
-                                         int(self.run.st.cfg[0]), wmark, hashes,
-                                         self.slots.rid_of.shape[0]))
-        if opts.scheduler == "vllm":  # vLLM's rows are the core's: grown with them
-            self.slots.vllm = self
+        self.vs = TypedTuple(_vllm_value(table, off, ids, opts, config, int(self.run.st.cfg[0]),
+                                         wmark, hashes, self.slots.rid_of.shape[0]))
+        self.slots.vllm = self if opts.scheduler == "vllm" else None  # vLLM's rows: the core's
         sc.ip[S.P_VLLM] = int(opts.scheduler == "vllm")
         self.rprio = np.asarray(table.column("request_priority"), dtype=np.int8)
         self.tenant = np.asarray(table.column("tenant"), dtype=np.int32)
@@ -504,8 +502,7 @@ def vllm_hashes(table: RequestTable, off, ids, opts: EngineOptions) -> tuple | N
 
 
 def _vllm_value(table: RequestTable, off, ids, opts: EngineOptions, config: SimConfig,
-                num_blocks: int, wmark: int, hashes: tuple | None = None,
-                rows: int | None = None) -> tuple:
+                num_blocks: int, wmark: int, hashes: tuple | None = None, rows: int = 0) -> tuple:
     """vLLM's scheduler for ``opts.scheduler == "vllm"`` (its own KV manager, sized as the
     replay's HBM pool), else a tiny unused one of the same type."""
     from kvsim.engine.vllm_rows import new_vllm_value
@@ -525,7 +522,7 @@ def _vllm_value(table: RequestTable, off, ids, opts: EngineOptions, config: SimC
                           long_prefill_token_threshold=opts.long_prefill_token_threshold,
                           watermark_blocks=wmark, reserve_full_isl=opts.reserve_full_isl,
                           spec_lookahead=opts.spec_lookahead, seed=config.seed,
-                          hashes=hashes, rows=rows)
+                          hashes=hashes, rows=rows or None)
 
 
 def closed_engine(config: SimConfig, policy, num_rows: int, scheduler: str | None = None) -> str:
