@@ -115,7 +115,17 @@ def validate_sched_closed(path: str | Path, write_policy: str | None = None
     shows how kvsim's other DRAM tiers differ), and each step's CPU tier contents are
     compared too (field ``offload``)."""
     from kvsim.engine import vllm_step as V
-    from kvsim.engine.vllm_rows import VS_ADM, VS_EV, VS_FIN, VS_OC, VS_PRE, VS_RES, VS_SCHED
+    from kvsim.engine.vllm_rows import (
+        VS_ADM,
+        VS_EV,
+        VS_FIN,
+        VS_H0,
+        VS_HH,
+        VS_OC,
+        VS_PRE,
+        VS_RES,
+        VS_SCHED,
+    )
     from kvsim.modes.closed.closed_facts import block_facts
     from kvsim.modes.closed.closed_loop import Engine, EngineOptions, prepare
     from kvsim.policy.registry import resolve_policy
@@ -170,12 +180,14 @@ def validate_sched_closed(path: str | Path, write_policy: str | None = None
         vs = e.vs
         pool = e.run.st
         # the scheduler's hashes (chained over the table's block ids) -> the recording's
-        R, hh = vs[1], vs[3]
-        to_port = {int(hh[R[j, V.K_H0] + b]): h for j, q in enumerate(perm)
+        h0, hh = vs[VS_H0], vs[VS_HH]
+        to_port = {int(hh[h0[j] + b]): h for j, q in enumerate(perm)
                    for b, h in enumerate(reqs[q].hashes)}
-        rid = [int(q) for q in perm]  # closed-loop request (table row) -> recording request
+        perm_rid = [int(q) for q in perm]  # closed-loop request (table row) -> recording's
 
         def capture():
+            vs = e.vs  # vLLM's rows are the core's request-table rows: their requests
+            rid = [perm_rid[int(j)] if j >= 0 else -1 for j in e.slots.rid_of]
             oc = vs[VS_OC]
             adm = vs[VS_ADM][:oc[V.O_ADM]]
             events: list[tuple] = []

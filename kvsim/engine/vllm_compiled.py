@@ -84,6 +84,7 @@ class CompiledVllmScheduler:
         R[:, V.K_STATUS] = V.UNSEEN
         R[:, V.K_NCACHED] = -1
         R[:, V.K_SEQ] = -1
+        R[:, V.K_ID] = np.arange(R.shape[0])
         self.R = R
         self.arr = np.array([r.arrival_time for r in requests] or [0.0], np.float64)
         self.sv = np.zeros(V.NUM_SV, np.int64)

@@ -13,8 +13,11 @@ from __future__ import annotations
 NUM_PARAMS = 13
 # request columns (R)
 (K_PLEN, K_OLEN, K_PRIO, K_RANK, K_H0, K_H1, K_STATUS, K_NCOMP, K_NOUT, K_NPRE, K_NCACHED,
- K_SEQ, K_SCHED, K_NEWB, K_SPECK, K_ACCEPT, K_SPEC, K_SSPEC, K_EXT) = range(19)
-NUM_COLS = 19
+ K_SEQ, K_SCHED, K_NEWB, K_SPECK, K_ACCEPT, K_SPEC, K_SSPEC, K_EXT, K_ID) = range(20)
+NUM_COLS = 20
+# K_ID: the request's id, which seeds its drafts' acceptance (kvsim.engine.vllm_spec): its
+# row in the Python handle, its request id in the closed loop, whose rows are the core's
+# request-table rows (kvsim.engine.vllm_rows)
 # status (the Python port's strings)
 WAITING, RUNNING, PREEMPTED, FINISHED, UNSEEN = 0, 1, 2, 3, 4
 # scheduler scalars (sv)

@@ -81,7 +81,6 @@ from kvsim.engine.scheduler import (
     S_NRUN,
     S_QN,
     S_STEP,
-    _ensure,
     _prefill_us,
     _row,
 )
@@ -92,22 +91,15 @@ from kvsim.engine.timing.step_time import (
     acc_reset,
     step_duration_us,
 )
-from kvsim.engine.vllm_pool import vllm_pool
+from kvsim.engine.vllm_resets import RS_AT_STEP, RS_BEFORE, RS_DONE, RS_RUNNING, reset_table
+from kvsim.engine.vllm_value import *  # vs' layout (VS_*, Q_*, RSM_*) and its makers
 from kvsim.ingest.hashing import chain_hash, mix64, root_hash
 from kvsim.jit.decorators import njit
 from kvsim.memory.fast import S_N_HELD
 
-__all__ = ["new_outputs", "new_vllm_value", "request_hashes", "reset_table", "shared_hashes",
-           "vllm_rows"]
+__all__ = ["grow_rows", "new_outputs", "new_vllm_value", "request_hashes", "reset_table",
+           "shared_hashes", "slot_of", "vllm_rows", "with_external_tokens"]
 
-# members of the scheduler value ``vs`` (a tuple; built by kvsim.modes.closed.vllm_engine)
-(VS_IP, VS_R, VS_ARR, VS_HH, VS_SV, VS_RUN, VS_WQ, VS_HEAP, VS_POOL, VS_HITS, VS_HS,
- VS_SCHED, VS_BL, VS_BLIDS, VS_ADM, VS_PRE, VS_FIN, VS_EV, VS_RES, VS_OC, VS_FIRST,
- VS_MARK, VS_RESETS) = range(23)
-# columns of the resets table ``vs[VS_RESETS]`` (:func:`reset_table`): the engine step
-# before whose schedule() it runs (-1: none), the request (table row) before whose arrival
-# it runs (-1: none), reset_running_requests (0/1), and 1 once it has run
-RS_AT_STEP, RS_BEFORE, RS_RUNNING, RS_DONE = range(4)
 
 
 @njit(cache=True)
@@ -200,6 +192,54 @@ def shared_hashes(prompt, out, hashed, tenant, off, ids, trace_block_tokens: int
 
 
 @njit(cache=True, _nrt=False)
+def slot_of(smap, srid, sfree, rid):
+    """The core's request-table row of request ``rid`` (the closed loop's slot map,
+    :mod:`kvsim.modes.closed.closed_slots`: ``smap`` request id -> row, ``srid`` row ->
+    request id, ``sfree`` [free rows, rows ever used, the free rows (lowest last)]),
+    given a row now if it has none; -1 when no row is left."""
+    s = smap[rid]
+    if s >= 0:
+        return s
+    nf = sfree[0]
+    if nf > 0:
+        s = sfree[1 + nf]
+        sfree[0] = nf - 1
+    elif sfree[1] < srid.shape[0]:
+        s = sfree[1]
+        sfree[1] = s + 1
+    else:
+        return -1
+    smap[rid] = s
+    srid[s] = rid
+    return s
+
+
+@njit(cache=True, _nrt=False)
+def _new_row(R, varr, first_us, mark, s, c, prompt, out, rprio, h0, h1, Q, QA):
+    """vLLM's row ``s`` for request ``c`` arriving (a row may have held a finished one)."""
+    for k in range(R.shape[1]):
+        R[s, k] = 0
+    R[s, V.K_PLEN] = prompt[c]
+    R[s, V.K_OLEN] = out[c]
+    # vLLM's priority: lower value first; kvsim's request_priority: higher is more important
+    R[s, V.K_PRIO] = -rprio[c]
+    R[s, V.K_RANK] = c
+    R[s, V.K_ID] = c
+    R[s, V.K_H0] = h0[c]
+    R[s, V.K_H1] = h1[c]
+    if Q.shape[0] > 0:
+        R[s, V.K_SPECK] = Q[c, Q_SPECK]
+        R[s, V.K_ACCEPT] = Q[c, Q_ACCEPT]
+        R[s, V.K_EXT] = Q[c, Q_EXT]
+    R[s, V.K_STATUS] = V.UNSEEN
+    R[s, V.K_NCACHED] = -1
+    R[s, V.K_SEQ] = -1
+    varr[s] = QA[c]
+    first_us[s] = -1
+    mark[s] = -1
+
+
+@njit(cache=True, _nrt=False)
 def _alloc_rows(I, F, n, fp, step, t_us, i, b0, b1, after, B, hh, h0, nh, dl, sl, target):
     """ALLOCATE rows of request i's blocks b0 .. b1-1 (``after`` tokens computed at the end
     of this step): each with its full content's hash and its tokens by then."""
@@ -229,41 +269,27 @@ def _resets(vip, R, varr, sv, run, wq, heap, pl, opre, oev, ores, oc, rs, step, 
     return ok
 
 
-def reset_table(resets, num_requests: int) -> np.ndarray:
-    """The resets table of :func:`vllm_rows` from a list of vLLM scheduler recording actions
-    (``{"at_step": k}`` or ``{"before_arrival_of": row}``, ``reset_running_requests``): a
-    reset before engine step ``k``'s schedule() (steps that schedule nothing are not steps),
-    or before request ``row`` (a table row) arrives."""
-    from kvsim.core.errors import KvsimInputError
-
-    rs = np.full((len(resets), 4), -1, np.int64)
-    for k, a in enumerate(resets):
-        if "before_arrival_of" in a:
-            row = int(a["before_arrival_of"])
-            if not 0 <= row < num_requests:
-                raise KvsimInputError(f"reset before_arrival_of: expected a request row in "
-                                      f"0..{num_requests - 1}, got {row}", field="resets")
-            rs[k, RS_BEFORE] = row
-        elif "at_step" in a and int(a["at_step"]) >= 0:
-            rs[k, RS_AT_STEP] = int(a["at_step"])
-        else:
-            raise KvsimInputError("reset: expected at_step >= 0 or before_arrival_of",
-                                  field="resets")
-        rs[k, RS_RUNNING] = int(bool(a.get("reset_running_requests", False)))
-        rs[k, RS_DONE] = 0
-    return rs
-
-
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, shared,
-              order, tk, hitk, adm, I, F, n, vs, rs, acc):
+              order, tk, hitk, adm, I, F, n, vs, rs, acc, smap, srid, sfree):
     """Run vLLM steps until ``n >= ip[P_FLUSH]`` at a step boundary or no work is left
     (module docstring).  ``tk``: the replay's lower tiers' hash table: an admission's
     prefix continued there counts as computed (loaded), as vLLM's KV connector's tokens.
     ``rs``: the resets table ``vs[VS_RESETS]``, or None when there is no reset (numba then
     drops the resets' code before typing it: kvsim.replay.kernel.closed_step.scheduler_args).
     ``acc``: the step time's accumulators (``NUM_ACC`` floats, the caller's scratch: one
-    allocation per call of the caller, not per step).  Returns ``(I, F, n)``."""
+    allocation per call of the caller, not per step).  Returns ``(need, n)``: ``need`` 0
+    when done, else the rows ``I``/``F`` must have room for after ``n``: the caller grows
+    them (:func:`kvsim.engine.scheduler._ensure`) and calls again with that ``n``; a step
+    scheduled before it stopped resumes at its rows (``vs[VS_RSM]``); ``need`` -1 when an
+    arriving request needs a row and none is free (the step starts again once the caller
+    freed or added rows).  ``smap``/``srid``/``sfree``: the core's slot map
+    (:func:`slot_of`): vLLM's rows are the core's request-table rows, ``srid`` their
+    requests.
+
+    Compiled without reference counting (``_nrt=False``, as :mod:`kvsim.engine.vllm_step`'s
+    step): it allocates nothing and returns no array, so every array it reads (``vs``' 24
+    members, the pool's through its borrowed member reads) is borrowed from its caller."""
     vip = vs[VS_IP]
     R = vs[VS_R]
     varr = vs[VS_ARR]
@@ -286,6 +312,7 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
     first_us = vs[VS_FIRST]
     mark = vs[VS_MARK]
     ores = vs[VS_RES]
+    rsm = vs[VS_RSM]
     pst = pl.st
     pol = pl.pst
     pview = pl.pview
@@ -293,89 +320,116 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
     B = ip[P_B]
     max_tok = ip[P_MAXTOK]
     flush = ip[P_FLUSH]
+    cap = I.shape[1]
     while st[S_FINISHED] == 0:
-        now = stf[0]
         qn = st[S_QN]
-        st[S_NADM] = 0
-        if sv[V.V_NRUN] == 0 and V.num_waiting(vip, sv) == 0:
-            if st[S_ARRIVE] >= qn:
-                st[S_FINISHED] = 1
-                break
-            if arr[order[st[S_ARRIVE]]] > now:
-                now = float(arr[order[st[S_ARRIVE]]])
-        step = st[S_STEP]
-        t_us = np.int64(now)
-        a0 = st[S_ARRIVE]
-        a1 = a0
-        while a1 < qn and arr[order[a1]] <= t_us:
-            a1 += 1
-        I, F = _ensure(I, F, n, 2 + (a1 - a0))
-        step_row = n
-        n = _row(I, F, n, step, t_us, EK_STEP, -1, -1, 0, -1, 0, PH_PREFILL, PR_WARM, -1, 0,
-                 -1, 0, 0.0)
-        for k in range(oc.shape[0]):
-            oc[k] = 0
-        cleared = 0
-        for j in range(a0, a1):
-            i = order[j]
+        if rsm[RSM_ON] != 0:  # the step that stopped for row room: write its rows now
+            rsm[RSM_ON] = 0
+            now = stf[0]
+            step = st[S_STEP]
+            t_us = np.int64(now)
+            step_row = rsm[RSM_ROW]
+            cleared = rsm[RSM_CLEARED]
+            npre_reset = rsm[RSM_NPRE]
+            nsched = oc[V.O_SCHED]
+            nbl = oc[V.O_BL]
+        else:
+            now = stf[0]
+            st[S_NADM] = 0
+            if sv[V.V_NRUN] == 0 and V.num_waiting(vip, sv) == 0:
+                if st[S_ARRIVE] >= qn:
+                    st[S_FINISHED] = 1
+                    break
+                if arr[order[st[S_ARRIVE]]] > now:
+                    now = float(arr[order[st[S_ARRIVE]]])
+            step = st[S_STEP]
+            t_us = np.int64(now)
+            a0 = st[S_ARRIVE]
+            a1 = a0
+            while a1 < qn and arr[order[a1]] <= t_us:
+                a1 += 1
+            if n + 2 + (a1 - a0) > cap:  # nothing changed yet: the step starts again
+                return 2 + (a1 - a0), n
+            for j in range(a0, a1):  # vLLM's rows: the core's rows, given now
+                if slot_of(smap, srid, sfree, order[j]) < 0:
+                    return -1, n  # none free: the caller folds finished ones or grows
+            step_row = n
+            n = _row(I, F, n, step, t_us, EK_STEP, -1, -1, 0, -1, 0, PH_PREFILL, PR_WARM, -1,
+                     0, -1, 0, 0.0)
+            for k in range(oc.shape[0]):
+                oc[k] = 0
+            cleared = 0
+            for j in range(a0, a1):
+                i = order[j]
+                if rs is not None:
+                    cleared += _resets(vip, R, varr, sv, run, wq, heap, pl, opre, oev, ores, oc,
+                                       rs, step, i)
+                dl = arr[i] + ttft[i] if ttft[i] > 0 else -1
+                n = _row(I, F, n, step, arr[i], EK_ARRIVE, i, -1, 0, -1, prompt[i], PH_PREFILL,
+                         PR_WARM, dl, 0, -1, 0, 0.0)
+                s = smap[i]
+                _new_row(R, varr, first_us, mark, s, i, prompt, out, rprio, vs[VS_H0],
+                         vs[VS_H1], vs[VS_Q], vs[VS_QA])
+                V.add_request(vip, R, varr, sv, wq, heap, s)
+            st[S_ARRIVE] = a1
             if rs is not None:
-                cleared += _resets(vip, R, varr, sv, run, wq, heap, pl, opre, oev, ores, oc,
-                                   rs, step, i)
-            dl = arr[i] + ttft[i] if ttft[i] > 0 else -1
-            n = _row(I, F, n, step, arr[i], EK_ARRIVE, i, -1, 0, -1, prompt[i], PH_PREFILL,
-                     PR_WARM, dl, 0, -1, 0, 0.0)
-            V.add_request(vip, R, varr, sv, wq, heap, i)
-        st[S_ARRIVE] = a1
-        if rs is not None:
-            cleared += _resets(vip, R, varr, sv, run, wq, heap, pl, opre, oev, ores, oc, rs,
-                               step, -1)
-        npre_reset = oc[V.O_PRE]  # the resets' preemptions come before this step's rows
-        V.schedule(vip, R, varr, hh, sv, run, wq, heap, pst, pol, pview, pout, hits, hs,
-                   osched, obl, oblids, oadm, opre, oev, oc, tk)
-        nsched = oc[V.O_SCHED]
-        if nsched == 0 and oc[V.O_PRE] == 0:
-            # nothing fits and nothing runs: wait for the next arrival (vLLM idles)
-            n = step_row
-            if cleared > 0:  # a reset while idle: the replay clears its cache too
-                n = _row(I, F, n, step, t_us, EK_FREE, -1, FREE_RESET_CACHE, 0, -1, 0,
-                         PH_DONE, PR_COLD, -1, 0, -1, 0, 0.0)
-            if a1 < qn:
-                stf[0] = max(now, float(arr[order[a1]]))
-                continue
-            raise ValueError("vLLM scheduler: waiting requests can never be scheduled "
-                             "(larger than the KV pool?)")
+                cleared += _resets(vip, R, varr, sv, run, wq, heap, pl, opre, oev, ores, oc, rs,
+                                   step, -1)
+            npre_reset = oc[V.O_PRE]  # the resets' preemptions come before this step's rows
+            V.schedule(vip, R, varr, hh, sv, run, wq, heap, pst, pol, pview, pout, hits, hs,
+                       osched, obl, oblids, oadm, opre, oev, oc, tk)
+            nsched = oc[V.O_SCHED]
+            if nsched == 0 and oc[V.O_PRE] == 0:
+                # nothing fits and nothing runs: wait for the next arrival (vLLM idles)
+                n = step_row
+                if cleared > 0:  # a reset while idle: the replay clears its cache too
+                    n = _row(I, F, n, step, t_us, EK_FREE, -1, FREE_RESET_CACHE, 0, -1, 0,
+                             PH_DONE, PR_COLD, -1, 0, -1, 0, 0.0)
+                if a1 < qn:
+                    stf[0] = max(now, float(arr[order[a1]]))
+                    continue
+                raise ValueError("vLLM scheduler: waiting requests can never be scheduled "
+                                 "(larger than the KV pool?)")
+            nbl = oc[V.O_BL]
+            # the step's rows: its preemptions, a reset's clear, each scheduled request's
+            # blocks (entry k of obl has obl[k, 1]), intent and access, and each finished
+            # one's intent and free (finished ones were scheduled)
+            need = 5 + 2 * oc[V.O_PRE] + 5 * nsched + 2
+            for k in range(nbl):
+                need += obl[k, 1]
+            if n + need > cap:  # the caller grows the rows; the step resumes here
+                rsm[RSM_ON] = 1
+                rsm[RSM_ROW] = step_row
+                rsm[RSM_CLEARED] = cleared
+                rsm[RSM_NPRE] = npre_reset
+                stf[0] = now
+                return need, n
         for k in range(oc[V.O_ADM]):
             i = oadm[k, 0]
             mark[i] = step
-            hitk[i] = oadm[k, 1]
-            adm[st[S_NADM]] = i
+            hitk[srid[i]] = oadm[k, 1]
+            adm[st[S_NADM]] = srid[i]
             st[S_NADM] += 1
             st[S_HIT_TOK] += oadm[k, 1]
-        # the block lists: entry k of obl has obl[k, 1] blocks (no per-step array)
-        nbl = oc[V.O_BL]
-        nblk = 0
-        for k in range(nbl):
-            nblk += obl[k, 1]
-        need = 5 + 2 * oc[V.O_PRE] + 3 * nsched + nblk
-        I, F = _ensure(I, F, n, need)
         tokens = 0
         attended = 0.0
         kv_read = 0.0
         acc_reset(acc)
         p = 0
         while p < npre_reset:  # reset_running_requests: its victims, then the clear
-            n = _row(I, F, n, step, t_us, EK_FREE, opre[p, 0], FREE_PREEMPT_BLOCK, 0, -1, 0,
-                     PH_PREFILL, PR_COLD, -1, 0, -1, 0, 0.0)
+            n = _row(I, F, n, step, t_us, EK_FREE, srid[opre[p, 0]], FREE_PREEMPT_BLOCK, 0,
+                     -1, 0, PH_PREFILL, PR_COLD, -1, 0, -1, 0, 0.0)
             p += 1
         if cleared > 0:
             n = _row(I, F, n, step, t_us, EK_FREE, -1, FREE_RESET_CACHE, 0, -1, 0, PH_DONE,
                      PR_COLD, -1, 0, -1, 0, 0.0)
         for k in range(nsched):
             while p < oc[V.O_PRE] and opre[p, 1] <= k:
-                n = _row(I, F, n, step, t_us, EK_FREE, opre[p, 0], FREE_PREEMPT_BLOCK, 0, -1,
-                         0, PH_PREFILL, PR_COLD, -1, 0, -1, 0, 0.0)
+                n = _row(I, F, n, step, t_us, EK_FREE, srid[opre[p, 0]], FREE_PREEMPT_BLOCK,
+                         0, -1, 0, PH_PREFILL, PR_COLD, -1, 0, -1, 0, 0.0)
                 p += 1
-            i = osched[k, 0]
+            i = osched[k, 0]  # vLLM's row; c its request
+            c = srid[i]
             ntok = osched[k, 1]
             after = R[i, V.K_NCOMP]
             before = after - ntok
@@ -383,7 +437,7 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
             nout = R[i, V.K_NOUT]
             h0 = R[i, V.K_H0]
             nh = R[i, V.K_H1] - h0
-            dl = arr[i] + ttft[i] if ttft[i] > 0 else -1
+            dl = arr[c] + ttft[c] if ttft[c] > 0 else -1
             target = step + (plen + nout - before + max_tok - 1) // max_tok
             e = -1
             for x in range(nbl):
@@ -393,24 +447,24 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
             if e >= 0:
                 cnt = obl[e, 1]
                 if mark[i] == step:  # admitted now: its whole table
-                    n = _alloc_rows(I, F, n, fp, step, t_us, i, np.int64(0), cnt, after, B,
+                    n = _alloc_rows(I, F, n, fp, step, t_us, c, np.int64(0), cnt, after, B,
                                     hh, h0, nh, dl, 0, target)  # typed 0: one compile
                 else:
                     m = pst.seq_len[R[i, V.K_SEQ]]
-                    n = _alloc_rows(I, F, n, fp, step, t_us, i, m - cnt, m, after, B, hh, h0,
+                    n = _alloc_rows(I, F, n, fp, step, t_us, c, m - cnt, m, after, B, hh, h0,
                                     nh, dl, 0, target)
             sspec = R[i, V.K_SSPEC]  # draft tokens scheduled (verified this step)
             decode = ntok == 1 + sspec and before == plen + nout - 1 and nout > 0
             if decode:
-                tdl = _token_deadline(arr[i], ttft[i], tpot[i], first_us[i], nout + 1)
+                tdl = _token_deadline(arr[c], ttft[c], tpot[c], first_us[i], nout + 1)
                 # the decode's intent, as kvsim's scheduler states it (critical: pinned)
-                crit = rprio[i] >= ip[P_CRITPRIO] or (0 < tpot[i] <= ip[P_CRITTPOT])
+                crit = rprio[c] >= ip[P_CRITPRIO] or (0 < tpot[c] <= ip[P_CRITTPOT])
                 if mark[i] != -1:  # its first decode since (re-)admission: blocks decode
                     mark[i] = -1
-                    n = _row(I, F, n, step, t_us, EK_INTENT, i, -1, 0, -1, 0, PH_DECODE,
+                    n = _row(I, F, n, step, t_us, EK_INTENT, c, -1, 0, -1, 0, PH_DECODE,
                              PR_DECODE_CRITICAL if crit else PR_WARM, tdl, 0, step + 1,
                              1 if crit else 0, 0.0)
-                n = _row(I, F, n, step, t_us, EK_ACCESS, i, -1, 0, -1, ntok,
+                n = _row(I, F, n, step, t_us, EK_ACCESS, c, -1, 0, -1, ntok,
                          PH_VERIFY if sspec > 0 else PH_DECODE,
                          PR_DECODE_CRITICAL if crit else PR_WARM, tdl, 0, step + 1,
                          1 if crit else 0, 0.0)
@@ -421,7 +475,7 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
                 kv_read += before + ntok
                 acc_decode(acc, ntok, before + ntok)
             else:
-                n = _row(I, F, n, step, t_us, EK_ACCESS, i, -1, 0, -1, ntok, PH_PREFILL,
+                n = _row(I, F, n, step, t_us, EK_ACCESS, c, -1, 0, -1, ntok, PH_PREFILL,
                          PR_WARM, dl, 0, target, 0, 0.0)
                 tokens += ntok
                 attended += ntok * float(before) + ntok * (ntok + 1.0) / 2.0
@@ -430,8 +484,8 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
                 if after >= plen + nout and nout == 0:
                     first_us[i] = -2  # first token at the end of this step
         while p < oc[V.O_PRE]:
-            n = _row(I, F, n, step, t_us, EK_FREE, opre[p, 0], FREE_PREEMPT_BLOCK, 0, -1, 0,
-                     PH_PREFILL, PR_COLD, -1, 0, -1, 0, 0.0)
+            n = _row(I, F, n, step, t_us, EK_FREE, srid[opre[p, 0]], FREE_PREEMPT_BLOCK, 0,
+                     -1, 0, PH_PREFILL, PR_COLD, -1, 0, -1, 0, 0.0)
             p += 1
         V.update_from_output(vip, R, hh, sv, run, pst, pol, pview, osched, ofin, oev, oc)
         held = pst.sc[S_N_HELD]
@@ -454,9 +508,8 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
             if first_us[i] == -2:
                 first_us[i] = end_us
         nfin = oc[V.O_FIN]
-        I, F = _ensure(I, F, n, 2 * nfin + 2)
         for x in range(nfin):
-            c = ofin[x]
+            c = srid[ofin[x]]
             if cont[c]:
                 dl = end_us + gap[c] + (ttft[c] if ttft[c] > 0 else 0)
                 n = _row(I, F, n, step, t_us, EK_INTENT, c, -1, 0, -1, 0, PH_IDLE, PR_HOT, dl,
@@ -475,95 +528,17 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
             st[S_FINISHED] = 1
         if n >= flush:
             break
-    return I, F, n
+    return 0, n
 
 
-def new_vllm_value(cols: dict, off, ids, trace_block_tokens: int, block_size: int, num_blocks: int,
-                   max_num_seqs: int, max_num_batched_tokens: int, *, priority: bool = False,
-                   long_prefill_token_threshold: int = 0, watermark_blocks: int = 0,
-                   reserve_full_isl: bool = True, enable_chunked_prefill: bool = True,
-                   enable_caching: bool = True, spec_lookahead: bool = False,
-                   seed: int = 0, hashes: tuple | None = None) -> tuple:
-    """The scheduler value ``vs`` of :func:`vllm_rows` for a Request table (``cols``: name ->
-    numpy array, :meth:`kvsim.ingest.requests.RequestTable.columns`; its block ids
-    ``off``/``ids``): vLLM's waiting queue, running list and KV manager (a pool of
-    ``num_blocks`` blocks, the null block included, like the replay's).  ``hashes``: the
-    requests' block hashes (:func:`shared_hashes`), shared by a cluster's replicas."""
-    from kvsim.engine.vllm_spec import acceptance_units
-    from kvsim.memory import fifo_order
-    from kvsim.memory.fast import PoolConfig, new_out, new_state
-    from kvsim.memory.pool_ref import pool_ref
-    from kvsim.policy.api import new_block_view
-    from kvsim.policy.hooks import policy_value, view_ref
-
-    N = len(cols["prompt_tokens"])
-    i64 = lambda x: np.ascontiguousarray(x, dtype=np.int64)  # noqa: E731
-    prompt = i64(cols["prompt_tokens"])
-    out = i64(cols["output_tokens"])
-    if hashes is None:  # one replica's own; a cluster shares one (shared_hashes)
-        hashes = shared_hashes(prompt, out, cols["hashed_tokens"], cols["tenant"], off, ids,
+def new_vllm_value(cols: dict, off, ids, trace_block_tokens: int, block_size: int,
+                   *args, hashes: tuple | None = None, **kw) -> tuple:
+    """The scheduler value ``vs`` of :func:`vllm_rows`
+    (:func:`kvsim.engine.vllm_value.build_value`, which documents the arguments), with one
+    replica's own hashes (:func:`shared_hashes`) when ``hashes`` is None."""
+    if hashes is None:  # one replica's own; a cluster shares one
+        hashes = shared_hashes(cols["prompt_tokens"], cols["output_tokens"],
+                               cols["hashed_tokens"], cols["tenant"], off, ids,
                                trace_block_tokens, block_size)
-    h0, h1, hh = hashes
-    vip = np.zeros(V.NUM_PARAMS, np.int64)
-    vip[V.P_BS], vip[V.P_NGPU] = block_size, num_blocks
-    vip[V.P_MAXSEQ], vip[V.P_MAXTOK] = max_num_seqs, max_num_batched_tokens
-    vip[V.P_CHUNKED] = int(enable_chunked_prefill)
-    vip[V.P_THR] = long_prefill_token_threshold
-    vip[V.P_PRIO] = int(priority)
-    vip[V.P_CACHING] = int(enable_caching)
-    vip[V.P_RESERVE] = int(reserve_full_isl)
-    vip[V.P_WMARK] = watermark_blocks
-    vip[V.P_MAXLEN] = 1 << 62
-    vip[V.P_LOOK], vip[V.P_SEED] = int(spec_lookahead), seed
-    M = max(N, 1)
-    R = np.zeros((M, V.NUM_COLS), np.int64)
-    R[:N, V.K_PLEN], R[:N, V.K_OLEN] = prompt, out
-    # vLLM's priority: lower value first; kvsim's request_priority: higher is more important
-    R[:N, V.K_PRIO] = -i64(cols["request_priority"])
-    R[:N, V.K_RANK] = np.arange(N)
-    R[:N, V.K_H0], R[:N, V.K_H1] = h0, h1
-    if "spec_draft_tokens" in cols:  # speculative decoding (kvsim.engine.vllm_spec)
-        R[:N, V.K_SPECK] = i64(cols["spec_draft_tokens"])
-        R[:N, V.K_ACCEPT] = acceptance_units(np.asarray(cols["spec_accept_prob"], dtype=np.float64))
-    R[:, V.K_STATUS] = V.UNSEEN
-    R[:, V.K_NCACHED] = -1
-    R[:, V.K_SEQ] = -1
-    varr = np.zeros(M, np.float64)
-    varr[:N] = np.asarray(cols["arrival_us"], dtype=np.float64) / 1e6
-    spk = i64(cols["spec_draft_tokens"]) if "spec_draft_tokens" in cols else 0
-    # drafts and their lookahead slots take blocks past prompt + output
-    per_seq = int(((prompt + out + 2 * spk) // block_size).max()) + 3 if N else 4
-    pc = PoolConfig(num_blocks=num_blocks, block_size_tokens=block_size,
-                    enable_caching=enable_caching, max_seqs=max_num_seqs + 2,
-                    max_blocks_per_seq=per_seq)
-    pst = new_state(pc)
-    view = new_block_view(pc.num_blocks)
-    order_state = fifo_order.init(pc.num_blocks - 1, pc.num_blocks, {})
-    pl = vllm_pool(pool_ref(pst), policy_value(fifo_order, order_state, True),
-                     view_ref(view), new_out(pc, 0))
-    outs = new_outputs(N, num_blocks, max_num_seqs, per_seq)
-    return (vip, R, varr, hh, np.zeros(V.NUM_SV, np.int64), np.zeros(M, np.int64),
-            np.zeros(M, np.int64), np.zeros(M, np.int64), pl, np.zeros(per_seq, np.int64),
-            np.zeros(per_seq, np.int64), *outs, np.full(M, -1, np.int64),
-            np.full(M, -1, np.int64), np.zeros((0, 4), np.int64))
-
-
-def new_outputs(num_requests: int, num_gpu_blocks: int, max_num_seqs: int,
-                max_blocks_per_seq: int) -> tuple:
-    """Output buffers of one step, sized for the worst step.  The block lists
-    (``VS_BLIDS``) hold, per step, the whole block table of every request admitted (or
-    resumed) and the new blocks of the running ones: the new blocks are at most the pool,
-    but an admitted table's prefix hits are shared blocks, listed once per request that
-    holds them, so the worst step is the pool plus ``min(max_num_seqs, requests)`` tables
-    of at most ``min(max_blocks_per_seq, pool)`` blocks each (a burst of requests sharing
-    a long cached prefix; sized by the pool alone, ``reorder`` on a trace queued at t = 0
-    overflowed it)."""
-    n = max(num_requests, 1)
-    ev_cap = 2 * num_gpu_blocks + 4 * n + 64
-    blids_cap = max(2 * num_gpu_blocks + 16, num_gpu_blocks + 16
-                    + min(max_num_seqs, n) * min(max_blocks_per_seq, num_gpu_blocks))
-    return (np.zeros((n + 1, 2), np.int64), np.zeros((2 * n + 2, 2), np.int64),
-            np.zeros(blids_cap, np.int64), np.zeros((n + 1, 3), np.int64),
-            np.zeros((n + 1, 2), np.int64), np.zeros(n + 1, np.int64),
-            np.zeros((ev_cap, 4), np.int64), np.zeros(64, np.int64),
-            np.zeros(V.NUM_OC, np.int64))
+    return build_value(cols, off, ids, trace_block_tokens, block_size, *args, hashes=hashes,
+                       **kw)

@@ -552,7 +552,8 @@ def update_from_output(ip, R, hh, sv, run, st, pol, view, osched, ofin, oev, oc)
         if R[i, K_STATUS] != RUNNING or R[i, K_NCOMP] < R[i, K_PLEN] + R[i, K_NOUT]:
             continue
         s = R[i, K_SSPEC]  # rejected drafts roll num_computed back; their blocks stay
-        a = accepted_drafts(ip[P_SEED], i, R[i, K_NOUT], s, R[i, K_ACCEPT]) if s > 0 else 0
+        a = (accepted_drafts(ip[P_SEED], R[i, K_ID], R[i, K_NOUT], s, R[i, K_ACCEPT])
+             if s > 0 else 0)
         R[i, K_NCOMP] -= s - a
         R[i, K_NOUT] = min(R[i, K_NOUT] + 1 + a, R[i, K_OLEN]) if s > 0 else R[i, K_NOUT] + 1
         R[i, K_SPEC] = R[i, K_SPECK]

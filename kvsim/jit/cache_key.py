@@ -49,7 +49,7 @@ SOURCES = ("kvsim.core.schema", "kvsim.core.codes", "kvsim.policy.api", "kvsim.p
            "kvsim.replay.kernel.closed_step", "kvsim.replay.kernel.closed_ffwd",
            "kvsim.engine.vllm_pool", "kvsim.engine.vllm_layout", "kvsim.engine.vllm_step",
            "kvsim.engine.vllm_spec",
-           "kvsim.engine.vllm_rows",
+           "kvsim.engine.vllm_rows", "kvsim.engine.vllm_value", "kvsim.engine.vllm_resets",
            "kvsim.cachesim.simulator",
            "kvsim.cachesim.fast_loops", "kvsim.cachesim.ghost_loops", "kvsim.jit.decorators",
            "kvsim.jit.struct_type",

@@ -47,6 +47,12 @@ from kvsim.engine.scheduler_state import new_schedule
 from kvsim.ingest.requests import RequestTable
 from kvsim.memory.fast import index_keys_values
 from kvsim.modes.closed.closed_slots import FIRST_ROWS, ClosedSlots, one_slot_each
+from kvsim.modes.closed.scheduler_choice import (  # noqa: F401 (re-exported)
+    SCHEDULERS,
+    check_vllm_offload,
+    resolve_scheduler,
+    vllm_unsupported,
+)
 from kvsim.replay.kernel import closed_step as CS
 from kvsim.replay.kernel.engine_ref import new_engine_ref
 from kvsim.replay.variants import (
@@ -200,8 +206,9 @@ class Engine:
         sc.lookup = (*index_keys_values(self.run.st.hidx), self.run.T[0].L_h)
         self.pb_off = self.pb_next = self.pb_seen = None  # set_block_facts, before advance
         # typed once, not at every advance call (kvsim.replay.variants.TypedTuple)
-        self.vs = TypedTuple(_vllm_value(table, off, ids, opts, config,
-                                         int(self.run.st.cfg[0]), wmark, hashes))
+        self.vs = TypedTuple(_vllm_value(table, off, ids, opts, config, int(self.run.st.cfg[0]),
+                                         wmark, hashes, self.slots.rid_of.shape[0]))
+        self.slots.vllm = self if opts.scheduler == "vllm" else None  # vLLM's rows: the core's
         sc.ip[S.P_VLLM] = int(opts.scheduler == "vllm")
         self.rprio = np.asarray(table.column("request_priority"), dtype=np.int8)
         self.tenant = np.asarray(table.column("tenant"), dtype=np.int32)
@@ -426,62 +433,7 @@ def _entry(advance, args: tuple):
     return advance if cres is None else cres.entry_point
 
 
-SCHEDULERS = ("auto", "kvsim", "vllm")
 _TINY: dict = {}
-
-
-def vllm_unsupported(table: RequestTable, config: SimConfig) -> str | None:
-    """What of ``table`` / ``config`` vLLM's scheduler (kvsim.engine.vllm_rows) does not
-    model, in words, or None: n > 1, beams, ``--preemption swap`` (vLLM 0.33 only
-    recomputes).  Speculative drafts it models (kvsim.engine.vllm_spec)."""
-    for col, what in (("n", "n > 1 (parallel sampling)"), ("beam_width", "beam search")):
-        limit = 1
-        if len(table) and int(table.column(col).max()) > limit:
-            return f"{what}: the trace has requests with {col} > {limit}"
-    if config.preemption != "recompute":
-        return (f"--preemption {config.preemption} (vLLM 0.33's scheduler only recomputes "
-                "a preempted request)")
-    return None
-
-
-def check_vllm_offload(config: SimConfig, vllm: bool) -> None:
-    """``--write-policy vllm_offload`` (kvsim.replay.kernel.offload): vLLM's scheduler, one
-    CPU tier (DRAM; an explicit CXL or NVMe capacity is refused, the profile's are off)."""
-    if not vllm:
-        raise KvsimInputError("expected --write-policy vllm_offload with vLLM's scheduler "
-                              "(--scheduler auto or vllm): its stores follow vLLM's steps",
-                              None, None, "--write-policy")
-    if config.shared_tier_gb is not None:
-        raise KvsimInputError("expected --write-policy vllm_offload without --shared-tier-gb "
-                              "(vLLM's native offloading is one private CPU tier)", None,
-                              None, "--write-policy")
-    for name in ("cxl", "nvme"):
-        if (getattr(config, f"{name}_gb") or 0) > 0:
-            raise KvsimInputError(f"expected --{name}-gb 0 with --write-policy vllm_offload "
-                                  "(vLLM's native offloading has one CPU tier: --dram-gb)",
-                                  None, None, f"--{name}-gb")
-    if config.dram_gb == 0:
-        raise KvsimInputError("expected --dram-gb > 0 with --write-policy vllm_offload (the "
-                              "CPU tier vLLM offloads to)", None, None, "--dram-gb")
-
-
-def resolve_scheduler(table: RequestTable, config: SimConfig,
-                      opts: EngineOptions) -> tuple[EngineOptions, str | None]:
-    """``opts`` with its scheduler decided, and why ``auto`` fell back to kvsim's (None
-    when it did not).  ``auto``: vLLM's scheduler unless :func:`vllm_unsupported` names
-    something, then kvsim's; ``vllm`` with such a thing: a one-line error (exit 2)."""
-    if opts.scheduler not in SCHEDULERS:
-        raise KvsimInputError(f"--scheduler: expected one of {' | '.join(SCHEDULERS)}, got "
-                              f"{opts.scheduler!r}", None, None, "--scheduler")
-    if opts.scheduler == "kvsim":
-        return opts, None
-    why = vllm_unsupported(table, config)
-    if why is None:
-        return dataclasses.replace(opts, scheduler="vllm"), None
-    if opts.scheduler == "vllm":
-        raise KvsimInputError(f"--scheduler vllm does not model {why} (use --scheduler "
-                              "kvsim or auto)", None, None, "--scheduler")
-    return dataclasses.replace(opts, scheduler="kvsim"), why
 
 
 def vllm_hashes(table: RequestTable, off, ids, opts: EngineOptions) -> tuple | None:
@@ -502,7 +454,7 @@ def vllm_hashes(table: RequestTable, off, ids, opts: EngineOptions) -> tuple | N
 
 
 def _vllm_value(table: RequestTable, off, ids, opts: EngineOptions, config: SimConfig,
-                num_blocks: int, wmark: int, hashes: tuple | None = None) -> tuple:
+                num_blocks: int, wmark: int, hashes: tuple | None = None, rows: int = 0) -> tuple:
     """vLLM's scheduler for ``opts.scheduler == "vllm"`` (its own KV manager, sized as the
     replay's HBM pool), else a tiny unused one of the same type."""
     from kvsim.engine.vllm_rows import new_vllm_value
@@ -522,7 +474,7 @@ def _vllm_value(table: RequestTable, off, ids, opts: EngineOptions, config: SimC
                           long_prefill_token_threshold=opts.long_prefill_token_threshold,
                           watermark_blocks=wmark, reserve_full_isl=opts.reserve_full_isl,
                           spec_lookahead=opts.spec_lookahead, seed=config.seed,
-                          hashes=hashes)
+                          hashes=hashes, rows=rows or None)
 
 
 def closed_engine(config: SimConfig, policy, num_rows: int, scheduler: str | None = None) -> str:

@@ -6,7 +6,7 @@ The compiled step (:func:`kvsim.replay.kernel.closed_step._fill`) gives a reques
 the core's tables when one of its rows first reaches the core (its arrival at this
 replica): the slot map ``(smap, srid, sfree)`` -- ``smap`` request id -> row (-1: none),
 ``srid`` row -> request id, ``sfree`` the free rows as a stack after two counters (free
-rows, rows ever used) -- is read and written there (:func:`kvsim.replay.kernel.closed_step._slot`),
+rows, rows ever used) -- is read and written there (:func:`kvsim.engine.vllm_rows.slot_of`),
 and the core, the quiet steps (:mod:`kvsim.replay.kernel.closed_ffwd`) and vLLM's CPU
 offloading (:mod:`kvsim.replay.kernel.offload`) see a request as its row.  When no row is
 free, the step returns ``R_NEED_SLOTS`` and :meth:`ClosedSlots.make_room` folds the
@@ -17,6 +17,12 @@ list and, with the decision log, a lower-tier block keep a row), frees their row
 doubles the tables when fewer than half of them came free.  So a replica holds a row for
 each request in its queue or running and for each finished request that allocated a block
 still in its HBM pool: bounded by the pool, not by the trace.
+
+Under vLLM's scheduler its own request state (:mod:`kvsim.engine.vllm_value`: ``R``, the
+arrival, the queues, the first token, the mark) has the same rows: a request is given its
+row when it arrives at vLLM (:func:`kvsim.engine.vllm_rows.slot_of`, the one maker of the
+slot map; ``R_NEED_SLOTS`` when none is free), vLLM names requests by row, and its rows
+grow with the core's (:meth:`ClosedSlots.grow`).
 
 With a KV store shared by the replicas (``--shared-tier-gb``, :mod:`kvsim.modes.closed.shared_tier`)
 and a decision log, a lower-tier block's owner, which the log names, may be another
@@ -58,6 +64,8 @@ class ClosedSlots(RequestSlots):
         self.link: list[np.ndarray] = []
         self.log_mark = 0
         self.closed = False
+        #: the engine whose vLLM scheduler's rows are these rows (``vs``, grown with them)
+        self.vllm = None
 
     @property
     def args(self) -> tuple:
@@ -76,6 +84,11 @@ class ClosedSlots(RequestSlots):
         n = run.R_i.shape[0]
         self.rid_of = L.grow_rows(self.rid_of, n, -1)[:n].copy()
         self.sfree = L.grow_rows(self.sfree, n + 2)[:n + 2].copy()
+        if self.vllm is not None:  # vLLM's rows (kvsim.engine.vllm_value.grow_rows)
+            from kvsim.engine.vllm_value import grow_rows
+            from kvsim.replay.variants import TypedTuple
+
+            self.vllm.vs = TypedTuple(grow_rows(self.vllm.vs, n))
 
     def release(self, run) -> int:
         """Fold the finished requests no longer named anywhere and free their rows (the

@@ -58,7 +58,8 @@ from kvsim.core.errors import KvsimInputError
 from kvsim.engine import scheduler as S
 from kvsim.engine import vllm_step as V
 from kvsim.engine.scheduler_blocks import _cached_prefix
-from kvsim.engine.vllm_rows import VS_IP, VS_R
+from kvsim.engine.vllm_rows import VS_IP, with_external_tokens
+from kvsim.replay.variants import TypedTuple
 from kvsim.spec.sim_config import SHARED_LINK_BYTES_PER_S, SHARED_LINK_LATENCY_US
 
 if TYPE_CHECKING:  # annotations only: pandas is imported where a table is built
@@ -156,7 +157,7 @@ def run_decode(table, engines, router: str, B: int, pb, tr: Transfers, pd: PdOpt
     nb_all = (prompt + B - 1) // B
     D = len(engines)
     for e in engines:  # every request's prompt KV comes from the prefill pool
-        e.vs[VS_R][:len(df), V.K_EXT] = prompt
+        e.vs = TypedTuple(with_external_tokens(e.vs, prompt))
     arr = []  # arrival = the transfer's end (a writable copy of the column)
     for e in engines:
         ra = e.sched.req_args

@@ -119,15 +119,15 @@ def admission_blocked(vip, R, hh, sv, wq, heap, pst, seq_len, ref_cnt, psc, hits
 
 @njit(cache=True, inline="always")
 def _quiet(vip, R, sv, run, mark, st, stf, arr, order, K, C, R_i, A_i, S_, P, running, G,
-           ncols, blocked, seq_len, smap):
+           ncols, blocked, seq_len, srid):
     """The running requests' count when the next step is quiet and the core has room for
     its rows, else 0 (the full path runs it), or -1 when it is quiet if no request can be
     admitted and ``blocked`` is False (:func:`admission_blocked`, the caller's to check).
     ``blocked``: admission is known to be blocked (the caller checked it, or a quiet step
     ran since, and a quiet step changes nothing the check reads: no arrival, no pool
     operation, the same running count).  ``seq_len``:
-    ``pst.seq_len``, read by the caller; ``smap``: request id -> the core's request-table
-    row (:func:`kvsim.replay.kernel.closed_step._slot`)."""
+    ``pst.seq_len``, read by the caller; ``srid``: the core's request-table row (vLLM's
+    row: :func:`kvsim.engine.vllm_rows.slot_of`) -> request id."""
     nrun = sv[V.V_NRUN]
     if nrun <= 0 or st[S.S_FINISHED] != 0:
         return 0
@@ -174,7 +174,7 @@ def _quiet(vip, R, sv, run, mark, st, stf, arr, order, K, C, R_i, A_i, S_, P, ru
             return 0
         if nout + 1 >= R[i, V.K_OLEN] or plen + nout + 1 >= maxlen:  # finishes
             return 0
-        s = smap[i]
+        s = i  # vLLM's row is the core's
         if R_i[s, L.RI_STATE] != L.RS_RUNNING or R_i[s, L.RI_PHASE] < 2:
             return 0
         if top + 24 + 2 * R_i[s, L.RI_BT_CAP] > A_i.shape[0]:
@@ -187,7 +187,7 @@ def _quiet(vip, R, sv, run, mark, st, stf, arr, order, K, C, R_i, A_i, S_, P, ru
 @njit(cache=True, _nrt=False)
 def quiet_steps(limit_us, max_steps, aux, insys, ip, fp, st, stf, arr, ttft, tpot, order,
                 tk, ncols, vs, seq_len, psc, K, C, R_i, R_f, A_i, S_, P, G, running, sc, acc,
-                blocked, smap):
+                blocked, srid):
     """Run quiet steps (module docstring) while the next one is quiet, the clock is before
     ``limit_us`` (-1: no limit), fewer than ``max_steps`` ran and ``insys`` has room.
     Returns how many ran, or -1 (none ran) when the first step is quiet only if no request
@@ -195,7 +195,7 @@ def quiet_steps(limit_us, max_steps, aux, insys, ip, fp, st, stf, arr, ttft, tpo
     (:func:`admission_blocked`) and calls again with ``blocked`` True.  ``seq_len``, ``psc``:
     the members of vLLM's pool ``vs[VS_POOL].st``; ``K`` ... ``sc``: the core's state's
     (``cr.K`` ... ``cr.st.sc``); ``acc``: the step time's accumulators (``NUM_ACC`` floats);
-    ``smap``: request id -> the core's request-table row; all read or made by the caller
+    ``srid``: the core's request-table row (vLLM's) -> request id; all read or made by the caller
     (:func:`kvsim.replay.kernel.closed_step.advance`, once per call).
 
     Compiled without reference counting (``_nrt=False``): it allocates nothing, returns no
@@ -218,7 +218,7 @@ def quiet_steps(limit_us, max_steps, aux, insys, ip, fp, st, stf, arr, ttft, tpo
         if aux[_X_NINSYS] >= insys.shape[0]:
             break
         nrun = _quiet(vip, R, sv, run, mark, st, stf, arr, order, K, C, R_i, A_i, S_, P,
-                      running, G, ncols, blocked or done > 0, seq_len, smap)
+                      running, G, ncols, blocked or done > 0, seq_len, srid)
         if nrun < 0:
             return -1
         if nrun == 0:
@@ -246,7 +246,8 @@ def quiet_steps(limit_us, max_steps, aux, insys, ip, fp, st, stf, arr, ttft, tpo
             after = R[i, V.K_NCOMP]
             before = after - ntok
             nout = R[i, V.K_NOUT]
-            tdl = _token_deadline(arr[i], ttft[i], tpot[i], first_us[i], nout + 1)
+            c = srid[i]
+            tdl = _token_deadline(arr[c], ttft[c], tpot[c], first_us[i], nout + 1)
             tokens += ntok
             attended += ntok * float(before) + ntok * (ntok + 1.0) / 2.0
             kv_read += before + ntok
@@ -283,7 +284,7 @@ def quiet_steps(limit_us, max_steps, aux, insys, ip, fp, st, stf, arr, ttft, tpo
         C[L.C_STEP_EXTRA_US] = 0.0
         # the ACCESS rows: each request's token, pending until the step closes
         for k in range(nrun):
-            i = smap[osched[k, 0]]  # the core's row of the request
+            i = osched[k, 0]  # the core's row of the request (vLLM's)
             dl = osched[k, 1]
             osched[k, 1] = 1
             if dl >= 0:

@@ -45,6 +45,7 @@ from kvsim.engine.vllm_rows import (
     VS_SCHED,
     VS_SV,
     VS_WQ,
+    slot_of,
     vllm_rows,
 )
 from kvsim.jit.decorators import njit
@@ -65,27 +66,7 @@ R_LIMIT, R_IDLE, R_YIELD, R_NEED_COLS, R_NEED_ARENA, R_NEED_SLOTS = 10, 11, 12, 
 NEVER = np.iinfo(np.int64).max
 
 
-@njit(cache=True, _nrt=False)
-def _slot(smap, srid, sfree, rid):
-    """The core's request-table row of request ``rid`` (the closed loop's slot map,
-    :mod:`kvsim.modes.closed.closed_slots`: ``smap`` request id -> row, ``srid`` row ->
-    request id, ``sfree`` [free rows, rows ever used, the free rows (lowest last)]),
-    given a row now if it has none; -1 when no row is left."""
-    s = smap[rid]
-    if s >= 0:
-        return s
-    nf = sfree[0]
-    if nf > 0:
-        s = sfree[1 + nf]
-        sfree[0] = nf - 1
-    elif sfree[1] < srid.shape[0]:
-        s = sfree[1]
-        sfree[1] = s + 1
-    else:
-        return -1
-    smap[rid] = s
-    srid[s] = rid
-    return s
+_slot = slot_of  # the core's row of a request (the slot map's one maker)
 
 
 @njit(cache=True, _nrt=False)
@@ -255,7 +236,7 @@ def _advance(limit_us, max_steps, aux, insys,
                         q = CF.quiet_steps(limit_us, max_steps - steps, aux, insys, ip, fp, st,
                                            stf, arr, ttft, tpot, order, tk, ncols, vs, seq_len,
                                            psc, K, C, R_i, R_f, A_i, S_, P, G, running, sc, acc,
-                                           False, smap)
+                                           False, srid)
                         # quiet if no request can be admitted: that check looks the first
                         # waiting one up in vLLM's pool (admission_blocked)
                         if q < 0 and CF.admission_blocked(
@@ -265,7 +246,7 @@ def _advance(limit_us, max_steps, aux, insys,
                             q = CF.quiet_steps(limit_us, max_steps - steps, aux, insys, ip, fp,
                                                st, stf, arr, ttft, tpot, order, tk, ncols, vs,
                                                seq_len, psc, K, C, R_i, R_f, A_i, S_, P, G,
-                                               running, sc, acc, True, smap)
+                                               running, sc, acc, True, srid)
                         steps += max(q, 0)
             if limit_us >= 0 and stf[0] >= limit_us:
                 return R_LIMIT, I, F
@@ -277,9 +258,16 @@ def _advance(limit_us, max_steps, aux, insys,
                 return R_YIELD, I, F
             done_before = st[S.S_DONE]
             n = 0
-            if vs is not None:  # vLLM's scheduler (kvsim.engine.vllm_rows)
-                I, F, n = vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont,
-                                    gap, shared, order, tk, hitk, adm, I, F, 0, vs, rs, acc)
+            if vs is not None:  # vLLM's scheduler (kvsim.engine.vllm_rows), count-free:
+                while True:  # it asks for row room, grown here, and resumes its step
+                    need, n = vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio,
+                                        cont, gap, shared, order, tk, hitk, adm, I, F, n, vs,
+                                        rs, acc, smap, srid, sfree)
+                    if need == 0:
+                        break
+                    if need < 0:  # an arrival needs a row of the request tables
+                        return R_NEED_SLOTS, I, F
+                    I, F = S._ensure(I, F, n, need)
             if ks is not None:  # kvsim's own
                 I, F, n = S.run_steps(ip, fp, st, stf, arr, prompt, out, ttft, tpot, nsamp,
                                       beam, rprio, cont, gap, shared, spk, spp, hashed, off,
@@ -347,8 +335,7 @@ def _advance(limit_us, max_steps, aux, insys,
         if vo is not None and cr.K[L.K_WRITE_POLICY] == L.WP_VLLM_OFFLOAD:
             # vLLM's native CPU offloading: this step's stores, ranks, finishes
             oc = vo[VS_OC]
-            offload.offload_step(cr, vo[VS_SCHED], oc[VL.O_SCHED], vo[VS_FIN], oc[VL.O_FIN],
-                                 smap)
+            offload.offload_step(cr, vo[VS_SCHED], oc[VL.O_SCHED], vo[VS_FIN], oc[VL.O_FIN])
         # the scheduler already left cached tokens out of the step: no credit on top
         C[L.C_STEP_SAVED_US] = 0.0
         stf[0] = (C[L.C_STEP_START_US] + C[L.C_STEP_DUR_US] + C[L.C_STEP_STALL_US]

@@ -232,11 +232,11 @@ def _rerank(r, cr):
 
 
 @njit(cache=True)
-def offload_step(cr, sched, n_sched, fin, n_fin, smap):
+def offload_step(cr, sched, n_sched, fin, n_fin):
     """One engine step of vLLM's native CPU offloading (module docstring).  ``sched``:
     the step's scheduled requests in the scheduler's order (column 0), ``fin``: the
-    requests that finished in it (column 0), as request ids; ``smap``: request id -> the
-    core's request-table row (:func:`kvsim.replay.kernel.closed_step._slot`)."""
+    requests that finished in it (column 0), as vLLM's rows, which are the core's
+    request-table rows (:func:`kvsim.engine.vllm_rows.slot_of`)."""
     T = cr.T1
     if T.Lm[LM_CAP] == 0:
         return
@@ -245,12 +245,12 @@ def offload_step(cr, sched, n_sched, fin, n_fin, smap):
     step = int(C[C_STEP])
     now_us = C[C_STEP_START_US]
     for j in range(n_sched):  # 1. ranks of the requests that loaded from the tier
-        r = smap[sched[j, 0]]
+        r = sched[j, 0]
         if (R_i[r, RI_OFF_RANK] == 0 and R_i[r, RI_ADMIT_STEP] == step
                 and R_i[r, RI_HIT_TOK + 1] > 0):
             R_i[r, RI_OFF_RANK] = _new_rank(C)
     for j in range(n_sched):  # 2. the stores, in the scheduler's order
-        r = smap[sched[j, 0]]
+        r = sched[j, 0]
         _offer(r, cr, -(np.int64(step) * 65536 + j + 2), step, now_us)
     q = int(C[C_OFF_HEAD])  # 3. last step's finished requests
     while q > 0:
@@ -262,7 +262,7 @@ def offload_step(cr, sched, n_sched, fin, n_fin, smap):
     C[C_OFF_HEAD] = 0
     C[C_OFF_TAIL] = 0
     for j in range(n_fin):  # 4. this step's finished requests wait for the next step
-        r = smap[fin[j]]
+        r = fin[j]
         R_i[r, RI_OFF_PEND] = 1
         R_i[r, RI_OFF_LINK] = 0
         if C[C_OFF_TAIL] > 0:
