@@ -8,7 +8,7 @@ the first waiting request, and how many ran the full path (``schedule()`` / the 
 Runs the kvsim command in this process and prints one JSON line per replica on stderr, from
 the step driver's aux columns (:mod:`kvsim.replay.kernel.closed_step`, ``X_QUIET`` ...),
 read when each replica's engine finishes (the Engine's ``finish`` wrapped here; nothing of
-kvsim's compiled code changes).  docs/benchmarks.md, "Quiet steps that cache a block".
+kvsim's compiled code changes).  Figures: docs/benchmarks.md.
 """
 
 from __future__ import annotations
