@@ -68,5 +68,7 @@ def test_quiet_steps_use_the_step_drivers_aux_columns():
     aux column numbers must stay closed_step's."""
     from kvsim.replay.kernel import closed_ffwd, closed_step
 
-    assert (closed_ffwd._X_NINSYS, closed_ffwd._X_ROWS) == (closed_step.X_NINSYS,
-                                                            closed_step.X_ROWS)
+    assert (closed_ffwd._X_NINSYS, closed_ffwd._X_ROWS, closed_ffwd._X_QUIET,
+            closed_ffwd._X_QCACHE, closed_ffwd._X_QHEAD) == (
+        closed_step.X_NINSYS, closed_step.X_ROWS, closed_step.X_QUIET, closed_step.X_QCACHE,
+        closed_step.X_QHEAD)

@@ -3,8 +3,12 @@
 A step of :func:`kvsim.replay.kernel.closed_step.advance` is *quiet* when vLLM's scheduler
 has nothing to decide: no request arrives by the step's start, none is admitted (none
 waits, or the first in the queue does not fit: ``schedule()`` stops there and changes
-nothing), and every running request decodes one token inside the blocks it already holds (no new block, no block to
-cache, no finish, no draft tokens), so ``schedule()`` can neither admit nor preempt.  Such a
+nothing), and every running request decodes one token inside the blocks it already holds (no new block, no
+finish, no draft tokens), so ``schedule()`` can neither admit nor preempt.  A request whose
+last block just filled has it cached by vLLM's ``allocate_slots`` (its hash registered in
+vLLM's pool, one stored event), which changes nothing else of the step: such a step is quiet
+too, unless that hash is the one the first waiting request's prefix lookup stops at
+(:func:`_cache_moves_head`: then it could be admitted).  Such a
 step's rows are one ``STEP`` row and one decode ``ACCESS`` row per running request (in the
 running list's order), and all the replay core does with them is close the previous step
 (:func:`kvsim.replay.kernel.bookkeeping._finalize_step`), open this one and queue each
@@ -31,21 +35,28 @@ from kvsim.engine import vllm_step as V
 from kvsim.engine.scheduler_blocks import _token_deadline
 from kvsim.engine.timing.step_time import acc_decode, acc_reset, step_duration_us
 from kvsim.engine.vllm_rows import (
+    VS_EV,
     VS_FIRST,
+    VS_HEAP,
+    VS_HH,
+    VS_HITS,
     VS_IP,
     VS_MARK,
     VS_OC,
+    VS_POOL,
     VS_R,
     VS_RUN,
     VS_SCHED,
     VS_SV,
+    VS_WQ,
 )
 from kvsim.jit.decorators import njit
 from kvsim.memory.fast import S_N_CAND, S_N_EMPTY, S_N_HELD
 from kvsim.replay.kernel.bookkeeping import _finalize_step
 
-# closed_step's aux columns (kvsim.replay.kernel.closed_step: X_NINSYS, X_ROWS)
-_X_NINSYS, _X_ROWS = 2, 5
+# closed_step's aux columns (kvsim.replay.kernel.closed_step: X_NINSYS, X_ROWS, X_QUIET,
+# X_QCACHE, X_QHEAD)
+_X_NINSYS, _X_ROWS, _X_QUIET, _X_QCACHE, _X_QHEAD = 2, 5, 7, 8, 9
 
 
 @njit(cache=True)
@@ -120,9 +131,11 @@ def admission_blocked(vip, R, hh, sv, wq, heap, pst, seq_len, ref_cnt, psc, hits
 @njit(cache=True, inline="always")
 def _quiet(vip, R, sv, run, mark, st, stf, arr, order, K, C, R_i, A_i, S_, P, running, G,
            ncols, blocked, seq_len, srid):
-    """The running requests' count when the next step is quiet and the core has room for
-    its rows, else 0 (the full path runs it), or -1 when it is quiet if no request can be
-    admitted and ``blocked`` is False (:func:`admission_blocked`, the caller's to check).
+    """``(nrun, ncache)``: the running requests' count when the next step is quiet and the
+    core has room for its rows, else 0 (the full path runs it), or -1 when it is quiet if no
+    request can be admitted and ``blocked`` is False (:func:`admission_blocked`, the caller's
+    to check); ``ncache``: how many of them have a full block to cache (vLLM's
+    ``allocate_slots`` caches it and changes nothing else: :func:`_cache_moves_head`).
     ``blocked``: admission is known to be blocked (the caller checked it, or a quiet step
     ran since, and a quiet step changes nothing the check reads: no arrival, no pool
     operation, the same running count).  ``seq_len``:
@@ -130,58 +143,91 @@ def _quiet(vip, R, sv, run, mark, st, stf, arr, order, K, C, R_i, A_i, S_, P, ru
     row: :func:`kvsim.engine.vllm_rows.slot_of`) -> request id."""
     nrun = sv[V.V_NRUN]
     if nrun <= 0 or st[S.S_FINISHED] != 0:
-        return 0
+        return 0, 0
     if nrun > vip[V.P_MAXTOK] or 1 + nrun > ncols:
-        return 0
+        return 0, 0
     t_us = np.int64(stf[0])
     a0 = st[S.S_ARRIVE]
     if a0 < st[S.S_QN] and arr[order[a0]] <= t_us:
-        return 0
+        return 0, 0
     # the core's room checks (kvsim.replay.kernel.core.run), for every row of the step
     if C[L.C_PEND_ADMIT] >= 0:
-        return 0
+        return 0, 0
     if C[L.C_NSTEP_BUF] + 1 >= S_.shape[0]:
-        return 0
+        return 0, 0
     if C[L.C_NPEND] + nrun + 1 >= P.shape[0] or C[L.C_NRUN] >= running.shape[0] - 1:
-        return 0
+        return 0, 0
     if K[L.K_LOG] != 0 and C[L.C_NLOG] + 16 * C[L.C_MAX_BT] + 4096 > G[0].shape[0]:
-        return 0
+        return 0, 0
     if (K[L.K_WARMUP_STEP] >= 0 and C[L.C_WARM_DONE] == 0
             and st[S.S_STEP] >= K[L.K_WARMUP_STEP]):
-        return 0
+        return 0, 0
     top = C[L.C_ARENA_TOP]
     if top + 64 > A_i.shape[0]:  # closed_step's admission room check (need = 64)
-        return 0
+        return 0, 0
+    ncache = 0
     bs = vip[V.P_BS]
     maxlen = vip[V.P_MAXLEN]
     caching = vip[V.P_CACHING] != 0
     for k in range(nrun):
         i = run[k]
         if R[i, V.K_STATUS] != V.RUNNING or R[i, V.K_SPEC] != 0 or R[i, V.K_SPECK] != 0:
-            return 0
+            return 0, 0
         plen = R[i, V.K_PLEN]
         nout = R[i, V.K_NOUT]
         ncomp = R[i, V.K_NCOMP]
         seq = R[i, V.K_SEQ]
         # one decode token: the known tokens all computed but the last sampled one
         if nout <= 0 or ncomp != plen + nout - 1 or mark[i] != -1 or seq < 0:
-            return 0
+            return 0, 0
         if R[i, V.K_NCACHED] < 0 or maxlen - ncomp - 1 < 1:
-            return 0
+            return 0, 0
         if (ncomp + 1 + bs - 1) // bs > seq_len[seq]:  # a new block
-            return 0
+            return 0, 0
         if caching and R[i, V.K_NCACHED] < (plen + nout) // bs:  # a block to cache
-            return 0
+            ncache += 1
         if nout + 1 >= R[i, V.K_OLEN] or plen + nout + 1 >= maxlen:  # finishes
-            return 0
+            return 0, 0
         s = i  # vLLM's row is the core's
         if R_i[s, L.RI_STATE] != L.RS_RUNNING or R_i[s, L.RI_PHASE] < 2:
-            return 0
+            return 0, 0
         if top + 24 + 2 * R_i[s, L.RI_BT_CAP] > A_i.shape[0]:
-            return 0
+            return 0, 0
     if not blocked:
-        return -1
-    return nrun
+        return -1, ncache
+    return nrun, ncache
+
+
+@njit(cache=True, _nrt=False)
+def _cache_moves_head(vip, R, hh, sv, wq, heap, run, nrun, pst, hits):
+    """True when the blocks the running requests cache this step could let the first
+    waiting request in: its prefix-cache lookup (:func:`kvsim.engine.vllm_step.lookup`)
+    stops at its first missing hash, and caching only adds hashes (a hash already held
+    keeps its first block: :func:`kvsim.memory.fast.pool_lookup`), so its hits change only
+    if that hash is one of them.  Nothing else :func:`admission_blocked` reads changes when a
+    running request's held block gets its hash (free and reference counts stay), so an
+    admission known to be blocked stays blocked when this is False.  The lookup writes only
+    ``hits``, as the full path's admission lookup does."""
+    if V.num_waiting(vip, sv) == 0 or vip[V.P_CACHING] == 0:
+        return False
+    w = V._peek(vip, sv, wq, heap)
+    if R[w, V.K_NCOMP] != 0:  # no lookup for it (schedule())
+        return False
+    nh = V.lookup(vip, R, hh, w, pst, hits)
+    if nh >= R[w, V.K_H1] - R[w, V.K_H0]:
+        return False
+    x = hh[R[w, V.K_H0] + nh]
+    if x == 0:  # the lookup stops at a hash of 0 (fast.pool_lookup)
+        return False
+    bs = vip[V.P_BS]
+    for k in range(nrun):
+        i = run[k]
+        h0 = R[i, V.K_H0]
+        full = min((R[i, V.K_PLEN] + R[i, V.K_NOUT]) // bs, hh.shape[0] - h0)
+        for j in range(max(R[i, V.K_NCACHED], 0), full):
+            if hh[h0 + j] == x:
+                return True
+    return False
 
 
 @njit(cache=True, _nrt=False)
@@ -199,10 +245,13 @@ def quiet_steps(limit_us, max_steps, aux, insys, ip, fp, st, stf, arr, ttft, tpo
     (:func:`kvsim.replay.kernel.closed_step.advance`, once per call).
 
     Compiled without reference counting (``_nrt=False``): it allocates nothing, returns no
-    array and reads no structref member, and neither does anything it calls (numba
-    compiles a callee under its caller's setting, and a structref member needs it), so
-    every array it takes is borrowed from its caller (~60 counted references a call
-    otherwise)."""
+    array and reads no structref member but vLLM's pool's (``vs[VS_POOL].st`` / ``.pst`` /
+    ``.pview``, read borrowed: :func:`kvsim.policy.state_access.register_borrowed_members`),
+    and neither does anything it calls (numba compiles a callee under its caller's
+    setting), so every array it takes is borrowed from its caller (~60 counted references
+    a call otherwise).  ``aux[_X_QUIET]`` counts the steps it ran, ``aux[_X_QCACHE]`` those
+    of them that cached a block, ``aux[_X_QHEAD]`` the steps it left to the full path
+    because their caching could admit the first waiting request."""
     vip = vs[VS_IP]
     R = vs[VS_R]
     sv = vs[VS_SV]
@@ -211,17 +260,30 @@ def quiet_steps(limit_us, max_steps, aux, insys, ip, fp, st, stf, arr, ttft, tpo
     oc = vs[VS_OC]
     first_us = vs[VS_FIRST]
     mark = vs[VS_MARK]
+    # a step that caches a full block calls vLLM's pool as allocate_slots does (members
+    # read borrowed: kvsim.engine.vllm_pool registers them for code without counting)
+    pl = vs[VS_POOL]
+    pst = pl.st
+    pol = pl.pst
+    pview = pl.pview
+    hh = vs[VS_HH]
+    oev = vs[VS_EV]
+    bs = vip[V.P_BS]
     done = 0
     while done < max_steps:
         if limit_us >= 0 and stf[0] >= limit_us:
             break
         if aux[_X_NINSYS] >= insys.shape[0]:
             break
-        nrun = _quiet(vip, R, sv, run, mark, st, stf, arr, order, K, C, R_i, A_i, S_, P,
-                      running, G, ncols, blocked or done > 0, seq_len, srid)
+        nrun, ncache = _quiet(vip, R, sv, run, mark, st, stf, arr, order, K, C, R_i, A_i, S_,
+                              P, running, G, ncols, blocked or done > 0, seq_len, srid)
         if nrun < 0:
             return -1
         if nrun == 0:
+            break
+        if ncache > 0 and _cache_moves_head(vip, R, hh, sv, vs[VS_WQ], vs[VS_HEAP], run, nrun,
+                                            pst, vs[VS_HITS]):
+            aux[_X_QHEAD] += 1
             break
         # --- kvsim.engine.vllm_rows: one step of schedule() + update_from_output() -------
         now = stf[0]
@@ -236,6 +298,10 @@ def quiet_steps(limit_us, max_steps, aux, insys, ip, fp, st, stf, arr, ttft, tpo
         acc_reset(acc)
         for k in range(nrun):
             i = run[k]
+            if ncache > 0 and R[i, V.K_NCACHED] < (R[i, V.K_PLEN] + R[i, V.K_NOUT]) // bs:
+                # schedule(): allocate_slots caches its full blocks (no new block, no hit)
+                V._cache_blocks(vip, R, hh, i, R[i, V.K_PLEN] + R[i, V.K_NOUT], pst, pol,
+                                pview, oev, oc)
             ntok = np.int64(1)
             osched[k, 0] = i
             osched[k, 1] = ntok
@@ -307,5 +373,8 @@ def quiet_steps(limit_us, max_steps, aux, insys, ip, fp, st, stf, arr, ttft, tpo
         stf[0] = (C[L.C_STEP_START_US] + C[L.C_STEP_DUR_US] + C[L.C_STEP_STALL_US]
                   + C[L.C_STEP_EXTRA_US])
         aux[_X_ROWS] += 1 + nrun
+        aux[_X_QUIET] += 1
+        if ncache > 0:
+            aux[_X_QCACHE] += 1
         done += 1
     return done

@@ -56,9 +56,12 @@ from kvsim.replay.kernel.bookkeeping import _resumed_token
 
 # aux (int64): step rows in flight (0 = none), row to resume at, steps recorded in insys,
 # ALLOCATE rows of the step, lost cached tokens (recomputed), event rows replayed, arena
-# rows the step's admissions need
-X_PENDING, X_RESUME, X_NINSYS, X_NALLOC, X_LOST, X_ROWS, X_ARENA = range(7)
-NUM_AUX = 7
+# rows the step's admissions need; steps run as quiet steps (closed_ffwd), of which cached
+# a full block, and steps left to the full path because their caching could admit the
+# first waiting request
+(X_PENDING, X_RESUME, X_NINSYS, X_NALLOC, X_LOST, X_ROWS, X_ARENA, X_QUIET, X_QCACHE,
+ X_QHEAD) = range(10)
+NUM_AUX = 10
 #: advance() results besides the core's ST_NEED_* codes (1..5); R_NEED_SLOTS: a request
 #: of the step needs a row of the core's request tables and none is free
 #: (:class:`kvsim.modes.closed.closed_slots.ClosedSlots` folds finished ones or grows them)
