@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 
 from kvsim.core import layout as L
-from kvsim.core.spill import streamed_stats
 from kvsim.engine import scheduler as S
 from kvsim.replay.metrics import (
     REQUEST_COLUMNS,
@@ -22,6 +21,7 @@ from kvsim.replay.metrics import (
     step_table,
     summarize,
 )
+from kvsim.results.step_records import StepRecords, latency_stats
 
 #: Keys the closed loop adds to the summary (docs/simulate.md).
 SERVING_KEYS = ("schedule", "replicas", "router", "ttft_p90_us", "tpot_p90_us", "e2e_p90_us",
@@ -75,12 +75,15 @@ class ClusterSteps(StepLog):
     :func:`kvsim.replay.metrics.step_table`'s columns and ``in_system``), built as a
     DataFrame only when read (:meth:`frame`); the summary's step statistics come from the
     latency column alone (:meth:`latency_stats`), the same float64 values in the same
-    order as the joined table's, so the figures are the same bits: held in memory while
-    every replica's steps are (no replica's :class:`kvsim.core.spill.SpilledRows` spilled),
-    else streamed chunk by chunk (:func:`kvsim.core.spill.streamed_stats`: bounded memory,
-    exact).  ``parts``: one ``[replica, rows, in_system, block_bytes, keep]`` per replica
-    (``rows``: its :class:`kvsim.core.spill.SpilledRows`; ``keep``: which steps are
-    measured: None every step, an int the steps from that one on, False none)."""
+    order as the joined table's, so the figures are the same bits
+    (:func:`kvsim.results.step_records.latency_stats`: in one array up to 2^22 steps, else
+    streamed, exact, in bounded memory).  ``parts``: one ``[replica, rows, in_system,
+    block_bytes, keep]`` per replica (``rows``: its step rows, a
+    :class:`kvsim.core.spill.SpilledRows`, or a :class:`kvsim.results.step_records.StepRecords`
+    that kept the measured steps' latencies only (no table: its frame has no row);
+    ``in_system``: an array, or a function returning it; ``keep``: which steps are
+    measured: None every step, an int the steps from that one on (a ``StepRecords``
+    applied it as they came), False none)."""
 
     def __init__(self, parts: list, figures: bool = True) -> None:
         self.parts = parts
@@ -100,6 +103,12 @@ class ClusterSteps(StepLog):
     def _latencies(self, p, warm_step: int | None):
         """One replica's kept steps' latencies (from ``warm_step`` on: None all), a chunk
         at a time."""
+        if isinstance(p[1], StepRecords):  # the measured steps' latencies, as they came
+            if warm_step is not None and warm_step >= 0:
+                raise ValueError("StepRecords(table=False) kept no step numbers")
+            if p[4] is not False:
+                yield from p[1].measured_latencies()
+            return
         for c in p[1].iter_chunks():
             lat = c[:, L.S_LATENCY_US]
             keep = self._keep(p, c[:, L.S_STEP])
@@ -109,6 +118,8 @@ class ClusterSteps(StepLog):
             yield lat if keep is None else lat[keep]
 
     def _count(self, p, warm_step: int | None) -> int:
+        if isinstance(p[1], StepRecords):
+            return 0 if p[4] is False else len(p[1].latency)
         if p[4] is None and warm_step is None:
             return len(p[1])
         return sum(len(v) for v in self._latencies(p, warm_step))
@@ -116,7 +127,9 @@ class ClusterSteps(StepLog):
     def part_frame(self, p):
         """One replica's step table, as :func:`cluster_summary` joins it."""
         replica, rows, in_system, block_bytes = p[:4]
-        st = step_table(rows.to_array(), block_bytes)
+        table = not isinstance(rows, StepRecords)
+        st = step_table(rows.to_array() if table else np.zeros((0, L.NS)), block_bytes)
+        in_system = in_system() if callable(in_system) else in_system
         st["in_system"] = np.asarray(in_system[:len(st)], dtype=np.int64)
         keep = self._keep(p, st["step"].to_numpy())
         if keep is not None:
@@ -135,13 +148,8 @@ class ClusterSteps(StepLog):
         if not self.figures:
             n = sum(self._count(p, warm_step) for p in self.parts)
             return n, float("nan"), [float("nan")] * len(STEP_PERCENTILES)
-        lats = (v for p in self.parts for v in self._latencies(p, warm_step))
-        if any(p[1].spilled for p in self.parts):
-            return streamed_stats(lats, STEP_PERCENTILES)
-        lats = list(lats)
-        lat = np.concatenate(lats) if lats else np.zeros(0)  # no step: no chunk
-        mean = float(lat.mean()) if len(lat) else float("nan")
-        return len(lat), mean, percentiles(lat, STEP_PERCENTILES)
+        return latency_stats((v for p in self.parts for v in self._latencies(p, warm_step)),
+                             STEP_PERCENTILES)
 
 
 def percentiles(x: np.ndarray, qs) -> list[float]:
@@ -237,7 +245,8 @@ def cluster_summary(pol, engines, costs, N: int, router: str, dropped: int,
             warm = run.C[L.C_WARM_DONE] != 0
             cw = run.Cw if warm else run.C  # no step after the warm-up: nothing measured
             keep = int(run.K[L.K_WARMUP_STEP]) if warm else False
-        part = [e.replica, run.step_rows, e.in_system, e.block_bytes, keep]
+        rec = run.step_rows  # the engine's StepRecords: its in_system all taken (finish)
+        part = [e.replica, rec.rows if rec.table else rec, rec.in_system, e.block_bytes, keep]
         parts.append(part)
         cols = _request_columns(run, len(e.sched.src), e.replica)
         rq = ClusterRequests({k: v for k, v in cols.items() if k != "replica"})
