@@ -57,8 +57,8 @@ def test_in_system_buffer_is_emptied_not_grown() -> None:
     assert len(e.in_system) == e.steps
 
 
-@pytest.mark.parametrize("replicas,warmup", [(1, None), (3, 7), (1, 12)])
-@pytest.mark.parametrize("spill", [False, True])
+@pytest.mark.parametrize("replicas,warmup,spill", [(1, None, False), (3, 7, True),
+                                                    (1, 12, True)])
 def test_summary_only_records_give_the_same_summary(monkeypatch, replicas, warmup,
                                                     spill) -> None:
     """``step_table=False`` keeps 8 bytes a measured step (not a 12-column row and an
