@@ -116,7 +116,6 @@ class ClosedSlots(RequestSlots):
         cols.update({name: np.ascontiguousarray(f._col(a, name)) for name in f.names})
         return cols
 
-
     def fold_all(self, run) -> FoldedRequests:
         """Fold every request still held (after the run) and drop the core's request
         tables: the replica's per-request rows, in bounded memory."""
