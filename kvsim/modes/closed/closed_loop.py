@@ -62,6 +62,7 @@ from kvsim.replay.variants import (
     core_run_ref_type,
     core_run_value,
 )
+from kvsim.results.step_records import StepRecords
 from kvsim.spec.models.catalog import DEFAULT_MODEL
 from kvsim.spec.sim_config import SimConfig
 
@@ -143,7 +144,7 @@ class Engine:
     def __init__(self, table: RequestTable, off, ids, policy, config: SimConfig,
                  opts: EngineOptions, cost, hbm_blocks: int, costs, block_bytes: int,
                  log_writer=None, order: np.ndarray | None = None, replica: int = 0,
-                 hashes: tuple | None = None):
+                 hashes: tuple | None = None, step_table: bool = True):
         from kvsim.replay.driver import TraceFacts, _Run
 
         N = len(table)
@@ -195,6 +196,7 @@ class Engine:
                                                             opts.scheduler))
         self.run = _Run(policy, nowarm, header, facts, costs, block_bytes, log_writer)
         self.run.K[L.K_WARMUP_STEP] = -1
+        self.run.step_rows = StepRecords(step_table, self.run.K, config.warmup_count(N) > 0)
         # rows = request ids when the decision log may name another replica's row (a lower
         # tier shared by the replicas: kvsim.modes.closed.shared_tier)
         ident = log_writer is not None and getattr(config, "shared_tier_gb", None) is not None
@@ -274,7 +276,7 @@ class Engine:
     # -- running steps -----------------------------------------------------------------------
     @property
     def steps(self) -> int:
-        return int(self.aux[CS.X_NINSYS])
+        return self.run.step_rows.insys_taken + int(self.aux[CS.X_NINSYS])
 
     @property
     def rows(self) -> int:
@@ -286,7 +288,7 @@ class Engine:
 
     @property
     def in_system(self) -> np.ndarray:
-        return self.insys[:self.steps]
+        return self.run.step_rows.in_system(self.insys[:int(self.aux[CS.X_NINSYS])])
 
     def advance(self, limit_us: float = -1.0, max_steps: int = YIELD_STEPS,
                 on_yield: Callable[[], None] | None = None) -> None:
@@ -316,11 +318,8 @@ class Engine:
                 return
             from kvsim.replay.kernel import core  # not on the path of the calls that return
 
-            if code == CS.R_YIELD:
-                # same buffers unless in_system grows: the arguments (and entry) stay
-                if self.aux[CS.X_NINSYS] >= len(self.insys):
-                    self.insys = np.concatenate([self.insys, np.zeros_like(self.insys)])
-                    self._args = None
+            if code == CS.R_YIELD:  # in_system emptied in place: the arguments stay
+                run.step_rows.take_in_system(self.insys, self.aux, CS.X_NINSYS)
                 if on_yield is not None:
                     on_yield()
                 continue
@@ -413,6 +412,7 @@ class Engine:
                                       core_run_ref(self._core_args()[1]))
         run._flush_steps()
         run._flush_log()
+        run.step_rows.take_in_system(self.insys, self.aux, CS.X_NINSYS, last=True)
 
 
 def _entry(advance, args: tuple):

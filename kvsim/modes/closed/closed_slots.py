@@ -122,17 +122,22 @@ class ClosedSlots(RequestSlots):
         """The replica's per-request table (:func:`kvsim.replay.metrics.request_table`) as
         columns, ``replica`` first, in request-id order; every request still held is
         folded first and the core's request tables are dropped."""
-        n = self.top
-        s = np.flatnonzero((run.R_i[:n, L.RI_STATE] != L.RS_UNSEEN) & (self.rid_of[:n] >= 0))
-        self._fold(run, s, self.rid_of[s].copy())
-        run.R_i, run.R_f = L.new_request_tables(0)
-        self.closed = True
-        f = self.folded
+        f = self.fold_all(run)
         a = f.rows.to_array()
         a = a[np.argsort(a.view(np.int64)[:, f.names.index("request_id")], kind="stable")]
         cols = {"replica": np.full(len(a), replica, dtype=np.int64)}
         cols.update({name: np.ascontiguousarray(f._col(a, name)) for name in f.names})
         return cols
+
+    def fold_all(self, run) -> FoldedRequests:
+        """Fold every request still held (after the run) and drop the core's request
+        tables: the replica's per-request rows, in bounded memory."""
+        n = self.top
+        s = np.flatnonzero((run.R_i[:n, L.RI_STATE] != L.RS_UNSEEN) & (self.rid_of[:n] >= 0))
+        self._fold(run, s, self.rid_of[s].copy())
+        run.R_i, run.R_f = L.new_request_tables(0)
+        self.closed = True
+        return self.folded
 
 
 def one_slot_each(sc) -> None:

@@ -76,12 +76,16 @@ def _events(table: RequestTable, block_size_tokens: int) -> int:
 def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
           replicas: int = 1, router: str = "round_robin",
           engine: EngineOptions | None = None, decision_log: str | Path | None = None,
-          on_progress: Callable[[int, int], None] | None = None, pd=None):
+          on_progress: Callable[[int, int], None] | None = None, pd=None,
+          step_table: bool = True):
     """Serve ``table`` closed loop on ``replicas`` engines behind ``router``; returns a
     :class:`kvsim.replay.driver.SimResult` whose ``summary`` has the cluster-wide keys of
     docs/simulate.md and ``summary["replicas_detail"]`` one row per replica.  ``pd``
     (:class:`kvsim.modes.closed.disagg.PdOptions`): prefill and decode pools instead
-    (:mod:`kvsim.modes.closed.disagg`; ``replicas`` is then P + D)."""
+    (:mod:`kvsim.modes.closed.disagg`; ``replicas`` is then P + D).  ``step_table`` False:
+    the engines keep only what the summary reads of their steps (the measured steps'
+    latencies, :mod:`kvsim.results.step_records`; the same summary), and
+    ``SimResult.steps`` is a table with no row (without ``pd``)."""
     from kvsim.modes.closed import shared_tier
     from kvsim.modes.closed.closed_loop import closed_engine
     from kvsim.policy.registry import resolve_policy
@@ -131,7 +135,7 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
                             block_bytes, off, ids, dropped, cfg_dict, on_progress)
         return _serve(table, pol, config, replicas, router, opts, decision_log, cost,
                       hbm_blocks, costs, block_bytes, off, ids, dropped, cfg_dict,
-                      on_progress, missed)
+                      on_progress, missed, step_table)
 
 
 def _dropped_prompts(offered: RequestTable, kept: RequestTable, B: int) -> np.ndarray:
@@ -150,7 +154,8 @@ def _dropped_prompts(offered: RequestTable, kept: RequestTable, B: int) -> np.nd
 
 
 def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_blocks, costs,
-           block_bytes, off, ids, dropped, cfg_dict, on_progress, missed=None):
+           block_bytes, off, ids, dropped, cfg_dict, on_progress, missed=None,
+           step_table: bool = True):
     """:func:`serve` after its set-up: build the engines, run them, summarise."""
     from kvsim.modes.closed.closed_facts import PromptHashes, block_facts
     from kvsim.modes.closed.serving_metrics import cluster_summary
@@ -184,7 +189,8 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
         routed = replicas > 1 or warmup > 0
         order = np.zeros(max(N, 1), dtype=np.int64) if routed else None
         engines.append(Engine(table, off, ids, pol, config, opts, cost, hbm_blocks, costs,
-                              block_bytes, writer, order=order, replica=w, hashes=hashes))
+                              block_bytes, writer, order=order, replica=w, hashes=hashes,
+                              step_table=step_table))
     from kvsim.modes.closed import shared_tier
 
     if shared_tier.enabled(config):
@@ -331,6 +337,7 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
 def _serve_summary(name, table, config, replicas, router, engine, pd_options=None,
                    on_progress: Callable[[int, int], None] | None = None) -> dict:
     s = dict(serve(table, name, config, replicas=replicas, router=router,
-                   engine=engine, on_progress=on_progress, pd=pd_options).summary)
+                   engine=engine, on_progress=on_progress, pd=pd_options,
+                   step_table=False).summary)  # the summary only
     s.pop("replica_rows", None)
     return s
