@@ -16,6 +16,14 @@ defaults, llama-3.1-8b, vLLM's scheduler) in a fresh child and reads its peak re
 (``ru_maxrss`` of ``RUSAGE_CHILDREN``, each child measured by its own process), CPU
 seconds and wall; /proc/loadavg before and after.  The compile is excluded (an untimed 1x
 run first).  Extra ``kvsim simulate`` options go after ``--``.
+
+``--phases`` runs each size through ``request_phases.py`` instead (the same command in one
+process, its phases wrapped): the resident set before and after each phase and its peak
+(read, size, prepare, hashes, engines, block_facts, run, finish, summary), which says
+what grows.  ``--max-gib G`` (default 3) refuses a size whose extrapolated peak (the two
+smallest sizes' growth per copy, projected) exceeds G: 100x the conversation trace is a
+300 MB file and 1.2 M requests, ~89 M engine steps at ``--stretch 10``, and is run only
+where it fits (docs/benchmarks.md says where it was not).
 """
 
 from __future__ import annotations
@@ -81,6 +89,10 @@ def main() -> None:
     ap.add_argument("--stretch", type=float, default=1.0,
                     help="multiply the arrival times by this first (a lighter load: one "
                          "replica is overloaded by the Mooncake conversation trace at 1.0)")
+    ap.add_argument("--phases", action="store_true",
+                    help="per-phase RSS of each size (request_phases.py)")
+    ap.add_argument("--max-gib", type=float, default=3.0,
+                    help="skip a size whose projected peak RSS exceeds this (GiB)")
     ap.add_argument("extra", nargs="*", help="more kvsim simulate options (after --)")
     a = ap.parse_args()
     d = Path(a.dir)
@@ -92,10 +104,24 @@ def main() -> None:
         plain = n == 1 and a.stretch == 1.0
         tag = "" if a.stretch == 1.0 else f"_s{a.stretch:g}"
         dst = Path(a.trace) if plain else d / f"{Path(a.trace).stem}{tag}_x{n}.jsonl"
+        if len(rows) >= 2:  # project: the growth per copy of the two smallest sizes
+            (c0, g0), (c1, g1) = [(r["copies"], r["peak_rss_gib"]) for r in rows[:2]]
+            need = g1 + (g1 - g0) / (c1 - c0) * (n - c1)
+            if need > a.max_gib:
+                print(f"{n} copies skipped: projected peak {need:.2f} GiB > --max-gib "
+                      f"{a.max_gib:g}", flush=True)
+                continue
         if not plain and not dst.exists():
             repeat_trace(Path(a.trace), n, dst, a.stretch)
         if not rows and not a.no_warm:
             run(dst, a.extra)  # untimed: the compile
+        if a.phases:
+            p = subprocess.run([sys.executable, str(Path(here) / "request_phases.py"),
+                                "--trace", str(dst), *(["--", *a.extra] if a.extra else [])],
+                               capture_output=True, text=True)
+            if p.returncode:
+                raise SystemExit(p.stderr[-2000:])
+            print(f"## {n} copies\n{p.stdout}", flush=True)
         code = (f"import json,sys; sys.path.insert(0, {here!r}); import request_scale as b;"
                 f" print(json.dumps(b.run(__import__('pathlib').Path({str(dst)!r}), "
                 f"{a.extra!r})))")

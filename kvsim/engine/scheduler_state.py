@@ -9,6 +9,7 @@ it the same way, so both run the same scheduler on the same state.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,6 +46,29 @@ class Schedule:
         return n
 
 
+#: (id of a request column, dtype) -> (weak reference to it, it converted): the
+#: conversions :func:`new_schedule` makes, made once while the column lives (the replicas
+#: of a cluster read the same table; the scheduler never writes these columns)
+_CONVERTED: dict[tuple, tuple] = {}
+
+
+def _as(x, dtype) -> np.ndarray:
+    """``x`` as a contiguous array of ``dtype``: ``x`` itself when it is one, else one
+    copy shared by every schedule built from this ``x`` (8 bytes a request per replica
+    saved per converted column)."""
+    x = np.asarray(x)
+    dt = np.dtype(dtype)
+    if x.dtype == dt and x.flags.c_contiguous and (x.flags.writeable or dt != np.bool_):
+        return x  # (a bool column was always copied: a read-only one stays out)
+    key = (id(x), dt.str)
+    hit = _CONVERTED.get(key)
+    if hit is not None and hit[0]() is x:
+        return hit[1]
+    out = np.array(x, dtype=dt)  # writable, C-contiguous: the type the scheduler compiled for
+    _CONVERTED[key] = (weakref.ref(x, lambda _r, k=key: _CONVERTED.pop(k, None)), out)
+    return out
+
+
 _NO_TABLE = np.zeros(2, dtype=np.int64)
 # no pool: an empty prefix index, as keys and values views of one interleaved array like
 # the closed loop's (kvsim.memory.fast.index_keys_values), so the scheduler's step compiles
@@ -66,7 +90,7 @@ def new_schedule(cols: dict, off: np.ndarray, ids: np.ndarray, trace_block_token
     seal_all()  # before the scheduler's first compile: one signature each, sealed stamps
     N = len(cols["arrival_us"])
     a = cols
-    i64 = lambda x: np.ascontiguousarray(x, dtype=np.int64)  # noqa: E731
+    i64 = lambda x: _as(x, np.int64)  # noqa: E731
     arr, prompt, out = i64(a["arrival_us"]), i64(a["prompt_tokens"]), i64(a["output_tokens"])
     nsamp, beam = i64(a["n"]), i64(a["beam_width"])
     fork_children = np.maximum(nsamp, beam) - 1
@@ -105,10 +129,10 @@ def new_schedule(cols: dict, off: np.ndarray, ids: np.ndarray, trace_block_token
     rk = np.zeros(1 << int(2 * keys - 1).bit_length(), np.int64)
     rv = np.zeros_like(rk)
     req_args = (arr, prompt, out, i64(a["ttft_deadline_us"]), i64(a["tpot_deadline_us"]),
-                nsamp, beam, i64(a["request_priority"]), a["session_continues"].astype(np.bool_),
+                nsamp, beam, i64(a["request_priority"]), _as(a["session_continues"], np.bool_),
                 i64(a["next_turn_gap_us"]), i64(a["shared_prefix_tokens"]),
                 i64(a["spec_draft_tokens"]),
-                np.ascontiguousarray(a["spec_accept_prob"], dtype=np.float64),
+                _as(a["spec_accept_prob"], np.float64),
                 i64(a["hashed_tokens"]), off, ids)
     slot_args = (src, par, computed, gen, nblk, lasth, status, first_us, dsteps, forked, blast,
                  cow, run, run2, fin, nkey, priv, stall, hb, hb2, rk, rv)

@@ -244,14 +244,40 @@ def _plain_columns(path, lim) -> dict | None:
             "hashed_tokens": prompt}
 
 
+#: Ids checked per batch by :func:`_prefix_tree` (its working arrays are a batch's).
+_TREE_BATCH_IDS = 1 << 20
+
+
 def _prefix_tree(flat: np.ndarray, lens: np.ndarray) -> bool:
     """True when every id always follows the same id (or always starts its list): the
-    line-by-line check (``parent.setdefault``) over the flattened ids, -1 for "nothing"."""
+    line-by-line check (``parent.setdefault``) over the flattened ids, -1 for "nothing".
+
+    Ids that are small non-negative integers (every published Mooncake trace: remapped
+    0, 1, 2, ...) are checked with one parent per id value, a batch of ids at a time, so
+    the working memory grows with the distinct ids, not with how often they come (a trace
+    repeated 10 times needs no more); other ids with one sort."""
     if flat.size == 0:
         return True
-    prev = np.empty_like(flat)
-    prev[1:] = flat[:-1]
-    starts = (np.cumsum(lens) - lens)[lens > 0]
-    prev[starts] = -1
-    _uniq, first, inverse = np.unique(flat, return_index=True, return_inverse=True)
-    return bool((prev == prev[first][inverse.ravel()]).all())
+    starts = (np.cumsum(lens) - lens)[lens > 0]  # where each non-empty list starts
+    top = int(flat.max())
+    if int(flat.min()) < 0 or top > 4 * flat.size + (1 << 20):
+        prev = np.empty_like(flat)
+        prev[1:] = flat[:-1]
+        prev[starts] = -1
+        _uniq, first, inverse = np.unique(flat, return_index=True, return_inverse=True)
+        return bool((prev == prev[first][inverse.ravel()]).all())
+    parent = np.empty(top + 1, dtype=np.int64)
+    # pass 1: each id's parent as its last occurrence has it; pass 2: every occurrence
+    # agrees (any two that differ make one of them disagree with the last)
+    for check in (False, True):
+        for a in range(0, flat.size, _TREE_BATCH_IDS):
+            b = min(a + _TREE_BATCH_IDS, flat.size)
+            prev = np.empty(b - a, dtype=np.int64)
+            prev[1:] = flat[a:b - 1]
+            prev[0] = flat[a - 1] if a else -1
+            prev[starts[np.searchsorted(starts, a):np.searchsorted(starts, b)] - a] = -1
+            if not check:
+                parent[flat[a:b]] = prev
+            elif not (parent[flat[a:b]] == prev).all():
+                return False
+    return True
