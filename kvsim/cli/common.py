@@ -478,12 +478,12 @@ class KvsimGroup(TyperGroup):
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
             fail(f"{exc.filename}: {exc.strerror}", EXIT_BAD_INPUT)
         except OSError as exc:
-            from kvsim.core.fsutil import is_disk_full
+            from kvsim.core.fsutil import disk_full_cause, is_disk_full
 
             if not is_disk_full(exc):
                 raise
             where = f"{exc.filename}: " if exc.filename else ""
-            fail(f"{where}disk full (No space left on device); partial outputs removed", 1)
+            fail(f"{where}{disk_full_cause(exc)}; partial outputs removed", 1)
 
 
 def check_outputs(*specs: tuple[str, Any, str]) -> None:
