@@ -202,8 +202,30 @@ def new_formats() -> None:
           "2024-10-15 00:00:00.0100000,1,1200,40\n2024-10-15 00:00:01.0000000,-2,300,12\n")
 
 
+def recordings() -> None:
+    """vLLM KV-event recordings (msgpack) with a frame over the ``max_line_chars`` limit."""
+    import struct
+
+    import msgpack
+
+    def frame(ts: float, tokens: list[int], hashes: list[int]) -> bytes:
+        return msgpack.packb([ts, [["BlockStored", hashes, None, tokens, 4, None]]])
+
+    ok = frame(1.0, [1, 2, 3, 4], [11])
+    # frame 2 holds 2,000 tokens (~2 KB): over --limit max_line_chars=1000
+    write("vllm_frame_2kb.msgpack", ok + frame(2.0, [5] * 2000, list(range(12, 512))))
+    # frame 2 holds 70M tokens (70 MB: over the default 64 Mi) in a ~70 KB .gz; written
+    # by hand (msgpack's packb would build the 70M-item list): [2.0, [["BlockStored",
+    # [12], None, <array32 of 70M x 1>, 4, None]]]
+    n = 70_000_000
+    big = (b"\x92\xcb" + struct.pack(">d", 2.0) + b"\x91\x96" + msgpack.packb("BlockStored")
+           + b"\x91\x0c\xc0\xdd" + struct.pack(">I", n) + b"\x01" * n + b"\x04\xc0")
+    write("vllm_frame_70mb.msgpack.gz", gz(ok + big))
+
+
 if __name__ == "__main__":
     HERE.mkdir(exist_ok=True)
     importers()
     new_formats()
+    recordings()
     policies()
