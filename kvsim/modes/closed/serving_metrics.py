@@ -13,11 +13,9 @@ from kvsim.core import layout as L
 from kvsim.core.spill import streamed_stats
 from kvsim.engine import scheduler as S
 from kvsim.replay.metrics import (
-    REQUEST_COLUMNS,
     STEP_PERCENTILES,
     RequestLog,
     StepLog,
-    _kept_ids,
     _pct,
     step_table,
     summarize,
@@ -198,17 +196,6 @@ class ClusterRequests(RequestLog):
         }
 
 
-def _request_columns(run, n: int, replica: int) -> dict:
-    """One replica's :func:`kvsim.replay.metrics.request_table` as columns, ``replica``
-    first (its request slots', :mod:`kvsim.modes.closed.closed_slots`, when it has them)."""
-    if hasattr(run.slots, "columns"):
-        return run.slots.columns(run, replica)
-    keep = _kept_ids(run.R_i, n)
-    cols = {"replica": np.full(len(keep), replica, dtype=np.int64)}
-    cols.update({name: col(run.R_i, run.R_f, keep) for name, col in REQUEST_COLUMNS.items()})
-    return cols
-
-
 def cluster_summary(pol, engines, costs, N: int, router: str, dropped: int,
                     warmup: int = 0, start_us: float = 0.0, lazy: bool = False):
     """(summary, requests, steps) of a closed-loop run over ``engines``, and per-replica
@@ -239,7 +226,7 @@ def cluster_summary(pol, engines, costs, N: int, router: str, dropped: int,
             keep = int(run.K[L.K_WARMUP_STEP]) if warm else False
         part = [e.replica, run.step_rows, e.in_system, e.block_bytes, keep]
         parts.append(part)
-        cols = _request_columns(run, len(e.sched.src), e.replica)
+        cols = run.slots.columns(run, e.replica)  # the request slots' rows (closed_slots)
         rq = ClusterRequests({k: v for k, v in cols.items() if k != "replica"})
         # a replica's row has no step latency figure (REPLICA_KEYS): its steps counted only
         s1 = summarize(pol.name, pol.offline, run.C, cw, measured, -1,
