@@ -492,8 +492,10 @@ class KvsimGroup(TyperGroup):
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
             fail(f"{exc.filename}: {exc.strerror}", EXIT_BAD_INPUT)
         except OSError as exc:
-            from kvsim.core.fsutil import disk_full_cause, is_disk_full
+            from kvsim.core.fsutil import PATH_ERRNOS, disk_full_cause, is_disk_full
 
+            if exc.errno in PATH_ERRNOS and exc.filename:  # `--trace` of a name too long
+                fail(f"{exc.filename}: {exc.strerror}", EXIT_BAD_INPUT)
             if not is_disk_full(exc):
                 raise
             where = f"{exc.filename}: " if exc.filename else ""

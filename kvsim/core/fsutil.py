@@ -79,6 +79,9 @@ DISK_FULL_CAUSES = {
                   "process's file size limit, ulimit -f, or the file system's largest file)"),
 }
 DISK_FULL_ERRNOS = tuple(DISK_FULL_CAUSES)
+#: errno values of a path no file can have (bad input, exit 2, like a missing file): a name
+#: or component too long, a loop of symbolic links, a read-only file system.
+PATH_ERRNOS = (errno.ENAMETOOLONG, errno.ELOOP, errno.EROFS)
 
 
 def _disk_full_errno(exc: BaseException) -> int | None:
@@ -152,6 +155,16 @@ def check_output_path(path: str | Path, option: str | None = None) -> Path:
     target (and ``option`` when given) in one line."""
     path = Path(path)
     field = option
+    try:
+        _check_output_path(path, field)
+    except OSError as exc:  # a name too long, a loop of links: what the system says
+        raise KvsimInputError(f"cannot write the output ({exc.strerror or exc})", path, None,
+                              field) from None
+    OUTPUT_FOLDERS.add(Path(os.path.abspath(path.parent)))
+    return path
+
+
+def _check_output_path(path: Path, field: str | None) -> None:
     if path.is_dir():
         raise KvsimInputError("expected a file path to write, got a directory", path, None,
                               field)
@@ -166,8 +179,6 @@ def check_output_path(path: str | Path, option: str | None = None) -> Path:
                 raise KvsimInputError(f"cannot write the output: folder {ancestor} is not "
                                       f"writable{why}", path, None, field)
             break
-    OUTPUT_FOLDERS.add(Path(os.path.abspath(parent)))
-    return path
 
 
 #: Output formats by file name ending (docs/cli.md, "Output names").
