@@ -223,9 +223,18 @@ def recordings() -> None:
     write("vllm_frame_70mb.msgpack.gz", gz(ok + big))
 
 
+def toml_files() -> None:
+    """Hardware and workload profiles with one bad value each (session 20's audit)."""
+    base = '[arrivals]\nsessions_per_s = 1.0\n\n[[classes]]\nname = "chat"\nweight = 1.0\n'
+    write("profile_rate_nan.toml", 'name = "n"\n\n' + base.replace("1.0\n\n", "nan\n\n", 1))
+    write("profile_prompt_1e15.toml", 'name = "p"\n\n' + base + "prompt_tokens = 1e15\n")
+    write("hw_latin1.toml", '# caf\xe9\nname = "x"\n'.encode("latin-1"))
+
+
 if __name__ == "__main__":
     HERE.mkdir(exist_ok=True)
     importers()
     new_formats()
     recordings()
+    toml_files()
     policies()
