@@ -62,6 +62,10 @@ SLOW_TESTS = (
     "tests/cluster/test_quiet_cache_steps.py::test_cache_steps_change_no_output",  # the
     # interpreted twin, 4 runs (test_quiet_steps.py covers the fast path in the default step)
     "tests/safety/test_signals.py::test_signal_mid_run_one_line_no_partial_output",  # ~80 s each at load 19
+    "tests/safety/test_signals.py::test_file_size_limit_is_named_under_ulimit_f",  # a fresh
+    # interpreter: ~6 s at load 16
+    "tests/ingest/test_vllm_kv_events.py::test_msgpack_recording_over_msgpacks_buffer_is_streamed",
+    # ^ 101 MiB of msgpack written and read: ~11 s at load 16
     "tests/safety/test_compile_cache.py::test_bit_flipped_replay_core_one_warning_same_result",
     # ^ two compiles of the replay core
     "tests/sim/test_warm.py::test_warm_leaves_every_default_run_cached",  # a cold compile when

@@ -149,6 +149,17 @@ def test_result_warnings():
     assert {"hbm_below_budget", "request_larger_than_hbm"} <= codes
 
 
+@pytest.mark.parametrize(("warm", "measured", "warned"), [
+    (64, 1, True), (1, 9, True), (90, 10, False), (0, 1, False), (5, 0, False)])
+def test_few_measured_requests_after_the_warm_up(warm, measured, warned):
+    """A warm-up leaving fewer than 10 requests measured is warned about (main: silent);
+    no warm-up, or nothing served (no_requests says that), is not this warning."""
+    rows = [_row("lru", 0.1, requests=measured, warmup_requests=warm, preemptions=0,
+                 makespan_us=1.0)]
+    codes = [w["code"] for w in result_warnings(rows)]
+    assert ("few_measured" in codes) == warned, codes
+
+
 def test_dropped_requests_count_as_misses_in_the_hit_rates():
     """Issue #33: at 8 GB the Mooncake trace's 297 longest requests can never be admitted;
     leaving their prompts out of the hit rates made 8 GB score above 16 GB (5.02 % vs

@@ -216,3 +216,21 @@ def test_cli_case(case: str, tmp_path: Path) -> None:
     after = _tree(tmp_path)
     assert set(after) == set(before), "the failed command left files behind"
     assert after == before, "the failed command changed an input"
+
+
+def test_with_option_names_renames_only_option_errors() -> None:
+    """The CLI's error path (kvsim.cli.common: a command's callback) names the option of
+    a config field; a file's error, an unknown field and plain words stay as they are."""
+    from kvsim.core.errors import with_option_names
+
+    options = {"warmup_requests": "--warmup-requests", "warmup_fraction": "--warmup-fraction",
+               "mode": "--mode"}
+    e = KvsimInputError("expected either warmup_requests or warmup_fraction, not the "
+                        "cache mode, got 'write_back'", None, None, "warmup_requests")
+    assert str(with_option_names(e, options)) == (
+        "field '--warmup-requests': expected either --warmup-requests or "
+        "--warmup-fraction, not the cache mode, got 'write_back'")
+    in_a_file = KvsimInputError("bad", "p.toml", "line 3", "warmup_requests")
+    assert with_option_names(in_a_file, options) is in_a_file
+    other = KvsimInputError("bad", None, None, "seed")
+    assert with_option_names(other, options) is other

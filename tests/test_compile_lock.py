@@ -126,3 +126,47 @@ def test_a_holder_that_never_lets_go_delays_by_the_wait_limit_only(tmp_path):
         with disk_cache.entry_lock(mod.f, SIG, wait_s=0.3):
             waited = time.monotonic() - t0
     assert 0.3 <= waited < 5
+
+
+def test_kvsim_entry_points_called_from_python_compile_through_compile_once(monkeypatch):
+    """``closed_step.advance`` (the closed loop's entry), ``vllm_step.step``
+    (CompiledVllmScheduler) and ``vllm_rows``' set-up loops (``shared_hashes``) are
+    compiled or loaded through :func:`compile_for` / :func:`compile_once` before their
+    first call (main: numba compiled them on that call, unlocked, so two test workers
+    compiled them twice), for the very types the call then uses: no second entry."""
+    from kvsim.engine import vllm_rows
+    from kvsim.engine import vllm_step as V
+    from kvsim.engine.vllm_compiled import CompiledVllmScheduler
+    from kvsim.engine.vllm_scheduler import EngineConfig, SimRequest
+    from kvsim.replay.kernel import closed_step
+    from tests.helpers import small_closed_engine
+
+    watched = {"advance": closed_step.advance, "step": V.step,
+               "_content_keys": vllm_rows._content_keys,
+               "_split_unequal": vllm_rows._split_unequal,
+               "_own_hashes": vllm_rows._own_hashes}
+    before = {n: set(d.overloads) for n, d in watched.items()}
+    seen: dict[str, set] = {}
+    real = disk_cache.compile_for
+
+    def spy(dispatcher, args):
+        types = real(dispatcher, args)
+        seen.setdefault(dispatcher.py_func.__name__, set()).add(types)
+        return types
+
+    monkeypatch.setattr(disk_cache, "compile_for", spy)
+    e = small_closed_engine("compiled")
+    e.advance(-1.0)
+    e.finish()
+    cfg = EngineConfig(block_size=16, num_gpu_blocks=32, max_num_seqs=4,
+                       max_num_batched_tokens=256)
+    comp = CompiledVllmScheduler(cfg, [SimRequest(idx=i, request_id=f"r{i}",
+                                                  all_tokens=[1] * 43, prompt_len=40,
+                                                  output_len=3) for i in range(2)])
+    for i in range(2):
+        comp.add_request(i)
+    while comp.has_requests():
+        comp.step()
+    assert set(watched) <= set(seen), sorted(seen)
+    for name, d in watched.items():  # every entry added here is one compile_for made
+        assert set(d.overloads) - before[name] <= seen[name], name

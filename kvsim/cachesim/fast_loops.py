@@ -174,19 +174,6 @@ def _push_tail(prev, nxt, E, q, b):
 
 
 @njit(cache=True, inline="always")
-def _push_head(prev, nxt, E, q, b):
-    h = E[q, 0]
-    nxt[b] = h
-    prev[b] = NIL
-    if h == NIL:
-        E[q, 1] = b
-    else:
-        prev[h] = b
-    E[q, 0] = b
-    E[q, 2] += 1
-
-
-@njit(cache=True, inline="always")
 def _unlink(prev, nxt, E, q, b):
     p = prev[b]
     n = nxt[b]

@@ -44,6 +44,7 @@ from rich.progress import (
 from typer.core import TyperGroup
 
 from kvsim.core.errors import EXIT_BAD_INPUT, KvsimError, KvsimInputError, Terminated
+from kvsim.core.errors import with_option_names as _with_option_names
 
 #: Exit codes of a run stopped by a signal (128 + signal number, the shell convention).
 EXIT_SIGINT = 130
@@ -210,16 +211,29 @@ def _guard_paths(command: Any, name: str) -> None:
         return
     opts = {p.name: (max(p.opts, key=len) if p.opts else p.name)
             for p in getattr(command, "params", ())}
+    # a bad value of a config field names this command's option for it (with_option_names)
+    named = {f: o for f, o in ((f, FIELD_OPTIONS.get(f, opts.get(f))) for f in
+                              (*opts, *FIELD_OPTIONS)) if o in opts.values() and o[:2] == "--"}
 
     def guarded(*args: Any, **kwargs: Any) -> Any:
         check_command_paths(name, kwargs, opts)
         from kvsim.core.fsutil import spooled_params
 
-        with spooled_params(kwargs, set(OUTPUT_OPTIONS.get(name, ()))) as params:  # pipes
-            return callback(*args, **params)
+        try:
+            with spooled_params(kwargs, set(OUTPUT_OPTIONS.get(name, ()))) as params:  # pipes
+                return callback(*args, **params)
+        except KvsimInputError as exc:
+            raise _with_option_names(exc, named) from None
 
     command.callback = guarded
     command._kvsim_paths = True
+
+
+#: Config fields whose option is not the command parameter of the same name; a field an
+#: error names is the option of its parameter (``warmup_requests`` -> ``--warmup-requests``)
+#: when the command has one.  The API and config files name the fields.
+FIELD_OPTIONS = {"tier_policies": "--tier-policy", "tenant_quotas": "--tenant-quota",
+                 "shared_link_bytes_per_s": "--shared-link-gbps", "prefetch": "--no-prefetch"}
 
 
 #: Option values converted without pydantic (:class:`_PlainValue`): an integer, a decimal
@@ -478,12 +492,14 @@ class KvsimGroup(TyperGroup):
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
             fail(f"{exc.filename}: {exc.strerror}", EXIT_BAD_INPUT)
         except OSError as exc:
-            from kvsim.core.fsutil import is_disk_full
+            from kvsim.core.fsutil import PATH_ERRNOS, disk_full_cause, is_disk_full
 
+            if exc.errno in PATH_ERRNOS and exc.filename:  # `--trace` of a name too long
+                fail(f"{exc.filename}: {exc.strerror}", EXIT_BAD_INPUT)
             if not is_disk_full(exc):
                 raise
             where = f"{exc.filename}: " if exc.filename else ""
-            fail(f"{where}disk full (No space left on device); partial outputs removed", 1)
+            fail(f"{where}{disk_full_cause(exc)}; partial outputs removed", 1)
 
 
 def check_outputs(*specs: tuple[str, Any, str]) -> None:

@@ -7,6 +7,7 @@ field and what was expected.  The CLI prints it to stderr without a traceback an
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +53,21 @@ class KvsimInputError(KvsimError):
         parts.append(self.message)
         # One line, always: collapse any newline a caller let through.
         return ": ".join(parts).replace("\n", " ")
+
+
+_IDENTIFIER = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
+
+
+def with_option_names(exc: KvsimInputError, options: dict[str, str]) -> KvsimInputError:
+    """``exc`` as the command line says it: a bad option value (no file) whose field is a
+    key of ``options`` (a config field or parameter name -> the option a user typed, e.g.
+    ``warmup_requests`` -> ``--warmup-requests``) names the option, and so do the
+    field names (with an underscore) in its message.  The API and config files keep the
+    field names; ``exc`` itself is returned when nothing is renamed."""
+    if exc.path is not None or exc.field not in options:
+        return exc
+    message = _IDENTIFIER.sub(lambda m: options.get(m.group(0), m.group(0)), exc.message)
+    return KvsimInputError(message, None, exc.location, options[exc.field])
 
 
 def bad_value(path, location, field, expected: str, got) -> KvsimInputError:

@@ -68,14 +68,41 @@ def remove_stale_temporaries(path: str | Path) -> list[Path]:
 #: (:func:`remove_temporaries_of`).
 OUTPUT_FOLDERS: set[Path] = set()
 
-#: errno values of a full disk or an exceeded quota / file size.
-DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+#: What a write refused for want of room means, by errno, in the words of the error line
+#: (:func:`disk_full_cause`): a full disk, an exceeded quota, a file larger than the
+#: process may write (``ulimit -f``: the kernel's EFBIG, "File too large") or than the file
+#: system holds.  The strerror text is matched too (pyarrow's errors may carry no errno).
+DISK_FULL_CAUSES = {
+    errno.ENOSPC: ("No space left on device", "disk full (No space left on device)"),
+    errno.EDQUOT: ("Disk quota exceeded", "disk quota exceeded (Disk quota exceeded)"),
+    errno.EFBIG: ("File too large", "file size limit reached (File too large: the "
+                  "process's file size limit, ulimit -f, or the file system's largest file)"),
+}
+DISK_FULL_ERRNOS = tuple(DISK_FULL_CAUSES)
+#: errno values of a path no file can have (bad input, exit 2, like a missing file): a name
+#: or component too long, a loop of symbolic links, a read-only file system.
+PATH_ERRNOS = (errno.ENAMETOOLONG, errno.ELOOP, errno.EROFS)
+
+
+def _disk_full_errno(exc: BaseException) -> int | None:
+    if not isinstance(exc, OSError):
+        return None
+    if exc.errno in DISK_FULL_CAUSES:
+        return exc.errno
+    text = str(exc)
+    return next((no for no, (strerror, _) in DISK_FULL_CAUSES.items() if strerror in text),
+                None)
 
 
 def is_disk_full(exc: BaseException) -> bool:
-    """True for an ``OSError`` of a full disk (pyarrow's carry no errno: read the text)."""
-    return isinstance(exc, OSError) and (exc.errno in DISK_FULL_ERRNOS
-                                         or "No space left on device" in str(exc))
+    """True for an ``OSError`` of a full disk, an exceeded quota or file size limit."""
+    return _disk_full_errno(exc) is not None
+
+
+def disk_full_cause(exc: BaseException) -> str:
+    """The cause of a write refused for room, in words (:data:`DISK_FULL_CAUSES`): "disk
+    full (No space left on device)" only when that is what the system said."""
+    return DISK_FULL_CAUSES[_disk_full_errno(exc) or errno.ENOSPC][1]
 
 
 def remove_temporaries_of(pids: set[int] | list[int]) -> list[Path]:
@@ -128,6 +155,16 @@ def check_output_path(path: str | Path, option: str | None = None) -> Path:
     target (and ``option`` when given) in one line."""
     path = Path(path)
     field = option
+    try:
+        _check_output_path(path, field)
+    except OSError as exc:  # a name too long, a loop of links: what the system says
+        raise KvsimInputError(f"cannot write the output ({exc.strerror or exc})", path, None,
+                              field) from None
+    OUTPUT_FOLDERS.add(Path(os.path.abspath(path.parent)))
+    return path
+
+
+def _check_output_path(path: Path, field: str | None) -> None:
     if path.is_dir():
         raise KvsimInputError("expected a file path to write, got a directory", path, None,
                               field)
@@ -142,8 +179,6 @@ def check_output_path(path: str | Path, option: str | None = None) -> Path:
                 raise KvsimInputError(f"cannot write the output: folder {ancestor} is not "
                                       f"writable{why}", path, None, field)
             break
-    OUTPUT_FOLDERS.add(Path(os.path.abspath(parent)))
-    return path
 
 
 #: Output formats by file name ending (docs/cli.md, "Output names").
@@ -299,8 +334,8 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         if is_disk_full(exc):
-            raise KvsimResourceError(f"{path}: cannot write the output: disk full (No "
-                                     "space left on device); partial output removed") \
+            raise KvsimResourceError(f"{path}: cannot write the output: "
+                                     f"{disk_full_cause(exc)}; partial output removed") \
                 from None
         raise
 

@@ -54,7 +54,8 @@ class Limits:
     #: tokenizer guide) is ~40M characters; 64 Mi allows that.  A reader holds at most
     #: this much of one line, so a 2 GB line inside a 9 MB .gz is one error, not MemoryError.
     #: A JSON document read whole (an agentic conversation file, the largest public one
-    #: ~4 MB) is held to the same bound.
+    #: ~4 MB) is held to the same bound, and so, in bytes, is one frame (one KVEventBatch)
+    #: of a vLLM KV-event recording in msgpack (kvsim.ingest.vllm_events).
     max_line_chars: int = 64 * 2**20
     #: Memory a run may plan to allocate up front (today: ``--replicas``, each replica of
     #: the closed loop holding its own pool, scheduler and replay state,

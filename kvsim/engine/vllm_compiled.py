@@ -110,6 +110,7 @@ class CompiledVllmScheduler:
         (self.osched, self.obl, self.oblids, self.oadm, self.opre, self.ofin, self.oev,
          self.ores, self.oc) = new_outputs(N, config.num_gpu_blocks, config.max_num_seqs,
                                         per_seq)
+        self._compiled = False  # V.step compiled or loaded for these types (step_raw)
 
     # -- the interface of VllmScheduler -----------------------------------------------------
     def add_request(self, r: SimRequest | int) -> None:
@@ -131,10 +132,15 @@ class CompiledVllmScheduler:
     def step_raw(self) -> int:
         """One step, outputs left in the buffers (``oc`` counts); the caller zeroes
         ``oc`` when it has read them."""
-        return int(V.step(self.ip, self.R, self.arr, self.hh, self.sv, self.run, self.wq,
-                          self.heap, self.pl, self.hits, self.hs, self.osched, self.obl,
-                          self.oblids, self.oadm, self.opre, self.ofin, self.oev, self.oc,
-                          _NO_TIERS))
+        args = (self.ip, self.R, self.arr, self.hh, self.sv, self.run, self.wq, self.heap,
+                self.pl, self.hits, self.hs, self.osched, self.obl, self.oblids, self.oadm,
+                self.opre, self.ofin, self.oev, self.oc, _NO_TIERS)
+        if not self._compiled:  # by one process at a time (another compiling: wait, load)
+            from kvsim.jit.disk_cache import compile_for
+
+            compile_for(V.step, args)
+            self._compiled = True
+        return int(V.step(*args))
 
     def step(self) -> StepResult:
         self.step_raw()

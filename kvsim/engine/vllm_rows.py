@@ -171,6 +171,8 @@ def shared_hashes(prompt, out, hashed, tenant, off, ids, trace_block_tokens: int
     ``hh[h0[c]:h1[c]]``; requests of equal content (tenant, lengths, the native ids their
     hashes read) share one slice, so ``hh`` grows with the distinct request contents, not
     with how often they come, and one array serves every replica."""
+    from kvsim.jit.disk_cache import compiled_call as once  # one process compiles at a time
+
     i64 = lambda x: np.ascontiguousarray(x, dtype=np.int64)  # noqa: E731
     prompt, out, hashed, tenant, off, ids = (i64(x) for x in (prompt, out, hashed, tenant,
                                                                off, ids))
@@ -178,16 +180,18 @@ def shared_hashes(prompt, out, hashed, tenant, off, ids, trace_block_tokens: int
     nfull = np.maximum(prompt + out - 1, 0) // block_size
     key = np.zeros(N, np.int64)
     used = np.zeros(N, np.int64)
-    _content_keys(block_size, trace_block_tokens, nfull, hashed, tenant, off, ids, key, used)
+    once(_content_keys, block_size, trace_block_tokens, nfull, hashed, tenant, off, ids, key,
+         used)
     _, first, inv = np.unique(key, return_index=True, return_inverse=True)
     rep = np.ascontiguousarray(first[inv.ravel()], dtype=np.int64)
-    _split_unequal(rep, block_size, nfull, hashed, tenant, off, ids, used)
+    once(_split_unequal, rep, block_size, nfull, hashed, tenant, off, ids, used)
     own = np.flatnonzero(rep == np.arange(N)).astype(np.int64)
     start = np.zeros(N, np.int64)
     start[own] = np.cumsum(nfull[own]) - nfull[own]
     h0 = start[rep]
     hh = np.zeros(max(int(nfull[own].sum()), 1), np.int64)
-    _own_hashes(own, h0, nfull, block_size, trace_block_tokens, hashed, tenant, off, ids, hh)
+    once(_own_hashes, own, h0, nfull, block_size, trace_block_tokens, hashed, tenant, off, ids,
+         hh)
     return h0, h0 + nfull, hh
 
 

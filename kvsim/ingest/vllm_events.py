@@ -219,42 +219,88 @@ def _batch(obj: Any, index: int, path, where: str, skipped: dict[str, int]) -> E
     return EventBatch(index, float(ts), rank, tuple(events), where)
 
 
+#: Bytes read (after decompression) per chunk of a msgpack recording.
+MSGPACK_CHUNK_BYTES = 1 << 16
+
+
+def _msgpack_chunks(path: Path) -> Iterator[bytes]:
+    """The bytes of a msgpack recording (``.gz`` / ``.zst`` decompressed), a chunk at a
+    time; a decompression error is one line naming the file."""
+    if path.suffix == ".gz":
+        opener, kind = (lambda: gzip.open(path, "rb")), "gzip"
+    elif path.suffix == ".zst":
+        import zstandard
+
+        def opener():
+            return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
+        kind = "zstd"
+    else:
+        opener, kind = (lambda: open(path, "rb")), ""
+    with opener() as fh:
+        while True:
+            try:
+                chunk = fh.read(MSGPACK_CHUNK_BYTES)
+            except (OSError, EOFError, ValueError) as exc:
+                if not kind:
+                    raise
+                raise KvsimInputError(f"not a readable {kind} file ({exc})", path) from None
+            except Exception as exc:  # zstandard.ZstdError
+                if type(exc).__module__.startswith("zstandard"):
+                    raise KvsimInputError(f"not a readable {kind} file ({exc})", path) \
+                        from None
+                raise
+            if not chunk:
+                return
+            yield chunk
+
+
 def _msgpack_objects(path: Path) -> Iterator[tuple[int, Any]]:
-    """(1-based frame number, object) of every msgpack object written back to back."""
+    """(1-based frame number, object) of every msgpack object written back to back, read
+    a chunk at a time: at most one frame (one ``KVEventBatch``) and one chunk are held, and
+    a frame is held to the ``max_line_chars`` limit (in bytes), like a line of a JSONL
+    recording (a recording was read whole: a 2 GB frame in a small ``.gz`` was 2 GB)."""
     try:
         import msgpack
     except ImportError:  # pragma: no cover - msgpack comes with the vllm-events extra
         raise KvsimInputError("reading msgpack recordings needs the msgpack package "
                               "(pip install 'kvsim[vllm-events]')", path) from None
-    if path.suffix == ".gz":
+    from kvsim.core.limits import get_limits
+
+    cap = get_limits().max_line_chars
+
+    def too_long(frame: int) -> KvsimInputError:
+        return KvsimInputError(f"msgpack frame longer than {cap:,} bytes (kvsim limit "
+                               "max_line_chars; raise it with KVSIM_LIMIT_MAX_LINE_CHARS)",
+                               path, f"frame {frame}")
+
+    # the buffer holds the frame being read and one chunk; msgpack's own per-string /
+    # per-array bounds follow it (an array of n items is at least n bytes)
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False,
+                                max_buffer_size=cap + MSGPACK_CHUNK_BYTES)
+    frame = fed = done = 0
+    for chunk in _msgpack_chunks(path):
+        fed += len(chunk)
         try:
-            with gzip.open(path, "rb") as fh:
-                data = fh.read()
-        except (OSError, EOFError) as exc:
-            raise KvsimInputError(f"not a readable gzip file ({exc})", path) from None
-    elif path.suffix == ".zst":
-        import zstandard
-        try:
-            with open(path, "rb") as raw, \
-                    zstandard.ZstdDecompressor().stream_reader(raw) as fh:
-                data = fh.read()
-        except zstandard.ZstdError as exc:
-            raise KvsimInputError(f"not a readable zstd file ({exc})", path) from None
-    else:
-        data = path.read_bytes()
-    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
-    unpacker.feed(data)
-    frame = 0
-    try:
-        for obj in unpacker:
-            frame += 1
-            yield frame, obj
-    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError,
-            UnicodeDecodeError, TypeError) as exc:  # TypeError: a map key that is a list
-        raise KvsimInputError(f"invalid msgpack ({type(exc).__name__})", path,
-                              f"frame {frame + 1}") from None
-    if unpacker.tell() != len(data):
-        raise KvsimInputError(f"truncated: {len(data) - unpacker.tell()} bytes after the "
+            unpacker.feed(chunk)
+            for obj in unpacker:
+                frame += 1
+                end = unpacker.tell()
+                if end - done > cap:
+                    raise too_long(frame)
+                done = end
+                yield frame, obj
+        except msgpack.BufferFull:
+            raise too_long(frame + 1) from None
+        except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError,
+                UnicodeDecodeError, TypeError) as exc:  # TypeError: a map key that is a list
+            if isinstance(exc, ValueError) and "exceeds max_" in str(exc):
+                raise too_long(frame + 1) from None  # a string / array over the buffer
+            raise KvsimInputError(f"invalid msgpack ({type(exc).__name__})", path,
+                                  f"frame {frame + 1}") from None
+        if fed - done > cap:  # an incomplete frame already longer than the limit
+            raise too_long(frame + 1)
+    if done != fed:
+        raise KvsimInputError(f"truncated: {fed - done} bytes after the "
                               "last complete frame", path, f"frame {frame + 1}")
 
 

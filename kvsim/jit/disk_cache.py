@@ -207,6 +207,29 @@ def compile_once(dispatcher, sig) -> None:
         _HELD.depth = 0
 
 
+def compile_for(dispatcher, args: tuple) -> tuple | None:
+    """Before a compiled function's first call from Python with ``args``: compile (or load)
+    it for their types through :func:`compile_once`, so that two processes (pytest-xdist
+    workers, ``compare --jobs``) do not both compile it; the call then finds the entry.
+    Returns the types (numba's dispatcher's, ``typeof_pyval``: the key of
+    ``dispatcher.overloads``); None, doing nothing, for a plain Python function (the
+    interpreted twin)."""
+    if getattr(dispatcher, "overloads", None) is None:
+        return None
+    types = tuple(dispatcher.typeof_pyval(a) for a in args)
+    if types not in dispatcher.overloads:
+        compile_once(dispatcher, types)
+    return types
+
+
+def compiled_call(dispatcher, *args):
+    """``dispatcher(*args)``, compiled or loaded first through :func:`compile_for`: for a
+    compiled function called from Python once or a few times per run (its typing of the
+    arguments is paid at each call)."""
+    compile_for(dispatcher, args)
+    return dispatcher(*args)
+
+
 def compile_log(msg: str) -> None:
     """One line on stderr when ``$KVSIM_COMPILE_LOG`` is set: the split's timeline (when
     each worker finished, how long this process waited for one), seconds since the
@@ -251,5 +274,5 @@ def announce_cold_compile() -> None:
 
 __all__ = ["COLD_COMPILE_S", "COMPILED", "FIRST_CLASS", "SINGLE_TIER", "SOURCES",
            "announce_cold_compile", "cached_signatures", "check_cache_dir", "cold_compile_message",
-           "compile_once", "entry_lock", "key",
+           "compile_for", "compile_once", "compiled_call", "entry_lock", "key",
            "on_cold_compile", "seal", "seal_all"]

@@ -16,6 +16,9 @@ keys) and returns a list of ``{"code", "message"}`` dicts; the CLI prints each a
   loop's ``dropped_requests``: never admitted, counted as misses in the hit rates and
   left out of every other metric; or, given
   ``largest_request_blocks``, the largest request of an event file).
+* ``few_measured``: the warm-up (``--warmup-fraction`` / ``--warmup-requests``) leaves
+  fewer than :data:`MIN_MEASURED_REQUESTS` requests measured: every tail percentile is
+  set by the two slowest requests.
 
 Sizing warnings made before a replay (context, offered load) come from
 :mod:`kvsim.analysis.sizing` with codes ``over_context`` and ``overload_predicted``.
@@ -29,6 +32,13 @@ import math
 OVERLOAD_FACTOR = 2.0
 #: HBM blocks / the recorded schedule's budget below which the replay is warned about.
 BUDGET_FRACTION = 0.5
+#: Measured requests (after the warm-up) below which a run is warned about.  Percentiles
+#: are ``np.percentile``'s (linear interpolation at rank (n - 1) p / 100), which falls
+#: between the two largest of n values when n < 1 + 100 / (100 - p): below 11 for p90, 101
+#: for p99.  So with fewer than 10 measured requests every tail percentile a summary
+#: reports (p90 and p99 of TTFT, TPOT, E2E, queue) is set by the two slowest requests,
+#: and with one request every percentile is that request's value.
+MIN_MEASURED_REQUESTS = 10
 
 
 def _num(v) -> float | None:
@@ -87,7 +97,14 @@ def result_warnings(rows: list[dict], *, span_us: float | None = None,
         elif cap and largest_request_blocks and largest_request_blocks > cap:
             add("request_larger_than_hbm", f"a request needs {largest_request_blocks:,} "
                 f"blocks but HBM holds {int(cap):,}: it can never be resident at once")
+        warm = int(_num(r.get("warmup_requests")) or 0)
+        measured = int(_num(r.get("requests")) or 0)
+        if warm > 0 and 0 < measured < MIN_MEASURED_REQUESTS:
+            add("few_measured", f"only {measured:,} of {measured + warm:,} requests measured "
+                f"after the warm-up of {warm:,} (--warmup-fraction / --warmup-requests): "
+                f"with fewer than {MIN_MEASURED_REQUESTS} the p90 and p99 are set by the two "
+                "slowest requests; lower the warm-up or serve a longer trace")
     return out
 
 
-__all__ = ["BUDGET_FRACTION", "OVERLOAD_FACTOR", "result_warnings"]
+__all__ = ["BUDGET_FRACTION", "MIN_MEASURED_REQUESTS", "OVERLOAD_FACTOR", "result_warnings"]

@@ -263,7 +263,12 @@ def load_hardware(name_or_path: str | Path) -> HardwareProfile:
     arg = str(name_or_path)
     path = Path(arg)
     if arg.endswith(".toml") or path.is_file():
-        return parse_hardware(path.read_text(encoding="utf-8"), path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise KvsimInputError(f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
+                                  f"offset {exc.start})", path) from None
+        return parse_hardware(text, path)
     names = list_hardware()
     if arg not in names:
         pool = sorted(names)

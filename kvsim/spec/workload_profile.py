@@ -105,6 +105,8 @@ _DIST_FIELDS = {f.name for f in fields(RequestClass) if f.type in ("Dist", Dist)
 
 def _dist(value: Any, path: str, key: str) -> Dist:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise bad_value(path, None, key, "a finite number", value)
         return Dist("constant", value=float(value))
     if not isinstance(value, dict) or value.get("dist") not in DISTRIBUTIONS:
         raise bad_value(path, None, key, "a number or {dist = one of "
@@ -113,8 +115,9 @@ def _dist(value: Any, path: str, key: str) -> Dist:
     for k, v in value.items():
         if k not in allowed:
             raise bad_value(path, None, f"{key}.{k}", "a key of " + ", ".join(sorted(allowed)), k)
-        if k != "dist" and (isinstance(v, bool) or not isinstance(v, (int, float))):
-            raise bad_value(path, None, f"{key}.{k}", "a number", v)
+        if k != "dist" and (isinstance(v, bool) or not isinstance(v, (int, float))
+                            or not math.isfinite(v)):
+            raise bad_value(path, None, f"{key}.{k}", "a finite number", v)
     d = Dist(**{k: (float(v) if k != "dist" else v) for k, v in value.items()})
     need = {"constant": ("value",), "uniform": ("min", "max"), "lognormal": ("median", "sigma"),
             "exponential": ("mean",), "geometric": ("mean",)}[d.dist]
@@ -143,8 +146,8 @@ def parse_profile(text: str, path: str) -> WorkloadProfile:
     if not isinstance(arrivals, dict) or set(arrivals) - {"sessions_per_s"}:
         raise bad_value(path, None, "arrivals", "a table with sessions_per_s", arrivals)
     rate = arrivals.get("sessions_per_s", 1.0)
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0:
-        raise bad_value(path, None, "arrivals.sessions_per_s", "a number > 0", rate)
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < math.inf:
+        raise bad_value(path, None, "arrivals.sessions_per_s", "a finite number > 0", rate)
     raw = data.get("classes")
     if not isinstance(raw, list) or not raw:
         raise KvsimInputError("expected at least one [[classes]] table", path, None, "classes")
@@ -164,8 +167,9 @@ def parse_profile(text: str, path: str) -> WorkloadProfile:
                 kwargs[k] = str(v)
             else:
                 default = known[k].default
-                if isinstance(v, bool) or not isinstance(v, (int, float)):
-                    raise bad_value(path, None, f"{where}.{k}", "a number", v)
+                if isinstance(v, bool) or not isinstance(v, (int, float)) \
+                        or not math.isfinite(v):
+                    raise bad_value(path, None, f"{where}.{k}", "a finite number", v)
                 if isinstance(default, int) and not float(v).is_integer():
                     raise bad_value(path, None, f"{where}.{k}", "an integer", v)
                 kwargs[k] = type(default)(v)
@@ -189,6 +193,7 @@ def parse_profile(text: str, path: str) -> WorkloadProfile:
             field = {"constant": "turns", "uniform": "turns.min", "geometric": "turns.mean"}
             raise bad_value(path, None, f"{where}.{field[t.dist]}", "a number of turns >= 1",
                             low)
+        _check_limits(rc, path, where)
         classes.append(rc)
     tpot = data.get("assumed_tpot_s", 0.02)
     if isinstance(tpot, bool) or not isinstance(tpot, (int, float)) or tpot < 0:
@@ -196,6 +201,30 @@ def parse_profile(text: str, path: str) -> WorkloadProfile:
     return WorkloadProfile(name=name, description=str(data.get("description", "")),
                            sessions_per_s=float(rate), classes=tuple(classes), source=path,
                            assumed_tpot_s=float(tpot))
+
+
+def _central(d: Dist) -> float:
+    """A distribution's typical value (constant value, uniform max, lognormal median, mean)."""
+    return {"constant": d.value, "uniform": d.max, "lognormal": d.median}.get(d.dist, d.mean)
+
+
+def _check_limits(rc: RequestClass, path: str, where: str) -> None:
+    """Refuse a class whose typical request is over kvsim's limits (kvsim.core.limits),
+    before the generator builds its block ids (``prompt_tokens = 1e15`` was MemoryError)."""
+    from kvsim.core.limits import get_limits
+
+    lim = get_limits()
+    prompt = (max(_central(rc.prompt_tokens), _central(rc.turn_tokens))
+              + rc.system_prompt_tokens + rc.rag_docs_per_request * rc.rag_doc_tokens)
+    for key, v, top, name in (("prompt_tokens", prompt, lim.max_prompt_tokens,
+                               "max_prompt_tokens"),
+                              ("output_tokens", _central(rc.output_tokens),
+                               lim.max_output_tokens, "max_output_tokens")):
+        if v > top:
+            raise KvsimInputError(
+                f"expected requests of at most {top:,} {key.split('_')[0]} tokens (kvsim "
+                f"limit {name}; raise it with KVSIM_LIMIT_{name.upper()}), the class's "
+                f"typical request has {v:,.0f}", path, None, f"{where}.{key}")
 
 
 def _bundled():
@@ -214,7 +243,12 @@ def load_profile(name_or_path: str | Path) -> WorkloadProfile:
     if arg.endswith(".toml") or path.is_file():
         if not path.is_file():
             raise FileNotFoundError(2, "No such file or directory", arg)
-        return parse_profile(path.read_text(encoding="utf-8"), arg)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise KvsimInputError(f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
+                                  f"offset {exc.start})", arg) from None
+        return parse_profile(text, arg)
     names = list_profiles()
     if arg not in names:
         raise bad_value(None, None, "--profile", "one of " + ", ".join(names)

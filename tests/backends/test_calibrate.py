@@ -201,7 +201,7 @@ def test_cli_bad_layout_and_sizes_exit_2(tmp_path):
     runner = CliRunner()
     bad = runner.invoke(app, ["calibrate", "--out", str(out), "--dtype", "int3"])
     assert bad.exit_code == 2
-    assert "field 'dtype': expected one of ['bf16', 'fp16', 'fp32', 'fp8'], got 'int3'" \
+    assert "field '--dtype': expected one of ['bf16', 'fp16', 'fp32', 'fp8'], got 'int3'" \
         in bad.output
     small = runner.invoke(app, ["calibrate", "--out", str(out), "--max-mib", "0.01"])
     assert small.exit_code == 2

@@ -39,8 +39,9 @@ def test_simulator_timings_are_refused_as_calibration_and_replay(simulator_run):
 def test_cli_refuses_simulator_calibration_with_exit_2(simulator_run):
     cli = simulator_run["cli"]
     assert cli["exit_code"] == 2, cli["output"]
-    assert cli["output"].startswith("error: field 'backend': refusing to time under the numba "
-                                    "CUDA simulator")
+    # the API names the field (above), the command line the option
+    assert cli["output"].startswith("error: field '--backend': refusing to time under the "
+                                    "numba CUDA simulator")
     assert "Traceback" not in cli["output"]
     assert not cli["wrote"]
 

@@ -202,8 +202,39 @@ def new_formats() -> None:
           "2024-10-15 00:00:00.0100000,1,1200,40\n2024-10-15 00:00:01.0000000,-2,300,12\n")
 
 
+def recordings() -> None:
+    """vLLM KV-event recordings (msgpack) with a frame over the ``max_line_chars`` limit."""
+    import struct
+
+    import msgpack
+
+    def frame(ts: float, tokens: list[int], hashes: list[int]) -> bytes:
+        return msgpack.packb([ts, [["BlockStored", hashes, None, tokens, 4, None]]])
+
+    ok = frame(1.0, [1, 2, 3, 4], [11])
+    # frame 2 holds 2,000 tokens (~2 KB): over --limit max_line_chars=1000
+    write("vllm_frame_2kb.msgpack", ok + frame(2.0, [5] * 2000, list(range(12, 512))))
+    # frame 2 holds 70M tokens (70 MB: over the default 64 Mi) in a ~70 KB .gz; written
+    # by hand (msgpack's packb would build the 70M-item list): [2.0, [["BlockStored",
+    # [12], None, <array32 of 70M x 1>, 4, None]]]
+    n = 70_000_000
+    big = (b"\x92\xcb" + struct.pack(">d", 2.0) + b"\x91\x96" + msgpack.packb("BlockStored")
+           + b"\x91\x0c\xc0\xdd" + struct.pack(">I", n) + b"\x01" * n + b"\x04\xc0")
+    write("vllm_frame_70mb.msgpack.gz", gz(ok + big))
+
+
+def toml_files() -> None:
+    """Hardware and workload profiles with one bad value each (session 20's audit)."""
+    base = '[arrivals]\nsessions_per_s = 1.0\n\n[[classes]]\nname = "chat"\nweight = 1.0\n'
+    write("profile_rate_nan.toml", 'name = "n"\n\n' + base.replace("1.0\n\n", "nan\n\n", 1))
+    write("profile_prompt_1e15.toml", 'name = "p"\n\n' + base + "prompt_tokens = 1e15\n")
+    write("hw_latin1.toml", '# caf\xe9\nname = "x"\n'.encode("latin-1"))
+
+
 if __name__ == "__main__":
     HERE.mkdir(exist_ok=True)
     importers()
     new_formats()
+    recordings()
+    toml_files()
     policies()

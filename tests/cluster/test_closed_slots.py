@@ -46,10 +46,9 @@ def _served(copies: int, scheduler: str = "vllm", log=None):
     e.set_block_facts(block_facts(table, off, ids, opts.block_size_tokens, next_use=False))
     e.advance(-1.0)
     e.finish()
-    from kvsim.modes.closed.serving_metrics import _request_columns
 
     rows = e.run.R_i.shape[0]
-    return e, rows, _request_columns(e.run, len(e.sched.src), 0)
+    return e, rows, e.run.slots.columns(e.run, 0)
 
 
 def test_request_rows_do_not_grow_when_the_trace_repeats(monkeypatch):

@@ -89,11 +89,12 @@ def test_entry_point_is_the_overload_for_the_arguments():
     from kvsim.replay.variants import TypedTuple
 
     args = (1.5, np.arange(4, dtype=np.int64), TypedTuple((np.ones(2), np.ones(1))))
-    # not compiled for these types yet: the dispatcher itself (its call compiles)
-    assert _entry(_add_all, args) is _add_all
-    assert _add_all(*args) == 9.5
+    # not compiled for these types yet: compiled first (compile_for, by one process at a
+    # time), then the overload's entry point, for exactly these types
+    assert not _add_all.overloads
     call = _entry(_add_all, args)
-    assert call is not _add_all and call(*args) == 9.5
+    assert call is not _add_all and call(*args) == 9.5 and len(_add_all.overloads) == 1
+    assert _entry(_add_all, args) is call
     py = _add_all.py_func
     assert _entry(py, args) is py  # interpreted: the function itself
 

@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvsim.cli import app
+from kvsim.core.errors import KvsimInputError
 from kvsim.ingest import detect_format, read_requests
 from kvsim.ingest.vllm_events import (
     AllBlocksCleared,
@@ -191,3 +192,37 @@ def test_bad_jsonl_line(tmp_path):
                             "--format", "vllm-kv-events"])
     assert_one_line_error(r, "bad.jsonl", "line 2", "invalid JSON")
     assert not out.exists()
+
+
+def test_msgpack_recording_over_msgpacks_buffer_is_streamed(tmp_path, monkeypatch):
+    """A recording of 101 frames of ~1 MB (101 MiB decompressed, past msgpack's default
+    100 MiB buffer) is read a frame at a time (main fed the whole file to one Unpacker:
+    ``BufferFull`` traceback), and a frame over the limit is one line naming it."""
+    import struct
+
+    from kvsim.ingest.vllm_events import _msgpack_objects
+
+    def frame(tokens: int) -> bytes:  # [1.0, [["BlockStored", [1], None, [1] * tokens,
+        # tokens, None]]], written by hand (packb would build the list)
+        return (b"\x92\xcb" + struct.pack(">d", 1.0) + b"\x91\x96"
+                + msgpack.packb("BlockStored") + b"\x91\x01\xc0\xdd"
+                + struct.pack(">I", tokens) + b"\x01" * tokens + msgpack.packb(tokens)
+                + b"\xc0")
+
+    n = 1 << 20
+    p = tmp_path / "big.msgpack.gz"
+    with gzip.open(p, "wb", compresslevel=1) as fh:
+        for _ in range(101):
+            fh.write(frame(n))
+    frames = 0
+    for k, obj in _msgpack_objects(p):
+        frames += 1
+        assert k == frames and len(obj[1][0][3]) == n
+    assert frames == 101 and 101 * len(frame(n)) > 100 * 2**20
+    with gzip.open(p, "ab", compresslevel=1) as fh:  # a 102nd frame of 2 MB
+        fh.write(frame(2 * n))
+    monkeypatch.setenv("KVSIM_LIMIT_MAX_LINE_CHARS", str(3 * n // 2))
+    with pytest.raises(KvsimInputError, match=r"frame 102: msgpack frame longer than "
+                                              r"1,572,864 bytes"):
+        for _ in _msgpack_objects(p):
+            pass

@@ -118,9 +118,9 @@ def test_bad_logs_exit_2_with_one_line(command, tmp_path, lru_path, make_logs):
 
 
 def test_bad_options_exit_2(lru_path):
-    assert_one_line_error(run("show", str(lru_path), "--action", "nope"), "field 'action'")
+    assert_one_line_error(run("show", str(lru_path), "--action", "nope"), "field '--action'")
     assert_one_line_error(run("show", str(lru_path), "--step", "9:1"), "expected A <= B")
-    assert_one_line_error(run("show", str(lru_path), "--block", "x"), "field 'block'")
+    assert_one_line_error(run("show", str(lru_path), "--block", "x"), "field '--block'")
     assert_one_line_error(run("show", str(lru_path), "--json", "--csv"), "at most one")
     assert_one_line_error(run("explain", str(lru_path), "--step", "1"),
                           "expected a decision at step 1")

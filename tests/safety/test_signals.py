@@ -213,6 +213,49 @@ def test_disk_full_is_one_line_naming_the_path(tmp_path: Path, monkeypatch) -> N
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(("code", "text", "cause"), [
+    (errno.ENOSPC, "No space left on device", "disk full (No space left on device)"),
+    (errno.EFBIG, "File too large", "file size limit reached (File too large"),
+    (errno.EDQUOT, "Disk quota exceeded", "disk quota exceeded (Disk quota exceeded)"),
+    (None, "Error writing bytes to file. Detail: [errno 27] File too large",
+     "file size limit reached (File too large")])
+def test_disk_full_names_the_real_cause(tmp_path: Path, monkeypatch, code, text,
+                                        cause) -> None:
+    """ENOSPC, EDQUOT and EFBIG (``ulimit -f``) are each named as what they are, the errno
+    or (pyarrow) only the text (main: every one was "No space left on device")."""
+    import pyarrow.parquet as pq
+
+    def full(self, *args, **kwargs):
+        raise OSError(text) if code is None else OSError(code, text)
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", full)
+    out = tmp_path / "o.parquet"
+    result = CliRunner().invoke(app, ["import-request-trace", "--requests",
+                                      str(TRACES / "sample_mooncake.jsonl"), "--out", str(out)])
+    assert_one_line_error(result, str(out), cause, "partial output", exit_code=1)
+    if code != errno.ENOSPC:
+        assert "No space left" not in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_file_size_limit_is_named_under_ulimit_f(tmp_path: Path) -> None:
+    """A real ``ulimit -f``: the kernel refuses the write with EFBIG (Python ignores
+    SIGXFSZ); the line says "File too large", not "No space left on device" (main)."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
+
+    out = tmp_path / "o.parquet"
+    result = subprocess.run([sys.executable, "-m", "kvsim", "import-request-trace",
+                             "--requests", str(TRACES / "sample_mooncake.jsonl"), "--out",
+                             str(out)], capture_output=True, text=True, timeout=120,
+                            preexec_fn=limit)
+    assert_one_line_error(result, str(out), "File too large", "ulimit -f", exit_code=1)
+    assert "No space left" not in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def _write_forever(path: str) -> None:
     from kvsim.core.fsutil import atomic_output
 

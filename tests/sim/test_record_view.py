@@ -62,7 +62,7 @@ def test_a_write_changes_only_its_bytes():
 
 def test_cache_lines_per_row():
     """A row touches 2 lines, or 3 at 2 of the 8 row positions modulo 64 bytes; the three
-    fields prefetch_view asks for (bytes 0, 40, 83) lie in every line the row touches."""
+    fields prefetch_lines asks for (bytes 0, 40, 83) lie in every line the row touches."""
     v = new_record_view(16)
     three = 0
     for s in range(16):

@@ -388,10 +388,10 @@ class Engine:
         waits for ``run``."""
         rv = self._core_run
         if getattr(rv, "future", None) is not None:
-            from numba import typeof
+            from kvsim.jit.disk_cache import compile_once as once
 
-            self.step_mod.advance.compile((typeof(0.0), typeof(0), typeof(er),
-                                           core_run_ref_type(rv)))
+            t = self.step_mod.advance.typeof_pyval  # each type as numba's dispatcher makes it
+            once(self.step_mod.advance, (t(0.0), t(0), t(er), core_run_ref_type(rv)))
         return core_run_ref(rv)
 
     def start_measuring(self) -> None:
@@ -419,17 +419,17 @@ def _entry(advance, args: tuple):
     """What :meth:`Engine.advance` calls with ``args``: the compiled ``advance``'s overload
     for exactly these argument types (``overloads[types].entry_point``, numba's wrapper
     that unboxes the arguments and calls the compiled code), looked up once per argument
-    tuple, or ``advance`` itself (interpreted; or not compiled for them yet, its first call
-    compiles or loads it).  numba's dispatcher types every argument at every call (~75 of
-    them: ~0.2 ms a call, ~9,400 calls in an 8-replica closed loop of the Mooncake trace);
-    the argument types of an engine never change (buffers grow, their types do not), so
-    they are typed here only when the argument tuple is rebuilt."""
+    tuple (compiled or loaded first, by one process at a time: compile_for), or ``advance``
+    itself (interpreted).  numba's dispatcher types every argument at every call (~9,400
+    calls in an 8-replica closed loop of the Mooncake trace); the argument types of an
+    engine never change (buffers grow, their types do not), so they are typed here only
+    when the argument tuple (its EngineRef) is made again."""
     overloads = getattr(advance, "overloads", None)
     if overloads is None:
         return advance
-    from numba import typeof
+    from kvsim.jit.disk_cache import compile_for  # another process compiling: wait, load
 
-    cres = overloads.get(tuple(typeof(a) for a in args))
+    cres = overloads.get(compile_for(advance, args))
     return advance if cres is None else cres.entry_point
 
 

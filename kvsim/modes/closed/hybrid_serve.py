@@ -123,6 +123,7 @@ def trace_hashes(table, hash_block_size: int) -> tuple[np.ndarray, np.ndarray]:
     compiled loop's rule; vLLM, knowing the tokens, would let a resumed request hit its
     own output blocks)."""
     from kvsim.engine.vllm_rows import request_hashes
+    from kvsim.jit.disk_cache import compiled_call
 
     df = table.df
     off, ids = table.flat_block_ids()
@@ -132,10 +133,10 @@ def trace_hashes(table, hash_block_size: int) -> tuple[np.ndarray, np.ndarray]:
     hoff = np.zeros(len(df) + 1, np.int64)
     hoff[1:] = np.cumsum((prompt + out) // hash_block_size)
     hh = np.zeros(max(int(hoff[-1]), 1), np.int64)
-    with np.errstate(over="ignore"):
-        request_hashes(len(df), hash_block_size, table.block_size_tokens, prompt, out,
-                       i64(df["hashed_tokens"].to_numpy()), np.zeros(len(df), np.int64),
-                       i64(off), i64(ids), hoff, hh)
+    with np.errstate(over="ignore"):  # compiled by one process at a time (compiled_call)
+        compiled_call(request_hashes, len(df), hash_block_size, table.block_size_tokens,
+                      prompt, out, i64(df["hashed_tokens"].to_numpy()),
+                      np.zeros(len(df), np.int64), i64(off), i64(ids), hoff, hh)
     return hoff, hh
 
 

@@ -16,7 +16,6 @@ from kvsim.replay.metrics import (
     STEP_PERCENTILES,
     RequestLog,
     StepLog,
-    _kept_ids,
     step_table,
     summarize,
 )
@@ -348,17 +347,6 @@ def _joined(reqs: list[dict]) -> dict:
         joined[k] = v if order is None else v[order]
     reqs.clear()
     return joined
-
-
-def _request_columns(run, n: int, replica: int) -> dict:
-    """One replica's :func:`kvsim.replay.metrics.request_table` as columns, ``replica``
-    first (its request slots', :mod:`kvsim.modes.closed.closed_slots`, when it has them)."""
-    if hasattr(run.slots, "columns"):
-        return run.slots.columns(run, replica)
-    keep = _kept_ids(run.R_i, n)
-    cols = {"replica": np.full(len(keep), replica, dtype=np.int64)}
-    cols.update({name: col(run.R_i, run.R_f, keep) for name, col in REQUEST_COLUMNS.items()})
-    return cols
 
 
 def cluster_summary(pol, engines, costs, N: int, router: str, dropped: int,

@@ -224,7 +224,7 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
         if g < hi and kind[g] == KIND_EVICTED:
             prefetch(LH, 2 * (((o_ev[g] * tr._FIB) >> 32) & m))  # as hash_slot
             prefetch_row(H_i, o_b[g])
-            tr.prefetch_lines(H_la, H_tds, H_pin, o_b[g])  # tr.prefetch_view's lines
+            tr.prefetch_lines(H_la, H_tds, H_pin, o_b[g])  # the victim row's lines
         e = g - PREFETCH_AHEAD
         if e < lo or kind[e] != KIND_EVICTED:
             continue

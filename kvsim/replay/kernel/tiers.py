@@ -211,24 +211,16 @@ def copy_row(dst_rows, d, src_rows, s):
         dst_rows[d, w] = src_rows[s, w]
 
 
-@njit(cache=True)
-def prefetch_view(v, s):
-    """Ask for the cache lines of slot ``s`` of ``v``, a lower tier's view
-    (:func:`new_record_view`), that a tier step reads or writes next (a no-op in plain
-    Python; kvsim.jit.prefetch): a tier's victim is copied (the fields of
-    :func:`copy_view`) and its slot filled (the timestamps too) just after its removal,
-    whose own misses (policy links, table entry) then overlap these.  Bytes 0, 40 and 83
-    of the row: every line an 88-byte row can touch holds one of them."""
-    prefetch(v.last_access_us, s)
-    prefetch(v.target_decode_step, s)
-    prefetch(v.pinned, s)
-
-
 @njit(cache=True, _nrt=False)  # plain arrays only: no reference counts per call
 def prefetch_lines(a, b, c, s):
-    """:func:`prefetch_view` on three of a view's fields bound by the caller once
-    (``last_access_us``, ``target_decode_step``, ``pinned``): a call passing the view
-    read its three members again, a counted reference each, per block and tier."""
+    """Ask for the cache lines of slot ``s`` of a lower tier's view
+    (:func:`new_record_view`) that a tier step reads or writes next (a no-op in plain
+    Python; kvsim.jit.prefetch), given three of its fields bound by the caller once
+    (``a, b, c``: ``last_access_us``, ``target_decode_step``, ``pinned``; a call passing
+    the view read its members again, a counted reference each, per block and tier): a
+    tier's victim is copied (the fields of :func:`copy_view`) and its slot filled just after
+    its removal, whose own misses (policy links, table entry) then overlap these.  Bytes
+    0, 40 and 83 of the row: every line an 88-byte row can touch holds one of them."""
     prefetch(a, s)
     prefetch(b, s)
     prefetch(c, s)
