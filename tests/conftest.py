@@ -59,6 +59,8 @@ def shared_formats() -> Path:
 #: as the second step of tests/run_suite.sh (`pytest -m slow`), never dropped.  Node ids
 #: or their prefixes (a prefix marks every parametrisation).
 SLOW_TESTS = (
+    "tests/sim/test_slots.py::test_pack_records_packs_live_records_as_numpys_gather",
+    # ^ compiles bookkeeping.pack_records, which no default test's replay reaches
     "tests/safety/test_signals.py::test_signal_mid_run_one_line_no_partial_output",  # ~80 s each at load 19
     "tests/safety/test_compile_cache.py::test_bit_flipped_replay_core_one_warning_same_result",
     # ^ two compiles of the replay core
