@@ -61,6 +61,8 @@ def shared_formats() -> Path:
 SLOW_TESTS = (
     "tests/cluster/test_quiet_cache_steps.py::test_cache_steps_change_no_output",  # the
     # interpreted twin, 4 runs (test_quiet_steps.py covers the fast path in the default step)
+    "tests/sim/test_slots.py::test_pack_records_packs_live_records_as_numpys_gather",
+    # ^ compiles bookkeeping.pack_records, which no default test's replay reaches
     "tests/safety/test_signals.py::test_signal_mid_run_one_line_no_partial_output",  # ~80 s each at load 19
     "tests/safety/test_signals.py::test_file_size_limit_is_named_under_ulimit_f",  # a fresh
     # interpreter: ~6 s at load 16

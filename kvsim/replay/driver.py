@@ -25,6 +25,7 @@ import numpy as np
 
 from kvsim.core import layout as L
 from kvsim.core.errors import KvsimInputError
+from kvsim.core.schema import EventKind
 from kvsim.core.spill import SpilledRows
 from kvsim.engine.cost_model import GB, TierCosts, cost_array, hbm_kv_capacity_bytes, tier_costs
 from kvsim.memory import fast as mem
@@ -32,9 +33,11 @@ from kvsim.memory.pool_ref import pool_arg
 from kvsim.policy.hooks import is_uniform, tier_ref, view_ref
 from kvsim.policy.registry import resolve_policy
 from kvsim.replay.kernel import core
+from kvsim.replay.kernel.bookkeeping import pack_records
 from kvsim.replay.kernel.core_ref import CoreState, core_arg
 from kvsim.replay.kernel.tiers import new_record_view, record_rows
 from kvsim.replay.lower_tiers import (
+    TierPrefault,
     _is_lru,
     _lower_slots,
     _lower_table,
@@ -324,12 +327,9 @@ class _Run:
         else:
             new_i = np.zeros((size, L.NAI), dtype=np.int64)
             new_f = np.zeros(size, dtype=np.float64)
-        starts = np.concatenate(([0], np.cumsum(caps)[:-1])) if len(live) else caps
-        if len(live):
-            src = np.repeat(R_i[live, L.RI_BT_START] - starts, caps) + np.arange(used)
-            new_i[:used] = self.A_i[src]  # the right side is a copy: safe in place too
-            new_f[:used] = self.A_f[src]
-            R_i[live, L.RI_BT_START] = starts
+        if len(live):  # row by row, compiled (kvsim.replay.kernel.bookkeeping)
+            pack_records(self.A_i, self.A_f, new_i, new_f, R_i, live.astype(np.int64),
+                         new_i is self.A_i)
         self.A_i, self.A_f = new_i, new_f
         self.C[L.C_ARENA_TOP] = used
 
@@ -373,11 +373,13 @@ class _Run:
         # The core reads seen[o] and next_use[o] at ALLOCATE ordinal o = C[C_ALLOC_ORD]; it is
         # run with batch-local arrays and ordinals (C_ALLOC_ORD counts from 0 in each batch),
         # so no whole-trace array is needed.  next_use values stay global ordinals.
-        hashes = full_hashes(cols, self.block_tokens)
-        m = hashes.shape[0]
         base = self.alloc_base
-        seen = self.seen.mark(hashes) if self.seen is not None else \
-            self.facts.seen_at(base, m)
+        if self.seen is not None:
+            seen = self.seen.mark(full_hashes(cols, self.block_tokens))
+            m = seen.shape[0]
+        else:  # the pre-pass's bits: only the batch's count of ALLOCATE rows is needed
+            m = int(np.count_nonzero(cols["kind"] == EventKind.ALLOCATE))
+            seen = self.facts.seen_at(base, m)
         next_use = self.facts.next_use[base:base + m] if self.policy.offline else self.no_next
         self.C[L.C_ALLOC_ORD] = 0
         i = 0
@@ -527,6 +529,8 @@ def execute(trace_path: str | Path, pol, config: SimConfig,
                                    why=core.WHY)
     run = _Run(pol, config, header, facts, costs, block_bytes, writer)
     done = 0
+    # the lower tiers' pages faulted in ahead of the cascade, in a thread (lower_tiers.py)
+    prefault = TierPrefault(run.T, run.views[1:]) if is_compiled(run.core) else None
     try:
         if writer is not None:
             writer.__enter__()
@@ -543,9 +547,13 @@ def execute(trace_path: str | Path, pol, config: SimConfig,
                 if on_progress is not None:
                     on_progress(done, facts.num_rows)
         release_read_buffers()  # the pass's decoded batches, before the outputs (prepass.py)
+        if prefault is not None:
+            prefault.stop()
         run.finish()
         run.seen = None  # the outputs do not need it (when kept): freed before they are built
     except BaseException as exc:
+        if prefault is not None:
+            prefault.stop()
         if writer is not None:
             writer.__exit__(type(exc), exc, exc.__traceback__)
         raise

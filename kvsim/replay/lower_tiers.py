@@ -74,3 +74,94 @@ def _is_lru(policy) -> bool:
 def _lru_mask(lower) -> int:
     """Bit ``t`` set for each lower tier ``t`` (1..3) whose policy is the built-in lru."""
     return sum(1 << t for t, p in enumerate(lower, 1) if _is_lru(p))
+
+
+# ---------------------------------------------------------------------------------------
+# the lower tiers' pages, faulted in ahead of the cascade
+# ---------------------------------------------------------------------------------------
+
+#: Bytes of each lower tier's arrays (``L_i`` and the view's rows) faulted in ahead of the
+#: highest slot filled so far; how often the thread looks (s).  A tier fills its slots in
+#: order (its free stack hands out 0, 1, 2, ...), so the pages the cascade writes next are
+#: known.  Chosen, not tuned (2 huge pages).
+PREFAULT_AHEAD_BYTES = 4 << 20
+PREFAULT_POLL_S = 0.002
+_MADV_POPULATE_WRITE = 23  # linux/mman.h (Linux >= 5.14)
+_PAGE_BYTES = 4096
+
+
+def _madvise():
+    """libc's ``madvise`` (ctypes releases the GIL during the call), or None."""
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
+    fn = libc.madvise
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+class TierPrefault:
+    """Faults in the pages of the lower tiers' arrays a little ahead of the slots the
+    replay has filled, in a daemon thread, while the core (no GIL) replays: the kernel's
+    zeroing of those fresh pages (numpy's large arrays are huge pages: 2 MiB zeroed per
+    first write) leaves the core's thread for the other core.  At 16-token blocks the
+    cascade's first touch of the NVMe tier's 1.8 M slots was ~3 % of an end-to-end
+    replay's samples (docs/benchmarks.md).  ``madvise(MADV_POPULATE_WRITE)`` maps the
+    pages as a write would, without writing: the arrays' contents (zeros, or what the core
+    wrote meanwhile) never change, so results cannot.  Memory: at most
+    :data:`PREFAULT_AHEAD_BYTES` per array beyond the slots a tier has filled.  Does
+    nothing where the call is missing (not Linux, a kernel before 5.14)."""
+
+    def __init__(self, tiers, views) -> None:
+        """``tiers``: the lower tiers (:class:`kvsim.replay.kernel.tiers.Tier`: ``L_i``,
+        ``Lm``); ``views``: their views as :func:`kvsim.replay.kernel.tiers.new_record_view`
+        made them (the BlockViews, not the compiled code's refs)."""
+        import threading
+
+        self._fn = _madvise()
+        self._spans = []  # per tier: Lm, slots, [(base address, bytes per slot, done)]
+        for T, view in zip(tiers, views):
+            slots = int(T.L_i.shape[0])
+            if int(T.Lm[L.LM_CAP]) <= 0 or slots == 0:
+                continue
+            rows = view.last_access_us  # row 0 of the record view (tiers.record_rows)
+            arrays = [[int(T.L_i.ctypes.data), T.L_i.strides[0], 0],
+                      [int(rows.ctypes.data), rows.strides[0], 0]]
+            self._spans.append((T.Lm, slots, arrays))
+        self._stop = threading.Event()
+        self._thread = None
+        if self._fn is not None and self._spans:
+            self._thread = threading.Thread(target=self._loop, name="kvsim-tier-prefault",
+                                            daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(PREFAULT_POLL_S):
+            left = False
+            for Lm, slots, arrays in self._spans:
+                filled = slots - int(Lm[L.LM_FREE_TOP])  # slots 0 .. filled - 1 handed out
+                for span in arrays:
+                    base, stride, done = span
+                    end = min(slots * stride, filled * stride + PREFAULT_AHEAD_BYTES)
+                    if end > done:
+                        lo = (base + done) & ~(_PAGE_BYTES - 1)
+                        if self._fn(lo, base + end - lo, _MADV_POPULATE_WRITE) != 0:
+                            return  # unsupported here: the core faults them in itself
+                        span[2] = end
+                    left = left or span[2] < slots * stride
+            if not left:
+                return
+
+    def stop(self) -> None:
+        """Stop the thread and wait for it (it finishes the call it is in)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()

@@ -200,9 +200,9 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
             n = len(cols["kind"])
             if n == 0:
                 continue
-            seen_bits.append(seen_set.mark(full_hashes(cols, block_size_tokens)))
-            num_rows += n
             kind = cols["kind"]
+            seen_bits.append(seen_set.mark_rows(kind, cols["content_hash"]))
+            num_rows += n
             req = cols["request_id"]
             if first_step < 0:
                 first_step = int(cols["step"][0])
@@ -354,10 +354,45 @@ def _mark(hashes, keys, n_used, seen):
 
 
 @njit(cache=True)
+def _mark_rows(kind, hashes, keys, n_used, seen):
+    """:func:`_mark` on the ALLOCATE rows of a batch, read from its ``kind`` and
+    ``content_hash`` columns in one pass (no mask, no gathered copy of the hashes):
+    ``seen[o]`` for the ``o``-th ALLOCATE row.  Returns the new number of keys."""
+    mask = keys.shape[0] - 1
+    n = kind.shape[0]
+    o = 0
+    for k in range(n):
+        if k + MARK_AHEAD < n and kind[k + MARK_AHEAD] == EV_ALLOCATE:
+            prefetch(keys, np.int64((np.uint64(hashes[k + MARK_AHEAD]) * _MULT)
+                                    >> np.uint64(40)) & mask)
+        if kind[k] != EV_ALLOCATE:
+            continue
+        h = np.int64(hashes[k])
+        if h == _EMPTY:
+            seen[o] = 0
+        else:
+            i = _slot(keys, h)
+            if keys[i] == h:
+                seen[o] = 1
+            else:
+                keys[i] = h
+                n_used += 1
+                seen[o] = 0
+        o += 1
+    return n_used
+
+
+@njit(cache=True)
 def _rehash(old_keys, new_keys, old_vals, new_vals):
-    """Move every key (and its value, when ``old_vals`` is not empty) to the new table."""
+    """Move every key (and its value, when ``old_vals`` is not empty) to the new table
+    (the home slot of the key MARK_AHEAD places on requested first, as :func:`_mark`)."""
     with_vals = old_vals.shape[0] > 0
-    for j in range(old_keys.shape[0]):
+    mask = new_keys.shape[0] - 1
+    n = old_keys.shape[0]
+    for j in range(n):
+        if j + MARK_AHEAD < n and old_keys[j + MARK_AHEAD] != _EMPTY:
+            prefetch(new_keys, np.int64((np.uint64(old_keys[j + MARK_AHEAD]) * _MULT)
+                                        >> np.uint64(40)) & mask)
         h = old_keys[j]
         if h != _EMPTY:
             i = _slot(new_keys, h)
@@ -407,80 +442,14 @@ class SeenSet:
         self.n = int(_mark(np.ascontiguousarray(hashes, np.int64), self.keys, self.n, seen))
         return seen
 
-
-@njit(cache=True)
-def _ids_get(keys, vals, ids, out):
-    """``out[k]`` = the value of key ``ids[k] + 1``, -1 when absent or ``ids[k] < 0``."""
-    for k in range(ids.shape[0]):
-        out[k] = -1
-        if ids[k] >= 0:
-            i = _slot(keys, ids[k] + 1)
-            if keys[i] != _EMPTY:
-                out[k] = vals[i]
-
-
-@njit(cache=True)
-def _ids_put(keys, vals, ids, v):
-    for k in range(ids.shape[0]):
-        i = _slot(keys, ids[k] + 1)
-        keys[i] = ids[k] + 1
-        vals[i] = v[k]
-
-
-@njit(cache=True)
-def _ids_drop(keys, vals, ids):
-    """Remove keys ``ids + 1`` (present), each by backward-shift deletion (linear probing
-    stays valid without tombstones).  Returns how many were removed."""
-    mask = keys.shape[0] - 1
-    gone = 0
-    for k in range(ids.shape[0]):
-        i = _slot(keys, ids[k] + 1)
-        if keys[i] == _EMPTY:
-            continue
-        gone += 1
-        j = i
-        while True:
-            j = (j + 1) & mask
-            if keys[j] == _EMPTY:
-                break
-            home = np.int64((np.uint64(keys[j]) * _MULT) >> np.uint64(40)) & mask
-            # keys[j] may move to the hole at i unless its home lies cyclically in (i, j]
-            if (i <= j and i < home <= j) or (i > j and (home > i or home <= j)):
-                continue
-            keys[i] = keys[j]
-            vals[i] = vals[j]
-            i = j
-        keys[i] = _EMPTY
-        vals[i] = 0
-    return gone
-
-
-class IdMap:
-    """Request id (>= 0) -> int64 value for the ids mapped now: open addressing (key id + 1,
-    linear probing, load <= 1/2, deletion by backward shift), so that its memory follows
-    the most ids mapped at once, not the largest id (the request slots of
-    :mod:`kvsim.replay.slots`: 4 bytes per request id of the trace before, 4.8 MB for 100x
-    the Mooncake conversation trace)."""
-
-    def __init__(self) -> None:
-        self.keys = np.zeros(1 << 10, np.int64)
-        self.vals = np.zeros(1 << 10, np.int64)
-        self.n = 0
-
-    def get(self, ids: np.ndarray) -> np.ndarray:
-        out = np.empty(len(ids), np.int64)
-        _ids_get(self.keys, self.vals, np.ascontiguousarray(ids, np.int64), out)
-        return out
-
-    def put(self, ids: np.ndarray, values: np.ndarray) -> None:
-        """Map the ids (absent, distinct) to ``values``."""
-        self.keys, self.vals = _grown(self.keys, self.vals, self.n + len(ids))
-        _ids_put(self.keys, self.vals, np.ascontiguousarray(ids, np.int64),
-                 np.ascontiguousarray(values, np.int64))
-        self.n += len(ids)
-
-    def drop(self, ids: np.ndarray) -> None:
-        self.n -= int(_ids_drop(self.keys, self.vals, np.ascontiguousarray(ids, np.int64)))
+    def mark_rows(self, kind: np.ndarray, content_hash: np.ndarray) -> np.ndarray:
+        """:meth:`mark` of the ALLOCATE rows of a batch (its ``kind`` and ``content_hash``
+        columns), in one compiled pass over the rows (:func:`_mark_rows`)."""
+        m = int(np.count_nonzero(kind == EV_ALLOCATE))
+        self.keys, self.vals = _grown(self.keys, self.vals, self.n + m, self.LOAD)
+        seen = np.zeros(m, np.int8)
+        self.n = int(_mark_rows(kind, content_hash, self.keys, self.n, seen))
+        return seen
 
 
 def alloc_full(cols: dict, block_size_tokens: int) -> np.ndarray:

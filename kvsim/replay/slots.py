@@ -34,7 +34,7 @@ import numpy as np
 
 from kvsim.core import layout as L
 from kvsim.core.spill import SpilledRows, exact_stats
-from kvsim.replay.prepass import IdMap
+from kvsim.replay.id_map import IdMap
 
 if TYPE_CHECKING:  # pandas is imported only where a DataFrame is built
     import pandas as pd
@@ -172,14 +172,10 @@ class RequestSlots:
         out = dict(cols)
         for name in ("request_id", "parent_request_id"):
             ids = cols[name]
-            pos = ids >= 0
-            s = self.slot_of.get(ids[pos])
-            new = s < 0
-            if new.any():
-                self._assign(np.unique(ids[pos][new]))
-                s = self.slot_of.get(ids[pos])
-            m = np.array(ids, dtype=np.int64)
-            m[pos] = s
+            m = np.empty(len(ids), dtype=np.int64)  # every element written by map_into
+            if self.slot_of.map_into(ids, m):  # new requests: slots in id order
+                self._assign(np.unique(ids[(m < 0) & (ids >= 0)]))
+                self.slot_of.map_into(ids, m)
             out[name] = m
         return out
 

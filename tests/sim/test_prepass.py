@@ -77,6 +77,17 @@ def test_seen_set_matches_definition_across_chunks_and_growth():
     s2 = SeenSet(initial_slots=4)
     s2.mark(np.arange(1, 7, dtype=np.int64))  # 6 keys: 8 slots (load 3/4), not 16
     assert s2.keys.shape[0] == 8 and s2.n == 6
+    # mark_rows (the pre-pass's one pass over a batch's kind and content_hash columns):
+    # the same flags as mark on the ALLOCATE rows' hashes alone, other rows skipped
+    kind = rng.choice(np.array([int(k) for k in EventKind], np.int8), len(hashes))
+    rows = np.where(kind == int(EventKind.ALLOCATE), hashes,
+                    rng.integers(1, 99, len(hashes)))
+    want, _ = _brute(hashes[kind == int(EventKind.ALLOCATE)])
+    s3 = SeenSet(initial_slots=4)
+    got = np.concatenate([s3.mark_rows(kind[a:b], rows[a:b]) for a, b in
+                          [(0, 1), (1, 50), (50, 50), (50, 1200), (1200, 2000)]])
+    assert np.array_equal(got, want)
+    assert s3.n == len(set(hashes[kind == int(EventKind.ALLOCATE)].tolist()) - {0})
 
 
 @pytest.fixture(scope="module")

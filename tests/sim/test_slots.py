@@ -17,7 +17,8 @@ import pytest
 from kvsim.core.schema import EventKind
 from kvsim.replay import slots as slots_mod
 from kvsim.replay.driver import execute, replay
-from kvsim.replay.prepass import IdMap, scan_trace
+from kvsim.replay.id_map import IdMap
+from kvsim.replay.prepass import scan_trace
 from kvsim.spec.sim_config import SimConfig
 
 _CONFTEST = Path(__file__).with_name("conftest.py")
@@ -141,3 +142,43 @@ def test_id_map_matches_a_dict():
         got = m.get(probe)
         assert got.tolist() == [want.get(int(i), -1) if i >= 0 else -1 for i in probe]
         assert m.n == len(want)
+        # map_into (the driver's per-batch mapping): runs of one id (a request's rows)
+        # looked up once, negative ids kept as they are, the absent ids >= 0 counted
+        runs = np.repeat(probe, rng.integers(1, 4, len(probe)))
+        out = np.empty(len(runs), np.int64)
+        absent = m.map_into(runs, out)
+        assert out.tolist() == [want.get(int(i), -1) if i >= 0 else int(i) for i in runs]
+        assert absent == sum(1 for i in runs.tolist() if i >= 0 and i not in want)
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_pack_records_packs_live_records_as_numpys_gather(in_place):
+    """The arena compaction's copy (kvsim.replay.kernel.bookkeeping.pack_records): the
+    live requests' records, each with its whole room, back to back from row 0 in the
+    order of their starts, in place or into a larger arena, as the numpy gather it
+    replaced."""
+    from kvsim.core import layout as L
+    from kvsim.replay.kernel.bookkeeping import pack_records
+
+    rng = np.random.default_rng(1)
+    A_i = rng.integers(0, 1 << 40, (200, L.NAI))
+    A_f = rng.random(200)
+    R_i, _ = L.new_request_tables(8)
+    spans = {1: (0, 10), 3: (10, 6), 4: (30, 20), 6: (80, 4), 7: (100, 50)}  # 4, 6 dead
+    for r, (start, cap) in spans.items():
+        R_i[r, L.RI_BT_START], R_i[r, L.RI_BT_CAP] = start, cap
+    live = np.array([1, 7, 3], np.int64)  # by request: sorted by start below
+    live = live[np.argsort(R_i[live, L.RI_BT_START], kind="stable")]
+    caps = R_i[live, L.RI_BT_CAP]
+    starts = np.concatenate(([0], np.cumsum(caps)[:-1]))
+    src = np.repeat(R_i[live, L.RI_BT_START] - starts, caps) + np.arange(int(caps.sum()))
+    want_i, want_f = A_i[src].copy(), A_f[src].copy()
+    if in_place:
+        new_i, new_f = A_i, A_f
+    else:
+        new_i, new_f = np.zeros((400, L.NAI), np.int64), np.zeros(400)
+    used = pack_records(A_i, A_f, new_i, new_f, R_i, live, in_place)
+    assert used == int(caps.sum()) == 66
+    assert np.array_equal(new_i[:used], want_i) and np.array_equal(new_f[:used], want_f)
+    assert R_i[live, L.RI_BT_START].tolist() == starts.tolist() == [0, 10, 16]
+

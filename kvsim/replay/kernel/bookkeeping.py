@@ -176,3 +176,29 @@ def _grow_records(r, R_i, A_i, A_f, C):
     R_i[r, RI_BT_START] = top
     R_i[r, RI_BT_CAP] = cap
     C[C_ARENA_TOP] = top + cap
+
+
+@njit(cache=True)
+def pack_records(A_i, A_f, new_i, new_f, R_i, live, in_place):
+    """Copy the block records of the requests ``live`` (sorted by ``RI_BT_START``) to the
+    start of ``new_i`` / ``new_f``, back to back, each with its whole room
+    (``RI_BT_CAP`` rows), and point their ``RI_BT_START`` there; returns the rows used.
+    ``in_place``: ``new_i`` / ``new_f`` are ``A_i`` / ``A_f`` themselves: a record only
+    moves down and the rows are copied in order, so no row is overwritten before it is
+    read (a record already in place is not copied).  The
+    driver's arena compaction (kvsim.replay.driver._Run._compact_arena), row by row
+    instead of numpy's gathered copy of every live row."""
+    top = 0
+    for k in range(live.shape[0]):
+        r = live[k]
+        s = R_i[r, RI_BT_START]
+        cap = R_i[r, RI_BT_CAP]
+        if s != top or not in_place:
+            for e in range(cap):
+                for c in range(A_i.shape[1]):
+                    new_i[top + e, c] = A_i[s + e, c]
+                new_f[top + e] = A_f[s + e]
+        R_i[r, RI_BT_START] = top
+        top += cap
+    return top
+
