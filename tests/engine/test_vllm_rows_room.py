@@ -54,7 +54,6 @@ def _served(copies: int, rows: int | None, engine: list | None = None):
     its per-request columns and step records."""
     from kvsim.modes.closed.closed_facts import block_facts
     from kvsim.modes.closed.closed_loop import Engine, EngineOptions, prepare
-    from kvsim.modes.closed.serving_metrics import _request_columns
     from kvsim.policy.registry import resolve_policy
     from kvsim.spec.sim_config import SimConfig
 
@@ -75,7 +74,7 @@ def _served(copies: int, rows: int | None, engine: list | None = None):
         engine.append(e)
     steps = np.array(e.in_system)
     e.finish()
-    return _request_columns(e.run, len(e.sched.src), 0), steps, e.sched.I.shape[1]
+    return e.run.slots.columns(e.run, 0), steps, e.sched.I.shape[1]
 
 
 @pytest.mark.parametrize("rows", [1, 7])
