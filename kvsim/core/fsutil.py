@@ -32,6 +32,16 @@ from typing import IO
 from kvsim.core.errors import KvsimInputError, KvsimResourceError
 
 
+def read_utf8_text(path: str | Path, name: str | Path) -> str:
+    """``path``'s text; a file that is not UTF-8 is a one-line error naming ``name`` and the
+    first bad byte's offset (a hardware or workload profile TOML: issue 38)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise KvsimInputError(f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
+                              f"offset {exc.start})", name) from None
+
+
 def _pid_alive(pid: int) -> bool:
     if pid <= 0:
         return False

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.core.errors import KvsimInputError, bad_value
-from kvsim.core.fsutil import atomic_output
+from kvsim.core.fsutil import atomic_output, read_utf8_text
 
 TIER_NAMES: tuple[str, ...] = ("hbm", "dram", "cxl", "nvme")
 
@@ -263,11 +263,7 @@ def load_hardware(name_or_path: str | Path) -> HardwareProfile:
     arg = str(name_or_path)
     path = Path(arg)
     if arg.endswith(".toml") or path.is_file():
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise KvsimInputError(f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
-                                  f"offset {exc.start})", path) from None
+        text = read_utf8_text(path, path)
         return parse_hardware(text, path)
     names = list_hardware()
     if arg not in names:

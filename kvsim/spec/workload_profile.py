@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from kvsim.core.errors import KvsimInputError, bad_value
+from kvsim.core.fsutil import read_utf8_text
 
 DISTRIBUTIONS = ("constant", "uniform", "lognormal", "exponential", "geometric")
 
@@ -243,11 +244,7 @@ def load_profile(name_or_path: str | Path) -> WorkloadProfile:
     if arg.endswith(".toml") or path.is_file():
         if not path.is_file():
             raise FileNotFoundError(2, "No such file or directory", arg)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise KvsimInputError(f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
-                                  f"offset {exc.start})", arg) from None
+        text = read_utf8_text(path, arg)
         return parse_profile(text, arg)
     names = list_profiles()
     if arg not in names:
