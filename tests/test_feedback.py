@@ -248,3 +248,30 @@ def test_a_forked_workers_compile_shows_in_the_parent() -> None:
     os.waitpid(pid, 0)
     assert (c.depth, c.workers()) == (0, 0)
     assert meter.line(meter._Task("compare", 10, "events"), 1.0).endswith("elapsed")
+
+
+def test_a_worker_killed_while_it_compiles_is_not_seen_compiling() -> None:
+    """A forked worker killed mid-compile (OOM killer, Ctrl-C) leaves its slot of the shared
+    page set; the parent's progress line must not say "compiling" for ever after (seen as 6
+    failures of this file in a full cold-cache run, session 20)."""
+    import mmap
+    import signal
+
+    from kvsim.cli import meter
+
+    c = meter._Compiles()
+    c.owner, c._page = os.getpid(), mmap.mmap(-1, 8 * meter._SLOTS)
+    started = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the worker: starts a compile and never ends it
+        try:
+            c.start(0.0)
+            os.write(started[1], b"s")
+            time.sleep(60)
+        finally:
+            os._exit(0)
+    assert os.read(started[0], 1) == b"s"
+    assert c.workers() == 1
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    assert (c.depth, c.workers()) == (0, 0)

@@ -51,6 +51,21 @@ def _duration(s: float) -> str:
 _SLOTS = 512
 
 
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie not yet reaped has)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except OSError:  # no /proc (not Linux): it exists
+        return True
+
+
 class _Compiles:
     """numba's compiles, seen through its public event API (``numba.core.event``, the
     ``numba:compiler_lock`` event: held for every compile): whether one is under way in
@@ -77,7 +92,13 @@ class _Compiles:
             return 0
         import struct
 
-        return sum(1 for (pid,) in struct.iter_unpack("q", self._page) if pid)
+        n = 0
+        for k, (pid,) in enumerate(struct.iter_unpack("q", self._page)):
+            if pid and _running(pid):
+                n += 1
+            elif pid:  # a worker killed while it compiled (OOM, Ctrl-C): its slot freed
+                struct.pack_into("q", self._page, 8 * k, 0)
+        return n
 
     def _mark(self, compiling: bool) -> None:
         """In a forked worker: its slot of the shared page."""
