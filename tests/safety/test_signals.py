@@ -107,15 +107,21 @@ def test_signal_mid_run_one_line_no_partial_output(tmp_path: Path, sig, code, wo
     assert list(tmp_path.iterdir()) == []
 
 
+def _interrupt_at_import(module: str) -> str:
+    """Python source that makes importing ``module`` raise KeyboardInterrupt (an import
+    hook: a deterministic Ctrl-C at that moment of start-up)."""
+    return ("import sys\n"
+            "class Stop:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            f"        if name == {module!r}:\n"
+            "            raise KeyboardInterrupt\n"
+            "sys.meta_path.insert(0, Stop())\n")
+
+
 def test_ctrl_c_during_imports_is_one_line() -> None:
     """A KeyboardInterrupt raised while the command line is imported (deterministic: an
     import hook raises it when typer is imported)."""
-    code = ("import sys\n"
-            "class Stop:\n"
-            "    def find_spec(self, name, path=None, target=None):\n"
-            "        if name == 'typer':\n"
-            "            raise KeyboardInterrupt\n"
-            "sys.meta_path.insert(0, Stop())\n"
+    code = (_interrupt_at_import("typer") +
             "sys.argv = ['kvsim', '--version']\n"
             "from kvsim.__main__ import main\n"
             "main()\n")
@@ -129,12 +135,7 @@ def test_ctrl_c_while_the_package_starts_is_one_line(argv0: str) -> None:
     """A KeyboardInterrupt raised while ``kvsim/__init__`` sets numba's cache up (before
     :mod:`kvsim.__main__` runs), for the console script and ``python -m kvsim``: one line,
     exit 130 (main: a 20-line traceback for Ctrl-C in the first ~0.4 s of every run)."""
-    code = ("import sys\n"
-            "class Stop:\n"
-            "    def find_spec(self, name, path=None, target=None):\n"
-            "        if name == 'kvsim.jit.cache_guard':\n"
-            "            raise KeyboardInterrupt\n"
-            "sys.meta_path.insert(0, Stop())\n"
+    code = (_interrupt_at_import("kvsim.jit.cache_guard") +
             f"sys.argv = [{argv0!r}, '--version']\n"
             f"sys.orig_argv = [sys.executable, *(['-m', 'kvsim'] if {argv0!r} == '-m' else [])]\n"
             "from kvsim.__main__ import main\n"
@@ -146,12 +147,7 @@ def test_ctrl_c_while_the_package_starts_is_one_line(argv0: str) -> None:
 
 def test_ctrl_c_while_a_program_imports_kvsim_is_its_own() -> None:
     """A program that imports kvsim (not the command) gets its KeyboardInterrupt."""
-    code = ("import sys\n"
-            "class Stop:\n"
-            "    def find_spec(self, name, path=None, target=None):\n"
-            "        if name == 'kvsim.jit.cache_guard':\n"
-            "            raise KeyboardInterrupt\n"
-            "sys.meta_path.insert(0, Stop())\n"
+    code = (_interrupt_at_import("kvsim.jit.cache_guard") +
             "try:\n"
             "    import kvsim\n"
             "except KeyboardInterrupt:\n"
