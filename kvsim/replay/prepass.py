@@ -329,6 +329,19 @@ def _slot(keys, h):
 MARK_AHEAD = 16
 
 
+@njit(cache=True, inline="always")
+def _see(keys, h):
+    """``(seen, added)`` for hash ``h``: (1, 0) when ``keys`` holds it, else (0, 1) with
+    ``h`` inserted; (0, 0) for the empty hash (never inserted)."""
+    if h == _EMPTY:
+        return 0, 0
+    i = _slot(keys, h)
+    if keys[i] == h:
+        return 1, 0
+    keys[i] = h
+    return 0, 1
+
+
 @njit(cache=True)
 def _mark(hashes, keys, n_used, seen):
     """``seen[k] = 1`` if ``hashes[k]`` (non-zero) is in the set or earlier in ``hashes``;
@@ -339,17 +352,8 @@ def _mark(hashes, keys, n_used, seen):
         if k + MARK_AHEAD < n:  # a later hash's home slot, requested now (as _slot)
             prefetch(keys, np.int64((np.uint64(hashes[k + MARK_AHEAD]) * _MULT)
                                     >> np.uint64(40)) & mask)
-        h = hashes[k]
-        if h == _EMPTY:
-            seen[k] = 0
-            continue
-        i = _slot(keys, h)
-        if keys[i] == h:
-            seen[k] = 1
-        else:
-            keys[i] = h
-            n_used += 1
-            seen[k] = 0
+        seen[k], added = _see(keys, hashes[k])
+        n_used += added
     return n_used
 
 
@@ -367,17 +371,8 @@ def _mark_rows(kind, hashes, keys, n_used, seen):
                                     >> np.uint64(40)) & mask)
         if kind[k] != EV_ALLOCATE:
             continue
-        h = np.int64(hashes[k])
-        if h == _EMPTY:
-            seen[o] = 0
-        else:
-            i = _slot(keys, h)
-            if keys[i] == h:
-                seen[o] = 1
-            else:
-                keys[i] = h
-                n_used += 1
-                seen[o] = 0
+        seen[o], added = _see(keys, np.int64(hashes[k]))
+        n_used += added
         o += 1
     return n_used
 
