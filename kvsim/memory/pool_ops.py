@@ -231,6 +231,10 @@ def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
     # loop): its entry, prefetched when the block is named, then has the next victim()
     # and on_remove calls to arrive; nothing in between reads the index, and the removals
     # keep their order, so the index is exactly as before (docs/benchmarks.md)
+    # the built-in lru's victims are its list's head, then the block after it: when one
+    # leaves, the next one's index entry (its hash read from a line asked for one eviction
+    # earlier) and the links, hash, flags and hash chain of the one after it are asked
+    # for, so the next two evictions find their lines arrived (prefetches change no result)
     pb = -1  # the block whose removal is pending, and its hash
     ph = np.int64(0)
     for i in range(n_hit, n):
@@ -261,6 +265,17 @@ def allocate(st, pst, view, seq, hashes, n, num_tokens, now_us, out):
                                  "candidate")
             if lru:
                 dll_remove(LP, LN, LE, b)
+                y = LE[0]  # the next victim: its lines asked for now (see below)
+                if y >= 0:
+                    prefetch(hidx, 2 * _home(block_hash[y], mask))
+                    z = LN[y]
+                    if z >= 0:
+                        prefetch(LP, z)
+                        prefetch(LN, z)
+                        prefetch(block_hash, z)
+                        prefetch(in_cand, z)
+                        prefetch(h_next, z)
+                        prefetch(h_prev, z)
             else:
                 hooks[H_REMOVE](pol, view, b)
             in_cand[b] = False

@@ -23,7 +23,7 @@ HOT = [
     (tiers, "tier_value"), (tiers, "lower_find"),
     (fast, "index_add"), (fast, "index_remove"),
     (links, "submit_up"), (links, "submit_down"), (links, "spill_bytes"),
-    (spill, "_drop"),
+    (spill, "_drop"), (spill, "_lru_ahead"),  # session 21 (lru9)
     (tiers, "prefetch_lines"), (tier_ops, "_lru_hit"),  # session 19 (core16d)
 ]
 

@@ -119,6 +119,16 @@ LRU_PREV, LRU_NXT, LRU_ENDS = 0, 1, 2
 # results; other callers still call the hooks.  docs/benchmarks.md, "Speed: tiered replay
 # of 16-token traces".
 
+# Victims asked for ahead.  A full built-in lru tier's victim is its list's head, so the
+# blocks it demotes next are known in order: the head, then the block after it.  Each
+# demotion reads the victim's state row, view row (hash, fields copied), links (and the
+# links of the block after it, the new head) and the table entry of its hash: at
+# 16-token blocks each a random line of a tier of 10^5-10^6 rows, ~7 dependent misses per
+# tier per demoted block when asked for only once the victim is named.  So when a victim
+# leaves the head, :func:`_lru_ahead` asks for the lines of the next two: the new head's
+# table entry (its hash read from a row asked for one demotion earlier) and the rows and
+# links of the block after it.  Prefetches change no result (kvsim.jit.prefetch).
+
 @njit(cache=True, _nrt=False)  # plain arrays only: no reference counts per call
 def _drop(hk, pend, h):
     """A block with hash ``h`` left the lower tiers: its entry goes when the next one does
@@ -127,6 +137,21 @@ def _drop(hk, pend, h):
     if pend != 0:
         tr.hash_del(hk, pend)
     return h
+
+
+@njit(cache=True, _nrt=False)  # plain arrays only: no reference counts per call
+def _lru_ahead(hk, m, prev, nxt, li, ch, la, tds, pin, y):
+    """Ask for the lines the next two demotions of a built-in lru tier read, now that ``y``
+    heads its list (see "Victims asked for ahead" above): the table entry of ``y``'s hash
+    (its row was asked for one demotion ago, so reading the hash waits for nothing new),
+    and the links and rows of the block after it.  Returns nothing; changes nothing."""
+    prefetch(hk, 2 * (((ch[y] * tr._FIB) >> 32) & m))  # as hash_slot
+    z = nxt[y]
+    if z >= 0:
+        prefetch(prev, z)
+        prefetch(nxt, z)
+        prefetch_row(li, z)
+        tr.prefetch_lines(la, tds, pin, z)
 
 
 @njit(cache=True)
@@ -285,6 +310,9 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                     tr.prefetch_lines(L1_la, L1_tds, L1_pin, x)  # copied below
                     if lru1:
                         dll_remove(P1, N1, E1, x)
+                        if E1[0] >= 0:  # the next victims' lines (see above)
+                            _lru_ahead(LH, m, P1, N1, L1_i, L1_ch, L1_la, L1_tds,
+                                       L1_pin, E1[0])
                     else:
                         L1_hooks[H_REMOVE](L1_st, L1_view, x)
                     L1_i[x, LI_STATE] = 0
@@ -377,6 +405,9 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                     tr.prefetch_lines(L2_la, L2_tds, L2_pin, x)  # copied below
                     if lru2:
                         dll_remove(P2, N2, E2, x)
+                        if E2[0] >= 0:  # the next victims' lines (see above)
+                            _lru_ahead(LH, m, P2, N2, L2_i, L2_ch, L2_la, L2_tds,
+                                       L2_pin, E2[0])
                     else:
                         L2_hooks[H_REMOVE](L2_st, L2_view, x)
                     L2_i[x, LI_STATE] = 0
@@ -471,6 +502,9 @@ def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
                     tr.prefetch_lines(L3_la, L3_tds, L3_pin, x)  # copied below
                     if lru3:
                         dll_remove(P3, N3, E3, x)
+                        if E3[0] >= 0:  # the next victims' lines (see above)
+                            _lru_ahead(LH, m, P3, N3, L3_i, L3_ch, L3_la, L3_tds,
+                                       L3_pin, E3[0])
                     else:
                         L3_hooks[H_REMOVE](L3_st, L3_view, x)
                     L3_i[x, LI_STATE] = 0
