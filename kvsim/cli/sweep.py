@@ -16,6 +16,7 @@ from kvsim.cli.common import (
     JsonOption,
     check_finite,
     check_outputs,
+    comma_names,
     emit_json,
     err_console,
     out_console,
@@ -136,7 +137,7 @@ def sweep_command(
                      write_policy=write_policy, warmup_fraction=warmup_fraction, seed=seed,
                      engine=engine, warmup_requests=warmup_requests, mode=mode,
                      cache_variant=cache_variant)
-    names = tuple(p.strip() for p in policies.split(",") if p.strip())
+    names = tuple(comma_names("--policies", policies))
     spec = SweepSpec(str(trace), names, _floats(hbm_gb, "--hbm-gb"),
                      _floats(dram_gb, "--dram-gb", True) if dram_gb else (None,), base, bound,
                      optimal)
