@@ -158,11 +158,17 @@ def sweep_command(
     elapsed = time.perf_counter() - t0
     err_console.print(f"{res.cells} cells: {res.computed} computed, {res.cached} from the "
                       f"cache, {elapsed:.1f} s; wrote {res.results_path}", highlight=False)
+    # a degenerate cell is warned about as in compare (few measured, preemption storm)
+    from kvsim.cli.sizing import print_warnings
+    from kvsim.results.warnings import result_warnings
+
+    found = result_warnings(res.table.to_dict(orient="records"))
+    print_warnings(found)
     if json_:
         emit_json({"results": str(res.results_path), "summary_path": str(res.summary_path),
                    "curves": None if res.curves_path is None else str(res.curves_path),
                    "cells": res.cells, "computed": res.computed, "cached": res.cached,
-                   "summary": res.summary})
+                   "summary": res.summary, "warnings": found})
         return
     from kvsim.cli.render import print_view
 

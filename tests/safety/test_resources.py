@@ -99,3 +99,50 @@ def test_the_closed_loops_shared_constants_do_not_outlive_the_run() -> None:
     assert result.exit_code == 0, result.output
     gc.collect()
     assert vllm_value._SHARED == []
+
+
+def test_an_error_in_the_prefault_thread_is_no_traceback(monkeypatch) -> None:
+    """The lower tiers' prefault thread (kvsim.replay.lower_tiers.TierPrefault) only speeds
+    the replay up: an exception in it ends it quietly (main: Python printed the thread's
+    traceback on stderr in the middle of the run's output)."""
+    import threading
+
+    from kvsim.core import layout as L
+    from kvsim.policy.registry import resolve_policy
+    from kvsim.replay import lower_tiers as lt
+
+    def broken(addr, nbytes, advice):
+        raise OSError("madvise went wrong")
+
+    monkeypatch.setattr(lt, "_madvise", lambda: broken)
+    seen = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args))
+    slots = 1000
+    T = lt._lower_tier(1, slots, resolve_policy("lru"), {}, slots, lt._lower_table(slots))
+    T.Lm[L.LM_FREE_TOP] = slots - 10
+    pf = lt.TierPrefault([T], [T.L_view])
+    assert pf._thread is not None
+    pf._thread.join(timeout=10)
+    assert not pf._thread.is_alive()
+    pf.stop()
+    assert seen == []
+
+
+def test_a_sweep_warns_about_a_degenerate_cell(tmp_path: Path) -> None:
+    """A sweep whose warm-up leaves 1 request measured warns as compare does, on stderr
+    and in ``--json`` (main: sweeps printed no warning at all)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    result = CliRunner().invoke(app, ["sweep", "--trace", str(TRACES / "sample_chat.parquet"),
+                                      "--policies", "lru", "--hbm-gb", "1",
+                                      "--warmup-fraction", "0.99", "--out",
+                                      str(tmp_path / "sw"), "--json"])
+    assert result.exit_code == 0, result.output
+    warned = [ln for ln in result.stderr.splitlines() if ln.startswith("warning: ")]
+    assert len(warned) == 1 and "only 1 of 32 requests measured" in warned[0], result.stderr
+    codes = [w["code"] for w in json.loads(result.stdout)["warnings"]]
+    assert codes == ["few_measured"]
