@@ -143,7 +143,7 @@ def _guard_paths(command: Any, name: str) -> None:
     opts = {p.name: (max(p.opts, key=len) if p.opts else p.name)
             for p in getattr(command, "params", ())}
     # a bad value of a config field names this command's option for it (with_option_names)
-    named = {f: o for f, o in ((f, FIELD_OPTIONS.get(f, opts.get(f))) for f in
+    named = {f: o for f, o in ((f, opts.get(f) or FIELD_OPTIONS.get(f)) for f in
                               (*opts, *FIELD_OPTIONS)) if o in opts.values() and o[:2] == "--"}
 
     def guarded(*args: Any, **kwargs: Any) -> Any:
@@ -164,6 +164,7 @@ def _guard_paths(command: Any, name: str) -> None:
 #: error names is the option of its parameter (``warmup_requests`` -> ``--warmup-requests``)
 #: when the command has one.  The API and config files name the fields.
 FIELD_OPTIONS = {"tier_policies": "--tier-policy", "tenant_quotas": "--tenant-quota",
+                 "policy": "--policies",  # compare / sweep / warm (simulate: its --policy)
                  "shared_link_bytes_per_s": "--shared-link-gbps", "prefetch": "--no-prefetch"}
 
 

@@ -105,4 +105,6 @@ def comma_names(option: str, text: str | None) -> list[str] | None:
     if not names:
         raise option_error(option, "a comma-separated list of names (leave the option out "
                            "for the default)", text)
+    if len(set(names)) != len(names):  # compare ran a policy twice, sweep refused
+        raise option_error(option, "distinct names", text)
     return names
