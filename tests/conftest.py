@@ -59,6 +59,8 @@ def shared_formats() -> Path:
 #: as the second step of tests/run_suite.sh (`pytest -m slow`), never dropped.  Node ids
 #: or their prefixes (a prefix marks every parametrisation).
 SLOW_TESTS = (
+    # a closed-loop run at 2 replicas (vLLM's scheduler), ~3-4 s on the shared machine
+    "tests/safety/test_resources.py::test_the_closed_loops_shared_constants_do_not_outlive_the_run",
     "tests/cluster/test_quiet_cache_steps.py::test_cache_steps_change_no_output",  # the
     # interpreted twin, 4 runs (test_quiet_steps.py covers the fast path in the default step)
     "tests/sim/test_slots.py::test_pack_records_packs_live_records_as_numpys_gather",

@@ -24,8 +24,6 @@ import os
 import re
 import signal
 import sys
-import types
-import typing
 import warnings
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -45,11 +43,19 @@ from typer.core import TyperGroup
 
 from kvsim.core.errors import EXIT_BAD_INPUT, KvsimError, KvsimInputError, Terminated
 from kvsim.core.errors import with_option_names as _with_option_names
+from kvsim.core.options import (  # noqa: F401 - the option checks every command uses
+    INT64_MAX,
+    _base_type,
+    check_finite,
+    check_limit,
+    check_option_value,
+    comma_names,
+    option_error,
+)
 
 #: Exit codes of a run stopped by a signal (128 + signal number, the shell convention).
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
-INT64_MAX = 2**63 - 1
 
 #: stdout: results only.
 out_console = Console(soft_wrap=True)
@@ -76,81 +82,6 @@ def fail(message: str, code: int) -> None:
     """Print one line ``error: message`` on stderr and exit with ``code``."""
     sys.stderr.write(f"error: {message}\n".replace("\r", " "))
     raise typer.Exit(code)
-
-
-def _base_type(annotation: Any) -> Any:
-    """``float`` for ``float``, ``float | None``, ``Optional[float]``, ``list[float]``."""
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return _base_type(args[0]) if len(args) == 1 else None
-    if origin in (list, tuple):
-        args = typing.get_args(annotation)
-        return _base_type(args[0]) if args else None
-    return annotation
-
-
-def option_error(option: str, expected: str, got: Any) -> KvsimInputError:
-    """The one-line error of a bad option value: ``--opt: expected X, got 'Y'``."""
-    return KvsimInputError(f"expected {expected}, got {got!r}", None, None, option)
-
-
-def check_finite(option: str, value: float | None, minimum: float | None = None,
-                 maximum: float | None = None) -> float | None:
-    """Reusable check of a float option: finite (no nan / inf) and within bounds."""
-    if value is None:
-        return None
-    if not math.isfinite(value):
-        raise option_error(option, "a finite number", str(value))
-    if minimum is not None and value < minimum:
-        raise option_error(option, f"a number >= {minimum:g}", value)
-    if maximum is not None and value > maximum:
-        raise option_error(option, f"a number <= {maximum:g}", value)
-    return value
-
-
-def check_limit(option: str, value: int | None, limit: str) -> int | None:
-    """Reusable: ``value`` of ``option`` must not exceed the :mod:`kvsim.core.limits` limit
-    ``limit`` (e.g. ``"max_prompt_tokens"``); the error says how to raise it."""
-    from kvsim.core.limits import get_limits
-
-    top = getattr(get_limits(), limit)
-    if value is not None and value > top:
-        raise option_error(option, f"at most {top:,} (kvsim limit {limit}; raise it with "
-                           f"KVSIM_LIMIT_{limit.upper()})", value)
-    return value
-
-
-def check_option_value(option: str, base: Any, raw: Any) -> None:
-    """The checks every option value passes before typer converts it (all commands):
-    a float must be finite (``nan``, ``inf`` refused: typer would accept ``inf`` and
-    report ``nan`` as out of range); an integer must fit in int64; ``--seed`` must be
-    >= 0 (numpy seeds are non-negative).  Raises :class:`KvsimInputError`."""
-    values = raw if isinstance(raw, (list, tuple)) else [raw]
-    for v in values:
-        if not isinstance(v, str):
-            continue
-        text = v.strip()
-        if base is float:
-            try:
-                f = float(text)
-            except ValueError:
-                continue  # typer reports a non-number itself
-            if not math.isfinite(f):
-                raise option_error(option, "a finite number", v)
-            if not text.isascii():
-                raise option_error(option, "a number written in ASCII digits", v)
-        elif base is int:
-            try:
-                i = int(text)
-            except ValueError:
-                continue
-            if not text.isascii():
-                raise option_error(option, "an integer written in ASCII digits", v)
-            if not -INT64_MAX - 1 <= i <= INT64_MAX:
-                raise option_error(option, "an integer within int64 (|n| < 2**63)", v)
-            if option == "--seed" and i < 0:
-                raise option_error(option, "a seed >= 0", v)
 
 
 #: Every option that names an output, per command: param name -> kind (a key of
@@ -212,7 +143,7 @@ def _guard_paths(command: Any, name: str) -> None:
     opts = {p.name: (max(p.opts, key=len) if p.opts else p.name)
             for p in getattr(command, "params", ())}
     # a bad value of a config field names this command's option for it (with_option_names)
-    named = {f: o for f, o in ((f, FIELD_OPTIONS.get(f, opts.get(f))) for f in
+    named = {f: o for f, o in ((f, opts.get(f) or FIELD_OPTIONS.get(f)) for f in
                               (*opts, *FIELD_OPTIONS)) if o in opts.values() and o[:2] == "--"}
 
     def guarded(*args: Any, **kwargs: Any) -> Any:
@@ -233,6 +164,7 @@ def _guard_paths(command: Any, name: str) -> None:
 #: error names is the option of its parameter (``warmup_requests`` -> ``--warmup-requests``)
 #: when the command has one.  The API and config files name the fields.
 FIELD_OPTIONS = {"tier_policies": "--tier-policy", "tenant_quotas": "--tenant-quota",
+                 "policy": "--policies",  # compare / sweep / warm (simulate: its --policy)
                  "shared_link_bytes_per_s": "--shared-link-gbps", "prefetch": "--no-prefetch"}
 
 

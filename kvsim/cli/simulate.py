@@ -53,6 +53,7 @@ from kvsim.cli.closed_opts import (
 from kvsim.cli.common import (
     JsonOption,
     check_outputs,
+    comma_names,
     emit_json,
     progress,
     quiet_progress,
@@ -392,7 +393,7 @@ def compare_command(
     config = with_tenants(config, tenants, tenant_quota)
     config = cluster_memory(config, link_model, shared_tier_gb, shared_tier_policy,
                             shared_link_gbps, shared_link_latency_us)
-    names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
+    names = comma_names("--policies", policies)
     names = with_policy_files(names, loaded)
     sched = resolve_schedule(schedule, trace is None, config.mode, config.live_offload)
     check_scheduler(scheduler, sched)

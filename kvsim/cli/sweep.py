@@ -16,6 +16,7 @@ from kvsim.cli.common import (
     JsonOption,
     check_finite,
     check_outputs,
+    comma_names,
     emit_json,
     err_console,
     out_console,
@@ -136,7 +137,7 @@ def sweep_command(
                      write_policy=write_policy, warmup_fraction=warmup_fraction, seed=seed,
                      engine=engine, warmup_requests=warmup_requests, mode=mode,
                      cache_variant=cache_variant)
-    names = tuple(p.strip() for p in policies.split(",") if p.strip())
+    names = tuple(comma_names("--policies", policies))
     spec = SweepSpec(str(trace), names, _floats(hbm_gb, "--hbm-gb"),
                      _floats(dram_gb, "--dram-gb", True) if dram_gb else (None,), base, bound,
                      optimal)
@@ -157,11 +158,17 @@ def sweep_command(
     elapsed = time.perf_counter() - t0
     err_console.print(f"{res.cells} cells: {res.computed} computed, {res.cached} from the "
                       f"cache, {elapsed:.1f} s; wrote {res.results_path}", highlight=False)
+    # a degenerate cell is warned about as in compare (few measured, preemption storm)
+    from kvsim.cli.sizing import print_warnings
+    from kvsim.results.warnings import result_warnings
+
+    found = result_warnings(res.table.to_dict(orient="records"))
+    print_warnings(found)
     if json_:
         emit_json({"results": str(res.results_path), "summary_path": str(res.summary_path),
                    "curves": None if res.curves_path is None else str(res.curves_path),
                    "cells": res.cells, "computed": res.computed, "cached": res.cached,
-                   "summary": res.summary})
+                   "summary": res.summary, "warnings": found})
         return
     from kvsim.cli.render import print_view
 

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from kvsim.cli import app
-from kvsim.cli.common import JsonOption, emit_json, err_console, out_console
+from kvsim.cli.common import JsonOption, comma_names, emit_json, err_console, out_console
 
 
 @app.command("warm")
@@ -36,7 +36,7 @@ def warm_command(
     from kvsim.modes.warm import SCHEDULERS, check_schedulers, warm
 
     scheds = SCHEDULERS if scheduler == "all" else tuple(s.strip() for s in scheduler.split(","))
-    names = [p.strip() for p in policies.split(",") if p.strip()] if policies else None
+    names = comma_names("--policies", policies)
     check_schedulers(scheds, names)  # before saying anything
     if not json_:
         err_console.print("compiling into numba's disk cache (about a minute on 2 cores when "

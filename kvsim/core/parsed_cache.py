@@ -15,12 +15,17 @@ the arrays it parsed from the same bytes before, and hands what it parsed to :fu
   (truncated, bit-flipped, not an ``.npz``) is removed with ONE warning line and the trace is
   parsed as if there were no entry.  ``np.load(allow_pickle=False)``: nothing is executed.
 * **Bounded**: only files of at least :data:`MIN_BYTES`, at most :data:`MAX_ENTRIES` entries
-  (the least recently used removed first).
+  and :data:`MAX_BYTES` bytes in all (the least recently used removed first; a parse larger
+  than that is not kept).  A temporary file a killed writer left is removed by the next
+  store (its name holds the writer's pid).
 * **Only regular files** (not ``/dev/stdin``, a pipe), and only a parse of the whole file
   that the stamp (size, modification and change time) says did not change while it was read.
 * **Where**: ``$KVSIM_CACHE_DIR/traces``, else ``$XDG_CACHE_HOME/kvsim/traces`` (default
   ``~/.cache/kvsim/traces``); nothing is cached when that folder cannot be written.
-  ``KVSIM_TRACE_CACHE=0`` turns the cache off.  Writes are atomic (a temporary file renamed).
+  ``KVSIM_TRACE_CACHE=0`` turns the cache off, ``1`` (or unset) on; any other value is
+  a one-line error, exit 2 (``off`` or ``false`` would otherwise leave it on silently).
+  Writes are atomic (a temporary file renamed): processes storing the same entry at once
+  each rename a whole file, the last one stays.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvsim.core.errors import KvsimWarning
+from kvsim.core.errors import KvsimInputError, KvsimWarning
 
 ENV_OFF = "KVSIM_TRACE_CACHE"
 #: Files smaller than this are parsed every time (a 256 KiB Mooncake file parses in ~12 ms;
@@ -45,14 +50,22 @@ MIN_BYTES = 256 * 1024
 #: The most entries kept; storing one more removes the least recently used (modification
 #: time, refreshed at each hit).
 MAX_ENTRIES = 16
+#: The most bytes the entries take in all (1 GiB): an entry of the Mooncake conversation
+#: trace is 2.7 MB, of 10x that trace 27 MB (measured, session 21), so 100x (~270 MB)
+#: still fits three times; a parse larger than this is not kept.
+MAX_BYTES = 1 << 30
 _META = "__kvsim_meta__"
 _FORMAT = 1
 
 
 def cache_root() -> Path | None:
     """The folder of the parsed traces; None when the cache is off."""
-    if os.environ.get(ENV_OFF, "1") == "0":
+    switch = os.environ.get(ENV_OFF, "")
+    if switch == "0":
         return None
+    if switch not in ("", "1"):
+        raise KvsimInputError(f"expected 0 (the parsed-trace cache off) or 1 (on), got "
+                              f"{switch!r}", None, None, ENV_OFF)
     base = os.environ.get("KVSIM_CACHE_DIR", "")
     if base:
         return Path(base) / "traces"
@@ -132,11 +145,14 @@ def _load(entry: Entry) -> dict[str, np.ndarray] | None:
         with contextlib.suppress(OSError):
             os.utime(entry.file)  # recently used: kept by _prune
         return arrays
-    warnings.warn(KvsimWarning(
-        f"{entry.file}: damaged parsed-trace cache entry removed; {entry.path} is parsed "
-        "again (docs/importers.md, \"Parsed-trace cache\")"), stacklevel=3)
-    with contextlib.suppress(OSError):
+    try:
         os.unlink(entry.file)
+        done = "removed"
+    except OSError as exc:  # a read-only cache folder: said, not claimed
+        done = f"ignored (cannot remove it: {exc.strerror})"
+    warnings.warn(KvsimWarning(
+        f"{entry.file}: damaged parsed-trace cache entry {done}; {entry.path} is parsed "
+        "again (docs/importers.md, \"Parsed-trace cache\")"), stacklevel=3)
     return None
 
 
@@ -149,10 +165,12 @@ def store(entry: Entry | None, arrays: dict[str, np.ndarray]) -> None:
     try:
         if _stamp(os.stat(entry.path)) != entry.stamp:
             return  # changed while it was parsed: the parse may not be of that content
+        if sum(int(np.asarray(a).nbytes) for a in arrays.values()) > MAX_BYTES:
+            return  # larger than the whole cache may be
         names = sorted(arrays)
         meta = entry.meta(names, _payload_digest(arrays, names))
         entry.file.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{entry.file.name}.", suffix=".tmp",
+        fd, tmp = tempfile.mkstemp(prefix=f".{entry.file.name}.{os.getpid()}.", suffix=".tmp",
                                    dir=entry.file.parent)
         try:
             with os.fdopen(fd, "wb") as fh:
@@ -169,14 +187,24 @@ def store(entry: Entry | None, arrays: dict[str, np.ndarray]) -> None:
 
 
 def _prune(folder: Path) -> None:
-    """Keep the :data:`MAX_ENTRIES` most recently used entries of ``folder``."""
+    """Keep the most recently used entries of ``folder``: at most :data:`MAX_ENTRIES`, of
+    at most :data:`MAX_BYTES` in all (the newest always); remove the temporary files of
+    writers that are gone (SIGKILL, a power cut)."""
+    from kvsim.core.fsutil import remove_stale_temporaries
+
+    for name in {t.name[1:].partition(".npz.")[0] for t in folder.glob(".*.npz.*.tmp")}:
+        remove_stale_temporaries(folder / f"{name}.npz")  # those of dead pids
     entries = []
     for f in folder.glob("*.npz"):
         with contextlib.suppress(OSError):
-            entries.append((f.stat().st_mtime_ns, f.name, f))
-    for _t, _n, f in sorted(entries, reverse=True)[MAX_ENTRIES:]:
-        with contextlib.suppress(OSError):
-            f.unlink()
+            st = f.stat()
+            entries.append((st.st_mtime_ns, f.name, st.st_size, f))
+    total = 0
+    for k, (_t, _n, size, f) in enumerate(sorted(entries, reverse=True)):
+        total += size
+        if k and (k >= MAX_ENTRIES or total > MAX_BYTES):
+            with contextlib.suppress(OSError):
+                f.unlink()
 
 
-__all__ = ["ENV_OFF", "MAX_ENTRIES", "MIN_BYTES", "Entry", "cache_root", "lookup", "store"]
+__all__ = ["ENV_OFF", "MAX_BYTES", "MAX_ENTRIES", "MIN_BYTES", "Entry", "cache_root", "lookup", "store"]

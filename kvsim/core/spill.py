@@ -27,6 +27,7 @@ column held in memory, bit for bit:
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import tempfile
@@ -55,6 +56,41 @@ def _tmpdir() -> str | None:
     """Where temporary files go: ``KVSIM_TMPDIR`` when set, else Python's default
     (``TMPDIR``, then /tmp)."""
     return os.environ.get("KVSIM_TMPDIR") or None
+
+
+class SpillFile(io.FileIO):
+    """An anonymous temporary file (unbuffered: a write reaches the disk when it is made)
+    whose every failed write or creation is one line naming the folder and the cause
+    (disk full, quota, ``ulimit -f``): :class:`kvsim.core.errors.KvsimResourceError`, exit
+    1 (an anonymous file has no name for the CLI to print)."""
+
+    @classmethod
+    def new(cls, prefix: str) -> SpillFile:
+        try:
+            with tempfile.TemporaryFile(prefix=prefix, dir=_tmpdir(), buffering=0) as f:
+                return cls(os.dup(f.fileno()), "r+b")
+        except OSError as exc:
+            raise _spill_error(exc) from None
+
+    def write(self, b) -> int:  # type: ignore[override]
+        view, done = memoryview(b).cast("B"), 0
+        while done < len(view):  # a raw write may take part of it (2 GiB at most on Linux)
+            try:
+                done += super().write(view[done:])
+            except OSError as exc:
+                raise _spill_error(exc) from None
+        return done
+
+
+def _spill_error(exc: OSError) -> Exception:
+    from kvsim.core.errors import KvsimResourceError
+    from kvsim.core.fsutil import disk_full_cause, is_disk_full
+
+    folder = _tmpdir() or tempfile.gettempdir()
+    cause = disk_full_cause(exc) if is_disk_full(exc) else exc.strerror or str(exc)
+    return KvsimResourceError(f"{folder}: cannot write a temporary file (a table kept out "
+                              f"of memory): {cause}; partial outputs removed (KVSIM_TMPDIR "
+                              "names another folder)")
 
 
 class SpilledRows:
@@ -87,7 +123,7 @@ class SpilledRows:
             rows = rows[room:]
         if len(rows):
             if self.file is None:
-                self.file = tempfile.TemporaryFile(prefix="kvsim-rows-", dir=_tmpdir())
+                self.file = SpillFile.new("kvsim-rows-")
             self.file.write(rows.data)  # C-contiguous rows: no copy (tobytes)
             self.file_rows += len(rows)
 
@@ -166,7 +202,7 @@ class PackedBits:
 
     def _write(self, b: bytes) -> None:
         if self.file is None and len(self.mem) + len(b) > self.mem_bytes:
-            self.file = tempfile.TemporaryFile(prefix="kvsim-bits-", dir=_tmpdir())
+            self.file = SpillFile.new("kvsim-bits-")
             self.file.write(bytes(self.mem))
             self.mem = bytearray()
         if self.file is None:
@@ -203,7 +239,7 @@ class IntsFile:
     def __init__(self, a: np.ndarray) -> None:
         a = np.ascontiguousarray(a)
         self.dtype, self.n = a.dtype, len(a)
-        self.file = tempfile.TemporaryFile(prefix="kvsim-ints-", dir=_tmpdir())
+        self.file = SpillFile.new("kvsim-ints-")
         self.file.write(a.tobytes())
         self.file.flush()
 
@@ -233,7 +269,7 @@ class _Values:
     :func:`exact_stats` selects and sums over."""
 
     def __init__(self) -> None:
-        self.file = tempfile.TemporaryFile(prefix="kvsim-col-", dir=_tmpdir())
+        self.file = SpillFile.new("kvsim-col-")
         self.n = 0
 
     def append(self, v: np.ndarray) -> None:

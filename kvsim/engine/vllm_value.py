@@ -5,6 +5,8 @@ that :func:`kvsim.engine.vllm_rows.vllm_rows` reads (``VS_*``), its per-step out
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from kvsim.engine import vllm_step as V
@@ -98,8 +100,14 @@ def build_value(cols: dict, off, ids, trace_block_tokens: int, block_size: int, 
 
 
 #: the last cluster's request constants (:func:`_request_constants`), kept while its
-#: replicas are built (one entry: keyed on the hashes' ``h0`` they share)
+#: replicas are built (one entry: keyed on a weak reference to the hashes' ``h0`` they
+#: share, and emptied when that array is freed: nothing of a run outlives it)
 _SHARED: list = []
+
+
+def _forget_shared() -> None:
+    if _SHARED and _SHARED[0]() is None:
+        _SHARED.clear()
 
 
 def _request_constants(cols: dict, h0) -> tuple:
@@ -107,7 +115,7 @@ def _request_constants(cols: dict, h0) -> tuple:
     for the replicas of a cluster, which share the hashes (``h0``)."""
     from kvsim.engine.vllm_spec import acceptance_units
 
-    if _SHARED and _SHARED[0] is h0:
+    if _SHARED and _SHARED[0]() is h0:
         return _SHARED[1], _SHARED[2]
     N = len(cols["prompt_tokens"])
     Q = np.zeros((0, 3), np.int64)
@@ -117,7 +125,8 @@ def _request_constants(cols: dict, h0) -> tuple:
         Q[:, Q_ACCEPT] = acceptance_units(np.asarray(cols["spec_accept_prob"],
                                                      dtype=np.float64))
     QA = np.asarray(cols["arrival_us"], dtype=np.float64) / 1e6
-    _SHARED[:] = [h0, Q, QA]
+    _SHARED[:] = [weakref.ref(h0), Q, QA]
+    weakref.finalize(h0, _forget_shared)
     return Q, QA
 
 

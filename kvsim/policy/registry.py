@@ -283,6 +283,19 @@ def list_policies(include_policy_files: bool = False) -> list[Policy]:
             or _REGISTRY[n].source.startswith("entry point ")]
 
 
+def resolve_tier_policy(policy, tier: str) -> Policy:
+    """:func:`resolve_policy` of a lower tier's policy (``SimConfig.tier_policies``): an
+    unknown name is the error of field ``tier_policies`` (the CLI: ``--tier-policy``), not
+    of the HBM policy's ``--policy``."""
+    try:
+        return resolve_policy(policy)
+    except KvsimInputError as exc:
+        if exc.field != "policy" or exc.path is not None:
+            raise
+        raise KvsimInputError(f"{tier}: {exc.message}", None, exc.location,
+                              "tier_policies") from None
+
+
 def resolve_policy(policy) -> Policy:
     """``policy`` as a :class:`Policy`: a :class:`Policy` itself, a ``.py`` file (a user
     policy, :func:`load_policy_file`) or a registered name (:func:`get_policy`)."""

@@ -31,7 +31,7 @@ from kvsim.engine.cost_model import GB, TierCosts, cost_array, hbm_kv_capacity_b
 from kvsim.memory import fast as mem
 from kvsim.memory.pool_ref import pool_arg
 from kvsim.policy.hooks import is_uniform, tier_ref, view_ref
-from kvsim.policy.registry import resolve_policy
+from kvsim.policy.registry import resolve_policy, resolve_tier_policy
 from kvsim.replay.kernel import core
 from kvsim.replay.kernel.bookkeeping import pack_records
 from kvsim.replay.kernel.core_ref import CoreState, core_arg
@@ -146,7 +146,7 @@ def resolve_tiers(config: SimConfig, header, facts: TraceFacts) -> tuple[int, li
     if hbm_blocks < 1:
         raise KvsimInputError(f"HBM holds no KV block ({block_bytes} bytes each) after the "
                               "model weights; expected a larger GPU or --hbm-gb", None, None,
-                              "hbm")
+                              "hbm_gb")
     caps = {}
     for name in LOWER_TIERS:
         gb = getattr(config, f"{name}_gb")
@@ -168,7 +168,7 @@ class _Run:
         quotas = config.quota_params()
         if quotas:  # per-tenant quotas (quota_lru): every tier's policy learns its tier
             params["tenant_quotas"] = quotas
-        lower = [resolve_policy(config.tier_policy(t)) for t in LOWER_TIERS]
+        lower = [resolve_tier_policy(config.tier_policy(t), t) for t in LOWER_TIERS]
         self.lower_policies = lower
         core_mod = core_for(policy, lower, choose_engine(config.engine, facts.num_rows,
                                                          policy, lower))
@@ -522,7 +522,7 @@ def execute(trace_path: str | Path, pol, config: SimConfig,
     cfg_dict["timing_model"] = recorded_timing_model(header)
     writer = None
     if decision_log is not None:
-        reasons = [pol.reasons] + [resolve_policy(config.tier_policy(t)).reasons
+        reasons = [pol.reasons] + [resolve_tier_policy(config.tier_policy(t), t).reasons
                                    for t in LOWER_TIERS]
         writer = DecisionLogWriter(decision_log, policy=pol.name, trace=str(trace_path),
                                    config=cfg_dict, reasons_by_tier=reasons,

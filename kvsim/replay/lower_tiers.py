@@ -144,6 +144,12 @@ class TierPrefault:
             self._thread.start()
 
     def _loop(self) -> None:
+        try:
+            self._faults()
+        except Exception:  # noqa: BLE001 - a speed-up only: the core faults pages in itself
+            return  # (no traceback on stderr from a daemon thread mid-run)
+
+    def _faults(self) -> None:
         while not self._stop.wait(PREFAULT_POLL_S):
             left = False
             for Lm, slots, arrays in self._spans:

@@ -40,13 +40,12 @@ column was; more are streamed, exact (:func:`kvsim.core.spill.streamed_stats`).
 from __future__ import annotations
 
 import itertools
-import tempfile
 from collections.abc import Iterator
 
 import numpy as np
 
 from kvsim.core import layout as L
-from kvsim.core.spill import SpilledRows, _tmpdir, streamed_stats
+from kvsim.core.spill import SpilledRows, SpillFile, streamed_stats
 
 #: Latencies a replica keeps in memory before its temporary file (512 KiB: the 8
 #: replicas of the Mooncake conversation trace record ~300,000 steps each, so most of
@@ -93,7 +92,7 @@ class Float64Values:
             v = v[room:]
         if len(v):
             if self.file is None:
-                self.file = tempfile.TemporaryFile(prefix="kvsim-steps-", dir=_tmpdir())
+                self.file = SpillFile.new("kvsim-steps-")
             self.file.write(v.data)
             self.file_count += len(v)
 

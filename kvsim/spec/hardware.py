@@ -92,6 +92,8 @@ class HardwareProfile:
     tiers: dict[str, TierSpec]
     provenance: dict[str, Any]
     sources: dict[str, str] = field(default_factory=dict)  # "section.key" -> comment
+    #: the file it was read from (errors name it); not part of the profile's value
+    source: str = field(default="", compare=False, repr=False)
 
     @property
     def effective_flops_per_s(self) -> float:
@@ -120,13 +122,27 @@ class HardwareProfile:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise bad_value(None, None, f"{name}_bytes", "an integer >= 0", value)
             tier = tiers[name]
-            if value > 0 and tier.path_bandwidth_bytes_per_s() <= 0:
-                raise KvsimInputError(
-                    f"profile {self.name!r} has no {name} tier (no bandwidth numbers); "
-                    "expected a profile TOML that defines [tiers." + name + "]",
-                    None, None, f"{name}_bytes")
+            if value > 0:
+                self._check_path(tier, name)
             tiers[name] = dataclasses.replace(tier, capacity_bytes=value)
         return dataclasses.replace(self, tiers=tiers)
+
+
+    def _check_path(self, tier: TierSpec, name: str) -> None:
+        """A tier given capacity needs a bandwidth > 0 both ways on its path; the error names
+        the profile's file and the key (a bundled profile: ``profiles/hardware/X.toml``)."""
+        where = self.source or f"hardware profile {self.name!r}"
+        if tier == _disabled_tier(name):
+            raise KvsimInputError(
+                f"no [tiers.{name}] table; expected one (its bandwidths and latencies) to "
+                f"give the {name} tier a capacity ({name}_bytes, --{name}-gb)", where, None,
+                f"tiers.{name}")
+        for key in ("read_bandwidth_bytes_per_s", "write_bandwidth_bytes_per_s",
+                    "link_bandwidth_bytes_per_s"):
+            if getattr(tier, key) <= 0:
+                raise bad_value(where, None, f"tiers.{name}.{key}", "a bandwidth > 0 to give "
+                                f"the {name} tier a capacity ({name}_bytes, --{name}-gb)",
+                                getattr(tier, key))
 
 
 def _disabled_tier(name: str) -> TierSpec:
@@ -245,6 +261,7 @@ def parse_hardware(text: str, path: Path | str) -> HardwareProfile:
         tiers=tiers,
         provenance=dict(provenance),
         sources=_scan_sources(text),
+        source=str(path),
         **values,
     )
 

@@ -229,6 +229,34 @@ def toml_files() -> None:
     write("profile_rate_nan.toml", 'name = "n"\n\n' + base.replace("1.0\n\n", "nan\n\n", 1))
     write("profile_prompt_1e15.toml", 'name = "p"\n\n' + base + "prompt_tokens = 1e15\n")
     write("hw_latin1.toml", '# caf\xe9\nname = "x"\n'.encode("latin-1"))
+    # a DRAM tier whose link has no bandwidth (session 21: the error named the profile's
+    # name, not this file)
+    write("hw_dram_link_zero.toml", HW_DRAM_LINK_ZERO)
+
+
+HW_DRAM_LINK_ZERO = """name = "zero-link"
+
+[compute]
+peak_dense_bf16_flops_per_s = 312e12
+achievable_flops_fraction = 0.5
+hbm_bandwidth_bytes_per_s = 2.039e12
+achievable_bandwidth_fraction = 0.8
+gpu_memory_bytes = 85_899_345_920
+
+[tiers.hbm]
+read_bandwidth_bytes_per_s = 2.039e12
+write_bandwidth_bytes_per_s = 2.039e12
+latency_us = 0.0
+
+[tiers.dram]
+capacity_bytes = 137_438_953_472
+read_bandwidth_bytes_per_s = 204.8e9
+write_bandwidth_bytes_per_s = 204.8e9
+latency_us = 0.12
+link = "pcie4-x16"
+link_bandwidth_bytes_per_s = 0
+link_latency_us = 5.0
+"""
 
 
 if __name__ == "__main__":

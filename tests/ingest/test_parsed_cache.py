@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from kvsim.core import parsed_cache
-from kvsim.core.errors import KvsimWarning
+from kvsim.core.errors import KvsimInputError, KvsimWarning
 from kvsim.ingest import mooncake
 
 
@@ -142,3 +142,99 @@ def test_at_most_max_entries_stay(tmp_path, monkeypatch, cache_dir) -> None:
     assert len(list(cache_dir.glob("*.npz"))) == 2
     assert not _read(traces[2], monkeypatch)[2]  # the latest is kept
     assert _read(traces[0], monkeypatch)[2]  # the oldest was removed
+
+
+def test_bounded_by_bytes_too(tmp_path, monkeypatch, cache_dir) -> None:
+    """At most MAX_BYTES in all (session 21: the cache was bounded by 16 entries only, 16
+    parses of 100x the Mooncake trace ~4.3 GB); a parse larger than that is not kept."""
+    first = _trace(tmp_path / "t0.jsonl", n=3000)
+    _read(first, monkeypatch)
+    (entry,) = cache_dir.glob("*.npz")
+    monkeypatch.setattr(parsed_cache, "MAX_BYTES", 2 * entry.stat().st_size + 100)
+    for i in (1, 2):
+        _read(_trace(tmp_path / f"t{i}.jsonl", n=3000, salt=i), monkeypatch)
+    assert len(list(cache_dir.glob("*.npz"))) == 2  # the oldest went for room
+    assert _read(first, monkeypatch)[2]
+    monkeypatch.setattr(parsed_cache, "MAX_BYTES", 1000)  # smaller than any parse
+    for f in cache_dir.glob("*.npz"):
+        f.unlink()
+    _read(first, monkeypatch)
+    assert list(cache_dir.glob("*.npz")) == []
+
+
+@pytest.mark.parametrize("value", ["off", "false", "yes", " 0"])
+def test_a_switch_value_other_than_0_or_1_is_refused(monkeypatch, cache_dir, value) -> None:
+    """``KVSIM_TRACE_CACHE=off`` left the cache on silently (main: only "0" was off)."""
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+    from tests.helpers import assert_one_line_error
+
+    monkeypatch.setenv(parsed_cache.ENV_OFF, value)
+    with pytest.raises(KvsimInputError, match="KVSIM_TRACE_CACHE"):
+        parsed_cache.cache_root()
+    out = cache_dir.parent.parent / "o.parquet"
+    trace = Path(__file__).resolve().parents[2] / "traces" / "sample_mooncake.jsonl"
+    result = CliRunner().invoke(app, ["import-request-trace", "--requests", str(trace),
+                                      "--out", str(out)])
+    assert_one_line_error(result, "field 'KVSIM_TRACE_CACHE'", "expected 0", f"got {value!r}")
+    assert not out.exists()
+    for on in ("1", ""):
+        monkeypatch.setenv(parsed_cache.ENV_OFF, on)
+        assert parsed_cache.cache_root() == cache_dir
+
+
+def test_a_killed_writers_temporary_file_is_removed(tmp_path, monkeypatch, cache_dir) -> None:
+    """A store SIGKILLed mid-write left ``.<entry>.npz.XXXX.tmp`` for good (main: the prune
+    looked at ``*.npz`` only); a live writer's is kept."""
+    cache_dir.mkdir(parents=True)
+    dead = cache_dir / ".0123456789abcdef0123456789abcdef.npz.999999999.x1y2.tmp"
+    live = cache_dir / f".0123456789abcdef0123456789abcdef.npz.{__import__('os').getpid()}.z.tmp"
+    dead.write_bytes(b"partial")
+    live.write_bytes(b"being written")
+    _read(_trace(tmp_path / "t.jsonl"), monkeypatch)
+    assert not dead.exists() and live.exists()
+
+
+def test_an_edit_keeping_size_and_times_is_parsed_again(tmp_path, monkeypatch,
+                                                        cache_dir) -> None:
+    """Keyed on the bytes, not the stamp: an edit of the same size, with the old
+    modification time put back, is parsed again (no stale table)."""
+    import os
+
+    trace = _trace(tmp_path / "t.jsonl")
+    st = trace.stat()
+    _read(trace, monkeypatch)
+    text = trace.read_text()
+    edited = text.replace('"output_length": 3,', '"output_length": 4,', 1)
+    assert edited != text and len(edited) == len(text)
+    trace.write_text(edited)
+    os.utime(trace, ns=(st.st_atime_ns, st.st_mtime_ns))
+    table, warned, parsed = _read(trace, monkeypatch)
+    assert parsed and warned == []
+    _equal(table, _read(trace, monkeypatch, cache=False)[0])
+
+
+def test_an_entry_that_cannot_be_removed_is_not_said_removed(tmp_path, monkeypatch,
+                                                             cache_dir) -> None:
+    """A damaged entry in a folder kvsim cannot write (a read-only cache shared by a
+    team): the warning says it was ignored, not removed (main: "removed", and it stayed)."""
+    import os
+
+    trace = _trace(tmp_path / "t.jsonl")
+    _read(trace, monkeypatch)
+    (entry,) = cache_dir.glob("*.npz")
+    entry.write_bytes(b"garbage" * 10)
+    real = os.unlink
+
+    def refuse(path, *a, **k):
+        if str(path) == str(entry):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(os, "unlink", refuse)
+    table, warned, parsed = _read(trace, monkeypatch)
+    monkeypatch.setattr(os, "unlink", real)
+    assert parsed and len(warned) == 1
+    assert "entry ignored (cannot remove it: Permission denied)" in warned[0], warned
+    assert "removed" not in warned[0].split(";")[0]

@@ -481,13 +481,13 @@ def closed_engine(config: SimConfig, policy, num_rows: int, scheduler: str | Non
     """The engine of a closed-loop run (:func:`kvsim.replay.variants.auto_engine` with the
     closed loop's step driver counted in the cache check: for ``scheduler``, ``vllm`` or
     ``kvsim``, when given, as ``advance`` is compiled once per scheduler)."""
-    from kvsim.policy.registry import resolve_policy
+    from kvsim.policy.registry import resolve_policy, resolve_tier_policy
     from kvsim.replay.variants import auto_engine
     from kvsim.spec.sim_config import LOWER_TIERS
 
     if config.engine != "auto":
         return config.engine
-    lower = [resolve_policy(config.tier_policy(t)) for t in LOWER_TIERS]
+    lower = [resolve_tier_policy(config.tier_policy(t), t) for t in LOWER_TIERS]
     return auto_engine("auto", num_rows, resolve_policy(policy), lower,
                        closed=scheduler or True)
 
@@ -512,7 +512,7 @@ def hbm_pool_blocks(config: SimConfig, cost) -> int:
     if blocks < 1:
         raise KvsimInputError(f"HBM holds no KV block ({cost.block_bytes} bytes each) after "
                               "the model weights; expected a larger GPU or --hbm-gb", None,
-                              None, "hbm")
+                              None, "hbm_gb")
     return int(blocks)
 
 

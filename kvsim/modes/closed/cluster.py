@@ -159,7 +159,7 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
     """:func:`serve` after its set-up: build the engines, run them, summarise."""
     from kvsim.modes.closed.closed_facts import PromptHashes, block_facts
     from kvsim.modes.closed.serving_metrics import cluster_summary
-    from kvsim.policy.registry import resolve_policy
+    from kvsim.policy.registry import resolve_tier_policy
     from kvsim.replay.driver import SimResult
     from kvsim.results.decision_log import DecisionLogWriter
 
@@ -177,8 +177,8 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
             path = Path(decision_log)
             if replicas > 1:
                 path = path.with_name(f"{path.stem}.replica{w}{path.suffix}")
-            reasons = [pol.reasons] + [resolve_policy(config.tier_policy(t)).reasons
-                                       for t in LOWER_TIERS]
+            reasons = [pol.reasons] + [resolve_tier_policy(config.tier_policy(t),
+                                                           t).reasons for t in LOWER_TIERS]
             writer = DecisionLogWriter(path, policy=pol.name, trace="requests",
                                        config={**cfg_dict, "replica": w},
                                        reasons_by_tier=reasons, why=core.WHY)

@@ -1,0 +1,148 @@
+"""Resources an operator runs out of, and what a run keeps after it ends (issue 38, session
+21's audit): a spill file that meets a full disk names its folder; the closed loop's shared
+request constants do not outlive the run; the lower tiers' prefault thread cannot print a
+traceback.  The CLI cases are corpus rows (tests/bad_inputs/cli_cases.toml)."""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvsim.core.errors import KvsimResourceError
+
+TRACES = Path(__file__).resolve().parents[2] / "traces"
+
+
+@contextlib.contextmanager
+def _file_size_limit(nbytes: int):
+    """``ulimit -f`` for this process while the body runs (Python ignores SIGXFSZ: the
+    kernel refuses the write with EFBIG)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+@pytest.mark.parametrize("table", ["SpilledRows", "Float64Values", "PackedBits", "IntsFile"])
+def test_a_full_disk_under_a_spill_names_the_folder(tmp_path: Path, monkeypatch,
+                                                    table: str) -> None:
+    """A table kept out of memory in an anonymous temporary file: a refused write is one
+    line naming the folder (``KVSIM_TMPDIR``) and the cause (main: an OSError with no
+    path, printed as "disk full ..." with no file named)."""
+    from kvsim.core.spill import IntsFile, PackedBits, SpilledRows
+    from kvsim.results.step_records import Float64Values
+
+    monkeypatch.setenv("KVSIM_TMPDIR", str(tmp_path))
+    make = {"SpilledRows": lambda: SpilledRows(4, mem_rows=0).append(np.ones((8192, 4))),
+            "Float64Values": lambda: Float64Values(mem_values=0).append(np.ones(32768)),
+            "PackedBits": lambda: PackedBits(mem_bytes=0).append(np.ones(1 << 20)),
+            "IntsFile": lambda: IntsFile(np.ones(32768, np.int64))}[table]
+    with _file_size_limit(64 * 1024), pytest.raises(KvsimResourceError) as info:
+        make()
+    message = str(info.value)
+    assert message.startswith(f"{tmp_path}: cannot write a temporary file"), message
+    assert "File too large" in message and "KVSIM_TMPDIR" in message
+    assert info.value.exit_code == 1
+
+
+def test_a_missing_spill_folder_is_one_line(tmp_path: Path, monkeypatch) -> None:
+    from kvsim.core.spill import SpilledRows
+
+    monkeypatch.setenv("KVSIM_TMPDIR", str(tmp_path / "gone"))
+    with pytest.raises(KvsimResourceError, match="gone: cannot write a temporary file"):
+        SpilledRows(4, mem_rows=0).append(np.ones((10, 4)))
+
+
+def test_spilled_tables_read_back_unchanged(tmp_path: Path, monkeypatch) -> None:
+    """The unbuffered spill file reads back what was written (rows, values, bits)."""
+    from kvsim.core.spill import PackedBits, SpilledRows
+    from kvsim.results.step_records import Float64Values
+
+    monkeypatch.setenv("KVSIM_TMPDIR", str(tmp_path))
+    rng = np.random.default_rng(0)
+    a = rng.random((5000, 3))
+    rows = SpilledRows(3, mem_rows=100)
+    for k in range(0, 5000, 700):
+        rows.append(a[k:k + 700])
+    assert np.array_equal(rows.to_array(), a)
+    v = Float64Values(mem_values=10)
+    v.append(a[:, 0])
+    assert np.array_equal(np.concatenate(list(v.chunks(values=333))), a[:, 0])
+    flags = rng.random(100_003) < 0.5
+    bits = PackedBits(mem_bytes=16)
+    bits.append(flags[:50_001])
+    bits.append(flags[50_001:])
+    bits.finish()
+    assert np.array_equal(bits.get(7, 99_000), flags[7:99_007].astype(np.int8))
+
+
+def test_the_closed_loops_shared_constants_do_not_outlive_the_run() -> None:
+    """vLLM's per-request constants the replicas of a cluster share
+    (``kvsim.engine.vllm_value._SHARED``) are freed with the run (main: the last run's
+    hashes ``h0`` and its ``Q``/``QA`` columns stayed referenced by the module for good)."""
+    import gc
+
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+    from kvsim.engine import vllm_value
+
+    result = CliRunner().invoke(app, ["simulate", "--profile", "deadline_pressure",
+                                      "--requests", "16", "--seed", "0", "--hbm-gb", "8",
+                                      "--scheduler", "vllm", "--replicas", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    gc.collect()
+    assert vllm_value._SHARED == []
+
+
+def test_an_error_in_the_prefault_thread_is_no_traceback(monkeypatch) -> None:
+    """The lower tiers' prefault thread (kvsim.replay.lower_tiers.TierPrefault) only speeds
+    the replay up: an exception in it ends it quietly (main: Python printed the thread's
+    traceback on stderr in the middle of the run's output)."""
+    import threading
+
+    from kvsim.core import layout as L
+    from kvsim.policy.registry import resolve_policy
+    from kvsim.replay import lower_tiers as lt
+
+    def broken(addr, nbytes, advice):
+        raise OSError("madvise went wrong")
+
+    monkeypatch.setattr(lt, "_madvise", lambda: broken)
+    seen = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args))
+    slots = 1000
+    T = lt._lower_tier(1, slots, resolve_policy("lru"), {}, slots, lt._lower_table(slots))
+    T.Lm[L.LM_FREE_TOP] = slots - 10
+    pf = lt.TierPrefault([T], [T.L_view])
+    assert pf._thread is not None
+    pf._thread.join(timeout=10)
+    assert not pf._thread.is_alive()
+    pf.stop()
+    assert seen == []
+
+
+def test_a_sweep_warns_about_a_degenerate_cell(tmp_path: Path) -> None:
+    """A sweep whose warm-up leaves 1 request measured warns as compare does, on stderr
+    and in ``--json`` (main: sweeps printed no warning at all)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    result = CliRunner().invoke(app, ["sweep", "--trace", str(TRACES / "sample_chat.parquet"),
+                                      "--policies", "lru", "--hbm-gb", "1",
+                                      "--warmup-fraction", "0.99", "--out",
+                                      str(tmp_path / "sw"), "--json"])
+    assert result.exit_code == 0, result.output
+    warned = [ln for ln in result.stderr.splitlines() if ln.startswith("warning: ")]
+    assert len(warned) == 1 and "only 1 of 32 requests measured" in warned[0], result.stderr
+    codes = [w["code"] for w in json.loads(result.stdout)["warnings"]]
+    assert codes == ["few_measured"]
