@@ -89,6 +89,9 @@ class _Frame:
             return None  # the dataclass field's default
         d = obj.__dict__
         if d.get("_df") is None and d.get("_cols") is not None:
+            if d["_ids"] is None:
+                raise RuntimeError("this table's block ids were released "
+                                   "(RequestTable.release_block_ids)")
             d["_df"] = _frame(d["_cols"], d["_off"], d["_ids"])
             d["_cols"] = d["_off"] = d["_ids"] = None
         return d.get("_df")
@@ -166,6 +169,18 @@ class RequestTable:
         return {name: self.column(name) for name, dtype, _ in REQUEST_COLUMNS
                 if dtype not in ("list", "string")}
 
+    def release_block_ids(self) -> bool:
+        """Drop the block ids (CSR) of a table held as numpy columns, once its consumer
+        has read all it needs of them (the closed loop of a caller that hands its table
+        over: ``kvsim.modes.closed.cluster.serve(release_block_ids=True)``): 8 bytes a
+        block id and one offset a request no longer held for the rest of the run.  Every
+        other column stays; a later :meth:`flat_block_ids` (or ``df``) raises.  False (and
+        nothing dropped) for a table held as a DataFrame."""
+        if self._held() is None:
+            return False
+        self.__dict__.update(_off=None, _ids=None)
+        return True
+
     def take(self, keep: np.ndarray) -> RequestTable:
         """The rows where ``keep`` (a bool mask) holds, ``request_id`` re-numbered densely
         (arrival order kept)."""
@@ -186,6 +201,9 @@ class RequestTable:
         """(offsets int64[N+1], values int64[total]): ``block_ids`` as a CSR pair (the
         table's own arrays when it holds them: read-only use)."""
         if self._held() is not None:
+            if self.__dict__["_ids"] is None:
+                raise RuntimeError("this table's block ids were released "
+                                   "(RequestTable.release_block_ids)")
             return self.__dict__["_off"], self.__dict__["_ids"]
         col = self.df["block_ids"]
         lengths = np.fromiter((len(x) for x in col), dtype=np.int64, count=len(col))
