@@ -162,23 +162,32 @@ class RequestTable:
     def column(self, name: str) -> np.ndarray:
         """One column (not ``block_ids``) as a numpy array (read-only use)."""
         cols = self._held()
-        return cols[name] if cols is not None else self.df[name].to_numpy()
+        if cols is None:
+            return self.df[name].to_numpy()
+        if name not in cols and name in REQUEST_COLUMN_NAMES:
+            raise RuntimeError(f"this table's column {name!r} was released "
+                               "(RequestTable.release_block_ids)")
+        return cols[name]
 
     def columns(self) -> dict[str, np.ndarray]:
         """Every column but ``block_ids`` and ``model``, name -> numpy array."""
         return {name: self.column(name) for name, dtype, _ in REQUEST_COLUMNS
                 if dtype not in ("list", "string")}
 
-    def release_block_ids(self) -> bool:
-        """Drop the block ids (CSR) of a table held as numpy columns, once its consumer
-        has read all it needs of them (the closed loop of a caller that hands its table
-        over: ``kvsim.modes.closed.cluster.serve(release_block_ids=True)``): 8 bytes a
-        block id and one offset a request no longer held for the rest of the run.  Every
-        other column stays; a later :meth:`flat_block_ids` (or ``df``) raises.  False (and
-        nothing dropped) for a table held as a DataFrame."""
-        if self._held() is None:
+    def release_block_ids(self, columns: tuple[str, ...] = ()) -> bool:
+        """Drop the block ids (CSR) of a table held as numpy columns, and the named
+        ``columns`` (not ``request_id``), once its consumer has read all it needs of them
+        (the closed loop of a caller that hands its table over:
+        ``kvsim.modes.closed.cluster.serve(release_block_ids=True)``): 8 bytes a block id
+        and one offset a request no longer held for the rest of the run.  The other
+        columns stay; a later :meth:`flat_block_ids`, ``df``, :meth:`columns` or
+        :meth:`column` of a dropped one raises.  False (and nothing dropped) for a table
+        held as a DataFrame."""
+        cols = self._held()
+        if cols is None:
             return False
-        self.__dict__.update(_off=None, _ids=None)
+        keep = {k: v for k, v in cols.items() if k == "request_id" or k not in columns}
+        self.__dict__.update(_cols=keep, _off=None, _ids=None)
         return True
 
     def take(self, keep: np.ndarray) -> RequestTable:

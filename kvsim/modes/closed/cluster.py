@@ -65,6 +65,11 @@ from kvsim.modes.closed.routing import (  # noqa: F401 (re-exported)
 )
 from kvsim.spec.sim_config import SimConfig
 
+#: the Request-table columns a one-replica run reads no more once its engine and block
+#: facts are made (the engine holds what it reads; vLLM's step reads none of these):
+#: dropped with the block ids of a table handed over (``serve(release_block_ids=True)``)
+UNREAD_IN_RUN = ("session", "model", "n", "beam_width", "spec_draft_tokens",
+                 "spec_accept_prob", "hashed_tokens")
 #: a routed replica's first queue capacity (requests; doubled when full, Engine.grow_order)
 ORDER_FIRST = 1 << 12
 
@@ -217,7 +222,7 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
     if not routed:  # no router reads the prompts: the block ids are read no more
         del off, ids
         if release_block_ids:
-            table.release_block_ids()
+            table.release_block_ids(UNREAD_IN_RUN)
     try:
         if not routed:
             e = engines[0]
