@@ -249,6 +249,7 @@ def simulate_command(
                 result = serve(table, policy, config, replicas=replicas, router=router,
                                engine=opts, decision_log=decision_log, pd=pdo,
                                step_table=False,  # printed: the summary (and requests)
+                               release_block_ids=True,  # the table is read no more here
                                on_progress=lambda done, total: bar.update(
                                    task, completed=done, total=total))
             else:

@@ -89,6 +89,9 @@ class _Frame:
             return None  # the dataclass field's default
         d = obj.__dict__
         if d.get("_df") is None and d.get("_cols") is not None:
+            if d["_ids"] is None:
+                raise RuntimeError("this table's block ids were released "
+                                   "(RequestTable.release_block_ids)")
             d["_df"] = _frame(d["_cols"], d["_off"], d["_ids"])
             d["_cols"] = d["_off"] = d["_ids"] = None
         return d.get("_df")
@@ -159,12 +162,33 @@ class RequestTable:
     def column(self, name: str) -> np.ndarray:
         """One column (not ``block_ids``) as a numpy array (read-only use)."""
         cols = self._held()
-        return cols[name] if cols is not None else self.df[name].to_numpy()
+        if cols is None:
+            return self.df[name].to_numpy()
+        if name not in cols and name in REQUEST_COLUMN_NAMES:
+            raise RuntimeError(f"this table's column {name!r} was released "
+                               "(RequestTable.release_block_ids)")
+        return cols[name]
 
     def columns(self) -> dict[str, np.ndarray]:
         """Every column but ``block_ids`` and ``model``, name -> numpy array."""
         return {name: self.column(name) for name, dtype, _ in REQUEST_COLUMNS
                 if dtype not in ("list", "string")}
+
+    def release_block_ids(self, columns: tuple[str, ...] = ()) -> bool:
+        """Drop the block ids (CSR) of a table held as numpy columns, and the named
+        ``columns`` (not ``request_id``), once its consumer has read all it needs of them
+        (the closed loop of a caller that hands its table over:
+        ``kvsim.modes.closed.cluster.serve(release_block_ids=True)``): 8 bytes a block id
+        and one offset a request no longer held for the rest of the run.  The other
+        columns stay; a later :meth:`flat_block_ids`, ``df``, :meth:`columns` or
+        :meth:`column` of a dropped one raises.  False (and nothing dropped) for a table
+        held as a DataFrame."""
+        cols = self._held()
+        if cols is None:
+            return False
+        keep = {k: v for k, v in cols.items() if k == "request_id" or k not in columns}
+        self.__dict__.update(_cols=keep, _off=None, _ids=None)
+        return True
 
     def take(self, keep: np.ndarray) -> RequestTable:
         """The rows where ``keep`` (a bool mask) holds, ``request_id`` re-numbered densely
@@ -186,6 +210,9 @@ class RequestTable:
         """(offsets int64[N+1], values int64[total]): ``block_ids`` as a CSR pair (the
         table's own arrays when it holds them: read-only use)."""
         if self._held() is not None:
+            if self.__dict__["_ids"] is None:
+                raise RuntimeError("this table's block ids were released "
+                                   "(RequestTable.release_block_ids)")
             return self.__dict__["_off"], self.__dict__["_ids"]
         col = self.df["block_ids"]
         lengths = np.fromiter((len(x) for x in col), dtype=np.int64, count=len(col))

@@ -170,6 +170,11 @@ class Engine:
         bound = int(((prompt + out + spk) // B + 2).sum()) + 2 * (slots - N) * max_blocks
         if opts.scheduler == "vllm" and hashes is None:
             hashes = vllm_hashes(table, off, ids, opts)
+        if opts.scheduler == "vllm":  # its step reads the hashes, never the block ids:
+            # not held here (kvsim.modes.closed.cluster.serve's release_block_ids); a
+            # step's admissions (adm) are at most its output list's (vllm_value.new_outputs)
+            sc.req_args = _vllm_req_args(sc.req_args)
+            sc.adm = np.zeros(max(min(N, opts.max_num_seqs), 1) + 1, np.int64)
         # the hashed blocks of the distinct request contents (shared_hashes): no more
         # distinct hashes reach a lower tier (vLLM's scheduler writes no other hash)
         distinct = -1 if hashes is None else int(np.count_nonzero(hashes[2]))
@@ -269,9 +274,20 @@ class Engine:
 
     def enqueue(self, r: int) -> None:
         st = self.sched.st
+        if st[S.S_QN] >= self.sched.order.shape[0]:
+            self.grow_order()
         self.sched.order[st[S.S_QN]] = r
         st[S.S_QN] += 1
         st[S.S_FINISHED] = 0
+
+    def grow_order(self) -> np.ndarray:
+        """The router's queue (``sched.order``, the rows routed here in arrival order)
+        doubled: it starts small and grows with the requests routed here, not with the
+        trace (issue 38, "Memory"); the steps read only ``order[:S_QN]``."""
+        sc = self.sched
+        sc.order = L.grow_rows(sc.order, 2 * sc.order.shape[0])
+        self._args = None  # the EngineRef holds the array
+        return sc.order
 
     # -- running steps -----------------------------------------------------------------------
     @property
@@ -413,6 +429,22 @@ class Engine:
         run._flush_steps()
         run._flush_log()
         run.step_rows.take_in_system(self.insys, self.aux, CS.X_NINSYS, last=True)
+
+
+#: the scheduler's request arguments (kvsim.engine.scheduler_state.new_schedule's
+#: ``req_args``) vLLM's step never reads (kvsim's scheduler's: n, beam width, drafts,
+#: acceptance, hashed tokens, the block ids as CSR): a one-entry placeholder each (the same
+#: types, the same compiled ``advance``) once the engine is built
+_VLLM_UNREAD_ARGS = (5, 6, 11, 12, 13, 14, 15)
+
+
+def _vllm_req_args(req_args: tuple) -> tuple:
+    def stub(v):
+        out = v[:1].copy()
+        out.setflags(write=v.flags.writeable)  # read-only is another type to numba
+        return out
+
+    return tuple(stub(v) if k in _VLLM_UNREAD_ARGS else v for k, v in enumerate(req_args))
 
 
 def _entry(advance, args: tuple):

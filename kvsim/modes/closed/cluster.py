@@ -65,6 +65,14 @@ from kvsim.modes.closed.routing import (  # noqa: F401 (re-exported)
 )
 from kvsim.spec.sim_config import SimConfig
 
+#: the Request-table columns a one-replica run reads no more once its engine and block
+#: facts are made (the engine holds what it reads; vLLM's step reads none of these):
+#: dropped with the block ids of a table handed over (``serve(release_block_ids=True)``)
+UNREAD_IN_RUN = ("session", "model", "n", "beam_width", "spec_draft_tokens",
+                 "spec_accept_prob", "hashed_tokens")
+#: a routed replica's first queue capacity (requests; doubled when full, Engine.grow_order)
+ORDER_FIRST = 1 << 12
+
 
 def _events(table: RequestTable, block_size_tokens: int) -> int:
     """About how many event rows the closed loop replays for ``table`` (prompt blocks plus
@@ -77,7 +85,7 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
           replicas: int = 1, router: str = "round_robin",
           engine: EngineOptions | None = None, decision_log: str | Path | None = None,
           on_progress: Callable[[int, int], None] | None = None, pd=None,
-          step_table: bool = True):
+          step_table: bool = True, release_block_ids: bool = False):
     """Serve ``table`` closed loop on ``replicas`` engines behind ``router``; returns a
     :class:`kvsim.replay.driver.SimResult` whose ``summary`` has the cluster-wide keys of
     docs/simulate.md and ``summary["replicas_detail"]`` one row per replica.  ``pd``
@@ -85,7 +93,12 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
     (:mod:`kvsim.modes.closed.disagg`; ``replicas`` is then P + D).  ``step_table`` False:
     the engines keep only what the summary reads of their steps (the measured steps'
     latencies, :mod:`kvsim.results.step_records`; the same summary), and
-    ``SimResult.steps`` is a table with no row (without ``pd``)."""
+    ``SimResult.steps`` is a table with no row (without ``pd``).  ``release_block_ids``:
+    the caller hands ``table`` over (the CLI): its block ids (CSR, ~200 bytes a Mooncake
+    request) are dropped (:meth:`kvsim.ingest.requests.RequestTable.release_block_ids`) as
+    soon as the run needs them no more -- after the prompt-block facts when no router
+    reads the prompts (one replica, no warm-up) -- so the run does not hold them (issue
+    38, "Memory"); the results are the same."""
     from kvsim.modes.closed import shared_tier
     from kvsim.modes.closed.closed_loop import closed_engine
     from kvsim.policy.registry import resolve_policy
@@ -113,6 +126,9 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
     cost, hbm_blocks, costs, block_bytes, off, ids, table, dropped = \
         prepare(table, config, opts)
     missed = _dropped_prompts(offered, table, opts.block_size_tokens) if dropped else None
+    if release_block_ids and offered is not table:  # the kept rows' ids are table's own
+        offered.release_block_ids()
+    del offered
     costs = shared_tier.network_costs(config, costs)  # the shared tier behind the network
     cfg_dict = _describe(config, costs, block_bytes)
     cfg_dict.update(schedule="closed", scheduler=opts.scheduler, replicas=replicas,
@@ -133,9 +149,10 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
             cfg_dict.update(replicas=pd.prefill + pd.decode)
             return serve_pd(table, pol, config, pd, router, opts, cost, hbm_blocks, costs,
                             block_bytes, off, ids, dropped, cfg_dict, on_progress)
+        del off, ids  # _serve reads them from the table (and may release them)
         return _serve(table, pol, config, replicas, router, opts, decision_log, cost,
-                      hbm_blocks, costs, block_bytes, off, ids, dropped, cfg_dict,
-                      on_progress, missed, step_table)
+                      hbm_blocks, costs, block_bytes, dropped, cfg_dict,
+                      on_progress, missed, step_table, release_block_ids)
 
 
 def _dropped_prompts(offered: RequestTable, kept: RequestTable, B: int) -> np.ndarray:
@@ -154,8 +171,8 @@ def _dropped_prompts(offered: RequestTable, kept: RequestTable, B: int) -> np.nd
 
 
 def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_blocks, costs,
-           block_bytes, off, ids, dropped, cfg_dict, on_progress, missed=None,
-           step_table: bool = True):
+           block_bytes, dropped, cfg_dict, on_progress, missed=None,
+           step_table: bool = True, release_block_ids: bool = False):
     """:func:`serve` after its set-up: build the engines, run them, summarise."""
     from kvsim.modes.closed.closed_facts import PromptHashes, block_facts
     from kvsim.modes.closed.serving_metrics import cluster_summary
@@ -165,6 +182,7 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
 
     N = len(table)
     warmup = config.warmup_count(N)
+    off, ids = table.flat_block_ids()
     writers = []
     engines = []
     hashes = vllm_hashes(table, off, ids, resolve_scheduler(table, config, opts)[0])  # once
@@ -187,7 +205,8 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
         # a router's queue (arrivals appended as they come) with replicas or a warm-up
         # (which starts at the first measured arrival); else every row preloaded
         routed = replicas > 1 or warmup > 0
-        order = np.zeros(max(N, 1), dtype=np.int64) if routed else None
+        # (grown as requests are routed: Engine.grow_order)
+        order = np.zeros(min(max(N, 1), ORDER_FIRST), dtype=np.int64) if routed else None
         engines.append(Engine(table, off, ids, pol, config, opts, cost, hbm_blocks, costs,
                               block_bytes, writer, order=order, replica=w, hashes=hashes,
                               step_table=step_table))
@@ -200,6 +219,10 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
     facts_pb = block_facts(table, off, ids, opts.block_size_tokens, next_use=pol.offline)
     for e in engines:
         e.set_block_facts(facts_pb)
+    if not routed:  # no router reads the prompts: the block ids are read no more
+        del off, ids
+        if release_block_ids:
+            table.release_block_ids(UNREAD_IN_RUN)
     try:
         if not routed:
             e = engines[0]

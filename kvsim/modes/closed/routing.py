@@ -75,6 +75,11 @@ def _route(router: str, i: int, engines: list[Engine], hb: np.ndarray, nb: int,
     return w
 
 
+#: arrivals whose values the router holds as Python lists at once (a chosen bound: 64 Ki
+#: requests, ~7 MB of Python objects)
+ROUTE_CHUNK = 1 << 16
+
+
 def _run_cluster(table: RequestTable, engines: list[Engine], router: str, B: int,
                  pb: PromptHashes, warmup: int = 0,
                  on_progress: Callable[[int, int], None] | None = None) -> None:
@@ -98,10 +103,6 @@ def _run_cluster(table: RequestTable, engines: list[Engine], router: str, B: int
     sts = [memoryview(e.sched.st) for e in engines]
     clocks = [memoryview(e.sched.stf) for e in engines]
     orders = [e.sched.order for e in engines]
-    nb_list = nb_all.tolist()
-    arr_list = arr.astype(np.float64).tolist()
-    prompt_list = prompt.tolist()
-    session_list = session.tolist()
     score = prefix_scorer(engines) if router == "prefix" else None
     iS_NRUN, iS_ADMIT, iS_QN, iS_FIN = S.S_NRUN, S.S_ADMIT, S.S_QN, S.S_FINISHED
     advances = [e.advance for e in engines]
@@ -116,7 +117,15 @@ def _run_cluster(table: RequestTable, engines: list[Engine], router: str, B: int
     # an arrival on the Mooncake trace)
     due = [INF] * R
     for i in range(N):
-        t = arr_list[i]
+        k = i & (ROUTE_CHUNK - 1)
+        if k == 0:  # the next chunk's values as Python ints / floats (cheap reads); the
+            # lists are a chunk's, not the trace's (~110 bytes a request: issue 38)
+            c1 = min(i + ROUTE_CHUNK, N)
+            arr_list = arr[i:c1].astype(np.float64).tolist()
+            nb_list = nb_all[i:c1].tolist()
+            prompt_list = prompt[i:c1].tolist()
+            session_list = session[i:c1].tolist()
+        t = arr_list[k]
         if min(due) < t:
             for w, st, clock, advance in replicas:
                 if due[w] >= t:
@@ -127,7 +136,7 @@ def _run_cluster(table: RequestTable, engines: list[Engine], router: str, B: int
                     order = orders[w]
                     blocks = waiting[w]
                     for j in range(admitted[w], adm):
-                        blocks -= nb_list[order[j]]
+                        blocks -= int(nb_all[order[j]])
                     waiting[w] = blocks
                     waiting_blocks[w] = blocks
                     # vLLM's scheduler re-queues preempted requests: S_ADMIT may step back
@@ -137,14 +146,16 @@ def _run_cluster(table: RequestTable, engines: list[Engine], router: str, B: int
             for e in engines:
                 e.start_measuring()
         hb = hashes_of(i)
-        nb = nb_list[i]
-        w = _route(router, i, engines, hb, nb, prompt_list[i], B, session_list[i], sticky,
+        nb = nb_list[k]
+        w = _route(router, i, engines, hb, nb, prompt_list[k], B, session_list[k], sticky,
                    waiting_blocks, score)
         st = sts[w]
         qn = st[iS_QN]
         clock = clocks[w]
         if due[w] == INF and clock[0] < t:
             clock[0] = t  # an idle engine waits for its next request
+        if qn >= orders[w].shape[0]:  # a queue grows with the requests routed to it
+            orders[w] = engines[w].grow_order()
         orders[w][qn] = i  # Engine.enqueue(i), on the memoryview
         st[iS_QN] = qn + 1
         st[iS_FIN] = 0
