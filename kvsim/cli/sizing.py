@@ -4,7 +4,7 @@ docs/simulate.md, "Sizing" and "Warnings")."""
 
 from __future__ import annotations
 
-from kvsim.cli.common import err_console
+from kvsim.cli.meter import stderr_line as _warn
 from kvsim.core.errors import KvsimInputError
 
 
@@ -65,6 +65,8 @@ def _size_table(table, opts, config, replicas, sched, drop, warnings, strict):
         from kvsim.core.limits import check_replicas_memory
 
         check_replicas_memory(replicas, "--replicas auto")
+        from kvsim.cli.common import err_console
+
         err_console.print(f"--replicas auto: {replicas} (one replica would be "
                           f"{100 * load.utilisation:.0f}-{upper:.0f}% busy, from a perfect "
                           f"prefix cache to none, decoding {load.decode_batch:.0f} sequences "
@@ -120,7 +122,7 @@ _SHOWN: list[dict] = []
 
 def _show_now(warnings: list[dict]) -> None:
     for w in warnings:
-        err_console.print(f"warning: {w['message']}", markup=False, soft_wrap=True)
+        _warn(f"warning: {w['message']}")
         _SHOWN.append(w)
 
 
@@ -128,5 +130,5 @@ def print_warnings(warnings: list[dict]) -> None:
     """Print the warnings on stderr, but those :func:`size_table` printed already."""
     for w in warnings:
         if not any(w is s for s in _SHOWN):
-            err_console.print(f"warning: {w['message']}", markup=False, soft_wrap=True)
+            _warn(f"warning: {w['message']}")
     _SHOWN.clear()
