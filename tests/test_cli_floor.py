@@ -30,7 +30,7 @@ def test_the_simulate_command_path_imports_no_rich_or_process_pool() -> None:
         "    bar.update(bar.add_task('replay lru', total=None), completed=1, total=2)\n"
         f"print(json.dumps([m for m in {NOT_ON_THE_JSON_PATH!r} if m in sys.modules]))\n"
         "sys.stdout.flush()\n"
-        "from kvsim.cli.meter import stderr_line\n"
+        "from kvsim.cli.sizing import stderr_line\n"
         "stderr_line('warning: overloaded: the run took 92 s (lru); add replicas')\n"
         f"print(json.dumps([m for m in {NOT_ON_THE_JSON_PATH!r} if m in sys.modules]))\n")
     env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
@@ -56,7 +56,7 @@ def test_a_line_written_without_rich_is_what_rich_printed(monkeypatch, text) -> 
     from rich.console import Console
 
     from kvsim.cli import common
-    from kvsim.cli.meter import stderr_line
+    from kvsim.cli.sizing import stderr_line
 
     ref = io.StringIO()
     Console(file=ref, stderr=True).print(text, markup=False, soft_wrap=True)

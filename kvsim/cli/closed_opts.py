@@ -364,7 +364,7 @@ def request_table(profile, requests, seed, request_trace, fmt, model, block_size
         budget = hbm_pool_blocks(config, build_cost_model(
             config.model or opts.model, config.hardware, block_size_tokens=block_size,
             spec_method=opts.spec_method))
-    from kvsim.cli.meter import stderr_line
+    from kvsim.cli.sizing import stderr_line
     from kvsim.core.fsutil import shown_path
 
     stderr_line(f"note: {len(table):,} requests "

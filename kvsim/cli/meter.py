@@ -19,7 +19,6 @@ shorter than the interval prints no progress at all). """
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 
@@ -252,29 +251,6 @@ class LineProgress:
         self._maybe_write(now)
 
 
-#: What rich's ``print(text, markup=False, soft_wrap=True)`` would change in a line: an emoji
-#: code (``:name:``), a tab, a character outside printable ASCII.  A line without them, to a
-#: stderr that rich would not take for a terminal, is the same bytes written directly.
-_RICH_WOULD_CHANGE = re.compile(r":\S*:|[^\x20-\x7e]")
-
-
-def stderr_line(text: str) -> None:
-    """Print one line (a warning, a note) on stderr as ``kvsim.cli.common.err_console``
-    prints it with markup off and no wrapping: written directly when rich would write the
-    same bytes (rich, ~0.04 CPU-s of imports, is then not imported), else through rich."""
-    from kvsim.cli import common
-
-    try:
-        tty = sys.stderr.isatty()
-    except ValueError:  # a closed stream: rich decides
-        tty = True
-    if ("err_console" not in vars(common) and not tty and not _RICH_WOULD_CHANGE.search(text)
-            and not {"TTY_COMPATIBLE", "FORCE_COLOR"} & os.environ.keys()):
-        sys.stderr.write(text + "\n")
-        return
-    common.err_console.print(text, markup=False, soft_wrap=True)
-
-
 class SilentProgress:
     """A rich-Progress stand-in that shows nothing (``--json`` into a pipe or a file)."""
 
@@ -342,4 +318,4 @@ def line(t: _Task, now: float) -> str:
 
 
 __all__ = ["COMPILES", "INTERVAL_S", "LineProgress", "SilentProgress", "interval_s", "line",
-           "rich_progress", "stderr_line"]
+           "rich_progress"]
