@@ -174,12 +174,13 @@ def _root(
                                           help="Print the kvsim version and exit.")] = False,
 ) -> None:
     """kvsim: replay KV-cache block events through tiered memory under placement policies."""
-    from kvsim.cli.common import err_console
+    from kvsim.cli import common
     from kvsim.jit.notice import on_cold_compile
 
-    # the first compiled run says why it waits (docs/simulate.md, "Engines")
-    on_cold_compile(lambda message: err_console.print(message, highlight=False,
-                                                        soft_wrap=True))  # one line in a log
+    # the first compiled run says why it waits (docs/simulate.md, "Engines"); rich's console
+    # is made (imported) only then
+    on_cold_compile(lambda message: common.err_console.print(message, highlight=False,
+                                                               soft_wrap=True))  # one line
 
 
 def main() -> None:

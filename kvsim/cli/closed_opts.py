@@ -364,16 +364,16 @@ def request_table(profile, requests, seed, request_trace, fmt, model, block_size
         budget = hbm_pool_blocks(config, build_cost_model(
             config.model or opts.model, config.hardware, block_size_tokens=block_size,
             spec_method=opts.spec_method))
-    from kvsim.cli.common import err_console
+    from kvsim.cli.sizing import stderr_line
     from kvsim.core.fsutil import shown_path
 
-    err_console.print(f"note: {len(table):,} requests "
-                      + (f"from profile {profile} (seed {seed})" if profile else
-                         f"from {shown_path(request_trace)}") + f", {sched} schedule"
-                      + (f", scheduler {opts.scheduler}" if sched == "closed" else "")
-                      + f", timing {opts_timing}"
-                      + (f", scheduler budget {budget:,} blocks = the HBM pool"
-                         if budget else ""), soft_wrap=True, markup=False)  # one line, never wrapped
+    stderr_line(f"note: {len(table):,} requests "
+                + (f"from profile {profile} (seed {seed})" if profile else
+                   f"from {shown_path(request_trace)}") + f", {sched} schedule"
+                + (f", scheduler {opts.scheduler}" if sched == "closed" else "")
+                + f", timing {opts_timing}"
+                + (f", scheduler budget {budget:,} blocks = the HBM pool"
+                   if budget else ""))  # one line, never wrapped
     return table, opts
 
 

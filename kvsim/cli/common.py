@@ -25,20 +25,10 @@ import re
 import signal
 import sys
 import warnings
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from typer.core import TyperGroup
 
 from kvsim.core.errors import EXIT_BAD_INPUT, KvsimError, KvsimInputError, Terminated
@@ -57,10 +47,27 @@ from kvsim.core.options import (  # noqa: F401 - the option checks every command
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
 
-#: stdout: results only.
-out_console = Console(soft_wrap=True)
-#: stderr: progress, warnings, logs.
-err_console = Console(stderr=True)
+#: ``out_console`` (stdout: results only) and ``err_console`` (stderr: progress, warnings,
+#: logs) are rich Consoles made at their first use (:func:`__getattr__`): a ``--json`` run
+#: that prints nothing through them does not import rich (~0.04 CPU-s).
+_CONSOLES = {"out_console": {"soft_wrap": True}, "err_console": {"stderr": True}}
+
+
+def __getattr__(name: str):
+    """``out_console`` / ``err_console``, made once at the first access (PEP 562)."""
+    if name not in _CONSOLES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from rich.console import Console
+
+    globals()[name] = console = Console(**_CONSOLES[name])
+    return console
+
+
+def _broken_pool() -> tuple:
+    """``BrokenProcessPool`` when a process pool was imported (only one can raise it), else
+    no class: matched in ``except`` without importing multiprocessing (~0.025 CPU-s)."""
+    mod = sys.modules.get("concurrent.futures.process")
+    return (mod.BrokenProcessPool,) if mod is not None else ()
 
 
 #: The one line of an interrupted run (docs/cli.md, "Safety").
@@ -418,7 +425,7 @@ class KvsimGroup(TyperGroup):
             raise typer.Exit(0) from None
         except KvsimError as exc:
             fail(str(exc).replace("\n", " "), exc.exit_code)
-        except BrokenProcessPool:  # a worker killed (the OOM killer, a signal)
+        except _broken_pool():  # a worker killed (the OOM killer, a signal)
             fail("a worker process died (killed: out of memory or a signal); run the "
                  "command again (with fewer --jobs if memory is short)", 1)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
@@ -490,39 +497,22 @@ def quiet_progress(json_: bool) -> bool:
     return bool(json_) and not sys.stdout.isatty()
 
 
-class _TimeRemaining(TimeRemainingColumn):
-    """rich's estimate (its pace over the last 30 s of reports), but none while numba
-    compiles (kvsim.cli.meter: a cold compile is no pace of the replay)."""
-
-    def render(self, task):
-        from kvsim.cli.meter import COMPILES
-
-        COMPILES.install()
-        if COMPILES.depth:
-            from rich.text import Text
-
-            return Text("compiling", style="progress.remaining")
-        return super().render(task)
-
-
-def progress(transient: bool = True, quiet: bool = False) -> Progress:
+def progress(transient: bool = True, quiet: bool = False):
     """A rich progress bar on stderr: description, bar, done/total, elapsed, ETA (hidden
     when ``quiet``, see :func:`quiet_progress`).  When stderr is not a terminal: one plain
     line every 10 s instead (:class:`kvsim.cli.meter.LineProgress`)."""
     from kvsim.cli.meter import COMPILES
 
     COMPILES.install()  # before any worker is forked: it reports its compiles too
-    if not quiet and not err_console.is_terminal:
+    if quiet:  # rich's bar disabled showed nothing either; rich is not imported
+        from kvsim.cli.meter import SilentProgress
+
+        return SilentProgress()
+    err = globals().get("err_console") or __getattr__("err_console")
+    if not err.is_terminal:
         from kvsim.cli.meter import LineProgress
 
         return LineProgress()
-    return Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        _TimeRemaining(),
-        console=err_console,
-        transient=transient,
-        disable=quiet or not err_console.is_terminal,
-    )
+    from kvsim.cli.meter import rich_progress
+
+    return rich_progress(err, transient)

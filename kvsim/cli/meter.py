@@ -251,6 +251,54 @@ class LineProgress:
         self._maybe_write(now)
 
 
+class SilentProgress:
+    """A rich-Progress stand-in that shows nothing (``--json`` into a pipe or a file)."""
+
+    disable = True  # as rich's Progress(disable=True), which it replaces
+
+    def __enter__(self) -> SilentProgress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def add_task(self, description: str, total: float | None = None, **_fields) -> int:
+        return 0
+
+    def advance(self, task: int, advance: float = 1) -> None:
+        pass
+
+    def update(self, task: int, **_fields) -> None:
+        pass
+
+
+def rich_progress(console, transient: bool):
+    """rich's bar on ``console`` (a terminal): description, bar, done/total, elapsed, and
+    rich's estimate of the time left (its pace over the last 30 s of reports), but none
+    while numba compiles (a cold compile is no pace of the replay)."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    class _TimeRemaining(TimeRemainingColumn):
+        def render(self, task):
+            COMPILES.install()
+            if COMPILES.depth:
+                from rich.text import Text
+
+                return Text("compiling", style="progress.remaining")
+            return super().render(task)
+
+    return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
+                    MofNCompleteColumn(), TimeElapsedColumn(), _TimeRemaining(),
+                    console=console, transient=transient)
+
+
 def line(t: _Task, now: float) -> str:
     """One progress line of task ``t`` at ``now`` (module docstring)."""
     elapsed = now - t.start
@@ -269,4 +317,5 @@ def line(t: _Task, now: float) -> str:
     return text + (", compiling" if COMPILES.depth else "")
 
 
-__all__ = ["COMPILES", "INTERVAL_S", "LineProgress", "interval_s", "line"]
+__all__ = ["COMPILES", "INTERVAL_S", "LineProgress", "SilentProgress", "interval_s", "line",
+           "rich_progress"]

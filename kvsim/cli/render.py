@@ -23,10 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from rich import box
-from rich.console import Console
-from rich.table import Table
-
 from kvsim.core.errors import KvsimInputError
 from kvsim.results.compare_view import (  # noqa: F401 - bound_row, verdict re-exported
     _num,
@@ -38,8 +34,9 @@ from kvsim.results.compare_view import (  # noqa: F401 - bound_row, verdict re-e
     with_derived,
 )
 
-if TYPE_CHECKING:  # annotations only: pandas is imported by whoever builds a table
-    import pandas as pd
+if TYPE_CHECKING:  # annotations only: pandas is imported by whoever builds a table, rich
+    import pandas as pd  # by whoever prints one
+    from rich.table import Table
 
 
 def _pct(v) -> str:
@@ -245,6 +242,9 @@ def metric_table(df: pd.DataFrame, title: str | None, columns: list[Column],
         if len(vals) >= 2 and min(vals) != max(vals):
             best[c.key] = min(vals) if c.better == "min" else max(vals)
     bound = bound_name(df)
+    from rich import box
+    from rich.table import Table
+
     table = Table(title=title, header_style="bold", title_justify="left",
                   box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
     longest = max((len(n) for names, _ in groups for n in names), default=6)
@@ -284,6 +284,9 @@ def print_view(*renderables, wide: bool = False) -> None:
     """Print ``renderables`` on stdout at :func:`console_width` (trailing blanks cut)."""
     import io
 
+    from rich.console import Console
+    from rich.table import Table
+
     buf = io.StringIO()
     tty = sys.stdout.isatty()
     width = console_width(wide)
@@ -320,6 +323,7 @@ def print_replicas(rows: list[dict]) -> None:
     """One row per replica, the columns a reader compares (every key of
     kvsim.modes.closed.serving_metrics.REPLICA_KEYS is in --json), fitted to the terminal."""
     from rich import box
+    from rich.table import Table
 
     def ms(v):
         return "-" if v != v else f"{v / 1e3:,.1f}"
@@ -348,6 +352,7 @@ def print_replicas(rows: list[dict]) -> None:
 def print_pd(summary: dict) -> None:
     """``--pd``: the two pools side by side and the link (docs/disaggregation.md)."""
     from rich import box
+    from rich.table import Table
 
     def ms(v):
         return "-" if v != v else f"{v / 1e3:,.1f}"
@@ -386,6 +391,7 @@ def print_groups(summary: dict) -> None:
     """The hybrid pool's layer groups (``group_rows``, docs/memory-model.md "Hybrid models
     in the closed loop"): blocks held (peak, mean), hit blocks, blocks freed by windows."""
     from rich import box
+    from rich.table import Table
 
     table = Table(title=f"layer groups ({summary['hbm_pool_blocks']:,} block ids of "
                   f"{summary['hybrid_block_bytes']:,} B, one pool)", title_justify="left",

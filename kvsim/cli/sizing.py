@@ -4,8 +4,33 @@ docs/simulate.md, "Sizing" and "Warnings")."""
 
 from __future__ import annotations
 
-from kvsim.cli.common import err_console
+import os
+import re
+import sys
+
 from kvsim.core.errors import KvsimInputError
+
+#: What rich's ``print(text, markup=False, soft_wrap=True)`` would change in a line: an emoji
+#: code (``:name:``), a tab, a character outside printable ASCII.  A line without them, to a
+#: stderr that rich would not take for a terminal, is the same bytes written directly.
+_RICH_WOULD_CHANGE = re.compile(r":\S*:|[^\x20-\x7e]")
+
+
+def stderr_line(text: str) -> None:
+    """Print one line (a warning, a note) on stderr as ``kvsim.cli.common.err_console``
+    prints it with markup off and no wrapping: written directly when rich would write the
+    same bytes (rich, ~0.04 CPU-s of imports, is then not imported), else through rich."""
+    from kvsim.cli import common
+
+    try:
+        tty = sys.stderr.isatty()
+    except ValueError:  # a closed stream: rich decides
+        tty = True
+    if ("err_console" not in vars(common) and not tty and not _RICH_WOULD_CHANGE.search(text)
+            and not {"TTY_COMPATIBLE", "FORCE_COLOR"} & os.environ.keys()):
+        sys.stderr.write(text + "\n")
+        return
+    common.err_console.print(text, markup=False, soft_wrap=True)
 
 
 def size_table(table, opts, config, replicas, sched, drop: bool, warnings: list,
@@ -65,6 +90,8 @@ def _size_table(table, opts, config, replicas, sched, drop, warnings, strict):
         from kvsim.core.limits import check_replicas_memory
 
         check_replicas_memory(replicas, "--replicas auto")
+        from kvsim.cli.common import err_console
+
         err_console.print(f"--replicas auto: {replicas} (one replica would be "
                           f"{100 * load.utilisation:.0f}-{upper:.0f}% busy, from a perfect "
                           f"prefix cache to none, decoding {load.decode_batch:.0f} sequences "
@@ -120,7 +147,7 @@ _SHOWN: list[dict] = []
 
 def _show_now(warnings: list[dict]) -> None:
     for w in warnings:
-        err_console.print(f"warning: {w['message']}", markup=False, soft_wrap=True)
+        stderr_line(f"warning: {w['message']}")
         _SHOWN.append(w)
 
 
@@ -128,5 +155,5 @@ def print_warnings(warnings: list[dict]) -> None:
     """Print the warnings on stderr, but those :func:`size_table` printed already."""
     for w in warnings:
         if not any(w is s for s in _SHOWN):
-            err_console.print(f"warning: {w['message']}", markup=False, soft_wrap=True)
+            stderr_line(f"warning: {w['message']}")
     _SHOWN.clear()
