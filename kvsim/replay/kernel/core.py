@@ -222,7 +222,7 @@ def admit_records(prompt_blocks):
 # the loop
 # ---------------------------------------------------------------------------------------
 
-@njit(cache=True, nogil=True)  # its C-callable wrapper: closed_step.advance calls it as a value
+@njit(cache=True, nogil=True, _nrt=False)  # C-callable: closed_step.advance calls it as a value
 def run(cols, i0, n, cr):
     """Replay rows ``i0 .. n-1`` of one batch on the core's state ``cr`` (a
     :class:`kvsim.replay.kernel.core_ref.CoreRef`; interpreted, its :class:`CoreState`).  Returns
