@@ -129,7 +129,7 @@ def _drop(hk, pend, h):
     return h
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
     """Every block ``out.blocks[e]``, ``lo <= e < hi``, that the HBM pool evicted from the
     cache for a new block (``out.kind[e] == KIND_EVICTED``), in order: each is
