@@ -232,8 +232,9 @@ def run(cols, i0, n, cr):
     ``cols`` is any batch of the trace, only its types matter).  One entry point rather
     than a second jitted ``finish``: that one re-optimised and re-linked all of
     :func:`_place` (~9 CPU-s of every policy's compile)."""
-    # the members this loop uses, read once (each read of a member is a counted reference;
-    # the driver replaces a grown buffer between calls, never during one)
+    # the members this loop uses, read once (borrowed: this function and every one it
+    # calls are compiled _nrt=False, core_ref.py; the driver replaces a grown buffer
+    # between calls, never during one)
     K = cr.K
     C = cr.C
     Cw = cr.Cw
