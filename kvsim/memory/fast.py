@@ -436,7 +436,7 @@ def pool_cache_block(st, seq, index, h):
         _index_add(st, b, h)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def pool_fork(st, parent, child):
     """Copy-on-write fork: ``child`` (open, empty) shares every block of ``parent``."""
     if st.seq_len[child] != 0 or not st.seq_is_open[child]:

@@ -425,7 +425,7 @@ def _release(st, pst, view, seq, first, now_us):
     st.seq_len[seq] = first
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def admit(st, pst, view, out, first, n, now_us):
     """New content entered HBM: ``on_insert`` + ``on_hold`` for every hashed block of
     ``out.blocks[first:n]`` that :func:`allocate` did not find (it is held by its request).
@@ -456,7 +456,7 @@ def free(st, pst, view, seq, now_us):
     _release(st, pst, view, seq, 0, now_us)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def free_tail(st, pst, view, seq, n, now_us):
     """Release the last ``n`` blocks of ``seq`` (block-level FREE, draft rollback)."""
     m = st.seq_len[seq]
@@ -465,7 +465,7 @@ def free_tail(st, pst, view, seq, n, now_us):
     _release(st, pst, view, seq, m - n, now_us)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def write_last(st, pst, view, seq, now_us, out):
     """A write into seq's last block.  If another seq shares it (ref > 1), copy it to a
     new private block first (copy-on-write): returns 1 and out.blocks[0] = the copy.
@@ -490,7 +490,7 @@ def write_last(st, pst, view, seq, now_us, out):
     return 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def preempt(st, pst, view, seq, mode, now_us):
     """Preempt ``seq``: release its blocks tail-first (recompute: vLLM v1; swap: the blocks
     are counted as moved to the next tier first).  Its next admission is a rerun."""
@@ -506,7 +506,7 @@ def preempt(st, pst, view, seq, mode, now_us):
     return m
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def cache_block(st, pst, view, seq, index, h, now_us):
     """Block ``index`` of ``seq`` became full and gets hash ``h`` (vLLM
     cache_full_blocks): its content enters the policy held (``on_insert`` + ``on_hold``)."""

@@ -383,6 +383,7 @@ class TierRef(structref.StructRefProxy):
 
 
 structref.define_boxing(TierRefType, TierRef)
+register_borrowed_members(TierRefType, TIER_FIELDS)  # T.<member> without NRT too
 
 
 @lru_cache(maxsize=1)

@@ -148,3 +148,45 @@ def test_copy_row_is_copy_view():
     assert a.content_hash[2] == src.content_hash[3] and a.pinned[2] == src.pinned[3]
     with pytest.raises(ValueError, match="not a record view"):
         record_rows(new_block_view(4))
+
+
+#: core.run and what it calls, compiled without reference counting: a callee without its
+#: own setting is compiled under its first caller's, so each one is marked itself (else a
+#: counted copy compiled for another caller may be the one linked into run)
+UNCOUNTED = {"core": ["run"],
+             "placement": ["_preempt", "_allocate", "_queued_promotion", "_place",
+                           "_release_all", "_fill_last", "_fill_at_finish", "_reset_cache"],
+             "spill": ["_hbm_evicted_range"],
+             "tier_ops": ["touch", "touch_range", "spill_step", "_spill", "_write_through"],
+             "tiers": ["copy_view", "log_row", "log_candidates"],
+             "bookkeeping": ["_peak", "_set_view_from_record", "_pick_victim", "_first_lower",
+                             "_grow_records", "_finalize_step", "_resumed_token"]}
+
+
+@pytest.mark.parametrize("mod,name", [(m, n) for m, ns in UNCOUNTED.items() for n in ns])
+def test_the_core_is_compiled_without_counts(mod, name):
+    """Each counted call counted every array and structref it received (~250 counted pairs
+    a full closed-loop step on main: the 20 event columns, the state's members)."""
+    import importlib
+
+    f = getattr(importlib.import_module(f"kvsim.replay.kernel.{mod}"), name)
+    assert f.targetoptions.get("_nrt") is False, f"{mod}.{name}"
+
+
+@njit(_nrt=False)
+def _members_uncounted(r):
+    """Members of the core's state, a tier's and the pool's, read as core.run reads them."""
+    return r.C[3] + r.A_i.shape[0] + r.T1.L_i.shape[0] + r.st.seq_len.shape[0] + r.G[0].shape[0]
+
+
+def test_members_are_read_without_counts(replay):
+    """CoreRef's and TierRef's members are read borrowed (register_borrowed_members): a
+    function compiled _nrt=False reads them (numba's own read needs NRT: no compile on main)
+    and counts nothing."""
+    cs = replay.core_state(replay.no_next, replay.no_seen)
+    replay.C[3] = 2.0
+    want = (2.0 + replay.A_i.shape[0] + replay.T[0][0].shape[0] + replay.st.seq_len.shape[0]
+            + replay.G[0].shape[0])
+    assert _members_uncounted(core_ref(cs)) == want
+    ir = _members_uncounted.inspect_llvm(_members_uncounted.signatures[0])
+    assert "NRT_incref" not in ir and "NRT_decref" not in ir

@@ -17,13 +17,13 @@ NEVER = np.iinfo(np.int64).max
 from kvsim.core.codes import PR_DECODE_CRITICAL  # noqa: E402
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def _peak(C, tier, used):
     if used > C[C_PEAK + tier]:
         C[C_PEAK + tier] = used
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def _set_view_from_record(view, b, A_i, A_f, a, now_us):
     """The block's intent fields as the serving layer last stated them (its record)."""
     view.phase[b] = A_i[a, AI_PHASE]
@@ -58,7 +58,7 @@ def _run_add(running, C, r):
     C[C_NRUN] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def _pick_victim(running, C, R_i, exclude, by_priority):
     """vLLM v1: the last running request; under priority scheduling vLLM's
     ``max(running, key=(priority, arrival_time))``: the lowest request_priority, ties to
@@ -83,7 +83,7 @@ def _pick_victim(running, C, R_i, exclude, by_priority):
     return best
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def _first_lower(T1, T2, T3):
     if T1.Lm[LM_CAP] > 0:
         return 1
@@ -160,7 +160,7 @@ def _finalize_step(C, R_i, R_f, S, P, sc=None):
     C[C_NPEND] = 0
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def _grow_records(r, R_i, A_i, A_f, C):
     """Request ``r``'s block records are full: relocate them to the arena top with twice
     the room.  The record itself is written by :func:`kvsim.replay.kernel.core.run` (an ALLOCATE

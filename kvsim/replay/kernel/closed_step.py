@@ -218,6 +218,15 @@ def _advance(limit_us, max_steps, aux, insys,
         # what the quiet steps read, read once per call: CF.quiet_steps is compiled
         # without reference counting and cannot read a structref's member itself
         pst, seq_len, psc, ref_cnt = CF.pool_members(vs[VS_POOL])
+        # the admission check's members of vs, read once per call, not once per step (each
+        # read of a tuple member here is a counted reference)
+        v_ip = vs[VS_IP]
+        v_r = vs[VS_R]
+        v_hh = vs[VS_HH]
+        v_sv = vs[VS_SV]
+        v_wq = vs[VS_WQ]
+        v_heap = vs[VS_HEAP]
+        v_hits = vs[VS_HITS]
         K = cr.K
         R_f = cr.R_f
         S_ = cr.S
@@ -243,9 +252,8 @@ def _advance(limit_us, max_steps, aux, insys,
                         # quiet if no request can be admitted: that check looks the first
                         # waiting one up in vLLM's pool (admission_blocked)
                         if q < 0 and CF.admission_blocked(
-                                vs[VS_IP], vs[VS_R], vs[VS_HH], vs[VS_SV], vs[VS_WQ],
-                                vs[VS_HEAP], pst, seq_len, ref_cnt, psc, vs[VS_HITS], tk,
-                                vs[VS_SV][VL.V_NRUN]):
+                                v_ip, v_r, v_hh, v_sv, v_wq, v_heap, pst, seq_len, ref_cnt,
+                                psc, v_hits, tk, v_sv[VL.V_NRUN]):
                             q = CF.quiet_steps(limit_us, max_steps - steps, aux, insys, ip, fp,
                                                st, stf, arr, ttft, tpot, order, tk, ncols, vs,
                                                seq_len, psc, K, C, R_i, R_f, A_i, S_, P, G,

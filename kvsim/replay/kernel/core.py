@@ -222,7 +222,7 @@ def admit_records(prompt_blocks):
 # the loop
 # ---------------------------------------------------------------------------------------
 
-@njit(cache=True, nogil=True)  # its C-callable wrapper: closed_step.advance calls it as a value
+@njit(cache=True, nogil=True, _nrt=False)  # C-callable: closed_step.advance calls it as a value
 def run(cols, i0, n, cr):
     """Replay rows ``i0 .. n-1`` of one batch on the core's state ``cr`` (a
     :class:`kvsim.replay.kernel.core_ref.CoreRef`; interpreted, its :class:`CoreState`).  Returns
@@ -232,8 +232,9 @@ def run(cols, i0, n, cr):
     ``cols`` is any batch of the trace, only its types matter).  One entry point rather
     than a second jitted ``finish``: that one re-optimised and re-linked all of
     :func:`_place` (~9 CPU-s of every policy's compile)."""
-    # the members this loop uses, read once (each read of a member is a counted reference;
-    # the driver replaces a grown buffer between calls, never during one)
+    # the members this loop uses, read once (borrowed: this function and every one it
+    # calls are compiled _nrt=False, core_ref.py; the driver replaces a grown buffer
+    # between calls, never during one)
     K = cr.K
     C = cr.C
     Cw = cr.Cw

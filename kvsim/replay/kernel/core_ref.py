@@ -49,6 +49,7 @@ from kvsim.jit.disk_cache import seal_all
 from kvsim.jit.struct_type import StructType
 from kvsim.memory.pool_ref import POOL_REF
 from kvsim.policy.hooks import TIER_REF, VIEW_REF, policy_value_type
+from kvsim.policy.state_access import register_borrowed_members
 
 #: The members of the core's state, in order (what ``core.run`` took as arguments before;
 #: the HBM view is ``H_view``: numba rejects an attribute named ``view`` on a non-array).
@@ -69,6 +70,8 @@ class CoreRef(structref.StructRefProxy):
 
 
 structref.define_boxing(CoreRefType, CoreRef)
+#: ``cr.<member>`` also in code compiled ``_nrt=False`` (core.run and what it calls)
+register_borrowed_members(CoreRefType, CORE_FIELDS)
 
 
 def _core_ref_type() -> CoreRefType:

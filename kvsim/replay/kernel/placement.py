@@ -169,7 +169,7 @@ MODE_APPEND = 2
 # HBM: allocation with preemption, placement of a request's blocks
 # ---------------------------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def _preempt(v, cr, step, now_us):
     K = cr.K
     X = cr.X
@@ -211,7 +211,7 @@ def _preempt(v, cr, step, now_us):
     return n
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def _allocate(r, n, num_tokens, cr, step, now_us):
     """pool_allocate, preempting other running requests until it fits.  -1: it cannot fit
     even alone (HBM smaller than the request)."""
@@ -235,7 +235,7 @@ def _allocate(r, n, num_tokens, cr, step, now_us):
         _preempt(v, cr, step, now_us)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def _queued_promotion(X, C, R_i, R_f, r, t, now_us, xfer, first, pf):
     """``--link-model queue``: one promoted block's ``xfer`` (its bytes over the link, plus
     the batch's latency when ``first``) queued on tier ``t``'s up link; returns (stall,
@@ -259,7 +259,7 @@ def _queued_promotion(X, C, R_i, R_f, r, t, now_us, xfer, first, pf):
     return stall, hidden
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def _place(r, e0, nb, mode, cr):
     """Put blocks ``e0 .. e0+nb-1`` of request ``r`` (its records) into HBM.
 
@@ -487,7 +487,7 @@ def _place(r, e0, nb, mode, cr):
     return n_hit
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def _release_all(r, cr, step, now_us):
     """Request-level FREE: stamp the per-request recency on its blocks, free tail-first."""
     K = cr.K
@@ -514,7 +514,7 @@ def _release_all(r, cr, step, now_us):
     C[C_HBM_USED] = st.sc[mem.S_N_HELD]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def _fill_last(r, e, cr, step, now_us):
     """Request ``r`` appends block ``e``: its block ``e - 1`` is full now.  If that block was
     allocated partial (a decode block, or a prompt's partial last block) and its ALLOCATE
@@ -550,7 +550,7 @@ def _fill_last(r, e, cr, step, now_us):
         tier_ops._write_through(b, r, cr, step, now_us)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def _fill_at_finish(r, cr, step, now_us):
     """Request ``r`` is done (its request-level FREE row, before its blocks are released):
     if its computed tokens fill its last block exactly, that block enters the prefix cache
@@ -575,7 +575,7 @@ def _fill_at_finish(r, cr, step, now_us):
         _fill_last(r, e, cr, step, now_us)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def _reset_cache(cr, now_us):
     """A FREE row with ``block_index`` ``FREE_RESET_CACHE``: vLLM's ``reset_prefix_cache()``
     succeeded in the scheduler's pool (no block held there, so none here: the scheduler's

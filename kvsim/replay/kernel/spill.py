@@ -154,7 +154,7 @@ def _lru_ahead(hk, m, prev, nxt, li, ch, la, tds, pin, y):
         tr.prefetch_lines(la, tds, pin, z)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def _hbm_evicted_range(lo, hi, r, cr, step, now_us):
     """Every block ``out.blocks[e]``, ``lo <= e < hi``, that the HBM pool evicted from the
     cache for a new block (``out.kind[e] == KIND_EVICTED``), in order: each is

@@ -57,7 +57,7 @@ from kvsim.replay.kernel.tiers import (
 )
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def touch(T, slot, now_us):
     """A resident block was read (promoted to HBM); it stays resident (inclusive tier)."""
     L_view = T.L_view
@@ -76,7 +76,7 @@ def _lru_hit(la, ac, prev, nxt, ends, slot, now_us):
         dll_move_to_tail(prev, nxt, ends, slot)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def touch_range(cr, lo, hi, now_us):
     """:func:`touch` for the promoted blocks ``lo .. hi-1`` of a placement (tier
     ``cr.scr[0, e]``, slot ``cr.scr[1, e]``), the tiers read once; a tier whose policy is
@@ -129,7 +129,7 @@ def touch_range(cr, lo, hi, now_us):
             touch(T3, slot, now_us)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def spill_step(T, src, s, ow, bi, tok, below, k, cr, step, now_us):
     """Write block ``src[s]`` (owner ``ow``, block index ``bi``, ``tok`` tokens) into tier
     ``T``.  A slot is a free one, else the policy's victim, removed from the map and the
@@ -229,7 +229,7 @@ def spill_step(T, src, s, ow, bi, tok, below, k, cr, step, now_us):
     return moved
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def _spill(src, s, ow, bi, tok, dest, cr, step, now_us):
     """Write a block into tier ``dest`` (1..3) or the first enabled tier below it; victims
     cascade down (DRAM -> CXL -> NVMe -> dropped)."""
@@ -264,7 +264,7 @@ def _spill(src, s, ow, bi, tok, dest, cr, step, now_us):
                             now_us)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def _write_through(b, r, cr, step, now_us):
     """HiCache write_through(_selective): back block ``b`` up once its hit count reaches
     the threshold (1, or 2 for selective), unless a lower copy exists.

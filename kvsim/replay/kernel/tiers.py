@@ -103,7 +103,7 @@ class Tier(NamedTuple):
     Lm: np.ndarray
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def copy_view(dst, d, src, s):
     """Copy the BlockView fields of slot ``s`` of ``src`` into slot ``d`` of ``dst``, all
     but the two timestamps (``insert_us``, ``last_access_us``): every caller is a tier fill
@@ -230,7 +230,7 @@ def prefetch_lines(a, b, c, s):
 # decision-log buffer
 # ---------------------------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def log_row(G, C, step, now_us, action, h, req, bi, frm, to, nbytes, cost_us, dc, reason,
             why):
     """Append one row; returns its index in the buffer (the caller may add candidates)."""
@@ -256,7 +256,7 @@ def log_row(G, C, step, now_us, action, h, req, bi, frm, to, nbytes, cost_us, dc
     return k
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
 def log_candidates(G, k, view, owner, alt_b, alt_s, n_alt):
     """Snapshot the victim and runners-up (``alt_b[:n_alt]``) of a tier into row ``k``.
     ``owner`` is the tier's side table (column 0 owner request, column 1 block index)."""
