@@ -66,3 +66,14 @@ def test_shared_arrays_give_the_same_results(monkeypatch, router):
     s1, f1 = run()
     assert s1 == s0
     assert f1.equals(f0)
+
+
+def test_no_decision_log_no_log_buffer(monkeypatch, tmp_path):
+    """Without a decision log the core writes no log row: its one-row buffer is not grown
+    when the engines finish (main grew it to 16 x the largest batch + 8192 rows, ~25 MB a
+    replica at the Mooncake trace's batches).  Fails on main."""
+    engines = _engines_at_run(monkeypatch, replicas=2, router="prefix")
+    assert [e.run.G[0].shape[0] for e in engines] == [1, 1]
+    logged = _engines_at_run(monkeypatch, replicas=2, router="prefix",
+                             decision_log=tmp_path / "d.parquet")
+    assert all(e.run.G[0].shape[0] > 8192 for e in logged[-2:])
