@@ -77,3 +77,37 @@ def test_no_decision_log_no_log_buffer(monkeypatch, tmp_path):
     logged = _engines_at_run(monkeypatch, replicas=2, router="prefix",
                              decision_log=tmp_path / "d.parquet")
     assert all(e.run.G[0].shape[0] > 8192 for e in logged[-2:])
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_kvsim_scheduler_routed_same_results(monkeypatch, n):
+    """kvsim's scheduler: with samples (n > 1) each replica numbers its children's slots
+    from N up, so nothing is shared; without, the shared arrays give the same results."""
+    from kvsim.modes.closed.closed_loop import EngineOptions
+
+    def table():
+        t = _table()
+        if n > 1:
+            d = {k: v.tolist() for k, v in t.columns().items()
+                 if k in ("arrival_us", "prompt_tokens", "output_tokens", "hashed_tokens")}
+            off, ids = t.flat_block_ids()
+            d["block_ids"] = [ids[off[i]:off[i + 1]].tolist() for i in range(len(t))]
+            d["n"] = [n] * len(t)
+            t = build_request_table(d, block_size_tokens=B)
+        return t
+
+    def run():
+        r = serve(table(), "lru", CONFIG, replicas=3, router="least_loaded",
+                  engine=EngineOptions(scheduler="kvsim"))
+        return r.summary, r.requests
+
+    got: list = []
+    real = cluster._run_cluster
+    monkeypatch.setattr(cluster, "_run_cluster",
+                        lambda t, engines, *a, **k: got.extend(engines) or real(t, engines, *a, **k))
+    s0, f0 = run()
+    assert (got[1].sched.hitk is got[0].sched.hitk) == (n == 1)
+    monkeypatch.setattr(cluster, "_share_per_request", lambda engines: None)
+    s1, f1 = run()
+    assert s1 == s0
+    assert f1.equals(f0)

@@ -275,8 +275,12 @@ def _share_per_request(engines: list[Engine]) -> None:
     (8 bytes a request each, not 8 per replica; issue 38): the tokens the scheduler
     assumed cached at admission (``hitk``) and the request -> row map (``smap``, all -1
     until a replica gives a request a row and again once it frees it).  Not where the
-    row map is the identity (a decision log with a shared lower tier: every id a row)."""
+    row map is the identity (a decision log with a shared lower tier: every id a row),
+    nor where kvsim's scheduler gives samples / beams slots past the requests' (each
+    replica numbers its own from N up: the same slot, another request)."""
     e0 = engines[0]
+    if any(len(e.sched.src) > e.N + 1 for e in engines):  # forked / pruned slots
+        return
     for e in engines[1:]:
         if e.sched.hitk.shape == e0.sched.hitk.shape:
             e.sched.hitk = e0.sched.hitk
