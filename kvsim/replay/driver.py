@@ -291,7 +291,9 @@ class _Run:
         self.slots.log_mark = 0
         self.C[L.C_NLOG] = 0
         need = int(16 * self.C[L.C_MAX_BT] + 8192)
-        if self.G[0].shape[0] < need:
+        # no log (K_LOG 0): the core writes no row, its one-row buffer is never grown
+        # (~25 MB a replica at the Mooncake trace's batch, issue 38)
+        if self.log_writer is not None and self.G[0].shape[0] < need:
             kc = self.G[2].shape[1]
             self.G = (np.zeros((need, L.NGI), dtype=np.int64), np.zeros((need, L.NGF)),
                       np.zeros((need, kc, L.NCI), dtype=np.int64), np.zeros((need, kc, L.NCF)))

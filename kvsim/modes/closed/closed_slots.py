@@ -53,6 +53,7 @@ class ClosedSlots(RequestSlots):
         num_ids = max(int(num_ids), 1)
         rows = num_ids if identity else max(int(rows), 1)
         self.recycle = True
+        self.identity = bool(identity)  # row = request id (never shared: cluster)
         self.slot_of = None
         self.smap = np.full(num_ids, -1, dtype=np.int64)
         self.rid_of = np.full(rows, -1, dtype=np.int64)

@@ -212,6 +212,8 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
                               step_table=step_table))
     from kvsim.modes.closed import shared_tier
 
+    if routed:
+        _share_per_request(engines)
     if shared_tier.enabled(config):
         shared_tier.share(engines)  # one store: every replica's lower tiers are replica 0's
     # after the engines: building one typed core.run, so a cold compile of it has started
@@ -265,6 +267,27 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
         summary.update(shared_tier.shared_keys(summary, engines, warmup))
     return SimResult(pol.name, bool(pol.offline), summary, requests, steps, cfg_dict,
                      "requests", costs, {})
+
+
+def _share_per_request(engines: list[Engine]) -> None:
+    """A routed request runs on one replica only, so the per-request arrays a replica
+    reads and writes only at its own requests' ids are one array for all the replicas
+    (8 bytes a request each, not 8 per replica; issue 38): the tokens the scheduler
+    assumed cached at admission (``hitk``) and the request -> row map (``smap``, all -1
+    until a replica gives a request a row and again once it frees it).  Not where the
+    row map is the identity (a decision log with a shared lower tier: every id a row),
+    nor where kvsim's scheduler gives samples / beams slots past the requests' (each
+    replica numbers its own from N up: the same slot, another request)."""
+    e0 = engines[0]
+    if any(len(e.sched.src) > e.N + 1 for e in engines):  # forked / pruned slots
+        return
+    for e in engines[1:]:
+        if e.sched.hitk.shape == e0.sched.hitk.shape:
+            e.sched.hitk = e0.sched.hitk
+        if e.slots.smap.shape == e0.slots.smap.shape and not (e.slots.identity
+                                                                or e0.slots.identity):
+            e.slots.smap = e0.slots.smap
+        e._args = None  # the engine's arguments made again with the shared arrays
 
 
 def compare_requests(table: RequestTable, policies=None, config: SimConfig | None = None, *,
