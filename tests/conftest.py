@@ -133,6 +133,9 @@ SLOW_TESTS = (
     "tests/engine/test_vllm_closed.py::test_reset_recording_replays_every_reset",
     "tests/engine/test_vllm_closed.py::test_a_reset_while_idle_empties_the_replays_cache[resets1-0]",
     "tests/engine/test_vllm_closed.py::test_a_reset_while_idle_empties_the_replays_cache[resets2-48]",
+    # session 21 (ci9): vLLM's native CPU offloading in the closed loop, likewise a
+    # specialisation of advance only this test compiles in the default step (17.6 CPU-s)
+    "tests/engine/test_vllm_offload.py::test_vllm_offload_equals_vllm_every_step",
 )
 
 
