@@ -127,6 +127,17 @@ SLOW_TESTS = (
     # session 20 (engref8): compiled closed loops (their first run compiles or loads
     # advance and core.run, the EngineRef and RouteRef constructors)
     "tests/cluster/test_engine_ref.py::",
+    # session 21 (ci9): vLLM's prefix-cache resets in the closed loop.  A resets table in
+    # vs[VS_RESETS] (None without resets, which numba prunes) is a specialisation of the
+    # closed loop's advance / vllm_rows that only these tests compile: 20.3 of the default
+    # step's ~546 CPU-s from an empty cache (docs/benchmarks.md, session 21, ci9)
+    "tests/engine/test_vllm_closed.py::test_closed_loop_agrees_with_vllm_every_step[reset]",
+    "tests/engine/test_vllm_closed.py::test_reset_recording_replays_every_reset",
+    "tests/engine/test_vllm_closed.py::test_a_reset_while_idle_empties_the_replays_cache[resets1-0]",
+    "tests/engine/test_vllm_closed.py::test_a_reset_while_idle_empties_the_replays_cache[resets2-48]",
+    # session 21 (ci9): vLLM's native CPU offloading in the closed loop, likewise a
+    # specialisation of advance only this test compiles in the default step (17.6 CPU-s)
+    "tests/engine/test_vllm_offload.py::test_vllm_offload_equals_vllm_every_step",
 )
 
 
