@@ -28,7 +28,8 @@ def test_compile_notice_from_an_empty_cache(tmp_path):
     """A fresh numba cache directory: the notice is on stderr before the compile (the
     process is stopped once it appears: nothing compiles to completion here).  On today's
     main the first run says nothing while it compiles (issue #33: 80 s at "0/12")."""
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "COLUMNS": "200"}
+    env = {k: v for k, v in os.environ.items() if k != "KVSIM_CACHE_DIR"}  # it would win
+    env.update(NUMBA_CACHE_DIR=str(tmp_path / "numba"), COLUMNS="200")
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvsim", "simulate", "--profile", "multi_turn_chat",
          "--requests", "16", "--seed", "1", "--hbm-gb", "2", "--engine", "compiled"],

@@ -201,7 +201,8 @@ def test_cache_never_mixes_numba_optimisation_settings(tmp_path):
     path = tmp_path / "sealmod.py"
     path.write_text(SRC.format(k=1))
     base = {k: v for k, v in os.environ.items()
-            if k not in ("NUMBA_OPT", "NUMBA_LOOP_VECTORIZE", "NUMBA_SLP_VECTORIZE")}
+            if k not in ("NUMBA_OPT", "NUMBA_LOOP_VECTORIZE", "NUMBA_SLP_VECTORIZE",
+                         "KVSIM_CACHE_DIR")}  # KVSIM_CACHE_DIR would win over NUMBA_CACHE_DIR
     base["NUMBA_CACHE_DIR"] = str(tmp_path / "numba")
 
     def run(**env):
