@@ -82,3 +82,23 @@ def small_closed_engine(engine: str):
                costs, block_bytes)
     e.set_block_facts(block_facts(table2, off, ids, opts.block_size_tokens))
     return e
+
+
+def shared_prefix_table(seed: int, n: int, gap_us: int, block_size_tokens: int = 16):
+    """A small closed-loop Request table: ``n`` requests ``gap_us`` apart, request ``r``'s
+    prompt four blocks shared with every third request (``100 * (r % 3)`` on) and one of
+    its own, its last block partly filled; outputs of 1-39 tokens (``seed``)."""
+    import numpy as np
+
+    from kvsim.ingest.requests import build_request_table
+
+    rng = np.random.default_rng(seed)
+    B = block_size_tokens
+    ids = [list(range(100 * (r % 3), 100 * (r % 3) + 4)) + [1000 + r] for r in range(n)]
+    prompt = [len(x) * B - int(rng.integers(0, B)) for x in ids]
+    return build_request_table({"arrival_us": [gap_us * i for i in range(n)],
+                                "prompt_tokens": prompt,
+                                "output_tokens": [int(x) for x in rng.integers(1, 40, n)],
+                                "block_ids": ids, "hashed_tokens": prompt},
+                               block_size_tokens=B)
+

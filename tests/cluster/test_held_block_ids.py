@@ -16,21 +16,14 @@ import kvsim.modes.closed.closed_loop as cl
 from kvsim.ingest.requests import build_request_table
 from kvsim.modes.closed.cluster import serve
 from kvsim.spec.sim_config import SimConfig
+from tests.helpers import shared_prefix_table
 
 B = 16
 CONFIG = SimConfig(mode="engine", hbm_blocks=64, dram_gb=0, cxl_gb=0, nvme_gb=0)
 
 
 def _table():
-    rng = np.random.default_rng(3)
-    n = 24
-    ids = [list(range(100 * (r % 3), 100 * (r % 3) + 4)) + [1000 + r] for r in range(n)]
-    prompt = [len(x) * B - int(rng.integers(0, B)) for x in ids]
-    return build_request_table({"arrival_us": [20_000 * i for i in range(n)],
-                                "prompt_tokens": prompt,
-                                "output_tokens": [int(x) for x in rng.integers(1, 40, n)],
-                                "block_ids": ids, "hashed_tokens": prompt},
-                               block_size_tokens=B)
+    return shared_prefix_table(seed=3, n=24, gap_us=20_000, block_size_tokens=B)
 
 
 def _alive_at_run(monkeypatch, table) -> list:
