@@ -216,7 +216,7 @@ class EventReader:
                                           self.path, f"row group {rg} (from row {row0})") from None
                 if part is None:
                     break
-                cols = self._arrow_to_numpy(pa.Table.from_batches([part]), start, names)
+                cols = self._arrow_to_numpy(part, start, names)
                 _validate_columns(cols, prev_step, self._row_error(start), checked=checked)
                 prev_step = int(cols["step"][-1]) if len(cols["step"]) else prev_step
                 start += part.num_rows
@@ -230,7 +230,7 @@ class EventReader:
             return bad_value(path, f"row {offset + i}", field, expected, got)
         return make
 
-    def _arrow_to_numpy(self, table: pa.Table, offset: int,
+    def _arrow_to_numpy(self, table: pa.Table | pa.RecordBatch, offset: int,
                         names: tuple[str, ...] = COLUMN_NAMES) -> dict[str, np.ndarray]:
         cols: dict[str, np.ndarray] = {}
         for name in names:
@@ -238,7 +238,7 @@ class EventReader:
             if col.null_count:
                 i = int(np.argmax(col.is_null().to_numpy(zero_copy_only=False)))
                 raise bad_value(self.path, f"row {offset + i}", name, "a value", None)
-            arr = col.to_numpy()
+            arr = _to_numpy(col)
             dtype = DTYPES[name]
             if arr.dtype != dtype:
                 if dtype.kind in "iu" and arr.size:
@@ -527,6 +527,33 @@ def _compression_hint(path: Path) -> str:
     if name.endswith(".zst"):
         return " (named .zst: expected a zstandard stream)"
     return ""
+
+
+def _to_numpy(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A column without nulls as numpy, as ``to_numpy()`` gives it: a read-only view of
+    Arrow's buffer for a number column (no copy), a new writable array for a boolean one.
+    Done by hand because pyarrow's ``to_numpy`` imports pandas on its first call (0.25-0.5
+    CPU-s in the reader thread, on the critical path of the 16-token replay's pre-pass:
+    docs/benchmarks.md, "16-token replay: read buffers kept, pandas not imported (session
+    22, lru10)"); the replay never needs pandas otherwise."""
+    if isinstance(col, pa.ChunkedArray):
+        if col.num_chunks != 1:
+            return col.to_numpy()
+        col = col.chunk(0)
+    typ = col.type
+    n = len(col)
+    if n == 0 or col.buffers()[1] is None:
+        return col.to_numpy(zero_copy_only=False)
+    if pa.types.is_boolean(typ):  # bit-packed, bit i of byte i >> 3, least significant first
+        bits = np.frombuffer(col.buffers()[1], np.uint8)
+        out = np.unpackbits(bits, count=col.offset + n, bitorder="little").view(np.bool_)
+        return out[col.offset:] if col.offset else out
+    if pa.types.is_integer(typ) or pa.types.is_floating(typ):
+        dtype = np.dtype(typ.to_pandas_dtype())
+        out = np.frombuffer(col.buffers()[1], dtype, count=n, offset=col.offset * dtype.itemsize)
+        out.flags.writeable = False  # Arrow's memory: read only, as to_numpy() gives it
+        return out
+    return col.to_numpy(zero_copy_only=False)
 
 
 def _short(exc: BaseException) -> str:

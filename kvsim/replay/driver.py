@@ -47,6 +47,7 @@ from kvsim.replay.lower_tiers import (
 from kvsim.replay.metrics import RequestLog, StepLog, summarize
 from kvsim.replay.prepass import (
     SCAN_COLUMNS,
+    BufferRelease,
     SeenSet,
     TraceFacts,
     _open,
@@ -533,6 +534,7 @@ def execute(trace_path: str | Path, pol, config: SimConfig,
     done = 0
     # the lower tiers' pages faulted in ahead of the cascade, in a thread (lower_tiers.py)
     prefault = TierPrefault(run.T, run.views[1:]) if is_compiled(run.core) else None
+    buffers = BufferRelease()
     try:
         if writer is not None:
             writer.__enter__()
@@ -543,9 +545,10 @@ def execute(trace_path: str | Path, pol, config: SimConfig,
                 run.feed(cols)
                 done += len(cols["kind"])
                 del cols
-                # each batch's buffers given back: kept, the peak drifts up with the number
-                # of batches (docs/benchmarks.md, "Memory: 1x, 10x, 100x", issue 38)
-                release_read_buffers()
+                # the batches' buffers given back once the resident set grew past a slack:
+                # never given back, the peak drifts up with the number of batches; given
+                # back after each, each batch faults them in again (prepass.BufferRelease)
+                buffers.after_batch()
                 if on_progress is not None:
                     on_progress(done, facts.num_rows)
         release_read_buffers()  # the pass's decoded batches, before the outputs (prepass.py)

@@ -22,6 +22,7 @@ Before this split the pre-pass held every ALLOCATE row's hash, then sorted them
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,6 +119,43 @@ def release_read_buffers() -> None:
         _LIBC.malloc_trim(0)
 
 
+#: Resident growth past which the replay's pass gives its read buffers back after a batch
+#: (:class:`BufferRelease`): 64 MiB, about two decoded 2^18-row batches of the 20 columns
+#: the core reads (~106 bytes a row).  Below it the next batches reuse the freed buffers;
+#: giving them back after every batch had each batch fault and zero them again
+#: (docs/benchmarks.md, "16-token replay: read buffers kept, pandas not imported (session
+#: 22, lru10)").
+RELEASE_SLACK_BYTES = 64 << 20
+
+
+def _rss_bytes() -> int | None:
+    """This process's resident set (``/proc/self/statm``), or None where it is not there."""
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * _PAGE_BYTES
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class BufferRelease:
+    """:func:`release_read_buffers` after a batch only once the resident set has grown by
+    more than ``slack_bytes`` since the last release (every batch where the resident set
+    cannot be read).  What a pass holds beyond its live data stays under ``slack_bytes``
+    plus one batch, whatever the trace's length (the memory bound of issue 38)."""
+
+    def __init__(self, slack_bytes: int | None = None) -> None:
+        self.slack_bytes = RELEASE_SLACK_BYTES if slack_bytes is None else slack_bytes
+        self.mark = _rss_bytes()
+        self.releases = 0
+
+    def after_batch(self) -> None:
+        rss = _rss_bytes()
+        if rss is None or self.mark is None or rss > self.mark + self.slack_bytes:
+            release_read_buffers()
+            self.releases += 1
+            self.mark = _rss_bytes()
+
+
 def _glibc():
     """glibc's ``malloc_trim`` (returns free heap pages to the OS), or None elsewhere."""
     import ctypes
@@ -131,6 +169,7 @@ def _glibc():
 
 
 _LIBC = _glibc()
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def full_hashes(cols: dict, block_size_tokens: int) -> np.ndarray:

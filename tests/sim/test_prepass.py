@@ -159,3 +159,36 @@ def test_arrivals_in_a_file_read_the_same(trace, tiny_hw, monkeypatch):
     want = simulate(trace, "lru", cfg).summary
     monkeypatch.setattr(prepass, "ARRIVALS_MEM", 0)
     assert simulate(trace, "lru", cfg).summary == want
+
+
+def test_replay_gives_read_buffers_back_past_a_slack(trace, tiny_hw, monkeypatch):
+    """The replay's pass gives its read buffers back (Arrow's pool, glibc's heap) only once
+    the resident set has grown past ``RELEASE_SLACK_BYTES`` since the last release, not
+    after every batch (each batch then faulted and zeroed them again; main gave them back
+    after each of this trace's 7-row batches); where the resident set cannot be read,
+    after every batch.  The results are the same either way."""
+    from kvsim.replay import driver, prepass
+
+    cfg = SimConfig(hardware=tiny_hw, hbm_blocks=8, dram_gb=0, batch_rows=7)
+    batches = -(-scan_trace(trace, _helpers.BLOCK_TOKENS, 7).num_rows // 7)
+    calls = []
+    # prepass's: the pre-pass's end and BufferRelease; driver's: the replay's pass's end
+    monkeypatch.setattr(prepass, "release_read_buffers", lambda: calls.append("prepass"))
+    monkeypatch.setattr(driver, "release_read_buffers", lambda: calls.append("end"))
+    rss = iter(range(0, 1 << 40, 1 << 20))  # grows 1 MiB a read
+    monkeypatch.setattr(prepass, "_rss_bytes", lambda: next(rss))
+    monkeypatch.setattr(prepass, "RELEASE_SLACK_BYTES", 10 << 20)
+    want = simulate(trace, "lru", cfg).summary
+    assert batches > 50 and calls.count("end") == 1
+    # read 0 MiB at the start, k MiB after batch k: past 0 + 10 at batch 11, then read 12
+    # MiB; past 22 at batch 22 (read 23) ...: a release every 11th batch
+    assert calls.count("prepass") == 1 + batches // 11
+    calls.clear()
+    monkeypatch.setattr(prepass, "RELEASE_SLACK_BYTES", 0)
+    assert simulate(trace, "lru", cfg).summary == want
+    assert calls.count("prepass") == 1 + batches and calls.count("end") == 1
+    calls.clear()
+    monkeypatch.setattr(prepass, "RELEASE_SLACK_BYTES", 1 << 40)
+    monkeypatch.setattr(prepass, "_rss_bytes", lambda: None)  # /proc unreadable
+    assert simulate(trace, "lru", cfg).summary == want
+    assert calls.count("prepass") == 1 + batches and calls.count("end") == 1
