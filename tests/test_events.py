@@ -225,7 +225,7 @@ def test_parquet_batches_as_to_numpy_gives_them_without_pandas(tmp_path: Path) -
     """Each Parquet batch column is what pyarrow's ``to_numpy()`` gives (values, dtype,
     read-only for the number columns, a writable copy for the booleans), also at a batch
     that starts inside a row group (an offset into Arrow's buffers, bits of the booleans
-    included), and reading them imports no pandas (``to_numpy`` does: 0.25-0.5 CPU-s on
+    included), and reading them imports no pandas (``to_numpy`` does: ~0.5 CPU-s on
     the 16-token replay's critical path; on main this child found pandas imported)."""
     import subprocess
     import sys

@@ -532,7 +532,7 @@ def _compression_hint(path: Path) -> str:
 def _to_numpy(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """A column without nulls as numpy, as ``to_numpy()`` gives it: a read-only view of
     Arrow's buffer for a number column (no copy), a new writable array for a boolean one.
-    Done by hand because pyarrow's ``to_numpy`` imports pandas on its first call (0.25-0.5
+    Done by hand because pyarrow's ``to_numpy`` imports pandas on its first call (~0.5
     CPU-s in the reader thread, on the critical path of the 16-token replay's pre-pass:
     docs/benchmarks.md, "16-token replay: read buffers kept, pandas not imported (session
     22, lru10)"); the replay never needs pandas otherwise."""
