@@ -221,6 +221,19 @@ def recordings() -> None:
     big = (b"\x92\xcb" + struct.pack(">d", 2.0) + b"\x91\x96" + msgpack.packb("BlockStored")
            + b"\x91\x0c\xc0\xdd" + struct.pack(">I", n) + b"\x01" * n + b"\x04\xc0")
     write("vllm_frame_70mb.msgpack.gz", gz(ok + big))
+    # JSONL recordings (session 22, audit10): a negative token id; a block whose parent is
+    # itself (main read both: -7 as a token, the block as a chain)
+    def stored(ts: float, hashes: list[int], parent, tokens: list[int]) -> dict:
+        return {"ts": ts, "events": [{"type": "BlockStored", "block_hashes": hashes,
+                                      "parent_block_hash": parent, "token_ids": tokens,
+                                      "block_size": 4}]}
+
+    first = stored(1.0, [11], None, [1, 2, 3, 4])
+    write("vllm_negative_token.jsonl", jl(first, stored(2.0, [12, 13], 11,
+                                                         [1, 2, 3, 4, 5, 6, -7, 8])))
+    write("vllm_self_parent.jsonl", jl(first, stored(2.0, [12], 12, [5, 6, 7, 8])))
+    write("vllm_self_parent_in_chain.jsonl", jl(stored(1.0, [11, 11], None,
+                                                       [1, 2, 3, 4, 1, 2, 3, 4])))
 
 
 def toml_files() -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
 from kvsim.core.errors import KvsimResourceError
 
@@ -52,10 +53,13 @@ def test_a_full_disk_under_a_spill_names_the_folder(tmp_path: Path, monkeypatch,
 
 
 def test_a_missing_spill_folder_is_one_line(tmp_path: Path, monkeypatch) -> None:
+    """Bad input naming ``KVSIM_TMPDIR`` (exit 2), also from the API (main: a resource
+    error, exit 1; the CLI checks it before any work: corpus rows ``*_tmpdir_*``)."""
+    from kvsim.core.errors import KvsimInputError
     from kvsim.core.spill import SpilledRows
 
     monkeypatch.setenv("KVSIM_TMPDIR", str(tmp_path / "gone"))
-    with pytest.raises(KvsimResourceError, match="gone: cannot write a temporary file"):
+    with pytest.raises(KvsimInputError, match="field 'KVSIM_TMPDIR'.*gone.*no such folder"):
         SpilledRows(4, mem_rows=0).append(np.ones((10, 4)))
 
 
@@ -146,3 +150,32 @@ def test_a_sweep_warns_about_a_degenerate_cell(tmp_path: Path) -> None:
     assert len(warned) == 1 and "only 1 of 32 requests measured" in warned[0], result.stderr
     codes = [w["code"] for w in json.loads(result.stdout)["warnings"]]
     assert codes == ["few_measured"]
+
+
+@pytest.mark.parametrize("source", [
+    ["--trace", "traces/sample_chat.parquet"],
+    ["--request-trace", "traces/sample_mooncake.jsonl", "--model", "llama-3.1-8b"]])
+def test_compare_forks_no_more_workers_than_policies(monkeypatch, source: list[str]) -> None:
+    """``compare --jobs 100000`` with two policies forked 100,000 processes on main (the
+    pool was sized by --jobs, not by the replays left); the spy refuses any pool larger
+    than the replays, so this fails on main without forking."""
+    import contextlib
+
+    import kvsim.core.workers as workers
+    from kvsim.cli import app
+
+    real, asked = workers.process_pool, []
+
+    @contextlib.contextmanager
+    def spy(jobs: int):
+        asked.append(jobs)
+        assert jobs <= 8, f"a pool of {jobs} workers for 3 policies and the bounds"
+        with real(jobs) as ex:
+            yield ex
+
+    monkeypatch.setattr(workers, "process_pool", spy)
+    args = [str(TRACES / a[7:]) if a.startswith("traces/") else a for a in source]
+    result = CliRunner().invoke(app, ["compare", *args, "--policies", "lru,fifo,sieve",
+                                      "--jobs", "100000", "--json"])
+    assert result.exit_code == 0, (result.stderr, result.exception)
+    assert asked, "no process pool: the test no longer tests --jobs"
