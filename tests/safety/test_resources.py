@@ -179,3 +179,61 @@ def test_compare_forks_no_more_workers_than_policies(monkeypatch, source: list[s
                                       "--jobs", "100000", "--json"])
     assert result.exit_code == 0, (result.stderr, result.exception)
     assert asked, "no process pool: the test no longer tests --jobs"
+
+
+def test_a_full_disk_under_numbas_cache_is_one_warning(monkeypatch, capsys) -> None:
+    """numba adds a compiled overload, then saves it to its disk cache; a cache folder on
+    a full disk failed the run there (main: exit 1, "disk full (No space left on
+    device)", no path named, after the compile had succeeded).  Now: one warning line
+    naming the folder, the code kept in memory; an error before the overload exists
+    still propagates."""
+    import errno
+    from types import SimpleNamespace
+
+    from numba import types
+
+    from kvsim.jit import disk_cache
+
+    class Fake:
+        def __init__(self, adds: bool) -> None:
+            # no cache file: no entry lock (what a cache=False function gets)
+            self.overloads, self._cache, self.adds = {}, SimpleNamespace(_cache_file=None), adds
+
+        def compile(self, sig):
+            if self.adds:
+                self.overloads[tuple(sig)] = "entry"
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(disk_cache._compile_unsaved, "warned", False, raising=False)
+    monkeypatch.setenv("NUMBA_CACHE_DIR", "/full/cache")
+    for _ in range(2):
+        disk_cache.compile_once(Fake(adds=True), (types.int64,))
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: numba cache: cannot save"), err
+    assert "/full/cache" in err[0] and "No space left on device" in err[0]
+    with pytest.raises(OSError, match="No space"):
+        disk_cache.compile_once(Fake(adds=False), (types.int64,))
+
+
+def test_a_cache_folder_without_room_falls_back_with_one_warning(tmp_path: Path) -> None:
+    """A numba cache folder on a full disk (KVSIM_CACHE_DIR on a full tmpfs): main failed
+    the first compiled run with exit 1, "disk full", naming no path (numba saves a callee
+    while compiling its caller); now the private temporary cache is used, one warning."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os, kvsim.jit.cache_key as k\n"
+            f"k._free_bytes = lambda f: 0 if f.startswith({str(tmp_path)!r}) else 1 << 40\n"
+            "os.environ.pop('KVSIM_CACHE_FALLBACK', None)\n"
+            "k.configure()\n"
+            "print(os.environ['NUMBA_CACHE_DIR'])\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("KVSIM_CACHE_FALLBACK",
+                                                             "NUMBA_CACHE_DIR")}
+    env["KVSIM_CACHE_DIR"] = str(tmp_path)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert not r.stdout.startswith(str(tmp_path)), r.stdout
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and "has 0.0 MiB free, under the 128 MiB" in lines[0], lines
