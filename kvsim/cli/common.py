@@ -186,7 +186,8 @@ def _guard_paths(command: Any, name: str) -> None:
 #: when the command has one.  The API and config files name the fields.
 FIELD_OPTIONS = {"tier_policies": "--tier-policy", "tenant_quotas": "--tenant-quota",
                  "policy": "--policies",  # compare / sweep / warm (simulate: its --policy)
-                 "shared_link_bytes_per_s": "--shared-link-gbps", "prefetch": "--no-prefetch"}
+                 "shared_link_bytes_per_s": "--shared-link-gbps", "prefetch": "--no-prefetch",
+                 "gpu": "--hardware"}  # estimate-kv: its own --gpu
 
 
 #: Option values converted without pydantic (:class:`_PlainValue`): an integer, a decimal

@@ -147,8 +147,32 @@ def spill_dir() -> str | None:
 
 
 def check_environment() -> None:
-    """The environment variables every command reads, checked before its work, whatever
-    the command (docs/cli.md, "Safety"): ``KVSIM_TRACE_CACHE`` (main read it only when a
-    Mooncake trace was parsed) and ``KVSIM_TMPDIR``."""
+    """The environment variables of kvsim, checked before a command's work, whatever the
+    command (docs/cli.md, "Safety"); main read each only where it was used, so a typo
+    passed silently in every run that did not reach that code: ``KVSIM_TRACE_CACHE`` (a
+    Mooncake parse), ``KVSIM_TMPDIR`` (a spill), ``KVSIM_LIMIT_<NAME>`` (the limit's
+    check), ``KVSIM_COMPILE_WORKERS`` (a cold compile), ``KVSIM_CACHE_CHECK`` (anything
+    but ``full`` meant off), ``KVSIM_PROGRESS_INTERVAL_S`` (``nan`` was taken)."""
+    import os
+
+    from kvsim.core.limits import get_limits
+
     trace_cache_on()
     spill_dir()
+    get_limits()  # every KVSIM_LIMIT_<NAME>
+    env = os.environ
+    for name, ok, expected in (
+            ("KVSIM_COMPILE_WORKERS", lambda v: v.isdigit() and int(v) >= 1,
+             "an integer >= 1"),
+            ("KVSIM_CACHE_CHECK", lambda v: v == "full", "full (or unset)"),
+            ("KVSIM_PROGRESS_INTERVAL_S", _seconds, "a number of seconds >= 0")):
+        value = env.get(name, "").strip()
+        if value and not ok(value):
+            raise KvsimInputError(f"expected {expected}, got {env[name]!r}", None, None, name)
+
+
+def _seconds(text: str) -> bool:
+    try:
+        return 0 <= float(text) < math.inf
+    except ValueError:
+        return False

@@ -245,6 +245,14 @@ def toml_files() -> None:
     # a DRAM tier whose link has no bandwidth (session 21: the error named the profile's
     # name, not this file)
     write("hw_dram_link_zero.toml", HW_DRAM_LINK_ZERO)
+    # session 22 (audit10): a divisor of 0 (main: ZeroDivisionError traceback) and
+    # distribution parameters outside their domain (main: drawn from silently)
+    write("hw_hbm_bandwidth_zero.toml", HW_DRAM_LINK_ZERO.replace(
+        "hbm_bandwidth_bytes_per_s = 2.039e12", "hbm_bandwidth_bytes_per_s = 0"))
+    write("profile_sigma_negative.toml", 'name = "s"\n\n' + base +
+          'prompt_tokens = { dist = "lognormal", median = 500, sigma = -0.9 }\n')
+    write("profile_think_time_negative.toml", 'name = "t"\n\n' + base +
+          'think_time_s = { dist = "exponential", mean = -20.0 }\n')
 
 
 HW_DRAM_LINK_ZERO = """name = "zero-link"
