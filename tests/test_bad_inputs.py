@@ -190,10 +190,12 @@ def _cli_params() -> list:
 
 
 @pytest.mark.parametrize("case", _cli_params())
-def test_cli_case(case: str, tmp_path: Path) -> None:
+def test_cli_case(case: str, tmp_path: Path, monkeypatch) -> None:
     spec = CLI_CASES[case]
     _setup(spec.get("setup"), tmp_path)
     _files(spec, tmp_path)
+    for key, value in spec.get("env", {}).items():  # ``env = {NAME = "{tmp}/x"}``
+        monkeypatch.setenv(key, value.format(cli=CLI_CORPUS, tmp=tmp_path, traces=TRACES))
     before = _tree(tmp_path)
     args = [a.format(cli=CLI_CORPUS, tmp=tmp_path, traces=TRACES) for a in spec["args"]]
     env_before = {k: v for k, v in os.environ.items() if k.startswith("KVSIM_LIMIT_")}

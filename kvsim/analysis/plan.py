@@ -417,7 +417,7 @@ def run_plan(table, spec: PlanSpec, out_dir: str | Path, *, jobs: int = 1,
     ``local`` (``jobs`` processes) or ``ray`` (each cell a Ray task; ``ray_address`` None
     starts a local Ray instance with ``jobs`` CPUs): the same cells, written by this
     process as each finishes, so the results and the resumability are the same."""
-    from kvsim.analysis.sweep import code_fingerprint, require_ray
+    from kvsim.analysis.sweep import _remove_if_no_cell, code_fingerprint, require_ray
     from kvsim.modes.closed.closed_loop import EngineOptions, prepare
     from kvsim.modes.closed.cluster import ROUTERS
     from kvsim.policy.registry import resolve_policy
@@ -446,76 +446,82 @@ def run_plan(table, spec: PlanSpec, out_dir: str | Path, *, jobs: int = 1,
                                   "carries none; give --ttft-deadline / --tpot-deadline",
                                   None, None, "--slo")
     out_dir = Path(out_dir)
+    created = not out_dir.exists()
     claim_output_dir(out_dir, PLAN_MARKER, "kvsim plan folder", force, legacy="cells")
-    hbm_blocks = {}
-    block_bytes = {}
-    for hw in spec.hardware:
-        cfg = dataclasses.replace(spec.base, hardware=hw, dram_gb=0.0, cxl_gb=0.0,
-                                  nvme_gb=0.0, hbm_gb=None, hbm_blocks=None)
-        _cost, hb, _costs, bb, *_ = prepare(table, cfg, engine)
-        hbm_blocks[hw], block_bytes[hw] = int(hb), int(bb)
-    from kvsim.engine.cost_model import GB
+    try:
+        hbm_blocks = {}
+        block_bytes = {}
+        for hw in spec.hardware:
+            cfg = dataclasses.replace(spec.base, hardware=hw, dram_gb=0.0, cxl_gb=0.0,
+                                      nvme_gb=0.0, hbm_gb=None, hbm_blocks=None)
+            _cost, hb, _costs, bb, *_ = prepare(table, cfg, engine)
+            hbm_blocks[hw], block_bytes[hw] = int(hb), int(bb)
+        from kvsim.engine.cost_model import GB
 
-    def capacity(c: PlanCell) -> int:
-        bb = block_bytes[c.hardware]
-        return hbm_blocks[c.hardware] + sum(int(g * GB) // bb
-                                            for g in (c.dram_gb, c.cxl_gb, c.nvme_gb))
+        def capacity(c: PlanCell) -> int:
+            bb = block_bytes[c.hardware]
+            return hbm_blocks[c.hardware] + sum(int(g * GB) // bb
+                                                for g in (c.dram_gb, c.cxl_gb, c.nvme_gb))
 
-    sat = saturation_blocks(table, engine.block_size_tokens)
-    pruned = _prune(cells, spec, sat, capacity) if spec.prune else {}
-    tsha = table_sha256(table)
-    fp = hashlib.sha256((code_fingerprint() + inspect.getsource(run_cell)
-                         + repr(CELL_KEYS)).encode()).hexdigest()
-    keys = [cell_key(tsha, c, spec, engine, fp) for c in cells]
-    paths = [out_dir / "cells" / f"{k}.json" for k in keys]
-    rows: list[dict | None] = [None if i in pruned else _read(p) for i, p in enumerate(paths)]
-    todo = [i for i, r in enumerate(rows) if r is None and i not in pruned]
-    cached = sum(1 for i, r in enumerate(rows) if r is not None)
-    done = 0
-    for i, r in enumerate(rows):
-        if r is not None:
+        sat = saturation_blocks(table, engine.block_size_tokens)
+        pruned = _prune(cells, spec, sat, capacity) if spec.prune else {}
+        tsha = table_sha256(table)
+        fp = hashlib.sha256((code_fingerprint() + inspect.getsource(run_cell)
+                             + repr(CELL_KEYS)).encode()).hexdigest()
+        keys = [cell_key(tsha, c, spec, engine, fp) for c in cells]
+        paths = [out_dir / "cells" / f"{k}.json" for k in keys]
+        rows: list[dict | None] = [None if i in pruned else _read(p) for i, p in enumerate(paths)]
+        todo = [i for i, r in enumerate(rows) if r is None and i not in pruned]
+        cached = sum(1 for i, r in enumerate(rows) if r is not None)
+        done = 0
+        for i, r in enumerate(rows):
+            if r is not None:
+                done += 1
+                if on_cell:
+                    on_cell(done, len(cells) - len(pruned), cells[i], True)
+
+        def finished(i: int, row: dict) -> None:
+            nonlocal done
+            _write(paths[i], keys[i], row)
+            rows[i] = row
             done += 1
             if on_cell:
-                on_cell(done, len(cells) - len(pruned), cells[i], True)
+                on_cell(done, len(cells) - len(pruned), cells[i], False)
 
-    def finished(i: int, row: dict) -> None:
-        nonlocal done
-        _write(paths[i], keys[i], row)
-        rows[i] = row
-        done += 1
-        if on_cell:
-            on_cell(done, len(cells) - len(pruned), cells[i], False)
+        if executor == "ray" and todo:
+            _run_ray(table, cells, todo, spec, engine, jobs, ray_address, finished)
+        elif jobs == 1 or len(todo) <= 1:
+            for i in todo:
+                finished(i, run_cell(table, cells[i], spec.base, engine, spec.router))
+        else:
+            from concurrent.futures import as_completed
 
-    if executor == "ray" and todo:
-        _run_ray(table, cells, todo, spec, engine, jobs, ray_address, finished)
-    elif jobs == 1 or len(todo) <= 1:
-        for i in todo:
-            finished(i, run_cell(table, cells[i], spec.base, engine, spec.router))
-    else:
-        from concurrent.futures import as_completed
+            from kvsim.core.workers import process_pool
 
-        from kvsim.core.workers import process_pool
-
-        _WORKER["args"] = (table, cells, spec.base, engine, spec.router)
-        try:
-            with process_pool(min(jobs, len(todo))) as ex:
-                futs = [ex.submit(_pool_cell, i) for i in todo]
-                for f in as_completed(futs):
-                    finished(*f.result())
-        finally:
-            _WORKER.clear()
-    df = build_rows(cells, keys, rows, pruned, spec, capacity, hbm_blocks)
-    front = pareto_front(df[df["status"] == "replayed"], "usd_per_hour", "slo_value",
-                         spec.slo.lower_is_better)
-    ok = df[df["meets_slo"]]
-    best = None
-    if len(ok):
-        i = min(range(len(ok)), key=lambda j: (float(ok["usd_per_hour"].iat[j]), j))
-        best = _json_safe(ok.iloc[i].to_dict())
-    summary = _json_safe(summary_dict(spec, df, front, best, sat, tsha, engine))
-    with atomic_output(out_dir / "plan.parquet") as tmp:
-        df.to_parquet(tmp, index=False)
-    with atomic_output(out_dir / "plan.json") as tmp:
-        tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return PlanResult(df, front, best, summary, out_dir, len(cells), len(todo), cached,
-                      len(pruned))
+            _WORKER["args"] = (table, cells, spec.base, engine, spec.router)
+            try:
+                with process_pool(min(jobs, len(todo))) as ex:
+                    futs = [ex.submit(_pool_cell, i) for i in todo]
+                    for f in as_completed(futs):
+                        finished(*f.result())
+            finally:
+                _WORKER.clear()
+        df = build_rows(cells, keys, rows, pruned, spec, capacity, hbm_blocks)
+        front = pareto_front(df[df["status"] == "replayed"], "usd_per_hour", "slo_value",
+                             spec.slo.lower_is_better)
+        ok = df[df["meets_slo"]]
+        best = None
+        if len(ok):
+            i = min(range(len(ok)), key=lambda j: (float(ok["usd_per_hour"].iat[j]), j))
+            best = _json_safe(ok.iloc[i].to_dict())
+        summary = _json_safe(summary_dict(spec, df, front, best, sat, tsha, engine))
+        with atomic_output(out_dir / "plan.parquet") as tmp:
+            df.to_parquet(tmp, index=False)
+        with atomic_output(out_dir / "plan.json") as tmp:
+            tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        return PlanResult(df, front, best, summary, out_dir, len(cells), len(todo), cached,
+                          len(pruned))
+    except BaseException:  # a bad cell, Ctrl-C before any cell: no folder left behind
+        if created:
+            _remove_if_no_cell(out_dir, PLAN_MARKER)
+        raise

@@ -363,15 +363,15 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, jobs: int | None = None,
         raise
 
 
-def _remove_if_no_cell(out_dir: Path) -> None:
-    """Remove a sweep folder this run created when no cell finished in it (it holds only
-    its marker and an empty cells/): a failed sweep leaves no partial output; one with
-    finished cells keeps them (the next run resumes)."""
+def _remove_if_no_cell(out_dir: Path, marker: str = SWEEP_MARKER) -> None:
+    """Remove a sweep (or plan: its ``marker``) folder this run created when no cell
+    finished in it (it holds only its marker and an empty cells/): a failed sweep leaves
+    no partial output; one with finished cells keeps them (the next run resumes)."""
     import shutil
 
     cells = out_dir / "cells"
     with contextlib.suppress(OSError):
-        if set(os.listdir(out_dir)) <= {SWEEP_MARKER, "cells"} and not (
+        if set(os.listdir(out_dir)) <= {marker, "cells"} and not (
                 cells.is_dir() and os.listdir(cells)):
             shutil.rmtree(out_dir)
 

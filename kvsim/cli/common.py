@@ -36,6 +36,7 @@ from kvsim.core.errors import with_option_names as _with_option_names
 from kvsim.core.options import (  # noqa: F401 - the option checks every command uses
     INT64_MAX,
     _base_type,
+    check_environment,
     check_finite,
     check_limit,
     check_option_value,
@@ -83,6 +84,18 @@ def quiet_stdout() -> None:
         os.close(devnull)
     except (OSError, ValueError, AttributeError):  # no real descriptor (a test runner)
         pass
+
+
+def rich_broken_pipe(exc: SystemExit) -> bool:
+    """Whether ``exc`` is rich's exit on a closed stdout pipe: ``Console.on_broken_pipe``
+    (every rich console: kvsim's tables, typer's --help) points stdout at /dev/null and
+    raises ``SystemExit(1)``; kvsim exits 0 there, as for any closed pipe (docs/cli.md,
+    "Exit codes").  Told apart from any other exit by the frame that raised it."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return (exc.code == 1 and tb is not None and tb.tb_frame.f_code.co_name == "on_broken_pipe"
+            and tb.tb_frame.f_globals.get("__name__") == "rich.console")
 
 
 def fail(message: str, code: int) -> None:
@@ -154,6 +167,7 @@ def _guard_paths(command: Any, name: str) -> None:
                               (*opts, *FIELD_OPTIONS)) if o in opts.values() and o[:2] == "--"}
 
     def guarded(*args: Any, **kwargs: Any) -> Any:
+        check_environment()  # KVSIM_TMPDIR, KVSIM_TRACE_CACHE: whatever the command
         check_command_paths(name, kwargs, opts)
         from kvsim.core.fsutil import spooled_params
 
@@ -172,7 +186,8 @@ def _guard_paths(command: Any, name: str) -> None:
 #: when the command has one.  The API and config files name the fields.
 FIELD_OPTIONS = {"tier_policies": "--tier-policy", "tenant_quotas": "--tenant-quota",
                  "policy": "--policies",  # compare / sweep / warm (simulate: its --policy)
-                 "shared_link_bytes_per_s": "--shared-link-gbps", "prefetch": "--no-prefetch"}
+                 "shared_link_bytes_per_s": "--shared-link-gbps", "prefetch": "--no-prefetch",
+                 "gpu": "--hardware"}  # estimate-kv: its own --gpu
 
 
 #: Option values converted without pydantic (:class:`_PlainValue`): an integer, a decimal
@@ -364,6 +379,11 @@ class KvsimGroup(TyperGroup):
         except typer.Abort:
             sys.stderr.write(f"error: {INTERRUPTED}\n")
             sys.exit(EXIT_SIGINT)
+        except SystemExit as exc:  # rich's on a closed pipe: `kvsim inspect t | head -1`
+            if not rich_broken_pipe(exc):
+                raise
+            quiet_stdout()
+            sys.exit(0)
         except KeyboardInterrupt:
             sys.stderr.write(f"error: {INTERRUPTED}\n")
             sys.exit(EXIT_SIGINT)
@@ -381,6 +401,9 @@ class KvsimGroup(TyperGroup):
         turns a ``KeyboardInterrupt`` outside ``invoke`` into a silent exit 130."""
         try:
             ctx = super().make_context(info_name, args, parent=parent, **extra)
+        except BrokenPipeError:  # `kvsim --version | true` (typer: a silent exit 1)
+            quiet_stdout()
+            raise typer.Exit(0) from None
         except KeyboardInterrupt:
             fail(INTERRUPTED, EXIT_SIGINT)
         except Terminated:

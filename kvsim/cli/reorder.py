@@ -71,11 +71,12 @@ def reorder_command(
     at t = 0, FCFS) and prints hit rate, makespan and throughput per order."""
     from kvsim.analysis import sizing
     from kvsim.analysis.reorder import reorder_study
+    from kvsim.core.options import comma_names
     from kvsim.ingest import read_requests
     from kvsim.modes.closed.closed_loop import EngineOptions
     from kvsim.spec.sim_config import SimConfig
 
-    wanted = tuple(o.strip() for o in orders.split(",") if o.strip())
+    wanted = tuple(comma_names("--orders", orders))  # distinct (main served dfs,dfs twice)
     bs, seqs, toks = engine_options(None, block_size, max_num_seqs, max_num_batched_tokens)
     opts = EngineOptions(block_size_tokens=bs, max_num_seqs=seqs, max_num_batched_tokens=toks,
                          model=model or DEFAULT_MODEL)

@@ -84,6 +84,17 @@ def check_replicas_memory(replicas: int, option: str = "--replicas") -> None:
             "raise it with KVSIM_LIMIT_MEMORY_BUDGET_BYTES)", None, None, option)
 
 
+def check_planned_bytes(need: int, what: str, option: str) -> None:
+    """Refuse, before allocation, an array of ``need`` bytes over the memory budget (``what``
+    it is, ``option`` the option that sized it)."""
+    budget = get_limits().memory_budget_bytes
+    if need > budget:
+        raise KvsimInputError(
+            f"expected {what} within the memory budget: ~{need / 2**30:,.1f} GiB, over "
+            f"{budget / 2**30:.1f} GiB (kvsim limit memory_budget_bytes; raise it with "
+            "KVSIM_LIMIT_MEMORY_BUDGET_BYTES)", None, None, option)
+
+
 DEFAULT_LIMITS = Limits()
 ENV_PREFIX = "KVSIM_LIMIT_"
 

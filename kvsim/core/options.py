@@ -108,3 +108,71 @@ def comma_names(option: str, text: str | None) -> list[str] | None:
     if len(set(names)) != len(names):  # compare ran a policy twice, sweep refused
         raise option_error(option, "distinct names", text)
     return names
+
+
+#: The parsed-trace cache's switch (:mod:`kvsim.core.parsed_cache`).
+TRACE_CACHE_ENV = "KVSIM_TRACE_CACHE"
+#: The folder of the tables kept out of memory (:mod:`kvsim.core.spill`).
+TMPDIR_ENV = "KVSIM_TMPDIR"
+
+
+def trace_cache_on() -> bool:
+    """``KVSIM_TRACE_CACHE``: ``0`` off, ``1`` or unset on; any other value (``off``,
+    ``false``, which would otherwise leave the cache on silently) is an error."""
+    import os
+
+    switch = os.environ.get(TRACE_CACHE_ENV, "")
+    if switch not in ("", "0", "1"):
+        raise KvsimInputError(f"expected 0 (the parsed-trace cache off) or 1 (on), got "
+                              f"{switch!r}", None, None, TRACE_CACHE_ENV)
+    return switch != "0"
+
+
+def spill_dir() -> str | None:
+    """``KVSIM_TMPDIR``: the folder of kvsim's temporary files (None: Python's default,
+    ``TMPDIR`` then /tmp).  Set, it must name an existing folder kvsim may write into: a
+    missing one was an exit-1 "cannot write a temporary file" only once a long run first
+    spilled a table, and nothing at all in a short one."""
+    import os
+
+    folder = os.environ.get(TMPDIR_ENV) or None
+    if folder is not None and not (os.path.isdir(folder) and
+                                   os.access(folder, os.W_OK | os.X_OK)):
+        why = ("not writable" if os.path.isdir(folder) else
+               "not a folder" if os.path.exists(folder) else "no such folder")
+        raise KvsimInputError(f"expected an existing, writable folder for kvsim's temporary "
+                              f"files (tables kept out of memory), got {folder!r} ({why})",
+                              None, None, TMPDIR_ENV)
+    return folder
+
+
+def check_environment() -> None:
+    """The environment variables of kvsim, checked before a command's work, whatever the
+    command (docs/cli.md, "Safety"); main read each only where it was used, so a typo
+    passed silently in every run that did not reach that code: ``KVSIM_TRACE_CACHE`` (a
+    Mooncake parse), ``KVSIM_TMPDIR`` (a spill), ``KVSIM_LIMIT_<NAME>`` (the limit's
+    check), ``KVSIM_COMPILE_WORKERS`` (a cold compile), ``KVSIM_CACHE_CHECK`` (anything
+    but ``full`` meant off), ``KVSIM_PROGRESS_INTERVAL_S`` (``nan`` was taken)."""
+    import os
+
+    from kvsim.core.limits import get_limits
+
+    trace_cache_on()
+    spill_dir()
+    get_limits()  # every KVSIM_LIMIT_<NAME>
+    env = os.environ
+    for name, ok, expected in (
+            ("KVSIM_COMPILE_WORKERS", lambda v: v.isdigit() and int(v) >= 1,
+             "an integer >= 1"),
+            ("KVSIM_CACHE_CHECK", lambda v: v == "full", "full (or unset)"),
+            ("KVSIM_PROGRESS_INTERVAL_S", _seconds, "a number of seconds >= 0")):
+        value = env.get(name, "").strip()
+        if value and not ok(value):
+            raise KvsimInputError(f"expected {expected}, got {env[name]!r}", None, None, name)
+
+
+def _seconds(text: str) -> bool:
+    try:
+        return 0 <= float(text) < math.inf
+    except ValueError:
+        return False

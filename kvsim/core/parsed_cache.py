@@ -41,9 +41,10 @@ from pathlib import Path
 
 import numpy as np
 
-from kvsim.core.errors import KvsimInputError, KvsimWarning
+from kvsim.core.errors import KvsimWarning
+from kvsim.core.options import TRACE_CACHE_ENV, trace_cache_on
 
-ENV_OFF = "KVSIM_TRACE_CACHE"
+ENV_OFF = TRACE_CACHE_ENV
 #: Files smaller than this are parsed every time (a 256 KiB Mooncake file parses in ~12 ms;
 #: test fixtures and samples leave no entries behind).
 MIN_BYTES = 256 * 1024
@@ -60,12 +61,8 @@ _FORMAT = 1
 
 def cache_root() -> Path | None:
     """The folder of the parsed traces; None when the cache is off."""
-    switch = os.environ.get(ENV_OFF, "")
-    if switch == "0":
+    if not trace_cache_on():
         return None
-    if switch not in ("", "1"):
-        raise KvsimInputError(f"expected 0 (the parsed-trace cache off) or 1 (on), got "
-                              f"{switch!r}", None, None, ENV_OFF)
     base = os.environ.get("KVSIM_CACHE_DIR", "")
     if base:
         return Path(base) / "traces"

@@ -53,9 +53,12 @@ SUM_LEAF_ROWS = 1 << 17
 
 
 def _tmpdir() -> str | None:
-    """Where temporary files go: ``KVSIM_TMPDIR`` when set, else Python's default
-    (``TMPDIR``, then /tmp)."""
-    return os.environ.get("KVSIM_TMPDIR") or None
+    """Where temporary files go: ``KVSIM_TMPDIR`` when set (an existing folder, else a
+    one-line error naming it, exit 2: :func:`kvsim.core.options.spill_dir`), else Python's
+    default (``TMPDIR``, then /tmp)."""
+    from kvsim.core.options import spill_dir
+
+    return spill_dir()
 
 
 class SpillFile(io.FileIO):
@@ -86,7 +89,7 @@ def _spill_error(exc: OSError) -> Exception:
     from kvsim.core.errors import KvsimResourceError
     from kvsim.core.fsutil import disk_full_cause, is_disk_full
 
-    folder = _tmpdir() or tempfile.gettempdir()
+    folder = os.environ.get("KVSIM_TMPDIR") or tempfile.gettempdir()
     cause = disk_full_cause(exc) if is_disk_full(exc) else exc.strerror or str(exc)
     return KvsimResourceError(f"{folder}: cannot write a temporary file (a table kept out "
                               f"of memory): {cause}; partial outputs removed (KVSIM_TMPDIR "

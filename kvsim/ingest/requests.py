@@ -74,6 +74,12 @@ REQUEST_COLUMNS: tuple[tuple[str, str, Any], ...] = (
 REQUEST_COLUMN_NAMES = tuple(c[0] for c in REQUEST_COLUMNS)
 
 
+def _released(what: str) -> RuntimeError:
+    """The error of a read of what :meth:`RequestTable.release_block_ids` dropped (``what``:
+    ``"block ids were"``, ``"column 'x' was"``): one text for every such read."""
+    return RuntimeError(f"this table's {what} released (RequestTable.release_block_ids)")
+
+
 class _Frame:
     """``RequestTable.df``: the DataFrame, built from the table's numpy columns when first
     read (pandas is imported then, not before).  A table built by
@@ -90,8 +96,7 @@ class _Frame:
         d = obj.__dict__
         if d.get("_df") is None and d.get("_cols") is not None:
             if d["_ids"] is None:
-                raise RuntimeError("this table's block ids were released "
-                                   "(RequestTable.release_block_ids)")
+                raise _released("block ids were")
             d["_df"] = _frame(d["_cols"], d["_off"], d["_ids"])
             d["_cols"] = d["_off"] = d["_ids"] = None
         return d.get("_df")
@@ -165,8 +170,7 @@ class RequestTable:
         if cols is None:
             return self.df[name].to_numpy()
         if name not in cols and name in REQUEST_COLUMN_NAMES:
-            raise RuntimeError(f"this table's column {name!r} was released "
-                               "(RequestTable.release_block_ids)")
+            raise _released(f"column {name!r} was")
         return cols[name]
 
     def columns(self) -> dict[str, np.ndarray]:
@@ -211,8 +215,7 @@ class RequestTable:
         table's own arrays when it holds them: read-only use)."""
         if self._held() is not None:
             if self.__dict__["_ids"] is None:
-                raise RuntimeError("this table's block ids were released "
-                                   "(RequestTable.release_block_ids)")
+                raise _released("block ids were")
             return self.__dict__["_off"], self.__dict__["_ids"]
         col = self.df["block_ids"]
         lengths = np.fromiter((len(x) for x in col), dtype=np.int64, count=len(col))

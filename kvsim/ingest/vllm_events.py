@@ -180,16 +180,25 @@ def _event(ev: Any, path, loc: str, skipped: dict[str, int]) -> KvEvent | None:
             raise KvsimInputError("missing required field", path, loc, req)
     bs = _int(f["block_size"], path, loc, "block_size", 1)
     tokens = as_int_list(f["token_ids"], path, loc, "token_ids")
+    if tokens and min(tokens) < 0:  # a vocabulary index (main read -5 as a token)
+        i = next(i for i, t in enumerate(tokens) if t < 0)
+        raise bad_value(path, loc, f"token_ids[{i}]", "a token id >= 0", tokens[i])
     if len(tokens) != bs * len(hs):
         raise KvsimInputError(f"expected block_size x len(block_hashes) = {bs * len(hs)} token "
                               f"ids, got {len(tokens)}", path, loc, "token_ids")
     parent = f["parent_block_hash"]
+    parent = None if parent is None else _hash(parent, path, loc, "parent_block_hash")
+    # block i's parent is block i-1 (the first block's: parent_block_hash); a block that is
+    # its own parent has no root (main read it as a chain)
+    for i, (h, up) in enumerate(zip(hs, (parent, *hs[:-1]))):
+        if h == up:
+            raise bad_value(path, loc, "parent_block_hash" if i == 0 else
+                            f"block_hashes[{i}]", "a block other than its parent "
+                            "(a block is not its own parent)", hash_label(h))
     lora = f.get("lora_id")
     if lora is not None:
         lora = _int(lora, path, loc, "lora_id")
-    return BlockStored(hs, None if parent is None else _hash(parent, path, loc,
-                                                              "parent_block_hash"),
-                       tuple(tokens), bs, lora, f.get("lora_name"))
+    return BlockStored(hs, parent, tuple(tokens), bs, lora, f.get("lora_name"))
 
 
 def _batch(obj: Any, index: int, path, where: str, skipped: dict[str, int]) -> EventBatch:

@@ -119,6 +119,18 @@ def _writable(folder: str) -> bool:
         return False
 
 
+#: Free space a cache folder must have, else the private temporary cache is used: 128 MiB,
+#: twice a full cache (62,976 KiB under ~/.cache/kvsim/numba after the test suite and
+#: `kvsim warm`, measured with du, session 22).  numba saves an entry while it compiles the
+#: function that calls it, so a full disk failed the run (exit 1, "disk full", no path).
+MIN_FREE_BYTES = 128 * 2**20
+
+
+def _free_bytes(folder: str) -> int:
+    st = os.statvfs(folder)
+    return st.f_bavail * st.f_frsize
+
+
 def fallback_dir() -> str:
     """A private temporary cache (a read-only install, an unwritable HOME, a damaged cache
     that cannot be cleaned): ``$TMPDIR/kvsim-numba-<uid>/kvsim-<key>``."""
@@ -143,6 +155,10 @@ def configure() -> None:
     try:
         if not _writable(chosen):
             raise PermissionError(f"{chosen} is not writable")
+        free = _free_bytes(chosen)
+        if free < MIN_FREE_BYTES and _free_bytes(__import__("tempfile").gettempdir()) > free:
+            raise OSError(f"{chosen} has {free / 2**20:.1f} MiB free, under the "
+                          f"{MIN_FREE_BYTES >> 20} MiB a cache may need")
         guard(chosen)
     except OSError as exc:
         fallback = fallback_dir()

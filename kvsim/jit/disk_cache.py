@@ -18,6 +18,7 @@ compiled modules are imported (decorated) and that numba caches where kvsim says
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import importlib
 import os
@@ -197,14 +198,37 @@ def compile_once(dispatcher, sig) -> None:
     if (args in dispatcher.overloads or getattr(getattr(dispatcher, "_cache", None),
                                                 "_cache_file", None) is None
             or getattr(_HELD, "depth", 0)):
-        dispatcher.compile(sig)
+        _compile_unsaved(dispatcher, sig, args)
         return
     _HELD.depth = 1
     try:
         with entry_lock(dispatcher, args):
-            dispatcher.compile(sig)
+            _compile_unsaved(dispatcher, sig, args)
     finally:
         _HELD.depth = 0
+
+
+#: Why a disk refuses a write: full, quota, ``ulimit -f`` (kvsim.core.fsutil's list).
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _compile_unsaved(dispatcher, sig, args: tuple) -> None:
+    """``dispatcher.compile(sig)``; when the compile succeeded but numba could not save it
+    to a full disk (numba adds the overload, then saves it), one warning line and the run
+    goes on with the code in memory (main: exit 1, "disk full", naming no path)."""
+    try:
+        dispatcher.compile(sig)
+    except OSError as exc:
+        if exc.errno not in _NO_ROOM or args not in dispatcher.overloads:
+            raise
+        if not getattr(_compile_unsaved, "warned", False):
+            _compile_unsaved.warned = True
+            import sys
+
+            sys.stderr.write(f"warning: numba cache: cannot save compiled code in "
+                             f"{os.environ.get('NUMBA_CACHE_DIR') or cache_dir()} "
+                             f"({exc.strerror}); it is kept for this run only (free space "
+                             "there, or set KVSIM_CACHE_DIR to another folder)\n")
 
 
 def compile_for(dispatcher, args: tuple) -> tuple | None:

@@ -221,6 +221,9 @@ def parse_hardware(text: str, path: Path | str) -> HardwareProfile:
     for key in ("achievable_flops_fraction", "achievable_bandwidth_fraction"):
         if not 0 < values[key] <= 1:
             raise bad_value(path, None, f"compute.{key}", "a fraction in (0, 1]", values[key])
+    for key in ("peak_dense_bf16_flops_per_s", "hbm_bandwidth_bytes_per_s"):  # divisors
+        if not values[key] > 0:  # main: 0 was a ZeroDivisionError traceback
+            raise bad_value(path, None, f"compute.{key}", "a number > 0", values[key])
 
     raw_tiers = data["tiers"]
     _check_keys(raw_tiers, TIER_NAMES, path, "tiers")
@@ -282,6 +285,9 @@ def load_hardware(name_or_path: str | Path) -> HardwareProfile:
     if arg.endswith(".toml") or path.is_file():
         text = read_utf8_text(path, path)
         return parse_hardware(text, path)
+    if path.is_dir():  # main: "unknown hardware profile 'adir'"
+        raise KvsimInputError(f"expected a hardware profile .toml file or a bundled name, got "
+                              f"a directory, {arg!r}", None, None, "gpu")
     names = list_hardware()
     if arg not in names:
         pool = sorted(names)

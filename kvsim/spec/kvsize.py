@@ -506,6 +506,9 @@ def estimate_kv(
         warnings.append(f"{kv_dtype}: {dtype.note}")
 
     hw_fields: dict = {}
+    if not 0 < memory_utilization <= 1:  # checked with or without a GPU (main: only with)
+        raise bad_value(None, None, "memory_utilization", "a fraction in (0, 1]",
+                        memory_utilization)
     if gpu is not None or gpu_mem_gb is not None:
         hw_fields = _gpu_fit(model, kv_dtype, layer_blocks, naive // per_layer,
                              block_size_tokens, concurrency, gpu, gpu_mem_gb, weights_dtype,

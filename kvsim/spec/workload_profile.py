@@ -127,6 +127,15 @@ def _dist(value: Any, path: str, key: str) -> Dist:
             raise KvsimInputError(f"missing key for dist = {d.dist!r}", path, None, f"{key}.{k}")
     if d.min > d.max:
         raise bad_value(path, None, f"{key}.min", f"<= max ({d.max})", d.min)
+    # each distribution's own domain (main drew from sigma = -0.9 silently)
+    for k, ok, what in (("median", d.dist != "lognormal" or d.median > 0, "> 0"),
+                        ("sigma", d.sigma >= 0, ">= 0"),
+                        ("mean", d.dist != "exponential" or d.mean >= 0, ">= 0"),
+                        ("mean", d.dist != "geometric" or d.mean >= 1,
+                         ">= 1 (a count of at least one)")):
+        if k in value and not ok:
+            raise bad_value(path, None, f"{key}.{k}", f"a number {what} for dist = "
+                            f"{d.dist!r}", value[k])
     return d
 
 

@@ -221,6 +221,19 @@ def recordings() -> None:
     big = (b"\x92\xcb" + struct.pack(">d", 2.0) + b"\x91\x96" + msgpack.packb("BlockStored")
            + b"\x91\x0c\xc0\xdd" + struct.pack(">I", n) + b"\x01" * n + b"\x04\xc0")
     write("vllm_frame_70mb.msgpack.gz", gz(ok + big))
+    # JSONL recordings (session 22, audit10): a negative token id; a block whose parent is
+    # itself (main read both: -7 as a token, the block as a chain)
+    def stored(ts: float, hashes: list[int], parent, tokens: list[int]) -> dict:
+        return {"ts": ts, "events": [{"type": "BlockStored", "block_hashes": hashes,
+                                      "parent_block_hash": parent, "token_ids": tokens,
+                                      "block_size": 4}]}
+
+    first = stored(1.0, [11], None, [1, 2, 3, 4])
+    write("vllm_negative_token.jsonl", jl(first, stored(2.0, [12, 13], 11,
+                                                         [1, 2, 3, 4, 5, 6, -7, 8])))
+    write("vllm_self_parent.jsonl", jl(first, stored(2.0, [12], 12, [5, 6, 7, 8])))
+    write("vllm_self_parent_in_chain.jsonl", jl(stored(1.0, [11, 11], None,
+                                                       [1, 2, 3, 4, 1, 2, 3, 4])))
 
 
 def toml_files() -> None:
@@ -232,6 +245,14 @@ def toml_files() -> None:
     # a DRAM tier whose link has no bandwidth (session 21: the error named the profile's
     # name, not this file)
     write("hw_dram_link_zero.toml", HW_DRAM_LINK_ZERO)
+    # session 22 (audit10): a divisor of 0 (main: ZeroDivisionError traceback) and
+    # distribution parameters outside their domain (main: drawn from silently)
+    write("hw_hbm_bandwidth_zero.toml", HW_DRAM_LINK_ZERO.replace(
+        "hbm_bandwidth_bytes_per_s = 2.039e12", "hbm_bandwidth_bytes_per_s = 0"))
+    write("profile_sigma_negative.toml", 'name = "s"\n\n' + base +
+          'prompt_tokens = { dist = "lognormal", median = 500, sigma = -0.9 }\n')
+    write("profile_think_time_negative.toml", 'name = "t"\n\n' + base +
+          'think_time_s = { dist = "exponential", mean = -20.0 }\n')
 
 
 HW_DRAM_LINK_ZERO = """name = "zero-link"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
 from kvsim.core.errors import KvsimResourceError
 
@@ -52,10 +53,13 @@ def test_a_full_disk_under_a_spill_names_the_folder(tmp_path: Path, monkeypatch,
 
 
 def test_a_missing_spill_folder_is_one_line(tmp_path: Path, monkeypatch) -> None:
+    """Bad input naming ``KVSIM_TMPDIR`` (exit 2), also from the API (main: a resource
+    error, exit 1; the CLI checks it before any work: corpus rows ``*_tmpdir_*``)."""
+    from kvsim.core.errors import KvsimInputError
     from kvsim.core.spill import SpilledRows
 
     monkeypatch.setenv("KVSIM_TMPDIR", str(tmp_path / "gone"))
-    with pytest.raises(KvsimResourceError, match="gone: cannot write a temporary file"):
+    with pytest.raises(KvsimInputError, match="field 'KVSIM_TMPDIR'.*gone.*no such folder"):
         SpilledRows(4, mem_rows=0).append(np.ones((10, 4)))
 
 
@@ -146,3 +150,90 @@ def test_a_sweep_warns_about_a_degenerate_cell(tmp_path: Path) -> None:
     assert len(warned) == 1 and "only 1 of 32 requests measured" in warned[0], result.stderr
     codes = [w["code"] for w in json.loads(result.stdout)["warnings"]]
     assert codes == ["few_measured"]
+
+
+@pytest.mark.parametrize("source", [
+    ["--trace", "traces/sample_chat.parquet"],
+    ["--request-trace", "traces/sample_mooncake.jsonl", "--model", "llama-3.1-8b"]])
+def test_compare_forks_no_more_workers_than_policies(monkeypatch, source: list[str]) -> None:
+    """``compare --jobs 100000`` with two policies forked 100,000 processes on main (the
+    pool was sized by --jobs, not by the replays left); the spy refuses any pool larger
+    than the replays, so this fails on main without forking."""
+    import contextlib
+
+    import kvsim.core.workers as workers
+    from kvsim.cli import app
+
+    real, asked = workers.process_pool, []
+
+    @contextlib.contextmanager
+    def spy(jobs: int):
+        asked.append(jobs)
+        assert jobs <= 8, f"a pool of {jobs} workers for 3 policies and the bounds"
+        with real(jobs) as ex:
+            yield ex
+
+    monkeypatch.setattr(workers, "process_pool", spy)
+    args = [str(TRACES / a[7:]) if a.startswith("traces/") else a for a in source]
+    result = CliRunner().invoke(app, ["compare", *args, "--policies", "lru,fifo,sieve",
+                                      "--jobs", "100000", "--json"])
+    assert result.exit_code == 0, (result.stderr, result.exception)
+    assert asked, "no process pool: the test no longer tests --jobs"
+
+
+def test_a_full_disk_under_numbas_cache_is_one_warning(monkeypatch, capsys) -> None:
+    """numba adds a compiled overload, then saves it to its disk cache; a cache folder on
+    a full disk failed the run there (main: exit 1, "disk full (No space left on
+    device)", no path named, after the compile had succeeded).  Now: one warning line
+    naming the folder, the code kept in memory; an error before the overload exists
+    still propagates."""
+    import errno
+    from types import SimpleNamespace
+
+    from numba import types
+
+    from kvsim.jit import disk_cache
+
+    class Fake:
+        def __init__(self, adds: bool) -> None:
+            # no cache file: no entry lock (what a cache=False function gets)
+            self.overloads, self._cache, self.adds = {}, SimpleNamespace(_cache_file=None), adds
+
+        def compile(self, sig):
+            if self.adds:
+                self.overloads[tuple(sig)] = "entry"
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(disk_cache._compile_unsaved, "warned", False, raising=False)
+    monkeypatch.setenv("NUMBA_CACHE_DIR", "/full/cache")
+    for _ in range(2):
+        disk_cache.compile_once(Fake(adds=True), (types.int64,))
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: numba cache: cannot save"), err
+    assert "/full/cache" in err[0] and "No space left on device" in err[0]
+    with pytest.raises(OSError, match="No space"):
+        disk_cache.compile_once(Fake(adds=False), (types.int64,))
+
+
+def test_a_cache_folder_without_room_falls_back_with_one_warning(tmp_path: Path) -> None:
+    """A numba cache folder on a full disk (KVSIM_CACHE_DIR on a full tmpfs): main failed
+    the first compiled run with exit 1, "disk full", naming no path (numba saves a callee
+    while compiling its caller); now the private temporary cache is used, one warning."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os, kvsim.jit.cache_key as k\n"
+            f"k._free_bytes = lambda f: 0 if f.startswith({str(tmp_path)!r}) else 1 << 40\n"
+            "os.environ.pop('KVSIM_CACHE_FALLBACK', None)\n"
+            "k.configure()\n"
+            "print(os.environ['NUMBA_CACHE_DIR'])\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("KVSIM_CACHE_FALLBACK",
+                                                             "NUMBA_CACHE_DIR")}
+    env["KVSIM_CACHE_DIR"] = str(tmp_path)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert not r.stdout.startswith(str(tmp_path)), r.stdout
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and "has 0.0 MiB free, under the 128 MiB" in lines[0], lines

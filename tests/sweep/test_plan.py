@@ -252,3 +252,25 @@ def test_ray_executor_gives_identical_outputs_and_resumes(tmp_path):
         assert ray.is_initialized()
     finally:
         ray.shutdown()
+
+
+def test_a_plan_that_fails_before_any_cell_leaves_no_folder(tmp_path, monkeypatch) -> None:
+    """As a sweep (issue 38): a plan stopped before any cell finished (an error, Ctrl-C,
+    SIGTERM) removes the --out folder it created (main: left holding its .kvsim-plan
+    marker)."""
+    from pathlib import Path
+
+    import kvsim.analysis.plan as plan_mod
+
+    def boom(*args, **kwargs):
+        raise KvsimInputError("a cell failed", None, None, "--replicas")
+
+    monkeypatch.setattr(plan_mod, "run_cell", boom)
+    trace = Path(__file__).resolve().parents[2] / "traces" / "sample_mooncake.jsonl"
+    out = tmp_path / "pl"
+    result = CliRunner().invoke(app, ["plan", "--slo", "ttft_p99=2s", "--request-trace",
+                                      str(trace), "--replicas", "1", "--jobs", "1",
+                                      "--out", str(out)])
+    assert result.exit_code == 2, (result.stderr, result.exception)
+    assert "a cell failed" in result.stderr
+    assert not out.exists(), sorted(p.name for p in out.iterdir())

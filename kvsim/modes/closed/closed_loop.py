@@ -40,6 +40,7 @@ import numpy as np
 
 from kvsim.core import layout as L
 from kvsim.core.errors import KvsimInputError
+from kvsim.core.limits import check_planned_bytes
 from kvsim.engine import scheduler as S
 from kvsim.engine.cost_model import hbm_kv_capacity_bytes
 from kvsim.engine.engine_model import EngineConfig, build_cost_model
@@ -186,7 +187,11 @@ class Engine:
         self.seen = np.zeros(len(self.nu), dtype=np.int8)
         self.aux = np.zeros(CS.NUM_AUX, dtype=np.int64)
         self.insys = np.zeros(1 << 16, dtype=np.int64)
-        # the core's request tables: rows for the requests held at once (closed_slots)
+        # the core's request tables: rows for the requests held at once (closed_slots);
+        # the pool's sequence table, int32 (kvsim.memory.fast.new_state), checked first
+        check_planned_bytes(4 * (2 * opts.max_num_seqs + 72) * (max_blocks + 1), "the "
+                            "pool's sequence table (2 x --max-num-seqs + 72 rows)",
+                            "--max-num-seqs")
         facts = TraceFacts(num_rows=int(prompt.sum() // B + out.sum()), first_step=0,
                            last_step=0, max_request_id=min(slots, FIRST_ROWS) - 1,
                            max_blocks_per_request=max_blocks,

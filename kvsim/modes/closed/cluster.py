@@ -347,7 +347,8 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
     if jobs > 1 and len(todo) > 1:
         from kvsim.core.workers import process_pool
 
-        with process_pool(jobs) as ex:  # workers die with this process (kvsim.core.workers)
+        # no more workers than policies (--jobs 100000 forked 100,000 processes)
+        with process_pool(min(jobs, len(todo))) as ex:  # die with this process
             futures = {n: ex.submit(_serve_summary, n, *args) for n in todo}
             for n in todo:
                 results[n] = futures[n].result()

@@ -542,7 +542,7 @@ def load_model(name_or_config_path: str) -> ModelSpec:
     """
     arg = str(name_or_config_path)
     path = Path(arg)
-    if path.is_dir() and (path / "config.json").is_file():  # a downloaded HF snapshot
+    if path.is_dir():  # a downloaded HF snapshot (main: "unknown model" for one without)
         return load_config(path / "config.json")
     if path.is_file() or arg.endswith(".json"):
         return load_config(path)
