@@ -59,9 +59,9 @@ class RowStore:
         """Arrays held in files (and alive)."""
         return sum(1 for _ in self._live())
 
-    def empty(self, shape, dtype, *, index: np.ndarray | None = None,
+    def zeros(self, shape, dtype, *, index: np.ndarray | None = None,
               bits: bool = False) -> np.ndarray:
-        """An uninitialised array (zeros when in a file: the file is sparse).  Row ``r`` of
+        """An array of zeros (in a file: a new file reads as zeros).  Row ``r`` of
         a per-request array is ``a[r]``; with ``index`` (offsets, N + 1), request ``r``'s
         entries start at ``a[index[r]]`` (per block arrays), with ``bits`` at bit
         ``index[r]`` of a little-order bit array."""
@@ -79,14 +79,8 @@ class RowStore:
         self._held.append((weakref.ref(flat), row, index, bits))
         return flat.reshape(shape)
 
-    def zeros(self, shape, dtype, **kw) -> np.ndarray:
-        a = self.empty(shape, dtype, **kw)
-        if not self.holds(a):
-            a[...] = 0
-        return a
-
     def full(self, shape, fill, dtype, **kw) -> np.ndarray:
-        a = self.empty(shape, dtype, **kw)
+        a = self.zeros(shape, dtype, **kw)
         a[...] = fill
         return a
 
@@ -96,7 +90,7 @@ class RowStore:
         x = np.asarray(x)
         if x.nbytes < self.min_bytes or x.dtype.hasobject or self.holds(x):
             return x
-        a = self.empty(x.shape, x.dtype, **kw)
+        a = self.zeros(x.shape, x.dtype, **kw)
         np.copyto(a, x)
         if drop:
             m = _root(a).base.obj
