@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvsim.core import row_store
 from kvsim.engine import scheduler as S
 from kvsim.memory.fast import index_keys_values, new_index
 
@@ -64,7 +65,9 @@ def _as(x, dtype) -> np.ndarray:
     hit = _CONVERTED.get(key)
     if hit is not None and hit[0]() is x:
         return hit[1]
-    out = np.array(x, dtype=dt)  # writable, C-contiguous: the type the scheduler compiled for
+    # writable, C-contiguous: the type the scheduler compiled for; per request: in the
+    # run's row store when one is current (kvsim.core.row_store)
+    out = row_store.copy(np.array(x, dtype=dt))
     _CONVERTED[key] = (weakref.ref(x, lambda _r, k=key: _CONVERTED.pop(k, None)), out)
     return out
 
@@ -107,8 +110,8 @@ def new_schedule(cols: dict, off: np.ndarray, ids: np.ndarray, trace_block_token
     st = np.zeros(S.NUM_STATE, dtype=np.int64)
     st[S.S_NEXTSLOT] = N
     st[S.S_HEADC] = -1
-    if order is None:
-        order = np.arange(N, dtype=np.int64)
+    if order is None:  # every row in arrival order: position = row (kvsim.core.row_store)
+        order = row_store.copy(np.arange(N, dtype=np.int64))
         st[S.S_QN] = N
     else:
         order = np.ascontiguousarray(order, dtype=np.int64)
@@ -139,5 +142,5 @@ def new_schedule(cols: dict, off: np.ndarray, ids: np.ndarray, trace_block_token
     I = np.empty((S.NUM_INT_COLUMNS, flush_rows + 4096), dtype=np.int64)
     F = np.empty((2, flush_rows + 4096), dtype=np.float64)
     return Schedule(ip=ip, fp=cost.as_array(), st=st, stf=stf, req_args=req_args,
-                    slot_args=slot_args, order=order, lookup=_NO_LOOKUP, hitk=slot(),
+                    slot_args=slot_args, order=order, lookup=_NO_LOOKUP, hitk=row_store.zeros(C, np.int64),
                     adm=slot(), I=I, F=F, src=src, N=N)

@@ -9,6 +9,7 @@ import weakref
 
 import numpy as np
 
+from kvsim.core import row_store
 from kvsim.engine import vllm_step as V
 from kvsim.engine.vllm_pool import vllm_pool
 
@@ -120,11 +121,11 @@ def _request_constants(cols: dict, h0) -> tuple:
     N = len(cols["prompt_tokens"])
     Q = np.zeros((0, 3), np.int64)
     if "spec_draft_tokens" in cols:  # speculative decoding (kvsim.engine.vllm_spec)
-        Q = np.zeros((N, 3), np.int64)
+        Q = row_store.zeros((N, 3), np.int64)  # per request: the run's row store
         Q[:, Q_SPECK] = np.asarray(cols["spec_draft_tokens"], dtype=np.int64)
         Q[:, Q_ACCEPT] = acceptance_units(np.asarray(cols["spec_accept_prob"],
                                                      dtype=np.float64))
-    QA = np.asarray(cols["arrival_us"], dtype=np.float64) / 1e6
+    QA = row_store.copy(np.asarray(cols["arrival_us"], dtype=np.float64) / 1e6)
     _SHARED[:] = [weakref.ref(h0), Q, QA]
     weakref.finalize(h0, _forget_shared)
     return Q, QA

@@ -194,6 +194,24 @@ class RequestTable:
         self.__dict__.update(_cols=keep, _off=None, _ids=None)
         return True
 
+    def hold_in(self, store) -> bool:
+        """Move the columns and block ids of a table held as numpy columns into ``store``
+        (a :class:`kvsim.core.row_store.RowStore`: the same values, memory the closed loop
+        gives back below the rows it has passed; issue 38, "Memory").  For a table handed
+        over to the run (``kvsim.modes.closed.cluster.serve(release_block_ids=True)``).
+        False (nothing moved) for a table held as a DataFrame."""
+        cols = self._held()
+        if cols is None:
+            return False
+        d = self.__dict__
+        for k in list(cols):  # one at a time: each original freed as its copy is made
+            cols[k] = store.copy(np.ascontiguousarray(cols[k]), drop=True)
+        if d["_off"] is not None:
+            d["_off"] = store.copy(d["_off"], drop=True)
+        if d["_ids"] is not None:
+            d["_ids"] = store.copy(d["_ids"], drop=True, index=d["_off"])
+        return True
+
     def take(self, keep: np.ndarray) -> RequestTable:
         """The rows where ``keep`` (a bool mask) holds, ``request_id`` re-numbered densely
         (arrival order kept)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from kvsim.core import row_store
 from kvsim.engine.scheduler_blocks import _prompt_hashes
 from kvsim.ingest.hashing import chain_hash, root_hash
 
@@ -60,7 +61,7 @@ class PromptHashes:
         self.ids = ids
         self.B, self.T = B, table.block_size_tokens
         nb = (self.prompt + B - 1) // B
-        self.pb_off = np.zeros(len(self.prompt) + 1, dtype=np.int64)
+        self.pb_off = row_store.zeros(len(self.prompt) + 1, np.int64)  # the run's row store
         np.cumsum(nb, out=self.pb_off[1:])
         self._chunks: dict[int, tuple] = {}  # chunk index -> (hashes, offsets), oldest first
 
@@ -282,14 +283,16 @@ def block_facts(table, off, ids, B: int, next_use: bool = True):
     nkv = (prompt + np.maximum(output - 1, 0) + B - 1) // B  # blocks the request writes
     nb = np.maximum(npb, np.minimum(nkv, hashed // B))
     del npb, nkv
-    pb_off = np.zeros(len(prompt) + 1, dtype=np.int64)
+    # the results in the run's row store when one is current (kvsim.core.row_store: the
+    # run gives back their pages below the oldest request it still reads)
+    pb_off = row_store.zeros(len(prompt) + 1, np.int64)
     np.cumsum(nb, out=pb_off[1:])
     m = int(pb_off[-1])
     args = (B, table.block_size_tokens, prompt, hashed, nb,
             np.ascontiguousarray(off, dtype=np.int64), ids)
     chunks = list(_chunks(pb_off, CHUNK_BLOCKS))
     hashes = _Hashes(args, pb_off, chunks)
-    seen = np.zeros((m + 7) // 8, dtype=np.uint8)
+    seen = row_store.zeros((m + 7) // 8, np.uint8, index=pb_off, bits=True)
     known = _Table(with_values=False)  # the contents so far
     for c0, c1 in chunks:
         p0, h, _full = hashes(c0, c1)
@@ -298,11 +301,12 @@ def block_facts(table, off, ids, B: int, next_use: bool = True):
             j = _mark_seen(h, j, p0, known.keys, known.meta, seen)
             if 4 * known.meta[0] >= 3 * known.keys.shape[0]:
                 known.grow()
+        row_store.release_below(c1)  # the pages written and read so far (set-up only)
     distinct = int(known.meta[0])
     del known
     if not next_use:
         return pb_off, np.zeros(0, dtype=np.int64), seen
-    nu = np.full(m, NEVER, dtype=np.int64)
+    nu = row_store.full(m, NEVER, np.int64, index=pb_off)
     # each content's nearest later looked-up position: at most the distinct contents
     later = _Table(with_values=True, most=distinct)
     for c0, c1 in reversed(chunks):

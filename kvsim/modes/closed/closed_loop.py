@@ -39,6 +39,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from kvsim.core import layout as L
+from kvsim.core import row_store
 from kvsim.core.errors import KvsimInputError
 from kvsim.core.limits import check_planned_bytes
 from kvsim.engine import scheduler as S
@@ -294,6 +295,17 @@ class Engine:
         self._args = None  # the EngineRef holds the array
         return sc.order
 
+    def oldest_unfinished(self) -> int:
+        """The lowest request row this replica holds and has not finished (queued, running
+        or preempted), or ``N`` when it holds none: what it reads of the per-request arrays
+        is at or above it, and at or above the rows still to arrive
+        (:meth:`kvsim.core.row_store.RowStore.release_below`)."""
+        s = self.slots
+        n = s.top
+        rid = s.rid_of[:n]
+        live = rid[(rid >= 0) & (self.run.R_i[:n, L.RI_STATE] != L.RS_DONE)]
+        return int(live.min()) if live.shape[0] else self.N
+
     # -- running steps -----------------------------------------------------------------------
     @property
     def steps(self) -> int:
@@ -485,9 +497,11 @@ def vllm_hashes(table: RequestTable, off, ids, opts: EngineOptions) -> tuple | N
     # cache_salt): unsalted, tenants share blocks, as in kvsim's scheduler and the replay
     tenant = (table.column("tenant") if table.source.get("salt_by_tenant")
               else np.zeros(len(table), np.int64))
-    return shared_hashes(table.column("prompt_tokens"), table.column("output_tokens"),
-                         table.column("hashed_tokens"), tenant, off, ids,
-                         table.block_size_tokens, opts.block_size_tokens)
+    h0, h1, hh = shared_hashes(table.column("prompt_tokens"), table.column("output_tokens"),
+                               table.column("hashed_tokens"), tenant, off, ids,
+                               table.block_size_tokens, opts.block_size_tokens)
+    # per request: in the run's row store when one is current (kvsim.core.row_store)
+    return row_store.copy(h0), row_store.copy(h1), hh
 
 
 def _vllm_value(table: RequestTable, off, ids, opts: EngineOptions, config: SimConfig,

@@ -38,6 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvsim.core import layout as L
+from kvsim.core import row_store
 from kvsim.replay.slots import FoldedRequests, RequestSlots
 
 #: Request-table rows a replica starts with (each row 344 bytes: ``R_i`` 272 + ``R_f`` 72);
@@ -55,7 +56,8 @@ class ClosedSlots(RequestSlots):
         self.recycle = True
         self.identity = bool(identity)  # row = request id (never shared: cluster)
         self.slot_of = None
-        self.smap = np.full(num_ids, -1, dtype=np.int64)
+        # request id -> row: in the run's row store when one is current (kvsim.core.row_store)
+        self.smap = row_store.full(num_ids, -1, np.int64)
         self.rid_of = np.full(rows, -1, dtype=np.int64)
         self.sfree = np.zeros(rows + 2, dtype=np.int64)
         if identity:  # row = request id, every row taken: never recycled (a row per id)

@@ -47,9 +47,11 @@ from pathlib import Path
 
 import numpy as np
 
+from kvsim.core import row_store
 from kvsim.core.errors import KvsimInputError
 from kvsim.engine import scheduler as S
 from kvsim.ingest.requests import RequestTable
+from kvsim.modes.closed import closed_loop
 from kvsim.modes.closed.closed_loop import (
     Engine,
     EngineOptions,
@@ -152,7 +154,7 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
         del off, ids  # _serve reads them from the table (and may release them)
         return _serve(table, pol, config, replicas, router, opts, decision_log, cost,
                       hbm_blocks, costs, block_bytes, dropped, cfg_dict,
-                      on_progress, missed, step_table, release_block_ids)
+                      on_progress, missed, step_table, release_block_ids=release_block_ids)
 
 
 def _dropped_prompts(offered: RequestTable, kept: RequestTable, B: int) -> np.ndarray:
@@ -170,10 +172,23 @@ def _dropped_prompts(offered: RequestTable, kept: RequestTable, B: int) -> np.nd
     return np.stack([a[gone, 0], prompt, (prompt + B - 1) // B])
 
 
-def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_blocks, costs,
-           block_bytes, dropped, cfg_dict, on_progress, missed=None,
-           step_table: bool = True, release_block_ids: bool = False):
-    """:func:`serve` after its set-up: build the engines, run them, summarise."""
+def _serve(table, *args, release_block_ids: bool = False, **kw):
+    """:func:`serve` after its set-up: build the engines, run them, summarise.  The run's
+    per-request arrays (the block facts, vLLM's request constants, the slot map, hit
+    tokens, the queue of one replica, and the columns and block ids of a table handed
+    over) are made in one :class:`kvsim.core.row_store.RowStore`, whose pages below the
+    oldest request the run still reads are given back as it goes (issue 38, "Memory")."""
+    store = row_store.RowStore()
+    if release_block_ids:  # the caller's table is ours: its columns into the store
+        table.hold_in(store)
+    with row_store.active(store):
+        return _serve_rows(store, table, *args, release_block_ids=release_block_ids, **kw)
+
+
+def _serve_rows(store, table, pol, config, replicas, router, opts, decision_log, cost,
+                hbm_blocks, costs, block_bytes, dropped, cfg_dict, on_progress, missed=None,
+                step_table: bool = True, release_block_ids: bool = False):
+    """:func:`_serve` in its row store (current)."""
     from kvsim.modes.closed.closed_facts import PromptHashes, block_facts
     from kvsim.modes.closed.serving_metrics import cluster_summary
     from kvsim.policy.registry import resolve_tier_policy
@@ -225,18 +240,25 @@ def _serve(table, pol, config, replicas, router, opts, decision_log, cost, hbm_b
         del off, ids
         if release_block_ids:
             table.release_block_ids(UNREAD_IN_RUN)
+    store.release_all()  # what the set-up wrote: the run maps back the rows it reads
     try:
         if not routed:
             e = engines[0]
-            tick = None if on_progress is None else (
-                lambda: on_progress(int(e.sched.st[S.S_DONE]), N))
-            e.advance(-1.0, on_yield=tick)
+
+            def tick():  # every YIELD_STEPS steps
+                store.release_below(e.oldest_unfinished())
+                if on_progress is not None:
+                    on_progress(int(e.sched.st[S.S_DONE]), N)
+
+            e.advance(-1.0, closed_loop.YIELD_STEPS, on_yield=tick)
         else:
             _run_cluster(table, engines, router, opts.block_size_tokens,
                          PromptHashes(table, off, ids, opts.block_size_tokens),
-                         warmup, on_progress)
+                         warmup, on_progress, on_release=lambda i: store.release_below(
+                             min(i, *(x.oldest_unfinished() for x in engines))))
         for e in engines:
             e.finish()
+        store.release_below(N)  # the summary reads what it needs again
     except BaseException as exc:
         for wr in writers:
             wr.__exit__(type(exc), exc, exc.__traceback__)
