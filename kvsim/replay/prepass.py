@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
+from kvsim.core.heap import trim_heap
 from kvsim.core.schema import EventKind
 from kvsim.core.spill import IntsFile, PackedBits
 from kvsim.jit.prefetch import prefetch
@@ -114,23 +115,7 @@ def release_read_buffers() -> None:
     import pyarrow as pa
 
     pa.default_memory_pool().release_unused()
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
-
-
-def _glibc():
-    """glibc's ``malloc_trim`` (returns free heap pages to the OS), or None elsewhere."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc if hasattr(libc, "malloc_trim") else None
-    except OSError:
-        return None
-
-
-_LIBC = _glibc()
+    trim_heap()
 
 
 def full_hashes(cols: dict, block_size_tokens: int) -> np.ndarray:
