@@ -73,8 +73,11 @@ def read_once(trace: str, traced: bool, cache: bool, src: str | None) -> dict:
         env["KVSIM_TRACE_CACHE"] = "0"
     if src:
         env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    p = subprocess.run([sys.executable, "-c", _CHILD, trace, "1" if traced else "0"],
-                       capture_output=True, text=True, env=env)
+    # run in ``src`` (``python -c`` puts its working folder first on sys.path, before
+    # PYTHONPATH: run here, a checkout's own kvsim would win)
+    p = subprocess.run([sys.executable, "-c", _CHILD, str(Path(trace).resolve()),
+                        "1" if traced else "0"], capture_output=True, text=True, env=env,
+                       cwd=src or None)
     if p.returncode:
         raise SystemExit(p.stderr[-2000:])
     return json.loads(p.stdout)
