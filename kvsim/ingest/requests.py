@@ -226,7 +226,7 @@ class RequestTable:
 
 
 #: Rows gathered per batch by :func:`_gather` (its index arrays are a batch's: 16 Ki rows,
-#: ~3 MiB at the ~24 ids a request of the Mooncake conversation trace).
+#: ~3 MiB an index array at the ~24 ids a request of the Mooncake conversation trace).
 _GATHER_ROWS = 1 << 14
 
 

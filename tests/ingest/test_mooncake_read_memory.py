@@ -142,3 +142,25 @@ def test_gather_in_batches_is_the_whole_gather(monkeypatch) -> None:
         noff, nids = requests._gather(off, ids, rows)
         assert nids.tolist() == want and nids.dtype == np.int64
         assert noff.tolist() == [0, *np.cumsum(lens[rows]).tolist()]
+
+
+def test_growing_array_is_the_concatenation() -> None:
+    """Batches of 0 to 5,000 values (past the first capacity and many growth steps): the
+    concatenation, exact size, dtype kept; a value beyond int64 raises OverflowError and
+    leaves what was appended."""
+    from kvsim.core.heap import GrowingArray
+
+    rng = np.random.default_rng(1)
+    parts = [rng.integers(-2**62, 2**62, size=int(rng.integers(0, 5000))) for _ in range(60)]
+    g = GrowingArray(np.int64)
+    for p in parts:
+        g.append(p if len(p) % 2 else p.tolist())  # arrays and lists alike
+    assert len(g) == sum(map(len, parts))
+    out = g.take()
+    assert out.dtype == np.int64 and np.array_equal(out, np.concatenate(parts))
+    g = GrowingArray(np.int64)
+    g.append([1, 2])
+    with pytest.raises(OverflowError):
+        g.append([3, 2**63])
+    assert g.take().tolist() == [1, 2]
+    assert GrowingArray(np.float64).take().shape == (0,)
