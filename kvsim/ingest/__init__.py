@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvsim.core.errors import KvsimInputError, bad_value
+from kvsim.core.heap import trim_heap
 from kvsim.ingest.detect import FORMATS, detect_format
 from kvsim.ingest.requests import REQUEST_COLUMNS, RequestTable, build_request_table
 
@@ -54,6 +55,7 @@ def read_requests(path: str | Path, format: str | None = None,
         from kvsim.ingest.requests import salt_by_tenant as _salt
 
         table = _salt(table)
+    trim_heap()  # the parsed batches' freed heap, which nothing after the read reuses
     return table
 
 

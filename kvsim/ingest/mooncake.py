@@ -33,6 +33,7 @@ import numpy as np
 from kvsim.core import parsed_cache
 from kvsim.core.errors import KvsimInputError, KvsimWarning
 from kvsim.core.fsutil import open_text
+from kvsim.core.heap import GrowingArray
 from kvsim.core.limits import get_limits
 from kvsim.ingest.requests import CsrIds, RequestTable, build_request_table
 from kvsim.ingest.tracefile import BadRows, as_int, as_int_list, as_time_us, json_lines, parse_json
@@ -57,9 +58,11 @@ def read_mooncake(path: str | Path, *, skip_bad_rows: bool = False,
     if columns is not None:
         parsed_cache.store(entry, _to_arrays(columns))
         return _table(path, columns, 0)
-    # some line is not the plain case (or the file is bad): line by line, every error named
+    # some line is not the plain case (or the file is bad): line by line, every error named;
+    # a batch of rows at a time into numpy columns (no Python object per row or id kept
+    # for the whole trace: ~36 bytes an id as a Python int in a list, 8 as int64)
     bad = BadRows(skip_bad_rows)
-    arrival, prompt, output, ids = [], [], [], []
+    rows = _Rows()
     parent: dict[int, int] = {}  # id -> the id before it (-1: first of its list)
     off_tree = 0
     first_off: str | None = None
@@ -105,21 +108,58 @@ def read_mooncake(path: str | Path, *, skip_bad_rows: bool = False,
                     f"reused after a different prefix ({first_off.split(': ', 1)[1]})",
                     path, loc, "hash_ids")
             off_tree += 1
-        arrival.append(t_us)
-        prompt.append(n_in)
-        output.append(n_out)
-        ids.append(h)
-    t0 = min(arrival) if arrival else 0
-    arrival = [t - t0 for t in arrival]
+        rows.add(t_us, n_in, n_out, h)
+    columns = rows.columns()
+    del rows, parent
     if off_tree:
         warnings.warn(KvsimWarning(
-            f"{path}: {off_tree:,} of {len(arrival):,} requests have hash_ids that do not form "
-            f"a prefix tree (first: {first_off}); kvsim chains ids by prefix, so those blocks "
-            "are shared only after an identical prefix (less sharing than the raw ids "
-            "suggest); --strict refuses such a trace"), stacklevel=2)
-    return _table(path, {"arrival_us": arrival, "prompt_tokens": prompt,
-                         "output_tokens": output, "block_ids": ids, "hashed_tokens": prompt},
-                  bad.count)
+            f"{path}: {off_tree:,} of {len(columns['arrival_us']):,} requests have hash_ids "
+            f"that do not form a prefix tree (first: {first_off}); kvsim chains ids by prefix, "
+            "so those blocks are shared only after an identical prefix (less sharing than the "
+            "raw ids suggest); --strict refuses such a trace"), stacklevel=2)
+    return _table(path, columns, bad.count)
+
+
+#: Rows the line-by-line reader holds as Python objects before it moves them into its
+#: numpy columns (16 Ki rows: ~15 MiB of Python ints and lists at the ~24 ids a row of the
+#: Mooncake conversation trace, ~36 bytes an id, whatever the trace's length).
+_ROWS_BATCH = 1 << 14
+
+
+class _Rows:
+    """The line-by-line reader's rows, a batch of :data:`_ROWS_BATCH` at a time into
+    growing numpy columns (:class:`~kvsim.core.heap.GrowingArray`).  Every value fits int64:
+    the times and lengths are checked against limits of at most 2**62
+    (:mod:`kvsim.core.limits`), the ids by ``as_int_list``."""
+
+    def __init__(self) -> None:
+        self._batch: tuple[list, list, list, list, list] = ([], [], [], [], [])
+        self._cols = tuple(GrowingArray(np.int64) for _ in range(5))  # t, in, out, ids, lens
+
+    def add(self, t_us: int, n_in: int, n_out: int, ids: list[int]) -> None:
+        t, a, b, flat, lens = self._batch
+        t.append(t_us)
+        a.append(n_in)
+        b.append(n_out)
+        flat.extend(ids)
+        lens.append(len(ids))
+        if len(t) >= _ROWS_BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        for col, values in zip(self._cols, self._batch):
+            col.append(values)
+            values.clear()
+
+    def columns(self) -> dict:
+        self._flush()
+        arrival, n_in, n_out, flat, lens = (c.take() for c in self._cols)
+        if arrival.size:
+            arrival -= arrival.min()
+        off = np.zeros(len(lens) + 1, dtype=np.int64)
+        np.cumsum(lens, out=off[1:])
+        return {"arrival_us": arrival, "prompt_tokens": n_in, "output_tokens": n_out,
+                "block_ids": CsrIds(off, flat), "hashed_tokens": n_in}
 
 
 def _reader_key(lim) -> str:
@@ -189,10 +229,12 @@ def _plain_columns(path, lim) -> dict | None:
     one-line errors."""
     scan = json.JSONDecoder().scan_once
     fields = itemgetter(*_KEYS)
-    # one batch of lines at a time into numpy: the parsed Python lists of a batch are
-    # dropped before the next (the whole trace's ids as Python ints would take ~36 bytes
-    # an id and a list a request; as int64, 8 bytes an id)
-    ts, n_in, n_out, id_parts, len_parts = [], [], [], [], []
+    # one batch of lines at a time, checked and appended to growing numpy columns: the
+    # parsed Python lists of a batch are dropped before the next, and no column is ever
+    # held twice (the whole trace's ids as Python ints would take ~36 bytes an id and a
+    # list a request; as int64, 8 bytes an id)
+    arrival, prompt, output, flat_ids, lens = (GrowingArray(np.int64) for _ in range(5))
+    top_ms = lim.max_epoch_us / 1000.0
     try:
         for lines in _plain_lines(path, lim.max_line_chars):
             if lines is None:
@@ -202,9 +244,11 @@ def _plain_columns(path, lim) -> dict | None:
             if list(map(itemgetter(1), parsed)) != list(map(len, lines)) \
                     or not set(map(type, recs)) <= {dict}:
                 return None  # text after the value, or not an object
+            del parsed, lines
             if not recs:
                 continue
             t_b, in_b, out_b, ids_b = zip(*map(fields, recs))
+            del recs
             if not set(map(type, t_b)) <= {int, float} \
                     or not set(map(type, chain(in_b, out_b))) <= {int} \
                     or not set(map(type, ids_b)) <= {list}:
@@ -212,36 +256,41 @@ def _plain_columns(path, lim) -> dict | None:
             flat = list(chain.from_iterable(ids_b))
             if not set(map(type, flat)) <= {int}:
                 return None
-            ts.append(np.fromiter(map(float, t_b), dtype=np.float64, count=len(t_b)))
-            n_in.append(np.array(in_b, dtype=np.int64))
-            n_out.append(np.array(out_b, dtype=np.int64))
-            id_parts.append(np.array(flat, dtype=np.int64))
-            len_parts.append(np.fromiter(map(len, ids_b), dtype=np.int64, count=len(ids_b)))
+            t = np.fromiter(map(float, t_b), dtype=np.float64, count=len(t_b))
+            n_in = np.array(in_b, dtype=np.int64)
+            n_out = np.array(out_b, dtype=np.int64)
+            n_ids = np.fromiter(map(len, ids_b), dtype=np.int64, count=len(ids_b))
+            # the line-by-line reader's checks, value by value (so a batch at a time)
+            t_us = t * 1000.0
+            if not (np.isfinite(t).all() and (t >= 0.0).all() and (t <= top_ms).all()
+                    and (t_us < 2.0**63).all()
+                    and (n_in >= 1).all() and (n_in <= lim.max_prompt_tokens).all()
+                    and (n_out >= 1).all() and (n_out <= lim.max_output_tokens).all()
+                    and (n_ids == -(-n_in // MOONCAKE_BLOCK_TOKENS)).all()):
+                return None
+            arrival.append(np.rint(t_us).astype(np.int64))  # int(round(t * 1000.0)): half to even
+            prompt.append(n_in)
+            output.append(n_out)
+            lens.append(n_ids)
+            flat_ids.append(np.array(flat, dtype=np.int64))
+            del t_b, in_b, out_b, ids_b, flat
     except (KvsimInputError, OSError, StopIteration, KeyError, ValueError, RecursionError,
             OverflowError):
         return None  # json's errors are ValueErrors; the line-by-line reader names them
-    if not ts:
+    if not len(arrival):
         return None
-    t = np.concatenate(ts)
-    prompt = np.concatenate(n_in)
-    output = np.concatenate(n_out)
-    flat_ids = np.concatenate(id_parts)
-    lens = np.concatenate(len_parts)
-    del ts, n_in, n_out, id_parts, len_parts
-    t_us = t * 1000.0
-    if not (np.isfinite(t).all() and (t >= 0.0).all()
-            and (t <= lim.max_epoch_us / 1000.0).all() and (t_us < 2.0**63).all()
-            and (prompt >= 1).all() and (prompt <= lim.max_prompt_tokens).all()
-            and (output >= 1).all() and (output <= lim.max_output_tokens).all()):
+    lens_a = lens.take()
+    ids = flat_ids.take()
+    if not _prefix_tree(ids, lens_a):
         return None
-    if not (lens == -(-prompt // MOONCAKE_BLOCK_TOKENS)).all() or not _prefix_tree(flat_ids, lens):
-        return None
-    arrival = np.rint(t_us).astype(np.int64)  # int(round(t * 1000.0)): half to even
-    off = np.zeros(len(lens) + 1, dtype=np.int64)  # block_ids as CSR: no array per request
-    np.cumsum(lens, out=off[1:])
-    return {"arrival_us": arrival - arrival.min(), "prompt_tokens": prompt,
-            "output_tokens": output, "block_ids": CsrIds(off, flat_ids),
-            "hashed_tokens": prompt}
+    off = np.zeros(len(lens_a) + 1, dtype=np.int64)  # block_ids as CSR: no array per request
+    np.cumsum(lens_a, out=off[1:])
+    del lens_a
+    t_rel = arrival.take()
+    t_rel -= t_rel.min()
+    n_in = prompt.take()
+    return {"arrival_us": t_rel, "prompt_tokens": n_in, "output_tokens": output.take(),
+            "block_ids": CsrIds(off, ids), "hashed_tokens": n_in}
 
 
 #: Ids checked per batch by :func:`_prefix_tree` (its working arrays are a batch's).
@@ -258,7 +307,9 @@ def _prefix_tree(flat: np.ndarray, lens: np.ndarray) -> bool:
     repeated 10 times needs no more); other ids with one sort."""
     if flat.size == 0:
         return True
-    starts = (np.cumsum(lens) - lens)[lens > 0]  # where each non-empty list starts
+    starts = np.cumsum(lens)
+    starts -= lens
+    starts = starts[lens > 0]  # where each non-empty list starts
     top = int(flat.max())
     if int(flat.min()) < 0 or top > 4 * flat.size + (1 << 20):
         prev = np.empty_like(flat)

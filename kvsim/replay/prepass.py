@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
+from kvsim.core.heap import trim_heap
 from kvsim.core.schema import EventKind
 from kvsim.core.spill import IntsFile, PackedBits
 from kvsim.jit.prefetch import prefetch
@@ -115,8 +116,7 @@ def release_read_buffers() -> None:
     import pyarrow as pa
 
     pa.default_memory_pool().release_unused()
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
+    trim_heap()
 
 
 #: Resident growth past which the replay's pass gives its read buffers back after a batch
@@ -156,19 +156,6 @@ class BufferRelease:
             self.mark = _rss_bytes()
 
 
-def _glibc():
-    """glibc's ``malloc_trim`` (returns free heap pages to the OS), or None elsewhere."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc if hasattr(libc, "malloc_trim") else None
-    except OSError:
-        return None
-
-
-_LIBC = _glibc()
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
