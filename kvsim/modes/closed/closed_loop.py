@@ -296,13 +296,10 @@ class Engine:
         return sc.order
 
     def oldest_unfinished(self) -> int:
-        """The lowest request row this replica holds and has not finished (queued, running
-        or preempted), or ``N`` when it holds none: what it reads of the per-request arrays
-        is at or above it, and at or above the rows still to arrive
-        (:meth:`kvsim.core.row_store.RowStore.release_below`)."""
-        s = self.slots
-        n = s.top
-        rid = s.rid_of[:n]
+        """The lowest row held here and not finished (queued, running, preempted), else
+        ``N``: no per-request row below it is read again (``RowStore.release_below``)."""
+        n = self.slots.top
+        rid = self.slots.rid_of[:n]
         live = rid[(rid >= 0) & (self.run.R_i[:n, L.RI_STATE] != L.RS_DONE)]
         return int(live.min()) if live.shape[0] else self.N
 
