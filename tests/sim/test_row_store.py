@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from kvsim.core import row_store
-from kvsim.core.errors import KvsimResourceError
+from kvsim.core.errors import KvsimInputError, KvsimResourceError
 
 MIB = 1 << 20
 
@@ -81,6 +81,7 @@ def test_a_full_disk_names_the_folder(tmp_path: Path, monkeypatch):
     message = str(info.value)
     assert message.startswith(f"{tmp_path}: cannot write a temporary file"), message
     assert "KVSIM_TMPDIR" in message and info.value.exit_code == 1
+    # a KVSIM_TMPDIR that is not there is the user's input: one line naming it, exit 2
     monkeypatch.setenv("KVSIM_TMPDIR", str(tmp_path / "gone"))
-    with pytest.raises(KvsimResourceError, match="gone: cannot write a temporary file"):
+    with pytest.raises(KvsimInputError, match="KVSIM_TMPDIR.*gone' \\(no such folder\\)"):
         row_store.RowStore().zeros(4 * MIB, np.uint8)
