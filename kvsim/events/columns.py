@@ -84,8 +84,8 @@ def _one_of(values: np.ndarray, members: tuple[int, ...], negate: bool = False) 
     """Is each value one of ``members`` (with ``negate``: none of them)?  Two boolean
     arrays per call, whatever the number of members (one scratch array reused: a batch's
     temporaries are page-faulted afresh, ~12 % of the pre-pass reader's samples on the
-    Mooncake 16-token import before; docs/benchmarks.md, "16-token replay: the pre-pass's
-    set sized up front (session 22, seen10)")."""
+    Mooncake 16-token import before; docs/benchmarks.md, "16-token replay: read buffers
+    kept, pandas not imported")."""
     out = values == members[0]
     if len(members) > 1:
         tmp = np.empty_like(out)

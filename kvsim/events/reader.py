@@ -534,8 +534,8 @@ def _to_numpy(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
     Arrow's buffer for a number column (no copy), a new writable array for a boolean one.
     Done by hand because pyarrow's ``to_numpy`` imports pandas on its first call (~0.5
     CPU-s in the reader thread, on the critical path of the 16-token replay's pre-pass:
-    docs/benchmarks.md, "16-token replay: read buffers kept, pandas not imported (session
-    22, lru10)"); the replay never needs pandas otherwise."""
+    docs/benchmarks.md, "16-token replay: read buffers kept, pandas not imported"); the
+    replay never needs pandas otherwise."""
     if isinstance(col, pa.ChunkedArray):
         if col.num_chunks != 1:
             return col.to_numpy()

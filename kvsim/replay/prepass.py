@@ -123,8 +123,7 @@ def release_read_buffers() -> None:
 #: (:class:`BufferRelease`): 64 MiB, about two decoded 2^18-row batches of the 20 columns
 #: the core reads (~106 bytes a row).  Below it the next batches reuse the freed buffers;
 #: giving them back after every batch had each batch fault and zero them again
-#: (docs/benchmarks.md, "16-token replay: read buffers kept, pandas not imported (session
-#: 22, lru10)").
+#: (docs/benchmarks.md, "16-token replay: read buffers kept, pandas not imported").
 RELEASE_SLACK_BYTES = 64 << 20
 
 
