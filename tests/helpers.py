@@ -10,6 +10,8 @@ every given fragment, and no traceback anywhere.
 
 from __future__ import annotations
 
+import contextlib
+import resource
 import subprocess
 import sys
 from typing import Any
@@ -102,3 +104,14 @@ def shared_prefix_table(seed: int, n: int, gap_us: int, block_size_tokens: int =
                                 "block_ids": ids, "hashed_tokens": prompt},
                                block_size_tokens=B)
 
+
+@contextlib.contextmanager
+def file_size_limit(nbytes: int):
+    """``ulimit -f`` for this process while the body runs (a full disk without filling one:
+    Python ignores SIGXFSZ, so the kernel refuses the write with EFBIG)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))

@@ -6,7 +6,6 @@ traceback.  The CLI cases are corpus rows (tests/bad_inputs/cli_cases.toml)."""
 from __future__ import annotations
 
 import contextlib
-import resource
 from pathlib import Path
 
 import numpy as np
@@ -14,20 +13,11 @@ import pytest
 from typer.testing import CliRunner
 
 from kvsim.core.errors import KvsimResourceError
+from tests.helpers import file_size_limit
 
 TRACES = Path(__file__).resolve().parents[2] / "traces"
 
 
-@contextlib.contextmanager
-def _file_size_limit(nbytes: int):
-    """``ulimit -f`` for this process while the body runs (Python ignores SIGXFSZ: the
-    kernel refuses the write with EFBIG)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 
 
 @pytest.mark.parametrize("table", ["SpilledRows", "Float64Values", "PackedBits", "IntsFile"])
@@ -44,7 +34,7 @@ def test_a_full_disk_under_a_spill_names_the_folder(tmp_path: Path, monkeypatch,
             "Float64Values": lambda: Float64Values(mem_values=0).append(np.ones(32768)),
             "PackedBits": lambda: PackedBits(mem_bytes=0).append(np.ones(1 << 20)),
             "IntsFile": lambda: IntsFile(np.ones(32768, np.int64))}[table]
-    with _file_size_limit(64 * 1024), pytest.raises(KvsimResourceError) as info:
+    with file_size_limit(64 * 1024), pytest.raises(KvsimResourceError) as info:
         make()
     message = str(info.value)
     assert message.startswith(f"{tmp_path}: cannot write a temporary file"), message
@@ -159,7 +149,6 @@ def test_compare_forks_no_more_workers_than_policies(monkeypatch, source: list[s
     """``compare --jobs 100000`` with two policies forked 100,000 processes on main (the
     pool was sized by --jobs, not by the replays left); the spy refuses any pool larger
     than the replays, so this fails on main without forking."""
-    import contextlib
 
     import kvsim.core.workers as workers
     from kvsim.cli import app

@@ -3,8 +3,6 @@ row (issue 38, "Memory"); small arrays in memory; a full disk is one line."""
 
 from __future__ import annotations
 
-import contextlib
-import resource
 from pathlib import Path
 
 import numba
@@ -13,6 +11,7 @@ import pytest
 
 from kvsim.core import row_store
 from kvsim.core.errors import KvsimInputError, KvsimResourceError
+from tests.helpers import file_size_limit
 
 MIB = 1 << 20
 
@@ -62,21 +61,13 @@ def test_release_below_follows_the_offsets_of_block_arrays(tmp_path, monkeypatch
     assert (blocks == 7).all() and (bits == 255).all()
 
 
-@contextlib.contextmanager
-def _file_size_limit(nbytes: int):
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 
 
 def test_a_full_disk_names_the_folder(tmp_path: Path, monkeypatch):
     """The file's space is reserved when it is made: a full disk (here ``ulimit -f``) is
     one line naming the folder, as a spill file's, never a fault at a first write."""
     monkeypatch.setenv("KVSIM_TMPDIR", str(tmp_path))
-    with _file_size_limit(64 * 1024), pytest.raises(KvsimResourceError) as info:
+    with file_size_limit(64 * 1024), pytest.raises(KvsimResourceError) as info:
         row_store.RowStore().zeros(4 * MIB, np.uint8)
     message = str(info.value)
     assert message.startswith(f"{tmp_path}: cannot write a temporary file"), message
