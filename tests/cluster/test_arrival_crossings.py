@@ -83,9 +83,11 @@ def test_advance_unboxes_core_run_once_not_per_call(monkeypatch):
     np.testing.assert_array_equal(stepwise.run.C, whole.run.C)
 
 
-def _old_run_cluster(table, engines, router, B, pb, warmup=0, on_progress=None):
+def _old_run_cluster(table, engines, router, B, pb, warmup=0, on_progress=None,
+                     on_release=None):
     """The arrival loop as main had it before arrive7: every replica's state read at every
-    arrival (the reference the loop keeping ``due`` times must equal)."""
+    arrival (the reference the loop keeping ``due`` times must equal).  ``on_release`` (the
+    row store's page release, session 22) is not called: it changes no result."""
     from kvsim.engine import scheduler as S
     from kvsim.modes.closed.routing import _route, prefix_scorer
 
