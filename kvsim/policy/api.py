@@ -233,6 +233,30 @@ def policy_state(i64=(), f64=(), i8=(), i64_2d=()) -> PolicyState:
 
 
 
+def _state_class(module: str | None, fields: list[str]) -> type:
+    """The interpreted hooks' namedtuple of ``fields``, set as an attribute of the module
+    that declared the spec (under a name derived from the fields), so that it is found by
+    that name in every process.  numba types a namedtuple argument by its class and keys
+    its disk cache by the argument types, pickled by reference only when the class can be
+    found by module and name (else by value: a new class at each load, never equal to the
+    live one).  A class made anew in each process, named nowhere, made every interpreted
+    run compile the policy's njit helpers again (~20 CPU-s for deadline's) and add one more
+    entry to each one's cache index (40 after a few test runs)."""
+    import hashlib
+
+    cls = namedtuple("NamedPolicyState", fields)
+    mod = sys.modules.get(module) if module else None
+    if mod is None:
+        return cls
+    name = "_NamedPolicyState_" + hashlib.sha1(",".join(fields).encode()).hexdigest()[:12]
+    old = getattr(mod, name, None)
+    if isinstance(old, type) and getattr(old, "_fields", None) == tuple(fields):
+        return old  # the module executed again in this process: the same class
+    cls.__module__, cls.__qualname__ = module, name
+    setattr(mod, name, cls)
+    return cls
+
+
 class StateSpec:
     """The names of a policy's state arrays, declared once at the top of the policy::
 
@@ -272,8 +296,7 @@ class StateSpec:
         self.module = sys._getframe(1).f_globals.get("__name__")
         #: interpreted hooks' view: a namedtuple of the names and the four groups (numba
         #: types it as it is, so the policy's njit helpers compile for it too)
-        self._cls = namedtuple("NamedPolicyState", [e[0] for e in self.layout]
-                               + list(self.GROUPS))
+        self._cls = _state_class(self.module, [e[0] for e in self.layout] + list(self.GROUPS))
         self._last = (None, None)
 
     def index(self, name: str) -> tuple[str, int]:

@@ -56,6 +56,34 @@ def test_named_fields_are_the_declared_arrays(how):
     assert st.f64[0][0] == 0.5 and st.i8[0].tolist() == [0, 0, 7, 0]
 
 
+def test_the_interpreted_view_keeps_its_numba_type_across_processes():
+    """numba keys its disk cache by argument types, and a namedtuple's type by its class:
+    the interpreted hooks' view class must come back from the cache's pickle as the live
+    class (found by module and name), else every interpreted run compiles the policy's
+    njit helpers again and grows their cache index (a class made anew in each process
+    did: ~20 CPU-s a run for deadline's)."""
+    import pickle
+
+    from numba import typeof
+
+    view = STATE.of(_new())
+    cls = type(view)
+    assert getattr(__import__(cls.__module__, fromlist=["_"]), cls.__qualname__) is cls
+    ty = typeof(view)
+    assert pickle.loads(pickle.dumps(ty)) == ty
+    # every built-in policy's spec names its class the same way
+    from kvsim.policy.registry import list_policies
+
+    named = 0
+    for pol in list_policies():
+        spec = getattr(pol.module, "STATE", None)
+        if isinstance(spec, StateSpec):
+            c = spec._cls
+            assert getattr(__import__(c.__module__, fromlist=["_"]), c.__qualname__) is c
+            named += 1
+    assert named >= 2  # deadline and s3fifo at least
+
+
 def test_spec_refuses_bad_declarations():
     with pytest.raises(ValueError, match="twice"):
         StateSpec(i64=("a", "a"))
