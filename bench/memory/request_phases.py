@@ -113,6 +113,22 @@ def _trim_before(phases) -> None:
         setattr(mod, name, inner)
 
 
+class _SetupDone(Exception):
+    """Raised at the run's first step under ``--setup-only``."""
+
+
+def _stop_at_run() -> None:
+    """The run's first step (one replica: ``Engine.advance``; routed: ``_run_cluster``)
+    ends the command: the set-up's phases are all measured by then."""
+    import kvsim.modes.closed.cluster as cl
+    import kvsim.modes.closed.routing as ro
+
+    def stop(*a, **k):
+        raise _SetupDone
+    ro._run_cluster = cl._run_cluster = stop
+    cl.Engine.advance = stop
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", required=True)
@@ -121,6 +137,9 @@ def main() -> None:
     ap.add_argument("--trim", action="store_true",
                     help="glibc malloc_trim(0) before block_facts and before the run (what "
                          "the ingest's freed heap holds on to)")
+    ap.add_argument("--setup-only", action="store_true",
+                    help="stop when the run's first step starts: the read and set-up phases "
+                         "only (their peaks, in a fraction of a long trace's time)")
     ap.add_argument("extra", nargs="*")
     a = ap.parse_args()
     if a.tracemalloc:
@@ -130,6 +149,8 @@ def main() -> None:
     from kvsim.cli import app
 
     install()
+    if a.setup_only:
+        _stop_at_run()
     if a.trim:
         _trim_before(("block_facts", "run"))
     start = _status()["VmRSS"]
@@ -142,7 +163,7 @@ def main() -> None:
     with contextlib.redirect_stdout(buf):
         try:
             app(argv, standalone_mode=False)
-        except SystemExit:
+        except (SystemExit, _SetupDone):
             pass
     end = _status()
     # consecutive calls of one phase (advance per arrival, Engine per replica) merged
@@ -169,8 +190,10 @@ def main() -> None:
         for m in merged:
             if m.get("top"):
                 print(m["phase"], "; ".join(m["top"]))
-    s = json.loads(buf.getvalue())["policies"][0]
-    print(json.dumps({k: s[k] for k in ("requests", "steps", "ttft_p99_us", "hbm_hit_rate")}))
+    if not a.setup_only:
+        s = json.loads(buf.getvalue())["policies"][0]
+        print(json.dumps({k: s[k] for k in ("requests", "steps", "ttft_p99_us",
+                                            "hbm_hit_rate")}))
     if a.out:
         Path(a.out).write_text(json.dumps({"rows": merged, "start_gib": start,
                                            "argv": sys.argv}, indent=1))

@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pandas as pd
+import pytest
 
 
 def _loop(table, model, hardware, max_num_seqs, max_num_batched_tokens, hbm_blocks,
@@ -60,8 +61,12 @@ def _loop(table, model, hardware, max_num_seqs, max_num_batched_tokens, hbm_bloc
     return LoadEstimate(N, span_s, int(prefill), out, busy_s, util, replicas, upper_s, batch)
 
 
-def test_estimate_load_equals_its_loop_bit_for_bit():
+@pytest.mark.parametrize("chunk_ids", [None, 1, 7])
+def test_estimate_load_equals_its_loop_bit_for_bit(chunk_ids, monkeypatch):
     from kvsim.analysis import sizing
+
+    if chunk_ids is not None:  # the first-seen count read a few ids at a time
+        monkeypatch.setattr(sizing, "FIRST_SEEN_CHUNK_IDS", chunk_ids)
     from kvsim.ingest.requests import RequestTable
 
     assert sizing.TARGET_UTILISATION == 0.7  # as _loop has it

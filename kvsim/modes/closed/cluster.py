@@ -201,6 +201,9 @@ def _serve_rows(store, table, pol, config, replicas, router, opts, decision_log,
     writers = []
     engines = []
     hashes = vllm_hashes(table, off, ids, resolve_scheduler(table, config, opts)[0])  # once
+    # each set-up piece gives back the store's pages it wrote or read (the run maps back
+    # what it reads): the set-up's peak is then its largest piece, not their sum
+    store.release_all()
     for w in range(replicas):
         writer = None
         if decision_log is not None:
@@ -225,6 +228,7 @@ def _serve_rows(store, table, pol, config, replicas, router, opts, decision_log,
         engines.append(Engine(table, off, ids, pol, config, opts, cost, hbm_blocks, costs,
                               block_bytes, writer, order=order, replica=w, hashes=hashes,
                               step_table=step_table))
+        store.release_all()
     from kvsim.modes.closed import shared_tier
 
     if routed:
