@@ -54,13 +54,17 @@ _CONVERTED: dict[tuple, tuple] = {}
 
 
 def _as(x, dtype) -> np.ndarray:
-    """``x`` as a contiguous array of ``dtype``: ``x`` itself when it is one, else one
-    copy shared by every schedule built from this ``x`` (8 bytes a request per replica
-    saved per converted column)."""
+    """``x`` as a writable contiguous array of ``dtype``: ``x`` itself when it is one, else
+    one copy shared by every schedule built from this ``x`` (8 bytes a request per replica
+    saved per converted column).  A read-only column (a Parquet table's, a constant
+    column) is copied too: numba types a read-only array apart, so passing it as it is
+    compiled the scheduler's step and vLLM's rows once more for each mix of read-only and
+    writable columns a run happened to get (5 specialisations of ``vllm_rows``, ~12 CPU-s
+    each, in the default tests)."""
     x = np.asarray(x)
     dt = np.dtype(dtype)
-    if x.dtype == dt and x.flags.c_contiguous and (x.flags.writeable or dt != np.bool_):
-        return x  # (a bool column was always copied: a read-only one stays out)
+    if x.dtype == dt and x.flags.c_contiguous and x.flags.writeable:
+        return x
     key = (id(x), dt.str)
     hit = _CONVERTED.get(key)
     if hit is not None and hit[0]() is x:
@@ -136,7 +140,7 @@ def new_schedule(cols: dict, off: np.ndarray, ids: np.ndarray, trace_block_token
                 i64(a["next_turn_gap_us"]), i64(a["shared_prefix_tokens"]),
                 i64(a["spec_draft_tokens"]),
                 _as(a["spec_accept_prob"], np.float64),
-                i64(a["hashed_tokens"]), off, ids)
+                i64(a["hashed_tokens"]), i64(off), i64(ids))
     slot_args = (src, par, computed, gen, nblk, lasth, status, first_us, dsteps, forked, blast,
                  cow, run, run2, fin, nkey, priv, stall, hb, hb2, rk, rv)
     I = np.empty((S.NUM_INT_COLUMNS, flush_rows + 4096), dtype=np.int64)

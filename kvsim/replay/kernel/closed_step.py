@@ -268,7 +268,9 @@ def _advance(limit_us, max_steps, aux, insys,
             if aux[X_NINSYS] >= insys.shape[0]:
                 return R_YIELD, I, F
             done_before = st[S.S_DONE]
-            n = 0
+            # int64, never Literal[int](0): where nothing else assigns ``n`` before the
+            # call, numba typed it as the literal, one more vllm_rows specialisation
+            n = np.int64(0)
             if vs is not None:  # vLLM's scheduler (kvsim.engine.vllm_rows), count-free:
                 while True:  # it asks for row room, grown here, and resumes its step
                     need, n = vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio,
