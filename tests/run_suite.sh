@@ -2,7 +2,8 @@
 # The whole test suite, in two steps (README, "Setup", second command; .ci/run runs it):
 #   0. the linter (ruff, pinned in the test extras; pyproject.toml [tool.ruff] says which
 #      rules and why);
-#   1. the default run: every test not marked slow (under 5 minutes on 2 cores), on
+#   1. the default run: every test not marked slow (under 5 minutes on 2 cores with a
+#      filled compile cache; ~8 from an empty one: docs/benchmarks.md), on
 #      KVSIM_TEST_WORKERS pytest-xdist workers (default 2; 0 runs in this process), each
 #      test file on one worker (--dist loadfile);
 #   2. the slow tests (real traces, numba compiles, Chromium; tests/conftest.py SLOW_TESTS),
