@@ -11,7 +11,10 @@
 # Each step prints its wall time (and the load average) when it ends.
 # Each step fails the suite on a failing test, on running past its budget (timeout: exit
 # 124), and on collecting no tests at all (pytest exit 5): a suite must never pass empty.
-# Budgets (seconds): KVSIM_TEST_BUDGET_S (default 900), KVSIM_SLOW_TEST_BUDGET_S (4200; CI has 5,400 s in all).
+# Budgets (seconds): KVSIM_TEST_BUDGET_S (default 1200: 2.5x the default step from an empty
+# compile cache on the slower 2-core VM of docs/benchmarks.md, "The default test step"; the
+# 300-s goal is measured there, the budget only stops a step that hangs),
+# KVSIM_SLOW_TEST_BUDGET_S (3600; the slow step takes ~900 s there; CI has 5,400 s in all).
 run_step() {
   name=$1; budget=$2; shift 2
   echo "== $name (budget ${budget} s): pytest -q -p no:cacheprovider $*" >&2
@@ -30,6 +33,6 @@ run_step() {
 }
 echo "== lint: ruff check ." >&2
 ruff check . || exit $?
-run_step "default tests" "${KVSIM_TEST_BUDGET_S:-900}" -n "${KVSIM_TEST_WORKERS:-2}" \
+run_step "default tests" "${KVSIM_TEST_BUDGET_S:-1200}" -n "${KVSIM_TEST_WORKERS:-2}" \
   --dist loadfile "$@" || exit $?
-run_step "slow tests" "${KVSIM_SLOW_TEST_BUDGET_S:-4200}" -m slow "$@" || exit $?
+run_step "slow tests" "${KVSIM_SLOW_TEST_BUDGET_S:-3600}" -m slow "$@" || exit $?
