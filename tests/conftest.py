@@ -59,6 +59,10 @@ def shared_formats() -> Path:
 #: as the second step of tests/run_suite.sh (`pytest -m slow`), never dropped.  Node ids
 #: or their prefixes (a prefix marks every parametrisation).
 SLOW_TESTS = (
+    # compiled a second specialisation of the closed loop's `advance` (an engine with no
+    # lower tier), 39.9 CPU-s of the default step's compiles in session 23's profile
+    # (docs/benchmarks.md, "The default test step")
+    "tests/test_reorder.py::test_study_interleaved_batch_exact",
     # a closed-loop run at 2 replicas (vLLM's scheduler), ~3-4 s on the shared machine
     "tests/safety/test_resources.py::test_the_closed_loops_shared_constants_do_not_outlive_the_run",
     "tests/cluster/test_quiet_cache_steps.py::test_cache_steps_change_no_output",  # the
