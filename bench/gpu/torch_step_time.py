@@ -170,6 +170,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--shapes", choices=("default", "long"), default="default",
+                    help="default: the 30 recorded shapes; long: long-context decode "
+                         "(16k-32k tokens), a 512-sequence decode batch, a 16k-token chunk")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: no CUDA GPU visible to torch", file=sys.stderr)
@@ -192,6 +195,12 @@ def main(argv=None) -> int:
     shapes += [("decode", 0, 0, b, ctx) for b in (1, 8, 32, 64, 128, 256) for ctx in (1024, 4096)]
     # chunked prefill beside a decode batch: the steps a busy engine mostly runs
     shapes += [("mixed", c, 0, b, 2048) for c in (512, 2048) for b in (16, 64, 128)]
+    if args.shapes == "long":
+        # where a KV-cache study spends its time: decode reading long contexts (the step is
+        # bound by the batch's KV bytes, not the weights), a wide decode batch, a long chunk
+        shapes = [("decode", 0, 0, b, ctx) for b in (1, 16, 64) for ctx in (16384, 32768)]
+        shapes += [("decode", 0, 0, 512, ctx) for ctx in (1024, 2048)]
+        shapes += [("prefill", 16384, 0, 0, 0), ("prefill_nomask", 4096, 28672, 0, 0)]
     for kind, chunk, p_ctx, batch, d_ctx in shapes:
         row = {"kind": kind, "chunk": chunk, "context": p_ctx, "batch": batch,
                "decode_context": d_ctx}

@@ -16,7 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvsim.backends.base import CALIBRATION_LAYOUT, BlockLayout, DeviceInfo, KvBackend  # noqa: F401
-from kvsim.backends.detection import detect, refuse_unmeasurable  # noqa: F401
+from kvsim.backends.detection import (  # noqa: F401
+    detect,
+    kernel_compiler_problem,
+    refuse_unmeasurable,
+)
 from kvsim.core.errors import KvsimInputError
 
 #: Backend names accepted by ``--backend``.
@@ -46,6 +50,18 @@ def open_backend(name: str, layout: BlockLayout, *, device_blocks: int, host_blo
             raise KvsimInputError("expected a CUDA GPU (or NUMBA_ENABLE_CUDASIM=1 for the "
                                   "simulator), found none: install the 'cuda' extra and a "
                                   "driver, or use --backend cpu", field="backend")
+        problem = kernel_compiler_problem()
+        if problem is not None:
+            import numba
+            import numpy
+
+            new_numpy = tuple(int(x) for x in numpy.__version__.split(".")[:2]) >= (2, 5)
+            hint = ("numba-cuda 0.30 predates numpy 2.5: pip install 'numpy<2.5' (kvsim's "
+                    "'cuda' extra pins it)" if new_numpy else "reinstall kvsim's 'cuda' extra")
+            raise KvsimInputError(
+                f"expected numba-cuda able to compile kernels for --backend cuda, got "
+                f"{problem} (numba {numba.__version__}, numpy {numpy.__version__}); {hint}, "
+                "or use --backend cpu", field="backend")
         from kvsim.backends.cuda import CudaBackend
 
         return CudaBackend(layout, **kwargs)

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 from numba import config as numba_config
 from numba import cuda
+from numba.core.errors import NumbaPerformanceWarning
 
 from kvsim.backends.base import BlockLayout, DeviceInfo, KvBackend, check_ids, fill_random
 from kvsim.backends.disk import DiskTier
@@ -45,6 +46,22 @@ THREADS_PER_BLOCK = 256
 #: longer than the host's queueing of two id copies, one kernel launch and two event records
 #: (about 0.6 ms through numba-cuda 0.30 on an H200 VM, measured 2026-11-28), with margin.
 HOLD_STREAM_NS = 5_000_000
+
+
+def _performance_warnings() -> tuple[type[Warning], ...]:
+    """numba's performance-warning class, and numba-cuda's own where it has one (0.30 defines
+    ``numba.cuda.core.errors.NumbaPerformanceWarning``, not a subclass of numba's)."""
+    found = [NumbaPerformanceWarning]
+    try:
+        from numba.cuda.core.errors import NumbaPerformanceWarning as cuda_warning
+    except ImportError:  # numba's bundled CUDA target, or an older numba-cuda
+        return tuple(found)
+    if cuda_warning is not NumbaPerformanceWarning:
+        found.append(cuda_warning)
+    return tuple(found)
+
+
+_PERFORMANCE_WARNINGS = _performance_warnings()
 
 
 @cuda.jit
@@ -153,15 +170,21 @@ class CudaBackend(KvBackend):
         self._pinned_b[:n] = dst_ids
         start, end = cuda.event(), cuda.event()
         stream = self._stream
-        if not self.simulated:
-            hold_stream_kernel[1, 1, stream](HOLD_STREAM_NS)
-        start.record(stream)
-        self._dev_a[:n].copy_to_device(self._pinned_a[:n], stream=stream)
-        self._dev_b[:n].copy_to_device(self._pinned_b[:n], stream=stream)
-        grid = (n, 2 * self.layout.num_layers)
-        kernel[grid, _threads(self.layout.chunk_words), stream](
-            src, self._dev_a[:n], dst, self._dev_b[:n])
-        end.record(stream)
+        with warnings.catch_warnings():
+            # small grids are the point here (one thread holds the stream; a batch of a few
+            # blocks is a few thread blocks): numba-cuda's low-occupancy performance warning
+            # on every such launch would be noise in calibrate's output
+            for category in _PERFORMANCE_WARNINGS:
+                warnings.simplefilter("ignore", category)
+            if not self.simulated:
+                hold_stream_kernel[1, 1, stream](HOLD_STREAM_NS)
+            start.record(stream)
+            self._dev_a[:n].copy_to_device(self._pinned_a[:n], stream=stream)
+            self._dev_b[:n].copy_to_device(self._pinned_b[:n], stream=stream)
+            grid = (n, 2 * self.layout.num_layers)
+            kernel[grid, _threads(self.layout.chunk_words), stream](
+                src, self._dev_a[:n], dst, self._dev_b[:n])
+            end.record(stream)
         end.synchronize()
         if self.simulated:
             # the simulator's events time nothing: numba's bundled simulator answers 0.0,

@@ -43,6 +43,28 @@ def detect() -> Detected:
         return "none"
 
 
+def kernel_compiler_problem() -> str | None:
+    """Why numba-cuda could not compile a kernel here, or None when it can.
+
+    numba-cuda builds its typing registries at the first kernel compile, not at import, so a
+    broken pairing shows only at the first launch, deep inside numba.  Seen on an H200
+    (2026-11-30): numba-cuda 0.30.4 (the last release; in maintenance mode) with numpy 2.5,
+    which removed ``np.row_stack``: ``numba.cuda.cudaimpl`` fails to import with
+    ``AttributeError: module 'numpy' has no attribute 'row_stack'``
+    (https://github.com/NVIDIA/numba-cuda/issues/907; the 'cuda' extra pins numpy < 2.5).
+    Importing that module is what the first compile does, so this asks the same question
+    before any work.  Never raises."""
+    if simulator_requested():
+        return None  # the simulator interprets kernels: no compiler, no registries
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import numba.cuda.cudaimpl  # noqa: F401 - the module the first compile imports
+    except Exception as e:  # noqa: BLE001 - reported, never raised
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
 def refuse_unmeasurable(backend: str) -> None:
     """Raise :class:`KvsimInputError` unless ``backend`` can take real timings here.
 

@@ -65,3 +65,28 @@ def test_real_gpu_moves_exact_bytes_and_calibrates(backend_checks, tmp_path):
     assert result.profile.provenance["timer"].startswith("CUDA events")
     for op in ("spill", "promote"):
         assert result.fit(op).bandwidth_bytes_per_s > 1e9  # any PCIe link beats 1 GB/s
+
+
+def test_a_gpu_whose_numba_cuda_cannot_compile_is_one_clear_error(monkeypatch, tmp_path):
+    """numba-cuda 0.30.4 under numpy 2.5 (seen on an H200, 2026-11-30) fails at the first
+    kernel compile, deep in numba, with a traceback; kvsim asks first and refuses in one
+    line, exit 2, nothing written."""
+    from typer.testing import CliRunner
+
+    import kvsim.backends as backends
+    import kvsim.backends.detection as detection
+    from kvsim.cli import app
+
+    broken = "AttributeError: module 'numpy' has no attribute 'row_stack'"
+    monkeypatch.setattr(detection, "detect", lambda: "gpu")
+    monkeypatch.setattr(backends, "detect", lambda: "gpu")
+    monkeypatch.setattr(backends, "kernel_compiler_problem", lambda: broken)
+    out = tmp_path / "cal.toml"
+    res = CliRunner().invoke(app, ["calibrate", "--backend", "cuda", "--quick", "--out",
+                                   str(out)])
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1, res.output
+    assert lines[0].startswith("error: field '--backend': expected numba-cuda able to compile "
+                               "kernels for --backend cuda, got " + broken), lines[0]
+    assert "Traceback" not in res.output and not out.exists()
