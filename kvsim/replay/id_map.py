@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from kvsim.replay.prepass import _EMPTY, _MULT, _grown, _slot
+from kvsim.replay.prepass import _EMPTY, _grown, _home, _slot
 
 
 @njit(cache=True)
@@ -69,7 +69,7 @@ def _ids_drop(keys, vals, ids):
             j = (j + 1) & mask
             if keys[j] == _EMPTY:
                 break
-            home = np.int64((np.uint64(keys[j]) * _MULT) >> np.uint64(40)) & mask
+            home = _home(keys[j], mask)
             # keys[j] may move to the hole at i unless its home lies cyclically in (i, j]
             if (i <= j and i < home <= j) or (i > j and (home > i or home <= j)):
                 continue

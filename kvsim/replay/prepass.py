@@ -337,12 +337,25 @@ def _scan_rows(kind, req, parent, bi, size, time_us, step, known, started, acc, 
     return m
 
 
+#: The home slot takes the product's bits from here up (``& mask`` keeps as many as the
+#: table has): 32 bits, tables up to 2^32 slots.  It was 40 (24 bits): past 2^24 slots (a set
+#: of over 8 M keys) every home fell in the table's first 2^24 slots and linear probing ran
+#: through one ever-growing cluster.
+HOME_SHIFT = np.uint64(32)
+
+
+@njit(cache=True, inline="always")
+def _home(h, mask):
+    """Home slot of hash ``h`` in a table of ``mask + 1`` slots (a power of two)."""
+    return np.int64((np.uint64(h) * _MULT) >> HOME_SHIFT) & mask
+
+
 @njit(cache=True)
 def _slot(keys, h):
     """Slot of ``h`` in the open-addressing table ``keys`` (linear probing), or of the
     empty slot where it would go."""
     mask = keys.shape[0] - 1
-    i = np.int64((np.uint64(h) * _MULT) >> np.uint64(40)) & mask
+    i = _home(h, mask)
     while keys[i] != _EMPTY and keys[i] != h:
         i = (i + 1) & mask
     return i
@@ -375,8 +388,7 @@ def _mark(hashes, keys, n_used, seen):
     n = hashes.shape[0]
     for k in range(n):
         if k + MARK_AHEAD < n:  # a later hash's home slot, requested now (as _slot)
-            prefetch(keys, np.int64((np.uint64(hashes[k + MARK_AHEAD]) * _MULT)
-                                    >> np.uint64(40)) & mask)
+            prefetch(keys, _home(hashes[k + MARK_AHEAD], mask))
         seen[k], added = _see(keys, hashes[k])
         n_used += added
     return n_used
@@ -392,8 +404,7 @@ def _mark_rows(kind, hashes, keys, n_used, seen):
     o = 0
     for k in range(n):
         if k + MARK_AHEAD < n and kind[k + MARK_AHEAD] == EV_ALLOCATE:
-            prefetch(keys, np.int64((np.uint64(hashes[k + MARK_AHEAD]) * _MULT)
-                                    >> np.uint64(40)) & mask)
+            prefetch(keys, _home(hashes[k + MARK_AHEAD], mask))
         if kind[k] != EV_ALLOCATE:
             continue
         seen[o], added = _see(keys, np.int64(hashes[k]))
@@ -411,8 +422,7 @@ def _rehash(old_keys, new_keys, old_vals, new_vals):
     n = old_keys.shape[0]
     for j in range(n):
         if j + MARK_AHEAD < n and old_keys[j + MARK_AHEAD] != _EMPTY:
-            prefetch(new_keys, np.int64((np.uint64(old_keys[j + MARK_AHEAD]) * _MULT)
-                                        >> np.uint64(40)) & mask)
+            prefetch(new_keys, _home(old_keys[j + MARK_AHEAD], mask))
         h = old_keys[j]
         if h != _EMPTY:
             i = _slot(new_keys, h)

@@ -96,6 +96,23 @@ def trace(tmp_path_factory):
     return _helpers.random_trace(_helpers.TraceBuilder, 5, n_requests=60).write(d / "t.parquet")
 
 
+def test_home_slots_spread_over_tables_past_2_to_the_24():
+    """A set of over 8 M keys (a table past 2^24 slots) must spread its home slots over the
+    whole table: with 24 bits of home (before) every key began its probe in the first 2^24
+    slots and linear probing ran through one cluster.  Hashes and sequential ids (IdMap's
+    keys) alike.  The table is never written: its zero pages cost no memory."""
+    from kvsim.replay.prepass import _slot
+
+    rng = np.random.default_rng(0)
+    for bits in (10, 24, 26):
+        keys = np.zeros(1 << bits, dtype=np.int64)  # empty (_EMPTY = 0)
+        for h in (rng.integers(1, 2**63, 4096), np.arange(1, 4097)):
+            homes = np.array([_slot(keys, np.int64(x)) for x in h])
+            # a uniform spread: every eighth of the table holds 1/8 of the homes (+-25 %)
+            counts = np.bincount(homes >> (bits - 3), minlength=8)
+            assert counts.min() >= 0.75 * 512 and counts.max() <= 1.25 * 512, (bits, counts)
+
+
 def test_scan_and_next_use_match_definition(trace):
     _, df = read_events(trace)
     alloc = df[df["kind"] == int(EventKind.ALLOCATE)]
