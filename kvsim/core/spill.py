@@ -97,11 +97,14 @@ def _spill_error(exc: OSError) -> Exception:
 
 
 class SpilledRows:
-    """float64 rows of ``ncols`` columns, appended in chunks; at most ``mem_rows`` in
-    memory, the rest in an anonymous temporary file, read back in row order."""
+    """Rows of ``ncols`` columns (float64, or ``dtype``), appended in chunks; at most
+    ``mem_rows`` in memory, the rest in an anonymous temporary file, read back in row
+    order."""
 
-    def __init__(self, ncols: int, mem_rows: int | None = None) -> None:
+    def __init__(self, ncols: int, mem_rows: int | None = None,
+                 dtype: type = np.float64) -> None:
         self.ncols = int(ncols)
+        self.dtype = np.dtype(dtype)
         self.mem_rows = MEM_ROWS if mem_rows is None else int(mem_rows)
         self.chunks: list[np.ndarray] = []
         self.mem_count = 0
@@ -116,8 +119,8 @@ class SpilledRows:
         return self.file_rows > 0
 
     def append(self, rows: np.ndarray) -> None:
-        """Append ``rows`` (k x ncols float64; copied)."""
-        rows = np.ascontiguousarray(rows, dtype=np.float64).reshape(-1, self.ncols)
+        """Append ``rows`` (k x ncols of the rows' dtype; copied)."""
+        rows = np.ascontiguousarray(rows, dtype=self.dtype).reshape(-1, self.ncols)
         room = max(self.mem_rows - self.mem_count, 0) if self.file is None else 0
         if room:
             head = rows[:room].copy()
@@ -141,14 +144,14 @@ class SpilledRows:
         left = self.file_rows
         while left:
             k = min(rows, left)
-            yield np.fromfile(self.file, dtype=np.float64, count=k * self.ncols).reshape(
+            yield np.fromfile(self.file, dtype=self.dtype, count=k * self.ncols).reshape(
                 k, self.ncols)
             left -= k
 
     def to_array(self) -> np.ndarray:
         """Every row as one array (what the whole table costs in memory)."""
         if not len(self):
-            return np.zeros((0, self.ncols))
+            return np.zeros((0, self.ncols), self.dtype)
         return np.concatenate(list(self.iter_chunks()))
 
     def __getstate__(self) -> dict:
