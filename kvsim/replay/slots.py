@@ -134,6 +134,11 @@ class FoldedRequests:
         return f
 
 
+def new_link_rows() -> SpilledRows:
+    """The (request id, transfers, queue wait) rows of a slot map's folded requests."""
+    return SpilledRows(3)
+
+
 class RequestSlots:
     """Request id <-> slot of the core's request tables, and the folded results (module
     docstring).  ``recycle`` False: slot = request id, nothing is folded before the end."""
@@ -151,7 +156,7 @@ class RequestSlots:
         # only under the queue link model (its summary reads them; kvsim.replay.link_metrics)
         # and in bounded memory: collected for every run before, they were the replay's one
         # per-request growth (24 bytes a request: +40 MB at 100x the Mooncake trace)
-        self.link = SpilledRows(3)
+        self.link = new_link_rows()
         self.log_mark = 0  # decision-log buffer rows already translated to request ids
         self.closed = False
 

@@ -39,7 +39,7 @@ import numpy as np
 
 from kvsim.core import layout as L
 from kvsim.core import row_store
-from kvsim.replay.slots import FoldedRequests, RequestSlots
+from kvsim.replay.slots import FoldedRequests, RequestSlots, new_link_rows
 
 #: Request-table rows a replica starts with (each row 344 bytes: ``R_i`` 272 + ``R_f`` 72);
 #: doubled when more requests are held at once.
@@ -64,7 +64,7 @@ class ClosedSlots(RequestSlots):
             self.smap[:] = self.rid_of[:] = np.arange(num_ids)
             self.sfree[1] = num_ids
         self.folded = FoldedRequests()
-        self.link: list[np.ndarray] = []
+        self.link = new_link_rows()  # as RequestSlots (kvsim.replay.slots)
         self.log_mark = 0
         self.closed = False
         #: the engine whose vLLM scheduler's rows are these rows (``vs``, grown with them)
