@@ -45,7 +45,10 @@ def test_first_then_hooks_compiles_the_other_hooks_in_a_worker(tmp_path):
     worker compiles them (this process compiles none) and they are in numba's disk cache
     when ``first_then_hooks`` returns; the first replay ran once, here, and its result
     comes back unchanged."""
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    # an empty cache whatever the caller set (KVSIM_CACHE_DIR takes precedence over
+    # NUMBA_CACHE_DIR in kvsim.jit: a developer's warm cache made "before" empty)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"),
+           "KVSIM_CACHE_DIR": str(tmp_path / "numba")}
     res = subprocess.run([sys.executable, "-c", SPLIT], capture_output=True, text=True,
                          env=env, check=True)
     got = json.loads(res.stdout.strip().splitlines()[-1])
@@ -85,7 +88,10 @@ def test_first_then_hooks_shares_the_hooks_with_this_process(tmp_path):
     no worker started, or whose hooks a worker compiled) instead of waiting: each policy
     is replayed here at most once, its result in ``done``, and every hook is in numba's
     disk cache at the end.  Which ones this process takes depends on timing."""
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    # an empty cache whatever the caller set (KVSIM_CACHE_DIR takes precedence over
+    # NUMBA_CACHE_DIR in kvsim.jit: a developer's warm cache made "before" empty)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"),
+           "KVSIM_CACHE_DIR": str(tmp_path / "numba")}
     res = subprocess.run([sys.executable, "-c", SHARED], capture_output=True, text=True,
                          env=env, check=True)
     got = json.loads(res.stdout.strip().splitlines()[-1])
