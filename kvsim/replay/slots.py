@@ -154,8 +154,7 @@ class RequestSlots:
         self.folded = FoldedRequests()
         # (request id, transfers, queue wait) of the folded requests with a transfer, kept
         # only under the queue link model (its summary reads them; kvsim.replay.link_metrics)
-        # and in bounded memory: collected for every run before, they were the replay's one
-        # per-request growth (24 bytes a request: +40 MB at 100x the Mooncake trace)
+        # and in bounded memory (24 bytes a request with a transfer, past MEM_ROWS in a file)
         self.link = new_link_rows()
         self.log_mark = 0  # decision-log buffer rows already translated to request ids
         self.closed = False
