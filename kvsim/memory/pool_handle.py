@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvsim.jit.uncounted_call import call_uncounted
 from kvsim.memory import fifo_order
 from kvsim.memory.fast import (
     COUNTER_NAMES,
@@ -56,23 +57,29 @@ class FastPool:
         self.view_c = view_ref(self.view)  # what pool_ops takes (same arrays as self.view)
         self.out = new_out(config)
 
+    def _op(self, op, *args):
+        """``op(st, pol, view, *args)`` of :mod:`kvsim.memory.pool_ops` (compiled without
+        reference counting), leaving this pool's structrefs as it found them
+        (:func:`kvsim.jit.uncounted_call.call_uncounted`)."""
+        return call_uncounted(op, self.st_c, self.pol, self.view_c, *args)
+
     # -- seqs ---------------------------------------------------------------------------
     def open_seq(self, tenant: int = 0) -> int:
         if not 0 <= tenant < self.config.max_tenants:
             raise ValueError(f"tenant must be in 0..{self.config.max_tenants - 1}, "
                              f"got {tenant}")
-        seq = int(seq_open(self.st_c, tenant))
+        seq = int(call_uncounted(seq_open, self.st_c, tenant))
         if seq < 0:
             raise RuntimeError("no free seq slot (raise PoolConfig.max_seqs)")
         return seq
 
     def close_seq(self, seq: int) -> None:
-        seq_close(self.st_c, seq)
+        call_uncounted(seq_close, self.st_c, seq)
 
     # -- operations ---------------------------------------------------------------------
     def lookup(self, hashes, num_tokens: int) -> list[int]:
         h = np.asarray(hashes, dtype=np.int64)
-        k = pool_lookup(self.st_c, h, len(h), num_tokens, self.out.blocks)
+        k = call_uncounted(pool_lookup, self.st_c, h, len(h), num_tokens, self.out.blocks)
         return [int(x) for x in self.out.blocks[:k]]
 
     def allocate(self, seq: int, hashes, num_tokens: int = 0,
@@ -80,8 +87,8 @@ class FastPool:
         """Append ``len(hashes)`` blocks (0 = unhashed/partial); None if it does not fit."""
         h = np.asarray(hashes, dtype=np.int64)
         n = len(h)
-        k = self._checked(self.ops.allocate(self.st_c, self.pol, self.view_c, seq, h, n,
-                                            num_tokens, float(now_us), self.out))
+        k = self._checked(self._op(self.ops.allocate, seq, h, n, num_tokens,
+                                   float(now_us), self.out))
         if k < 0:
             return None
         o = self.out
@@ -92,42 +99,37 @@ class FastPool:
                 self.view.insert_us[b] = now_us
                 self.view.last_access_us[b] = now_us
                 self.view.access_count[b] = 1
-        self._checked(self.ops.admit(self.st_c, self.pol, self.view_c, o, k, n, float(now_us)))
+        self._checked(self._op(self.ops.admit, o, k, n, float(now_us)))
         return AllocResult(int(k), [int(x) for x in o.blocks[:n]],
                            [int(x) for x in o.kind[:n]], [int(x) for x in o.evicted_hash[:n]])
 
     def cache_block(self, seq: int, index: int, h: int, now_us: float = 0.0) -> None:
-        self._checked(self.ops.cache_block(self.st_c, self.pol, self.view_c, seq, index, int(h),
-                                           float(now_us)))
+        self._checked(self._op(self.ops.cache_block, seq, index, int(h), float(now_us)))
 
     def cache_blocks(self, seq: int, first: int, hashes, now_us: float = 0.0) -> None:
         """:meth:`cache_block` for blocks ``first ..`` of ``seq`` (one compiled call)."""
         h = np.asarray(hashes, dtype=np.int64)
-        self._checked(self.ops.cache_blocks(self.st_c, self.pol, self.view_c, seq, first, h,
-                                            float(now_us)))
+        self._checked(self._op(self.ops.cache_blocks, seq, first, h, float(now_us)))
 
     def fork(self, parent: int, child: int) -> None:
-        self._checked(pool_fork(self.st_c, parent, child))
+        self._checked(call_uncounted(pool_fork, self.st_c, parent, child))
 
     def write_last(self, seq: int, now_us: float = 0.0) -> int:
-        return int(self._checked(self.ops.write_last(self.st_c, self.pol, self.view_c, seq,
-                                                     float(now_us), self.out)))
+        return int(self._checked(self._op(self.ops.write_last, seq, float(now_us),
+                                          self.out)))
 
     def free(self, seq: int, now_us: float = 0.0) -> None:
-        self._checked(self.ops.free(self.st_c, self.pol, self.view_c, seq, float(now_us)))
+        self._checked(self._op(self.ops.free, seq, float(now_us)))
 
     def free_tail(self, seq: int, n: int, now_us: float = 0.0) -> None:
-        self._checked(self.ops.free_tail(self.st_c, self.pol, self.view_c, seq, n,
-                                         float(now_us)))
+        self._checked(self._op(self.ops.free_tail, seq, n, float(now_us)))
 
     def preempt(self, seq: int, mode: int = PREEMPT_RECOMPUTE, now_us: float = 0.0) -> int:
-        return int(self._checked(self.ops.preempt(self.st_c, self.pol, self.view_c, seq, mode,
-                                                  float(now_us))))
+        return int(self._checked(self._op(self.ops.preempt, seq, mode, float(now_us))))
 
     def clear_cache(self, now_us: float = 0.0) -> bool:
         """vLLM reset_prefix_cache: drop every hash when no block is held (else False)."""
-        return bool(self._checked(self.ops.clear_cache(self.st_c, self.pol, self.view_c,
-                                                       float(now_us), self.out)))
+        return bool(self._checked(self._op(self.ops.clear_cache, float(now_us), self.out)))
 
     # -- inspection ---------------------------------------------------------------------
     def table(self, seq: int) -> list[int]:

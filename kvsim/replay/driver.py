@@ -28,6 +28,7 @@ from kvsim.core.errors import KvsimInputError
 from kvsim.core.schema import EventKind
 from kvsim.core.spill import SpilledRows
 from kvsim.engine.cost_model import GB, TierCosts, cost_array, hbm_kv_capacity_bytes, tier_costs
+from kvsim.jit.uncounted_call import call_uncounted
 from kvsim.memory import fast as mem
 from kvsim.memory.pool_ref import pool_arg
 from kvsim.policy.hooks import is_uniform, tier_ref, view_ref
@@ -389,7 +390,7 @@ class _Run:
         while True:
             cr = self.core_value(next_use, seen)  # again after a buffer was grown
             with np.errstate(over="ignore"):  # hash mixing wraps by design (interpreted)
-                status, i = self.core.run(batch, i, n, cr)
+                status, i = call_uncounted(self.core.run, batch, i, n, cr)
             if status == core.ST_DONE:
                 if int(self.C[L.C_ALLOC_ORD]) != m:
                     raise RuntimeError(f"the core replayed {int(self.C[L.C_ALLOC_ORD])} "
@@ -415,8 +416,8 @@ class _Run:
         self._flush_log()
         if self.last_batch is not None:  # else no row was replayed: nothing to close
             with np.errstate(over="ignore"):  # run(i0=-1): end of trace (core.run)
-                self.core.run(self.last_batch, -1, 0,
-                              self.core_value(self.no_next, self.no_seen))
+                call_uncounted(self.core.run, self.last_batch, -1, 0,
+                               self.core_value(self.no_next, self.no_seen))
         self._flush_steps()
         self._flush_log()
 
