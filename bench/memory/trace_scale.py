@@ -10,7 +10,11 @@ targets shifted past copy k-1's, and the same content hashes, so the working set
 same and only the length grows.  Each size runs ``kvsim simulate --trace T --policy lru
 --engine compiled --json`` (h100-sxm defaults) as a fresh child and reads its peak resident
 set (``ru_maxrss`` of ``RUSAGE_CHILDREN``; each child waited for alone), CPU seconds and
-wall; /proc/loadavg before and after.  The compile is excluded (an untimed 1x run first).
+wall; /proc/loadavg before and after.  ``--repeat`` rounds (default 3) of every size in
+turn: a single run's peak varies by up to ~8 % (how far the read-ahead gets, whether the
+64 MiB read-buffer slack of ``kvsim.replay.prepass.BufferRelease`` fills), so the table
+shows min / median / max and compares medians.  The compile is excluded (an untimed
+smallest-size run first).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import argparse
 import hashlib
 import json
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -95,44 +100,60 @@ def main() -> None:
     ap.add_argument("--policy", default="lru")
     ap.add_argument("--reuse", action="store_true", help="keep and reuse written traces")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="runs of each size (in rounds; the table shows min / median / max)")
     ap.add_argument("--build-only", action="store_true",
                     help="write the repeated traces under --dir and stop")
     a = ap.parse_args()
     d = Path(a.dir)
     d.mkdir(parents=True, exist_ok=True)
-    rows = []
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    traces = {}
     for n in sorted(a.copies):
         dst = d / f"{Path(a.trace).stem}_x{n}.parquet"
         if n == 1:
             dst = Path(a.trace)
         elif not (a.reuse and dst.exists()):
             repeat_trace(a.trace, n, dst)
-        if a.build_only:
-            continue
-        if not rows:
-            run(dst, a.policy)  # untimed: the compile (kept in the disk cache)
-        # ru_maxrss of RUSAGE_CHILDREN is the max over every child waited for: run each
-        # size in its own measuring process so that a bigger earlier child does not mask
-        here = str(Path(__file__).parent)
-        code = (f"import json,sys; sys.path.insert(0, {here!r}); import "
-                "trace_scale as b; print(json.dumps(b.run("
-                f"__import__('pathlib').Path({str(dst)!r}), {a.policy!r})))")
-        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-        if p.returncode:
-            raise SystemExit(p.stderr[-2000:])
-        row = {"copies": n, **json.loads(p.stdout)}
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    if not rows:
+        traces[n] = dst
+    if a.build_only:
         return
-    base = rows[0]["peak_rss_gib"]
-    print("\n| copies | events | requests | steps | peak RSS GiB | vs 1x | CPU s | p99 step us |")
+    run(traces[min(traces)], a.policy)  # untimed: the compile (kept in the disk cache)
+    rows = []
+    # rounds of every size in turn: a drift of the machine's load reaches all sizes alike
+    for k in range(a.repeat):
+        for n, dst in traces.items():
+            # ru_maxrss of RUSAGE_CHILDREN is the max over every child waited for: run
+            # each size in its own measuring process so that a bigger earlier child does
+            # not mask
+            here = str(Path(__file__).parent)
+            code = (f"import json,sys; sys.path.insert(0, {here!r}); import "
+                    "trace_scale as b; print(json.dumps(b.run("
+                    f"__import__('pathlib').Path({str(dst)!r}), {a.policy!r})))")
+            p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+            if p.returncode:
+                raise SystemExit(p.stderr[-2000:])
+            row = {"copies": n, "round": k, **json.loads(p.stdout)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    by = {n: [r for r in rows if r["copies"] == n] for n in traces}
+    for n, rs in by.items():
+        if len({r["stdout_sha256"] for r in rs}) != 1:
+            raise SystemExit(f"{n}x: the runs' stdout differ (the replay must be deterministic)")
+    peaks = {n: sorted(r["peak_rss_gib"] for r in rs) for n, rs in by.items()}
+    med = {n: statistics.median(v) for n, v in peaks.items()}
+    base = med[min(traces)]
+    print(f"\n{a.repeat} runs of each size; peak RSS GiB min / median / max; the ratio of "
+          "medians to the smallest size's")
+    print("\n| copies | events | requests | steps | peak RSS GiB (min / median / max) | "
+          "median vs 1x | CPU s (median) | p99 step us |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['copies']} | {r['events']:,} | {r['requests']:,} | {r['steps']:,} | "
-              f"{r['peak_rss_gib']:.3f} | {r['peak_rss_gib'] / base - 1:+.1%} | "
-              f"{r['cpu_s']:.1f} | {r['p99_step_us']:,.1f} |")
+    for n, rs in by.items():
+        r, v = rs[0], peaks[n]
+        cpu = statistics.median(x["cpu_s"] for x in rs)
+        print(f"| {n} | {r['events']:,} | {r['requests']:,} | {r['steps']:,} | "
+              f"{v[0]:.3f} / {med[n]:.3f} / {v[-1]:.3f} | {med[n] / base - 1:+.1%} | "
+              f"{cpu:.1f} | {r['p99_step_us']:,.1f} |")
     if a.out:
         Path(a.out).write_text(json.dumps({"rows": rows, "argv": sys.argv, "started": started,
                                            "ended": time.strftime("%Y-%m-%d %H:%M:%S UTC",

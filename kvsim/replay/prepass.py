@@ -269,6 +269,11 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
         arrival_order = _narrow(rows[order, 0], arrivals_mem)
         arrival_step = _narrow(rows[order, 2], arrivals_mem)
         del rows, order
+        # those temporaries (40 bytes a request) may have come from the heap (glibc's
+        # mmap threshold rises as large blocks are freed): given back, or the replay
+        # starts ~28 MB higher at 100x the Mooncake trace (docs/benchmarks.md, "Memory:
+        # 1x, 10x, 100x the Mooncake trace")
+        trim_heap()
     else:
         arrival_order = arrival_step = np.zeros(0, np.int64)
     return TraceFacts(num_rows, max(first_step, 0), max(last_step, 0), max_req,
