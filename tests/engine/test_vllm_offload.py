@@ -115,3 +115,50 @@ def test_arc_recording_refused():
         validate_sched_closed(FIXTURES / "offload_arc.jsonl.gz")
     s = _summary(FIXTURES / "offload_arc.jsonl.gz")["offload"]
     assert (s["store"], s["evict"], s["load"]) == (120, 84, 68)
+
+
+def _victims_by_rescans(L_i, view, cap, need, now_us, stamp):
+    """The selection as it was written first: the lowest rank ``need`` times over the whole
+    tier, each time after the previous victim left (the count of evictable slots first)."""
+    import numpy as np
+
+    ok = [v for v in range(cap) if L_i[v, 3] == 1 and view.last_access_us[v] != now_us
+          and view.deadline_us[v] != stamp]
+    if len(ok) < need:
+        return ok
+    out = []
+    for _ in range(need):
+        best = -1
+        for v in ok:
+            if v not in out and (best < 0 or view.slack_us[v] < view.slack_us[best]):
+                best = v
+        out.append(best)
+    return [int(v) for v in np.asarray(out)]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_victims_in_one_pass_are_the_rescans_victims(seed):
+    """:func:`kvsim.replay.kernel.offload._victims` (one pass, a selection, a sort of the
+    victims) picks the same slots in the same order as ``need`` rescans of the tier, with
+    ties of rank, slots touched in this step, slots offered by this call, free slots, and
+    too few evictable slots; compiled and as plain Python."""
+    import numpy as np
+
+    from kvsim.core.layout import LI_STATE, NLI
+    from kvsim.replay.kernel.offload import _victims
+    from kvsim.replay.kernel.tiers import new_record_view
+
+    rng = np.random.default_rng(seed)
+    cap = int(rng.integers(1, 60))
+    view = new_record_view(cap)
+    L_i = np.zeros((cap, NLI), dtype=np.int64)
+    L_i[:, LI_STATE] = rng.random(cap) < 0.85
+    view.slack_us[:] = rng.integers(0, 8, cap)  # few distinct ranks: many ties
+    now_us, stamp = 5.0, -70.0
+    view.last_access_us[:] = np.where(rng.random(cap) < 0.15, now_us, 1.0)
+    view.deadline_us[:] = np.where(rng.random(cap) < 0.1, stamp, -1.0)
+    for need in range(1, cap + 3):
+        want = _victims_by_rescans(L_i, view, cap, need, now_us, stamp)
+        for f in (_victims, _victims.py_func):
+            got = [int(v) for v in f(L_i, view, np.int64(cap), np.int64(need), now_us, stamp)]
+            assert got == want, (f, need)
