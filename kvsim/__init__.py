@@ -57,7 +57,23 @@ def _starting_the_command() -> bool:
     return as_module or (bool(sys.argv) and Path(sys.argv[0]).name == "kvsim")
 
 
+def _single_threaded_blas() -> None:
+    """The ``kvsim`` command's BLAS runs on one thread: ``OPENBLAS_NUM_THREADS=1`` unless
+    the user set it, before numpy is imported (numpy's OpenBLAS reads it when it loads).
+    kvsim's only BLAS calls are small least-squares fits (``kvsim.engine.timing.fitted``,
+    ``kvsim.analysis.calibrate``), below OpenBLAS's own threading threshold; but OpenBLAS
+    starts a worker thread per further core when it loads, and each spins before it sleeps:
+    6.3 % of a warm 1-replica Mooncake run's CPU samples (``perf``, ``blas_thread_server``),
+    ~0.1 CPU-s a run on 2 cores (docs/benchmarks.md, "Per-process floor: OpenBLAS's
+    threads").  Only for the command: a program importing kvsim keeps its BLAS as it set it."""
+    import os
+
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 try:
+    if _starting_the_command():
+        _single_threaded_blas()
     _numba_defaults()
     _serve_checkout_subpackages()
 except KeyboardInterrupt:

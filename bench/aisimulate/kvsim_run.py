@@ -15,6 +15,9 @@ import os
 import sys
 import time
 
+# as the kvsim command starts (kvsim._single_threaded_blas: this script is not named kvsim,
+# so kvsim's own check does not see a command): numpy's BLAS on one thread
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 c0 = time.process_time()
 from kvsim.cli import app  # noqa: E402
 
