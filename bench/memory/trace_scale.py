@@ -120,13 +120,13 @@ def main() -> None:
         return
     run(traces[min(traces)], a.policy)  # untimed: the compile (kept in the disk cache)
     rows = []
+    here = str(Path(__file__).parent)
     # rounds of every size in turn: a drift of the machine's load reaches all sizes alike
     for k in range(a.repeat):
         for n, dst in traces.items():
             # ru_maxrss of RUSAGE_CHILDREN is the max over every child waited for: run
             # each size in its own measuring process so that a bigger earlier child does
             # not mask
-            here = str(Path(__file__).parent)
             code = (f"import json,sys; sys.path.insert(0, {here!r}); import "
                     "trace_scale as b; print(json.dumps(b.run("
                     f"__import__('pathlib').Path({str(dst)!r}), {a.policy!r})))")

@@ -120,9 +120,9 @@ def test_arc_recording_refused():
 def _victims_by_rescans(L_i, view, cap, need, now_us, stamp):
     """The selection as it was written first: the lowest rank ``need`` times over the whole
     tier, each time after the previous victim left (the count of evictable slots first)."""
-    import numpy as np
+    from kvsim.core.layout import LI_STATE
 
-    ok = [v for v in range(cap) if L_i[v, 3] == 1 and view.last_access_us[v] != now_us
+    ok = [v for v in range(cap) if L_i[v, LI_STATE] == 1 and view.last_access_us[v] != now_us
           and view.deadline_us[v] != stamp]
     if len(ok) < need:
         return ok
@@ -133,7 +133,7 @@ def _victims_by_rescans(L_i, view, cap, need, now_us, stamp):
             if v not in out and (best < 0 or view.slack_us[v] < view.slack_us[best]):
                 best = v
         out.append(best)
-    return [int(v) for v in np.asarray(out)]
+    return out
 
 
 @pytest.mark.parametrize("seed", range(12))
