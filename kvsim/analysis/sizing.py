@@ -181,7 +181,9 @@ def _first_seen_per_request(off: np.ndarray, ids: np.ndarray, N: int,
             # owner of position p: the last request whose ids start at or before p
             owner = np.searchsorted(off, first + lo, side="right") - 1
             news += np.bincount(owner, minlength=N)
-            seen = np.union1d(seen, u)
+            # both sorted, no id in both: a merge (np.union1d re-sorts all of it, and numpy
+            # 2.4's hashing unique made that 0.15-0.2 CPU-s on the Mooncake trace's ids)
+            seen = np.insert(seen, np.searchsorted(seen, u), u) if len(seen) else u
     return news
 
 
