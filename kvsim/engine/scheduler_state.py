@@ -53,7 +53,7 @@ class Schedule:
 _CONVERTED: dict[tuple, tuple] = {}
 
 
-def _as(x, dtype) -> np.ndarray:
+def as_writable(x, dtype) -> np.ndarray:
     """``x`` as a writable contiguous array of ``dtype``: ``x`` itself when it is one, else
     one copy shared by every schedule built from this ``x`` (8 bytes a request per replica
     saved per converted column).  A read-only column (a Parquet table's, a constant
@@ -97,7 +97,7 @@ def new_schedule(cols: dict, off: np.ndarray, ids: np.ndarray, trace_block_token
     seal_all()  # before the scheduler's first compile: one signature each, sealed stamps
     N = len(cols["arrival_us"])
     a = cols
-    i64 = lambda x: _as(x, np.int64)  # noqa: E731
+    i64 = lambda x: as_writable(x, np.int64)  # noqa: E731
     arr, prompt, out = i64(a["arrival_us"]), i64(a["prompt_tokens"]), i64(a["output_tokens"])
     nsamp, beam = i64(a["n"]), i64(a["beam_width"])
     fork_children = np.maximum(nsamp, beam) - 1
@@ -136,10 +136,10 @@ def new_schedule(cols: dict, off: np.ndarray, ids: np.ndarray, trace_block_token
     rk = np.zeros(1 << int(2 * keys - 1).bit_length(), np.int64)
     rv = np.zeros_like(rk)
     req_args = (arr, prompt, out, i64(a["ttft_deadline_us"]), i64(a["tpot_deadline_us"]),
-                nsamp, beam, i64(a["request_priority"]), _as(a["session_continues"], np.bool_),
+                nsamp, beam, i64(a["request_priority"]), as_writable(a["session_continues"], np.bool_),
                 i64(a["next_turn_gap_us"]), i64(a["shared_prefix_tokens"]),
                 i64(a["spec_draft_tokens"]),
-                _as(a["spec_accept_prob"], np.float64),
+                as_writable(a["spec_accept_prob"], np.float64),
                 i64(a["hashed_tokens"]), i64(off), i64(ids))
     slot_args = (src, par, computed, gen, nblk, lasth, status, first_us, dsteps, forked, blast,
                  cow, run, run2, fin, nkey, priv, stall, hb, hb2, rk, rv)
