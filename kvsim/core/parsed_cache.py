@@ -98,10 +98,13 @@ def _payload_digest(arrays: dict[str, np.ndarray], names: list[str]) -> str:
     return h.hexdigest()
 
 
-def lookup(path: str | Path, reader: str) -> tuple[Entry | None, dict[str, np.ndarray] | None]:
+def lookup(path: str | Path, reader: str,
+           kind: str = "") -> tuple[Entry | None, dict[str, np.ndarray] | None]:
     """``(entry, arrays)``: the arrays stored for this content and ``reader`` key, or None
     (then ``entry`` is what :func:`store` takes; ``entry`` None: nothing is cached for this
-    input, e.g. not a regular file or the cache is off)."""
+    input, e.g. not a regular file or the cache is off).  ``kind`` names what is kept
+    (``""``: a reader's parse; ``"facts"``: the replay's pre-pass,
+    :mod:`kvsim.replay.facts_cache`): one entry per path and kind."""
     root = cache_root()
     if root is None:
         return None, None
@@ -117,7 +120,8 @@ def lookup(path: str | Path, reader: str) -> tuple[Entry | None, dict[str, np.nd
         digest = h.hexdigest()
     except OSError:
         return None, None
-    name = hashlib.sha256(str(p).encode()).hexdigest()[:32] + ".npz"
+    name = hashlib.sha256(str(p).encode()).hexdigest()[:32] + (f".{kind}" if kind else "") \
+        + ".npz"
     entry = Entry(p, digest, reader, _stamp(st), root / name)
     return entry, _load(entry)
 
@@ -147,8 +151,10 @@ def _load(entry: Entry) -> dict[str, np.ndarray] | None:
         done = "removed"
     except OSError as exc:  # a read-only cache folder: said, not claimed
         done = f"ignored (cannot remove it: {exc.strerror})"
+    what, again = (("pre-pass", "read") if entry.file.name.endswith(".facts.npz") else
+                   ("parsed-trace", "parsed"))
     warnings.warn(KvsimWarning(
-        f"{entry.file}: damaged parsed-trace cache entry {done}; {entry.path} is parsed "
+        f"{entry.file}: damaged {what} cache entry {done}; {entry.path} is {again} "
         "again (docs/importers.md, \"Parsed-trace cache\")"), stacklevel=3)
     return None
 

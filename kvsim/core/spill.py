@@ -229,6 +229,25 @@ class PackedBits:
         bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), bitorder="little")
         return bits[base & 7:(base & 7) + m].astype(np.int8)
 
+    def to_array(self) -> np.ndarray:
+        """Every packed byte (uint8, ``len(self)`` of them), after :meth:`finish`."""
+        if self.file is None:
+            return np.frombuffer(bytes(self.mem), dtype=np.uint8)
+        return np.frombuffer(os.pread(self.file.fileno(), self.nbytes, 0), dtype=np.uint8)
+
+    @classmethod
+    def from_array(cls, packed: np.ndarray, n: int, mem_bytes: int | None = None):
+        """The flags ``n`` flags long that :meth:`to_array` gave as ``packed``, finished
+        (in memory up to ``mem_bytes``, else in a temporary file, as when appended)."""
+        bits = cls(mem_bytes)
+        packed = np.ascontiguousarray(packed, dtype=np.uint8)
+        if len(packed) != (int(n) + 7) // 8:
+            raise ValueError(f"PackedBits: {len(packed)} bytes cannot hold {n} flags")
+        bits._write(packed.tobytes())
+        bits.n = int(n)
+        bits.finish()
+        return bits
+
     def __getstate__(self) -> dict:
         """Pickled (facts sent to a worker process) with every byte in memory."""
         state = dict(self.__dict__)
