@@ -42,6 +42,7 @@ from kvsim.engine.vllm_rows import (
     VS_POOL,
     VS_R,
     VS_RESETS,
+    VS_RUN,
     VS_SCHED,
     VS_SV,
     VS_WQ,
@@ -227,6 +228,7 @@ def _advance(limit_us, max_steps, aux, insys,
         v_wq = vs[VS_WQ]
         v_heap = vs[VS_HEAP]
         v_hits = vs[VS_HITS]
+        v_run = vs[VS_RUN]
         K = cr.K
         R_f = cr.R_f
         S_ = cr.S
@@ -243,7 +245,8 @@ def _advance(limit_us, max_steps, aux, insys,
             # vLLM's steps where only time moves, in one go (not right after a prefill:
             # the request prefills again or decodes for the first time, never quiet)
             if vs is not None:
-                if vo is None:
+                # under vLLM's CPU offloading only while its step would do nothing
+                if vo is None or offload.idle(cr, v_run, v_sv[VL.V_NRUN]):
                     if rs is None and not busy:
                         q = CF.quiet_steps(limit_us, max_steps - steps, aux, insys, ip, fp, st,
                                            stf, arr, ttft, tpot, order, tk, ncols, vs, seq_len,

@@ -261,6 +261,30 @@ def _rerank(r, cr):
 
 
 @njit(cache=True)
+def idle(cr, run, nrun):
+    """True when :func:`offload_step` changes nothing in a *quiet* step
+    (:mod:`kvsim.replay.kernel.closed_ffwd`) whose scheduled requests are ``run[:nrun]``
+    (vLLM's running list; its rows are the core's): no tier (``LM_CAP`` 0); or no finished
+    request waits for its re-rank (3: ``C_OFF_HEAD`` 0) and every running request has
+    offered every prompt block it computed (2: :func:`_offer` returns at once).  Step 1
+    needs an admission and step 4 a finish, which a quiet step has not; a quiet step moves
+    neither ``RI_PREFILLED`` nor ``RI_BT_LEN`` nor ``RI_OFF_NEXT`` nor ``C_OFF_HEAD``, so this
+    holds for every step of a run of quiet steps once it holds for the first."""
+    if cr.T1.Lm[LM_CAP] == 0:
+        return True
+    if cr.C[C_OFF_HEAD] != 0:
+        return False
+    R_i = cr.R_i
+    B = cr.K[K_BLOCK_TOKENS]
+    for k in range(nrun):
+        r = run[k]
+        hi = min(min(R_i[r, RI_PREFILLED], R_i[r, RI_PROMPT]) // B, R_i[r, RI_BT_LEN])
+        if hi > R_i[r, RI_OFF_NEXT]:
+            return False
+    return True
+
+
+@njit(cache=True)
 def offload_step(cr, sched, n_sched, fin, n_fin):
     """One engine step of vLLM's native CPU offloading (module docstring).  ``sched``:
     the step's scheduled requests in the scheduler's order (column 0), ``fin``: the
