@@ -31,6 +31,7 @@ from kvsim.cli.common import (
     progress,
     quiet_progress,
 )
+from kvsim.cli.simulate_opts import RequestsOpt, profile_requests
 from kvsim.core.errors import KvsimInputError
 
 
@@ -73,8 +74,7 @@ def plan_command(
     profile: Annotated[str | None, typer.Option(
         "--profile", help="A workload profile (name or .toml) instead of --request-trace.",
         show_default=False)] = None,
-    requests: Annotated[int, typer.Option(
-        "--requests", min=1, help="Requests generated from --profile.")] = 1024,
+    requests: RequestsOpt = None,
     fmt: FormatOpt = None,
     trace_block_size: TraceBlockSizeOpt = None,
     model: Annotated[str, typer.Option(
@@ -150,6 +150,7 @@ def plan_command(
     if (request_trace is None) == (profile is None):
         raise KvsimInputError("expected exactly one of --request-trace or --profile", None,
                               None, "--request-trace")
+    requests = profile_requests(requests, profile)
     check_outputs(("--out", out, "dir"))
     if executor == "ray":
         from kvsim.analysis.sweep import require_ray

@@ -104,6 +104,7 @@ from kvsim.cli.simulate_opts import (
     WritePolicyOpt,
     load_policy_files,
     policies_to_run,
+    profile_requests,
     sim_config,
     split_tenant_rows,
     tenant_view,
@@ -121,7 +122,7 @@ from kvsim.core.fsutil import atomic_output
 def simulate_command(
     trace: TraceOpt = None,
     profile: ProfileOpt = None,
-    requests: RequestsOpt = 1024,
+    requests: RequestsOpt = None,
     policy: Annotated[str, typer.Option(
         "--policy", metavar="NAME|FILE.py",
         help="HBM placement policy: a registered name (see `kvsim compare --help`) or a "
@@ -199,6 +200,7 @@ def simulate_command(
     if (trace is not None) + (profile is not None) + (request_trace is not None) != 1:
         raise KvsimInputError("expected exactly one of --trace EVENTS, --profile NAME or "
                               "--request-trace FILE", None, None, "--trace")
+    requests = profile_requests(requests, profile)
     if trace_block_size is not None and request_trace is None:
         raise KvsimInputError("expected --trace-block-size only with --request-trace (the "
                               "block size of its block ids)", None, None, "--trace-block-size")
@@ -293,7 +295,7 @@ def simulate_command(
 def compare_command(
     trace: TraceOpt = None,
     profile: ProfileOpt = None,
-    requests: RequestsOpt = 1024,
+    requests: RequestsOpt = None,
     policies: Annotated[str | None, typer.Option(
         "--policies", metavar="A,B,...",
         help="Policies to compare (default: every registered one).  The offline "
@@ -378,6 +380,7 @@ def compare_command(
     if (trace is not None) + (profile is not None) + (request_trace is not None) != 1:
         raise KvsimInputError("expected exactly one of --trace EVENTS, --profile NAME or "
                               "--request-trace FILE", None, None, "--trace")
+    requests = profile_requests(requests, profile)
     if trace_block_size is not None and request_trace is None:
         raise KvsimInputError("expected --trace-block-size only with --request-trace (the "
                               "block size of its block ids)", None, None, "--trace-block-size")

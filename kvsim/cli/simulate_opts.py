@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from kvsim.cli import compat
+from kvsim.core.errors import KvsimInputError
 
 TraceOpt = Annotated[Path | None, typer.Option(
     "--trace", metavar="EVENTS",
@@ -104,8 +105,24 @@ ProfileOpt = Annotated[str | None, typer.Option(
          "--model, and the scheduler's KV budget is the HBM pool (--hbm-gb / "
          "--hbm-blocks), so a smaller HBM admits fewer requests at once as a real "
          "engine would.", show_default=False)]
-RequestsOpt = Annotated[int, typer.Option(
-    "--requests", min=1, metavar="N", help="Requests to generate with --profile.")]
+#: Requests a profile generates when ``--requests`` is not given.
+DEFAULT_PROFILE_REQUESTS = 1024
+RequestsOpt = Annotated[int | None, typer.Option(
+    "--requests", min=1, metavar="N", show_default=False,
+    help=f"Requests to generate with --profile (default {DEFAULT_PROFILE_REQUESTS}); a "
+         "trace's requests are the file's.")]
+
+
+def profile_requests(requests: int | None, profile) -> int:
+    """``--requests`` as the number of requests ``--profile`` generates; a one-line error
+    when it is given with a trace, whose requests are the file's (it was ignored)."""
+    if requests is not None and profile is None:
+        raise KvsimInputError(f"expected --requests only with --profile (how many requests "
+                              f"to generate): a trace's requests are the file's, and "
+                              f"--requests {requests} would be ignored; to serve part of a "
+                              "trace, cut the file (a request trace's first N lines)",
+                              None, None, "--requests")
+    return DEFAULT_PROFILE_REQUESTS if requests is None else int(requests)
 HbmMbOpt = compat.mb_option("hbm")
 DramMbOpt = compat.mb_option("dram")
 CxlMbOpt = compat.mb_option("cxl")
