@@ -10,7 +10,8 @@ the same file (another policy, another tier size) loads it back instead: SHA-256
 
 Kept with :mod:`kvsim.core.parsed_cache` (same folder, switch, checks and bounds; one entry per
 trace path, kind ``facts``), only when the facts take at most :data:`MAX_FACTS_BYTES`.  The key
-(:func:`pass_key`) is the source of the pass and of the event readers, the columns the pass
+(:func:`pass_key`) is the source of the pass, of the event readers and of the event schema
+(``kvsim/core/schema.py``: the columns and the event kinds' codes), the columns the pass
 checked (a pass that checked every column is not answered by one that checked 8) and the
 block size: an edited kvsim, reader or trace never loads old facts.  A loaded entry gives
 the same :class:`~kvsim.replay.prepass.TraceFacts` as the pass, in the same representation
@@ -42,34 +43,32 @@ def pass_key(block_size_tokens: int, columns) -> str:
     here = Path(__file__).resolve().parent
     h = hashlib.sha256(repr((_FORMAT, int(block_size_tokens),
                              None if columns is None else tuple(columns))).encode())
-    for src in (here / "prepass.py", *sorted((here.parent / "events").glob("*.py"))):
+    for src in (here / "prepass.py", here.parent / "core" / "schema.py",
+                *sorted((here.parent / "events").glob("*.py"))):
         h.update(src.name.encode())
         h.update(src.read_bytes())
     return h.hexdigest()
 
 
 def lookup(path, block_size_tokens: int, columns, bits_mem_bytes, arrivals_mem, narrow):
-    """``(entry, facts)``: the facts a pass over the same bytes stored, rebuilt (``narrow``:
-    the pass's own arrival-array representation), or None (``entry`` is then what
-    :func:`store` takes)."""
-    from kvsim.replay.prepass import TraceFacts
-
+    """``(entry, fields)``: the fields of the facts a pass over the same bytes stored, rebuilt
+    as the pass makes them (``narrow``: its arrival-array representation; the bits in memory
+    up to ``bits_mem_bytes``), for :class:`~kvsim.replay.prepass.TraceFacts`; or None
+    (``entry`` is then what :func:`store` takes)."""
     entry, arrays = parsed_cache.lookup(path, pass_key(block_size_tokens, columns), "facts")
     if arrays is None:
         return entry, None
-    s = dict(zip(_SCALARS, (int(x) for x in arrays["scalars"]), strict=True))
-    seen = PackedBits.from_array(arrays["seen_bits"], int(arrays["seen_count"][0]),
-                                 bits_mem_bytes)
+    fields = dict(zip(_SCALARS, (int(x) for x in arrays["scalars"]), strict=True))
+    fields["ids_final"] = bool(fields["ids_final"])
+    fields["seen_bits"] = PackedBits.from_array(arrays["seen_bits"],
+                                                int(arrays["seen_count"][0]), bits_mem_bytes)
     order, step = arrays["arrival_order"], arrays["arrival_step"]
     if len(order):
         order, step = narrow(order, arrivals_mem), narrow(step, arrivals_mem)
     else:
         order = step = np.zeros(0, np.int64)
-    return entry, TraceFacts(s["num_rows"], s["first_step"], s["last_step"],
-                             s["max_request_id"], s["max_blocks_per_request"],
-                             s["max_concurrent_requests"], s["max_size_bytes"],
-                             s["num_allocs"], None, order, step, seen,
-                             ids_final=bool(s["ids_final"]))
+    fields["arrival_order"], fields["arrival_step"] = order, step
+    return entry, fields
 
 
 def store(entry, facts) -> None:

@@ -34,6 +34,7 @@ from kvsim.core.schema import EventKind
 from kvsim.core.spill import IntsFile, PackedBits, SpilledRows
 from kvsim.jit.prefetch import prefetch
 from kvsim.policy.api import NEVER
+from kvsim.replay import facts_cache
 
 _EMPTY = 0  # content hash 0 = NO_HASH: never a key, so it marks an empty slot
 EV_ARRIVE, EV_ALLOCATE, EV_ACCESS, EV_FORK, EV_FREE = (
@@ -195,15 +196,14 @@ def scan_trace(trace_path: str | Path, block_size_tokens: int,
     """The facts of :func:`_scan`, loaded instead when a pass over the same bytes (with the
     same code and ``columns``) stored them (:mod:`kvsim.replay.facts_cache`; a miss hashes
     the file first: 0.12 s for 102 MB), else scanned and stored."""
-    from kvsim.replay import facts_cache
-
     if arrivals_mem is None:
         arrivals_mem = ARRIVALS_MEM
-    entry, facts = facts_cache.lookup(trace_path, block_size_tokens, columns, bits_mem_bytes,
-                                      arrivals_mem, _narrow)
-    if facts is None:
-        facts = _scan(trace_path, batch_rows, bits_mem_bytes, arrivals_mem, columns)
-        facts_cache.store(entry, facts)
+    entry, fields = facts_cache.lookup(trace_path, block_size_tokens, columns, bits_mem_bytes,
+                                       arrivals_mem, _narrow)
+    if fields is not None:
+        return TraceFacts(**fields)
+    facts = _scan(trace_path, batch_rows, bits_mem_bytes, arrivals_mem, columns)
+    facts_cache.store(entry, facts)
     return facts
 
 

@@ -223,8 +223,6 @@ class Engine:
                                          wmark, hashes, self.slots.rid_of.shape[0]))
         self.slots.vllm = self if opts.scheduler == "vllm" else None  # vLLM's rows: the core's
         sc.ip[S.P_VLLM] = int(opts.scheduler == "vllm")
-        # writable, as the engine's type is compiled for (a read-only column compiled
-        # closed_step.advance once more: ~15 CPU-s)
         self.rprio = as_writable(table.column("request_priority"), np.int8)
         self.tenant = as_writable(table.column("tenant"), np.int32)
         self.block_bytes = block_bytes
