@@ -162,3 +162,41 @@ def test_victims_in_one_pass_are_the_rescans_victims(seed):
         for f in (_victims, _victims.py_func):
             got = [int(v) for v in f(L_i, view, np.int64(cap), np.int64(need), now_us, stamp)]
             assert got == want, (f, need)
+
+
+@pytest.mark.parametrize("seed,hbm,dram_gb", [(0, 24, 0.03), (1, 40, 0.03), (2, 24, 0.2),
+                                              (3, 400, 0.2)])
+def test_quiet_steps_under_vllms_cpu_offloading_change_no_output(seed, hbm, dram_gb):
+    """Under ``--write-policy vllm_offload`` a step is run in the fast path only while the
+    offloading's step would do nothing (:func:`kvsim.replay.kernel.offload.idle`: every
+    running request has offered its computed prompt blocks, no finished request waits for
+    its re-rank): the compiled engine, which takes such steps in one go, gives the outputs
+    of the interpreted one, which runs every step in full (the traces and checks of
+    tests/cluster/test_quiet_cache_steps.py; here, on the worker that compiles this mode's
+    engine for the recordings above).  A CPU tier of 14 blocks evicts;
+    one of ~100 holds more.  Before, no step was quiet in this mode (``X_QUIET`` 0)."""
+    from kvsim.modes.closed.closed_loop import EngineOptions
+    from kvsim.modes.closed.cluster import serve
+    from kvsim.replay.kernel import closed_step as CS
+    from kvsim.spec.sim_config import SimConfig
+    from tests.cluster.test_quiet_cache_steps import _conversations, _engine, _same
+
+    t = _conversations(seed)
+    vllm = EngineOptions(scheduler="vllm")
+    runs = [serve(t, "lru", SimConfig(mode="engine", hbm_blocks=hbm, engine=e,
+                                      write_policy="vllm_offload", dram_gb=dram_gb,
+                                      cxl_gb=0, nvme_gb=0), engine=vllm)
+            for e in ("compiled", "interpreted")]
+    assert len(runs[0].steps) > 50
+    s = runs[1].summary
+    assert s["write_throughs"] > 20  # the CPU tier stores
+    if hbm < 100:
+        assert s["dram_hit_rate"] > 0  # and loads
+    if dram_gb < 0.1:
+        assert s["evictions_dram"] > 10  # and is full
+    _same(*runs)
+    e = _engine(t, hbm, "compiled", write_policy="vllm_offload", dram_gb=dram_gb, cxl_gb=0,
+                nvme_gb=0)
+    e.advance()
+    e.finish()
+    assert int(e.aux[CS.X_QUIET]) > 20
