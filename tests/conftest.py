@@ -142,6 +142,9 @@ SLOW_TESTS = (
     # session 21 (ci9): vLLM's native CPU offloading in the closed loop, likewise a
     # specialisation of advance only this test compiles in the default step (17.6 CPU-s)
     "tests/engine/test_vllm_offload.py::test_vllm_offload_equals_vllm_every_step",
+    # session 26: the quiet steps under vLLM's CPU offloading, the same specialisation of
+    # advance (now with the quiet steps in it: 27.1 CPU-s in the default step's cold profile)
+    "tests/engine/test_vllm_offload.py::test_quiet_steps_under_vllms_cpu_offloading_change_no_output",
 )
 
 
