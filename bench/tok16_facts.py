@@ -55,7 +55,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
-    from kvsim.core.parsed_cache import cache_root
+    from kvsim.core.parsed_cache import cache_root, entry_file
     from kvsim.events import open_events
 
     with open_events(a.trace) as r:
@@ -69,9 +69,8 @@ def main() -> None:
     runs = []
     for k in range(a.rounds):
         for kind in ("first", "repeat"):
-            if kind == "first":
-                for f in root.glob("*.facts.npz"):
-                    f.unlink()  # this bench's cache: every entry, ours among them
+            if kind == "first":  # this trace's facts entry only
+                entry_file(root, Path(a.trace).resolve(), "facts").unlink(missing_ok=True)
             runs.append({"kind": kind, "round": k, **_run(cmd)})
             print(json.dumps(runs[-1]), flush=True)
     if len({r["out_sha256"] for r in runs}) != 1:

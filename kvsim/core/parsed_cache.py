@@ -98,6 +98,13 @@ def _payload_digest(arrays: dict[str, np.ndarray], names: list[str]) -> str:
     return h.hexdigest()
 
 
+def entry_file(root: Path, resolved: Path, kind: str = "") -> Path:
+    """Where ``root`` keeps the entry of kind ``kind`` (:func:`lookup`) of the file at the
+    ``resolved`` path: one per path and kind, named by a hash of the path."""
+    name = hashlib.sha256(str(resolved).encode()).hexdigest()[:32]
+    return root / (name + (f".{kind}" if kind else "") + ".npz")
+
+
 def lookup(path: str | Path, reader: str,
            kind: str = "") -> tuple[Entry | None, dict[str, np.ndarray] | None]:
     """``(entry, arrays)``: the arrays stored for this content and ``reader`` key, or None
@@ -120,9 +127,7 @@ def lookup(path: str | Path, reader: str,
         digest = h.hexdigest()
     except OSError:
         return None, None
-    name = hashlib.sha256(str(p).encode()).hexdigest()[:32] + (f".{kind}" if kind else "") \
-        + ".npz"
-    entry = Entry(p, digest, reader, _stamp(st), root / name)
+    entry = Entry(p, digest, reader, _stamp(st), entry_file(root, p, kind))
     return entry, _load(entry)
 
 

@@ -22,6 +22,7 @@ a temporary file past ``bits_mem_bytes``), so the replay cannot tell them apart
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
 
@@ -38,16 +39,24 @@ _SCALARS = ("num_rows", "first_step", "last_step", "max_request_id", "max_blocks
             "max_concurrent_requests", "max_size_bytes", "num_allocs", "ids_final")
 
 
-def pass_key(block_size_tokens: int, columns) -> str:
-    """What the pass's facts depend on besides the file's bytes."""
+@functools.cache
+def _sources_digest() -> str:
+    """The source of the pass, of the event readers and of the event schema (read once a
+    process: a replay calls :func:`pass_key` for every pass)."""
     here = Path(__file__).resolve().parent
-    h = hashlib.sha256(repr((_FORMAT, int(block_size_tokens),
-                             None if columns is None else tuple(columns))).encode())
+    h = hashlib.sha256()
     for src in (here / "prepass.py", here.parent / "core" / "schema.py",
                 *sorted((here.parent / "events").glob("*.py"))):
         h.update(src.name.encode())
         h.update(src.read_bytes())
     return h.hexdigest()
+
+
+def pass_key(block_size_tokens: int, columns) -> str:
+    """What the pass's facts depend on besides the file's bytes."""
+    what = (_FORMAT, int(block_size_tokens), None if columns is None else tuple(columns),
+            _sources_digest())
+    return hashlib.sha256(repr(what).encode()).hexdigest()
 
 
 def lookup(path, block_size_tokens: int, columns, bits_mem_bytes, arrivals_mem, narrow):

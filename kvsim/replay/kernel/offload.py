@@ -157,6 +157,13 @@ def _victims(L_i, L_view, cap, need, now_us, stamp):
 
 
 @njit(cache=True)
+def _offer_end(R_i, r, B):
+    """The block index a request's offer runs up to (exclusive): its full prompt blocks
+    computed so far, within its block table (module docstring, 2)."""
+    return min(min(R_i[r, RI_PREFILLED], R_i[r, RI_PROMPT]) // B, R_i[r, RI_BT_LEN])
+
+
+@njit(cache=True)
 def _offer(r, cr, stamp, step, now_us):
     """Request ``r``'s ``prepare_store`` of this step (module docstring, 2)."""
     C = cr.C
@@ -169,8 +176,7 @@ def _offer(r, cr, stamp, step, now_us):
     LH = T.L_h
     B = cr.K[K_BLOCK_TOKENS]
     lo = R_i[r, RI_OFF_NEXT]
-    hi = min(R_i[r, RI_PREFILLED], R_i[r, RI_PROMPT]) // B
-    hi = min(hi, R_i[r, RI_BT_LEN])
+    hi = _offer_end(R_i, r, B)
     if hi <= lo:
         return
     base = R_i[r, RI_BT_START]
@@ -278,8 +284,7 @@ def idle(cr, run, nrun):
     B = cr.K[K_BLOCK_TOKENS]
     for k in range(nrun):
         r = run[k]
-        hi = min(min(R_i[r, RI_PREFILLED], R_i[r, RI_PROMPT]) // B, R_i[r, RI_BT_LEN])
-        if hi > R_i[r, RI_OFF_NEXT]:
+        if _offer_end(R_i, r, B) > R_i[r, RI_OFF_NEXT]:
             return False
     return True
 
