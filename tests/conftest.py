@@ -145,6 +145,17 @@ SLOW_TESTS = (
     # session 26: the quiet steps under vLLM's CPU offloading, the same specialisation of
     # advance (now with the quiet steps in it: 27.1 CPU-s in the default step's cold profile)
     "tests/engine/test_vllm_offload.py::test_quiet_steps_under_vllms_cpu_offloading_change_no_output",
+    # session 27: the default step's cold profile (CPU of the test, its compiles, its
+    # children; 10:47-10:55 UTC, in-tree, empty caches) -- compiles no other default test needs
+    # vLLM's CPU offloading's victim pass compiled for a call from Python: 10.3 of 10.4 CPU-s
+    "tests/engine/test_vllm_offload.py::test_victims_in_one_pass_are_the_rescans_victims",
+    # eight fresh interpreters, each at its own NUMBA_OPT / vectorizer setting: 11.0 CPU-s
+    "tests/sim/test_engine_choice.py::test_cache_never_mixes_numba_optimisation_settings",
+    # a cold compile and a rerun in fresh interpreters per damage (~5 CPU-s each); the
+    # bit-flipped .nbc stays in the default step
+    "tests/safety/test_compile_cache.py::test_damaged_cache_one_warning_same_result[truncated_nbi]",
+    "tests/safety/test_compile_cache.py::test_damaged_cache_one_warning_same_result[empty_nbi]",
+    "tests/safety/test_compile_cache.py::test_damaged_cache_one_warning_same_result[garbage_nbc]",
 )
 
 

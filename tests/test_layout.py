@@ -82,7 +82,11 @@ def _imports(name: str, path: Path) -> set[str]:
     return out
 
 
-GRAPH = {name: _imports(name, path) for name, path in MODULES.items() if name != "kvsim"}
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    """module -> the kvsim modules it imports.  Parsed when a test asks, not at collection:
+    every pytest-xdist worker collects this file, one runs its tests."""
+    return {name: _imports(name, path) for name, path in MODULES.items() if name != "kvsim"}
 
 
 def layer(module: str) -> int:
@@ -90,17 +94,17 @@ def layer(module: str) -> int:
     return dict(LAYERS)[best]
 
 
-def test_every_module_has_a_layer() -> None:
-    assert all(isinstance(layer(m), int) for m in GRAPH)
+def test_every_module_has_a_layer(graph) -> None:
+    assert all(isinstance(layer(m), int) for m in graph)
 
 
-def test_imports_run_one_way() -> None:
+def test_imports_run_one_way(graph) -> None:
     wrong = sorted(f"{m} (layer {layer(m)}) imports {t} (layer {layer(t)})"
-                   for m, targets in GRAPH.items() for t in targets if layer(t) > layer(m))
+                   for m, targets in graph.items() for t in targets if layer(t) > layer(m))
     assert not wrong, "\n".join(wrong)
 
 
-def _cycles() -> list[list[str]]:
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan, iterative)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -108,10 +112,10 @@ def _cycles() -> list[list[str]]:
     on_stack: set[str] = set()
     out: list[list[str]] = []
     counter = 0
-    for root in sorted(GRAPH):
+    for root in sorted(graph):
         if root in index:
             continue
-        work = [(root, iter(sorted(GRAPH[root])))]
+        work = [(root, iter(sorted(graph[root])))]
         index[root] = low[root] = counter
         counter += 1
         stack.append(root)
@@ -124,7 +128,7 @@ def _cycles() -> list[list[str]]:
                     counter += 1
                     stack.append(w)
                     on_stack.add(w)
-                    work.append((w, iter(sorted(GRAPH[w]))))
+                    work.append((w, iter(sorted(graph[w]))))
                     break
                 if w in on_stack:
                     low[v] = min(low[v], index[w])
@@ -145,15 +149,15 @@ def _cycles() -> list[list[str]]:
     return out
 
 
-def test_no_import_cycles() -> None:
-    cycles = _cycles()
+def test_no_import_cycles(graph) -> None:
+    cycles = _cycles(graph)
     assert not cycles, "\n".join(" <-> ".join(c) for c in cycles)
 
 
-def test_cycle_detection_sees_a_function_level_import(tmp_path, monkeypatch) -> None:
+def test_cycle_detection_sees_a_function_level_import(graph, tmp_path, monkeypatch) -> None:
     """The checks are not vacuous: a cycle closed by an import inside a function is found."""
-    monkeypatch.setitem(GRAPH, "kvsim.core.errors", GRAPH["kvsim.core.errors"] | {"kvsim.cli"})
-    assert any("kvsim.core.errors" in c for c in _cycles())
+    monkeypatch.setitem(graph, "kvsim.core.errors", graph["kvsim.core.errors"] | {"kvsim.cli"})
+    assert any("kvsim.core.errors" in c for c in _cycles(graph))
     code = "def f():\n    from kvsim.cli import app\n"
     (tmp_path / "m.py").write_text(code)
     assert _imports("kvsim.core.m", tmp_path / "m.py") == {"kvsim.cli"}

@@ -402,13 +402,16 @@ def _release(st, pst, view, seq, first, now_us):
     if caching:
         # prepend_n(unhashed tail-first): push them front-first in reverse (head-first) order
         for i in range(first, m):
-            b = row[i]
+            b = np.int64(row[i])
             if ref_cnt[b] == 0 and block_hash[b] == 0 and not in_empty[b]:
                 _empty_push_front(st, b)
                 sc[S_N_HELD] -= 1
                 counters[C_RELEASED_BLOCKS] += 1
     for i in range(m - 1, first - 1, -1):
-        b = row[i]
+        # int64, as every other caller passes a block: the table's int32 made a second
+        # specialisation of the hooks (the interpreted engine calls them from Python) and
+        # of the lru list's helpers
+        b = np.int64(row[i])
         if ref_cnt[b] != 0 or in_empty[b] or in_cand[b]:
             continue
         sc[S_N_HELD] -= 1

@@ -37,6 +37,7 @@ from numba.extending import typeof_impl
 
 from kvsim.jit.decorators import njit
 from kvsim.jit.disk_cache import FIRST_CLASS, compile_once, seal, seal_all
+from kvsim.jit.python_twin import python_twin
 from kvsim.jit.struct_type import StructType
 from kvsim.policy.api import PolicyState, StateSpec, new_block_view, policy_state
 from kvsim.policy.state_access import (
@@ -323,8 +324,10 @@ def compiled_hooks(policy) -> tuple:
 
 
 def python_hooks(policy) -> tuple:
-    """The eight hooks of ``policy`` as plain-Python functions (the interpreted engine)."""
-    return tuple(getattr(f, "py_func", f) for f in _functions(policy))
+    """The eight hooks of ``policy`` as plain-Python functions (the interpreted engine),
+    the helpers they call plain Python too (:func:`kvsim.jit.python_twin.python_twin`: a
+    helper called from Python would compile for the types Python passes)."""
+    return tuple(python_twin(f) for f in _functions(policy))
 
 
 def hooks_for(policy, compiled: bool) -> tuple:

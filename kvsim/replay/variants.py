@@ -12,7 +12,8 @@ Interpreted (a plain-Python policy, a policy whose state is not a
 :class:`kvsim.policy.api.PolicyState`, or ``engine="interpreted"``): the same modules
 re-executed with kvsim's ``njit`` switched to the identity (:func:`interpreted`,
 :func:`kvsim.jit.decorators.interpreting`),
-the hooks' plain-Python functions passed as the same tuple.
+the hooks' plain-Python functions passed as the same tuple, the helpers they and the twin
+call plain Python too (:mod:`kvsim.jit.python_twin`): the interpreted engine compiles nothing.
 """
 
 from __future__ import annotations
@@ -166,18 +167,26 @@ def _py(func):
 
 def _rebind(module: ModuleType, twins: dict[str, ModuleType]) -> None:
     """Point every compiled function ``module`` imported from a twinned module at its
-    interpreted twin (so no compiled code receives Python objects)."""
+    interpreted twin, and every other one (kvsim.policy.structs' list helpers) at its
+    plain-Python twin (:func:`kvsim.jit.python_twin.python_twin`): no compiled code
+    receives Python objects, and nothing compiles for them."""
+    from kvsim.jit.python_twin import python_twin
+
     for attr, value in list(vars(module).items()):
         py = getattr(value, "py_func", None)
-        if py is not None and py.__module__ in twins:
+        if py is None:
+            continue
+        if py.__module__ in twins:
             setattr(module, attr, getattr(twins[py.__module__], py.__name__))
+        else:
+            setattr(module, attr, python_twin(value))
 
 
 def interpreted() -> ModuleType:
     """The interpreted twin of :mod:`kvsim.replay.kernel.core` (one per process, every policy): the
     memory pool, tier and core modules all run as Python (plain dicts for hash maps); a
-    policy's hooks arrive as values (:func:`policy_value`), and only a policy's own
-    compiled helpers stay compiled."""
+    policy's hooks arrive as values (:func:`policy_value`), plain Python with the helpers
+    they call (:func:`kvsim.policy.hooks.python_hooks`): the twin compiles nothing."""
     from kvsim.memory import fast, pool_ops
     from kvsim.replay.kernel import bookkeeping, core, links, placement, spill, tier_ops, tiers
 

@@ -58,3 +58,60 @@ def test_belady_never_beaten_on_hbm_hit_rate(traces, tiny_hw):
         for name in online:
             rate = simulate(trace, name, config).summary["hbm_hit_rate"]
             assert rate <= bound + 1e-12, (name, rate, bound)
+
+
+def _policy_overloads() -> set:
+    """(module, function, signature) of every compiled overload the policies' own modules'
+    numba functions hold in this process (compiled or loaded from numba's disk cache)."""
+    import sys
+
+    from numba.core.dispatcher import Dispatcher
+
+    return {(name, f, sig) for name, mod in list(sys.modules.items())
+            if name.startswith("kvsim.policies.")
+            for f, d in vars(mod).items() if isinstance(d, Dispatcher)
+            for sig in d.overloads}
+
+
+def test_the_interpreted_engine_compiles_none_of_a_policys_code(traces, tiny_hw):
+    """The engine picked to compile nothing compiles nothing: a policy's hooks run as plain
+    Python and so do the helpers they call (kvsim.jit.python_twin).  Before, deadline's
+    ``_file`` / ``_expire``, s3fifo's sweeps, ... compiled for the types Python passes (~49
+    CPU-s of the default test step from empty caches; a run of ``--policy deadline`` on a
+    small trace compiled ~20 CPU-s of it)."""
+    config = SimConfig(hardware=tiny_hw, hbm_blocks=10, engine="interpreted",
+                       tier_policies=(("dram", "s3fifo"),))
+    before = _policy_overloads()
+    for name in POLICIES:
+        simulate(traces[0], name, config)
+    assert _policy_overloads() - before == set()
+
+
+def test_python_twin_runs_no_compiled_code():
+    """A twin calls its helpers' twins (by global name, nested code included) and leaves the
+    dispatchers untouched; it gives what the compiled function gives."""
+    import numba
+
+    from kvsim.jit.python_twin import python_twin
+
+    assert python_twin(_outer) is not _outer.py_func
+    assert python_twin(_leaf) is _leaf.py_func  # reads no dispatcher: its own Python
+    assert python_twin(_outer)(5) == 5 * 3 + sum(2 * i for i in range(5))
+    assert (_outer.signatures, _mid.signatures, _leaf.signatures) == ([], [], [])
+    assert _outer(5) == python_twin(_outer)(5)
+    assert isinstance(_mid, numba.core.dispatcher.Dispatcher)
+
+
+@__import__("numba").njit
+def _leaf(x):
+    return 2 * x
+
+
+@__import__("numba").njit
+def _mid(x):
+    return [_leaf(i) for i in range(x)]
+
+
+@__import__("numba").njit
+def _outer(x):
+    return 3 * x + sum(_mid(x))

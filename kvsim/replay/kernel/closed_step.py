@@ -248,10 +248,13 @@ def _advance(limit_us, max_steps, aux, insys,
                 # under vLLM's CPU offloading only while its step would do nothing
                 if vo is None or offload.idle(cr, v_run, v_sv[VL.V_NRUN]):
                     if rs is None and not busy:
+                        # ``blocked`` as np.bool_: a constant True / False argument is typed
+                        # as its literal, and numba compiled quiet_steps once for each
+                        # (~4-5 CPU-s more per specialisation of advance, cold)
                         q = CF.quiet_steps(limit_us, max_steps - steps, aux, insys, ip, fp, st,
                                            stf, arr, ttft, tpot, order, tk, ncols, vs, seq_len,
                                            psc, K, C, R_i, R_f, A_i, S_, P, G, running, sc, acc,
-                                           False, srid)
+                                           np.bool_(False), srid)
                         # quiet if no request can be admitted: that check looks the first
                         # waiting one up in vLLM's pool (admission_blocked)
                         if q < 0 and CF.admission_blocked(
@@ -260,7 +263,7 @@ def _advance(limit_us, max_steps, aux, insys,
                             q = CF.quiet_steps(limit_us, max_steps - steps, aux, insys, ip, fp,
                                                st, stf, arr, ttft, tpot, order, tk, ncols, vs,
                                                seq_len, psc, K, C, R_i, R_f, A_i, S_, P, G,
-                                               running, sc, acc, True, srid)
+                                               running, sc, acc, np.bool_(True), srid)
                         steps += max(q, 0)
             if limit_us >= 0 and stf[0] >= limit_us:
                 return R_LIMIT, I, F
