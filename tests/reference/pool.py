@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvsim.jit.python_twin import python_twin
 from kvsim.policy.api import new_block_view
 
 MAX_ALT = 8  # runners-up array a pool victim() call receives (kvsim.memory.fast.MAX_ALT)
@@ -26,8 +27,8 @@ class Taken:
 
 
 class Hooks:
-    """A policy's hooks as plain Python (a built-in's njit hooks run their ``py_func``; the
-    helpers they call stay whatever the policy made them), with the defaults of
+    """A policy's hooks as plain Python (a built-in's njit hooks and the helpers they call:
+    :func:`kvsim.jit.python_twin.python_twin`, which compiles nothing), with the defaults of
     kvsim/policy/api.py resolved from the module itself: no ``on_hold``/``on_release``
     pair -> ``on_remove``/``on_insert``, and no ``on_hit`` for held blocks; no ``on_miss``
     -> nothing."""
@@ -36,7 +37,7 @@ class Hooks:
         m = policy.module
 
         def py(f):
-            return getattr(f, "py_func", f)
+            return python_twin(f)
 
         self.on_insert = py(m.on_insert)
         self.on_hit = py(m.on_hit)
