@@ -33,6 +33,13 @@ run_step() {
 }
 echo "== lint: ruff check ." >&2
 ruff check . || exit $?
+# Bytecode, compiled once for every process of the run (the two workers, the tests' fresh
+# interpreters): the tests import kvsim from the checkout, and where Python may not write a
+# .pyc itself (PYTHONDONTWRITEBYTECODE, which this VM sets) every process compiled kvsim from
+# source, ~0.5-0.9 CPU-s each (docs/benchmarks.md, "The default test step").  compileall
+# writes them where Python would (__pycache__ beside the sources, .gitignore'd); a later run
+# reuses them, an edited file's is recompiled.
+python -m compileall -q kvsim policies profiles > /dev/null || exit $?
 run_step "default tests" "${KVSIM_TEST_BUDGET_S:-1200}" -n "${KVSIM_TEST_WORKERS:-2}" \
   --dist loadfile "$@" || exit $?
 run_step "slow tests" "${KVSIM_SLOW_TEST_BUDGET_S:-3600}" -m slow "$@" || exit $?
