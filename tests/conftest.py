@@ -35,6 +35,33 @@ def _terminal_width(monkeypatch):
     monkeypatch.setenv("COLUMNS", "120")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _cli_built_once():
+    """typer's ``CliRunner.invoke(app, ...)`` builds the click command from ``app`` at every
+    call (``typer.main.get_command``): every registered command's options from their
+    annotations, ~0.1-0.15 CPU-s once a worker has imported every command's module, the most
+    CPU of ``tests/test_bad_inputs.py`` (its 257 invocations: 37.6 of 49 s under cProfile).
+    Here it is built once per app and set of registered commands; the root group still
+    imports and builds a command's module the first time it is asked for
+    (``kvsim.cli._LazyGroup``), as the ``kvsim`` command does.  typer's own module name for
+    the builder it calls (``typer.testing._get_command``) is the one replaced, for the
+    session only."""
+    import typer.main
+    import typer.testing
+
+    built: dict = {}
+
+    def get_command(app):
+        key = (id(app), len(app.registered_commands), len(app.registered_groups))
+        if key not in built:
+            built[key] = typer.main.get_command(app)
+        return built[key]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(typer.testing, "_get_command", get_command)
+        yield
+
+
 @pytest.fixture(scope="session")
 def shared_traces() -> Path:
     path = SHARED / "traces"
