@@ -1,9 +1,9 @@
 #!/bin/sh
 # The whole test suite, in two steps (README, "Setup", second command; .ci/run runs it):
 #   0. the linter (ruff, pinned in the test extras; pyproject.toml [tool.ruff] says which
-#      rules and why);
-#   1. the default run: every test not marked slow (under 5 minutes on 2 cores with a
-#      filled compile cache; ~8 from an empty one: docs/benchmarks.md), on
+#      rules and why), then the checkout's bytecode, compiled once (below);
+#   1. the default run: every test not marked slow (~3 minutes on 2 cores with a filled
+#      compile cache; 6-7 from an empty one: docs/benchmarks.md), on
 #      KVSIM_TEST_WORKERS pytest-xdist workers (default 2; 0 runs in this process), each
 #      test file on one worker (--dist loadfile);
 #   2. the slow tests (real traces, numba compiles, Chromium; tests/conftest.py SLOW_TESTS),
@@ -14,7 +14,7 @@
 # Budgets (seconds): KVSIM_TEST_BUDGET_S (default 1200: 2.5x the default step from an empty
 # compile cache on the slower 2-core VM of docs/benchmarks.md, "The default test step"; the
 # 300-s goal is measured there, the budget only stops a step that hangs),
-# KVSIM_SLOW_TEST_BUDGET_S (3600; the slow step takes ~900 s there; CI has 5,400 s in all).
+# KVSIM_SLOW_TEST_BUDGET_S (3600; the slow step takes ~520-570 s there; CI has 5,400 s in all).
 run_step() {
   name=$1; budget=$2; shift 2
   echo "== $name (budget ${budget} s): pytest -q -p no:cacheprovider $*" >&2

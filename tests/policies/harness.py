@@ -37,8 +37,8 @@ class Driver:
     tests run the specialisation the replay and ``simulate_cache`` run, compiled once per
     policy and shared with them through numba's disk cache, instead of one more
     specialisation for the ``PolicyState`` / ``BlockView`` tuples that only tests used
-    (about half the contract tests' compile work, docs/benchmarks.md "The default test
-    step's compile work").  A plain-Python policy's hooks take ``state`` and ``view``.
+    (docs/benchmarks.md, "The default test step").  A plain-Python policy's hooks take
+    ``state`` and ``view``.
     """
 
     def __init__(self, policy, capacity: int, num_slots: int, n_alt: int = 0,
