@@ -3,8 +3,9 @@
 A hook's ``py_func`` is plain Python, but the helpers it calls by global name (its own
 module's ``@njit`` functions, :mod:`kvsim.policy.api`'s list and heap helpers) are numba
 dispatchers, and a call from Python compiles each of them for the types Python passes (a
-NamedPolicyState tuple, a BlockView): ~49 CPU-s of the default test step's compiles from an
-empty cache (deadline's helpers ~20), in runs whose engine was picked to compile nothing.
+NamedPolicyState tuple, a BlockView): ~20 CPU-s for deadline's helpers in a small run whose
+engine was picked to compile nothing, 68 CPU-s of the default test step from empty caches
+(docs/benchmarks.md, "The default test step").
 
 :func:`python_twin` returns ``func``'s code over a copy of its module's globals in which
 every dispatcher the code reads by name is replaced by that dispatcher's own twin
