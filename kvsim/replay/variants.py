@@ -30,6 +30,7 @@ from numba.core.types import WrapperAddressProtocol
 from numba.extending import typeof_impl
 
 from kvsim.jit.disk_cache import dispatcher_is_cached
+from kvsim.jit.python_twin import python_twin
 
 _LOADED: dict[str, ModuleType] = {}
 
@@ -170,8 +171,6 @@ def _rebind(module: ModuleType, twins: dict[str, ModuleType]) -> None:
     interpreted twin, and every other one (kvsim.policy.structs' list helpers) at its
     plain-Python twin (:func:`kvsim.jit.python_twin.python_twin`): no compiled code
     receives Python objects, and nothing compiles for them."""
-    from kvsim.jit.python_twin import python_twin
-
     for attr, value in list(vars(module).items()):
         py = getattr(value, "py_func", None)
         if py is None:
