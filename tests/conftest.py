@@ -7,6 +7,7 @@ skip with a clear reason.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -17,14 +18,19 @@ try:  # property tests draw the same examples on every run (a CI step never flak
 
     _hyp_settings.register_profile("ci", derandomize=True, database=None)
     _hyp_settings.register_profile("explore", database=None)
-    import os as _os
-
-    _hyp_settings.load_profile(_os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+    _hyp_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 except ImportError:  # hypothesis is a test extra
     pass
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = REPO_ROOT.parent / "shared"
+
+# The tests' child processes (``python -m kvsim``, the README's commands, scripts) import
+# kvsim from this checkout too, as pytest and its workers do (pyproject.toml, ``pythonpath``),
+# whatever their working directory: one copy of the code, so one set of numba's cache
+# entries (keyed on each source file's path) for the whole run.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(REPO_ROOT), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])
 
 
 @pytest.fixture(autouse=True)
