@@ -58,7 +58,7 @@ from kvsim.engine.timing.step_time import (
     step_duration_us,
 )
 from kvsim.ingest.hashing import chain_hash, root_hash
-from kvsim.jit.decorators import njit
+from kvsim.jit.decorators import helper, njit
 
 # integer columns of I (rows are I[:, r])
 C_STEP, C_TIME, C_KIND, C_RID, C_BIDX, C_HASH, C_PARENT, C_NTOK = 0, 1, 2, 3, 4, 5, 6, 7
@@ -136,8 +136,9 @@ def _ensure(I, F, n, need):
     return I2, F2
 
 
-# _ensure and _row are called from compiled code only: no CPython or C wrapper to build
-@njit(cache=True, _nrt=False)
+# _ensure and _row are called from compiled code only: no CPython or C wrapper to build;
+# _row with constant codes at most of its call sites, so typed once (kvsim.jit.decorators)
+@helper(_nrt=False)
 def _row(I, F, n, step, t, kind, rid, bidx, h, parent, ntok, phase, prio, deadline, slack,
          target, pin, rc):
     I[C_STEP, n] = step

@@ -42,7 +42,7 @@ import numpy as np
 # the state's layout: P_* (ip), K_* (R), status, V_* (sv), O_* (oc), E_* (oev[:, 0])
 from kvsim.engine.vllm_layout import *
 from kvsim.engine.vllm_spec import accepted_drafts
-from kvsim.jit.decorators import njit
+from kvsim.jit.decorators import helper, njit
 from kvsim.memory import pool_ops
 from kvsim.memory.fast import S_N_CAND, S_N_EMPTY, S_N_HELD, pool_lookup, seq_close, seq_open
 from kvsim.replay.kernel.tiers import hash_slot
@@ -136,7 +136,7 @@ def free_blocks(st):
     return st.sc[S_N_EMPTY] + st.sc[S_N_CAND]
 
 
-@njit(cache=True, _nrt=False)
+@helper(_nrt=False)  # one compile for its constant kinds (kvsim.jit.decorators)
 def _event(oev, oc, kind, a, b, c):
     k = oc[O_EV]
     if k >= oev.shape[0]:

@@ -11,6 +11,15 @@ Options (passed to numba's decorator, nothing set on a dispatcher afterwards):
   numba's ``jit`` decorator accepts (``numba.core.cpu.CPUTargetOptions``).  A call from
   Python still works (it goes through numba's CPython wrapper, which is kept).
 
+:func:`helper` is for a small function only compiled code calls, with constants at many of
+its call sites (a row appended to a log with a code, ``-1`` for "none"): numba types a call
+to a ``njit`` function at the literal type of each constant argument (``f(x, 0)`` as
+``Literal[int](0)``) and compiles the callee once per distinct set of constants
+(``scheduler._row`` 11 times, ``tiers.log_row`` 14 in the default test step).  ``helper``
+is numba's ``register_jitable``: numba types a call to it as it types an ``@overload``,
+with the arguments' non-literal types first (``prefer_literal=False``), so one compile
+serves every call site; it is compiled into each caller.
+
 The interpreted twin (:func:`kvsim.replay.variants.interpreted`) re-executes the replay's
 modules from their source files inside :func:`interpreting`: while it is active this
 ``njit`` returns the function itself, so the twin's functions are plain Python.  That is
@@ -26,6 +35,7 @@ import contextlib
 import threading
 
 from numba import njit as _numba_njit
+from numba.extending import register_jitable as _register_jitable
 
 #: The functions of kvsim's compiled modules that compiled code takes as first-class
 #: function values, by module: they keep numba's C wrapper.  ``core.run``:
@@ -79,4 +89,23 @@ def njit(*args, **options):
     return decorate
 
 
-__all__ = ["FIRST_CLASS", "interpreting", "is_interpreting", "njit"]
+def helper(**options):
+    """``@helper(**options)``: ``func`` typed once per non-literal signature however its
+    compiled callers pass constants (the module docstring), compiled into each caller with
+    ``options`` (numba's ``jit`` options, e.g. ``_nrt=False``; there is nothing of its own
+    to cache).  Called from Python it runs as Python.  ``func.jit_options`` holds the
+    options, as a dispatcher's ``targetoptions`` does."""
+    options = {k: v for k, v in options.items() if k != "cache"}
+
+    def decorate(func):
+        if is_interpreting():
+            return func
+        opts = options_for(func, options)
+        _register_jitable(**opts)(func)
+        func.jit_options = opts
+        return func
+
+    return decorate
+
+
+__all__ = ["FIRST_CLASS", "helper", "interpreting", "is_interpreting", "njit"]

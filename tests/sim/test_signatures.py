@@ -53,6 +53,43 @@ def test_each_constant_at_a_call_site_is_a_signature():
         "(int64, Literal[int](0))", "(int64, Literal[int](1))", "(int64, int64)"]
 
 
+def test_a_helper_is_typed_once_whatever_constants_its_callers_pass():
+    """kvsim.jit.decorators.helper (numba's register_jitable): the same three call sites
+    compile the callee once, at its non-literal types; the control above compiles it three
+    times.  The row writers the engine calls with constant codes are helpers."""
+    from numba.core import event
+
+    from kvsim.engine import scheduler, vllm_step
+    from kvsim.jit.decorators import helper
+    from kvsim.replay.kernel import tiers
+
+    def add(x, k):
+        return x + k
+
+    add = helper()(add)
+
+    @njit
+    def callers(x):
+        k = x * 2
+        return add(x, 0) + add(x, 1) + add(x, k)
+
+    compiled = []
+
+    class Listener(event.Listener):
+        def on_start(self, ev):
+            compiled.append(getattr(ev.data["dispatcher"].py_func, "__name__", "?"))
+
+        def on_end(self, ev):
+            pass
+
+    with event.install_listener("numba:compile", Listener()):
+        assert callers(3) == 16
+    assert compiled.count("add") == 1, compiled
+    assert add(3, 0) == 3  # from Python: plain Python
+    for f in (scheduler._row, tiers.log_row, vllm_step._event):
+        assert f.jit_options.get("_nrt") is False, f
+
+
 def test_event_columns_have_one_type_whatever_their_source(tmp_path):
     """The columns of a Parquet trace as the replay reads them (read-only, but the
     boolean ones writable) and the closed loop's writable columns type the same once

@@ -87,7 +87,7 @@ from kvsim.core.layout import (
     LM_FREE_TOP,
     LM_USED,
 )
-from kvsim.jit.decorators import njit
+from kvsim.jit.decorators import helper, njit
 from kvsim.jit.prefetch import prefetch
 
 
@@ -230,7 +230,7 @@ def prefetch_lines(a, b, c, s):
 # decision-log buffer
 # ---------------------------------------------------------------------------------------
 
-@njit(cache=True, _nrt=False)  # reached from core.run: compiled as it is
+@helper(_nrt=False)  # one compile for its constant codes (kvsim.jit.decorators)
 def log_row(G, C, step, now_us, action, h, req, bi, frm, to, nbytes, cost_us, dc, reason,
             why):
     """Append one row; returns its index in the buffer (the caller may add candidates)."""
