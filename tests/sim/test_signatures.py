@@ -7,7 +7,9 @@
   compiles the callee once per distinct set of constants (``scheduler._row`` 17 times,
   ``tiers.log_row`` 13 in the README job).  kvsim used to retype such calls by replacing
   each dispatcher's ``get_call_template`` (``plain_calls``); since #31 it writes nothing
-  into numba, and numba's own behaviour (the control below) holds: docs/jit.md.
+  into numba, and numba's own behaviour (the control below) holds; the row writers are
+  declared with ``kvsim.jit.decorators.helper`` (numba's ``register_jitable``), typed once
+  at non-literal types: docs/jit.md.
 
 The functions here are tiny and compile in well under a second; nothing of the replay
 core compiles.
