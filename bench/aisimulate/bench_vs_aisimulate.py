@@ -33,7 +33,8 @@ start from compiled bytecode (:func:`compile_bytecode`: kvsim's modules compiled
 either tool's Python API does, and reports the later calls' CPU (``later``: the minimum over
 runs of each run's calls after its first): what a replay costs once the process has paid
 its imports and, for kvsim, numba's set-up and cache loads.  The ``process`` and ``call``
-figures stay those of the first call.
+figures stay those of a one-replay process: ``process`` is the child's CPU less its later
+calls' (what the same child would have cost had it stopped after its first replay).
 """
 
 from __future__ import annotations
@@ -127,6 +128,7 @@ def run_kvsim(cmd: list[str], cache: Path, fresh: bool, calls: int = 1) -> dict:
                            "--", *cmd], env)
     rec = json.loads(p.stderr.strip().splitlines()[-1])
     summ = json.loads(p.stdout)["policies"][0]
+    cpu -= sum(rec["calls_cpu_s"][1:])  # a one-replay process (see --calls)
     return {"process_cpu_s": cpu, **rec, "load_before": l0, "load_after": l1,
             "hbm_hit_rate": summ["hbm_hit_rate"], "prefix_hit_rate": summ["prefix_hit_rate"],
             "completed": summ["requests"] - summ["dropped_requests"]}
@@ -136,6 +138,7 @@ def run_peer(py: str, spec: dict) -> dict:
     p, cpu, l0, l1 = _run([py, str(HERE / "peer_run.py"), json.dumps(spec)])
     rec = json.loads(p.stdout.strip().splitlines()[-1])
     s = rec.pop("summary")
+    cpu -= sum(rec["calls_cpu_s"][1:])  # a one-replay process (see --calls)
     return {"process_cpu_s": cpu, **rec, "load_before": l0, "load_after": l1,
             "prefix_cache_reused_ratio": s.get("prefix_cache_reused_ratio"),
             "first_admission_prefix_cache_reused_ratio":
