@@ -6,6 +6,7 @@ that :func:`kvsim.engine.vllm_rows.vllm_rows` reads (``VS_*``), its per-step out
 from __future__ import annotations
 
 import weakref
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -41,7 +42,8 @@ def build_value(cols: dict, off, ids, trace_block_tokens: int, block_size: int, 
                    long_prefill_token_threshold: int = 0, watermark_blocks: int = 0,
                    reserve_full_isl: bool = True, enable_chunked_prefill: bool = True,
                    enable_caching: bool = True, spec_lookahead: bool = False,
-                   seed: int = 0, hashes: tuple | None = None, rows: int | None = None) -> tuple:
+                   seed: int = 0, hashes: tuple | None = None, rows: int | None = None,
+                   compiled: bool = True) -> tuple:
     """The scheduler value ``vs`` of :func:`kvsim.engine.vllm_rows.vllm_rows` for a Request table (``cols``: name ->
     numpy array, :meth:`kvsim.ingest.requests.RequestTable.columns`; its block ids
     ``off``/``ids``): vLLM's waiting queue, running list and KV manager (a pool of
@@ -51,7 +53,9 @@ def build_value(cols: dict, off, ids, trace_block_tokens: int, block_size: int, 
     not given).
     ``rows``: vLLM's rows (the core's request-table rows,
     :func:`kvsim.engine.vllm_rows.slot_of`; grown with them,
-    :func:`grow_rows`), one per request when None."""
+    :func:`grow_rows`), one per request when None.  ``compiled`` False: the pool value for the
+    interpreted twin (:func:`kvsim.replay.variants.closed_for`), the same members as plain
+    Python objects (nothing compiles)."""
     from kvsim.memory import fifo_order
     from kvsim.memory.fast import PoolConfig, new_out, new_state
     from kvsim.memory.pool_ref import pool_ref
@@ -90,8 +94,12 @@ def build_value(cols: dict, off, ids, trace_block_tokens: int, block_size: int, 
     pst = new_state(pc)
     view = new_block_view(pc.num_blocks)
     order_state = fifo_order.init(pc.num_blocks - 1, pc.num_blocks, {})
-    pl = vllm_pool(pool_ref(pst), policy_value(fifo_order, order_state, True),
-                     view_ref(view), new_out(pc, 0))
+    if compiled:
+        pl = vllm_pool(pool_ref(pst), policy_value(fifo_order, order_state, True),
+                       view_ref(view), new_out(pc, 0))
+    else:  # the members vllm_step reads (VllmPool's), as the interpreted core passes them
+        pl = SimpleNamespace(st=pst, pst=policy_value(fifo_order, order_state, False),
+                             pview=view, out=new_out(pc, 0))
     outs = new_outputs(N, num_blocks, max_num_seqs, per_seq)
     return (vip, R, varr, hh, np.zeros(V.NUM_SV, np.int64), np.zeros(M, np.int64),
             np.zeros(M, np.int64), np.zeros(M, np.int64), pl, np.zeros(per_seq, np.int64),

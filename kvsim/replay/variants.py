@@ -224,6 +224,8 @@ def interpreted() -> ModuleType:
     tw.ops = ops
     tw.lower = tw_spill
     tw.INTERPRETED = True
+    tw.twins = {**twins, pool_ops.__name__: ops, tier_ops.__name__: t_ops,
+                spill.__name__: tw_spill, placement.__name__: tw_place}
     _LOADED["twin"] = tw
     return tw
 
@@ -402,6 +404,23 @@ def core_run_ref_type(value):
     return run_ref_type(value.numba_type())
 
 
+def _vllm_twins(core_module: ModuleType) -> dict[str, ModuleType]:
+    """The interpreted twins of vLLM's compiled scheduler (:mod:`kvsim.engine.vllm_step`,
+    :mod:`kvsim.engine.vllm_rows`) over the twin core's pool operations, by module name."""
+    from kvsim.engine import vllm_rows, vllm_step
+    from kvsim.memory import pool_ops
+
+    key = "py"
+    tw_step = _twin(vllm_step, key)
+    _rebind(tw_step, core_module.twins)
+    tw_step.pool_ops = core_module.twins[pool_ops.__name__]
+    tw_rows = _twin(vllm_rows, key)
+    twins = {**core_module.twins, vllm_step.__name__: tw_step}
+    _rebind(tw_rows, twins)
+    tw_rows.V = tw_step
+    return {vllm_step.__name__: tw_step, vllm_rows.__name__: tw_rows}
+
+
 def closed_for(core_module: ModuleType) -> ModuleType:
     """The closed loop's step driver for ``core_module`` (what :func:`core_for` returned):
     :mod:`kvsim.replay.kernel.closed_step` itself for the compiled core (compiled once, cached), or
@@ -426,7 +445,11 @@ def closed_for(core_module: ModuleType) -> ModuleType:
             from kvsim.replay.kernel import closed_ffwd
 
             tw.CF = SimpleNamespace(quiet_steps=lambda *args: 0,
-                                    pool_members=closed_ffwd.pool_members)
+                                    pool_members=python_twin(closed_ffwd.pool_members))
+            # vLLM's scheduler (vllm_rows and its step) and the slot map run as Python on
+            # the twin's pool (kvsim.engine.vllm_value.build_value, compiled=False)
+            vllm = _vllm_twins(core_module)
+            _rebind(tw, {**core_module.twins, **vllm})
             _LOADED[key] = tw
         return _LOADED[key]
     return closed_step

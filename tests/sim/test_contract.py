@@ -87,6 +87,40 @@ def test_the_interpreted_engine_compiles_none_of_a_policys_code(traces, tiny_hw)
     assert _policy_overloads() - before == set()
 
 
+def test_the_interpreted_closed_loop_runs_vllms_scheduler_as_python():
+    """The interpreted closed loop's step driver, vLLM's scheduler under it
+    (``vllm_rows``, ``vllm_step``) and its pool value are plain Python: no module of the
+    twin reads a compiled function by name, the pool is no structref, and the run gives the
+    compiled engine's steps.  Before, the twin called the compiled ``vllm_rows`` from Python,
+    and a small cold run with vLLM's scheduler (the default) compiled it and vLLM's step:
+    ~30 of its ~35 CPU-s (docs/simulate.md, "Engines")."""
+    import numpy as np
+    from numba.core.dispatcher import Dispatcher
+    from numba.experimental.structref import StructRefProxy
+
+    from kvsim.engine.vllm_value import VS_POOL
+    from kvsim.replay.variants import closed_for, interpreted
+    from tests.helpers import small_closed_engine
+
+    tw = closed_for(interpreted())
+    rows = tw.vllm_rows.__globals__
+    step = rows["V"]
+    for name, space in (("closed_step", vars(tw)), ("vllm_rows", rows),
+                        ("vllm_step", vars(step))):
+        compiled = sorted(k for k, v in space.items() if isinstance(v, Dispatcher))
+        assert compiled == [], (name, compiled)
+    assert step.pool_ops is interpreted().ops
+    assert not isinstance(tw.CF.pool_members, Dispatcher)
+    py, jit = small_closed_engine("interpreted"), small_closed_engine("compiled")
+    assert not isinstance(py.vs[VS_POOL], StructRefProxy)
+    for e in (py, jit):
+        e.advance()
+        e.finish()
+    assert py.steps == jit.steps > 20
+    np.testing.assert_array_equal(py.sched.st, jit.sched.st)
+    np.testing.assert_array_equal(py.run.C, jit.run.C)
+
+
 def test_python_twin_runs_no_compiled_code():
     """A twin calls its helpers' twins (by global name, nested code included) and leaves the
     dispatchers untouched; it gives what the compiled function gives."""

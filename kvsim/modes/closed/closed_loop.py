@@ -23,10 +23,9 @@ the next step is decided:
    scheduler's clock for the next step, so shorter steps drain the queue faster.
 
 With ``replicas > 1`` (:mod:`kvsim.modes.closed.cluster`) several such engines, each with its own
-pool and lower tiers, serve one table behind a router.
-
-Outputs say which schedule produced them: ``summary["schedule"] == "closed"`` here,
-``"recorded"`` for an event file replayed open loop (:func:`kvsim.replay.driver.replay`).
+pool and lower tiers, serve one table behind a router.  Outputs say which schedule produced
+them: ``summary["schedule"] == "closed"`` here, ``"recorded"`` for an event file replayed
+open loop (:func:`kvsim.replay.driver.replay`).
 """
 
 from __future__ import annotations
@@ -63,6 +62,7 @@ from kvsim.replay.variants import (
     core_run_ref,
     core_run_ref_type,
     core_run_value,
+    is_compiled,
 )
 from kvsim.results.step_records import StepRecords
 from kvsim.spec.models.catalog import DEFAULT_MODEL
@@ -220,7 +220,8 @@ class Engine:
         self.pb_off = self.pb_next = self.pb_seen = None  # set_block_facts, before advance
         # typed once, not at every advance call (kvsim.replay.variants.TypedTuple)
         self.vs = TypedTuple(_vllm_value(table, off, ids, opts, config, int(self.run.st.cfg[0]),
-                                         wmark, hashes, self.slots.rid_of.shape[0]))
+                                         wmark, hashes, self.slots.rid_of.shape[0],
+                                         is_compiled(self.run.core)))
         self.slots.vllm = self if opts.scheduler == "vllm" else None  # vLLM's rows: the core's
         sc.ip[S.P_VLLM] = int(opts.scheduler == "vllm")
         self.rprio = as_writable(table.column("request_priority"), np.int8)
@@ -489,9 +490,8 @@ def vllm_hashes(table: RequestTable, off, ids, opts: EngineOptions) -> tuple | N
 
     if opts.scheduler != "vllm":
         return None
-    # the tenant is vLLM's cache_salt only when the table is salted by tenant
-    # (--salt-by-tenant, kvsim.ingest.requests.salt_by_tenant; a scheduler recording's
-    # cache_salt): unsalted, tenants share blocks, as in kvsim's scheduler and the replay
+    # the tenant is vLLM's cache_salt only when salted by tenant (--salt-by-tenant, a
+    # scheduler recording's cache_salt): unsalted, tenants share blocks, as in the replay
     tenant = (table.column("tenant") if table.source.get("salt_by_tenant")
               else np.zeros(len(table), np.int64))
     h0, h1, hh = shared_hashes(table.column("prompt_tokens"), table.column("output_tokens"),
@@ -502,18 +502,18 @@ def vllm_hashes(table: RequestTable, off, ids, opts: EngineOptions) -> tuple | N
 
 
 def _vllm_value(table: RequestTable, off, ids, opts: EngineOptions, config: SimConfig,
-                num_blocks: int, wmark: int, hashes: tuple | None = None, rows: int = 0) -> tuple:
+                num_blocks: int, wmark: int, hashes: tuple | None = None, rows: int = 0,
+                compiled: bool = True) -> tuple:
     """vLLM's scheduler for ``opts.scheduler == "vllm"`` (its own KV manager, sized as the
-    replay's HBM pool), else a tiny unused one of the same type."""
+    replay's HBM pool), else a tiny unused one of the same type; ``compiled`` False: Python's."""
     from kvsim.engine.vllm_rows import new_vllm_value
 
     if opts.scheduler != "vllm":
-        if "v" not in _TINY:
-            _TINY["v"] = new_vllm_value({k: v[:0] for k, v in table.columns().items()},
-                                        np.zeros(1, np.int64),
-                                        np.zeros(1, np.int64), 1, opts.block_size_tokens, 2,
-                                        1, 1)
-        return _TINY["v"]
+        if compiled not in _TINY:
+            z, cols = np.zeros(1, np.int64), {k: v[:0] for k, v in table.columns().items()}
+            _TINY[compiled] = new_vllm_value(cols, z, z, 1, opts.block_size_tokens, 2, 1, 1,
+                                             compiled=compiled)
+        return _TINY[compiled]
     if hashes is None:  # the tenant salts them only when salted by tenant (vllm_hashes)
         hashes = vllm_hashes(table, off, ids, opts)
     return new_vllm_value(table.columns(), off, ids, table.block_size_tokens, opts.block_size_tokens,
@@ -522,7 +522,7 @@ def _vllm_value(table: RequestTable, off, ids, opts: EngineOptions, config: SimC
                           long_prefill_token_threshold=opts.long_prefill_token_threshold,
                           watermark_blocks=wmark, reserve_full_isl=opts.reserve_full_isl,
                           spec_lookahead=opts.spec_lookahead, seed=config.seed,
-                          hashes=hashes, rows=rows or None)
+                          hashes=hashes, rows=rows or None, compiled=compiled)
 
 
 def closed_engine(config: SimConfig, policy, num_rows: int, scheduler: str | None = None) -> str:
