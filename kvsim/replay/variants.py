@@ -421,14 +421,31 @@ def _vllm_twins(core_module: ModuleType) -> dict[str, ModuleType]:
     return {vllm_step.__name__: tw_step, vllm_rows.__name__: tw_rows}
 
 
-def closed_for(core_module: ModuleType) -> ModuleType:
+def python_vllm(core_module: ModuleType) -> bool:
+    """True when the closed loop on ``core_module`` runs vLLM's scheduler as Python: the
+    core is the interpreted twin and vLLM's compiled step (``vllm_rows``) is neither compiled
+    in this process nor in numba's disk cache, so that a small first run compiles nothing
+    (~30 CPU-s saved).  Once it is compiled, the interpreted loop calls it, as it is ~2x
+    faster than its twin a step (docs/simulate.md, "Engines")."""
+    if is_compiled(core_module):
+        return False
+    from kvsim.engine.vllm_rows import vllm_rows
+    from kvsim.jit.disk_cache import dispatcher_is_cached, seal_all
+
+    seal_all()
+    return not (vllm_rows.overloads or dispatcher_is_cached(vllm_rows))
+
+
+def closed_for(core_module: ModuleType, py_vllm: bool = False) -> ModuleType:
     """The closed loop's step driver for ``core_module`` (what :func:`core_for` returned):
     :mod:`kvsim.replay.kernel.closed_step` itself for the compiled core (compiled once, cached), or
-    its interpreted twin calling the interpreted core."""
+    its interpreted twin calling the interpreted core, and vLLM's scheduler as Python with
+    ``py_vllm`` (:func:`python_vllm`; its pool value then built with ``compiled=False``), else
+    compiled."""
     from kvsim.replay.kernel import closed_step
 
     if not is_compiled(core_module):
-        key = "closed_twin"
+        key = "closed_twin_py" if py_vllm else "closed_twin"
         if key not in _LOADED:
             from kvsim.replay.kernel import offload
 
@@ -445,11 +462,11 @@ def closed_for(core_module: ModuleType) -> ModuleType:
             from kvsim.replay.kernel import closed_ffwd
 
             tw.CF = SimpleNamespace(quiet_steps=lambda *args: 0,
-                                    pool_members=python_twin(closed_ffwd.pool_members))
-            # vLLM's scheduler (vllm_rows and its step) and the slot map run as Python on
-            # the twin's pool (kvsim.engine.vllm_value.build_value, compiled=False)
-            vllm = _vllm_twins(core_module)
-            _rebind(tw, {**core_module.twins, **vllm})
+                                    pool_members=closed_ffwd.pool_members)
+            if py_vllm:  # vLLM's scheduler (vllm_rows and its step) and the slot map as
+                # Python on the twin's pool (kvsim.engine.vllm_value.build_value)
+                tw.CF.pool_members = python_twin(closed_ffwd.pool_members)
+                _rebind(tw, {**core_module.twins, **_vllm_twins(core_module)})
             _LOADED[key] = tw
         return _LOADED[key]
     return closed_step

@@ -87,38 +87,46 @@ def test_the_interpreted_engine_compiles_none_of_a_policys_code(traces, tiny_hw)
     assert _policy_overloads() - before == set()
 
 
-def test_the_interpreted_closed_loop_runs_vllms_scheduler_as_python():
-    """The interpreted closed loop's step driver, vLLM's scheduler under it
-    (``vllm_rows``, ``vllm_step``) and its pool value are plain Python: no module of the
-    twin reads a compiled function by name, the pool is no structref, and the run gives the
-    compiled engine's steps.  Before, the twin called the compiled ``vllm_rows`` from Python,
-    and a small cold run with vLLM's scheduler (the default) compiled it and vLLM's step:
-    ~30 of its ~35 CPU-s (docs/simulate.md, "Engines")."""
+def test_the_interpreted_closed_loop_runs_vllms_scheduler_as_python(monkeypatch):
+    """On the interpreted engine with vLLM's compiled step not compiled yet, the closed
+    loop's step driver, vLLM's scheduler under it (``vllm_rows``, ``vllm_step``) and its
+    pool value are plain Python: no module of that twin reads a compiled function by name,
+    the pool is no structref, and the run gives the compiled engine's steps.  Before, the
+    twin always called the compiled ``vllm_rows`` from Python, so a small first run with
+    vLLM's scheduler (the default) compiled it: ~30 of its ~35 CPU-s (docs/simulate.md,
+    "Engines").  Once ``vllm_rows`` is compiled (here: the compiled engine ran), the
+    interpreted loop calls it again (``python_vllm``)."""
     import numpy as np
     from numba.core.dispatcher import Dispatcher
     from numba.experimental.structref import StructRefProxy
 
     from kvsim.engine.vllm_value import VS_POOL
-    from kvsim.replay.variants import closed_for, interpreted
+    from kvsim.modes.closed import closed_loop
+    from kvsim.replay import variants
     from tests.helpers import small_closed_engine
 
-    tw = closed_for(interpreted())
+    tw = variants.closed_for(variants.interpreted(), True)
     rows = tw.vllm_rows.__globals__
     step = rows["V"]
     for name, space in (("closed_step", vars(tw)), ("vllm_rows", rows),
                         ("vllm_step", vars(step))):
         compiled = sorted(k for k, v in space.items() if isinstance(v, Dispatcher))
         assert compiled == [], (name, compiled)
-    assert step.pool_ops is interpreted().ops
+    assert step.pool_ops is variants.interpreted().ops
     assert not isinstance(tw.CF.pool_members, Dispatcher)
-    py, jit = small_closed_engine("interpreted"), small_closed_engine("compiled")
-    assert not isinstance(py.vs[VS_POOL], StructRefProxy)
+    with monkeypatch.context() as m:  # as on a cold cache
+        m.setattr(closed_loop, "python_vllm", lambda core: not variants.is_compiled(core))
+        py = small_closed_engine("interpreted")
+    jit = small_closed_engine("compiled")
+    assert py.py_vllm and not isinstance(py.vs[VS_POOL], StructRefProxy)
     for e in (py, jit):
         e.advance()
         e.finish()
     assert py.steps == jit.steps > 20
     np.testing.assert_array_equal(py.sched.st, jit.sched.st)
     np.testing.assert_array_equal(py.run.C, jit.run.C)
+    again = small_closed_engine("interpreted")  # vllm_rows compiled in this process now
+    assert not again.py_vllm and isinstance(again.vs[VS_POOL], StructRefProxy)
 
 
 def test_python_twin_runs_no_compiled_code():

@@ -62,7 +62,7 @@ from kvsim.replay.variants import (
     core_run_ref,
     core_run_ref_type,
     core_run_value,
-    is_compiled,
+    python_vllm,
 )
 from kvsim.results.step_records import StepRecords
 from kvsim.spec.models.catalog import DEFAULT_MODEL
@@ -214,14 +214,14 @@ class Engine:
         self.slots = self.run.slots = ClosedSlots(slots, self.run.R_i.shape[0], ident)
         if ident:
             self.run._grow_requests(slots - 1)
-        # the pool's prefix index as keys and values (strided views of its one array),
-        # and the lower tiers' shared table (kvsim.replay.kernel.tiers)
+        # the pool's prefix index as keys and values, and the lower tiers' shared table
         sc.lookup = (*index_keys_values(self.run.st.hidx), self.run.T[0].L_h)
         self.pb_off = self.pb_next = self.pb_seen = None  # set_block_facts, before advance
         # typed once, not at every advance call (kvsim.replay.variants.TypedTuple)
+        self.py_vllm = python_vllm(self.run.core)
         self.vs = TypedTuple(_vllm_value(table, off, ids, opts, config, int(self.run.st.cfg[0]),
                                          wmark, hashes, self.slots.rid_of.shape[0],
-                                         is_compiled(self.run.core)))
+                                         not self.py_vllm))
         self.slots.vllm = self if opts.scheduler == "vllm" else None  # vLLM's rows: the core's
         sc.ip[S.P_VLLM] = int(opts.scheduler == "vllm")
         self.rprio = as_writable(table.column("request_priority"), np.int8)
@@ -232,7 +232,7 @@ class Engine:
         need = 4 * (opts.max_num_seqs + 64) + 4096
         if self.run.P.shape[0] < need:
             self.run.P = L.grow_rows(self.run.P, need)
-        self.step_mod = closed_for(self.run.core)
+        self.step_mod = closed_for(self.run.core, self.py_vllm)
         self._args = None
         self._core_run = None  # core.run as advance() takes it (types fixed per run)
         self._call = None  # advance's compiled entry for self._args' types (_entry)
