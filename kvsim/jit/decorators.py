@@ -95,7 +95,6 @@ def helper(**options):
     ``options`` (numba's ``jit`` options, e.g. ``_nrt=False``; there is nothing of its own
     to cache).  Called from Python it runs as Python.  ``func.jit_options`` holds the
     options, as a dispatcher's ``targetoptions`` does."""
-    options = {k: v for k, v in options.items() if k != "cache"}
 
     def decorate(func):
         if is_interpreting():
