@@ -62,9 +62,9 @@ def run_kvsim(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess
                           text=True, timeout=timeout_s)
 
 
-def small_closed_engine(engine: str):
-    """A closed-loop Engine (vLLM's scheduler, lru, 64 HBM blocks) over four small
-    requests sharing prefixes; ``engine``: ``compiled`` or ``interpreted``."""
+def small_closed_engine(engine: str, scheduler: str = "vllm"):
+    """A closed-loop Engine (``scheduler``: vLLM's or kvsim's; lru, 64 HBM blocks) over four
+    small requests sharing prefixes; ``engine``: ``compiled`` or ``interpreted``."""
     from kvsim.ingest.requests import build_request_table
     from kvsim.modes.closed.closed_facts import block_facts
     from kvsim.modes.closed.closed_loop import Engine, EngineOptions, prepare
@@ -78,7 +78,7 @@ def small_closed_engine(engine: str):
                                  "hashed_tokens": [64, 64, 32, 64]}, block_size_tokens=16)
     config = SimConfig(mode="engine", hbm_blocks=64, dram_gb=0, cxl_gb=0, nvme_gb=0,
                        engine=engine)
-    opts = EngineOptions(scheduler="vllm")
+    opts = EngineOptions(scheduler=scheduler)
     cost, hbm_blocks, costs, block_bytes, off, ids, table2, _ = prepare(table, config, opts)
     e = Engine(table2, off, ids, resolve_policy("lru"), config, opts, cost, hbm_blocks,
                costs, block_bytes)

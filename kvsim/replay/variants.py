@@ -436,16 +436,46 @@ def python_vllm(core_module: ModuleType) -> bool:
     return not (vllm_rows.overloads or dispatcher_is_cached(vllm_rows))
 
 
-def closed_for(core_module: ModuleType, py_vllm: bool = False) -> ModuleType:
+def python_kvsim(core_module: ModuleType) -> bool:
+    """True when the closed loop on ``core_module`` runs kvsim's own scheduler
+    (:mod:`kvsim.engine.scheduler`, ``--scheduler kvsim``) as Python: the core is the
+    interpreted twin and the compiled ``run_steps`` is neither compiled in this process nor
+    in numba's disk cache (as :func:`python_vllm` for vLLM's: a small first run compiles
+    nothing; once compiled, the interpreted loop calls it)."""
+    if is_compiled(core_module):
+        return False
+    from kvsim.engine.scheduler import run_steps
+    from kvsim.jit.disk_cache import dispatcher_is_cached, seal_all
+
+    seal_all()
+    return not (run_steps.overloads or dispatcher_is_cached(run_steps))
+
+
+def _scheduler_twin() -> ModuleType:
+    """The interpreted twin of :mod:`kvsim.engine.scheduler` (kvsim's own scheduler and the
+    row helpers the step driver reads from it: ``run_steps``, ``_ensure``,
+    ``_prefill_us``), every compiled function it reads by name pointed at its plain-Python
+    twin (:func:`_rebind`)."""
+    if "scheduler_twin" not in _LOADED:
+        from kvsim.engine import scheduler
+
+        tw = _twin(scheduler, "py")
+        _rebind(tw, {})
+        _LOADED["scheduler_twin"] = tw
+    return _LOADED["scheduler_twin"]
+
+
+def closed_for(core_module: ModuleType, py_vllm: bool = False,
+               py_kvsim: bool = False) -> ModuleType:
     """The closed loop's step driver for ``core_module`` (what :func:`core_for` returned):
     :mod:`kvsim.replay.kernel.closed_step` itself for the compiled core (compiled once, cached), or
     its interpreted twin calling the interpreted core, and vLLM's scheduler as Python with
-    ``py_vllm`` (:func:`python_vllm`; its pool value then built with ``compiled=False``), else
-    compiled."""
+    ``py_vllm`` (:func:`python_vllm`; its pool value then built with ``compiled=False``),
+    kvsim's with ``py_kvsim`` (:func:`python_kvsim`), else compiled."""
     from kvsim.replay.kernel import closed_step
 
     if not is_compiled(core_module):
-        key = "closed_twin_py" if py_vllm else "closed_twin"
+        key = "closed_twin" + ("_py" if py_vllm else "") + ("_ks" if py_kvsim else "")
         if key not in _LOADED:
             from kvsim.replay.kernel import offload
 
@@ -467,6 +497,8 @@ def closed_for(core_module: ModuleType, py_vllm: bool = False) -> ModuleType:
                 # Python on the twin's pool (kvsim.engine.vllm_value.build_value)
                 tw.CF.pool_members = python_twin(closed_ffwd.pool_members)
                 _rebind(tw, {**core_module.twins, **_vllm_twins(core_module)})
+            if py_vllm or py_kvsim:  # the scheduler module's row helpers, and its steps
+                tw.S = _scheduler_twin()
             _LOADED[key] = tw
         return _LOADED[key]
     return closed_step

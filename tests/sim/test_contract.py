@@ -129,6 +129,40 @@ def test_the_interpreted_closed_loop_runs_vllms_scheduler_as_python(monkeypatch)
     assert not again.py_vllm and isinstance(again.vs[VS_POOL], StructRefProxy)
 
 
+def test_the_interpreted_closed_loop_runs_kvsims_scheduler_as_python(monkeypatch):
+    """As vLLM's above, for kvsim's own scheduler (``--scheduler kvsim``): while its compiled
+    ``run_steps`` is not compiled yet, the interpreted step driver reads a twin of
+    :mod:`kvsim.engine.scheduler` in which no function is compiled, and the run gives the
+    compiled engine's steps.  Before, the twin called the compiled ``run_steps`` (and
+    ``_ensure``) from Python: the first run of the README's 65-request sample with
+    ``--scheduler kvsim`` compiled them, 26.8 CPU-s of its 27 (7.5 after; docs/simulate.md,
+    "Engines").  Once ``run_steps`` is compiled, the interpreted loop calls it again."""
+    import numpy as np
+    from numba.core.dispatcher import Dispatcher
+
+    from kvsim.modes.closed import closed_loop
+    from kvsim.replay import variants
+    from tests.helpers import small_closed_engine
+
+    tw = variants.closed_for(variants.interpreted(), False, True)
+    compiled = sorted(k for k, v in vars(tw.S).items() if isinstance(v, Dispatcher))
+    assert compiled == [], compiled
+    assert variants.closed_for(variants.interpreted()).S is not tw.S  # compiled there
+    with monkeypatch.context() as m:  # as on a cold cache
+        m.setattr(closed_loop, "python_kvsim", lambda core: not variants.is_compiled(core))
+        py = small_closed_engine("interpreted", "kvsim")
+    jit = small_closed_engine("compiled", "kvsim")
+    assert py.py_kvsim and py.step_mod.S is tw.S
+    for e in (py, jit):
+        e.advance()
+        e.finish()
+    assert py.steps == jit.steps > 20
+    np.testing.assert_array_equal(py.sched.st, jit.sched.st)
+    np.testing.assert_array_equal(py.run.C, jit.run.C)
+    again = small_closed_engine("interpreted", "kvsim")  # run_steps compiled in this process
+    assert not again.py_kvsim and again.step_mod.S is not tw.S
+
+
 def test_python_twin_runs_no_compiled_code():
     """A twin calls its helpers' twins (by global name, nested code included) and leaves the
     dispatchers untouched; it gives what the compiled function gives."""

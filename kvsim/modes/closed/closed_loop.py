@@ -62,6 +62,7 @@ from kvsim.replay.variants import (
     core_run_ref,
     core_run_ref_type,
     core_run_value,
+    python_kvsim,
     python_vllm,
 )
 from kvsim.results.step_records import StepRecords
@@ -152,8 +153,7 @@ class Engine:
         N = len(table)
         opts, _why = resolve_scheduler(table, config, opts)  # auto: vllm or kvsim
         cfg = opts.engine_config(hbm_blocks, config.seed)
-        self.cost = cost
-        self.N = N
+        self.cost, self.N = cost, N
         wmark = cfg.watermark_blocks(hbm_blocks)
         self.sched = new_schedule(table.columns(), off, ids, table.block_size_tokens, cfg, cost,
                                   hbm_blocks, wmark, 1, closed=True,
@@ -226,13 +226,13 @@ class Engine:
         sc.ip[S.P_VLLM] = int(opts.scheduler == "vllm")
         self.rprio = as_writable(table.column("request_priority"), np.int8)
         self.tenant = as_writable(table.column("tenant"), np.int32)
-        self.block_bytes = block_bytes
-        self.replica = replica
+        self.block_bytes, self.replica = block_bytes, replica
         # pending first tokens per step <= running sequences: never grown mid-step
         need = 4 * (opts.max_num_seqs + 64) + 4096
         if self.run.P.shape[0] < need:
             self.run.P = L.grow_rows(self.run.P, need)
-        self.step_mod = closed_for(self.run.core, self.py_vllm)
+        self.py_kvsim = opts.scheduler == "kvsim" and python_kvsim(self.run.core)
+        self.step_mod = closed_for(self.run.core, self.py_vllm, self.py_kvsim)
         self._args = None
         self._core_run = None  # core.run as advance() takes it (types fixed per run)
         self._call = None  # advance's compiled entry for self._args' types (_entry)
