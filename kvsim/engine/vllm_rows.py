@@ -166,12 +166,16 @@ def _own_hashes(own, h0, nfull, B, T, hashed, tenant, off, ids, hh):
 
 
 def shared_hashes(prompt, out, hashed, tenant, off, ids, trace_block_tokens: int,
-                  block_size: int) -> tuple:
+                  block_size: int, python: bool = False) -> tuple:
     """``(h0, h1, hh)``: request ``c``'s hashes (:func:`request_hashes`) are
     ``hh[h0[c]:h1[c]]``; requests of equal content (tenant, lengths, the native ids their
     hashes read) share one slice, so ``hh`` grows with the distinct request contents, not
-    with how often they come, and one array serves every replica."""
-    from kvsim.jit.disk_cache import compiled_call as once  # one process compiles at a time
+    with how often they come, and one array serves every replica.  ``python``: for the
+    interpreted engine (:func:`kvsim.jit.disk_cache.setup_call`)."""
+    from kvsim.jit.disk_cache import setup_call  # one process compiles at a time
+
+    def once(func, *args):
+        return setup_call(func, *args, python=python)
 
     i64 = lambda x: np.ascontiguousarray(x, dtype=np.int64)  # noqa: E731
     prompt, out, hashed, tenant, off, ids = (i64(x) for x in (prompt, out, hashed, tenant,
@@ -543,6 +547,7 @@ def new_vllm_value(cols: dict, off, ids, trace_block_tokens: int, block_size: in
     if hashes is None:  # one replica's own; a cluster shares one
         hashes = shared_hashes(cols["prompt_tokens"], cols["output_tokens"],
                                cols["hashed_tokens"], cols["tenant"], off, ids,
-                               trace_block_tokens, block_size)
+                               trace_block_tokens, block_size,
+                               python=not kw.get("compiled", True))
     return build_value(cols, off, ids, trace_block_tokens, block_size, *args, hashes=hashes,
                        **kw)

@@ -254,6 +254,52 @@ def compiled_call(dispatcher, *args):
     return dispatcher(*args)
 
 
+def cold(dispatcher) -> bool:
+    """True when ``dispatcher`` is neither compiled in this process nor in numba's disk
+    cache: a call from Python would compile it."""
+    return not (dispatcher.overloads or dispatcher_is_cached(dispatcher))
+
+
+def setup_func(dispatcher, python: bool):
+    """What a set-up pass or a router calls from Python a few times a run or once an arrival
+    (the closed loop's block hashes and facts, the routers' prefix lookups): for the
+    interpreted engine (``python``) while ``dispatcher`` is cold (:func:`cold`; decided once
+    a process), its plain-Python twin (:func:`kvsim.jit.python_twin.python_twin`, integer
+    overflow wrapping as compiled), so that a small first run compiles nothing for it; else
+    ``dispatcher``.  The same results either way."""
+    if not python:
+        return dispatcher
+    f = _SETUP.get(dispatcher)
+    if f is None:
+        f = _SETUP[dispatcher] = _quiet_twin(dispatcher) if cold(dispatcher) else dispatcher
+    return f
+
+
+#: :func:`setup_func`'s choice per dispatcher, for the interpreted engine
+_SETUP: dict = {}
+
+
+def _quiet_twin(dispatcher):
+    import numpy as np
+
+    from kvsim.jit.python_twin import python_twin
+
+    twin = python_twin(dispatcher)
+
+    def call(*args):
+        with np.errstate(over="ignore"):  # hashes wrap, as compiled
+            return twin(*args)
+
+    return call
+
+
+def setup_call(dispatcher, *args, python: bool = False):
+    """``dispatcher(*args)`` as :func:`setup_func` picks it (compiled: through
+    :func:`compiled_call`, one process compiling at a time)."""
+    f = setup_func(dispatcher, python)
+    return compiled_call(dispatcher, *args) if f is dispatcher else f(*args)
+
+
 def compile_log(msg: str) -> None:
     """One line on stderr when ``$KVSIM_COMPILE_LOG`` is set: the split's timeline (when
     each worker finished, how long this process waited for one), seconds since the

@@ -65,6 +65,12 @@ def is_compiled(core_module: ModuleType) -> bool:
     return not getattr(core_module, "INTERPRETED", False)
 
 
+def runs_interpreted(engines: list) -> bool:
+    """True when the closed loop's ``engines`` run the interpreted core: the routers'
+    compiled lookups then run as Python while cold (:func:`kvsim.jit.disk_cache.setup_func`)."""
+    return not is_compiled(engines[0].run.core)
+
+
 def policy_value(policy, state, core_module: ModuleType) -> tuple:
     """``(state, hooks)``: ``policy`` as the value the core takes (see
     :mod:`kvsim.policy.hooks`)."""

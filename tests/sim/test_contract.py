@@ -163,6 +163,116 @@ def test_the_interpreted_closed_loop_runs_kvsims_scheduler_as_python(monkeypatch
     assert not again.py_kvsim and again.step_mod.S is not tw.S
 
 
+def test_the_closed_loops_set_up_runs_as_python_for_the_interpreted_engine(monkeypatch):
+    """The closed loop's set-up passes called from Python (vLLM's block hashes,
+    ``shared_hashes``; the block facts, ``block_facts``) run as their Python twins for the
+    interpreted engine while their compiled code is cold (``setup_func``), with the
+    compiled passes' results: a tenant-salted, partly hashed table at two block sizes, the
+    next uses too.  Before, they compiled (~3-4 CPU-s of the README sample's 5.7 cold;
+    2.8 now, nothing compiled: the subprocess test below)."""
+    import numpy as np
+
+    from kvsim.engine.vllm_rows import shared_hashes
+    from kvsim.jit import disk_cache
+    from kvsim.modes.closed.closed_facts import block_facts
+    from tests.helpers import shared_prefix_table
+
+    table = shared_prefix_table(seed=3, n=40, gap_us=1_000)
+    off, ids = table.flat_block_ids()
+    cols = {k: table.column(k) for k in ("prompt_tokens", "output_tokens", "hashed_tokens")}
+    cols["hashed_tokens"] = np.minimum(cols["hashed_tokens"], 70)  # content known in part
+    tenant = np.arange(len(table)) % 3
+    calls = []
+    monkeypatch.setattr(disk_cache, "_SETUP", {})  # its choices: this test's only
+    for B in (16, 32):
+        args = (cols["prompt_tokens"], cols["output_tokens"], cols["hashed_tokens"], tenant,
+                off, ids, table.block_size_tokens, B)
+        jit_h = shared_hashes(*args)
+        jit_f = block_facts(table, off, ids, B)
+        with monkeypatch.context() as m:  # as on a cold cache
+            m.setattr(disk_cache, "cold", lambda d: calls.append(d.__name__) or True)
+            py_h = shared_hashes(*args, python=True)
+            py_f = block_facts(table, off, ids, B, python=True)
+        for a, b in zip((*jit_h, *jit_f), (*py_h, *py_f), strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert np.count_nonzero(py_h[2]) > 10 and np.count_nonzero(py_f[2]) > 0
+    assert {"_content_keys", "_own_hashes", "_all_block_hashes", "_mark_seen",
+            "_mark_next"} <= set(calls)
+
+
+@pytest.mark.parametrize("router", ["prefix", "tiered"])
+def test_the_routers_lookups_run_as_python_for_the_interpreted_engine(monkeypatch, router):
+    """The ``prefix`` router's scorer and the ``tiered`` router's placement run as their
+    Python twins for the interpreted engine while cold (``setup_func``), with the compiled
+    lookups' picks: 3 replicas of the interpreted engine serve the same requests either
+    way."""
+    import json
+
+    import numpy as np
+
+    from kvsim.jit import disk_cache
+    from kvsim.modes.closed.cluster import serve
+    from kvsim.spec.sim_config import SimConfig
+    from tests.helpers import shared_prefix_table
+
+    table = shared_prefix_table(seed=5, n=48, gap_us=20_000)
+    config = SimConfig(engine="interpreted", hbm_blocks=24, dram_gb=0.002, cxl_gb=0,
+                       nvme_gb=0)
+    ref = serve(table, "lru", config, replicas=3, router=router)
+    calls = []
+    with monkeypatch.context() as m:  # as on a cold cache
+        m.setattr(disk_cache, "_SETUP", {})
+        m.setattr(disk_cache, "cold", lambda d: calls.append(d.__name__) or True)
+        got = serve(table, "lru", config, replicas=3, router=router)
+    assert ({"route_prefix", "_route_prefix"} if router == "prefix" else
+            {"_cached_prefix", "hash_slot", "prefill_cost_us"}) <= set(calls)
+    assert len(set(np.asarray(got.requests["replica"]))) == 3
+    assert json.dumps(got.summary, sort_keys=True, default=str) == json.dumps(
+        ref.summary, sort_keys=True, default=str)
+
+
+_SMALL_RUNS = [["--scheduler", "vllm"], ["--scheduler", "kvsim"],
+               pytest.param(["--pd", "1:1"], marks=pytest.mark.slow),
+               pytest.param(["--replicas", "2", "--router", "prefix"], marks=pytest.mark.slow),
+               pytest.param(["--replicas", "2", "--router", "tiered", "--dram-gb", "4"],
+                            marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("extra", _SMALL_RUNS)
+def test_a_small_first_closed_loop_run_compiles_nothing(tmp_path, extra):
+    """The README's 65-request sample served closed loop from empty caches (the engine
+    ``auto`` picks: the interpreted one), with vLLM's scheduler and with kvsim's, on 2
+    replicas behind the ``prefix`` and the ``tiered`` router, and as ``--pd 1:1`` (slow
+    tests, ~3 CPU-s each): numba compiles nothing (docs/simulate.md, "Engines"; that the Python twins give the compiled
+    code's results: the tests above)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    code = ("import sys; from numba.core import event\n"
+            "n = []\n"
+            "class L(event.Listener):\n"
+            "    def on_start(self, ev): n.append(1)\n"
+            "    def on_end(self, ev): pass\n"
+            "event.register('numba:compile', L())\n"
+            "from kvsim.cli import app\n"
+            "sys.argv = ['kvsim'] + sys.argv[1:]\n"
+            "try:\n    app()\nexcept SystemExit:\n    pass\n"
+            "sys.stderr.write(f'compiles={len(n)}\\n')\n")
+    run = ["simulate", "--request-trace", str(root / "traces" / "sample_mooncake.jsonl"),
+           "--model", "llama-3.1-8b", "--block-size", "512", "--hbm-blocks", "900", "--json"]
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"),
+               KVSIM_CACHE_DIR=str(tmp_path / "kvsim"))
+    p = subprocess.run([sys.executable, "-c", code, *run, *extra],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stderr.strip().endswith("compiles=0"), p.stderr[-2000:]
+    got = json.loads(p.stdout)["policies"][0]
+    assert got["requests"] - got["dropped_requests"] == 65
+
+
 def test_python_twin_runs_no_compiled_code():
     """A twin calls its helpers' twins (by global name, nested code included) and leaves the
     dispatchers untouched; it gives what the compiled function gives."""

@@ -17,6 +17,7 @@ from numba import njit
 from kvsim.core import row_store
 from kvsim.engine.scheduler_blocks import _prompt_hashes
 from kvsim.ingest.hashing import chain_hash, root_hash
+from kvsim.jit.disk_cache import setup_func
 
 NEVER = np.iinfo(np.int64).max
 
@@ -54,7 +55,8 @@ class PromptHashes:
     order, the decode pool's in about that order), so the hashes held are a chunk's, not
     the trace's.  The same values as :func:`prompt_block_hashes`."""
 
-    def __init__(self, table, off, ids, B: int):
+    def __init__(self, table, off, ids, B: int, python: bool = False):
+        self.python = python  # the interpreted engine's (kvsim.jit.disk_cache.setup_func)
         self.prompt = np.ascontiguousarray(table.column("prompt_tokens"), dtype=np.int64)
         self.hashed = np.ascontiguousarray(table.column("hashed_tokens"), dtype=np.int64)
         self.off = np.ascontiguousarray(off, dtype=np.int64)
@@ -72,8 +74,9 @@ class PromptHashes:
             po = self.pb_off[c0:c1 + 1] - self.pb_off[c0]
             hb = np.zeros(int(po[-1]), dtype=np.int64)
             with np.errstate(over="ignore"):
-                _all_prompt_hashes(self.B, self.T, self.prompt[c0:c1], self.hashed[c0:c1],
-                                   self.off[c0:c1 + 1], self.ids, po, hb)
+                setup_func(_all_prompt_hashes, self.python)(
+                    self.B, self.T, self.prompt[c0:c1], self.hashed[c0:c1],
+                    self.off[c0:c1 + 1], self.ids, po, hb)
             if len(self._chunks) >= ROUTER_KEEP:
                 del self._chunks[next(iter(self._chunks))]
             got = self._chunks[k] = (hb, po.tolist())  # offsets as Python ints: cheap reads
@@ -222,8 +225,8 @@ class _Hashes:
     """The block hashes and ``full`` flags of one request range at a time, made into
     buffers sized by the largest range and reused (no allocation per chunk)."""
 
-    def __init__(self, args, pb_off, chunks):
-        self.args, self.pb_off = args, pb_off
+    def __init__(self, args, pb_off, chunks, python: bool = False):
+        self.args, self.pb_off, self.python = args, pb_off, python
         most = max((int(pb_off[c1] - pb_off[c0]) for c0, c1 in chunks), default=0)
         self.h = np.zeros(most, dtype=np.int64)
         self.full = np.zeros(most, dtype=np.int8)
@@ -235,8 +238,9 @@ class _Hashes:
         h, full = self.h[:p1 - p0], self.full[:p1 - p0]
         h[:] = 0
         with np.errstate(over="ignore"):
-            _all_block_hashes(B, T, prompt[c0:c1], hashed[c0:c1], nb[c0:c1], off[c0:c1 + 1],
-                              ids, self.pb_off[c0:c1 + 1] - p0, h, full)
+            setup_func(_all_block_hashes, self.python)(
+                B, T, prompt[c0:c1], hashed[c0:c1], nb[c0:c1], off[c0:c1 + 1], ids,
+                self.pb_off[c0:c1 + 1] - p0, h, full)
         return p0, h, full
 
 
@@ -245,7 +249,8 @@ class _Table:
     twice its size when 3/4 full (linear probing: ~2.5 probes a
     hit, ~8.5 a miss at that load; 8-16 bytes a key)."""
 
-    def __init__(self, with_values: bool, most: int = 0):
+    def __init__(self, with_values: bool, most: int = 0, python: bool = False):
+        self.python = python
         size = FIRST_KEYS  # sized for ``most`` keys when known: never grown then
         while 4 * most >= 3 * size:
             size *= 2
@@ -256,11 +261,11 @@ class _Table:
     def grow(self) -> None:
         keys = np.zeros(2 * self.keys.shape[0], dtype=np.int64)
         vals = np.zeros(keys.shape[0] if self.vals.shape[0] else 0, dtype=np.int64)
-        _rehash(self.keys, self.vals, keys, vals)
+        setup_func(_rehash, self.python)(self.keys, self.vals, keys, vals)
         self.keys, self.vals = keys, vals
 
 
-def block_facts(table, off, ids, B: int, next_use: bool = True):
+def block_facts(table, off, ids, B: int, next_use: bool = True, python: bool = False):
     """(offsets, next_use, seen) per block a request writes (prompt blocks, then decode
     blocks), in arrival order (module docstring).  A decode block is cached once full, so
     its next use is the next prompt block of the same content (the next turn's).
@@ -275,7 +280,8 @@ def block_facts(table, off, ids, B: int, next_use: bool = True):
     so far (it grows with the distinct contents, not with how often they come) and, when
     asked, next_use from a backward pass with a map of each content's nearest later
     looked-up position: the working arrays are a chunk's and the distinct contents', the
-    results 1 bit a block (seen) and 8 bytes (next_use)."""
+    results 1 bit a block (seen) and 8 bytes (next_use).  ``python``: for the interpreted
+    engine (the passes as Python while cold: :func:`kvsim.jit.disk_cache.setup_func`)."""
     prompt = np.ascontiguousarray(table.column("prompt_tokens"), dtype=np.int64)
     hashed = np.ascontiguousarray(table.column("hashed_tokens"), dtype=np.int64)
     output = np.ascontiguousarray(table.column("output_tokens"), dtype=np.int64)
@@ -291,14 +297,14 @@ def block_facts(table, off, ids, B: int, next_use: bool = True):
     args = (B, table.block_size_tokens, prompt, hashed, nb,
             np.ascontiguousarray(off, dtype=np.int64), ids)
     chunks = list(_chunks(pb_off, CHUNK_BLOCKS))
-    hashes = _Hashes(args, pb_off, chunks)
+    hashes = _Hashes(args, pb_off, chunks, python)
     seen = row_store.zeros((m + 7) // 8, np.uint8, index=pb_off, bits=True)
-    known = _Table(with_values=False)  # the contents so far
+    known = _Table(with_values=False, python=python)  # the contents so far
     for c0, c1 in chunks:
         p0, h, _full = hashes(c0, c1)
         j = 0
         while j < h.shape[0]:
-            j = _mark_seen(h, j, p0, known.keys, known.meta, seen)
+            j = setup_func(_mark_seen, python)(h, j, p0, known.keys, known.meta, seen)
             if 4 * known.meta[0] >= 3 * known.keys.shape[0]:
                 known.grow()
         row_store.release_below(c1)  # the pages written and read so far (set-up only)
@@ -308,12 +314,13 @@ def block_facts(table, off, ids, B: int, next_use: bool = True):
         return pb_off, np.zeros(0, dtype=np.int64), seen
     nu = row_store.full(m, NEVER, np.int64, index=pb_off)
     # each content's nearest later looked-up position: at most the distinct contents
-    later = _Table(with_values=True, most=distinct)
+    later = _Table(with_values=True, most=distinct, python=python)
     for c0, c1 in reversed(chunks):
         p0, h, full = hashes(c0, c1)
         j = h.shape[0]
         while j > 0:
-            j = _mark_next(h, full, j, p0, later.keys, later.vals, later.meta, nu)
+            j = setup_func(_mark_next, python)(h, full, j, p0, later.keys, later.vals,
+                                               later.meta, nu)
             if 4 * later.meta[0] >= 3 * later.keys.shape[0]:
                 later.grow()
     return pb_off, nu, seen

@@ -483,9 +483,9 @@ def _entry(advance, args: tuple):
 _TINY: dict = {}
 
 
-def vllm_hashes(table: RequestTable, off, ids, opts: EngineOptions) -> tuple | None:
-    """The block hashes vLLM's scheduler reads (:func:`kvsim.engine.vllm_rows.shared_hashes`),
-    computed once and shared by every replica; None for kvsim's scheduler."""
+def vllm_hashes(table: RequestTable, off, ids, opts: EngineOptions, python: bool = False):
+    """The block hashes vLLM's scheduler reads (:func:`kvsim.engine.vllm_rows.shared_hashes`,
+    ``python``: for the interpreted engine), one copy for every replica; None for kvsim's."""
     from kvsim.engine.vllm_rows import shared_hashes
 
     if opts.scheduler != "vllm":
@@ -496,7 +496,7 @@ def vllm_hashes(table: RequestTable, off, ids, opts: EngineOptions) -> tuple | N
               else np.zeros(len(table), np.int64))
     h0, h1, hh = shared_hashes(table.column("prompt_tokens"), table.column("output_tokens"),
                                table.column("hashed_tokens"), tenant, off, ids,
-                               table.block_size_tokens, opts.block_size_tokens)
+                               table.block_size_tokens, opts.block_size_tokens, python)
     # per request: in the run's row store when one is current (kvsim.core.row_store)
     return row_store.copy(h0), row_store.copy(h1), hh
 

@@ -140,8 +140,11 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
                     block_size_tokens=opts.block_size_tokens,
                     timing_model=cost.timing_model, timing_profile=cost.timing.profile)
     # a cold compiled closed loop: core.run compiles in a worker meanwhile (2+ cores)
-    with split_closed_compile(closed_engine(config, pol, _events(
-            table, opts.block_size_tokens), opts.scheduler), opts.scheduler):
+    engine_name = closed_engine(config, pol, _events(table, opts.block_size_tokens),
+                                opts.scheduler)
+    # the interpreted engine: the set-up's passes as Python while cold (setup_func)
+    python = engine_name != "compiled"
+    with split_closed_compile(engine_name, opts.scheduler):
         if pd is not None:
             from kvsim.modes.closed.disagg_serve import serve_pd
 
@@ -150,11 +153,13 @@ def serve(table: RequestTable, policy, config: SimConfig | None = None, *,
                                       None, "--pd")
             cfg_dict.update(replicas=pd.prefill + pd.decode)
             return serve_pd(table, pol, config, pd, router, opts, cost, hbm_blocks, costs,
-                            block_bytes, off, ids, dropped, cfg_dict, on_progress)
+                            block_bytes, off, ids, dropped, cfg_dict, on_progress,
+                            python=python)
         del off, ids  # _serve reads them from the table (and may release them)
         return _serve(table, pol, config, replicas, router, opts, decision_log, cost,
                       hbm_blocks, costs, block_bytes, dropped, cfg_dict,
-                      on_progress, missed, step_table, release_block_ids=release_block_ids)
+                      on_progress, missed, step_table, release_block_ids=release_block_ids,
+                      python=python)
 
 
 def _dropped_prompts(offered: RequestTable, kept: RequestTable, B: int) -> np.ndarray:
@@ -187,8 +192,10 @@ def _serve(table, *args, release_block_ids: bool = False, **kw):
 
 def _serve_rows(store, table, pol, config, replicas, router, opts, decision_log, cost,
                 hbm_blocks, costs, block_bytes, dropped, cfg_dict, on_progress, missed=None,
-                step_table: bool = True, release_block_ids: bool = False):
-    """:func:`_serve` in its row store (current)."""
+                step_table: bool = True, release_block_ids: bool = False,
+                python: bool = False):
+    """:func:`_serve` in its row store (current); ``python``: the set-up's passes for the
+    interpreted engine (:func:`kvsim.jit.disk_cache.setup_func`)."""
     from kvsim.modes.closed.closed_facts import PromptHashes, block_facts
     from kvsim.modes.closed.serving_metrics import cluster_summary
     from kvsim.policy.registry import resolve_tier_policy
@@ -200,7 +207,7 @@ def _serve_rows(store, table, pol, config, replicas, router, opts, decision_log,
     off, ids = table.flat_block_ids()
     writers = []
     engines = []
-    hashes = vllm_hashes(table, off, ids, resolve_scheduler(table, config, opts)[0])  # once
+    hashes = vllm_hashes(table, off, ids, resolve_scheduler(table, config, opts)[0], python)
     # each set-up piece gives back the store's pages it wrote or read (the run maps back
     # what it reads): the set-up's peak is then its largest piece, not their sum
     store.release_all()
@@ -237,7 +244,8 @@ def _serve_rows(store, table, pol, config, replicas, router, opts, decision_log,
         shared_tier.share(engines)  # one store: every replica's lower tiers are replica 0's
     # after the engines: building one typed core.run, so a cold compile of it has started
     # next_use only for a policy that reads the future (the core reads it for no other)
-    facts_pb = block_facts(table, off, ids, opts.block_size_tokens, next_use=pol.offline)
+    facts_pb = block_facts(table, off, ids, opts.block_size_tokens, next_use=pol.offline,
+                           python=python)
     for e in engines:
         e.set_block_facts(facts_pb)
     if not routed:  # no router reads the prompts: the block ids are read no more
@@ -257,7 +265,7 @@ def _serve_rows(store, table, pol, config, replicas, router, opts, decision_log,
             e.advance(-1.0, closed_loop.YIELD_STEPS, on_yield=tick)
         else:
             _run_cluster(table, engines, router, opts.block_size_tokens,
-                         PromptHashes(table, off, ids, opts.block_size_tokens),
+                         PromptHashes(table, off, ids, opts.block_size_tokens, python),
                          warmup, on_progress, on_release=lambda i: store.release_below(
                              min(i, *(x.oldest_unfinished() for x in engines))))
         for e in engines:

@@ -149,7 +149,9 @@ def run_decode(table, engines, router: str, B: int, pb, tr: Transfers, pd: PdOpt
     """Transfers and the decode pool, in time order, after the prefill pool has run
     (the prefill pool does not wait for the decode side: module docstring).  With a
     warm-up, the decode pool measures from the first measured request's arrival there."""
+    from kvsim.jit.disk_cache import setup_func
     from kvsim.modes.closed.routing import _route, prefix_scorer
+    from kvsim.replay.variants import runs_interpreted as interpreted
 
     df = table.df
     prompt = df["prompt_tokens"].to_numpy(np.int64)
@@ -175,6 +177,8 @@ def run_decode(table, engines, router: str, B: int, pb, tr: Transfers, pd: PdOpt
     link_free = [0.0] * int(tr.p_rep.max() + 1 if len(tr.p_rep) else 1)
     sticky: dict = {}
     score = prefix_scorer(engines) if router == "prefix" else None
+    # the interpreted engines while it is cold: the transfer's prefix lookup as Python
+    cached_prefix = setup_func(_cached_prefix, interpreted(engines))
 
     def release(w):
         st = engines[w].sched.st
@@ -247,8 +251,8 @@ def run_decode(table, engines, router: str, B: int, pb, tr: Transfers, pd: PdOpt
                        int(session[i]), sticky, waiting, score)
             sc = engines[w].sched
             phk, phv, tk = sc.lookup
-            cached = _cached_prefix(hb, int(nb_all[i]), int(prompt[i]), B, sc.slot_args[20],
-                                    phk, phv, np.zeros(2, np.int64))
+            cached = cached_prefix(hb, int(nb_all[i]), int(prompt[i]), B, sc.slot_args[20],
+                                   phk, phv, np.zeros(2, np.int64))
             tr.d_rep[i] = w
             tr.nbytes[i] = (int(nb_all[i]) - cached) * block_bytes
             staged[w].append(i)

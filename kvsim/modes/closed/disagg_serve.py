@@ -12,10 +12,11 @@ from kvsim.modes.closed.closed_loop import Engine, resolve_scheduler, vllm_hashe
 
 def serve_pd(table, pol, config, pd: disagg.PdOptions, router, opts, cost, hbm_blocks,
              costs, block_bytes, off, ids, dropped, cfg_dict, on_progress=None,
-             keep_pools: bool = False):
+             keep_pools: bool = False, python: bool = False):
     """Prefill pool, transfers, decode pool; a :class:`kvsim.replay.driver.SimResult` whose
     summary is the decode pool's with the client-level TTFT / E2E and the ``pd_*`` keys
-    (``pools``: the two pools' (engines, requests, steps) when ``keep_pools``)."""
+    (``pools``: the two pools' (engines, requests, steps) when ``keep_pools``; ``python``:
+    the set-up's passes for the interpreted engine, :func:`kvsim.jit.disk_cache.setup_func`)."""
     from kvsim.modes.closed import shared_tier
     from kvsim.modes.closed.closed_facts import PromptHashes, block_facts
     from kvsim.modes.closed.routing import _run_cluster
@@ -39,14 +40,14 @@ def serve_pd(table, pol, config, pd: disagg.PdOptions, router, opts, cost, hbm_b
     pools = []
     for k, (tab, n) in enumerate(((tp, pd.prefill), (td, pd.decode))):
         order = np.zeros(max(N, 1), dtype=np.int64)
-        hashes = vllm_hashes(tab, off, ids, resolve_scheduler(tab, config, opts)[0])  # once
+        hashes = vllm_hashes(tab, off, ids, resolve_scheduler(tab, config, opts)[0], python)
         pools.append([Engine(tab, off, ids, pol, config, opts, cost, hbm_blocks, costs,
                              block_bytes, None, order=order, replica=w, hashes=hashes)
                       for w in range(n)])
-    facts_pb = block_facts(table, off, ids, B, next_use=pol.offline)  # read by OFFLINE only
+    facts_pb = block_facts(table, off, ids, B, next_use=pol.offline, python=python)
     for e in pools[0] + pools[1]:
         e.set_block_facts(facts_pb)
-    pb = PromptHashes(table, off, ids, B)
+    pb = PromptHashes(table, off, ids, B, python)
     _run_cluster(tp, pools[0], router, B, pb, warmup, on_progress)
     for e in pools[0]:
         e.finish()

@@ -39,13 +39,17 @@ _NO_LOWER = np.zeros(4, dtype=np.int64)
 
 def placement(e, hb: np.ndarray, nb: int, prompt_tokens: int, B: int) -> tuple[int, list]:
     """(HBM prefix blocks, [blocks in tier 1, 2, 3]) of a prompt on engine ``e``."""
+    from kvsim.jit.disk_cache import setup_func
     from kvsim.replay.kernel.tiers import hash_slot
+    from kvsim.replay.variants import runs_interpreted as interpreted
 
     sc = e.sched
     phk, phv, tk = sc.lookup
     rk = sc.slot_args[20]
-    n_hbm = int(_cached_prefix(hb, nb, prompt_tokens, B, rk, phk, phv, _NO_LOWER))
-    total = int(_cached_prefix(hb, nb, prompt_tokens, B, rk, phk, phv, tk))
+    python = interpreted([e])  # the interpreted engine: Python while cold
+    cached_prefix, hash_slot = (setup_func(f, python) for f in (_cached_prefix, hash_slot))
+    n_hbm = int(cached_prefix(hb, nb, prompt_tokens, B, rk, phk, phv, _NO_LOWER))
+    total = int(cached_prefix(hb, nb, prompt_tokens, B, rk, phk, phv, tk))
     per_tier = [0, 0, 0]
     for k in range(n_hbm, total):
         i = int(hash_slot(tk, hb[k]))
@@ -56,10 +60,14 @@ def placement(e, hb: np.ndarray, nb: int, prompt_tokens: int, B: int) -> tuple[i
 def route(engines: list, hb: np.ndarray, nb: int, prompt_tokens: int, B: int,
           waiting_blocks: list, load: list) -> int:
     """The replica ``tiered`` picks (see the module's docstring)."""
+    from kvsim.jit.disk_cache import setup_func
+    from kvsim.replay.variants import runs_interpreted as interpreted
+
     best, best_key = 0, None
+    block_us = setup_func(prefill_cost_us, interpreted(engines))  # Python while cold
     for w, e in enumerate(engines):
         n_hbm, per_tier = placement(e, hb, nb, prompt_tokens, B)
-        r = max(float(prefill_cost_us(e.sched.fp, 0, B)), 1e-9)
+        r = max(float(block_us(e.sched.fp, 0, B)), 1e-9)
         X = e.run.X
         now = e.clock_us
         cost = float(nb - n_hbm - sum(per_tier))
