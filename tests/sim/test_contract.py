@@ -129,6 +129,8 @@ def test_the_interpreted_closed_loop_runs_vllms_scheduler_as_python(monkeypatch)
     assert not again.py_vllm and isinstance(again.vs[VS_POOL], StructRefProxy)
 
 
+@pytest.mark.slow  # its compiled comparison compiles advance for kvsim's scheduler, which
+# no default test compiles: ~22 CPU-s from empty caches
 def test_the_interpreted_closed_loop_runs_kvsims_scheduler_as_python(monkeypatch):
     """As vLLM's above, for kvsim's own scheduler (``--scheduler kvsim``): while its compiled
     ``run_steps`` is not compiled yet, the interpreted step driver reads a twin of
