@@ -125,6 +125,7 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
     st, stf, src = sched.st, sched.stf, sched.src
     prompt = sched.req_args[1]
     out = sched.req_args[2]
+    sched.python = _small_and_cold(int(prompt.sum()) // cfg.block_size_tokens + int(out.sum()))
     # per-row lookups filled in numpy: owner table row of every sequence slot
     rprio_tab = np.asarray(df["request_priority"].to_numpy(), dtype=np.int8)
     tenant_tab = np.asarray(df["tenant"].to_numpy(), dtype=np.int32)
@@ -163,6 +164,17 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
         admission_blocked_steps=int(st[S.S_BLOCKED]), forced_decodes=int(st[S.S_FORCED]),
         dropped_requests=dropped,
         dropped_requests_by_reason={DROP_PROMPT_EXCEEDS_KV: dropped} if dropped else {})
+
+
+def _small_and_cold(rows: int) -> bool:
+    """True when a lowering of about ``rows`` events runs the scheduler's steps as Python:
+    THE engine rule (:func:`kvsim.spec.sim_config.resolve_engine`) picks the interpreted
+    engine for it, as the compiled scheduler is not in numba's disk cache and ``rows`` is
+    too few to pay for its compile (~10-20 CPU-s: the README sample's import, 2026-11-30)."""
+    from kvsim.jit.disk_cache import cold
+    from kvsim.spec.sim_config import resolve_engine
+
+    return resolve_engine("auto", rows, 1, lambda: not cold(S.run_steps)) == "interpreted"
 
 
 def _drop_unadmittable(requests: RequestTable, block_size_tokens: int, max_prompt_blocks: int,

@@ -37,13 +37,19 @@ class Schedule:
     F: np.ndarray
     src: np.ndarray
     N: int
+    #: run the steps as Python while the compiled scheduler is cold (a small lowering:
+    #: :func:`kvsim.jit.disk_cache.setup_func`)
+    python: bool = False
 
     def step(self) -> int:
         """Advance until ``ip[P_FLUSH]`` rows are buffered at a step boundary; rows in
         ``I[:, :n]``, ``F[:, :n]``; returns ``n``."""
-        self.I, self.F, n = S.run_steps(self.ip, self.fp, self.st, self.stf, *self.req_args,
-                                        *self.slot_args, self.order, *self.lookup,
-                                        self.hitk, self.adm, self.I, self.F, 0)
+        from kvsim.jit.disk_cache import setup_func
+
+        run_steps = setup_func(S.run_steps, self.python)
+        self.I, self.F, n = run_steps(self.ip, self.fp, self.st, self.stf, *self.req_args,
+                                      *self.slot_args, self.order, *self.lookup, self.hitk,
+                                      self.adm, self.I, self.F, 0)
         return n
 
 

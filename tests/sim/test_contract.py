@@ -245,14 +245,66 @@ def test_a_small_first_closed_loop_run_compiles_nothing(tmp_path, extra):
     """The README's 65-request sample served closed loop from empty caches (the engine
     ``auto`` picks: the interpreted one), with vLLM's scheduler and with kvsim's, on 2
     replicas behind the ``prefix`` and the ``tiered`` router, and as ``--pd 1:1`` (slow
-    tests, ~3 CPU-s each): numba compiles nothing (docs/simulate.md, "Engines"; that the Python twins give the compiled
-    code's results: the tests above)."""
+    tests, ~3 CPU-s each): numba compiles nothing (docs/simulate.md, "Engines"; that the
+    Python twins give the compiled code's results: the tests above)."""
     import json
+
+    root = Path(__file__).resolve().parents[2]
+    p = _count_compiles(tmp_path, "simulate", "--request-trace",
+                        str(root / "traces" / "sample_mooncake.jsonl"), "--model",
+                        "llama-3.1-8b", "--block-size", "512", "--hbm-blocks", "900", "--json",
+                        *extra)
+    got = json.loads(p.stdout)["policies"][0]
+    assert got["requests"] - got["dropped_requests"] == 65
+
+
+def test_a_small_first_import_compiles_nothing(tmp_path):
+    """``kvsim import-request-trace`` of the README's 65-request sample from empty caches:
+    the lowering runs kvsim's scheduler as Python while the compiled one is cold and the
+    work is too small to pay for its compile (``kvsim.engine.lowering._small_and_cold``):
+    numba compiles nothing (before: ~19 CPU-s of its ~21).  The file: the test below."""
+    root = Path(__file__).resolve().parents[2]
+    _count_compiles(tmp_path, "import-request-trace", "--requests",
+                    str(root / "traces" / "sample_mooncake.jsonl"), "--model", "llama-3.1-8b",
+                    "--out", str(tmp_path / "m.parquet"))
+    assert (tmp_path / "m.parquet").stat().st_size > 0
+
+
+@pytest.mark.parametrize("case", ["synthetic", pytest.param("sample", marks=pytest.mark.slow)])
+def test_a_lowering_in_python_writes_the_compiled_lowerings_file(monkeypatch, tmp_path, case):
+    """The lowering's steps as Python (the compiled scheduler cold) and compiled write
+    byte-identical event files: a synthetic table that blocks admissions and stalls decodes
+    (40 GPU blocks), and the README's Mooncake sample (slow: ~6 CPU-s)."""
+    from kvsim.engine import lowering
+    from kvsim.ingest import read_requests
+    from kvsim.jit import disk_cache
+    from tests.helpers import shared_prefix_table
+
+    root = Path(__file__).resolve().parents[2]
+    if case == "sample":
+        table, kw = read_requests(root / "traces" / "sample_mooncake.jsonl"), {}
+    else:
+        table, kw = shared_prefix_table(seed=2, n=60, gap_us=500), {"num_gpu_blocks": 40}
+    jit = lowering.lower_requests(table, tmp_path / "jit.parquet", **kw)
+    with monkeypatch.context() as m:  # as on a cold cache
+        m.setattr(disk_cache, "_SETUP", {})
+        m.setattr(disk_cache, "cold", lambda d: True)
+        py = lowering.lower_requests(table, tmp_path / "py.parquet", **kw)
+    assert (tmp_path / "py.parquet").read_bytes() == (tmp_path / "jit.parquet").read_bytes()
+    import dataclasses
+
+    assert dataclasses.replace(py, out_path=jit.out_path) == jit and py.num_events > 1000
+    if case == "synthetic":
+        assert py.admission_blocked_steps > 0 and py.decode_stalls > 0
+
+
+def _count_compiles(tmp_path, *argv):
+    """``kvsim ARGV`` in a child from empty caches under ``tmp_path``, asserting that it
+    exits 0 and that numba compiled nothing in it; returns the finished process."""
     import os
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[2]
     code = ("import sys; from numba.core import event\n"
             "n = []\n"
             "class L(event.Listener):\n"
@@ -263,16 +315,13 @@ def test_a_small_first_closed_loop_run_compiles_nothing(tmp_path, extra):
             "sys.argv = ['kvsim'] + sys.argv[1:]\n"
             "try:\n    app()\nexcept SystemExit:\n    pass\n"
             "sys.stderr.write(f'compiles={len(n)}\\n')\n")
-    run = ["simulate", "--request-trace", str(root / "traces" / "sample_mooncake.jsonl"),
-           "--model", "llama-3.1-8b", "--block-size", "512", "--hbm-blocks", "900", "--json"]
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"),
                KVSIM_CACHE_DIR=str(tmp_path / "kvsim"))
-    p = subprocess.run([sys.executable, "-c", code, *run, *extra],
-                       capture_output=True, text=True, env=env, timeout=300)
+    p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
+                       env=env, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stderr.strip().endswith("compiles=0"), p.stderr[-2000:]
-    got = json.loads(p.stdout)["policies"][0]
-    assert got["requests"] - got["dropped_requests"] == 65
+    return p
 
 
 def test_python_twin_runs_no_compiled_code():
