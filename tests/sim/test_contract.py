@@ -96,7 +96,6 @@ def test_the_interpreted_closed_loop_runs_vllms_scheduler_as_python(monkeypatch)
     vLLM's scheduler (the default) compiled it: ~30 of its ~35 CPU-s (docs/simulate.md,
     "Engines").  Once ``vllm_rows`` is compiled (here: the compiled engine ran), the
     interpreted loop calls it again (``python_vllm``)."""
-    import numpy as np
     from numba.core.dispatcher import Dispatcher
     from numba.experimental.structref import StructRefProxy
 
@@ -119,14 +118,21 @@ def test_the_interpreted_closed_loop_runs_vllms_scheduler_as_python(monkeypatch)
         py = small_closed_engine("interpreted")
     jit = small_closed_engine("compiled")
     assert py.py_vllm and not isinstance(py.vs[VS_POOL], StructRefProxy)
+    _same_steps(py, jit)
+    again = small_closed_engine("interpreted")  # vllm_rows compiled in this process now
+    assert not again.py_vllm and isinstance(again.vs[VS_POOL], StructRefProxy)
+
+
+def _same_steps(py, jit) -> None:
+    """Run both engines to the end: the same steps, scheduler state and counters."""
+    import numpy as np
+
     for e in (py, jit):
         e.advance()
         e.finish()
     assert py.steps == jit.steps > 20
     np.testing.assert_array_equal(py.sched.st, jit.sched.st)
     np.testing.assert_array_equal(py.run.C, jit.run.C)
-    again = small_closed_engine("interpreted")  # vllm_rows compiled in this process now
-    assert not again.py_vllm and isinstance(again.vs[VS_POOL], StructRefProxy)
 
 
 @pytest.mark.slow  # its compiled comparison compiles advance for kvsim's scheduler, which
@@ -139,7 +145,6 @@ def test_the_interpreted_closed_loop_runs_kvsims_scheduler_as_python(monkeypatch
     ``_ensure``) from Python: the first run of the README's 65-request sample with
     ``--scheduler kvsim`` compiled them, 26.8 CPU-s of its 27 (7.5 after; docs/simulate.md,
     "Engines").  Once ``run_steps`` is compiled, the interpreted loop calls it again."""
-    import numpy as np
     from numba.core.dispatcher import Dispatcher
 
     from kvsim.modes.closed import closed_loop
@@ -155,12 +160,7 @@ def test_the_interpreted_closed_loop_runs_kvsims_scheduler_as_python(monkeypatch
         py = small_closed_engine("interpreted", "kvsim")
     jit = small_closed_engine("compiled", "kvsim")
     assert py.py_kvsim and py.step_mod.S is tw.S
-    for e in (py, jit):
-        e.advance()
-        e.finish()
-    assert py.steps == jit.steps > 20
-    np.testing.assert_array_equal(py.sched.st, jit.sched.st)
-    np.testing.assert_array_equal(py.run.C, jit.run.C)
+    _same_steps(py, jit)
     again = small_closed_engine("interpreted", "kvsim")  # run_steps compiled in this process
     assert not again.py_kvsim and again.step_mod.S is not tw.S
 
