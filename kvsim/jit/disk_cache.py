@@ -260,13 +260,32 @@ def cold(dispatcher) -> bool:
     return not (dispatcher.overloads or dispatcher_is_cached(dispatcher))
 
 
-def setup_func(dispatcher, python: bool):
+_PYTHON = threading.local()  # python_while_cold's switch, per thread
+
+
+@contextlib.contextmanager
+def python_while_cold(on: bool = True):
+    """While active (in this thread), :func:`setup_func` called without ``python`` takes
+    ``on``: a replay on the interpreted engine (:func:`kvsim.replay.driver.execute`) runs the
+    passes it calls from Python as their twins while cold, however deep the call."""
+    before = getattr(_PYTHON, "on", False)
+    _PYTHON.on = on
+    try:
+        yield
+    finally:
+        _PYTHON.on = before
+
+
+def setup_func(dispatcher, python: bool | None = None):
     """What a set-up pass or a router calls from Python a few times a run or once an arrival
     (the closed loop's block hashes and facts, the routers' prefix lookups): for the
     interpreted engine (``python``) while ``dispatcher`` is cold (:func:`cold`; decided once
     a process), its plain-Python twin (:func:`kvsim.jit.python_twin.python_twin`, integer
     overflow wrapping as compiled), so that a small first run compiles nothing for it; else
-    ``dispatcher``.  The same results either way."""
+    ``dispatcher``.  The same results either way.  ``python`` None: as
+    :func:`python_while_cold` says (off outside it)."""
+    if python is None:
+        python = getattr(_PYTHON, "on", False)
     if not python:
         return dispatcher
     f = _SETUP.get(dispatcher)

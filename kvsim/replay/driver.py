@@ -511,7 +511,23 @@ class Execution:
 def execute(trace_path: str | Path, pol, config: SimConfig,
             decision_log: str | Path | None = None, facts: TraceFacts | None = None,
             on_progress: Callable[[int, int], None] | None = None) -> Execution:
-    """Stream ``trace_path`` through the replay core under policy ``pol`` (resolved)."""
+    """Stream ``trace_path`` through the replay core under policy ``pol`` (resolved).  On
+    the interpreted engine (picked from the file's row count when its format gives it up
+    front: Parquet), the pre-pass and the id maps run as Python while their compiled code
+    is cold (:func:`kvsim.jit.disk_cache.python_while_cold`): a small first run compiles
+    nothing for them."""
+    from kvsim.jit.disk_cache import python_while_cold
+
+    with _open(trace_path) as reader:
+        rows = reader.num_rows
+    lower = [resolve_tier_policy(config.tier_policy(t), t) for t in LOWER_TIERS]
+    python = rows is not None and choose_engine(config.engine, rows, pol, lower) == "interpreted"
+    with python_while_cold(python):
+        return _execute(trace_path, pol, config, decision_log, facts, on_progress)
+
+
+def _execute(trace_path, pol, config: SimConfig, decision_log, facts, on_progress) -> Execution:
+    """:func:`execute`."""
     from kvsim.results.decision_log import DecisionLogWriter
 
     with _open(trace_path) as reader:

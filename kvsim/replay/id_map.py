@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from kvsim.jit.disk_cache import setup_func
 from kvsim.replay.prepass import _EMPTY, _grown, _home, _slot
 
 
@@ -95,20 +96,20 @@ class IdMap:
 
     def get(self, ids: np.ndarray) -> np.ndarray:
         out = np.empty(len(ids), np.int64)
-        _ids_get(self.keys, self.vals, np.ascontiguousarray(ids, np.int64), out)
+        setup_func(_ids_get)(self.keys, self.vals, np.ascontiguousarray(ids, np.int64), out)
         return out
 
     def map_into(self, ids: np.ndarray, out: np.ndarray) -> int:
         """``out`` (int64, as long as ``ids``): each id's value, -1 for an id >= 0 not
         mapped, a negative id as it is.  Returns how many ids >= 0 were not mapped."""
-        return int(_ids_map(self.keys, self.vals, ids, out))
+        return int(setup_func(_ids_map)(self.keys, self.vals, ids, out))
 
     def put(self, ids: np.ndarray, values: np.ndarray) -> None:
         """Map the ids (absent, distinct) to ``values``."""
         self.keys, self.vals = _grown(self.keys, self.vals, self.n + len(ids))
-        _ids_put(self.keys, self.vals, np.ascontiguousarray(ids, np.int64),
+        setup_func(_ids_put)(self.keys, self.vals, np.ascontiguousarray(ids, np.int64),
                  np.ascontiguousarray(values, np.int64))
         self.n += len(ids)
 
     def drop(self, ids: np.ndarray) -> None:
-        self.n -= int(_ids_drop(self.keys, self.vals, np.ascontiguousarray(ids, np.int64)))
+        self.n -= int(setup_func(_ids_drop)(self.keys, self.vals, np.ascontiguousarray(ids, np.int64)))

@@ -32,6 +32,7 @@ from numba import njit
 from kvsim.core.heap import trim_heap
 from kvsim.core.schema import EventKind
 from kvsim.core.spill import IntsFile, PackedBits, SpilledRows
+from kvsim.jit.disk_cache import setup_func
 from kvsim.jit.prefetch import prefetch
 from kvsim.policy.api import NEVER
 from kvsim.replay import facts_cache
@@ -265,9 +266,10 @@ def _scan(trace_path, batch_rows: int, bits_mem_bytes: int | None, arrivals_mem:
             ft = np.empty(n, np.int64)
             fs = np.empty(n, np.int64)
             acc[:5] = (live, max_live, 0, max_blocks, max_size)
-            m = _scan_rows(kind, req, cols["parent_request_id"], cols["block_index"],
-                           cols["size_bytes"], cols["time_us"], cols["step"], known, started,
-                           acc, fr, ft, fs)
+            scan_rows = setup_func(_scan_rows)  # Python on the interpreted engine, cold
+            m = scan_rows(kind, req, cols["parent_request_id"], cols["block_index"],
+                          cols["size_bytes"], cols["time_us"], cols["step"], known, started,
+                          acc, fr, ft, fs)
             if m:
                 firsts.append(np.stack((fr[:m], ft[:m], fs[:m]), axis=1))
             live, max_live, k, max_blocks, max_size = (int(x) for x in acc[:5])
@@ -458,7 +460,7 @@ def _grown(keys: np.ndarray, vals: np.ndarray, need: int,
         size *= 2
     new_keys = np.zeros(size, np.int64)
     new_vals = np.zeros(size if vals.shape[0] else 0, np.int64)
-    _rehash(keys, new_keys, vals, new_vals)
+    setup_func(_rehash)(keys, new_keys, vals, new_vals)
     return new_keys, new_vals
 
 
@@ -484,7 +486,8 @@ class SeenSet:
         self.keys, self.vals = _grown(self.keys, self.vals, self.n + hashes.shape[0],
                                       self.LOAD)
         seen = np.zeros(hashes.shape[0], np.int8)
-        self.n = int(_mark(np.ascontiguousarray(hashes, np.int64), self.keys, self.n, seen))
+        self.n = int(setup_func(_mark)(np.ascontiguousarray(hashes, np.int64), self.keys,
+                                       self.n, seen))
         return seen
 
     def mark_rows(self, kind: np.ndarray, content_hash: np.ndarray) -> np.ndarray:
@@ -493,7 +496,7 @@ class SeenSet:
         m = int(np.count_nonzero(kind == EV_ALLOCATE))
         self.keys, self.vals = _grown(self.keys, self.vals, self.n + m, self.LOAD)
         seen = np.zeros(m, np.int8)
-        self.n = int(_mark_rows(kind, content_hash, self.keys, self.n, seen))
+        self.n = int(setup_func(_mark_rows)(kind, content_hash, self.keys, self.n, seen))
         return seen
 
 

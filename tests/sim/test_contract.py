@@ -298,6 +298,41 @@ def test_a_lowering_in_python_writes_the_compiled_lowerings_file(monkeypatch, tm
         assert py.admission_blocked_steps > 0 and py.decode_stalls > 0
 
 
+def test_a_small_first_open_loop_replay_compiles_nothing(tmp_path):
+    """``kvsim simulate --trace traces/sample_chat.parquet`` from empty caches (the engine
+    ``auto`` picks from the file's row count: the interpreted one): the pre-pass and the
+    id maps run as Python while cold (``kvsim.jit.disk_cache.python_while_cold``): numba
+    compiles nothing (before: ~2.5 CPU-s of pre-pass and id-map passes)."""
+    root = Path(__file__).resolve().parents[2]
+    _count_compiles(tmp_path, "simulate", "--trace", str(root / "traces" / "sample_chat.parquet"),
+                    "--policy", "lru", "--hbm-gb", "0.06", "--json")
+
+
+@pytest.mark.parametrize("policy", ["lru", "belady"])
+def test_an_open_loop_replay_with_python_passes_gives_the_compiled_passes_result(
+        monkeypatch, tmp_path, policy):
+    """The open-loop replay on the interpreted engine with its pre-pass and id maps as
+    Python (as cold) and compiled: the same summary, requests and decision log."""
+    import json
+
+    from kvsim.jit import disk_cache
+    from kvsim.replay.driver import replay
+
+    root = Path(__file__).resolve().parents[2]
+    trace = root / "traces" / "sample_chat.parquet"
+    config = SimConfig(engine="interpreted", hbm_gb=0.06)
+    jit = replay(trace, policy, config, tmp_path / "jit.parquet")
+    calls = []
+    with monkeypatch.context() as m:  # as on a cold cache
+        m.setattr(disk_cache, "_SETUP", {})
+        m.setattr(disk_cache, "cold", lambda d: calls.append(d.__name__) or True)
+        py = replay(trace, policy, config, tmp_path / "py.parquet")
+    assert {"_scan_rows", "_mark_rows"} <= set(calls)
+    assert json.dumps(py.summary, sort_keys=True, default=str) == json.dumps(
+        jit.summary, sort_keys=True, default=str)
+    assert (tmp_path / "py.parquet").read_bytes() == (tmp_path / "jit.parquet").read_bytes()
+
+
 def _count_compiles(tmp_path, *argv):
     """``kvsim ARGV`` in a child from empty caches under ``tmp_path``, asserting that it
     exits 0 and that numba compiled nothing in it; returns the finished process."""
