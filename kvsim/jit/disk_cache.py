@@ -257,6 +257,7 @@ def compiled_call(dispatcher, *args):
 def cold(dispatcher) -> bool:
     """True when ``dispatcher`` is neither compiled in this process nor in numba's disk
     cache: a call from Python would compile it."""
+    seal_all()  # the cache folder checked, every compiled module imported (once)
     return not (dispatcher.overloads or dispatcher_is_cached(dispatcher))
 
 

@@ -519,19 +519,18 @@ def execute(trace_path: str | Path, pol, config: SimConfig,
     from kvsim.jit.disk_cache import python_while_cold
 
     with _open(trace_path) as reader:
-        rows = reader.num_rows
+        header, rows = reader.header, reader.num_rows
     lower = [resolve_tier_policy(config.tier_policy(t), t) for t in LOWER_TIERS]
     python = rows is not None and choose_engine(config.engine, rows, pol, lower) == "interpreted"
     with python_while_cold(python):
-        return _execute(trace_path, pol, config, decision_log, facts, on_progress)
+        return _execute(trace_path, header, pol, config, decision_log, facts, on_progress)
 
 
-def _execute(trace_path, pol, config: SimConfig, decision_log, facts, on_progress) -> Execution:
-    """:func:`execute`."""
+def _execute(trace_path, header, pol, config: SimConfig, decision_log, facts,
+             on_progress) -> Execution:
+    """:func:`execute` on the file's ``header``."""
     from kvsim.results.decision_log import DecisionLogWriter
 
-    with _open(trace_path) as reader:
-        header = reader.header
     bs = int(header.block_size_tokens)
     checked = SCAN_COLUMNS if facts is None else ()  # checked by this pre-pass: not again
     facts = facts or scan_trace(trace_path, bs, config.batch_rows, columns=SCAN_COLUMNS)

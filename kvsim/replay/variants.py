@@ -433,13 +433,10 @@ def python_vllm(core_module: ModuleType) -> bool:
     in this process nor in numba's disk cache, so that a small first run compiles nothing
     (~30 CPU-s saved).  Once it is compiled, the interpreted loop calls it, as it is ~2x
     faster than its twin a step (docs/simulate.md, "Engines")."""
-    if is_compiled(core_module):
-        return False
     from kvsim.engine.vllm_rows import vllm_rows
-    from kvsim.jit.disk_cache import dispatcher_is_cached, seal_all
+    from kvsim.jit.disk_cache import cold
 
-    seal_all()
-    return not (vllm_rows.overloads or dispatcher_is_cached(vllm_rows))
+    return not is_compiled(core_module) and cold(vllm_rows)
 
 
 def python_kvsim(core_module: ModuleType) -> bool:
@@ -448,13 +445,10 @@ def python_kvsim(core_module: ModuleType) -> bool:
     interpreted twin and the compiled ``run_steps`` is neither compiled in this process nor
     in numba's disk cache (as :func:`python_vllm` for vLLM's: a small first run compiles
     nothing; once compiled, the interpreted loop calls it)."""
-    if is_compiled(core_module):
-        return False
     from kvsim.engine.scheduler import run_steps
-    from kvsim.jit.disk_cache import dispatcher_is_cached, seal_all
+    from kvsim.jit.disk_cache import cold
 
-    seal_all()
-    return not (run_steps.overloads or dispatcher_is_cached(run_steps))
+    return not is_compiled(core_module) and cold(run_steps)
 
 
 def _scheduler_twin() -> ModuleType:

@@ -32,7 +32,7 @@ def prefix_scorer(engines: list[Engine]):
     a call passes another ``waiting`` array): a call unboxes one pointer, not five tuples
     of an array per replica."""
     from kvsim.engine.scheduler_blocks import _route_prefix
-    from kvsim.jit.disk_cache import setup_func
+    from kvsim.jit.disk_cache import cold, setup_func
     from kvsim.modes.closed.closed_loop import _entry
     from kvsim.replay.kernel.engine_ref import new_route_ref, route_prefix
     from kvsim.replay.variants import runs_interpreted as interpreted
@@ -40,7 +40,7 @@ def prefix_scorer(engines: list[Engine]):
     arrays = (tuple(e.sched.st for e in engines), tuple(e.sched.slot_args[20] for e in engines),
               *(tuple(e.sched.lookup[k] for e in engines) for k in range(3)))
     weight, i_qn, i_done = PREFIX_OVERLAP_WEIGHT, S.S_QN, S.S_DONE
-    if interpreted(engines) and setup_func(route_prefix, True) is not route_prefix:
+    if interpreted(engines) and cold(route_prefix):
         # the interpreted engines while the scorer is cold: its Python twin on the arrays
         py = setup_func(_route_prefix, True)
         return lambda hb, nb, prompt_tokens, B, waiting: py(hb, nb, prompt_tokens, B, weight,

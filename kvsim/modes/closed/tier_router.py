@@ -47,12 +47,12 @@ def placement(e, hb: np.ndarray, nb: int, prompt_tokens: int, B: int) -> tuple[i
     phk, phv, tk = sc.lookup
     rk = sc.slot_args[20]
     python = interpreted([e])  # the interpreted engine: Python while cold
-    cached_prefix, hash_slot = (setup_func(f, python) for f in (_cached_prefix, hash_slot))
+    cached_prefix, slot = (setup_func(f, python) for f in (_cached_prefix, hash_slot))
     n_hbm = int(cached_prefix(hb, nb, prompt_tokens, B, rk, phk, phv, _NO_LOWER))
     total = int(cached_prefix(hb, nb, prompt_tokens, B, rk, phk, phv, tk))
     per_tier = [0, 0, 0]
     for k in range(n_hbm, total):
-        i = int(hash_slot(tk, hb[k]))
+        i = int(slot(tk, hb[k]))
         per_tier[(int(tk[i + 1]) & 3) - 1] += 1
     return n_hbm, per_tier
 
