@@ -331,7 +331,8 @@ def compare_command(
         show_default=False)] = None,
     log_lifecycle: LifecycleOpt = False,
     jobs: Annotated[int, typer.Option(
-        "--jobs", min=1, metavar="N", help="Policies replayed in parallel processes.")] = 1,
+        "--jobs", min=1, metavar="N", help="Policies replayed in parallel processes (a cold "
+        "compile, and a small first run on the interpreted engine, use every core).")] = 1,
     csv: CsvOpt = None,
     parquet: ParquetOpt = None,
     seed: Annotated[int, typer.Option(

@@ -154,11 +154,12 @@ def compare(trace_path: str | Path, policies: Sequence[str] | None = None,
         facts = scan_trace(trace_path, bs, config.batch_rows)
     split, first, cold = False, None, []
     if not cache and not live and facts is not None:
-        from kvsim.replay.precompile import compare_engine, needs_split
+        from kvsim.replay.precompile import compare_engine, needs_split, replay_jobs
 
         runs = sum(1 for n in run_names if n != "optimal")
-        config = dataclasses.replace(config, engine=compare_engine(config.engine,
-                                                                   facts.num_rows, runs))
+        chosen = compare_engine(config.engine, facts.num_rows, runs)
+        jobs = replay_jobs(config.engine, chosen, jobs)  # a cold small run: every core
+        config = dataclasses.replace(config, engine=chosen)
         split, first, cold = needs_split(config.engine, False, run_names)
     _SHARED["args"] = (str(trace_path), config, facts)
     _SHARED["log_dir"] = decision_log_dir

@@ -124,6 +124,19 @@ def compile_workers(jobs: int) -> int:
     return max(int(jobs), os.cpu_count() or 1)
 
 
+def replay_jobs(requested: str, chosen: str, jobs: int) -> int:
+    """Processes for a ``compare``'s replays: ``jobs``, or every core
+    (:func:`compile_workers`) when ``auto`` picked the interpreted engine (``requested``
+    ``auto``, ``chosen`` ``interpreted``: a small first run on a cold compile cache,
+    :func:`compare_engine`).  Such a run is the interpreted twin of a cold compile, and it
+    uses the cores as the replays after a cold compile do (a policy's replay is a fresh
+    forked process either way; the results do not depend on it).  An explicit
+    ``--engine interpreted`` keeps ``jobs``."""
+    if requested == "auto" and chosen == "interpreted":
+        return compile_workers(jobs)
+    return jobs
+
+
 def compare_engine(engine: str, num_rows: int, runs: int, closed: bool | str = False) -> str:
     """The engine of a ``compare`` of ``runs`` replays of ``num_rows`` events each:
     :func:`kvsim.spec.sim_config.resolve_engine`, warm when the compiled core is cached (a

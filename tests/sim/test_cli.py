@@ -24,6 +24,41 @@ def _trace(builder, path):
     return tb.write(path)
 
 
+def test_a_cold_small_compare_replays_its_policies_in_parallel(builder, tiny_hw, tmp_path,
+                                                               monkeypatch):
+    """``compare`` on ``--engine auto`` that picks the interpreted engine (small work, the
+    compiled core cold) replays its policies in one forked process per core
+    (kvsim.replay.precompile.replay_jobs), with the same rows as one process; ``--engine
+    interpreted`` keeps ``--jobs`` (1)."""
+    from kvsim.core import workers
+    from kvsim.replay import precompile, variants
+
+    trace = _trace(builder, tmp_path / "t.parquet")
+    pools = []
+    real = workers.process_pool
+
+    def spy(jobs):
+        pools.append(jobs)
+        return real(jobs)
+
+    monkeypatch.setattr(workers, "process_pool", spy)
+    monkeypatch.setattr(variants, "core_is_cold", lambda closed=False: True)
+    monkeypatch.setattr(precompile.os, "cpu_count", lambda: 2)
+    monkeypatch.delenv("KVSIM_COMPILE_WORKERS", raising=False)
+    args = ["compare", "--trace", str(trace), "--policies", "lru,fifo", "--hardware",
+            tiny_hw, "--hbm-blocks", "4", "--json"]
+    auto = runner.invoke(app, args + ["--engine", "auto"])
+    assert auto.exit_code == 0, auto.output
+    assert pools == [2]
+    one = runner.invoke(app, args + ["--engine", "interpreted"])
+    assert one.exit_code == 0, one.output
+    assert pools == [2]  # no pool: --jobs 1 obeyed
+    rows = [{k: v for k, v in p.items() if k != "engine"}
+            for p in json.loads(auto.stdout)["policies"]]
+    assert rows == [{k: v for k, v in p.items() if k != "engine"}
+                    for p in json.loads(one.stdout)["policies"]]
+
+
 def test_simulate_json_and_outputs(builder, tiny_hw, tmp_path):
     trace = _trace(builder, tmp_path / "t.parquet")
     csv = tmp_path / "out.csv"

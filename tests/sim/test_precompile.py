@@ -312,3 +312,17 @@ def test_every_compiled_replay_module_is_sealed():
     assert "kvsim.replay.kernel.placement" in seen
     assert seen <= set(numba_cache.COMPILED)
     assert set(numba_cache.COMPILED) <= set(numba_cache.SOURCES)
+
+
+def test_replay_jobs_every_core_on_a_cold_small_run(monkeypatch):
+    """A compare that ``auto`` sent to the interpreted engine (small work, cold compiled
+    code) replays its policies on every core, as the replays after a cold compile do; any
+    other engine choice keeps ``--jobs``."""
+    monkeypatch.delenv("KVSIM_COMPILE_WORKERS", raising=False)
+    monkeypatch.setattr(precompile.os, "cpu_count", lambda: 4)
+    assert precompile.replay_jobs("auto", "interpreted", 1) == 4
+    assert precompile.replay_jobs("auto", "interpreted", 6) == 6
+    assert precompile.replay_jobs("auto", "compiled", 1) == 1  # a cold compile splits itself
+    assert precompile.replay_jobs("interpreted", "interpreted", 1) == 1  # asked for: obeyed
+    monkeypatch.setenv("KVSIM_COMPILE_WORKERS", "1")
+    assert precompile.replay_jobs("auto", "interpreted", 1) == 1

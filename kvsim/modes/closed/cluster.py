@@ -353,12 +353,13 @@ def compare_requests(table: RequestTable, policies=None, config: SimConfig | Non
     if opts.hybrid_pool == "auto":  # a comparison of policies: every layer alike
         opts = dataclasses.replace(opts, hybrid_pool="off")
     engine, _why = resolve_scheduler(table, config, opts)  # once, for every policy
-    from kvsim.replay.precompile import compare_engine, needs_split
+    from kvsim.replay.precompile import compare_engine, needs_split, replay_jobs
 
     # auto: one engine for every policy (kvsim.replay.precompile.compare_engine), closed loop
     rows = _events(table, opts.block_size_tokens)
-    config = dataclasses.replace(config, engine=compare_engine(
-        config.engine, rows, len(run_names), closed=engine.scheduler))
+    chosen = compare_engine(config.engine, rows, len(run_names), closed=engine.scheduler)
+    jobs = replay_jobs(config.engine, chosen, jobs)  # a cold small run: every core
+    config = dataclasses.replace(config, engine=chosen)
     split, first, cold = needs_split(config.engine, engine.scheduler, run_names)
     args = (table, config, replicas, router, engine, pd_options)
     results: dict[str, dict] = {}
