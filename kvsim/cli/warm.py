@@ -29,10 +29,11 @@ def warm_command(
     """Compile the replay core into numba's disk cache now (once after pip install), so the
     first simulate / compare loads it instead of compiling.
 
-    It compiles the replay core, the closed loop's step driver and every policy's hooks
-    (about a minute on 2 cores, once per installed kvsim version) by serving a few requests
-    of the README's profile under every policy; a no-op (a few seconds) when the cache is
-    already filled.  docs/jit.md, "Compiling ahead: kvsim warm"."""
+    It compiles the replay core, the closed loop's step driver, every policy's hooks and
+    the scheduler that generate and import-request-trace run (about a minute on 2 cores,
+    once per installed kvsim version) by serving a few requests of the README's profile
+    under every policy and lowering them; a no-op (a few seconds) when the cache is already
+    filled.  docs/jit.md, "Compiling ahead: kvsim warm"."""
     from kvsim.modes.warm import SCHEDULERS, check_schedulers, warm
 
     scheds = SCHEDULERS if scheduler == "all" else tuple(s.strip() for s in scheduler.split(","))

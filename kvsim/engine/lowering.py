@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from kvsim.core.errors import KvsimInputError
+from kvsim.core.errors import KvsimInputError, bad_value
 from kvsim.core.schema import EventHeader, EventKind, Phase
 from kvsim.engine import scheduler as S
 from kvsim.engine.engine_model import (
@@ -61,7 +61,8 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
                    gpu_memory_utilization: float | None = None,
                    source: dict[str, Any] | None = None,
                    progress: Callable[[int, int], None] | None = None,
-                   flush_rows: int = FLUSH_ROWS, timing: str | None = "auto") -> ImportSummary:
+                   flush_rows: int = FLUSH_ROWS, timing: str | None = "auto",
+                   engine: str = "auto") -> ImportSummary:
     """Lower ``requests`` through the engine model into the event file ``out_path``.
 
     Parquet unless ``out_path`` ends in ``.jsonl`` (``.jsonl.gz``).  ``progress(done,
@@ -73,11 +74,17 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
     exactly as ``kvsim simulate`` sizes its default HBM pool.  ``timing``: the step-time
     model (``auto``: measured tables where bundled for the pair, else the roofline;
     :mod:`kvsim.engine.timing.select`), recorded in the header's ``source.engine``.
+    ``engine``: how the scheduler's steps run, ``auto`` (:func:`_small_and_cold`),
+    ``compiled`` or ``interpreted`` (as Python); the same file either way.
     """
     from kvsim.core.fsutil import check_output_path, check_output_suffix
     from kvsim.events import EventWriter
 
     check_output_suffix(check_output_path(out_path, "--out"), "events", "--out")
+    from kvsim.spec.sim_config import ENGINES
+
+    if engine not in ENGINES:
+        raise bad_value(None, None, "engine", " | ".join(ENGINES), engine)
     extra = {} if gpu_memory_utilization is None else {
         "gpu_memory_utilization": gpu_memory_utilization}
     cfg = EngineConfig(block_size_tokens=block_size_tokens, max_num_seqs=max_num_seqs,
@@ -125,7 +132,8 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
     st, stf, src = sched.st, sched.stf, sched.src
     prompt = sched.req_args[1]
     out = sched.req_args[2]
-    sched.python = _small_and_cold(int(prompt.sum()) // cfg.block_size_tokens + int(out.sum()))
+    sched.python = _small_and_cold(int(prompt.sum()) // cfg.block_size_tokens + int(out.sum()),
+                                   engine)
     # per-row lookups filled in numpy: owner table row of every sequence slot
     rprio_tab = np.asarray(df["request_priority"].to_numpy(), dtype=np.int8)
     tenant_tab = np.asarray(df["tenant"].to_numpy(), dtype=np.int32)
@@ -166,15 +174,16 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
         dropped_requests_by_reason={DROP_PROMPT_EXCEEDS_KV: dropped} if dropped else {})
 
 
-def _small_and_cold(rows: int) -> bool:
+def _small_and_cold(rows: int, engine: str = "auto") -> bool:
     """True when a lowering of about ``rows`` events runs the scheduler's steps as Python:
     THE engine rule (:func:`kvsim.spec.sim_config.resolve_engine`) picks the interpreted
-    engine for it, as the compiled scheduler is not in numba's disk cache and ``rows`` is
-    too few to pay for its compile (~10-20 CPU-s: the README sample's import, 2026-11-30)."""
+    engine for it (``auto``: the compiled scheduler is not in numba's disk cache and
+    ``rows`` is too few to pay for its compile, ~10-20 CPU-s: the README sample's import,
+    2026-11-30; or ``engine`` says so)."""
     from kvsim.jit.disk_cache import cold
     from kvsim.spec.sim_config import resolve_engine
 
-    return resolve_engine("auto", rows, 1, lambda: not cold(S.run_steps)) == "interpreted"
+    return resolve_engine(engine, rows, 1, lambda: not cold(S.run_steps)) == "interpreted"
 
 
 def _drop_unadmittable(requests: RequestTable, block_size_tokens: int, max_prompt_blocks: int,

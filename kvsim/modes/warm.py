@@ -2,15 +2,18 @@
 kvsim warm").
 
 A compiled run from an empty cache compiles the replay core (``core.run``), the closed
-loop's step driver (``closed_step.advance``, once per scheduler) and each policy's hooks:
-about a minute on 2 cores (docs/benchmarks.md, "Cold compile ahead of the first run").
-:func:`warm` pays that once, at a time the user chooses (right after ``pip install``): it
-serves a few requests of the README's workload profile closed loop under every built-in
-policy (:func:`kvsim.modes.closed.cluster.compare_requests`, on the compiled engine, whose
-compile is split over the cores, :mod:`kvsim.replay.precompile`), so that numba's cache
+loop's step driver (``closed_step.advance``, once per scheduler) and each policy's hooks, a
+large lowering (``kvsim generate``, ``kvsim import-request-trace``) its scheduler
+(``kvsim.engine.scheduler.run_steps``): about a minute on 2 cores (docs/benchmarks.md,
+"Cold compile ahead of the first run").  :func:`warm` pays that once, at a time the user
+chooses (right after ``pip install``): it serves a few requests of the README's workload
+profile closed loop under every built-in policy
+(:func:`kvsim.modes.closed.cluster.compare_requests`, on the compiled engine, whose compile
+is split over the cores, :mod:`kvsim.replay.precompile`), so that numba's cache
 (the directory keyed on kvsim's sources, :mod:`kvsim.jit.cache_key`) holds the code every
 default run loads: the same functions with the same argument types, whatever the trace,
-its size, the tier sizes or the policy.  Nothing is compiled that a run would not compile
+its size, the tier sizes or the policy; then it lowers them to an event file with the
+compiled scheduler.  Nothing is compiled that a run would not compile
 itself, and a run never depends on it: an empty cache still compiles on first use.
 
 numba's cache is located by the absolute path of each source file and stamped with a hash
@@ -102,8 +105,9 @@ def warm(schedulers: Sequence[str] = DEFAULT_SCHEDULERS, policies: Sequence[str]
          jobs: int = 1) -> WarmResult:
     """Compile into numba's disk cache what a compiled closed-loop run with each of
     ``schedulers`` (``vllm`` / ``kvsim``) and each of ``policies`` (default: every registered
-    policy, as ``kvsim compare``) loads; a no-op for what is cached already (a few seconds
-    of loading)."""
+    policy, as ``kvsim compare``) loads, and the scheduler a lowering runs (``kvsim
+    generate``, ``kvsim import-request-trace``); a no-op for what is cached already (a few
+    seconds of loading)."""
     check_schedulers(schedulers, policies)
     from kvsim.jit.disk_cache import seal_all
     from kvsim.modes.closed.closed_loop import EngineOptions
@@ -126,6 +130,16 @@ def warm(schedulers: Sequence[str] = DEFAULT_SCHEDULERS, policies: Sequence[str]
         for replicas in PREFIX_REPLICAS:
             serve(table, (policies or ["lru"])[0], config, replicas=replicas,
                   router="prefix", engine=EngineOptions(scheduler=sched))
+    # the lowering's scheduler (kvsim generate, kvsim import-request-trace): a small lowering
+    # runs it as Python while it is cold (kvsim.engine.lowering._small_and_cold), every time,
+    # until a lowering large enough compiles it; compiled here, the README's generate takes
+    # ~1.7 s instead of ~6.5 (docs/benchmarks.md, "Cold compile ahead of the first run")
+    import tempfile
+
+    from kvsim.engine.lowering import lower_requests
+
+    with tempfile.TemporaryDirectory(prefix="kvsim-warm-") as tmp:
+        lower_requests(table, os.path.join(tmp, "warm.parquet"), engine="compiled")
     # Every hook as a function value, in a fresh process: a hook compiles when first
     # called, and the few requests above never call some (an on_remove when nothing is
     # removed); and numba caches a hook called directly by compiled code (another hook)

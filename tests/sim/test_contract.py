@@ -270,14 +270,30 @@ def test_a_small_first_import_compiles_nothing(tmp_path):
     assert (tmp_path / "m.parquet").stat().st_size > 0
 
 
-@pytest.mark.parametrize("case", ["synthetic", pytest.param("sample", marks=pytest.mark.slow)])
-def test_a_lowering_in_python_writes_the_compiled_lowerings_file(monkeypatch, tmp_path, case):
-    """The lowering's steps as Python (the compiled scheduler cold) and compiled write
-    byte-identical event files: a synthetic table that blocks admissions and stalls decodes
-    (40 GPU blocks), and the README's Mooncake sample (slow: ~6 CPU-s)."""
+def test_a_lowerings_engine_must_be_known(tmp_path):
+    """``lower_requests(engine=...)``: auto, compiled or interpreted; anything else is one
+    clear error naming the field, before any file is written."""
+    from kvsim.core.errors import KvsimInputError
+    from kvsim.engine import lowering
+    from tests.helpers import shared_prefix_table
+
+    with pytest.raises(KvsimInputError, match="auto | compiled | interpreted") as e:
+        lowering.lower_requests(shared_prefix_table(seed=2, n=4, gap_us=500),
+                                tmp_path / "x.parquet", engine="jit")
+    assert e.value.field == "engine" and not (tmp_path / "x.parquet").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["synthetic", "sample"])
+def test_a_lowering_in_python_writes_the_compiled_lowerings_file(tmp_path, case):
+    """The lowering's steps as Python (``engine="interpreted"``, what a small lowering runs
+    while the compiled scheduler is cold) and compiled write byte-identical event files: a
+    synthetic table that blocks admissions and stalls decodes (40 GPU blocks), and the
+    README's Mooncake sample.  Slow: the compiled side compiles kvsim's scheduler
+    (``run_steps``, ~20 CPU-s), which no default test compiles (before the engines were
+    named here, the first lowering took ``auto`` and on a cold cache ran as Python too)."""
     from kvsim.engine import lowering
     from kvsim.ingest import read_requests
-    from kvsim.jit import disk_cache
     from tests.helpers import shared_prefix_table
 
     root = Path(__file__).resolve().parents[2]
@@ -285,11 +301,8 @@ def test_a_lowering_in_python_writes_the_compiled_lowerings_file(monkeypatch, tm
         table, kw = read_requests(root / "traces" / "sample_mooncake.jsonl"), {}
     else:
         table, kw = shared_prefix_table(seed=2, n=60, gap_us=500), {"num_gpu_blocks": 40}
-    jit = lowering.lower_requests(table, tmp_path / "jit.parquet", **kw)
-    with monkeypatch.context() as m:  # as on a cold cache
-        m.setattr(disk_cache, "_SETUP", {})
-        m.setattr(disk_cache, "cold", lambda d: True)
-        py = lowering.lower_requests(table, tmp_path / "py.parquet", **kw)
+    jit = lowering.lower_requests(table, tmp_path / "jit.parquet", engine="compiled", **kw)
+    py = lowering.lower_requests(table, tmp_path / "py.parquet", engine="interpreted", **kw)
     assert (tmp_path / "py.parquet").read_bytes() == (tmp_path / "jit.parquet").read_bytes()
     import dataclasses
 

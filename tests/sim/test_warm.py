@@ -81,6 +81,23 @@ def test_warm_leaves_every_default_run_cached(warmed) -> None:
         assert got == "0: -", got
 
 
+def test_warm_leaves_the_lowerings_scheduler_cached(warmed, tmp_path) -> None:
+    """After warm(): kvsim's scheduler, which a lowering runs (a small one as Python while
+    it is cold, kvsim.engine.lowering._small_and_cold), loads from the cache, and a fresh
+    process running the README's generate or import compiles nothing."""
+    from kvsim.engine import scheduler as S
+    from kvsim.jit.disk_cache import cold
+
+    assert not cold(S.run_steps)
+    for cmd in (["generate", "--profile", "multi_turn_chat", "--requests", "16", "--seed", "7",
+                 "--out", str(tmp_path / "g.parquet")],
+                ["import-request-trace", "--requests",
+                 str(ROOT / "traces" / "sample_mooncake.jsonl"), "--model", "llama-3.1-8b",
+                 "--out", str(tmp_path / "m.parquet")]):
+        got = _compiled(cmd)
+        assert got == "0: -", (cmd[0], got)
+
+
 def test_warm_command_unknown_policy_is_one_line_exit_2() -> None:
     p = subprocess.run([sys.executable, "-m", "kvsim", "warm", "--policies", "lru,nope"],
                        capture_output=True, text=True, timeout=120)
