@@ -207,7 +207,9 @@ def test_the_routers_lookups_run_as_python_for_the_interpreted_engine(monkeypatc
     """The ``prefix`` router's scorer and the ``tiered`` router's placement run as their
     Python twins for the interpreted engine while cold (``setup_func``), with the compiled
     lookups' picks: 3 replicas of the interpreted engine serve the same requests either
-    way."""
+    way.  The reference run takes the compiled lookups whatever the cache holds (left to
+    the cache, a cold one gave it the twins too), and only those: the scheduler's steps
+    stay as the cache has them."""
     import json
 
     import numpy as np
@@ -220,14 +222,19 @@ def test_the_routers_lookups_run_as_python_for_the_interpreted_engine(monkeypatc
     table = shared_prefix_table(seed=5, n=48, gap_us=20_000)
     config = SimConfig(engine="interpreted", hbm_blocks=24, dram_gb=0.002, cxl_gb=0,
                        nvme_gb=0)
-    ref = serve(table, "lru", config, replicas=3, router=router)
+    lookups = ({"route_prefix", "_route_prefix"} if router == "prefix" else
+               {"_cached_prefix", "hash_slot", "prefill_cost_us"})
+    cold = disk_cache.cold
+    with monkeypatch.context() as m:  # the lookups compiled, as on a warm cache
+        m.setattr(disk_cache, "_SETUP", {})
+        m.setattr(disk_cache, "cold", lambda d: d.__name__ not in lookups and cold(d))
+        ref = serve(table, "lru", config, replicas=3, router=router)
     calls = []
     with monkeypatch.context() as m:  # as on a cold cache
         m.setattr(disk_cache, "_SETUP", {})
         m.setattr(disk_cache, "cold", lambda d: calls.append(d.__name__) or True)
         got = serve(table, "lru", config, replicas=3, router=router)
-    assert ({"route_prefix", "_route_prefix"} if router == "prefix" else
-            {"_cached_prefix", "hash_slot", "prefill_cost_us"}) <= set(calls)
+    assert lookups <= set(calls)
     assert len(set(np.asarray(got.requests["replica"]))) == 3
     assert json.dumps(got.summary, sort_keys=True, default=str) == json.dumps(
         ref.summary, sort_keys=True, default=str)
@@ -325,7 +332,8 @@ def test_a_small_first_open_loop_replay_compiles_nothing(tmp_path):
 def test_an_open_loop_replay_with_python_passes_gives_the_compiled_passes_result(
         monkeypatch, tmp_path, policy):
     """The open-loop replay on the interpreted engine with its pre-pass and id maps as
-    Python (as cold) and compiled: the same summary, requests and decision log."""
+    Python (as cold) and compiled (whatever the cache holds: left to the cache, a cold one
+    gave the reference run the twins too): the same summary, requests and decision log."""
     import json
 
     from kvsim.jit import disk_cache
@@ -334,13 +342,17 @@ def test_an_open_loop_replay_with_python_passes_gives_the_compiled_passes_result
     root = Path(__file__).resolve().parents[2]
     trace = root / "traces" / "sample_chat.parquet"
     config = SimConfig(engine="interpreted", hbm_gb=0.06)
-    jit = replay(trace, policy, config, tmp_path / "jit.parquet")
     calls = []
     with monkeypatch.context() as m:  # as on a cold cache
         m.setattr(disk_cache, "_SETUP", {})
         m.setattr(disk_cache, "cold", lambda d: calls.append(d.__name__) or True)
         py = replay(trace, policy, config, tmp_path / "py.parquet")
     assert {"_scan_rows", "_mark_rows"} <= set(calls)
+    cold = disk_cache.cold
+    with monkeypatch.context() as m:  # those passes compiled, as on a warm cache
+        m.setattr(disk_cache, "_SETUP", {})
+        m.setattr(disk_cache, "cold", lambda d: d.__name__ not in calls and cold(d))
+        jit = replay(trace, policy, config, tmp_path / "jit.parquet")
     assert json.dumps(py.summary, sort_keys=True, default=str) == json.dumps(
         jit.summary, sort_keys=True, default=str)
     assert (tmp_path / "py.parquet").read_bytes() == (tmp_path / "jit.parquet").read_bytes()
