@@ -79,10 +79,9 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
     """
     from kvsim.core.fsutil import check_output_path, check_output_suffix
     from kvsim.events import EventWriter
-
-    check_output_suffix(check_output_path(out_path, "--out"), "events", "--out")
     from kvsim.spec.sim_config import ENGINES
 
+    check_output_suffix(check_output_path(out_path, "--out"), "events", "--out")
     if engine not in ENGINES:
         raise bad_value(None, None, "engine", " | ".join(ENGINES), engine)
     extra = {} if gpu_memory_utilization is None else {
