@@ -109,6 +109,7 @@ SLOW_TESTS = (
     # ^ 101 MiB of msgpack written and read: ~11 s at load 16
     "tests/safety/test_compile_cache.py::test_bit_flipped_replay_core_one_warning_same_result",
     # ^ two compiles of the replay core
+    "tests/sim/test_warm.py::test_warm_leaves_the_lowerings_scheduler_cached",  # warm() too
     "tests/sim/test_warm.py::test_warm_leaves_every_default_run_cached",  # a cold compile when
     # nothing before it filled the cache (~100 CPU-s), else ~30 s of replays and two runs
     "tests/safety/test_compile_cache.py::test_flip_in_a_file_whose_writer_died_one_warning_same_result",
