@@ -240,6 +240,7 @@ def _scan(trace_path, batch_rows: int, bits_mem_bytes: int | None, arrivals_mem:
     seen_set = SeenSet()
     seen_bits = PackedBits(bits_mem_bytes)
     acc = np.zeros(6, np.int64)  # _scan_rows' running values
+    scan_rows = setup_func(_scan_rows)  # Python on the interpreted engine, cold
     with _open(trace_path) as reader:
         for cols in reader.batches(batch_rows, read_ahead=True, columns=columns):
             n = len(cols["kind"])
@@ -266,7 +267,6 @@ def _scan(trace_path, batch_rows: int, bits_mem_bytes: int | None, arrivals_mem:
             ft = np.empty(n, np.int64)
             fs = np.empty(n, np.int64)
             acc[:5] = (live, max_live, 0, max_blocks, max_size)
-            scan_rows = setup_func(_scan_rows)  # Python on the interpreted engine, cold
             m = scan_rows(kind, req, cols["parent_request_id"], cols["block_index"],
                           cols["size_bytes"], cols["time_us"], cols["step"], known, started,
                           acc, fr, ft, fs)

@@ -175,9 +175,9 @@ def _mark_next(h, full, j1, p0, keys, vals, meta, nu):
     mask = keys.shape[0] - 1
     for j in range(j1 - 1, -1, -1):
         if j >= PROBE_AHEAD:  # as in _mark_seen, going down
-            k = _home(h[j - PROBE_AHEAD], mask)
-            prefetch(keys, k)
-            prefetch(vals, k)
+            ahead = _home(h[j - PROBE_AHEAD], mask)
+            prefetch(keys, ahead)
+            prefetch(vals, ahead)
         x = h[j]
         if x == 0:
             continue
