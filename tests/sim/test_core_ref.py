@@ -114,6 +114,23 @@ def test_writes_go_through_and_a_replaced_buffer_is_seen(replay):
     assert np.shares_memory(_getter("seen")(core_ref(cs2)), bigger)
 
 
+def test_the_driver_passes_its_last_core_ref_again_until_a_member_changes(replay):
+    """``_Run.core_value``: the same arrays give the same CoreRef (no ~1 ms remake on each
+    re-entry of the core); a grown buffer, or a batch's new ``seen``, gives a new one that
+    holds the new array."""
+    seen = np.zeros(3, dtype=np.int8)
+    first = replay.core_value(replay.no_next, seen)
+    assert replay.core_value(replay.no_next, seen) is first
+    old_rows = replay.A_i.shape[0]
+    replay.A_i = np.zeros((2 * old_rows, replay.A_i.shape[1]), dtype=np.int64)
+    grown = replay.core_value(replay.no_next, seen)
+    assert grown is not first and _write(grown) == 2 * old_rows
+    assert replay.core_value(replay.no_next, seen) is grown
+    other = np.zeros(3, dtype=np.int8)  # equal contents, another array: remade
+    again = replay.core_value(replay.no_next, other)
+    assert again is not grown and np.shares_memory(_getter("seen")(again), other)
+
+
 def test_interpreted_takes_the_plain_state_and_every_member_is_required(replay):
     cs = replay.core_state(replay.no_next, replay.no_seen)
     assert core_arg(cs, False) is cs
