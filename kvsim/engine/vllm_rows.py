@@ -248,14 +248,21 @@ def _new_row(R, varr, first_us, mark, s, c, prompt, out, rprio, h0, h1, Q, QA):
 
 
 @njit(cache=True, _nrt=False)
-def _alloc_rows(I, F, n, fp, step, t_us, i, b0, b1, after, B, hh, h0, nh, dl, sl, target):
+def _alloc_rows(I, F, n, fp, pc, step, t_us, i, b0, b1, after, B, hh, h0, nh, dl, sl,
+                target):
     """ALLOCATE rows of request i's blocks b0 .. b1-1 (``after`` tokens computed at the end
-    of this step): each with its full content's hash and its tokens by then."""
+    of this step): each with its full content's hash, its tokens by then and its prefill
+    cost (``pc``: ``vs[VS_PCOST]``, filled here at a block index's first use)."""
     for b in range(b0, b1):
         h = hh[h0 + b] if b < nh else 0
         tok = min(B, max(after - b * B, 1))
+        cost = pc[b] if b < pc.shape[0] else -1.0
+        if cost < 0.0:
+            cost = _prefill_us(fp, b * B, B)
+            if b < pc.shape[0]:
+                pc[b] = cost
         n = _row(I, F, n, step, t_us, EK_ALLOCATE, i, b, h, -1, tok, PH_PREFILL, PR_WARM, dl,
-                 sl, target, 0, _prefill_us(fp, b * B, B))
+                 sl, target, 0, cost)
     return n
 
 
@@ -309,6 +316,7 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
     pl = vs[VS_POOL]
     hits = vs[VS_HITS]
     hs = vs[VS_HS]
+    pc = vs[VS_PCOST]
     osched = vs[VS_SCHED]
     obl = vs[VS_BL]
     oblids = vs[VS_BLIDS]
@@ -455,12 +463,12 @@ def vllm_rows(ip, fp, st, stf, arr, prompt, out, ttft, tpot, rprio, cont, gap, s
             if e >= 0:
                 cnt = obl[e, 1]
                 if mark[i] == step:  # admitted now: its whole table
-                    n = _alloc_rows(I, F, n, fp, step, t_us, c, np.int64(0), cnt, after, B,
-                                    hh, h0, nh, dl, 0, target)  # typed 0: one compile
+                    n = _alloc_rows(I, F, n, fp, pc, step, t_us, c, np.int64(0), cnt, after,
+                                    B, hh, h0, nh, dl, 0, target)  # typed 0: one compile
                 else:
                     m = pst.seq_len[R[i, V.K_SEQ]]
-                    n = _alloc_rows(I, F, n, fp, step, t_us, c, m - cnt, m, after, B, hh, h0,
-                                    nh, dl, 0, target)
+                    n = _alloc_rows(I, F, n, fp, pc, step, t_us, c, m - cnt, m, after, B, hh,
+                                    h0, nh, dl, 0, target)
             sspec = R[i, V.K_SSPEC]  # draft tokens scheduled (verified this step)
             decode = ntok == 1 + sspec and before == plen + nout - 1 and nout > 0
             if decode:

@@ -17,14 +17,14 @@ from kvsim.engine.vllm_pool import vllm_pool
 __all__ = ["VS_IP", "VS_R", "VS_ARR", "VS_HH", "VS_SV", "VS_RUN", "VS_WQ", "VS_HEAP", "VS_POOL",
            "VS_HITS", "VS_HS", "VS_SCHED", "VS_BL", "VS_BLIDS", "VS_ADM", "VS_PRE", "VS_FIN",
            "VS_EV", "VS_RES", "VS_OC", "VS_FIRST", "VS_MARK", "VS_H0", "VS_H1", "VS_Q", "VS_QA",
-           "VS_RSM", "VS_RESETS", "Q_SPECK", "Q_ACCEPT", "Q_EXT", "RSM_ON", "RSM_ROW",
+           "VS_RSM", "VS_PCOST", "VS_RESETS", "Q_SPECK", "Q_ACCEPT", "Q_EXT", "RSM_ON", "RSM_ROW",
            "RSM_CLEARED", "RSM_NPRE", "build_value", "grow_rows", "new_outputs",
            "with_external_tokens"]
 
 # members of the scheduler value ``vs`` (a tuple, :func:`build_value`)
 (VS_IP, VS_R, VS_ARR, VS_HH, VS_SV, VS_RUN, VS_WQ, VS_HEAP, VS_POOL, VS_HITS, VS_HS,
  VS_SCHED, VS_BL, VS_BLIDS, VS_ADM, VS_PRE, VS_FIN, VS_EV, VS_RES, VS_OC, VS_FIRST,
- VS_MARK, VS_H0, VS_H1, VS_Q, VS_QA, VS_RSM, VS_RESETS) = range(28)
+ VS_MARK, VS_H0, VS_H1, VS_Q, VS_QA, VS_RSM, VS_PCOST, VS_RESETS) = range(29)
 # vLLM's rows (``R``, ``VS_ARR``, the queues, ``VS_FIRST``, ``VS_MARK``) are the core's
 # request-table rows (the closed loop's slot map, :func:`kvsim.engine.vllm_rows.slot_of`), filled at a request's
 # arrival from its constants: ``VS_H0``/``VS_H1`` its hashes' slice (shared_hashes),
@@ -35,6 +35,10 @@ Q_SPECK, Q_ACCEPT, Q_EXT = range(3)
 # flight (scheduled, its rows not written), its STEP row, resets that cleared, the resets'
 # preemptions
 RSM_ON, RSM_ROW, RSM_CLEARED, RSM_NPRE = range(4)
+# ``vs[VS_PCOST]``: block ``b``'s prefill cost (its ALLOCATE row's recompute cost, the timing
+# model's ``prefill_cost_us(fp, b * B, B)``, a function of ``b`` alone in a run), filled by
+# :func:`kvsim.engine.vllm_rows.vllm_rows` at its first use (-1: not yet): computed per block,
+# log2 / exp twice each, it was ~4 % of a 16-token closed loop (docs/benchmarks.md)
 
 
 def build_value(cols: dict, off, ids, trace_block_tokens: int, block_size: int, num_blocks: int,
@@ -105,7 +109,7 @@ def build_value(cols: dict, off, ids, trace_block_tokens: int, block_size: int, 
             np.zeros(M, np.int64), np.zeros(M, np.int64), pl, np.zeros(per_seq, np.int64),
             np.zeros(per_seq, np.int64), *outs, np.full(M, -1, np.int64),
             np.full(M, -1, np.int64), h0, h1, Q, QA, np.zeros(4, np.int64),
-            np.zeros((0, 4), np.int64))
+            np.full(per_seq, -1.0), np.zeros((0, 4), np.int64))
 
 
 #: the last cluster's request constants (:func:`_request_constants`), kept while its
