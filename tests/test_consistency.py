@@ -28,6 +28,26 @@ def test_prefix_reuse_counts_earlier_blocks_of_any_phase_in_file_order():
     assert (r.refs, r.reuses) == (4, 2) and r.fraction == 0.5
 
 
+def test_prefix_reuse_agrees_with_a_plain_set_on_random_batches():
+    """PrefixReuse (its hash set, kvsim.events.seen_set.SeenSet, compiled and as Python)
+    against the definition written out with a Python set: a prompt block's hash counts as
+    reused when an earlier row of this batch or of an earlier one had it; hash 0 never."""
+    rng = np.random.default_rng(3)
+    for python in (False, True):
+        r, seen, refs, reuses = PrefixReuse(python), set(), 0, 0
+        for _ in range(12):  # past the set's first doublings (4,096 slots)
+            n = int(rng.integers(0, 900))
+            h = rng.integers(0, 1500, n).astype(np.int64)  # repeats within and across
+            prompt = rng.random(n) < 0.7
+            r.add(h, prompt)
+            for x, p in zip(h.tolist(), prompt.tolist()):
+                refs += p
+                reuses += p and x != 0 and x in seen
+                if x:
+                    seen.add(x)
+        assert (r.refs, r.reuses, r.distinct_hashes) == (refs, reuses, len(seen))
+
+
 def test_explain_json_has_no_sentinels_and_missing_steps_suggest_neighbours(tmp_path):
     """belady logs next_use = int64 max for a block never used again: JSON says null."""
     import json

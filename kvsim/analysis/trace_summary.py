@@ -94,6 +94,19 @@ def _unique(values: np.ndarray) -> np.ndarray:
     return s[keep]
 
 
+def _python_while_cold(num_rows: int | None) -> bool:
+    """The prefix reuse's hash set as Python (:class:`kvsim.events.seen_set.SeenSet`) when
+    THE engine rule (:func:`kvsim.spec.sim_config.resolve_engine`) would not compile for a
+    file of ``num_rows`` rows (a small file, its pass not in numba's disk cache); a file whose
+    length is unknown until read (JSONL) compiles it."""
+    from kvsim.events import seen_set
+    from kvsim.jit.disk_cache import cold
+    from kvsim.spec.sim_config import resolve_engine
+
+    return num_rows is not None and resolve_engine(
+        "auto", num_rows, 1, lambda: not cold(seen_set._mark)) == "interpreted"
+
+
 def summarize_trace(path: str | Path, batch_rows: int = 1 << 20,
                     on_progress: Callable[[int, int | None], None] | None = None
                     ) -> TraceSummary:
@@ -111,7 +124,6 @@ def summarize_trace(path: str | Path, batch_rows: int = 1 << 20,
     bytes_by_prio = np.zeros(n_prios, dtype=np.int64)
     arrive_ids: set[int] = set()
     any_ids: set[int] = set()
-    reuse = PrefixReuse()
     unhashed_blocks = 0
     allocated = 0
     events = 0
@@ -128,6 +140,7 @@ def summarize_trace(path: str | Path, batch_rows: int = 1 << 20,
 
     with open_events(path) as reader:
         header = header_dict(reader.header)
+        reuse = PrefixReuse(_python_while_cold(reader.num_rows))
         for b in reader.batches(batch_rows):
             n = len(b["step"])
             if n == 0:
@@ -186,7 +199,7 @@ def summarize_trace(path: str | Path, batch_rows: int = 1 << 20,
         requests=requests,
         events=events,
         events_by_kind={k.name: int(kind_counts[int(k)]) for k in EventKind},
-        unique_blocks=int(reuse.seen.values.size) + unhashed_blocks,
+        unique_blocks=reuse.distinct_hashes + unhashed_blocks,
         allocated_blocks=allocated,
         bytes={
             "total": total_bytes,

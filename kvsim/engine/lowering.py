@@ -136,7 +136,7 @@ def lower_requests(requests: RequestTable, out_path: str | Path, *, model: str =
     # per-row lookups filled in numpy: owner table row of every sequence slot
     rprio_tab = np.asarray(df["request_priority"].to_numpy(), dtype=np.int8)
     tenant_tab = np.asarray(df["tenant"].to_numpy(), dtype=np.int32)
-    reuse_count = PrefixReuse()  # the one definition, shared with `kvsim inspect`
+    reuse_count = PrefixReuse(sched.python)  # the one definition, shared with `kvsim inspect`
     prompt_rows = hashed_rows = num_events = num_forks = 0
     with EventWriter(out_path, header, row_group_rows=flush_rows) as writer:
         while st[S.S_FINISHED] == 0:

@@ -5,25 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-class _SeenHashes:
-    """Sorted, duplicate-free int64 array of the content hashes seen so far."""
-
-    def __init__(self) -> None:
-        self.values = np.empty(0, dtype=np.int64)
-
-    def contains(self, hashes: np.ndarray) -> np.ndarray:
-        if self.values.size == 0:
-            return np.zeros(hashes.shape, dtype=bool)
-        pos = np.searchsorted(self.values, hashes)
-        pos[pos == self.values.size] = 0
-        return self.values[pos] == hashes
-
-    def add(self, unique_sorted: np.ndarray) -> None:
-        """Merge sorted, duplicate-free ``unique_sorted`` in (O(seen + new), no re-sort)."""
-        new = unique_sorted[~self.contains(unique_sorted)]
-        if new.size:
-            self.values = np.insert(self.values, np.searchsorted(self.values, new), new)
+from kvsim.events.seen_set import SeenSet
 
 
 class PrefixReuse:
@@ -37,8 +19,11 @@ class PrefixReuse:
     once counted only earlier prompt blocks, which missed those hits: 0.8919 against
     inspect's 0.9574 on the same multi-turn file.)"""
 
-    def __init__(self) -> None:
-        self.seen = _SeenHashes()
+    def __init__(self, python: bool | None = None) -> None:
+        """``python``: the hash set's passes as Python while cold (:class:`SeenSet`)."""
+        # the hashes seen so far, a hash set: a sorted array searched per batch was ~30 %
+        # of a 16-token Mooncake import's CPU (docs/benchmarks.md)
+        self.seen = SeenSet(python=python)
         self.refs = 0  # prompt-block allocations
         self.reuses = 0  # ... whose hash was seen on an earlier ALLOCATE
 
@@ -46,19 +31,15 @@ class PrefixReuse:
         """The next ``ALLOCATE`` rows in file order: their ``content_hash`` and whether each
         is a prompt (``PREFILL``) block."""
         hashed = hashes != 0
-        hh = hashes[hashed]
-        # Seen before = seen in an earlier call, or earlier in this one.
-        order = np.argsort(hh, kind="stable")  # equal hashes keep file order
-        sh = hh[order]
-        first = np.ones(sh.size, dtype=bool)
-        if sh.size:
-            np.not_equal(sh[1:], sh[:-1], out=first[1:])
-        earlier_in_batch = np.ones(hh.size, dtype=bool)
-        earlier_in_batch[order[first]] = False  # first occurrence of each hash
-        seen_before = earlier_in_batch | self.seen.contains(hh)
+        # seen before = seen in an earlier call, or earlier in this one (SeenSet.mark)
+        seen_before = self.seen.mark(hashes[hashed]) != 0
         self.refs += int(np.count_nonzero(is_prompt))
         self.reuses += int(np.count_nonzero(seen_before & is_prompt[hashed]))
-        self.seen.add(sh[first])
+
+    @property
+    def distinct_hashes(self) -> int:
+        """How many distinct non-zero hashes the rows fed so far hold."""
+        return self.seen.n
 
     @property
     def fraction(self) -> float:

@@ -28,6 +28,7 @@ from kvsim.core.errors import KvsimInputError
 from kvsim.core.schema import EventKind
 from kvsim.core.spill import SpilledRows
 from kvsim.engine.cost_model import GB, TierCosts, cost_array, hbm_kv_capacity_bytes, tier_costs
+from kvsim.events.seen_set import SeenSet
 from kvsim.jit.uncounted_call import call_uncounted
 from kvsim.memory import fast as mem
 from kvsim.memory.pool_ref import pool_arg
@@ -49,7 +50,6 @@ from kvsim.replay.metrics import RequestLog, StepLog, summarize
 from kvsim.replay.prepass import (
     SCAN_COLUMNS,
     BufferRelease,
-    SeenSet,
     TraceFacts,
     _open,
     full_hashes,

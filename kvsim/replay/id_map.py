@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from kvsim.events.seen_set import _EMPTY, _grown, _home, _slot
 from kvsim.jit.disk_cache import setup_func
-from kvsim.replay.prepass import _EMPTY, _grown, _home, _slot
 
 
 @njit(cache=True)

@@ -14,8 +14,9 @@ import pytest
 from kvsim.api import simulate
 from kvsim.core.schema import EventKind
 from kvsim.events import read_events
+from kvsim.events.seen_set import SeenSet
 from kvsim.policy.api import NEVER
-from kvsim.replay.prepass import SeenSet, offline_next_use, scan_trace
+from kvsim.replay.prepass import offline_next_use, scan_trace
 from kvsim.spec.sim_config import SimConfig
 
 _CONFTEST = Path(__file__).with_name("conftest.py")
@@ -101,7 +102,7 @@ def test_home_slots_spread_over_tables_past_2_to_the_24():
     whole table: with 24 bits of home (before) every key began its probe in the first 2^24
     slots and linear probing ran through one cluster.  Hashes and sequential ids (IdMap's
     keys) alike.  The table is never written: its zero pages cost no memory."""
-    from kvsim.replay.prepass import _slot
+    from kvsim.events.seen_set import _slot
 
     rng = np.random.default_rng(0)
     for bits in (10, 24, 26):
