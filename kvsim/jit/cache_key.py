@@ -56,7 +56,8 @@ SOURCES = ("kvsim.core.schema", "kvsim.core.codes", "kvsim.policy.api", "kvsim.p
            # every other module with compiled code (tests/safety/test_compile_cache.py
            # fails when one is missing): its own edits, and what it inlines
            "kvsim.workload.generator", "kvsim.modes.closed.closed_facts",
-           "kvsim.replay.prepass", "kvsim.replay.id_map", "kvsim.cachesim.curves", "kvsim.backends.kernels",
+           "kvsim.events.seen_set", "kvsim.replay.prepass", "kvsim.replay.id_map",
+           "kvsim.cachesim.curves", "kvsim.backends.kernels",
            "kvsim.results.log_blocks", "kvsim.results.log_pending",
            "kvsim.memory.throughput", "kvsim.backends.cuda", "kvsim.jit.cache_guard")
 #: numba's code-generation settings that its cache index does not key on.
