@@ -71,9 +71,29 @@ def _single_threaded_blas() -> None:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
+def _arrow_jemalloc() -> None:
+    """The ``kvsim`` command's Arrow memory pool is jemalloc on Linux
+    (``ARROW_DEFAULT_MEMORY_POOL=jemalloc``, read when pyarrow loads) unless the user chose
+    one.  pyarrow allocates from mimalloc by default (since Arrow 13), which gives freed pages
+    back to the kernel soon after: an event file's replay decodes it a batch at a time (~40 MB
+    of columns per 262,144 rows, kvsim.events.read_ahead), each batch freed once replayed,
+    so every batch's pages were faulted in and zeroed by the kernel again.  jemalloc keeps
+    freed pages for reuse for a while (its dirty-page decay).  The 16-token Mooncake replay,
+    alternated runs: system CPU 0.34-0.66 s against 0.70-2.21 s, the same output
+    (docs/benchmarks.md, "16-token replay: Arrow's memory pool").  Linux only: pyarrow's
+    Linux wheels have jemalloc, and a build without it would print a warning.  Only for the
+    command: a program importing kvsim keeps its pool."""
+    import os
+    import sys
+
+    if sys.platform.startswith("linux"):
+        os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
+
+
 try:
     if _starting_the_command():
         _single_threaded_blas()
+        _arrow_jemalloc()
     _numba_defaults()
     _serve_checkout_subpackages()
 except KeyboardInterrupt:
