@@ -195,6 +195,11 @@ def simulate_command(
     TTFT/TPOT, deadline and decode-critical misses, hit rates per tier, bytes per link,
     recomputation, evictions, spills, prefetches and peak use.  Metrics: docs/simulate.md;
     formulas: docs/cost-model.md."""
+    from kvsim.core.parsed_cache import digest_ahead
+
+    for path in (trace, request_trace):  # hashed while the engine is imported
+        if path is not None:
+            digest_ahead(path)
     from kvsim.api import simulate
 
     if (trace is not None) + (profile is not None) + (request_trace is not None) != 1:

@@ -105,6 +105,62 @@ def entry_file(root: Path, resolved: Path, kind: str = "") -> Path:
     return root / (name + (f".{kind}" if kind else "") + ".npz")
 
 
+def _sha256_file(p: Path) -> str:
+    h = hashlib.sha256()
+    with open(p, "rb") as fh:  # a chunk at a time: memory does not grow with the file
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+#: Digests started by :func:`digest_ahead`: (resolved path, stamp) -> (thread, its result
+#: list, empty until the thread has the digest).
+_AHEAD: dict[tuple, tuple] = {}
+
+
+def digest_ahead(path: str | Path) -> None:
+    """Start the SHA-256 of the file at ``path`` in a daemon thread, for a :func:`lookup` of
+    it later in this process.  The command line starts it for its trace before it imports
+    the engine (numba, the replay: ~0.5 s), which the hash then overlaps (file reads and
+    hashlib's updates release the GIL): the 102 MB 16-token Mooncake event file's hash is
+    ~0.12 s of every replay's set-up otherwise.  Nothing when the cache is off or ``path``
+    is not a regular file of at least :data:`MIN_BYTES`; an error reading it is left to the
+    lookup, which hashes the file itself unless the digest ahead finished for the same stamp
+    (size, times, inode) the lookup finds."""
+    if cache_root() is None:
+        return
+    try:
+        p = Path(path).resolve()
+        st = os.stat(p)
+    except (OSError, RuntimeError, ValueError):
+        return
+    key = (str(p), _stamp(st))
+    if not stat_mod.S_ISREG(st.st_mode) or st.st_size < MIN_BYTES or key in _AHEAD:
+        return
+    import threading
+
+    out: list[str] = []
+
+    def work() -> None:
+        with contextlib.suppress(OSError):
+            out.append(_sha256_file(p))
+
+    thread = threading.Thread(target=work, name="kvsim-digest-ahead", daemon=True)
+    _AHEAD[key] = (thread, out)
+    thread.start()
+
+
+def _digest(p: Path, st: os.stat_result) -> str:
+    """The SHA-256 of the file ``p`` whose stat is ``st``: from :func:`digest_ahead` when it
+    was started for the same stamp and succeeded, else read here."""
+    ahead = _AHEAD.pop((str(p), _stamp(st)), None)
+    if ahead is not None:
+        ahead[0].join()
+        if ahead[1]:
+            return ahead[1][0]
+    return _sha256_file(p)
+
+
 def lookup(path: str | Path, reader: str,
            kind: str = "") -> tuple[Entry | None, dict[str, np.ndarray] | None]:
     """``(entry, arrays)``: the arrays stored for this content and ``reader`` key, or None
@@ -120,11 +176,7 @@ def lookup(path: str | Path, reader: str,
         st = os.stat(p)
         if not stat_mod.S_ISREG(st.st_mode) or st.st_size < MIN_BYTES:
             return None, None
-        h = hashlib.sha256()
-        with open(p, "rb") as fh:  # a chunk at a time: memory does not grow with the file
-            while chunk := fh.read(1 << 20):
-                h.update(chunk)
-        digest = h.hexdigest()
+        digest = _digest(p, st)
     except OSError:
         return None, None
     entry = Entry(p, digest, reader, _stamp(st), entry_file(root, p, kind))

@@ -238,3 +238,35 @@ def test_an_entry_that_cannot_be_removed_is_not_said_removed(tmp_path, monkeypat
     assert parsed and len(warned) == 1
     assert "entry ignored (cannot remove it: Permission denied)" in warned[0], warned
     assert "removed" not in warned[0].split(";")[0]
+
+
+def test_a_digest_started_ahead_is_the_lookups_own(tmp_path, monkeypatch, cache_dir) -> None:
+    """``digest_ahead`` (the command line starts it before its imports): the lookup takes
+    the digest the thread computed for the same stamp instead of reading the file again;
+    after an edit (another stamp) the lookup hashes the new bytes itself."""
+    import threading
+
+    trace = _trace(tmp_path / "t.jsonl")
+    plain, _ = parsed_cache.lookup(trace, "k")
+    reads = []
+    real = parsed_cache._sha256_file
+
+    def spy(p):
+        reads.append(threading.current_thread().name)
+        return real(p)
+
+    monkeypatch.setattr(parsed_cache, "_sha256_file", spy)
+    parsed_cache.digest_ahead(trace)
+    entry, _ = parsed_cache.lookup(trace, "k")
+    assert entry.digest == plain.digest and reads == ["kvsim-digest-ahead"]
+    parsed_cache.digest_ahead(trace)
+    for thread, _ in list(parsed_cache._AHEAD.values()):
+        thread.join()
+    _trace(trace, n=4100, salt=5)  # edited after its digest ahead was taken
+    edited, _ = parsed_cache.lookup(trace, "k")
+    assert edited.digest == real(trace) != plain.digest
+    assert reads[-1] == "MainThread"
+    monkeypatch.setenv(parsed_cache.ENV_OFF, "0")  # the cache off: nothing started
+    n = len(reads)
+    parsed_cache.digest_ahead(trace)
+    assert len(reads) == n and not any(t.is_alive() for t, _ in parsed_cache._AHEAD.values())
