@@ -80,3 +80,24 @@ def test_consoles_are_made_once_at_first_use() -> None:
     assert first.stderr and common.out_console.soft_wrap
     with pytest.raises(AttributeError):
         common.no_such_console  # noqa: B018 - the attribute access is the test
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim, madvise")
+def test_libc_is_found_without_a_child_process() -> None:
+    """``kvsim.core.heap`` (imported by every trace reader) and the tiers' prefault thread
+    take glibc's functions from the process's own symbols: ``ctypes.util.find_library``
+    ran ``ldconfig -p`` in a child process, ~15 ms a process (here: no process may start)."""
+    code = ("import subprocess\n"
+            "def refuse(*a, **k):\n"
+            "    raise RuntimeError('a child process was started')\n"
+            "subprocess.Popen.__init__ = refuse\n"
+            "from kvsim.core import heap\n"
+            "from kvsim.replay import lower_tiers\n"
+            "print(heap._LIBC is not None, lower_tiers._madvise() is not None)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       stdin=subprocess.DEVNULL, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    import platform
+
+    if platform.libc_ver()[0] == "glibc":
+        assert p.stdout.split() == ["True", "True"]

@@ -91,18 +91,18 @@ _PAGE_BYTES = 4096
 
 
 def _madvise():
-    """libc's ``madvise`` (ctypes releases the GIL during the call), or None."""
+    """libc's ``madvise`` (ctypes releases the GIL during the call), or None.  From the
+    process's own symbols (the C library is loaded; ``ctypes.util.find_library`` would run
+    ``ldconfig -p`` in a child process, ~15 ms)."""
     import ctypes
-    import ctypes.util
     import sys
 
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    except OSError:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
         return None
-    fn = libc.madvise
     fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     fn.restype = ctypes.c_int
     return fn
