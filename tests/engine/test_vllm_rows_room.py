@@ -98,6 +98,12 @@ def test_steps_stopped_for_row_room_resume_with_the_same_rows(monkeypatch, rows)
         return I2, F2
 
     monkeypatch.setattr(S, "_ensure", tight)
+    # and in the scheduler's Python twin, which the interpreted loop reads instead while
+    # vLLM's compiled step is cold (kvsim.replay.variants.python_vllm): with only the
+    # module patched, the test passed or failed by the state of numba's disk cache
+    from kvsim.replay.variants import _scheduler_twin
+
+    monkeypatch.setattr(_scheduler_twin(), "_ensure", tight)
     a, sa, grown = _served(8, rows)
     assert grown > rows
     # a stop after schedule() asks at least 12 rows; before arrivals 2 + arrivals (3 here,
