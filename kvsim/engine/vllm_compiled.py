@@ -98,6 +98,7 @@ class CompiledVllmScheduler:
                         enable_caching=config.enable_prefix_caching,
                         max_seqs=config.max_num_seqs + 2, max_blocks_per_seq=per_seq)
         self._pst_arrays = new_state(pc)
+        fifo_order.use_inline(self._pst_arrays)  # vLLM's order as the pool's inline lists
         self.st = pool_ref(self._pst_arrays)
         self._view_arrays = new_block_view(pc.num_blocks)
         self.view = view_ref(self._view_arrays)

@@ -96,6 +96,7 @@ def build_value(cols: dict, off, ids, trace_block_tokens: int, block_size: int, 
                     enable_caching=enable_caching, max_seqs=max_num_seqs + 2,
                     max_blocks_per_seq=per_seq)
     pst = new_state(pc)
+    fifo_order.use_inline(pst)  # vLLM's order run as the pool's inline list operations
     view = new_block_view(pc.num_blocks)
     order_state = fifo_order.init(pc.num_blocks - 1, pc.num_blocks, {})
     if compiled:

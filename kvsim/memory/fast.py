@@ -81,7 +81,8 @@ assert len(COUNTER_NAMES) == 19 and C["swap_out_bytes"] == C_SWAP_OUT_BYTES
 S_N_EMPTY, S_N_CAND, S_N_HELD, S_SEQ_TOP = 0, 1, 2, 3
 # ---- config (st.cfg) -------------------------------------------------------------------
 F_NUM_BLOCKS, F_BLOCK_SIZE, F_CACHING, F_BLOCK_BYTES, F_DEBUG = 0, 1, 2, 3, 4
-F_LRU = 5  # 1 = the policy is the built-in lru, run inline (kvsim.memory.pool_ops); 0 = hooks
+F_LRU = 5  # 1 = the policy's order is one list in the built-in lru's layout, run inline
+#  (kvsim.memory.pool_ops): lru, or vLLM's order (kvsim.memory.fifo_order.use_inline); 0 = hooks
 
 #: Runners-up a victim() call may report (decision log).
 MAX_ALT = 8

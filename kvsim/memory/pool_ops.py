@@ -89,13 +89,22 @@ from kvsim.policy.hooks import (
 LRU_PREV, LRU_NXT, LRU_ENDS = 0, 1, 2
 
 # Built-in lru in HBM.  When ``st.cfg[F_LRU]`` is 1 (set by the replay's driver when the
-# HBM policy is the built-in lru), :func:`allocate` (its prefix hits' ``on_hit``,
-# ``on_hold`` and ``on_hit_held`` = lru's ``on_hit`` too), :func:`admit`, :func:`_release` and
-# :func:`cache_blocks` run lru's hooks as their list operations (kvsim.policy.api
+# HBM policy is the built-in lru, and for vLLM's compiled pools, whose order
+# kvsim.memory.fifo_order keeps the same list: ``fifo_order.use_inline``), :func:`allocate`
+# (its prefix hits' ``on_hit``, ``on_hold`` and ``on_hit_held`` = lru's ``on_hit`` too) and
+# :func:`_release` run lru's hooks as their list operations, and :func:`admit`,
+# :func:`cache_block` and :func:`cache_blocks` skip the pair they would run (INSERT_HOLD
+# below) (kvsim.policy.api
 # ``dll_*``, ``list_walk``; lru has no ``on_miss``) on the policy's arrays, read once per
 # call, instead of calling them as first-class functions (each call passes two counted
 # structrefs and loads the arrays again: docs/benchmarks.md, "Speed: tiered replay of
 # 16-token traces").  Same operations on the same state: same results.
+#
+# INSERT_HOLD.  A block whose content enters the pool held (a new block cached while its
+# request holds it) gets ``on_insert`` then ``on_hold``: on the inline list, a push at the
+# tail and the removal of the same block, which leave the links, the ends and the count
+# exactly as they were (kvsim.policy.api ``dll_push_tail``, ``dll_remove``).  So the inline
+# path skips the pair; its order enters the list at the block's release.
 #
 # No reference counts.  :func:`allocate`, :func:`free`, :func:`cache_blocks` and
 # :func:`clear_cache` (the operations vLLM's compiled scheduler step calls,
@@ -435,22 +444,15 @@ def admit(st, pst, view, out, first, n, now_us):
     Call it right after ``allocate`` succeeded, once the views of those blocks describe the
     new content (the core writes them between the two calls: the views of the blocks the
     policy evicted stay intact until then, for demotion and the decision log)."""
+    if st.cfg[F_LRU] != 0:  # inline: on_insert + on_hold leave the list as it was
+        return  # (see INSERT_HOLD above)
     ob = out.blocks
     block_hash = st.block_hash
-    lru = st.cfg[F_LRU] != 0  # the built-in lru's hooks written out (see above)
-    if lru:
-        LP, LN, LE = pst[0].i64[LRU_PREV], pst[0].i64[LRU_NXT], pst[0].i64[LRU_ENDS]
-    else:
-        LP, LN, LE = block_hash, block_hash, block_hash
     for i in range(first, n):
         b = ob[i]
         if block_hash[b] != 0:
-            if lru:  # on_insert, on_hold
-                dll_push_tail(LP, LN, LE, b)
-                dll_remove(LP, LN, LE, b)
-            else:
-                pst[1][H_INSERT](pst[0], view, b, now_us)
-                pst[1][H_HOLD](pst[0], view, b)
+            pst[1][H_INSERT](pst[0], view, b, now_us)
+            pst[1][H_HOLD](pst[0], view, b)
 
 
 @njit(cache=True, _nrt=False)  # no reference counts: see below
@@ -518,8 +520,9 @@ def cache_block(st, pst, view, seq, index, h, now_us):
     pool_cache_block(st, seq, index, h)
     if not had and st.block_hash[b] != 0:
         view.content_hash[b] = h
-        pst[1][H_INSERT](pst[0], view, b, now_us)
-        pst[1][H_HOLD](pst[0], view, b)
+        if st.cfg[F_LRU] == 0:  # inline: the pair leaves the list as it was (INSERT_HOLD)
+            pst[1][H_INSERT](pst[0], view, b, now_us)
+            pst[1][H_HOLD](pst[0], view, b)
 
 
 @njit(cache=True, _nrt=False)  # no reference counts: see below
@@ -547,6 +550,7 @@ def clear_cache(st, pst, view, now_us, out):
 def cache_blocks(st, pst, view, seq, first, hashes, now_us):
     """:func:`cache_block` for blocks ``first .. first + len(hashes) - 1`` of ``seq``, in
     order (vLLM ``cache_full_blocks`` of one request in one call)."""
+    lru = st.cfg[F_LRU] != 0
     for k in range(hashes.shape[0]):
         b = st.tables[seq, first + k]
         h = hashes[k]
@@ -554,5 +558,6 @@ def cache_blocks(st, pst, view, seq, first, hashes, now_us):
         pool_cache_block(st, seq, first + k, h)
         if not had and st.block_hash[b] != 0:
             view.content_hash[b] = h
-            pst[1][H_INSERT](pst[0], view, b, now_us)
-            pst[1][H_HOLD](pst[0], view, b)
+            if not lru:  # inline: the pair leaves the list as it was (INSERT_HOLD)
+                pst[1][H_INSERT](pst[0], view, b, now_us)
+                pst[1][H_HOLD](pst[0], view, b)
