@@ -54,10 +54,29 @@ def check_same(fast: FastPool, ref: KVCacheManager, handles: dict) -> None:
        first=st.lists(admit, min_size=2, max_size=5),
        rest=st.lists(op, min_size=5, max_size=40))
 def test_fast_matches_reference(num_blocks, caching, first, rest):
-    ops = first + rest
+    _run(num_blocks, caching, first + rest, inline=False)
+
+
+@settings(max_examples=120, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(num_blocks=st.integers(5, 16), caching=st.booleans(),
+       first=st.lists(admit, min_size=2, max_size=5),
+       rest=st.lists(op, min_size=5, max_size=40))
+def test_fast_matches_reference_with_the_order_inline(num_blocks, caching, first, rest):
+    """vLLM's order run as the pool's inline list operations (``fifo_order.use_inline``,
+    as vLLM's compiled pools run it, skipping the on_insert + on_hold pair of a block cached
+    while held) agrees with the reference as the hooks do."""
+    _run(num_blocks, caching, first + rest, inline=True)
+
+
+def _run(num_blocks, caching, ops, inline):
     fast = FastPool(PoolConfig(num_blocks, BS, enable_caching=caching, max_seqs=8,
                                max_blocks_per_seq=32, block_bytes=10, max_tenants=2,
                                debug=True))
+    if inline:
+        from kvsim.memory import fifo_order
+
+        fifo_order.use_inline(fast.st)
     ref = KVCacheManager(num_blocks, BS, caching, block_bytes=10, max_tenants=2)
     handles: dict[int, tuple[int, int]] = {}  # test handle -> (fast seq, reference seq)
     prompts: dict[int, list[int]] = {}
