@@ -48,20 +48,22 @@ def check_same(fast: FastPool, ref: KVCacheManager, handles: dict) -> None:
     assert list(fast.st.block_hits) == ref.block_hits
 
 
-@settings(max_examples=120, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
-@given(num_blocks=st.integers(5, 16), caching=st.booleans(),
-       first=st.lists(admit, min_size=2, max_size=5),
-       rest=st.lists(op, min_size=5, max_size=40))
+def _sequences(test):
+    """``test(num_blocks, caching, first, rest)`` over random pools and op sequences (the
+    same examples for every test that takes them)."""
+    return settings(max_examples=120, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.too_slow])(
+        given(num_blocks=st.integers(5, 16), caching=st.booleans(),
+              first=st.lists(admit, min_size=2, max_size=5),
+              rest=st.lists(op, min_size=5, max_size=40))(test))
+
+
+@_sequences
 def test_fast_matches_reference(num_blocks, caching, first, rest):
     _run(num_blocks, caching, first + rest, inline=False)
 
 
-@settings(max_examples=120, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
-@given(num_blocks=st.integers(5, 16), caching=st.booleans(),
-       first=st.lists(admit, min_size=2, max_size=5),
-       rest=st.lists(op, min_size=5, max_size=40))
+@_sequences
 def test_fast_matches_reference_with_the_order_inline(num_blocks, caching, first, rest):
     """vLLM's order run as the pool's inline list operations (``fifo_order.use_inline``,
     as vLLM's compiled pools run it, skipping the on_insert + on_hold pair of a block cached
