@@ -118,3 +118,27 @@ def test_other_errors_pass_through_unchanged():
     assert not _threads()
     with pytest.raises(ValueError, match="depth: expected an integer >= 1, got 0"):
         ReadAhead(iter([]), depth=0)
+
+
+def test_a_replay_reads_its_first_batch_while_it_is_set_up(tmp_path, monkeypatch):
+    """The replay's pass starts its read-ahead thread before it builds the replay's state
+    (``kvsim.replay.driver._execute``: the reader before ``_Run``), so the first batch is
+    decoded during the set-up (docs/benchmarks.md, "16-token replay: the first batch read
+    during the set-up"); before, the core's first batch waited for its decode."""
+    from kvsim.api import SimConfig, simulate
+    from kvsim.replay import driver
+    from kvsim.workload.generator import generate
+
+    trace = tmp_path / "t.parquet"
+    generate("deadline_pressure", 8, 0, trace)
+    seen = []
+    init = driver._Run.__init__
+
+    def spy(self, *args, **kwargs):
+        seen.append(len(_threads()))
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(driver._Run, "__init__", spy)
+    simulate(trace, "lru", SimConfig(engine="interpreted"))
+    assert seen == [1]  # the pass's reader was already running
+    assert _threads() == []  # and stopped once the pass ended

@@ -249,8 +249,7 @@ class _Run:
         self.H_i = np.zeros((hbm_blocks + 1, L.NHI), dtype=np.int64)
         self.hbuf = np.zeros(max_blocks, dtype=np.int64)
         self.scr = np.zeros((2, max_blocks), dtype=np.int64)
-        # the cascade's scratch rows: a record view too, so a victim is copied into it by
-        # rows (kvsim.replay.kernel.tiers.copy_row)
+        # the cascade's scratch rows: a record view too (a victim copied by rows: tiers.copy_row)
         self.TMP_view = new_record_view(4)
         self.TMP = vr(self.TMP_view)
         # the views' rows (kvsim.replay.kernel.tiers.record_rows: the same memory, never regrown)
@@ -554,35 +553,37 @@ def _execute(trace_path, header, pol, config: SimConfig, decision_log, facts,
         reasons = [pol.reasons] + [resolve_tier_policy(config.tier_policy(t), t).reasons
                                    for t in LOWER_TIERS]
         writer = DecisionLogWriter(decision_log, policy=pol.name, trace=str(trace_path),
-                                   config=cfg_dict, reasons_by_tier=reasons,
-                                   why=core.WHY)
-    run = _Run(pol, config, header, facts, costs, block_bytes, writer)
-    done = 0
-    # the lower tiers' pages faulted in ahead of the cascade, in a thread (lower_tiers.py)
-    prefault = TierPrefault(run.T, run.views[1:]) if is_compiled(run.core) else None
-    buffers = BufferRelease()
+                                   config=cfg_dict, reasons_by_tier=reasons, why=core.WHY)
+    done, prefault, buffers = 0, None, BufferRelease()
+    reader = _open(trace_path)
     try:
+        # the columns the core reads, the next batch while it (no GIL) replays this one,
+        # the first while the replay is set up below (docs/benchmarks.md, "16-token replay:
+        # the first batch read during the set-up")
+        batches = reader.batches(config.batch_rows, read_ahead=True, columns=core.COLS,
+                                 checked=checked)
+        run = _Run(pol, config, header, facts, costs, block_bytes, writer)
+        if is_compiled(run.core):  # the tiers' pages faulted in ahead, in a thread
+            prefault = TierPrefault(run.T, run.views[1:])  # (lower_tiers.py)
         if writer is not None:
             writer.__enter__()
-        with _open(trace_path) as reader:
-            # the next batch is read while the core (no GIL) replays this one
-            for cols in reader.batches(config.batch_rows, read_ahead=True, checked=checked,
-                                       columns=core.COLS):  # what the core reads
-                run.feed(cols)
-                done += len(cols["kind"])
-                del cols
-                # the batches' buffers given back once the resident set grew past a slack:
-                # never given back, the peak drifts up with the number of batches; given
-                # back after each, each batch faults them in again (prepass.BufferRelease)
-                buffers.after_batch()
-                if on_progress is not None:
-                    on_progress(done, facts.num_rows)
+        for cols in batches:
+            run.feed(cols)
+            done += len(cols["kind"])
+            del cols
+            # buffers given back past a slack of resident growth (never: the peak drifts
+            # up; after each batch: each faults them in again; prepass.BufferRelease)
+            buffers.after_batch()
+            if on_progress is not None:
+                on_progress(done, facts.num_rows)
+        reader.close()
         release_read_buffers()  # the pass's decoded batches, before the outputs (prepass.py)
         if prefault is not None:
             prefault.stop()
         run.finish()
         run.seen = None  # the outputs do not need it (when kept): freed before they are built
     except BaseException as exc:
+        reader.close()
         if prefault is not None:
             prefault.stop()
         if writer is not None:
