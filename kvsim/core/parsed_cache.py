@@ -130,12 +130,14 @@ def digest_ahead(path: str | Path) -> None:
     if cache_root() is None:
         return
     try:
-        p = Path(path).resolve()
-        st = os.stat(p)
+        found = _cacheable(path)
     except (OSError, RuntimeError, ValueError):
         return
+    if found is None:
+        return
+    p, st = found
     key = (str(p), _stamp(st))
-    if not stat_mod.S_ISREG(st.st_mode) or st.st_size < MIN_BYTES or key in _AHEAD:
+    if key in _AHEAD:
         return
     import threading
 
@@ -148,6 +150,16 @@ def digest_ahead(path: str | Path) -> None:
     thread = threading.Thread(target=work, name="kvsim-digest-ahead", daemon=True)
     _AHEAD[key] = (thread, out)
     thread.start()
+
+
+def _cacheable(path: str | Path) -> tuple[Path, os.stat_result] | None:
+    """``path`` resolved and its stat when its content can be cached (a regular file of at
+    least :data:`MIN_BYTES`), else None; OSError when it cannot be read."""
+    p = Path(path).resolve()
+    st = os.stat(p)
+    if not stat_mod.S_ISREG(st.st_mode) or st.st_size < MIN_BYTES:
+        return None
+    return p, st
 
 
 def _digest(p: Path, st: os.stat_result) -> str:
@@ -172,10 +184,10 @@ def lookup(path: str | Path, reader: str,
     if root is None:
         return None, None
     try:
-        p = Path(path).resolve()
-        st = os.stat(p)
-        if not stat_mod.S_ISREG(st.st_mode) or st.st_size < MIN_BYTES:
+        found = _cacheable(path)
+        if found is None:
             return None, None
+        p, st = found
         digest = _digest(p, st)
     except OSError:
         return None, None
