@@ -6,6 +6,7 @@ context; sizing, warnings and the verdict object (docs/simulate.md, "Sizing", "W
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -200,3 +201,41 @@ def test_overload_warning_is_printed_once_before_the_replay(tmp_path):
         if "compiling" in err else True
     codes = [w["code"] for w in json.loads(res.stdout)["warnings"]]
     assert codes.count("overload_predicted") == 1
+
+
+@pytest.mark.parametrize(("counts", "single", "code"), [
+    ({"lookup_tokens": 900, "hit_tokens": 0, "evictions_hbm": 0}, True, "no_shared_content"),
+    ({"lookup_tokens": 900, "hit_tokens": 300, "evictions_hbm": 0}, True, "no_eviction"),
+    ({"lookup_tokens": 900, "hit_tokens": 300, "evictions_hbm": 4}, True, None),
+    ({"lookup_tokens": 900, "hit_tokens": 0, "evictions_hbm": 4}, True, None),
+    ({"lookup_tokens": 0, "hit_tokens": 0, "evictions_hbm": 0}, True, None),  # nothing looked up
+    ({"lookup_tokens": 900, "hit_tokens": 0, "evictions_hbm": 0, "warmup_requests": 3}, True,
+     None),  # the window's counts: the warm-up's choices decide what it hits
+    ({"lookup_tokens": 900, "hit_tokens": 300, "evictions_hbm": 0}, False, None),  # a sweep
+])
+def test_a_single_run_whose_policy_never_chose_is_warned_about(counts, single, code):
+    """A simulate run whose policy never chose (nothing evicted from HBM) is warned about:
+    every policy gives the same result (main: printed silently as the policy's hit rate)."""
+    rows = [_row("lru", 0.1, requests=10, preemptions=0, makespan_us=1.0,
+                 hbm_capacity_blocks=64, **counts)]
+    codes = [w["code"] for w in result_warnings(rows, single_run=single)]
+    assert [c for c in codes if c in ("no_shared_content", "no_eviction")] == \
+        ([code] if code else []), codes
+
+
+def test_a_trace_without_content_warns_in_simulate_and_explains_in_compare(tmp_path):
+    """Azure's trace carries token counts only: simulate says its 0 % hit rate is no
+    policy's doing; compare's verdict says why every policy ties and prints no warning."""
+    trace = Path(__file__).parent / "ingest" / "data" / "azure_small.csv"
+    res = runner.invoke(app, ["simulate", "--request-trace", str(trace), "--model",
+                              "llama-3.1-8b", "--json"])
+    assert res.exit_code == 0, res.output
+    warned = [x for x in res.stderr.splitlines() if x.startswith("warning: ")]
+    assert len(warned) == 1 and "no prompt content is shared" in warned[0], res.stderr
+    assert [w["code"] for w in json.loads(res.stdout)["warnings"]] == ["no_shared_content"]
+    res = runner.invoke(app, ["compare", "--request-trace", str(trace), "--model",
+                              "llama-3.1-8b", "--policies", "lru,fifo", "--json"])
+    assert res.exit_code == 0, res.output
+    assert not [x for x in res.stderr.splitlines() if x.startswith("warning: ")], res.stderr
+    verdict = json.loads(res.stdout)["verdict"]
+    assert "no prompt content is shared" in verdict["identical"][0]["reason"]

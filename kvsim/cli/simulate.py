@@ -267,7 +267,8 @@ def simulate_command(
                               on_progress=lambda done, total: bar.update(
                                   task, completed=done, total=total))
     replica_rows = result.summary.pop("replica_rows", None)
-    warnings += run_warnings([dict(result.summary)], trace, span_us, config)
+    warnings += run_warnings([dict(result.summary)], trace, span_us, config,
+                             single_run=True)
     print_warnings(warnings)
     if csv is not None or parquet is not None or not json_:  # pandas only for these
         import pandas as pd

@@ -109,9 +109,10 @@ def _size_table(table, opts, config, replicas, sched, drop, warnings, strict):
     return table, replicas, span
 
 
-def run_warnings(df, trace, span_us, config=None) -> list[dict]:
+def run_warnings(df, trace, span_us, config=None, single_run: bool = False) -> list[dict]:
     """Warnings about the result rows (kvsim.results.warnings): a DataFrame, or its rows
-    as dicts (a single run's summary: no DataFrame built for ``--json``).  A run that served
+    as dicts (a single run's summary: no DataFrame built for ``--json``; ``single_run``:
+    ``simulate``'s one run, also warned about when its policy never chose).  A run that served
     nothing is refused, naming the option that sized the pool (``config.hbm_blocks``:
     --hbm-blocks, else --hbm-gb)."""
     from kvsim.results.warnings import result_warnings
@@ -137,7 +138,8 @@ def run_warnings(df, trace, span_us, config=None) -> list[dict]:
             f"{int(r['dropped_requests']):,} requests were dropped (their prompt never fits "
             f"the {int(r.get('hbm_capacity_blocks') or 0):,}-block pool); raise --hbm-gb / "
             "--hbm-blocks or lower --block-size", None, None, option)
-    return result_warnings(rows, span_us=span_us, schedule_budget_blocks=budget)
+    return result_warnings(rows, span_us=span_us, schedule_budget_blocks=budget,
+                           single_run=single_run)
 
 
 #: sizing warnings already printed before the replay (by identity; print_warnings skips

@@ -19,6 +19,20 @@ keys) and returns a list of ``{"code", "message"}`` dicts; the CLI prints each a
 * ``few_measured``: the warm-up (``--warmup-fraction`` / ``--warmup-requests``) leaves
   fewer than :data:`MIN_MEASURED_REQUESTS` requests measured: every tail percentile is
   set by the two slowest requests.
+* ``no_shared_content`` (a single run, ``single_run=True``): prompt tokens were looked up
+  but none hit and no block was evicted, so the requests share no prompt content (a trace
+  without content identity, such as Azure's token counts, or unique prompts): the hit
+  rates are 0 whatever the policy and the memory.
+* ``no_eviction`` (a single run): blocks hit but no HBM block was evicted, so the policy
+  never chose: every policy gives these results, the hit rate is set by the trace's reuse
+  (and the router), not by the policy.
+
+Neither is said of a run with a warm-up: its counts are the measured window's, and the
+policy's choices during the warm-up decide what the window hits.
+
+``compare`` states both in its verdict instead (:func:`kvsim.results.compare_view.identical_reason`
+is the same test across its rows), and a sweep's large cells are expected to fit, so
+neither warns about them.
 
 Sizing warnings made before a replay (context, offered load) come from
 :mod:`kvsim.analysis.sizing` with codes ``over_context`` and ``overload_predicted``.
@@ -51,8 +65,10 @@ def _num(v) -> float | None:
 
 def result_warnings(rows: list[dict], *, span_us: float | None = None,
                     schedule_budget_blocks: int | None = None,
-                    largest_request_blocks: int | None = None) -> list[dict]:
-    """Warnings for the online rows of a result (module docstring)."""
+                    largest_request_blocks: int | None = None,
+                    single_run: bool = False) -> list[dict]:
+    """Warnings for the online rows of a result (module docstring); ``single_run``: the
+    rows are one ``simulate`` run's (adds ``no_shared_content`` / ``no_eviction``)."""
     out: list[dict] = []
     online = [r for r in rows if not bool(r.get("offline"))]
 
@@ -104,7 +120,39 @@ def result_warnings(rows: list[dict], *, span_us: float | None = None,
                 f"after the warm-up of {warm:,} (--warmup-fraction / --warmup-requests): "
                 f"with fewer than {MIN_MEASURED_REQUESTS} the p90 and p99 are set by the two "
                 "slowest requests; lower the warm-up or serve a longer trace")
+    if single_run and len(online) == 1:
+        out += _policy_never_chose(online[0])
     return out
+
+
+def _policy_never_chose(r: dict) -> list[dict]:
+    """``no_shared_content`` / ``no_eviction`` for one policy's result row (module
+    docstring): the result says nothing about the policy (kvsim.results.compare_view
+    ``identical_reason`` is the same test across a compare's rows)."""
+    served = _num(r.get("requests")) or 0
+    if (_num(r.get("warmup_requests")) or 0) > 0:
+        # the counts are the measured window's: the policy may have chosen during the
+        # warm-up, and what it kept there is what the window hits
+        return []
+    lookup = _num(r.get("lookup_tokens"))
+    hit = _num(r.get("hit_tokens"))
+    evicted = _num(r.get("evictions_hbm"))
+    if served <= 0 or lookup is None or hit is None or evicted is None or evicted > 0:
+        return []
+    if lookup > 0 and hit == 0:
+        return [{"code": "no_shared_content", "message": (
+            f"no prompt content is shared between requests: 0 of {int(lookup):,} prompt "
+            "tokens hit and no block was evicted, so every policy and every HBM size give "
+            "this 0 % hit rate (a trace without content identity, e.g. Azure's token "
+            "counts, or unique prompts): it measures the engine's load, not the cache")}]
+    if hit > 0:
+        return [{"code": "no_eviction", "message": (
+            "no HBM block was evicted (HBM holds "
+            f"{int(_num(r.get('hbm_capacity_blocks')) or 0):,} blocks), so the policy never "
+            "chose: every policy gives these results, and the hit rate is set by the "
+            "trace's reuse, not by the policy (lower --hbm-gb / --hbm-blocks to compare "
+            "policies)")}]
+    return []
 
 
 __all__ = ["BUDGET_FRACTION", "MIN_MEASURED_REQUESTS", "OVERLOAD_FACTOR", "result_warnings"]
