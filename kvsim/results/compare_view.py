@@ -218,22 +218,39 @@ def _rank(row: dict) -> tuple:
 NO_DIFFERENCE_PP = 1.0
 
 
-def identical_reason(rows: list[dict]) -> str | None:
-    """Why policies gave identical results, where the reason is known from the rows (a
-    metric missing from a row proves nothing)."""
+#: What :func:`identical_cause` finds, and how the verdict says it.
+IDENTICAL_REASONS = {
+    "no_requests": "no request was served",
+    "no_lookup": "no prompt content to look up (no prompt tokens, so no hit is possible)",
+    "no_shared_content": "no prompt content is shared between requests (no hit is possible)",
+    "no_eviction": "everything fits in HBM (no eviction, so the policy never chooses)",
+}
+
+
+def identical_cause(rows: list[dict]) -> str | None:
+    """Why policies gave (or would give) identical results, where the rows show it: a key
+    of :data:`IDENTICAL_REASONS`, or None (a metric missing from a row proves nothing).
+    Also the test of ``simulate``'s ``no_shared_content`` / ``no_eviction`` warnings on one
+    run's row (kvsim.results.warnings)."""
     def every(key, test) -> bool:
         vals = [_num(r.get(key)) for r in rows]
         return bool(vals) and all(v is not None and test(v) for v in vals)
 
     if every("requests", lambda v: v == 0):
-        return "no request was served"
+        return "no_requests"
     if every("lookup_tokens", lambda v: v == 0):
-        return "no prompt content to look up (no prompt tokens, so no hit is possible)"
+        return "no_lookup"
     if every("hit_tokens", lambda v: v == 0) and every("evictions_hbm", lambda v: v == 0):
-        return "no prompt content is shared between requests (no hit is possible)"
+        return "no_shared_content"
     if every("evictions_hbm", lambda v: v == 0):
-        return "everything fits in HBM (no eviction, so the policy never chooses)"
+        return "no_eviction"
     return None
+
+
+def identical_reason(rows: list[dict]) -> str | None:
+    """Why policies gave identical results, in words (:func:`identical_cause`)."""
+    cause = identical_cause(rows)
+    return None if cause is None else IDENTICAL_REASONS[cause]
 
 
 def verdict_info(df: pd.DataFrame, baseline: str = "lru",

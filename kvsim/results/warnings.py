@@ -30,9 +30,9 @@ keys) and returns a list of ``{"code", "message"}`` dicts; the CLI prints each a
 Neither is said of a run with a warm-up: its counts are the measured window's, and the
 policy's choices during the warm-up decide what the window hits.
 
-``compare`` states both in its verdict instead (:func:`kvsim.results.compare_view.identical_reason`
-is the same test across its rows), and a sweep's large cells are expected to fit, so
-neither warns about them.
+``compare`` states both in its verdict instead (the same test across its rows,
+:func:`kvsim.results.compare_view.identical_cause`), and a sweep's large cells are expected
+to fit, so neither warns about them.
 
 Sizing warnings made before a replay (context, offered load) come from
 :mod:`kvsim.analysis.sizing` with codes ``over_context`` and ``overload_predicted``.
@@ -41,6 +41,8 @@ Sizing warnings made before a replay (context, offered load) come from
 from __future__ import annotations
 
 import math
+
+from kvsim.results.compare_view import identical_cause
 
 #: Makespan / trace span above which a run is reported as overloaded.
 OVERLOAD_FACTOR = 2.0
@@ -127,26 +129,22 @@ def result_warnings(rows: list[dict], *, span_us: float | None = None,
 
 def _policy_never_chose(r: dict) -> list[dict]:
     """``no_shared_content`` / ``no_eviction`` for one policy's result row (module
-    docstring): the result says nothing about the policy (kvsim.results.compare_view
-    ``identical_reason`` is the same test across a compare's rows)."""
-    served = _num(r.get("requests")) or 0
+    docstring): the test compare's verdict makes across its rows
+    (:func:`kvsim.results.compare_view.identical_cause`)."""
     if (_num(r.get("warmup_requests")) or 0) > 0:
         # the counts are the measured window's: the policy may have chosen during the
         # warm-up, and what it kept there is what the window hits
         return []
-    lookup = _num(r.get("lookup_tokens"))
-    hit = _num(r.get("hit_tokens"))
-    evicted = _num(r.get("evictions_hbm"))
-    if served <= 0 or lookup is None or hit is None or evicted is None or evicted > 0:
-        return []
-    if lookup > 0 and hit == 0:
-        return [{"code": "no_shared_content", "message": (
-            f"no prompt content is shared between requests: 0 of {int(lookup):,} prompt "
-            "tokens hit and no block was evicted, so every policy and every HBM size give "
-            "this 0 % hit rate (a trace without content identity, e.g. Azure's token "
-            "counts, or unique prompts): it measures the engine's load, not the cache")}]
-    if hit > 0:
-        return [{"code": "no_eviction", "message": (
+    cause = identical_cause([r])
+    if cause == "no_shared_content":
+        return [{"code": cause, "message": (
+            f"no prompt content is shared between requests: 0 of "
+            f"{int(_num(r.get('lookup_tokens')) or 0):,} prompt tokens hit and no block was "
+            "evicted, so every policy and every HBM size give this 0 % hit rate (a trace "
+            "without content identity, e.g. Azure's token counts, or unique prompts): it "
+            "measures the engine's load, not the cache")}]
+    if cause == "no_eviction":
+        return [{"code": cause, "message": (
             "no HBM block was evicted (HBM holds "
             f"{int(_num(r.get('hbm_capacity_blocks')) or 0):,} blocks), so the policy never "
             "chose: every policy gives these results, and the hit rate is set by the "
