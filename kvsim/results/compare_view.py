@@ -223,7 +223,7 @@ IDENTICAL_REASONS = {
     "no_requests": "no request was served",
     "no_lookup": "no prompt content to look up (no prompt tokens, so no hit is possible)",
     "no_shared_content": "no prompt content is shared between requests (no hit is possible)",
-    "no_eviction": "everything fits in HBM (no eviction, so the policy never chooses)",
+    "no_eviction": "everything fits in HBM (no eviction or spill, so the policy never chooses)",
 }
 
 
@@ -236,13 +236,21 @@ def identical_cause(rows: list[dict]) -> str | None:
         vals = [_num(r.get(key)) for r in rows]
         return bool(vals) and all(v is not None and test(v) for v in vals)
 
+    def never(key) -> bool:  # a mechanism a mode lacks has no key: it never ran
+        return all((_num(r.get(key)) or 0) == 0 for r in rows)
+
     if every("requests", lambda v: v == 0):
         return "no_requests"
     if every("lookup_tokens", lambda v: v == 0):
         return "no_lookup"
-    if every("hit_tokens", lambda v: v == 0) and every("evictions_hbm", lambda v: v == 0):
+    # the policy chose nothing: no cached block evicted from HBM, no live block spilled
+    # (--live-offload: the policy picks which running request's blocks leave HBM, with no
+    # cached block ever evicted), no block moved between tiers
+    unchosen = (every("evictions_hbm", lambda v: v == 0) and never("live_spills")
+                and never("bytes_moved"))
+    if unchosen and every("hit_tokens", lambda v: v == 0):
         return "no_shared_content"
-    if every("evictions_hbm", lambda v: v == 0):
+    if unchosen:
         return "no_eviction"
     return None
 

@@ -73,6 +73,12 @@ def test_lru_spills_the_block_needed_next_step_deadline_does_not(tmp_path, tiny_
     assert dl["bytes_dram_link"] == 100
     steps = simulate(trace, "lru", live(tiny_hw, 4)).steps
     assert steps["latency_us"].tolist() == [100.0, 100.0, 106.0]
+    # the policies differ with no cached block ever evicted: no "policy never chose" warning
+    from kvsim.results.warnings import result_warnings
+
+    assert lru["evictions_hbm"] == 0 and dl["evictions_hbm"] == 0
+    codes = [w["code"] for r in (lru, dl) for w in result_warnings([r], single_run=True)]
+    assert "no_eviction" not in codes and "no_shared_content" not in codes, codes
     assert lru["live_offload"] is True
 
 
