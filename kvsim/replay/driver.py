@@ -61,6 +61,7 @@ from kvsim.replay.slots import RequestSlots
 from kvsim.replay.variants import (
     compiled_is_cached,
     core_for,
+    core_is_warm,
     interpreted,
     is_compiled,
     policy_value,
@@ -109,11 +110,10 @@ class SimResult:
 
 
 def choose_engine(engine: str, num_rows: int, policy, lower_policies) -> str:
-    """The engine a replay runs on: :func:`kvsim.spec.sim_config.resolve_engine`, warm when
-    the compiled core and these policies' hooks are in the disk cache
-    (:func:`kvsim.replay.variants.compiled_is_cached`)."""
-    return resolve_engine(engine, num_rows,
-                          is_warm=lambda: compiled_is_cached(policy, lower_policies))
+    """The engine a replay runs on: :func:`kvsim.spec.sim_config.resolve_engine` (warm:
+    :func:`kvsim.replay.variants.compiled_is_cached`; the core alone: ``core_is_warm``)."""
+    return resolve_engine(engine, num_rows, 1, lambda: compiled_is_cached(policy, lower_policies),
+                          lambda: core_is_warm(policy, lower_policies))
 
 
 #: Rows of the block-record arena at the start, and the least room a compaction leaves

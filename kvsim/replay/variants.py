@@ -117,6 +117,14 @@ def advance_is_cached(advance, closed) -> bool:
         for sig in cached_signatures(advance))
 
 
+def core_is_warm(hbm_policy, lower_policies, closed: bool | str = False) -> bool:
+    """True when a compiled run of these policies would compile their hooks at most: every
+    policy is compiled code and the core (with ``closed``, the step driver) is in numba's
+    disk cache (:func:`core_is_cold`).  False at once when a policy is plain Python."""
+    return (hbm_policy.compiled and all(p.compiled for p in lower_policies)
+            and not core_is_cold(closed))
+
+
 def core_is_cold(closed: bool | str = False) -> bool:
     """True when numba's disk cache lacks the compiled core's entry point (``core.run``;
     with ``closed``, or the closed loop's ``closed_step.advance``, for the scheduler
@@ -142,11 +150,13 @@ def announce_if_cold(closed: bool | str = False) -> None:
 def auto_engine(engine: str, num_rows: int, hbm_policy, lower_policies, *, closed: bool | str = False,
                 runs: int = 1) -> str:
     """The engine ``engine`` stands for on ``runs`` replays of ``num_rows`` events each:
-    :func:`kvsim.spec.sim_config.resolve_engine`, warm when :func:`compiled_is_cached`."""
+    :func:`kvsim.spec.sim_config.resolve_engine`, warm when :func:`compiled_is_cached`, the
+    core warm when :func:`core_is_warm`."""
     from kvsim.spec.sim_config import resolve_engine
 
     return resolve_engine(engine, num_rows, runs, lambda: compiled_is_cached(
-        hbm_policy, lower_policies, closed))
+        hbm_policy, lower_policies, closed), lambda: core_is_warm(hbm_policy, lower_policies,
+                                                                   closed))
 
 
 def _import_file(name: str, path: Path) -> ModuleType:

@@ -42,9 +42,22 @@ CACHE_VARIANTS = ("prefix", "block", "vllm")
 #: interpreter costs less on a cold cache.  docs/simulate.md, "Engines".
 AUTO_COMPILE_MIN_ROWS = 1_000_000
 
+#: ``engine="auto"`` on a smaller trace whose compiled core is cached but whose policies'
+#: hooks are not: compiled from this many events, since the hooks then cost their compile
+#: alone.  Measured 2026-12-01 (``python bench/cache_mode_engines.py``, main ``b19e4c2``
+#: with this rule, a 2-core Intel Xeon VM, load ~0.5; cache mode on the Mooncake
+#: conversation trace, 324,593 events; bench/results/cache_mode_engines.json): a policy's
+#: hooks compile in 0.8-2.7 CPU-s (sieve 0.82, fifo 0.86, lfu 1.49, s3fifo and arc 2.70),
+#: cached on disk afterwards, while the interpreted twin replays 16.6-24.7 k events per
+#: CPU-s (fifo 19.6 CPU-s, sieve 13.1); at 100 k events the interpreter costs 4.0-6.0
+#: CPU-s, more than the dearest hooks' compile, and would cost it again on every run (an
+#: interpreted run fills no cache).
+AUTO_HOOKS_MIN_ROWS = 100_000
+
 
 def resolve_engine(engine: str, num_rows: int, runs: int = 1,
-                   is_warm: Callable[[], bool] | None = None) -> str:
+                   is_warm: Callable[[], bool] | None = None,
+                   core_warm: Callable[[], bool] | None = None) -> str:
     """THE engine rule; every other engine choice (``replay.driver.choose_engine``,
     ``replay.variants.auto_engine``, ``replay.precompile.compare_engine``) calls it.
 
@@ -54,14 +67,21 @@ def resolve_engine(engine: str, num_rows: int, runs: int = 1,
     :data:`AUTO_COMPILE_MIN_ROWS` (enough to pay for a cold compile), or else when
     ``is_warm()`` says the compiled code the caller needs is already in numba's disk cache
     (then it costs no compile, or only its hooks': one replay asks for its core and hooks,
-    ``compare`` for the core, each policy's hooks costing ~1-3 CPU-s); otherwise
-    ``interpreted``.  ``is_warm`` is only called when the size alone does not decide;
-    without it, the size decides.  (A plain-Python policy runs interpreted either way.)"""
+    ``compare`` for the core, each policy's hooks costing ~1-3 CPU-s), or else when they
+    reach :data:`AUTO_HOOKS_MIN_ROWS` and ``core_warm()`` says the core is cached (one
+    replay then compiles only its policies' hooks); otherwise ``interpreted``.  The
+    callables are only called when the size alone does not decide; without them, the size
+    decides.  (A plain-Python policy runs interpreted either way.)"""
     if engine != "auto":
         return engine
-    if num_rows * max(runs, 1) >= AUTO_COMPILE_MIN_ROWS:
+    rows = num_rows * max(runs, 1)
+    if rows >= AUTO_COMPILE_MIN_ROWS:
         return "compiled"
-    return "compiled" if is_warm is not None and is_warm() else "interpreted"
+    if is_warm is not None and is_warm():
+        return "compiled"
+    if rows >= AUTO_HOOKS_MIN_ROWS and core_warm is not None and core_warm():
+        return "compiled"
+    return "interpreted"
 
 #: vLLM's default ``gpu_memory_utilization`` (vllm/engine/arg_utils.py, EngineArgs:
 #: ``gpu_memory_utilization: float = 0.9``): the fraction of GPU memory the engine may use

@@ -18,7 +18,7 @@ import pytest
 from kvsim.policy.registry import get_policy
 from kvsim.replay import driver as replay
 from kvsim.replay.variants import compiled_is_cached, dispatcher_is_cached
-from kvsim.spec.sim_config import AUTO_COMPILE_MIN_ROWS
+from kvsim.spec.sim_config import AUTO_COMPILE_MIN_ROWS, AUTO_HOOKS_MIN_ROWS
 
 SRC = textwrap.dedent("""
     from numba import njit
@@ -98,6 +98,11 @@ def test_compiled_is_cached_needs_the_core_and_every_hook(monkeypatch):
     cached(lambda d: d is not cold_hook)
     assert compiled_is_cached(fifo, lower) is False  # one hook of the HBM policy is cold
     assert compiled_is_cached(lru, lower) is True  # lru's hooks are all warm
+    # the core alone (a long enough trace then compiles only the cold hooks)
+    assert variants.core_is_warm(fifo, lower) is True
+    assert variants.core_is_warm(PyPolicy(), lower) is False
+    cached(lambda d: d is not core.run)
+    assert variants.core_is_warm(fifo, lower) is False
 
 
 def test_auto_picks_compiled_when_cached_or_big(monkeypatch):
@@ -106,6 +111,13 @@ def test_auto_picks_compiled_when_cached_or_big(monkeypatch):
     monkeypatch.setattr(replay, "compiled_is_cached", lambda p, lo: False)
     assert replay.choose_engine("auto", 10, lru, lower) == "interpreted"
     assert replay.choose_engine("auto", AUTO_COMPILE_MIN_ROWS, lru, lower) == "compiled"
+    # the core cached, the hooks not: compiled from AUTO_HOOKS_MIN_ROWS events (the hooks'
+    # compile, 1-4 CPU-s, against the interpreter's 3-6 CPU-s per 100 k events every run)
+    monkeypatch.setattr(replay, "core_is_warm", lambda p, lo: True)
+    assert replay.choose_engine("auto", AUTO_HOOKS_MIN_ROWS - 1, lru, lower) == "interpreted"
+    assert replay.choose_engine("auto", AUTO_HOOKS_MIN_ROWS, lru, lower) == "compiled"
+    monkeypatch.setattr(replay, "core_is_warm", lambda p, lo: False)
+    assert replay.choose_engine("auto", AUTO_HOOKS_MIN_ROWS, lru, lower) == "interpreted"
     monkeypatch.setattr(replay, "compiled_is_cached", lambda p, lo: True)
     assert replay.choose_engine("auto", 10, lru, lower) == "compiled"
     # an explicit engine is obeyed
@@ -274,10 +286,17 @@ def test_one_rule_every_engine_choice_delegates_to(monkeypatch):
     assert rule("auto", 10) == "interpreted"  # no warm test: the size decides
     assert rule("interpreted", 10**9, is_warm=warm(True)) == "interpreted"
     assert rule("compiled", 1) == "compiled"
+    # the hooks alone cold: a trace long enough compiles them (the core being cached)
+    n = AUTO_HOOKS_MIN_ROWS
+    assert rule("auto", n, 1, warm(False), lambda: True) == "compiled"
+    assert rule("auto", n - 1, 1, warm(False), lambda: True) == "interpreted"
+    assert rule("auto", n, 1, warm(False), lambda: False) == "interpreted"  # the core cold
+    asked.clear()
+    assert rule("auto", 10, 1, warm(False), warm(True)) == "interpreted" and asked == [1]
 
     calls = []
 
-    def spy(engine, num_rows, runs=1, is_warm=None):
+    def spy(engine, num_rows, runs=1, is_warm=None, core_warm=None):
         calls.append((engine, num_rows, runs))
         return "sentinel"
 
