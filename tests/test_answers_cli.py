@@ -218,6 +218,9 @@ def test_overload_warning_is_printed_once_before_the_replay(tmp_path):
     ({"lookup_tokens": 900, "hit_tokens": 0, "evictions_hbm": 0, "live_spills": 5}, True, None),
     ({"lookup_tokens": 900, "hit_tokens": 300, "evictions_hbm": 0, "bytes_moved": 64}, True,
      None),  # blocks moved between tiers
+    # a lower tier: HBM's evictions are demotions (spills_hbm), none dropped
+    ({"lookup_tokens": 900, "hit_tokens": 300, "evictions_hbm": 0, "spills_hbm": 7}, True,
+     None),
 ])
 def test_a_single_run_whose_policy_never_chose_is_warned_about(counts, single, code):
     """A simulate run whose policy never chose (nothing evicted from HBM) is warned about:

@@ -223,7 +223,8 @@ IDENTICAL_REASONS = {
     "no_requests": "no request was served",
     "no_lookup": "no prompt content to look up (no prompt tokens, so no hit is possible)",
     "no_shared_content": "no prompt content is shared between requests (no hit is possible)",
-    "no_eviction": "everything fits in HBM (no eviction or spill, so the policy never chooses)",
+    "no_eviction": "everything fits in HBM (nothing evicted or spilled, so the policy never "
+                   "chooses)",
 }
 
 
@@ -243,11 +244,12 @@ def identical_cause(rows: list[dict]) -> str | None:
         return "no_requests"
     if every("lookup_tokens", lambda v: v == 0):
         return "no_lookup"
-    # the policy chose nothing: no cached block evicted from HBM, no live block spilled
-    # (--live-offload: the policy picks which running request's blocks leave HBM, with no
-    # cached block ever evicted), no block moved between tiers
-    unchosen = (every("evictions_hbm", lambda v: v == 0) and never("live_spills")
-                and never("bytes_moved"))
+    # the policy chose nothing: no block left HBM, neither dropped (``evictions_hbm``) nor
+    # demoted to a lower tier (``spills_hbm``: with a lower tier an HBM eviction is a
+    # spill, ``evictions_hbm`` staying 0), no live block spilled (--live-offload: the policy
+    # picks which running request's blocks leave HBM), no block moved between tiers
+    unchosen = (every("evictions_hbm", lambda v: v == 0) and never("spills_hbm")
+                and never("live_spills") and never("bytes_moved"))
     if unchosen and every("hit_tokens", lambda v: v == 0):
         return "no_shared_content"
     if unchosen:

@@ -23,10 +23,10 @@ keys) and returns a list of ``{"code", "message"}`` dicts; the CLI prints each a
   but none hit and no block was evicted, so the requests share no prompt content (a trace
   without content identity, such as Azure's token counts, or unique prompts): the hit
   rates are 0 whatever the policy and the memory.
-* ``no_eviction`` (a single run): blocks hit but no HBM block was evicted, no live block
-  spilled (``--live-offload``) and no block moved between tiers, so the policy never
-  chose: every policy gives these results, the hit rate is set by the trace's reuse (and
-  the router), not by the policy.
+* ``no_eviction`` (a single run): blocks hit but no block left HBM (neither dropped nor
+  demoted to a lower tier), no live block spilled (``--live-offload``) and no block moved
+  between tiers, so the policy never chose: every policy gives these results, the hit rate
+  is set by the trace's reuse (and the router), not by the policy.
 
 Neither is said of a run with a warm-up: its counts are the measured window's, and the
 policy's choices during the warm-up decide what the window hits.
@@ -146,7 +146,7 @@ def _policy_never_chose(r: dict) -> list[dict]:
             "measures the engine's load, not the cache")}]
     if cause == "no_eviction":
         return [{"code": cause, "message": (
-            "no HBM block was evicted or spilled (HBM holds "
+            "no block left HBM, neither evicted nor demoted (HBM holds "
             f"{int(_num(r.get('hbm_capacity_blocks')) or 0):,} blocks), so the policy never "
             "chose: every policy gives these results, and the hit rate is set by the "
             "trace's reuse, not by the policy (lower --hbm-gb / --hbm-blocks to compare "
