@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvsim.cli import app
-from kvsim.results.compare_view import label_bounds, verdict_info
+from kvsim.results.compare_view import identical_cause, label_bounds, verdict_info
 from kvsim.results.warnings import result_warnings
 
 runner = CliRunner()
@@ -121,6 +121,17 @@ def test_verdict_no_meaningful_difference_and_ties():
     v = verdict_info(same)
     assert v["identical"][0]["reason"].startswith("everything fits in HBM")
     assert "everything fits in HBM" in v["text"]
+    # HBM evicted only into DRAM (spills, no drop) and nothing was read back: why the
+    # policies tie (Claude Code trace_0420 on the defaults: 15,521 demotions, 0 % lower hit)
+    lower = dict(evictions_hbm=0, evictions=0, spills_hbm=9, bytes_moved=900,
+                 dram_hit_rate=0.0, cxl_hit_rate=0.0, nvme_hit_rate=0.0)
+    v = verdict_info(pd.DataFrame([_row("lru", 0.5, **lower), _row("fifo", 0.5, **lower)]))
+    assert v["identical"][0]["reason"].startswith("every block that left HBM went to a lower")
+    assert "never read back" in v["text"]
+    read = {**lower, "dram_hit_rate": 0.01}  # a block read back: the reason is not known
+    v = verdict_info(pd.DataFrame([_row("lru", 0.5, **read), _row("fifo", 0.5, **read)]))
+    assert v["identical"][0]["reason"] is None
+    assert identical_cause([_row("lru", 0.5, **lower)]) is None  # one run proves nothing
 
 
 def test_bounds_labelled_and_demoted_when_beaten():

@@ -225,6 +225,8 @@ IDENTICAL_REASONS = {
     "no_shared_content": "no prompt content is shared between requests (no hit is possible)",
     "no_eviction": "everything fits in HBM (nothing evicted or spilled, so the policy never "
                    "chooses)",
+    "no_read_back": "every block that left HBM went to a lower tier and was never read back, "
+                    "so which blocks left did not matter",
 }
 
 
@@ -254,6 +256,12 @@ def identical_cause(rows: list[dict]) -> str | None:
         return "no_shared_content"
     if unchosen:
         return "no_eviction"
+    # blocks left HBM, none was dropped anywhere and none was read back from a lower tier:
+    # any block reused after leaving HBM would have been a lower-tier hit, so no victim
+    # was ever needed again (rows that are identical; one row proves nothing of others)
+    if len(rows) > 1 and every("evictions", lambda v: v == 0) and all(
+            every(f"{t}_hit_rate", lambda v: v == 0) for t in ("dram", "cxl", "nvme")):
+        return "no_read_back"
     return None
 
 
