@@ -123,6 +123,10 @@ def _chunk(rng: np.random.Generator, first_seq: int, n: int) -> pa.Table:
         "slack_us": rng.integers(-1000, 100_000, m * k),
         "recompute_cost_us": rng.uniform(100, 2000, m * k),
         "next_use": np.full(m * k, NEVER, np.int64)}
+    # drawn after the others (the fields added to the schema later), so that the rest of a
+    # given --seed's log is what it was before they were
+    fields["phase"] = rng.integers(0, 4, m * k).astype(np.int8)
+    fields["pinned"] = fields["priority"] == 3  # DECODE_CRITICAL implies a pin
     structs = pa.StructArray.from_arrays([pa.array(fields[f.name], f.type) for f in CANDIDATE_TYPE],
                                          fields=list(CANDIDATE_TYPE))
     lengths = np.where(decided, k, 0)
@@ -143,12 +147,12 @@ def pc_not(mask: pa.Array) -> pa.Array:
     return pc.invert(mask)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     meta = {"log_schema_version": LOG_SCHEMA_VERSION, "policy": "synthetic",
             "trace": "bench/make_big_log.py", "config": {"rows": args.rows, "seed": args.seed}}

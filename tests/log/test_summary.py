@@ -113,3 +113,27 @@ def test_sparse_request_ids_give_the_same_summary(lru_path, monkeypatch):
     monkeypatch.setattr(log_summary, "DENSE_REQUEST_IDS", 3)
     sparse = summary(DecisionLog(lru_path))
     assert dataclasses.asdict(sparse) == dataclasses.asdict(dense)
+
+
+def test_the_benchmarks_synthetic_log_is_of_the_current_schema(tmp_path):
+    """bench/make_big_log.py (docs/benchmarks.md, "Decision logs") writes a log the reader
+    takes: every candidate field of the schema, including those added after version 1's
+    first files (it failed with KeyError 'phase' once they were added)."""
+    import importlib.util
+    from pathlib import Path
+
+    from kvsim.results.log_schema import CANDIDATE_TYPE
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "make_big_log.py"
+    spec = importlib.util.spec_from_file_location("make_big_log", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "big.log.parquet"
+    mod.main([str(out), "--rows", "3000", "--seed", "0"])
+    log = DecisionLog(out)
+    s = summary(log)
+    assert s.rows == 3000 and 0 < s.decisions < 3000
+    cands = log.table().column("candidates").combine_chunks().flatten()
+    assert [f.name for f in cands.type] == [f.name for f in CANDIDATE_TYPE]
+    assert cands.field("pinned").to_pylist() == [p == 3 for p in
+                                                 cands.field("priority").to_pylist()]
