@@ -85,18 +85,10 @@ def compiled_is_cached(hbm_policy, lower_policies, closed: bool | str = False) -
     scheduler ``closed`` names: :func:`advance_is_cached`) and every
     hook of these policies are in numba's disk cache (see :func:`dispatcher_is_cached`).
     False at once when a policy is plain Python."""
-    from kvsim.jit.disk_cache import seal_all
     from kvsim.policy.hooks import hooks_are_cached
-    from kvsim.replay.kernel import closed_step, core
 
-    if not (hbm_policy.compiled and all(p.compiled for p in lower_policies)):
-        return False
-    seal_all()
-    if not dispatcher_is_cached(core.run):
-        return False
-    if closed and not advance_is_cached(closed_step.advance, closed):
-        return False
-    return all(hooks_are_cached(p) for p in [hbm_policy, *lower_policies])
+    return core_is_warm(hbm_policy, lower_policies, closed) and all(
+        hooks_are_cached(p) for p in [hbm_policy, *lower_policies])
 
 
 def advance_is_cached(advance, closed) -> bool:
